@@ -1,0 +1,240 @@
+"""Frozen, validated configs with a flat round-trip (the papermill parameters).
+
+Every field name is unique across the sub-configs of ``TrainConfig`` so the flat dict is just
+``{field: value}``; ``TrainConfig.from_flat(TrainConfig.to_flat(cfg)) == cfg``. Each
+``__post_init__`` raises ``ValueError`` naming the offending field.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Literal, get_args
+
+Weighting = Literal["plain", "distribution", "example", "token"]
+TokenOuter = Literal["none", "distribution", "example"]
+BetaSchedule = Literal["constant", "linear", "cyclical"]
+FreeBitsMode = Literal["none", "per_example", "batch_mean"]
+CBaseSource = Literal["entangled_run", "pretrained_source"]
+PosteriorFeatures = Literal["mean_y", "last"]
+LatentKind = Literal["discrete"]
+
+
+def _check_choice(name: str, value: Any, literal) -> None:
+    valid = get_args(literal)
+    if value not in valid:
+        raise ValueError(f"{name}={value!r} is not one of {list(valid)}")
+
+
+def _check_range(name: str, value: float, lo: float | None = None, hi: float | None = None,
+                 lo_open: bool = False) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        raise ValueError(f"{name}={value!r} must be a finite number")
+    if lo is not None and (value <= lo if lo_open else value < lo):
+        raise ValueError(f"{name}={value!r} must be {'>' if lo_open else '>='} {lo}")
+    if hi is not None and value > hi:
+        raise ValueError(f"{name}={value!r} must be <= {hi}")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Synthetic strategy benchmark (DESIGN §2)."""
+
+    vocab_size: int = 10  # digits 0..V-1
+    n_min: int = 4  # shortest x
+    n_max: int = 12  # longest x; y has the same length, |S| = |y| + 1 (end token)
+    strategies: tuple[str, ...] = ("sort_asc", "sort_desc", "reverse", "copy")
+    prior: Literal["uniform", "x_dependent"] = "uniform"
+    prior_strength: float = 3.0  # x_dependent: weight of the favoured strategy (others 1)
+    n_train: int = 50_000
+    n_val: int = 1_000
+    n_test: int = 1_000
+    seed: int = 0
+
+    def __post_init__(self):
+        from zfree.data.synth import STRATEGIES
+
+        object.__setattr__(self, "strategies", tuple(self.strategies))
+        for s in self.strategies:
+            if s not in STRATEGIES:
+                raise ValueError(f"strategies: unknown strategy {s!r}; valid: {sorted(STRATEGIES)}")
+        if len(set(self.strategies)) != len(self.strategies) or len(self.strategies) < 1:
+            raise ValueError(f"strategies={self.strategies!r} must be non-empty and distinct")
+        if self.vocab_size < 2:
+            raise ValueError(f"vocab_size={self.vocab_size} must be >= 2")
+        if self.n_min < 1:
+            raise ValueError(f"n_min={self.n_min} must be >= 1")
+        if self.n_min > self.n_max:
+            raise ValueError(f"n_min={self.n_min} > n_max={self.n_max}")
+        _check_choice("prior", self.prior, Literal["uniform", "x_dependent"])
+        _check_range("prior_strength", self.prior_strength, 0, lo_open=True)
+        for name in ("n_train", "n_val", "n_test"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+
+
+@dataclass(frozen=True)
+class BaseTrainConfig:
+    """The z-free (entangled) base model p_theta(y | x): a small GPT-2 trained on the y-region."""
+
+    n_layer: int = 2
+    n_embd: int = 128
+    n_head: int = 4
+    lr: float = 1e-3
+    batch_size: int = 64
+    max_steps: int = 60_000
+    max_minutes: float = 45.0  # wall-clock budget; training stops at whichever comes first
+    target_ratio: float = 1.05  # stop once val c_base <= target_ratio * analytic c_base
+    warmup_steps: int = 200
+    eval_every: int = 500
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("n_layer", "n_embd", "n_head", "batch_size", "max_steps", "eval_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
+        _check_range("lr", self.lr, 0, lo_open=True)
+        _check_range("max_minutes", self.max_minutes, 0, lo_open=True)
+        _check_range("target_ratio", self.target_ratio, 1.0)
+
+
+@dataclass(frozen=True)
+class ObjectiveConfig:
+    """J = w(x,y) * lbar(x,y) + beta * K(x,y) + L_aux (DESIGN §1; seeds 000 and 002)."""
+
+    weighting: Weighting = "plain"
+    beta: float = 1.0  # KL weight; beta < 1 is InfoVAE-style beta reduction
+    epsilon: float = 0.0  # example weighting: w = 1/(b + epsilon); must be > 0 there
+    token_alpha: float = 1.0  # token weighting: mix of surprisal share (alpha) and uniform (1 - alpha)
+    token_outer: TokenOuter = "none"  # token weighting composes with distribution or example
+    lambda_jsd: float = 0.0  # weight of the (maximized) inter-latent JSD
+    free_bits: float = 0.0  # nats; KL below this is not penalized
+    free_bits_mode: FreeBitsMode = "none"
+    beta_schedule: BetaSchedule = "constant"
+    beta_warmup_steps: int = 0  # linear: steps from 0 to beta
+    beta_cycle_steps: int = 0  # cyclical (Fu et al. 2019): period in steps
+    c_base_source: CBaseSource = "entangled_run"
+
+    def __post_init__(self):
+        _check_choice("weighting", self.weighting, Weighting)
+        _check_choice("token_outer", self.token_outer, TokenOuter)
+        _check_choice("beta_schedule", self.beta_schedule, BetaSchedule)
+        _check_choice("free_bits_mode", self.free_bits_mode, FreeBitsMode)
+        _check_choice("c_base_source", self.c_base_source, CBaseSource)
+        _check_range("beta", self.beta, 0.0)
+        _check_range("lambda_jsd", self.lambda_jsd, 0.0)
+        _check_range("free_bits", self.free_bits, 0.0)
+        _check_range("token_alpha", self.token_alpha, 0.0, 1.0)
+        _check_range("epsilon", self.epsilon, 0.0)
+        if (self.weighting == "example" or self.token_outer == "example") and not self.epsilon > 0:
+            raise ValueError(f"epsilon={self.epsilon!r} must be > 0 for example weighting (seed 002)")
+        if self.token_outer != "none" and self.weighting != "token":
+            raise ValueError(f"token_outer={self.token_outer!r} only applies to weighting='token'")
+        if self.beta_schedule == "linear" and self.beta_warmup_steps < 1:
+            raise ValueError("beta_warmup_steps must be >= 1 for beta_schedule='linear'")
+        if self.beta_schedule == "cyclical" and self.beta_cycle_steps < 2:
+            raise ValueError("beta_cycle_steps must be >= 2 for beta_schedule='cyclical'")
+        if self.free_bits_mode != "none" and not self.free_bits > 0:
+            raise ValueError(f"free_bits={self.free_bits} must be > 0 when free_bits_mode={self.free_bits_mode!r}")
+
+    @property
+    def needs_example_b(self) -> bool:
+        return self.weighting in ("example", "token")
+
+    @property
+    def needs_c_base(self) -> bool:
+        return self.weighting == "distribution" or self.token_outer == "distribution"
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shared discrete CVAE (DESIGN §3)."""
+
+    latent_kind: LatentKind = "discrete"
+    n_latent: int = 4  # K latent values; at least the number of strategies to be able to separate them
+    posterior_features: PosteriorFeatures = "mean_y"  # prototype probe: 0.81 mean_y vs 0.65 last
+
+    def __post_init__(self):
+        _check_choice("latent_kind", self.latent_kind, LatentKind)
+        _check_choice("posterior_features", self.posterior_features, PosteriorFeatures)
+        if not isinstance(self.n_latent, int) or self.n_latent < 2:
+            raise ValueError(f"n_latent={self.n_latent!r} must be an integer >= 2")
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """AdamW with two groups: backbone (low rate, warm-up) and new heads (DESIGN §3 contract)."""
+
+    steps: int = 300
+    batch_size: int = 64
+    lr_backbone: float = 3e-5  # one rate of 3e-4 for all damaged the backbone (rho_recon ~ 1.1)
+    lr_new: float = 1e-3
+    warmup_backbone: int = 100  # linear warm-up of the backbone rate
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    eval_every: int = 100
+    eval_rows: int = 500  # validation rows used by evaluation (0 = all)
+    decode_rows: int = 200  # rows greedily decoded for task/correctness (0 = skip)
+    seed: int = 0
+    threads: int = 1  # torch threads; one per worker when runs go in parallel
+    device: str = "cpu"
+
+    def __post_init__(self):
+        for name in ("steps", "batch_size", "eval_every", "threads"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)!r} must be an integer >= 1")
+        for name in ("warmup_backbone", "eval_rows", "decode_rows"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}={getattr(self, name)!r} must be >= 0")
+        for name in ("lr_backbone", "lr_new", "weight_decay", "grad_clip"):
+            _check_range(name, getattr(self, name), 0.0)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One CVAE run: paths plus the objective, model and optimizer configs."""
+
+    data_dir: str = "data/synth/default"
+    base_dir: str = "data/base/default"
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+
+    def __post_init__(self):
+        for name in ("data_dir", "base_dir"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise ValueError(f"{name}={getattr(self, name)!r} must be a non-empty path")
+
+    _SUB = {"objective": ObjectiveConfig, "model": ModelConfig, "optim": OptimConfig}
+
+    def to_flat(self) -> dict[str, Any]:
+        """Flat ``{field: value}`` dict of primitives (the papermill parameters)."""
+        flat: dict[str, Any] = {"data_dir": self.data_dir, "base_dir": self.base_dir}
+        for sub in self._SUB:
+            for k, v in asdict(getattr(self, sub)).items():
+                assert k not in flat, k
+                flat[k] = list(v) if isinstance(v, tuple) else v
+        return flat
+
+    @classmethod
+    def flat_fields(cls) -> list[str]:
+        return list(cls().to_flat())
+
+    @classmethod
+    def from_flat(cls, flat: dict[str, Any]) -> "TrainConfig":
+        """Build and validate from a flat dict; unknown keys raise ValueError naming them."""
+        flat = dict(flat)
+        known = set(cls.flat_fields())
+        unknown = sorted(set(flat) - known)
+        if unknown:
+            raise ValueError(f"unknown config field(s) {unknown}; valid fields: {sorted(known)}")
+        subs = {}
+        for sub, sub_cls in cls._SUB.items():
+            names = {f.name for f in fields(sub_cls)}
+            subs[sub] = sub_cls(**{k: flat.pop(k) for k in list(flat) if k in names})
+        return cls(**flat, **subs)
+
+    def replace(self, **flat_updates) -> "TrainConfig":
+        return TrainConfig.from_flat({**self.to_flat(), **flat_updates})

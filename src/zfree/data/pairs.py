@@ -1,0 +1,61 @@
+"""JSONL (x, y) pairs: reading and validating rows ``{"id", "x", "y", "strategy"?}``."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Pair:
+    id: str
+    x: str
+    y: str
+    strategy: str | None = None
+    bayes_nll: float | None = None  # synthetic benchmark only: -log p*(y|x), nats per sequence
+    n_consistent: int | None = None
+
+
+def load_pairs(path: Path | str, limit: int | None = None) -> list[Pair]:
+    """Read and validate a JSONL file of pairs.
+
+    Raises ValueError naming the file and line for: a line that is not JSON, a row that is not an
+    object, a missing ``x``/``y``, a non-string x or y, an empty y, or a duplicated id. Rows without
+    ``id`` get ``"<file stem>-<line>"``. FileNotFoundError if the file is missing.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"data file {path} does not exist")
+    pairs: list[Pair] = []
+    seen: set[str] = set()
+    with open(path) as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where}: not valid JSON ({e.msg}); the data file must be JSONL") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{where}: each row must be a JSON object with fields x and y")
+            for key in ("x", "y"):
+                if key not in row:
+                    raise ValueError(f"{where}: missing field {key!r}")
+                if not isinstance(row[key], str):
+                    raise ValueError(f"{where}: field {key!r} must be a string, got {type(row[key]).__name__}")
+            if not row["y"].strip():
+                raise ValueError(f"{where}: field 'y' is empty")
+            rid = str(row.get("id", f"{path.stem}-{lineno}"))
+            if rid in seen:
+                raise ValueError(f"{where}: duplicated id {rid!r}")
+            seen.add(rid)
+            strategy = row.get("strategy")
+            pairs.append(Pair(rid, row["x"], row["y"], None if strategy is None else str(strategy),
+                              row.get("bayes_nll"), row.get("n_consistent")))
+            if limit is not None and len(pairs) >= limit:
+                break
+    if not pairs:
+        raise ValueError(f"{path}: no rows")
+    return pairs

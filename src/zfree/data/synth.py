@@ -1,0 +1,124 @@
+"""Synthetic strategy benchmark (DESIGN §2).
+
+Each x is a sequence of digits over a vocabulary of V symbols with length in [n_min, n_max]; a
+hidden strategy s (a named function) produces y = s(x). Because the generator knows the strategy
+set and its prior pi(s | x), it knows the Bayes-optimal z-free loss of every example:
+
+    -log p*(y | x) = -log sum_{s : s(x) = y} pi(s | x)        (nats per sequence)
+
+which is log(K / m) under the uniform prior (m = number of strategies that map x to y). It is
+stored on every row as ``bayes_nll`` so c_base has an exact analytic value (``zfree.theory``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from zfree.config import DataConfig
+from zfree.io import atomic_write_json, atomic_write_text, sha256_file
+
+Digits = tuple[int, ...]
+
+
+def _swap_pairs(x: Digits) -> Digits:
+    out = list(x)
+    for i in range(0, len(out) - 1, 2):
+        out[i], out[i + 1] = out[i + 1], out[i]
+    return tuple(out)
+
+
+#: The named strategies. Each maps a digit tuple to a digit tuple of the same length.
+STRATEGIES: dict[str, Callable[[Digits], Digits]] = {
+    "sort_asc": lambda x: tuple(sorted(x)),
+    "sort_desc": lambda x: tuple(sorted(x, reverse=True)),
+    "reverse": lambda x: tuple(reversed(x)),
+    "copy": lambda x: tuple(x),
+    "rotate_left": lambda x: tuple(x[1:]) + tuple(x[:1]),
+    "rotate_right": lambda x: tuple(x[-1:]) + tuple(x[:-1]),
+    "swap_pairs": _swap_pairs,
+}
+
+
+def strategy_prior(x: Digits, strategies: Sequence[str], prior: str, prior_strength: float) -> np.ndarray:
+    """pi(s | x) over ``strategies``, shape (n_strategies,), sums to 1.
+
+    ``uniform``: 1/K. ``x_dependent``: the strategy whose index equals x[0] mod K gets weight
+    ``prior_strength`` and the others weight 1, then normalized (exercises the router p(z | x)).
+    """
+    k = len(strategies)
+    if prior == "uniform":
+        return np.full(k, 1.0 / k)
+    w = np.ones(k)
+    w[x[0] % k] = prior_strength
+    return w / w.sum()
+
+
+def bayes_nll(x: Digits, y: Digits, strategies: Sequence[str], prior: str = "uniform", prior_strength: float = 3.0) -> tuple[float, int]:
+    """Bayes-optimal z-free loss of one example and its ambiguity.
+
+    Returns (-log sum_{s: s(x)=y} pi(s|x) in nats per sequence, m = #strategies mapping x to y).
+    Raises ValueError if no strategy maps x to y.
+    """
+    pi = strategy_prior(x, strategies, prior, prior_strength)
+    hits = [i for i, s in enumerate(strategies) if STRATEGIES[s](x) == tuple(y)]
+    if not hits:
+        raise ValueError(f"no strategy in {list(strategies)} maps x={x} to y={y}")
+    return float(-math.log(pi[hits].sum())), len(hits)
+
+
+def digits_to_text(d: Digits) -> str:
+    return " ".join(str(v) for v in d)
+
+
+def text_to_digits(s: str) -> Digits:
+    return tuple(int(v) for v in s.split())
+
+
+def generate_split(cfg: DataConfig, split: str, n_rows: int) -> list[dict]:
+    """Rows ``{id, x, y, strategy, bayes_nll, n_consistent}`` for one split, deterministic in cfg.seed."""
+    split_index = {"train": 0, "val": 1, "test": 2}[split]
+    rng = np.random.default_rng([cfg.seed, split_index])
+    rows = []
+    for i in range(n_rows):
+        n = int(rng.integers(cfg.n_min, cfg.n_max + 1))
+        x = tuple(int(v) for v in rng.integers(0, cfg.vocab_size, size=n))
+        pi = strategy_prior(x, cfg.strategies, cfg.prior, cfg.prior_strength)
+        s = cfg.strategies[int(rng.choice(len(cfg.strategies), p=pi))]
+        y = STRATEGIES[s](x)
+        nll, m = bayes_nll(x, y, cfg.strategies, cfg.prior, cfg.prior_strength)
+        rows.append({"id": f"{split}-{i:06d}", "x": digits_to_text(x), "y": digits_to_text(y),
+                     "strategy": s, "bayes_nll": nll, "n_consistent": m})
+    return rows
+
+
+def write_benchmark(cfg: DataConfig, out_dir: Path | str) -> Path:
+    """Generate train/val/test JSONL and ``metadata.json`` (parameters, sha256 per split).
+
+    Each file is written atomically; an existing folder whose metadata matches ``cfg`` is reused
+    untouched; one with different parameters raises ``FileExistsError`` (nothing is overwritten).
+    """
+    out = Path(out_dir)
+    meta_path = out / "metadata.json"
+    params = asdict(cfg)
+    params["strategies"] = list(cfg.strategies)
+    if meta_path.exists():
+        import json
+
+        old = json.loads(meta_path.read_text())
+        if old.get("parameters") == params and all((out / f"{s}.jsonl").exists() for s in old["sha256"]):
+            return out
+        raise FileExistsError(f"{out} holds a benchmark with other parameters; choose another --out")
+    import json
+
+    sha = {}
+    for split, n in (("train", cfg.n_train), ("val", cfg.n_val), ("test", cfg.n_test)):
+        rows = generate_split(cfg, split, n)
+        atomic_write_text(out / f"{split}.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+        sha[split] = sha256_file(out / f"{split}.jsonl")
+    atomic_write_json(meta_path, {"kind": "zfree.synthetic_strategy_benchmark", "parameters": params, "sha256": sha})
+    return out

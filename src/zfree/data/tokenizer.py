@@ -1,0 +1,28 @@
+"""Word-level tokenizer for the synthetic benchmark, built with ``tokenizers``.
+
+Saved with ``save_pretrained`` beside the base model so that the synthetic GPT-2 loads by the same
+``AutoTokenizer.from_pretrained`` path as a user's pretrained model.
+"""
+
+from __future__ import annotations
+
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+SPECIAL = {"pad_token": "<pad>", "bos_token": "<bos>", "sep_token": "<sep>", "eos_token": "<eos>", "unk_token": "<unk>"}
+
+
+def build_digit_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
+    """A whitespace word-level tokenizer over the symbols "0".."V-1" plus pad/bos/sep/eos/unk.
+
+    Special-token ids are 0..4 in the order pad, bos, sep, eos, unk; digit d has id 5 + d.
+    Raises ValueError if vocab_size < 1.
+    """
+    if vocab_size < 1:
+        raise ValueError(f"vocab_size={vocab_size} must be >= 1")
+    vocab = {tok: i for i, tok in enumerate(SPECIAL.values())}
+    for d in range(vocab_size):
+        vocab[str(d)] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=SPECIAL["unk_token"]))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, model_max_length=1024, **SPECIAL)

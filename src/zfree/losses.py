@@ -1,0 +1,234 @@
+"""Pure objective terms (DESIGN §1). One function per math term; per-example outputs; one
+assembler (``assemble_objective``) reduces them and returns a named breakdown.
+
+Vocabulary of axis names: batch, seq, vocab, n_latent, d_model, d_latent, pos (flattened
+supervised positions). All NLLs are in nats. Sources:
+  seed 000 = ../shared/seeds/000_c0dcb230ee7e6368.txt (distribution-level rescaling, w = 1/c_base)
+  seed 002 = ../shared/seeds/002_456af910ac8bddc4.txt (example-level weighting, w = 1/(b + eps))
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from jaxtyping import Bool, Float, Int
+
+from zfree.config import ObjectiveConfig
+
+
+def masked_mean_token_nll(token_nll: Float[torch.Tensor, "*lead seq"], target_mask: Bool[torch.Tensor, "batch seq"]
+                          ) -> Float[torch.Tensor, "*lead"]:
+    """nll(x, y) = (1/|S|) sum_{t in S} -log p(y_t | x, y_<t): masked mean, nats per token.
+
+    ``token_nll`` is (batch, seq) or (batch, n_latent, seq) with zeros or anything outside S; the
+    mask is broadcast over the latent axis. Raises ValueError if some row has an empty S.
+    Source: seed 000, "Implementation detail" (masked to the y-span, averaged not summed).
+    """
+    n = target_mask.sum(-1)
+    if (n == 0).any():
+        raise ValueError(f"rows {torch.nonzero(n == 0).flatten().tolist()} have an empty supervised region")
+    m = target_mask if token_nll.dim() == 2 else target_mask[:, None, :]
+    s = (token_nll * m).sum(-1)
+    return s / (n if token_nll.dim() == 2 else n[:, None])
+
+
+def token_surprisal_shares(base_token_nll: Float[torch.Tensor, "batch seq"], target_mask: Bool[torch.Tensor, "batch seq"]
+                           ) -> Float[torch.Tensor, "batch seq"]:
+    """s_t = b_t / sum_{u in S} b_u over the supervised region (0 outside). Rows whose base
+    surprisal is 0 everywhere get uniform shares 1/|S| (nothing to prefer)."""
+    b = base_token_nll.clamp_min(0) * target_mask
+    tot = b.sum(-1, keepdim=True)
+    uniform = target_mask / target_mask.sum(-1, keepdim=True)
+    return torch.where(tot > 0, b / tot.clamp_min(1e-30), uniform)
+
+
+def token_weights(base_token_nll: Float[torch.Tensor, "batch seq"], target_mask: Bool[torch.Tensor, "batch seq"],
+                  alpha: float) -> Float[torch.Tensor, "batch seq"]:
+    """Token-level surprisal-share weights omega_t = (1 - alpha) + alpha * |S| * s_t on S, 0 elsewhere.
+
+    They sum to |S| per example, like uniform weights, so only the distribution inside the example
+    changes (DESIGN §1, token). alpha = 0 gives uniform weights (plain). Raises ValueError if alpha
+    is outside [0, 1].
+    """
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"token_alpha={alpha} must be in [0, 1]")
+    n = target_mask.sum(-1, keepdim=True)
+    s = token_surprisal_shares(base_token_nll, target_mask)
+    return ((1 - alpha) + alpha * n * s) * target_mask
+
+
+def weighted_mean_token_nll(token_nll: Float[torch.Tensor, "*lead seq"], target_mask: Bool[torch.Tensor, "batch seq"],
+                            weights: Float[torch.Tensor, "batch seq"]) -> Float[torch.Tensor, "*lead"]:
+    """(1/|S|) sum_t omega_t nll_t; equals ``masked_mean_token_nll`` when omega = 1 on S."""
+    w = weights if token_nll.dim() == 2 else weights[:, None, :]
+    return masked_mean_token_nll(token_nll * w, target_mask)
+
+
+def reconstruction_weight(weighting: str, *, batch_size: int, c_base: float | None = None,
+                          b: Float[torch.Tensor, "batch"] | None = None, epsilon: float = 0.0
+                          ) -> Float[torch.Tensor, "batch"]:
+    """Per-example reconstruction weight w(x, y).
+
+    plain: 1.  distribution: 1 / c_base (seed 000: one global constant, no reweighting).
+    example: 1 / (b + epsilon) (seed 002; its gradient is grad(lbar) / (b + eps)).
+    Raises ValueError for an unknown weighting (listing the valid ones), a missing, non-finite or
+    non-positive c_base, missing b, or epsilon <= 0 for example.
+    """
+    if weighting in ("plain", "none"):
+        return torch.ones(batch_size)
+    if weighting == "distribution":
+        if c_base is None or not math.isfinite(c_base) or c_base <= 0:
+            raise ValueError(f"c_base={c_base!r} must be a finite positive number for distribution weighting")
+        return torch.full((batch_size,), 1.0 / c_base)
+    if weighting == "example":
+        if b is None:
+            raise ValueError("example weighting needs the per-example base surprisal b")
+        if not epsilon > 0:
+            raise ValueError(f"epsilon={epsilon!r} must be > 0 for example weighting (seed 002)")
+        return 1.0 / (b.detach().clamp_min(0) + epsilon)
+    raise ValueError(f"weighting={weighting!r} is not one of ['plain', 'distribution', 'example']")
+
+
+def categorical_kl(q_logits: Float[torch.Tensor, "batch n_latent"], p_logits: Float[torch.Tensor, "batch n_latent"]
+                   ) -> Float[torch.Tensor, "batch"]:
+    """Rate K = KL(q(z|x,y) || p(z|x)) = sum_k q_k (log q_k - log p_k), nats per example.
+
+    Equals ``torch.distributions.kl_divergence`` of two Categoricals (tested)."""
+    lq = torch.log_softmax(q_logits, -1)
+    lp = torch.log_softmax(p_logits, -1)
+    return (lq.exp() * (lq - lp)).sum(-1)
+
+
+def gaussian_kl(mu_q: Float[torch.Tensor, "batch d_latent"], logvar_q: Float[torch.Tensor, "batch d_latent"],
+                mu_p: Float[torch.Tensor, "batch d_latent"] | None = None,
+                logvar_p: Float[torch.Tensor, "batch d_latent"] | None = None, per_dim: bool = False):
+    """KL(N(mu_q, diag e^logvar_q) || N(mu_p, diag e^logvar_p)), nats; prior N(0, I) when mu_p is None.
+
+    0.5 * sum_d [logvar_p - logvar_q + (e^logvar_q + (mu_q - mu_p)^2) / e^logvar_p - 1]
+    (Kingma & Welling 2014, App. B). Returns (batch,) or (batch, d_latent) with ``per_dim``.
+    """
+    if mu_p is None:
+        mu_p, logvar_p = torch.zeros_like(mu_q), torch.zeros_like(logvar_q)
+    kl = 0.5 * (logvar_p - logvar_q + (logvar_q.exp() + (mu_q - mu_p) ** 2) / logvar_p.exp() - 1.0)
+    return kl if per_dim else kl.sum(-1)
+
+
+def inter_latent_jsd(logp: Float[torch.Tensor, "batch n_latent pos vocab"], weights: Float[torch.Tensor, "batch n_latent"],
+                     pos_mask: Bool[torch.Tensor, "batch pos"]) -> Float[torch.Tensor, "batch"]:
+    """Generalized Jensen-Shannon divergence among the K decoder next-token distributions,
+    JSD_pi = H(sum_k pi_k p_k) - sum_k pi_k H(p_k), averaged over supervised positions; nats.
+
+    0 <= JSD <= H(pi) <= log K; with router weights it is I(z; y_t | x, y_<t) under p(z|x).
+    ``logp`` holds log-probs at the positions predicting supervised tokens (padded with anything
+    where ``pos_mask`` is False). Raises ValueError if a row has no position.
+    """
+    pi = weights / weights.sum(-1, keepdim=True)
+    p = logp.exp()
+    mix = (pi[:, :, None, None] * p).sum(1)  # (B, P, V)
+    h_mix = -(mix * torch.log(mix.clamp_min(1e-30))).sum(-1)
+    h_each = -(p * logp).sum(-1)  # (B, K, P)
+    jsd = h_mix - (pi[:, :, None] * h_each).sum(1)  # (B, P)
+    n = pos_mask.sum(-1)
+    if (n == 0).any():
+        raise ValueError("inter_latent_jsd: a row has no supervised position")
+    return (jsd * pos_mask).sum(-1) / n
+
+
+def apply_free_bits(kl: Float[torch.Tensor, "batch"], free_bits: float, mode: str) -> Float[torch.Tensor, "batch"]:
+    """Free bits (Kingma et al. 2016): KL below ``free_bits`` nats is not penalized.
+
+    per_example: max(K_i, lambda) for each example. batch_mean: the batch-mean KL is clamped,
+    max(mean K, lambda), returned broadcast so its mean is the clamped value. none: unchanged.
+    """
+    if mode == "none" or free_bits <= 0:
+        return kl
+    if mode == "per_example":
+        return kl.clamp_min(free_bits)
+    if mode == "batch_mean":
+        m = kl.mean()
+        return kl * (torch.clamp_min(m, free_bits) / m.clamp_min(1e-30)) if m > 0 else kl + free_bits
+    raise ValueError(f"free_bits_mode={mode!r} is not one of ['none', 'per_example', 'batch_mean']")
+
+
+def beta_at_step(cfg: ObjectiveConfig, step: int) -> float:
+    """beta schedule as a function of the optimizer step: constant; linear warm-up 0 -> beta over
+    ``beta_warmup_steps``; cyclical (Fu et al. 2019, NAACL): within each period of
+    ``beta_cycle_steps``, linear 0 -> beta over the first half, then beta."""
+    if cfg.beta_schedule == "constant":
+        return cfg.beta
+    if cfg.beta_schedule == "linear":
+        return cfg.beta * min(1.0, step / cfg.beta_warmup_steps)
+    if cfg.beta_schedule == "cyclical":
+        tau = (step % cfg.beta_cycle_steps) / cfg.beta_cycle_steps
+        return cfg.beta * min(1.0, 2 * tau)
+    raise ValueError(f"beta_schedule={cfg.beta_schedule!r} is not one of ['constant', 'linear', 'cyclical']")
+
+
+def effective_beta(beta: float, target_len: Int[torch.Tensor, "batch"], w: Float[torch.Tensor, "batch"]
+                   ) -> Float[torch.Tensor, "batch"]:
+    """beta_eff(x, y) = beta * |S(x, y)| / w(x, y), exact in sequence nats (DESIGN §1).
+
+    Dividing J = w * lbar + beta * K by w/|S| gives |S| * lbar + beta_eff * K: z pays for itself on
+    an example iff beta_eff < 1. Seed 002 states the proportional form beta_eff ∝ beta * (b + eps).
+    """
+    return beta * target_len.to(w.dtype) / w
+
+
+@dataclass
+class ObjectiveBreakdown:
+    """Named breakdown of one evaluation of J (every term can be logged)."""
+
+    total: torch.Tensor  # scalar to minimize
+    terms: dict[str, torch.Tensor]  # raw batch means: reconstruction_loss, kl_prior_loss, decoder_jsd
+    contributions: dict[str, torch.Tensor]  # weighted batch means that sum to total
+    recon_weight: torch.Tensor  # (batch,)
+    beta_eff: torch.Tensor  # (batch,)
+    per_example: dict[str, torch.Tensor] = field(default_factory=dict)  # lbar, kl, weighted recon
+
+    def fractions_abs(self) -> dict[str, float]:
+        """loss_contrib/fraction_abs/<term> = |contribution| / sum |contributions|."""
+        tot = sum(abs(float(v)) for v in self.contributions.values()) or 1.0
+        return {k: abs(float(v)) / tot for k, v in self.contributions.items()}
+
+    def log_dict(self, prefix: str = "loss/train") -> dict[str, float]:
+        d = {f"{prefix}/total": float(self.total)}
+        d.update({f"{prefix}/{k}": float(v) for k, v in self.terms.items()})
+        d.update({f"loss_contrib/fraction_abs/{k}": v for k, v in self.fractions_abs().items()})
+        d["objective/recon_weight_mean"] = float(self.recon_weight.mean())
+        d["objective/recon_weight_max"] = float(self.recon_weight.max())
+        d["objective/beta_eff_median"] = float(self.beta_eff.median())
+        return d
+
+
+def assemble_objective(cfg: ObjectiveConfig, *, recon_per_latent: Float[torch.Tensor, "batch n_latent"],
+                       q_logits: Float[torch.Tensor, "batch n_latent"], p_logits: Float[torch.Tensor, "batch n_latent"],
+                       target_len: Int[torch.Tensor, "batch"], step: int = 0, c_base: float | None = None,
+                       b: Float[torch.Tensor, "batch"] | None = None, jsd: Float[torch.Tensor, "batch"] | None = None
+                       ) -> ObjectiveBreakdown:
+    """J = mean_i [ w_i * lbar_i + beta * K_i ] - lambda_jsd * mean_i JSD_i  (DESIGN §1).
+
+    lbar_i = sum_k q(k | x_i, y_i) * recon_per_latent[i, k] is the exact expectation over the K
+    latent values (recon_per_latent is the per-token mean NLL, token-weighted for ``token``).
+    w_i follows ``cfg.weighting`` (token: its outer weight, ``cfg.token_outer``). K_i is the
+    categorical KL to the router after free bits. Raises ValueError (from
+    ``reconstruction_weight``) for a missing/invalid c_base or b.
+    """
+    B = recon_per_latent.shape[0]
+    q = torch.softmax(q_logits, -1)
+    lbar = (q * recon_per_latent).sum(-1)
+    outer = cfg.token_outer if cfg.weighting == "token" else cfg.weighting
+    w = reconstruction_weight(outer, batch_size=B, c_base=c_base, b=b, epsilon=cfg.epsilon).to(lbar)
+    kl = categorical_kl(q_logits, p_logits)
+    beta = beta_at_step(cfg, step)
+    kl_pen = apply_free_bits(kl, cfg.free_bits, cfg.free_bits_mode)
+    contributions = {"reconstruction_loss": (w * lbar).mean(), "kl_prior_loss": beta * kl_pen.mean()}
+    terms = {"reconstruction_loss": lbar.mean(), "kl_prior_loss": kl.mean()}
+    if jsd is not None:
+        terms["decoder_jsd"] = jsd.mean()
+        if cfg.lambda_jsd > 0:
+            contributions["decoder_jsd"] = -cfg.lambda_jsd * jsd.mean()
+    total = sum(contributions.values())
+    return ObjectiveBreakdown(total, terms, contributions, w.detach(), effective_beta(beta, target_len, w.detach()),
+                              {"lbar": lbar, "kl": kl, "weighted_recon": w * lbar})

@@ -1,0 +1,1 @@
+"""Models: base-model loading and the latent-variable CVAEs."""

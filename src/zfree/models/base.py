@@ -1,0 +1,72 @@
+"""The z-free base model p_theta(y | x): build the synthetic GPT-2, load any local causal LM, and
+read per-token log-probs of the supervised y-region."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from jaxtyping import Float
+from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel
+
+from zfree.data.batching import Batch
+
+
+def build_synthetic_gpt2(vocab_size: int, *, n_positions: int = 64, n_layer: int = 2, n_embd: int = 128,
+                         n_head: int = 4, seed: int = 0) -> GPT2LMHeadModel:
+    """A small GPT-2 from a config, dropout 0 (so teacher-forced losses are deterministic)."""
+    torch.manual_seed(seed)
+    cfg = GPT2Config(vocab_size=vocab_size, n_positions=n_positions, n_layer=n_layer, n_embd=n_embd,
+                     n_head=n_head, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                     bos_token_id=1, eos_token_id=3, pad_token_id=0)
+    return GPT2LMHeadModel(cfg)
+
+
+def load_base(model_dir: Path | str, *, trust_remote_code: bool = False, device: str = "cpu"):
+    """Load ``(model, tokenizer)`` from a local HF folder (no hub access), model in eval mode, fp32.
+
+    Raises FileNotFoundError if the folder is missing, ValueError if it holds no tokenizer.
+    """
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise FileNotFoundError(f"model folder {model_dir} does not exist")
+    try:
+        tok = AutoTokenizer.from_pretrained(model_dir, local_files_only=True, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, TypeError) as e:
+        raise ValueError(f"{model_dir}: no loadable tokenizer ({type(e).__name__}: {e})") from None
+    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, trust_remote_code=trust_remote_code,
+                                                 dtype=torch.float32)
+    return model.to(device).eval(), tok
+
+
+def hidden_states(model, batch: Batch, inputs_embeds: torch.Tensor | None = None) -> Float[torch.Tensor, "batch seq d_model"]:
+    """Final hidden states of the causal LM body (after its final norm), right padding masked."""
+    body = model.base_model
+    if inputs_embeds is None:
+        out = body(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
+    else:
+        out = body(inputs_embeds=inputs_embeds, attention_mask=batch.attention_mask, use_cache=False)
+    return out.last_hidden_state
+
+
+def target_logprobs_from_hidden(model, hidden: Float[torch.Tensor, "batch seq d_model"], batch: Batch
+                                ) -> Float[torch.Tensor, "batch seq"]:
+    """log p(token_t | tokens_<t) at the y-region positions t (0 elsewhere), in nats, fp32.
+
+    Gathers the hidden states of the positions that predict y tokens (t - 1) *before* the output
+    head, so logits are never materialized for x positions; log-softmax runs in float32.
+    """
+    B, T, _ = hidden.shape
+    predict = batch.target_mask[:, 1:]  # (B, T-1): position t-1 predicts supervised token t
+    h = hidden[:, :-1][predict]  # (N, D)
+    logits = model.get_output_embeddings()(h).float()  # (N, V)
+    tokens = batch.input_ids[:, 1:][predict]  # (N,)
+    lp = torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
+    out = hidden.new_zeros((B, T), dtype=torch.float32)
+    out[:, 1:][predict] = lp
+    return out
+
+
+def target_logprobs(model, batch: Batch, inputs_embeds: torch.Tensor | None = None) -> Float[torch.Tensor, "batch seq"]:
+    """Per-token log-probs of the supervised y-region under ``model`` (see ``target_logprobs_from_hidden``)."""
+    return target_logprobs_from_hidden(model, hidden_states(model, batch, inputs_embeds), batch)
