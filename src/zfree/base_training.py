@@ -70,7 +70,7 @@ def train_base(data_dir: Path | str, out_dir: Path | str, cfg: BaseTrainConfig =
             c = score_encoded(model, val, pad_id=pad).c_base
             model.train()
             ratio = c / analytic
-            history.append({"step": step, "wall_s": elapsed, "train_loss": float(loss), "val_c_base": c,
+            history.append({"step": step, "wall_s": elapsed, "train_loss": loss.item(), "val_c_base": c,
                             "ratio_to_analytic": ratio})
             bar.set_postfix(val_c_base=f"{c:.4f}", ratio=f"{ratio:.3f}")
             if ratio <= cfg.target_ratio or elapsed > cfg.max_minutes * 60:

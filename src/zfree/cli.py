@@ -36,6 +36,43 @@ def _cmd_base_reference(a):
     print(json.dumps(ref.meta, indent=2))
 
 
+def _cmd_score(a):
+    from zfree.scoring import ScoringPolicy, score_file, write_scores
+
+    policy = ScoringPolicy(bos=a.bos, add_eos=not a.no_eos, max_length=a.max_length)
+    res = score_file(a.model, a.data, device=a.device, dtype=a.dtype, policy=policy,
+                     trust_remote_code=a.trust_remote_code, cache=False if a.no_cache else None,
+                     cache_dir=a.cache_dir, max_batch_tokens=a.max_batch_tokens, progress=True)
+    write_scores(res, a.out)  # only after every row scored: a bad input writes nothing
+    print(json.dumps({k: res.summary()[k] for k in ("c_base", "n_rows", "n_valid", "x_tokens_cut")}, indent=2))
+
+
+def _cmd_train(a):
+    from zfree.config import TrainConfig
+    from zfree.io import read_json
+    from zfree.training import train_cvae
+
+    flat = {k: v for k, v in read_json(a.config).items() if not k.startswith("_")}
+    for kv in a.set or []:
+        k, _, v = kv.partition("=")
+        flat[k] = json.loads(v) if v[:1] in "0123456789-[{tfn\"" else v
+    cfg = TrainConfig.from_flat(flat)
+    summary = train_cvae(cfg, a.out)
+    print(json.dumps({k: v for k, v in summary.items() if "/" in k}, indent=2))
+
+
+def _cmd_study(a):
+    from zfree.study import run_study
+
+    run_study(a.preset, a.out, retrain_base=a.retrain_base, workers=a.workers)
+
+
+def _cmd_report(a):
+    from zfree.study import render_report
+
+    print(render_report(a.study_dir, progress=True))
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="zfree", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -74,6 +111,34 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--base", required=True)
     r.add_argument("--data", required=True)
     r.set_defaults(func=_cmd_base_reference)
+    sc = sub.add_parser("score", help="z-free surprisal of a JSONL file under any local causal LM")
+    sc.add_argument("--model", required=True, help="local folder with the model and its tokenizer")
+    sc.add_argument("--data", required=True, help="JSONL rows {id, x, y}")
+    sc.add_argument("--out", required=True, help="folder for per_example/per_token.parquet and summary.json")
+    sc.add_argument("--device", default="auto")
+    sc.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    sc.add_argument("--bos", default="auto", choices=["auto", "always", "never"])
+    sc.add_argument("--no-eos", action="store_true", help="do not score an end token after y")
+    sc.add_argument("--max-length", type=int, default=None, help="default: the model's context length")
+    sc.add_argument("--max-batch-tokens", type=int, default=8192)
+    sc.add_argument("--cache-dir", default=None, help="default: $ZFREE_CACHE_DIR or ~/.cache/zfree/scores")
+    sc.add_argument("--no-cache", action="store_true")
+    sc.add_argument("--trust-remote-code", action="store_true")
+    sc.set_defaults(func=_cmd_score)
+    t = sub.add_parser("train", help="train one CVAE from a flat config (a run's config.json is valid)")
+    t.add_argument("--config", required=True)
+    t.add_argument("--out", required=True)
+    t.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a config field")
+    t.set_defaults(func=_cmd_train)
+    st = sub.add_parser("study", help="the main job: base run, CVAE grid, report")
+    st.add_argument("--preset", default="default", help="smoke | default")
+    st.add_argument("--out", required=True)
+    st.add_argument("--retrain-base", action="store_true", help="train a new base model instead of the shipped one")
+    st.add_argument("--workers", type=int, default=None, help="parallel runs (one torch thread each)")
+    st.set_defaults(func=_cmd_study)
+    rp = sub.add_parser("report", help="(re)render a study's report.html")
+    rp.add_argument("study_dir")
+    rp.set_defaults(func=_cmd_report)
     return p
 
 

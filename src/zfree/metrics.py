@@ -1,0 +1,231 @@
+"""What z explains: evaluation of a CVAE on the validation rows (DESIGN §5 metric keys).
+
+rho_recon = R_val / c_base is a ratio of means (seed 000, "Interpretation"); the per-example
+rho_i = lbar_i / b_i is a mean of ratios and is only ever reported under its own name.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from scipy.optimize import linear_sum_assignment
+from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import normalized_mutual_info_score
+
+from zfree.config import ObjectiveConfig
+from zfree.data.batching import EncodedPair, collate
+from zfree.data.pairs import Pair
+from zfree.data.synth import STRATEGIES, text_to_digits
+from zfree.losses import (assemble_objective, inter_latent_jsd, masked_mean_token_nll, token_weights,
+                          weighted_mean_token_nll)
+from zfree.models.discrete import DiscreteCVAE, injection_mask
+from zfree.theory import predicted_use
+
+CODE_USED_FRACTION = 0.01  # a latent value counts as used if it is the posterior argmax of >= 1% of rows
+
+
+@dataclass
+class Evaluation:
+    metrics: dict[str, float]
+    per_example: pd.DataFrame
+
+
+def _batches(encoded: Sequence[EncodedPair], size: int, pad_id: int):
+    for i in range(0, len(encoded), size):
+        yield i, collate(encoded[i : i + size], pad_id=pad_id)
+
+
+@torch.no_grad()
+def evaluate(model: DiscreteCVAE, encoded: Sequence[EncodedPair], pairs: Sequence[Pair], *, b: np.ndarray,
+             c_base: float, objective: ObjectiveConfig, step: int, pad_id: int, tokenizer=None,
+             strategies: Sequence[str] | None = None, decode_rows: int = 0, batch_size: int = 128,
+             base_token_nll: dict | None = None, seed: int = 0) -> Evaluation:
+    """Evaluate on validation rows. ``b`` (n_rows,) is the frozen base surprisal (nats per token).
+
+    Returns DESIGN §5 keys: loss/val/*, loss_contrib/fraction_abs/*, structure/*, latent/*,
+    task/correctness, reference/c_base, objective/*. Metrics that need strategy labels are NaN
+    (with a note in ``notes``) when labels are missing, never faked.
+    """
+    was_training = model.training
+    model.eval()
+    dev = next(model.parameters()).device
+    K = model.n_latent
+    rows = []
+    feats, nll_k_all, q_all, p_all, jsd_all, fr = [], [], [], [], [], []
+    for i, batch in _batches(encoded, batch_size, pad_id):
+        batch = batch.to(dev)
+        out = model(batch, with_distributions=True)
+        tok_nll = -out.target_logprobs  # (B, K, T)
+        nll_k = masked_mean_token_nll(tok_nll, batch.target_mask)  # (B, K) plain per-token means
+        bb = torch.as_tensor(b[i : i + len(batch)], dtype=torch.float32, device=dev)
+        recon = nll_k
+        if objective.weighting == "token" and base_token_nll is not None:
+            bt = torch.zeros_like(batch.target_mask, dtype=torch.float32)
+            for r, rid in enumerate(batch.ids):
+                s = base_token_nll[rid]
+                bt[r, batch.prefix_len[r] : batch.prefix_len[r] + len(s)] = torch.as_tensor(s, dtype=torch.float32)
+            recon = weighted_mean_token_nll(tok_nll, batch.target_mask,
+                                            token_weights(bt, batch.target_mask, objective.token_alpha))
+        p_w = torch.softmax(out.prior_logits, -1)
+        jsd = inter_latent_jsd(out.next_token_logprobs, p_w, out.pos_mask)
+        br = assemble_objective(objective, recon_per_latent=recon, q_logits=out.posterior_logits,
+                                p_logits=out.prior_logits, target_len=batch.target_len, step=step, c_base=c_base,
+                                b=bb, jsd=jsd)
+        q = torch.softmax(out.posterior_logits, -1)
+        lbar = (q * nll_k).sum(-1)
+        rows.append(pd.DataFrame({
+            "id": batch.ids, "n_tokens": batch.target_len.cpu().numpy(), "lbar": lbar.cpu().numpy(),
+            "kl": br.per_example["kl"].cpu().numpy(), "beta_eff": br.beta_eff.cpu().numpy(),
+            "weight": br.recon_weight.cpu().numpy(), "posterior_argmax": q.argmax(-1).cpu().numpy(),
+            "q_max": q.max(-1).values.cpu().numpy(), "oracle_nll": nll_k.min(-1).values.cpu().numpy(),
+            "oracle_latent": nll_k.argmin(-1).cpu().numpy(), "decoder_jsd": jsd.cpu().numpy(),
+            "zfree_nll": masked_mean_token_nll(-out.zfree_target_logprobs, batch.target_mask).cpu().numpy(),
+        }))
+        feats.append(out.features.cpu().numpy())
+        q_all.append(q.cpu().numpy())
+        p_all.append(torch.softmax(out.prior_logits, -1).cpu().numpy())
+        fr.append({k: float(v) for k, v in br.contributions.items()})
+    df = pd.concat(rows, ignore_index=True)
+    df.insert(1, "strategy", [p.strategy for p in pairs])
+    df["b"] = b
+    df["rho_i"] = df["lbar"] / df["b"]
+    bayes = np.array([np.nan if p.bayes_nll is None else p.bayes_nll for p in pairs], float)
+    df["bayes_nll"] = bayes
+    df["n_consistent"] = [p.n_consistent for p in pairs]
+    excess_seq = df["n_tokens"] * df["b"] - bayes
+    df["predicted_use"] = predicted_use(df["beta_eff"].to_numpy(), bayes if np.isfinite(bayes).all() else None,
+                                        excess_seq.to_numpy() if np.isfinite(bayes).all() else None)
+    df["measured_use"] = (df["kl"] >= 0.5 * np.where(np.isfinite(bayes), bayes, math.log(K))) & (df["kl"] > 1e-3)
+
+    q_mean = np.concatenate(q_all).mean(0)
+    usage = np.bincount(df["posterior_argmax"], minlength=K) / len(df)
+    contrib = {k: float(np.mean([f[k] for f in fr])) for k in fr[0]}
+    tot_abs = sum(abs(v) for v in contrib.values()) or 1.0
+    R = float(df["lbar"].mean())
+    m: dict[str, float] = {
+        "step": step,
+        "loss/val/reconstruction_loss": R,
+        "loss/val/baseline_normalized_reconstruction_loss": R / c_base,
+        "loss/val/kl_prior_loss": float(df["kl"].mean()),
+        "loss/val/zfree_reconstruction_loss": float(df["zfree_nll"].mean()),
+        "loss/val/neg_elbo_nats_per_sequence": float((df["n_tokens"] * df["lbar"] + df["kl"]).mean()),
+        "loss/val/neg_elbo_nats_per_token": float(((df["n_tokens"] * df["lbar"] + df["kl"]) / df["n_tokens"]).mean()),
+        "loss/val/mean_rho_i": float(df["rho_i"].mean()),
+        "loss/val/objective": sum(contrib.values()),
+        **{f"loss_contrib/fraction_abs/{k}": abs(v) / tot_abs for k, v in contrib.items()},
+        "latent/oracle_rho": float(df["oracle_nll"].mean()) / c_base,
+        "latent/q_max_mean": float(df["q_max"].mean()),
+        "latent/codes_used": int((usage >= CODE_USED_FRACTION).sum()),
+        "latent/usage_entropy": float(-(q_mean * np.log(np.clip(q_mean, 1e-30, None))).sum()),
+        "latent/max_usage": float(usage.max()),
+        "latent/decoder_jsd": float(df["decoder_jsd"].mean()),
+        "latent/measured_use_fraction": float(df["measured_use"].mean()),
+        "latent/predicted_use_fraction": float(df["predicted_use"].mean()),
+        "reference/c_base": c_base,
+        "objective/beta": float(objective.beta),
+        "objective/recon_weight_mean": float(df["weight"].mean()),
+        "objective/recon_weight_max": float(df["weight"].max()),
+        "objective/beta_eff_median": float(df["beta_eff"].median()),
+    }
+    # mutual information of the aggregated posterior, exact for a discrete latent: H(mean q) - mean H(q)
+    qa = np.concatenate(q_all)
+    m["latent/mutual_information"] = m["latent/usage_entropy"] - float(
+        -(qa * np.log(np.clip(qa, 1e-30, None))).sum(-1).mean())
+    labels = df["strategy"]
+    if labels.notna().all():
+        m["structure/alignment_nmi"] = float(normalized_mutual_info_score(labels, df["posterior_argmax"]))
+        un = df["n_consistent"] == 1
+        m["structure/alignment_nmi_unambiguous"] = (
+            float(normalized_mutual_info_score(labels[un], df["posterior_argmax"][un])) if un.any() else float("nan"))
+        m["structure/probe_accuracy"] = probe_accuracy(np.concatenate(feats), labels.to_numpy(), seed=seed)
+    else:
+        for k in ("structure/alignment_nmi", "structure/alignment_nmi_unambiguous", "structure/probe_accuracy"):
+            m[k] = float("nan")
+    if decode_rows and tokenizer is not None and strategies is not None:
+        n = min(decode_rows, len(encoded))
+        m.update(decode_metrics(model, encoded[:n], pairs[:n], np.concatenate(p_all)[:n], tokenizer, strategies,
+                                seed=seed))
+    if was_training:
+        model.train()
+    return Evaluation(m, df)
+
+
+def probe_accuracy(features: np.ndarray, labels: np.ndarray, seed: int = 0) -> float:
+    """Held-out accuracy of a logistic-regression probe of the strategy from the posterior features
+    (first half of the rows train, second half test)."""
+    n = len(labels) // 2
+    if n < 2 or len(set(labels[:n])) < 2:
+        return float("nan")
+    clf = LogisticRegression(max_iter=500, random_state=seed)
+    x = (features - features[:n].mean(0)) / (features[:n].std(0) + 1e-6)
+    clf.fit(x[:n], labels[:n])
+    return float(clf.score(x[n:], labels[n:]))
+
+
+@torch.no_grad()
+def greedy_decode(model: DiscreteCVAE, prefixes: Sequence[Sequence[int]], z: Sequence[int], *, eos_id: int,
+                  max_new_tokens: int) -> list[list[int]]:
+    """Greedy decoding of y given the prefix and a latent value per row; rows are grouped by
+    prefix length so no padding is needed. Returns the generated ids without the end token."""
+    dev = next(model.parameters()).device
+    out: list[list[int]] = [[] for _ in prefixes]
+    groups: dict[int, list[int]] = {}
+    for i, p in enumerate(prefixes):
+        groups.setdefault(len(p), []).append(i)
+    emb_layer = model.backbone.get_input_embeddings()
+    head = model.backbone.get_output_embeddings()
+    for P, idx in groups.items():
+        ids = torch.tensor([list(prefixes[i]) for i in idx], device=dev)
+        lat = model.latent_embedding(torch.tensor([z[i] for i in idx], device=dev))  # (G, D)
+        done = torch.zeros(len(idx), dtype=torch.bool, device=dev)
+        for _ in range(max_new_tokens):
+            T = ids.shape[1]
+            emb = emb_layer(ids)
+            inj = (torch.arange(T, device=dev) >= P - 1).to(emb.dtype)
+            emb = emb + inj[None, :, None] * lat[:, None, :]
+            h = model.backbone.base_model(inputs_embeds=emb, use_cache=False).last_hidden_state[:, -1]
+            nxt = head(h).argmax(-1)
+            nxt = torch.where(done, torch.full_like(nxt, eos_id), nxt)
+            ids = torch.cat([ids, nxt[:, None]], 1)
+            done |= nxt == eos_id
+            if done.all():
+                break
+        for r, i in enumerate(idx):
+            gen = ids[r, P:].tolist()
+            out[i] = gen[: gen.index(eos_id)] if eos_id in gen else gen
+    return out
+
+
+def decode_metrics(model: DiscreteCVAE, encoded: Sequence[EncodedPair], pairs: Sequence[Pair], router: np.ndarray,
+                   tokenizer, strategies: Sequence[str], seed: int = 0) -> dict[str, float]:
+    """task/correctness: greedy decoding with z drawn from the router; fraction of rows whose output
+    equals some strategy's output on x. structure/z_control_accuracy: decode with each z forced, match
+    latent values to strategies (Hungarian, on counts) and report the fraction following the matched one."""
+    rng = np.random.default_rng(seed)
+    K = model.n_latent
+    prefixes = [e.prefix_ids for e in encoded]
+    max_new = max(len(e.target_ids) for e in encoded) + 2
+    eos = tokenizer.eos_token_id
+    outputs_of = []
+    for p in pairs:
+        x = text_to_digits(p.x)
+        outputs_of.append([" ".join(map(str, STRATEGIES[s](x))) for s in strategies])
+    z = [int(rng.choice(K, p=r / r.sum())) for r in router]
+    dec = greedy_decode(model, prefixes, z, eos_id=eos, max_new_tokens=max_new)
+    texts = [tokenizer.decode(d) for d in dec]
+    correct = [t.strip() in outs for t, outs in zip(texts, outputs_of)]
+    counts = np.zeros((K, len(strategies)))
+    follows = []
+    for k in range(K):
+        dk = greedy_decode(model, prefixes, [k] * len(prefixes), eos_id=eos, max_new_tokens=max_new)
+        fk = np.array([[tokenizer.decode(d).strip() == o for o in outs] for d, outs in zip(dk, outputs_of)])
+        counts[k] = fk.sum(0)
+        follows.append(fk)
+    r, c = linear_sum_assignment(-counts)
+    acc = sum(counts[i, j] for i, j in zip(r, c)) / (len(r) * len(prefixes))
+    return {"task/correctness": float(np.mean(correct)), "structure/z_control_accuracy": float(acc)}

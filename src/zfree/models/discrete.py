@@ -1,0 +1,132 @@
+"""Shared discrete CVAE (DESIGN §3): one backbone, initialized from the z-free base model, serves
+
+  posterior  q_xi(z | x, y)  a linear head on the mean of the z-free hidden states over the y-region
+                             (``mean_y``, default) or on the last position (``last``);
+  router     p_phi(z | x)    a linear head on the separator position (the last prefix position,
+                             which predicts the first y token and sees only x);
+  decoder    p_psi(y | x, z) the backbone with a latent embedding e_z added to the input embeddings
+                             at the separator and y positions.
+
+e_z is zero-initialized, so at initialization every latent value decodes exactly like the base
+model (rho_recon = 1 at step 0; tested). The reconstruction expectation is exact: all K values
+are decoded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import nn
+
+from zfree.data.batching import Batch
+from zfree.models.base import hidden_states
+
+
+@dataclass
+class DiscreteCVAEOutput:
+    posterior_logits: Float[torch.Tensor, "batch n_latent"]  # q(z | x, y), unnormalized
+    prior_logits: Float[torch.Tensor, "batch n_latent"]  # router p(z | x), unnormalized
+    target_logprobs: Float[torch.Tensor, "batch n_latent seq"]  # log p(y_t | x, y_<t, z=k) on S, 0 elsewhere
+    features: Float[torch.Tensor, "batch d_model"]  # the posterior head's input
+    zfree_target_logprobs: Float[torch.Tensor, "batch seq"]  # current backbone without z (the z-free pass)
+    next_token_logprobs: Float[torch.Tensor, "batch n_latent pos vocab"] | None = None  # with_distributions
+    pos_mask: Bool[torch.Tensor, "batch pos"] | None = None  # valid entries of next_token_logprobs
+
+
+def injection_mask(batch: Batch) -> Bool[torch.Tensor, "batch seq"]:
+    """True at the separator and the positions that predict y tokens: prefix_len - 1 <= t <
+    prefix_len + |S| - 1 (the last end token predicts nothing and gets no latent)."""
+    t = torch.arange(batch.input_ids.shape[1], device=batch.input_ids.device)[None, :]
+    start = (batch.prefix_len - 1)[:, None]
+    return (t >= start) & (t < start + batch.target_len[:, None])
+
+
+class DiscreteCVAE(nn.Module):
+    """K-valued latent CVAE on a causal LM backbone. ``forward`` returns log-probs, never a loss."""
+
+    def __init__(self, backbone: nn.Module, n_latent: int, posterior_features: str = "mean_y"):
+        super().__init__()
+        if n_latent < 2:
+            raise ValueError(f"n_latent={n_latent} must be >= 2")
+        if posterior_features not in ("mean_y", "last"):
+            raise ValueError(f"posterior_features={posterior_features!r} is not one of ['mean_y', 'last']")
+        d = backbone.get_input_embeddings().weight.shape[1]
+        self.backbone = backbone
+        self.n_latent = n_latent
+        self.posterior_features = posterior_features
+        self.posterior_head = nn.Linear(d, n_latent)
+        self.router_head = nn.Linear(d, n_latent)
+        self.latent_embedding = nn.Embedding(n_latent, d)
+        nn.init.zeros_(self.latent_embedding.weight)  # decoder == base model at step 0 (DESIGN §3)
+        nn.init.normal_(self.posterior_head.weight, std=0.02)
+        nn.init.zeros_(self.posterior_head.bias)
+        nn.init.zeros_(self.router_head.weight)  # router starts uniform
+        nn.init.zeros_(self.router_head.bias)
+
+    def new_parameter_names(self) -> list[str]:
+        return [n for n, _ in self.named_parameters() if not n.startswith("backbone.")]
+
+    def encode(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The z-free pass: (posterior_logits, prior_logits, features, zfree_hidden)."""
+        h = hidden_states(self.backbone, batch)  # (B, T, D)
+        B = h.shape[0]
+        rows = torch.arange(B, device=h.device)
+        if self.posterior_features == "mean_y":
+            m = batch.target_mask.to(h.dtype)[:, :, None]
+            feats = (h * m).sum(1) / m.sum(1)
+        else:
+            feats = h[rows, batch.prefix_len + batch.target_len - 1]
+        sep = h[rows, batch.prefix_len - 1]
+        return self.posterior_head(feats), self.router_head(sep), feats, h
+
+    def decoder_hidden(self, batch: Batch, z: Int[torch.Tensor, "batch n"] | None = None
+                       ) -> Float[torch.Tensor, "batch n seq d_model"]:
+        """Decoder hidden states for latent values ``z`` (default: all K, n = K) in one batched pass."""
+        B, T = batch.input_ids.shape
+        if z is None:
+            z = torch.arange(self.n_latent, device=batch.input_ids.device).expand(B, -1)
+        n = z.shape[1]
+        emb = self.backbone.get_input_embeddings()(batch.input_ids)  # (B, T, D)
+        inj = injection_mask(batch).to(emb.dtype)  # (B, T)
+        lat = self.latent_embedding(z)  # (B, n, D)
+        x = emb[:, None] + inj[:, None, :, None] * lat[:, :, None, :]  # (B, n, T, D)
+        rep = _repeat_batch(batch, n)
+        h = hidden_states(self.backbone, rep, inputs_embeds=x.reshape(B * n, T, -1))
+        return h.reshape(B, n, T, -1)
+
+    def forward(self, batch: Batch, with_distributions: bool = False) -> DiscreteCVAEOutput:
+        q_logits, p_logits, feats, h0 = self.encode(batch)
+        hz = self.decoder_hidden(batch)  # (B, K, T, D)
+        B, K, T, D = hz.shape
+        head = self.backbone.get_output_embeddings()
+        predict = batch.target_mask[:, 1:]  # (B, T-1)
+        hsel = hz[:, :, :-1][predict[:, None].expand(B, K, T - 1)]  # (B*K*N_b summed, D) in (b, k, t) order
+        logp_all = torch.log_softmax(head(hsel).float(), -1)
+        tokens = batch.input_ids[:, 1:][:, None].expand(B, K, T - 1)[predict[:, None].expand(B, K, T - 1)]
+        lp = logp_all.gather(-1, tokens[:, None]).squeeze(-1)
+        tlp = hz.new_zeros((B, K, T), dtype=torch.float32)
+        tlp[:, :, 1:][predict[:, None].expand(B, K, T - 1)] = lp
+        # z-free log-probs of the current backbone (monitoring; same head, same positions)
+        lp0 = torch.log_softmax(head(h0[:, :-1][predict]).float(), -1).gather(
+            -1, batch.input_ids[:, 1:][predict][:, None]).squeeze(-1)
+        t0 = h0.new_zeros((B, T), dtype=torch.float32)
+        t0[:, 1:][predict] = lp0
+        out = DiscreteCVAEOutput(q_logits, p_logits, tlp, feats, t0)
+        if with_distributions:
+            P = int(batch.target_len.max())
+            pos_mask = torch.arange(P, device=hz.device)[None, :] < batch.target_len[:, None]  # (B, P)
+            V = logp_all.shape[-1]
+            dist = logp_all.new_zeros((B, K, P, V))
+            dist[pos_mask[:, None].expand(B, K, P)] = logp_all
+            out.next_token_logprobs, out.pos_mask = dist, pos_mask
+        return out
+
+
+def _repeat_batch(batch: Batch, n: int) -> Batch:
+    """Each row repeated n times, consecutively (row b -> rows b*n .. b*n+n-1)."""
+    r = lambda t: t.repeat_interleave(n, dim=0)  # noqa: E731
+    return Batch(r(batch.input_ids), r(batch.attention_mask), r(batch.target_mask), r(batch.prefix_len),
+                 r(batch.target_len), [i for i in batch.ids for _ in range(n)],
+                 [s for s in batch.strategies for _ in range(n)])

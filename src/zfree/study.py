@@ -1,0 +1,162 @@
+"""The main job: data -> base run -> CVAE grid (papermill) -> summary.csv -> report.html.
+
+Presets:
+  smoke    tiny data, a tiny base model trained on the spot, two short runs (< 2 minutes; tests).
+  default  the shipped benchmark and base run, weighting {plain, distribution} x beta {0.03, 0.1,
+           0.3, 1.0}. Rerunning skips finished work.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from zfree.config import BaseTrainConfig, DataConfig, TrainConfig
+from zfree.io import atomic_write_text, read_json, sha256_file
+
+ROOT = Path(__file__).resolve().parents[2]
+SHIPPED_DATA = ROOT / "data" / "synth" / "default"
+SHIPPED_BASE = ROOT / "data" / "base" / "default"
+
+SUMMARY_COLUMNS = {  # summary.csv column -> key in a run's summary.json
+    "run_id": "run_id", "weighting": "weighting", "beta": "beta", "aid": "aid",
+    "recon_weight": "objective/recon_weight_mean",
+    "kl_prior_loss": "loss/val/kl_prior_loss",
+    "baseline_normalized_reconstruction_loss": "loss/val/baseline_normalized_reconstruction_loss",
+    "reconstruction_loss": "loss/val/reconstruction_loss",
+    "oracle_rho": "latent/oracle_rho", "codes_used": "latent/codes_used", "q_max_mean": "latent/q_max_mean",
+    "alignment_nmi": "structure/alignment_nmi", "alignment_nmi_unambiguous": "structure/alignment_nmi_unambiguous",
+    "probe_accuracy": "structure/probe_accuracy", "z_control_accuracy": "structure/z_control_accuracy",
+    "task_correctness": "task/correctness", "base_task_correctness": "init/task/correctness",
+    "decoder_jsd": "latent/decoder_jsd", "beta_eff_median": "objective/beta_eff_median",
+    "predicted_use_fraction": "latent/predicted_use_fraction",
+    "measured_use_fraction": "latent/measured_use_fraction",
+    "predicted_latent_used": "predicted_latent_used", "latent_used": "latent_used",
+    "c_base": "reference/c_base", "steps": "steps", "wall_s": "wall_s",
+}
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    grid: dict[str, list[Any]]
+    train: dict[str, Any]  # flat TrainConfig overrides
+    data: DataConfig | None = None  # None: the shipped benchmark
+    base: BaseTrainConfig | None = None  # None: the shipped base run
+    workers: int = 2
+
+
+PRESETS: dict[str, Preset] = {
+    "smoke": Preset(
+        "smoke", grid={"weighting": ["plain", "distribution"], "beta": [0.3]},
+        train={"steps": 12, "batch_size": 16, "eval_every": 6, "eval_rows": 60, "decode_rows": 16,
+               "warmup_backbone": 5},
+        data=DataConfig(n_min=3, n_max=6, n_train=600, n_val=60, n_test=20),
+        base=BaseTrainConfig(n_layer=1, n_embd=32, n_head=2, max_steps=150, eval_every=75, warmup_steps=20,
+                             lr=3e-3, max_minutes=1.0)),
+    "default": Preset(
+        "default", grid={"weighting": ["plain", "distribution"], "beta": [0.03, 0.1, 0.3, 1.0]},
+        train={"steps": 250, "batch_size": 64, "eval_every": 50, "eval_rows": 0, "decode_rows": 200}),
+}
+
+
+def _prepare_data(preset: Preset, out: Path) -> Path:
+    from zfree.data.synth import write_benchmark
+
+    if preset.data is None:
+        meta = read_json(SHIPPED_DATA / "metadata.json")
+        for split, sha in meta["sha256"].items():
+            if sha256_file(SHIPPED_DATA / f"{split}.jsonl") != sha:
+                raise ValueError(f"{SHIPPED_DATA / (split + '.jsonl')}: sha256 does not match metadata.json")
+        return SHIPPED_DATA
+    return write_benchmark(preset.data, out / "data")
+
+
+def _prepare_base(preset: Preset, out: Path, data_dir: Path, retrain: bool) -> Path:
+    from zfree.base_training import train_base
+
+    base = out / "base"
+    if (base / "reference" / "reference.json").exists() and (base / "model").exists():
+        return base
+    if preset.base is not None or retrain:
+        if base.exists():
+            shutil.rmtree(base)  # an unfinished base run (no reference yet) is rebuilt
+        train_base(data_dir, base, preset.base or BaseTrainConfig(), threads=2)
+        return base
+    if not (SHIPPED_BASE / "reference" / "reference.json").exists():
+        raise FileNotFoundError(f"the shipped base run {SHIPPED_BASE} has no reference/reference.json; "
+                                "run with --retrain-base")
+    tmp = out / ".base.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(SHIPPED_BASE, tmp)
+    tmp.rename(base)
+    return base
+
+
+def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """The study's summary.csv: one row per finished CVAE run (columns: ``SUMMARY_COLUMNS``)."""
+    if runs.empty:
+        return pd.DataFrame(columns=list(SUMMARY_COLUMNS))
+    runs = runs.copy()
+    if "aid" not in runs:
+        runs["aid"] = "none"
+    cols = {c: runs[k] if k in runs else None for c, k in SUMMARY_COLUMNS.items()}
+    return pd.DataFrame(cols).sort_values(["weighting", "beta"]).reset_index(drop=True)
+
+
+def run_study(preset: str, out_dir: Path | str, *, retrain_base: bool = False, workers: int | None = None,
+              progress: bool = True) -> Path:
+    """Run a preset end to end into ``out_dir``; returns the path of ``report.html``.
+
+    Writes out_dir/{base/reference/reference.json, runs/<id>/, summary.csv, report.ipynb,
+    report.html}. Finished runs are skipped; failed runs are listed and do not stop the others.
+    Raises ValueError for an unknown preset (listing the valid ones).
+    """
+    from zfree.sweeps import collect_runs, expand_grid, run_points
+
+    if preset not in PRESETS:
+        raise ValueError(f"preset={preset!r} is not one of {sorted(PRESETS)}")
+    p = PRESETS[preset]
+    out = Path(out_dir).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    data_dir = _prepare_data(p, out)
+    base_dir = _prepare_base(p, out, data_dir, retrain_base)
+    flat = {**TrainConfig().to_flat(), **p.train, "data_dir": str(data_dir), "base_dir": str(base_dir)}
+    points = expand_grid(flat, p.grid)
+    statuses = run_points(points, out / "runs", workers=workers or p.workers, progress=progress)
+    failed = [s for s in statuses if s["status"] == "failed"]
+    table = summary_table(collect_runs(out / "runs"))
+    atomic_write_text(out / "summary.csv", table.to_csv(index=False))
+    html = render_report(out, progress=progress)
+    if progress:
+        print(f"study {preset!r}: {len(table)} runs in {out} ({time.time() - t0:.0f} s); report: {html}")
+    for f in failed:
+        print(f"  FAILED {f['run_id']}: {f['error']}  (see {out / 'runs' / f['run_id'] / 'error.json'})")
+    return html
+
+
+def render_report(study_dir: Path | str, notebook: Path | str | None = None, progress: bool = False) -> Path:
+    """Execute ``notebooks/study_report.ipynb`` on ``study_dir`` with papermill and render it to
+    ``report.html`` with nbconvert, code hidden. Both files are written atomically."""
+    import nbformat
+    import papermill as pm
+    from nbconvert import HTMLExporter
+
+    from zfree.sweeps import NOTEBOOKS
+
+    study_dir = Path(study_dir).resolve()
+    nb_in = str(Path(notebook or NOTEBOOKS / "study_report.ipynb").resolve())
+    tmp_nb = study_dir / ".report.tmp.ipynb"
+    pm.execute_notebook(nb_in, str(tmp_nb), parameters={"study_dir": str(study_dir)}, kernel_name="python3",
+                        progress_bar=progress, log_output=False, cwd=str(study_dir))
+    tmp_nb.replace(study_dir / "report.ipynb")
+    exporter = HTMLExporter(exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True)
+    body, _ = exporter.from_notebook_node(nbformat.read(study_dir / "report.ipynb", as_version=4))
+    atomic_write_text(study_dir / "report.html", body)
+    return study_dir / "report.html"
