@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Literal, get_args
+from typing import Any, Literal, Sequence, get_args
 
 Weighting = Literal["plain", "distribution", "example", "token"]
 TokenOuter = Literal["none", "distribution", "example"]
@@ -24,6 +24,13 @@ def _check_choice(name: str, value: Any, literal) -> None:
     valid = get_args(literal)
     if value not in valid:
         raise ValueError(f"{name}={value!r} is not one of {list(valid)}")
+
+
+def _check_int(name: str, value: Any, lo: int | None = None) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"{name}={value!r} must be an integer")
+    if lo is not None and value < lo:
+        raise ValueError(f"{name}={value!r} must be >= {lo}")
 
 
 def _check_range(name: str, value: float, lo: float | None = None, hi: float | None = None,
@@ -43,7 +50,7 @@ class DataConfig:
     vocab_size: int = 10  # digits 0..V-1
     n_min: int = 4  # shortest x
     n_max: int = 12  # longest x; y has the same length, |S| = |y| + 1 (end token)
-    strategies: tuple[str, ...] = ("sort_asc", "sort_desc", "reverse", "copy")
+    strategies: Sequence[str] = ("sort_asc", "sort_desc", "reverse", "copy")  # stored as a tuple
     prior: Literal["uniform", "x_dependent"] = "uniform"
     prior_strength: float = 3.0  # x_dependent: weight of the favoured strategy (others 1)
     n_train: int = 50_000
@@ -54,7 +61,12 @@ class DataConfig:
     def __post_init__(self):
         from zfree.data.synth import STRATEGIES
 
+        if isinstance(self.strategies, str):
+            raise ValueError(f"strategies={self.strategies!r} must be a sequence of names, not one string")
         object.__setattr__(self, "strategies", tuple(self.strategies))
+        for name in ("vocab_size", "n_min", "n_max", "n_train", "n_val", "n_test"):
+            _check_int(name, getattr(self, name))
+        _check_int("seed", self.seed, 0)  # numpy's SeedSequence rejects negative entropy
         for s in self.strategies:
             if s not in STRATEGIES:
                 raise ValueError(f"strategies: unknown strategy {s!r}; valid: {sorted(STRATEGIES)}")
@@ -65,7 +77,7 @@ class DataConfig:
         if self.n_min < 1:
             raise ValueError(f"n_min={self.n_min} must be >= 1")
         if self.n_min > self.n_max:
-            raise ValueError(f"n_min={self.n_min} > n_max={self.n_max}")
+            raise ValueError(f"n_min={self.n_min} > n_max={self.n_max}: n_min must be <= n_max")
         _check_choice("prior", self.prior, Literal["uniform", "x_dependent"])
         _check_range("prior_strength", self.prior_strength, 0, lo_open=True)
         for name in ("n_train", "n_val", "n_test"):
@@ -128,6 +140,8 @@ class ObjectiveConfig:
         _check_range("free_bits", self.free_bits, 0.0)
         _check_range("token_alpha", self.token_alpha, 0.0, 1.0)
         _check_range("epsilon", self.epsilon, 0.0)
+        _check_int("beta_warmup_steps", self.beta_warmup_steps, 0)
+        _check_int("beta_cycle_steps", self.beta_cycle_steps, 0)
         if (self.weighting == "example" or self.token_outer == "example") and not self.epsilon > 0:
             raise ValueError(f"epsilon={self.epsilon!r} must be > 0 for example weighting (seed 002)")
         if self.token_outer != "none" and self.weighting != "token":

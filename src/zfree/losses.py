@@ -18,27 +18,33 @@ from jaxtyping import Bool, Float, Int
 from zfree.config import ObjectiveConfig
 
 
-def masked_mean_token_nll(token_nll: Float[torch.Tensor, "*lead seq"], target_mask: Bool[torch.Tensor, "batch seq"]
-                          ) -> Float[torch.Tensor, "*lead"]:
+def masked_mean_token_nll(token_nll: Float[torch.Tensor, "batch *latent seq"],
+                          target_mask: Bool[torch.Tensor, "batch seq"]) -> Float[torch.Tensor, "batch *latent"]:
     """nll(x, y) = (1/|S|) sum_{t in S} -log p(y_t | x, y_<t): masked mean, nats per token.
 
-    ``token_nll`` is (batch, seq) or (batch, n_latent, seq) with zeros or anything outside S; the
-    mask is broadcast over the latent axis. Raises ValueError if some row has an empty S.
+    ``token_nll`` is (batch, seq) or (batch, n_latent, seq); the mask (True = supervised position
+    in S) is broadcast over the latent axis. Positions outside S may hold anything, even inf or
+    NaN (they are selected away, not multiplied by 0, so they reach neither value nor gradient).
+    Returns (batch,) or (batch, n_latent). Raises ValueError if some row has an empty S.
     Source: seed 000, "Implementation detail" (masked to the y-span, averaged not summed).
     """
     n = target_mask.sum(-1)
     if (n == 0).any():
         raise ValueError(f"rows {torch.nonzero(n == 0).flatten().tolist()} have an empty supervised region")
     m = target_mask if token_nll.dim() == 2 else target_mask[:, None, :]
-    s = (token_nll * m).sum(-1)
-    return s / (n if token_nll.dim() == 2 else n[:, None])
+    s = torch.where(m, token_nll, torch.zeros((), dtype=token_nll.dtype, device=token_nll.device)).sum(-1)
+    return s / (n if token_nll.dim() == 2 else n[:, None]).to(s.dtype)
 
 
 def token_surprisal_shares(base_token_nll: Float[torch.Tensor, "batch seq"], target_mask: Bool[torch.Tensor, "batch seq"]
                            ) -> Float[torch.Tensor, "batch seq"]:
-    """s_t = b_t / sum_{u in S} b_u over the supervised region (0 outside). Rows whose base
-    surprisal is 0 everywhere get uniform shares 1/|S| (nothing to prefer)."""
-    b = base_token_nll.clamp_min(0) * target_mask
+    """s_t = b_t / sum_{u in S} b_u over the supervised region (0 outside), shape (batch, seq).
+
+    Rows whose base surprisal is 0 everywhere get uniform shares 1/|S| (nothing to prefer);
+    values outside S may be anything (even inf/NaN). Source: seed 000, "Token-level
+    surprisal-share weighting" (neighbouring variant)."""
+    zero = torch.zeros((), dtype=base_token_nll.dtype, device=base_token_nll.device)
+    b = torch.where(target_mask, base_token_nll, zero).clamp_min(0)
     tot = b.sum(-1, keepdim=True)
     uniform = target_mask / target_mask.sum(-1, keepdim=True)
     return torch.where(tot > 0, b / tot.clamp_min(1e-30), uniform)
@@ -59,43 +65,58 @@ def token_weights(base_token_nll: Float[torch.Tensor, "batch seq"], target_mask:
     return ((1 - alpha) + alpha * n * s) * target_mask
 
 
-def weighted_mean_token_nll(token_nll: Float[torch.Tensor, "*lead seq"], target_mask: Bool[torch.Tensor, "batch seq"],
-                            weights: Float[torch.Tensor, "batch seq"]) -> Float[torch.Tensor, "*lead"]:
-    """(1/|S|) sum_t omega_t nll_t; equals ``masked_mean_token_nll`` when omega = 1 on S."""
+def weighted_mean_token_nll(token_nll: Float[torch.Tensor, "batch *latent seq"],
+                            target_mask: Bool[torch.Tensor, "batch seq"],
+                            weights: Float[torch.Tensor, "batch seq"]) -> Float[torch.Tensor, "batch *latent"]:
+    """(1/|S|) sum_{t in S} omega_t nll_t, nats per token; shapes as ``masked_mean_token_nll``.
+
+    Equals ``masked_mean_token_nll`` when omega = 1 on S (``token_weights`` with alpha = 0).
+    Raises ValueError if some row has an empty S."""
     w = weights if token_nll.dim() == 2 else weights[:, None, :]
     return masked_mean_token_nll(token_nll * w, target_mask)
 
 
-def reconstruction_weight(weighting: str, *, batch_size: int, c_base: float | None = None,
-                          b: Float[torch.Tensor, "batch"] | None = None, epsilon: float = 0.0
-                          ) -> Float[torch.Tensor, "batch"]:
-    """Per-example reconstruction weight w(x, y).
+#: Valid outer reconstruction weightings (``token`` reweights inside lbar and uses one of these outside).
+RECONSTRUCTION_WEIGHTINGS = ("plain", "distribution", "example")
 
-    plain: 1.  distribution: 1 / c_base (seed 000: one global constant, no reweighting).
-    example: 1 / (b + epsilon) (seed 002; its gradient is grad(lbar) / (b + eps)).
+
+def reconstruction_weight(weighting: str, *, batch_size: int, c_base: float | None = None,
+                          b: Float[torch.Tensor, "batch"] | None = None, epsilon: float = 0.0,
+                          dtype: torch.dtype | None = None) -> Float[torch.Tensor, "batch"]:
+    """Per-example reconstruction weight w(x, y), shape (batch_size,), detached (a constant).
+
+    plain (alias none, the token_outer spelling): 1.  distribution: 1 / c_base (seed 000: one
+    global constant, no reweighting).  example: 1 / (b + epsilon) with ``b`` the per-example
+    z-free surprisal in nats per token, shape (batch_size,) (seed 002; its gradient is
+    grad(lbar) / (b + eps)). ``dtype`` defaults to b's dtype, else float32.
     Raises ValueError for an unknown weighting (listing the valid ones), a missing, non-finite or
-    non-positive c_base, missing b, or epsilon <= 0 for example.
+    non-positive c_base, a missing b or one of another length, or epsilon <= 0 for example.
     """
+    if dtype is None:
+        dtype = b.dtype if b is not None else torch.float32
     if weighting in ("plain", "none"):
-        return torch.ones(batch_size)
+        return torch.ones(batch_size, dtype=dtype, device=None if b is None else b.device)
     if weighting == "distribution":
         if c_base is None or not math.isfinite(c_base) or c_base <= 0:
             raise ValueError(f"c_base={c_base!r} must be a finite positive number for distribution weighting")
-        return torch.full((batch_size,), 1.0 / c_base)
+        return torch.full((batch_size,), 1.0 / float(c_base), dtype=dtype, device=None if b is None else b.device)
     if weighting == "example":
         if b is None:
             raise ValueError("example weighting needs the per-example base surprisal b")
+        if b.shape != (batch_size,):
+            raise ValueError(f"b has shape {tuple(b.shape)}, expected ({batch_size},)")
         if not epsilon > 0:
             raise ValueError(f"epsilon={epsilon!r} must be > 0 for example weighting (seed 002)")
-        return 1.0 / (b.detach().clamp_min(0) + epsilon)
-    raise ValueError(f"weighting={weighting!r} is not one of ['plain', 'distribution', 'example']")
+        return (1.0 / (b.detach().clamp_min(0) + epsilon)).to(dtype)
+    raise ValueError(f"weighting={weighting!r} is not one of {list(RECONSTRUCTION_WEIGHTINGS)}")
 
 
 def categorical_kl(q_logits: Float[torch.Tensor, "batch n_latent"], p_logits: Float[torch.Tensor, "batch n_latent"]
                    ) -> Float[torch.Tensor, "batch"]:
     """Rate K = KL(q(z|x,y) || p(z|x)) = sum_k q_k (log q_k - log p_k), nats per example.
 
-    Equals ``torch.distributions.kl_divergence`` of two Categoricals (tested)."""
+    Shapes (batch, n_latent) -> (batch,); logits must be finite. Equals
+    ``torch.distributions.kl_divergence`` of two Categoricals (tested)."""
     lq = torch.log_softmax(q_logits, -1)
     lp = torch.log_softmax(p_logits, -1)
     return (lq.exp() * (lq - lp)).sum(-1)
@@ -103,12 +124,17 @@ def categorical_kl(q_logits: Float[torch.Tensor, "batch n_latent"], p_logits: Fl
 
 def gaussian_kl(mu_q: Float[torch.Tensor, "batch d_latent"], logvar_q: Float[torch.Tensor, "batch d_latent"],
                 mu_p: Float[torch.Tensor, "batch d_latent"] | None = None,
-                logvar_p: Float[torch.Tensor, "batch d_latent"] | None = None, per_dim: bool = False):
-    """KL(N(mu_q, diag e^logvar_q) || N(mu_p, diag e^logvar_p)), nats; prior N(0, I) when mu_p is None.
+                logvar_p: Float[torch.Tensor, "batch d_latent"] | None = None, per_dim: bool = False
+                ) -> Float[torch.Tensor, "batch"] | Float[torch.Tensor, "batch d_latent"]:
+    """Rate of the continuous CVAE: KL(N(mu_q, diag e^logvar_q) || N(mu_p, diag e^logvar_p)), nats
+    per example; the prior is N(0, I) when mu_p and logvar_p are both None.
 
     0.5 * sum_d [logvar_p - logvar_q + (e^logvar_q + (mu_q - mu_p)^2) / e^logvar_p - 1]
     (Kingma & Welling 2014, App. B). Returns (batch,) or (batch, d_latent) with ``per_dim``.
+    Raises ValueError if only one of mu_p, logvar_p is given.
     """
+    if (mu_p is None) != (logvar_p is None):
+        raise ValueError("gaussian_kl: give both mu_p and logvar_p (learned prior) or neither (N(0, I))")
     if mu_p is None:
         mu_p, logvar_p = torch.zeros_like(mu_q), torch.zeros_like(logvar_q)
     kl = 0.5 * (logvar_p - logvar_q + (logvar_q.exp() + (mu_q - mu_p) ** 2) / logvar_p.exp() - 1.0)
@@ -122,40 +148,55 @@ def inter_latent_jsd(logp: Float[torch.Tensor, "batch n_latent pos vocab"], weig
 
     0 <= JSD <= H(pi) <= log K; with router weights it is I(z; y_t | x, y_<t) under p(z|x).
     ``logp`` holds log-probs at the positions predicting supervised tokens (padded with anything
-    where ``pos_mask`` is False). Raises ValueError if a row has no position.
+    where ``pos_mask`` is False; -inf log-probs are allowed). ``weights`` (non-negative, e.g. the
+    router p(z|x)) are normalized to pi per row. Returns (batch,). Raises ValueError if a row has
+    no position. Source: seed 000, "Inter-Latent JSD"; Lin 1991 (generalized JSD).
     """
+    n = pos_mask.sum(-1)
+    if (n == 0).any():
+        raise ValueError("inter_latent_jsd: a row has no supervised position")
     pi = weights / weights.sum(-1, keepdim=True)
+    # Select padding away (not multiply by 0) and clamp -inf so neither value nor gradient sees NaN.
+    logp = torch.where(pos_mask[:, None, :, None], logp, torch.zeros((), dtype=logp.dtype, device=logp.device))
+    logp = logp.clamp_min_(torch.finfo(logp.dtype).min)  # in place on the fresh copy: one copy, not two
     p = logp.exp()
     mix = (pi[:, :, None, None] * p).sum(1)  # (B, P, V)
     h_mix = -(mix * torch.log(mix.clamp_min(1e-30))).sum(-1)
     h_each = -(p * logp).sum(-1)  # (B, K, P)
     jsd = h_mix - (pi[:, :, None] * h_each).sum(1)  # (B, P)
-    n = pos_mask.sum(-1)
-    if (n == 0).any():
-        raise ValueError("inter_latent_jsd: a row has no supervised position")
-    return (jsd * pos_mask).sum(-1) / n
+    return (jsd * pos_mask).sum(-1) / n.to(jsd.dtype)
+
+
+_FREE_BITS_MODES = ("none", "per_example", "batch_mean")
 
 
 def apply_free_bits(kl: Float[torch.Tensor, "batch"], free_bits: float, mode: str) -> Float[torch.Tensor, "batch"]:
     """Free bits (Kingma et al. 2016): KL below ``free_bits`` nats is not penalized.
 
     per_example: max(K_i, lambda) for each example. batch_mean: the batch-mean KL is clamped,
-    max(mean K, lambda), returned broadcast so its mean is the clamped value. none: unchanged.
+    max(mean K, lambda), returned rescaled per example so its mean is the clamped value (and its
+    gradient is 0 while the mean is below lambda). none (or free_bits <= 0): unchanged.
+    Shapes (batch,) -> (batch,), nats per example. Raises ValueError for an unknown mode.
     """
+    if mode not in _FREE_BITS_MODES:
+        raise ValueError(f"free_bits_mode={mode!r} is not one of {list(_FREE_BITS_MODES)}")
     if mode == "none" or free_bits <= 0:
         return kl
     if mode == "per_example":
         return kl.clamp_min(free_bits)
-    if mode == "batch_mean":
-        m = kl.mean()
-        return kl * (torch.clamp_min(m, free_bits) / m.clamp_min(1e-30)) if m > 0 else kl + free_bits
-    raise ValueError(f"free_bits_mode={mode!r} is not one of ['none', 'per_example', 'batch_mean']")
+    m = kl.mean()
+    if m > 0:
+        return kl * (torch.clamp_min(m, free_bits) / m)
+    return kl * 0 + free_bits  # all K = 0: constant lambda, no gradient (not kl + lambda, whose gradient is 1/B)
 
 
 def beta_at_step(cfg: ObjectiveConfig, step: int) -> float:
     """beta schedule as a function of the optimizer step: constant; linear warm-up 0 -> beta over
     ``beta_warmup_steps``; cyclical (Fu et al. 2019, NAACL): within each period of
-    ``beta_cycle_steps``, linear 0 -> beta over the first half, then beta."""
+    ``beta_cycle_steps``, linear 0 -> beta over the first half, then beta (their R = 0.5).
+    Raises ValueError for a negative step or an unknown schedule."""
+    if step < 0:
+        raise ValueError(f"step={step} must be >= 0")
     if cfg.beta_schedule == "constant":
         return cfg.beta
     if cfg.beta_schedule == "linear":
@@ -212,14 +253,20 @@ def assemble_objective(cfg: ObjectiveConfig, *, recon_per_latent: Float[torch.Te
     lbar_i = sum_k q(k | x_i, y_i) * recon_per_latent[i, k] is the exact expectation over the K
     latent values (recon_per_latent is the per-token mean NLL, token-weighted for ``token``).
     w_i follows ``cfg.weighting`` (token: its outer weight, ``cfg.token_outer``). K_i is the
-    categorical KL to the router after free bits. Raises ValueError (from
-    ``reconstruction_weight``) for a missing/invalid c_base or b.
+    categorical KL to the router after free bits. Shapes: recon_per_latent, q_logits, p_logits
+    (batch, n_latent); target_len, b (per-example base surprisal, nats per token), jsd (batch,).
+    ``contributions`` sum to ``total``. Raises ValueError (from ``reconstruction_weight``) for a
+    missing/invalid c_base or b, and when ``cfg.lambda_jsd > 0`` but no ``jsd`` is given (the term
+    would silently vanish from the objective).
     """
+    if cfg.lambda_jsd > 0 and jsd is None:
+        raise ValueError(f"lambda_jsd={cfg.lambda_jsd} > 0 but no jsd was given to assemble_objective")
     B = recon_per_latent.shape[0]
     q = torch.softmax(q_logits, -1)
     lbar = (q * recon_per_latent).sum(-1)
     outer = cfg.token_outer if cfg.weighting == "token" else cfg.weighting
-    w = reconstruction_weight(outer, batch_size=B, c_base=c_base, b=b, epsilon=cfg.epsilon).to(lbar)
+    w = reconstruction_weight(outer, batch_size=B, c_base=c_base, b=b, epsilon=cfg.epsilon,
+                              dtype=lbar.dtype).to(lbar.device)
     kl = categorical_kl(q_logits, p_logits)
     beta = beta_at_step(cfg, step)
     kl_pen = apply_free_bits(kl, cfg.free_bits, cfg.free_bits_mode)

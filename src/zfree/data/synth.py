@@ -12,6 +12,7 @@ stored on every row as ``bayes_nll`` so c_base has an exact analytic value (``zf
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict
 from pathlib import Path
@@ -61,14 +62,18 @@ def strategy_prior(x: Digits, strategies: Sequence[str], prior: str, prior_stren
 def bayes_nll(x: Digits, y: Digits, strategies: Sequence[str], prior: str = "uniform", prior_strength: float = 3.0) -> tuple[float, int]:
     """Bayes-optimal z-free loss of one example and its ambiguity.
 
-    Returns (-log sum_{s: s(x)=y} pi(s|x) in nats per sequence, m = #strategies mapping x to y).
-    Raises ValueError if no strategy maps x to y.
+    Returns (-log sum_{s: s(x)=y} pi(s|x) in nats per sequence, m = #strategies mapping x to y);
+    log(K/m) under the uniform prior. When every strategy agrees the mass is exactly 1 and the
+    loss exactly zero (-log 1.0, which prints as -0.0: kept so that shipped files regenerate
+    byte for byte), never a rounding error of either sign. Raises ValueError if no strategy maps
+    x to y.
     """
     pi = strategy_prior(x, strategies, prior, prior_strength)
     hits = [i for i, s in enumerate(strategies) if STRATEGIES[s](x) == tuple(y)]
     if not hits:
         raise ValueError(f"no strategy in {list(strategies)} maps x={x} to y={y}")
-    return float(-math.log(pi[hits].sum())), len(hits)
+    mass = 1.0 if len(hits) == len(strategies) else float(pi[hits].sum())
+    return float(-math.log(mass)), len(hits)
 
 
 def digits_to_text(d: Digits) -> str:
@@ -79,9 +84,16 @@ def text_to_digits(s: str) -> Digits:
     return tuple(int(v) for v in s.split())
 
 
+_SPLITS = {"train": 0, "val": 1, "test": 2}
+
+
 def generate_split(cfg: DataConfig, split: str, n_rows: int) -> list[dict]:
-    """Rows ``{id, x, y, strategy, bayes_nll, n_consistent}`` for one split, deterministic in cfg.seed."""
-    split_index = {"train": 0, "val": 1, "test": 2}[split]
+    """Rows ``{id, x, y, strategy, bayes_nll, n_consistent}`` for one split, deterministic in
+    (cfg, split): each split has its own random stream, so n_rows of one split never shifts
+    another. Raises ValueError for a split other than train / val / test."""
+    if split not in _SPLITS:
+        raise ValueError(f"split={split!r} is not one of {list(_SPLITS)}")
+    split_index = _SPLITS[split]
     rng = np.random.default_rng([cfg.seed, split_index])
     rows = []
     for i in range(n_rows):
@@ -99,21 +111,28 @@ def generate_split(cfg: DataConfig, split: str, n_rows: int) -> list[dict]:
 def write_benchmark(cfg: DataConfig, out_dir: Path | str) -> Path:
     """Generate train/val/test JSONL and ``metadata.json`` (parameters, sha256 per split).
 
-    Each file is written atomically; an existing folder whose metadata matches ``cfg`` is reused
-    untouched; one with different parameters raises ``FileExistsError`` (nothing is overwritten).
+    Each file is written atomically; an existing folder whose metadata matches ``cfg`` and whose
+    files match their recorded sha256 is reused untouched. ``FileExistsError`` (nothing is
+    overwritten) for a folder with other parameters, with split files but no metadata (someone
+    else's data), or whose files no longer match their sha256.
     """
     out = Path(out_dir)
     meta_path = out / "metadata.json"
     params = asdict(cfg)
     params["strategies"] = list(cfg.strategies)
     if meta_path.exists():
-        import json
-
         old = json.loads(meta_path.read_text())
-        if old.get("parameters") == params and all((out / f"{s}.jsonl").exists() for s in old["sha256"]):
-            return out
-        raise FileExistsError(f"{out} holds a benchmark with other parameters; choose another --out")
-    import json
+        if old.get("parameters") != params:
+            raise FileExistsError(f"{out} holds a benchmark with other parameters; choose another --out")
+        for split, digest in old.get("sha256", {}).items():
+            f = out / f"{split}.jsonl"
+            if not f.exists() or sha256_file(f) != digest:
+                raise FileExistsError(f"{f} is missing or does not match the sha256 in {meta_path}; "
+                                      "delete the folder to regenerate it")
+        return out
+    present = [s for s in _SPLITS if (out / f"{s}.jsonl").exists()]
+    if present:
+        raise FileExistsError(f"{out} holds {present} files but no metadata.json; not overwriting them")
 
     sha = {}
     for split, n in (("train", cfg.n_train), ("val", cfg.n_val), ("test", cfg.n_test)):

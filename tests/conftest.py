@@ -1,0 +1,56 @@
+"""Test-wide setup: offline, one thread, modest hypothesis budgets, runtime shape checks.
+
+Runtime checking (STYLE §2): every ``zfree`` module except ``zfree.config`` is imported through
+``jaxtyping.install_import_hook`` with beartype, so a tensor whose shape or dtype contradicts
+its jaxtyping annotation fails the test that passes it. ``zfree.config`` is left out on
+purpose: its dataclasses validate themselves in ``__post_init__`` with a ``ValueError`` naming
+the field, and the hook would pre-empt that contract with a ``TypeError`` (tests would then
+check the hook, not the code users run). ``is_pep484_tower`` lets an int stand for a float,
+as Python itself does. Set ZFREE_TYPECHECK=0 to run without the hook.
+
+The hook must be installed before anything imports zfree, hence at the top of this file.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+_SRC = Path(__file__).resolve().parents[1] / "src" / "zfree"
+_UNCHECKED = {"zfree", "zfree.config"}
+
+
+def _checked_modules() -> list[str]:
+    mods = []
+    for path in _SRC.rglob("*.py"):
+        parts = ("zfree",) + path.relative_to(_SRC).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        if name not in _UNCHECKED:
+            mods.append(name)
+    return sorted(mods)
+
+
+if os.environ.get("ZFREE_TYPECHECK", "1") != "0":
+    if any(m.startswith("zfree.") for m in sys.modules):
+        import warnings
+
+        warnings.warn("zfree was imported before tests/conftest.py: runtime shape checks are off", stacklevel=1)
+    import jaxtyping
+
+    jaxtyping.install_import_hook(_checked_modules(),
+                                  "beartype.beartype(conf=beartype.BeartypeConf(is_pep484_tower=True))")
+
+import torch  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+torch.set_num_threads(1)
+
+settings.register_profile("default", max_examples=30, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("thorough", max_examples=300, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))

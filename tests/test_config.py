@@ -1,0 +1,146 @@
+"""zfree.config: every bad input raises ValueError naming its field; the flat round trip."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import fields
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from zfree.config import DataConfig, ModelConfig, ObjectiveConfig, OptimConfig, TrainConfig
+from zfree.data.synth import STRATEGIES
+
+
+@pytest.mark.parametrize("kwargs,field", [
+    ({"strategies": ("sort_asc", "shuffle")}, "strategies"),
+    ({"strategies": "copy"}, "strategies"),
+    ({"strategies": ("copy", "copy")}, "strategies"),
+    ({"strategies": ()}, "strategies"),
+    ({"n_min": 5, "n_max": 4}, "n_min"),
+    ({"n_min": 0}, "n_min"),
+    ({"n_min": 2.5}, "n_min"),
+    ({"vocab_size": 1}, "vocab_size"),
+    ({"prior": "zipf"}, "prior"),
+    ({"prior_strength": 0.0}, "prior_strength"),
+    ({"n_val": 0}, "n_val"),
+    ({"seed": -1}, "seed"),
+])
+def test_data_config_rejects_bad_input_naming_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=rf"\b{field}\b"):
+        DataConfig(**kwargs)
+
+
+def test_unknown_strategy_message_lists_valid_ones():
+    with pytest.raises(ValueError) as e:
+        DataConfig(strategies=("sort_asc", "shuffle"))
+    assert "'shuffle'" in str(e.value)
+    assert all(name in str(e.value) for name in STRATEGIES)
+
+
+def test_data_config_accepts_a_list_and_stores_a_tuple():
+    cfg = DataConfig(strategies=["copy", "reverse"])
+    assert cfg.strategies == ("copy", "reverse")
+    assert cfg == DataConfig(strategies=("copy", "reverse"))
+
+
+@pytest.mark.parametrize("kwargs,field", [
+    ({"beta": -0.1}, "beta"),
+    ({"beta": float("nan")}, "beta"),
+    ({"beta": float("inf")}, "beta"),
+    ({"weighting": "example", "epsilon": 0.0}, "epsilon"),
+    ({"weighting": "example", "epsilon": -1.0}, "epsilon"),
+    ({"weighting": "token", "token_outer": "example", "epsilon": 0.0}, "epsilon"),
+    ({"token_alpha": -0.01}, "token_alpha"),
+    ({"token_alpha": 1.01}, "token_alpha"),
+    ({"weighting": "ratio"}, "weighting"),
+    ({"lambda_jsd": -1.0}, "lambda_jsd"),
+    ({"free_bits": -0.5}, "free_bits"),
+    ({"free_bits_mode": "per_example"}, "free_bits"),
+    ({"free_bits_mode": "per_batch", "free_bits": 1.0}, "free_bits_mode"),
+    ({"token_outer": "distribution"}, "token_outer"),
+    ({"token_outer": "plain", "weighting": "token"}, "token_outer"),
+    ({"beta_schedule": "linear"}, "beta_warmup_steps"),
+    ({"beta_schedule": "cyclical", "beta_cycle_steps": 1}, "beta_cycle_steps"),
+    ({"beta_schedule": "sigmoid"}, "beta_schedule"),
+    ({"beta_warmup_steps": 1.5}, "beta_warmup_steps"),
+    ({"c_base_source": "oracle"}, "c_base_source"),
+])
+def test_objective_config_rejects_bad_input_naming_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=rf"\b{field}\b"):
+        ObjectiveConfig(**kwargs)
+
+
+def test_unknown_weighting_message_lists_valid_ones():
+    with pytest.raises(ValueError) as e:
+        ObjectiveConfig(weighting="ratio")
+    for valid in ("plain", "distribution", "example", "token"):
+        assert f"'{valid}'" in str(e.value)
+
+
+def test_valid_objective_configs_and_their_needs():
+    assert not ObjectiveConfig().needs_c_base and not ObjectiveConfig().needs_example_b
+    assert ObjectiveConfig(weighting="distribution").needs_c_base
+    assert ObjectiveConfig(weighting="example", epsilon=0.1).needs_example_b
+    tok = ObjectiveConfig(weighting="token", token_outer="distribution", token_alpha=0.0)
+    assert tok.needs_c_base and tok.needs_example_b
+    ObjectiveConfig(beta=0, free_bits=0.5, free_bits_mode="batch_mean", beta_schedule="cyclical", beta_cycle_steps=2)
+
+
+@pytest.mark.parametrize("cls,kwargs,field", [
+    (ModelConfig, {"n_latent": 1}, "n_latent"),
+    (ModelConfig, {"posterior_features": "cls"}, "posterior_features"),
+    (OptimConfig, {"steps": 0}, "steps"),
+    (OptimConfig, {"lr_new": -1e-3}, "lr_new"),
+    (OptimConfig, {"eval_rows": -1}, "eval_rows"),
+    (TrainConfig, {"data_dir": ""}, "data_dir"),
+])
+def test_other_configs_reject_bad_input_naming_the_field(cls, kwargs, field):
+    with pytest.raises(ValueError, match=rf"\b{field}\b"):
+        cls(**kwargs)
+
+
+train_configs = st.builds(
+    TrainConfig,
+    data_dir=st.sampled_from(["data/synth/default", "runs/x"]),
+    objective=st.one_of(
+        st.builds(ObjectiveConfig, weighting=st.sampled_from(["plain", "distribution"]), beta=st.floats(0, 10),
+                  lambda_jsd=st.floats(0, 1), token_alpha=st.floats(0, 1)),
+        st.builds(ObjectiveConfig, weighting=st.just("example"), epsilon=st.floats(1e-4, 1.0),
+                  beta_schedule=st.just("linear"), beta_warmup_steps=st.integers(1, 1000)),
+        st.builds(ObjectiveConfig, weighting=st.just("token"), token_outer=st.just("distribution"),
+                  free_bits=st.floats(0.01, 2.0), free_bits_mode=st.sampled_from(["per_example", "batch_mean"])),
+    ),
+    model=st.builds(ModelConfig, n_latent=st.integers(2, 16)),
+    optim=st.builds(OptimConfig, steps=st.integers(1, 10_000), lr_new=st.floats(1e-6, 1e-2), seed=st.integers(0, 99)),
+)
+
+
+@given(cfg=train_configs)
+def test_train_config_flat_round_trip(cfg):
+    flat = cfg.to_flat()
+    assert all(isinstance(v, (str, int, float, bool, list)) for v in flat.values()), flat
+    assert TrainConfig.from_flat(flat) == cfg
+    assert TrainConfig.from_flat(json.loads(json.dumps(flat))) == cfg  # survives papermill's JSON
+    assert set(flat) == set(TrainConfig.flat_fields())
+
+
+def test_flat_field_names_are_unique_across_sub_configs():
+    names = [f.name for cls in (ObjectiveConfig, ModelConfig, OptimConfig) for f in fields(cls)]
+    assert len(names) == len(set(names))
+    assert len(TrainConfig.flat_fields()) == len(names) + 2
+
+
+def test_from_flat_with_unknown_key_names_it():
+    flat = TrainConfig().to_flat() | {"betaa": 0.5}
+    with pytest.raises(ValueError, match="betaa"):
+        TrainConfig.from_flat(flat)
+
+
+def test_from_flat_validates_and_replace_updates():
+    with pytest.raises(ValueError, match=r"\bbeta\b"):
+        TrainConfig.from_flat({"beta": -1.0})
+    cfg = TrainConfig().replace(beta=0.25, weighting="distribution", n_latent=8)
+    assert (cfg.objective.beta, cfg.objective.weighting, cfg.model.n_latent) == (0.25, "distribution", 8)
+    assert cfg.optim == OptimConfig()
