@@ -1,12 +1,13 @@
 """Test-wide setup: offline, one thread, modest hypothesis budgets, runtime shape checks.
 
-Runtime checking (STYLE §2): every ``zfree`` module except ``zfree.config`` is imported through
-``jaxtyping.install_import_hook`` with beartype, so a tensor whose shape or dtype contradicts
-its jaxtyping annotation fails the test that passes it. ``zfree.config`` is left out on
-purpose: its dataclasses validate themselves in ``__post_init__`` with a ``ValueError`` naming
-the field, and the hook would pre-empt that contract with a ``TypeError`` (tests would then
-check the hook, not the code users run). ``is_pep484_tower`` lets an int stand for a float,
-as Python itself does. Set ZFREE_TYPECHECK=0 to run without the hook.
+Runtime checking (STYLE §2): every ``zfree`` module that uses jaxtyping annotations (its source
+imports jaxtyping) is imported through ``jaxtyping.install_import_hook`` with beartype, so a
+tensor whose shape or dtype contradicts its annotation fails the test that passes it. Modules
+without tensor annotations are left alone: beartype would otherwise also enforce unrelated hints
+(a non-runtime-checkable Protocol in ``zfree.sweeps`` cannot be checked at all), and
+``zfree.config`` validates itself in ``__post_init__`` with a ``ValueError`` naming the field,
+a contract the hook would pre-empt with a ``TypeError``. ``is_pep484_tower`` lets an int stand
+for a float, as Python itself does. Set ZFREE_TYPECHECK=0 to run without the hook.
 
 The hook must be installed before anything imports zfree, hence at the top of this file.
 """
@@ -30,7 +31,8 @@ def _checked_modules() -> list[str]:
     for path in _SRC.rglob("*.py"):
         parts = ("zfree",) + path.relative_to(_SRC).with_suffix("").parts
         name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-        if name not in _UNCHECKED:
+        text = path.read_text()
+        if name not in _UNCHECKED and ("from jaxtyping import" in text or "import jaxtyping" in text):
             mods.append(name)
     return sorted(mods)
 
