@@ -15,7 +15,7 @@ import traceback
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Callable, Iterable, Protocol, runtime_checkable
 
 import pandas as pd
 from tqdm.auto import tqdm
@@ -79,6 +79,7 @@ def run_point(point: Point, runs_dir: str, notebook: str) -> dict[str, Any]:
         return {"run_id": point.run_id, "status": "failed", "error": err["error"][:500]}
 
 
+@runtime_checkable
 class Executor(Protocol):
     """Anything that can ``submit(fn, *args) -> Future`` and ``shutdown()`` (concurrent.futures)."""
 

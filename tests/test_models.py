@@ -1,0 +1,107 @@
+"""Discrete CVAE: the step-0 contract (decoder == base model) and path equivalences."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from zfree.data.batching import collate, encode_pair
+from zfree.data.pairs import Pair
+from zfree.data.tokenizer import build_digit_tokenizer
+from zfree.models.base import build_synthetic_gpt2, load_base, target_logprobs
+from zfree.models.discrete import DiscreteCVAE, injection_mask
+
+PAIRS = [Pair("a", "1 2 3", "3 2 1"), Pair("b", "4 5 6 7 8 9 0", "0 9 8 7 6 5 4"), Pair("c", "", "1"),
+         Pair("d", "7 7", "7 7")]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    tok = build_digit_tokenizer(10)
+    base = build_synthetic_gpt2(len(tok), n_layer=2, n_embd=32, n_head=2, seed=1)
+    d = tmp_path_factory.mktemp("m")
+    base.save_pretrained(d)
+    tok.save_pretrained(d)
+    base, tok = load_base(d)  # the real loading path
+    batch = collate([encode_pair(tok, p) for p in PAIRS], pad_id=tok.pad_token_id)
+    return base, tok, batch
+
+
+def test_decoder_equals_base_model_at_init_for_every_latent(setup):
+    base, tok, batch = setup
+    model = DiscreteCVAE(copy.deepcopy(base), n_latent=5)
+    out = model(batch)
+    ref = target_logprobs(base, batch)
+    for k in range(5):
+        torch.testing.assert_close(out.target_logprobs[:, k], ref, atol=1e-6, rtol=0)
+    torch.testing.assert_close(out.zfree_target_logprobs, ref, atol=1e-6, rtol=0)
+
+
+def test_target_logprobs_match_transformers_own_loss(setup):
+    """b of one unpadded example == model(labels=...).loss with -100 outside the y-region."""
+    base, tok, batch = setup
+    for r in range(len(PAIRS)):
+        L = int(batch.attention_mask[r].sum())
+        ids = batch.input_ids[r : r + 1, :L]
+        labels = torch.where(batch.target_mask[r : r + 1, :L], ids, torch.full_like(ids, -100))
+        hf = base(input_ids=ids, labels=labels).loss
+        mine = -target_logprobs(base, batch)[r][batch.target_mask[r]].mean()
+        torch.testing.assert_close(mine, hf, atol=1e-6, rtol=1e-6)
+
+
+def test_batched_latent_pass_equals_naive_full_pass_per_latent(setup):
+    base, tok, batch = setup
+    model = DiscreteCVAE(copy.deepcopy(base), n_latent=3)
+    with torch.no_grad():
+        model.latent_embedding.weight.normal_(std=0.5)
+    out = model(batch)
+    emb_layer = model.backbone.get_input_embeddings()
+    for k in range(3):
+        emb = emb_layer(batch.input_ids) + injection_mask(batch)[..., None] * model.latent_embedding.weight[k]
+        naive = target_logprobs(model.backbone, batch, inputs_embeds=emb)
+        torch.testing.assert_close(out.target_logprobs[:, k], naive, atol=1e-5, rtol=0)
+    assert not torch.allclose(out.target_logprobs[:, 0], out.target_logprobs[:, 1])
+
+
+def test_padding_changes_nothing(setup):
+    base, tok, batch = setup
+    model = DiscreteCVAE(copy.deepcopy(base), n_latent=3)
+    with torch.no_grad():
+        model.latent_embedding.weight.normal_(std=0.5)
+    full = model(batch)
+    for r, p in enumerate(PAIRS):
+        alone = model(collate([encode_pair(tok, p)], pad_id=tok.pad_token_id))
+        L = alone.target_logprobs.shape[-1]
+        torch.testing.assert_close(full.target_logprobs[r, :, :L], alone.target_logprobs[0], atol=1e-5, rtol=0)
+        torch.testing.assert_close(full.posterior_logits[r], alone.posterior_logits[0], atol=1e-5, rtol=0)
+        torch.testing.assert_close(full.prior_logits[r], alone.prior_logits[0], atol=1e-5, rtol=0)
+
+
+def test_router_sees_only_x_and_posterior_differs_across_examples(setup):
+    base, tok, batch = setup
+    model = DiscreteCVAE(copy.deepcopy(base), n_latent=4)
+    with torch.no_grad():
+        model.router_head.weight.normal_()
+    a = model(collate([encode_pair(tok, Pair("a", "1 2 3", "3 2 1"))]))
+    b = model(collate([encode_pair(tok, Pair("a", "1 2 3", "1 2 3"))]))
+    torch.testing.assert_close(a.prior_logits, b.prior_logits)  # same x, different y
+    assert not torch.allclose(a.posterior_logits, b.posterior_logits)  # the posterior reads y
+
+
+def test_distributions_are_normalized_and_consistent(setup):
+    base, tok, batch = setup
+    model = DiscreteCVAE(copy.deepcopy(base), n_latent=2)
+    out = model(batch, with_distributions=True)
+    lse = torch.logsumexp(out.next_token_logprobs, -1)[out.pos_mask[:, None].expand(-1, 2, -1)]
+    torch.testing.assert_close(lse, torch.zeros_like(lse), atol=1e-5, rtol=0)
+
+
+def test_bad_model_arguments():
+    tok = build_digit_tokenizer(10)
+    base = build_synthetic_gpt2(len(tok), n_layer=1, n_embd=16, n_head=2)
+    with pytest.raises(ValueError, match="n_latent"):
+        DiscreteCVAE(base, n_latent=1)
+    with pytest.raises(ValueError, match="posterior_features"):
+        DiscreteCVAE(base, n_latent=2, posterior_features="nope")
