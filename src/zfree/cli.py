@@ -73,6 +73,27 @@ def _cmd_report(a):
     print(render_report(a.study_dir, progress=True))
 
 
+def _cmd_sweep(a):
+    from zfree.study import render_report
+    from zfree.sweeps import load_spec, make_executor, run_sweep
+
+    spec = load_spec(a.spec)
+    out = Path(a.out or Path("runs") / f"sweep-{spec.name}")
+    kind = a.executor or spec.executor
+    opts = {**spec.executor_options, **({"cluster": a.cluster} if a.cluster else {})}
+    ex = make_executor(kind, a.workers or spec.workers, folder=out / "submitit", **(opts if kind == "submitit" else {}))
+    try:
+        statuses = run_sweep(spec, out, executor=ex)
+    finally:
+        ex.shutdown()
+    failed = [s for s in statuses if s["status"] == "failed"]
+    for f in failed:
+        print(f"  FAILED {f['run_id']}: {f['error']}  (see {out / 'runs' / f['run_id'] / 'error.json'})")
+    if not a.no_report:
+        print(render_report(out, progress=True))
+    print(f"sweep {spec.name!r}: {len(statuses) - len(failed)}/{len(statuses)} runs ok in {out}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="zfree", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -136,9 +157,17 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--retrain-base", action="store_true", help="train a new base model instead of the shipped one")
     st.add_argument("--workers", type=int, default=None, help="parallel runs (one torch thread each)")
     st.set_defaults(func=_cmd_study)
-    rp = sub.add_parser("report", help="(re)render a study's report.html")
+    rp = sub.add_parser("report", help="aggregate a study or sweep folder (runs.parquet/csv) and render report.html")
     rp.add_argument("study_dir")
     rp.set_defaults(func=_cmd_report)
+    sw = sub.add_parser("sweep", help="run a YAML sweep spec (analysis/sweeps/*.yaml), then its report")
+    sw.add_argument("spec")
+    sw.add_argument("--out", default=None, help="sweep folder (default: runs/sweep-<name>)")
+    sw.add_argument("--executor", default=None, choices=["local", "submitit"], help="default: the spec's")
+    sw.add_argument("--cluster", default=None, help="submitit: slurm | local | debug (default: auto)")
+    sw.add_argument("--workers", type=int, default=None, help="local: parallel runs (one torch thread each)")
+    sw.add_argument("--no-report", action="store_true")
+    sw.set_defaults(func=_cmd_sweep)
     return p
 
 

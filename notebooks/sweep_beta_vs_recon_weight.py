@@ -1,0 +1,38 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # The phase diagram: β against the reconstruction weight w
+#
+# One square per run at (β, w), w the mean reconstruction weight of its objective (DESIGN §1):
+# `plain` is the row w = 1, `distribution` the row w = 1/c_base (marked on the axis), `example`
+# (w = 1/(b + ε) per example, placed at its mean) a reference row. Theory (`zfree.theory`)
+# predicts z is used where β_eff = β·|S|/w < 1; for a scalar w that boundary is the solid line
+# β = (β*/w)·w, a line of constant β/w. Along the dotted lines of constant β/w a scale-invariant
+# optimizer (Adam) trains identically, so only β/w matters for scalar weights. Run a grid with
+# `zfree sweep analysis/sweeps/beta_vs_recon_weight.yaml --out DIR`.
+
+# %% tags=["parameters"]
+sweep_dir = "../runs/sweep-beta-vs-recon-weight"  # a folder written by `zfree sweep` or `zfree study`
+
+# %%
+from IPython.display import Markdown, display
+
+from zfree.plotting import plot_phase_diagram
+from zfree.results import load_sweep
+
+sweep = load_sweep(sweep_dir)
+crit = sweep.critical_betas()
+display(Markdown(f"{len(sweep.runs)} runs; predicted β* (half of the rows use z): "
+                 + ", ".join(f"{w} {b:.3g}" for w, b in crit.items())))
+
+# %%
+fig = plot_phase_diagram(sweep.runs, c_base=(sweep.reference or {}).get("c_base"),
+                         beta_over_w=sweep.critical_beta_over_w(), critical_betas=crit)

@@ -1,0 +1,181 @@
+"""A sweep or study folder, loaded: the tidy tables (``zfree report`` writes them), the failures,
+the z-free reference the runs used, and theory's predictions for the same rows. This is what
+the notebooks and ``zfree.widgets`` read; ``zfree.sweeps`` writes the run folders it reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from zfree.io import atomic_write_parquet, atomic_write_text, read_json
+from zfree.sweeps import collect_runs
+
+FACETS = ("weighting", "latent_kind", "aid")  # what tells runs of one sweep apart, besides beta
+
+
+def runs_table(sweep_dir: Path | str) -> pd.DataFrame:
+    """The tidy table of a sweep: one row per finished run with every key of its summary.json,
+    the short names of ``zfree.study.SUMMARY_COLUMNS``, and from its per-example table
+    ``rate`` (mean KL, nats per sequence), ``distortion`` (mean |S|·ℓ̄, nats per sequence),
+    ``zfree_distortion`` (mean |S|·b), ``bayes_rate`` (mean log(K/m)) and ``mean_rho_i``."""
+    from zfree.study import SUMMARY_COLUMNS
+
+    runs = collect_runs(Path(sweep_dir) / "runs")
+    if runs.empty:
+        return pd.DataFrame(columns=[*SUMMARY_COLUMNS, "latent_kind", "rate", "distortion"])
+    for short, key in SUMMARY_COLUMNS.items():
+        if short not in runs:
+            runs[short] = runs[key] if key in runs else np.nan
+    runs["aid"] = runs["aid"].fillna("none")
+    runs["latent_kind"] = runs["latent_kind"].fillna("discrete") if "latent_kind" in runs else "discrete"
+    extra = []
+    for d in runs["run_dir"]:
+        f = Path(d) / "per_example.parquet"
+        pe = pd.read_parquet(f) if f.exists() else pd.DataFrame()
+        col = lambda c: pe[c].to_numpy(float) if c in pe else np.full(len(pe), np.nan)  # noqa: E731
+        extra.append({"rate": float(np.mean(col("kl"))) if len(pe) else np.nan,
+                      "distortion": float(np.mean(col("n_tokens") * col("lbar"))) if len(pe) else np.nan,
+                      "zfree_distortion": float(np.mean(col("n_tokens") * col("b"))) if len(pe) else np.nan,
+                      "bayes_rate": float(np.mean(col("bayes_nll"))) if len(pe) else np.nan,
+                      "mean_rho_i": float(np.mean(col("rho_i"))) if len(pe) else np.nan})
+    runs = pd.concat([runs, pd.DataFrame(extra, index=runs.index)], axis=1)
+    return runs.sort_values([*FACETS, "beta", "run_id"]).reset_index(drop=True)
+
+
+def per_example_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Every run's per_example.parquet stacked, tagged with run_id, beta, recon_weight and the facets."""
+    tags = ["run_id", "beta", "recon_weight", "seed", *FACETS]
+    parts = []
+    for _, r in runs.iterrows():
+        f = Path(r["run_dir"]) / "per_example.parquet"
+        if f.exists():
+            pe = pd.read_parquet(f)
+            parts.append(pe.assign(**{t: r[t] for t in tags if t in r}))
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=tags)
+
+
+def aggregate(sweep_dir: Path | str) -> dict[str, Path]:
+    """Write the sweep's tidy tables: ``runs.parquet`` and ``runs.csv`` (``runs_table``),
+    ``per_example.parquet`` (``per_example_table``) and ``summary.csv`` (the study's columns)."""
+    from zfree.study import summary_table
+
+    d = Path(sweep_dir)
+    runs = runs_table(d)
+    out = {"runs.parquet": d / "runs.parquet", "runs.csv": d / "runs.csv",
+           "per_example.parquet": d / "per_example.parquet", "summary.csv": d / "summary.csv"}
+    atomic_write_parquet(out["runs.parquet"], runs.astype({c: str for c in runs.columns if runs[c].dtype == object}))
+    atomic_write_text(out["runs.csv"], runs.to_csv(index=False))
+    atomic_write_parquet(out["per_example.parquet"], per_example_table(runs))
+    atomic_write_text(out["summary.csv"], summary_table(collect_runs(d / "runs")).to_csv(index=False))
+    return out
+
+
+@dataclass
+class SweepResults:
+    """A finished (or running) sweep or study folder, loaded for the notebooks and widgets."""
+
+    sweep_dir: Path
+    runs: pd.DataFrame  # runs_table
+    errors: list[dict]  # error.json of failed points
+    reference: dict | None  # the base run's reference.json
+    examples: pd.DataFrame | None  # validation rows: id, n_tokens, b, bayes_nll
+    _per_example: pd.DataFrame | None = None
+
+    @property
+    def per_example(self) -> pd.DataFrame:
+        if self._per_example is None:
+            self._per_example = per_example_table(self.runs)
+        return self._per_example
+
+    def metrics(self, run_id: str) -> pd.DataFrame:
+        from zfree.io import read_jsonl
+
+        return pd.DataFrame(read_jsonl(self.sweep_dir / "runs" / run_id / "metrics.jsonl"))
+
+    def config(self, run_id: str) -> dict:
+        """The flat TrainConfig of a run (its config.json without the "_" metadata keys)."""
+        return {k: v for k, v in read_json(self.sweep_dir / "runs" / run_id / "config.json").items()
+                if not k.startswith("_")}
+
+    def label(self, row: pd.Series, with_beta: bool = True) -> str:
+        """``weighting [latent_kind] [aid] β=…``, naming a facet only where the sweep varies it."""
+        parts = [str(row[f]) for f in FACETS if f in self.runs and self.runs[f].nunique() > 1 or f == "weighting"]
+        return " ".join(parts) + (f" β={row['beta']:g}" if with_beta else "")
+
+    def theory_curves(self, betas: np.ndarray | None = None) -> pd.DataFrame | None:
+        """``zfree.theory.predict_curve`` for every weighting in the sweep (token weighting
+        predicted as its outer weighting); None without a reference or Bayes losses."""
+        from zfree.theory import predict_curve
+
+        ex = self.examples
+        if self.reference is None or ex is None or ex["bayes_nll"].isna().any() or self.runs.empty:
+            return None
+        if betas is None:
+            betas = np.geomspace(min(self.runs["beta"].min(), 1e-3) / 2, max(self.runs["beta"].max(), 1.0) * 2, 80)
+        out = []
+        for w in self.runs["weighting"].unique():
+            s = self.runs[self.runs["weighting"] == w]
+            outer = {"none": "plain"}.get(str(s["token_outer"].iloc[0]), str(s["token_outer"].iloc[0])) \
+                if w == "token" and "token_outer" in s else w
+            eps = float(s["epsilon"].iloc[0]) if "epsilon" in s else 0.0
+            c = predict_curve(outer, betas, np.array(ex["n_tokens"], float), np.array(ex["bayes_nll"], float),
+                              b=np.array(ex["b"], float),
+                              c_base=self.reference["c_base"], epsilon=eps)
+            out.append(c.assign(weighting=w))
+        return pd.concat(out, ignore_index=True)
+
+    def critical_betas(self) -> dict[str, float]:
+        """Per weighting: the beta where the predicted use fraction crosses 1/2 (geometric
+        interpolation on the theory grid). For a scalar weight w (plain, distribution) it is
+        ``critical_beta_over_w * w``: the predicted boundary is a line of constant beta/w."""
+        curves = self.theory_curves(np.geomspace(1e-5, 1e3, 400))
+        out = {}
+        for w, c in ([] if curves is None else curves.groupby("weighting", sort=False)):
+            f, b = c["predicted_use_fraction"].to_numpy(), c["beta"].to_numpy()
+            i = np.flatnonzero((f[:-1] > 0.5) & (f[1:] <= 0.5))
+            if len(i):
+                out[w] = float(np.sqrt(b[i[0]] * b[i[0] + 1]))
+        return out
+
+    def critical_beta_over_w(self) -> float | None:
+        """beta*/w of scalar reconstruction weights (beta_eff = beta·|S|/w < 1 for half of the rows)."""
+        crit = self.critical_betas()
+        if "plain" in crit:
+            return crit["plain"]
+        if "distribution" in crit and self.reference:
+            return crit["distribution"] * self.reference["c_base"]
+        return None
+
+
+def _find_reference(d: Path, runs: pd.DataFrame) -> Path | None:
+    candidates = [d / "base" / "reference"] + [Path(b) / "reference" for b in runs.get("base_dir", pd.Series()).unique()]
+    return next((c for c in candidates if (c / "reference.json").exists()), None)
+
+
+def load_sweep(sweep_dir: Path | str) -> SweepResults:
+    """Load a sweep (or study) folder: its runs, failures and the z-free reference it used."""
+    d = Path(sweep_dir).resolve()
+    runs = runs_table(d)
+    errors = [read_json(e) for e in sorted((d / "runs").glob("*/error.json"))]
+    ref_dir = _find_reference(d, runs)
+    reference = examples = None
+    if ref_dir is not None:
+        reference = read_json(ref_dir / "reference.json")
+        examples = pd.read_parquet(ref_dir / "per_example.parquet")[["id", "n_tokens", "b"]]
+        bayes = _bayes_nll(reference.get("data_file"), runs)
+        examples["bayes_nll"] = examples["id"].map(bayes).astype(float)
+    return SweepResults(d, runs, errors, reference, examples)
+
+
+def _bayes_nll(data_file: str | None, runs: pd.DataFrame) -> dict[str, float]:
+    """id -> log(K/m) from the reference's data file, else from the runs' per-example tables."""
+    if data_file and Path(data_file).exists():
+        from zfree.data.pairs import load_pairs
+
+        return {p.id: p.bayes_nll for p in load_pairs(data_file) if p.bayes_nll is not None}
+    pe = per_example_table(runs)
+    return dict(zip(pe["id"], pe["bayes_nll"])) if "bayes_nll" in pe else {}
