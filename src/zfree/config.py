@@ -16,7 +16,8 @@ TokenOuter = Literal["none", "distribution", "example"]
 BetaSchedule = Literal["constant", "linear", "cyclical"]
 FreeBitsMode = Literal["none", "per_example", "batch_mean"]
 CBaseSource = Literal["entangled_run", "pretrained_source"]
-PosteriorFeatures = Literal["mean_y", "last"]
+PosteriorFeatures = Literal["mean_y", "last", "mean_first", "attention"]
+Aid = Literal["none", "hard_em_then_soft", "beta0_warmup", "random_init_jsd"]
 LatentKind = Literal["discrete"]
 
 
@@ -168,7 +169,10 @@ class ModelConfig:
 
     latent_kind: LatentKind = "discrete"
     n_latent: int = 4  # K latent values; at least the number of strategies to be able to separate them
-    posterior_features: PosteriorFeatures = "mean_y"  # prototype probe: 0.81 mean_y vs 0.65 last
+    # mean_y: mean of the z-free hidden states over the y-region (prototype probe 0.81 vs 0.65 for
+    # last); mean_first: mean_y joined with the first y position's state (keeps order: reverse vs
+    # copy differ only in order); attention: a learned attention pooling over the y-region.
+    posterior_features: PosteriorFeatures = "mean_y"
 
     def __post_init__(self):
         _check_choice("latent_kind", self.latent_kind, LatentKind)
@@ -194,8 +198,10 @@ class OptimConfig:
     seed: int = 0
     threads: int = 1  # torch threads; one per worker when runs go in parallel
     device: str = "cpu"
+    checkpoint_every: int = 0  # steps between resumable checkpoints (0 = only at evaluations)
 
     def __post_init__(self):
+        _check_int("checkpoint_every", self.checkpoint_every, 0)
         for name in ("steps", "batch_size", "eval_every", "threads"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be an integer >= 1")
@@ -207,6 +213,43 @@ class OptimConfig:
 
 
 @dataclass(frozen=True)
+class AidConfig:
+    """Symmetry-breaking aids (off by default). From a zero latent injection every latent value
+    gives the same loss, so the posterior gets gradient only from the KL (DESIGN §1).
+
+    hard_em_then_soft: reconstruct with the posterior's argmax only and train the posterior by
+      cross-entropy toward the best-reconstructing value (hard EM, as in mixture-model translation,
+      Shen et al. 2019); hand over to the true soft objective once, on ``handover_rows`` validation
+      rows, mean(w * oracle_nll) + beta * log K < mean(w * b) (the best-z state beats the collapsed
+      one), checked every ``handover_check_every`` steps; forced at ``hard_em_max_steps``.
+    beta0_warmup: ``warmup_aid_steps`` steps at beta = 0 with the router detached (failed in the prototype).
+    random_init_jsd: latent embeddings start at N(0, latent_init_std^2) instead of 0, plus lambda_jsd
+      (failed in the prototype; breaks the step-0 equivalence on purpose).
+    """
+
+    aid: Aid = "none"
+    hard_em_max_steps: int = 600
+    hard_em_lr_backbone: float = 1e-4  # the prototype's hard phase rate (soft phase: lr_backbone)
+    handover_check_every: int = 50
+    handover_rows: int = 500
+    restart_dead_every: int = 0  # hard phase: restart values unused for this many steps (0 = off)
+    restart_dead_share: float = 0.25  # a value is dead below this fraction of the uniform share 1/K
+    warmup_aid_steps: int = 100
+    latent_init_std: float = 0.0
+
+    def __post_init__(self):
+        _check_choice("aid", self.aid, Aid)
+        for name in ("hard_em_max_steps", "handover_check_every", "handover_rows", "restart_dead_every",
+                     "warmup_aid_steps"):
+            _check_int(name, getattr(self, name), 0)
+        _check_range("hard_em_lr_backbone", self.hard_em_lr_backbone, 0.0)
+        _check_range("restart_dead_share", self.restart_dead_share, 0.0, 1.0)
+        _check_range("latent_init_std", self.latent_init_std, 0.0)
+        if self.aid == "hard_em_then_soft" and self.handover_check_every < 1:
+            raise ValueError("handover_check_every must be >= 1 for aid='hard_em_then_soft'")
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     """One CVAE run: paths plus the objective, model and optimizer configs."""
 
@@ -215,13 +258,14 @@ class TrainConfig:
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+    aid: AidConfig = field(default_factory=AidConfig)
 
     def __post_init__(self):
         for name in ("data_dir", "base_dir"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be a non-empty path")
 
-    _SUB = {"objective": ObjectiveConfig, "model": ModelConfig, "optim": OptimConfig}
+    _SUB = {"objective": ObjectiveConfig, "model": ModelConfig, "optim": OptimConfig, "aid": AidConfig}
 
     def to_flat(self) -> dict[str, Any]:
         """Flat ``{field: value}`` dict of primitives (the papermill parameters)."""

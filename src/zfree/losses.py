@@ -234,7 +234,7 @@ class ObjectiveBreakdown:
         return {k: abs(float(v)) / tot for k, v in self.contributions.items()}
 
     def log_dict(self, prefix: str = "loss/train") -> dict[str, float]:
-        d = {f"{prefix}/total": float(self.total)}
+        d = {f"{prefix}/total": self.total.item()}
         d.update({f"{prefix}/{k}": float(v) for k, v in self.terms.items()})
         d.update({f"loss_contrib/fraction_abs/{k}": v for k, v in self.fractions_abs().items()})
         d["objective/recon_weight_mean"] = float(self.recon_weight.mean())

@@ -46,24 +46,41 @@ def injection_mask(batch: Batch) -> Bool[torch.Tensor, "batch seq"]:
 class DiscreteCVAE(nn.Module):
     """K-valued latent CVAE on a causal LM backbone. ``forward`` returns log-probs, never a loss."""
 
-    def __init__(self, backbone: nn.Module, n_latent: int, posterior_features: str = "mean_y"):
+    FEATURES = ("mean_y", "last", "mean_first", "attention")
+
+    def __init__(self, backbone: nn.Module, n_latent: int, posterior_features: str = "mean_y",
+                 latent_init_std: float = 0.0):
         super().__init__()
         if n_latent < 2:
             raise ValueError(f"n_latent={n_latent} must be >= 2")
-        if posterior_features not in ("mean_y", "last"):
-            raise ValueError(f"posterior_features={posterior_features!r} is not one of ['mean_y', 'last']")
+        if posterior_features not in self.FEATURES:
+            raise ValueError(f"posterior_features={posterior_features!r} is not one of {list(self.FEATURES)}")
         d = backbone.get_input_embeddings().weight.shape[1]
         self.backbone = backbone
         self.n_latent = n_latent
         self.posterior_features = posterior_features
-        self.posterior_head = nn.Linear(d, n_latent)
+        if posterior_features == "attention":
+            self.pool_query = nn.Parameter(torch.zeros(d))  # zero query = mean_y at init
+        self.posterior_head = nn.Linear(2 * d if posterior_features == "mean_first" else d, n_latent)
         self.router_head = nn.Linear(d, n_latent)
         self.latent_embedding = nn.Embedding(n_latent, d)
         nn.init.zeros_(self.latent_embedding.weight)  # decoder == base model at step 0 (DESIGN §3)
+        if latent_init_std > 0:  # an aid that deliberately breaks the step-0 equivalence
+            nn.init.normal_(self.latent_embedding.weight, std=latent_init_std)
         nn.init.normal_(self.posterior_head.weight, std=0.02)
         nn.init.zeros_(self.posterior_head.bias)
         nn.init.zeros_(self.router_head.weight)  # router starts uniform
         nn.init.zeros_(self.router_head.bias)
+
+    @torch.no_grad()
+    def restart_values(self, dead: list[int], donor: int, noise: float = 0.01) -> None:
+        """Dead-value restart: each dead latent value becomes a perturbed copy of ``donor`` (its
+        embedding and its posterior and router rows), so it can split the donor's cluster."""
+        for k in dead:
+            for w in (self.latent_embedding.weight, self.posterior_head.weight, self.router_head.weight):
+                w[k] = w[donor] + noise * torch.randn_like(w[donor]) * (w[donor].std() + 1e-3)
+            for bias in (self.posterior_head.bias, self.router_head.bias):
+                bias[k] = bias[donor] - 0.01
 
     def new_parameter_names(self) -> list[str]:
         return [n for n, _ in self.named_parameters() if not n.startswith("backbone.")]
@@ -73,11 +90,17 @@ class DiscreteCVAE(nn.Module):
         h = hidden_states(self.backbone, batch)  # (B, T, D)
         B = h.shape[0]
         rows = torch.arange(B, device=h.device)
-        if self.posterior_features == "mean_y":
-            m = batch.target_mask.to(h.dtype)[:, :, None]
-            feats = (h * m).sum(1) / m.sum(1)
-        else:
+        m = batch.target_mask.to(h.dtype)[:, :, None]
+        if self.posterior_features == "last":
             feats = h[rows, batch.prefix_len + batch.target_len - 1]
+        elif self.posterior_features == "attention":
+            scores = (h @ self.pool_query) / h.shape[-1] ** 0.5  # (B, T)
+            scores = scores.masked_fill(~batch.target_mask, float("-inf"))
+            feats = (torch.softmax(scores, -1)[:, :, None] * h).sum(1)
+        else:
+            feats = (h * m).sum(1) / m.sum(1)
+            if self.posterior_features == "mean_first":
+                feats = torch.cat([feats, h[rows, batch.prefix_len]], -1)
         sep = h[rows, batch.prefix_len - 1]
         return self.posterior_head(feats), self.router_head(sep), feats, h
 
