@@ -48,6 +48,16 @@ decode_rows = 200
 seed = 0
 threads = 1
 device = 'cpu'
+checkpoint_every = 0
+aid = 'none'
+hard_em_max_steps = 600
+hard_em_lr_backbone = 0.0001
+handover_check_every = 50
+handover_rows = 500
+restart_dead_every = 0
+restart_dead_share = 0.25
+warmup_aid_steps = 100
+latent_init_std = 0.0
 
 # %%
 # Build and validate the config first: a bad parameter fails here, before any work.

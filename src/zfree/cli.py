@@ -52,6 +52,14 @@ def _cmd_train(a):
     from zfree.io import read_json
     from zfree.training import train_cvae
 
+    if a.resume:
+        if a.config or a.set:
+            raise ValueError("--resume RUN_DIR takes the run's own config.json; do not combine it with --config/--set")
+        a.config, a.out = str(Path(a.resume) / "config.json"), a.resume
+        if not Path(a.config).exists():
+            raise FileNotFoundError(f"{a.config} does not exist: {a.resume} is not a run folder")
+    if not a.config or not a.out:
+        raise ValueError("give --config CONFIG.json --out RUN_DIR, or --resume RUN_DIR")
     flat = {k: v for k, v in read_json(a.config).items() if not k.startswith("_")}
     for kv in a.set or []:
         k, _, v = kv.partition("=")
@@ -147,12 +155,13 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--trust-remote-code", action="store_true")
     sc.set_defaults(func=_cmd_score)
     t = sub.add_parser("train", help="train one CVAE from a flat config (a run's config.json is valid)")
-    t.add_argument("--config", required=True)
-    t.add_argument("--out", required=True)
+    t.add_argument("--config", help="flat config JSON (a run folder's config.json is valid)")
+    t.add_argument("--out", help="the run folder to write")
+    t.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its last checkpoint")
     t.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a config field")
     t.set_defaults(func=_cmd_train)
     st = sub.add_parser("study", help="the main job: base run, CVAE grid, report")
-    st.add_argument("--preset", default="default", help="smoke | default")
+    st.add_argument("--preset", default="default", help="smoke | default | aided | full")
     st.add_argument("--out", required=True)
     st.add_argument("--retrain-base", action="store_true", help="train a new base model instead of the shipped one")
     st.add_argument("--workers", type=int, default=None, help="parallel runs (one torch thread each)")

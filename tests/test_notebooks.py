@@ -1,0 +1,78 @@
+"""The notebook suite: stored output-free and in sync with the py:percent twins; train_cvae's
+parameters are the flat config; every analysis notebook runs through papermill at smoke size;
+``zfree report`` aggregates a sweep and renders report.html with code hidden."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jupytext
+import nbformat
+import pandas as pd
+import papermill as pm
+import pytest
+
+from tests.tiny_sweep import make_tiny_sweep
+from zfree.config import TrainConfig
+from zfree.study import REPORT_NOTEBOOKS
+from zfree.sweeps import NOTEBOOKS
+
+ALL = sorted(p.stem for p in NOTEBOOKS.glob("*.ipynb"))
+SUITE = ["train_cvae", "sweep_beta_vs_recon_weight", "rate_distortion", "effective_beta", "rho_recon",
+         "training_dynamics", "explore", "study_report"]
+
+
+def test_the_suite_is_complete():
+    assert set(SUITE) <= set(ALL)
+    assert set(REPORT_NOTEBOOKS) <= set(ALL)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_notebook_is_output_free_and_in_sync_with_its_twin(name):
+    nb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
+    for c in nb.cells:
+        if c.cell_type == "code":
+            assert c.outputs == [] and c.execution_count is None, (name, c.source[:60])
+    twin = jupytext.read(NOTEBOOKS / f"{name}.py")
+    assert [(c.cell_type, c.source) for c in nb.cells] == [(c.cell_type, c.source) for c in twin.cells], \
+        f"{name}.ipynb differs from {name}.py: run `jupytext --to ipynb notebooks/{name}.py`"
+    params = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    assert len(params) == 1, name
+
+
+def test_train_cvae_parameters_are_the_flat_config():
+    params = pm.inspect_notebook(str(NOTEBOOKS / "train_cvae.ipynb"))
+    assert list(params) == ["out_dir", "progress", *TrainConfig.flat_fields()]
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    return make_tiny_sweep(tmp_path_factory)
+
+
+@pytest.mark.parametrize("name", [*REPORT_NOTEBOOKS[1:], "explore"])
+def test_analysis_notebook_runs_through_papermill(sweep, tmp_path, name):
+    params = {"sweep_dir": str(sweep)} | ({"interactive": False} if name == "explore" else {})
+    out = pm.execute_notebook(str(NOTEBOOKS / f"{name}.ipynb"), str(tmp_path / f"{name}.ipynb"), parameters=params,
+                              kernel_name="python3", progress_bar=False, cwd=str(tmp_path))
+    images = [o for c in out.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
+    assert images or name == "explore", name
+
+
+def test_report_aggregates_and_renders_every_section_without_code(sweep, tmp_path):
+    import shutil
+
+    from zfree.cli import main
+
+    d = tmp_path / "sweep"
+    shutil.copytree(sweep, d)
+    assert main(["report", str(d)]) == 0
+    runs = pd.read_parquet(d / "runs.parquet")
+    assert len(runs) == 6 and {"rate", "distortion", "latent_kind", "aid", "weighting", "beta"} <= set(runs.columns)
+    assert len(pd.read_csv(d / "runs.csv")) == 6 and len(pd.read_parquet(d / "per_example.parquet")) == 6 * 24
+    html = (d / "report.html").read_text()
+    for title in ("study report", "phase diagram", "rate-distortion", "Effective β", "ρ_recon per example",
+                  "collapse moment"):
+        assert title.lower() in html.lower(), title
+    assert html.count("<img") >= 8 and "load_sweep" not in html  # figures in, code hidden
+    assert not (d / ".report.src.ipynb").exists()

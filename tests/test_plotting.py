@@ -1,0 +1,153 @@
+"""Figures, checked for the data they draw (line data, scatter offsets), not their pixels."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+from matplotlib.collections import PathCollection  # noqa: E402
+
+from zfree import plotting as P  # noqa: E402
+
+C_BASE = 0.25
+
+
+def _runs(latent_kinds=("discrete",)) -> pd.DataFrame:
+    rows = []
+    for lk in latent_kinds:
+        for w, rw in (("plain", 1.0), ("distribution", 1 / C_BASE), ("example", 3.0)):
+            for beta in (0.03, 0.3, 1.0):
+                rows.append({"run_id": f"{w}_{beta}_{lk}", "weighting": w, "latent_kind": lk, "aid": "none",
+                             "beta": beta, "recon_weight": rw, "kl_prior_loss": 1 / (beta * rw),
+                             "baseline_normalized_reconstruction_loss": 1 - 0.01 / beta, "alignment_nmi": beta / 2,
+                             "task_correctness": 0.5, "rate": 1.0 / beta + rw, "distortion": 10 - 1 / beta, "seed": 0,
+                             "oracle_rho": 0.9, "predicted_use_fraction": 0.5, "measured_use_fraction": 0.1})
+    return pd.DataFrame(rows)
+
+
+def _per_example() -> pd.DataFrame:
+    rng = np.random.default_rng(0)
+    parts = []
+    for w in ("plain", "distribution"):
+        for beta in (0.1, 1.0):
+            n = 20
+            b = rng.uniform(0.5, 2.0, n)
+            lbar = b * rng.uniform(0.8, 1.1, n)
+            parts.append(pd.DataFrame({"weighting": w, "latent_kind": "discrete", "aid": "none", "beta": beta,
+                                       "b": b, "lbar": lbar, "rho_i": lbar / b, "n_tokens": rng.integers(4, 12, n),
+                                       "beta_eff": rng.uniform(0.1, 5, n), "kl": rng.uniform(0, 1, n)}))
+    return pd.concat(parts, ignore_index=True)
+
+
+def _scatters(ax):
+    return [c for c in ax.collections if isinstance(c, PathCollection)]
+
+
+def test_phase_diagram_draws_each_run_at_beta_w_with_boundary_and_iso_lines():
+    runs = _runs()
+    fig = P.plot_phase_diagram(runs, c_base=C_BASE, beta_over_w=0.1, critical_betas={"example": 0.05},
+                               highlight=(0.3, 1.0))
+    ax = fig.axes[0]  # rate panel
+    cells = _scatters(ax)[0]
+    got = pd.DataFrame(cells.get_offsets(), columns=["beta", "w"]).assign(v=cells.get_array())
+    want = runs[["beta", "recon_weight", "kl_prior_loss"]].sort_values(["beta", "recon_weight"]).to_numpy()
+    np.testing.assert_allclose(got.sort_values(["beta", "w"]).to_numpy(), want)
+    boundary = [ln for ln in ax.lines if ln.get_label().startswith("predicted boundary")][0]
+    np.testing.assert_allclose(boundary.get_xdata() / boundary.get_ydata(), 0.1)
+    iso = [ln for ln in ax.lines if ln.get_linestyle() == ":"]
+    assert len(iso) >= 5
+    for ln in iso:  # lines of constant beta / w
+        r = np.asarray(ln.get_xdata()) / np.asarray(ln.get_ydata())
+        np.testing.assert_allclose(r, r[0])
+    assert any(np.allclose(ln.get_ydata(), 1 / C_BASE) for ln in ax.lines)  # the 1/c_base row
+    marks = [c for c in _scatters(ax) if c.get_offsets().shape == (1, 2)]
+    offsets = {tuple(np.round(c.get_offsets()[0], 6)) for c in marks}
+    assert (0.05, 3.0) in offsets and (0.3, 1.0) in offsets  # example's beta*, the highlighted cell
+    assert len([a for a in fig.axes if a.get_visible() and a.get_xlabel() == "β"]) == 4
+
+
+def test_rate_distortion_one_curve_per_weighting_and_reference_points():
+    runs = _runs()
+    fig = P.plot_rate_distortion(runs, z_free=12.0, bayes_rate=1.2)
+    ax = fig.axes[0]
+    curves = {ln.get_label(): ln for ln in ax.lines if not ln.get_label().startswith("_")}
+    for w in ("plain", "distribution", "example"):
+        s = runs[runs["weighting"] == w].sort_values("beta")
+        np.testing.assert_allclose(curves[w].get_xdata(), s["rate"])
+        np.testing.assert_allclose(curves[w].get_ydata(), s["distortion"])
+    pts = {c.get_label(): c.get_offsets()[0] for c in _scatters(ax)}
+    np.testing.assert_allclose(pts["z-free (R = 0, D = mean |S|·b)"], [0, 12.0])
+    np.testing.assert_allclose([v for k, v in pts.items() if k.startswith("analytic optimum")][0], [1.2, 0.0])
+    iso = [ln for ln in ax.lines if ln.get_linestyle() in (":", "--")]
+    for ln in iso:  # iso-ELBO: D + R constant along the line
+        s = np.asarray(ln.get_xdata()) + np.asarray(ln.get_ydata())
+        np.testing.assert_allclose(s, s[0])
+
+
+def test_facets_get_their_own_line_style():
+    fig = P.plot_rate_distortion(_runs(("discrete", "continuous")))
+    styles = {ln.get_label(): ln.get_linestyle() for ln in fig.axes[0].lines if not ln.get_label().startswith("_")}
+    assert styles["plain discrete"] != styles["plain continuous"]
+    assert len([k for k in styles if k.startswith(("plain", "distribution", "example"))]) == 6
+
+
+def test_effective_beta_panels_draw_b_length_and_kl_with_the_unit_line():
+    pe = _per_example()
+    pe = pe[pe["beta"] == 0.1]
+    fig = P.plot_effective_beta(pe)
+    ax_b, ax_n, ax_k = fig.axes
+    s = pe[pe["weighting"] == "plain"]
+    np.testing.assert_allclose(_scatters(ax_b)[0].get_offsets(), s[["b", "beta_eff"]].to_numpy())
+    np.testing.assert_allclose(_scatters(ax_n)[0].get_offsets(), s[["n_tokens", "beta_eff"]].to_numpy())
+    np.testing.assert_allclose(_scatters(ax_k)[0].get_offsets(), s[["beta_eff", "kl"]].to_numpy())
+    assert any(np.allclose(ln.get_ydata(), 1.0) for ln in ax_b.lines)
+    assert any(np.allclose(ln.get_xdata(), 1.0) for ln in ax_k.lines)
+
+
+def test_rho_distributions_mark_ratio_of_means_and_mean_of_ratios():
+    pe = _per_example()
+    fig = P.plot_rho_distributions(pe)
+    assert len(fig.axes) == 2
+    ax = fig.axes[0]
+    s = pe[pe["weighting"] == "plain"]
+    lines = {ln.get_label(): ln.get_ydata() for ln in ax.lines}
+    ratio = [k for k in lines if k.startswith("ratio of means")][0]
+    mean = [k for k in lines if k.startswith("mean of ratios")][0]
+    np.testing.assert_allclose(lines[ratio], [s[s.beta == b].lbar.mean() / s[s.beta == b].b.mean() for b in (0.1, 1.0)])
+    np.testing.assert_allclose(lines[mean], [s[s.beta == b].rho_i.mean() for b in (0.1, 1.0)])
+    assert not np.allclose(lines[ratio], lines[mean])
+
+
+def test_training_curves_draw_every_term_and_mark_the_collapse():
+    df = pd.DataFrame({"step": [0, 5, 10], "loss/val/kl_prior_loss": [0.0, 0.2, 0.01],
+                       "loss/val/baseline_normalized_reconstruction_loss": [1.0, 0.99, 1.0],
+                       "structure/alignment_nmi": [0.1, 0.3, 0.0],
+                       "loss_contrib/fraction_abs/reconstruction_loss": [1.0, 0.9, 0.99],
+                       "loss_contrib/fraction_abs/kl_prior_loss": [0.0, 0.1, 0.01]})
+    fig = P.plot_training_curves({"run": df})
+    fr, kl = fig.axes[0], fig.axes[1]
+    assert {ln.get_label() for ln in fr.lines} == {"run: reconstruction_loss", "run: kl_prior_loss"}
+    np.testing.assert_allclose([ln for ln in kl.lines if ln.get_label() == "run"][0].get_ydata(), [0.0, 0.2, 0.01])
+    vlines = [ln for ln in kl.lines if ln.get_linestyle() == ":"]
+    assert [ln.get_xdata()[0] for ln in vlines] == [10]  # first evaluation after step 0 with KL < 0.05
+
+
+def test_rate_and_rho_vs_beta_and_loss_fractions_accept_facets():
+    runs = _runs(("discrete", "continuous"))
+    runs["loss_contrib/fraction_abs/kl_prior_loss"] = 0.1
+    fig = P.plot_rate_and_rho_vs_beta(runs)
+    assert len(fig.axes) == 6 and len(fig.axes[0].lines) == 2
+    fig = P.plot_loss_fractions(runs)
+    labels = [t.get_text() for t in fig.axes[0].get_xticklabels()]
+    assert len(set(labels)) == len(runs)
+
+
+@pytest.fixture(autouse=True)
+def _close():
+    yield
+    import matplotlib.pyplot as plt
+
+    plt.close("all")

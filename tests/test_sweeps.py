@@ -1,0 +1,103 @@
+"""Sweep specs validate before anything runs; a failing point is recorded and does not stop the
+others; a rerun resumes without redoing finished points; submitit's local executor runs a sweep."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from tests.tiny import make_tiny_run
+from tests.tiny_sweep import tiny_base_flat
+from zfree.sweeps import SPECS, expand_grid, load_spec, run_points
+
+SHIPPED = sorted(SPECS.glob("*.yaml"))
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return make_tiny_run(tmp_path_factory.getbasetemp() / "tiny_sweep")
+
+
+def test_specs_are_shipped():
+    assert {p.stem for p in SHIPPED} >= {"beta_vs_recon_weight", "smoke"}
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
+def test_every_shipped_spec_expands_to_valid_configs(path):
+    spec = load_spec(path, check_paths=False)  # the shipped base run may not be built on a fresh clone
+    points = spec.points()
+    assert points and len({p.run_id for p in points}) == len(points)
+    assert all(Path(p.params["data_dir"]).is_absolute() for p in points)
+
+
+def _write(tmp_path, spec: dict) -> Path:
+    f = tmp_path / "spec.yaml"
+    f.write_text(yaml.safe_dump(spec))
+    return f
+
+
+@pytest.mark.parametrize("spec, match", [
+    ({"grid": {"beta": [0.1]}, "colour": 1}, "colour"),
+    ({"grid": {}}, "grid"),
+    ({"grid": {"betta": [0.1]}}, "betta"),
+    ({"grid": {"beta": [-1.0]}}, "beta"),
+    ({"grid": {"weighting": ["example"]}}, "epsilon"),
+    ({"grid": {"beta": {"logspace": [1, 2, 3]}}}, "geomspace"),
+    ({"grid": {"beta": [0.1]}, "executor": "dask"}, "executor"),
+])
+def test_bad_spec_fails_before_anything_runs_naming_the_field(tmp_path, spec, match):
+    with pytest.raises(ValueError, match=match):
+        load_spec(_write(tmp_path, spec), check_paths=False)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_missing_base_dir_is_named(tmp_path, tiny):
+    data, _ = tiny
+    f = _write(tmp_path, {"base": {"data_dir": str(data), "base_dir": str(tmp_path / "nope")}, "grid": {"beta": [0.1]}})
+    with pytest.raises(FileNotFoundError, match="base_dir"):
+        load_spec(f)
+
+
+def test_dict_axes_and_ranges_expand(tmp_path):
+    spec = load_spec(_write(tmp_path, {"grid": {"objective": [{"weighting": "plain"},
+                                                              {"weighting": "example", "epsilon": 0.1}],
+                                                "beta": {"geomspace": [0.01, 1.0, 3]}}}), check_paths=False)
+    got = sorted((p.params["weighting"], p.params["epsilon"], p.params["beta"]) for p in spec.points())
+    assert got == sorted([(w, e, b) for w, e in (("plain", 0.0), ("example", 0.1)) for b in (0.01, 0.1, 1.0)])
+    assert len(expand_grid(tiny_base_flat("d", "b"), {"beta": [0.1, 0.1]})) == 1  # one config runs once
+
+
+def test_failing_point_is_recorded_others_finish_and_rerun_resumes(tmp_path, tiny):
+    data, base = tiny
+    good = expand_grid(tiny_base_flat(data, base), {"weighting": ["plain", "distribution"]})
+    bad = expand_grid(tiny_base_flat(data, tmp_path / "no_base_run"), {"weighting": ["plain"]})
+    points = good + bad
+    runs = tmp_path / "runs"
+    statuses = run_points(points, runs, workers=2, progress=False)
+    assert [s["status"] for s in statuses] == ["finished", "finished", "failed"]
+    err = json.loads((runs / bad[0].run_id / "error.json").read_text())
+    assert "reference.json" in err["error"] or "no_base_run" in err["error"]
+    assert (runs / bad[0].run_id / "train_cvae.ipynb").exists()  # the executed notebook is kept
+    stamps = {p.run_id: (runs / p.run_id / "summary.json").stat().st_mtime_ns for p in good}
+    statuses = run_points(points, runs, workers=2, progress=False)
+    assert [s["status"] for s in statuses] == ["skipped", "skipped", "failed"]
+    assert {p.run_id: (runs / p.run_id / "summary.json").stat().st_mtime_ns for p in good} == stamps
+
+
+def test_submitit_local_executor_runs_a_two_point_sweep_through_the_cli(tmp_path, tiny):
+    from zfree.cli import main
+
+    data, base = tiny
+    flat = {k: v for k, v in tiny_base_flat(data, base).items() if k in ("data_dir", "base_dir", "steps", "batch_size",
+                                                                       "eval_every", "eval_rows", "decode_rows")}
+    f = _write(tmp_path, {"name": "two", "base": flat, "grid": {"beta": [0.3, 1.0]}, "executor": "submitit",
+                          "executor_options": {"cluster": "local", "timeout_min": 10}})
+    out = tmp_path / "sweep"
+    assert main(["sweep", str(f), "--out", str(out), "--no-report"]) == 0
+    runs = pd.read_parquet(out / "runs.parquet")
+    assert sorted(runs["beta"]) == [0.3, 1.0] and (out / "runs.csv").exists() and (out / "submitit").is_dir()
+    assert json.loads((out / "spec.json").read_text())["run_ids"] == sorted(runs["run_id"], key=lambda r: "1.0" in r)
