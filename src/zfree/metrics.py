@@ -142,9 +142,11 @@ def evaluate(model: DiscreteCVAE, encoded: Sequence[EncodedPair], pairs: Sequenc
         un = df["n_consistent"] == 1
         m["structure/alignment_nmi_unambiguous"] = (
             float(normalized_mutual_info_score(labels[un], df["posterior_argmax"][un])) if un.any() else float("nan"))
+        m["structure/hungarian_accuracy_unambiguous"] = hungarian_accuracy(labels[un], df["posterior_argmax"][un])
         m["structure/probe_accuracy"] = probe_accuracy(np.concatenate(feats), labels.to_numpy(), seed=seed)
     else:
-        for k in ("structure/alignment_nmi", "structure/alignment_nmi_unambiguous", "structure/probe_accuracy"):
+        for k in ("structure/alignment_nmi", "structure/alignment_nmi_unambiguous", "structure/probe_accuracy",
+                  "structure/hungarian_accuracy_unambiguous"):
             m[k] = float("nan")
     if decode_rows and tokenizer is not None and strategies is not None:
         n = min(decode_rows, len(encoded))
@@ -153,6 +155,23 @@ def evaluate(model: DiscreteCVAE, encoded: Sequence[EncodedPair], pairs: Sequenc
     if was_training:
         model.train()
     return Evaluation(m, df)
+
+
+def confusion(per_example: pd.DataFrame, unambiguous_only: bool = True) -> pd.DataFrame:
+    """Counts of posterior argmax (rows: latent value) against the true strategy (columns), on the
+    rows where one strategy fits (m = 1) unless ``unambiguous_only`` is False."""
+    df = per_example[per_example["n_consistent"] == 1] if unambiguous_only else per_example
+    return pd.crosstab(df["posterior_argmax"], df["strategy"]).rename_axis(index="latent value", columns="strategy")
+
+
+def hungarian_accuracy(labels, assignment) -> float:
+    """Accuracy of the best one-to-one matching of latent values to labels (Hungarian algorithm);
+    values left unmatched (K > number of labels) count as errors. NaN on no rows."""
+    if len(labels) == 0:
+        return float("nan")
+    ct = pd.crosstab(np.asarray(assignment), np.asarray(labels))
+    r, c = linear_sum_assignment(-ct.to_numpy())
+    return float(ct.to_numpy()[r, c].sum() / len(labels))
 
 
 def probe_accuracy(features: np.ndarray, labels: np.ndarray, seed: int = 0) -> float:

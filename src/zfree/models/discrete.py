@@ -14,14 +14,21 @@ are decoded.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import nn
+from transformers import DynamicCache
 
 from zfree.data.batching import Batch
 from zfree.models.base import hidden_states
+
+
+# transformers 5 renamed the forward keyword ``past_key_values`` to ``cache``
+_CACHE_KW = "cache" if "cache" in inspect.signature(__import__("transformers").GPT2Model.forward).parameters \
+    else "past_key_values"
 
 
 @dataclass
@@ -70,6 +77,7 @@ class DiscreteCVAE(nn.Module):
         nn.init.normal_(self.posterior_head.weight, std=0.02)
         nn.init.zeros_(self.posterior_head.bias)
         nn.init.zeros_(self.router_head.weight)  # router starts uniform
+        self.shared_prefix = True  # reuse the x-prefix's key/value cache for the K decoder passes
         nn.init.zeros_(self.router_head.bias)
 
     @torch.no_grad()
@@ -88,6 +96,9 @@ class DiscreteCVAE(nn.Module):
     def encode(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The z-free pass: (posterior_logits, prior_logits, features, zfree_hidden)."""
         h = hidden_states(self.backbone, batch)  # (B, T, D)
+        return (*self._heads_from_hidden(h, batch), h)
+
+    def _heads_from_hidden(self, h: torch.Tensor, batch: Batch):
         B = h.shape[0]
         rows = torch.arange(B, device=h.device)
         m = batch.target_mask.to(h.dtype)[:, :, None]
@@ -102,7 +113,7 @@ class DiscreteCVAE(nn.Module):
             if self.posterior_features == "mean_first":
                 feats = torch.cat([feats, h[rows, batch.prefix_len]], -1)
         sep = h[rows, batch.prefix_len - 1]
-        return self.posterior_head(feats), self.router_head(sep), feats, h
+        return self.posterior_head(feats), self.router_head(sep), feats
 
     def decoder_hidden(self, batch: Batch, z: Int[torch.Tensor, "batch n"] | None = None
                        ) -> Float[torch.Tensor, "batch n seq d_model"]:
@@ -119,7 +130,43 @@ class DiscreteCVAE(nn.Module):
         h = hidden_states(self.backbone, rep, inputs_embeds=x.reshape(B * n, T, -1))
         return h.reshape(B, n, T, -1)
 
+    def _encode_with_cache(self, batch: Batch):
+        """The z-free pass that also returns its key/value cache (reused for the x-prefix)."""
+        out = self.backbone.base_model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=True)
+        return out.last_hidden_state, getattr(out, "cache", None) or out.past_key_values
+
+    def decoder_suffix_shared_prefix(self, batch: Batch, cache) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decoder hidden states over the y-region for all K values, reusing the z-free pass's
+        key/value cache of the x-prefix ([bos] + x, which does not depend on z).
+
+        Returns (hidden (B, K, L, D) at the positions predicting S, valid (B, L)), L = max |S|.
+        Each row's suffix starts at its separator (position prefix_len - 1) with explicit
+        position ids; cache slots beyond a row's own prefix (its y tokens, or padding) are masked.
+        Equals the naive full pass per latent value (tested).
+        """
+        B, T = batch.input_ids.shape
+        K = self.n_latent
+        Pc = int(batch.prefix_len.max()) - 1  # cached prefix slots (without the separator)
+        L = int(batch.target_len.max())
+        dev = batch.input_ids.device
+        j = torch.arange(L, device=dev)[None, :]
+        valid = j < batch.target_len[:, None]  # (B, L)
+        pos = (batch.prefix_len - 1)[:, None] + j  # (B, L) positions of sep, y_0 .. y_{|S|-2}
+        ids = batch.input_ids.gather(1, pos.clamp_max(T - 1))
+        emb = self.backbone.get_input_embeddings()(ids)  # (B, L, D)
+        x = emb[:, None] + self.latent_embedding.weight[None, :, None, :]  # (B, K, L, D)
+        prefix_cache = DynamicCache(ddp_cache_data=[(k[:, :, :Pc].repeat_interleave(K, 0), v[:, :, :Pc].repeat_interleave(K, 0))
+                                                    for k, v in _layer_kv(cache)])
+        pre_mask = torch.arange(Pc, device=dev)[None, :] < (batch.prefix_len - 1)[:, None]  # (B, Pc)
+        mask = torch.cat([pre_mask, valid], 1).long().repeat_interleave(K, 0)  # (B*K, Pc + L)
+        h = self.backbone.base_model(inputs_embeds=x.reshape(B * K, L, -1), attention_mask=mask,
+                                     position_ids=pos.repeat_interleave(K, 0),
+                                     use_cache=True, **{_CACHE_KW: prefix_cache}).last_hidden_state
+        return h.reshape(B, K, L, -1), valid
+
     def forward(self, batch: Batch, with_distributions: bool = False) -> DiscreteCVAEOutput:
+        if self.shared_prefix:
+            return self._forward_shared_prefix(batch, with_distributions)
         q_logits, p_logits, feats, h0 = self.encode(batch)
         hz = self.decoder_hidden(batch)  # (B, K, T, D)
         B, K, T, D = hz.shape
@@ -145,6 +192,41 @@ class DiscreteCVAE(nn.Module):
             dist[pos_mask[:, None].expand(B, K, P)] = logp_all
             out.next_token_logprobs, out.pos_mask = dist, pos_mask
         return out
+
+
+    def _forward_shared_prefix(self, batch: Batch, with_distributions: bool) -> DiscreteCVAEOutput:
+        h0, cache = self._encode_with_cache(batch)
+        q_logits, p_logits, feats = self._heads_from_hidden(h0, batch)
+        head = self.backbone.get_output_embeddings()
+        B, T = batch.input_ids.shape
+        K = self.n_latent
+        predict = batch.target_mask[:, 1:]
+        lp0 = torch.log_softmax(head(h0[:, :-1][predict]).float(), -1).gather(
+            -1, batch.input_ids[:, 1:][predict][:, None]).squeeze(-1)
+        t0 = h0.new_zeros((B, T), dtype=torch.float32)
+        t0[:, 1:][predict] = lp0
+        hz, valid = self.decoder_suffix_shared_prefix(batch, cache)  # (B, K, L, D), (B, L)
+        L = hz.shape[2]
+        sel = valid[:, None].expand(B, K, L)
+        logp_all = torch.log_softmax(head(hz[sel]).float(), -1)  # (N, V) in (b, k, j) order
+        tgt_pos = (batch.prefix_len[:, None] + torch.arange(L, device=hz.device)[None, :]).clamp_max(T - 1)
+        tokens = batch.input_ids.gather(1, tgt_pos)[:, None].expand(B, K, L)[sel]
+        lp = logp_all.gather(-1, tokens[:, None]).squeeze(-1)
+        tlp = hz.new_zeros((B, K, T), dtype=torch.float32)
+        tlp[:, :, 1:][predict[:, None].expand(B, K, T - 1)] = lp  # same (b, k, position) order
+        out = DiscreteCVAEOutput(q_logits, p_logits, tlp, feats, t0)
+        if with_distributions:
+            dist = logp_all.new_zeros((B, K, L, logp_all.shape[-1]))
+            dist[sel] = logp_all
+            out.next_token_logprobs, out.pos_mask = dist, valid
+        return out
+
+
+def _layer_kv(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(keys, values) per layer, each (batch, heads, seq, head_dim), across transformers versions."""
+    if hasattr(cache, "layers"):
+        return [(layer.keys, layer.values) for layer in cache.layers]
+    return list(zip(cache.key_cache, cache.value_cache))
 
 
 def _repeat_batch(batch: Batch, n: int) -> Batch:
