@@ -14,11 +14,12 @@ from typing import Any, Literal, Sequence, get_args
 Weighting = Literal["plain", "distribution", "example", "token"]
 TokenOuter = Literal["none", "distribution", "example"]
 BetaSchedule = Literal["constant", "linear", "cyclical"]
-FreeBitsMode = Literal["none", "per_example", "batch_mean"]
+FreeBitsMode = Literal["none", "per_example", "batch_mean", "per_dim"]  # per_dim: continuous latent only
 CBaseSource = Literal["entangled_run", "pretrained_source"]
 PosteriorFeatures = Literal["mean_y", "last", "mean_first", "attention"]
 Aid = Literal["none", "hard_em_then_soft", "beta0_warmup", "random_init_jsd"]
-LatentKind = Literal["discrete"]
+LatentKind = Literal["discrete", "continuous"]
+LatentPrior = Literal["learned", "standard"]
 
 
 def _check_choice(name: str, value: Any, literal) -> None:
@@ -173,9 +174,16 @@ class ModelConfig:
     # last); mean_first: mean_y joined with the first y position's state (keeps order: reverse vs
     # copy differ only in order); attention: a learned attention pooling over the y-region.
     posterior_features: PosteriorFeatures = "mean_y"
+    # continuous latent only (latent_kind='continuous'; ignored by the discrete CVAE):
+    d_latent: int = 16  # dimension of the diagonal Gaussian z
+    n_samples: int = 1  # reparameterized samples S per example and step (lbar is their mean)
+    prior: LatentPrior = "learned"  # learned: p(z|x) = N(mu(x), diag sigma^2(x)); standard: N(0, I)
 
     def __post_init__(self):
         _check_choice("latent_kind", self.latent_kind, LatentKind)
+        _check_choice("prior", self.prior, LatentPrior)
+        _check_int("d_latent", self.d_latent, 1)
+        _check_int("n_samples", self.n_samples, 1)
         _check_choice("posterior_features", self.posterior_features, PosteriorFeatures)
         if not isinstance(self.n_latent, int) or self.n_latent < 2:
             raise ValueError(f"n_latent={self.n_latent!r} must be an integer >= 2")
@@ -264,6 +272,13 @@ class TrainConfig:
         for name in ("data_dir", "base_dir"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be a non-empty path")
+        if self.model.latent_kind == "continuous":
+            if self.aid.aid in ("hard_em_then_soft", "random_init_jsd"):
+                raise ValueError(f"aid={self.aid.aid!r} applies to latent_kind='discrete' only")
+            if self.objective.lambda_jsd > 0:
+                raise ValueError(f"lambda_jsd={self.objective.lambda_jsd} > 0 applies to latent_kind='discrete' only")
+        elif self.objective.free_bits_mode == "per_dim":
+            raise ValueError("free_bits_mode='per_dim' applies to latent_kind='continuous' only")
 
     _SUB = {"objective": ObjectiveConfig, "model": ModelConfig, "optim": OptimConfig, "aid": AidConfig}
 

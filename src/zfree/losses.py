@@ -279,3 +279,54 @@ def assemble_objective(cfg: ObjectiveConfig, *, recon_per_latent: Float[torch.Te
     total = sum(contributions.values())
     return ObjectiveBreakdown(total, terms, contributions, w.detach(), effective_beta(beta, target_len, w.detach()),
                               {"lbar": lbar, "kl": kl, "weighted_recon": w * lbar})
+
+
+def free_bits_per_dim(kl_dims: Float[torch.Tensor, "batch d_latent"], free_bits: float) -> Float[torch.Tensor, "batch"]:
+    """Free bits per latent dimension (Kingma et al. 2016, eq. 15, one group per dimension):
+    sum_d max(lambda, mean_batch KL_d), returned per example (batch,) in nats so that its batch mean
+    is that value: dimension d contributes KL_{i,d} * max(m_d, lambda) / m_d, whose gradient is 0
+    while the batch-mean KL m_d of that dimension is below lambda (``free_bits``, nats per dimension).
+    ``free_bits`` <= 0: the plain sum over dimensions."""
+    if free_bits <= 0:
+        return kl_dims.sum(-1)
+    m = kl_dims.mean(0, keepdim=True)  # (1, d_latent)
+    scaled = torch.where(m > 0, kl_dims * (torch.clamp_min(m, free_bits) / m.clamp_min(1e-12)),  # 1e-12: finite grads
+                         kl_dims * 0 + free_bits)
+    return scaled.sum(-1)
+
+
+def assemble_gaussian_objective(cfg: ObjectiveConfig, *, recon_per_sample: Float[torch.Tensor, "batch n_samples"],
+                                mu_q: Float[torch.Tensor, "batch d_latent"], logvar_q: Float[torch.Tensor, "batch d_latent"],
+                                mu_p: Float[torch.Tensor, "batch d_latent"] | None,
+                                logvar_p: Float[torch.Tensor, "batch d_latent"] | None,
+                                target_len: Int[torch.Tensor, "batch"], step: int = 0, c_base: float | None = None,
+                                b: Float[torch.Tensor, "batch"] | None = None) -> ObjectiveBreakdown:
+    """J = mean_i [ w_i * lbar_i + beta * K_i ] for the continuous CVAE (DESIGN §1), with the same
+    term names as ``assemble_objective`` (reconstruction_loss, kl_prior_loss).
+
+    lbar_i = (1/S) sum_s recon_per_sample[i, s] is the reparameterized Monte Carlo estimate of
+    E_q[nll] (recon_per_sample: per-token mean NLL per sample, token-weighted for ``token``).
+    K_i = ``gaussian_kl`` (analytic; N(0, I) prior when mu_p, logvar_p are None) after free bits:
+    ``per_dim`` uses ``free_bits_per_dim``, the other modes ``apply_free_bits`` on the summed KL.
+    ``contributions`` sum to ``total``. Raises ValueError when ``cfg.lambda_jsd > 0`` (the
+    inter-latent JSD is defined over K discrete values) and as ``reconstruction_weight`` does.
+    """
+    if cfg.lambda_jsd > 0:
+        raise ValueError(f"lambda_jsd={cfg.lambda_jsd} > 0 is defined for the discrete CVAE only")
+    B = recon_per_sample.shape[0]
+    lbar = recon_per_sample.mean(-1)
+    outer = cfg.token_outer if cfg.weighting == "token" else cfg.weighting
+    w = reconstruction_weight(outer, batch_size=B, c_base=c_base, b=b, epsilon=cfg.epsilon,
+                              dtype=lbar.dtype).to(lbar.device)
+    kl_dims = gaussian_kl(mu_q, logvar_q, mu_p, logvar_p, per_dim=True)
+    kl = kl_dims.sum(-1)
+    beta = beta_at_step(cfg, step)
+    if cfg.free_bits_mode == "per_dim":
+        kl_pen = free_bits_per_dim(kl_dims, cfg.free_bits)
+    else:
+        kl_pen = apply_free_bits(kl, cfg.free_bits, cfg.free_bits_mode)
+    contributions = {"reconstruction_loss": (w * lbar).mean(), "kl_prior_loss": beta * kl_pen.mean()}
+    terms = {"reconstruction_loss": lbar.mean(), "kl_prior_loss": kl.mean()}
+    total = sum(contributions.values())
+    return ObjectiveBreakdown(total, terms, contributions, w.detach(), effective_beta(beta, target_len, w.detach()),
+                              {"lbar": lbar, "kl": kl, "weighted_recon": w * lbar})

@@ -23,6 +23,8 @@ from zfree.data.pairs import Pair
 from zfree.data.synth import STRATEGIES, text_to_digits
 from zfree.losses import (assemble_objective, inter_latent_jsd, masked_mean_token_nll, token_weights,
                           weighted_mean_token_nll)
+from zfree.losses import assemble_gaussian_objective
+from zfree.models.continuous import ContinuousCVAE
 from zfree.models.discrete import DiscreteCVAE, injection_mask
 from zfree.theory import predicted_use
 
@@ -41,7 +43,7 @@ def _batches(encoded: Sequence[EncodedPair], size: int, pad_id: int):
 
 
 @torch.no_grad()
-def evaluate(model: DiscreteCVAE, encoded: Sequence[EncodedPair], pairs: Sequence[Pair], *, b: np.ndarray,
+def evaluate(model: DiscreteCVAE | ContinuousCVAE, encoded: Sequence[EncodedPair], pairs: Sequence[Pair], *, b: np.ndarray,
              c_base: float, objective: ObjectiveConfig, step: int, pad_id: int, tokenizer=None,
              strategies: Sequence[str] | None = None, decode_rows: int = 0, batch_size: int = 128,
              base_token_nll: dict | None = None, seed: int = 0) -> Evaluation:
@@ -51,6 +53,10 @@ def evaluate(model: DiscreteCVAE, encoded: Sequence[EncodedPair], pairs: Sequenc
     task/correctness, reference/c_base, objective/*. Metrics that need strategy labels are NaN
     (with a note in ``notes``) when labels are missing, never faked.
     """
+    if isinstance(model, ContinuousCVAE):
+        return evaluate_continuous(model, encoded, pairs, b=b, c_base=c_base, objective=objective, step=step,
+                                   pad_id=pad_id, tokenizer=tokenizer, strategies=strategies, decode_rows=decode_rows,
+                                   batch_size=batch_size, base_token_nll=base_token_nll, seed=seed)
     was_training = model.training
     model.eval()
     dev = next(model.parameters()).device
@@ -248,3 +254,182 @@ def decode_metrics(model: DiscreteCVAE, encoded: Sequence[EncodedPair], pairs: S
     r, c = linear_sum_assignment(-counts)
     acc = sum(counts[i, j] for i, j in zip(r, c)) / (len(r) * len(prefixes))
     return {"task/correctness": float(np.mean(correct)), "structure/z_control_accuracy": float(acc)}
+
+
+# ---------------------------------------------------------------------------- continuous latent
+
+ACTIVE_UNIT_THRESHOLD = 0.01  # Burda et al. 2016: a dimension is active if Var_x(E_q[z_d]) > 0.01
+
+
+def active_units(posterior_mean: np.ndarray, threshold: float = ACTIVE_UNIT_THRESHOLD) -> int:
+    """Number of latent dimensions whose posterior mean varies across examples, Var_i(mu_{i,d}) >
+    ``threshold`` (Burda et al. 2016, "Importance Weighted Autoencoders", §5.2). (rows, d_latent) -> int."""
+    return int((np.var(posterior_mean, axis=0) > threshold).sum())
+
+
+def gaussian_mutual_information(mu: np.ndarray, logvar: np.ndarray, seed: int = 0) -> float:
+    """I(x,y; z) under the aggregated posterior q(z) = (1/N) sum_j q(z | x_j, y_j), Monte Carlo with one
+    z_i ~ q(z | x_i, y_i) per row: mean_i [log q(z_i | x_i, y_i) - log q(z_i)] (Hoffman & Johnson 2016;
+    the estimator of He et al. 2019). Nats; bounded by log N. (rows, d_latent) each -> float."""
+    m = torch.as_tensor(mu, dtype=torch.float64)
+    lv = torch.as_tensor(logvar, dtype=torch.float64)
+    g = torch.Generator().manual_seed(seed)
+    z = m + torch.exp(0.5 * lv) * torch.randn(m.shape, generator=g, dtype=torch.float64)
+    d = m.shape[1]
+    log_q_own = -0.5 * (d * math.log(2 * math.pi) + lv.sum(-1) + (((z - m) ** 2) / lv.exp()).sum(-1))
+    diff = z[:, None, :] - m[None, :, :]  # (N, N, d): z_i against component j
+    log_q_all = -0.5 * (d * math.log(2 * math.pi) + lv.sum(-1)[None, :] + ((diff ** 2) / lv.exp()[None]).sum(-1))
+    log_q_agg = torch.logsumexp(log_q_all, 1) - math.log(len(m))
+    return float((log_q_own - log_q_agg).mean())
+
+
+@torch.no_grad()
+def evaluate_continuous(model: ContinuousCVAE, encoded: Sequence[EncodedPair], pairs: Sequence[Pair], *,
+                        b: np.ndarray, c_base: float, objective: ObjectiveConfig, step: int, pad_id: int,
+                        tokenizer=None, strategies: Sequence[str] | None = None, decode_rows: int = 0,
+                        batch_size: int = 128, base_token_nll: dict | None = None, seed: int = 0) -> Evaluation:
+    """Evaluate a continuous CVAE on validation rows; same arguments and keys as ``evaluate`` where
+    they are defined. lbar is the Monte Carlo mean over ``model.n_samples`` posterior samples drawn
+    with a generator seeded by ``seed`` (reproducible; torch's global generator is left alone).
+
+    Differences from the discrete keys: ``posterior_argmax`` is the k-means cluster of the posterior
+    means (k = the number of strategies), and structure/alignment_nmi, Hungarian accuracy and
+    z_control_accuracy (decoding with each cluster centroid forced) use those clusters;
+    structure/probe_accuracy reads the posterior means; task/correctness decodes with z drawn from
+    the prior p(z|x). latent/active_units (Burda et al. 2016) and latent/mutual_information (Monte
+    Carlo) are added. Keys that need a finite set of latent values (latent/oracle_rho,
+    latent/q_max_mean, latent/codes_used, latent/usage_entropy, latent/max_usage,
+    latent/decoder_jsd) are NaN: not defined for a Gaussian latent, not faked.
+    """
+    from sklearn.cluster import KMeans
+
+    was_training = model.training
+    model.eval()
+    dev = next(model.parameters()).device
+    gen = torch.Generator().manual_seed(seed)
+    rows, mus, logvars, prior_mus, prior_logvars, fr = [], [], [], [], [], []
+    for i, batch in _batches(encoded, batch_size, pad_id):
+        batch = batch.to(dev)
+        out = model(batch, generator=gen)
+        tok_nll = -out.target_logprobs  # (B, S, T)
+        nll_s = masked_mean_token_nll(tok_nll, batch.target_mask)  # (B, S) plain per-token means
+        bb = torch.as_tensor(b[i : i + len(batch)], dtype=torch.float32, device=dev)
+        recon = nll_s
+        if objective.weighting == "token" and base_token_nll is not None:
+            bt = torch.zeros_like(batch.target_mask, dtype=torch.float32)
+            for r, rid in enumerate(batch.ids):
+                s = base_token_nll[rid]
+                bt[r, batch.prefix_len[r] : batch.prefix_len[r] + len(s)] = torch.as_tensor(s, dtype=torch.float32)
+            recon = weighted_mean_token_nll(tok_nll, batch.target_mask,
+                                            token_weights(bt, batch.target_mask, objective.token_alpha))
+        learned = model.prior == "learned"
+        br = assemble_gaussian_objective(objective, recon_per_sample=recon, mu_q=out.posterior_mean,
+                                         logvar_q=out.posterior_logvar, mu_p=out.prior_mean if learned else None,
+                                         logvar_p=out.prior_logvar if learned else None, target_len=batch.target_len,
+                                         step=step, c_base=c_base, b=bb)
+        rows.append(pd.DataFrame({
+            "id": batch.ids, "n_tokens": batch.target_len.cpu().numpy(), "lbar": nll_s.mean(-1).cpu().numpy(),
+            "kl": br.per_example["kl"].cpu().numpy(), "beta_eff": br.beta_eff.cpu().numpy(),
+            "weight": br.recon_weight.cpu().numpy(),
+            "posterior_sigma_mean": torch.exp(0.5 * out.posterior_logvar).mean(-1).cpu().numpy(),
+            "zfree_nll": masked_mean_token_nll(-out.zfree_target_logprobs, batch.target_mask).cpu().numpy(),
+        }))
+        mus.append(out.posterior_mean.cpu().numpy())
+        logvars.append(out.posterior_logvar.cpu().numpy())
+        prior_mus.append(out.prior_mean.cpu().numpy())
+        prior_logvars.append(out.prior_logvar.cpu().numpy())
+        fr.append({k: float(v) for k, v in br.contributions.items()})
+    df = pd.concat(rows, ignore_index=True)
+    mu, logvar = np.concatenate(mus), np.concatenate(logvars)
+    df.insert(1, "strategy", [p.strategy for p in pairs])
+    df["b"] = b
+    df["rho_i"] = df["lbar"] / df["b"]
+    bayes = np.array([np.nan if p.bayes_nll is None else p.bayes_nll for p in pairs], float)
+    df["bayes_nll"] = bayes
+    df["n_consistent"] = [p.n_consistent for p in pairs]
+    excess_seq = df["n_tokens"] * df["b"] - bayes
+    df["predicted_use"] = predicted_use(df["beta_eff"].to_numpy(), bayes if np.isfinite(bayes).all() else None,
+                                        excess_seq.to_numpy() if np.isfinite(bayes).all() else None)
+    labels = df["strategy"]
+    names = list(strategies) if strategies else sorted(set(labels.dropna()))
+    n_clusters = min(len(names), len(df))
+    centroids = None
+    if n_clusters >= 2:
+        km = KMeans(n_clusters=n_clusters, n_init=10, random_state=seed).fit(mu)
+        df["posterior_argmax"], centroids = km.labels_, km.cluster_centers_
+    else:
+        df["posterior_argmax"] = 0
+    fallback = math.log(max(n_clusters, 2))
+    df["measured_use"] = (df["kl"] >= 0.5 * np.where(np.isfinite(bayes), bayes, fallback)) & (df["kl"] > 1e-3)
+
+    contrib = {k: float(np.mean([f[k] for f in fr])) for k in fr[0]}
+    tot_abs = sum(abs(v) for v in contrib.values()) or 1.0
+    R = float(df["lbar"].mean())
+    nan = float("nan")
+    m: dict[str, float] = {
+        "step": step,
+        "loss/val/reconstruction_loss": R,
+        "loss/val/baseline_normalized_reconstruction_loss": R / c_base,
+        "loss/val/kl_prior_loss": float(df["kl"].mean()),
+        "loss/val/zfree_reconstruction_loss": float(df["zfree_nll"].mean()),
+        "loss/val/neg_elbo_nats_per_sequence": float((df["n_tokens"] * df["lbar"] + df["kl"]).mean()),
+        "loss/val/neg_elbo_nats_per_token": float(((df["n_tokens"] * df["lbar"] + df["kl"]) / df["n_tokens"]).mean()),
+        "loss/val/mean_rho_i": float(df["rho_i"].mean()),
+        "loss/val/objective": sum(contrib.values()),
+        **{f"loss_contrib/fraction_abs/{k}": abs(v) / tot_abs for k, v in contrib.items()},
+        "latent/oracle_rho": nan, "latent/q_max_mean": nan, "latent/codes_used": nan, "latent/usage_entropy": nan,
+        "latent/max_usage": nan, "latent/decoder_jsd": nan,
+        "latent/active_units": active_units(mu),
+        "latent/mutual_information": gaussian_mutual_information(mu, logvar, seed=seed),
+        "latent/posterior_sigma_mean": float(df["posterior_sigma_mean"].mean()),
+        "latent/measured_use_fraction": float(df["measured_use"].mean()),
+        "latent/predicted_use_fraction": float(df["predicted_use"].mean()),
+        "reference/c_base": c_base,
+        "objective/beta": float(objective.beta),
+        "objective/recon_weight_mean": float(df["weight"].mean()),
+        "objective/recon_weight_max": float(df["weight"].max()),
+        "objective/beta_eff_median": float(df["beta_eff"].median()),
+    }
+    keys = ("structure/alignment_nmi", "structure/alignment_nmi_unambiguous", "structure/probe_accuracy",
+            "structure/hungarian_accuracy_unambiguous")
+    if labels.notna().all() and centroids is not None:
+        un = df["n_consistent"] == 1
+        m["structure/alignment_nmi"] = float(normalized_mutual_info_score(labels, df["posterior_argmax"]))
+        m["structure/alignment_nmi_unambiguous"] = (
+            float(normalized_mutual_info_score(labels[un], df["posterior_argmax"][un])) if un.any() else nan)
+        m["structure/hungarian_accuracy_unambiguous"] = hungarian_accuracy(labels[un], df["posterior_argmax"][un])
+        m["structure/probe_accuracy"] = probe_accuracy(mu, labels.to_numpy(), seed=seed)
+    else:
+        m.update({k: nan for k in keys})
+    if decode_rows and tokenizer is not None and strategies is not None:
+        n = min(decode_rows, len(encoded))
+        g = torch.Generator().manual_seed(seed + 1)
+        mp, lvp = torch.as_tensor(np.concatenate(prior_mus)[:n]), torch.as_tensor(np.concatenate(prior_logvars)[:n])
+        z_prior = mp + torch.exp(0.5 * lvp) * torch.randn(mp.shape, generator=g, dtype=mp.dtype)
+        m.update(_decode_metrics_continuous(model, encoded[:n], pairs[:n], z_prior, centroids, tokenizer, strategies))
+    if was_training:
+        model.train()
+    return Evaluation(m, df)
+
+
+def _decode_metrics_continuous(model: ContinuousCVAE, encoded, pairs, z_prior: torch.Tensor,
+                               centroids: np.ndarray | None, tokenizer, strategies) -> dict[str, float]:
+    """task/correctness with z drawn from the prior; structure/z_control_accuracy with each k-means
+    centroid forced (latent values matched to strategies by the Hungarian algorithm on counts)."""
+    prefixes = [e.prefix_ids for e in encoded]
+    max_new = max(len(e.target_ids) for e in encoded) + 2
+    eos = tokenizer.eos_token_id
+    outputs_of = [[" ".join(map(str, STRATEGIES[s](text_to_digits(p.x)))) for s in strategies] for p in pairs]
+    dec = model.greedy_decode(prefixes, z_prior.float(), eos_id=eos, max_new_tokens=max_new)
+    correct = [tokenizer.decode(d).strip() in outs for d, outs in zip(dec, outputs_of)]
+    res = {"task/correctness": float(np.mean(correct)), "structure/z_control_accuracy": float("nan")}
+    if centroids is not None:
+        counts = np.zeros((len(centroids), len(strategies)))
+        for k, c in enumerate(centroids):
+            zk = torch.as_tensor(c, dtype=torch.float32).expand(len(prefixes), -1)
+            dk = model.greedy_decode(prefixes, zk, eos_id=eos, max_new_tokens=max_new)
+            counts[k] = np.array([[tokenizer.decode(d).strip() == o for o in outs]
+                                  for d, outs in zip(dk, outputs_of)]).sum(0)
+        r, c = linear_sum_assignment(-counts)
+        res["structure/z_control_accuracy"] = float(sum(counts[i, j] for i, j in zip(r, c)) / (len(r) * len(prefixes)))
+    return res

@@ -29,8 +29,10 @@ from zfree.data.pairs import load_pairs
 from zfree.io import append_jsonl, atomic_write_json, atomic_write_parquet, atomic_write_text, read_json, read_jsonl
 from zfree.losses import (ObjectiveBreakdown, assemble_objective, inter_latent_jsd, masked_mean_token_nll,
                           reconstruction_weight, token_weights, weighted_mean_token_nll)
+from zfree.losses import assemble_gaussian_objective
 from zfree.metrics import evaluate
 from zfree.models.base import load_base
+from zfree.models.continuous import ContinuousCVAE
 from zfree.models.discrete import DiscreteCVAE
 from zfree.reference import resolve_reference
 
@@ -106,6 +108,30 @@ def soft_objective(model: DiscreteCVAE, batch: Batch, cfg: TrainConfig, step: in
     return assemble_objective(obj, recon_per_latent=recon, q_logits=o.posterior_logits,
                               p_logits=o.prior_logits.detach() if warm else o.prior_logits,
                               target_len=batch.target_len, step=step, c_base=c_base, b=b, jsd=jsd)
+
+
+def continuous_objective(model: ContinuousCVAE, batch: Batch, cfg: TrainConfig, step: int, c_base: float,
+                         b: torch.Tensor | None, base_tok: torch.Tensor | None) -> ObjectiveBreakdown:
+    """J of the continuous CVAE on one batch (DESIGN §1): the per-sample reconstruction is reduced
+    like the K discrete values (token weights inside, w outside), the KL is analytic; beta0_warmup
+    applies as in ``soft_objective`` (beta = 0, the prior detached)."""
+    obj = cfg.objective
+    warm = cfg.aid.aid == "beta0_warmup" and step <= cfg.aid.warmup_aid_steps
+    o = model(batch)
+    tok_nll = -o.target_logprobs  # (B, S, T)
+    if obj.weighting == "token":
+        recon = weighted_mean_token_nll(tok_nll, batch.target_mask, token_weights(base_tok, batch.target_mask,
+                                                                                 obj.token_alpha))
+    else:
+        recon = masked_mean_token_nll(tok_nll, batch.target_mask)  # (B, S)
+    if warm:
+        obj = dataclasses.replace(obj, beta=0.0, beta_schedule="constant")
+    learned = model.prior == "learned"
+    mu_p = (o.prior_mean.detach() if warm else o.prior_mean) if learned else None
+    logvar_p = (o.prior_logvar.detach() if warm else o.prior_logvar) if learned else None
+    return assemble_gaussian_objective(obj, recon_per_sample=recon, mu_q=o.posterior_mean, logvar_q=o.posterior_logvar,
+                                       mu_p=mu_p, logvar_p=logvar_p, target_len=batch.target_len, step=step,
+                                       c_base=c_base, b=b)
 
 
 def hard_em_objective(model: DiscreteCVAE, batch: Batch, cfg: TrainConfig, step: int, c_base: float,
@@ -237,8 +263,12 @@ def train_cvae(cfg: TrainConfig, out_dir: Path | str, progress: bool = True, sto
     train_ref = None
     if cfg.objective.needs_example_b:  # b (and b_t) on training rows: scored once with the frozen base, cached
         train_ref = resolve_reference("pretrained_source", base_dir, data_dir, "train", model=backbone, tokenizer=tok)
-    model = DiscreteCVAE(backbone, cfg.model.n_latent, cfg.model.posterior_features,
-                         latent_init_std=cfg.aid.latent_init_std if cfg.aid.aid == "random_init_jsd" else 0.0)
+    if cfg.model.latent_kind == "continuous":
+        model = ContinuousCVAE(backbone, cfg.model.d_latent, cfg.model.posterior_features, prior=cfg.model.prior,
+                               n_samples=cfg.model.n_samples)
+    else:
+        model = DiscreteCVAE(backbone, cfg.model.n_latent, cfg.model.posterior_features,
+                             latent_init_std=cfg.aid.latent_init_std if cfg.aid.aid == "random_init_jsd" else 0.0)
     model.to(cfg.optim.device).train()
     pad = pad_id_of(tok)
     train_pairs = load_pairs(data_dir / "train.jsonl")
@@ -286,7 +316,7 @@ def train_cvae(cfg: TrainConfig, out_dir: Path | str, progress: bool = True, sto
     ev = do_eval() if state.step == 0 else None
     bar = tqdm(total=cfg.optim.steps, initial=state.step, disable=not progress, mininterval=5,
                desc=f"{cfg.objective.weighting} β={cfg.objective.beta:g}" + ("" if cfg.aid.aid == "none" else f" {cfg.aid.aid}"))
-    K = model.n_latent
+    K = getattr(model, "n_latent", None)  # discrete only (the hard-EM phase)
     while state.step < cfg.optim.steps:
         step = state.step + 1
         warm = min(1.0, step / cfg.optim.warmup_backbone) if cfg.optim.warmup_backbone else 1.0
@@ -303,6 +333,8 @@ def train_cvae(cfg: TrainConfig, out_dir: Path | str, progress: bool = True, sto
             br, z_hat = hard_em_objective(model, batch, cfg, step, c_base, b)
             counts = np.bincount(z_hat.cpu().numpy(), minlength=K)
             state.usage = (np.asarray(state.usage) + counts).tolist() if state.usage else counts.tolist()
+        elif cfg.model.latent_kind == "continuous":
+            br = continuous_objective(model, batch, cfg, step, c_base, b, base_tok)
         else:
             br = soft_objective(model, batch, cfg, step, c_base, b, base_tok)
         if not torch.isfinite(br.total):

@@ -1,0 +1,221 @@
+"""Shared continuous CVAE (DESIGN §3): the discrete CVAE's backbone sharing with a Gaussian latent.
+
+  posterior  q_xi(z | x, y) = N(mu_q, diag exp(logvar_q)), a linear head on the z-free features of
+                              the y-region (``mean_y`` by default; the same choices as the discrete CVAE);
+  prior      p_phi(z | x)   = N(mu_p, diag exp(logvar_p)), a linear head on the separator position
+                              (zero-initialized, so N(0, I) at step 0), or N(0, I) fixed (``standard``);
+  decoder    p_psi(y | x, z): the backbone with W z added to the input embeddings at the separator
+                              and y positions; W (d_model x d_latent) is zero-initialized.
+
+Samples are reparameterized, z = mu_q + exp(logvar_q / 2) * eps, eps ~ N(0, I) (Kingma & Welling
+2014, eq. 10), S >= 1 per example; the reconstruction expectation is the mean over the S samples.
+Because W = 0 at initialization, every z decodes exactly like the base model (rho_recon = 1 at
+step 0; tested). The x-prefix does not depend on z: its key/value cache from the z-free pass is
+reused for the S decoder passes over the y-region, as in ``DiscreteCVAE``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Sequence
+
+import torch
+from jaxtyping import Bool, Float
+from torch import nn
+from transformers import DynamicCache
+
+from zfree.data.batching import Batch
+from zfree.models.base import hidden_states
+from zfree.models.discrete import _CACHE_KW, _layer_kv, _repeat_batch, injection_mask
+
+LatentPrior = Literal["learned", "standard"]
+
+
+@dataclass
+class ContinuousCVAEOutput:
+    posterior_mean: Float[torch.Tensor, "batch d_latent"]  # mu_q
+    posterior_logvar: Float[torch.Tensor, "batch d_latent"]  # log sigma_q^2
+    prior_mean: Float[torch.Tensor, "batch d_latent"]  # mu_p (zeros for the standard prior)
+    prior_logvar: Float[torch.Tensor, "batch d_latent"]  # log sigma_p^2 (zeros for the standard prior)
+    z: Float[torch.Tensor, "batch n_samples d_latent"]  # the decoded latents
+    target_logprobs: Float[torch.Tensor, "batch n_samples seq"]  # log p(y_t | x, y_<t, z_s) on S, 0 elsewhere
+    features: Float[torch.Tensor, "batch d_feat"]  # the posterior head's input
+    zfree_target_logprobs: Float[torch.Tensor, "batch seq"]  # current backbone without z (the z-free pass)
+
+
+class ContinuousCVAE(nn.Module):
+    """Diagonal-Gaussian-latent CVAE on a causal LM backbone. ``forward`` returns log-probs, never a loss."""
+
+    FEATURES = ("mean_y", "last", "mean_first", "attention")
+    PRIORS = ("learned", "standard")
+
+    def __init__(self, backbone: nn.Module, d_latent: int, posterior_features: str = "mean_y",
+                 prior: str = "learned", n_samples: int = 1):
+        super().__init__()
+        if not isinstance(d_latent, int) or d_latent < 1:
+            raise ValueError(f"d_latent={d_latent!r} must be an integer >= 1")
+        if not isinstance(n_samples, int) or n_samples < 1:
+            raise ValueError(f"n_samples={n_samples!r} must be an integer >= 1")
+        if posterior_features not in self.FEATURES:
+            raise ValueError(f"posterior_features={posterior_features!r} is not one of {list(self.FEATURES)}")
+        if prior not in self.PRIORS:
+            raise ValueError(f"prior={prior!r} is not one of {list(self.PRIORS)}")
+        d = backbone.get_input_embeddings().weight.shape[1]
+        self.backbone = backbone
+        self.d_latent, self.n_samples, self.prior, self.posterior_features = d_latent, n_samples, prior, posterior_features
+        if posterior_features == "attention":
+            self.pool_query = nn.Parameter(torch.zeros(d))  # zero query = mean_y at init
+        self.posterior_head = nn.Linear(2 * d if posterior_features == "mean_first" else d, 2 * d_latent)
+        nn.init.normal_(self.posterior_head.weight, std=0.02)  # mu_q differs across examples from step 0
+        nn.init.zeros_(self.posterior_head.bias)  # sigma_q = 1
+        if prior == "learned":
+            self.prior_head = nn.Linear(d, 2 * d_latent)
+            nn.init.zeros_(self.prior_head.weight)  # N(0, I) at step 0
+            nn.init.zeros_(self.prior_head.bias)
+        self.latent_proj = nn.Linear(d_latent, d, bias=False)
+        nn.init.zeros_(self.latent_proj.weight)  # decoder == base model at step 0 (DESIGN §3)
+        self.shared_prefix = True  # reuse the x-prefix's key/value cache for the S decoder passes
+
+    def new_parameter_names(self) -> list[str]:
+        return [n for n, _ in self.named_parameters() if not n.startswith("backbone.")]
+
+    # -------------------------------------------------------------------- heads
+
+    def heads_from_hidden(self, h: Float[torch.Tensor, "batch seq d_model"], batch: Batch):
+        """(mu_q, logvar_q, mu_p, logvar_p, features) from the z-free hidden states."""
+        B = h.shape[0]
+        rows = torch.arange(B, device=h.device)
+        if self.posterior_features == "last":
+            feats = h[rows, batch.prefix_len + batch.target_len - 1]
+        elif self.posterior_features == "attention":
+            scores = (h @ self.pool_query) / h.shape[-1] ** 0.5  # (B, T)
+            scores = scores.masked_fill(~batch.target_mask, float("-inf"))
+            feats = (torch.softmax(scores, -1)[:, :, None] * h).sum(1)
+        else:
+            m = batch.target_mask.to(h.dtype)[:, :, None]
+            feats = (h * m).sum(1) / m.sum(1)
+            if self.posterior_features == "mean_first":
+                feats = torch.cat([feats, h[rows, batch.prefix_len]], -1)
+        mu_q, logvar_q = self.posterior_head(feats).chunk(2, -1)
+        sep = h[rows, batch.prefix_len - 1]  # sees only x
+        if self.prior == "learned":
+            mu_p, logvar_p = self.prior_head(sep).chunk(2, -1)
+        else:
+            mu_p, logvar_p = torch.zeros_like(mu_q), torch.zeros_like(logvar_q)
+        return mu_q, logvar_q, mu_p, logvar_p, feats
+
+    def _zfree_pass(self, batch: Batch, use_cache: bool):
+        out = self.backbone.base_model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                                       use_cache=use_cache)
+        return out.last_hidden_state, (getattr(out, "cache", None) or out.past_key_values) if use_cache else None
+
+    # -------------------------------------------------------------------- decoder
+
+    def decoder_hidden_naive(self, batch: Batch, z: Float[torch.Tensor, "batch n_samples d_latent"]
+                             ) -> Float[torch.Tensor, "batch n_samples seq d_model"]:
+        """Decoder hidden states for each sample by a full pass over the whole sequence (reference path)."""
+        B, T = batch.input_ids.shape
+        n = z.shape[1]
+        emb = self.backbone.get_input_embeddings()(batch.input_ids)  # (B, T, D)
+        inj = injection_mask(batch).to(emb.dtype)  # (B, T)
+        lat = self.latent_proj(z)  # (B, n, D)
+        x = emb[:, None] + inj[:, None, :, None] * lat[:, :, None, :]  # (B, n, T, D)
+        h = hidden_states(self.backbone, _repeat_batch(batch, n), inputs_embeds=x.reshape(B * n, T, -1))
+        return h.reshape(B, n, T, -1)
+
+    def decoder_suffix_shared_prefix(self, batch: Batch, cache, z: Float[torch.Tensor, "batch n_samples d_latent"]
+                                     ) -> tuple[torch.Tensor, Bool[torch.Tensor, "batch pos"]]:
+        """Decoder hidden states over the y-region for each sample, reusing the z-free pass's key/value
+        cache of the x-prefix; returns (hidden (B, n, L, D) at the positions predicting S, valid (B, L)).
+        Same layout as ``DiscreteCVAE.decoder_suffix_shared_prefix`` with W z_s in place of e_k;
+        equals ``decoder_hidden_naive`` (tested)."""
+        B, T = batch.input_ids.shape
+        n = z.shape[1]
+        Pc = int(batch.prefix_len.max()) - 1  # cached prefix slots (without the separator)
+        L = int(batch.target_len.max())
+        dev = batch.input_ids.device
+        j = torch.arange(L, device=dev)[None, :]
+        valid = j < batch.target_len[:, None]  # (B, L)
+        pos = (batch.prefix_len - 1)[:, None] + j  # (B, L) positions of sep, y_0 .. y_{|S|-2}
+        ids = batch.input_ids.gather(1, pos.clamp_max(T - 1))
+        emb = self.backbone.get_input_embeddings()(ids)  # (B, L, D)
+        x = emb[:, None] + self.latent_proj(z)[:, :, None, :]  # (B, n, L, D)
+        prefix_cache = DynamicCache(ddp_cache_data=[(k[:, :, :Pc].repeat_interleave(n, 0),
+                                                     v[:, :, :Pc].repeat_interleave(n, 0))
+                                                    for k, v in _layer_kv(cache)])
+        pre_mask = torch.arange(Pc, device=dev)[None, :] < (batch.prefix_len - 1)[:, None]  # (B, Pc)
+        mask = torch.cat([pre_mask, valid], 1).long().repeat_interleave(n, 0)  # (B*n, Pc + L)
+        h = self.backbone.base_model(inputs_embeds=x.reshape(B * n, L, -1), attention_mask=mask,
+                                     position_ids=pos.repeat_interleave(n, 0),
+                                     use_cache=True, **{_CACHE_KW: prefix_cache}).last_hidden_state
+        return h.reshape(B, n, L, -1), valid
+
+    def sample_posterior(self, mu: torch.Tensor, logvar: torch.Tensor, n_samples: int,
+                         generator: torch.Generator | None = None) -> Float[torch.Tensor, "batch n_samples d_latent"]:
+        """Reparameterized samples z = mu + exp(logvar / 2) * eps (Kingma & Welling 2014, eq. 10)."""
+        eps = torch.randn((mu.shape[0], n_samples, mu.shape[1]), generator=generator, dtype=mu.dtype,
+                          device="cpu" if generator is not None else mu.device).to(mu.device)
+        return mu[:, None] + torch.exp(0.5 * logvar)[:, None] * eps
+
+    def forward(self, batch: Batch, z: Float[torch.Tensor, "batch n_samples d_latent"] | None = None,
+                n_samples: int | None = None, generator: torch.Generator | None = None) -> ContinuousCVAEOutput:
+        """Posterior, prior and per-sample decoder log-probs. ``z`` (given) replaces the posterior
+        samples; otherwise ``n_samples`` (default ``self.n_samples``) are drawn from q with
+        ``generator`` (default: torch's global generator)."""
+        h0, cache = self._zfree_pass(batch, use_cache=self.shared_prefix)
+        mu_q, logvar_q, mu_p, logvar_p, feats = self.heads_from_hidden(h0, batch)
+        if z is None:
+            z = self.sample_posterior(mu_q, logvar_q, n_samples or self.n_samples, generator)
+        head = self.backbone.get_output_embeddings()
+        B, T = batch.input_ids.shape
+        n = z.shape[1]
+        predict = batch.target_mask[:, 1:]  # (B, T-1): position t-1 predicts supervised token t
+        lp0 = torch.log_softmax(head(h0[:, :-1][predict]).float(), -1).gather(
+            -1, batch.input_ids[:, 1:][predict][:, None]).squeeze(-1)
+        t0 = h0.new_zeros((B, T), dtype=torch.float32)
+        t0[:, 1:][predict] = lp0
+        sel_t = predict[:, None].expand(B, n, T - 1)
+        if self.shared_prefix:
+            hz, valid = self.decoder_suffix_shared_prefix(batch, cache, z)  # (B, n, L, D)
+            L = hz.shape[2]
+            hsel = hz[valid[:, None].expand(B, n, L)]  # (N, D) in (b, s, position) order
+        else:
+            hsel = self.decoder_hidden_naive(batch, z)[:, :, :-1][sel_t]
+        tokens = batch.input_ids[:, 1:][:, None].expand(B, n, T - 1)[sel_t]
+        lp = torch.log_softmax(head(hsel).float(), -1).gather(-1, tokens[:, None]).squeeze(-1)
+        tlp = h0.new_zeros((B, n, T), dtype=torch.float32)
+        tlp[:, :, 1:][sel_t] = lp
+        return ContinuousCVAEOutput(mu_q, logvar_q, mu_p, logvar_p, z, tlp, feats, t0)
+
+    # -------------------------------------------------------------------- generation
+
+    @torch.no_grad()
+    def greedy_decode(self, prefixes: Sequence[Sequence[int]], z: Float[torch.Tensor, "rows d_latent"], *,
+                      eos_id: int, max_new_tokens: int) -> list[list[int]]:
+        """Greedy decoding of y given each prefix ([bos] + x + [sep]) and one latent vector per row;
+        rows are grouped by prefix length (no padding). Returns generated ids without the end token."""
+        dev = next(self.parameters()).device
+        out: list[list[int]] = [[] for _ in prefixes]
+        groups: dict[int, list[int]] = {}
+        for i, p in enumerate(prefixes):
+            groups.setdefault(len(p), []).append(i)
+        emb_layer, head = self.backbone.get_input_embeddings(), self.backbone.get_output_embeddings()
+        lat_all = self.latent_proj(z.to(dev))  # (N, D)
+        for P, idx in groups.items():
+            ids = torch.tensor([list(prefixes[i]) for i in idx], device=dev)
+            lat = lat_all[idx]
+            done = torch.zeros(len(idx), dtype=torch.bool, device=dev)
+            for _ in range(max_new_tokens):
+                T = ids.shape[1]
+                inj = (torch.arange(T, device=dev) >= P - 1).to(lat.dtype)  # separator and y positions
+                emb = emb_layer(ids) + inj[None, :, None] * lat[:, None, :]
+                nxt = head(self.backbone.base_model(inputs_embeds=emb, use_cache=False).last_hidden_state[:, -1]).argmax(-1)
+                nxt = torch.where(done, torch.full_like(nxt, eos_id), nxt)
+                ids = torch.cat([ids, nxt[:, None]], 1)
+                done |= nxt == eos_id
+                if done.all():
+                    break
+            for r, i in enumerate(idx):
+                gen = ids[r, P:].tolist()
+                out[i] = gen[: gen.index(eos_id)] if eos_id in gen else gen
+        return out
