@@ -16,7 +16,7 @@ TokenOuter = Literal["none", "distribution", "example"]
 BetaSchedule = Literal["constant", "linear", "cyclical"]
 FreeBitsMode = Literal["none", "per_example", "batch_mean", "per_dim"]  # per_dim: continuous latent only
 CBaseSource = Literal["entangled_run", "pretrained_source"]
-PosteriorFeatures = Literal["mean_y", "last", "mean_first", "attention"]
+PosteriorFeatures = Literal["mean_y", "last", "mean_first", "attention", "encoder"]
 Aid = Literal["none", "hard_em_then_soft", "beta0_warmup", "random_init_jsd"]
 LatentKind = Literal["discrete", "continuous"]
 LatentPrior = Literal["learned", "standard"]
@@ -172,7 +172,8 @@ class ModelConfig:
     n_latent: int = 4  # K latent values; at least the number of strategies to be able to separate them
     # mean_y: mean of the z-free hidden states over the y-region (prototype probe 0.81 vs 0.65 for
     # last); mean_first: mean_y joined with the first y position's state (keeps order: reverse vs
-    # copy differ only in order); attention: a learned attention pooling over the y-region.
+    # copy differ only in order); attention: a learned attention pooling over the y-region;
+    # encoder: a separate small bidirectional transformer over (x, y), trained from scratch (Optimus).
     posterior_features: PosteriorFeatures = "mean_y"
     # continuous latent only (latent_kind='continuous'; ignored by the discrete CVAE):
     d_latent: int = 16  # dimension of the diagonal Gaussian z

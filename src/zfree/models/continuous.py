@@ -27,6 +27,7 @@ from transformers import DynamicCache
 from zfree.data.batching import Batch
 from zfree.models.base import hidden_states
 from zfree.models.discrete import _CACHE_KW, _layer_kv, _repeat_batch, injection_mask
+from zfree.models.encoder import build_posterior_encoder
 
 LatentPrior = Literal["learned", "standard"]
 
@@ -46,7 +47,7 @@ class ContinuousCVAEOutput:
 class ContinuousCVAE(nn.Module):
     """Diagonal-Gaussian-latent CVAE on a causal LM backbone. ``forward`` returns log-probs, never a loss."""
 
-    FEATURES = ("mean_y", "last", "mean_first", "attention")
+    FEATURES = ("mean_y", "last", "mean_first", "attention", "encoder")
     PRIORS = ("learned", "standard")
 
     def __init__(self, backbone: nn.Module, d_latent: int, posterior_features: str = "mean_y",
@@ -65,6 +66,8 @@ class ContinuousCVAE(nn.Module):
         self.d_latent, self.n_samples, self.prior, self.posterior_features = d_latent, n_samples, prior, posterior_features
         if posterior_features == "attention":
             self.pool_query = nn.Parameter(torch.zeros(d))  # zero query = mean_y at init
+        if posterior_features == "encoder":
+            self.encoder = build_posterior_encoder(backbone)
         self.posterior_head = nn.Linear(2 * d if posterior_features == "mean_first" else d, 2 * d_latent)
         nn.init.normal_(self.posterior_head.weight, std=0.02)  # mu_q differs across examples from step 0
         nn.init.zeros_(self.posterior_head.bias)  # sigma_q = 1
@@ -91,6 +94,8 @@ class ContinuousCVAE(nn.Module):
             scores = (h @ self.pool_query) / h.shape[-1] ** 0.5  # (B, T)
             scores = scores.masked_fill(~batch.target_mask, float("-inf"))
             feats = (torch.softmax(scores, -1)[:, :, None] * h).sum(1)
+        elif self.posterior_features == "encoder":
+            feats = self.encoder(batch)
         else:
             m = batch.target_mask.to(h.dtype)[:, :, None]
             feats = (h * m).sum(1) / m.sum(1)

@@ -24,6 +24,7 @@ from transformers import DynamicCache
 
 from zfree.data.batching import Batch
 from zfree.models.base import hidden_states
+from zfree.models.encoder import build_posterior_encoder
 
 
 # transformers 5 renamed the forward keyword ``past_key_values`` to ``cache``
@@ -53,7 +54,7 @@ def injection_mask(batch: Batch) -> Bool[torch.Tensor, "batch seq"]:
 class DiscreteCVAE(nn.Module):
     """K-valued latent CVAE on a causal LM backbone. ``forward`` returns log-probs, never a loss."""
 
-    FEATURES = ("mean_y", "last", "mean_first", "attention")
+    FEATURES = ("mean_y", "last", "mean_first", "attention", "encoder")
 
     def __init__(self, backbone: nn.Module, n_latent: int, posterior_features: str = "mean_y",
                  latent_init_std: float = 0.0):
@@ -68,6 +69,8 @@ class DiscreteCVAE(nn.Module):
         self.posterior_features = posterior_features
         if posterior_features == "attention":
             self.pool_query = nn.Parameter(torch.zeros(d))  # zero query = mean_y at init
+        if posterior_features == "encoder":  # a separate bidirectional encoder, from scratch (models/encoder.py)
+            self.encoder = build_posterior_encoder(backbone)
         self.posterior_head = nn.Linear(2 * d if posterior_features == "mean_first" else d, n_latent)
         self.router_head = nn.Linear(d, n_latent)
         self.latent_embedding = nn.Embedding(n_latent, d)
@@ -108,6 +111,8 @@ class DiscreteCVAE(nn.Module):
             scores = (h @ self.pool_query) / h.shape[-1] ** 0.5  # (B, T)
             scores = scores.masked_fill(~batch.target_mask, float("-inf"))
             feats = (torch.softmax(scores, -1)[:, :, None] * h).sum(1)
+        elif self.posterior_features == "encoder":
+            feats = self.encoder(batch)
         else:
             feats = (h * m).sum(1) / m.sum(1)
             if self.posterior_features == "mean_first":

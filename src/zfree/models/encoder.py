@@ -1,0 +1,59 @@
+"""A separate posterior encoder (``posterior_features='encoder'``): a small bidirectional transformer
+over its own token embeddings of (x, y), trained from scratch, as Optimus (Li et al. 2020, §3) reads
+the posterior from a separate BERT encoder instead of the decoder's causal states.
+
+The causal backbone's states at a y position see only the prefix, so a mean over the y-region
+is the only way for the shared features to read the whole of y; a bidirectional encoder reads
+every token in the context of every other one. Its output is mean-pooled over the non-padding
+positions and projected to ``d_out`` (the backbone width, so the posterior heads keep their shape).
+"""
+
+from __future__ import annotations
+
+import torch
+from jaxtyping import Float
+from torch import nn
+
+from zfree.data.batching import Batch
+
+
+class PosteriorEncoder(nn.Module):
+    """Bidirectional transformer features of (x, y) for q(z | x, y); padding (attention_mask 0) is ignored."""
+
+    def __init__(self, vocab_size: int, d_out: int, *, d_model: int = 64, n_layer: int = 2, n_head: int = 4,
+                 max_positions: int = 1024):
+        super().__init__()
+        if d_model % n_head:
+            raise ValueError(f"d_model={d_model} must be divisible by n_head={n_head}")
+        self.token_embedding = nn.Embedding(vocab_size, d_model)
+        self.position_embedding = nn.Embedding(max_positions, d_model)
+        nn.init.normal_(self.token_embedding.weight, std=0.02)
+        nn.init.normal_(self.position_embedding.weight, std=0.02)
+        layer = nn.TransformerEncoderLayer(d_model, n_head, 4 * d_model, dropout=0.0, batch_first=True,
+                                           norm_first=True)
+        self.layers = nn.TransformerEncoder(layer, n_layer, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(d_model)
+        self.out = nn.Linear(d_model, d_out)
+        self.max_positions = max_positions
+
+    def forward(self, batch: Batch) -> Float[torch.Tensor, "batch d_out"]:
+        B, T = batch.input_ids.shape
+        if T > self.max_positions:
+            raise ValueError(f"sequence length {T} exceeds the encoder's max_positions={self.max_positions}")
+        pos = torch.arange(T, device=batch.input_ids.device)
+        h = self.token_embedding(batch.input_ids) + self.position_embedding(pos)[None]  # (B, T, d_model)
+        keep = batch.attention_mask.bool()  # True = real token
+        h = self.norm(self.layers(h, src_key_padding_mask=~keep))
+        m = keep.to(h.dtype)[:, :, None]
+        return self.out((h * m).sum(1) / m.sum(1))  # (B, d_out)
+
+
+def build_posterior_encoder(backbone: nn.Module) -> PosteriorEncoder:
+    """An encoder sized for ``backbone``: its vocabulary, its context length, output = its width,
+    inner width min(width, 256)."""
+    vocab, d = backbone.get_input_embeddings().weight.shape
+    cfg = backbone.config
+    max_pos = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None) or 1024
+    d_model = min(d, 256)
+    n_head = next(h for h in (4, 2, 1) if d_model % h == 0)
+    return PosteriorEncoder(vocab, d, d_model=d_model, n_head=n_head, max_positions=int(max_pos))
