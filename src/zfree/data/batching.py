@@ -1,20 +1,44 @@
 """Tokenize pairs and collate right-padded batches with explicit y-region masks.
 
-Convention (DESIGN §2): x and y are tokenized *separately* and concatenated, so no token straddles
-the boundary. Sequence = [bos] + x + [sep] + y + [eos], where bos/sep are used when the tokenizer
-defines them and eos closes the supervised region. The *prefix* is [bos] + x + [sep] (z-free);
-the supervised y-region S is y + [eos]. Masks come from lengths, never from token identity.
+Convention (DESIGN §2): x and y are tokenized *separately* (``add_special_tokens=False``) and
+concatenated, so no token straddles the boundary; nothing is added to the vocabulary.
+Sequence = [bos] + x + [sep] + y + [eos]:
+
+- **bos** follows the tokenizer's own convention and appears exactly once. ``bos="auto"`` uses it
+  when the tokenizer inserts it itself (``add_special_tokens=True`` prepends it, e.g. Llama) or
+  when it defines a *dedicated* bos token distinct from its eos token (the synthetic benchmark's
+  ``<bos>``). A tokenizer whose bos is its eos (GPT-2's ``<|endoftext|>``) prepends nothing, as
+  it does itself. ``"always"`` / ``"never"`` override. If x's own tokens already start with bos
+  it is not added again.
+- **sep** is appended after x when the tokenizer defines a sep token (``sep="auto"``).
+- **eos** closes the supervised region when ``add_eos`` and the tokenizer has an eos token.
+
+y is tokenized as given, as a text of its own: whitespace at its start is the caller's choice
+(byte-level BPE tokenizes " cat" and "cat" differently), and SentencePiece tokenizers add their
+usual word-start marker to it.
+
+The *prefix* is [bos] + x + [sep] (z-free context); the supervised y-region S is y + [eos], so
+|S| = len(target_ids) and the first y token is always scored: the prefix is never empty (an
+empty x is an error unless bos or sep gives y a context). If a pair is longer than
+``max_length``, x is cut from the left (bos and sep are kept) and the cut is reported in
+``x_tokens_cut``; y is never cut, a y that does not fit is an error naming the row.
+Masks come from lengths, never from token identity (a pad id equal to the eos id is harmless).
 """
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Literal, Sequence
 
+import numpy as np
 import torch
 from jaxtyping import Bool, Int
 
 from zfree.data.pairs import Pair
+
+BosPolicy = Literal["auto", "always", "never"]
+SepPolicy = Literal["auto", "never"]
 
 
 @dataclass(frozen=True)
@@ -23,21 +47,106 @@ class EncodedPair:
     prefix_ids: tuple[int, ...]  # [bos] + x + [sep]
     target_ids: tuple[int, ...]  # y + [eos]: the supervised region S, |S| = len(target_ids)
     strategy: str | None = None
+    x_tokens_cut: int = 0  # x tokens dropped from the left to fit max_length
 
 
-def encode_pair(tokenizer, pair: Pair, *, add_eos: bool = True) -> EncodedPair:
-    """Tokenize one pair. Raises ValueError naming the row if y tokenizes to nothing."""
-    x_ids = tokenizer(pair.x, add_special_tokens=False)["input_ids"] if pair.x else []
-    y_ids = tokenizer(pair.y, add_special_tokens=False)["input_ids"]
-    if not y_ids:
-        raise ValueError(f"row {pair.id!r}: y={pair.y!r} tokenizes to nothing")
-    prefix = ([tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []) + list(x_ids)
-    if getattr(tokenizer, "sep_token_id", None) is not None:
-        prefix.append(tokenizer.sep_token_id)
+@dataclass(frozen=True)
+class Convention:
+    """Special-token ids an encoding uses (None = not used)."""
+
+    bos_id: int | None
+    sep_id: int | None
+    eos_id: int | None
+
+
+_CONVENTIONS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def special_convention(tokenizer, *, bos: BosPolicy = "auto", sep: SepPolicy = "auto", add_eos: bool = True
+                       ) -> Convention:
+    """Which bos / sep / eos ids to use for ``tokenizer`` under the policy (see the module docstring).
+
+    Raises ValueError for an unknown policy or ``bos="always"`` on a tokenizer without a bos token.
+    """
+    if bos not in ("auto", "always", "never"):
+        raise ValueError(f"bos={bos!r}: expected one of 'auto', 'always', 'never'")
+    if sep not in ("auto", "never"):
+        raise ValueError(f"sep={sep!r}: expected one of 'auto', 'never'")
+    bos_tok, eos_tok = tokenizer.bos_token_id, tokenizer.eos_token_id
+    if bos == "auto":
+        try:
+            adds_bos = _CONVENTIONS[tokenizer]
+        except (KeyError, TypeError):
+            probe = "a"
+            with_sp = tokenizer(probe, add_special_tokens=True)["input_ids"]
+            without = tokenizer(probe, add_special_tokens=False)["input_ids"]
+            adds_bos = bos_tok is not None and len(with_sp) > len(without) and with_sp[0] == bos_tok
+            try:
+                _CONVENTIONS[tokenizer] = adds_bos
+            except TypeError:
+                pass
+        use_bos = bos_tok is not None and (adds_bos or bos_tok != eos_tok)
+    elif bos == "always":
+        if bos_tok is None:
+            raise ValueError("bos='always' but the tokenizer has no bos token")
+        use_bos = True
+    else:
+        use_bos = False
+    sep_tok = getattr(tokenizer, "sep_token_id", None) if sep == "auto" else None
+    return Convention(int(bos_tok) if use_bos else None, None if sep_tok is None else int(sep_tok),
+                      int(eos_tok) if add_eos and eos_tok is not None else None)
+
+
+def encode_ids(pair_id: str, x_ids: Sequence[int], y_ids: Sequence[int], conv: Convention, *,
+               strategy: str | None = None, max_length: int | None = None) -> EncodedPair:
+    """Assemble one pair from its separately tokenized x and y under ``conv`` (module docstring).
+
+    Raises ValueError naming the row if y is empty, if nothing gives y a context, or if y (plus
+    bos, sep, eos and one context token) does not fit in ``max_length``.
+    """
+    if len(y_ids) == 0:
+        raise ValueError(f"row {pair_id!r}: y tokenizes to nothing")
+    x_ids = list(x_ids)
+    if conv.bos_id is not None and x_ids[:1] == [conv.bos_id]:
+        x_ids = x_ids[1:]  # x spelled out its own bos: keep exactly one, in front
+    head = [] if conv.bos_id is None else [conv.bos_id]
+    tail = [] if conv.sep_id is None else [conv.sep_id]
+    target = tuple(int(t) for t in y_ids) + (() if conv.eos_id is None else (conv.eos_id,))
+    cut = 0
+    if max_length is not None:
+        room = max_length - len(head) - len(tail) - len(target)  # tokens of x that fit
+        if room < 0 or (not head and not tail and room < 1):
+            raise ValueError(f"row {pair_id!r}: y has {len(target)} tokens (with the end token) and does not fit "
+                             f"in max_length={max_length} with a context token; y is never cut")
+        cut = max(0, len(x_ids) - room)
+        x_ids = x_ids[cut:]
+    prefix = tuple(int(t) for t in head + x_ids + tail)
     if not prefix:
-        raise ValueError(f"row {pair.id!r}: empty x and the tokenizer has no bos token to give y a context")
-    target = list(y_ids) + ([tokenizer.eos_token_id] if add_eos and tokenizer.eos_token_id is not None else [])
-    return EncodedPair(pair.id, tuple(prefix), tuple(target), pair.strategy)
+        raise ValueError(f"row {pair_id!r}: x is empty and the tokenizer adds no bos or sep token to give y a "
+                         f"context (use bos='always' if the model was trained with one)")
+    return EncodedPair(pair_id, prefix, target, strategy, cut)
+
+
+def encode_pairs(tokenizer, pairs: Sequence[Pair], *, add_eos: bool = True, bos: BosPolicy = "auto",
+                 sep: SepPolicy = "auto", max_length: int | None = None) -> list[EncodedPair]:
+    """Tokenize many pairs (one batched tokenizer call for all x, one for all y); see ``encode_pair``."""
+    conv = special_convention(tokenizer, bos=bos, sep=sep, add_eos=add_eos)
+    if not pairs:
+        return []
+    xs = tokenizer([p.x for p in pairs], add_special_tokens=False)["input_ids"]
+    ys = tokenizer([p.y for p in pairs], add_special_tokens=False)["input_ids"]
+    return [encode_ids(p.id, x if p.x else [], y, conv, strategy=p.strategy, max_length=max_length)
+            for p, x, y in zip(pairs, xs, ys)]
+
+
+def encode_pair(tokenizer, pair: Pair, add_eos: bool = True, *, bos: BosPolicy = "auto", sep: SepPolicy = "auto",
+                max_length: int | None = None) -> EncodedPair:
+    """Tokenize one pair under the convention of the module docstring.
+
+    Raises ValueError naming the row if y tokenizes to nothing, if x is empty with nothing to give
+    y a context, or if y does not fit in ``max_length``.
+    """
+    return encode_pairs(tokenizer, [pair], add_eos=add_eos, bos=bos, sep=sep, max_length=max_length)[0]
 
 
 @dataclass
@@ -63,22 +172,19 @@ class Batch:
 
 
 def collate(encoded: Sequence[EncodedPair], pad_id: int = 0) -> Batch:
-    """Right-pad a list of encoded pairs into a ``Batch``."""
-    lengths = [len(e.prefix_ids) + len(e.target_ids) for e in encoded]
-    T = max(lengths)
-    B = len(encoded)
-    ids = torch.full((B, T), pad_id, dtype=torch.long)
-    attn = torch.zeros((B, T), dtype=torch.long)
-    tmask = torch.zeros((B, T), dtype=torch.bool)
+    """Right-pad a list of encoded pairs into a ``Batch``; masks are built from lengths only."""
+    P = np.fromiter((len(e.prefix_ids) for e in encoded), dtype=np.int64, count=len(encoded))
+    L = np.fromiter((len(e.target_ids) for e in encoded), dtype=np.int64, count=len(encoded))
+    n = P + L
+    T = int(n.max())
+    ids = np.full((len(encoded), T), pad_id, dtype=np.int64)
     for b, e in enumerate(encoded):
-        P, L = len(e.prefix_ids), len(e.target_ids)
-        ids[b, : P + L] = torch.tensor(e.prefix_ids + e.target_ids)
-        attn[b, : P + L] = 1
-        tmask[b, P : P + L] = True
-    return Batch(ids, attn, tmask,
-                 torch.tensor([len(e.prefix_ids) for e in encoded]),
-                 torch.tensor([len(e.target_ids) for e in encoded]),
-                 [e.id for e in encoded], [e.strategy for e in encoded])
+        ids[b, : n[b]] = e.prefix_ids + e.target_ids
+    pos = np.arange(T)[None, :]
+    attn = pos < n[:, None]
+    tmask = (pos >= P[:, None]) & attn
+    return Batch(torch.from_numpy(ids), torch.from_numpy(attn.astype(np.int64)), torch.from_numpy(tmask),
+                 torch.from_numpy(P), torch.from_numpy(L), [e.id for e in encoded], [e.strategy for e in encoded])
 
 
 def pad_id_of(tokenizer) -> int:

@@ -29,33 +29,36 @@ def load_pairs(path: Path | str, limit: int | None = None) -> list[Pair]:
         raise FileNotFoundError(f"data file {path} does not exist")
     pairs: list[Pair] = []
     seen: set[str] = set()
-    with open(path) as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: not valid JSON ({e.msg}); the data file must be JSONL") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{where}: each row must be a JSON object with fields x and y")
-            for key in ("x", "y"):
-                if key not in row:
-                    raise ValueError(f"{where}: missing field {key!r}")
-                if not isinstance(row[key], str):
-                    raise ValueError(f"{where}: field {key!r} must be a string, got {type(row[key]).__name__}")
-            if not row["y"].strip():
-                raise ValueError(f"{where}: field 'y' is empty")
-            rid = str(row.get("id", f"{path.stem}-{lineno}"))
-            if rid in seen:
-                raise ValueError(f"{where}: duplicated id {rid!r}")
-            seen.add(rid)
-            strategy = row.get("strategy")
-            pairs.append(Pair(rid, row["x"], row["y"], None if strategy is None else str(strategy),
-                              row.get("bayes_nll"), row.get("n_consistent")))
-            if limit is not None and len(pairs) >= limit:
-                break
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text at byte {e.start}; the data file must be JSONL") from None
+    for lineno, line in enumerate(text.split("\n"), 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{where}: not valid JSON ({e.msg}); the data file must be JSONL") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{where}: each row must be a JSON object with fields x and y")
+        for key in ("x", "y"):
+            if key not in row:
+                raise ValueError(f"{where}: missing field {key!r}")
+            if not isinstance(row[key], str):
+                raise ValueError(f"{where}: field {key!r} must be a string, got {type(row[key]).__name__}")
+        if not row["y"].strip():
+            raise ValueError(f"{where}: field 'y' is empty")
+        rid = str(row.get("id", f"{path.stem}-{lineno}"))
+        if rid in seen:
+            raise ValueError(f"{where}: duplicated id {rid!r}")
+        seen.add(rid)
+        strategy = row.get("strategy")
+        pairs.append(Pair(rid, row["x"], row["y"], None if strategy is None else str(strategy),
+                          row.get("bayes_nll"), row.get("n_consistent")))
+        if limit is not None and len(pairs) >= limit:
+            break
     if not pairs:
         raise ValueError(f"{path}: no rows")
     return pairs
