@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 
 import pandas as pd
@@ -89,3 +90,65 @@ def test_missing_data_folder_names_the_file(tiny, tmp_path):
     data, base = tiny
     with pytest.raises(FileNotFoundError, match="train.jsonl"):
         train_cvae(_cfg(tmp_path / "nope", base), tmp_path / "run", progress=False)
+
+
+def _strip_timing(s: dict) -> dict:
+    from zfree.training import TIMING_KEYS
+
+    return {k: v for k, v in s.items() if k not in TIMING_KEYS}
+
+
+def test_resume_gives_the_uninterrupted_summary(tiny, tmp_path):
+    """Stopped after a checkpoint and resumed, a run (hard EM, restarts, hand-over gate included)
+    ends with the same summary as an uninterrupted one, timing aside."""
+    data, base = tiny
+    cfg = _cfg(data, base, steps=8, eval_every=4, aid="hard_em_then_soft", handover_check_every=2, hard_em_max_steps=4,
+               restart_dead_every=2, handover_rows=16, weighting="distribution", beta=0.3, checkpoint_every=1)
+    full = train_cvae(cfg, tmp_path / "full", progress=False)
+    assert train_cvae(cfg, tmp_path / "res", progress=False, stop_after=5) == {"stopped_at": 5}
+    assert not (tmp_path / "res" / "summary.json").exists()
+    resumed = train_cvae(cfg, tmp_path / "res", progress=False)
+    assert _strip_timing(resumed) == _strip_timing(full)
+    assert [r["step"] for r in read_jsonl(tmp_path / "res" / "metrics.jsonl")] == [0, 4, 8]
+
+
+def test_resume_folder_of_another_config_is_refused(tiny, tmp_path):
+    data, base = tiny
+    train_cvae(_cfg(data, base, steps=6), tmp_path / "run", progress=False, stop_after=3)
+    with pytest.raises(ValueError, match="beta"):
+        train_cvae(_cfg(data, base, steps=6, beta=0.5), tmp_path / "run", progress=False)
+
+
+def test_hard_em_records_the_gate_and_hands_over(tiny, tmp_path):
+    data, base = tiny
+    s = train_cvae(_cfg(data, base, steps=6, aid="hard_em_then_soft", handover_check_every=2, hard_em_max_steps=4,
+                        handover_rows=16, weighting="distribution", beta=0.3), tmp_path / "run", progress=False)
+    gate = s["aid/gate"]
+    assert [g["step"] for g in gate][:2] == [2, 4] or gate[0]["pass"]
+    for g in gate:  # distribution weighting: the gate is oracle_rho + beta * log K < 1 (w = 1/c_base)
+        assert g["best_objective"] == pytest.approx(g["oracle_rho"] + 0.3 * math.log(4), rel=1e-6)
+        assert g["collapsed_objective"] == pytest.approx(1.0, rel=1e-6) or g["collapsed_objective"] > 0
+        assert g["pass"] == (g["best_objective"] < g["collapsed_objective"])
+    assert s["aid/handover_step"] is not None and s["aid/handover_step"] <= 4
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert rows[-1]["aid/phase_soft"] == 1.0  # the final evaluation is under the true objective, after hand-over
+
+
+def test_non_finite_loss_stops_with_step_and_batch(tiny, tmp_path, monkeypatch):
+    import zfree.training as tr
+
+    data, base = tiny
+    real = tr.assemble_objective
+
+    def poisoned(*a, **kw):
+        br = real(*a, **kw)
+        if kw.get("step") == 3:
+            br.total = br.total * float("nan")
+            br.terms["kl_prior_loss"] = br.terms["kl_prior_loss"] * float("nan")
+        return br
+
+    monkeypatch.setattr(tr, "assemble_objective", poisoned)
+    with pytest.raises(tr.NonFiniteLossError, match="step 3"):
+        train_cvae(_cfg(data, base), tmp_path / "run", progress=False)
+    err = read_json(tmp_path / "run" / "error.json")
+    assert err["step"] == 3 and len(err["batch_ids"]) == 8 and "kl_prior_loss" in err["non_finite_terms"]

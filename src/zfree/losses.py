@@ -235,7 +235,7 @@ class ObjectiveBreakdown:
 
     def log_dict(self, prefix: str = "loss/train") -> dict[str, float]:
         d = {f"{prefix}/total": self.total.item()}
-        d.update({f"{prefix}/{k}": float(v) for k, v in self.terms.items()})
+        d.update({f"{prefix}/{k}": float(v.detach()) for k, v in self.terms.items()})
         d.update({f"loss_contrib/fraction_abs/{k}": v for k, v in self.fractions_abs().items()})
         d["objective/recon_weight_mean"] = float(self.recon_weight.mean())
         d["objective/recon_weight_max"] = float(self.recon_weight.max())

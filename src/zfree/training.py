@@ -338,7 +338,7 @@ def train_cvae(cfg: TrainConfig, out_dir: Path | str, progress: bool = True, sto
         else:
             br = soft_objective(model, batch, cfg, step, c_base, b, base_tok)
         if not torch.isfinite(br.total):
-            bad = [k for k, v in {**br.terms, **br.contributions}.items() if not torch.isfinite(v)]
+            bad = sorted({k for d in (br.terms, br.contributions) for k, v in d.items() if not torch.isfinite(v)})
             atomic_write_json(out / "error.json", {"step": step, "batch_ids": batch.ids, "non_finite_terms": bad})
             raise NonFiniteLossError(f"non-finite loss at step {step}: terms {bad} (see {out / 'error.json'})")
         opt.zero_grad(set_to_none=True)
