@@ -21,6 +21,10 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# the score cache of tests lives in a throwaway folder, never in the user's ~/.cache
+import tempfile  # noqa: E402
+
+os.environ.setdefault("ZFREE_CACHE_DIR", tempfile.mkdtemp(prefix="zfree-test-cache-"))
 
 _SRC = Path(__file__).resolve().parents[1] / "src" / "zfree"
 _UNCHECKED = {"zfree", "zfree.config"}

@@ -27,9 +27,13 @@ def load_base(model_dir: Path | str, *, trust_remote_code: bool = False, device:
 
     Raises FileNotFoundError if the folder is missing, ValueError if it holds no tokenizer.
     """
+    from zfree.scoring import TOKENIZER_FILES
+
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise FileNotFoundError(f"model folder {model_dir} does not exist")
+    if not any((model_dir / f).exists() for f in TOKENIZER_FILES):  # transformers 5 would invent an empty one
+        raise ValueError(f"model folder {model_dir} has no tokenizer (none of {', '.join(TOKENIZER_FILES)})")
     try:
         tok = AutoTokenizer.from_pretrained(model_dir, local_files_only=True, trust_remote_code=trust_remote_code)
     except (OSError, ValueError, TypeError) as e:
