@@ -230,8 +230,8 @@ class ObjectiveBreakdown:
 
     def fractions_abs(self) -> dict[str, float]:
         """loss_contrib/fraction_abs/<term> = |contribution| / sum |contributions|."""
-        tot = sum(abs(float(v)) for v in self.contributions.values()) or 1.0
-        return {k: abs(float(v)) / tot for k, v in self.contributions.items()}
+        tot = sum(abs(float(v.detach())) for v in self.contributions.values()) or 1.0
+        return {k: abs(float(v.detach())) / tot for k, v in self.contributions.items()}
 
     def log_dict(self, prefix: str = "loss/train") -> dict[str, float]:
         d = {f"{prefix}/total": self.total.item()}
