@@ -9,8 +9,11 @@ Run it on an otherwise idle machine: another torch process on the same cores ske
 from __future__ import annotations
 
 import argparse
+import json
+import resource
+import subprocess
+import sys
 import time
-import tracemalloc
 
 import numpy as np
 import torch
@@ -30,6 +33,7 @@ def main():
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--only", help=argparse.SUPPRESS)  # internal: one path in a fresh process, for peak RSS
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     tok = build_digit_tokenizer(10)
@@ -63,6 +67,14 @@ def main():
         opt.step()
 
     configs = [("base", 0), ("shared", 4), ("naive", 4), ("shared", 8), ("naive", 8)]
+    if a.only:
+        kind, K = a.only.split(":")
+        c = (kind, int(K))
+        m, opt = make(*c)
+        for b in batches[:3]:
+            step(kind, m, opt, b)
+        print(json.dumps({"maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+        return
     models = {c: make(*c) for c in configs}
     times = {c: [] for c in configs}
     for c in configs:  # warm-up
@@ -72,21 +84,20 @@ def main():
             t = time.perf_counter()
             step(c[0], *models[c], b)
             times[c].append(time.perf_counter() - t)
-    peaks = {}
+    peaks = {}  # peak resident memory of a fresh process that builds one path and runs 3 steps
     for c in configs:
-        tracemalloc.start()
-        step(c[0], *models[c], batches[0])
-        peaks[c] = tracemalloc.get_traced_memory()[1] / 2**20
-        tracemalloc.stop()
+        r = subprocess.run([sys.executable, __file__, "--data", a.data, "--steps", "3", "--batch", str(a.batch),
+                            "--threads", str(a.threads), "--only", f"{c[0]}:{c[1]}"], capture_output=True, text=True)
+        peaks[c] = json.loads(r.stdout.strip().splitlines()[-1])["maxrss_mib"]
     t_base = np.median(times[("base", 0)])
     print(f"batch {a.batch}, {a.steps} steps, threads {a.threads}; mean tokens per batch: prefix [bos]+x {x_tok:.0f}, "
           f"z-dependent suffix {y_tok:.0f}")
-    print(f"{'path':<14}{'K':>3}{'ms/step':>10}{'x base':>9}{'ideal':>8}{'x ideal':>9}{'peak MiB (py)':>15}")
+    print(f"{'path':<14}{'K':>3}{'ms/step':>10}{'x base':>9}{'ideal':>8}{'x ideal':>9}{'peak RSS MiB':>14}")
     for c in configs:
         kind, K = c
         t = np.median(times[c])
         ideal = 1.0 if kind == "base" else (x_tok + K * y_tok) / (x_tok + y_tok)
-        print(f"{kind:<14}{K:>3}{1000 * t:>10.1f}{t / t_base:>9.2f}{ideal:>8.2f}{t / t_base / ideal:>9.2f}{peaks[c]:>15.1f}")
+        print(f"{kind:<14}{K:>3}{1000 * t:>10.1f}{t / t_base:>9.2f}{ideal:>8.2f}{t / t_base / ideal:>9.2f}{peaks[c]:>14.0f}")
     print("ideal = (|x| + K|y|)/(|x| + |y|): one pass over x, K over the y-region; the z-free posterior pass "
           "is counted inside the CVAE's time, so the target is x ideal <= 1.25 for K = 4.")
 
