@@ -27,7 +27,7 @@ from zfree.theory import analytic_c_base
 
 
 def train_base(data_dir: Path | str, out_dir: Path | str, cfg: BaseTrainConfig = BaseTrainConfig(),
-               threads: int = 2, progress: bool = True) -> dict:
+               threads: int = 2, progress: bool = True, init_from: Path | str | None = None) -> dict:
     """Train the base model on ``data_dir/train.jsonl``; stop at ``cfg.target_ratio`` x the analytic
     c_base on val, ``cfg.max_steps`` or ``cfg.max_minutes``. Writes ``out_dir/model`` (HF format with
     tokenizer), ``out_dir/train_log.json`` and ``out_dir/reference/``. Refuses to overwrite an
@@ -43,8 +43,13 @@ def train_base(data_dir: Path | str, out_dir: Path | str, cfg: BaseTrainConfig =
     val = [encode_pair(tok, p) for p in val_pairs]
     analytic = analytic_c_base(val_pairs)
     max_len = max(len(e.prefix_ids) + len(e.target_ids) for e in train + val)
-    model = build_synthetic_gpt2(len(tok), n_positions=max(64, max_len), n_layer=cfg.n_layer, n_embd=cfg.n_embd,
-                                 n_head=cfg.n_head, seed=cfg.seed)
+    if init_from is not None:  # continue training a finished base model (a second, lower-rate phase)
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(init_from, local_files_only=True, dtype=torch.float32)
+    else:
+        model = build_synthetic_gpt2(len(tok), n_positions=max(64, max_len), n_layer=cfg.n_layer, n_embd=cfg.n_embd,
+                                     n_head=cfg.n_head, seed=cfg.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / cfg.warmup_steps) * (
         0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / cfg.max_steps)))))
@@ -82,7 +87,7 @@ def train_base(data_dir: Path | str, out_dir: Path | str, cfg: BaseTrainConfig =
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
     tmp.rename(out_dir / "model")
-    log = {"config": asdict(cfg), "data_dir": str(data_dir), "steps": step, "wall_s": time.time() - t0,
+    log = {"config": asdict(cfg), "data_dir": str(data_dir), "steps": step, "init_from": str(init_from) if init_from else None, "wall_s": time.time() - t0,
            "threads": threads, "command": " ".join(["zfree"] + sys.argv[1:]) if sys.argv else "",
            "c_base_analytic": analytic, "final_ratio": ratio, "history": history,
            "torch": torch.__version__, "n_params": sum(p.numel() for p in model.parameters())}

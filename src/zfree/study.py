@@ -38,6 +38,11 @@ SUMMARY_COLUMNS = {  # summary.csv column -> key in a run's summary.json
     "measured_use_fraction": "latent/measured_use_fraction",
     "predicted_latent_used": "predicted_latent_used", "latent_used": "latent_used",
     "c_base": "reference/c_base", "steps": "steps", "wall_s": "wall_s",
+    "latent_kind": "latent_kind", "n_latent": "n_latent", "posterior_features": "posterior_features",
+    "hungarian_accuracy_unambiguous": "structure/hungarian_accuracy_unambiguous",
+    "mutual_information": "latent/mutual_information",
+    "gate_first_pass_step": "aid/gate_first_pass_step", "handover_step": "aid/handover_step",
+    "handover_forced": "aid/handover_forced",
 }
 
 
@@ -51,6 +56,15 @@ class Preset:
     workers: int = 2
 
 
+#: The switch-on recipe of the aids issue: hard EM gated hand-over, order-keeping posterior
+#: features, more latent values than strategies, dead-value restarts (see AidConfig).
+HARD_EM_RECIPE = {"aid": "hard_em_then_soft", "n_latent": 6, "posterior_features": "mean_first",
+                  "restart_dead_every": 100, "hard_em_max_steps": 600, "handover_check_every": 50,
+                  "handover_rows": 500}
+_AIDED_RUN = {"steps": 1000, "eval_every": 200, "eval_rows": 500, "decode_rows": 200}
+_WEIGHTINGS = [{"weighting": "plain"}, {"weighting": "distribution"}, {"weighting": "example", "epsilon": 0.05},
+               {"weighting": "token", "token_outer": "distribution", "token_alpha": 1.0}]
+
 PRESETS: dict[str, Preset] = {
     "smoke": Preset(
         "smoke", grid={"weighting": ["plain", "distribution"], "beta": [0.3]},
@@ -61,6 +75,25 @@ PRESETS: dict[str, Preset] = {
                              lr=3e-3, max_minutes=1.0)),
     "default": Preset(
         "default", grid={"weighting": ["plain", "distribution"], "beta": [0.03, 0.1, 0.3, 1.0]},
+        train={"steps": 250, "batch_size": 64, "eval_every": 50, "eval_rows": 0, "decode_rows": 200}),
+    # the aids issue: the best aid on both sides of the prediction, the prototype's recipe, and the
+    # aids that failed in the prototype (kept so the report shows them failing)
+    "aided": Preset(
+        "aided", grid={"variant": [
+            {"weighting": "distribution", "beta": 0.3, **HARD_EM_RECIPE, **_AIDED_RUN},
+            {"weighting": "plain", "beta": 1.0, **HARD_EM_RECIPE, **_AIDED_RUN},
+            {"weighting": "distribution", "beta": 0.3, "aid": "hard_em_then_soft", "hard_em_max_steps": 600,
+             "handover_check_every": 50, "handover_rows": 500, **_AIDED_RUN},
+            {"weighting": "distribution", "beta": 0.3, "aid": "beta0_warmup", "warmup_aid_steps": 100,
+             "steps": 300, "eval_every": 100, "eval_rows": 500},
+            {"weighting": "distribution", "beta": 0.3, "aid": "random_init_jsd", "latent_init_std": 0.02,
+             "lambda_jsd": 0.1, "steps": 300, "eval_every": 100, "eval_rows": 500},
+        ]}, train={"batch_size": 64}),
+    # the complete phase diagram (issue: notebook suite); hours on 2 CPU cores
+    "full": Preset(
+        "full", grid={"weighting": _WEIGHTINGS, "beta": [0.01, 0.03, 0.1, 0.3, 1.0],
+                      "variant": [{"latent_kind": "discrete"}, {"latent_kind": "continuous"},
+                                  {"latent_kind": "discrete", **HARD_EM_RECIPE, **_AIDED_RUN}]},
         train={"steps": 250, "batch_size": 64, "eval_every": 50, "eval_rows": 0, "decode_rows": 200}),
 }
 
@@ -106,7 +139,7 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
     if "aid" not in runs:
         runs["aid"] = "none"
     cols = {c: runs[k] if k in runs else None for c, k in SUMMARY_COLUMNS.items()}
-    return pd.DataFrame(cols).sort_values(["weighting", "beta"]).reset_index(drop=True)
+    return pd.DataFrame(cols).sort_values(["weighting", "beta", "run_id"]).reset_index(drop=True)
 
 
 def run_study(preset: str, out_dir: Path | str, *, retrain_base: bool = False, workers: int | None = None,
@@ -142,7 +175,7 @@ def run_study(preset: str, out_dir: Path | str, *, retrain_base: bool = False, w
 
 
 REPORT_NOTEBOOKS = ("study_report", "sweep_beta_vs_recon_weight", "rate_distortion", "effective_beta", "rho_recon",
-                    "training_dynamics")  # the sections of report.html, in order
+                    "training_dynamics", "switch_on")  # the sections of report.html, in order
 
 
 def _combined_report(study_dir: Path, parts: list[Path]):
