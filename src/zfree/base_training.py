@@ -39,6 +39,14 @@ def train_base(data_dir: Path | str, out_dir: Path | str, cfg: BaseTrainConfig =
     meta = read_json(data_dir / "metadata.json")
     tok = build_digit_tokenizer(meta["parameters"]["vocab_size"])
     train = [encode_pair(tok, p) for p in load_pairs(data_dir / "train.jsonl")]
+    data_cfg = None
+    if cfg.data_source == "fresh":
+        from zfree.config import DataConfig
+        from zfree.data.synth import sample_pairs
+
+        params = {k: v for k, v in meta["parameters"].items() if k in DataConfig.__dataclass_fields__}
+        data_cfg = DataConfig(**params)
+        fresh_rng = np.random.default_rng([1000 + cfg.seed])
     val_pairs = load_pairs(data_dir / "val.jsonl")
     val = [encode_pair(tok, p) for p in val_pairs]
     analytic = analytic_c_base(val_pairs)
@@ -59,7 +67,11 @@ def train_base(data_dir: Path | str, out_dir: Path | str, cfg: BaseTrainConfig =
     bar = tqdm(total=cfg.max_steps, desc="base model", disable=not progress, mininterval=2)
     model.train()
     while step < cfg.max_steps:
-        batch = collate([train[i] for i in rng.integers(0, len(train), cfg.batch_size)], pad_id=pad)
+        if data_cfg is not None:
+            rows = [encode_pair(tok, p) for p in sample_pairs(data_cfg, fresh_rng, cfg.batch_size)]
+        else:
+            rows = [train[i] for i in rng.integers(0, len(train), cfg.batch_size)]
+        batch = collate(rows, pad_id=pad)
         nll = masked_mean_token_nll(-target_logprobs(model, batch), batch.target_mask)
         loss = nll.mean()
         opt.zero_grad(set_to_none=True)

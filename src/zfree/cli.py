@@ -24,7 +24,7 @@ def _cmd_base_train(a):
 
     cfg = BaseTrainConfig(n_layer=a.n_layer, n_embd=a.n_embd, n_head=a.n_head, lr=a.lr, batch_size=a.batch_size,
                           max_steps=a.max_steps, max_minutes=a.max_minutes, target_ratio=a.target_ratio,
-                          eval_every=a.eval_every, seed=a.seed)
+                          eval_every=a.eval_every, seed=a.seed, data_source=a.data_source)
     log = train_base(a.data, a.out, cfg, threads=a.threads, init_from=a.init_from)
     print(json.dumps({k: log[k] for k in ("steps", "wall_s", "c_base_analytic", "final_ratio")}, indent=2))
 
@@ -135,6 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--eval-every", type=int, default=500)
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--threads", type=int, default=2)
+    b.add_argument("--data-source", default="fresh", choices=["fresh", "split"],
+                   help="fresh: sample every batch from the generator (default); split: the train split")
     b.add_argument("--init-from", default=None, help="continue from a finished base model folder (second phase)")
     b.set_defaults(func=_cmd_base_train)
     r = base.add_parser("reference", help="(re)write a base run's z-free reference")

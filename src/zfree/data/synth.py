@@ -108,6 +108,21 @@ def generate_split(cfg: DataConfig, split: str, n_rows: int) -> list[dict]:
     return rows
 
 
+def sample_pairs(cfg: DataConfig, rng: np.random.Generator, n_rows: int) -> list:
+    """``n_rows`` fresh (x, y) pairs from the benchmark's distribution, as ``zfree.data.pairs.Pair``
+    (ids ``fresh-<i>``); used to train the base model on a stream instead of a fixed split."""
+    from zfree.data.pairs import Pair
+
+    out = []
+    for i in range(n_rows):
+        n = int(rng.integers(cfg.n_min, cfg.n_max + 1))
+        x = tuple(int(v) for v in rng.integers(0, cfg.vocab_size, size=n))
+        pi = strategy_prior(x, cfg.strategies, cfg.prior, cfg.prior_strength)
+        s = cfg.strategies[int(rng.choice(len(cfg.strategies), p=pi))]
+        out.append(Pair(f"fresh-{i}", digits_to_text(x), digits_to_text(STRATEGIES[s](x)), s))
+    return out
+
+
 def write_benchmark(cfg: DataConfig, out_dir: Path | str) -> Path:
     """Generate train/val/test JSONL and ``metadata.json`` (parameters, sha256 per split).
 
