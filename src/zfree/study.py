@@ -110,7 +110,7 @@ def _prepare_data(preset: Preset, out: Path) -> Path:
     return write_benchmark(preset.data, out / "data")
 
 
-def _prepare_base(preset: Preset, out: Path, data_dir: Path, retrain: bool) -> Path:
+def _prepare_base(preset: Preset, out: Path, data_dir: Path, retrain: bool, progress: bool = True) -> Path:
     from zfree.base_training import train_base
 
     base = out / "base"
@@ -119,7 +119,7 @@ def _prepare_base(preset: Preset, out: Path, data_dir: Path, retrain: bool) -> P
     if preset.base is not None or retrain:
         if base.exists():
             shutil.rmtree(base)  # an unfinished base run (no reference yet) is rebuilt
-        train_base(data_dir, base, preset.base or BaseTrainConfig(), threads=2)
+        train_base(data_dir, base, preset.base or BaseTrainConfig(), threads=1, progress=progress)
         return base
     if not (SHIPPED_BASE / "reference" / "reference.json").exists():
         raise FileNotFoundError(f"the shipped base run {SHIPPED_BASE} has no reference/reference.json; "
@@ -159,7 +159,7 @@ def run_study(preset: str, out_dir: Path | str, *, retrain_base: bool = False, w
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     data_dir = _prepare_data(p, out)
-    base_dir = _prepare_base(p, out, data_dir, retrain_base)
+    base_dir = _prepare_base(p, out, data_dir, retrain_base, progress)
     flat = {**TrainConfig().to_flat(), **p.train, "data_dir": str(data_dir), "base_dir": str(base_dir)}
     points = expand_grid(flat, p.grid)
     statuses = run_points(points, out / "runs", workers=workers or p.workers, progress=progress)
