@@ -242,6 +242,15 @@ class AidConfig:
     """
 
     aid: Aid = "none"
+    # which latent value the decoder reconstructs with in the hard phase: the posterior's argmax
+    # (the prototype) or the best-reconstructing value k* (winner-take-all, classic hard EM)
+    hard_em_decoder: Literal["posterior_argmax", "best"] = "posterior_argmax"
+    # the KL of a confident posterior in the gate: log K (the issue's bound) or the router's
+    # actual cost -log p(k*|x) (tighter when K exceeds the number of strategies)
+    handover_kl: Literal["log_k", "router"] = "log_k"
+    # hand over once best < (1 - handover_margin) * collapsed: a margin starts the soft phase
+    # deeper in the z-on basin (at margin 0 a run that barely passed switched off again)
+    handover_margin: float = 0.0
     hard_em_max_steps: int = 600
     hard_em_lr_backbone: float = 1e-4  # the prototype's hard phase rate (soft phase: lr_backbone)
     handover_check_every: int = 50
@@ -253,10 +262,13 @@ class AidConfig:
 
     def __post_init__(self):
         _check_choice("aid", self.aid, Aid)
+        _check_choice("hard_em_decoder", self.hard_em_decoder, Literal["posterior_argmax", "best"])
+        _check_choice("handover_kl", self.handover_kl, Literal["log_k", "router"])
         for name in ("hard_em_max_steps", "handover_check_every", "handover_rows", "restart_dead_every",
                      "warmup_aid_steps"):
             _check_int(name, getattr(self, name), 0)
         _check_range("hard_em_lr_backbone", self.hard_em_lr_backbone, 0.0)
+        _check_range("handover_margin", self.handover_margin, 0.0, 0.99)
         _check_range("restart_dead_share", self.restart_dead_share, 0.0, 1.0)
         _check_range("latent_init_std", self.latent_init_std, 0.0)
         if self.aid == "hard_em_then_soft" and self.handover_check_every < 1:

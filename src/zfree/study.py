@@ -59,7 +59,8 @@ class Preset:
 #: The switch-on recipe of the aids issue: hard EM gated hand-over, order-keeping posterior
 #: features, more latent values than strategies, dead-value restarts (see AidConfig).
 HARD_EM_RECIPE = {"aid": "hard_em_then_soft", "n_latent": 6, "posterior_features": "mean_first",
-                  "restart_dead_every": 100, "hard_em_max_steps": 600, "handover_check_every": 50,
+                  "hard_em_decoder": "best", "handover_margin": 0.15,
+                  "restart_dead_every": 100, "hard_em_max_steps": 800, "handover_check_every": 50,
                   "handover_rows": 500}
 _AIDED_RUN = {"steps": 1000, "eval_every": 200, "eval_rows": 500, "decode_rows": 200}
 _WEIGHTINGS = [{"weighting": "plain"}, {"weighting": "distribution"}, {"weighting": "example", "epsilon": 0.05},

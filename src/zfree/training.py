@@ -148,7 +148,8 @@ def hard_em_objective(model: DiscreteCVAE, batch: Batch, cfg: TrainConfig, step:
     outer = cfg.objective.token_outer if cfg.objective.weighting == "token" else cfg.objective.weighting
     w = reconstruction_weight(outer, batch_size=len(batch), c_base=c_base, b=b, epsilon=cfg.objective.epsilon,
                               dtype=nll.dtype)
-    rec = nll.gather(1, z_hat[:, None]).squeeze(1)
+    z_dec = k_star if cfg.aid.hard_em_decoder == "best" else z_hat
+    rec = nll.gather(1, z_dec[:, None]).squeeze(1)
     ce_q = torch.nn.functional.cross_entropy(o.posterior_logits, k_star, reduction="none")
     ce_p = -(q_logp.detach().exp() * torch.log_softmax(o.prior_logits, -1)).sum(-1)
     contributions = {"hard_reconstruction": (w * rec).mean(), "posterior_ce": ce_q.mean(), "router_ce": ce_p.mean()}
@@ -161,26 +162,30 @@ def hard_em_objective(model: DiscreteCVAE, batch: Batch, cfg: TrainConfig, step:
 @torch.no_grad()
 def handover_gate(model: DiscreteCVAE, encoded, b: np.ndarray, cfg: TrainConfig, c_base: float, pad_id: int) -> dict:
     """Hand-over diagnostic: is the best-z state already better than collapse under the *true*
-    objective? best = mean_i(w_i * min_k nll_k(i)) + beta * log K (a confident posterior against a
-    uniform router), collapsed = mean_i(w_i * b_i). For distribution weighting this is
-    oracle_rho + beta * log K < 1 (issue: switch-on)."""
+    objective? best = mean_i(w_i * min_k nll_k(i)) + beta * KL, collapsed = mean_i(w_i * b_i),
+    with KL = log K (a confident posterior against a uniform router; ``handover_kl='log_k'``) or
+    the router's current cost mean_i -log p(k*_i | x_i) (``'router'``). For distribution weighting
+    and log K this is oracle_rho + beta * log K < 1 (issue: switch-on)."""
     was = model.training
     model.eval()
-    oracle = []
+    oracle, router_cost = [], []
     for i in range(0, len(encoded), 128):
         batch = collate(encoded[i : i + 128], pad_id=pad_id)
         o = model(batch)
-        oracle.append(masked_mean_token_nll(-o.target_logprobs, batch.target_mask).min(-1).values)
+        best = masked_mean_token_nll(-o.target_logprobs, batch.target_mask).min(-1)
+        oracle.append(best.values)
+        router_cost.append(-torch.log_softmax(o.prior_logits, -1).gather(1, best.indices[:, None]).squeeze(1))
     model.train(was)
     oracle_nll = torch.cat(oracle).double()
+    kl = math.log(model.n_latent) if cfg.aid.handover_kl == "log_k" else float(torch.cat(router_cost).mean())
     bb = torch.as_tensor(b, dtype=torch.float64)
     outer = cfg.objective.token_outer if cfg.objective.weighting == "token" else cfg.objective.weighting
     w = reconstruction_weight(outer, batch_size=len(bb), c_base=c_base, b=bb, epsilon=cfg.objective.epsilon,
                               dtype=torch.float64)
-    best = float((w * oracle_nll).mean()) + cfg.objective.beta * math.log(model.n_latent)
+    best = float((w * oracle_nll).mean()) + cfg.objective.beta * kl
     collapsed = float((w * bb).mean())
     return {"oracle_rho": float(oracle_nll.mean()) / c_base, "best_objective": best, "collapsed_objective": collapsed,
-            "pass": best < collapsed}
+            "kl_estimate": kl, "pass": best < (1.0 - cfg.aid.handover_margin) * collapsed}
 
 
 # ---------------------------------------------------------------------------- checkpoints
