@@ -97,15 +97,20 @@ def generate_split(cfg: DataConfig, split: str, n_rows: int) -> list[dict]:
     rng = np.random.default_rng([cfg.seed, split_index])
     rows = []
     for i in range(n_rows):
-        n = int(rng.integers(cfg.n_min, cfg.n_max + 1))
-        x = tuple(int(v) for v in rng.integers(0, cfg.vocab_size, size=n))
-        pi = strategy_prior(x, cfg.strategies, cfg.prior, cfg.prior_strength)
-        s = cfg.strategies[int(rng.choice(len(cfg.strategies), p=pi))]
+        x, s = _draw(cfg, rng)
         y = STRATEGIES[s](x)
         nll, m = bayes_nll(x, y, cfg.strategies, cfg.prior, cfg.prior_strength)
         rows.append({"id": f"{split}-{i:06d}", "x": digits_to_text(x), "y": digits_to_text(y),
                      "strategy": s, "bayes_nll": nll, "n_consistent": m})
     return rows
+
+
+def _draw(cfg: DataConfig, rng: np.random.Generator) -> tuple[Digits, str]:
+    """One x (length uniform in [n_min, n_max], digits uniform) and its strategy s ~ pi(s | x)."""
+    n = int(rng.integers(cfg.n_min, cfg.n_max + 1))
+    x = tuple(int(v) for v in rng.integers(0, cfg.vocab_size, size=n))
+    pi = strategy_prior(x, cfg.strategies, cfg.prior, cfg.prior_strength)
+    return x, cfg.strategies[int(rng.choice(len(cfg.strategies), p=pi))]
 
 
 def sample_pairs(cfg: DataConfig, rng: np.random.Generator, n_rows: int) -> list:
@@ -115,10 +120,7 @@ def sample_pairs(cfg: DataConfig, rng: np.random.Generator, n_rows: int) -> list
 
     out = []
     for i in range(n_rows):
-        n = int(rng.integers(cfg.n_min, cfg.n_max + 1))
-        x = tuple(int(v) for v in rng.integers(0, cfg.vocab_size, size=n))
-        pi = strategy_prior(x, cfg.strategies, cfg.prior, cfg.prior_strength)
-        s = cfg.strategies[int(rng.choice(len(cfg.strategies), p=pi))]
+        x, s = _draw(cfg, rng)
         out.append(Pair(f"fresh-{i}", digits_to_text(x), digits_to_text(STRATEGIES[s](x)), s))
     return out
 
