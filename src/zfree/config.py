@@ -213,9 +213,13 @@ class OptimConfig:
     threads: int = 1  # torch threads; one per worker when runs go in parallel
     device: str = "cpu"
     checkpoint_every: int = 0  # steps between resumable checkpoints (0 = only at evaluations)
+    # adamw is invariant to the scale of the loss, so `distribution` at beta trains like `plain` at
+    # beta * c_base; sgd is not (kept to show the difference)
+    optimizer: Literal["adamw", "sgd"] = "adamw"
 
     def __post_init__(self):
         _check_int("checkpoint_every", self.checkpoint_every, 0)
+        _check_choice("optimizer", self.optimizer, Literal["adamw", "sgd"])
         for name in ("steps", "batch_size", "eval_every", "threads"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be an integer >= 1")

@@ -66,9 +66,11 @@ def build_optimizer(model: DiscreteCVAE, cfg: TrainConfig, log=print) -> torch.o
     if log:
         log(f"parameters: backbone {sum(p.numel() for p in backbone):,} (from the base model), "
             f"new {sum(p.numel() for p in new):,} ({', '.join(model.new_parameter_names())}), frozen {frozen:,}")
-    return torch.optim.AdamW([{"params": backbone, "lr": cfg.optim.lr_backbone, "name": "backbone"},
-                              {"params": new, "lr": cfg.optim.lr_new, "name": "new"}],
-                             weight_decay=cfg.optim.weight_decay)
+    groups = [{"params": backbone, "lr": cfg.optim.lr_backbone, "name": "backbone"},
+              {"params": new, "lr": cfg.optim.lr_new, "name": "new"}]
+    if cfg.optim.optimizer == "sgd":
+        return torch.optim.SGD(groups, weight_decay=cfg.optim.weight_decay)
+    return torch.optim.AdamW(groups, weight_decay=cfg.optim.weight_decay)
 
 
 @dataclass
