@@ -61,7 +61,8 @@ if not aided.empty:
         gate = read_json(f"{r['run_dir']}/summary.json").get("aid/gate") or []
         if gate:
             g = pd.DataFrame(gate)
-            line, = ax.plot(g["step"], g["best_objective"] / g["collapsed_objective"], marker=".", label=sweep.label(r))
+            ax.plot(g["step"], g["best_objective"] / g["collapsed_objective"], marker=".",
+                    label=f"{sweep.label(r)} K={r.get('n_latent')} {r.get('posterior_features')} ({r['run_id'][-8:]})")
     ax.axhline(1.0, color="gray", lw=0.8)
     ax.set_xlabel("step (hard phase)")
     ax.set_ylabel("best-z objective / collapsed objective")
