@@ -25,6 +25,7 @@ from zfree.losses import (assemble_objective, inter_latent_jsd, masked_mean_toke
                           weighted_mean_token_nll)
 from zfree.losses import assemble_gaussian_objective
 from zfree.models.continuous import ContinuousCVAE
+from zfree.models.base import greedy_decode_with_latents
 from zfree.models.discrete import DiscreteCVAE, injection_mask
 from zfree.theory import predicted_use
 
@@ -198,32 +199,8 @@ def greedy_decode(model: DiscreteCVAE, prefixes: Sequence[Sequence[int]], z: Seq
     """Greedy decoding of y given the prefix and a latent value per row; rows are grouped by
     prefix length so no padding is needed. Returns the generated ids without the end token."""
     dev = next(model.parameters()).device
-    out: list[list[int]] = [[] for _ in prefixes]
-    groups: dict[int, list[int]] = {}
-    for i, p in enumerate(prefixes):
-        groups.setdefault(len(p), []).append(i)
-    emb_layer = model.backbone.get_input_embeddings()
-    head = model.backbone.get_output_embeddings()
-    for P, idx in groups.items():
-        ids = torch.tensor([list(prefixes[i]) for i in idx], device=dev)
-        lat = model.latent_embedding(torch.tensor([z[i] for i in idx], device=dev))  # (G, D)
-        done = torch.zeros(len(idx), dtype=torch.bool, device=dev)
-        for _ in range(max_new_tokens):
-            T = ids.shape[1]
-            emb = emb_layer(ids)
-            inj = (torch.arange(T, device=dev) >= P - 1).to(emb.dtype)
-            emb = emb + inj[None, :, None] * lat[:, None, :]
-            h = model.backbone.base_model(inputs_embeds=emb, use_cache=False).last_hidden_state[:, -1]
-            nxt = head(h).argmax(-1)
-            nxt = torch.where(done, torch.full_like(nxt, eos_id), nxt)
-            ids = torch.cat([ids, nxt[:, None]], 1)
-            done |= nxt == eos_id
-            if done.all():
-                break
-        for r, i in enumerate(idx):
-            gen = ids[r, P:].tolist()
-            out[i] = gen[: gen.index(eos_id)] if eos_id in gen else gen
-    return out
+    latents = model.latent_embedding(torch.as_tensor(list(z), device=dev))  # (N, D)
+    return greedy_decode_with_latents(model.backbone, prefixes, latents, eos_id=eos_id, max_new_tokens=max_new_tokens)
 
 
 def decode_metrics(model: DiscreteCVAE, encoded: Sequence[EncodedPair], pairs: Sequence[Pair], router: np.ndarray,

@@ -74,3 +74,36 @@ def target_logprobs_from_hidden(model, hidden: Float[torch.Tensor, "batch seq d_
 def target_logprobs(model, batch: Batch, inputs_embeds: torch.Tensor | None = None) -> Float[torch.Tensor, "batch seq"]:
     """Per-token log-probs of the supervised y-region under ``model`` (see ``target_logprobs_from_hidden``)."""
     return target_logprobs_from_hidden(model, hidden_states(model, batch, inputs_embeds), batch)
+
+
+@torch.no_grad()
+def greedy_decode_with_latents(backbone, prefixes, latents: Float[torch.Tensor, "rows d_model"], *, eos_id: int,
+                               max_new_tokens: int) -> list[list[int]]:
+    """Greedy decoding of y after each prefix ([bos] + x + [sep]) with one latent vector per row
+    added to the input embeddings at the separator and every generated position (as in training).
+    Rows are grouped by prefix length, so no padding is needed. Returns the generated ids without
+    the end token. Shared by the discrete (latent = e_z) and continuous (latent = W z) CVAEs."""
+    dev = latents.device
+    out: list[list[int]] = [[] for _ in prefixes]
+    groups: dict[int, list[int]] = {}
+    for i, p in enumerate(prefixes):
+        groups.setdefault(len(p), []).append(i)
+    emb_layer, head = backbone.get_input_embeddings(), backbone.get_output_embeddings()
+    for P, idx in groups.items():
+        ids = torch.tensor([list(prefixes[i]) for i in idx], device=dev)
+        lat = latents[idx]  # (G, D)
+        done = torch.zeros(len(idx), dtype=torch.bool, device=dev)
+        for _ in range(max_new_tokens):
+            T = ids.shape[1]
+            inj = (torch.arange(T, device=dev) >= P - 1).to(lat.dtype)  # separator and y positions
+            emb = emb_layer(ids) + inj[None, :, None] * lat[:, None, :]
+            nxt = head(backbone.base_model(inputs_embeds=emb, use_cache=False).last_hidden_state[:, -1]).argmax(-1)
+            nxt = torch.where(done, torch.full_like(nxt, eos_id), nxt)
+            ids = torch.cat([ids, nxt[:, None]], 1)
+            done |= nxt == eos_id
+            if done.all():
+                break
+        for r, i in enumerate(idx):
+            gen = ids[r, P:].tolist()
+            out[i] = gen[: gen.index(eos_id)] if eos_id in gen else gen
+    return out

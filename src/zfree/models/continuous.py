@@ -25,7 +25,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from zfree.data.batching import Batch
-from zfree.models.base import hidden_states
+from zfree.models.base import greedy_decode_with_latents, hidden_states
 from zfree.models.discrete import _CACHE_KW, _layer_kv, _repeat_batch, injection_mask
 from zfree.models.encoder import build_posterior_encoder
 
@@ -200,27 +200,5 @@ class ContinuousCVAE(nn.Module):
         """Greedy decoding of y given each prefix ([bos] + x + [sep]) and one latent vector per row;
         rows are grouped by prefix length (no padding). Returns generated ids without the end token."""
         dev = next(self.parameters()).device
-        out: list[list[int]] = [[] for _ in prefixes]
-        groups: dict[int, list[int]] = {}
-        for i, p in enumerate(prefixes):
-            groups.setdefault(len(p), []).append(i)
-        emb_layer, head = self.backbone.get_input_embeddings(), self.backbone.get_output_embeddings()
-        lat_all = self.latent_proj(z.to(dev))  # (N, D)
-        for P, idx in groups.items():
-            ids = torch.tensor([list(prefixes[i]) for i in idx], device=dev)
-            lat = lat_all[idx]
-            done = torch.zeros(len(idx), dtype=torch.bool, device=dev)
-            for _ in range(max_new_tokens):
-                T = ids.shape[1]
-                inj = (torch.arange(T, device=dev) >= P - 1).to(lat.dtype)  # separator and y positions
-                emb = emb_layer(ids) + inj[None, :, None] * lat[:, None, :]
-                nxt = head(self.backbone.base_model(inputs_embeds=emb, use_cache=False).last_hidden_state[:, -1]).argmax(-1)
-                nxt = torch.where(done, torch.full_like(nxt, eos_id), nxt)
-                ids = torch.cat([ids, nxt[:, None]], 1)
-                done |= nxt == eos_id
-                if done.all():
-                    break
-            for r, i in enumerate(idx):
-                gen = ids[r, P:].tolist()
-                out[i] = gen[: gen.index(eos_id)] if eos_id in gen else gen
-        return out
+        return greedy_decode_with_latents(self.backbone, prefixes, self.latent_proj(z.to(dev)), eos_id=eos_id,
+                                          max_new_tokens=max_new_tokens)
