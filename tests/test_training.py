@@ -174,3 +174,20 @@ def test_adam_trains_identically_along_constant_beta_over_w(tiny, tmp_path):
         assert a == pytest.approx(b, rel=1e-4, abs=1e-6), k
     sgd = _same_beta_over_w(tiny, tmp_path, "sgd", 1.0)
     assert any(abs(a - b) > 1e-3 * max(abs(a), abs(b), 1e-6) for a, b in sgd.values()), sgd
+
+
+def test_resume_on_a_changed_base_model_is_refused(tiny, tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    data, base = tiny
+    mine = tmp_path / "base"
+    shutil.copytree(base, mine)
+    cfg = _cfg(data, mine, steps=6, c_base_source="pretrained_source")
+    train_cvae(cfg, tmp_path / "run", progress=False, stop_after=3)
+    m = AutoModelForCausalLM.from_pretrained(mine / "model", local_files_only=True)
+    with torch.no_grad():
+        next(m.parameters()).add_(0.01)
+    m.save_pretrained(mine / "model")
+    with pytest.raises(ValueError, match="refusing to resume"):
+        train_cvae(cfg, tmp_path / "run", progress=False)

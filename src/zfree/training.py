@@ -232,6 +232,12 @@ def _config_record(cfg: TrainConfig, c_base: float, ref, data_dir: Path) -> dict
             "_base_model_sha256": ref.meta.get("model_sha256"), "_reference": ref.meta}
 
 
+def _loaded_base_sha(backbone) -> str:
+    from zfree.io import sha256_state_dict
+
+    return sha256_state_dict(backbone.state_dict())
+
+
 def _token_matrix(batch: Batch, rows: list[np.ndarray]) -> torch.Tensor:
     out = torch.zeros(batch.target_mask.shape, dtype=torch.float32)
     for r, s in enumerate(rows):
@@ -267,6 +273,12 @@ def train_cvae(cfg: TrainConfig, out_dir: Path | str, progress: bool = True, sto
     needs_tok = cfg.objective.weighting == "token"
     ref = resolve_reference(cfg.objective.c_base_source, base_dir, data_dir, "val", model=backbone, tokenizer=tok)
     c_base = ref.c_base
+    if (out / "config.json").exists():  # a resumed run must continue on the very same base model
+        stored = read_json(out / "config.json").get("_base_model_sha256_loaded")
+        now = _loaded_base_sha(backbone)
+        if stored is not None and stored != now:
+            raise ValueError(f"{out} was trained from a base model with sha256 {stored[:12]}..., but "
+                             f"{base_dir / 'model'} now has {now[:12]}...; refusing to resume")
     train_ref = None
     if cfg.objective.needs_example_b:  # b (and b_t) on training rows: scored once with the frozen base, cached
         train_ref = resolve_reference("pretrained_source", base_dir, data_dir, "train", model=backbone, tokenizer=tok)
@@ -292,7 +304,8 @@ def train_cvae(cfg: TrainConfig, out_dir: Path | str, progress: bool = True, sto
 
     out.mkdir(parents=True, exist_ok=True)
     if not (out / "config.json").exists():
-        atomic_write_json(out / "config.json", _config_record(cfg, c_base, ref, data_dir))
+        atomic_write_json(out / "config.json", {**_config_record(cfg, c_base, ref, data_dir),
+                                                "_base_model_sha256_loaded": _loaded_base_sha(backbone)})
     opt = build_optimizer(model, cfg, log=print if progress else None)
     rng = np.random.default_rng(cfg.optim.seed)
     state = _load_checkpoint(out, model, opt, rng)
