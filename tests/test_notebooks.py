@@ -4,7 +4,6 @@ parameters are the flat config; every analysis notebook runs through papermill a
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import jupytext
 import nbformat

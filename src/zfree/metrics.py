@@ -26,7 +26,7 @@ from zfree.losses import (assemble_objective, inter_latent_jsd, masked_mean_toke
 from zfree.losses import assemble_gaussian_objective
 from zfree.models.continuous import ContinuousCVAE
 from zfree.models.base import greedy_decode_with_latents
-from zfree.models.discrete import DiscreteCVAE, injection_mask
+from zfree.models.discrete import DiscreteCVAE
 from zfree.theory import predicted_use
 
 CODE_USED_FRACTION = 0.01  # a latent value counts as used if it is the posterior argmax of >= 1% of rows
@@ -63,7 +63,7 @@ def evaluate(model: DiscreteCVAE | ContinuousCVAE, encoded: Sequence[EncodedPair
     dev = next(model.parameters()).device
     K = model.n_latent
     rows = []
-    feats, nll_k_all, q_all, p_all, jsd_all, fr = [], [], [], [], [], []
+    feats, q_all, p_all, fr = [], [], [], []
     for i, batch in _batches(encoded, batch_size, pad_id):
         batch = batch.to(dev)
         out = model(batch, with_distributions=True)

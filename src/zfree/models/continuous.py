@@ -25,7 +25,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from zfree.data.batching import Batch
-from zfree.models.base import greedy_decode_with_latents, hidden_states
+from zfree.models.base import greedy_decode_with_latents, hidden_states, target_logprobs_from_hidden
 from zfree.models.discrete import _CACHE_KW, _layer_kv, _repeat_batch, injection_mask
 from zfree.models.encoder import build_posterior_encoder
 
@@ -175,10 +175,7 @@ class ContinuousCVAE(nn.Module):
         B, T = batch.input_ids.shape
         n = z.shape[1]
         predict = batch.target_mask[:, 1:]  # (B, T-1): position t-1 predicts supervised token t
-        lp0 = torch.log_softmax(head(h0[:, :-1][predict]).float(), -1).gather(
-            -1, batch.input_ids[:, 1:][predict][:, None]).squeeze(-1)
-        t0 = h0.new_zeros((B, T), dtype=torch.float32)
-        t0[:, 1:][predict] = lp0
+        t0 = target_logprobs_from_hidden(self.backbone, h0, batch)  # the current backbone without z
         sel_t = predict[:, None].expand(B, n, T - 1)
         if self.shared_prefix:
             hz, valid = self.decoder_suffix_shared_prefix(batch, cache, z)  # (B, n, L, D)

@@ -23,7 +23,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from zfree.data.batching import Batch
-from zfree.models.base import hidden_states
+from zfree.models.base import hidden_states, target_logprobs_from_hidden
 from zfree.models.encoder import build_posterior_encoder
 
 
@@ -183,11 +183,7 @@ class DiscreteCVAE(nn.Module):
         lp = logp_all.gather(-1, tokens[:, None]).squeeze(-1)
         tlp = hz.new_zeros((B, K, T), dtype=torch.float32)
         tlp[:, :, 1:][predict[:, None].expand(B, K, T - 1)] = lp
-        # z-free log-probs of the current backbone (monitoring; same head, same positions)
-        lp0 = torch.log_softmax(head(h0[:, :-1][predict]).float(), -1).gather(
-            -1, batch.input_ids[:, 1:][predict][:, None]).squeeze(-1)
-        t0 = h0.new_zeros((B, T), dtype=torch.float32)
-        t0[:, 1:][predict] = lp0
+        t0 = target_logprobs_from_hidden(self.backbone, h0, batch)  # the current backbone without z
         out = DiscreteCVAEOutput(q_logits, p_logits, tlp, feats, t0)
         if with_distributions:
             P = int(batch.target_len.max())
@@ -206,10 +202,7 @@ class DiscreteCVAE(nn.Module):
         B, T = batch.input_ids.shape
         K = self.n_latent
         predict = batch.target_mask[:, 1:]
-        lp0 = torch.log_softmax(head(h0[:, :-1][predict]).float(), -1).gather(
-            -1, batch.input_ids[:, 1:][predict][:, None]).squeeze(-1)
-        t0 = h0.new_zeros((B, T), dtype=torch.float32)
-        t0[:, 1:][predict] = lp0
+        t0 = target_logprobs_from_hidden(self.backbone, h0, batch)  # the current backbone without z
         hz, valid = self.decoder_suffix_shared_prefix(batch, cache)  # (B, K, L, D), (B, L)
         L = hz.shape[2]
         sel = valid[:, None].expand(B, K, L)
