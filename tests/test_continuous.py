@@ -22,7 +22,7 @@ from zfree.losses import assemble_gaussian_objective, free_bits_per_dim, gaussia
 from zfree.metrics import active_units, gaussian_mutual_information
 from zfree.models.base import build_synthetic_gpt2, target_logprobs
 from zfree.models.continuous import ContinuousCVAE
-from zfree.models.discrete import injection_mask
+from zfree.models.injection import injection_mask
 from zfree.training import TIMING_KEYS, train_cvae
 
 PAIRS = [Pair("a", "1 2 3", "3 2 1"), Pair("b", "4 5 6 7 8 9 0", "0 9 8 7 6 5 4"), Pair("c", "", "1"),

@@ -138,20 +138,28 @@ def continuous_objective(model: ContinuousCVAE, batch: Batch, cfg: TrainConfig, 
 
 def hard_em_objective(model: DiscreteCVAE, batch: Batch, cfg: TrainConfig, step: int, c_base: float,
                       b: torch.Tensor | None) -> tuple[ObjectiveBreakdown, torch.Tensor]:
-    """Hard EM: the decoder reconstructs with the posterior's argmax only; the posterior is trained
-    by cross-entropy toward the best-reconstructing value k* = argmin_k nll_k (ties: the posterior's
-    argmax); the router by cross-entropy toward the (detached) posterior. Returns the breakdown and
-    the posterior argmax (batch,)."""
-    o = model(batch)
-    nll = masked_mean_token_nll(-o.target_logprobs, batch.target_mask)  # (B, K)
+    """Hard EM (mixture-of-experts translation, Shen et al. 2019, "hard-MoE"): the decoder reconstructs
+    with one value per example, the best-reconstructing k* = argmin_k nll_k (``hard_em_decoder='best'``,
+    winner-take-all; ties: the posterior's argmax) or the posterior's argmax; the posterior is trained
+    by cross-entropy toward k*; the router by cross-entropy toward the (detached) posterior. The K-way
+    nll that picks k* is computed without gradient and only the decoded value's pass is
+    differentiated (``DiscreteCVAE.forward_selected``). Returns the breakdown and the posterior
+    argmax (batch,)."""
+    outer = cfg.objective.token_outer if cfg.objective.weighting == "token" else cfg.objective.weighting
+
+    def choose(o):  # k* from the detached K-way log-probs; the decoded value: k* or the posterior's argmax
+        nll = masked_mean_token_nll(-o.target_logprobs, batch.target_mask)  # (B, K)
+        q = torch.softmax(o.posterior_logits.detach(), -1)
+        choose.k_star = (nll - 1e-7 * q).argmin(-1)
+        return choose.k_star if cfg.aid.hard_em_decoder == "best" else q.argmax(-1)
+
+    o, tlp_z, _ = model.forward_selected(batch, choose)  # only the decoded value's passes carry gradient
+    k_star = choose.k_star
     q_logp = torch.log_softmax(o.posterior_logits, -1)
     z_hat = q_logp.argmax(-1)
-    k_star = (nll.detach() - 1e-7 * q_logp.detach().exp()).argmin(-1)
-    outer = cfg.objective.token_outer if cfg.objective.weighting == "token" else cfg.objective.weighting
+    rec = masked_mean_token_nll(-tlp_z, batch.target_mask)  # (B,)
     w = reconstruction_weight(outer, batch_size=len(batch), c_base=c_base, b=b, epsilon=cfg.objective.epsilon,
-                              dtype=nll.dtype)
-    z_dec = k_star if cfg.aid.hard_em_decoder == "best" else z_hat
-    rec = nll.gather(1, z_dec[:, None]).squeeze(1)
+                              dtype=rec.dtype)
     ce_q = torch.nn.functional.cross_entropy(o.posterior_logits, k_star, reduction="none")
     ce_p = -(q_logp.detach().exp() * torch.log_softmax(o.prior_logits, -1)).sum(-1)
     contributions = {"hard_reconstruction": (w * rec).mean(), "posterior_ce": ce_q.mean(), "router_ce": ce_p.mean()}

@@ -22,12 +22,12 @@ from typing import Literal, Sequence
 import torch
 from jaxtyping import Bool, Float
 from torch import nn
-from transformers import DynamicCache
 
 from zfree.data.batching import Batch
-from zfree.models.base import greedy_decode_with_latents, hidden_states, target_logprobs_from_hidden
-from zfree.models.discrete import _CACHE_KW, _layer_kv, _repeat_batch, injection_mask
+from zfree.models.base import greedy_decode_with_latents, target_logprobs_from_hidden
 from zfree.models.encoder import build_posterior_encoder
+from zfree.models.injection import (decoder_hidden_full, decoder_hidden_suffix, full_target_logprobs,
+                                    suffix_target_logprobs, zfree_pass)
 
 LatentPrior = Literal["learned", "standard"]
 
@@ -110,23 +110,14 @@ class ContinuousCVAE(nn.Module):
         return mu_q, logvar_q, mu_p, logvar_p, feats
 
     def _zfree_pass(self, batch: Batch, use_cache: bool):
-        out = self.backbone.base_model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                                       use_cache=use_cache)
-        return out.last_hidden_state, (getattr(out, "cache", None) or out.past_key_values) if use_cache else None
+        return zfree_pass(self.backbone, batch, use_cache)
 
     # -------------------------------------------------------------------- decoder
 
     def decoder_hidden_naive(self, batch: Batch, z: Float[torch.Tensor, "batch n_samples d_latent"]
                              ) -> Float[torch.Tensor, "batch n_samples seq d_model"]:
         """Decoder hidden states for each sample by a full pass over the whole sequence (reference path)."""
-        B, T = batch.input_ids.shape
-        n = z.shape[1]
-        emb = self.backbone.get_input_embeddings()(batch.input_ids)  # (B, T, D)
-        inj = injection_mask(batch).to(emb.dtype)  # (B, T)
-        lat = self.latent_proj(z)  # (B, n, D)
-        x = emb[:, None] + inj[:, None, :, None] * lat[:, :, None, :]  # (B, n, T, D)
-        h = hidden_states(self.backbone, _repeat_batch(batch, n), inputs_embeds=x.reshape(B * n, T, -1))
-        return h.reshape(B, n, T, -1)
+        return decoder_hidden_full(self.backbone, batch, self.latent_proj(z))
 
     def decoder_suffix_shared_prefix(self, batch: Batch, cache, z: Float[torch.Tensor, "batch n_samples d_latent"]
                                      ) -> tuple[torch.Tensor, Bool[torch.Tensor, "batch pos"]]:
@@ -134,26 +125,7 @@ class ContinuousCVAE(nn.Module):
         cache of the x-prefix; returns (hidden (B, n, L, D) at the positions predicting S, valid (B, L)).
         Same layout as ``DiscreteCVAE.decoder_suffix_shared_prefix`` with W z_s in place of e_k;
         equals ``decoder_hidden_naive`` (tested)."""
-        B, T = batch.input_ids.shape
-        n = z.shape[1]
-        Pc = int(batch.prefix_len.max()) - 1  # cached prefix slots (without the separator)
-        L = int(batch.target_len.max())
-        dev = batch.input_ids.device
-        j = torch.arange(L, device=dev)[None, :]
-        valid = j < batch.target_len[:, None]  # (B, L)
-        pos = (batch.prefix_len - 1)[:, None] + j  # (B, L) positions of sep, y_0 .. y_{|S|-2}
-        ids = batch.input_ids.gather(1, pos.clamp_max(T - 1))
-        emb = self.backbone.get_input_embeddings()(ids)  # (B, L, D)
-        x = emb[:, None] + self.latent_proj(z)[:, :, None, :]  # (B, n, L, D)
-        prefix_cache = DynamicCache(ddp_cache_data=[(k[:, :, :Pc].repeat_interleave(n, 0),
-                                                     v[:, :, :Pc].repeat_interleave(n, 0))
-                                                    for k, v in _layer_kv(cache)])
-        pre_mask = torch.arange(Pc, device=dev)[None, :] < (batch.prefix_len - 1)[:, None]  # (B, Pc)
-        mask = torch.cat([pre_mask, valid], 1).long().repeat_interleave(n, 0)  # (B*n, Pc + L)
-        h = self.backbone.base_model(inputs_embeds=x.reshape(B * n, L, -1), attention_mask=mask,
-                                     position_ids=pos.repeat_interleave(n, 0),
-                                     use_cache=True, **{_CACHE_KW: prefix_cache}).last_hidden_state
-        return h.reshape(B, n, L, -1), valid
+        return decoder_hidden_suffix(self.backbone, batch, cache, self.latent_proj(z))
 
     def sample_posterior(self, mu: torch.Tensor, logvar: torch.Tensor, n_samples: int,
                          generator: torch.Generator | None = None) -> Float[torch.Tensor, "batch n_samples d_latent"]:
@@ -171,22 +143,12 @@ class ContinuousCVAE(nn.Module):
         mu_q, logvar_q, mu_p, logvar_p, feats = self.heads_from_hidden(h0, batch)
         if z is None:
             z = self.sample_posterior(mu_q, logvar_q, n_samples or self.n_samples, generator)
-        head = self.backbone.get_output_embeddings()
-        B, T = batch.input_ids.shape
-        n = z.shape[1]
-        predict = batch.target_mask[:, 1:]  # (B, T-1): position t-1 predicts supervised token t
         t0 = target_logprobs_from_hidden(self.backbone, h0, batch)  # the current backbone without z
-        sel_t = predict[:, None].expand(B, n, T - 1)
         if self.shared_prefix:
             hz, valid = self.decoder_suffix_shared_prefix(batch, cache, z)  # (B, n, L, D)
-            L = hz.shape[2]
-            hsel = hz[valid[:, None].expand(B, n, L)]  # (N, D) in (b, s, position) order
+            tlp, _ = suffix_target_logprobs(self.backbone, batch, hz, valid)
         else:
-            hsel = self.decoder_hidden_naive(batch, z)[:, :, :-1][sel_t]
-        tokens = batch.input_ids[:, 1:][:, None].expand(B, n, T - 1)[sel_t]
-        lp = torch.log_softmax(head(hsel).float(), -1).gather(-1, tokens[:, None]).squeeze(-1)
-        tlp = h0.new_zeros((B, n, T), dtype=torch.float32)
-        tlp[:, :, 1:][sel_t] = lp
+            tlp, _ = full_target_logprobs(self.backbone, batch, self.decoder_hidden_naive(batch, z))
         return ContinuousCVAEOutput(mu_q, logvar_q, mu_p, logvar_p, z, tlp, feats, t0)
 
     # -------------------------------------------------------------------- generation
