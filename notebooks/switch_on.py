@@ -80,3 +80,37 @@ for _, r in aided.iterrows():
     if "n_consistent" in pe and pe["strategy"].notna().all():
         display(Markdown(f"**{sweep.label(r)}** (`{r['run_id']}`)"))
         display(confusion(pe))
+
+# %% [markdown]
+# ## The phase boundary: measured against predicted
+#
+# For every weighting swept over at least three β values (e.g. `zfree sweep
+# analysis/sweeps/phase_boundary.yaml`): the β at which the measured rate falls to half its plateau
+# against the same point of the predicted rate (DESIGN §1, with the base model's excess over the
+# Bayes loss). The target: within ±25%.
+
+# %%
+from zfree.plotting import plot_phase_boundary, plot_use_by_length
+
+boundary = sweep.phase_boundary()
+if boundary.empty:
+    display(Markdown("No weighting has runs at three or more β values here: no boundary to measure."))
+else:
+    display(boundary.round(3))
+    pb_runs = runs[runs["weighting"].isin(boundary["weighting"])]
+    plot_phase_boundary(pb_runs, sweep.theory_curves(), boundary)
+    plt.show()
+
+# %% [markdown]
+# ## The staircase: use per length under `distribution` weighting
+#
+# With ragged lengths the distribution weighting predicts β* = 1/(|S| c_base): short examples
+# switch on first. Measured use per |S| (KL at least half the example's Bayes rate) against it.
+
+# %%
+use = sweep.use_by_length("distribution")
+if use.empty:
+    display(Markdown("No `distribution` runs with per-example use here."))
+else:
+    plot_use_by_length(use)
+    plt.show()

@@ -151,3 +151,30 @@ def _close():
     import matplotlib.pyplot as plt
 
     plt.close("all")
+
+
+def test_phase_boundary_draws_measured_rate_prediction_and_both_half_betas():
+    runs = _runs()
+    curves = pd.DataFrame({"weighting": "plain", "beta": np.geomspace(0.01, 3, 50)})
+    curves["predicted_rate"] = np.where(curves["beta"] < 0.1, 1.4, 0.0)
+    boundary = pd.DataFrame([{"weighting": "plain", "aid": "none", "beta_half_measured": 0.2,
+                              "beta_half_predicted": 0.1, "ratio": 2.0}])
+    fig = P.plot_phase_boundary(runs, curves, boundary)
+    ax = fig.axes[0]
+    measured = [ln for ln in ax.lines if ln.get_label().startswith("measured plain")][0]
+    np.testing.assert_allclose(measured.get_xdata(), [0.03, 0.3, 1.0])
+    np.testing.assert_allclose(measured.get_ydata(), [1 / 0.03, 1 / 0.3, 1.0])
+    vlines = {round(float(ln.get_xdata()[0]), 6) for ln in ax.lines if len(set(ln.get_xdata())) == 1}
+    assert {0.1, 0.2} <= vlines
+    assert any("2.00× predicted" in ln.get_label() for ln in ax.lines)
+    assert any(ln.get_label() == "predicted rate" for ln in ax.lines)
+
+
+def test_use_by_length_draws_measured_and_predicted_per_beta():
+    use = pd.DataFrame({"n_tokens": [5, 9, 13] * 2, "measured_use": [1, 0.5, 0, 1, 1, 1],
+                        "predicted_use": [1, 1, 0, 1, 1, 1], "beta": [0.9] * 3 + [0.3] * 3, "aid": "hard_em_then_soft"})
+    ax = P.plot_use_by_length(use).axes[0]
+    by = {ln.get_label(): ln for ln in ax.lines}
+    np.testing.assert_allclose(by["β=0.9 hard_em_then_soft measured"].get_ydata(), [1, 0.5, 0])
+    np.testing.assert_allclose(by["β=0.9 predicted"].get_ydata(), [1, 1, 0])
+    assert len(ax.lines) == 4

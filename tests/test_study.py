@@ -40,3 +40,30 @@ def test_rerun_skips_finished_runs(smoke):
 def test_unknown_preset_lists_valid_ones(tmp_path):
     with pytest.raises(ValueError, match="default"):
         run_study("nope", tmp_path)
+
+
+def test_default_preset_has_each_weighting_without_and_with_the_aid_inside_its_boundary():
+    """Every figure of the default report needs, per weighting, a run where z collapses (no aid) and
+    one where it switches on; the aided betas must lie where theory predicts use for most rows."""
+    import numpy as np
+
+    from zfree.data.pairs import load_pairs
+    from zfree.study import PRESETS, SHIPPED_BASE, SHIPPED_DATA
+    from zfree.sweeps import expand_grid
+    from zfree.theory import predict_curve
+
+    p = PRESETS["default"]
+    pts = [q.params for q in expand_grid(p.train, p.grid)]
+    assert sorted((q["weighting"], q["aid"]) for q in pts) == sorted(
+        (w, a) for w in ("plain", "distribution", "example", "token") for a in ("none", "hard_em_then_soft"))
+    ref = pd.read_parquet(SHIPPED_BASE / "reference" / "per_example.parquet")
+    bayes = {r.id: r.bayes_nll for r in load_pairs(SHIPPED_DATA / "val.jsonl")}
+    n_tok, b = ref["n_tokens"].to_numpy(float), ref["b"].to_numpy(float)
+    bn = ref["id"].map(bayes).to_numpy(float)
+    c_base = float(np.mean(b))
+    for q in pts:
+        outer = q["token_outer"] if q["weighting"] == "token" else q["weighting"]
+        use = predict_curve(outer, [q["beta"]], n_tok, bn, b=b, c_base=c_base, epsilon=q["epsilon"],
+                            excess_seq=n_tok * b - bn)["predicted_use_fraction"].iloc[0]
+        if q["aid"] != "none":
+            assert use >= 0.9, (q["weighting"], q["beta"], use)

@@ -43,6 +43,84 @@ def _batches(encoded: Sequence[EncodedPair], size: int, pad_id: int):
         yield i, collate(encoded[i : i + size], pad_id=pad_id)
 
 
+def _reconstruction_per_latent(tok_nll, nll, batch, objective: ObjectiveConfig, base_token_nll: dict | None):
+    """The reconstruction term per latent value or sample (B, n): the plain per-token mean ``nll``,
+    or under ``token`` weighting the base-surprisal-share weighted mean (``losses.token_weights``)."""
+    if objective.weighting != "token" or base_token_nll is None:
+        return nll
+    bt = torch.zeros_like(batch.target_mask, dtype=torch.float32)
+    for r, rid in enumerate(batch.ids):
+        s = base_token_nll[rid]
+        bt[r, batch.prefix_len[r] : batch.prefix_len[r] + len(s)] = torch.as_tensor(s, dtype=torch.float32)
+    return weighted_mean_token_nll(tok_nll, batch.target_mask, token_weights(bt, batch.target_mask, objective.token_alpha))
+
+
+def _per_example_columns(df: pd.DataFrame, pairs: Sequence[Pair], b: np.ndarray) -> np.ndarray:
+    """Adds strategy, b, rho_i, bayes_nll, n_consistent and predicted_use to ``df`` in place;
+    returns the per-row Bayes NLL (nats per sequence; NaN where unknown)."""
+    df.insert(1, "strategy", [p.strategy for p in pairs])
+    df["b"] = b
+    df["rho_i"] = df["lbar"] / df["b"]
+    bayes = np.array([np.nan if p.bayes_nll is None else p.bayes_nll for p in pairs], float)
+    df["bayes_nll"] = bayes
+    df["n_consistent"] = [p.n_consistent for p in pairs]
+    known = bool(np.isfinite(bayes).all())
+    excess_seq = df["n_tokens"] * df["b"] - bayes
+    df["predicted_use"] = predicted_use(df["beta_eff"].to_numpy(), bayes if known else None,
+                                        excess_seq.to_numpy() if known else None)
+    return bayes
+
+
+def _loss_metrics(df: pd.DataFrame, fr: list[dict], c_base: float, step: int) -> dict[str, float]:
+    """loss/val/* (R, rho_recon, KL, the beta = 1 unweighted ELBO per sequence and per token) and
+    loss_contrib/fraction_abs/* from the per-example table and the per-batch contributions."""
+    contrib = {k: float(np.mean([f[k] for f in fr])) for k in fr[0]}
+    tot_abs = sum(abs(v) for v in contrib.values()) or 1.0
+    R = float(df["lbar"].mean())
+    nelbo = df["n_tokens"] * df["lbar"] + df["kl"]
+    return {
+        "step": step,
+        "loss/val/reconstruction_loss": R,
+        "loss/val/baseline_normalized_reconstruction_loss": R / c_base,
+        "loss/val/kl_prior_loss": float(df["kl"].mean()),
+        "loss/val/zfree_reconstruction_loss": float(df["zfree_nll"].mean()),
+        "loss/val/neg_elbo_nats_per_sequence": float(nelbo.mean()),
+        "loss/val/neg_elbo_nats_per_token": float((nelbo / df["n_tokens"]).mean()),
+        "loss/val/mean_rho_i": float(df["rho_i"].mean()),
+        "loss/val/objective": sum(contrib.values()),
+        **{f"loss_contrib/fraction_abs/{k}": abs(v) / tot_abs for k, v in contrib.items()},
+    }
+
+
+def _objective_metrics(df: pd.DataFrame, c_base: float, objective: ObjectiveConfig) -> dict[str, float]:
+    return {
+        "reference/c_base": c_base,
+        "objective/beta": float(objective.beta),
+        "objective/recon_weight_mean": float(df["weight"].mean()),
+        "objective/recon_weight_max": float(df["weight"].max()),
+        "objective/beta_eff_median": float(df["beta_eff"].median()),
+    }
+
+
+def _structure_metrics(df: pd.DataFrame, features: np.ndarray, seed: int, assigned: bool = True) -> dict[str, float]:
+    """structure/alignment_nmi (all rows and m = 1 rows), Hungarian accuracy on m = 1 rows and the
+    held-out probe of ``features``; all NaN when any strategy label is missing or no latent
+    assignment exists (``assigned=False``), never faked."""
+    labels = df["strategy"]
+    if not (assigned and labels.notna().all()):
+        return {k: float("nan") for k in ("structure/alignment_nmi", "structure/alignment_nmi_unambiguous",
+                                          "structure/probe_accuracy", "structure/hungarian_accuracy_unambiguous")}
+    un = df["n_consistent"] == 1
+    z = df["posterior_argmax"]
+    return {
+        "structure/alignment_nmi": float(normalized_mutual_info_score(labels, z)),
+        "structure/alignment_nmi_unambiguous": float(normalized_mutual_info_score(labels[un], z[un])) if un.any()
+        else float("nan"),
+        "structure/hungarian_accuracy_unambiguous": hungarian_accuracy(labels[un], z[un]),
+        "structure/probe_accuracy": probe_accuracy(features, labels.to_numpy(), seed=seed),
+    }
+
+
 @torch.no_grad()
 def evaluate(model: DiscreteCVAE | ContinuousCVAE, encoded: Sequence[EncodedPair], pairs: Sequence[Pair], *, b: np.ndarray,
              c_base: float, objective: ObjectiveConfig, step: int, pad_id: int, tokenizer=None,
@@ -70,14 +148,7 @@ def evaluate(model: DiscreteCVAE | ContinuousCVAE, encoded: Sequence[EncodedPair
         tok_nll = -out.target_logprobs  # (B, K, T)
         nll_k = masked_mean_token_nll(tok_nll, batch.target_mask)  # (B, K) plain per-token means
         bb = torch.as_tensor(b[i : i + len(batch)], dtype=torch.float32, device=dev)
-        recon = nll_k
-        if objective.weighting == "token" and base_token_nll is not None:
-            bt = torch.zeros_like(batch.target_mask, dtype=torch.float32)
-            for r, rid in enumerate(batch.ids):
-                s = base_token_nll[rid]
-                bt[r, batch.prefix_len[r] : batch.prefix_len[r] + len(s)] = torch.as_tensor(s, dtype=torch.float32)
-            recon = weighted_mean_token_nll(tok_nll, batch.target_mask,
-                                            token_weights(bt, batch.target_mask, objective.token_alpha))
+        recon = _reconstruction_per_latent(tok_nll, nll_k, batch, objective, base_token_nll)
         p_w = torch.softmax(out.prior_logits, -1)
         jsd = inter_latent_jsd(out.next_token_logprobs, p_w, out.pos_mask)
         br = assemble_objective(objective, recon_per_latent=recon, q_logits=out.posterior_logits,
@@ -98,33 +169,13 @@ def evaluate(model: DiscreteCVAE | ContinuousCVAE, encoded: Sequence[EncodedPair
         p_all.append(torch.softmax(out.prior_logits, -1).cpu().numpy())
         fr.append({k: float(v) for k, v in br.contributions.items()})
     df = pd.concat(rows, ignore_index=True)
-    df.insert(1, "strategy", [p.strategy for p in pairs])
-    df["b"] = b
-    df["rho_i"] = df["lbar"] / df["b"]
-    bayes = np.array([np.nan if p.bayes_nll is None else p.bayes_nll for p in pairs], float)
-    df["bayes_nll"] = bayes
-    df["n_consistent"] = [p.n_consistent for p in pairs]
-    excess_seq = df["n_tokens"] * df["b"] - bayes
-    df["predicted_use"] = predicted_use(df["beta_eff"].to_numpy(), bayes if np.isfinite(bayes).all() else None,
-                                        excess_seq.to_numpy() if np.isfinite(bayes).all() else None)
+    bayes = _per_example_columns(df, pairs, b)
     df["measured_use"] = (df["kl"] >= 0.5 * np.where(np.isfinite(bayes), bayes, math.log(K))) & (df["kl"] > 1e-3)
 
     q_mean = np.concatenate(q_all).mean(0)
     usage = np.bincount(df["posterior_argmax"], minlength=K) / len(df)
-    contrib = {k: float(np.mean([f[k] for f in fr])) for k in fr[0]}
-    tot_abs = sum(abs(v) for v in contrib.values()) or 1.0
-    R = float(df["lbar"].mean())
     m: dict[str, float] = {
-        "step": step,
-        "loss/val/reconstruction_loss": R,
-        "loss/val/baseline_normalized_reconstruction_loss": R / c_base,
-        "loss/val/kl_prior_loss": float(df["kl"].mean()),
-        "loss/val/zfree_reconstruction_loss": float(df["zfree_nll"].mean()),
-        "loss/val/neg_elbo_nats_per_sequence": float((df["n_tokens"] * df["lbar"] + df["kl"]).mean()),
-        "loss/val/neg_elbo_nats_per_token": float(((df["n_tokens"] * df["lbar"] + df["kl"]) / df["n_tokens"]).mean()),
-        "loss/val/mean_rho_i": float(df["rho_i"].mean()),
-        "loss/val/objective": sum(contrib.values()),
-        **{f"loss_contrib/fraction_abs/{k}": abs(v) / tot_abs for k, v in contrib.items()},
+        **_loss_metrics(df, fr, c_base, step),
         "latent/oracle_rho": float(df["oracle_nll"].mean()) / c_base,
         "latent/q_max_mean": float(df["q_max"].mean()),
         "latent/codes_used": int((usage >= CODE_USED_FRACTION).sum()),
@@ -133,28 +184,13 @@ def evaluate(model: DiscreteCVAE | ContinuousCVAE, encoded: Sequence[EncodedPair
         "latent/decoder_jsd": float(df["decoder_jsd"].mean()),
         "latent/measured_use_fraction": float(df["measured_use"].mean()),
         "latent/predicted_use_fraction": float(df["predicted_use"].mean()),
-        "reference/c_base": c_base,
-        "objective/beta": float(objective.beta),
-        "objective/recon_weight_mean": float(df["weight"].mean()),
-        "objective/recon_weight_max": float(df["weight"].max()),
-        "objective/beta_eff_median": float(df["beta_eff"].median()),
+        **_objective_metrics(df, c_base, objective),
     }
     # mutual information of the aggregated posterior, exact for a discrete latent: H(mean q) - mean H(q)
     qa = np.concatenate(q_all)
     m["latent/mutual_information"] = m["latent/usage_entropy"] - float(
         -(qa * np.log(np.clip(qa, 1e-30, None))).sum(-1).mean())
-    labels = df["strategy"]
-    if labels.notna().all():
-        m["structure/alignment_nmi"] = float(normalized_mutual_info_score(labels, df["posterior_argmax"]))
-        un = df["n_consistent"] == 1
-        m["structure/alignment_nmi_unambiguous"] = (
-            float(normalized_mutual_info_score(labels[un], df["posterior_argmax"][un])) if un.any() else float("nan"))
-        m["structure/hungarian_accuracy_unambiguous"] = hungarian_accuracy(labels[un], df["posterior_argmax"][un])
-        m["structure/probe_accuracy"] = probe_accuracy(np.concatenate(feats), labels.to_numpy(), seed=seed)
-    else:
-        for k in ("structure/alignment_nmi", "structure/alignment_nmi_unambiguous", "structure/probe_accuracy",
-                  "structure/hungarian_accuracy_unambiguous"):
-            m[k] = float("nan")
+    m.update(_structure_metrics(df, np.concatenate(feats), seed))
     if decode_rows and tokenizer is not None and strategies is not None:
         n = min(decode_rows, len(encoded))
         m.update(decode_metrics(model, encoded[:n], pairs[:n], np.concatenate(p_all)[:n], tokenizer, strategies,
@@ -291,14 +327,7 @@ def evaluate_continuous(model: ContinuousCVAE, encoded: Sequence[EncodedPair], p
         tok_nll = -out.target_logprobs  # (B, S, T)
         nll_s = masked_mean_token_nll(tok_nll, batch.target_mask)  # (B, S) plain per-token means
         bb = torch.as_tensor(b[i : i + len(batch)], dtype=torch.float32, device=dev)
-        recon = nll_s
-        if objective.weighting == "token" and base_token_nll is not None:
-            bt = torch.zeros_like(batch.target_mask, dtype=torch.float32)
-            for r, rid in enumerate(batch.ids):
-                s = base_token_nll[rid]
-                bt[r, batch.prefix_len[r] : batch.prefix_len[r] + len(s)] = torch.as_tensor(s, dtype=torch.float32)
-            recon = weighted_mean_token_nll(tok_nll, batch.target_mask,
-                                            token_weights(bt, batch.target_mask, objective.token_alpha))
+        recon = _reconstruction_per_latent(tok_nll, nll_s, batch, objective, base_token_nll)
         learned = model.prior == "learned"
         br = assemble_gaussian_objective(objective, recon_per_sample=recon, mu_q=out.posterior_mean,
                                          logvar_q=out.posterior_logvar, mu_p=out.prior_mean if learned else None,
@@ -318,15 +347,7 @@ def evaluate_continuous(model: ContinuousCVAE, encoded: Sequence[EncodedPair], p
         fr.append({k: float(v) for k, v in br.contributions.items()})
     df = pd.concat(rows, ignore_index=True)
     mu, logvar = np.concatenate(mus), np.concatenate(logvars)
-    df.insert(1, "strategy", [p.strategy for p in pairs])
-    df["b"] = b
-    df["rho_i"] = df["lbar"] / df["b"]
-    bayes = np.array([np.nan if p.bayes_nll is None else p.bayes_nll for p in pairs], float)
-    df["bayes_nll"] = bayes
-    df["n_consistent"] = [p.n_consistent for p in pairs]
-    excess_seq = df["n_tokens"] * df["b"] - bayes
-    df["predicted_use"] = predicted_use(df["beta_eff"].to_numpy(), bayes if np.isfinite(bayes).all() else None,
-                                        excess_seq.to_numpy() if np.isfinite(bayes).all() else None)
+    bayes = _per_example_columns(df, pairs, b)
     labels = df["strategy"]
     names = list(strategies) if strategies else sorted(set(labels.dropna()))
     n_clusters = min(len(names), len(df))
@@ -339,21 +360,9 @@ def evaluate_continuous(model: ContinuousCVAE, encoded: Sequence[EncodedPair], p
     fallback = math.log(max(n_clusters, 2))
     df["measured_use"] = (df["kl"] >= 0.5 * np.where(np.isfinite(bayes), bayes, fallback)) & (df["kl"] > 1e-3)
 
-    contrib = {k: float(np.mean([f[k] for f in fr])) for k in fr[0]}
-    tot_abs = sum(abs(v) for v in contrib.values()) or 1.0
-    R = float(df["lbar"].mean())
     nan = float("nan")
     m: dict[str, float] = {
-        "step": step,
-        "loss/val/reconstruction_loss": R,
-        "loss/val/baseline_normalized_reconstruction_loss": R / c_base,
-        "loss/val/kl_prior_loss": float(df["kl"].mean()),
-        "loss/val/zfree_reconstruction_loss": float(df["zfree_nll"].mean()),
-        "loss/val/neg_elbo_nats_per_sequence": float((df["n_tokens"] * df["lbar"] + df["kl"]).mean()),
-        "loss/val/neg_elbo_nats_per_token": float(((df["n_tokens"] * df["lbar"] + df["kl"]) / df["n_tokens"]).mean()),
-        "loss/val/mean_rho_i": float(df["rho_i"].mean()),
-        "loss/val/objective": sum(contrib.values()),
-        **{f"loss_contrib/fraction_abs/{k}": abs(v) / tot_abs for k, v in contrib.items()},
+        **_loss_metrics(df, fr, c_base, step),
         "latent/oracle_rho": nan, "latent/q_max_mean": nan, "latent/codes_used": nan, "latent/usage_entropy": nan,
         "latent/max_usage": nan, "latent/decoder_jsd": nan,
         "latent/active_units": active_units(mu),
@@ -361,23 +370,9 @@ def evaluate_continuous(model: ContinuousCVAE, encoded: Sequence[EncodedPair], p
         "latent/posterior_sigma_mean": float(df["posterior_sigma_mean"].mean()),
         "latent/measured_use_fraction": float(df["measured_use"].mean()),
         "latent/predicted_use_fraction": float(df["predicted_use"].mean()),
-        "reference/c_base": c_base,
-        "objective/beta": float(objective.beta),
-        "objective/recon_weight_mean": float(df["weight"].mean()),
-        "objective/recon_weight_max": float(df["weight"].max()),
-        "objective/beta_eff_median": float(df["beta_eff"].median()),
+        **_objective_metrics(df, c_base, objective),
     }
-    keys = ("structure/alignment_nmi", "structure/alignment_nmi_unambiguous", "structure/probe_accuracy",
-            "structure/hungarian_accuracy_unambiguous")
-    if labels.notna().all() and centroids is not None:
-        un = df["n_consistent"] == 1
-        m["structure/alignment_nmi"] = float(normalized_mutual_info_score(labels, df["posterior_argmax"]))
-        m["structure/alignment_nmi_unambiguous"] = (
-            float(normalized_mutual_info_score(labels[un], df["posterior_argmax"][un])) if un.any() else nan)
-        m["structure/hungarian_accuracy_unambiguous"] = hungarian_accuracy(labels[un], df["posterior_argmax"][un])
-        m["structure/probe_accuracy"] = probe_accuracy(mu, labels.to_numpy(), seed=seed)
-    else:
-        m.update({k: nan for k in keys})
+    m.update(_structure_metrics(df, mu, seed, assigned=centroids is not None))
     if decode_rows and tokenizer is not None and strategies is not None:
         n = min(decode_rows, len(encoded))
         g = torch.Generator().manual_seed(seed + 1)

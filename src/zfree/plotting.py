@@ -326,3 +326,62 @@ def plot_rho_distributions(per_example: pd.DataFrame) -> plt.Figure:
     axes[0, 0].legend(fontsize=7)
     fig.tight_layout()
     return fig
+
+
+def plot_phase_boundary(runs: pd.DataFrame, curves: pd.DataFrame | None, boundary: pd.DataFrame) -> plt.Figure:
+    """Measured rate against beta per weighting (one panel each, aided and unaided runs as separate
+    lines) with the predicted rate (dashed) and both half-plateau betas marked: measured (solid
+    vertical) and predicted (dashed vertical), the ±25% band around the prediction shaded.
+
+    ``runs``: weighting, beta, kl_prior_loss (+ aid). ``curves``: ``SweepResults.theory_curves``.
+    ``boundary``: ``SweepResults.phase_boundary`` (weighting, aid, beta_half_measured,
+    beta_half_predicted, ratio)."""
+    ws = list(dict.fromkeys(boundary["weighting"])) or list(dict.fromkeys(runs["weighting"]))
+    fig, axes = plt.subplots(1, max(len(ws), 1), figsize=(4.4 * max(len(ws), 1), 3.6), squeeze=False)
+    for ax, w in zip(axes[0], ws):
+        for label, color, ls, s in _groups(runs[runs["weighting"] == w]):
+            s = s.groupby("beta", as_index=False)["kl_prior_loss"].mean().sort_values("beta")
+            ax.plot(s["beta"], s["kl_prior_loss"], ls, marker="o", color=color, label=f"measured {label}")
+        if curves is not None and (curves["weighting"] == w).any():
+            c = curves[curves["weighting"] == w].sort_values("beta")
+            lo, hi = runs.loc[runs["weighting"] == w, "beta"].agg(["min", "max"])
+            c = c[(c["beta"] >= lo / 3) & (c["beta"] <= hi * 3)]
+            ax.plot(c["beta"], c["predicted_rate"], "--", color="k", lw=1, label="predicted rate")
+        for _, r in boundary[boundary["weighting"] == w].iterrows():
+            if np.isfinite(r["beta_half_predicted"]):
+                bp = r["beta_half_predicted"]
+                ax.axvline(bp, color="k", ls="--", lw=0.8)
+                ax.axvspan(bp * 0.75, bp * 1.25, color="gray", alpha=0.12, lw=0)
+            if np.isfinite(r["beta_half_measured"]):
+                ax.axvline(r["beta_half_measured"], color=_color(w), lw=1.2,
+                           label=f"measured β½ {r['beta_half_measured']:.3g} ({r['aid']}; "
+                                 f"{r['ratio']:.2f}× predicted)" if np.isfinite(r["ratio"]) else "measured β½")
+        ax.set_xscale("log")
+        ax.set_xlabel("β")
+        ax.set_ylabel("rate KL(q‖p) [nats / example]")
+        ax.set_title(w)
+        ax.legend(fontsize=6)
+    fig.suptitle("Phase boundary: where the rate falls to half its plateau (band: predicted ±25%)")
+    fig.tight_layout()
+    return fig
+
+
+def plot_use_by_length(use: pd.DataFrame) -> plt.Figure:
+    """The staircase of a ragged-length weighting: per |S|, the measured fraction of rows using z
+    (solid) against the predicted fraction (dashed), one color per beta. ``use``:
+    ``SweepResults.use_by_length`` (n_tokens, measured_use, predicted_use, beta, aid)."""
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    betas = sorted(use["beta"].unique())
+    cmap = plt.get_cmap("viridis", max(len(betas), 2))
+    for i, beta in enumerate(betas):
+        for aid, g in use[use["beta"] == beta].groupby("aid", sort=False):
+            g = g.sort_values("n_tokens")
+            ax.plot(g["n_tokens"], g["measured_use"], "-", marker="o", color=cmap(i), label=f"β={beta:g} {aid} measured")
+            ax.plot(g["n_tokens"], g["predicted_use"], "--", color=cmap(i), alpha=0.7, label=f"β={beta:g} predicted")
+    ax.set_xlabel("|S| (y tokens + end token)")
+    ax.set_ylabel("fraction of rows using z")
+    ax.set_ylim(-0.05, 1.05)
+    ax.set_title("Use per length: short examples switch on first (β* = 1/(|S| c_base))")
+    ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    return fig

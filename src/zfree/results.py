@@ -106,9 +106,11 @@ class SweepResults:
         parts = [str(row[f]) for f in FACETS if f in self.runs and self.runs[f].nunique() > 1 or f == "weighting"]
         return " ".join(parts) + (f" β={row['beta']:g}" if with_beta else "")
 
-    def theory_curves(self, betas: np.ndarray | None = None) -> pd.DataFrame | None:
+    def theory_curves(self, betas: np.ndarray | None = None, with_excess: bool = True) -> pd.DataFrame | None:
         """``zfree.theory.predict_curve`` for every weighting in the sweep (token weighting
-        predicted as its outer weighting); None without a reference or Bayes losses."""
+        predicted as its outer weighting), counting the base model's excess over the Bayes loss
+        (``excess_seq`` = |S|·b − bayes_nll) unless ``with_excess=False``, as the per-example
+        ``predicted_use`` column does; None without a reference or Bayes losses."""
         from zfree.theory import predict_curve
 
         ex = self.examples
@@ -122,9 +124,9 @@ class SweepResults:
             outer = {"none": "plain"}.get(str(s["token_outer"].iloc[0]), str(s["token_outer"].iloc[0])) \
                 if w == "token" and "token_outer" in s else w
             eps = float(s["epsilon"].iloc[0]) if "epsilon" in s else 0.0
-            c = predict_curve(outer, betas, np.array(ex["n_tokens"], float), np.array(ex["bayes_nll"], float),
-                              b=np.array(ex["b"], float),
-                              c_base=self.reference["c_base"], epsilon=eps)
+            n_tok, bn, b = (np.array(ex[c], float) for c in ("n_tokens", "bayes_nll", "b"))
+            c = predict_curve(outer, betas, n_tok, bn, b=b, c_base=self.reference["c_base"], epsilon=eps,
+                              excess_seq=n_tok * b - bn if with_excess else None)
             out.append(c.assign(weighting=w))
         return pd.concat(out, ignore_index=True)
 
@@ -149,6 +151,59 @@ class SweepResults:
         if "distribution" in crit and self.reference:
             return crit["distribution"] * self.reference["c_base"]
         return None
+
+    def phase_boundary(self, min_betas: int = 3, tolerance: float = 0.25) -> pd.DataFrame:
+        """Measured against predicted phase boundary, per (weighting, latent_kind, aid) group with at
+        least ``min_betas`` distinct beta values: the beta at which the rate falls to half its
+        plateau. Measured: the mean KL (nats per example) per beta, plateau = its largest value,
+        beta_half = the first downward crossing of plateau/2 (linear in rate, geometric in beta).
+        Predicted: the same on ``theory_curves``' predicted rate (a fine grid). ``ratio`` =
+        measured / predicted; ``within`` = |ratio − 1| <= ``tolerance`` (the aids issue: ±25%).
+        A missing crossing gives NaN and says why in ``note``. Source: DESIGN §1; Alemi et al. 2018."""
+        cols = ["weighting", "latent_kind", "aid", "n_betas", "plateau_rate", "predicted_plateau_rate",
+                "beta_half_measured", "beta_half_predicted", "ratio", "within", "note"]
+        r = self.runs
+        if r.empty or "kl_prior_loss" not in r:
+            return pd.DataFrame(columns=cols)
+        r = r.assign(latent_kind=r.get("latent_kind", "discrete"), aid=r.get("aid", "none")).fillna({"aid": "none"})
+        curves = self.theory_curves(np.geomspace(1e-4, 1e2, 600))
+        rows = []
+        for (w, lk, aid), g in r.groupby(["weighting", "latent_kind", "aid"], sort=False):
+            m = g.groupby("beta")["kl_prior_loss"].mean().sort_index()
+            if len(m) < min_betas:
+                continue
+            bm, note = _half_crossing(m.index.to_numpy(float), m.to_numpy(float))
+            bp, pplat = float("nan"), float("nan")
+            if curves is not None and (curves["weighting"] == w).any():
+                c = curves[curves["weighting"] == w]
+                bp, pnote = _half_crossing(c["beta"].to_numpy(float), c["predicted_rate"].to_numpy(float))
+                pplat = float(c["predicted_rate"].max())
+                note = "; ".join(x for x in (note, pnote and f"prediction: {pnote}") if x)
+            else:
+                note = "; ".join(x for x in (note, "no prediction (reference or Bayes losses missing)") if x)
+            ratio = bm / bp if np.isfinite(bm) and np.isfinite(bp) and bp > 0 else float("nan")
+            rows.append({"weighting": w, "latent_kind": lk, "aid": aid, "n_betas": len(m),
+                         "plateau_rate": float(m.max()), "predicted_plateau_rate": pplat,
+                         "beta_half_measured": bm, "beta_half_predicted": bp, "ratio": ratio,
+                         "within": bool(np.isfinite(ratio) and abs(ratio - 1) <= tolerance), "note": note})
+        return pd.DataFrame(rows, columns=cols)
+
+    def use_by_length(self, weighting: str = "distribution") -> pd.DataFrame:
+        """Measured and predicted use per |S| (the staircase of a ragged-length weighting: under
+        ``distribution`` the short examples switch on first, beta* = 1/(|S| c_base)). One row per
+        (run, n_tokens): beta, aid, measured_use (fraction of rows with KL >= half their Bayes
+        rate), predicted_use (fraction with beta_eff below threshold), kl (mean nats), rows."""
+        runs = self.runs[self.runs["weighting"] == weighting] if "weighting" in self.runs else self.runs.iloc[:0]
+        out = []
+        for _, run in runs.iterrows():
+            pe = pd.read_parquet(Path(run["run_dir"]) / "per_example.parquet")
+            if not {"measured_use", "predicted_use"} <= set(pe):
+                continue
+            g = pe.groupby("n_tokens").agg(measured_use=("measured_use", "mean"), predicted_use=("predicted_use", "mean"),
+                                           kl=("kl", "mean"), rows=("kl", "size")).reset_index()
+            out.append(g.assign(run_id=run["run_id"], beta=run["beta"], aid=run.get("aid", "none")))
+        return pd.concat(out, ignore_index=True) if out else pd.DataFrame(
+            columns=["n_tokens", "measured_use", "predicted_use", "kl", "rows", "run_id", "beta", "aid"])
 
 
 def _find_reference(d: Path, runs: pd.DataFrame) -> Path | None:
@@ -179,3 +234,20 @@ def _bayes_nll(data_file: str | None, runs: pd.DataFrame) -> dict[str, float]:
         return {p.id: p.bayes_nll for p in load_pairs(data_file) if p.bayes_nll is not None}
     pe = per_example_table(runs)
     return dict(zip(pe["id"], pe["bayes_nll"])) if "bayes_nll" in pe else {}
+
+
+def _half_crossing(beta: np.ndarray, rate: np.ndarray) -> tuple[float, str]:
+    """The beta where ``rate`` (sorted by beta) first falls from >= plateau/2 to below it,
+    geometric in beta and linear in rate between the two grid points; (NaN, why) when it does not."""
+    order = np.argsort(beta)
+    beta, rate = beta[order], rate[order]
+    plateau = float(np.max(rate)) if len(rate) else 0.0
+    if plateau <= 0:
+        return float("nan"), "the rate is zero at every beta (no plateau)"
+    half = plateau / 2
+    start = int(np.argmax(rate))
+    for i in range(start, len(rate) - 1):
+        if rate[i] >= half > rate[i + 1]:
+            t = (rate[i] - half) / (rate[i] - rate[i + 1])
+            return float(np.exp(np.log(beta[i]) + t * (np.log(beta[i + 1]) - np.log(beta[i])))), ""
+    return float("nan"), "the rate does not fall below half its plateau within the beta grid"

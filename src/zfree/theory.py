@@ -90,7 +90,7 @@ def _weights(weighting: str, n: int, b: ArrayLike | None, c_base: float | None, 
     if weighting == "token":
         raise ValueError("weighting='token' reweights inside lbar only; pass its outer weighting "
                          f"(token_outer: none -> 'plain', or one of {list(RECONSTRUCTION_WEIGHTINGS)})")
-    bt = None if b is None else torch.as_tensor(_as_1d("b", b), dtype=torch.float64)
+    bt = None if b is None else torch.tensor(_as_1d("b", b), dtype=torch.float64)  # a copy: b may be read-only
     w = reconstruction_weight(weighting, batch_size=n, c_base=c_base, b=bt, epsilon=epsilon, dtype=torch.float64)
     return w.numpy()
 

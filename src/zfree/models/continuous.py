@@ -25,7 +25,7 @@ from torch import nn
 
 from zfree.data.batching import Batch
 from zfree.models.base import greedy_decode_with_latents, target_logprobs_from_hidden
-from zfree.models.encoder import build_posterior_encoder
+from zfree.models.encoder import build_posterior_encoder, pool_posterior_features
 from zfree.models.injection import (decoder_hidden_full, decoder_hidden_suffix, full_target_logprobs,
                                     suffix_target_logprobs, zfree_pass)
 
@@ -88,19 +88,7 @@ class ContinuousCVAE(nn.Module):
         """(mu_q, logvar_q, mu_p, logvar_p, features) from the z-free hidden states."""
         B = h.shape[0]
         rows = torch.arange(B, device=h.device)
-        if self.posterior_features == "last":
-            feats = h[rows, batch.prefix_len + batch.target_len - 1]
-        elif self.posterior_features == "attention":
-            scores = (h @ self.pool_query) / h.shape[-1] ** 0.5  # (B, T)
-            scores = scores.masked_fill(~batch.target_mask, float("-inf"))
-            feats = (torch.softmax(scores, -1)[:, :, None] * h).sum(1)
-        elif self.posterior_features == "encoder":
-            feats = self.encoder(batch)
-        else:
-            m = batch.target_mask.to(h.dtype)[:, :, None]
-            feats = (h * m).sum(1) / m.sum(1)
-            if self.posterior_features == "mean_first":
-                feats = torch.cat([feats, h[rows, batch.prefix_len]], -1)
+        feats = pool_posterior_features(self, self.posterior_features, h, batch)
         mu_q, logvar_q = self.posterior_head(feats).chunk(2, -1)
         sep = h[rows, batch.prefix_len - 1]  # sees only x
         if self.prior == "learned":

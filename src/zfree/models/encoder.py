@@ -57,3 +57,29 @@ def build_posterior_encoder(backbone: nn.Module) -> PosteriorEncoder:
     d_model = min(d, 256)
     n_head = next(h for h in (4, 2, 1) if d_model % h == 0)
     return PosteriorEncoder(vocab, d, d_model=d_model, n_head=n_head, max_positions=int(max_pos))
+
+
+def pool_posterior_features(module: nn.Module, kind: str, h: Float[torch.Tensor, "batch seq d_model"],
+                            batch: Batch) -> Float[torch.Tensor, "batch d_feat"]:
+    """The posterior head's input from the z-free hidden states ``h`` (B, T, D), shared by both CVAEs:
+
+    ``mean_y``      mean over the supervised y-region (D);
+    ``last``        the last supervised position (D);
+    ``mean_first``  the mean joined with the first y position's state (2D; keeps which token came first);
+    ``attention``   softmax pooling over the y-region with ``module.pool_query`` (D; zero query = mean_y);
+    ``encoder``     ``module.encoder``'s own bidirectional features (D).
+    """
+    rows = torch.arange(h.shape[0], device=h.device)
+    if kind == "last":
+        return h[rows, batch.prefix_len + batch.target_len - 1]
+    if kind == "attention":
+        scores = (h @ module.pool_query) / h.shape[-1] ** 0.5  # (B, T)
+        scores = scores.masked_fill(~batch.target_mask, float("-inf"))
+        return (torch.softmax(scores, -1)[:, :, None] * h).sum(1)
+    if kind == "encoder":
+        return module.encoder(batch)
+    m = batch.target_mask.to(h.dtype)[:, :, None]
+    feats = (h * m).sum(1) / m.sum(1)
+    if kind == "mean_first":
+        feats = torch.cat([feats, h[rows, batch.prefix_len]], -1)
+    return feats

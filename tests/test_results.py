@@ -1,0 +1,55 @@
+"""The measured-against-predicted phase boundary (SweepResults.phase_boundary), on a closed form."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from zfree.results import SweepResults, _half_crossing
+
+
+def _sweep(runs: pd.DataFrame, n_tokens=10, bayes=math.log(4)) -> SweepResults:
+    n = 40
+    ex = pd.DataFrame({"id": [f"r{i}" for i in range(n)], "n_tokens": n_tokens, "b": bayes / n_tokens,
+                       "bayes_nll": bayes})  # a Bayes-optimal base: no excess
+    return SweepResults(Path("."), runs, [], {"c_base": bayes / n_tokens}, ex)
+
+
+def test_half_crossing_is_geometric_in_beta_and_linear_in_rate():
+    beta, h = _half_crossing(np.array([0.3, 0.1, 0.03, 0.15]), np.array([0.0, 0.9, 1.38, 0.1]))
+    assert h == ""
+    assert beta == pytest.approx(0.1 * 1.5 ** ((0.9 - 0.69) / 0.8), rel=1e-12)
+    nan, why = _half_crossing(np.array([0.1, 0.2, 0.3]), np.array([1.0, 0.9, 0.8]))
+    assert math.isnan(nan) and "does not fall" in why
+    nan, why = _half_crossing(np.array([0.1, 0.2]), np.zeros(2))
+    assert math.isnan(nan) and "zero" in why
+
+
+def test_phase_boundary_against_the_closed_form():
+    """plain weighting, |S| = 10 everywhere: beta* = 1/|S| = 0.1 (seed 000), the predicted rate is a
+    step from log 4 to 0 there; the measured rates below cross half their plateau at 0.111."""
+    betas = [0.03, 0.06, 0.1, 0.15, 0.3]
+    rates = [1.38, 1.38, 0.9, 0.1, 0.0]
+    runs = pd.DataFrame({"weighting": "plain", "beta": betas, "kl_prior_loss": rates, "aid": "hard_em_then_soft",
+                         "latent_kind": "discrete", "run_id": [f"p{i}" for i in range(5)]})
+    pb = _sweep(runs).phase_boundary()
+    assert len(pb) == 1
+    row = pb.iloc[0]
+    assert row["beta_half_predicted"] == pytest.approx(0.1, rel=0.03)  # the theory grid's resolution
+    assert row["predicted_plateau_rate"] == pytest.approx(math.log(4))
+    assert row["beta_half_measured"] == pytest.approx(0.1 * 1.5 ** ((0.9 - 0.69) / 0.8), rel=1e-12)
+    assert row["ratio"] == pytest.approx(row["beta_half_measured"] / row["beta_half_predicted"])
+    assert bool(row["within"]) is True
+    far = runs.assign(beta=[b * 3 for b in betas])  # the same curve at 3x the beta: outside ±25%
+    assert bool(_sweep(far).phase_boundary().iloc[0]["within"]) is False
+
+
+def test_phase_boundary_needs_enough_betas_and_says_why_when_it_cannot_cross():
+    runs = pd.DataFrame({"weighting": "plain", "beta": [0.01, 0.02, 0.04], "kl_prior_loss": [1.0, 1.0, 0.9]})
+    pb = _sweep(runs).phase_boundary()
+    assert math.isnan(pb.iloc[0]["beta_half_measured"]) and "does not fall" in pb.iloc[0]["note"]
+    assert _sweep(runs.iloc[:2]).phase_boundary().empty
