@@ -191,3 +191,22 @@ def test_resume_on_a_changed_base_model_is_refused(tiny, tmp_path):
     m.save_pretrained(mine / "model")
     with pytest.raises(ValueError, match="refusing to resume"):
         train_cvae(cfg, tmp_path / "run", progress=False)
+
+
+def test_rows_longer_than_the_context_are_cut_like_the_reference_or_refused(tiny, tmp_path, capsys):
+    """A y that does not fit the base model's context is an error naming the row; a long x is cut
+    from the left (as the z-free reference scorer does) and said, never a crash inside the model."""
+    data, base = tiny
+    n_ctx = read_json(base / "model" / "config.json")["n_positions"]
+    for name, x, y, ok in (("long_x", "1 " * (n_ctx + 5), "2 3", True), ("long_y", "1 2", "3 " * (n_ctx + 5), False)):
+        d = tmp_path / name
+        shutil.copytree(data, d)
+        with open(d / "train.jsonl", "a") as f:
+            f.write(json.dumps({"id": f"row-{name}", "x": x.strip(), "y": y.strip(), "strategy": None}) + "\n")
+        cfg = _cfg(d, base, steps=2, eval_every=2)
+        if ok:
+            train_cvae(cfg, tmp_path / f"run-{name}", progress=False)
+            assert "1 train rows had x cut from the left" in capsys.readouterr().out
+        else:
+            with pytest.raises(ValueError, match=f"row-{name}.*does not fit"):
+                train_cvae(cfg, tmp_path / f"run-{name}", progress=False)

@@ -35,6 +35,7 @@ from zfree.models.base import load_base
 from zfree.models.continuous import ContinuousCVAE
 from zfree.models.discrete import DiscreteCVAE
 from zfree.reference import resolve_reference
+from zfree.scoring import context_length
 
 TIMING_KEYS = ("wall_s",)  # the only summary keys that differ between a resumed and an uninterrupted run
 
@@ -302,8 +303,14 @@ def train_cvae(cfg: TrainConfig, out_dir: Path | str, progress: bool = True, sto
     val_pairs = load_pairs(data_dir / "val.jsonl")
     if cfg.optim.eval_rows:
         val_pairs = val_pairs[: cfg.optim.eval_rows]
-    train = [encode_pair(tok, p) for p in train_pairs]
-    val = [encode_pair(tok, p) for p in val_pairs]
+    max_len = context_length(backbone)  # as the reference scorer: x cut from the left, y never cut
+    train = [encode_pair(tok, p, max_length=max_len) for p in train_pairs]  # ValueError names a row whose y does not fit
+    val = [encode_pair(tok, p, max_length=max_len) for p in val_pairs]
+    for split, enc in (("train", train), ("val", val)):
+        cut = sum(e.x_tokens_cut > 0 for e in enc)
+        if cut:
+            print(f"note: {cut} {split} rows had x cut from the left to fit the context length {max_len} "
+                  "(as in the z-free reference)", flush=True)
     val_ids = [p.id for p in val_pairs]
     val_b = np.array(ref.b_of(val_ids))
     val_tok = dict(zip(val_ids, ref.surprisal_of(val_ids))) if needs_tok else None
@@ -423,6 +430,7 @@ def _finish(out: Path, cfg: TrainConfig, model, ev, state: TrainState, wall: flo
     summary = {**ev.metrics, **cfg.to_flat(), "steps": cfg.optim.steps,
                "wall_s": rows[-1].get("wall_s", wall) if rows else wall,
                "init/task/correctness": init.get("task/correctness"),
+               "init/structure/probe_accuracy": init.get("structure/probe_accuracy"),
                "init/loss/val/baseline_normalized_reconstruction_loss":
                    init.get("loss/val/baseline_normalized_reconstruction_loss"),
                "latent_used": bool(ev.metrics["latent/measured_use_fraction"] > 0.5),
