@@ -69,7 +69,7 @@ HARD_EM_RECIPE = {"aid": "hard_em_then_soft", "n_latent": 6, "posterior_features
                   # soft-phase backbone rate: 3e-5 gave rho_recon 0.48 / NMI(m=1) 0.71 at step 800,
                   # 1e-4 gave 0.30 / 0.78 (same seed and hand-over step; 0.18 / 0.89 at step 1000)
                   "lr_backbone": 1e-4}
-_AIDED_RUN = {"steps": 1200, "eval_every": 200, "eval_rows": 500, "decode_rows": 200}
+_AIDED_RUN = {"steps": 1200, "eval_every": 300, "eval_rows": 500, "decode_rows": 200}
 #: the default preset's switched-on runs: the recipe at K = 4 (cheaper steps), a short forced hard
 #: phase and betas well inside each weighting's predicted boundary, so z stays on after hand-over
 _QUICK_AID = {**HARD_EM_RECIPE, "n_latent": 4, "hard_em_max_steps": 250, "handover_rows": 300,
