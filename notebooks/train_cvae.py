@@ -55,6 +55,7 @@ checkpoint_every = 0
 optimizer = 'adamw'
 aid = 'none'
 hard_em_decoder = 'posterior_argmax'
+hard_em_recon_scale = 'c_base'
 handover_kl = 'log_k'
 handover_margin = 0.0
 hard_em_max_steps = 600

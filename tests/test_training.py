@@ -210,3 +210,33 @@ def test_rows_longer_than_the_context_are_cut_like_the_reference_or_refused(tiny
         else:
             with pytest.raises(ValueError, match=f"row-{name}.*does not fit"):
                 train_cvae(cfg, tmp_path / f"run-{name}", progress=False)
+
+
+def test_hard_phase_reconstruction_scale_does_not_depend_on_the_weighting_scale(tiny):
+    """hard_em_recon_scale='c_base': plain and distribution run the same hard phase (weight 1/c_base);
+    'weighting': plain's reconstruction term is c_base times distribution's."""
+    import torch
+
+    from zfree.data.batching import collate, encode_pair, pad_id_of
+    from zfree.data.pairs import load_pairs
+    from zfree.models.base import load_base
+    from zfree.models.discrete import DiscreteCVAE
+    from zfree.training import hard_em_objective
+
+    data, base = tiny
+    backbone, tok = load_base(base / "model")
+    torch.manual_seed(0)
+    model = DiscreteCVAE(backbone, 3)
+    batch = collate([encode_pair(tok, p) for p in load_pairs(data / "val.jsonl")[:8]], pad_id=pad_id_of(tok))
+    c_base = 0.4
+    rec = {}
+    for scale in ("c_base", "weighting"):
+        for w in ("plain", "distribution"):
+            cfg = _cfg(data, base, weighting=w, aid="hard_em_then_soft", hard_em_decoder="best", hard_em_recon_scale=scale)
+            br, _ = hard_em_objective(model, batch, cfg, 0, c_base, None)
+            rec[scale, w] = br.contributions["hard_reconstruction"].item()
+    assert rec["c_base", "plain"] == pytest.approx(rec["c_base", "distribution"], rel=1e-6)
+    assert rec["weighting", "plain"] == pytest.approx(c_base * rec["weighting", "distribution"], rel=1e-6)
+    assert rec["weighting", "distribution"] == pytest.approx(rec["c_base", "distribution"], rel=1e-6)
+    with pytest.raises(ValueError, match="hard_em_recon_scale"):
+        _cfg(data, base, hard_em_recon_scale="mean")

@@ -144,8 +144,9 @@ def hard_em_objective(model: DiscreteCVAE, batch: Batch, cfg: TrainConfig, step:
     winner-take-all; ties: the posterior's argmax) or the posterior's argmax; the posterior is trained
     by cross-entropy toward k*; the router by cross-entropy toward the (detached) posterior. The K-way
     nll that picks k* is computed without gradient and only the decoded value's pass is
-    differentiated (``DiscreteCVAE.forward_selected``). Returns the breakdown and the posterior
-    argmax (batch,)."""
+    differentiated (``DiscreteCVAE.forward_selected``). The reconstruction weight is the
+    weighting's w_i, rescaled to mean 1/c_base over the batch when ``hard_em_recon_scale='c_base'``.
+    Returns the breakdown and the posterior argmax (batch,)."""
     outer = cfg.objective.token_outer if cfg.objective.weighting == "token" else cfg.objective.weighting
 
     def choose(o):  # k* from the detached K-way log-probs; the decoded value: k* or the posterior's argmax
@@ -161,6 +162,8 @@ def hard_em_objective(model: DiscreteCVAE, batch: Batch, cfg: TrainConfig, step:
     rec = masked_mean_token_nll(-tlp_z, batch.target_mask)  # (B,)
     w = reconstruction_weight(outer, batch_size=len(batch), c_base=c_base, b=b, epsilon=cfg.objective.epsilon,
                               dtype=rec.dtype)
+    if cfg.aid.hard_em_recon_scale == "c_base":  # the distribution scale for every weighting
+        w = w / w.mean() / c_base
     ce_q = torch.nn.functional.cross_entropy(o.posterior_logits, k_star, reduction="none")
     ce_p = -(q_logp.detach().exp() * torch.log_softmax(o.prior_logits, -1)).sum(-1)
     contributions = {"hard_reconstruction": (w * rec).mean(), "posterior_ce": ce_q.mean(), "router_ce": ce_p.mean()}
