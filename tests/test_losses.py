@@ -463,6 +463,11 @@ def test_beta_schedules_closed_form():
     assert_close([beta_at_step(cyc, s) for s in expect], list(expect.values()))
     with pytest.raises(ValueError, match="step"):
         beta_at_step(lin, -1)
+    ae = ObjectiveConfig(beta=2.0, beta_schedule="linear", beta_warmup_steps=100, ae_steps=30)  # AE phase first
+    assert_close([beta_at_step(ae, s) for s in (0, 30, 55, 130, 1000)], [0.0, 0.0, 0.5, 2.0, 2.0])
+    assert [beta_at_step(ObjectiveConfig(beta=0.8, ae_steps=3), s) for s in (3, 4)] == [0.0, 0.8]
+    with pytest.raises(ValueError, match="ae_steps"):
+        ObjectiveConfig(ae_steps=-1)
 
 
 def test_free_bits_modes():

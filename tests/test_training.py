@@ -8,6 +8,7 @@ import shutil
 
 import pandas as pd
 import pytest
+import torch
 
 from tests.tiny import make_tiny_run
 from zfree.config import TrainConfig
@@ -240,3 +241,40 @@ def test_hard_phase_reconstruction_scale_does_not_depend_on_the_weighting_scale(
     assert rec["weighting", "distribution"] == pytest.approx(rec["c_base", "distribution"], rel=1e-6)
     with pytest.raises(ValueError, match="hard_em_recon_scale"):
         _cfg(data, base, hard_em_recon_scale="mean")
+
+
+def test_frozen_decoder_phase_updates_only_the_posterior_side(tiny, tmp_path):
+    from safetensors.torch import load_file
+
+    data, base = tiny
+    s0 = train_cvae(_cfg(data, base, steps=2, eval_every=2, frozen_decoder_steps=2, lr_new=0.05), tmp_path / "frozen",
+                    progress=False)
+    assert s0["frozen_decoder_steps"] == 2
+    after = load_file(str(tmp_path / "frozen" / "checkpoint" / "model.safetensors"))
+    base_w = load_file(str(base / "model" / "model.safetensors"))
+    moved = {k for k in after if k.startswith(("posterior_head", "router_head", "latent_embedding"))
+             and float(after[k].abs().max()) > 0 and k.endswith("bias")}
+    assert moved == {"posterior_head.bias"}  # router and latent embedding stay at their zero init
+    assert float(after["latent_embedding.weight"].abs().max()) == 0.0
+    for k, v in base_w.items():  # the backbone is untouched
+        key = "backbone." + k
+        if key in after:
+            assert torch.equal(after[key], v), key
+
+
+def test_index_collapse_is_warned(tiny, tmp_path, capsys, monkeypatch):
+    import zfree.training as T
+
+    real = T.evaluate
+
+    def one_value_takes_all(*a, **kw):
+        ev = real(*a, **kw)
+        ev.metrics["latent/max_usage"] = 0.95
+        return ev
+
+    monkeypatch.setattr(T, "evaluate", one_value_takes_all)
+    data, base = tiny
+    s = train_cvae(_cfg(data, base, steps=2, eval_every=2), tmp_path / "ix", progress=False)
+    assert "index collapse" in capsys.readouterr().out
+    usage = [s[f"latent/usage/{k}"] for k in range(s["n_latent"])]
+    assert sum(usage) == pytest.approx(1.0) and all(0 <= u <= 1 for u in usage)

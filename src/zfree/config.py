@@ -134,6 +134,7 @@ class ObjectiveConfig:
     beta_schedule: BetaSchedule = "constant"
     beta_warmup_steps: int = 0  # linear: steps from 0 to beta
     beta_cycle_steps: int = 0  # cyclical (Fu et al. 2019): period in steps
+    ae_steps: int = 0  # AE phase: beta = 0 for the first ae_steps steps (then the schedule above)
     c_base_source: CBaseSource = "entangled_run"
 
     def __post_init__(self):
@@ -149,6 +150,7 @@ class ObjectiveConfig:
         _check_range("epsilon", self.epsilon, 0.0)
         _check_int("beta_warmup_steps", self.beta_warmup_steps, 0)
         _check_int("beta_cycle_steps", self.beta_cycle_steps, 0)
+        _check_int("ae_steps", self.ae_steps, 0)
         if (self.weighting == "example" or self.token_outer == "example") and not self.epsilon > 0:
             raise ValueError(f"epsilon={self.epsilon!r} must be > 0 for example weighting (seed 002)")
         if self.token_outer != "none" and self.weighting != "token":
@@ -204,6 +206,10 @@ class OptimConfig:
     lr_backbone: float = 3e-5  # one rate of 3e-4 for all damaged the backbone (rho_recon ~ 1.1)
     lr_new: float = 1e-3
     warmup_backbone: int = 100  # linear warm-up of the backbone rate
+    # frozen-decoder warm phase: for the first frozen_decoder_steps steps only the posterior side
+    # (posterior head, attention query, separate encoder) is updated; backbone, router and latent
+    # embeddings stay as they are
+    frozen_decoder_steps: int = 0
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     eval_every: int = 100
@@ -223,7 +229,7 @@ class OptimConfig:
         for name in ("steps", "batch_size", "eval_every", "threads"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be an integer >= 1")
-        for name in ("warmup_backbone", "eval_rows", "decode_rows"):
+        for name in ("warmup_backbone", "eval_rows", "decode_rows", "frozen_decoder_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be >= 0")
         for name in ("lr_backbone", "lr_new", "weight_decay", "grad_clip"):

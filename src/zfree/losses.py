@@ -194,9 +194,15 @@ def beta_at_step(cfg: ObjectiveConfig, step: int) -> float:
     """beta schedule as a function of the optimizer step: constant; linear warm-up 0 -> beta over
     ``beta_warmup_steps``; cyclical (Fu et al. 2019, NAACL): within each period of
     ``beta_cycle_steps``, linear 0 -> beta over the first half, then beta (their R = 0.5).
+    With ``ae_steps`` > 0, beta = 0 through step ``ae_steps`` (an autoencoder phase; Bowman et al.
+    2016 anneal from 0 instead) and the schedule runs on from there.
     Raises ValueError for a negative step or an unknown schedule."""
     if step < 0:
         raise ValueError(f"step={step} must be >= 0")
+    if cfg.ae_steps:
+        if step <= cfg.ae_steps:
+            return 0.0
+        step -= cfg.ae_steps
     if cfg.beta_schedule == "constant":
         return cfg.beta
     if cfg.beta_schedule == "linear":

@@ -181,6 +181,7 @@ def evaluate(model: DiscreteCVAE | ContinuousCVAE, encoded: Sequence[EncodedPair
         "latent/codes_used": int((usage >= CODE_USED_FRACTION).sum()),
         "latent/usage_entropy": float(-(q_mean * np.log(np.clip(q_mean, 1e-30, None))).sum()),
         "latent/max_usage": float(usage.max()),
+        **{f"latent/usage/{k}": float(u) for k, u in enumerate(usage)},  # share of rows whose argmax is k
         "latent/decoder_jsd": float(df["decoder_jsd"].mean()),
         "latent/measured_use_fraction": float(df["measured_use"].mean()),
         "latent/predicted_use_fraction": float(df["predicted_use"].mean()),

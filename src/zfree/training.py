@@ -54,6 +54,14 @@ def _versions() -> dict[str, str]:
     return out
 
 
+#: warn when one latent value is the posterior's argmax on at least this share of validation rows
+INDEX_COLLAPSE_SHARE = 0.9
+
+#: top-level parameter names of the posterior q(z | x, y) (both CVAEs): what the frozen-decoder
+#: warm phase trains
+POSTERIOR_SIDE = ("posterior_head", "pool_query", "encoder")
+
+
 def build_optimizer(model: DiscreteCVAE, cfg: TrainConfig, log=print) -> torch.optim.Optimizer:
     """AdamW with every trainable parameter in exactly one of two groups (checked at start):
     ``backbone`` (lr_backbone, warmed up) and ``new`` (heads and latent embeddings, lr_new)."""
@@ -349,12 +357,17 @@ def train_cvae(cfg: TrainConfig, out_dir: Path | str, progress: bool = True, sto
                "aid/handover_step": state.handover_step, "wall_s": time.time() - t0}
         append_jsonl(out / "metrics.jsonl", row)
         _save_checkpoint(out, model, opt, rng, state)
+        top = ev.metrics.get("latent/max_usage")
+        if top is not None and top >= INDEX_COLLAPSE_SHARE and state.step > 0:
+            print(f"warning: step {state.step}: one latent value is the posterior's argmax on {top:.0%} of the "
+                  "validation rows (index collapse: reads as KL ~ 0 just like a uniform collapse)", flush=True)
         return ev
 
     ev = do_eval() if state.step == 0 else None
     bar = tqdm(total=cfg.optim.steps, initial=state.step, disable=not progress, mininterval=5,
                desc=f"{cfg.objective.weighting} β={cfg.objective.beta:g}" + ("" if cfg.aid.aid == "none" else f" {cfg.aid.aid}"))
     K = getattr(model, "n_latent", None)  # discrete only (the hard-EM phase)
+    not_posterior = [p for n, p in model.named_parameters() if n.split(".")[0] not in POSTERIOR_SIDE]
     while state.step < cfg.optim.steps:
         step = state.step + 1
         warm = min(1.0, step / cfg.optim.warmup_backbone) if cfg.optim.warmup_backbone else 1.0
@@ -381,6 +394,9 @@ def train_cvae(cfg: TrainConfig, out_dir: Path | str, progress: bool = True, sto
             raise NonFiniteLossError(f"non-finite loss at step {step}: terms {bad} (see {out / 'error.json'})")
         opt.zero_grad(set_to_none=True)
         br.total.backward()
+        if step <= cfg.optim.frozen_decoder_steps:  # frozen-decoder warm phase: the posterior side only
+            for p in not_posterior:
+                p.grad = None  # AdamW skips a parameter without a gradient (no moments, no decay)
         if cfg.optim.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
         opt.step()
