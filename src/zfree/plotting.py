@@ -360,7 +360,7 @@ def plot_phase_boundary(runs: pd.DataFrame, curves: pd.DataFrame | None, boundar
         ax.set_xlabel("β")
         ax.set_ylabel("rate KL(q‖p) [nats / example]")
         ax.set_title(w)
-        ax.legend(fontsize=6)
+        ax.legend(fontsize=6, loc="upper right")
     fig.suptitle("Phase boundary: where the rate falls to half its plateau (band: predicted ±25%)")
     fig.tight_layout()
     return fig
@@ -381,7 +381,7 @@ def plot_use_by_length(use: pd.DataFrame) -> plt.Figure:
     ax.set_xlabel("|S| (y tokens + end token)")
     ax.set_ylabel("fraction of rows using z")
     ax.set_ylim(-0.05, 1.05)
-    ax.set_title("Use per length: short examples switch on first (β* = 1/(|S| c_base))")
+    ax.set_title("Use per length (theory: short examples switch on first, β* = 1/(|S| c_base))")
     ax.legend(fontsize=6, ncol=2)
     fig.tight_layout()
     return fig
