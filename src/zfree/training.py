@@ -157,14 +157,16 @@ def hard_em_objective(model: DiscreteCVAE, batch: Batch, cfg: TrainConfig, step:
     Returns the breakdown and the posterior argmax (batch,)."""
     outer = cfg.objective.token_outer if cfg.objective.weighting == "token" else cfg.objective.weighting
 
+    picked = {}
+
     def choose(o):  # k* from the detached K-way log-probs; the decoded value: k* or the posterior's argmax
         nll = masked_mean_token_nll(-o.target_logprobs, batch.target_mask)  # (B, K)
         q = torch.softmax(o.posterior_logits.detach(), -1)
-        choose.k_star = (nll - 1e-7 * q).argmin(-1)
-        return choose.k_star if cfg.aid.hard_em_decoder == "best" else q.argmax(-1)
+        picked["k_star"] = (nll - 1e-7 * q).argmin(-1)
+        return picked["k_star"] if cfg.aid.hard_em_decoder == "best" else q.argmax(-1)
 
     o, tlp_z, _ = model.forward_selected(batch, choose)  # only the decoded value's passes carry gradient
-    k_star = choose.k_star
+    k_star = picked["k_star"]
     q_logp = torch.log_softmax(o.posterior_logits, -1)
     z_hat = q_logp.argmax(-1)
     rec = masked_mean_token_nll(-tlp_z, batch.target_mask)  # (B,)
