@@ -16,7 +16,7 @@ from torch.distributions import Categorical, Independent, Normal, kl_divergence
 from torch.testing import assert_close
 
 from zfree.config import ObjectiveConfig
-from zfree.losses import (ObjectiveBreakdown, apply_free_bits, assemble_objective, beta_at_step, categorical_kl,
+from zfree.losses import (ObjectiveBreakdown, apply_free_bits, assemble_objective, optimal_posterior_logits, beta_at_step, categorical_kl,
                           effective_beta, gaussian_kl, inter_latent_jsd, masked_mean_token_nll,
                           reconstruction_weight, token_surprisal_shares, token_weights, weighted_mean_token_nll)
 
@@ -536,3 +536,60 @@ def test_runtime_shape_checks_are_active():
         masked_mean_token_nll(torch.rand(2, 3), torch.ones(3, 3, dtype=torch.bool))
     with pytest.raises(jaxtyping.TypeCheckError):
         categorical_kl(torch.rand(2, 3), torch.rand(2, 4))
+
+
+# ---------------------------------------------------------------------------- optimal posterior
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("beta", [0.05, 0.3, 1.0])
+def test_optimal_posterior_minimizes_the_objective_in_closed_form(seed, beta):
+    """At q* = softmax(log p - w r / beta), J_i = -beta log sum_k p_k exp(-w_i r_ik / beta) (float64),
+    and no other q (random logits) gives a lower J_i."""
+    g = torch.Generator().manual_seed(seed)
+    B, K = 7, 5
+    r = torch.rand(B, K, generator=g, dtype=torch.float64) * 2
+    p_logits = torch.randn(B, K, generator=g, dtype=torch.float64)
+    b = torch.rand(B, generator=g, dtype=torch.float64) + 0.2
+    cfg = ObjectiveConfig(weighting="example", epsilon=0.05, beta=beta)
+    br = assemble_objective(cfg, recon_per_latent=r, q_logits=None, p_logits=p_logits,
+                            target_len=torch.full((B,), 6), b=b)
+    w = 1 / (b + 0.05)
+    closed = -beta * torch.logsumexp(torch.log_softmax(p_logits, -1) - w[:, None] * r / beta, -1)
+    assert_close(br.per_example["weighted_recon"] + beta * br.per_example["kl"], closed)
+    assert_close(br.per_example["q_logits"], optimal_posterior_logits(r, p_logits, w, beta))
+    for _ in range(20):
+        other = assemble_objective(cfg, recon_per_latent=r, q_logits=torch.randn(B, K, generator=g, dtype=torch.float64),
+                                   p_logits=p_logits, target_len=torch.full((B,), 6), b=b)
+        j_other = other.per_example["weighted_recon"] + beta * other.per_example["kl"]
+        assert (j_other >= closed - 1e-12).all()
+
+
+def test_optimal_posterior_detached_gradient_equals_total_gradient():
+    """Envelope theorem: holding the optimal q fixed gives the same gradient (decoders and router)
+    as differentiating through q*(r, p) (float64 autograd)."""
+    g = torch.Generator().manual_seed(3)
+    B, K, beta = 6, 4, 0.3
+    r0 = torch.rand(B, K, generator=g, dtype=torch.float64)
+    p0 = torch.randn(B, K, generator=g, dtype=torch.float64)
+    cfg = ObjectiveConfig(weighting="distribution", beta=beta)
+    grads = []
+    for detached in (True, False):
+        r, p = r0.clone().requires_grad_(), p0.clone().requires_grad_()
+        if detached:
+            q_logits = None
+        else:  # the same q*, differentiable in r and p
+            q_logits = torch.log_softmax(p, -1) - (1 / 0.5) * r / beta
+        br = assemble_objective(cfg, recon_per_latent=r, q_logits=q_logits, p_logits=p,
+                                target_len=torch.full((B,), 5), c_base=0.5)
+        grads.append(torch.autograd.grad(br.total, (r, p)))
+    assert_close(grads[0][0], grads[1][0])
+    assert_close(grads[0][1], grads[1][1])
+
+
+def test_optimal_posterior_at_beta_zero_is_the_argmin_and_negative_beta_raises():
+    r = torch.tensor([[0.5, 0.2, 0.9], [0.1, 0.3, 0.2]])
+    q = torch.softmax(optimal_posterior_logits(r, torch.zeros(2, 3), torch.ones(2), 0.0), -1)
+    assert q.argmax(-1).tolist() == [1, 0] and (q.max(-1).values > 0.999).all()
+    with pytest.raises(ValueError, match="beta"):
+        optimal_posterior_logits(r, torch.zeros(2, 3), torch.ones(2), -0.1)

@@ -278,3 +278,59 @@ def test_index_collapse_is_warned(tiny, tmp_path, capsys, monkeypatch):
     assert "index collapse" in capsys.readouterr().out
     usage = [s[f"latent/usage/{k}"] for k in range(s["n_latent"])]
     assert sum(usage) == pytest.approx(1.0) and all(0 <= u <= 1 for u in usage)
+
+
+@pytest.mark.parametrize("aid", ["none", "hard_em_then_soft"])
+def test_optimal_posterior_trains_and_is_evaluated_with_its_own_q(tiny, tmp_path, aid):
+    """posterior_features='optimal': no posterior head; the run's per-example q is the optimal
+    posterior of the evaluated decoders (its argmax is the oracle value when beta is small)."""
+    data, base = tiny
+    s = train_cvae(_cfg(data, base, aid=aid, posterior_features="optimal", weighting="distribution", beta=0.01,
+                        handover_check_every=2, hard_em_max_steps=2, handover_rows=16, n_latent=3),
+                   tmp_path / "run", progress=False)
+    pe = pd.read_parquet(tmp_path / "run" / "per_example.parquet")
+    assert math.isfinite(s["loss/val/kl_prior_loss"])
+    # J(q*) <= J(one-hot on the best value) gives lbar - min_k r_k <= (beta / w) * (-log p_min); the
+    # router is near uniform after 6 steps, so (beta * c_base) * 2 log K bounds it (an amortized head
+    # near uniform at these decoders sits at the mean over values instead)
+    gap = pe["lbar"] - pe["oracle_nll"]
+    assert (gap >= -1e-5).all()
+    assert gap.max() <= 0.01 * s["reference/c_base"] * 2 * math.log(3)
+
+
+def test_optimal_posterior_needs_the_discrete_latent():
+    with pytest.raises(ValueError, match="posterior_features='optimal'"):
+        TrainConfig.from_flat({**TrainConfig().to_flat(), "latent_kind": "continuous", "posterior_features": "optimal"})
+
+
+def test_evaluation_uses_the_optimal_posterior_of_the_evaluated_decoders(tiny):
+    """With distinct decoders (random latent embeddings), the per-example q of ``evaluate`` is
+    softmax(log p - w r / beta) recomputed from the model's own forward pass (not the zero logits)."""
+    from zfree.config import ObjectiveConfig
+    from zfree.data.batching import collate, encode_pair, pad_id_of
+    from zfree.data.pairs import load_pairs
+    from zfree.losses import masked_mean_token_nll, optimal_posterior_logits
+    from zfree.metrics import evaluate
+    from zfree.models.base import load_base
+    from zfree.models.discrete import DiscreteCVAE
+
+    data, base = tiny
+    torch.manual_seed(0)
+    backbone, tok = load_base(base / "model")
+    model = DiscreteCVAE(backbone, 3, "optimal").eval()
+    with torch.no_grad():
+        model.latent_embedding.weight.normal_(std=1.0)
+    pairs = load_pairs(data / "val.jsonl")[:20]
+    enc = [encode_pair(tok, p) for p in pairs]
+    c_base, beta = 1.3, 0.05
+    b = torch.full((len(pairs),), 1.0).numpy()
+    ev = evaluate(model, enc, pairs, b=b, c_base=c_base, objective=ObjectiveConfig(weighting="distribution", beta=beta),
+                  step=0, pad_id=pad_id_of(tok))
+    with torch.no_grad():
+        batch = collate(enc, pad_id=pad_id_of(tok))
+        o = model(batch)
+        r = masked_mean_token_nll(-o.target_logprobs, batch.target_mask)
+        q = torch.softmax(optimal_posterior_logits(r, o.prior_logits, torch.full((len(pairs),), 1 / c_base), beta), -1)
+    assert q.max(-1).values.mean() > 0.6  # the decoders differ: q is far from uniform (1/3)
+    assert ev.per_example["posterior_argmax"].tolist() == q.argmax(-1).tolist()
+    assert ev.per_example["q_max"].to_numpy() == pytest.approx(q.max(-1).values.numpy(), abs=1e-5)

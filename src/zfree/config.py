@@ -16,7 +16,7 @@ TokenOuter = Literal["none", "distribution", "example"]
 BetaSchedule = Literal["constant", "linear", "cyclical"]
 FreeBitsMode = Literal["none", "per_example", "batch_mean", "per_dim"]  # per_dim: continuous latent only
 CBaseSource = Literal["entangled_run", "pretrained_source"]
-PosteriorFeatures = Literal["mean_y", "last", "mean_first", "attention", "encoder"]
+PosteriorFeatures = Literal["mean_y", "last", "mean_first", "attention", "encoder", "optimal"]
 Aid = Literal["none", "hard_em_then_soft", "beta0_warmup", "random_init_jsd"]
 LatentKind = Literal["discrete", "continuous"]
 LatentPrior = Literal["learned", "standard"]
@@ -180,7 +180,9 @@ class ModelConfig:
     # mean_y: mean of the z-free hidden states over the y-region (prototype probe 0.81 vs 0.65 for
     # last); mean_first: mean_y joined with the first y position's state (keeps order: reverse vs
     # copy differ only in order); attention: a learned attention pooling over the y-region;
-    # encoder: a separate small bidirectional transformer over (x, y), trained from scratch (Optimus).
+    # encoder: a separate small bidirectional transformer over (x, y), trained from scratch (Optimus);
+    # optimal (discrete only): no amortized head, q is the posterior that minimizes the objective for
+    # the current decoders and router, q(k) ∝ p(k|x) exp(-w_i r_ik / beta) (losses.optimal_posterior_logits)
     posterior_features: PosteriorFeatures = "mean_y"
     # continuous latent only (latent_kind='continuous'; ignored by the discrete CVAE):
     d_latent: int = 16  # dimension of the diagonal Gaussian z
@@ -193,6 +195,8 @@ class ModelConfig:
         _check_int("d_latent", self.d_latent, 1)
         _check_int("n_samples", self.n_samples, 1)
         _check_choice("posterior_features", self.posterior_features, PosteriorFeatures)
+        if self.posterior_features == "optimal" and self.latent_kind != "discrete":
+            raise ValueError("posterior_features='optimal' needs latent_kind='discrete' (it enumerates the K values)")
         if not isinstance(self.n_latent, int) or self.n_latent < 2:
             raise ValueError(f"n_latent={self.n_latent!r} must be an integer >= 2")
 

@@ -249,8 +249,32 @@ class ObjectiveBreakdown:
         return d
 
 
+#: beta below this counts as 0 in ``optimal_posterior_logits`` (the posterior becomes the argmin)
+OPTIMAL_POSTERIOR_MIN_BETA = 1e-4
+
+
+def optimal_posterior_logits(recon_per_latent: Float[torch.Tensor, "batch n_latent"],
+                             p_logits: Float[torch.Tensor, "batch n_latent"], w: Float[torch.Tensor, "batch"],
+                             beta: float) -> Float[torch.Tensor, "batch n_latent"]:
+    """The posterior that minimizes J_i = w_i * sum_k q_k r_ik + beta * KL(q || p) for fixed decoders
+    and router: log q(k | x_i, y_i) = log p(k | x_i) - w_i r_ik / beta + const (the Gibbs / EM
+    E-step posterior; Neal & Hinton 1998, eq. 2 with temperature beta / w_i; at w = beta = 1 it is
+    the exact Bayes posterior p(k | x, y)). At this q, J_i = -beta log sum_k p_k exp(-w_i r_ik / beta).
+
+    recon_per_latent (B, K): per-token NLL of each value, nats; p_logits (B, K): router logits;
+    w (B,): reconstruction weights. Returned detached: by the envelope theorem the gradient of J at
+    the optimal q with q held fixed equals the total gradient (tested against autograd). ``beta`` below
+    ``OPTIMAL_POSTERIOR_MIN_BETA`` is clamped to it (the argmin, up to ties). Raises ValueError for
+    beta < 0.
+    """
+    if beta < 0:
+        raise ValueError(f"beta={beta} must be >= 0")
+    t = max(beta, OPTIMAL_POSTERIOR_MIN_BETA)
+    return (torch.log_softmax(p_logits, -1) - w[:, None] * recon_per_latent / t).detach()
+
+
 def assemble_objective(cfg: ObjectiveConfig, *, recon_per_latent: Float[torch.Tensor, "batch n_latent"],
-                       q_logits: Float[torch.Tensor, "batch n_latent"], p_logits: Float[torch.Tensor, "batch n_latent"],
+                       q_logits: Float[torch.Tensor, "batch n_latent"] | None, p_logits: Float[torch.Tensor, "batch n_latent"],
                        target_len: Int[torch.Tensor, "batch"], step: int = 0, c_base: float | None = None,
                        b: Float[torch.Tensor, "batch"] | None = None, jsd: Float[torch.Tensor, "batch"] | None = None
                        ) -> ObjectiveBreakdown:
@@ -261,6 +285,8 @@ def assemble_objective(cfg: ObjectiveConfig, *, recon_per_latent: Float[torch.Te
     w_i follows ``cfg.weighting`` (token: its outer weight, ``cfg.token_outer``). K_i is the
     categorical KL to the router after free bits. Shapes: recon_per_latent, q_logits, p_logits
     (batch, n_latent); target_len, b (per-example base surprisal, nats per token), jsd (batch,).
+    ``q_logits=None``: the optimal posterior (``optimal_posterior_logits``, detached), returned in
+    ``per_example["q_logits"]`` (the given logits otherwise).
     ``contributions`` sum to ``total``. Raises ValueError (from ``reconstruction_weight``) for a
     missing/invalid c_base or b, and when ``cfg.lambda_jsd > 0`` but no ``jsd`` is given (the term
     would silently vanish from the objective).
@@ -268,13 +294,15 @@ def assemble_objective(cfg: ObjectiveConfig, *, recon_per_latent: Float[torch.Te
     if cfg.lambda_jsd > 0 and jsd is None:
         raise ValueError(f"lambda_jsd={cfg.lambda_jsd} > 0 but no jsd was given to assemble_objective")
     B = recon_per_latent.shape[0]
-    q = torch.softmax(q_logits, -1)
-    lbar = (q * recon_per_latent).sum(-1)
     outer = cfg.token_outer if cfg.weighting == "token" else cfg.weighting
     w = reconstruction_weight(outer, batch_size=B, c_base=c_base, b=b, epsilon=cfg.epsilon,
-                              dtype=lbar.dtype).to(lbar.device)
-    kl = categorical_kl(q_logits, p_logits)
+                              dtype=recon_per_latent.dtype).to(recon_per_latent.device)
     beta = beta_at_step(cfg, step)
+    if q_logits is None:
+        q_logits = optimal_posterior_logits(recon_per_latent, p_logits, w, beta)
+    q = torch.softmax(q_logits, -1)
+    lbar = (q * recon_per_latent).sum(-1)
+    kl = categorical_kl(q_logits, p_logits)
     kl_pen = apply_free_bits(kl, cfg.free_bits, cfg.free_bits_mode)
     contributions = {"reconstruction_loss": (w * lbar).mean(), "kl_prior_loss": beta * kl_pen.mean()}
     terms = {"reconstruction_loss": lbar.mean(), "kl_prior_loss": kl.mean()}
@@ -284,7 +312,7 @@ def assemble_objective(cfg: ObjectiveConfig, *, recon_per_latent: Float[torch.Te
             contributions["decoder_jsd"] = -cfg.lambda_jsd * jsd.mean()
     total = sum(contributions.values())
     return ObjectiveBreakdown(total, terms, contributions, w.detach(), effective_beta(beta, target_len, w.detach()),
-                              {"lbar": lbar, "kl": kl, "weighted_recon": w * lbar})
+                              {"lbar": lbar, "kl": kl, "weighted_recon": w * lbar, "q_logits": q_logits})
 
 
 def free_bits_per_dim(kl_dims: Float[torch.Tensor, "batch d_latent"], free_bits: float) -> Float[torch.Tensor, "batch"]:
@@ -335,4 +363,4 @@ def assemble_gaussian_objective(cfg: ObjectiveConfig, *, recon_per_sample: Float
     terms = {"reconstruction_loss": lbar.mean(), "kl_prior_loss": kl.mean()}
     total = sum(contributions.values())
     return ObjectiveBreakdown(total, terms, contributions, w.detach(), effective_beta(beta, target_len, w.detach()),
-                              {"lbar": lbar, "kl": kl, "weighted_recon": w * lbar})
+                              {"lbar": lbar, "kl": kl, "weighted_recon": w * lbar, "q_logits": q_logits})

@@ -151,10 +151,11 @@ def evaluate(model: DiscreteCVAE | ContinuousCVAE, encoded: Sequence[EncodedPair
         recon = _reconstruction_per_latent(tok_nll, nll_k, batch, objective, base_token_nll)
         p_w = torch.softmax(out.prior_logits, -1)
         jsd = inter_latent_jsd(out.next_token_logprobs, p_w, out.pos_mask)
-        br = assemble_objective(objective, recon_per_latent=recon, q_logits=out.posterior_logits,
+        br = assemble_objective(objective, recon_per_latent=recon,
+                                q_logits=None if model.posterior_head is None else out.posterior_logits,
                                 p_logits=out.prior_logits, target_len=batch.target_len, step=step, c_base=c_base,
                                 b=bb, jsd=jsd)
-        q = torch.softmax(out.posterior_logits, -1)
+        q = torch.softmax(br.per_example["q_logits"], -1)
         lbar = (q * nll_k).sum(-1)
         rows.append(pd.DataFrame({
             "id": batch.ids, "n_tokens": batch.target_len.cpu().numpy(), "lbar": lbar.cpu().numpy(),

@@ -116,7 +116,8 @@ def soft_objective(model: DiscreteCVAE, batch: Batch, cfg: TrainConfig, step: in
         jsd = inter_latent_jsd(o.next_token_logprobs, torch.softmax(o.prior_logits, -1), o.pos_mask)
     if warm:
         obj = dataclasses.replace(obj, beta=0.0, beta_schedule="constant")
-    return assemble_objective(obj, recon_per_latent=recon, q_logits=o.posterior_logits,
+    q_logits = None if model.posterior_head is None else o.posterior_logits  # None: the optimal posterior
+    return assemble_objective(obj, recon_per_latent=recon, q_logits=q_logits,
                               p_logits=o.prior_logits.detach() if warm else o.prior_logits,
                               target_len=batch.target_len, step=step, c_base=c_base, b=b, jsd=jsd)
 
@@ -167,14 +168,17 @@ def hard_em_objective(model: DiscreteCVAE, batch: Batch, cfg: TrainConfig, step:
 
     o, tlp_z, _ = model.forward_selected(batch, choose)  # only the decoded value's passes carry gradient
     k_star = picked["k_star"]
-    q_logp = torch.log_softmax(o.posterior_logits, -1)
+    optimal = model.posterior_head is None  # the optimal posterior under hard EM: one-hot on k*
+    q_logp = (torch.log(torch.nn.functional.one_hot(k_star, model.n_latent).to(tlp_z.dtype).clamp_min(1e-12))
+              if optimal else torch.log_softmax(o.posterior_logits, -1))
     z_hat = q_logp.argmax(-1)
     rec = masked_mean_token_nll(-tlp_z, batch.target_mask)  # (B,)
     w = reconstruction_weight(outer, batch_size=len(batch), c_base=c_base, b=b, epsilon=cfg.objective.epsilon,
                               dtype=rec.dtype)
     if cfg.aid.hard_em_recon_scale == "c_base":  # the distribution scale for every weighting
         w = w / w.mean() / c_base
-    ce_q = torch.nn.functional.cross_entropy(o.posterior_logits, k_star, reduction="none")
+    ce_q = (torch.zeros_like(rec) if optimal else
+            torch.nn.functional.cross_entropy(o.posterior_logits, k_star, reduction="none"))
     ce_p = -(q_logp.detach().exp() * torch.log_softmax(o.prior_logits, -1)).sum(-1)
     contributions = {"hard_reconstruction": (w * rec).mean(), "posterior_ce": ce_q.mean(), "router_ce": ce_p.mean()}
     terms = {"reconstruction_loss": rec.mean(), "posterior_ce": ce_q.mean(), "router_ce": ce_p.mean()}

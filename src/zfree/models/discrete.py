@@ -29,7 +29,7 @@ from zfree.models.injection import (decoder_hidden_full, decoder_hidden_suffix, 
 
 @dataclass
 class DiscreteCVAEOutput:
-    posterior_logits: Float[torch.Tensor, "batch n_latent"]  # q(z | x, y), unnormalized
+    posterior_logits: Float[torch.Tensor, "batch n_latent"]  # q(z | x, y), unnormalized (zeros: 'optimal')
     prior_logits: Float[torch.Tensor, "batch n_latent"]  # router p(z | x), unnormalized
     target_logprobs: Float[torch.Tensor, "batch n_latent seq"]  # log p(y_t | x, y_<t, z=k) on S, 0 elsewhere
     features: Float[torch.Tensor, "batch d_model"]  # the posterior head's input
@@ -41,7 +41,7 @@ class DiscreteCVAEOutput:
 class DiscreteCVAE(nn.Module):
     """K-valued latent CVAE on a causal LM backbone. ``forward`` returns log-probs, never a loss."""
 
-    FEATURES = ("mean_y", "last", "mean_first", "attention", "encoder")
+    FEATURES = ("mean_y", "last", "mean_first", "attention", "encoder", "optimal")
 
     def __init__(self, backbone: nn.Module, n_latent: int, posterior_features: str = "mean_y",
                  latent_init_std: float = 0.0):
@@ -58,14 +58,18 @@ class DiscreteCVAE(nn.Module):
             self.pool_query = nn.Parameter(torch.zeros(d))  # zero query = mean_y at init
         if posterior_features == "encoder":  # a separate bidirectional encoder, from scratch (models/encoder.py)
             self.encoder = build_posterior_encoder(backbone)
-        self.posterior_head = nn.Linear(2 * d if posterior_features == "mean_first" else d, n_latent)
+        # optimal: no head (posterior_logits are zeros; the objective computes q from the decoders,
+        # losses.optimal_posterior_logits); ``features`` are mean_y, for the probe metrics
+        self.posterior_head = (None if posterior_features == "optimal" else
+                               nn.Linear(2 * d if posterior_features == "mean_first" else d, n_latent))
         self.router_head = nn.Linear(d, n_latent)
         self.latent_embedding = nn.Embedding(n_latent, d)
         nn.init.zeros_(self.latent_embedding.weight)  # decoder == base model at step 0 (DESIGN §3)
         if latent_init_std > 0:  # an aid that deliberately breaks the step-0 equivalence
             nn.init.normal_(self.latent_embedding.weight, std=latent_init_std)
-        nn.init.normal_(self.posterior_head.weight, std=0.02)
-        nn.init.zeros_(self.posterior_head.bias)
+        if self.posterior_head is not None:
+            nn.init.normal_(self.posterior_head.weight, std=0.02)
+            nn.init.zeros_(self.posterior_head.bias)
         nn.init.zeros_(self.router_head.weight)  # router starts uniform
         self.shared_prefix = True  # reuse the x-prefix's key/value cache for the K decoder passes
         nn.init.zeros_(self.router_head.bias)
@@ -74,11 +78,12 @@ class DiscreteCVAE(nn.Module):
     def restart_values(self, dead: list[int], donor: int, noise: float = 0.01) -> None:
         """Dead-value restart: each dead latent value becomes a perturbed copy of ``donor`` (its
         embedding and its posterior and router rows), so it can split the donor's cluster."""
+        heads = [h for h in (self.posterior_head, self.router_head) if h is not None]
         for k in dead:
-            for w in (self.latent_embedding.weight, self.posterior_head.weight, self.router_head.weight):
+            for w in (self.latent_embedding.weight, *(h.weight for h in heads)):
                 w[k] = w[donor] + noise * torch.randn_like(w[donor]) * (w[donor].std() + 1e-3)
-            for bias in (self.posterior_head.bias, self.router_head.bias):
-                bias[k] = bias[donor] - 0.01
+            for h in heads:
+                h.bias[k] = h.bias[donor] - 0.01
 
     def new_parameter_names(self) -> list[str]:
         return [n for n, _ in self.named_parameters() if not n.startswith("backbone.")]
@@ -91,8 +96,11 @@ class DiscreteCVAE(nn.Module):
     def _heads_from_hidden(self, h: torch.Tensor, batch: Batch):
         B = h.shape[0]
         rows = torch.arange(B, device=h.device)
-        feats = pool_posterior_features(self, self.posterior_features, h, batch)
         sep = h[rows, batch.prefix_len - 1]
+        if self.posterior_head is None:  # optimal: computed by the objective from the decoders
+            feats = pool_posterior_features(self, "mean_y", h, batch)
+            return h.new_zeros(B, self.n_latent), self.router_head(sep), feats
+        feats = pool_posterior_features(self, self.posterior_features, h, batch)
         return self.posterior_head(feats), self.router_head(sep), feats
 
     def _all_values(self, batch: Batch) -> Int[torch.Tensor, "batch n_latent"]:
