@@ -40,7 +40,8 @@ if aided.empty:
 
 # %%
 if not aided.empty:
-    cols = {"aid": "aid", "weighting": "weighting", "beta": "β", "n_latent": "K", "posterior_features": "features",
+    cols = {"aid": "aid", "weighting": "weighting", "beta": "β", "n_latent": "K", "posterior_features": "posterior",
+            "lr_new": "lr new", "seed": "seed",
             "predicted_use_fraction": "predicted use", "measured_use_fraction": "measured use",
             "kl_prior_loss": "KL [nats]", "bayes_rate": "analytic I(z;y|x)", "alignment_nmi_unambiguous": "NMI (m=1)",
             "hungarian_accuracy_unambiguous": "matched acc (m=1)",
