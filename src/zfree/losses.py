@@ -363,4 +363,4 @@ def assemble_gaussian_objective(cfg: ObjectiveConfig, *, recon_per_sample: Float
     terms = {"reconstruction_loss": lbar.mean(), "kl_prior_loss": kl.mean()}
     total = sum(contributions.values())
     return ObjectiveBreakdown(total, terms, contributions, w.detach(), effective_beta(beta, target_len, w.detach()),
-                              {"lbar": lbar, "kl": kl, "weighted_recon": w * lbar, "q_logits": q_logits})
+                              {"lbar": lbar, "kl": kl, "weighted_recon": w * lbar})
