@@ -80,11 +80,9 @@ _BEST_RUN = {**_AIDED_RUN, "eval_every": 400}
 _QUICK_AID = {**HARD_EM_RECIPE, "lr_new": 1e-3, "n_latent": 4,  # lr_new as measured for this preset "hard_em_max_steps": 400, "handover_rows": 300,
               "steps": 500, "eval_every": 250, "eval_rows": 300, "decode_rows": 100}
 _QUICK_PLAIN = {"steps": 100, "eval_every": 50, "eval_rows": 300, "decode_rows": 100}
-#: the full preset's aided runs: the phase-boundary sweep's recipe (analysis/sweeps/phase_boundary.yaml):
-#: hand-over forced by step 450, then 250 soft steps under the true objective (276-482 s a run)
-_PHASE_AID = {"aid": "hard_em_then_soft", "n_latent": 6, "posterior_features": "mean_first", "hard_em_decoder": "best",
-              "handover_margin": 0.15, "restart_dead_every": 100, "handover_check_every": 50, "handover_rows": 500,
-              "lr_backbone": 1e-4, "hard_em_max_steps": 450, "steps": 700, "eval_every": 350, "eval_rows": 500,
+#: the full preset's aided runs: the best aid with the phase-boundary sweep's schedule (hand-over
+#: forced by step 450, then 250 soft steps under the true objective; 276-482 s a run there)
+_PHASE_AID = {**HARD_EM_RECIPE, "hard_em_max_steps": 450, "steps": 700, "eval_every": 350, "eval_rows": 500,
               "decode_rows": 100}
 _PHASE_PLAIN = {"steps": 250, "eval_every": 125, "eval_rows": 500, "decode_rows": 100}
 _WEIGHTINGS = [{"weighting": "plain"}, {"weighting": "distribution"}, {"weighting": "example", "epsilon": 0.05},
