@@ -67,3 +67,17 @@ def test_default_preset_has_each_weighting_without_and_with_the_aid_inside_its_b
                             excess_seq=n_tok * b - bn)["predicted_use_fraction"].iloc[0]
         if q["aid"] != "none":
             assert use >= 0.9, (q["weighting"], q["beta"], use)
+
+
+def test_default_preset_keeps_the_measured_step_budget():
+    """The default preset's <= 10-minute wall time was measured with these budgets (README): the
+    aided runs at K = 4, a hard phase of at most 400 steps and 500 steps in all; the others 100."""
+    from zfree.study import PRESETS
+    from zfree.sweeps import expand_grid
+
+    p = PRESETS["default"]
+    for q in (q.params for q in expand_grid(p.train, p.grid)):
+        if q["aid"] == "none":
+            assert q["steps"] == 100
+        else:
+            assert (q["steps"], q["hard_em_max_steps"], q["n_latent"], q["handover_rows"]) == (500, 400, 4, 300)

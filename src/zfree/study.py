@@ -77,7 +77,8 @@ _BEST_RUN = {**_AIDED_RUN, "eval_every": 400}
 #: the default preset's switched-on runs: the recipe at K = 4 (cheaper steps), a hard phase of at
 #: most 400 steps and betas well inside each weighting's predicted boundary, so z stays on after
 #: the hand-over (a 250-step hard phase left the decoders at oracle rho 0.70-0.80 and KL 0.2-0.5)
-_QUICK_AID = {**HARD_EM_RECIPE, "lr_new": 1e-3, "n_latent": 4,  # lr_new as measured for this preset "hard_em_max_steps": 400, "handover_rows": 300,
+_QUICK_AID = {**HARD_EM_RECIPE, "lr_new": 1e-3,  # the rate this preset was measured with
+              "n_latent": 4, "hard_em_max_steps": 400, "handover_rows": 300,
               "steps": 500, "eval_every": 250, "eval_rows": 300, "decode_rows": 100}
 _QUICK_PLAIN = {"steps": 100, "eval_every": 50, "eval_rows": 300, "decode_rows": 100}
 #: the full preset's aided runs: the best aid with the phase-boundary sweep's schedule (hand-over
