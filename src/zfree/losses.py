@@ -264,8 +264,9 @@ def optimal_posterior_logits(recon_per_latent: Float[torch.Tensor, "batch n_late
     recon_per_latent (B, K): per-token NLL of each value, nats; p_logits (B, K): router logits;
     w (B,): reconstruction weights. Returned detached: by the envelope theorem the gradient of J at
     the optimal q with q held fixed equals the total gradient (tested against autograd). ``beta`` below
-    ``OPTIMAL_POSTERIOR_MIN_BETA`` is clamped to it (the argmin, up to ties). Raises ValueError for
-    beta < 0.
+    ``OPTIMAL_POSTERIOR_MIN_BETA`` is clamped to it (the argmin, up to ties). With free bits or the
+    JSD term in the objective this q is the optimum of the objective without them. Raises
+    ValueError for beta < 0.
     """
     if beta < 0:
         raise ValueError(f"beta={beta} must be >= 0")

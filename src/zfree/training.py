@@ -155,6 +155,8 @@ def hard_em_objective(model: DiscreteCVAE, batch: Batch, cfg: TrainConfig, step:
     nll that picks k* is computed without gradient and only the decoded value's pass is
     differentiated (``DiscreteCVAE.forward_selected``). The reconstruction weight is the
     weighting's w_i, rescaled to mean 1/c_base over the batch when ``hard_em_recon_scale='c_base'``.
+    With ``posterior_features='optimal'`` (no head) the posterior is one-hot on k* (the hard limit of
+    the optimal posterior) and the posterior cross-entropy is 0.
     Returns the breakdown and the posterior argmax (batch,)."""
     outer = cfg.objective.token_outer if cfg.objective.weighting == "token" else cfg.objective.weighting
 

@@ -1,7 +1,10 @@
 """Shared discrete CVAE (DESIGN §3): one backbone, initialized from the z-free base model, serves
 
   posterior  q_xi(z | x, y)  a linear head on the mean of the z-free hidden states over the y-region
-                             (``mean_y``, default) or on the last position (``last``);
+                             (``mean_y``, default), the last position (``last``), the mean joined with
+                             the first y position (``mean_first``), an attention pooling or a separate
+                             encoder; or no head (``optimal``: the objective computes the q that
+                             minimizes it from the K decoders, ``losses.optimal_posterior_logits``);
   router     p_phi(z | x)    a linear head on the separator position (the last prefix position,
                              which predicts the first y token and sees only x);
   decoder    p_psi(y | x, z) the backbone with a latent embedding e_z added to the input embeddings
