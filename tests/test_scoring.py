@@ -218,7 +218,7 @@ def test_long_pair_cuts_x_from_the_left_and_never_y(world):
         score_pairs(model, tok, [p], cache=False, policy=ScoringPolicy(max_length=len(y)))
 
 
-def test_model_that_post_processes_logits_is_scored_from_its_own_logits(world, tmp_path):
+def test_model_that_post_processes_logits_is_scored_through_its_own_head_path(world, tmp_path):
     class ScaledGPT2(GPT2LMHeadModel):  # stands in for soft-capped or scaled logits
         def forward(self, *a, **k):
             out = super().forward(*a, **k)
@@ -227,6 +227,20 @@ def test_model_that_post_processes_logits_is_scored_from_its_own_logits(world, t
 
     torch.manual_seed(0)
     model = ScaledGPT2(world["m1"].config).eval()
+    res = score_pairs(model, world["tok"], world["pairs"][:4], cache=False)
+    assert res.settings["head_path"] == "hidden_states"  # the forward's own post-processing, by construction
+    assert_matches_oracle(res, model, world["tok"], world["pairs"][:4], bos=False)
+
+
+def test_model_whose_head_cannot_be_reproduced_is_scored_from_its_own_logits(world, tmp_path):
+    class TokenBiasGPT2(GPT2LMHeadModel):  # logits depend on the input ids, not only on hidden states
+        def forward(self, input_ids=None, **k):
+            out = super().forward(input_ids=input_ids, **k)
+            out.logits = out.logits + 0.5 * (input_ids % 7).float()[..., None]
+            return out
+
+    torch.manual_seed(0)
+    model = TokenBiasGPT2(world["m1"].config).eval()
     res = score_pairs(model, world["tok"], world["pairs"][:4], cache=False)
     assert res.settings["head_path"] == "model_logits"
     assert_matches_oracle(res, model, world["tok"], world["pairs"][:4], bos=False)

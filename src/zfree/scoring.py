@@ -42,11 +42,15 @@ from tqdm.auto import tqdm
 from zfree.data.batching import BosPolicy, EncodedPair, SepPolicy, encode_pairs, pad_id_of, special_convention
 from zfree.data.pairs import Pair, load_pairs
 from zfree.io import atomic_write_json, atomic_write_parquet, read_json, sha256_state_dict
+from zfree.models.head import head_is_exact, logits_from_hidden
+from zfree.models.loading import DTYPES as _DTYPES  # noqa: F401  (re-exported for callers)
+from zfree.models.loading import TOKENIZER_FILES, ModelLoadError, load_causal_lm, pick_device  # noqa: F401
 
-SCORER_VERSION = "2"  # bump whenever a change can move a number: it is part of the cache key
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "tokenizer.model",
-                   "spiece.model", "merges.txt")
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+SCORER_VERSION = "3"  # bump whenever a change can move a number: it is part of the cache key
+# everything in a score's settings that enters its cache key (the batch budget does not: it moves
+# numbers only at float32 rounding)
+CACHE_KEY_FIELDS = ("policy", "max_length", "weights_sha256", "config_sha256", "tokenizer_sha256", "data_sha256",
+                    "scorer_version", "dtype", "device")
 
 
 @dataclass(frozen=True)
@@ -107,40 +111,13 @@ class ScoreResult:
 
 # ---------------------------------------------------------------- model loading
 
-def pick_device(device: str | torch.device = "auto") -> torch.device:
-    """``"auto"``: cuda when available, else cpu."""
-    if str(device) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
-def load_scoring_model(model_dir: Path | str, *, device: str = "auto", dtype: str = "auto",
+def load_scoring_model(source: Path | str, *, device: str = "auto", dtype: str = "auto",
                        trust_remote_code: bool = False):
-    """Load ``(model, tokenizer)`` from a local folder for scoring, in eval mode.
-
-    dtype ``"auto"``: float32 on CPU, bfloat16 body on a bf16-capable GPU (the head runs in fp32
-    regardless). Raises FileNotFoundError if the folder is missing, ValueError if it holds no
-    tokenizer or ``dtype`` is unknown.
-    """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    model_dir, dev = Path(model_dir), pick_device(device)
-    if not model_dir.is_dir():
-        raise FileNotFoundError(f"model folder {model_dir} does not exist")
-    if not any((model_dir / f).exists() for f in TOKENIZER_FILES):
-        raise ValueError(f"model folder {model_dir} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); "
-                         f"save it beside the model with tokenizer.save_pretrained")
-    if dtype == "auto":
-        dtype = "bfloat16" if dev.type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
-    if dtype not in _DTYPES:
-        raise ValueError(f"dtype={dtype!r}: expected 'auto' or one of {sorted(_DTYPES)}")
-    try:
-        tok = AutoTokenizer.from_pretrained(model_dir, local_files_only=True, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError, TypeError) as e:
-        raise ValueError(f"{model_dir}: no loadable tokenizer ({type(e).__name__}: {e})") from None
-    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=_DTYPES[dtype],
-                                                 trust_remote_code=trust_remote_code)
-    return model.to(dev).eval(), tok
+    """``(model, tokenizer)`` for scoring: ``zfree.models.loading.load_causal_lm`` (a transformers
+    folder, a .gguf file or a folder holding one, or a hub id). dtype ``"auto"``: float32 on CPU,
+    bfloat16 body on a bf16-capable GPU (the head runs in fp32 regardless). Errors: FileNotFoundError
+    for a missing path, ModelLoadError (a ValueError) for everything zfree refuses."""
+    return load_causal_lm(source, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
 
 
 def context_length(model) -> int | None:
@@ -169,25 +146,14 @@ def plan_batches(lengths: np.ndarray, max_batch_tokens: int, max_batch_rows: int
     return out
 
 
-def _head_logprobs(head: tuple, h: torch.Tensor, tokens: torch.Tensor, chunk: int) -> torch.Tensor:
-    """log p(token) = logit[token] - logsumexp(logits), in float32, ``chunk`` positions at a time."""
-    W, bias = head
+def _head_logprobs(model, h: torch.Tensor, tokens: torch.Tensor, chunk: int) -> torch.Tensor:
+    """log p(token) = logit[token] - logsumexp(logits) with the model's own logits from hidden
+    states (``zfree.models.head.logits_from_hidden``, float32), ``chunk`` positions at a time."""
     out = []
     for s in range(0, h.shape[0], chunk):
-        logits = torch.nn.functional.linear(h[s : s + chunk].float(), W, bias)  # (n, vocab)
+        logits = logits_from_hidden(model, h[s : s + chunk])  # (n, vocab) float32
         out.append(logits.gather(-1, tokens[s : s + chunk, None]).squeeze(-1) - logits.logsumexp(-1))
     return torch.cat(out) if out else h.new_zeros(0, dtype=torch.float32)
-
-
-def _head_matches_logits(model, head: tuple, ids: torch.Tensor) -> bool:
-    """True when final hidden state -> output head reproduces the model's own logits (False for
-    models that post-process logits, e.g. soft-capping), checked on one short row."""
-    logits = model(input_ids=ids, use_cache=False).logits[0].float()
-    h = model.base_model(input_ids=ids, use_cache=False).last_hidden_state[0].float()
-    mine = torch.nn.functional.linear(h, *head)
-    fp32_body = next(model.parameters()).dtype == torch.float32
-    tol = 1e-3 if fp32_body else 0.1 + 0.02 * float(logits.abs().max())  # half logits round at ~1e-2 relative
-    return bool(torch.allclose(mine, logits, atol=tol, rtol=0))
 
 
 @torch.inference_mode()
@@ -221,16 +187,13 @@ def score_encoded(model, encoded: Sequence[EncodedPair], *, pad_id: int = 0, max
     starts = np.cumsum(n) - n  # row k's tokens are flat[starts[k] : starts[k] + n[k]]
     order = np.argsort(n, kind="stable")
 
-    out_emb = model.get_output_embeddings()
-    head = (out_emb.weight.float(), None if getattr(out_emb, "bias", None) is None else out_emb.bias.float())
-    chunk = max(64, (1 << 22) // head[0].shape[0])  # at most 4M fp32 logits (16 MiB) alive at once
+    vocab = int(getattr(model.get_output_embeddings(), "weight", torch.empty(1 << 16, 1)).shape[0])
+    chunk = max(64, (1 << 22) // vocab)  # at most 4M fp32 logits (16 MiB) alive at once
     was_training = model.training
     model.eval()
     pieces = []
     try:
-        k0 = int(order[0])
-        via_hidden = _head_matches_logits(model, head, torch.from_numpy(flat[starts[k0] : starts[k0] + n[k0]])
-                                          [None].to(device))
+        via_hidden = head_is_exact(model)
         bar = tqdm(total=len(encoded), desc="scoring", disable=not progress, leave=False)
         for sl in plan_batches(n[order], max_batch_tokens, max_batch_rows):
             idx = order[sl]
@@ -247,7 +210,7 @@ def score_encoded(model, encoded: Sequence[EncodedPair], *, pad_id: int = 0, max
             rows_t, pos_t = torch.from_numpy(rows).to(device), torch.from_numpy(pos).to(device)
             if via_hidden:
                 hidden = model.base_model(input_ids=input_ids, attention_mask=attn, use_cache=False).last_hidden_state
-                lp = _head_logprobs(head, hidden[rows_t, pos_t], tgt, chunk)  # (N,) only y positions
+                lp = _head_logprobs(model, hidden[rows_t, pos_t], tgt, chunk)  # (N,) only y positions
             else:
                 logits = model(input_ids=input_ids, attention_mask=attn, use_cache=False).logits[rows_t, pos_t].float()
                 lp = logits.gather(-1, tgt[:, None]).squeeze(-1) - logits.logsumexp(-1)
@@ -297,6 +260,22 @@ def tokenizer_sha256(tokenizer) -> str:
     return h.hexdigest()
 
 
+_CONFIG_NOISE = ("_name_or_path", "transformers_version", "_commit_hash", "torch_dtype", "dtype", "_attn_implementation_autoset")
+
+
+def config_sha256(model) -> str:
+    """Hash of everything in the model's config.json and generation config that can change the
+    numbers (sliding window, soft-capping, scaling constants, rope, ...); the folder name, the
+    transformers version and the dtype (keyed separately) are left out."""
+    def clean(d):
+        return {k: v for k, v in sorted(d.items()) if k not in _CONFIG_NOISE}
+    src = {"config": clean(model.config.to_dict()), "class": type(model).__name__}
+    gen = getattr(model, "generation_config", None)
+    if gen is not None:
+        src["generation"] = clean(gen.to_dict())
+    return hashlib.sha256(json.dumps(src, sort_keys=True, default=str).encode()).hexdigest()
+
+
 def rows_sha256(pairs: Sequence[Pair]) -> str:
     """Hash of the data rows as scored: (id, x, y) of every row, in order."""
     h = hashlib.sha256()
@@ -311,10 +290,12 @@ def score_pairs(model, tokenizer, pairs: Sequence[Pair], *, policy: ScoringPolic
     """Tokenize ``pairs`` (x and y separately, ``zfree.data.batching``) and score them.
 
     Cache: on unless ``cache=False`` (``cache=None`` reads ``$ZFREE_NO_CACHE=1`` as off), under
-    ``cache_dir`` (default ``default_cache_dir()``). The key hashes the weights, the tokenizer
+    ``cache_dir`` (default ``default_cache_dir()``). The key (``CACHE_KEY_FIELDS``) hashes the
+    weights, the model's config and generation config (``config_sha256``), the tokenizer
     (vocabulary, merges, special tokens), the dtype and device type, the policy, the resolved
     max length, the scorer version and the data rows; the batch budget is left out (it moves
-    numbers only at float32 rounding). A hit returns the stored values, bit for bit.
+    numbers only at float32 rounding). A hit returns the stored values, bit for bit; an entry
+    whose parquet files fail their stored sha256 is dropped with a warning and scored again.
 
     Raises ValueError naming the row for a y that tokenizes to nothing, an empty x without a
     context token, or a y that does not fit the context (nothing is written).
@@ -327,20 +308,19 @@ def score_pairs(model, tokenizer, pairs: Sequence[Pair], *, policy: ScoringPolic
     param = next(model.parameters())
     settings = {"policy": asdict(policy), "max_length": max_len, "bos_id": conv.bos_id, "sep_id": conv.sep_id,
                 "eos_id": conv.eos_id, "pad_id": pad_id_of(tokenizer),
-                "weights_sha256": sha256_state_dict(model.state_dict()), "tokenizer_sha256": tokenizer_sha256(tokenizer),
+                "weights_sha256": sha256_state_dict(model.state_dict()), "config_sha256": config_sha256(model),
+                "tokenizer_sha256": tokenizer_sha256(tokenizer),
                 "data_sha256": rows_sha256(pairs), "scorer_version": SCORER_VERSION,
                 "dtype": str(param.dtype).replace("torch.", ""), "device": param.device.type}
     use_cache = cache if cache is not None else os.environ.get("ZFREE_NO_CACHE", "").lower() not in ("1", "true")
     key_dir = None
     if use_cache:
-        key_src = {k: settings[k] for k in ("policy", "max_length", "weights_sha256", "tokenizer_sha256",
-                                            "data_sha256", "scorer_version", "dtype", "device")}
+        key_src = {k: settings[k] for k in CACHE_KEY_FIELDS}
         key = hashlib.sha256(json.dumps(key_src, sort_keys=True).encode()).hexdigest()
         key_dir = Path(cache_dir or default_cache_dir()) / key[:2] / key
-        if (key_dir / "settings.json").exists():
-            return ScoreResult(pd.read_parquet(key_dir / "per_example.parquet"),
-                               pd.read_parquet(key_dir / "per_token.parquet"), read_json(key_dir / "settings.json"),
-                               cache_hit=True)
+        hit = _load_entry(key_dir)
+        if hit is not None:
+            return hit
     res = score_encoded(model, encoded, pad_id=settings["pad_id"], max_batch_tokens=max_batch_tokens,
                         max_batch_rows=max_batch_rows, progress=progress)
     res.settings = {**res.settings, **settings}
@@ -349,13 +329,43 @@ def score_pairs(model, tokenizer, pairs: Sequence[Pair], *, policy: ScoringPolic
     return res
 
 
+def _file_sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+_ENTRY_FILES = ("per_example.parquet", "per_token.parquet")
+
+
+def _load_entry(key_dir: Path) -> ScoreResult | None:
+    """The cache entry in ``key_dir``, or None when there is none. An entry whose files do not
+    match the checksums stored in its ``checksums.json`` (or cannot be read) is removed with a
+    warning, and None is returned so that the rows are scored again."""
+    if not (key_dir / "settings.json").exists():
+        return None
+    try:
+        sums = read_json(key_dir / "checksums.json")
+        bad = [f for f in _ENTRY_FILES if _file_sha256(key_dir / f) != sums.get(f)]
+        if bad:
+            raise ValueError(f"checksum mismatch in {', '.join(bad)}")
+        return ScoreResult(pd.read_parquet(key_dir / "per_example.parquet"),
+                           pd.read_parquet(key_dir / "per_token.parquet"), read_json(key_dir / "settings.json"),
+                           cache_hit=True)
+    except (OSError, ValueError, KeyError) as e:
+        warnings.warn(f"score cache entry {key_dir} is damaged ({type(e).__name__}: {str(e).splitlines()[0]}); "
+                      f"dropping it and scoring again")
+        shutil.rmtree(key_dir, ignore_errors=True)
+        return None
+
+
 def _store(key_dir: Path, res: ScoreResult) -> None:
-    """Write a cache entry into a temp folder, then rename it into place (readers never see half)."""
+    """Write a cache entry (two parquet files, their sha256 in checksums.json, settings.json) into
+    a temp folder, then rename it into place (readers never see half)."""
     key_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{key_dir.name}.", dir=key_dir.parent))
     try:
         res.per_example.to_parquet(tmp / "per_example.parquet", index=False)
         res.per_token.to_parquet(tmp / "per_token.parquet", index=False)
+        (tmp / "checksums.json").write_text(json.dumps({f: _file_sha256(tmp / f) for f in _ENTRY_FILES}))
         (tmp / "settings.json").write_text(json.dumps(res.settings, sort_keys=True))
         os.replace(tmp, key_dir)
     except OSError:

@@ -7,9 +7,11 @@ from pathlib import Path
 
 import torch
 from jaxtyping import Float
-from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel
+from transformers import GPT2Config, GPT2LMHeadModel
 
 from zfree.data.batching import Batch
+from zfree.models.head import exact_logits_from_hidden
+from zfree.models.loading import load_causal_lm
 
 
 def build_synthetic_gpt2(vocab_size: int, *, n_positions: int = 64, n_layer: int = 2, n_embd: int = 128,
@@ -22,25 +24,10 @@ def build_synthetic_gpt2(vocab_size: int, *, n_positions: int = 64, n_layer: int
     return GPT2LMHeadModel(cfg)
 
 
-def load_base(model_dir: Path | str, *, trust_remote_code: bool = False, device: str = "cpu"):
-    """Load ``(model, tokenizer)`` from a local HF folder (no hub access), model in eval mode, fp32.
-
-    Raises FileNotFoundError if the folder is missing, ValueError if it holds no tokenizer.
-    """
-    from zfree.scoring import TOKENIZER_FILES
-
-    model_dir = Path(model_dir)
-    if not model_dir.is_dir():
-        raise FileNotFoundError(f"model folder {model_dir} does not exist")
-    if not any((model_dir / f).exists() for f in TOKENIZER_FILES):  # transformers 5 would invent an empty one
-        raise ValueError(f"model folder {model_dir} has no tokenizer (none of {', '.join(TOKENIZER_FILES)})")
-    try:
-        tok = AutoTokenizer.from_pretrained(model_dir, local_files_only=True, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError, TypeError) as e:
-        raise ValueError(f"{model_dir}: no loadable tokenizer ({type(e).__name__}: {e})") from None
-    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, trust_remote_code=trust_remote_code,
-                                                 dtype=torch.float32)
-    return model.to(device).eval(), tok
+def load_base(source: Path | str, *, device: str = "auto", dtype: str = "float32", trust_remote_code: bool = False):
+    """``(model, tokenizer)`` for training a CVAE on a base model: ``load_causal_lm`` with float32
+    weights by default. ``source``, errors: see ``zfree.models.loading.load_causal_lm``."""
+    return load_causal_lm(source, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
 
 
 def hidden_states(model, batch: Batch, inputs_embeds: torch.Tensor | None = None) -> Float[torch.Tensor, "batch seq d_model"]:
@@ -58,12 +45,14 @@ def target_logprobs_from_hidden(model, hidden: Float[torch.Tensor, "batch seq d_
     """log p(token_t | tokens_<t) at the y-region positions t (0 elsewhere), in nats, fp32.
 
     Gathers the hidden states of the positions that predict y tokens (t - 1) *before* the output
-    head, so logits are never materialized for x positions; log-softmax runs in float32.
+    head, so logits are never materialized for x positions; the logits are the model's own
+    (``zfree.models.head``: soft-capping, scaling, bias honoured), log-softmax runs in float32.
+    Raises ModelLoadError if the model's head path cannot be reproduced.
     """
     B, T, _ = hidden.shape
     predict = batch.target_mask[:, 1:]  # (B, T-1): position t-1 predicts supervised token t
     h = hidden[:, :-1][predict]  # (N, D)
-    logits = model.get_output_embeddings()(h).float()  # (N, V)
+    logits = exact_logits_from_hidden(model, h)  # (N, V) float32
     tokens = batch.input_ids[:, 1:][predict]  # (N,)
     lp = torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
     out = hidden.new_zeros((B, T), dtype=torch.float32)
@@ -82,13 +71,14 @@ def greedy_decode_with_latents(backbone, prefixes, latents: Float[torch.Tensor, 
     """Greedy decoding of y after each prefix ([bos] + x + [sep]) with one latent vector per row
     added to the input embeddings at the separator and every generated position (as in training).
     Rows are grouped by prefix length, so no padding is needed. Returns the generated ids without
-    the end token. Shared by the discrete (latent = e_z) and continuous (latent = W z) CVAEs."""
+    the end token; the next token is the argmax of the model's own logits (``zfree.models.head``).
+    Shared by the discrete (latent = e_z) and continuous (latent = W z) CVAEs."""
     dev = latents.device
     out: list[list[int]] = [[] for _ in prefixes]
     groups: dict[int, list[int]] = {}
     for i, p in enumerate(prefixes):
         groups.setdefault(len(p), []).append(i)
-    emb_layer, head = backbone.get_input_embeddings(), backbone.get_output_embeddings()
+    emb_layer = backbone.get_input_embeddings()
     for P, idx in groups.items():
         ids = torch.tensor([list(prefixes[i]) for i in idx], device=dev)
         lat = latents[idx]  # (G, D)
@@ -97,7 +87,8 @@ def greedy_decode_with_latents(backbone, prefixes, latents: Float[torch.Tensor, 
             T = ids.shape[1]
             inj = (torch.arange(T, device=dev) >= P - 1).to(lat.dtype)  # separator and y positions
             emb = emb_layer(ids) + inj[None, :, None] * lat[:, None, :]
-            nxt = head(backbone.base_model(inputs_embeds=emb, use_cache=False).last_hidden_state[:, -1]).argmax(-1)
+            h_last = backbone.base_model(inputs_embeds=emb, use_cache=False).last_hidden_state[:, -1]
+            nxt = exact_logits_from_hidden(backbone, h_last).argmax(-1)  # the model's own logits
             nxt = torch.where(done, torch.full_like(nxt, eos_id), nxt)
             ids = torch.cat([ids, nxt[:, None]], 1)
             done |= nxt == eos_id

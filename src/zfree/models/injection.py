@@ -6,11 +6,20 @@ Because the x-prefix ([bos] + x) does not depend on z, the K (or S) decoder pass
 cache of one z-free pass over (x, y) and run only over the y-region ("shared prefix"):
 cost |x| + n·|y| instead of n·(|x| + |y|) per example. ``decoder_hidden_full`` is the naive reference
 path (a full pass per latent vector); both are tested equal.
+
+The prefix cache can be reused exactly only when every cached layer still holds all prefix
+positions and no sliding-window mask would bite inside the suffix pass (its mask is laid out in
+cache coordinates, which differ from a shorter row's true positions). ``shared_prefix_problem``
+checks this on the actual cache and config; under ``SHARED_PREFIX = "auto"`` (the default)
+``decoder_hidden_suffix`` falls back to the full pass when it fails and warns once per model
+class; ``"on"`` raises instead, ``"off"`` always takes the full pass (``set_shared_prefix``).
+Logits always come from the model's own head path (``zfree.models.head``).
 """
 
 from __future__ import annotations
 
 import inspect
+import warnings
 
 import torch
 from jaxtyping import Bool, Float
@@ -18,10 +27,54 @@ from transformers import DynamicCache
 
 from zfree.data.batching import Batch
 from zfree.models.base import hidden_states
+from zfree.models.head import exact_logits_from_hidden
+
+SHARED_PREFIX_MODES = {"auto": "shared prefix where exact, else the full pass (warned once)",
+                       "on": "shared prefix; an inexact cache is an error",
+                       "off": "always the full pass"}
+SHARED_PREFIX = "auto"  # module-level default; set with set_shared_prefix
+_WARNED: set = set()
 
 # transformers 5 renamed the forward keyword ``past_key_values`` to ``cache``
 _CACHE_KW = "cache" if "cache" in inspect.signature(__import__("transformers").GPT2Model.forward).parameters \
     else "past_key_values"
+
+
+def set_shared_prefix(mode: str) -> str:
+    """Set the module-wide shared-prefix mode (``SHARED_PREFIX_MODES``); returns the previous one.
+    Raises ValueError listing the valid modes."""
+    global SHARED_PREFIX
+    if mode not in SHARED_PREFIX_MODES:
+        raise ValueError(f"shared_prefix={mode!r}: expected one of {sorted(SHARED_PREFIX_MODES)}")
+    prev, SHARED_PREFIX = SHARED_PREFIX, mode
+    return prev
+
+
+def sliding_window_of(config) -> int | None:
+    """The shortest sliding window any layer of ``config`` uses, or None (all layers full)."""
+    w = getattr(config, "sliding_window", None)
+    if not isinstance(w, int) or w <= 0:
+        return None
+    types = getattr(config, "layer_types", None)
+    if types is not None:
+        return w if any("sliding" in str(t) for t in types) else None
+    return None if getattr(config, "use_sliding_window", True) is False else w
+
+
+def shared_prefix_problem(backbone, cache, n_cached: int, extent: int) -> str | None:
+    """Why ``cache`` (of a z-free pass over ``n_cached`` positions) cannot serve a suffix pass whose
+    cache-coordinate extent is ``extent`` (= cached prefix slots + suffix length) exactly; None when
+    it can. Checks every layer's stored length and every sliding window (cache layer or config)."""
+    windows = [sliding_window_of(backbone.config)]
+    for i, (k, _) in enumerate(layer_kv(cache)):
+        if k.shape[-2] < n_cached:
+            return f"cache layer {i} keeps {k.shape[-2]} of {n_cached} positions (sliding window)"
+    for layer in getattr(cache, "layers", []):
+        windows.append(getattr(layer, "sliding_window", None))
+    ws = [w for w in windows if isinstance(w, int) and w > 0]
+    if ws and extent > min(ws):
+        return f"sliding window {min(ws)} < suffix extent {extent}"
+    return None
 
 
 def injection_mask(batch: Batch) -> Bool[torch.Tensor, "batch seq"]:
@@ -66,15 +119,18 @@ def decoder_hidden_full(backbone, batch: Batch, latents: Float[torch.Tensor, "ba
     return h.reshape(B, n, T, -1)
 
 
-def decoder_hidden_suffix(backbone, batch: Batch, cache, latents: Float[torch.Tensor, "batch n d_model"]
-                          ) -> tuple[Float[torch.Tensor, "batch n pos d_model"], Bool[torch.Tensor, "batch pos"]]:
+def decoder_hidden_suffix(backbone, batch: Batch, cache, latents: Float[torch.Tensor, "batch n d_model"],
+                          shared_prefix: str | None = None) -> tuple[Float[torch.Tensor, "batch n pos d_model"], Bool[torch.Tensor, "batch pos"]]:
     """Decoder hidden states over the y-region for each latent vector, reusing ``cache`` (the z-free
     pass's key/value cache) for the x-prefix.
 
     Returns (hidden (B, n, L, D) at the positions predicting S, valid (B, L)), L = max |S|. Each
     row's suffix starts at its separator (position prefix_len - 1) with explicit position ids;
     cache slots beyond a row's own prefix (its y tokens, or padding) are masked. Equals
-    ``decoder_hidden_full`` at those positions (tests/test_models.py, tests/test_continuous.py).
+    ``decoder_hidden_full`` at those positions (tests/test_models.py, tests/test_architectures.py).
+    ``shared_prefix`` (default: the module's ``SHARED_PREFIX``) "auto" takes the full pass (same
+    layout) when ``shared_prefix_problem`` finds the cache not exactly reusable, warning once
+    per model class; "on" raises ValueError then; "off" always takes the full pass.
     """
     B, T = batch.input_ids.shape
     n = latents.shape[1]
@@ -84,6 +140,21 @@ def decoder_hidden_suffix(backbone, batch: Batch, cache, latents: Float[torch.Te
     j = torch.arange(L, device=dev)[None, :]
     valid = j < batch.target_len[:, None]  # (B, L)
     pos = (batch.prefix_len - 1)[:, None] + j  # (B, L) positions of sep, y_0 .. y_{|S|-2}
+    mode = SHARED_PREFIX if shared_prefix is None else shared_prefix
+    if mode not in SHARED_PREFIX_MODES:
+        raise ValueError(f"shared_prefix={mode!r}: expected one of {sorted(SHARED_PREFIX_MODES)}")
+    problem = None if mode == "off" or cache is None else shared_prefix_problem(backbone, cache, T, Pc + L)
+    if mode == "on" and problem:
+        raise ValueError(f"shared_prefix='on' but the prefix cache of {type(backbone).__name__} cannot be reused "
+                         f"exactly: {problem} (use 'auto' or 'off')")
+    if mode == "off" or cache is None or problem:
+        if problem and type(backbone).__name__ not in _WARNED:
+            _WARNED.add(type(backbone).__name__)
+            warnings.warn(f"{type(backbone).__name__}: shared-prefix decoding is not exact here ({problem}); "
+                          f"using the full pass per latent (exact, slower)", stacklevel=2)
+        full = decoder_hidden_full(backbone, batch, latents)  # (B, n, T, D)
+        idx = pos.clamp_max(T - 1)[:, None, :, None].expand(B, n, L, full.shape[-1])
+        return full.gather(2, idx), valid
     ids = batch.input_ids.gather(1, pos.clamp_max(T - 1))
     x = backbone.get_input_embeddings()(ids)[:, None] + latents[:, :, None, :]  # (B, n, L, D)
     prefix_cache = DynamicCache(ddp_cache_data=[(k[:, :, :Pc].repeat_interleave(n, 0), v[:, :, :Pc].repeat_interleave(n, 0))
@@ -105,7 +176,7 @@ def suffix_target_logprobs(backbone, batch: Batch, hz: Float[torch.Tensor, "batc
     B, n, L, _ = hz.shape
     T = batch.input_ids.shape[1]
     sel = valid[:, None].expand(B, n, L)
-    logp_all = torch.log_softmax(backbone.get_output_embeddings()(hz[sel]).float(), -1)  # (N, V), (b, s, j) order
+    logp_all = torch.log_softmax(exact_logits_from_hidden(backbone, hz[sel]), -1)  # (N, V), (b, s, j) order
     tgt_pos = (batch.prefix_len[:, None] + torch.arange(L, device=hz.device)[None, :]).clamp_max(T - 1)
     tokens = batch.input_ids.gather(1, tgt_pos)[:, None].expand(B, n, L)[sel]
     lp = logp_all.gather(-1, tokens[:, None]).squeeze(-1)
@@ -123,7 +194,7 @@ def full_target_logprobs(backbone, batch: Batch, hz: Float[torch.Tensor, "batch 
     """``suffix_target_logprobs`` for ``decoder_hidden_full``'s output (B, n, T, D)."""
     B, n, T, _ = hz.shape
     predict = batch.target_mask[:, 1:][:, None].expand(B, n, T - 1)
-    logp_all = torch.log_softmax(backbone.get_output_embeddings()(hz[:, :, :-1][predict]).float(), -1)
+    logp_all = torch.log_softmax(exact_logits_from_hidden(backbone, hz[:, :, :-1][predict]), -1)
     tokens = batch.input_ids[:, 1:][:, None].expand(B, n, T - 1)[predict]
     tlp = hz.new_zeros((B, n, T), dtype=torch.float32)
     tlp[:, :, 1:][predict] = logp_all.gather(-1, tokens[:, None]).squeeze(-1)

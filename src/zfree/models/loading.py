@@ -1,0 +1,129 @@
+"""One loader for every causal LM zfree works with: a local transformers folder, a GGUF file (or a
+folder holding one), or a hub id; and refusals, with a zfree message, of what is not a usable
+causal LM (encoder-decoder configs, loads that leave weights missing or newly initialized).
+
+After loading, the output head is verified: the logits zfree computes from the final hidden
+states (``zfree.models.head.logits_from_hidden``) must equal the model's own ``model(...).logits``
+on a short probe row, or the load is refused (``verify_head``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "tokenizer.model",
+                   "spiece.model", "merges.txt")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ModelLoadError(ValueError):
+    """A model zfree cannot use (one-line message naming the model and the reason)."""
+
+
+def pick_device(device: str | torch.device = "auto") -> torch.device:
+    """``"auto"``: cuda when available, else cpu; anything else is passed to ``torch.device``."""
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_source(source: Path | str) -> tuple[str, str | None, str]:
+    """Where to load from: ``(path_or_id, gguf_file or None, kind)``, kind in folder / gguf / hub.
+
+    A ``.gguf`` file, or a folder without config.json that holds exactly one ``.gguf`` file, is a
+    GGUF source; a folder with config.json is a transformers folder; a string that is not an
+    existing path but looks like ``owner/name`` is a hub id. Raises FileNotFoundError for a path
+    that does not exist, ModelLoadError for a folder with several or no loadable files.
+    """
+    p = Path(source)
+    if p.is_file():
+        if p.suffix != ".gguf":
+            raise ModelLoadError(f"model {p}: a file must be a .gguf file (or pass the model folder)")
+        return str(p.parent), p.name, "gguf"
+    if p.is_dir():
+        if (p / "config.json").exists():
+            return str(p), None, "folder"
+        ggufs = sorted(f.name for f in p.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return str(p), ggufs[0], "gguf"
+        if len(ggufs) > 1:
+            raise ModelLoadError(f"model folder {p} holds several .gguf files ({', '.join(ggufs)}): pass one file")
+        raise ModelLoadError(f"model folder {p} has neither config.json nor a .gguf file")
+    s = str(source)
+    if s.count("/") == 1 and not s.startswith((".", "/", "~")) and all(s.split("/")):
+        return s, None, "hub"
+    raise FileNotFoundError(f"model folder {p} does not exist")
+
+
+def _loading_problems(info: dict) -> list[str]:
+    names = []
+    for key in ("missing_keys", "newly_initialized_keys", "mismatched_keys"):
+        for k in info.get(key) or []:
+            names.append(k if isinstance(k, str) else str(k[0]))
+    return sorted(set(names))
+
+
+def load_causal_lm(source: Path | str, *, device: str | torch.device = "auto", dtype: str = "auto",
+                   trust_remote_code: bool = False, verify: bool = True):
+    """Load ``(model, tokenizer)`` of a causal LM for zfree, model in eval mode on ``device``.
+
+    source: a transformers folder (config.json + weights + tokenizer), a ``.gguf`` file or a
+    folder holding one (needs the ``gguf`` package; dequantized to ``dtype``), or a hub id
+    (offline unless HF_HUB_OFFLINE is unset). dtype ``"auto"``: float32 on CPU, bfloat16 on a
+    bf16-capable GPU; otherwise one of ``DTYPES``.
+
+    Raises FileNotFoundError for a missing path; ModelLoadError (a ValueError) for a folder without
+    a tokenizer (naming the folder), an encoder-decoder config (T5, BART, ...), a load that
+    reports missing / newly initialized / mismatched weights (naming them), an unknown dtype, or
+    (``verify``) a model whose logits zfree cannot reproduce from its hidden states.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    path, gguf_file, kind = resolve_source(source)
+    dev = pick_device(device)
+    if dtype == "auto":
+        dtype = "bfloat16" if dev.type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
+    if dtype not in DTYPES:
+        raise ModelLoadError(f"dtype={dtype!r}: expected 'auto' or one of {sorted(DTYPES)}")
+    if kind == "folder" and not any((Path(path) / f).exists() for f in TOKENIZER_FILES):
+        raise ModelLoadError(f"model folder {path} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); "
+                             f"save it beside the model with tokenizer.save_pretrained")
+    local = kind != "hub" or os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
+    kw = dict(local_files_only=local, trust_remote_code=trust_remote_code)
+    if gguf_file is not None:
+        kw["gguf_file"] = gguf_file
+    name = f"{path}/{gguf_file}" if gguf_file else path
+    try:
+        config = AutoConfig.from_pretrained(path, **kw)
+    except (OSError, ValueError, KeyError) as e:
+        raise ModelLoadError(f"model {name}: no loadable config ({type(e).__name__}: {str(e).splitlines()[0]})") from None
+    if getattr(config, "is_encoder_decoder", False):
+        raise ModelLoadError(f"model {name}: {type(config).__name__} is an encoder-decoder model, not a causal LM "
+                             f"(zfree needs a decoder-only AutoModelForCausalLM)")
+    try:
+        tok = AutoTokenizer.from_pretrained(path, **kw)
+    except (OSError, ValueError, TypeError) as e:
+        raise ModelLoadError(f"model folder {path}: no loadable tokenizer ({type(e).__name__}: "
+                             f"{str(e).splitlines()[0] if str(e) else ''})") from None
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=DTYPES[dtype],
+                                                           output_loading_info=True, **kw)
+    except ValueError as e:
+        if "Unrecognized configuration class" in str(e):
+            raise ModelLoadError(f"model {name}: {type(config).__name__} has no causal-LM head in transformers "
+                                 f"(not an AutoModelForCausalLM)") from None
+        raise
+    bad = _loading_problems(info)
+    if bad:
+        shown = ", ".join(bad[:8]) + (f" and {len(bad) - 8} more" if len(bad) > 8 else "")
+        raise ModelLoadError(f"model {name}: weights missing or newly initialized on load: {shown} "
+                             f"(they would be random; not a complete {type(model).__name__})")
+    model = model.to(dev).eval()
+    if verify:
+        from zfree.models.head import verify_head
+
+        verify_head(model, name=name)
+    return model, tok
