@@ -332,3 +332,20 @@ def test_model_folder_without_tokenizer_is_a_clear_error(world, tmp_path):
     assert cli_main(["score", "--model", str(tmp_path / "bare"), "--data", str(data), "--out",
                      str(tmp_path / "out"), "--no-cache"]) == 2
     assert not (tmp_path / "out").exists()
+
+
+def test_damaged_cache_entry_is_dropped_and_rescored_with_a_warning(world, tmp_path):
+    pairs, tok = world["pairs"], world["tok"]
+    first = score_pairs(world["m1"], tok, pairs, cache_dir=tmp_path)
+    entry = next(tmp_path.glob("*/*/per_token.parquet")).parent
+    raw = bytearray((entry / "per_token.parquet").read_bytes())
+    raw[len(raw) // 2] ^= 0xFF  # one flipped byte inside the data
+    (entry / "per_token.parquet").write_bytes(bytes(raw))
+    with pytest.warns(UserWarning, match="damaged.*checksum mismatch in per_token.parquet"):
+        again = score_pairs(world["m1"], tok, pairs, cache_dir=tmp_path)
+    assert not again.cache_hit
+    pd.testing.assert_frame_equal(again.per_token, first.per_token, check_exact=True)
+    assert score_pairs(world["m1"], tok, pairs, cache_dir=tmp_path).cache_hit  # stored again, intact
+    (entry / "per_example.parquet").write_bytes(b"PAR1 truncated")
+    with pytest.warns(UserWarning, match="damaged"):
+        assert not score_pairs(world["m1"], tok, pairs, cache_dir=tmp_path).cache_hit
