@@ -14,7 +14,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
 from zfree.cli import main as cli_main
@@ -33,8 +33,9 @@ def sentence(rng: random.Random, lo: int, hi: int) -> str:
 
 
 def train_bpe(folder, variant: str):
-    """Byte-level BPE trained here (so merges exist). gpt2: bos == eos == pad-less <|endoftext|>;
-    llama: dedicated <s>, </s>, pad = eos."""
+    """Byte-level BPE trained here (so merges exist). gpt2: bos == eos == pad-less <|endoftext|>, added
+    by nobody; llama: dedicated <s> that the tokenizer itself prepends (as Llama's do), </s>, pad = eos;
+    smollm2: dedicated bos <|im_start|> != eos that the tokenizer does not add (as SmolLM2's)."""
     rng = random.Random(0)
     tk = Tokenizer(models.BPE())
     tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -42,8 +43,12 @@ def train_bpe(folder, variant: str):
     trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>", "<s>", "</s>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tk.train_from_iterator([sentence(rng, 3, 12) for _ in range(2000)], trainer)
-    sp = ({"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>"} if variant == "gpt2"
-          else {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "</s>"})
+    sp = {"gpt2": {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>"},
+          "llama": {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "</s>"},
+          "smollm2": {"bos_token": "<s>", "eos_token": "</s>"}}[variant]
+    if variant == "llama":
+        tk.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A $B",
+                                                          special_tokens=[("<s>", tk.token_to_id("<s>"))])
     PreTrainedTokenizerFast(tokenizer_object=tk, model_max_length=64, **sp).save_pretrained(folder)
     return AutoTokenizer.from_pretrained(folder, local_files_only=True)
 
@@ -62,12 +67,13 @@ def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("scoring")
     tok = train_bpe(root / "tok_gpt2", "gpt2")
     tok_llama = train_bpe(root / "tok_llama", "llama")
+    tok_smol = train_bpe(root / "tok_smol", "smollm2")
     m1 = tiny_gpt2(root / "m1", tok, seed=1)
     m2 = tiny_gpt2(root / "m2", tok, seed=2)
     m_llama = tiny_gpt2(root / "m_llama", tok_llama, seed=3)
     rng = random.Random(1)
     pairs = [Pair(f"r{i}", sentence(rng, 1, 6), sentence(rng, 1, 5)) for i in range(14)]
-    return dict(root=root, tok=tok, tok_llama=tok_llama, m1=m1, m2=m2, m_llama=m_llama, pairs=pairs)
+    return dict(root=root, tok=tok, tok_llama=tok_llama, tok_smol=tok_smol, m1=m1, m2=m2, m_llama=m_llama, pairs=pairs)
 
 
 def oracle(model, seq: list[int], n_target: int) -> np.ndarray:
@@ -111,6 +117,20 @@ def test_dedicated_bos_is_prepended_once_and_gives_empty_x_a_context(world):
     assert_matches_oracle(res, world["m_llama"], tok, pairs, bos=True)
     e = encode_pair(tok, Pair("lit", "<s> the cat", "sat"))
     assert e.prefix_ids.count(tok.bos_token_id) == 1 and e.prefix_ids[0] == tok.bos_token_id
+
+
+def test_bos_the_tokenizer_does_not_add_is_not_added_by_default(world):
+    """bos="auto" is what add_special_tokens=True does: a dedicated bos != eos that the tokenizer
+    does not add itself (SmolLM2's <|im_start|>) is not prepended; "always" prepends it once."""
+    tok, p = world["tok_smol"], Pair("p", "the cat sat", "on the mat")
+    assert tok.bos_token_id is not None and tok.bos_token_id != tok.eos_token_id
+    assert tok(p.x)["input_ids"] == tok(p.x, add_special_tokens=False)["input_ids"]
+    assert list(encode_pair(tok, p).prefix_ids) == tok(p.x, add_special_tokens=False)["input_ids"]
+    assert_matches_oracle(score_pairs(world["m_llama"], tok, [p], cache=False), world["m_llama"], tok, [p], bos=False)
+    always = encode_pair(tok, p, bos="always").prefix_ids
+    assert always[0] == tok.bos_token_id and always.count(tok.bos_token_id) == 1
+    llama = world["tok_llama"]
+    assert list(encode_pair(llama, p).prefix_ids) == llama(p.x)["input_ids"]  # exactly what it does itself
 
 
 def test_empty_x_without_a_beginning_token_is_an_error_naming_the_row(world):

@@ -4,18 +4,24 @@ Convention (DESIGN §2): x and y are tokenized *separately* (``add_special_token
 concatenated, so no token straddles the boundary; nothing is added to the vocabulary.
 Sequence = [bos] + x + [sep] + y + [eos]:
 
-- **bos** follows the tokenizer's own convention and appears exactly once. ``bos="auto"`` uses it
-  when the tokenizer inserts it itself (``add_special_tokens=True`` prepends it, e.g. Llama) or
-  when it defines a *dedicated* bos token distinct from its eos token (the synthetic benchmark's
-  ``<bos>``). A tokenizer whose bos is its eos (GPT-2's ``<|endoftext|>``) prepends nothing, as
-  it does itself. ``"always"`` / ``"never"`` override. If x's own tokens already start with bos
-  it is not added again.
+- **bos** follows the tokenizer's own convention and appears exactly once: ``bos="auto"`` (the
+  default) prepends it iff the tokenizer itself does (``add_special_tokens=True`` puts its bos
+  token in front, e.g. Llama, Gemma, zfree's word-level tokenizer), the convention of
+  lm-evaluation-harness and minicons. A tokenizer that defines a bos token but does not add it
+  (GPT-2's ``<|endoftext|>``, SmolLM2's ``<|im_start|>``) gets none. ``"always"`` / ``"never"``
+  override. If x's own tokens already start with bos it is not added again.
 - **sep** is appended after x when the tokenizer defines a sep token (``sep="auto"``).
 - **eos** closes the supervised region when ``add_eos`` and the tokenizer has an eos token.
 
-y is tokenized as given, as a text of its own: whitespace at its start is the caller's choice
-(byte-level BPE tokenizes " cat" and "cat" differently), and SentencePiece tokenizers add their
-usual word-start marker to it.
+y is tokenized as given, as a text of its own. The x/y seam: whitespace at y's start is the
+caller's choice and is kept: byte-level BPE (GPT-2, Llama-3, SmolLM2) encodes " mat." as "Ġmat"
+"." — the same tokens a joint encoding of "... the mat." gives, so x="The cat sat on the",
+y=" mat." scores exactly what a joint encoding does — while "mat." without the space is another
+token sequence. SentencePiece (Llama-2, Gemma) prefixes every separately encoded text with its
+word-start marker, so " mat." or "mat." alone may cost an extra "▁" token that a joint encoding
+does not have (tests/test_scoring.py states both cases on trained tokenizers). lm-evaluation-
+harness instead encodes x + y jointly and splits at len(encode(x)); the two agree whenever the
+joint encoding does not merge across the seam (byte-level BPE with y starting with a space).
 
 The *prefix* is [bos] + x + [sep] (z-free context); the supervised y-region S is y + [eos], so
 |S| = len(target_ids) and the first y token is always scored: the prefix is never empty (an
@@ -72,7 +78,7 @@ def special_convention(tokenizer, *, bos: BosPolicy = "auto", sep: SepPolicy = "
         raise ValueError(f"bos={bos!r}: expected one of 'auto', 'always', 'never'")
     if sep not in ("auto", "never"):
         raise ValueError(f"sep={sep!r}: expected one of 'auto', 'never'")
-    bos_tok, eos_tok = tokenizer.bos_token_id, tokenizer.eos_token_id
+    bos_tok, eos_tok = tokenizer.bos_token_id, tokenizer.eos_token_id  # what add_special_tokens=True does decides
     if bos == "auto":
         try:
             adds_bos = _CONVENTIONS[tokenizer]
@@ -85,7 +91,7 @@ def special_convention(tokenizer, *, bos: BosPolicy = "auto", sep: SepPolicy = "
                 _CONVENTIONS[tokenizer] = adds_bos
             except TypeError:
                 pass
-        use_bos = bos_tok is not None and (adds_bos or bos_tok != eos_tok)
+        use_bos = bos_tok is not None and adds_bos
     elif bos == "always":
         if bos_tok is None:
             raise ValueError("bos='always' but the tokenizer has no bos token")
