@@ -144,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--data", required=True)
     r.set_defaults(func=_cmd_base_reference)
     sc = sub.add_parser("score", help="z-free surprisal of a JSONL file under any local causal LM")
-    sc.add_argument("--model", required=True, help="local folder with the model and its tokenizer")
+    sc.add_argument("--model", required=True, help="model folder with its tokenizer, a .gguf file, or a hub id")
     sc.add_argument("--data", required=True, help="JSONL rows {id, x, y}")
     sc.add_argument("--out", required=True, help="folder for per_example/per_token.parquet and summary.json")
     sc.add_argument("--device", default="auto")
