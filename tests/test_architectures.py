@@ -24,6 +24,7 @@ from zfree.data.batching import collate, encode_pairs
 from zfree.data.pairs import Pair
 from zfree.data.tokenizer import build_digit_tokenizer
 from zfree.models import injection
+from zfree.models.base import greedy_decode_with_latents
 from zfree.models.injection import (decoder_hidden_full, decoder_hidden_suffix, full_target_logprobs,
                                     shared_prefix_problem, suffix_target_logprobs, zfree_pass)
 from zfree.models.loading import ModelLoadError, load_causal_lm
@@ -50,6 +51,8 @@ CONFIGS = {  # name -> (config, output-weight scale)
     "gemma": (lambda: T.GemmaConfig(head_dim=16, **LLAMA_LIKE), 30.0),  # tied, embeddings scaled by sqrt(d)
     "gemma2-softcap-sliding": (lambda: T.Gemma2Config(head_dim=16, sliding_window=8, final_logit_softcapping=5.0,
                                                       layer_types=SLIDING, **LLAMA_LIKE), 30.0),
+    "gemma3-softcap-sliding": (lambda: T.Gemma3TextConfig(head_dim=16, sliding_window=8, final_logit_softcapping=5.0,
+                                                          layer_types=SLIDING, **LLAMA_LIKE), 30.0),
     "granite-logits-scaling": (lambda: T.GraniteConfig(logits_scaling=4.0, **LLAMA_LIKE), 60.0),
     "cohere-logit-scale": (lambda: T.CohereConfig(logit_scale=0.25, **LLAMA_LIKE), 60.0),  # tied
 }
@@ -127,6 +130,25 @@ def test_decoder_step0_logprobs_equal_the_models_own(arch, path):
         for s in range(n):
             got = tlp[r, s][batch.target_mask[r]].double().numpy()
             np.testing.assert_allclose(-got, want, atol=ATOL, rtol=0, err_msg=f"{arch['name']} row {r} latent {s}")
+
+
+def test_greedy_decoding_follows_the_models_own_logits(arch):
+    """Zero latent: greedy decoding = argmax of ``model(ids).logits`` step by step (soft-capping and
+    scaling change the argmax only through ties, but a wrong head would still show in the ids)."""
+    model, enc = arch["model"], arch["enc"][:3]
+    prefixes = [list(e.prefix_ids) for e in enc]
+    D = model.get_input_embeddings().weight.shape[1]
+    got = greedy_decode_with_latents(model, prefixes, torch.zeros(len(enc), D), eos_id=3, max_new_tokens=5)
+    for p, g in zip(prefixes, got):
+        ids, want = list(p), []
+        with torch.no_grad():
+            for _ in range(5):
+                nxt = int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax())
+                if nxt == 3:
+                    break
+                want.append(nxt)
+                ids.append(nxt)
+        assert g == want
 
 
 def test_shared_prefix_is_used_where_exact_and_refused_by_on_where_not(arch):
