@@ -255,3 +255,20 @@ def test_models_differing_only_in_config_never_share_cache_entries(tmp_path):
             want = oracle(m, list(e.prefix_ids + e.target_ids), len(e.target_ids))
             np.testing.assert_allclose(r.per_token.query("id == @e.id")["surprisal"], want, atol=ATOL, rtol=0)
     assert score_pairs(mb, tok, pairs, cache_dir=tmp_path / "cache").cache_hit
+
+
+def test_head_is_float32_under_autocast_and_verification_survives_it(tmp_path):
+    from zfree.models.head import exact_logits_from_hidden, head_is_exact
+
+    model, tok = load_causal_lm(build("gemma2-softcap-sliding", tmp_path / "m"), device="cpu")
+    ids = torch.tensor([encode_pairs(tok, make_pairs(1))[0].prefix_ids])
+    fresh = copy.deepcopy(model)  # not yet verified: verified lazily inside the autocast region
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        h = fresh.base_model(input_ids=ids).last_hidden_state
+        logits = exact_logits_from_hidden(fresh, h)
+    assert head_is_exact(fresh) and logits.dtype == torch.float32
+    with torch.no_grad():
+        want = fresh(input_ids=ids).logits  # fp32 throughout; the bf16 body moves h only
+        ref = exact_logits_from_hidden(fresh, h.float())
+    torch.testing.assert_close(logits, ref, atol=1e-5, rtol=0)
+    assert float((want - logits).abs().max()) < 0.5

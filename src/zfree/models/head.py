@@ -48,7 +48,7 @@ class _BodyStub(nn.Module):
 
 
 class _HeadStub(nn.Module):
-    """The output layer's affine map (weight, optional bias) in float32."""
+    """The output layer's affine map (weight, optional bias) in float32, also under autocast."""
 
     def __init__(self, real: nn.Module):
         super().__init__()
@@ -57,7 +57,8 @@ class _HeadStub(nn.Module):
     def forward(self, x):
         real = object.__getattribute__(self, "_zf_real")
         bias = getattr(real, "bias", None)
-        return torch.nn.functional.linear(x.float(), real.weight.float(), None if bias is None else bias.float())
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            return torch.nn.functional.linear(x.float(), real.weight.float(), None if bias is None else bias.float())
 
     def __getattr__(self, name):
         try:
@@ -102,7 +103,7 @@ def head_is_exact(model, *, refresh: bool = False) -> bool:
     """True when ``logits_from_hidden(model, body(ids))`` equals ``model(ids).logits`` on a probe row
     of 8 fixed pseudo-random tokens (fp32 body: within 1e-4 * max(1, max |logit|); half body:
     0.1 + 0.02 max |logit|, half logits round at ~1e-2 relative). Cached per model; the probe runs
-    in eval mode without gradients and restores the training flag."""
+    in eval mode without gradients or autocast and restores the training flag."""
     if not refresh:
         try:
             return _VERIFIED[model]
@@ -115,7 +116,7 @@ def head_is_exact(model, *, refresh: bool = False) -> bool:
     was = model.training
     model.eval()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), torch.autocast(device_type=param.device.type, enabled=False):
             want = model(input_ids=ids, use_cache=False).logits.float()
             h = model.base_model(input_ids=ids, use_cache=False).last_hidden_state
             got = logits_from_hidden(model, h)
