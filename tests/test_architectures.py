@@ -272,3 +272,9 @@ def test_head_is_float32_under_autocast_and_verification_survives_it(tmp_path):
         ref = exact_logits_from_hidden(fresh, h.float())
     torch.testing.assert_close(logits, ref, atol=1e-5, rtol=0)
     assert float((want - logits).abs().max()) < 0.5
+
+
+def test_a_missing_hub_id_offline_is_a_one_line_zfree_error(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelLoadError, match="nowhere-org/no-such-model is neither an existing path nor a loadable hub id"):
+        load_causal_lm("nowhere-org/no-such-model", device="cpu")

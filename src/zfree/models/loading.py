@@ -99,7 +99,8 @@ def load_causal_lm(source: Path | str, *, device: str | torch.device = "auto", d
     try:
         config = AutoConfig.from_pretrained(path, **kw)
     except (OSError, ValueError, KeyError) as e:
-        raise ModelLoadError(f"model {name}: no loadable config ({type(e).__name__}: {str(e).splitlines()[0]})") from None
+        what = "is neither an existing path nor a loadable hub id" if kind == "hub" else "has no loadable config"
+        raise ModelLoadError(f"model {name} {what} ({type(e).__name__}: {(str(e).splitlines() or [''])[0]})") from None
     if getattr(config, "is_encoder_decoder", False):
         raise ModelLoadError(f"model {name}: {type(config).__name__} is an encoder-decoder model, not a causal LM "
                              f"(zfree needs a decoder-only AutoModelForCausalLM)")
