@@ -278,3 +278,26 @@ def test_a_missing_hub_id_offline_is_a_one_line_zfree_error(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ModelLoadError, match="nowhere-org/no-such-model is neither an existing path nor a loadable hub id"):
         load_causal_lm("nowhere-org/no-such-model", device="cpu")
+
+
+@pytest.mark.parametrize("name", ["mistral-window8", "qwen3-sliding", "gemma2-softcap-sliding", "cohere-logit-scale"])
+@pytest.mark.parametrize("kind", ["discrete", "continuous"])
+def test_both_cvaes_start_at_the_base_model(tmp_path, name, kind):
+    from zfree.models.continuous import ContinuousCVAE
+    from zfree.models.discrete import DiscreteCVAE
+
+    model, tok = load_causal_lm(build(name, tmp_path / name), device="cpu")
+    enc = encode_pairs(tok, make_pairs())
+    batch = collate(enc, pad_id=0)
+    for shared in (True, False):
+        cvae = (DiscreteCVAE(copy.deepcopy(model), n_latent=2) if kind == "discrete"
+                else ContinuousCVAE(copy.deepcopy(model), d_latent=3, n_samples=2))
+        cvae.shared_prefix = shared
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = cvae(batch)
+        for r, e in enumerate(enc):
+            want = oracle(model, list(e.prefix_ids + e.target_ids), len(e.target_ids))
+            for s in range(2):
+                got = -out.target_logprobs[r, s][batch.target_mask[r]].double().numpy()
+                np.testing.assert_allclose(got, want, atol=ATOL, rtol=0, err_msg=f"{name} {kind} shared={shared}")
