@@ -7,7 +7,9 @@ Every field name is unique across the sub-configs of ``TrainConfig`` so the flat
 
 from __future__ import annotations
 
+import functools
 import math
+import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal, Sequence, get_args
 
@@ -45,6 +47,148 @@ def _check_range(name: str, value: float, lo: float | None = None, hi: float | N
         raise ValueError(f"{name}={value!r} must be <= {hi}")
 
 
+# --- typed values: text (--set, YAML strings) and Python values (papermill) by declared type ----
+
+_TRUE, _FALSE = {"true", "yes", "on", "1"}, {"false", "no", "off", "0"}
+_NONE = {"none", "null", "~", ""}
+
+
+def _unquote(text: str) -> str:
+    t = text.strip()
+    return t[1:-1] if len(t) >= 2 and t[0] == t[-1] and t[0] in "'\"" else t
+
+
+def coerce_value(name: str, value: Any, typ: Any) -> Any:
+    """``value`` converted to the declared type ``typ`` of field ``name``.
+
+    Text (a ``--set`` value, a YAML string, a raw papermill parameter) is parsed: bool from
+    true/false/yes/no/on/off/1/0; int from decimal digits; float from any Python float literal
+    (``1e-3``, ``1.0e-3``, ``3``); Literal from one of its choices (quotes stripped); Optional
+    from none/null/~ or the inner type. A Python value must already have the type (an int is a
+    valid float; a bool is never an int or float). Raises ``ConfigError`` (a ValueError)
+    naming the field, the value and the expected type.
+    """
+    from typing import Union, get_origin
+
+    from zfree.errors import ConfigError
+
+    origin = get_origin(typ)
+    is_text = isinstance(value, str)
+    if origin is Union or type(typ).__name__ == "UnionType":
+        args = [a for a in get_args(typ) if a is not type(None)]
+        if value is None or (is_text and value.strip().lower() in _NONE):
+            return None
+        return coerce_value(name, value, args[0] if len(args) == 1 else Any)
+    if origin is Literal:
+        valid = get_args(typ)
+        if not isinstance(value, bool) and value in valid:
+            return value
+        if is_text and _unquote(value) in valid:
+            return _unquote(value)
+        raise ConfigError(f"{name}={value!r} is not one of {list(valid)}")
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        if is_text and value.strip().lower() in _TRUE | _FALSE:
+            return value.strip().lower() in _TRUE
+        raise ConfigError(f"{name}={value!r} must be true or false")
+    if typ is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if is_text:
+            t = value.strip()
+            if re.fullmatch(r"[+-]?[0-9]+", t):
+                try:
+                    return int(t)
+                except ValueError:  # more digits than int() accepts (sys.get_int_max_str_digits)
+                    pass
+        raise ConfigError(f"{name}={value!r} must be an integer")
+    if typ is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return value
+        if is_text:
+            try:
+                return float(value.strip())
+            except ValueError:
+                pass
+        raise ConfigError(f"{name}={value!r} must be a number (e.g. 0.001 or 1.0e-3)")
+    if typ is str:
+        if is_text:
+            return value
+        raise ConfigError(f"{name}={value!r} must be a string")
+    return value  # sub-configs and sequences: checked by their own __post_init__
+
+
+@functools.lru_cache(maxsize=None)
+def _field_types(cls) -> dict[str, Any]:
+    from typing import get_type_hints
+
+    hints = get_type_hints(cls)
+    return {f.name: hints[f.name] for f in fields(cls)}
+
+
+def _typed_fields(obj) -> None:
+    """Convert (text) or check (Python values) every field of a frozen config by its declared
+    type, first thing in ``__post_init__``; ``ConfigError`` names the field."""
+    for name, typ in _field_types(type(obj)).items():
+        value = getattr(obj, name)
+        new = coerce_value(name, value, typ)
+        if new is not value:
+            object.__setattr__(obj, name, new)
+
+
+def flat_field_types() -> dict[str, Any]:
+    """Declared type of every flat ``TrainConfig`` field (the papermill parameters)."""
+    out = {"data_dir": str, "base_dir": str}
+    for sub in TrainConfig._SUB.values():
+        out.update(_field_types(sub))
+    return out
+
+
+def parse_field_value(name: str, value: Any) -> Any:
+    """``value`` for the flat ``TrainConfig`` field ``name``, typed by its declaration
+    (``coerce_value``). Raises ``ConfigError`` for an unknown field (listing the valid ones) or
+    a value of the wrong type (naming the field)."""
+    from zfree.errors import ConfigError
+
+    types = flat_field_types()
+    if name not in types:
+        raise ConfigError(f"unknown config field {name!r}; valid fields: {sorted(types)}")
+    return coerce_value(name, value, types[name])
+
+
+def parse_assignment(text: str) -> tuple[str, Any]:
+    """``"FIELD=VALUE"`` (a ``--set``) -> ``(field, typed value)``; ConfigError when it is not."""
+    from zfree.errors import ConfigError
+
+    name, eq, value = text.partition("=")
+    if not eq or not name.strip():
+        raise ConfigError(f"--set {text!r}: expected FIELD=VALUE")
+    return name.strip(), parse_field_value(name.strip(), value)
+
+
+def check_device(device: str) -> None:
+    """Refuse a torch device this machine does not have (``ConfigError`` naming it): ``cpu``;
+    ``cuda`` / ``cuda:N`` only with CUDA and N < the device count; ``mps`` only on Apple GPUs."""
+    import torch
+
+    from zfree.errors import ConfigError
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ConfigError(f"device={device!r} is not a torch device ({e})") from None
+    if dev.type == "cuda":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n == 0 or (dev.index or 0) >= n:
+            raise ConfigError(f"device={device!r} is not available on this machine "
+                              f"({n} CUDA device(s)); use device='cpu'")
+    elif dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"device={device!r} is not available on this machine; use device='cpu'")
+    elif dev.type not in ("cpu", "cuda", "mps"):
+        raise ConfigError(f"device={device!r}: expected cpu, cuda, cuda:N or mps")
+
+
 @dataclass(frozen=True)
 class DataConfig:
     """Synthetic strategy benchmark (DESIGN §2)."""
@@ -61,6 +205,7 @@ class DataConfig:
     seed: int = 0
 
     def __post_init__(self):
+        _typed_fields(self)
         from zfree.data.synth import STRATEGIES
 
         if isinstance(self.strategies, str):
@@ -108,6 +253,7 @@ class BaseTrainConfig:
     seed: int = 0
 
     def __post_init__(self):
+        _typed_fields(self)
         for name in ("n_layer", "n_embd", "n_head", "batch_size", "max_steps", "eval_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
@@ -138,6 +284,7 @@ class ObjectiveConfig:
     c_base_source: CBaseSource = "entangled_run"
 
     def __post_init__(self):
+        _typed_fields(self)
         _check_choice("weighting", self.weighting, Weighting)
         _check_choice("token_outer", self.token_outer, TokenOuter)
         _check_choice("beta_schedule", self.beta_schedule, BetaSchedule)
@@ -190,6 +337,7 @@ class ModelConfig:
     prior: LatentPrior = "learned"  # learned: p(z|x) = N(mu(x), diag sigma^2(x)); standard: N(0, I)
 
     def __post_init__(self):
+        _typed_fields(self)
         _check_choice("latent_kind", self.latent_kind, LatentKind)
         _check_choice("prior", self.prior, LatentPrior)
         _check_int("d_latent", self.d_latent, 1)
@@ -228,6 +376,7 @@ class OptimConfig:
     optimizer: Literal["adamw", "sgd"] = "adamw"
 
     def __post_init__(self):
+        _typed_fields(self)
         _check_int("checkpoint_every", self.checkpoint_every, 0)
         _check_choice("optimizer", self.optimizer, Literal["adamw", "sgd"])
         for name in ("steps", "batch_size", "eval_every", "threads"):
@@ -282,6 +431,7 @@ class AidConfig:
     latent_init_std: float = 0.0
 
     def __post_init__(self):
+        _typed_fields(self)
         _check_choice("aid", self.aid, Aid)
         _check_choice("hard_em_decoder", self.hard_em_decoder, Literal["posterior_argmax", "best"])
         _check_choice("handover_kl", self.handover_kl, Literal["log_k", "router"])
@@ -309,6 +459,7 @@ class TrainConfig:
     aid: AidConfig = field(default_factory=AidConfig)
 
     def __post_init__(self):
+        _typed_fields(self)
         for name in ("data_dir", "base_dir"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be a non-empty path")
