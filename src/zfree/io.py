@@ -61,7 +61,7 @@ def read_json(path: Path | str) -> Any:
 
 def read_jsonl(path: Path | str) -> list[dict]:
     rows = []
-    with open(path) as f:
+    with open(path, encoding="utf-8-sig") as f:
         for line in f:
             if line.strip():
                 rows.append(json.loads(line))

@@ -138,6 +138,8 @@ def _read_yaml(path: Path) -> Any:
         raise InputError(f"{path}: not UTF-8 text at byte {e.start}") from None
     try:
         return yaml.safe_load(text)
+    except RecursionError:
+        raise InputError(f"{path}: not valid YAML: nested too deeply") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
@@ -162,12 +164,12 @@ def load_spec(path: Path | str, check_paths: bool = True) -> SweepSpec:
         raise FileNotFoundError(f"sweep spec {path} does not exist")
     raw = _read_yaml(path)
     if not isinstance(raw, dict):
-        raise ValueError(f"{path}: a sweep spec is a mapping with keys {sorted(_SPEC_KEYS)}")
+        raise ConfigError(f"{path}: a sweep spec is a mapping with keys {sorted(_SPEC_KEYS)}")
     unknown = sorted(set(raw) - _SPEC_KEYS)
     if unknown:
-        raise ValueError(f"{path}: unknown key(s) {unknown}; valid: {sorted(_SPEC_KEYS)}")
+        raise ConfigError(f"{path}: unknown key(s) {unknown}; valid: {sorted(_SPEC_KEYS)}")
     if not isinstance(raw.get("grid"), dict) or not raw["grid"]:
-        raise ValueError(f"{path}: grid must be a non-empty mapping of axis -> values")
+        raise ConfigError(f"{path}: grid must be a non-empty mapping of axis -> values")
     fields = set(TrainConfig.flat_fields())
     grid = {}
     try:
