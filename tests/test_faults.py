@@ -202,3 +202,104 @@ def test_unexpected_errors_keep_their_traceback(tmp_path, finished, monkeypatch)
     monkeypatch.setattr(training, "train_cvae", bug)
     with pytest.raises(ZeroDivisionError):
         main(["train", "--config", str(finished / "config.json"), "--out", str(tmp_path / "r")])
+
+
+# --- sweeps: exit codes, one owner, no process left behind -------------------------------------
+
+def _spec_base(data, base, **kw) -> dict:
+    return {k: v for k, v in tiny_base_flat(data, base, **kw).items() if k in SPEC_KEYS}
+
+
+def test_failing_point_exits_1_with_full_message_and_path(tiny, tmp_path, capsys):
+    data, base = tiny
+    bad = tmp_path / "bad_base"
+    (bad / "model").mkdir(parents=True)  # exists (the spec validates), but holds no model
+    spec = write_spec(tmp_path, {"name": "one_fails", "base": _spec_base(data, base),
+                                 "grid": {"base_dir": [str(base), str(bad)]}, "workers": 2})
+    out = tmp_path / "sweep"
+    assert main(["sweep", str(spec), "--out", str(out), "--no-report"]) == 1
+    captured = capsys.readouterr()
+    assert "1/2 runs ok" in captured.out
+    (err_file,) = out.glob("runs/*/error.json")
+    msg = json.loads(err_file.read_text())["error"]
+    assert f"FAILED {err_file.parent.name}: {msg}" in captured.err and str(err_file) in captured.err
+    (good,) = [p.parent for p in out.glob("runs/*/summary.json")]
+    before = snapshot(good)
+
+    holder = hold_lock(out)  # a second sweep while one owns the folder
+    try:
+        assert main(["sweep", str(spec), "--out", str(out), "--no-report"]) == 2
+        line = one_error_line(capsys)
+        assert f"sweep folder {out.resolve()} is in use by pid {holder.pid}" in line
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=30)
+    assert snapshot(good) == before
+    assert main(["sweep", str(spec), "--out", str(out), "--no-report"]) == 1  # the killed holder's lock is taken over
+    assert snapshot(good) == before  # finished point skipped, byte-identical
+
+
+def test_second_sweep_on_a_folder_is_refused_naming_the_pid(tiny, tmp_path):
+    from zfree.errors import LockHeldError
+    from zfree.sweeps import load_spec, run_points, run_sweep
+
+    data, base = tiny
+    spec = load_spec(write_spec(tmp_path, {"base": _spec_base(data, base), "grid": {"beta": [0.3]}}))
+    out = tmp_path / "sweep"
+    with run_folder_lock(out, "sweep folder"):
+        with pytest.raises(LockHeldError, match=f"in use by pid {os.getpid()}"):
+            run_sweep(spec, out, progress=False)
+    with run_folder_lock(out / "runs", "runs folder"):  # a study or sweep writing the same runs/
+        with pytest.raises(LockHeldError, match="runs folder"):
+            run_points(spec.points(), out / "runs", progress=False)
+    assert not list(out.glob("runs/*/"))
+
+
+def _marked(mark: str) -> list[int]:
+    """Live (non-zombie) processes whose environment carries ``ZFREE_FAULT_MARK=mark``."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            if f"ZFREE_FAULT_MARK={mark}".encode() not in (d / "environ").read_bytes():
+                continue
+            state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state not in ("Z", "X"):
+            pids.append(int(d.name))
+    return pids
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; PR_SET_PDEATHSIG is Linux")
+@pytest.mark.timeout(400)
+def test_sigkill_of_a_sweep_leaves_no_process_behind(tiny, tmp_path):
+    data, base = tiny
+    spec = write_spec(tmp_path, {"name": "killed", "base": _spec_base(data, base, steps=5000, eval_every=2500),
+                                 "grid": {"beta": [0.3, 1.0]}, "workers": 2})
+    out, mark = tmp_path / "sweep", uuid.uuid4().hex
+    env = {**os.environ, "ZFREE_FAULT_MARK": mark, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    sweep = subprocess.Popen([sys.executable, "-m", "zfree.cli", "sweep", str(spec), "--out", str(out), "--no-report"],
+                             env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 300
+        while not list(out.glob("runs/*/config.json")):  # a kernel is training
+            assert sweep.poll() is None and time.time() < deadline, "the sweep never started training"
+            time.sleep(0.5)
+        assert len(_marked(mark)) >= 3  # the sweep, its workers, their kernels
+        sweep.send_signal(signal.SIGKILL)
+        sweep.wait(timeout=30)
+        deadline = time.time() + 30  # kernels poll their parent once a second
+        while _marked(mark) and time.time() < deadline:
+            time.sleep(0.5)
+        assert _marked(mark) == []
+        with run_folder_lock(out, "sweep folder"), run_folder_lock(out / "runs", "runs folder"):
+            pass  # nothing holds the folders: a rerun can start at once
+        assert not list(out.glob("runs/*/summary.json"))
+    finally:
+        for pid in _marked(mark):  # only processes this test started (they carry its mark)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
