@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -79,7 +80,7 @@ def snapshot(folder: Path) -> dict[str, str]:
 def one_error_line(capsys) -> str:
     """The one ``zfree: error:`` line on stderr (progress bars aside), with no traceback."""
     err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.startswith("zfree: error: ")]
+    lines = [line for line in re.split(r"[\r\n]", err) if line.startswith("zfree: error: ")]
     assert len(lines) == 1 and "Traceback" not in err, err[-2000:]
     return lines[0]
 
@@ -142,8 +143,6 @@ def test_bad_yaml_is_one_error_naming_file_and_field(tmp_path, capsys, text, mat
     f = tmp_path / "spec.yaml"
     f.write_text(text)
     assert main(["sweep", str(f), "--out", str(tmp_path / "sw"), "--no-report"]) == 2
-    import re
-
     assert re.search(match, one_error_line(capsys))
     assert not (tmp_path / "sw").exists()
 

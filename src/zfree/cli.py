@@ -258,6 +258,9 @@ def main(argv=None) -> int:
     except Exception as e:  # noqa: BLE001 - expected errors become one line, the rest re-raise
         if not is_expected(e):
             raise
+        bars = getattr(sys.modules.get("tqdm.std"), "tqdm", None)
+        if bars is not None and getattr(bars, "_instances", None):  # a progress bar left its line open
+            print(file=sys.stderr)
         print(f"zfree: error: {one_line(e)}", file=sys.stderr)
         return 2
     return int(code or 0)
