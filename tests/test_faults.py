@@ -382,3 +382,24 @@ def test_nonfinite_evaluation_stops_before_replacing_the_checkpoint(tiny, finish
         return {k for r in rows for k, v in r.items() if v is None}
 
     assert null_keys(run) <= null_keys(finished)  # no NaN evaluation was stored (as null)
+
+
+def test_study_with_a_failed_point_exits_1_naming_it(tmp_path, capsys, monkeypatch):
+    import zfree.study as study
+
+    stale = tmp_path / "runs" / "old_point" / "error.json"  # from an earlier invocation: not reported
+    stale.parent.mkdir(parents=True)
+    stale.write_text(json.dumps({"error": "old"}))
+    os.utime(stale, (time.time() - 3600, time.time() - 3600))
+
+    def one_fails(preset, out, **kw):
+        err = Path(out) / "runs" / "plain_beta1_abcd" / "error.json"
+        err.parent.mkdir(parents=True)
+        err.write_text(json.dumps({"error": "FileNotFoundError: base_dir/model does not exist\nsecond line"}))
+        return Path(out) / "report.html"
+
+    monkeypatch.setattr(study, "run_study", one_fails)
+    assert main(["study", "--preset", "smoke", "--out", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "FAILED plain_beta1_abcd: FileNotFoundError: base_dir/model does not exist\nsecond line" in err
+    assert str(tmp_path.resolve() / "runs" / "plain_beta1_abcd" / "error.json") in err and "old_point" not in err

@@ -20,7 +20,13 @@ A sweep spec (``analysis/sweeps/*.yaml``)::
     executor_options: {}                # submitit: cluster, timeout_min, slurm_partition, ...
 
 Relative ``data_dir``/``base_dir`` resolve against the working directory when they exist there,
-else against the repository root. ``load_spec`` validates every point before anything runs.
+else against the repository root. ``load_spec`` validates every point before anything runs; each
+value is typed by its field's declaration (``lr_new: 1e-3``, a string in YAML 1.1, is the float
+0.001; ``steps: true`` is refused), and every error names the file and the field.
+
+A sweep holds the lock of its folder and of its ``runs/`` (``zfree.locks``) while it runs, so
+a second sweep or study on them is refused naming the holder's pid; local workers die with the
+sweep process (``die_with_parent``), and their notebook kernels with them.
 """
 
 from __future__ import annotations
