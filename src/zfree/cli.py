@@ -47,9 +47,24 @@ def _cmd_score(a):
     print(json.dumps({k: res.summary()[k] for k in ("c_base", "n_rows", "n_valid", "x_tokens_cut")}, indent=2))
 
 
+def _read_flat_config(path: str) -> dict:
+    """A flat config JSON (``_``-prefixed record keys dropped); InputError naming the file."""
+    from zfree.errors import InputError
+
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"config file {p} does not exist")
+    try:
+        raw = json.loads(p.read_text(encoding="utf-8-sig"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise InputError(f"{p}: not a valid JSON config ({e})") from None
+    if not isinstance(raw, dict):
+        raise InputError(f"{p}: a config is a JSON object of flat fields, got {type(raw).__name__}")
+    return {k: v for k, v in raw.items() if not str(k).startswith("_")}
+
+
 def _cmd_train(a):
-    from zfree.config import TrainConfig
-    from zfree.io import read_json
+    from zfree.config import TrainConfig, check_device, parse_assignment
     from zfree.training import train_cvae
 
     if a.resume:
@@ -60,19 +75,49 @@ def _cmd_train(a):
             raise FileNotFoundError(f"{a.config} does not exist: {a.resume} is not a run folder")
     if not a.config or not a.out:
         raise ValueError("give --config CONFIG.json --out RUN_DIR, or --resume RUN_DIR")
-    flat = {k: v for k, v in read_json(a.config).items() if not k.startswith("_")}
+    flat = _read_flat_config(a.config)
     for kv in a.set or []:
-        k, _, v = kv.partition("=")
-        flat[k] = json.loads(v) if v[:1] in "0123456789-[{tfn\"" else v
-    cfg = TrainConfig.from_flat(flat)
+        k, v = parse_assignment(kv)  # typed by the field's declaration: steps=true is refused
+        flat[k] = v
+    try:
+        cfg = TrainConfig.from_flat(flat)
+    except ValueError as e:
+        from zfree.errors import ConfigError
+
+        raise ConfigError(f"config {a.config}{' with --set' if a.set else ''}: {e}") from None
+    check_device(cfg.optim.device)
     summary = train_cvae(cfg, a.out)
     print(json.dumps({k: v for k, v in summary.items() if "/" in k}, indent=2))
 
 
+def _report_failures(failed: list[tuple[str, Path]]) -> int:
+    """Print each failed point's full message and its error.json to stderr; 1 if any failed."""
+    from zfree.io import read_json
+
+    for run_id, err_file in failed:
+        try:
+            msg = read_json(err_file).get("error", "?")
+        except (OSError, ValueError):
+            msg = "(error.json unreadable)"
+        print(f"FAILED {run_id}: {msg}\n  see {err_file}", file=sys.stderr)
+    return 1 if failed else 0
+
+
 def _cmd_study(a):
+    import time
+
     from zfree.study import run_study
 
+    t0 = time.time() - 1.0
     run_study(a.preset, a.out, retrain_base=a.retrain_base, workers=a.workers)
+    # run_study prints its FAILED lines; a point that failed in this invocation left an error.json
+    runs = Path(a.out).resolve() / "runs"
+    failed = sorted((e.parent.name, e) for e in runs.glob("*/error.json")
+                    if e.stat().st_mtime >= t0 and not (e.parent / "summary.json").exists())
+    code = _report_failures(failed)
+    if code:
+        print(f"zfree: study {a.preset!r}: {len(failed)} run(s) failed", file=sys.stderr)
+    return code
 
 
 def _cmd_report(a):
@@ -82,12 +127,16 @@ def _cmd_report(a):
 
 
 def _cmd_sweep(a):
+    from zfree.config import check_device
     from zfree.study import render_report
     from zfree.sweeps import load_spec, make_executor, run_sweep
 
     spec = load_spec(a.spec)
     out = Path(a.out or Path("runs") / f"sweep-{spec.name}")
     kind = a.executor or spec.executor
+    if kind == "local":  # the points run on this machine: its devices must exist
+        for dev in sorted({p.params["device"] for p in spec.points()}):
+            check_device(dev)
     opts = {**spec.executor_options, **({"cluster": a.cluster} if a.cluster else {})}
     ex = make_executor(kind, a.workers or spec.workers, folder=out / "submitit", **(opts if kind == "submitit" else {}))
     try:
@@ -95,11 +144,10 @@ def _cmd_sweep(a):
     finally:
         ex.shutdown()
     failed = [s for s in statuses if s["status"] == "failed"]
-    for f in failed:
-        print(f"  FAILED {f['run_id']}: {f['error']}  (see {out / 'runs' / f['run_id'] / 'error.json'})")
     if not a.no_report:
         print(render_report(out, progress=True))
     print(f"sweep {spec.name!r}: {len(statuses) - len(failed)}/{len(statuses)} runs ok in {out}")
+    return _report_failures([(f["run_id"], out.resolve() / "runs" / f["run_id"] / "error.json") for f in failed])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -183,14 +231,39 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+EXPECTED = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, KeyError)
+
+
+def is_expected(e: BaseException) -> bool:
+    """An error of the user's input or of a refusal (one line, exit 2), not a bug (traceback):
+    any ``zfree.errors.ZfreeError``, the builtin errors of bad values and paths, and the
+    trainer's ``NonFiniteLossError`` (looked up only when training was imported)."""
+    from zfree.errors import ZfreeError
+
+    if isinstance(e, (ZfreeError, *EXPECTED)):
+        return True
+    training = sys.modules.get("zfree.training")
+    nonfinite = getattr(training, "NonFiniteLossError", None)
+    return isinstance(nonfinite, type) and isinstance(e, nonfinite)
+
+
 def main(argv=None) -> int:
+    """Run the ``zfree`` command; returns the exit status: 0 ok, 1 some sweep/study point failed
+    (the others finished), 2 an expected error (printed as one line ``zfree: error: ...``)."""
+    from zfree.errors import one_line
+
     args = build_parser().parse_args(argv)
     try:
-        args.func(args)
-    except (ValueError, FileNotFoundError, FileExistsError, KeyError) as e:
-        print(f"zfree: error: {e}", file=sys.stderr)
+        code = args.func(args)
+    except Exception as e:  # noqa: BLE001 - expected errors become one line, the rest re-raise
+        if not is_expected(e):
+            raise
+        bars = getattr(sys.modules.get("tqdm.std"), "tqdm", None)
+        if bars is not None and getattr(bars, "_instances", None):  # a progress bar left its line open
+            print(file=sys.stderr)
+        print(f"zfree: error: {one_line(e)}", file=sys.stderr)
         return 2
-    return 0
+    return int(code or 0)
 
 
 if __name__ == "__main__":

@@ -7,9 +7,12 @@ Every field name is unique across the sub-configs of ``TrainConfig`` so the flat
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal, Sequence, get_args
+
+from zfree.values import check_device, coerce_value  # noqa: F401 (re-exported)
 
 Weighting = Literal["plain", "distribution", "example", "token"]
 TokenOuter = Literal["none", "distribution", "example"]
@@ -45,6 +48,56 @@ def _check_range(name: str, value: float, lo: float | None = None, hi: float | N
         raise ValueError(f"{name}={value!r} must be <= {hi}")
 
 
+# --- typed values by declared type (zfree.values.coerce_value) --------------------------------
+
+@functools.lru_cache(maxsize=None)
+def _field_types(cls) -> dict[str, Any]:
+    from typing import get_type_hints
+
+    hints = get_type_hints(cls)
+    return {f.name: hints[f.name] for f in fields(cls)}
+
+
+def _typed_fields(obj) -> None:
+    """Convert (text) or check (Python values) every field of a frozen config by its declared
+    type, first thing in ``__post_init__``; ``ConfigError`` names the field."""
+    for name, typ in _field_types(type(obj)).items():
+        value = getattr(obj, name)
+        new = coerce_value(name, value, typ)
+        if new is not value:
+            object.__setattr__(obj, name, new)
+
+
+def flat_field_types() -> dict[str, Any]:
+    """Declared type of every flat ``TrainConfig`` field (the papermill parameters)."""
+    out = {"data_dir": str, "base_dir": str}
+    for sub in TrainConfig._SUB.values():
+        out.update(_field_types(sub))
+    return out
+
+
+def parse_field_value(name: str, value: Any) -> Any:
+    """``value`` for the flat ``TrainConfig`` field ``name``, typed by its declaration
+    (``coerce_value``). Raises ``ConfigError`` for an unknown field (listing the valid ones) or
+    a value of the wrong type (naming the field)."""
+    from zfree.errors import ConfigError
+
+    types = flat_field_types()
+    if name not in types:
+        raise ConfigError(f"unknown config field {name!r}; valid fields: {sorted(types)}")
+    return coerce_value(name, value, types[name])
+
+
+def parse_assignment(text: str) -> tuple[str, Any]:
+    """``"FIELD=VALUE"`` (a ``--set``) -> ``(field, typed value)``; ConfigError when it is not."""
+    from zfree.errors import ConfigError
+
+    name, eq, value = text.partition("=")
+    if not eq or not name.strip():
+        raise ConfigError(f"--set {text!r}: expected FIELD=VALUE")
+    return name.strip(), parse_field_value(name.strip(), value)
+
+
 @dataclass(frozen=True)
 class DataConfig:
     """Synthetic strategy benchmark (DESIGN §2)."""
@@ -61,6 +114,7 @@ class DataConfig:
     seed: int = 0
 
     def __post_init__(self):
+        _typed_fields(self)
         from zfree.data.synth import STRATEGIES
 
         if isinstance(self.strategies, str):
@@ -108,6 +162,7 @@ class BaseTrainConfig:
     seed: int = 0
 
     def __post_init__(self):
+        _typed_fields(self)
         for name in ("n_layer", "n_embd", "n_head", "batch_size", "max_steps", "eval_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
@@ -138,6 +193,7 @@ class ObjectiveConfig:
     c_base_source: CBaseSource = "entangled_run"
 
     def __post_init__(self):
+        _typed_fields(self)
         _check_choice("weighting", self.weighting, Weighting)
         _check_choice("token_outer", self.token_outer, TokenOuter)
         _check_choice("beta_schedule", self.beta_schedule, BetaSchedule)
@@ -190,6 +246,7 @@ class ModelConfig:
     prior: LatentPrior = "learned"  # learned: p(z|x) = N(mu(x), diag sigma^2(x)); standard: N(0, I)
 
     def __post_init__(self):
+        _typed_fields(self)
         _check_choice("latent_kind", self.latent_kind, LatentKind)
         _check_choice("prior", self.prior, LatentPrior)
         _check_int("d_latent", self.d_latent, 1)
@@ -228,6 +285,7 @@ class OptimConfig:
     optimizer: Literal["adamw", "sgd"] = "adamw"
 
     def __post_init__(self):
+        _typed_fields(self)
         _check_int("checkpoint_every", self.checkpoint_every, 0)
         _check_choice("optimizer", self.optimizer, Literal["adamw", "sgd"])
         for name in ("steps", "batch_size", "eval_every", "threads"):
@@ -282,6 +340,7 @@ class AidConfig:
     latent_init_std: float = 0.0
 
     def __post_init__(self):
+        _typed_fields(self)
         _check_choice("aid", self.aid, Aid)
         _check_choice("hard_em_decoder", self.hard_em_decoder, Literal["posterior_argmax", "best"])
         _check_choice("handover_kl", self.handover_kl, Literal["log_k", "router"])
@@ -309,6 +368,7 @@ class TrainConfig:
     aid: AidConfig = field(default_factory=AidConfig)
 
     def __post_init__(self):
+        _typed_fields(self)
         for name in ("data_dir", "base_dir"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be a non-empty path")

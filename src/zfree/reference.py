@@ -130,7 +130,35 @@ def load_reference(base_dir: Path | str) -> Reference:
     pe_path, pt_path = ref_dir / "per_example.parquet", ref_dir / "per_token.parquet"
     if not pe_path.exists():
         raise FileNotFoundError(f"base run {base_dir}: {pe_path} is missing")
-    return Reference(c, pd.read_parquet(pe_path), meta, pd.read_parquet(pt_path) if pt_path.exists() else None)
+    per_example = pd.read_parquet(pe_path)
+    check_c_base_against_b(c, per_example, path, pe_path)
+    return Reference(c, per_example, meta, pd.read_parquet(pt_path) if pt_path.exists() else None)
+
+
+#: relative tolerance between reference.json's c_base and the mean of its per-example b (both are
+#: float64 written from the same scores; anything beyond rounding means one of them was edited)
+C_BASE_RTOL = 1e-6
+
+
+def check_c_base_against_b(c_base: float, per_example: pd.DataFrame, json_path: Path, parquet_path: Path) -> None:
+    """Refuse a reference whose c_base is not the mean of its per-example b over valid rows
+    (the definition, ``ScoreResult.c_base``): |c_base - mean(b)| > C_BASE_RTOL * mean(b) raises
+    ``InputError`` naming both files and both values."""
+    from zfree.errors import InputError
+
+    if "b" not in per_example.columns:
+        raise InputError(f"{parquet_path}: no column 'b' (per-example z-free loss)")
+    b = pd.to_numeric(per_example["b"], errors="coerce").to_numpy(dtype=float)
+    valid = np.isfinite(b)
+    if "valid" in per_example.columns:
+        valid = valid & per_example["valid"].to_numpy(dtype=bool)
+    if not valid.any():
+        raise InputError(f"{parquet_path}: no row has a finite b")
+    mean_b = float(b[valid].mean())
+    if not abs(c_base - mean_b) <= C_BASE_RTOL * abs(mean_b):
+        raise InputError(f"{json_path}: c_base={c_base!r} is not the mean of b over the {int(valid.sum())} valid rows "
+                         f"of {parquet_path} ({mean_b!r}; relative tolerance {C_BASE_RTOL:g}): the reference was "
+                         "edited or mixed; rebuild it with `zfree base reference`")
 
 
 def _mismatch(what: str, ref_dir: Path, stored: str, given: str, given_name: str) -> ValueError:

@@ -20,7 +20,13 @@ A sweep spec (``analysis/sweeps/*.yaml``)::
     executor_options: {}                # submitit: cluster, timeout_min, slurm_partition, ...
 
 Relative ``data_dir``/``base_dir`` resolve against the working directory when they exist there,
-else against the repository root. ``load_spec`` validates every point before anything runs.
+else against the repository root. ``load_spec`` validates every point before anything runs; each
+value is typed by its field's declaration (``lr_new: 1e-3``, a string in YAML 1.1, is the float
+0.001; ``steps: true`` is refused), and every error names the file and the field.
+
+A sweep holds the lock of its folder and of its ``runs/`` (``zfree.locks``) while it runs, so
+a second sweep or study on them is refused naming the holder's pid; local workers die with the
+sweep process (``die_with_parent``), and their notebook kernels with them.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 import os
 import traceback
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor, as_completed
@@ -39,8 +46,10 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from zfree.config import TrainConfig
+from zfree.config import TrainConfig, coerce_value, parse_field_value
+from zfree.errors import ConfigError, InputError
 from zfree.io import atomic_write_json, read_json
+from zfree.locks import run_folder_lock
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
@@ -99,15 +108,50 @@ class SweepSpec:
 
 
 def _axis_values(name: str, v: Any) -> list[Any]:
-    """A grid axis: a list, or ``{geomspace|linspace: [lo, hi, n]}``."""
+    """A grid axis: a list, or ``{geomspace|linspace: [lo, hi, n]}`` (geomspace: 0 < lo, hi;
+    n >= 1). Raises ConfigError naming ``grid.<name>``."""
     if isinstance(v, dict):
         (kind, args), = v.items() if len(v) == 1 else (("?", None),)
         if kind not in ("geomspace", "linspace") or not (isinstance(args, list) and len(args) == 3):
-            raise ValueError(f"grid.{name}: a dict axis must be {{geomspace|linspace: [lo, hi, n]}}, got {v!r}")
-        return [float(f"{x:.6g}") for x in getattr(np, kind)(float(args[0]), float(args[1]), int(args[2]))]
+            raise ConfigError(f"grid.{name}: a dict axis must be {{geomspace|linspace: [lo, hi, n]}}, got {v!r}")
+        lo = coerce_value(f"grid.{name}.{kind}[0] (lo)", args[0], float)
+        hi = coerce_value(f"grid.{name}.{kind}[1] (hi)", args[1], float)
+        n = coerce_value(f"grid.{name}.{kind}[2] (n)", args[2], int)
+        if not (math.isfinite(lo) and math.isfinite(hi)) or n < 1 or n > 10_000:
+            raise ConfigError(f"grid.{name}: {kind}: [lo, hi, n] needs finite lo and hi and 1 <= n <= 10000, got {args!r}")
+        if kind == "geomspace" and not (lo > 0 and hi > 0):
+            raise ConfigError(f"grid.{name}: geomspace needs lo > 0 and hi > 0 (a geometric grid cannot start "
+                              f"at 0), got {args!r}; list 0 separately or use linspace")
+        return [float(f"{x:.6g}") for x in getattr(np, kind)(float(lo), float(hi), int(n))]
     if not isinstance(v, list) or not v:
-        raise ValueError(f"grid.{name}: must be a non-empty list or {{geomspace|linspace: [lo, hi, n]}}, got {v!r}")
+        raise ConfigError(f"grid.{name}: must be a non-empty list or {{geomspace|linspace: [lo, hi, n]}}, got {v!r}")
     return v
+
+
+def _typed(name: str, value: Any, fields: set[str]) -> Any:
+    """A spec value for config field ``name`` typed by its declaration (YAML 1.1 reads ``1e-3``
+    as a string: it becomes the float 0.001); non-fields pass through (from_flat names them)."""
+    return parse_field_value(name, value) if name in fields else value
+
+
+def _read_yaml(path: Path) -> Any:
+    """``yaml.safe_load`` of ``path``; InputError naming the file and line for bad YAML."""
+    import yaml
+
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise InputError(f"{path}: not UTF-8 text at byte {e.start}") from None
+    try:
+        return yaml.safe_load(text)
+    except RecursionError:
+        raise InputError(f"{path}: not valid YAML: nested too deeply") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        hint = " (indent with spaces: YAML does not allow tabs)" if "\t" in problem or "\\t" in problem else ""
+        raise InputError(f"{where}: not valid YAML: {problem.replace(chr(9), '<tab>')}{hint}") from None
 
 
 def _resolve(p: str) -> str:
@@ -121,39 +165,57 @@ def load_spec(path: Path | str, check_paths: bool = True) -> SweepSpec:
     """Read and validate a sweep spec: unknown keys, an empty grid, an unknown config field or
     a bad value raise ValueError naming the file and the field; with ``check_paths`` a missing
     data_dir/base_dir raises FileNotFoundError. Every point is expanded (and validated) here."""
-    import yaml
-
     path = Path(path)
-    raw = yaml.safe_load(path.read_text())
+    if not path.is_file():
+        raise FileNotFoundError(f"sweep spec {path} does not exist")
+    raw = _read_yaml(path)
     if not isinstance(raw, dict):
-        raise ValueError(f"{path}: a sweep spec is a mapping with keys {sorted(_SPEC_KEYS)}")
+        raise ConfigError(f"{path}: a sweep spec is a mapping with keys {sorted(_SPEC_KEYS)}")
     unknown = sorted(set(raw) - _SPEC_KEYS)
     if unknown:
-        raise ValueError(f"{path}: unknown key(s) {unknown}; valid: {sorted(_SPEC_KEYS)}")
+        raise ConfigError(f"{path}: unknown key(s) {unknown}; valid: {sorted(_SPEC_KEYS)}")
     if not isinstance(raw.get("grid"), dict) or not raw["grid"]:
-        raise ValueError(f"{path}: grid must be a non-empty mapping of axis -> values")
+        raise ConfigError(f"{path}: grid must be a non-empty mapping of axis -> values")
     fields = set(TrainConfig.flat_fields())
     grid = {}
-    for name, v in raw["grid"].items():
-        values = _axis_values(name, v)
-        if name not in fields and not all(isinstance(x, dict) for x in values):
-            raise ValueError(f"{path}: grid.{name} is not a config field (valid: {sorted(fields)}); "
-                             "an axis of another name must list dicts of fields")
-        grid[name] = values
-    base = dict(raw.get("base") or {})
+    try:
+        for name, v in raw["grid"].items():
+            name = str(name)
+            values = _axis_values(name, v)
+            if name not in fields and not all(isinstance(x, dict) for x in values):
+                raise ConfigError(f"grid.{name} is not a config field (valid: {sorted(fields)}); "
+                                  "an axis of another name must list dicts of fields")
+            grid[name] = [{str(k): _typed(str(k), x, fields) for k, x in val.items()} if isinstance(val, dict)
+                          else _typed(name, val, fields) for val in values]
+        if not isinstance(raw.get("base") or {}, dict):
+            raise ConfigError(f"base must be a mapping of config fields, got {raw['base']!r}")
+        base = {str(k): _typed(str(k), v, fields) for k, v in (raw.get("base") or {}).items()}
+    except ValueError as e:
+        raise ConfigError(f"{path}: {e}") from None
     for k in ("data_dir", "base_dir"):
         if k in base:
             base[k] = _resolve(base[k])
     ex = raw.get("executor", "local")
     if ex not in EXECUTORS:
-        raise ValueError(f"{path}: executor={ex!r} is not one of {sorted(EXECUTORS)}")
-    spec = SweepSpec(name=str(raw.get("name") or path.stem), base=base, grid=grid,
-                     description=str(raw.get("description", "")), executor=ex, workers=int(raw.get("workers", 2)),
-                     executor_options=dict(raw.get("executor_options") or {}))
+        raise ConfigError(f"{path}: executor={ex!r} is not one of {sorted(EXECUTORS)}")
+    try:
+        workers = coerce_value("workers", raw.get("workers", 2), int)
+    except ValueError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    if workers < 1:
+        raise ConfigError(f"{path}: workers={workers} must be an integer >= 1")
+    name = str(raw.get("name") or path.stem)
+    if not name or "/" in name or name in (".", "..") or "\0" in name:
+        raise ConfigError(f"{path}: name={name!r} must be a folder name (no '/')")
+    opts = raw.get("executor_options") or {}
+    if not isinstance(opts, dict):
+        raise ConfigError(f"{path}: executor_options must be a mapping, got {opts!r}")
+    spec = SweepSpec(name=name, base=base, grid=grid, description=str(raw.get("description", "")), executor=ex,
+                     workers=workers, executor_options=dict(opts))
     try:
         points = spec.points()
-    except ValueError as e:
-        raise ValueError(f"{path}: {e}") from e
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"{path}: {e}") from None
     if check_paths:
         for k in ("data_dir", "base_dir"):
             for p in {pt.params[k] for pt in points}:
@@ -183,10 +245,10 @@ def run_point(point: Point, runs_dir: str, notebook: str) -> dict[str, Any]:
                             kernel_name="python3", progress_bar=False, log_output=False, cwd=str(run_dir))
         return {"run_id": point.run_id, "status": "finished"}
     except Exception as e:  # noqa: BLE001 - a failed point is recorded, the sweep goes on
-        err = {"run_id": point.run_id, "error": f"{type(e).__name__}: {e}"[:4000],
+        err = {"run_id": point.run_id, "error": f"{type(e).__name__}: {e}"[:20000],
                "traceback": traceback.format_exc()[-8000:], "params": point.params}
         atomic_write_json(run_dir / "error.json", err)
-        return {"run_id": point.run_id, "status": "failed", "error": err["error"][:500]}
+        return {"run_id": point.run_id, "status": "failed", "error": err["error"]}
 
 
 @runtime_checkable
@@ -199,15 +261,41 @@ class Executor(Protocol):
     def shutdown(self, wait: bool = True) -> None: ...
 
 
-def _one_thread():
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Make this process receive SIGKILL when its parent dies (Linux ``PR_SET_PDEATHSIG``), and
+    exit at once if the parent is already gone. Elsewhere a no-op. The notebook kernels that
+    papermill starts poll their parent (ipykernel's ParentPollerUnix, via JPY_PARENT_PID) and
+    exit within a second of the worker's death, so a killed sweep leaves no process behind."""
+    import signal
+    import sys
+
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _worker_init(parent_pid: int):
     os.environ["OMP_NUM_THREADS"] = "1"
     os.environ["MKL_NUM_THREADS"] = "1"
+    die_with_parent(parent_pid)
 
 
 def local_executor(workers: int = 2) -> ProcessPoolExecutor:
     """A process pool with one torch thread per worker (two workers with two threads each made a
-    training step 20x slower on a 2-core machine)."""
-    return ProcessPoolExecutor(max_workers=workers, initializer=_one_thread)
+    training step 20x slower on a 2-core machine); the workers die with this process
+    (``die_with_parent``). Workers are forked from the submitting thread, whose exit (not the
+    process's) is what Linux's parent-death signal watches: submit from the main thread."""
+    return ProcessPoolExecutor(max_workers=workers, initializer=_worker_init, initargs=(os.getpid(),))
 
 
 class SubmititExecutor:
@@ -261,9 +349,16 @@ def make_executor(kind: str = "local", workers: int = 2, folder: Path | str | No
 def run_points(points: list[Point], runs_dir: Path | str, *, workers: int = 2, executor: Executor | None = None,
                notebook: Path | str | None = None, progress: bool = True,
                on_done: Callable[[dict], None] | None = None) -> list[dict]:
-    """Run every point (finished ones are skipped) and return their statuses in input order."""
+    """Run every point (finished ones are skipped) and return their statuses in input order.
+    Holds the lock of ``runs_dir`` meanwhile: a second sweep or study on it raises
+    ``LockHeldError`` naming this process."""
     runs_dir = Path(runs_dir).resolve()
-    runs_dir.mkdir(parents=True, exist_ok=True)
+    with run_folder_lock(runs_dir, "runs folder"):  # one sweep/study writes these run folders
+        return _run_points(points, runs_dir, workers=workers, executor=executor, notebook=notebook,
+                           progress=progress, on_done=on_done)
+
+
+def _run_points(points, runs_dir: Path, *, workers, executor, notebook, progress, on_done) -> list[dict]:
     nb = str(Path(notebook or NOTEBOOKS / "train_cvae.ipynb").resolve())
     ex = executor or local_executor(workers)
     futs = [ex.submit(run_point, p, str(runs_dir), nb) for p in points]
@@ -289,10 +384,15 @@ def run_points(points: list[Point], runs_dir: Path | str, *, workers: int = 2, e
 def run_sweep(spec: SweepSpec | Path | str, out_dir: Path | str, *, executor: Executor | None = None,
               workers: int | None = None, progress: bool = True) -> list[dict]:
     """Run a spec into ``out_dir/runs/<run_id>/`` (finished points skipped), then write the tidy
-    tables (``aggregate``). ``out_dir/spec.json`` records the expanded spec."""
+    tables (``aggregate``). ``out_dir/spec.json`` records the expanded spec. Raises
+    ``LockHeldError`` when another process runs a sweep in ``out_dir``."""
     spec = spec if isinstance(spec, SweepSpec) else load_spec(spec)
     out = Path(out_dir).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    with run_folder_lock(out, "sweep folder"):  # a second sweep on `out` is refused, naming this pid
+        return _run_sweep(spec, out, executor=executor, workers=workers, progress=progress)
+
+
+def _run_sweep(spec: SweepSpec, out: Path, *, executor, workers, progress) -> list[dict]:
     points = spec.points()
     atomic_write_json(out / "spec.json", {"name": spec.name, "description": spec.description, "base": spec.base,
                                           "grid": spec.grid, "run_ids": [p.run_id for p in points]})

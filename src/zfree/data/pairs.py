@@ -6,6 +6,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from zfree.errors import InputError
+
 
 @dataclass(frozen=True)
 class Pair:
@@ -20,7 +22,8 @@ class Pair:
 def load_pairs(path: Path | str, limit: int | None = None) -> list[Pair]:
     """Read and validate a JSONL file of pairs.
 
-    Raises ValueError naming the file and line for: a line that is not JSON, a row that is not an
+    A leading UTF-8 byte-order mark is ignored.
+    Raises InputError (a ValueError) naming the file and line for: a line that is not JSON, a row that is not an
     object, a missing ``x``/``y``, a non-string x or y, an empty y, or a duplicated id. Rows without
     ``id`` get ``"<file stem>-<line>"``. FileNotFoundError if the file is missing.
     """
@@ -30,9 +33,9 @@ def load_pairs(path: Path | str, limit: int | None = None) -> list[Pair]:
     pairs: list[Pair] = []
     seen: set[str] = set()
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a leading byte-order mark is not part of the data
     except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: not UTF-8 text at byte {e.start}; the data file must be JSONL") from None
+        raise InputError(f"{path}: not UTF-8 text at byte {e.start}; the data file must be JSONL") from None
     for lineno, line in enumerate(text.split("\n"), 1):
         if not line.strip():
             continue
@@ -40,19 +43,21 @@ def load_pairs(path: Path | str, limit: int | None = None) -> list[Pair]:
         try:
             row = json.loads(line)
         except json.JSONDecodeError as e:
-            raise ValueError(f"{where}: not valid JSON ({e.msg}); the data file must be JSONL") from None
+            raise InputError(f"{where}: not valid JSON ({e.msg}); the data file must be JSONL") from None
+        except (ValueError, RecursionError) as e:  # an integer of > 4300 digits, nesting too deep
+            raise InputError(f"{where}: not a usable JSON row ({type(e).__name__}: {str(e)[:200]})") from None
         if not isinstance(row, dict):
-            raise ValueError(f"{where}: each row must be a JSON object with fields x and y")
+            raise InputError(f"{where}: each row must be a JSON object with fields x and y")
         for key in ("x", "y"):
             if key not in row:
-                raise ValueError(f"{where}: missing field {key!r}")
+                raise InputError(f"{where}: missing field {key!r}")
             if not isinstance(row[key], str):
-                raise ValueError(f"{where}: field {key!r} must be a string, got {type(row[key]).__name__}")
+                raise InputError(f"{where}: field {key!r} must be a string, got {type(row[key]).__name__}")
         if not row["y"].strip():
-            raise ValueError(f"{where}: field 'y' is empty")
+            raise InputError(f"{where}: field 'y' is empty")
         rid = str(row.get("id", f"{path.stem}-{lineno}"))
         if rid in seen:
-            raise ValueError(f"{where}: duplicated id {rid!r}")
+            raise InputError(f"{where}: duplicated id {rid!r}")
         seen.add(rid)
         strategy = row.get("strategy")
         pairs.append(Pair(rid, row["x"], row["y"], None if strategy is None else str(strategy),
@@ -60,5 +65,5 @@ def load_pairs(path: Path | str, limit: int | None = None) -> list[Pair]:
         if limit is not None and len(pairs) >= limit:
             break
     if not pairs:
-        raise ValueError(f"{path}: no rows")
+        raise InputError(f"{path}: no rows")
     return pairs

@@ -1,0 +1,44 @@
+"""Expected errors: the ones ``zfree`` reports as one line ``zfree: error: ...`` with exit 2.
+
+Anything raised as a subclass of ``ZfreeError`` is a problem with the user's input, config or
+files (or a refusal, such as a folder locked by another process), not a bug; the CLI prints
+its message on one line and never a traceback. Unexpected exceptions keep their traceback.
+The subclasses that are also ``ValueError`` stay catchable as such (older callers and tests
+expect ValueError for a bad value).
+"""
+
+from __future__ import annotations
+
+
+class ZfreeError(Exception):
+    """Base of every expected zfree error; the message names the file, field or row at fault."""
+
+
+class ConfigError(ZfreeError, ValueError):
+    """A config value, ``--set`` override, sweep spec or notebook parameter is malformed."""
+
+
+class InputError(ZfreeError, ValueError):
+    """An input file (data, reference, spec) is malformed; the message names the file and row."""
+
+
+class LockHeldError(ZfreeError):
+    """A run or sweep folder is owned by another live process (the message names its pid)."""
+
+
+class CheckpointError(ZfreeError):
+    """A checkpoint cannot be loaded (truncated, empty, not plain data); names the file."""
+
+
+class ResumeRefusedError(ZfreeError, ValueError):
+    """A run folder holds another config (or an unusable state) and will not be reused."""
+
+
+class NonFiniteMetricError(ZfreeError):
+    """An evaluation produced a non-finite metric; the run stops before checkpointing it."""
+
+
+def one_line(e: BaseException) -> str:
+    """The message of ``e`` on one line (newlines folded), as the CLI prints it."""
+    msg = str(e) if not isinstance(e, KeyError) or not e.args else str(e.args[0])
+    return " ".join(part.strip() for part in msg.splitlines() if part.strip()) or type(e).__name__

@@ -1,0 +1,405 @@
+"""Fault injection for issue 13, one test (or more) per row of its table; each checks the
+outcome (the right value, or a one-line error naming the field, row or file) and that finished
+runs stay byte-identical. Rows that need the run-folder redesign (checkpoint save/load/resume and
+the finished-run config comparison live in training today) carry a ready body, skipped with
+reason "phase 2: run_folder".
+
+| row                                             | test                                                      |
+|-------------------------------------------------|-----------------------------------------------------------|
+| crafted checkpoint/state.pt + --resume           | test_crafted_state_pt_runs_nothing_on_resume (phase 2);   |
+|                                                 | tests/test_io.py::test_crafted_pickle_is_refused_...      |
+| finished run + --set beta=0.9, same --out        | test_finished_run_of_another_config_is_refused (phase 2)  |
+| two sweeps on one folder                         | test_second_sweep_on_a_folder_is_refused_naming_the_pid   |
+| SIGKILL of zfree sweep                           | test_sigkill_of_a_sweep_leaves_no_process_behind          |
+| a sweep with one failing point                   | test_failing_point_exits_1_with_full_message_and_path     |
+| truncated/empty model.safetensors / state.pt     | test_damaged_checkpoint_falls_back (phase 2); test_io.py  |
+| lr_new=1e30 (NaN evaluation)                     | test_nonfinite_evaluation_stops_before_checkpoint (ph. 2) |
+| --set steps=true                                 | test_typed_set_values_are_refused_naming_the_field        |
+| warmup_backbone/decode_rows=abc, device=cuda     | test_typed_set_values_..., test_unavailable_device_...    |
+| YAML tab, workers: two, geomspace from 0         | test_bad_yaml_is_one_error_naming_file_and_field          |
+| YAML lr_new: 1e-3                                | test_yaml_1e_minus_3_is_a_float                           |
+| reference.json c_base x10                        | test_edited_c_base_is_refused_naming_the_file             |
+| corrupted parquet in the score cache             | not here: zfree.scoring's cache (another issue's owner)   |
+| JSONL with a UTF-8 BOM                           | test_jsonl_with_a_bom_is_read                             |
+| non-finite loss                                  | test_nonfinite_loss_is_one_line_exit_2                    |
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from tests.test_io import _Evil
+from tests.test_locks import hold_lock
+from tests.tiny import make_tiny_run
+from tests.tiny_sweep import tiny_base_flat
+from zfree.cli import main
+from zfree.config import TrainConfig
+from zfree.locks import run_folder_lock
+
+PHASE2 = pytest.mark.skipif(os.environ.get("ZFREE_PHASE2") != "1",  # ZFREE_PHASE2=1 runs them early
+                            reason="phase 2: run_folder")
+SPEC_KEYS = ("data_dir", "base_dir", "steps", "batch_size", "eval_every", "eval_rows", "decode_rows", "warmup_backbone")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return make_tiny_run(tmp_path_factory.getbasetemp() / "tiny_sweep")
+
+
+@pytest.fixture(scope="module")
+def finished(tiny, tmp_path_factory):
+    """A finished tiny run folder (never to be changed by any fault below)."""
+    from zfree.training import train_cvae
+
+    data, base = tiny
+    run = tmp_path_factory.mktemp("faults") / "run"
+    train_cvae(TrainConfig.from_flat(tiny_base_flat(data, base, beta=0.3)), run, progress=False)
+    return run
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    """sha256 of every file under ``folder`` (lock files aside): "byte-identical" made checkable."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file() and p.name != ".zfree.lock"}
+
+
+def one_error_line(capsys) -> str:
+    """The one ``zfree: error:`` line on stderr (progress bars aside), with no traceback."""
+    err = capsys.readouterr().err
+    lines = [line for line in re.split(r"[\r\n]", err) if line.startswith("zfree: error: ")]
+    assert len(lines) == 1 and "Traceback" not in err, err[-2000:]
+    return lines[0]
+
+
+def write_spec(folder: Path, spec: dict) -> Path:
+    f = folder / "spec.yaml"
+    f.write_text(yaml.safe_dump(spec))
+    return f
+
+
+# --- values typed where they enter -----------------------------------------------------------
+
+@pytest.mark.parametrize("kv, field", [("steps=true", "steps"), ("warmup_backbone=abc", "warmup_backbone"),
+                                       ("decode_rows=abc", "decode_rows"), ("lr_new=fast", "lr_new"),
+                                       ("weighting=tokens", "weighting"), ("betta=1", "betta")])
+def test_typed_set_values_are_refused_naming_the_field(tmp_path, finished, capsys, kv, field):
+    before = snapshot(finished)
+    out = tmp_path / "new"
+    assert main(["train", "--config", str(finished / "config.json"), "--set", kv, "--out", str(out)]) == 2
+    assert field in one_error_line(capsys)
+    assert not out.exists() and snapshot(finished) == before
+
+
+def test_set_values_are_typed_by_the_declaration():
+    from zfree.config import parse_assignment
+
+    assert parse_assignment("weighting=token") == ("weighting", "token")  # not json.loads("token")
+    assert parse_assignment("lr_new=1e-3") == ("lr_new", 0.001)
+    assert parse_assignment("steps=12") == ("steps", 12)
+    assert parse_assignment("device=cuda:1") == ("device", "cuda:1")
+
+
+def test_notebook_parameters_are_checked_as_python_values():
+    # papermill passes Python values into the parameters cell, then from_flat
+    with pytest.raises(ValueError, match="steps=True must be an integer"):
+        TrainConfig.from_flat({**TrainConfig().to_flat(), "steps": True})
+    with pytest.raises(ValueError, match="weighting=1"):
+        TrainConfig.from_flat({**TrainConfig().to_flat(), "weighting": 1})
+    assert TrainConfig.from_flat({**TrainConfig().to_flat(), "lr_new": 1}).optim.lr_new == 1
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_unavailable_device_is_refused_naming_it(tmp_path, finished, capsys):
+    out = tmp_path / "new"
+    assert main(["train", "--config", str(finished / "config.json"), "--set", "device=cuda", "--out", str(out)]) == 2
+    assert "device='cuda' is not available" in one_error_line(capsys)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("text, match", [
+    ("grid:\n\tbeta: [0.1]\n", r"spec.yaml:2:1: not valid YAML: .*tab"),
+    ("grid: {beta: [0.1]}\nworkers: two\n", r"spec.yaml: workers='two' must be an integer"),
+    ("grid: {beta: {geomspace: [0, 1, 3]}}\n", r"spec.yaml: grid.beta: geomspace needs lo > 0"),
+    ("grid: {beta: {geomspace: [a, 1, 3]}}\n", r"spec.yaml: grid.beta.geomspace\[0\] \(lo\)='a' must be a number"),
+    ("grid: {beta: [0.1]}\nbase: {steps: true}\n", r"spec.yaml: steps=True must be an integer"),
+    ("grid: {beta: [0.1]}\nbase: {warmup_backbone: abc}\n", r"spec.yaml: warmup_backbone='abc' must be an integer"),
+    ("grid: {beta: [0.1]}\nbase: [1]\n", r"spec.yaml: base must be a mapping"),
+])
+def test_bad_yaml_is_one_error_naming_file_and_field(tmp_path, capsys, text, match):
+    f = tmp_path / "spec.yaml"
+    f.write_text(text)
+    assert main(["sweep", str(f), "--out", str(tmp_path / "sw"), "--no-report"]) == 2
+    assert re.search(match, one_error_line(capsys))
+    assert not (tmp_path / "sw").exists()
+
+
+def test_yaml_1e_minus_3_is_a_float(tmp_path):
+    from zfree.sweeps import load_spec
+
+    f = tmp_path / "spec.yaml"
+    f.write_text("base: {lr_new: 1e-3}\ngrid: {lr_backbone: [1e-5, 3.0e-5]}\n")  # YAML 1.1: '1e-3' is a string
+    points = load_spec(f, check_paths=False).points()
+    assert {p.params["lr_new"] for p in points} == {0.001}
+    assert sorted(p.params["lr_backbone"] for p in points) == [1e-5, 3e-5]
+
+
+# --- references and data ----------------------------------------------------------------------
+
+def test_edited_c_base_is_refused_naming_the_file(tiny, tmp_path):
+    from zfree.reference import load_reference, resolve_reference
+
+    data, base = tiny
+    copy = tmp_path / "base"
+    shutil.copytree(base, copy)
+    ref_json = copy / "reference" / "reference.json"
+    meta = json.loads(ref_json.read_text())
+    load_reference(copy)  # intact: accepted
+    meta["c_base"] *= 10  # hashes intact
+    ref_json.write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=f"{ref_json}: c_base=.* is not the mean of b"):
+        load_reference(copy)
+    with pytest.raises(ValueError, match="reference.json"):
+        resolve_reference("entangled_run", copy, data)
+
+
+def test_jsonl_with_a_bom_is_read(tmp_path):
+    from zfree.data.pairs import load_pairs
+
+    f = tmp_path / "d.jsonl"
+    f.write_bytes(b"\xef\xbb\xbf" + b'{"id": "a", "x": "1 2", "y": "2 1"}\n{"id": "b", "x": "3", "y": "3"}\n')
+    assert [(p.id, p.x, p.y) for p in load_pairs(f)] == [("a", "1 2", "2 1"), ("b", "3", "3")]
+
+
+def test_nonfinite_loss_is_one_line_exit_2(tmp_path, finished, capsys, monkeypatch):
+    import zfree.training as training
+
+    def nan_run(cfg, out, **kw):
+        raise training.NonFiniteLossError(f"non-finite loss at step 3: terms ['recon'] (see {out}/error.json)")
+
+    monkeypatch.setattr(training, "train_cvae", nan_run)
+    assert main(["train", "--config", str(finished / "config.json"), "--out", str(tmp_path / "r")]) == 2
+    assert "non-finite loss at step 3" in one_error_line(capsys)
+
+
+def test_unexpected_errors_keep_their_traceback(tmp_path, finished, monkeypatch):
+    import zfree.training as training
+
+    def bug(cfg, out, **kw):
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(training, "train_cvae", bug)
+    with pytest.raises(ZeroDivisionError):
+        main(["train", "--config", str(finished / "config.json"), "--out", str(tmp_path / "r")])
+
+
+# --- sweeps: exit codes, one owner, no process left behind -------------------------------------
+
+def _spec_base(data, base, **kw) -> dict:
+    return {k: v for k, v in tiny_base_flat(data, base, **kw).items() if k in SPEC_KEYS}
+
+
+def test_failing_point_exits_1_with_full_message_and_path(tiny, tmp_path, capsys):
+    data, base = tiny
+    bad = tmp_path / "bad_base"
+    (bad / "model").mkdir(parents=True)  # exists (the spec validates), but holds no model
+    spec = write_spec(tmp_path, {"name": "one_fails", "base": _spec_base(data, base),
+                                 "grid": {"base_dir": [str(base), str(bad)]}, "workers": 2})
+    out = tmp_path / "sweep"
+    assert main(["sweep", str(spec), "--out", str(out), "--no-report"]) == 1
+    captured = capsys.readouterr()
+    assert "1/2 runs ok" in captured.out
+    (err_file,) = out.glob("runs/*/error.json")
+    msg = json.loads(err_file.read_text())["error"]
+    assert f"FAILED {err_file.parent.name}: {msg}" in captured.err and str(err_file) in captured.err
+    (good,) = [p.parent for p in out.glob("runs/*/summary.json")]
+    before = snapshot(good)
+
+    holder = hold_lock(out)  # a second sweep while one owns the folder
+    try:
+        assert main(["sweep", str(spec), "--out", str(out), "--no-report"]) == 2
+        line = one_error_line(capsys)
+        assert f"sweep folder {out.resolve()} is in use by pid {holder.pid}" in line
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=30)
+    assert snapshot(good) == before
+    with run_folder_lock(out, "sweep folder"):  # the killed holder's lock is taken over at once
+        pass
+
+
+def test_second_sweep_on_a_folder_is_refused_naming_the_pid(tiny, tmp_path):
+    from zfree.errors import LockHeldError
+    from zfree.sweeps import load_spec, run_points, run_sweep
+
+    data, base = tiny
+    spec = load_spec(write_spec(tmp_path, {"base": _spec_base(data, base), "grid": {"beta": [0.3]}}))
+    out = tmp_path / "sweep"
+    with run_folder_lock(out, "sweep folder"):
+        with pytest.raises(LockHeldError, match=f"in use by pid {os.getpid()}"):
+            run_sweep(spec, out, progress=False)
+    with run_folder_lock(out / "runs", "runs folder"):  # a study or sweep writing the same runs/
+        with pytest.raises(LockHeldError, match="runs folder"):
+            run_points(spec.points(), out / "runs", progress=False)
+    assert not list(out.glob("runs/*/"))
+
+
+def _marked(mark: str) -> list[int]:
+    """Live (non-zombie) processes whose environment carries ``ZFREE_FAULT_MARK=mark``."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            if f"ZFREE_FAULT_MARK={mark}".encode() not in (d / "environ").read_bytes():
+                continue
+            state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state not in ("Z", "X"):
+            pids.append(int(d.name))
+    return pids
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; PR_SET_PDEATHSIG is Linux")
+@pytest.mark.timeout(400)
+def test_sigkill_of_a_sweep_leaves_no_process_behind(tiny, tmp_path):
+    data, base = tiny
+    spec = write_spec(tmp_path, {"name": "killed", "base": _spec_base(data, base, steps=5000, eval_every=2500),
+                                 "grid": {"beta": [0.3]}, "workers": 1})  # one worker, one kernel: enough
+    out, mark = tmp_path / "sweep", uuid.uuid4().hex
+    env = {**os.environ, "ZFREE_FAULT_MARK": mark, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    sweep = subprocess.Popen([sys.executable, "-m", "zfree.cli", "sweep", str(spec), "--out", str(out), "--no-report"],
+                             env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 300
+        while not list(out.glob("runs/*/config.json")):  # a kernel is training
+            assert sweep.poll() is None and time.time() < deadline, "the sweep never started training"
+            time.sleep(0.5)
+        assert len(_marked(mark)) >= 3  # the sweep, its workers, their kernels
+        sweep.send_signal(signal.SIGKILL)
+        sweep.wait(timeout=30)
+        deadline = time.time() + 30  # kernels poll their parent once a second
+        while _marked(mark) and time.time() < deadline:
+            time.sleep(0.5)
+        assert _marked(mark) == []
+        with run_folder_lock(out, "sweep folder"), run_folder_lock(out / "runs", "runs folder"):
+            pass  # nothing holds the folders: a rerun can start at once
+        assert not list(out.glob("runs/*/summary.json"))
+    finally:
+        for pid in _marked(mark):  # only processes this test started (they carry its mark)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+# --- phase 2: checkpoints and reuse (training/run_folder, after the redesign) --------------------
+
+def _interrupted(tiny, run: Path, **kw) -> TrainConfig:
+    """A run stopped after 2 of 4 steps with a checkpoint at every step (so a previous one exists)."""
+    from zfree.training import train_cvae
+
+    data, base = tiny
+    cfg = TrainConfig.from_flat(tiny_base_flat(data, base, checkpoint_every=1, **kw))
+    train_cvae(cfg, run, progress=False, stop_after=2)
+    assert (run / "checkpoint").is_dir()
+    return cfg
+
+
+@PHASE2
+def test_crafted_state_pt_runs_nothing_on_resume(tiny, tmp_path, capsys):
+    run = tmp_path / "run"
+    _interrupted(tiny, run)
+    marker = tmp_path / "pwned"
+    for d in run.glob("checkpoint*"):  # every checkpoint slot, whatever the layout names its state
+        torch.save({"optimizer": _Evil(marker), "state": _Evil(marker)}, d / "state.pt")
+    code = main(["train", "--resume", str(run)])
+    assert not marker.exists()  # nothing from the run folder was executed
+    if code == 2:  # refused: the message names the file
+        assert "state.pt" in one_error_line(capsys)
+    else:  # the plain-state layout never reads state.pt
+        assert code == 0 and (run / "summary.json").exists()
+
+
+@PHASE2
+def test_finished_run_of_another_config_is_refused(finished, capsys):
+    before = snapshot(finished)
+    args = ["train", "--config", str(finished / "config.json"), "--out", str(finished)]
+    assert main([*args, "--set", "beta=0.9"]) == 2
+    assert "beta" in one_error_line(capsys)
+    assert snapshot(finished) == before
+    assert main(args) == 0  # the same config: reused
+    assert snapshot(finished) == before
+
+
+@PHASE2
+@pytest.mark.parametrize("damage", ["empty", "truncated"])
+@pytest.mark.parametrize("name", ["model.safetensors", "state"])
+def test_damaged_checkpoint_falls_back_to_the_previous_one(tiny, tmp_path, damage, name):
+    from zfree.training import TIMING_KEYS, train_cvae
+
+    ref_run, run = tmp_path / "ref", tmp_path / "run"
+    cfg = _interrupted(tiny, run)
+    train_cvae(cfg, ref_run, progress=False)  # uninterrupted
+    (f,) = [p for p in (run / "checkpoint").iterdir() if p.name.startswith(name)][:1]
+    f.write_bytes(b"" if damage == "empty" else f.read_bytes()[: f.stat().st_size // 2])
+    with pytest.warns(UserWarning, match=f.name):
+        got = train_cvae(cfg, run, progress=False)
+    want = json.loads((ref_run / "summary.json").read_text())
+    assert {k: v for k, v in got.items() if k not in TIMING_KEYS} == {k: v for k, v in want.items() if k not in TIMING_KEYS}
+
+
+@PHASE2
+def test_nonfinite_evaluation_stops_before_replacing_the_checkpoint(tiny, finished, tmp_path, capsys):
+    from safetensors.torch import load_file
+
+    data, base = tiny
+    run = tmp_path / "run"
+    flat = tiny_base_flat(data, base, lr_new=1e30, eval_every=1, checkpoint_every=1)
+    (tmp_path / "c.json").write_text(json.dumps(flat))
+    assert main(["train", "--config", str(tmp_path / "c.json"), "--out", str(run)]) == 2
+    assert "non-finite" in one_error_line(capsys)
+    assert (run / "error.json").exists() and not (run / "summary.json").exists()
+    for d in run.glob("checkpoint*"):  # whatever checkpoint is kept holds only finite weights
+        assert all(torch.isfinite(t).all() for t in load_file(str(d / "model.safetensors")).values())
+    def null_keys(folder):
+        f = folder / "metrics.jsonl"
+        rows = [json.loads(line) for line in f.read_text().splitlines()] if f.exists() else []
+        return {k for r in rows for k, v in r.items() if v is None}
+
+    assert null_keys(run) <= null_keys(finished)  # no NaN evaluation was stored (as null)
+
+
+def test_study_with_a_failed_point_exits_1_naming_it(tmp_path, capsys, monkeypatch):
+    import zfree.study as study
+
+    stale = tmp_path / "runs" / "old_point" / "error.json"  # from an earlier invocation: not reported
+    stale.parent.mkdir(parents=True)
+    stale.write_text(json.dumps({"error": "old"}))
+    os.utime(stale, (time.time() - 3600, time.time() - 3600))
+
+    def one_fails(preset, out, **kw):
+        err = Path(out) / "runs" / "plain_beta1_abcd" / "error.json"
+        err.parent.mkdir(parents=True)
+        err.write_text(json.dumps({"error": "FileNotFoundError: base_dir/model does not exist\nsecond line"}))
+        return Path(out) / "report.html"
+
+    monkeypatch.setattr(study, "run_study", one_fails)
+    assert main(["study", "--preset", "smoke", "--out", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "FAILED plain_beta1_abcd: FileNotFoundError: base_dir/model does not exist\nsecond line" in err
+    assert str(tmp_path.resolve() / "runs" / "plain_beta1_abcd" / "error.json") in err and "old_point" not in err

@@ -1,0 +1,56 @@
+"""One owner per folder: a second holder is refused naming the first one's pid; a lock left by a
+SIGKILLed process is taken over."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from zfree.errors import LockHeldError
+from zfree.locks import LOCK_NAME, run_folder_lock
+
+HOLD = """
+import sys, time
+from zfree.locks import run_folder_lock
+with run_folder_lock(sys.argv[1], "sweep folder"):
+    print("held", flush=True)
+    time.sleep(120)
+"""
+
+
+def hold_lock(folder) -> subprocess.Popen:
+    """A child process holding ``folder``'s lock (returns once it holds it)."""
+    p = subprocess.Popen([sys.executable, "-c", HOLD, str(folder)], stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "held"
+    return p
+
+
+def test_second_holder_in_the_same_process_is_refused(tmp_path):
+    with run_folder_lock(tmp_path, "run folder"):
+        assert json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == os.getpid()
+        with pytest.raises(LockHeldError, match=f"run folder {tmp_path} is in use by pid {os.getpid()}"):
+            with run_folder_lock(tmp_path):
+                pass
+    with run_folder_lock(tmp_path):  # released on exit
+        pass
+
+
+def test_other_process_is_named_and_a_killed_holders_lock_is_taken_over(tmp_path):
+    holder = hold_lock(tmp_path)
+    try:
+        with pytest.raises(LockHeldError, match=f"pid {holder.pid}"):
+            with run_folder_lock(tmp_path):
+                pass
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=30)
+    t0 = time.time()
+    with run_folder_lock(tmp_path):  # the kernel dropped the dead process's flock: no stale lock
+        assert json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == os.getpid()
+    assert time.time() - t0 < 5
