@@ -9,15 +9,66 @@ matplotlib.use("Agg") if matplotlib.get_backend().lower() in ("", "agg") else No
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 FACETS = ("weighting", "latent_kind", "aid")  # what tells runs apart besides beta (and seed)
 WEIGHTING_COLORS = {"plain": "tab:blue", "distribution": "tab:orange", "example": "tab:green", "token": "tab:purple"}
+
+
+#: the look every figure is drawn in: no "+1" offset or "1e-6" multiplier on linear axes (values
+#: read as they are), slightly smaller tick labels, no top/right spines
+PAPER_RC = {"axes.formatter.useoffset": False, "axes.formatter.limits": (-4, 5), "axes.spines.top": False,
+            "axes.spines.right": False, "xtick.labelsize": 8, "ytick.labelsize": 8, "axes.titlesize": 10,
+            "axes.labelsize": 9, "legend.fontsize": 7}
+
+
+def _paper(fn):
+    """Draw ``fn``'s figure under ``PAPER_RC`` (the caller's rcParams are left as they were)."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        with plt.rc_context(PAPER_RC):
+            return fn(*args, **kwargs)
+
+    return wrapped
 
 
 def _color(w: str) -> str:
     return WEIGHTING_COLORS.get(w, "tab:gray")
 
 
+def _log_axis(ax, axis: str = "x", values=None) -> None:
+    """Log scale with readable major ticks only: at ``values`` (the data's few distinct values,
+    e.g. the betas a sweep ran) when there are at most 8, else at 1-2-5 per decade (one a decade
+    beyond 1.5 decades); plain-number labels ("0.03", not "3×10⁻²"), no minor labels."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter
+
+    getattr(ax, f"set_{axis}scale")("log")
+    a = ax.xaxis if axis == "x" else ax.yaxis
+    vals = np.unique(np.round(np.asarray([] if values is None else values, float), 12))
+    vals = vals[np.isfinite(vals) & (vals > 0)]
+    if 0 < len(vals) <= 8:
+        a.set_major_locator(FixedLocator(vals))
+    else:
+        lo, hi = (vals.min(), vals.max()) if len(vals) else getattr(ax, f"get_{axis}lim")()
+        a.set_major_locator(LogLocator(base=10, subs=(1.0,) if hi / max(lo, 1e-300) > 10 ** 1.5 else (1.0, 2.0, 5.0)))
+    a.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    a.set_minor_formatter(NullFormatter())
+
+
+def _legend_below(fig, axes, ncol: int = 3, fontsize: int = 7) -> None:
+    """One legend for ``axes`` (labels deduplicated) below the figure, outside the data."""
+    seen = {}
+    for ax in np.ravel(axes):
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(lab, h)
+    if seen:
+        fig.legend(list(seen.values()), list(seen), loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=ncol,
+                   fontsize=fontsize, frameon=False)
+
+
+@_paper
 def plot_rate_and_rho_vs_beta(summary: pd.DataFrame, curves: pd.DataFrame | None = None) -> plt.Figure:
     """Measured rate (KL, nats per example) and rho_recon (ratio of means) against beta, one column
     per weighting; theory's predicted rate dashed, and the beta range where theory predicts that
@@ -42,7 +93,7 @@ def plot_rate_and_rho_vs_beta(summary: pd.DataFrame, curves: pd.DataFrame | None
                           label=f"oracle ρ (best z per example) {tag}".strip())
         if curves is not None and len(curves[curves["weighting"] == w]):
             c = curves[curves["weighting"] == w].sort_values("beta")
-            ax_k.plot(c["beta"], c["predicted_rate"], "--", color="k", lw=1, label="predicted rate")
+            ax_k.plot(c["beta"], c["predicted_rate"], "-", color="k", lw=2.5, alpha=0.3, label="predicted rate")
             use = c["predicted_use_fraction"].to_numpy() > 0.5
             for ax in (ax_k, ax_r):
                 _shade(ax, c["beta"].to_numpy(), use)
@@ -50,13 +101,34 @@ def plot_rate_and_rho_vs_beta(summary: pd.DataFrame, curves: pd.DataFrame | None
         ax_k.set_ylabel("rate KL(q‖p) [nats / example]")
         ax_r.set_ylabel("ρ_recon")
         ax_r.axhline(1.0, color="gray", lw=0.8)
+        _rho_limits(ax_r)
         ax_r.set_xlabel("β")
         for ax in (ax_k, ax_r):
-            ax.set_xscale("log")
-            ax.legend(fontsize=7)
+            _log_axis(ax, "x", summary.loc[summary["weighting"] == w, "beta"])
     fig.suptitle("Rate and ρ_recon against β (shaded: theory predicts most examples use z, β_eff < 1)")
     fig.tight_layout()
+    # the legend names what the panel titles and colors do not: the quantity (marker) and the
+    # facet (line style), in black; color = weighting is in each panel's title
+    from matplotlib.lines import Line2D
+
+    handles = [Line2D([], [], color="k", marker="o", ls="none", label="measured KL (top) / ρ_recon = R_val / c_base"),
+               Line2D([], [], color="k", marker="s", ls="none", alpha=0.5, label="oracle ρ (best z per example)")]
+    if curves is not None:
+        handles.append(Line2D([], [], color="k", lw=2.5, alpha=0.3, label="predicted rate"))
+    tags = {}
+    for label, _, ls, _ in _groups(summary):
+        tags.setdefault(" ".join(label.split(" ")[1:]), ls)
+    handles += [Line2D([], [], color="k", ls=ls, label=tag) for tag, ls in tags.items() if tag]
+    fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(len(handles), 4),
+               fontsize=8, frameon=False)
     return fig
+
+
+def _rho_limits(ax) -> None:
+    """A rho axis from 0 to at least 1.1: 1 (z explains nothing) always in view, and a change of
+    1e-4 is drawn as the nothing it is, not stretched over the axis."""
+    lo, hi = ax.get_ylim()
+    ax.set_ylim(min(0.0, lo), max(1.1, hi))
 
 
 def _shade(ax, x: np.ndarray, mask: np.ndarray) -> None:
@@ -71,26 +143,31 @@ def _shade(ax, x: np.ndarray, mask: np.ndarray) -> None:
             ax.axvspan(lo, hi, color="gold", alpha=0.15, lw=0)
 
 
+@_paper
 def plot_loss_fractions(summary: pd.DataFrame) -> plt.Figure:
     """loss_contrib/fraction_abs/<term> of the final evaluation, one stacked bar per run."""
     cols = [c for c in summary.columns if c.startswith("loss_contrib/fraction_abs/")]
     facets = [f for f in FACETS if f in summary and (f == "weighting" or summary[f].nunique() > 1)]
     s = summary.sort_values([*facets, "beta"])
-    labels = [" ".join(str(r[f]) for f in facets) + f"\nβ={r['beta']:g}" + (f" s{r['seed']}" if "seed" in s and
+    labels = [" ".join(str(r[f]) for f in facets) + f" β={r['beta']:g}" + (f" s{r['seed']}" if "seed" in s and
               s["seed"].nunique() > 1 else "") for _, r in s.iterrows()]
-    fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(s)), 3.6))
-    bottom = np.zeros(len(s))
+    # one horizontal bar per run: the run labels read along the y axis however many runs there are
+    fig, ax = plt.subplots(figsize=(7.5, 1.2 + 0.32 * len(s)))
+    left = np.zeros(len(s))
     for c in cols:
         v = s[c].fillna(0).to_numpy()
-        ax.bar(labels, v, bottom=bottom, label=c.split("/")[-1])
-        bottom += v
-    ax.set_ylabel("|contribution| / Σ|contributions|")
-    ax.set_title("Share of the objective per term (final evaluation)")
-    ax.legend(fontsize=8)
+        ax.barh(labels, v, left=left, label=c.split("/")[-1])
+        left += v
+    ax.invert_yaxis()
+    ax.set_xlabel("|contribution| / Σ|contributions|")
+    ax.set_title("Share of the objective per term (final evaluation)", fontsize=10)
+    if cols:
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
     return fig
 
 
+@_paper
 def plot_training_curves(metrics: dict[str, pd.DataFrame], collapse_kl: float = 0.05) -> plt.Figure:
     """Per run (label -> metrics.jsonl as a DataFrame): the share of the objective of every
     ``loss_contrib/fraction_abs/<term>`` (one line style per term), KL, rho_recon and alignment
@@ -119,28 +196,44 @@ def plot_training_curves(metrics: dict[str, pd.DataFrame], collapse_kl: float = 
     for ax, (k, name) in zip(axes[1:], keys):
         ax.set_title(name, fontsize=9)
     axes[1].axhline(collapse_kl, color="gray", lw=0.6, ls="--")
+    _rho_limits(axes[2])
     for ax in axes:
         ax.set_xlabel("step")
-    axes[0].legend(fontsize=6)
-    axes[1].legend(fontsize=7)
     fig.tight_layout()
+    # two legends below the panels, outside the data: runs by color, terms by line style
+    from matplotlib.lines import Line2D
+
+    runs = [Line2D([], [], color=f"C{i % 10}", marker=".", label=label) for i, label in enumerate(metrics)]
+    terms = list(dict.fromkeys(c.rsplit("/", 1)[-1] for df in metrics.values() for c in df.columns
+                               if c.startswith("loss_contrib/fraction_abs/")))
+    styles_h = [Line2D([], [], color="k", ls=styles[j % 4], label=t) for j, t in enumerate(terms)]
+    first = fig.legend(handles=runs, loc="upper right", bbox_to_anchor=(0.62, 0.0), ncol=2, fontsize=7,
+                       frameon=False, title="run (color)", title_fontsize=7)
+    fig.legend(handles=styles_h, loc="upper left", bbox_to_anchor=(0.64, 0.0), ncol=1, fontsize=7, frameon=False,
+               title="term (line style, left panel)", title_fontsize=7)
+    fig.add_artist(first)
     return fig
 
 
+@_paper
 def plot_predicted_vs_measured(summary: pd.DataFrame) -> plt.Figure:
     """Fraction of examples predicted to use z (beta_eff < 1) against the fraction measured to use
     it (per-example KL >= half of log(K/m)), one point per run."""
     fig, ax = plt.subplots(figsize=(4.6, 4.2))
     for w, s in summary.groupby("weighting", sort=False):
         ax.scatter(s["predicted_use_fraction"], s["measured_use_fraction"], color=_color(w), label=w)
-        for _, r in s.iterrows():
-            ax.annotate(f"β={r['beta']:g}", (r["predicted_use_fraction"], r["measured_use_fraction"]), fontsize=7)
+    # one label per position (runs that land on the same point share it), offset from the marker
+    pos = summary.assign(px=summary["predicted_use_fraction"].round(2), py=summary["measured_use_fraction"].round(2))
+    for (px, py), g in pos.groupby(["px", "py"]):
+        text = "β=" + ", ".join(f"{b:g}" for b in sorted(g["beta"].unique()))
+        ax.annotate(text, (px, py), fontsize=7, xytext=(4, 4 if py < 0.9 else -10), textcoords="offset points",
+                    ha="left" if px < 0.6 else "right")
     ax.plot([0, 1], [0, 1], color="gray", lw=0.8)
     ax.set_xlim(-0.05, 1.05)
     ax.set_ylim(-0.05, 1.05)
     ax.set_xlabel("predicted fraction of examples using z")
     ax.set_ylabel("measured fraction using z")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
     return fig
 
@@ -164,8 +257,13 @@ PHASE_METRICS = (("kl_prior_loss", "rate KL [nats / example]", "viridis"),
                  ("baseline_normalized_reconstruction_loss", "ρ_recon = R_val / c_base (ratio of means)", "magma_r"),
                  ("alignment_nmi", "alignment NMI", "viridis"),
                  ("task_correctness", "task correctness", "viridis"))
+#: color range per metric: (vmin, vmax), None = the data's; rho from 0 to at least 1, the
+#: fractions on [0, 1], so one color means one value in every report
+PHASE_RANGES = {"kl_prior_loss": (0.0, None), "baseline_normalized_reconstruction_loss": (0.0, 1.0),
+                "alignment_nmi": (0.0, 1.0), "task_correctness": (0.0, 1.0)}
 
 
+@_paper
 def plot_phase_diagram(runs: pd.DataFrame, c_base: float | None = None, beta_over_w: float | None = None,
                        critical_betas: dict[str, float] | None = None, metrics=PHASE_METRICS,
                        highlight: tuple[float, float] | None = None) -> plt.Figure:
@@ -190,9 +288,12 @@ def plot_phase_diagram(runs: pd.DataFrame, c_base: float | None = None, beta_ove
     shown = [*runs["beta"], *(critical_betas or {}).values()]
     b_lo, b_hi = min(shown) / 2, max(shown) * 2
     w_lo, w_hi = runs["recon_weight"].min() / 2, runs["recon_weight"].max() * 2
-    for ax, (key, name, cmap) in zip(axes.flat, metrics):
-        sc = ax.scatter(cells["beta"], cells["recon_weight"], c=cells[key], cmap=cmap, marker="s", s=260,
-                        edgecolors="k", linewidths=0.4, zorder=3)
+    for i, (ax, (key, name, cmap)) in enumerate(zip(axes.flat, metrics)):
+        vmin, vmax = PHASE_RANGES.get(key, (None, None))
+        top = float(cells[key].max()) if cells[key].notna().any() else 1.0
+        vmax = max(vmax, top) if vmax is not None else (top if vmin is None else max(top, vmin + 1e-3))
+        sc = ax.scatter(cells["beta"], cells["recon_weight"], c=cells[key], cmap=cmap, marker="s", s=150,
+                        edgecolors="k", linewidths=0.4, zorder=3, vmin=vmin, vmax=vmax)
         fig.colorbar(sc, ax=ax, label=name)
         ws = np.geomspace(w_lo, w_hi, 50)
         for ratio in np.geomspace(b_lo / w_hi, b_hi / w_lo, 9):  # lines of constant beta / w
@@ -202,31 +303,55 @@ def plot_phase_diagram(runs: pd.DataFrame, c_base: float | None = None, beta_ove
         for w, b in (critical_betas or {}).items():
             rows = runs[runs["weighting"] == w]
             if len(rows):
-                ax.scatter([b], [rows["recon_weight"].mean()], marker="x", color="k", s=60, zorder=4)
+                ax.scatter([b], [rows["recon_weight"].mean()], marker="x", color="k", s=60, zorder=4,
+                           label="predicted β* of the weighting (half of the rows use z)")
         if c_base:
-            ax.axhline(1 / c_base, color="tab:orange", lw=0.8, ls="--", zorder=1)
-            ax.annotate("1/c_base", (b_lo, 1 / c_base), fontsize=7, color="tab:orange", va="bottom")
+            ax.axhline(1 / c_base, color="tab:orange", lw=0.8, ls="--", zorder=1, label="w = 1/c_base")
         if highlight is not None:
             ax.scatter([highlight[0]], [highlight[1]], marker="s", s=420, facecolors="none", edgecolors="red",
                        linewidths=1.5, zorder=5)
-        for w, rows in runs.groupby("weighting", sort=False):
-            ax.annotate(w, (b_hi, rows["recon_weight"].mean()), fontsize=7, color=_color(w), ha="right", va="bottom")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
         ax.set_xlim(b_lo, b_hi)
         ax.set_ylim(w_lo, w_hi)
+        _log_axis(ax, "x", runs["beta"])
+        _log_axis(ax, "y")
+        # the rows named on the w axis, weightings on (nearly) one row under one tick (their names
+        # would otherwise print over each other)
+        rows = _row_labels(runs)
+        ax.set_yticks([y for y, _ in rows], [" / ".join(n) + "\n" + _w_range(runs, n) for _, n in rows], fontsize=7)
+        if i % ncol:  # the row names once per figure row: the right panel's would meet the left colorbar
+            ax.tick_params(axis="y", labelleft=False)
         ax.set_xlabel("β")
-        ax.set_ylabel("reconstruction weight w")
+        ax.set_ylabel("" if i % ncol else "reconstruction weight w")
         ax.set_title(name, fontsize=9)
     for ax in list(axes.flat)[len(metrics):]:
         ax.set_visible(False)
-    if beta_over_w:
-        axes.flat[0].legend(fontsize=7, loc="lower right")
     fig.suptitle("Phase diagram β × w (dotted: constant β/w, identical training under Adam)")
     fig.tight_layout()
+    _legend_below(fig, axes.flat[0], ncol=3)
     return fig
 
 
+def _w_range(runs: pd.DataFrame, names: list[str]) -> str:
+    ws = runs.loc[runs["weighting"].isin(names), "recon_weight"]
+    lo, hi = ws.min(), ws.max()
+    return f"w = {lo:.3g}" if np.isclose(lo, hi, rtol=1e-3) else f"w = {lo:.3g}–{hi:.3g}"
+
+
+def _row_labels(runs: pd.DataFrame, factor: float = 1.25) -> list[tuple[float, list[str]]]:
+    """(w, weightings) per row of the phase diagram: weightings whose mean w lie within
+    ``factor`` of each other (e.g. distribution and token with a distribution outer weight) are
+    merged into one label, so their names do not print over each other."""
+    ws = sorted(((float(g["recon_weight"].mean()), w) for w, g in runs.groupby("weighting", sort=False)))
+    out: list[tuple[float, list[str]]] = []
+    for y, w in ws:
+        if out and y / out[-1][0] < factor:
+            out[-1][1].append(w)
+        else:
+            out.append((y, [w]))
+    return out
+
+
+@_paper
 def plot_rate_distortion(runs: pd.DataFrame, z_free: float | None = None, bayes_rate: float | None = None,
                          n_iso: int = 6) -> plt.Figure:
     """The rate-distortion plane (Alemi et al. 2018): rate R = mean KL(q‖p) and distortion
@@ -266,11 +391,12 @@ def plot_rate_distortion(runs: pd.DataFrame, z_free: float | None = None, bayes_
     ax.set_xlabel("rate R = KL(q‖p) [nats / sequence]")
     ax.set_ylabel("distortion D = |S|·ℓ̄ [nats / sequence]")
     ax.set_title("Rate-distortion plane (dotted: iso-ELBO D + R = const)", fontsize=9)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
     return fig
 
 
+@_paper
 def plot_effective_beta(per_example: pd.DataFrame) -> plt.Figure:
     """Per-example beta_eff = beta·|S|/w (DESIGN §1; seeds 000, 002) per weighting: against b
     (nats per token), against |S|, and per-example KL (nats per sequence) against beta_eff —
@@ -284,20 +410,22 @@ def plot_effective_beta(per_example: pd.DataFrame) -> plt.Figure:
         axes[2].scatter(rows["beta_eff"], rows["kl"], s=8, alpha=0.6, color=color, label=label)
     for ax in axes[:2]:
         ax.axhline(1.0, color="k", lw=1, ls="--", label="β_eff = 1")
-        ax.set_yscale("log")
+        _log_axis(ax, "y")
         ax.set_ylabel("β_eff = β·|S| / w")
     axes[2].axvline(1.0, color="k", lw=1, ls="--", label="β_eff = 1")
-    axes[2].set_xscale("log")
+    _log_axis(axes[2], "x")
     axes[0].set_xlabel("b (z-free NLL, nats / token)")
     axes[1].set_xlabel("|S| (supervised tokens)")
+    axes[1].xaxis.set_major_locator(MaxNLocator(integer=True))
     axes[2].set_xlabel("β_eff")
     axes[2].set_ylabel("per-example KL [nats / sequence]")
     axes[2].set_title("which examples use z", fontsize=9)
-    axes[0].legend(fontsize=7)
     fig.tight_layout()
+    _legend_below(fig, axes, ncol=5)
     return fig
 
 
+@_paper
 def plot_rho_distributions(per_example: pd.DataFrame) -> plt.Figure:
     """Per-example rho_i = ℓ̄_i / b_i distributions (box per beta), one panel per weighting (and
     facet), with both summaries named: the mean of ratios mean_i rho_i (open circle) and the
@@ -312,22 +440,29 @@ def plot_rho_distributions(per_example: pd.DataFrame) -> plt.Figure:
         for box in bp["boxes"]:
             box.set_facecolor(color)
             box.set_alpha(0.35)
-        mean_of_ratios = [float(np.mean(d)) for d in data]
-        ratio_of_means = [float(rows.loc[rows["beta"] == b, "lbar"].mean() / rows.loc[rows["beta"] == b, "b"].mean())
-                          for b in betas]
-        ax.plot(range(len(betas)), mean_of_ratios, "o", mfc="none", color="k", label="mean of ratios  mean ρ_i")
-        ax.plot(range(len(betas)), ratio_of_means, "D", color="tab:red", ms=5,
+        summ = rho_summaries(rows, ["beta"]).set_index("beta").loc[betas]
+        ax.plot(range(len(betas)), summ["mean_of_ratios"], "o", mfc="none", color="k", label="mean of ratios  mean ρ_i")
+        ax.plot(range(len(betas)), summ["ratio_of_means"], "D", color="tab:red", ms=5,
                 label="ratio of means  ρ_recon = mean ℓ̄ / mean b")
         ax.axhline(1.0, color="gray", lw=0.8)
         ax.set_xticks(range(len(betas)), [f"{b:g}" for b in betas])
         ax.set_xlabel("β")
         ax.set_title(label, fontsize=9)
     axes[0, 0].set_ylabel("ρ_i = ℓ̄_i / b_i (per example)")
-    axes[0, 0].legend(fontsize=7)
     fig.tight_layout()
+    _legend_below(fig, axes[0, 0], ncol=2)
     return fig
 
 
+def rho_summaries(per_example: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """Per group of ``by``: ratio_of_means = mean ℓ̄ / mean b (rho_recon, seed 000's R_val / c_base)
+    and mean_of_ratios = mean_i rho_i, both over the same rows (dimensionless)."""
+    g = per_example.groupby(by)
+    return pd.DataFrame({"ratio_of_means": g["lbar"].mean() / g["b"].mean(),
+                         "mean_of_ratios": g["rho_i"].mean()}).reset_index()
+
+
+@_paper
 def plot_phase_boundary(runs: pd.DataFrame, curves: pd.DataFrame | None, boundary: pd.DataFrame) -> plt.Figure:
     """Measured rate against beta per weighting (one panel each, aided and unaided runs as separate
     lines) with the predicted rate (dashed) and both half-plateau betas marked: measured (solid
@@ -356,16 +491,17 @@ def plot_phase_boundary(runs: pd.DataFrame, curves: pd.DataFrame | None, boundar
                 ax.axvline(r["beta_half_measured"], color=_color(w), lw=1.2,
                            label=f"measured β½ {r['beta_half_measured']:.3g} ({r['aid']}; "
                                  f"{r['ratio']:.2f}× predicted)" if np.isfinite(r["ratio"]) else "measured β½")
-        ax.set_xscale("log")
+        _log_axis(ax, "x", runs.loc[runs["weighting"] == w, "beta"])
         ax.set_xlabel("β")
         ax.set_ylabel("rate KL(q‖p) [nats / example]")
         ax.set_title(w)
-        ax.legend(fontsize=6, loc="upper right")
+        ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False)
     fig.suptitle("Phase boundary: where the rate falls to half its plateau (band: predicted ±25%)")
     fig.tight_layout()
     return fig
 
 
+@_paper
 def plot_use_by_length(use: pd.DataFrame) -> plt.Figure:
     """The staircase of a ragged-length weighting: per |S|, the measured fraction of rows using z
     (solid) against the predicted fraction (dashed), one color per beta. ``use``:
@@ -379,9 +515,27 @@ def plot_use_by_length(use: pd.DataFrame) -> plt.Figure:
             ax.plot(g["n_tokens"], g["measured_use"], "-", marker="o", color=cmap(i), label=f"β={beta:g} {aid} measured")
             ax.plot(g["n_tokens"], g["predicted_use"], "--", color=cmap(i), alpha=0.7, label=f"β={beta:g} predicted")
     ax.set_xlabel("|S| (y tokens + end token)")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("fraction of rows using z")
     ax.set_ylim(-0.05, 1.05)
     ax.set_title("Use per length (theory: short examples switch on first, β* = 1/(|S| c_base))")
-    ax.legend(fontsize=6, ncol=2)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+@_paper
+def plot_handover_gate(traces: pd.DataFrame) -> plt.Figure:
+    """The hard phase's hand-over gate per aided run: best-z objective / collapsed objective
+    (mean w·min_k nll + β·log K against mean w·b) over the steps; below 1 the soft objective
+    prefers z. ``traces``: ``zfree.report.gate_traces`` (label, step, ratio)."""
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    for label, g in traces.groupby("label", sort=False):
+        ax.plot(g["step"], g["ratio"], marker=".", label=label)
+    ax.axhline(1.0, color="gray", lw=0.8)
+    ax.set_xlabel("step (hard phase)")
+    ax.set_ylabel("best-z objective / collapsed objective")
+    ax.set_title("hand-over gate: below 1 the soft objective prefers z", fontsize=10)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
     return fig
