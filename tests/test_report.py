@@ -40,6 +40,9 @@ def test_verdict_per_run_from_the_two_fractions():
     assert list(v["agree"].iloc[:4]) == [True, False, True, False] and pd.isna(v["agree"].iloc[4])
     assert v["verdict"].iloc[1] == "DISAGREE: collapsed where theory predicts use"
     assert v["verdict"].iloc[3] == "DISAGREE: z used where theory predicts no use"
+    partly = R.run_verdicts(_summary().iloc[:1].assign(measured_use_fraction=0.39))
+    assert partly["verdict"].iloc[0] == "DISAGREE: only partly used where theory predicts use"
+    assert not partly["agree"].iloc[0]
     assert v["run"].iloc[0] == "distribution hard_em_then_soft β=0.1" and v["run"].iloc[1] == "distribution β=0.3"
     np.testing.assert_allclose(v["predicted use"], _summary()["predicted_use_fraction"])
 

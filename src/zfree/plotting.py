@@ -158,7 +158,7 @@ def plot_loss_fractions(summary: pd.DataFrame) -> plt.Figure:
         v = s[c].fillna(0).to_numpy()
         ax.barh(labels, v, left=left, label=c.split("/")[-1])
         left += v
-    ax.invert_yaxis()
+    ax.set_ylim(len(s) - 0.5, -0.5)  # first run on top, no empty margin
     ax.set_xlabel("|contribution| / Σ|contributions|")
     ax.set_title("Share of the objective per term (final evaluation)", fontsize=10)
     if cols:
@@ -197,6 +197,8 @@ def plot_training_curves(metrics: dict[str, pd.DataFrame], collapse_kl: float = 
         ax.set_title(name, fontsize=9)
     axes[1].axhline(collapse_kl, color="gray", lw=0.6, ls="--")
     _rho_limits(axes[2])
+    axes[0].set_ylim(-0.02, 1.02)  # shares and NMI live on [0, 1]: one scale in every report
+    axes[3].set_ylim(-0.02, 1.02)
     for ax in axes:
         ax.set_xlabel("step")
     fig.tight_layout()
@@ -218,22 +220,32 @@ def plot_training_curves(metrics: dict[str, pd.DataFrame], collapse_kl: float = 
 @_paper
 def plot_predicted_vs_measured(summary: pd.DataFrame) -> plt.Figure:
     """Fraction of examples predicted to use z (beta_eff < 1) against the fraction measured to use
-    it (per-example KL >= half of log(K/m)), one point per run."""
-    fig, ax = plt.subplots(figsize=(4.6, 4.2))
-    for w, s in summary.groupby("weighting", sort=False):
-        ax.scatter(s["predicted_use_fraction"], s["measured_use_fraction"], color=_color(w), label=w)
-    # one label per position (runs that land on the same point share it), offset from the marker
-    pos = summary.assign(px=summary["predicted_use_fraction"].round(2), py=summary["measured_use_fraction"].round(2))
-    for (px, py), g in pos.groupby(["px", "py"]):
-        text = "β=" + ", ".join(f"{b:g}" for b in sorted(g["beta"].unique()))
-        ax.annotate(text, (px, py), fontsize=7, xytext=(4, 4 if py < 0.9 else -10), textcoords="offset points",
-                    ha="left" if px < 0.6 else "right")
+    it (per-example KL >= half of log(K/m)), one point per run: color = weighting, marker = the
+    other facets (latent kind, aid), size = beta (legend). No text at the points: with dozens of
+    runs on a few positions (0 and 1) the labels would print over each other."""
+    from matplotlib.lines import Line2D
+
+    fig, ax = plt.subplots(figsize=(5.0, 4.4))
+    betas = sorted(summary["beta"].unique())
+    size = {b: 18 + 70 * i / max(len(betas) - 1, 1) for i, b in enumerate(betas)}
+    markers = ["o", "s", "^", "D", "v", "P"]
+    facets = [f for f in FACETS[1:] if f in summary and summary[f].nunique() > 1]
+    keys = list(dict.fromkeys(tuple(r) for r in summary[facets].itertuples(index=False))) if facets else [()]
+    for _, r in summary.iterrows():
+        k = tuple(r[f] for f in facets)
+        ax.scatter(r["predicted_use_fraction"], r["measured_use_fraction"], s=size[r["beta"]], color=_color(r["weighting"]),
+                   marker=markers[keys.index(k) % len(markers)], alpha=0.75, edgecolors="k", linewidths=0.3)
     ax.plot([0, 1], [0, 1], color="gray", lw=0.8)
     ax.set_xlim(-0.05, 1.05)
     ax.set_ylim(-0.05, 1.05)
     ax.set_xlabel("predicted fraction of examples using z")
     ax.set_ylabel("measured fraction using z")
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    handles = [Line2D([], [], ls="none", marker="o", color=_color(w), label=w) for w in dict.fromkeys(summary["weighting"])]
+    handles += [Line2D([], [], ls="none", marker=markers[i % len(markers)], color="gray", label=" ".join(map(str, k)))
+                for i, k in enumerate(keys) if k]
+    handles += [Line2D([], [], ls="none", marker="o", color="gray", markersize=np.sqrt(size[b]), label=f"β={b:g}")
+                for b in betas]
+    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
     return fig
 
