@@ -79,7 +79,7 @@ def plot_rate_and_rho_vs_beta(summary: pd.DataFrame, curves: pd.DataFrame | None
     predicted_use_fraction, predicted_rate (``zfree.theory.predict_curve``).
     """
     ws = list(dict.fromkeys(summary["weighting"]))
-    fig, axes = plt.subplots(2, len(ws), figsize=(4.2 * len(ws), 6.4), squeeze=False, sharex=True)
+    fig, axes = plt.subplots(2, len(ws), figsize=(3.3 * len(ws), 5.6), squeeze=False, sharex=True)
     for j, w in enumerate(ws):
         ax_k, ax_r = axes[0, j], axes[1, j]
         for label, color, ls, s in _groups(summary[summary["weighting"] == w]):
@@ -177,7 +177,8 @@ def plot_training_curves(metrics: dict[str, pd.DataFrame], collapse_kl: float = 
     keys = [("loss/val/kl_prior_loss", "rate KL [nats / example]"),
             ("loss/val/baseline_normalized_reconstruction_loss", "ρ_recon = R_val / c_base (ratio of means)"),
             ("structure/alignment_nmi", "alignment NMI (argmax z vs strategy)")]
-    fig, axes = plt.subplots(1, 1 + len(keys), figsize=(4.2 * (1 + len(keys)), 3.6))
+    fig, axes = plt.subplots(2, 2, figsize=(10, 6.4))  # 2 × 2: readable at the report's width
+    axes = axes.flatten()
     styles = ["-", "--", ":", "-."]
     for i, (label, df) in enumerate(metrics.items()):
         color = f"C{i % 10}"
@@ -212,7 +213,7 @@ def plot_training_curves(metrics: dict[str, pd.DataFrame], collapse_kl: float = 
     first = fig.legend(handles=runs, loc="upper right", bbox_to_anchor=(0.62, 0.0), ncol=2, fontsize=7,
                        frameon=False, title="run (color)", title_fontsize=7)
     fig.legend(handles=styles_h, loc="upper left", bbox_to_anchor=(0.64, 0.0), ncol=1, fontsize=7, frameon=False,
-               title="term (line style, left panel)", title_fontsize=7)
+               title="term (line style, top-left panel)", title_fontsize=7)
     fig.add_artist(first)
     return fig
 
@@ -415,7 +416,7 @@ def plot_effective_beta(per_example: pd.DataFrame) -> plt.Figure:
     which examples use z. The line beta_eff = 1 is drawn in every panel (theory: z is worth
     using iff beta_eff < 1). ``per_example``: rows of the runs' per_example tables tagged with
     weighting (and facets), one beta per weighting."""
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
+    fig, axes = plt.subplots(1, 3, figsize=(12.5, 3.8))
     for label, color, _, rows in _groups(per_example):
         axes[0].scatter(rows["b"], rows["beta_eff"], s=8, alpha=0.6, color=color, label=label)
         axes[1].scatter(rows["n_tokens"], rows["beta_eff"], s=8, alpha=0.6, color=color, label=label)
@@ -444,8 +445,12 @@ def plot_rho_distributions(per_example: pd.DataFrame) -> plt.Figure:
     ratio of means rho_recon = mean ℓ̄ / mean b over the same rows (red diamond; seed 000's
     R_val / c_base). They differ when short or easy examples (small b) have large ratios."""
     groups = list(_groups(per_example))
-    fig, axes = plt.subplots(1, len(groups), figsize=(4.4 * len(groups), 4.0), squeeze=False, sharey=True)
-    for ax, (label, color, _, rows) in zip(axes[0], groups):
+    ncol = min(4, len(groups))  # facets wrap onto rows of four panels
+    nrow = -(-len(groups) // ncol)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(3.2 * ncol, 3.2 * nrow), squeeze=False, sharey=True)
+    for ax in axes.flat[len(groups):]:
+        ax.set_visible(False)
+    for ax, (label, color, _, rows) in zip(axes.flat, groups):
         betas = sorted(rows["beta"].unique())
         data = [rows.loc[rows["beta"] == b, "rho_i"].to_numpy() for b in betas]
         bp = ax.boxplot(data, positions=range(len(betas)), widths=0.5, showfliers=False, patch_artist=True)
@@ -460,7 +465,8 @@ def plot_rho_distributions(per_example: pd.DataFrame) -> plt.Figure:
         ax.set_xticks(range(len(betas)), [f"{b:g}" for b in betas])
         ax.set_xlabel("β")
         ax.set_title(label, fontsize=9)
-    axes[0, 0].set_ylabel("ρ_i = ℓ̄_i / b_i (per example)")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("ρ_i = ℓ̄_i / b_i (per example)")
     fig.tight_layout()
     _legend_below(fig, axes[0, 0], ncol=2)
     return fig
@@ -484,7 +490,7 @@ def plot_phase_boundary(runs: pd.DataFrame, curves: pd.DataFrame | None, boundar
     ``boundary``: ``SweepResults.phase_boundary`` (weighting, aid, beta_half_measured,
     beta_half_predicted, ratio)."""
     ws = list(dict.fromkeys(boundary["weighting"])) or list(dict.fromkeys(runs["weighting"]))
-    fig, axes = plt.subplots(1, max(len(ws), 1), figsize=(4.4 * max(len(ws), 1), 3.6), squeeze=False)
+    fig, axes = plt.subplots(1, max(len(ws), 1), figsize=(3.3 * max(len(ws), 1), 3.4), squeeze=False)
     for ax, w in zip(axes[0], ws):
         for label, color, ls, s in _groups(runs[runs["weighting"] == w]):
             s = s.groupby("beta", as_index=False)["kl_prior_loss"].mean().sort_values("beta")
