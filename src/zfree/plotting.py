@@ -11,61 +11,15 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-FACETS = ("weighting", "latent_kind", "aid")  # what tells runs apart besides beta (and seed)
-WEIGHTING_COLORS = {"plain": "tab:blue", "distribution": "tab:orange", "example": "tab:green", "token": "tab:purple"}
-
-
-#: the look every figure is drawn in: no "+1" offset or "1e-6" multiplier on linear axes (values
-#: read as they are), slightly smaller tick labels, no top/right spines
-PAPER_RC = {"axes.formatter.useoffset": False, "axes.formatter.limits": (-4, 5), "axes.spines.top": False,
-            "axes.spines.right": False, "xtick.labelsize": 8, "ytick.labelsize": 8, "axes.titlesize": 10,
-            "axes.labelsize": 9, "legend.fontsize": 7}
-
-
-def _paper(fn):
-    """Draw ``fn``'s figure under ``PAPER_RC`` (the caller's rcParams are left as they were)."""
-    import functools
-
-    @functools.wraps(fn)
-    def wrapped(*args, **kwargs):
-        with plt.rc_context(PAPER_RC):
-            return fn(*args, **kwargs)
-
-    return wrapped
-
-
-def _color(w: str) -> str:
-    return WEIGHTING_COLORS.get(w, "tab:gray")
-
-
-def _log_axis(ax, axis: str = "x", values=None) -> None:
-    """Log scale with readable major ticks only: at ``values`` (the data's few distinct values,
-    e.g. the betas a sweep ran) when there are at most 8, else at 1-2-5 per decade (one a decade
-    beyond 1.5 decades); plain-number labels ("0.03", not "3×10⁻²"), no minor labels."""
-    from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter
-
-    getattr(ax, f"set_{axis}scale")("log")
-    a = ax.xaxis if axis == "x" else ax.yaxis
-    vals = np.unique(np.round(np.asarray([] if values is None else values, float), 12))
-    vals = vals[np.isfinite(vals) & (vals > 0)]
-    if 0 < len(vals) <= 8:
-        a.set_major_locator(FixedLocator(vals))
-    else:
-        lo, hi = (vals.min(), vals.max()) if len(vals) else getattr(ax, f"get_{axis}lim")()
-        a.set_major_locator(LogLocator(base=10, subs=(1.0,) if hi / max(lo, 1e-300) > 10 ** 1.5 else (1.0, 2.0, 5.0)))
-    a.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-    a.set_minor_formatter(NullFormatter())
-
-
-def _legend_below(fig, axes, ncol: int = 3, fontsize: int = 7) -> None:
-    """One legend for ``axes`` (labels deduplicated) below the figure, outside the data."""
-    seen = {}
-    for ax in np.ravel(axes):
-        for h, lab in zip(*ax.get_legend_handles_labels()):
-            seen.setdefault(lab, h)
-    if seen:
-        fig.legend(list(seen.values()), list(seen), loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=ncol,
-                   fontsize=fontsize, frameon=False)
+from zfree.figstyle import FACETS, LINESTYLES, PAPER_RC, WEIGHTING_COLORS  # noqa: E402,F401
+from zfree.figstyle import color_of as _color  # noqa: E402
+from zfree.figstyle import groups as _groups  # noqa: E402
+from zfree.figstyle import legend_below as _legend_below  # noqa: E402
+from zfree.figstyle import log_axis as _log_axis  # noqa: E402
+from zfree.figstyle import paper as _paper  # noqa: E402
+from zfree.figstyle import rho_limits as _rho_limits  # noqa: E402
+from zfree.figstyle import shade  # noqa: E402
+from zfree.plotting_aids import plot_handover_gate, plot_phase_boundary, plot_use_by_length  # noqa: E402,F401
 
 
 @_paper
@@ -96,7 +50,7 @@ def plot_rate_and_rho_vs_beta(summary: pd.DataFrame, curves: pd.DataFrame | None
             ax_k.plot(c["beta"], c["predicted_rate"], "-", color="k", lw=2.5, alpha=0.3, label="predicted rate")
             use = c["predicted_use_fraction"].to_numpy() > 0.5
             for ax in (ax_k, ax_r):
-                _shade(ax, c["beta"].to_numpy(), use)
+                shade(ax, c["beta"].to_numpy(), use)
         ax_k.set_title(f"{w}")
         ax_k.set_ylabel("rate KL(q‖p) [nats / example]")
         ax_r.set_ylabel("ρ_recon")
@@ -122,25 +76,6 @@ def plot_rate_and_rho_vs_beta(summary: pd.DataFrame, curves: pd.DataFrame | None
     fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(len(handles), 4),
                fontsize=8, frameon=False)
     return fig
-
-
-def _rho_limits(ax) -> None:
-    """A rho axis from 0 to at least 1.1: 1 (z explains nothing) always in view, and a change of
-    1e-4 is drawn as the nothing it is, not stretched over the axis."""
-    lo, hi = ax.get_ylim()
-    ax.set_ylim(min(0.0, lo), max(1.1, hi))
-
-
-def _shade(ax, x: np.ndarray, mask: np.ndarray) -> None:
-    """Shade the x-intervals where ``mask`` holds (log-spaced x: edges at geometric midpoints)."""
-    if not mask.any():
-        return
-    edges = np.sqrt(x[1:] * x[:-1])
-    lo_edges = np.concatenate([[x[0]], edges])
-    hi_edges = np.concatenate([edges, [x[-1]]])
-    for lo, hi, m in zip(lo_edges, hi_edges, mask):
-        if m:
-            ax.axvspan(lo, hi, color="gold", alpha=0.15, lw=0)
 
 
 @_paper
@@ -252,19 +187,6 @@ def plot_predicted_vs_measured(summary: pd.DataFrame) -> plt.Figure:
 
 
 # --- the figures of the notebook suite -------------------------------------------------------
-
-LINESTYLES = ["-", "--", ":", "-."]
-
-
-def _groups(df: pd.DataFrame):
-    """(label, color, linestyle, rows) per combination of the facets present in ``df``; the
-    color names the weighting, the line style the other facets (latent kind, aid)."""
-    facets = [f for f in FACETS if f in df and (f == "weighting" or df[f].nunique() > 1)]
-    others = list(dict.fromkeys(tuple(r) for r in df[facets[1:]].itertuples(index=False))) if facets[1:] else [()]
-    for key, rows in df.groupby(facets, sort=False):
-        key = key if isinstance(key, tuple) else (key,)
-        yield " ".join(map(str, key)), _color(key[0]), LINESTYLES[others.index(tuple(key[1:])) % 4], rows
-
 
 PHASE_METRICS = (("kl_prior_loss", "rate KL [nats / example]", "viridis"),
                  ("baseline_normalized_reconstruction_loss", "ρ_recon = R_val / c_base (ratio of means)", "magma_r"),
@@ -478,82 +400,3 @@ def rho_summaries(per_example: pd.DataFrame, by: list[str]) -> pd.DataFrame:
     g = per_example.groupby(by)
     return pd.DataFrame({"ratio_of_means": g["lbar"].mean() / g["b"].mean(),
                          "mean_of_ratios": g["rho_i"].mean()}).reset_index()
-
-
-@_paper
-def plot_phase_boundary(runs: pd.DataFrame, curves: pd.DataFrame | None, boundary: pd.DataFrame) -> plt.Figure:
-    """Measured rate against beta per weighting (one panel each, aided and unaided runs as separate
-    lines) with the predicted rate (dashed) and both half-plateau betas marked: measured (solid
-    vertical) and predicted (dashed vertical), the ±25% band around the prediction shaded.
-
-    ``runs``: weighting, beta, kl_prior_loss (+ aid). ``curves``: ``SweepResults.theory_curves``.
-    ``boundary``: ``SweepResults.phase_boundary`` (weighting, aid, beta_half_measured,
-    beta_half_predicted, ratio)."""
-    ws = list(dict.fromkeys(boundary["weighting"])) or list(dict.fromkeys(runs["weighting"]))
-    fig, axes = plt.subplots(1, max(len(ws), 1), figsize=(3.3 * max(len(ws), 1), 3.4), squeeze=False)
-    for ax, w in zip(axes[0], ws):
-        for label, color, ls, s in _groups(runs[runs["weighting"] == w]):
-            s = s.groupby("beta", as_index=False)["kl_prior_loss"].mean().sort_values("beta")
-            ax.plot(s["beta"], s["kl_prior_loss"], ls, marker="o", color=color, label=f"measured {label}")
-        if curves is not None and (curves["weighting"] == w).any():
-            c = curves[curves["weighting"] == w].sort_values("beta")
-            lo, hi = runs.loc[runs["weighting"] == w, "beta"].agg(["min", "max"])
-            c = c[(c["beta"] >= lo / 3) & (c["beta"] <= hi * 3)]
-            ax.plot(c["beta"], c["predicted_rate"], "--", color="k", lw=1, label="predicted rate")
-        for _, r in boundary[boundary["weighting"] == w].iterrows():
-            if np.isfinite(r["beta_half_predicted"]):
-                bp = r["beta_half_predicted"]
-                ax.axvline(bp, color="k", ls="--", lw=0.8)
-                ax.axvspan(bp * 0.75, bp * 1.25, color="gray", alpha=0.12, lw=0)
-            if np.isfinite(r["beta_half_measured"]):
-                ax.axvline(r["beta_half_measured"], color=_color(w), lw=1.2,
-                           label=f"measured β½ {r['beta_half_measured']:.3g} ({r['aid']}; "
-                                 f"{r['ratio']:.2f}× predicted)" if np.isfinite(r["ratio"]) else "measured β½")
-        _log_axis(ax, "x", runs.loc[runs["weighting"] == w, "beta"])
-        ax.set_xlabel("β")
-        ax.set_ylabel("rate KL(q‖p) [nats / example]")
-        ax.set_title(w)
-        ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False)
-    fig.suptitle("Phase boundary: where the rate falls to half its plateau (band: predicted ±25%)")
-    fig.tight_layout()
-    return fig
-
-
-@_paper
-def plot_use_by_length(use: pd.DataFrame) -> plt.Figure:
-    """The staircase of a ragged-length weighting: per |S|, the measured fraction of rows using z
-    (solid) against the predicted fraction (dashed), one color per beta. ``use``:
-    ``SweepResults.use_by_length`` (n_tokens, measured_use, predicted_use, beta, aid)."""
-    fig, ax = plt.subplots(figsize=(6.5, 3.8))
-    betas = sorted(use["beta"].unique())
-    cmap = plt.get_cmap("viridis", max(len(betas), 2))
-    for i, beta in enumerate(betas):
-        for aid, g in use[use["beta"] == beta].groupby("aid", sort=False):
-            g = g.sort_values("n_tokens")
-            ax.plot(g["n_tokens"], g["measured_use"], "-", marker="o", color=cmap(i), label=f"β={beta:g} {aid} measured")
-            ax.plot(g["n_tokens"], g["predicted_use"], "--", color=cmap(i), alpha=0.7, label=f"β={beta:g} predicted")
-    ax.set_xlabel("|S| (y tokens + end token)")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_ylabel("fraction of rows using z")
-    ax.set_ylim(-0.05, 1.05)
-    ax.set_title("Use per length (theory: short examples switch on first, β* = 1/(|S| c_base))")
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    fig.tight_layout()
-    return fig
-
-
-@_paper
-def plot_handover_gate(traces: pd.DataFrame) -> plt.Figure:
-    """The hard phase's hand-over gate per aided run: best-z objective / collapsed objective
-    (mean w·min_k nll + β·log K against mean w·b) over the steps; below 1 the soft objective
-    prefers z. ``traces``: ``zfree.report.gate_traces`` (label, step, ratio)."""
-    fig, ax = plt.subplots(figsize=(6.5, 3.8))
-    for label, g in traces.groupby("label", sort=False):
-        ax.plot(g["step"], g["ratio"], marker=".", label=label)
-    ax.axhline(1.0, color="gray", lw=0.8)
-    ax.set_xlabel("step (hard phase)")
-    ax.set_ylabel("best-z objective / collapsed objective")
-    ax.set_title("hand-over gate: below 1 the soft objective prefers z", fontsize=10)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    fig.tight_layout()
-    return fig
