@@ -58,7 +58,7 @@ def plot_rate_and_rho_vs_beta(summary: pd.DataFrame, curves: pd.DataFrame | None
         _rho_limits(ax_r)
         ax_r.set_xlabel("β")
         for ax in (ax_k, ax_r):
-            _log_axis(ax, "x", summary.loc[summary["weighting"] == w, "beta"])
+            _log_axis(ax, "x", summary["beta"])  # x is shared: one tick set for every column
     fig.suptitle("Rate and ρ_recon against β (shaded: theory predicts most examples use z, β_eff < 1)")
     fig.tight_layout()
     # the legend names what the panel titles and colors do not: the quantity (marker) and the

@@ -59,10 +59,12 @@ def plot_use_by_length(use: pd.DataFrame) -> plt.Figure:
     betas = sorted(use["beta"].unique())
     cmap = plt.get_cmap("viridis", max(len(betas), 2))
     for i, beta in enumerate(betas):
-        for aid, g in use[use["beta"] == beta].groupby("aid", sort=False):
+        for j, (aid, g) in enumerate(use[use["beta"] == beta].groupby("aid", sort=False)):
             g = g.sort_values("n_tokens")
-            ax.plot(g["n_tokens"], g["measured_use"], "-", marker="o", color=cmap(i), label=f"β={beta:g} {aid} measured")
-            ax.plot(g["n_tokens"], g["predicted_use"], "--", color=cmap(i), alpha=0.7, label=f"β={beta:g} predicted")
+            ax.plot(g["n_tokens"], g["measured_use"], "-", marker="osD^v"[j % 5], color=cmap(i),
+                    label=f"β={beta:g} {aid} measured")
+            if j == 0:  # the prediction depends on beta and |S| only: one line per beta, not per aid
+                ax.plot(g["n_tokens"], g["predicted_use"], "--", color=cmap(i), alpha=0.7, label=f"β={beta:g} predicted")
     ax.set_xlabel("|S| (y tokens + end token)")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("fraction of rows using z")
