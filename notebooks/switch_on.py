@@ -24,7 +24,7 @@ sweep_dir = "../runs/study-aided"  # a folder written by `zfree study` or `zfree
 from IPython.display import Markdown, display
 
 from zfree.plotting import plot_handover_gate, plot_phase_boundary, plot_use_by_length
-from zfree.report import aided_runs, aided_tables, confusion_tables, gate_traces, show
+from zfree.report import aided_runs, aided_tables, boundary_table, confusion_tables, gate_traces, show
 from zfree.results import load_sweep
 
 sweep = load_sweep(sweep_dir)
@@ -66,7 +66,7 @@ boundary = sweep.phase_boundary()
 if boundary.empty:
     display(Markdown("No weighting has runs at three or more β values here: no boundary to measure."))
 else:
-    display(boundary.round(3))
+    display(boundary_table(boundary))
     show(plot_phase_boundary(runs[runs["weighting"].isin(boundary["weighting"])], sweep.theory_curves(), boundary))
 
 # %% [markdown]

@@ -118,3 +118,11 @@ def test_reference_and_errors_markdown():
     assert R.reference_markdown(None).startswith("**No reference")
     assert R.errors_markdown([]) == "None."
     assert R.errors_markdown([{"run_id": "x", "error": "boom" * 100}], width=8) == "- `x`: boomboom"
+
+
+def test_boundary_table_short_headers_indexed_by_facets():
+    b = pd.DataFrame([{"weighting": "plain", "aid": "none", "n_betas": 3, "beta_half_measured": 0.21234,
+                       "beta_half_predicted": 0.1, "ratio": 2.1234, "within": False, "note": ""}])
+    t = R.boundary_table(b)
+    assert t.index.names == ["weighting", "aid"] and t.loc[("plain", "none"), "β½ measured"] == 0.212
+    assert list(t.columns) == ["β values", "β½ measured", "β½ predicted", "measured / predicted", "within ±25%", "note"]

@@ -245,3 +245,16 @@ def training_metrics(sweep, run_ids: str = "", max_runs: int = 8) -> dict[str, p
             raise KeyError(f"run_ids: {r!r} is not a finished run of {sweep.sweep_dir}")
     rows = sweep.runs.set_index("run_id").loc[chosen].reset_index()
     return {f"{sweep.label(r)} ({r['run_id'][-8:]})": sweep.metrics(r["run_id"]) for _, r in rows.iterrows()}
+
+
+BOUNDARY_COLUMNS = {"n_betas": "β values", "plateau_rate": "plateau rate", "predicted_plateau_rate": "predicted plateau",
+                    "beta_half_measured": "β½ measured", "beta_half_predicted": "β½ predicted",
+                    "ratio": "measured / predicted", "within": "within ±25%", "note": "note"}
+
+
+def boundary_table(boundary: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
+    """``SweepResults.phase_boundary`` with short headers (``BOUNDARY_COLUMNS``), indexed by its
+    facets (weighting, latent kind, aid), floats rounded to ``digits`` decimals."""
+    keys = [c for c in FACETS if c in boundary]
+    t = boundary.set_index(keys)
+    return t[[c for c in BOUNDARY_COLUMNS if c in t]].rename(columns=BOUNDARY_COLUMNS).round(digits)
