@@ -22,16 +22,14 @@ sweep_dir = "../runs/study-default"  # a folder written by `zfree sweep` or `zfr
 beta = 0.1  # per weighting, the run with the nearest β is shown
 
 # %%
-import numpy as np
-
 from zfree.plotting import plot_effective_beta
+from zfree.report import runs_at_beta, show
 from zfree.results import load_sweep
 
 sweep = load_sweep(sweep_dir)
-runs = sweep.runs
-nearest = runs.loc[(np.log(runs["beta"]) - np.log(beta)).abs().groupby([runs[c] for c in ("weighting", "latent_kind", "aid")]).idxmin()]
-pe = sweep.per_example[sweep.per_example["run_id"].isin(nearest["run_id"])]
-fig = plot_effective_beta(pe)
+chosen = runs_at_beta(sweep.runs, beta)
+pe = sweep.per_example[sweep.per_example["run_id"].isin(chosen["run_id"])]
+show(plot_effective_beta(pe))
 
 # %%
-pe.groupby(["weighting", "beta"])[["beta_eff", "kl"]].describe().round(3)
+pe.groupby(["weighting", "beta"])[["beta_eff", "kl"]].agg(["min", "median", "max"]).round(3)

@@ -23,11 +23,12 @@ sweep_dir = "../runs/study-default"  # a folder written by `zfree sweep` or `zfr
 
 # %%
 from zfree.plotting import plot_rate_distortion
+from zfree.report import run_table, show
 from zfree.results import load_sweep
 
 sweep = load_sweep(sweep_dir)
 runs = sweep.runs
-fig = plot_rate_distortion(runs, z_free=float(runs["zfree_distortion"].mean()), bayes_rate=float(runs["bayes_rate"].mean()))
+show(plot_rate_distortion(runs, z_free=float(runs["zfree_distortion"].mean()), bayes_rate=float(runs["bayes_rate"].mean())))
 
 # %%
-runs[["weighting", "latent_kind", "aid", "beta", "rate", "distortion", "zfree_distortion", "bayes_rate"]].round(4)
+run_table(runs, {"rate": "R [nats]", "distortion": "D [nats]", "zfree_distortion": "z-free D", "bayes_rate": "log K/m"})

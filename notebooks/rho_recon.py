@@ -21,12 +21,11 @@ sweep_dir = "../runs/study-default"  # a folder written by `zfree sweep` or `zfr
 
 # %%
 from zfree.plotting import plot_rho_distributions
+from zfree.report import rho_table, show
 from zfree.results import load_sweep
 
 sweep = load_sweep(sweep_dir)
-pe = sweep.per_example
-fig = plot_rho_distributions(pe)
+show(plot_rho_distributions(sweep.per_example))
 
 # %%
-g = pe.groupby(["weighting", "latent_kind", "aid", "beta"])
-(g["lbar"].mean() / g["b"].mean()).to_frame("ratio_of_means").join(g["rho_i"].mean().rename("mean_of_ratios")).round(4)
+rho_table(sweep.per_example)

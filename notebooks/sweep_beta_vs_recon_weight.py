@@ -26,6 +26,7 @@ sweep_dir = "../runs/sweep-beta-vs-recon-weight"  # a folder written by `zfree s
 from IPython.display import Markdown, display
 
 from zfree.plotting import plot_phase_diagram
+from zfree.report import show
 from zfree.results import load_sweep
 
 sweep = load_sweep(sweep_dir)
@@ -34,5 +35,5 @@ display(Markdown(f"{len(sweep.runs)} runs; predicted β* (half of the rows use z
                  + ", ".join(f"{w} {b:.3g}" for w, b in crit.items())))
 
 # %%
-fig = plot_phase_diagram(sweep.runs, c_base=(sweep.reference or {}).get("c_base"),
-                         beta_over_w=sweep.critical_beta_over_w(), critical_betas=crit)
+show(plot_phase_diagram(sweep.runs, c_base=(sweep.reference or {}).get("c_base"),
+                        beta_over_w=sweep.critical_beta_over_w(), critical_betas=crit))

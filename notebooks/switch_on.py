@@ -21,66 +21,37 @@
 sweep_dir = "../runs/study-aided"  # a folder written by `zfree study` or `zfree sweep`
 
 # %%
-import json
-
-import matplotlib.pyplot as plt
-import numpy as np
-import pandas as pd
 from IPython.display import Markdown, display
 
-from zfree.io import read_json
-from zfree.metrics import confusion
+from zfree.plotting import plot_handover_gate, plot_phase_boundary, plot_use_by_length
+from zfree.report import aided_runs, aided_tables, boundary_table, confusion_tables, gate_traces, show
 from zfree.results import load_sweep
 
 sweep = load_sweep(sweep_dir)
 runs = sweep.runs
-aided = runs[runs["aid"].fillna("none") != "none"] if "aid" in runs else runs.iloc[:0]
+aided = aided_runs(runs)
 if aided.empty:
     display(Markdown("No aided runs in this folder (every run has `aid = none`)."))
-
-# %%
-if not aided.empty:
-    cols = {"aid": "aid", "weighting": "weighting", "beta": "β", "n_latent": "K", "posterior_features": "posterior",
-            "lr_new": "lr new", "seed": "seed",
-            "predicted_use_fraction": "predicted use", "measured_use_fraction": "measured use",
-            "kl_prior_loss": "KL [nats]", "bayes_rate": "analytic I(z;y|x)", "alignment_nmi_unambiguous": "NMI (m=1)",
-            "hungarian_accuracy_unambiguous": "matched acc (m=1)",
-            "baseline_normalized_reconstruction_loss": "ρ_recon", "oracle_rho": "oracle ρ", "codes_used": "codes used",
-            "task_correctness": "task correct", "base_task_correctness": "base task correct",
-            "gate_first_pass_step": "switch-on step", "handover_step": "hand-over step", "steps": "steps",
-            "wall_s": "wall [s]"}
-    table = aided[[c for c in cols if c in aided]].rename(columns=cols)
-    display(table.round(3))
+for part in aided_tables(aided) if not aided.empty else []:
+    display(part)
 
 # %% [markdown]
 # ## The barrier: best-z state against collapse during the hard phase
 
 # %%
-if not aided.empty:
-    fig, ax = plt.subplots(figsize=(6.5, 3.8))
-    for _, r in aided.iterrows():
-        gate = read_json(f"{r['run_dir']}/summary.json").get("aid/gate") or []
-        if gate:
-            g = pd.DataFrame(gate)
-            ax.plot(g["step"], g["best_objective"] / g["collapsed_objective"], marker=".",
-                    label=f"{sweep.label(r)} K={r.get('n_latent')} {r.get('posterior_features')} ({r['run_id'][-8:]})")
-    ax.axhline(1.0, color="gray", lw=0.8)
-    ax.set_xlabel("step (hard phase)")
-    ax.set_ylabel("best-z objective / collapsed objective")
-    ax.set_title("hand-over gate: below 1 the soft objective prefers z")
-    if ax.lines[1:]:
-        ax.legend(fontsize=7)
-    fig.tight_layout()
+traces = gate_traces(aided, runs)
+if traces.empty:
+    display(Markdown("No hand-over gate recorded (no run with `aid = hard_em_then_soft`)."))
+else:
+    show(plot_handover_gate(traces))
 
 # %% [markdown]
 # ## Latent value against strategy on the rows where one strategy fits (m = 1)
 
 # %%
-for _, r in aided.iterrows():
-    pe = pd.read_parquet(f"{r['run_dir']}/per_example.parquet")
-    if "n_consistent" in pe and pe["strategy"].notna().all():
-        display(Markdown(f"**{sweep.label(r)}** (`{r['run_id']}`)"))
-        display(confusion(pe))
+for title, table in confusion_tables(aided, runs):
+    display(Markdown(f"**{title}**"))
+    display(table)
 
 # %% [markdown]
 # ## The phase boundary: measured against predicted
@@ -91,16 +62,12 @@ for _, r in aided.iterrows():
 # Bayes loss). The target: within ±25%.
 
 # %%
-from zfree.plotting import plot_phase_boundary, plot_use_by_length
-
 boundary = sweep.phase_boundary()
 if boundary.empty:
     display(Markdown("No weighting has runs at three or more β values here: no boundary to measure."))
 else:
-    display(boundary.round(3))
-    pb_runs = runs[runs["weighting"].isin(boundary["weighting"])]
-    plot_phase_boundary(pb_runs, sweep.theory_curves(), boundary)
-    plt.show()
+    display(boundary_table(boundary))
+    show(plot_phase_boundary(runs[runs["weighting"].isin(boundary["weighting"])], sweep.theory_curves(), boundary))
 
 # %% [markdown]
 # ## The staircase: use per length under `distribution` weighting
@@ -113,5 +80,4 @@ use = sweep.use_by_length("distribution")
 if use.empty:
     display(Markdown("No `distribution` runs with per-example use here."))
 else:
-    plot_use_by_length(use)
-    plt.show()
+    show(plot_use_by_length(use))

@@ -86,9 +86,10 @@ import pandas as pd
 
 from zfree.io import read_jsonl
 from zfree.plotting import plot_training_curves
+from zfree.report import show
 
 metrics = pd.DataFrame(read_jsonl(f"{out_dir}/metrics.jsonl"))
-fig = plot_training_curves({f"{cfg.objective.weighting} β={cfg.objective.beta:g}": metrics})
+show(plot_training_curves({f"{cfg.objective.weighting} β={cfg.objective.beta:g}": metrics}))
 
 # %%
 pd.Series({k: v for k, v in summary.items() if "/" in k}).to_frame("final")

@@ -23,9 +23,8 @@ max_runs = 8
 
 # %%
 from zfree.plotting import plot_training_curves
+from zfree.report import show, training_metrics
 from zfree.results import load_sweep
 
 sweep = load_sweep(sweep_dir)
-chosen = [r.strip() for r in run_ids.split(",") if r.strip()] or list(sweep.runs["run_id"][:max_runs])
-rows = sweep.runs.set_index("run_id").loc[chosen].reset_index()
-fig = plot_training_curves({f"{sweep.label(r)} ({r['run_id'][-8:]})": sweep.metrics(r["run_id"]) for _, r in rows.iterrows()})
+show(plot_training_curves(training_metrics(sweep, run_ids, max_runs)))

@@ -141,8 +141,8 @@ def test_rate_and_rho_vs_beta_and_loss_fractions_accept_facets():
     fig = P.plot_rate_and_rho_vs_beta(runs)
     assert len(fig.axes) == 6 and len(fig.axes[0].lines) == 2
     fig = P.plot_loss_fractions(runs)
-    labels = [t.get_text() for t in fig.axes[0].get_xticklabels()]
-    assert len(set(labels)) == len(runs)
+    labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]  # horizontal bars: one label a row
+    assert len(set(labels)) == len(runs) and not any("\n" in t for t in labels)
 
 
 @pytest.fixture(autouse=True)
@@ -178,3 +178,59 @@ def test_use_by_length_draws_measured_and_predicted_per_beta():
     np.testing.assert_allclose(by["β=0.9 hard_em_then_soft measured"].get_ydata(), [1, 0.5, 0])
     np.testing.assert_allclose(by["β=0.9 predicted"].get_ydata(), [1, 1, 0])
     assert len(ax.lines) == 4
+
+
+def _minor_labels(axis) -> list[str]:
+    return [t.get_text() for t in axis.get_ticklabels(minor=True) if t.get_text()]
+
+
+def test_log_axes_label_major_ticks_only_as_plain_numbers():
+    """A log axis over less than a decade (betas 0.03-0.3) would get "3×10⁻² 4×10⁻² …" minor
+    labels from matplotlib's default; ours labels the data's betas, as plain numbers, and nothing else."""
+    runs = _runs()
+    fig = P.plot_rate_and_rho_vs_beta(runs)
+    fig.canvas.draw()
+    ax = [a for a in fig.axes if a.get_xlabel() == "β"][0]  # the bottom row carries the shared β labels
+    assert ax.get_xscale() == "log" and not _minor_labels(ax.xaxis)
+    shown = sorted(float(t.get_text()) for t in ax.get_xticklabels() if t.get_text())
+    assert shown == sorted(runs["beta"].unique())
+    fig = P.plot_effective_beta(_per_example())  # many distinct values: 1-2-5 or decades, no minor labels
+    fig.canvas.draw()
+    for ax, axis in ((fig.axes[0], fig.axes[0].yaxis), (fig.axes[2], fig.axes[2].xaxis)):
+        labels = [t.get_text() for t in axis.get_ticklabels() if t.get_text()]
+        assert labels and all("×" not in t and "$" not in t for t in labels) and not _minor_labels(axis)
+
+
+def test_legends_sit_outside_the_data():
+    """Training-dynamics, rate/rho and effective-beta legends lie outside every axes' box."""
+    df = pd.DataFrame({"step": [0, 5, 10], "loss/val/kl_prior_loss": [0.0, 0.2, 0.01],
+                       "loss_contrib/fraction_abs/reconstruction_loss": [1.0, 0.9, 0.99]})
+    for fig in (P.plot_training_curves({"a": df, "b": df}), P.plot_rate_and_rho_vs_beta(_runs()),
+                P.plot_effective_beta(_per_example()),
+                P.plot_loss_fractions(_runs().assign(**{"loss_contrib/fraction_abs/kl_prior_loss": 0.2}))):
+        fig.canvas.draw()
+        r = fig.canvas.get_renderer()
+        legends = [*fig.legends, *(a.get_legend() for a in fig.axes if a.get_legend())]
+        assert legends
+        for lg in legends:
+            box = lg.get_window_extent(r)
+            for ax in fig.axes:
+                assert not box.overlaps(ax.get_window_extent(r)), (lg, ax.get_title())
+
+
+def test_phase_diagram_merges_row_labels_that_would_overprint():
+    runs = _runs()
+    runs = pd.concat([runs, runs[runs["weighting"] == "distribution"].assign(weighting="token",
+                                                                           recon_weight=1 / C_BASE * 1.05)])
+    assert [names for _, names in P._row_labels(runs)] == [["plain"], ["example"], ["distribution", "token"]]
+    fig = P.plot_phase_diagram(runs, c_base=C_BASE)
+    ticks = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert ticks == ["plain\nw = 1", "example\nw = 3", "distribution / token\nw = 4–4.2"]
+
+
+def test_handover_gate_draws_one_line_per_run():
+    traces = pd.DataFrame({"label": ["a", "a", "b"], "step": [0, 50, 0], "ratio": [1.2, 0.9, 1.1]})
+    ax = P.plot_handover_gate(traces).axes[0]
+    runs = {ln.get_label(): ln for ln in ax.lines if not ln.get_label().startswith("_")}
+    np.testing.assert_allclose(runs["a"].get_ydata(), [1.2, 0.9])
+    assert any(np.allclose(ln.get_ydata(), 1.0) for ln in ax.lines)

@@ -9,15 +9,20 @@ matplotlib.use("Agg") if matplotlib.get_backend().lower() in ("", "agg") else No
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-FACETS = ("weighting", "latent_kind", "aid")  # what tells runs apart besides beta (and seed)
-WEIGHTING_COLORS = {"plain": "tab:blue", "distribution": "tab:orange", "example": "tab:green", "token": "tab:purple"}
+from zfree.figstyle import FACETS, LINESTYLES, PAPER_RC, WEIGHTING_COLORS  # noqa: E402,F401
+from zfree.figstyle import color_of as _color  # noqa: E402
+from zfree.figstyle import groups as _groups  # noqa: E402
+from zfree.figstyle import legend_below as _legend_below  # noqa: E402
+from zfree.figstyle import log_axis as _log_axis  # noqa: E402
+from zfree.figstyle import paper as _paper  # noqa: E402
+from zfree.figstyle import rho_limits as _rho_limits  # noqa: E402
+from zfree.figstyle import shade  # noqa: E402
+from zfree.plotting_aids import plot_handover_gate, plot_phase_boundary, plot_use_by_length  # noqa: E402,F401
 
 
-def _color(w: str) -> str:
-    return WEIGHTING_COLORS.get(w, "tab:gray")
-
-
+@_paper
 def plot_rate_and_rho_vs_beta(summary: pd.DataFrame, curves: pd.DataFrame | None = None) -> plt.Figure:
     """Measured rate (KL, nats per example) and rho_recon (ratio of means) against beta, one column
     per weighting; theory's predicted rate dashed, and the beta range where theory predicts that
@@ -28,7 +33,7 @@ def plot_rate_and_rho_vs_beta(summary: pd.DataFrame, curves: pd.DataFrame | None
     predicted_use_fraction, predicted_rate (``zfree.theory.predict_curve``).
     """
     ws = list(dict.fromkeys(summary["weighting"]))
-    fig, axes = plt.subplots(2, len(ws), figsize=(4.2 * len(ws), 6.4), squeeze=False, sharex=True)
+    fig, axes = plt.subplots(2, len(ws), figsize=(3.3 * len(ws), 5.6), squeeze=False, sharex=True)
     for j, w in enumerate(ws):
         ax_k, ax_r = axes[0, j], axes[1, j]
         for label, color, ls, s in _groups(summary[summary["weighting"] == w]):
@@ -42,55 +47,62 @@ def plot_rate_and_rho_vs_beta(summary: pd.DataFrame, curves: pd.DataFrame | None
                           label=f"oracle ρ (best z per example) {tag}".strip())
         if curves is not None and len(curves[curves["weighting"] == w]):
             c = curves[curves["weighting"] == w].sort_values("beta")
-            ax_k.plot(c["beta"], c["predicted_rate"], "--", color="k", lw=1, label="predicted rate")
+            ax_k.plot(c["beta"], c["predicted_rate"], "-", color="k", lw=2.5, alpha=0.3, label="predicted rate")
             use = c["predicted_use_fraction"].to_numpy() > 0.5
             for ax in (ax_k, ax_r):
-                _shade(ax, c["beta"].to_numpy(), use)
+                shade(ax, c["beta"].to_numpy(), use)
         ax_k.set_title(f"{w}")
         ax_k.set_ylabel("rate KL(q‖p) [nats / example]")
         ax_r.set_ylabel("ρ_recon")
         ax_r.axhline(1.0, color="gray", lw=0.8)
+        _rho_limits(ax_r)
         ax_r.set_xlabel("β")
         for ax in (ax_k, ax_r):
-            ax.set_xscale("log")
-            ax.legend(fontsize=7)
+            _log_axis(ax, "x", summary["beta"])  # x is shared: one tick set for every column
     fig.suptitle("Rate and ρ_recon against β (shaded: theory predicts most examples use z, β_eff < 1)")
     fig.tight_layout()
+    # the legend names what the panel titles and colors do not: the quantity (marker) and the
+    # facet (line style), in black; color = weighting is in each panel's title
+    from matplotlib.lines import Line2D
+
+    handles = [Line2D([], [], color="k", marker="o", ls="none", label="measured KL (top) / ρ_recon = R_val / c_base"),
+               Line2D([], [], color="k", marker="s", ls="none", alpha=0.5, label="oracle ρ (best z per example)")]
+    if curves is not None:
+        handles.append(Line2D([], [], color="k", lw=2.5, alpha=0.3, label="predicted rate"))
+    tags = {}
+    for label, _, ls, _ in _groups(summary):
+        tags.setdefault(" ".join(label.split(" ")[1:]), ls)
+    handles += [Line2D([], [], color="k", ls=ls, label=tag) for tag, ls in tags.items() if tag]
+    fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(len(handles), 4),
+               fontsize=8, frameon=False)
     return fig
 
 
-def _shade(ax, x: np.ndarray, mask: np.ndarray) -> None:
-    """Shade the x-intervals where ``mask`` holds (log-spaced x: edges at geometric midpoints)."""
-    if not mask.any():
-        return
-    edges = np.sqrt(x[1:] * x[:-1])
-    lo_edges = np.concatenate([[x[0]], edges])
-    hi_edges = np.concatenate([edges, [x[-1]]])
-    for lo, hi, m in zip(lo_edges, hi_edges, mask):
-        if m:
-            ax.axvspan(lo, hi, color="gold", alpha=0.15, lw=0)
-
-
+@_paper
 def plot_loss_fractions(summary: pd.DataFrame) -> plt.Figure:
     """loss_contrib/fraction_abs/<term> of the final evaluation, one stacked bar per run."""
     cols = [c for c in summary.columns if c.startswith("loss_contrib/fraction_abs/")]
     facets = [f for f in FACETS if f in summary and (f == "weighting" or summary[f].nunique() > 1)]
     s = summary.sort_values([*facets, "beta"])
-    labels = [" ".join(str(r[f]) for f in facets) + f"\nβ={r['beta']:g}" + (f" s{r['seed']}" if "seed" in s and
+    labels = [" ".join(str(r[f]) for f in facets) + f" β={r['beta']:g}" + (f" s{r['seed']}" if "seed" in s and
               s["seed"].nunique() > 1 else "") for _, r in s.iterrows()]
-    fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(s)), 3.6))
-    bottom = np.zeros(len(s))
+    # one horizontal bar per run: the run labels read along the y axis however many runs there are
+    fig, ax = plt.subplots(figsize=(7.5, 1.2 + 0.32 * len(s)))
+    left = np.zeros(len(s))
     for c in cols:
         v = s[c].fillna(0).to_numpy()
-        ax.bar(labels, v, bottom=bottom, label=c.split("/")[-1])
-        bottom += v
-    ax.set_ylabel("|contribution| / Σ|contributions|")
-    ax.set_title("Share of the objective per term (final evaluation)")
-    ax.legend(fontsize=8)
+        ax.barh(labels, v, left=left, label=c.split("/")[-1])
+        left += v
+    ax.set_ylim(len(s) - 0.5, -0.5)  # first run on top, no empty margin
+    ax.set_xlabel("|contribution| / Σ|contributions|")
+    ax.set_title("Share of the objective per term (final evaluation)", fontsize=10)
+    if cols:
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
     return fig
 
 
+@_paper
 def plot_training_curves(metrics: dict[str, pd.DataFrame], collapse_kl: float = 0.05) -> plt.Figure:
     """Per run (label -> metrics.jsonl as a DataFrame): the share of the objective of every
     ``loss_contrib/fraction_abs/<term>`` (one line style per term), KL, rho_recon and alignment
@@ -100,7 +112,8 @@ def plot_training_curves(metrics: dict[str, pd.DataFrame], collapse_kl: float = 
     keys = [("loss/val/kl_prior_loss", "rate KL [nats / example]"),
             ("loss/val/baseline_normalized_reconstruction_loss", "ρ_recon = R_val / c_base (ratio of means)"),
             ("structure/alignment_nmi", "alignment NMI (argmax z vs strategy)")]
-    fig, axes = plt.subplots(1, 1 + len(keys), figsize=(4.2 * (1 + len(keys)), 3.6))
+    fig, axes = plt.subplots(2, 2, figsize=(10, 6.4))  # 2 × 2: readable at the report's width
+    axes = axes.flatten()
     styles = ["-", "--", ":", "-."]
     for i, (label, df) in enumerate(metrics.items()):
         color = f"C{i % 10}"
@@ -119,53 +132,73 @@ def plot_training_curves(metrics: dict[str, pd.DataFrame], collapse_kl: float = 
     for ax, (k, name) in zip(axes[1:], keys):
         ax.set_title(name, fontsize=9)
     axes[1].axhline(collapse_kl, color="gray", lw=0.6, ls="--")
+    _rho_limits(axes[2])
+    axes[0].set_ylim(-0.02, 1.02)  # shares and NMI live on [0, 1]: one scale in every report
+    axes[3].set_ylim(-0.02, 1.02)
     for ax in axes:
         ax.set_xlabel("step")
-    axes[0].legend(fontsize=6)
-    axes[1].legend(fontsize=7)
     fig.tight_layout()
+    # two legends below the panels, outside the data: runs by color, terms by line style
+    from matplotlib.lines import Line2D
+
+    runs = [Line2D([], [], color=f"C{i % 10}", marker=".", label=label) for i, label in enumerate(metrics)]
+    terms = list(dict.fromkeys(c.rsplit("/", 1)[-1] for df in metrics.values() for c in df.columns
+                               if c.startswith("loss_contrib/fraction_abs/")))
+    styles_h = [Line2D([], [], color="k", ls=styles[j % 4], label=t) for j, t in enumerate(terms)]
+    first = fig.legend(handles=runs, loc="upper right", bbox_to_anchor=(0.62, 0.0), ncol=2, fontsize=7,
+                       frameon=False, title="run (color)", title_fontsize=7)
+    fig.legend(handles=styles_h, loc="upper left", bbox_to_anchor=(0.64, 0.0), ncol=1, fontsize=7, frameon=False,
+               title="term (line style, top-left panel)", title_fontsize=7)
+    fig.add_artist(first)
     return fig
 
 
+@_paper
 def plot_predicted_vs_measured(summary: pd.DataFrame) -> plt.Figure:
     """Fraction of examples predicted to use z (beta_eff < 1) against the fraction measured to use
-    it (per-example KL >= half of log(K/m)), one point per run."""
-    fig, ax = plt.subplots(figsize=(4.6, 4.2))
-    for w, s in summary.groupby("weighting", sort=False):
-        ax.scatter(s["predicted_use_fraction"], s["measured_use_fraction"], color=_color(w), label=w)
-        for _, r in s.iterrows():
-            ax.annotate(f"β={r['beta']:g}", (r["predicted_use_fraction"], r["measured_use_fraction"]), fontsize=7)
+    it (per-example KL >= half of log(K/m)), one point per run: color = weighting, marker = the
+    other facets (latent kind, aid), size = beta (legend). No text at the points: with dozens of
+    runs on a few positions (0 and 1) the labels would print over each other."""
+    from matplotlib.lines import Line2D
+
+    fig, ax = plt.subplots(figsize=(5.0, 4.4))
+    betas = sorted(summary["beta"].unique())
+    size = {b: 18 + 70 * i / max(len(betas) - 1, 1) for i, b in enumerate(betas)}
+    markers = ["o", "s", "^", "D", "v", "P"]
+    facets = [f for f in FACETS[1:] if f in summary and summary[f].nunique() > 1]
+    keys = list(dict.fromkeys(tuple(r) for r in summary[facets].itertuples(index=False))) if facets else [()]
+    for _, r in summary.iterrows():
+        k = tuple(r[f] for f in facets)
+        ax.scatter(r["predicted_use_fraction"], r["measured_use_fraction"], s=size[r["beta"]], color=_color(r["weighting"]),
+                   marker=markers[keys.index(k) % len(markers)], alpha=0.75, edgecolors="k", linewidths=0.3)
     ax.plot([0, 1], [0, 1], color="gray", lw=0.8)
     ax.set_xlim(-0.05, 1.05)
     ax.set_ylim(-0.05, 1.05)
     ax.set_xlabel("predicted fraction of examples using z")
     ax.set_ylabel("measured fraction using z")
-    ax.legend(fontsize=8)
+    handles = [Line2D([], [], ls="none", marker="o", color=_color(w), label=w) for w in dict.fromkeys(summary["weighting"])]
+    handles += [Line2D([], [], ls="none", marker=markers[i % len(markers)], color="gray", label=" ".join(map(str, k)))
+                for i, k in enumerate(keys) if k]
+    handles += [Line2D([], [], ls="none", marker="o", color="gray", markersize=np.sqrt(size[b]), label=f"β={b:g}")
+                for b in betas]
+    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
     return fig
 
 
 # --- the figures of the notebook suite -------------------------------------------------------
 
-LINESTYLES = ["-", "--", ":", "-."]
-
-
-def _groups(df: pd.DataFrame):
-    """(label, color, linestyle, rows) per combination of the facets present in ``df``; the
-    color names the weighting, the line style the other facets (latent kind, aid)."""
-    facets = [f for f in FACETS if f in df and (f == "weighting" or df[f].nunique() > 1)]
-    others = list(dict.fromkeys(tuple(r) for r in df[facets[1:]].itertuples(index=False))) if facets[1:] else [()]
-    for key, rows in df.groupby(facets, sort=False):
-        key = key if isinstance(key, tuple) else (key,)
-        yield " ".join(map(str, key)), _color(key[0]), LINESTYLES[others.index(tuple(key[1:])) % 4], rows
-
-
 PHASE_METRICS = (("kl_prior_loss", "rate KL [nats / example]", "viridis"),
                  ("baseline_normalized_reconstruction_loss", "ρ_recon = R_val / c_base (ratio of means)", "magma_r"),
                  ("alignment_nmi", "alignment NMI", "viridis"),
                  ("task_correctness", "task correctness", "viridis"))
+#: color range per metric: (vmin, vmax), None = the data's; rho from 0 to at least 1, the
+#: fractions on [0, 1], so one color means one value in every report
+PHASE_RANGES = {"kl_prior_loss": (0.0, None), "baseline_normalized_reconstruction_loss": (0.0, 1.0),
+                "alignment_nmi": (0.0, 1.0), "task_correctness": (0.0, 1.0)}
 
 
+@_paper
 def plot_phase_diagram(runs: pd.DataFrame, c_base: float | None = None, beta_over_w: float | None = None,
                        critical_betas: dict[str, float] | None = None, metrics=PHASE_METRICS,
                        highlight: tuple[float, float] | None = None) -> plt.Figure:
@@ -190,9 +223,12 @@ def plot_phase_diagram(runs: pd.DataFrame, c_base: float | None = None, beta_ove
     shown = [*runs["beta"], *(critical_betas or {}).values()]
     b_lo, b_hi = min(shown) / 2, max(shown) * 2
     w_lo, w_hi = runs["recon_weight"].min() / 2, runs["recon_weight"].max() * 2
-    for ax, (key, name, cmap) in zip(axes.flat, metrics):
-        sc = ax.scatter(cells["beta"], cells["recon_weight"], c=cells[key], cmap=cmap, marker="s", s=260,
-                        edgecolors="k", linewidths=0.4, zorder=3)
+    for i, (ax, (key, name, cmap)) in enumerate(zip(axes.flat, metrics)):
+        vmin, vmax = PHASE_RANGES.get(key, (None, None))
+        top = float(cells[key].max()) if cells[key].notna().any() else 1.0
+        vmax = max(vmax, top) if vmax is not None else (top if vmin is None else max(top, vmin + 1e-3))
+        sc = ax.scatter(cells["beta"], cells["recon_weight"], c=cells[key], cmap=cmap, marker="s", s=150,
+                        edgecolors="k", linewidths=0.4, zorder=3, vmin=vmin, vmax=vmax)
         fig.colorbar(sc, ax=ax, label=name)
         ws = np.geomspace(w_lo, w_hi, 50)
         for ratio in np.geomspace(b_lo / w_hi, b_hi / w_lo, 9):  # lines of constant beta / w
@@ -202,31 +238,55 @@ def plot_phase_diagram(runs: pd.DataFrame, c_base: float | None = None, beta_ove
         for w, b in (critical_betas or {}).items():
             rows = runs[runs["weighting"] == w]
             if len(rows):
-                ax.scatter([b], [rows["recon_weight"].mean()], marker="x", color="k", s=60, zorder=4)
+                ax.scatter([b], [rows["recon_weight"].mean()], marker="x", color="k", s=60, zorder=4,
+                           label="predicted β* of the weighting (half of the rows use z)")
         if c_base:
-            ax.axhline(1 / c_base, color="tab:orange", lw=0.8, ls="--", zorder=1)
-            ax.annotate("1/c_base", (b_lo, 1 / c_base), fontsize=7, color="tab:orange", va="bottom")
+            ax.axhline(1 / c_base, color="tab:orange", lw=0.8, ls="--", zorder=1, label="w = 1/c_base")
         if highlight is not None:
             ax.scatter([highlight[0]], [highlight[1]], marker="s", s=420, facecolors="none", edgecolors="red",
                        linewidths=1.5, zorder=5)
-        for w, rows in runs.groupby("weighting", sort=False):
-            ax.annotate(w, (b_hi, rows["recon_weight"].mean()), fontsize=7, color=_color(w), ha="right", va="bottom")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
         ax.set_xlim(b_lo, b_hi)
         ax.set_ylim(w_lo, w_hi)
+        _log_axis(ax, "x", runs["beta"])
+        _log_axis(ax, "y")
+        # the rows named on the w axis, weightings on (nearly) one row under one tick (their names
+        # would otherwise print over each other)
+        rows = _row_labels(runs)
+        ax.set_yticks([y for y, _ in rows], [" / ".join(n) + "\n" + _w_range(runs, n) for _, n in rows], fontsize=7)
+        if i % ncol:  # the row names once per figure row: the right panel's would meet the left colorbar
+            ax.tick_params(axis="y", labelleft=False)
         ax.set_xlabel("β")
-        ax.set_ylabel("reconstruction weight w")
+        ax.set_ylabel("" if i % ncol else "reconstruction weight w")
         ax.set_title(name, fontsize=9)
     for ax in list(axes.flat)[len(metrics):]:
         ax.set_visible(False)
-    if beta_over_w:
-        axes.flat[0].legend(fontsize=7, loc="lower right")
     fig.suptitle("Phase diagram β × w (dotted: constant β/w, identical training under Adam)")
     fig.tight_layout()
+    _legend_below(fig, axes.flat[0], ncol=3)
     return fig
 
 
+def _w_range(runs: pd.DataFrame, names: list[str]) -> str:
+    ws = runs.loc[runs["weighting"].isin(names), "recon_weight"]
+    lo, hi = ws.min(), ws.max()
+    return f"w = {lo:.3g}" if np.isclose(lo, hi, rtol=1e-3) else f"w = {lo:.3g}–{hi:.3g}"
+
+
+def _row_labels(runs: pd.DataFrame, factor: float = 1.25) -> list[tuple[float, list[str]]]:
+    """(w, weightings) per row of the phase diagram: weightings whose mean w lie within
+    ``factor`` of each other (e.g. distribution and token with a distribution outer weight) are
+    merged into one label, so their names do not print over each other."""
+    ws = sorted(((float(g["recon_weight"].mean()), w) for w, g in runs.groupby("weighting", sort=False)))
+    out: list[tuple[float, list[str]]] = []
+    for y, w in ws:
+        if out and y / out[-1][0] < factor:
+            out[-1][1].append(w)
+        else:
+            out.append((y, [w]))
+    return out
+
+
+@_paper
 def plot_rate_distortion(runs: pd.DataFrame, z_free: float | None = None, bayes_rate: float | None = None,
                          n_iso: int = 6) -> plt.Figure:
     """The rate-distortion plane (Alemi et al. 2018): rate R = mean KL(q‖p) and distortion
@@ -266,122 +326,77 @@ def plot_rate_distortion(runs: pd.DataFrame, z_free: float | None = None, bayes_
     ax.set_xlabel("rate R = KL(q‖p) [nats / sequence]")
     ax.set_ylabel("distortion D = |S|·ℓ̄ [nats / sequence]")
     ax.set_title("Rate-distortion plane (dotted: iso-ELBO D + R = const)", fontsize=9)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
     return fig
 
 
+@_paper
 def plot_effective_beta(per_example: pd.DataFrame) -> plt.Figure:
     """Per-example beta_eff = beta·|S|/w (DESIGN §1; seeds 000, 002) per weighting: against b
     (nats per token), against |S|, and per-example KL (nats per sequence) against beta_eff —
     which examples use z. The line beta_eff = 1 is drawn in every panel (theory: z is worth
     using iff beta_eff < 1). ``per_example``: rows of the runs' per_example tables tagged with
     weighting (and facets), one beta per weighting."""
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
+    fig, axes = plt.subplots(1, 3, figsize=(12.5, 3.8))
     for label, color, _, rows in _groups(per_example):
         axes[0].scatter(rows["b"], rows["beta_eff"], s=8, alpha=0.6, color=color, label=label)
         axes[1].scatter(rows["n_tokens"], rows["beta_eff"], s=8, alpha=0.6, color=color, label=label)
         axes[2].scatter(rows["beta_eff"], rows["kl"], s=8, alpha=0.6, color=color, label=label)
     for ax in axes[:2]:
         ax.axhline(1.0, color="k", lw=1, ls="--", label="β_eff = 1")
-        ax.set_yscale("log")
+        _log_axis(ax, "y")
         ax.set_ylabel("β_eff = β·|S| / w")
     axes[2].axvline(1.0, color="k", lw=1, ls="--", label="β_eff = 1")
-    axes[2].set_xscale("log")
+    _log_axis(axes[2], "x")
     axes[0].set_xlabel("b (z-free NLL, nats / token)")
     axes[1].set_xlabel("|S| (supervised tokens)")
+    axes[1].xaxis.set_major_locator(MaxNLocator(integer=True))
     axes[2].set_xlabel("β_eff")
     axes[2].set_ylabel("per-example KL [nats / sequence]")
     axes[2].set_title("which examples use z", fontsize=9)
-    axes[0].legend(fontsize=7)
     fig.tight_layout()
+    _legend_below(fig, axes, ncol=5)
     return fig
 
 
+@_paper
 def plot_rho_distributions(per_example: pd.DataFrame) -> plt.Figure:
     """Per-example rho_i = ℓ̄_i / b_i distributions (box per beta), one panel per weighting (and
     facet), with both summaries named: the mean of ratios mean_i rho_i (open circle) and the
     ratio of means rho_recon = mean ℓ̄ / mean b over the same rows (red diamond; seed 000's
     R_val / c_base). They differ when short or easy examples (small b) have large ratios."""
     groups = list(_groups(per_example))
-    fig, axes = plt.subplots(1, len(groups), figsize=(4.4 * len(groups), 4.0), squeeze=False, sharey=True)
-    for ax, (label, color, _, rows) in zip(axes[0], groups):
+    ncol = min(4, len(groups))  # facets wrap onto rows of four panels
+    nrow = -(-len(groups) // ncol)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(3.2 * ncol, 3.2 * nrow), squeeze=False, sharey=True)
+    for ax in axes.flat[len(groups):]:
+        ax.set_visible(False)
+    for ax, (label, color, _, rows) in zip(axes.flat, groups):
         betas = sorted(rows["beta"].unique())
         data = [rows.loc[rows["beta"] == b, "rho_i"].to_numpy() for b in betas]
         bp = ax.boxplot(data, positions=range(len(betas)), widths=0.5, showfliers=False, patch_artist=True)
         for box in bp["boxes"]:
             box.set_facecolor(color)
             box.set_alpha(0.35)
-        mean_of_ratios = [float(np.mean(d)) for d in data]
-        ratio_of_means = [float(rows.loc[rows["beta"] == b, "lbar"].mean() / rows.loc[rows["beta"] == b, "b"].mean())
-                          for b in betas]
-        ax.plot(range(len(betas)), mean_of_ratios, "o", mfc="none", color="k", label="mean of ratios  mean ρ_i")
-        ax.plot(range(len(betas)), ratio_of_means, "D", color="tab:red", ms=5,
+        summ = rho_summaries(rows, ["beta"]).set_index("beta").loc[betas]
+        ax.plot(range(len(betas)), summ["mean_of_ratios"], "o", mfc="none", color="k", label="mean of ratios  mean ρ_i")
+        ax.plot(range(len(betas)), summ["ratio_of_means"], "D", color="tab:red", ms=5,
                 label="ratio of means  ρ_recon = mean ℓ̄ / mean b")
         ax.axhline(1.0, color="gray", lw=0.8)
         ax.set_xticks(range(len(betas)), [f"{b:g}" for b in betas])
         ax.set_xlabel("β")
         ax.set_title(label, fontsize=9)
-    axes[0, 0].set_ylabel("ρ_i = ℓ̄_i / b_i (per example)")
-    axes[0, 0].legend(fontsize=7)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("ρ_i = ℓ̄_i / b_i (per example)")
     fig.tight_layout()
+    _legend_below(fig, axes[0, 0], ncol=2)
     return fig
 
 
-def plot_phase_boundary(runs: pd.DataFrame, curves: pd.DataFrame | None, boundary: pd.DataFrame) -> plt.Figure:
-    """Measured rate against beta per weighting (one panel each, aided and unaided runs as separate
-    lines) with the predicted rate (dashed) and both half-plateau betas marked: measured (solid
-    vertical) and predicted (dashed vertical), the ±25% band around the prediction shaded.
-
-    ``runs``: weighting, beta, kl_prior_loss (+ aid). ``curves``: ``SweepResults.theory_curves``.
-    ``boundary``: ``SweepResults.phase_boundary`` (weighting, aid, beta_half_measured,
-    beta_half_predicted, ratio)."""
-    ws = list(dict.fromkeys(boundary["weighting"])) or list(dict.fromkeys(runs["weighting"]))
-    fig, axes = plt.subplots(1, max(len(ws), 1), figsize=(4.4 * max(len(ws), 1), 3.6), squeeze=False)
-    for ax, w in zip(axes[0], ws):
-        for label, color, ls, s in _groups(runs[runs["weighting"] == w]):
-            s = s.groupby("beta", as_index=False)["kl_prior_loss"].mean().sort_values("beta")
-            ax.plot(s["beta"], s["kl_prior_loss"], ls, marker="o", color=color, label=f"measured {label}")
-        if curves is not None and (curves["weighting"] == w).any():
-            c = curves[curves["weighting"] == w].sort_values("beta")
-            lo, hi = runs.loc[runs["weighting"] == w, "beta"].agg(["min", "max"])
-            c = c[(c["beta"] >= lo / 3) & (c["beta"] <= hi * 3)]
-            ax.plot(c["beta"], c["predicted_rate"], "--", color="k", lw=1, label="predicted rate")
-        for _, r in boundary[boundary["weighting"] == w].iterrows():
-            if np.isfinite(r["beta_half_predicted"]):
-                bp = r["beta_half_predicted"]
-                ax.axvline(bp, color="k", ls="--", lw=0.8)
-                ax.axvspan(bp * 0.75, bp * 1.25, color="gray", alpha=0.12, lw=0)
-            if np.isfinite(r["beta_half_measured"]):
-                ax.axvline(r["beta_half_measured"], color=_color(w), lw=1.2,
-                           label=f"measured β½ {r['beta_half_measured']:.3g} ({r['aid']}; "
-                                 f"{r['ratio']:.2f}× predicted)" if np.isfinite(r["ratio"]) else "measured β½")
-        ax.set_xscale("log")
-        ax.set_xlabel("β")
-        ax.set_ylabel("rate KL(q‖p) [nats / example]")
-        ax.set_title(w)
-        ax.legend(fontsize=6, loc="upper right")
-    fig.suptitle("Phase boundary: where the rate falls to half its plateau (band: predicted ±25%)")
-    fig.tight_layout()
-    return fig
-
-
-def plot_use_by_length(use: pd.DataFrame) -> plt.Figure:
-    """The staircase of a ragged-length weighting: per |S|, the measured fraction of rows using z
-    (solid) against the predicted fraction (dashed), one color per beta. ``use``:
-    ``SweepResults.use_by_length`` (n_tokens, measured_use, predicted_use, beta, aid)."""
-    fig, ax = plt.subplots(figsize=(6.5, 3.8))
-    betas = sorted(use["beta"].unique())
-    cmap = plt.get_cmap("viridis", max(len(betas), 2))
-    for i, beta in enumerate(betas):
-        for aid, g in use[use["beta"] == beta].groupby("aid", sort=False):
-            g = g.sort_values("n_tokens")
-            ax.plot(g["n_tokens"], g["measured_use"], "-", marker="o", color=cmap(i), label=f"β={beta:g} {aid} measured")
-            ax.plot(g["n_tokens"], g["predicted_use"], "--", color=cmap(i), alpha=0.7, label=f"β={beta:g} predicted")
-    ax.set_xlabel("|S| (y tokens + end token)")
-    ax.set_ylabel("fraction of rows using z")
-    ax.set_ylim(-0.05, 1.05)
-    ax.set_title("Use per length (theory: short examples switch on first, β* = 1/(|S| c_base))")
-    ax.legend(fontsize=6, ncol=2)
-    fig.tight_layout()
-    return fig
+def rho_summaries(per_example: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """Per group of ``by``: ratio_of_means = mean ℓ̄ / mean b (rho_recon, seed 000's R_val / c_base)
+    and mean_of_ratios = mean_i rho_i, both over the same rows (dimensionless)."""
+    g = per_example.groupby(by)
+    return pd.DataFrame({"ratio_of_means": g["lbar"].mean() / g["b"].mean(),
+                         "mean_of_ratios": g["rho_i"].mean()}).reset_index()

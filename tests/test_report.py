@@ -1,0 +1,128 @@
+"""zfree.report on hand-made rows: the per-run verdict, the tables that fit a page, the runs at the
+nearest beta, and ``show`` handing a PNG to IPython whatever the backend."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+
+from zfree import report as R  # noqa: E402
+
+
+def _summary() -> pd.DataFrame:
+    return pd.DataFrame([
+        # predicted use, used: agree
+        {"run_id": "a", "weighting": "distribution", "beta": 0.1, "aid": "hard_em_then_soft",
+         "predicted_use_fraction": 0.98, "measured_use_fraction": 0.91, "kl_prior_loss": 1.31234},
+        # predicted use, collapsed: disagree (the seeds' failure mode)
+        {"run_id": "b", "weighting": "distribution", "beta": 0.3, "aid": "none",
+         "predicted_use_fraction": 0.97, "measured_use_fraction": 0.0, "kl_prior_loss": 1e-5},
+        # predicted no use, unused: agree (plain at beta = 1 with the aid)
+        {"run_id": "c", "weighting": "plain", "beta": 1.0, "aid": "hard_em_then_soft",
+         "predicted_use_fraction": 0.0, "measured_use_fraction": 0.02, "kl_prior_loss": 0.01},
+        # predicted no use, used: disagree (an aid that forces z on)
+        {"run_id": "d", "weighting": "plain", "beta": 1.0, "aid": "random_init_jsd",
+         "predicted_use_fraction": 0.1, "measured_use_fraction": 0.8, "kl_prior_loss": 1.0},
+        # no measurement
+        {"run_id": "e", "weighting": "token", "beta": 0.3, "aid": "none",
+         "predicted_use_fraction": 0.6, "measured_use_fraction": np.nan, "kl_prior_loss": np.nan},
+    ])
+
+
+def test_verdict_per_run_from_the_two_fractions():
+    v = R.run_verdicts(_summary())
+    assert list(v["predicted"]) == ["use", "use", "no use", "no use", "use"]
+    assert list(v["measured"]) == ["use", "no use", "no use", "use", "unknown"]
+    assert list(v["agree"].iloc[:4]) == [True, False, True, False] and pd.isna(v["agree"].iloc[4])
+    assert v["verdict"].iloc[1] == "DISAGREE: collapsed where theory predicts use"
+    assert v["verdict"].iloc[3] == "DISAGREE: z used where theory predicts no use"
+    partly = R.run_verdicts(_summary().iloc[:1].assign(measured_use_fraction=0.39))
+    assert partly["verdict"].iloc[0] == "DISAGREE: only partly used where theory predicts use"
+    assert not partly["agree"].iloc[0]
+    assert v["run"].iloc[0] == "distribution hard_em_then_soft β=0.1" and v["run"].iloc[1] == "distribution β=0.3"
+    np.testing.assert_allclose(v["predicted use"], _summary()["predicted_use_fraction"])
+
+
+def test_verdict_threshold_is_strict_and_the_markdown_counts_agreement():
+    s = _summary().iloc[:1].assign(predicted_use_fraction=0.5, measured_use_fraction=0.5000001)
+    assert R.run_verdicts(s)["verdict"].iloc[0] == "DISAGREE: z used where theory predicts no use"
+    md = R.verdict_markdown(R.run_verdicts(_summary()))
+    assert md.startswith("**2 of 5 runs agree with theory** (1 without a prediction or a measurement).")
+    assert "predicted use 98% of rows, measured 91%" in md and md.count("\n- ") == 5
+    assert R.verdict_markdown(R.run_verdicts(_summary().iloc[:0])) == "**No finished runs.**"
+
+
+def test_verdict_names_a_missing_column():
+    with pytest.raises(KeyError, match="measured_use_fraction"):
+        R.run_verdicts(_summary().drop(columns="measured_use_fraction"))
+
+
+def test_run_table_selects_renames_rounds_and_labels():
+    t = R.run_table(_summary(), {"kl_prior_loss": "KL [nats]", "missing": "gone"})
+    assert list(t.columns) == ["KL [nats]"] and t.index.name == "run"
+    assert t["KL [nats]"].iloc[0] == 1.312 and t.index[2] == "plain hard_em_then_soft β=1"
+
+
+def test_runs_at_beta_picks_the_log_nearest_beta_per_facet_with_every_seed():
+    runs = pd.DataFrame({"run_id": list("abcdef"), "weighting": ["plain"] * 4 + ["example"] * 2,
+                         "beta": [0.03, 0.3, 0.3, 1.0, 0.01, 1.0], "seed": [0, 0, 1, 0, 0, 0]})
+    got = R.runs_at_beta(runs, 0.12)  # log-distance: 0.3 is nearer 0.12 than 0.03 is; 1.0 nearer than 0.01
+    assert sorted(got["run_id"]) == ["b", "c", "f"]
+    assert R.nearest([0.01, 0.1, 1.0], 0.02) == 0.01 and R.nearest([], 0.5) == 0.5
+
+
+def test_rho_table_is_the_ratio_of_means_and_the_mean_of_ratios():
+    pe = pd.DataFrame({"weighting": "plain", "beta": 0.3, "lbar": [1.0, 3.0], "b": [2.0, 2.0],
+                       "rho_i": [0.5, 1.5]})
+    t = R.rho_table(pe)
+    assert t["ratio_of_means"].iloc[0] == 1.0 and t["mean_of_ratios"].iloc[0] == 1.0
+    pe["b"] = [1.0, 3.0]
+    pe["rho_i"] = pe["lbar"] / pe["b"]
+    t = R.rho_table(pe)
+    assert t["ratio_of_means"].iloc[0] == 1.0 and t["mean_of_ratios"].iloc[0] == 1.0
+    pe["lbar"] = [2.0, 3.0]
+    pe["rho_i"] = pe["lbar"] / pe["b"]
+    t = R.rho_table(pe)
+    assert t["ratio_of_means"].iloc[0] == 1.25 and t["mean_of_ratios"].iloc[0] == 1.5
+
+
+def test_aided_tables_split_in_two_and_skip_unaided_runs():
+    runs = _summary().assign(n_latent=4, steps=500)
+    aided = R.aided_runs(runs)
+    assert list(aided["run_id"]) == ["a", "c", "d"]
+    recipe, outcome = R.aided_tables(aided)
+    assert {"aid", "β", "K", "steps"} <= set(recipe.columns) and "KL [nats]" in outcome.columns
+    assert not set(recipe.columns) & set(outcome.columns) and outcome["KL [nats]"].iloc[0] == 1.312
+    assert R.aided_runs(runs.drop(columns="aid")).empty
+
+
+def test_show_hands_a_png_to_ipython_and_closes_the_figure(monkeypatch):
+    import IPython.display
+    import matplotlib.pyplot as plt
+
+    shown = []
+    monkeypatch.setattr(IPython.display, "display", lambda obj: shown.append(obj))
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [0, 1])
+    R.show(fig)
+    assert len(shown) == 1 and shown[0].data[:8] == b"\x89PNG\r\n\x1a\n"
+    assert fig.number not in plt.get_fignums()
+
+
+def test_reference_and_errors_markdown():
+    assert "ratio 1.100" in R.reference_markdown({"c_base": 1.1, "c_base_analytic": 1.0, "n_rows": 5})
+    assert R.reference_markdown(None).startswith("**No reference")
+    assert R.errors_markdown([]) == "None."
+    assert R.errors_markdown([{"run_id": "x", "error": "boom" * 100}], width=8) == "- `x`: boomboom"
+
+
+def test_boundary_table_short_headers_indexed_by_facets():
+    b = pd.DataFrame([{"weighting": "plain", "aid": "none", "n_betas": 3, "beta_half_measured": 0.21234,
+                       "beta_half_predicted": 0.1, "ratio": 2.1234, "within": False, "note": ""}])
+    t = R.boundary_table(b)
+    assert t.index.names == ["weighting", "aid"] and t.loc[("plain", "none"), "β½ measured"] == 0.212
+    assert list(t.columns) == ["β values", "β½ measured", "β½ predicted", "measured / predicted", "within ±25%", "note"]

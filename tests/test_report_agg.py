@@ -1,0 +1,71 @@
+"""The smoke report under ``MPLBACKEND=Agg`` (headless servers, cluster jobs) holds every figure.
+
+Under Agg the inline backend that shows a notebook's figures at the end of a cell is not active,
+so a figure reaches report.html only when the notebook displays it (``zfree.report.show``). The
+expected number of images is counted per report section from the notebooks' own sources: every
+``show(`` on an unindented line runs unconditionally; the switch_on section's three conditional
+figures are counted from the study's data with the same package calls the notebook makes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import jupytext
+import pytest
+
+from zfree.study import REPORT_NOTEBOOKS, run_study
+from zfree.sweeps import NOTEBOOKS
+
+SHOW = re.compile(r"\bshow\(")
+
+
+def _shows(name: str) -> tuple[int, int]:
+    """(unconditional, conditional) ``show(`` calls in the code cells of notebook ``name``."""
+    code = [c.source for c in jupytext.read(NOTEBOOKS / f"{name}.py").cells if c.cell_type == "code"]
+    lines = [ln for src in code for ln in src.splitlines() if SHOW.search(ln) and "import" not in ln]
+    top = sum(1 for ln in lines if not ln.startswith((" ", "\t")))
+    return top, len(lines) - top
+
+
+def _expected_switch_on(study) -> int:
+    """The switch_on figures the notebook draws for this study: gate traces, phase boundary and
+    use per length, each only where its data exist."""
+    from zfree.report import aided_runs, gate_traces
+    from zfree.results import load_sweep
+
+    sweep = load_sweep(study)
+    return (int(not gate_traces(aided_runs(sweep.runs), sweep.runs).empty) + int(not sweep.phase_boundary().empty)
+            + int(not sweep.use_by_length("distribution").empty))
+
+
+@pytest.fixture(scope="module")
+def agg_smoke(tmp_path_factory):
+    out = tmp_path_factory.mktemp("agg_study")
+    old = os.environ.get("MPLBACKEND")
+    os.environ["MPLBACKEND"] = "Agg"  # the report's kernel inherits the environment
+    try:
+        run_study("smoke", out, progress=False)
+    finally:
+        os.environ.pop("MPLBACKEND") if old is None else os.environ.__setitem__("MPLBACKEND", old)
+    return out
+
+
+def test_smoke_report_under_agg_holds_every_figure_per_section(agg_smoke):
+    html = (agg_smoke / "report.html").read_text()
+    sections = re.split(r"<h1[ >]", html)[1:]  # one h1 per notebook: its title cell
+    assert len(sections) == len(REPORT_NOTEBOOKS), [s[:60] for s in sections]
+    want = {}
+    for name in REPORT_NOTEBOOKS:
+        top, cond = _shows(name)
+        if name == "switch_on":
+            assert (top, cond) == (0, 3), "switch_on's figures changed: update _expected_switch_on"
+            want[name] = _expected_switch_on(agg_smoke)
+        else:
+            assert cond == 0, f"{name}: a conditional figure; count it from the data as switch_on's are"
+            want[name] = top
+    got = {name: s.count("<img") for name, s in zip(REPORT_NOTEBOOKS, sections)}
+    assert got == want
+    assert sum(want.values()) >= len(REPORT_NOTEBOOKS)  # at least one figure a section on average
+    assert "Traceback" not in html and "<Figure size" not in html  # no error, no figure left as text
