@@ -191,6 +191,7 @@ def train_text_base(data_dir: Path | str, out_dir: Path | str, cfg: BaseTrainCon
            "best_val_c_base_eval_rows": best[0], "eval_rows": len(eval_rows), "vocab_size": len(tok),
            "dropout_train": TEXT_DROPOUT, "patience": TEXT_PATIENCE, "wall_s": time.time() - t0, "threads": threads,
            "command": " ".join(["zfree"] + sys.argv[1:]) if sys.argv else "", "history": history,
+           "c_base_analytic": None, "final_ratio": None,  # no generator, no analytic c_base (keys as train_base's)
            "torch": torch.__version__, "n_params": sum(p.numel() for p in model.parameters())}
     ref = build_reference(out_dir, data_dir)
     log["c_base"] = ref.c_base

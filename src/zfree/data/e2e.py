@@ -16,7 +16,7 @@ The two released files share no MR; ``test-fixed.csv`` (the bigger) is the train
   the one whose earliest cue occurs first in the lowercased reference (``slot_cues``): the value
   itself for name, near, eatType, food and area (plus "city center" / "river"); for priceRange the
   value when it is not the bare word "high", else "price"/"priced"/"expensive"/"cost"; for customer
-  rating "rating"/"rated"/"star"/"score" or a value "N out of 5"; for familyFriendly
+  rating "rating"/"rated"/"star"/"score" or the value when it is not "high" or "low"; for familyFriendly
   "family"/"child"/"kid". A tie is broken by the longer cue, then by slot order in ``SLOTS``.
   "none" if no cue of any realised slot occurs.
 - ``complete``: "yes" when every slot=value of ``orig_mr`` is in ``mr`` (the reference realises
@@ -44,7 +44,7 @@ LABELS = {
     "n_sentences": "sentences in y, cut after . ! ? followed by whitespace or the end; bucketed 1, 2, 3+",
     "first_slot": "the realised slot (of mr) whose cue occurs first in y; cues: the value (name, near, eatType, "
                   "food, area), price words or a non-'high' value (priceRange), rating/rated/star/score or "
-                  "'N out of 5' (customer rating), family/child/kid (familyFriendly); 'none' if no cue occurs",
+                  "'a value other than high/low (customer rating), family/child/kid (familyFriendly); 'none' if no cue occurs",
     "complete": "yes when every slot=value of orig_mr (x) is realised per the re-annotated mr, else no",
 }
 
@@ -86,7 +86,7 @@ def slot_cues(slot: str, value: str) -> list[str]:
     if slot == "priceRange":
         return ([v] if v != "high" else []) + ["price", "priced", "expensive", "cost"]
     if slot == "customer rating":
-        return ([v] if "out of" in v else []) + ["rating", "rated", "star", "score"]
+        return ([v] if v not in ("high", "low") else []) + ["rating", "rated", "star", "score"]
     if slot == "familyFriendly":
         return ["family", "child", "kid"]
     if slot == "area":
