@@ -12,7 +12,7 @@ import torch
 
 from zfree.data.e2e import (count_sentences, convert_e2e, first_slot, parse_mr, read_e2e_csv, row_labels,
                             sentence_bucket)
-from zfree.data.pairs import load_pairs
+from zfree.data.pairs import Pair, load_pairs
 from zfree.io import read_json, sha256_file
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -198,3 +198,72 @@ def test_shipped_base_loads_and_its_reference_matches_a_recomputation():
         start = len(x) + 2  # first y position
         nll = torch.nn.functional.cross_entropy(logits[start - 1:-1], torch.tensor(ids[start:]))
         assert per.loc[p.id, "b"] == pytest.approx(nll.item(), rel=1e-4, abs=1e-5)
+
+
+# ---- the text tokenizer and the text base path (tiny, fast) -----------------------------------
+
+TEXTS = ["Blue Spice is a coffee shop in the city centre.", "name[Blue Spice], eatType[coffee shop]",
+         "Near Café Rouge, Zizzi serves cheap Italian food.", "The Rice Boat is a family-friendly pub."] * 5
+
+
+def test_bpe_tokenizer_specials_and_round_trip(tmp_path):
+    from transformers import AutoTokenizer
+
+    from zfree.data.bpe import train_bpe_tokenizer
+
+    tok = train_bpe_tokenizer(TEXTS, vocab_size=300)
+    assert [tok.pad_token_id, tok.bos_token_id, tok.sep_token_id, tok.eos_token_id, tok.unk_token_id] == [0, 1, 2, 3, 4]
+    assert 261 < len(tok) <= 300
+    tok.save_pretrained(tmp_path)
+    again = AutoTokenizer.from_pretrained(tmp_path, local_files_only=True)
+    for text in ("Zizzi near Café Sicilia: £20-25!", "Unseen Name Alimentum"):  # bytes never unknown
+        ids = again(text, add_special_tokens=False)["input_ids"]
+        assert again.decode(ids) == text and tok.unk_token_id not in ids
+    with pytest.raises(ValueError, match="vocab_size=100"):
+        train_bpe_tokenizer(TEXTS, vocab_size=100)
+
+
+def test_text_base_training_path(tmp_path):
+    """``zfree base train`` on a text data folder (metadata kind e2e): trains the BPE tokenizer and
+    a GPT-2, keeps the best evaluation's weights (its c_base equals the reference's on the same
+    rows) and saves a dropout-free config."""
+    from transformers import AutoConfig
+
+    from zfree.base_training import train_base
+    from zfree.config import BaseTrainConfig
+    from zfree.data.split import write_pairs
+
+    data = tmp_path / "data"
+    pairs = [Pair(f"r{i}", f"name[R{i % 6}]", TEXTS[i % 4])
+             for i in range(12)]
+    write_pairs(pairs[:8], data / "train.jsonl")
+    write_pairs(pairs[8:], data / "val.jsonl")
+    (data / "metadata.json").write_text(json.dumps({"kind": "e2e"}))
+    cfg = BaseTrainConfig(n_layer=1, n_embd=32, n_head=2, batch_size=4, max_steps=6, eval_every=2, warmup_steps=2)
+    log = train_base(data, tmp_path / "base", cfg, threads=1, progress=False)
+    assert log["kind"] == "text" and len(log["history"]) == 3
+    assert log["best_val_c_base_eval_rows"] == min(h["val_c_base"] for h in log["history"])
+    assert log["c_base"] == pytest.approx(log["best_val_c_base_eval_rows"], rel=1e-6)
+    assert read_json(tmp_path / "base" / "reference" / "reference.json")["c_base"] == log["c_base"]
+    conf = AutoConfig.from_pretrained(tmp_path / "base" / "model", local_files_only=True)
+    assert conf.resid_pdrop == conf.embd_pdrop == conf.attn_pdrop == 0.0
+    with pytest.raises(FileExistsError):
+        train_base(data, tmp_path / "base", cfg, threads=1, progress=False)
+
+
+def test_swap_names_keeps_x_and_y_consistent():
+    import numpy as np
+
+    from zfree.data.e2e import swap_names
+
+    rng = np.random.default_rng(0)
+    p = Pair("a", "name[Zizzi], food[Italian], near[Café Rouge]", "Zizzi, near Café Rouge, is Italian. Visit Zizzi.",
+             labels={"first_slot": "name"})
+    q = swap_names(p, rng)
+    new_name, new_near = (v for s, v in parse_mr(q.x) if s in ("name", "near"))
+    assert new_name not in ("Zizzi",) and new_near != "Café Rouge"
+    assert q.y == p.y.replace("Zizzi", new_name).replace("Café Rouge", new_near) and q.labels == p.labels
+    assert "food[Italian]" in q.x
+    r = Pair("b", "name[Zizzi], near[Avalon]", "Zizzi is near the Avalon.")  # near as written in y
+    assert swap_names(Pair("c", "name[Zizzi]", "A pub."), rng).x == "name[Zizzi]"  # name not in y: unchanged
+    assert "Avalon" not in swap_names(r, rng).y

@@ -15,7 +15,7 @@ import torch
 from tqdm.auto import tqdm
 
 from zfree.config import BaseTrainConfig
-from zfree.data.batching import collate, encode_pair, pad_id_of
+from zfree.data.batching import collate, encode_pair, encode_pairs, pad_id_of
 from zfree.data.pairs import load_pairs
 from zfree.data.tokenizer import build_digit_tokenizer
 from zfree.io import atomic_write_json, read_json
@@ -38,7 +38,9 @@ def train_base(data_dir: Path | str, out_dir: Path | str, cfg: BaseTrainConfig =
     torch.set_num_threads(threads)
     meta = read_json(data_dir / "metadata.json")
     if meta.get("kind") == "e2e":  # real text: no generator, no analytic c_base (train_text_base)
-        return train_text_base(data_dir, out_dir, cfg, threads=threads, progress=progress)
+        from zfree.data.e2e import swap_names
+
+        return train_text_base(data_dir, out_dir, cfg, threads=threads, progress=progress, augment=swap_names)
     tok = build_digit_tokenizer(meta["parameters"]["vocab_size"])
     train = [encode_pair(tok, p) for p in load_pairs(data_dir / "train.jsonl")]
     data_cfg = None
@@ -114,16 +116,20 @@ TEXT_VOCAB_SIZE = 1500  # byte-level BPE entries: specials + 256 bytes + ~1240 m
 TEXT_DROPOUT = 0.1  # training only; the saved config has dropout 0 (identical to eval mode)
 TEXT_EVAL_ROWS = 1000  # validation rows scored at each evaluation (the reference scores all of them)
 TEXT_PATIENCE = 4  # evaluations without a new best val c_base before stopping
+TEXT_AUGMENT_P = 0.5  # share of training rows passed through ``augment`` (fresh draw per use)
 
 
 def train_text_base(data_dir: Path | str, out_dir: Path | str, cfg: BaseTrainConfig = BaseTrainConfig(),
-                    threads: int = 1, progress: bool = True, vocab_size: int = TEXT_VOCAB_SIZE) -> dict:
+                    threads: int = 1, progress: bool = True, vocab_size: int = TEXT_VOCAB_SIZE,
+                    augment=None) -> dict:
     """Train a base GPT-2 from scratch on real text (``data_dir/train.jsonl``, e.g. E2E) and write
     its z-free reference on ``data_dir/val.jsonl``.
 
     A byte-level BPE tokenizer (``zfree.data.bpe``) is trained on the train split's x and y. Loss
     on the y-region only (y tokens and the end token), masked mean per example (as ``train_base``),
-    with dropout ``TEXT_DROPOUT`` during training. Every ``cfg.eval_every`` steps the val c_base
+    with dropout ``TEXT_DROPOUT`` during training. ``augment(pair, rng) -> pair``, when given, rewrites
+    a share ``TEXT_AUGMENT_P`` of the training rows of each batch (E2E: ``zfree.data.e2e.swap_names``);
+    a rewritten row longer than the context falls back to the original. Every ``cfg.eval_every`` steps the val c_base
     (nats/token) of the first ``TEXT_EVAL_ROWS`` val rows is computed; the best weights are kept,
     and training stops after ``TEXT_PATIENCE`` evaluations without a new best, at ``cfg.max_steps``
     or at ``cfg.max_minutes``. The selection uses val rows, so the shipped c_base is a slightly
@@ -143,7 +149,8 @@ def train_text_base(data_dir: Path | str, out_dir: Path | str, cfg: BaseTrainCon
     train = [encode_pair(tok, p) for p in train_pairs]
     val = [encode_pair(tok, p) for p in val_pairs]
     max_len = max(len(e.prefix_ids) + len(e.target_ids) for e in train + val)
-    model = build_synthetic_gpt2(len(tok), n_positions=max(64, 32 * math.ceil(max_len * 1.25 / 32)),
+    n_positions = 32 * math.ceil((max_len + 48) / 32)  # room for longer (augmented) rows and user data
+    model = build_synthetic_gpt2(len(tok), n_positions=n_positions,
                                  n_layer=cfg.n_layer, n_embd=cfg.n_embd, n_head=cfg.n_head, seed=cfg.seed)
     for m in model.modules():  # dropout during training only (the saved config keeps 0)
         if isinstance(m, torch.nn.Dropout):
@@ -158,7 +165,15 @@ def train_text_base(data_dir: Path | str, out_dir: Path | str, cfg: BaseTrainCon
     bar = tqdm(total=cfg.max_steps, desc="text base model", disable=not progress, mininterval=2)
     model.train()
     while step < cfg.max_steps:
-        batch = collate([train[i] for i in rng.integers(0, len(train), cfg.batch_size)], pad_id=pad)
+        picked = rng.integers(0, len(train), cfg.batch_size)
+        rows = [train[i] for i in picked]
+        if augment is not None:
+            swap = [j for j in range(len(rows)) if rng.random() < TEXT_AUGMENT_P]
+            new = encode_pairs(tok, [augment(train_pairs[picked[j]], rng) for j in swap])
+            for j, e in zip(swap, new):
+                if len(e.prefix_ids) + len(e.target_ids) <= n_positions:
+                    rows[j] = e
+        batch = collate(rows, pad_id=pad)
         loss = masked_mean_token_nll(-target_logprobs(model, batch), batch.target_mask).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -189,7 +204,8 @@ def train_text_base(data_dir: Path | str, out_dir: Path | str, cfg: BaseTrainCon
     tmp.rename(out_dir / "model")
     log = {"config": asdict(cfg), "data_dir": str(data_dir), "kind": "text", "steps": step, "best_step": best[1],
            "best_val_c_base_eval_rows": best[0], "eval_rows": len(eval_rows), "vocab_size": len(tok),
-           "dropout_train": TEXT_DROPOUT, "patience": TEXT_PATIENCE, "wall_s": time.time() - t0, "threads": threads,
+           "dropout_train": TEXT_DROPOUT, "patience": TEXT_PATIENCE,
+           "augment": getattr(augment, "__name__", None), "augment_p": TEXT_AUGMENT_P if augment else 0.0, "wall_s": time.time() - t0, "threads": threads,
            "command": " ".join(["zfree"] + sys.argv[1:]) if sys.argv else "", "history": history,
            "c_base_analytic": None, "final_ratio": None,  # no generator, no analytic c_base (keys as train_base's)
            "torch": torch.__version__, "n_params": sum(p.numel() for p in model.parameters())}
