@@ -43,8 +43,10 @@ ATTRIBUTION = ("Ondřej Dušek, David M. Howcroft and Verena Rieser (2019), 'Sem
 LABELS = {
     "n_sentences": "sentences in y, cut after . ! ? followed by whitespace or the end; bucketed 1, 2, 3+",
     "first_slot": "the realised slot (of mr) whose cue occurs first in y; cues: the value (name, near, eatType, "
-                  "food, area), price words or a non-'high' value (priceRange), rating/rated/star/score or "
-                  "'a value other than high/low (customer rating), family/child/kid (familyFriendly); 'none' if no cue occurs",
+                  "food, area; area also 'city center'/'river'), price/priced/expensive/cost or a value other "
+                  "than 'high' (priceRange), rating/rated/star/score or a value other than 'high'/'low' "
+                  "(customer rating), family/child/kid (familyFriendly); ties: longer cue, then slot order; "
+                  "'none' if no cue occurs",
     "complete": "yes when every slot=value of orig_mr (x) is realised per the re-annotated mr, else no",
 }
 
