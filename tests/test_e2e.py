@@ -249,6 +249,11 @@ def test_text_base_training_path(tmp_path):
     assert conf.resid_pdrop == conf.embd_pdrop == conf.attn_pdrop == 0.0
     with pytest.raises(FileExistsError):
         train_base(data, tmp_path / "base", cfg, threads=1, progress=False)
+    # a second phase continues from the first model with its tokenizer
+    two = train_base(data, tmp_path / "two", cfg, threads=1, progress=False, init_from=tmp_path / "base" / "model")
+    assert two["init_from"] == str(tmp_path / "base" / "model") and two["vocab_size"] == log["vocab_size"]
+    assert (tmp_path / "two" / "model" / "tokenizer.json").read_text() == (
+        tmp_path / "base" / "model" / "tokenizer.json").read_text()
 
 
 def test_swap_names_keeps_x_and_y_consistent():

@@ -40,7 +40,8 @@ def train_base(data_dir: Path | str, out_dir: Path | str, cfg: BaseTrainConfig =
     if meta.get("kind") == "e2e":  # real text: no generator, no analytic c_base (train_text_base)
         from zfree.data.e2e import swap_names
 
-        return train_text_base(data_dir, out_dir, cfg, threads=threads, progress=progress, augment=swap_names)
+        return train_text_base(data_dir, out_dir, cfg, threads=threads, progress=progress, augment=swap_names,
+                               init_from=init_from)
     tok = build_digit_tokenizer(meta["parameters"]["vocab_size"])
     train = [encode_pair(tok, p) for p in load_pairs(data_dir / "train.jsonl")]
     data_cfg = None
@@ -121,7 +122,7 @@ TEXT_AUGMENT_P = 0.5  # share of training rows passed through ``augment`` (fresh
 
 def train_text_base(data_dir: Path | str, out_dir: Path | str, cfg: BaseTrainConfig = BaseTrainConfig(),
                     threads: int = 1, progress: bool = True, vocab_size: int = TEXT_VOCAB_SIZE,
-                    augment=None) -> dict:
+                    augment=None, init_from: Path | str | None = None) -> dict:
     """Train a base GPT-2 from scratch on real text (``data_dir/train.jsonl``, e.g. E2E) and write
     its z-free reference on ``data_dir/val.jsonl``.
 
@@ -134,6 +135,8 @@ def train_text_base(data_dir: Path | str, out_dir: Path | str, cfg: BaseTrainCon
     and training stops after ``TEXT_PATIENCE`` evaluations without a new best, at ``cfg.max_steps``
     or at ``cfg.max_minutes``. The selection uses val rows, so the shipped c_base is a slightly
     optimistic estimate. ``cfg.target_ratio`` and ``cfg.data_source`` do not apply (no generator).
+    ``init_from``: continue from a finished text base model folder (its tokenizer is reused; a
+    second phase with a fresh warm-up and cosine schedule).
     Writes ``out_dir/model`` (HF format with tokenizer), ``out_dir/train_log.json`` and
     ``out_dir/reference/``. FileExistsError if ``out_dir/model`` exists.
     """
@@ -145,13 +148,21 @@ def train_text_base(data_dir: Path | str, out_dir: Path | str, cfg: BaseTrainCon
     torch.set_num_threads(threads)
     t0 = time.time()
     train_pairs, val_pairs = load_pairs(data_dir / "train.jsonl"), load_pairs(data_dir / "val.jsonl")
-    tok = train_bpe_tokenizer((t for p in train_pairs for t in (p.x, p.y)), vocab_size)
-    train = [encode_pair(tok, p) for p in train_pairs]
-    val = [encode_pair(tok, p) for p in val_pairs]
-    max_len = max(len(e.prefix_ids) + len(e.target_ids) for e in train + val)
-    n_positions = 32 * math.ceil((max_len + 48) / 32)  # room for longer (augmented) rows and user data
-    model = build_synthetic_gpt2(len(tok), n_positions=n_positions,
-                                 n_layer=cfg.n_layer, n_embd=cfg.n_embd, n_head=cfg.n_head, seed=cfg.seed)
+    if init_from is not None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(init_from, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(init_from, local_files_only=True, dtype=torch.float32)
+        n_positions = model.config.n_positions
+    else:
+        tok = train_bpe_tokenizer((t for p in train_pairs for t in (p.x, p.y)), vocab_size)
+    train = encode_pairs(tok, train_pairs)
+    val = encode_pairs(tok, val_pairs)
+    if init_from is None:
+        max_len = max(len(e.prefix_ids) + len(e.target_ids) for e in train + val)
+        n_positions = 32 * math.ceil((max_len + 48) / 32)  # room for longer (augmented) rows and user data
+        model = build_synthetic_gpt2(len(tok), n_positions=n_positions,
+                                     n_layer=cfg.n_layer, n_embd=cfg.n_embd, n_head=cfg.n_head, seed=cfg.seed)
     for m in model.modules():  # dropout during training only (the saved config keeps 0)
         if isinstance(m, torch.nn.Dropout):
             m.p = TEXT_DROPOUT
@@ -202,7 +213,8 @@ def train_text_base(data_dir: Path | str, out_dir: Path | str, cfg: BaseTrainCon
     model.save_pretrained(tmp)  # config dropout stays 0: the module attribute p was changed, not the config
     tok.save_pretrained(tmp)
     tmp.rename(out_dir / "model")
-    log = {"config": asdict(cfg), "data_dir": str(data_dir), "kind": "text", "steps": step, "best_step": best[1],
+    log = {"config": asdict(cfg), "data_dir": str(data_dir), "kind": "text", "steps": step,
+           "init_from": str(init_from) if init_from else None, "best_step": best[1],
            "best_val_c_base_eval_rows": best[0], "eval_rows": len(eval_rows), "vocab_size": len(tok),
            "dropout_train": TEXT_DROPOUT, "patience": TEXT_PATIENCE,
            "augment": getattr(augment, "__name__", None), "augment_p": TEXT_AUGMENT_P if augment else 0.0, "wall_s": time.time() - t0, "threads": threads,
