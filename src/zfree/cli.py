@@ -18,6 +18,14 @@ def _cmd_data_synth(a):
     print(f"benchmark in {out}")
 
 
+def _cmd_data_e2e(a):
+    from zfree.data.e2e import convert_e2e
+
+    meta = convert_e2e(a.src, a.out)
+    print(json.dumps({k: {f: v[f] for f in ("source", "n_rows", "n_x")} for k, v in meta["splits"].items()}, indent=2))
+    print(f"E2E pairs in {a.out}")
+
+
 def _cmd_base_train(a):
     from zfree.base_training import train_base
     from zfree.config import BaseTrainConfig
@@ -167,6 +175,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--n-test", type=int, default=1_000)
     s.add_argument("--seed", type=int, default=0)
     s.set_defaults(func=_cmd_data_synth)
+    e = data.add_parser("e2e", help="convert the cleaned E2E NLG CSVs (CC BY-SA 4.0) to JSONL pairs with labels")
+    e.add_argument("--src", required=True, help="folder with test-fixed.csv and devel-fixed.no-ol.csv")
+    e.add_argument("--out", required=True, help="folder for train.jsonl, val.jsonl and metadata.json")
+    e.set_defaults(func=_cmd_data_e2e)
 
     base = sub.add_parser("base", help="the z-free base model").add_subparsers(dest="sub", required=True)
     b = base.add_parser("train", help="train the base GPT-2 and write its reference")

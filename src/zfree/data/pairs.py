@@ -1,9 +1,13 @@
-"""JSONL (x, y) pairs: reading and validating rows ``{"id", "x", "y", "strategy"?}``."""
+"""JSONL (x, y) pairs: reading and validating rows ``{"id", "x", "y", "strategy"?, "labels"?}``.
+
+``labels`` is an optional flat object of named categorical factors (values strings or integers,
+e.g. ``{"n_sentences": "2", "first_slot": "name"}``); each key keeps one type across the file.
+"""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from zfree.errors import InputError
@@ -17,6 +21,25 @@ class Pair:
     strategy: str | None = None
     bayes_nll: float | None = None  # synthetic benchmark only: -log p*(y|x), nats per sequence
     n_consistent: int | None = None
+    labels: dict[str, str | int] | None = field(default=None, hash=False)  # named categorical factors
+
+
+def _check_labels(value, where: str, types: dict[str, tuple[type, str]]) -> dict[str, str | int]:
+    """Validate one row's ``labels``: a flat object of str or int values whose type per key agrees
+    with the rows before (``types``: key -> (type, where first seen), updated in place)."""
+    if not isinstance(value, dict):
+        raise ValueError(f"{where}: field 'labels' must be an object of strings or integers, "
+                         f"got {type(value).__name__}")
+    for k, v in value.items():
+        if isinstance(v, bool) or not isinstance(v, (str, int)):
+            raise ValueError(f"{where}: field 'labels.{k}' must be a string or an integer (labels are a flat "
+                             f"object), got {type(v).__name__}")
+        kind = str if isinstance(v, str) else int
+        first = types.setdefault(k, (kind, where))
+        if first[0] is not kind:
+            raise ValueError(f"{where}: field 'labels.{k}' is {kind.__name__} here but {first[0].__name__} at "
+                             f"{first[1]}; one label keeps one type")
+    return dict(value)
 
 
 def load_pairs(path: Path | str, limit: int | None = None) -> list[Pair]:
@@ -25,13 +48,16 @@ def load_pairs(path: Path | str, limit: int | None = None) -> list[Pair]:
     A leading UTF-8 byte-order mark is ignored.
     Raises InputError (a ValueError) naming the file and line for: a line that is not JSON, a row that is not an
     object, a missing ``x``/``y``, a non-string x or y, an empty y, or a duplicated id. Rows without
-    ``id`` get ``"<file stem>-<line>"``. FileNotFoundError if the file is missing.
+    ``id`` get ``"<file stem>-<line>"``; ``labels``, when present, must be a flat object of strings
+    or integers with one type per key across the file (ValueError naming file, line and
+    ``labels.<key>`` otherwise). FileNotFoundError if the file is missing.
     """
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"data file {path} does not exist")
     pairs: list[Pair] = []
     seen: set[str] = set()
+    label_types: dict[str, tuple[type, str]] = {}
     try:
         text = path.read_text(encoding="utf-8-sig")  # a leading byte-order mark is not part of the data
     except UnicodeDecodeError as e:
@@ -60,8 +86,9 @@ def load_pairs(path: Path | str, limit: int | None = None) -> list[Pair]:
             raise InputError(f"{where}: duplicated id {rid!r}")
         seen.add(rid)
         strategy = row.get("strategy")
+        labels = None if row.get("labels") is None else _check_labels(row["labels"], where, label_types)
         pairs.append(Pair(rid, row["x"], row["y"], None if strategy is None else str(strategy),
-                          row.get("bayes_nll"), row.get("n_consistent")))
+                          row.get("bayes_nll"), row.get("n_consistent"), labels))
         if limit is not None and len(pairs) >= limit:
             break
     if not pairs:

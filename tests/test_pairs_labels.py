@@ -1,0 +1,53 @@
+"""zfree.data.pairs: the optional ``labels`` object (flat, strings or integers, one type per key)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from zfree.data.pairs import Pair, load_pairs
+
+
+def write(path, rows):
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def test_labels_are_read_and_optional(tmp_path):
+    f = write(tmp_path / "d.jsonl", [{"id": "a", "x": "1", "y": "2", "labels": {"n_sentences": "2", "k": 3}},
+                                     {"id": "b", "x": "1", "y": "3"},
+                                     {"id": "c", "x": "1", "y": "4", "labels": {}},
+                                     {"id": "d", "x": "1", "y": "5", "labels": None}])
+    a, b, c, d = load_pairs(f)
+    assert a.labels == {"n_sentences": "2", "k": 3}
+    assert b.labels is None and c.labels == {} and d.labels is None
+    assert hash(a) == hash(Pair("a", "1", "2"))  # labels do not enter the hash (a dict is unhashable)
+
+
+@pytest.mark.parametrize("labels,field,what", [
+    ({"k": {"nested": 1}}, "labels.k", "dict"),
+    ({"k": [1, 2]}, "labels.k", "list"),
+    ({"k": 1.5}, "labels.k", "float"),
+    ({"k": True}, "labels.k", "bool"),
+    ({"k": None}, "labels.k", "NoneType"),
+])
+def test_non_flat_or_wrong_type_label_names_file_line_and_field(tmp_path, labels, field, what):
+    f = write(tmp_path / "bad.jsonl", [{"x": "1", "y": "2"}, {"x": "1", "y": "2", "labels": labels}])
+    with pytest.raises(ValueError, match=rf"bad\.jsonl:2: field '{field}' must be a string or an integer.*got {what}"):
+        load_pairs(f)
+
+
+@pytest.mark.parametrize("labels", ["first", ["a"], 3])
+def test_labels_must_be_an_object(tmp_path, labels):
+    f = write(tmp_path / "bad.jsonl", [{"x": "1", "y": "2", "labels": labels}])
+    with pytest.raises(ValueError, match=r"bad\.jsonl:1: field 'labels' must be an object"):
+        load_pairs(f)
+
+
+def test_mixed_label_types_across_rows_name_both_lines(tmp_path):
+    f = write(tmp_path / "mix.jsonl", [{"x": "1", "y": "2", "labels": {"k": "a", "n": 1}},
+                                       {"x": "1", "y": "3", "labels": {"n": 2}},
+                                       {"x": "1", "y": "4", "labels": {"k": 7}}])
+    with pytest.raises(ValueError, match=r"mix\.jsonl:3: field 'labels\.k' is int here but str at .*mix\.jsonl:1"):
+        load_pairs(f)
