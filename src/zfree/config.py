@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Literal, Sequence, get_args
+from typing import Any, Literal
+
+from zfree.data.synth import DataConfig  # noqa: F401 - re-exported: DataConfig lives beside its benchmark
+from zfree.validation import check_choice, check_int, check_range
 
 Weighting = Literal["plain", "distribution", "example", "token"]
 TokenOuter = Literal["none", "distribution", "example"]
@@ -22,69 +25,8 @@ LatentKind = Literal["discrete", "continuous"]
 LatentPrior = Literal["learned", "standard"]
 
 
-def _check_choice(name: str, value: Any, literal) -> None:
-    valid = get_args(literal)
-    if value not in valid:
-        raise ValueError(f"{name}={value!r} is not one of {list(valid)}")
-
-
-def _check_int(name: str, value: Any, lo: int | None = None) -> None:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ValueError(f"{name}={value!r} must be an integer")
-    if lo is not None and value < lo:
-        raise ValueError(f"{name}={value!r} must be >= {lo}")
-
-
-def _check_range(name: str, value: float, lo: float | None = None, hi: float | None = None,
-                 lo_open: bool = False) -> None:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-        raise ValueError(f"{name}={value!r} must be a finite number")
-    if lo is not None and (value <= lo if lo_open else value < lo):
-        raise ValueError(f"{name}={value!r} must be {'>' if lo_open else '>='} {lo}")
-    if hi is not None and value > hi:
-        raise ValueError(f"{name}={value!r} must be <= {hi}")
-
-
-@dataclass(frozen=True)
-class DataConfig:
-    """Synthetic strategy benchmark (DESIGN §2)."""
-
-    vocab_size: int = 10  # digits 0..V-1
-    n_min: int = 4  # shortest x
-    n_max: int = 12  # longest x; y has the same length, |S| = |y| + 1 (end token)
-    strategies: Sequence[str] = ("sort_asc", "sort_desc", "reverse", "copy")  # stored as a tuple
-    prior: Literal["uniform", "x_dependent"] = "uniform"
-    prior_strength: float = 3.0  # x_dependent: weight of the favoured strategy (others 1)
-    n_train: int = 50_000
-    n_val: int = 1_000
-    n_test: int = 1_000
-    seed: int = 0
-
-    def __post_init__(self):
-        from zfree.data.synth import STRATEGIES
-
-        if isinstance(self.strategies, str):
-            raise ValueError(f"strategies={self.strategies!r} must be a sequence of names, not one string")
-        object.__setattr__(self, "strategies", tuple(self.strategies))
-        for name in ("vocab_size", "n_min", "n_max", "n_train", "n_val", "n_test"):
-            _check_int(name, getattr(self, name))
-        _check_int("seed", self.seed, 0)  # numpy's SeedSequence rejects negative entropy
-        for s in self.strategies:
-            if s not in STRATEGIES:
-                raise ValueError(f"strategies: unknown strategy {s!r}; valid: {sorted(STRATEGIES)}")
-        if len(set(self.strategies)) != len(self.strategies) or len(self.strategies) < 1:
-            raise ValueError(f"strategies={self.strategies!r} must be non-empty and distinct")
-        if self.vocab_size < 2:
-            raise ValueError(f"vocab_size={self.vocab_size} must be >= 2")
-        if self.n_min < 1:
-            raise ValueError(f"n_min={self.n_min} must be >= 1")
-        if self.n_min > self.n_max:
-            raise ValueError(f"n_min={self.n_min} > n_max={self.n_max}: n_min must be <= n_max")
-        _check_choice("prior", self.prior, Literal["uniform", "x_dependent"])
-        _check_range("prior_strength", self.prior_strength, 0, lo_open=True)
-        for name in ("n_train", "n_val", "n_test"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+# the field checks live in zfree.validation (shared with DataConfig beside the benchmark it configures)
+_check_choice, _check_int, _check_range = check_choice, check_int, check_range
 
 
 @dataclass(frozen=True)

@@ -144,7 +144,7 @@ def base_token_matrix(target_mask: Bool[torch.Tensor, "batch seq"], prefix_len: 
         p = int(prefix_len[r])
         if p + len(s) > out.shape[1]:
             raise ValueError(f"row {r}: {len(s)} base surprisals from position {p} exceed the batch width {out.shape[1]}")
-        out[r, p : p + len(s)] = torch.as_tensor(s, dtype=torch.float32)
+        out[r, p : p + len(s)] = torch.tensor(s, dtype=torch.float32)  # a copy (the reference's arrays are read-only)
     return out
 
 

@@ -10,7 +10,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-FACETS = ("weighting", "latent_kind", "aid")  # what tells runs apart besides beta (and seed)
+from zfree.results import FACETS  # noqa: E402 - defined once in zfree.results (issue 12)
 WEIGHTING_COLORS = {"plain": "tab:blue", "distribution": "tab:orange", "example": "tab:green", "token": "tab:purple"}
 
 

@@ -42,10 +42,9 @@ from tqdm.auto import tqdm
 from zfree.data.batching import BosPolicy, EncodedPair, SepPolicy, encode_pairs, pad_id_of, special_convention
 from zfree.data.pairs import Pair, load_pairs
 from zfree.io import atomic_write_json, atomic_write_parquet, read_json, sha256_state_dict
+from zfree.paths import TOKENIZER_FILES  # noqa: F401 - defined once in zfree.paths (issue 12)
 
 SCORER_VERSION = "2"  # bump whenever a change can move a number: it is part of the cache key
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "tokenizer.model",
-                   "spiece.model", "merges.txt")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 

@@ -36,15 +36,12 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Protocol, runtime_checkable
 
 import numpy as np
-import pandas as pd
 from tqdm.auto import tqdm
 
 from zfree.config import TrainConfig
-from zfree.io import atomic_write_json, read_json
-
-ROOT = Path(__file__).resolve().parents[2]
-NOTEBOOKS = ROOT / "notebooks"
-SPECS = ROOT / "analysis" / "sweeps"
+from zfree.io import atomic_write_json
+from zfree.paths import NOTEBOOKS, ROOT, SPECS  # noqa: F401 - re-exported
+from zfree.results import aggregate, collect_runs  # noqa: F401 - collect_runs re-exported
 
 
 def run_id(flat: dict[str, Any]) -> str:
@@ -247,15 +244,23 @@ class SubmititExecutor:
 EXECUTORS = {"local": "a process pool on this machine", "submitit": "submitit (SLURM, local or debug)"}
 
 
+def _submitit_executor(workers: int, folder: Path | str | None, **options) -> SubmititExecutor:
+    if folder is None:
+        raise ValueError("executor 'submitit' needs a folder for its job logs")
+    return SubmititExecutor(folder, **options)
+
+
+#: executor name (``EXECUTORS``) -> its factory (workers, folder, **options)
+_EXECUTOR_FACTORIES = {"local": lambda workers, folder, **options: local_executor(workers),
+                       "submitit": _submitit_executor}
+
+
 def make_executor(kind: str = "local", workers: int = 2, folder: Path | str | None = None, **options) -> Executor:
-    """``local``: ``local_executor(workers)``; ``submitit``: ``SubmititExecutor(folder, **options)``."""
-    if kind == "local":
-        return local_executor(workers)
-    if kind == "submitit":
-        if folder is None:
-            raise ValueError("executor 'submitit' needs a folder for its job logs")
-        return SubmititExecutor(folder, **options)
-    raise ValueError(f"executor={kind!r} is not one of {sorted(EXECUTORS)}")
+    """``local``: ``local_executor(workers)``; ``submitit``: ``SubmititExecutor(folder, **options)``.
+    Raises ValueError for an unknown kind (listing the valid ones) or submitit without a folder."""
+    if kind not in _EXECUTOR_FACTORIES:
+        raise ValueError(f"executor={kind!r} is not one of {sorted(EXECUTORS)}")
+    return _EXECUTOR_FACTORIES[kind](workers, folder, **options)
 
 
 def run_points(points: list[Point], runs_dir: Path | str, *, workers: int = 2, executor: Executor | None = None,
@@ -303,19 +308,5 @@ def run_sweep(spec: SweepSpec | Path | str, out_dir: Path | str, *, executor: Ex
     finally:
         if executor is None:
             ex.shutdown()
-    from zfree.results import aggregate
-
     aggregate(out)
     return statuses
-
-
-# --- aggregation ---------------------------------------------------------------------------
-
-def collect_runs(runs_dir: Path | str) -> pd.DataFrame:
-    """One row per finished run folder (its ``summary.json``), plus ``run_id`` and ``run_dir``."""
-    rows = []
-    for s in sorted(Path(runs_dir).glob("*/summary.json")):
-        d = read_json(s)
-        d["run_id"], d["run_dir"] = s.parent.name, str(s.parent)
-        rows.append(d)
-    return pd.DataFrame(rows)

@@ -10,6 +10,7 @@ from jaxtyping import Float
 from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
 from zfree.data.batching import Batch
+from zfree.paths import TOKENIZER_FILES
 
 
 def build_synthetic_gpt2(vocab_size: int, *, n_positions: int = 64, n_layer: int = 2, n_embd: int = 128,
@@ -27,8 +28,6 @@ def load_base(model_dir: Path | str, *, trust_remote_code: bool = False, device:
 
     Raises FileNotFoundError if the folder is missing, ValueError if it holds no tokenizer.
     """
-    from zfree.scoring import TOKENIZER_FILES
-
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise FileNotFoundError(f"model folder {model_dir} does not exist")
