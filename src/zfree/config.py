@@ -106,10 +106,12 @@ class ObjectiveConfig:
 
     @property
     def needs_example_b(self) -> bool:
+        """True when w or the token weights need the per-example base surprisal b on training rows (example, token)."""
         return self.weighting in ("example", "token")
 
     @property
     def needs_c_base(self) -> bool:
+        """True when w = 1/c_base appears (distribution, or token with distribution outside)."""
         return self.weighting == "distribution" or self.token_outer == "distribution"
 
 
@@ -275,6 +277,7 @@ class TrainConfig:
 
     @classmethod
     def flat_fields(cls) -> list[str]:
+        """Every flat field name, in ``to_flat`` order."""
         return list(cls().to_flat())
 
     @classmethod
@@ -292,4 +295,5 @@ class TrainConfig:
         return cls(**flat, **subs)
 
     def replace(self, **flat_updates) -> "TrainConfig":
+        """A copy with flat fields replaced, validated again (ValueError naming a bad or unknown field)."""
         return TrainConfig.from_flat({**self.to_flat(), **flat_updates})

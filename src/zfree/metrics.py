@@ -113,6 +113,18 @@ def _structure_metrics(df: pd.DataFrame, features: np.ndarray, seed: int, assign
     }
 
 
+@dataclass
+class EvalContext:
+    """What the kinds' ``finish`` reads besides the per-example table: c_base and the rows to decode."""
+
+    c_base: float
+    n_decode: int  # rows greedily decoded (0: none)
+    encoded: Sequence[EncodedPair]
+    pairs: Sequence[Pair]
+    tokenizer: object
+    strategies: Sequence[str] | None
+
+
 def _frame(batch, br, lbar: torch.Tensor, out, **extra) -> pd.DataFrame:
     """The per-example columns both kinds share, then the kind's own ``extra`` columns, then zfree_nll."""
     cols = {"id": batch.ids, "n_tokens": batch.target_len.cpu().numpy(), "lbar": lbar.cpu().numpy(),
@@ -130,6 +142,7 @@ class DiscreteEvaluator:
         self.feats, self.q, self.p = [], [], []
 
     def batch(self, batch, objective, step, c_base, b, base_tok):
+        """One batch under no_grad: the per-example frame and the objective's breakdown (``assemble``)."""
         out = self.model(batch, with_distributions=True)
         tok_nll = -out.target_logprobs  # (B, K, T)
         nll_k = masked_mean_token_nll(tok_nll, batch.target_mask)  # (B, K) plain per-token means
@@ -144,14 +157,15 @@ class DiscreteEvaluator:
         return _frame(batch, br, (q * nll_k).sum(-1), out, posterior_argmax=q.argmax(-1), q_max=q.max(-1).values,
                       oracle_nll=nll_k.min(-1).values, oracle_latent=nll_k.argmin(-1), decoder_jsd=jsd), br
 
-    def finish(self, df, bayes, decode) -> dict[str, float]:
+    def finish(self, df, bayes, ctx: EvalContext) -> dict[str, float]:
+        """The kind's latent/*, structure/* and decode metrics; adds its columns (measured_use, ...) to ``df``."""
         K = self.model.n_latent
         df["measured_use"] = measured_use(df["kl"], bayes, math.log(K))
         qa = np.concatenate(self.q)
         q_mean = qa.mean(0)
         usage = np.bincount(df["posterior_argmax"], minlength=K) / len(df)
         m = {
-            "latent/oracle_rho": float(df["oracle_nll"].mean()) / decode["c_base"],
+            "latent/oracle_rho": float(df["oracle_nll"].mean()) / ctx.c_base,
             "latent/q_max_mean": float(df["q_max"].mean()),
             "latent/codes_used": int((usage >= CODE_USED_FRACTION).sum()),
             "latent/usage_entropy": float(-(q_mean * np.log(np.clip(q_mean, 1e-30, None))).sum()),
@@ -163,10 +177,10 @@ class DiscreteEvaluator:
         m["latent/mutual_information"] = m["latent/usage_entropy"] - float(
             -(qa * np.log(np.clip(qa, 1e-30, None))).sum(-1).mean())
         m.update(_structure_metrics(df, np.concatenate(self.feats), self.seed))
-        if decode["n"]:
-            n = decode["n"]
-            m.update(decode_metrics(self.model, decode["encoded"][:n], decode["pairs"][:n], np.concatenate(self.p)[:n],
-                                    decode["tokenizer"], decode["strategies"], seed=self.seed))
+        if ctx.n_decode:
+            n = ctx.n_decode
+            m.update(decode_metrics(self.model, ctx.encoded[:n], ctx.pairs[:n], np.concatenate(self.p)[:n],
+                                    ctx.tokenizer, ctx.strategies, seed=self.seed))
         return m
 
 
@@ -180,6 +194,7 @@ class GaussianEvaluator:
         self.mus, self.logvars, self.prior_mus, self.prior_logvars = [], [], [], []
 
     def batch(self, batch, objective, step, c_base, b, base_tok):
+        """One batch under no_grad: the per-example frame and the objective's breakdown (``assemble``)."""
         out = self.model(batch, generator=self.gen)
         tok_nll = -out.target_logprobs  # (B, S, T)
         nll_s = masked_mean_token_nll(tok_nll, batch.target_mask)  # (B, S) plain per-token means
@@ -195,11 +210,12 @@ class GaussianEvaluator:
         return _frame(batch, br, nll_s.mean(-1), out,
                       posterior_sigma_mean=torch.exp(0.5 * out.posterior_logvar).mean(-1)), br
 
-    def finish(self, df, bayes, decode) -> dict[str, float]:
+    def finish(self, df, bayes, ctx: EvalContext) -> dict[str, float]:
+        """The kind's latent/*, structure/* and decode metrics; adds its columns (measured_use, ...) to ``df``."""
         from sklearn.cluster import KMeans
 
         mu, logvar = np.concatenate(self.mus), np.concatenate(self.logvars)
-        strategies = decode["strategies"]
+        strategies = ctx.strategies
         names = list(strategies) if strategies else sorted(set(df["strategy"].dropna()))
         n_clusters = min(len(names), len(df))
         centroids = None
@@ -216,14 +232,14 @@ class GaussianEvaluator:
              "latent/mutual_information": gaussian_mutual_information(mu, logvar, seed=self.seed),
              "latent/posterior_sigma_mean": float(df["posterior_sigma_mean"].mean())}
         m.update(_structure_metrics(df, mu, self.seed, assigned=centroids is not None))
-        if decode["n"]:
-            n = decode["n"]
+        if ctx.n_decode:
+            n = ctx.n_decode
             g = torch.Generator().manual_seed(self.seed + 1)
             mp = torch.as_tensor(np.concatenate(self.prior_mus)[:n])
             lvp = torch.as_tensor(np.concatenate(self.prior_logvars)[:n])
             z_prior = mp + torch.exp(0.5 * lvp) * torch.randn(mp.shape, generator=g, dtype=mp.dtype)
-            m.update(continuous_decode_metrics(self.model, decode["encoded"][:n], decode["pairs"][:n], z_prior,
-                                               centroids, decode["tokenizer"], strategies))
+            m.update(continuous_decode_metrics(self.model, ctx.encoded[:n], ctx.pairs[:n], z_prior,
+                                               centroids, ctx.tokenizer, strategies))
         return m
 
 
@@ -265,10 +281,9 @@ def evaluate(model, encoded: Sequence[EncodedPair], pairs: Sequence[Pair], *, b:
         fr.append({k: float(v) for k, v in br.contributions.items()})
     df = pd.concat(rows, ignore_index=True)
     bayes = _per_example_columns(df, pairs, b)
-    decode = {"n": min(decode_rows, len(encoded)) if decode_rows and tokenizer is not None and strategies is not None
-              else 0, "encoded": encoded, "pairs": pairs, "tokenizer": tokenizer, "strategies": strategies,
-              "c_base": c_base}
-    m: dict[str, float] = {**_loss_metrics(df, fr, c_base, step), **kind.finish(df, bayes, decode)}
+    n_decode = min(decode_rows, len(encoded)) if decode_rows and tokenizer is not None and strategies is not None else 0
+    ctx = EvalContext(c_base, n_decode, encoded, pairs, tokenizer, strategies)
+    m: dict[str, float] = {**_loss_metrics(df, fr, c_base, step), **kind.finish(df, bayes, ctx)}
     m["latent/measured_use_fraction"] = float(df["measured_use"].mean())
     m["latent/predicted_use_fraction"] = float(df["predicted_use"].mean())
     m.update(_objective_metrics(df, c_base, objective))

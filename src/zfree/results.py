@@ -127,11 +127,13 @@ class SweepResults:
 
     @property
     def per_example(self) -> pd.DataFrame:
+        """Every run's per-example table stacked (``per_example_table``), read once."""
         if self._per_example is None:
             self._per_example = per_example_table(self.runs)
         return self._per_example
 
     def metrics(self, run_id: str) -> pd.DataFrame:
+        """The metrics.jsonl rows of one run, one row per evaluation."""
         from zfree.io import read_jsonl
 
         return pd.DataFrame(read_jsonl(self.sweep_dir / "runs" / run_id / "metrics.jsonl"))

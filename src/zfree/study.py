@@ -25,6 +25,7 @@ from zfree.sweeps import NOTEBOOKS, expand_grid, run_points
 
 @dataclass(frozen=True)
 class Preset:
+    """A study preset: the grid over flat TrainConfig fields, shared overrides, data and base configs (None: shipped)."""
     name: str
     grid: dict[str, list[Any]]
     train: dict[str, Any]  # flat TrainConfig overrides

@@ -54,6 +54,7 @@ def run_id(flat: dict[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class Point:
+    """One grid point: its stable run id and flat config."""
     run_id: str
     params: dict[str, Any]  # the flat TrainConfig
 
@@ -83,6 +84,7 @@ _SPEC_KEYS = {"name", "description", "base", "grid", "executor", "workers", "exe
 
 @dataclass(frozen=True)
 class SweepSpec:
+    """A validated sweep spec (``load_spec``): the grid, shared fields and the executor to run it on."""
     name: str
     base: dict[str, Any]
     grid: dict[str, list[Any]]
@@ -92,6 +94,7 @@ class SweepSpec:
     executor_options: dict[str, Any] = field(default_factory=dict)
 
     def points(self) -> list[Point]:
+        """The spec's validated grid points (``expand_grid`` over the default config plus ``base``)."""
         return expand_grid({**TrainConfig().to_flat(), **self.base}, self.grid)
 
 
@@ -191,9 +194,13 @@ class Executor(Protocol):
     """Anything that can ``submit(fn, *args) -> Future`` and ``shutdown()`` (concurrent.futures).
     Dask's ``distributed.Client.get_executor()`` fits as is."""
 
-    def submit(self, fn: Callable, *args) -> Future: ...
+    def submit(self, fn: Callable, *args) -> Future:
+        """Submit ``fn(*args)``; returns a Future of its result."""
+        ...
 
-    def shutdown(self, wait: bool = True) -> None: ...
+    def shutdown(self, wait: bool = True) -> None:
+        """Release the executor's resources (waiting for running jobs with ``wait``)."""
+        ...
 
 
 def _one_thread():
@@ -227,6 +234,7 @@ class SubmititExecutor:
         self._waiters = ThreadPoolExecutor(max_workers=max_waiting)
 
     def submit(self, fn: Callable, *args) -> Future:
+        """Submit ``fn(*args)``; returns a Future of its result."""
         job = self._ex.submit(fn, *args)
         if self._ex.cluster == "debug":  # debug jobs run in-process on result(): one at a time
             fut: Future = Future()
@@ -238,6 +246,7 @@ class SubmititExecutor:
         return self._waiters.submit(job.result)
 
     def shutdown(self, wait: bool = True) -> None:
+        """Release the executor's resources (waiting for running jobs with ``wait``)."""
         self._waiters.shutdown(wait=wait)
 
 

@@ -45,6 +45,7 @@ class GaussianHeads:
 
 @dataclass
 class ContinuousCVAEOutput:
+    """``ContinuousCVAE.forward``: posterior and prior parameters, the decoded samples and log-probs."""
     posterior_mean: Float[torch.Tensor, "batch d_latent"]  # mu_q
     posterior_logvar: Float[torch.Tensor, "batch d_latent"]  # log sigma_q^2
     prior_mean: Float[torch.Tensor, "batch d_latent"]  # mu_p (zeros for the standard prior)

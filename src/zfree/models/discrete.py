@@ -50,6 +50,7 @@ class DiscreteEncoding(DiscreteHeads):
 
 @dataclass
 class DiscreteCVAEOutput:
+    """``DiscreteCVAE.forward``: posterior (None without a head) and router logits, per-value decoder log-probs."""
     posterior_logits: Float[torch.Tensor, "batch n_latent"] | None  # q(z | x, y), unnormalized; None: 'optimal'
     prior_logits: Float[torch.Tensor, "batch n_latent"]  # router p(z | x), unnormalized
     target_logprobs: Float[torch.Tensor, "batch n_latent seq"]  # log p(y_t | x, y_<t, z=k) on S, 0 elsewhere
