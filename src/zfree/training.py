@@ -186,21 +186,25 @@ def _log_train_terms(state: TrainState, br) -> None:
     state.train_log["_n"] = state.train_log.get("_n", 0) + 1
 
 
-# ---------------------------------------------------------------------------- the loop
+# ---------------------------------------------------------------------------- setup and one step
 
 
-def train_cvae(cfg: TrainConfig, out_dir: Path | str, progress: bool = True, stop_after: int | None = None) -> dict:
-    """Train one CVAE and write its run folder; returns the summary.
+@dataclass
+class Run:
+    """A run ready to train: its folder, model, data, optimizer, numpy RNG (batch draws), state and clock."""
 
-    c_base and b come from ``cfg.c_base_source`` (entangled_run: the base run's ``reference/``,
-    hash-checked; pretrained_source: scored now). ``stop_after`` stops (with a checkpoint) after
-    that many steps, for tests of resume. Raises FileNotFoundError / ValueError naming the file or
-    field for a bad base run, data folder or a resume folder of another config;
-    NonFiniteLossError (after saving ``error.json``) if the loss goes non-finite.
-    """
-    out = Path(out_dir)
-    if (done := run_folder.finished_summary(out)) is not None:
-        return done
+    out: Path
+    model: DiscreteCVAE | ContinuousCVAE
+    data: RunData
+    opt: torch.optim.Optimizer
+    rng: np.random.Generator
+    state: TrainState
+    t0: float  # wall-clock origin (continued on resume)
+
+
+def _setup_run(cfg: TrainConfig, out: Path, progress: bool) -> Run:
+    """Check the inputs and the folder (same config, same base model), load the base and the
+    reference, build model, data and optimizer, write config.json, and resume from a checkpoint."""
     torch.set_num_threads(cfg.optim.threads)
     torch.manual_seed(cfg.optim.seed)
     data_dir, base_dir = _check_inputs(cfg)
@@ -218,17 +222,55 @@ def train_cvae(cfg: TrainConfig, out_dir: Path | str, progress: bool = True, sto
     rng = np.random.default_rng(cfg.optim.seed)
     state = run_folder.load_checkpoint(out, model, opt, rng, TrainState)
     done_rows = run_folder.reset_metrics(out, None if state is None else state.step)
-    state = state or TrainState(phase=aids.initial_phase(cfg))
     t0 = time.time() - (done_rows[-1].get("wall_s", 0.0) if done_rows else 0.0)  # wall time continues on resume
+    return Run(out, model, data, opt, rng, state or TrainState(phase=aids.initial_phase(cfg)), t0)
+
+
+def _check_finite(run: Run, br, step: int, batch) -> None:
+    """NonFiniteLossError (after writing error.json) when the total is NaN or infinite."""
+    if not torch.isfinite(br.total):
+        bad = sorted({k for d in (br.terms, br.contributions) for k, v in d.items() if not torch.isfinite(v)})
+        run_folder.write_error(run.out, step, batch.ids, bad)
+        raise NonFiniteLossError(f"non-finite loss at step {step}: terms {bad} (see {run.out / 'error.json'})")
+
+
+def _optimizer_step(run: Run, br, cfg: TrainConfig, step: int, frozen: aids.FrozenDecoderMask) -> None:
+    """Backward, the frozen-decoder mask (warm phase), gradient clipping, the update."""
+    run.opt.zero_grad(set_to_none=True)
+    br.total.backward()
+    if aids.frozen_decoder_phase(cfg, step):  # frozen-decoder warm phase: the posterior side only
+        frozen.apply()
+    if cfg.optim.grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(run.model.parameters(), cfg.optim.grad_clip)
+    run.opt.step()
+
+
+# ---------------------------------------------------------------------------- the loop
+
+
+def train_cvae(cfg: TrainConfig, out_dir: Path | str, progress: bool = True, stop_after: int | None = None) -> dict:
+    """Train one CVAE and write its run folder; returns the summary.
+
+    c_base and b come from ``cfg.c_base_source`` (entangled_run: the base run's ``reference/``,
+    hash-checked; pretrained_source: scored now). ``stop_after`` stops (with a checkpoint) after
+    that many steps, for tests of resume. Raises FileNotFoundError / ValueError naming the file or
+    field for a bad base run, data folder or a resume folder of another config;
+    NonFiniteLossError (after saving ``error.json``) if the loss goes non-finite.
+    """
+    out = Path(out_dir)
+    if (done := run_folder.finished_summary(out)) is not None:
+        return done
+    run = _setup_run(cfg, out, progress)
+    model, data, state = run.model, run.data, run.state
     gate_rows = data.val[: cfg.aid.handover_rows] if cfg.aid.handover_rows else data.val
     frozen = aids.FrozenDecoderMask(model)
-    ev = _record_evaluation(out, model, data, state, opt, rng, t0) if state.step == 0 else None
+    ev = _record_evaluation(out, model, data, state, run.opt, run.rng, run.t0) if state.step == 0 else None
     bar = tqdm(total=cfg.optim.steps, initial=state.step, disable=not progress, mininterval=5,
                desc=f"{cfg.objective.weighting} β={cfg.objective.beta:g}" + ("" if cfg.aid.aid == "none" else f" {cfg.aid.aid}"))
     while state.step < cfg.optim.steps:
         step = state.step + 1
-        opt.param_groups[0]["lr"] = backbone_lr(cfg, state.phase, step)
-        idx = rng.integers(0, len(data.train), cfg.optim.batch_size)  # batches drawn with replacement
+        run.opt.param_groups[0]["lr"] = backbone_lr(cfg, state.phase, step)
+        idx = run.rng.integers(0, len(data.train), cfg.optim.batch_size)  # batches drawn with replacement
         batch = collate([data.train[i] for i in idx], pad_id=data.pad_id).to(cfg.optim.device)
         b, base_tok = _batch_references(data, batch, cfg.objective.weighting)
         # one objective per step: the hard-EM phase, else the latent kind's true J (beta0 warm-up applied)
@@ -236,17 +278,8 @@ def train_cvae(cfg: TrainConfig, out_dir: Path | str, progress: bool = True, sto
         br = step_objective(phase, model, batch, cfg, step, data.c_base, b, base_tok, warm=aids.beta0_warm(cfg, step))
         if state.phase == "hard":  # dead-value restarts count the posterior's argmax
             aids.count_usage(state, br.per_example["q_logits"].argmax(-1), model.n_latent)
-        if not torch.isfinite(br.total):
-            bad = sorted({k for d in (br.terms, br.contributions) for k, v in d.items() if not torch.isfinite(v)})
-            run_folder.write_error(out, step, batch.ids, bad)
-            raise NonFiniteLossError(f"non-finite loss at step {step}: terms {bad} (see {out / 'error.json'})")
-        opt.zero_grad(set_to_none=True)
-        br.total.backward()
-        if aids.frozen_decoder_phase(cfg, step):  # frozen-decoder warm phase: the posterior side only
-            frozen.apply()
-        if cfg.optim.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
-        opt.step()
+        _check_finite(run, br, step, batch)
+        _optimizer_step(run, br, cfg, step, frozen)
         state.step = step
         _log_train_terms(state, br)
         bar.update(1)
@@ -256,14 +289,14 @@ def train_cvae(cfg: TrainConfig, out_dir: Path | str, progress: bool = True, sto
             aids.hard_phase_checks(model, cfg, state, step, gate_rows, data.val_b[: len(gate_rows)], data.c_base,
                                    data.pad_id)
         if step % cfg.optim.eval_every == 0 or step == cfg.optim.steps:
-            ev = _record_evaluation(out, model, data, state, opt, rng, t0)
+            ev = _record_evaluation(out, model, data, state, run.opt, run.rng, run.t0)
         elif cfg.optim.checkpoint_every and step % cfg.optim.checkpoint_every == 0:
-            run_folder.save_checkpoint(out, model, opt, rng, state)
-        if stop_after is not None and step >= stop_after and step < cfg.optim.steps:
-            run_folder.save_checkpoint(out, model, opt, rng, state)
+            run_folder.save_checkpoint(out, model, run.opt, run.rng, state)
+        if stop_after is not None and stop_after <= step < cfg.optim.steps:  # tests of resume
+            run_folder.save_checkpoint(out, model, run.opt, run.rng, state)
             bar.close()
             return {"stopped_at": step}
     bar.close()
     if ev is None:  # resumed exactly at the end
         ev = evaluate(model, data.val, data.val_pairs, step=state.step, **data.eval_kw)
-    return run_folder.write_summary(out, cfg, ev, state, time.time() - t0)
+    return run_folder.write_summary(out, cfg, ev, state, time.time() - run.t0)
