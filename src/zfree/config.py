@@ -7,7 +7,6 @@ Every field name is unique across the sub-configs of ``TrainConfig`` so the flat
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
