@@ -18,9 +18,10 @@ from zfree.data.batching import collate, encode_pair
 from zfree.data.pairs import Pair
 from zfree.data.tokenizer import build_digit_tokenizer
 from zfree.io import read_json, read_jsonl
-from zfree.losses import assemble_gaussian_objective, free_bits_per_dim, gaussian_kl
+from zfree.losses import free_bits_per_dim, gaussian_kl
 from zfree.metrics import active_units, gaussian_mutual_information
 from zfree.models.base import build_synthetic_gpt2, target_logprobs
+from zfree.objectives import assemble_gaussian_objective  # moved from zfree.losses (issue 12)
 from zfree.models.continuous import ContinuousCVAE
 from zfree.models.injection import injection_mask
 from zfree.training import TIMING_KEYS, train_cvae

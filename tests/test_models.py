@@ -131,7 +131,8 @@ def test_forward_selected_gradient_equals_the_full_k_way_graph(setup):
     loss_of(full.target_logprobs.gather(1, z[:, None, None].expand(-1, 1, mask.shape[1]))[:, 0],
             full.posterior_logits).backward()
     g_full = grads()
-    out, tlp_z, z_sel = model.forward_selected(batch, lambda o: (-(o.target_logprobs * mask[:, None]).sum(-1)).argmin(-1))
+    sel = model.forward_selected(batch, lambda o: (-(o.target_logprobs * mask[:, None]).sum(-1)).argmin(-1))
+    out, tlp_z, z_sel = sel.out, sel.selected_logprobs, sel.z
     assert not out.target_logprobs.requires_grad
     assert torch.equal(z_sel, z) and len(set(z.tolist())) > 1  # a real selection, not one value for all rows
     torch.testing.assert_close(out.target_logprobs, full.target_logprobs.detach(), atol=1e-12, rtol=0)

@@ -136,10 +136,11 @@ def test_hard_em_records_the_gate_and_hands_over(tiny, tmp_path):
 
 
 def test_non_finite_loss_stops_with_step_and_batch(tiny, tmp_path, monkeypatch):
+    import zfree.objectives as objectives
     import zfree.training as tr
 
     data, base = tiny
-    real = tr.assemble_objective
+    real = objectives.assemble  # the one assembler every training step calls (issue 12)
 
     def poisoned(*a, **kw):
         br = real(*a, **kw)
@@ -148,7 +149,7 @@ def test_non_finite_loss_stops_with_step_and_batch(tiny, tmp_path, monkeypatch):
             br.terms["kl_prior_loss"] = br.terms["kl_prior_loss"] * float("nan")
         return br
 
-    monkeypatch.setattr(tr, "assemble_objective", poisoned)
+    monkeypatch.setattr(objectives, "assemble", poisoned)
     with pytest.raises(tr.NonFiniteLossError, match="step 3"):
         train_cvae(_cfg(data, base), tmp_path / "run", progress=False)
     err = read_json(tmp_path / "run" / "error.json")
@@ -234,7 +235,7 @@ def test_hard_phase_reconstruction_scale_does_not_depend_on_the_weighting_scale(
     for scale in ("c_base", "weighting"):
         for w in ("plain", "distribution"):
             cfg = _cfg(data, base, weighting=w, aid="hard_em_then_soft", hard_em_decoder="best", hard_em_recon_scale=scale)
-            br, _ = hard_em_objective(model, batch, cfg, 0, c_base, None)
+            br = hard_em_objective(model, batch, cfg, 0, c_base, None)
             rec[scale, w] = br.contributions["hard_reconstruction"].item()
     assert rec["c_base", "plain"] == pytest.approx(rec["c_base", "distribution"], rel=1e-6)
     assert rec["weighting", "plain"] == pytest.approx(c_base * rec["weighting", "distribution"], rel=1e-6)

@@ -26,10 +26,11 @@ from zfree.config import ObjectiveConfig
 from zfree.data.batching import collate, encode_pair
 from zfree.data.pairs import load_pairs
 from zfree.data.tokenizer import build_digit_tokenizer
-from zfree.losses import assemble_objective, masked_mean_token_nll
+from zfree.losses import masked_mean_token_nll
 from zfree.models.base import build_synthetic_gpt2, target_logprobs
 from zfree.models.continuous import ContinuousCVAE
 from zfree.models.discrete import DiscreteCVAE
+from zfree.objectives import assemble_objective
 
 
 def _rss_mib() -> float:
@@ -73,9 +74,9 @@ def main():
             o = m(b)
             loss = masked_mean_token_nll(-o.target_logprobs, b.target_mask).mean() + 0.3 * (
                 o.posterior_mean ** 2).mean()
-        elif kind == "hard":  # training.hard_em_objective's passes: K-way without gradient, one with
-            o, tlp, _ = m.forward_selected(b, lambda o: masked_mean_token_nll(-o.target_logprobs, b.target_mask)
-                                           .argmin(-1))
+        elif kind == "hard":  # objectives.hard_em_objective's passes: K-way without gradient, one with
+            sel = m.forward_selected(b, "best")
+            o, tlp = sel.out, sel.selected_logprobs
             loss = masked_mean_token_nll(-tlp, b.target_mask).mean() + torch.nn.functional.cross_entropy(
                 o.posterior_logits, o.posterior_logits.argmax(-1))
         else:

@@ -7,12 +7,14 @@ Every field name is unique across the sub-configs of ``TrainConfig`` so the flat
 
 from __future__ import annotations
 
-import functools
-import math
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Literal, Sequence, get_args
 
-from zfree.values import check_device, coerce_value  # noqa: F401 (re-exported)
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Literal
+
+from zfree.data.synth import DataConfig  # noqa: F401 - re-exported: DataConfig lives beside its benchmark
+from zfree.validation import check_choice, check_int, check_range
+
+from zfree.values import check_device, coerce_value, field_types, typed_fields  # noqa: F401 (re-exported)
 
 Weighting = Literal["plain", "distribution", "example", "token"]
 TokenOuter = Literal["none", "distribution", "example"]
@@ -25,54 +27,17 @@ LatentKind = Literal["discrete", "continuous"]
 LatentPrior = Literal["learned", "standard"]
 
 
-def _check_choice(name: str, value: Any, literal) -> None:
-    valid = get_args(literal)
-    if value not in valid:
-        raise ValueError(f"{name}={value!r} is not one of {list(valid)}")
-
-
-def _check_int(name: str, value: Any, lo: int | None = None) -> None:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ValueError(f"{name}={value!r} must be an integer")
-    if lo is not None and value < lo:
-        raise ValueError(f"{name}={value!r} must be >= {lo}")
-
-
-def _check_range(name: str, value: float, lo: float | None = None, hi: float | None = None,
-                 lo_open: bool = False) -> None:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-        raise ValueError(f"{name}={value!r} must be a finite number")
-    if lo is not None and (value <= lo if lo_open else value < lo):
-        raise ValueError(f"{name}={value!r} must be {'>' if lo_open else '>='} {lo}")
-    if hi is not None and value > hi:
-        raise ValueError(f"{name}={value!r} must be <= {hi}")
+# the field checks live in zfree.validation (shared with DataConfig beside the benchmark it configures)
+_check_choice, _check_int, _check_range = check_choice, check_int, check_range
 
 
 # --- typed values by declared type (zfree.values.coerce_value) --------------------------------
 
-@functools.lru_cache(maxsize=None)
-def _field_types(cls) -> dict[str, Any]:
-    from typing import get_type_hints
-
-    hints = get_type_hints(cls)
-    return {f.name: hints[f.name] for f in fields(cls)}
-
-
-def _typed_fields(obj) -> None:
-    """Convert (text) or check (Python values) every field of a frozen config by its declared
-    type, first thing in ``__post_init__``; ``ConfigError`` names the field."""
-    for name, typ in _field_types(type(obj)).items():
-        value = getattr(obj, name)
-        new = coerce_value(name, value, typ)
-        if new is not value:
-            object.__setattr__(obj, name, new)
-
-
-def flat_field_types() -> dict[str, Any]:
+def flatfield_types() -> dict[str, Any]:
     """Declared type of every flat ``TrainConfig`` field (the papermill parameters)."""
     out = {"data_dir": str, "base_dir": str}
     for sub in TrainConfig._SUB.values():
-        out.update(_field_types(sub))
+        out.update(field_types(sub))
     return out
 
 
@@ -82,7 +47,7 @@ def parse_field_value(name: str, value: Any) -> Any:
     a value of the wrong type (naming the field)."""
     from zfree.errors import ConfigError
 
-    types = flat_field_types()
+    types = flatfield_types()
     if name not in types:
         raise ConfigError(f"unknown config field {name!r}; valid fields: {sorted(types)}")
     return coerce_value(name, value, types[name])
@@ -98,47 +63,6 @@ def parse_assignment(text: str) -> tuple[str, Any]:
     return name.strip(), parse_field_value(name.strip(), value)
 
 
-@dataclass(frozen=True)
-class DataConfig:
-    """Synthetic strategy benchmark (DESIGN §2)."""
-
-    vocab_size: int = 10  # digits 0..V-1
-    n_min: int = 4  # shortest x
-    n_max: int = 12  # longest x; y has the same length, |S| = |y| + 1 (end token)
-    strategies: Sequence[str] = ("sort_asc", "sort_desc", "reverse", "copy")  # stored as a tuple
-    prior: Literal["uniform", "x_dependent"] = "uniform"
-    prior_strength: float = 3.0  # x_dependent: weight of the favoured strategy (others 1)
-    n_train: int = 50_000
-    n_val: int = 1_000
-    n_test: int = 1_000
-    seed: int = 0
-
-    def __post_init__(self):
-        _typed_fields(self)
-        from zfree.data.synth import STRATEGIES
-
-        if isinstance(self.strategies, str):
-            raise ValueError(f"strategies={self.strategies!r} must be a sequence of names, not one string")
-        object.__setattr__(self, "strategies", tuple(self.strategies))
-        for name in ("vocab_size", "n_min", "n_max", "n_train", "n_val", "n_test"):
-            _check_int(name, getattr(self, name))
-        _check_int("seed", self.seed, 0)  # numpy's SeedSequence rejects negative entropy
-        for s in self.strategies:
-            if s not in STRATEGIES:
-                raise ValueError(f"strategies: unknown strategy {s!r}; valid: {sorted(STRATEGIES)}")
-        if len(set(self.strategies)) != len(self.strategies) or len(self.strategies) < 1:
-            raise ValueError(f"strategies={self.strategies!r} must be non-empty and distinct")
-        if self.vocab_size < 2:
-            raise ValueError(f"vocab_size={self.vocab_size} must be >= 2")
-        if self.n_min < 1:
-            raise ValueError(f"n_min={self.n_min} must be >= 1")
-        if self.n_min > self.n_max:
-            raise ValueError(f"n_min={self.n_min} > n_max={self.n_max}: n_min must be <= n_max")
-        _check_choice("prior", self.prior, Literal["uniform", "x_dependent"])
-        _check_range("prior_strength", self.prior_strength, 0, lo_open=True)
-        for name in ("n_train", "n_val", "n_test"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -162,7 +86,7 @@ class BaseTrainConfig:
     seed: int = 0
 
     def __post_init__(self):
-        _typed_fields(self)
+        typed_fields(self)
         for name in ("n_layer", "n_embd", "n_head", "batch_size", "max_steps", "eval_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
@@ -193,7 +117,7 @@ class ObjectiveConfig:
     c_base_source: CBaseSource = "entangled_run"
 
     def __post_init__(self):
-        _typed_fields(self)
+        typed_fields(self)
         _check_choice("weighting", self.weighting, Weighting)
         _check_choice("token_outer", self.token_outer, TokenOuter)
         _check_choice("beta_schedule", self.beta_schedule, BetaSchedule)
@@ -220,10 +144,12 @@ class ObjectiveConfig:
 
     @property
     def needs_example_b(self) -> bool:
+        """True when w or the token weights need the per-example base surprisal b on training rows (example, token)."""
         return self.weighting in ("example", "token")
 
     @property
     def needs_c_base(self) -> bool:
+        """True when w = 1/c_base appears (distribution, or token with distribution outside)."""
         return self.weighting == "distribution" or self.token_outer == "distribution"
 
 
@@ -246,7 +172,7 @@ class ModelConfig:
     prior: LatentPrior = "learned"  # learned: p(z|x) = N(mu(x), diag sigma^2(x)); standard: N(0, I)
 
     def __post_init__(self):
-        _typed_fields(self)
+        typed_fields(self)
         _check_choice("latent_kind", self.latent_kind, LatentKind)
         _check_choice("prior", self.prior, LatentPrior)
         _check_int("d_latent", self.d_latent, 1)
@@ -285,7 +211,7 @@ class OptimConfig:
     optimizer: Literal["adamw", "sgd"] = "adamw"
 
     def __post_init__(self):
-        _typed_fields(self)
+        typed_fields(self)
         _check_int("checkpoint_every", self.checkpoint_every, 0)
         _check_choice("optimizer", self.optimizer, Literal["adamw", "sgd"])
         for name in ("steps", "batch_size", "eval_every", "threads"):
@@ -340,7 +266,7 @@ class AidConfig:
     latent_init_std: float = 0.0
 
     def __post_init__(self):
-        _typed_fields(self)
+        typed_fields(self)
         _check_choice("aid", self.aid, Aid)
         _check_choice("hard_em_decoder", self.hard_em_decoder, Literal["posterior_argmax", "best"])
         _check_choice("handover_kl", self.handover_kl, Literal["log_k", "router"])
@@ -368,7 +294,7 @@ class TrainConfig:
     aid: AidConfig = field(default_factory=AidConfig)
 
     def __post_init__(self):
-        _typed_fields(self)
+        typed_fields(self)
         for name in ("data_dir", "base_dir"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be a non-empty path")
@@ -393,6 +319,7 @@ class TrainConfig:
 
     @classmethod
     def flat_fields(cls) -> list[str]:
+        """Every flat field name, in ``to_flat`` order."""
         return list(cls().to_flat())
 
     @classmethod
@@ -410,4 +337,5 @@ class TrainConfig:
         return cls(**flat, **subs)
 
     def replace(self, **flat_updates) -> "TrainConfig":
+        """A copy with flat fields replaced, validated again (ValueError naming a bad or unknown field)."""
         return TrainConfig.from_flat({**self.to_flat(), **flat_updates})

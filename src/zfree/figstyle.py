@@ -8,7 +8,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-FACETS = ("weighting", "latent_kind", "aid")  # what tells runs apart besides beta (and seed)
+from zfree.results import FACETS  # noqa: E402 - defined once in zfree.results
 WEIGHTING_COLORS = {"plain": "tab:blue", "distribution": "tab:orange", "example": "tab:green", "token": "tab:purple"}
 
 

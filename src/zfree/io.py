@@ -56,10 +56,12 @@ def atomic_write_parquet(path: Path | str, df) -> Path:
 
 
 def read_json(path: Path | str) -> Any:
+    """The parsed JSON of ``path`` (FileNotFoundError naming it when missing)."""
     return json.loads(Path(path).read_text())
 
 
 def read_jsonl(path: Path | str) -> list[dict]:
+    """The rows of a JSON-lines file, one dict a line (blank lines skipped)."""
     rows = []
     with open(path, encoding="utf-8-sig") as f:
         for line in f:
@@ -69,6 +71,7 @@ def read_jsonl(path: Path | str) -> list[dict]:
 
 
 def sha256_file(path: Path | str) -> str:
+    """sha256 of a file's bytes, hex (read in chunks)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):

@@ -1,5 +1,5 @@
-"""Pure objective terms (DESIGN §1). One function per math term; per-example outputs; one
-assembler (``assemble_objective``) reduces them and returns a named breakdown.
+"""Pure objective terms (DESIGN §1): one function per math term, per-example tensors, no
+reduction to J and no model (``zfree.objectives`` assembles J from these terms).
 
 Vocabulary of axis names: batch, seq, vocab, n_latent, d_model, d_latent, pos (flattened
 supervised positions). All NLLs are in nats. Sources:
@@ -10,7 +10,7 @@ supervised positions). All NLLs are in nats. Sources:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from typing import Sequence
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -80,6 +80,35 @@ def weighted_mean_token_nll(token_nll: Float[torch.Tensor, "batch *latent seq"],
 RECONSTRUCTION_WEIGHTINGS = ("plain", "distribution", "example")
 
 
+def _check_c_base(c_base: float | None) -> float:
+    if c_base is None or not math.isfinite(c_base) or c_base <= 0:
+        raise ValueError(f"c_base={c_base!r} must be a finite positive number for distribution weighting")
+    return float(c_base)
+
+
+def _plain_weight(batch_size, c_base, b, epsilon, dtype):
+    return torch.ones(batch_size, dtype=dtype, device=None if b is None else b.device)
+
+
+def _distribution_weight(batch_size, c_base, b, epsilon, dtype):
+    return torch.full((batch_size,), 1.0 / _check_c_base(c_base), dtype=dtype, device=None if b is None else b.device)
+
+
+def _example_weight(batch_size, c_base, b, epsilon, dtype):
+    if b is None:
+        raise ValueError("example weighting needs the per-example base surprisal b")
+    if b.shape != (batch_size,):
+        raise ValueError(f"b has shape {tuple(b.shape)}, expected ({batch_size},)")
+    if not epsilon > 0:
+        raise ValueError(f"epsilon={epsilon!r} must be > 0 for example weighting (seed 002)")
+    return (1.0 / (b.detach().clamp_min(0) + epsilon)).to(dtype)
+
+
+#: outer weighting -> w(x, y); ``none`` is the token_outer spelling of plain
+_WEIGHTS = {"plain": _plain_weight, "none": _plain_weight, "distribution": _distribution_weight,
+            "example": _example_weight}
+
+
 def reconstruction_weight(weighting: str, *, batch_size: int, c_base: float | None = None,
                           b: Float[torch.Tensor, "batch"] | None = None, epsilon: float = 0.0,
                           dtype: torch.dtype | None = None) -> Float[torch.Tensor, "batch"]:
@@ -92,23 +121,42 @@ def reconstruction_weight(weighting: str, *, batch_size: int, c_base: float | No
     Raises ValueError for an unknown weighting (listing the valid ones), a missing, non-finite or
     non-positive c_base, a missing b or one of another length, or epsilon <= 0 for example.
     """
+    if weighting not in _WEIGHTS:
+        raise ValueError(f"weighting={weighting!r} is not one of {list(RECONSTRUCTION_WEIGHTINGS)}")
     if dtype is None:
         dtype = b.dtype if b is not None else torch.float32
-    if weighting in ("plain", "none"):
-        return torch.ones(batch_size, dtype=dtype, device=None if b is None else b.device)
-    if weighting == "distribution":
-        if c_base is None or not math.isfinite(c_base) or c_base <= 0:
-            raise ValueError(f"c_base={c_base!r} must be a finite positive number for distribution weighting")
-        return torch.full((batch_size,), 1.0 / float(c_base), dtype=dtype, device=None if b is None else b.device)
-    if weighting == "example":
-        if b is None:
-            raise ValueError("example weighting needs the per-example base surprisal b")
-        if b.shape != (batch_size,):
-            raise ValueError(f"b has shape {tuple(b.shape)}, expected ({batch_size},)")
-        if not epsilon > 0:
-            raise ValueError(f"epsilon={epsilon!r} must be > 0 for example weighting (seed 002)")
-        return (1.0 / (b.detach().clamp_min(0) + epsilon)).to(dtype)
-    raise ValueError(f"weighting={weighting!r} is not one of {list(RECONSTRUCTION_WEIGHTINGS)}")
+    return _WEIGHTS[weighting](batch_size, c_base, b, epsilon, dtype)
+
+
+def outer_weighting(cfg: ObjectiveConfig) -> str:
+    """The weighting that sets w(x, y): ``cfg.weighting``, or under ``token`` (which reweights
+    inside lbar) its outer weighting ``cfg.token_outer`` (DESIGN §1, token)."""
+    return cfg.token_outer if cfg.weighting == "token" else cfg.weighting
+
+
+def base_token_matrix(target_mask: Bool[torch.Tensor, "batch seq"], prefix_len: Int[torch.Tensor, "batch"],
+                      rows: Sequence) -> Float[torch.Tensor, "batch seq"]:
+    """The base model's per-token surprisal b_t laid out like the batch (B, T), float32, nats:
+    row r's values start at its first y position ``prefix_len[r]``, 0 elsewhere. ``rows[r]`` holds
+    |S_r| values (the reference's ``surprisal_of``). Raises ValueError if a row does not fit."""
+    out = torch.zeros(target_mask.shape, dtype=torch.float32, device=target_mask.device)
+    for r, s in enumerate(rows):
+        p = int(prefix_len[r])
+        if p + len(s) > out.shape[1]:
+            raise ValueError(f"row {r}: {len(s)} base surprisals from position {p} exceed the batch width {out.shape[1]}")
+        out[r, p : p + len(s)] = torch.tensor(s, dtype=torch.float32)  # a copy (the reference's arrays are read-only)
+    return out
+
+
+def reconstruction_per_value(token_nll: Float[torch.Tensor, "batch n seq"], target_mask: Bool[torch.Tensor, "batch seq"],
+                             cfg: ObjectiveConfig, base_token_nll: Float[torch.Tensor, "batch seq"] | None
+                             ) -> Float[torch.Tensor, "batch n"]:
+    """The reconstruction term per latent value or sample (B, n), nats per token: the plain masked
+    mean (``masked_mean_token_nll``), or under ``token`` weighting the base-surprisal-share weighted
+    mean (``token_weights`` with ``cfg.token_alpha``) when ``base_token_nll`` (B, T) is given."""
+    if cfg.weighting != "token" or base_token_nll is None:
+        return masked_mean_token_nll(token_nll, target_mask)
+    return weighted_mean_token_nll(token_nll, target_mask, token_weights(base_token_nll, target_mask, cfg.token_alpha))
 
 
 def categorical_kl(q_logits: Float[torch.Tensor, "batch n_latent"], p_logits: Float[torch.Tensor, "batch n_latent"]
@@ -167,7 +215,17 @@ def inter_latent_jsd(logp: Float[torch.Tensor, "batch n_latent pos vocab"], weig
     return (jsd * pos_mask).sum(-1) / n.to(jsd.dtype)
 
 
-_FREE_BITS_MODES = ("none", "per_example", "batch_mean")
+def _batch_mean_free_bits(kl, free_bits):
+    m = kl.mean()
+    if m > 0:
+        return kl * (torch.clamp_min(m, free_bits) / m)
+    return kl * 0 + free_bits  # all K = 0: constant lambda, no gradient (not kl + lambda, whose gradient is 1/B)
+
+
+#: free_bits_mode -> the penalized KL (per_dim, continuous only, is ``free_bits_per_dim``)
+_FREE_BITS = {"none": lambda kl, free_bits: kl, "per_example": lambda kl, free_bits: kl.clamp_min(free_bits),
+              "batch_mean": _batch_mean_free_bits}
+_FREE_BITS_MODES = tuple(_FREE_BITS)
 
 
 def apply_free_bits(kl: Float[torch.Tensor, "batch"], free_bits: float, mode: str) -> Float[torch.Tensor, "batch"]:
@@ -178,16 +236,19 @@ def apply_free_bits(kl: Float[torch.Tensor, "batch"], free_bits: float, mode: st
     gradient is 0 while the mean is below lambda). none (or free_bits <= 0): unchanged.
     Shapes (batch,) -> (batch,), nats per example. Raises ValueError for an unknown mode.
     """
-    if mode not in _FREE_BITS_MODES:
+    if mode not in _FREE_BITS:
         raise ValueError(f"free_bits_mode={mode!r} is not one of {list(_FREE_BITS_MODES)}")
-    if mode == "none" or free_bits <= 0:
+    if free_bits <= 0:
         return kl
-    if mode == "per_example":
-        return kl.clamp_min(free_bits)
-    m = kl.mean()
-    if m > 0:
-        return kl * (torch.clamp_min(m, free_bits) / m)
-    return kl * 0 + free_bits  # all K = 0: constant lambda, no gradient (not kl + lambda, whose gradient is 1/B)
+    return _FREE_BITS[mode](kl, free_bits)
+
+
+#: beta_schedule -> beta at a step counted after the AE phase
+_SCHEDULES = {
+    "constant": lambda cfg, step: cfg.beta,
+    "linear": lambda cfg, step: cfg.beta * min(1.0, step / cfg.beta_warmup_steps),
+    "cyclical": lambda cfg, step: cfg.beta * min(1.0, 2 * ((step % cfg.beta_cycle_steps) / cfg.beta_cycle_steps)),
+}
 
 
 def beta_at_step(cfg: ObjectiveConfig, step: int) -> float:
@@ -203,14 +264,9 @@ def beta_at_step(cfg: ObjectiveConfig, step: int) -> float:
         if step <= cfg.ae_steps:
             return 0.0
         step -= cfg.ae_steps
-    if cfg.beta_schedule == "constant":
-        return cfg.beta
-    if cfg.beta_schedule == "linear":
-        return cfg.beta * min(1.0, step / cfg.beta_warmup_steps)
-    if cfg.beta_schedule == "cyclical":
-        tau = (step % cfg.beta_cycle_steps) / cfg.beta_cycle_steps
-        return cfg.beta * min(1.0, 2 * tau)
-    raise ValueError(f"beta_schedule={cfg.beta_schedule!r} is not one of ['constant', 'linear', 'cyclical']")
+    if cfg.beta_schedule not in _SCHEDULES:
+        raise ValueError(f"beta_schedule={cfg.beta_schedule!r} is not one of {list(_SCHEDULES)}")
+    return _SCHEDULES[cfg.beta_schedule](cfg, step)
 
 
 def effective_beta(beta: float, target_len: Int[torch.Tensor, "batch"], w: Float[torch.Tensor, "batch"]
@@ -221,32 +277,6 @@ def effective_beta(beta: float, target_len: Int[torch.Tensor, "batch"], w: Float
     an example iff beta_eff < 1. Seed 002 states the proportional form beta_eff ∝ beta * (b + eps).
     """
     return beta * target_len.to(w.dtype) / w
-
-
-@dataclass
-class ObjectiveBreakdown:
-    """Named breakdown of one evaluation of J (every term can be logged)."""
-
-    total: torch.Tensor  # scalar to minimize
-    terms: dict[str, torch.Tensor]  # raw batch means: reconstruction_loss, kl_prior_loss, decoder_jsd
-    contributions: dict[str, torch.Tensor]  # weighted batch means that sum to total
-    recon_weight: torch.Tensor  # (batch,)
-    beta_eff: torch.Tensor  # (batch,)
-    per_example: dict[str, torch.Tensor] = field(default_factory=dict)  # lbar, kl, weighted recon
-
-    def fractions_abs(self) -> dict[str, float]:
-        """loss_contrib/fraction_abs/<term> = |contribution| / sum |contributions|."""
-        tot = sum(abs(float(v.detach())) for v in self.contributions.values()) or 1.0
-        return {k: abs(float(v.detach())) / tot for k, v in self.contributions.items()}
-
-    def log_dict(self, prefix: str = "loss/train") -> dict[str, float]:
-        d = {f"{prefix}/total": self.total.item()}
-        d.update({f"{prefix}/{k}": float(v.detach()) for k, v in self.terms.items()})
-        d.update({f"loss_contrib/fraction_abs/{k}": v for k, v in self.fractions_abs().items()})
-        d["objective/recon_weight_mean"] = float(self.recon_weight.mean())
-        d["objective/recon_weight_max"] = float(self.recon_weight.max())
-        d["objective/beta_eff_median"] = float(self.beta_eff.median())
-        return d
 
 
 #: beta below this counts as 0 in ``optimal_posterior_logits`` (the posterior becomes the argmin)
@@ -274,48 +304,6 @@ def optimal_posterior_logits(recon_per_latent: Float[torch.Tensor, "batch n_late
     return (torch.log_softmax(p_logits, -1) - w[:, None] * recon_per_latent / t).detach()
 
 
-def assemble_objective(cfg: ObjectiveConfig, *, recon_per_latent: Float[torch.Tensor, "batch n_latent"],
-                       q_logits: Float[torch.Tensor, "batch n_latent"] | None, p_logits: Float[torch.Tensor, "batch n_latent"],
-                       target_len: Int[torch.Tensor, "batch"], step: int = 0, c_base: float | None = None,
-                       b: Float[torch.Tensor, "batch"] | None = None, jsd: Float[torch.Tensor, "batch"] | None = None
-                       ) -> ObjectiveBreakdown:
-    """J = mean_i [ w_i * lbar_i + beta * K_i ] - lambda_jsd * mean_i JSD_i  (DESIGN §1).
-
-    lbar_i = sum_k q(k | x_i, y_i) * recon_per_latent[i, k] is the exact expectation over the K
-    latent values (recon_per_latent is the per-token mean NLL, token-weighted for ``token``).
-    w_i follows ``cfg.weighting`` (token: its outer weight, ``cfg.token_outer``). K_i is the
-    categorical KL to the router after free bits. Shapes: recon_per_latent, q_logits, p_logits
-    (batch, n_latent); target_len, b (per-example base surprisal, nats per token), jsd (batch,).
-    ``q_logits=None``: the optimal posterior (``optimal_posterior_logits``, detached), returned in
-    ``per_example["q_logits"]`` (the given logits otherwise).
-    ``contributions`` sum to ``total``. Raises ValueError (from ``reconstruction_weight``) for a
-    missing/invalid c_base or b, and when ``cfg.lambda_jsd > 0`` but no ``jsd`` is given (the term
-    would silently vanish from the objective).
-    """
-    if cfg.lambda_jsd > 0 and jsd is None:
-        raise ValueError(f"lambda_jsd={cfg.lambda_jsd} > 0 but no jsd was given to assemble_objective")
-    B = recon_per_latent.shape[0]
-    outer = cfg.token_outer if cfg.weighting == "token" else cfg.weighting
-    w = reconstruction_weight(outer, batch_size=B, c_base=c_base, b=b, epsilon=cfg.epsilon,
-                              dtype=recon_per_latent.dtype).to(recon_per_latent.device)
-    beta = beta_at_step(cfg, step)
-    if q_logits is None:
-        q_logits = optimal_posterior_logits(recon_per_latent, p_logits, w, beta)
-    q = torch.softmax(q_logits, -1)
-    lbar = (q * recon_per_latent).sum(-1)
-    kl = categorical_kl(q_logits, p_logits)
-    kl_pen = apply_free_bits(kl, cfg.free_bits, cfg.free_bits_mode)
-    contributions = {"reconstruction_loss": (w * lbar).mean(), "kl_prior_loss": beta * kl_pen.mean()}
-    terms = {"reconstruction_loss": lbar.mean(), "kl_prior_loss": kl.mean()}
-    if jsd is not None:
-        terms["decoder_jsd"] = jsd.mean()
-        if cfg.lambda_jsd > 0:
-            contributions["decoder_jsd"] = -cfg.lambda_jsd * jsd.mean()
-    total = sum(contributions.values())
-    return ObjectiveBreakdown(total, terms, contributions, w.detach(), effective_beta(beta, target_len, w.detach()),
-                              {"lbar": lbar, "kl": kl, "weighted_recon": w * lbar, "q_logits": q_logits})
-
-
 def free_bits_per_dim(kl_dims: Float[torch.Tensor, "batch d_latent"], free_bits: float) -> Float[torch.Tensor, "batch"]:
     """Free bits per latent dimension (Kingma et al. 2016, eq. 15, one group per dimension):
     sum_d max(lambda, mean_batch KL_d), returned per example (batch,) in nats so that its batch mean
@@ -328,40 +316,3 @@ def free_bits_per_dim(kl_dims: Float[torch.Tensor, "batch d_latent"], free_bits:
     scaled = torch.where(m > 0, kl_dims * (torch.clamp_min(m, free_bits) / m.clamp_min(1e-12)),  # 1e-12: finite grads
                          kl_dims * 0 + free_bits)
     return scaled.sum(-1)
-
-
-def assemble_gaussian_objective(cfg: ObjectiveConfig, *, recon_per_sample: Float[torch.Tensor, "batch n_samples"],
-                                mu_q: Float[torch.Tensor, "batch d_latent"], logvar_q: Float[torch.Tensor, "batch d_latent"],
-                                mu_p: Float[torch.Tensor, "batch d_latent"] | None,
-                                logvar_p: Float[torch.Tensor, "batch d_latent"] | None,
-                                target_len: Int[torch.Tensor, "batch"], step: int = 0, c_base: float | None = None,
-                                b: Float[torch.Tensor, "batch"] | None = None) -> ObjectiveBreakdown:
-    """J = mean_i [ w_i * lbar_i + beta * K_i ] for the continuous CVAE (DESIGN §1), with the same
-    term names as ``assemble_objective`` (reconstruction_loss, kl_prior_loss).
-
-    lbar_i = (1/S) sum_s recon_per_sample[i, s] is the reparameterized Monte Carlo estimate of
-    E_q[nll] (recon_per_sample: per-token mean NLL per sample, token-weighted for ``token``).
-    K_i = ``gaussian_kl`` (analytic; N(0, I) prior when mu_p, logvar_p are None) after free bits:
-    ``per_dim`` uses ``free_bits_per_dim``, the other modes ``apply_free_bits`` on the summed KL.
-    ``contributions`` sum to ``total``. Raises ValueError when ``cfg.lambda_jsd > 0`` (the
-    inter-latent JSD is defined over K discrete values) and as ``reconstruction_weight`` does.
-    """
-    if cfg.lambda_jsd > 0:
-        raise ValueError(f"lambda_jsd={cfg.lambda_jsd} > 0 is defined for the discrete CVAE only")
-    B = recon_per_sample.shape[0]
-    lbar = recon_per_sample.mean(-1)
-    outer = cfg.token_outer if cfg.weighting == "token" else cfg.weighting
-    w = reconstruction_weight(outer, batch_size=B, c_base=c_base, b=b, epsilon=cfg.epsilon,
-                              dtype=lbar.dtype).to(lbar.device)
-    kl_dims = gaussian_kl(mu_q, logvar_q, mu_p, logvar_p, per_dim=True)
-    kl = kl_dims.sum(-1)
-    beta = beta_at_step(cfg, step)
-    if cfg.free_bits_mode == "per_dim":
-        kl_pen = free_bits_per_dim(kl_dims, cfg.free_bits)
-    else:
-        kl_pen = apply_free_bits(kl, cfg.free_bits, cfg.free_bits_mode)
-    contributions = {"reconstruction_loss": (w * lbar).mean(), "kl_prior_loss": beta * kl_pen.mean()}
-    terms = {"reconstruction_loss": lbar.mean(), "kl_prior_loss": kl.mean()}
-    total = sum(contributions.values())
-    return ObjectiveBreakdown(total, terms, contributions, w.detach(), effective_beta(beta, target_len, w.detach()),
-                              {"lbar": lbar, "kl": kl, "weighted_recon": w * lbar})

@@ -33,6 +33,7 @@ ReferenceSource = Literal["entangled_run", "pretrained_source"]
 
 @dataclass
 class Reference:
+    """The z-free reference of a base run on one split: c_base, per-example b (and per-token b_t) and its metadata."""
     c_base: float  # nats per token
     per_example: pd.DataFrame  # id, b, n_tokens, sequence_nll (+ x_tokens_cut, valid)
     meta: dict

@@ -1,6 +1,7 @@
 """A sweep or study folder, loaded: the tidy tables (``zfree report`` writes them), the failures,
 the z-free reference the runs used, and theory's predictions for the same rows. This is what
 the notebooks and ``zfree.widgets`` read; ``zfree.sweeps`` writes the run folders it reads.
+The bottom of the experiment layer: sweeps and study build on it, nothing here points back up.
 """
 
 from __future__ import annotations
@@ -12,18 +13,59 @@ import numpy as np
 import pandas as pd
 
 from zfree.io import atomic_write_parquet, atomic_write_text, read_json
-from zfree.sweeps import collect_runs
 
 FACETS = ("weighting", "latent_kind", "aid")  # what tells runs of one sweep apart, besides beta
+
+SUMMARY_COLUMNS = {  # summary.csv column -> key in a run's summary.json
+    "run_id": "run_id", "weighting": "weighting", "beta": "beta", "aid": "aid",
+    "recon_weight": "objective/recon_weight_mean",
+    "kl_prior_loss": "loss/val/kl_prior_loss",
+    "baseline_normalized_reconstruction_loss": "loss/val/baseline_normalized_reconstruction_loss",
+    "reconstruction_loss": "loss/val/reconstruction_loss",
+    "oracle_rho": "latent/oracle_rho", "codes_used": "latent/codes_used", "q_max_mean": "latent/q_max_mean",
+    "alignment_nmi": "structure/alignment_nmi", "alignment_nmi_unambiguous": "structure/alignment_nmi_unambiguous",
+    "probe_accuracy": "structure/probe_accuracy", "probe_accuracy_init": "init/structure/probe_accuracy",
+    "z_control_accuracy": "structure/z_control_accuracy",
+    "task_correctness": "task/correctness", "base_task_correctness": "init/task/correctness",
+    "decoder_jsd": "latent/decoder_jsd", "beta_eff_median": "objective/beta_eff_median",
+    "predicted_use_fraction": "latent/predicted_use_fraction",
+    "measured_use_fraction": "latent/measured_use_fraction",
+    "predicted_latent_used": "predicted_latent_used", "latent_used": "latent_used",
+    "c_base": "reference/c_base", "steps": "steps", "wall_s": "wall_s",
+    "latent_kind": "latent_kind", "n_latent": "n_latent", "posterior_features": "posterior_features",
+    "hungarian_accuracy_unambiguous": "structure/hungarian_accuracy_unambiguous",
+    "mutual_information": "latent/mutual_information",
+    "gate_first_pass_step": "aid/gate_first_pass_step", "handover_step": "aid/handover_step",
+    "handover_forced": "aid/handover_forced", "seed": "seed", "lr_new": "lr_new",
+}
+
+
+def collect_runs(runs_dir: Path | str) -> pd.DataFrame:
+    """One row per finished run folder (its ``summary.json``), plus ``run_id`` and ``run_dir``."""
+    rows = []
+    for s in sorted(Path(runs_dir).glob("*/summary.json")):
+        d = read_json(s)
+        d["run_id"], d["run_dir"] = s.parent.name, str(s.parent)
+        rows.append(d)
+    return pd.DataFrame(rows)
+
+
+def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """The study's summary.csv: one row per finished CVAE run (columns: ``SUMMARY_COLUMNS``)."""
+    if runs.empty:
+        return pd.DataFrame(columns=list(SUMMARY_COLUMNS))
+    runs = runs.copy()
+    if "aid" not in runs:
+        runs["aid"] = "none"
+    cols = {c: runs[k] if k in runs else None for c, k in SUMMARY_COLUMNS.items()}
+    return pd.DataFrame(cols).sort_values(["weighting", "beta", "run_id"]).reset_index(drop=True)
 
 
 def runs_table(sweep_dir: Path | str) -> pd.DataFrame:
     """The tidy table of a sweep: one row per finished run with every key of its summary.json,
-    the short names of ``zfree.study.SUMMARY_COLUMNS``, and from its per-example table
+    the short names of ``SUMMARY_COLUMNS``, and from its per-example table
     ``rate`` (mean KL, nats per sequence), ``distortion`` (mean |S|·ℓ̄, nats per sequence),
     ``zfree_distortion`` (mean |S|·b), ``bayes_rate`` (mean log(K/m)) and ``mean_rho_i``."""
-    from zfree.study import SUMMARY_COLUMNS
-
     runs = collect_runs(Path(sweep_dir) / "runs")
     if runs.empty:
         return pd.DataFrame(columns=[*SUMMARY_COLUMNS, "latent_kind", "rate", "distortion"])
@@ -61,8 +103,6 @@ def per_example_table(runs: pd.DataFrame) -> pd.DataFrame:
 def aggregate(sweep_dir: Path | str) -> dict[str, Path]:
     """Write the sweep's tidy tables: ``runs.parquet`` and ``runs.csv`` (``runs_table``),
     ``per_example.parquet`` (``per_example_table``) and ``summary.csv`` (the study's columns)."""
-    from zfree.study import summary_table
-
     d = Path(sweep_dir)
     runs = runs_table(d)
     out = {"runs.parquet": d / "runs.parquet", "runs.csv": d / "runs.csv",
@@ -87,11 +127,13 @@ class SweepResults:
 
     @property
     def per_example(self) -> pd.DataFrame:
+        """Every run's per-example table stacked (``per_example_table``), read once."""
         if self._per_example is None:
             self._per_example = per_example_table(self.runs)
         return self._per_example
 
     def metrics(self, run_id: str) -> pd.DataFrame:
+        """The metrics.jsonl rows of one run, one row per evaluation."""
         from zfree.io import read_jsonl
 
         return pd.DataFrame(read_jsonl(self.sweep_dir / "runs" / run_id / "metrics.jsonl"))

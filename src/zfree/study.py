@@ -17,41 +17,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
 from zfree.config import BaseTrainConfig, DataConfig, TrainConfig
 from zfree.io import atomic_write_text, read_json, sha256_file
-
-ROOT = Path(__file__).resolve().parents[2]
-SHIPPED_DATA = ROOT / "data" / "synth" / "default"
-SHIPPED_BASE = ROOT / "data" / "base" / "default"
-
-SUMMARY_COLUMNS = {  # summary.csv column -> key in a run's summary.json
-    "run_id": "run_id", "weighting": "weighting", "beta": "beta", "aid": "aid",
-    "recon_weight": "objective/recon_weight_mean",
-    "kl_prior_loss": "loss/val/kl_prior_loss",
-    "baseline_normalized_reconstruction_loss": "loss/val/baseline_normalized_reconstruction_loss",
-    "reconstruction_loss": "loss/val/reconstruction_loss",
-    "oracle_rho": "latent/oracle_rho", "codes_used": "latent/codes_used", "q_max_mean": "latent/q_max_mean",
-    "alignment_nmi": "structure/alignment_nmi", "alignment_nmi_unambiguous": "structure/alignment_nmi_unambiguous",
-    "probe_accuracy": "structure/probe_accuracy", "probe_accuracy_init": "init/structure/probe_accuracy",
-    "z_control_accuracy": "structure/z_control_accuracy",
-    "task_correctness": "task/correctness", "base_task_correctness": "init/task/correctness",
-    "decoder_jsd": "latent/decoder_jsd", "beta_eff_median": "objective/beta_eff_median",
-    "predicted_use_fraction": "latent/predicted_use_fraction",
-    "measured_use_fraction": "latent/measured_use_fraction",
-    "predicted_latent_used": "predicted_latent_used", "latent_used": "latent_used",
-    "c_base": "reference/c_base", "steps": "steps", "wall_s": "wall_s",
-    "latent_kind": "latent_kind", "n_latent": "n_latent", "posterior_features": "posterior_features",
-    "hungarian_accuracy_unambiguous": "structure/hungarian_accuracy_unambiguous",
-    "mutual_information": "latent/mutual_information",
-    "gate_first_pass_step": "aid/gate_first_pass_step", "handover_step": "aid/handover_step",
-    "handover_forced": "aid/handover_forced", "seed": "seed", "lr_new": "lr_new",
-}
-
+from zfree.paths import ROOT, SHIPPED_BASE, SHIPPED_DATA  # noqa: F401 - ROOT re-exported
+from zfree.results import SUMMARY_COLUMNS, aggregate, collect_runs, summary_table  # noqa: F401 - re-exported
+from zfree.sweeps import NOTEBOOKS, expand_grid, run_points
 
 @dataclass(frozen=True)
 class Preset:
+    """A study preset: the grid over flat TrainConfig fields, shared overrides, data and base configs (None: shipped)."""
     name: str
     grid: dict[str, list[Any]]
     train: dict[str, Any]  # flat TrainConfig overrides
@@ -172,17 +146,6 @@ def _prepare_base(preset: Preset, out: Path, data_dir: Path, retrain: bool, prog
     return base
 
 
-def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """The study's summary.csv: one row per finished CVAE run (columns: ``SUMMARY_COLUMNS``)."""
-    if runs.empty:
-        return pd.DataFrame(columns=list(SUMMARY_COLUMNS))
-    runs = runs.copy()
-    if "aid" not in runs:
-        runs["aid"] = "none"
-    cols = {c: runs[k] if k in runs else None for c, k in SUMMARY_COLUMNS.items()}
-    return pd.DataFrame(cols).sort_values(["weighting", "beta", "run_id"]).reset_index(drop=True)
-
-
 def run_study(preset: str, out_dir: Path | str, *, retrain_base: bool = False, workers: int | None = None,
               progress: bool = True) -> Path:
     """Run a preset end to end into ``out_dir``; returns the path of ``report.html``.
@@ -191,8 +154,6 @@ def run_study(preset: str, out_dir: Path | str, *, retrain_base: bool = False, w
     report.html}. Finished runs are skipped; failed runs are listed and do not stop the others.
     Raises ValueError for an unknown preset (listing the valid ones).
     """
-    from zfree.sweeps import collect_runs, expand_grid, run_points
-
     if preset not in PRESETS:
         raise ValueError(f"preset={preset!r} is not one of {sorted(PRESETS)}")
     p = PRESETS[preset]
@@ -246,9 +207,6 @@ def render_report(study_dir: Path | str, notebook: Path | str | None = None, pro
     import nbformat
     import papermill as pm
     from nbconvert import HTMLExporter
-
-    from zfree.results import aggregate
-    from zfree.sweeps import NOTEBOOKS
 
     study_dir = Path(study_dir).resolve()
     if not (study_dir / "runs").is_dir():

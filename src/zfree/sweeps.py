@@ -43,7 +43,6 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Protocol, runtime_checkable
 
 import numpy as np
-import pandas as pd
 from tqdm.auto import tqdm
 
 from zfree.config import TrainConfig, coerce_value, parse_field_value
@@ -51,9 +50,8 @@ from zfree.errors import ConfigError, InputError
 from zfree.io import atomic_write_json, read_json
 from zfree.locks import run_folder_lock
 
-ROOT = Path(__file__).resolve().parents[2]
-NOTEBOOKS = ROOT / "notebooks"
-SPECS = ROOT / "analysis" / "sweeps"
+from zfree.paths import NOTEBOOKS, ROOT, SPECS  # noqa: F401 - re-exported
+from zfree.results import aggregate, collect_runs  # noqa: F401 - collect_runs re-exported
 
 
 def run_id(flat: dict[str, Any]) -> str:
@@ -66,6 +64,7 @@ def run_id(flat: dict[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class Point:
+    """One grid point: its stable run id and flat config."""
     run_id: str
     params: dict[str, Any]  # the flat TrainConfig
 
@@ -95,6 +94,7 @@ _SPEC_KEYS = {"name", "description", "base", "grid", "executor", "workers", "exe
 
 @dataclass(frozen=True)
 class SweepSpec:
+    """A validated sweep spec (``load_spec``): the grid, shared fields and the executor to run it on."""
     name: str
     base: dict[str, Any]
     grid: dict[str, list[Any]]
@@ -104,6 +104,7 @@ class SweepSpec:
     executor_options: dict[str, Any] = field(default_factory=dict)
 
     def points(self) -> list[Point]:
+        """The spec's validated grid points (``expand_grid`` over the default config plus ``base``)."""
         return expand_grid({**TrainConfig().to_flat(), **self.base}, self.grid)
 
 
@@ -256,9 +257,13 @@ class Executor(Protocol):
     """Anything that can ``submit(fn, *args) -> Future`` and ``shutdown()`` (concurrent.futures).
     Dask's ``distributed.Client.get_executor()`` fits as is."""
 
-    def submit(self, fn: Callable, *args) -> Future: ...
+    def submit(self, fn: Callable, *args) -> Future:
+        """Submit ``fn(*args)``; returns a Future of its result."""
+        ...
 
-    def shutdown(self, wait: bool = True) -> None: ...
+    def shutdown(self, wait: bool = True) -> None:
+        """Release the executor's resources (waiting for running jobs with ``wait``)."""
+        ...
 
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -318,6 +323,7 @@ class SubmititExecutor:
         self._waiters = ThreadPoolExecutor(max_workers=max_waiting)
 
     def submit(self, fn: Callable, *args) -> Future:
+        """Submit ``fn(*args)``; returns a Future of its result."""
         job = self._ex.submit(fn, *args)
         if self._ex.cluster == "debug":  # debug jobs run in-process on result(): one at a time
             fut: Future = Future()
@@ -329,21 +335,30 @@ class SubmititExecutor:
         return self._waiters.submit(job.result)
 
     def shutdown(self, wait: bool = True) -> None:
+        """Release the executor's resources (waiting for running jobs with ``wait``)."""
         self._waiters.shutdown(wait=wait)
 
 
 EXECUTORS = {"local": "a process pool on this machine", "submitit": "submitit (SLURM, local or debug)"}
 
 
+def _submitit_executor(workers: int, folder: Path | str | None, **options) -> SubmititExecutor:
+    if folder is None:
+        raise ValueError("executor 'submitit' needs a folder for its job logs")
+    return SubmititExecutor(folder, **options)
+
+
+#: executor name (``EXECUTORS``) -> its factory (workers, folder, **options)
+_EXECUTOR_FACTORIES = {"local": lambda workers, folder, **options: local_executor(workers),
+                       "submitit": _submitit_executor}
+
+
 def make_executor(kind: str = "local", workers: int = 2, folder: Path | str | None = None, **options) -> Executor:
-    """``local``: ``local_executor(workers)``; ``submitit``: ``SubmititExecutor(folder, **options)``."""
-    if kind == "local":
-        return local_executor(workers)
-    if kind == "submitit":
-        if folder is None:
-            raise ValueError("executor 'submitit' needs a folder for its job logs")
-        return SubmititExecutor(folder, **options)
-    raise ValueError(f"executor={kind!r} is not one of {sorted(EXECUTORS)}")
+    """``local``: ``local_executor(workers)``; ``submitit``: ``SubmititExecutor(folder, **options)``.
+    Raises ValueError for an unknown kind (listing the valid ones) or submitit without a folder."""
+    if kind not in _EXECUTOR_FACTORIES:
+        raise ValueError(f"executor={kind!r} is not one of {sorted(EXECUTORS)}")
+    return _EXECUTOR_FACTORIES[kind](workers, folder, **options)
 
 
 def run_points(points: list[Point], runs_dir: Path | str, *, workers: int = 2, executor: Executor | None = None,
@@ -403,19 +418,5 @@ def _run_sweep(spec: SweepSpec, out: Path, *, executor, workers, progress) -> li
     finally:
         if executor is None:
             ex.shutdown()
-    from zfree.results import aggregate
-
     aggregate(out)
     return statuses
-
-
-# --- aggregation ---------------------------------------------------------------------------
-
-def collect_runs(runs_dir: Path | str) -> pd.DataFrame:
-    """One row per finished run folder (its ``summary.json``), plus ``run_id`` and ``run_dir``."""
-    rows = []
-    for s in sorted(Path(runs_dir).glob("*/summary.json")):
-        d = read_json(s)
-        d["run_id"], d["run_dir"] = s.parent.name, str(s.parent)
-        rows.append(d)
-    return pd.DataFrame(rows)

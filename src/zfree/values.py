@@ -4,6 +4,7 @@ machine check of a torch device. ``zfree.config`` applies them to every config f
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any, Literal, get_args
 
@@ -97,3 +98,23 @@ def check_device(device: str) -> None:
         raise ConfigError(f"device={device!r} is not available on this machine; use device='cpu'")
     elif dev.type not in ("cpu", "cuda", "mps"):
         raise ConfigError(f"device={device!r}: expected cpu, cuda, cuda:N or mps")
+
+
+@functools.lru_cache(maxsize=None)
+def field_types(cls) -> dict[str, Any]:
+    """``{field name: declared type}`` of a dataclass ``cls`` (string annotations resolved)."""
+    from dataclasses import fields
+    from typing import get_type_hints
+
+    hints = get_type_hints(cls)
+    return {f.name: hints[f.name] for f in fields(cls)}
+
+
+def typed_fields(obj) -> None:
+    """Convert (text) or check (Python values) every field of a frozen config by its declared
+    type, first thing in ``__post_init__``; ``ConfigError`` names the field."""
+    for name, typ in field_types(type(obj)).items():
+        value = getattr(obj, name)
+        new = coerce_value(name, value, typ)
+        if new is not value:
+            object.__setattr__(obj, name, new)

@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Literal, Sequence
 
 import numpy as np
 
-from zfree.config import DataConfig
 from zfree.io import atomic_write_json, atomic_write_text, sha256_file
+from zfree.validation import check_choice, check_int, check_range
+from zfree.values import typed_fields
 
 Digits = tuple[int, ...]
 
@@ -45,18 +46,68 @@ STRATEGIES: dict[str, Callable[[Digits], Digits]] = {
 }
 
 
+@dataclass(frozen=True)
+class DataConfig:
+    """Synthetic strategy benchmark (DESIGN §2)."""
+
+    vocab_size: int = 10  # digits 0..V-1
+    n_min: int = 4  # shortest x
+    n_max: int = 12  # longest x; y has the same length, |S| = |y| + 1 (end token)
+    strategies: Sequence[str] = ("sort_asc", "sort_desc", "reverse", "copy")  # stored as a tuple
+    prior: Literal["uniform", "x_dependent"] = "uniform"
+    prior_strength: float = 3.0  # x_dependent: weight of the favoured strategy (others 1)
+    n_train: int = 50_000
+    n_val: int = 1_000
+    n_test: int = 1_000
+    seed: int = 0
+
+    def __post_init__(self):
+        typed_fields(self)
+        if isinstance(self.strategies, str):
+            raise ValueError(f"strategies={self.strategies!r} must be a sequence of names, not one string")
+        object.__setattr__(self, "strategies", tuple(self.strategies))
+        for name in ("vocab_size", "n_min", "n_max", "n_train", "n_val", "n_test"):
+            check_int(name, getattr(self, name))
+        check_int("seed", self.seed, 0)  # numpy's SeedSequence rejects negative entropy
+        for s in self.strategies:
+            if s not in STRATEGIES:
+                raise ValueError(f"strategies: unknown strategy {s!r}; valid: {sorted(STRATEGIES)}")
+        if len(set(self.strategies)) != len(self.strategies) or len(self.strategies) < 1:
+            raise ValueError(f"strategies={self.strategies!r} must be non-empty and distinct")
+        if self.vocab_size < 2:
+            raise ValueError(f"vocab_size={self.vocab_size} must be >= 2")
+        if self.n_min < 1:
+            raise ValueError(f"n_min={self.n_min} must be >= 1")
+        if self.n_min > self.n_max:
+            raise ValueError(f"n_min={self.n_min} > n_max={self.n_max}: n_min must be <= n_max")
+        check_choice("prior", self.prior, Literal["uniform", "x_dependent"])
+        check_range("prior_strength", self.prior_strength, 0, lo_open=True)
+        for name in ("n_train", "n_val", "n_test"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+
+
 def strategy_prior(x: Digits, strategies: Sequence[str], prior: str, prior_strength: float) -> np.ndarray:
     """pi(s | x) over ``strategies``, shape (n_strategies,), sums to 1.
 
     ``uniform``: 1/K. ``x_dependent``: the strategy whose index equals x[0] mod K gets weight
     ``prior_strength`` and the others weight 1, then normalized (exercises the router p(z | x)).
+    Raises ValueError for another prior (listing the valid ones).
     """
-    k = len(strategies)
-    if prior == "uniform":
-        return np.full(k, 1.0 / k)
+    if prior not in STRATEGY_PRIORS:
+        raise ValueError(f"prior={prior!r} is not one of {sorted(STRATEGY_PRIORS)}")
+    return STRATEGY_PRIORS[prior](x, len(strategies), prior_strength)
+
+
+def _x_dependent_prior(x: Digits, k: int, prior_strength: float) -> np.ndarray:
     w = np.ones(k)
     w[x[0] % k] = prior_strength
     return w / w.sum()
+
+
+#: DataConfig.prior -> pi(s | x) over k strategies
+STRATEGY_PRIORS: dict[str, Callable[[Digits, int, float], np.ndarray]] = {
+    "uniform": lambda x, k, prior_strength: np.full(k, 1.0 / k), "x_dependent": _x_dependent_prior}
 
 
 def bayes_nll(x: Digits, y: Digits, strategies: Sequence[str], prior: str = "uniform", prior_strength: float = 3.0) -> tuple[float, int]:
@@ -77,10 +128,12 @@ def bayes_nll(x: Digits, y: Digits, strategies: Sequence[str], prior: str = "uni
 
 
 def digits_to_text(d: Digits) -> str:
+    """(3, 1, 2) -> "3 1 2" (the benchmark's text form)."""
     return " ".join(str(v) for v in d)
 
 
 def text_to_digits(s: str) -> Digits:
+    """"3 1 2" -> (3, 1, 2); ValueError for a token that is not an integer."""
     return tuple(int(v) for v in s.split())
 
 

@@ -17,7 +17,7 @@ reused for the S decoder passes over the y-region, as in ``DiscreteCVAE``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Sequence
 
 import torch
 from jaxtyping import Bool, Float
@@ -29,11 +29,23 @@ from zfree.models.encoder import build_posterior_encoder, pool_posterior_feature
 from zfree.models.injection import (decoder_hidden_full, decoder_hidden_suffix, full_target_logprobs,
                                     suffix_target_logprobs, zfree_pass)
 
-LatentPrior = Literal["learned", "standard"]
+from zfree.config import LatentPrior  # noqa: F401 - re-exported (defined once, in config)
+
+
+@dataclass
+class GaussianHeads:
+    """The heads on the z-free hidden states: posterior N(mu_q, e^logvar_q), prior N(mu_p, e^logvar_p)."""
+
+    mu_q: Float[torch.Tensor, "batch d_latent"]
+    logvar_q: Float[torch.Tensor, "batch d_latent"]
+    mu_p: Float[torch.Tensor, "batch d_latent"]  # zeros for the standard prior
+    logvar_p: Float[torch.Tensor, "batch d_latent"]  # zeros for the standard prior
+    features: Float[torch.Tensor, "batch d_feat"]  # the posterior head's input
 
 
 @dataclass
 class ContinuousCVAEOutput:
+    """``ContinuousCVAE.forward``: posterior and prior parameters, the decoded samples and log-probs."""
     posterior_mean: Float[torch.Tensor, "batch d_latent"]  # mu_q
     posterior_logvar: Float[torch.Tensor, "batch d_latent"]  # log sigma_q^2
     prior_mean: Float[torch.Tensor, "batch d_latent"]  # mu_p (zeros for the standard prior)
@@ -49,6 +61,7 @@ class ContinuousCVAE(nn.Module):
 
     FEATURES = ("mean_y", "last", "mean_first", "attention", "encoder")
     PRIORS = ("learned", "standard")
+    latent_kind = "continuous"
 
     def __init__(self, backbone: nn.Module, d_latent: int, posterior_features: str = "mean_y",
                  prior: str = "learned", n_samples: int = 1):
@@ -80,12 +93,18 @@ class ContinuousCVAE(nn.Module):
         self.shared_prefix = True  # reuse the x-prefix's key/value cache for the S decoder passes
 
     def new_parameter_names(self) -> list[str]:
+        """Names of the parameters that are not the backbone's (heads, latent projection, encoder)."""
         return [n for n, _ in self.named_parameters() if not n.startswith("backbone.")]
 
     # -------------------------------------------------------------------- heads
 
-    def heads_from_hidden(self, h: Float[torch.Tensor, "batch seq d_model"], batch: Batch):
-        """(mu_q, logvar_q, mu_p, logvar_p, features) from the z-free hidden states."""
+    @property
+    def posterior_kind(self) -> str:
+        """Which posterior is in use: always ``amortized`` (a head; there is no optimal Gaussian posterior here)."""
+        return "amortized"
+
+    def heads_from_hidden(self, h: Float[torch.Tensor, "batch seq d_model"], batch: Batch) -> GaussianHeads:
+        """Posterior and prior parameters and the posterior features from the z-free hidden states (B, T, D)."""
         B = h.shape[0]
         rows = torch.arange(B, device=h.device)
         feats = pool_posterior_features(self, self.posterior_features, h, batch)
@@ -95,7 +114,7 @@ class ContinuousCVAE(nn.Module):
             mu_p, logvar_p = self.prior_head(sep).chunk(2, -1)
         else:
             mu_p, logvar_p = torch.zeros_like(mu_q), torch.zeros_like(logvar_q)
-        return mu_q, logvar_q, mu_p, logvar_p, feats
+        return GaussianHeads(mu_q, logvar_q, mu_p, logvar_p, feats)
 
     def _zfree_pass(self, batch: Batch, use_cache: bool):
         return zfree_pass(self.backbone, batch, use_cache)
@@ -128,16 +147,16 @@ class ContinuousCVAE(nn.Module):
         samples; otherwise ``n_samples`` (default ``self.n_samples``) are drawn from q with
         ``generator`` (default: torch's global generator)."""
         h0, cache = self._zfree_pass(batch, use_cache=self.shared_prefix)
-        mu_q, logvar_q, mu_p, logvar_p, feats = self.heads_from_hidden(h0, batch)
+        hd = self.heads_from_hidden(h0, batch)
         if z is None:
-            z = self.sample_posterior(mu_q, logvar_q, n_samples or self.n_samples, generator)
+            z = self.sample_posterior(hd.mu_q, hd.logvar_q, n_samples or self.n_samples, generator)
         t0 = target_logprobs_from_hidden(self.backbone, h0, batch)  # the current backbone without z
         if self.shared_prefix:
             hz, valid = self.decoder_suffix_shared_prefix(batch, cache, z)  # (B, n, L, D)
             tlp, _ = suffix_target_logprobs(self.backbone, batch, hz, valid)
         else:
             tlp, _ = full_target_logprobs(self.backbone, batch, self.decoder_hidden_naive(batch, z))
-        return ContinuousCVAEOutput(mu_q, logvar_q, mu_p, logvar_p, z, tlp, feats, t0)
+        return ContinuousCVAEOutput(hd.mu_q, hd.logvar_q, hd.mu_p, hd.logvar_p, z, tlp, hd.features, t0)
 
     # -------------------------------------------------------------------- generation
 

@@ -18,12 +18,14 @@ are decoded.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import nn
 
 from zfree.data.batching import Batch
+from zfree.losses import masked_mean_token_nll
 from zfree.models.base import hidden_states, target_logprobs_from_hidden
 from zfree.models.encoder import build_posterior_encoder, pool_posterior_features
 from zfree.models.injection import (decoder_hidden_full, decoder_hidden_suffix, full_target_logprobs,
@@ -31,20 +33,66 @@ from zfree.models.injection import (decoder_hidden_full, decoder_hidden_suffix, 
 
 
 @dataclass
+class DiscreteHeads:
+    """The heads on the z-free hidden states."""
+
+    posterior_logits: Float[torch.Tensor, "batch n_latent"] | None  # q(z | x, y); None: no amortized head ('optimal')
+    prior_logits: Float[torch.Tensor, "batch n_latent"]  # router p(z | x), unnormalized
+    features: Float[torch.Tensor, "batch d_feat"]  # the posterior head's input (mean_y under 'optimal')
+
+
+@dataclass
+class DiscreteEncoding(DiscreteHeads):
+    """``DiscreteCVAE.encode``: the heads plus the z-free hidden states they read."""
+
+    zfree_hidden: Float[torch.Tensor, "batch seq d_model"] | None = None
+
+
+@dataclass
 class DiscreteCVAEOutput:
-    posterior_logits: Float[torch.Tensor, "batch n_latent"]  # q(z | x, y), unnormalized (zeros: 'optimal')
+    """``DiscreteCVAE.forward``: posterior (None without a head) and router logits, per-value decoder log-probs."""
+    posterior_logits: Float[torch.Tensor, "batch n_latent"] | None  # q(z | x, y), unnormalized; None: 'optimal'
     prior_logits: Float[torch.Tensor, "batch n_latent"]  # router p(z | x), unnormalized
     target_logprobs: Float[torch.Tensor, "batch n_latent seq"]  # log p(y_t | x, y_<t, z=k) on S, 0 elsewhere
-    features: Float[torch.Tensor, "batch d_model"]  # the posterior head's input
+    features: Float[torch.Tensor, "batch d_feat"]  # the posterior head's input
     zfree_target_logprobs: Float[torch.Tensor, "batch seq"]  # current backbone without z (the z-free pass)
     next_token_logprobs: Float[torch.Tensor, "batch n_latent pos vocab"] | None = None  # with_distributions
     pos_mask: Bool[torch.Tensor, "batch pos"] | None = None  # valid entries of next_token_logprobs
+
+
+@dataclass
+class SelectedOutput:
+    """``DiscreteCVAE.forward_selected``: the K-way output (decoder log-probs detached), the
+    decoded value's log-probs with gradient, the decoded value z and the best value k*."""
+
+    out: DiscreteCVAEOutput
+    selected_logprobs: Float[torch.Tensor, "batch seq"]  # log p(y_t | x, y_<t, z) on S, 0 elsewhere
+    z: Int[torch.Tensor, "batch"]  # the decoded value per row
+    k_star: Int[torch.Tensor, "batch"]  # argmin_k nll_k (ties: the posterior's argmax)
+
+
+def _best_value(out: DiscreteCVAEOutput, batch: Batch) -> Int[torch.Tensor, "batch"]:
+    """k* = argmin_k nll_k from the detached K-way log-probs; ties go to the posterior's argmax
+    (uniform without an amortized head)."""
+    nll = masked_mean_token_nll(-out.target_logprobs, batch.target_mask)  # (B, K)
+    return (nll - 1e-7 * _posterior_probs(out)).argmin(-1)
+
+
+def _posterior_probs(out: DiscreteCVAEOutput) -> torch.Tensor:
+    logits = out.prior_logits.new_zeros(out.prior_logits.shape) if out.posterior_logits is None else out.posterior_logits
+    return torch.softmax(logits.detach(), -1)
+
+
+#: hard_em_decoder -> the decoded value from (output, batch, k*)
+DECODED_VALUE = {"best": lambda out, batch, k_star: k_star,
+                 "posterior_argmax": lambda out, batch, k_star: _posterior_probs(out).argmax(-1)}
 
 
 class DiscreteCVAE(nn.Module):
     """K-valued latent CVAE on a causal LM backbone. ``forward`` returns log-probs, never a loss."""
 
     FEATURES = ("mean_y", "last", "mean_first", "attention", "encoder", "optimal")
+    latent_kind = "discrete"
 
     def __init__(self, backbone: nn.Module, n_latent: int, posterior_features: str = "mean_y",
                  latent_init_std: float = 0.0):
@@ -89,22 +137,30 @@ class DiscreteCVAE(nn.Module):
                 h.bias[k] = h.bias[donor] - 0.01
 
     def new_parameter_names(self) -> list[str]:
+        """Names of the parameters that are not the backbone's (heads, latent embeddings, encoder)."""
         return [n for n, _ in self.named_parameters() if not n.startswith("backbone.")]
 
-    def encode(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The z-free pass: (posterior_logits, prior_logits, features, zfree_hidden)."""
-        h = hidden_states(self.backbone, batch)  # (B, T, D)
-        return (*self._heads_from_hidden(h, batch), h)
+    @property
+    def posterior_kind(self) -> str:
+        """Which posterior q(z | x, y) is in use: ``amortized`` (a head; ``posterior_logits`` set) or
+        ``optimal`` (no head; ``posterior_logits`` is None and the objective computes q from the decoders)."""
+        return "optimal" if self.posterior_head is None else "amortized"
 
-    def _heads_from_hidden(self, h: torch.Tensor, batch: Batch):
-        B = h.shape[0]
-        rows = torch.arange(B, device=h.device)
+    def encode(self, batch: Batch) -> DiscreteEncoding:
+        """The z-free pass: the heads and the hidden states (B, T, D) they read."""
+        h = hidden_states(self.backbone, batch)  # (B, T, D)
+        heads = self.heads_from_hidden(h, batch)
+        return DiscreteEncoding(heads.posterior_logits, heads.prior_logits, heads.features, h)
+
+    def heads_from_hidden(self, h: Float[torch.Tensor, "batch seq d_model"], batch: Batch) -> DiscreteHeads:
+        """Posterior logits (None without a head), router logits at the separator (which sees only x)
+        and the posterior features, from the z-free hidden states ``h`` (B, T, D)."""
+        rows = torch.arange(h.shape[0], device=h.device)
         sep = h[rows, batch.prefix_len - 1]
         if self.posterior_head is None:  # optimal: computed by the objective from the decoders
-            feats = pool_posterior_features(self, "mean_y", h, batch)
-            return h.new_zeros(B, self.n_latent), self.router_head(sep), feats
+            return DiscreteHeads(None, self.router_head(sep), pool_posterior_features(self, "mean_y", h, batch))
         feats = pool_posterior_features(self, self.posterior_features, h, batch)
-        return self.posterior_head(feats), self.router_head(sep), feats
+        return DiscreteHeads(self.posterior_head(feats), self.router_head(sep), feats)
 
     def _all_values(self, batch: Batch) -> Int[torch.Tensor, "batch n_latent"]:
         return torch.arange(self.n_latent, device=batch.input_ids.device).expand(batch.input_ids.shape[0], -1)
@@ -134,7 +190,7 @@ class DiscreteCVAE(nn.Module):
             h0, cache = self._encode_with_cache(batch)
         else:
             h0, cache = hidden_states(self.backbone, batch), None
-        q_logits, p_logits, feats = self._heads_from_hidden(h0, batch)
+        heads = self.heads_from_hidden(h0, batch)
         t0 = target_logprobs_from_hidden(self.backbone, h0, batch)  # the current backbone without z
         if self.shared_prefix:
             hz, valid = self.decoder_suffix_shared_prefix(batch, cache)  # (B, K, L, D), (B, L)
@@ -142,26 +198,29 @@ class DiscreteCVAE(nn.Module):
         else:
             tlp, dist = full_target_logprobs(self.backbone, batch, self.decoder_hidden(batch), with_distributions)
             valid = torch.arange(int(batch.target_len.max()), device=tlp.device)[None, :] < batch.target_len[:, None]
-        out = DiscreteCVAEOutput(q_logits, p_logits, tlp, feats, t0)
+        out = DiscreteCVAEOutput(heads.posterior_logits, heads.prior_logits, tlp, heads.features, t0)
         if with_distributions:
             out.next_token_logprobs, out.pos_mask = dist, valid
         return out
 
-    def forward_selected(self, batch: Batch, choose) -> tuple[DiscreteCVAEOutput, torch.Tensor, torch.Tensor]:
+    def forward_selected(self, batch: Batch, choose: str | Callable = "best") -> SelectedOutput:
         """Hard-EM forward: the z-free pass (posterior, router) with gradient; the K decoder passes
-        without gradient (``out.target_logprobs`` (B, K, T) is detached); ``z = choose(out)`` (B,)
-        picks one value per row, decoded again with gradient. Returns (out, target log-probs of z
-        (B, T) with gradient, z). The parameter gradient of any loss of the selected log-probs equals
-        the gradient through the full K-way graph gathered at z (tested), at about a third of its
-        backward cost for K = 6."""
+        without gradient (``out.target_logprobs`` (B, K, T) is detached); one value z (B,) per row,
+        decoded again with gradient. ``choose``: a key of ``DECODED_VALUE`` (``best`` = k*,
+        ``posterior_argmax``) or a function of the output giving z. The parameter gradient of any
+        loss of the selected log-probs equals the gradient through the full K-way graph gathered at
+        z (tested), at about a third of its backward cost for K = 6. Raises KeyError listing the keys."""
+        if isinstance(choose, str) and choose not in DECODED_VALUE:
+            raise KeyError(f"choose={choose!r} is not one of {sorted(DECODED_VALUE)}")
         h0, cache = self._encode_with_cache(batch)
-        q_logits, p_logits, feats = self._heads_from_hidden(h0, batch)
+        heads = self.heads_from_hidden(h0, batch)
         t0 = target_logprobs_from_hidden(self.backbone, h0, batch)
         with torch.no_grad():
             hz, valid = self.decoder_suffix_shared_prefix(batch, cache)
             tlp_all, _ = suffix_target_logprobs(self.backbone, batch, hz, valid)
-        out = DiscreteCVAEOutput(q_logits, p_logits, tlp_all, feats, t0)
-        z = choose(out)
+        out = DiscreteCVAEOutput(heads.posterior_logits, heads.prior_logits, tlp_all, heads.features, t0)
+        k_star = _best_value(out, batch)
+        z = DECODED_VALUE[choose](out, batch, k_star) if isinstance(choose, str) else choose(out)
         hz1, valid = self.decoder_suffix_shared_prefix(batch, cache, z[:, None])
         tlp_z, _ = suffix_target_logprobs(self.backbone, batch, hz1, valid)
-        return out, tlp_z[:, 0], z
+        return SelectedOutput(out, tlp_z[:, 0], z, k_star)

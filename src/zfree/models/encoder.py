@@ -37,6 +37,8 @@ class PosteriorEncoder(nn.Module):
         self.max_positions = max_positions
 
     def forward(self, batch: Batch) -> Float[torch.Tensor, "batch d_out"]:
+        """Mean-pooled bidirectional features of (x, y), (B, d_out). Raises ValueError for a sequence
+        longer than ``max_positions``."""
         B, T = batch.input_ids.shape
         if T > self.max_positions:
             raise ValueError(f"sequence length {T} exceeds the encoder's max_positions={self.max_positions}")
@@ -59,6 +61,30 @@ def build_posterior_encoder(backbone: nn.Module) -> PosteriorEncoder:
     return PosteriorEncoder(vocab, d, d_model=d_model, n_head=n_head, max_positions=int(max_pos))
 
 
+def _pool_mean_y(module, h, batch):
+    m = batch.target_mask.to(h.dtype)[:, :, None]
+    return (h * m).sum(1) / m.sum(1)
+
+
+def _pool_last(module, h, batch):
+    return h[torch.arange(h.shape[0], device=h.device), batch.prefix_len + batch.target_len - 1]
+
+
+def _pool_mean_first(module, h, batch):
+    return torch.cat([_pool_mean_y(module, h, batch), h[torch.arange(h.shape[0], device=h.device), batch.prefix_len]], -1)
+
+
+def _pool_attention(module, h, batch):
+    scores = (h @ module.pool_query) / h.shape[-1] ** 0.5  # (B, T)
+    scores = scores.masked_fill(~batch.target_mask, float("-inf"))
+    return (torch.softmax(scores, -1)[:, :, None] * h).sum(1)
+
+
+#: posterior_features -> pooling of the z-free hidden states ('optimal' pools like mean_y, for the probe)
+POOLINGS = {"mean_y": _pool_mean_y, "last": _pool_last, "mean_first": _pool_mean_first, "attention": _pool_attention,
+            "encoder": lambda module, h, batch: module.encoder(batch)}
+
+
 def pool_posterior_features(module: nn.Module, kind: str, h: Float[torch.Tensor, "batch seq d_model"],
                             batch: Batch) -> Float[torch.Tensor, "batch d_feat"]:
     """The posterior head's input from the z-free hidden states ``h`` (B, T, D), shared by both CVAEs:
@@ -68,18 +94,8 @@ def pool_posterior_features(module: nn.Module, kind: str, h: Float[torch.Tensor,
     ``mean_first``  the mean joined with the first y position's state (2D; keeps which token came first);
     ``attention``   softmax pooling over the y-region with ``module.pool_query`` (D; zero query = mean_y);
     ``encoder``     ``module.encoder``'s own bidirectional features (D).
+    Raises KeyError listing the poolings for another ``kind``.
     """
-    rows = torch.arange(h.shape[0], device=h.device)
-    if kind == "last":
-        return h[rows, batch.prefix_len + batch.target_len - 1]
-    if kind == "attention":
-        scores = (h @ module.pool_query) / h.shape[-1] ** 0.5  # (B, T)
-        scores = scores.masked_fill(~batch.target_mask, float("-inf"))
-        return (torch.softmax(scores, -1)[:, :, None] * h).sum(1)
-    if kind == "encoder":
-        return module.encoder(batch)
-    m = batch.target_mask.to(h.dtype)[:, :, None]
-    feats = (h * m).sum(1) / m.sum(1)
-    if kind == "mean_first":
-        feats = torch.cat([feats, h[rows, batch.prefix_len]], -1)
-    return feats
+    if kind not in POOLINGS:
+        raise KeyError(f"posterior_features={kind!r} is not one of {sorted(POOLINGS)}")
+    return POOLINGS[kind](module, h, batch)

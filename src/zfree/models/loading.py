@@ -14,8 +14,7 @@ from pathlib import Path
 
 import torch
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "tokenizer.model",
-                   "spiece.model", "merges.txt")
+from zfree.paths import TOKENIZER_FILES  # noqa: E402 - defined once in zfree.paths
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 

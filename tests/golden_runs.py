@@ -1,0 +1,100 @@
+"""The golden runs of the structure redesign (issue 12): the smoke study's runs plus one hard-EM,
+one continuous and one optimal-posterior run, all on the smoke preset's data and base model.
+
+``generate(root)`` trains them under ``root`` and returns ``{name: {"summary": ..., "metrics": [...]}}``
+with the timing keys (``zfree.training.TIMING_KEYS``) and the machine-specific paths (data_dir,
+base_dir) removed. ``python -m tests.golden_runs`` rewrites tests/golden/*.json from the current
+code: do that only on purpose (the golden files pin behaviour).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import sys
+from pathlib import Path
+
+GOLDEN = Path(__file__).parent / "golden"
+DROP = ("data_dir", "base_dir")  # machine-specific paths; they do not change what is computed
+
+#: the smoke preset's training settings (study.PRESETS["smoke"].train), shared by the extra runs
+_SMOKE_TRAIN = {"steps": 12, "batch_size": 16, "eval_every": 6, "eval_rows": 60, "decode_rows": 16,
+                "warmup_backbone": 5}
+#: name -> flat overrides on top of the smoke settings (the smoke study's own two runs come from its grid)
+EXTRA_RUNS = {
+    # hard EM under example weighting (b on training rows), dead-value restarts, the gate and a forced hand-over
+    "hard_em": {"weighting": "example", "epsilon": 0.05, "beta": 0.3, "aid": "hard_em_then_soft", "n_latent": 4,
+                "posterior_features": "mean_first", "hard_em_max_steps": 6, "handover_check_every": 3,
+                "handover_rows": 30, "restart_dead_every": 4, "restart_dead_share": 0.9, "lr_new": 3e-3},
+    # continuous latent under token weighting (base-token matrix on train and val) and per-dimension free bits
+    "continuous": {"latent_kind": "continuous", "weighting": "token", "token_outer": "distribution",
+                   "token_alpha": 0.5, "beta": 0.3, "free_bits_mode": "per_dim", "free_bits": 0.05, "steps": 8,
+                   "eval_every": 4},
+    # the optimal posterior, with the beta0 warm-up, a frozen-decoder phase and a linear beta schedule
+    "optimal": {"posterior_features": "optimal", "weighting": "distribution", "beta": 0.3, "aid": "beta0_warmup",
+                "warmup_aid_steps": 3, "frozen_decoder_steps": 2, "beta_schedule": "linear",
+                "beta_warmup_steps": 6, "steps": 8, "eval_every": 4},
+}
+
+
+def _clean(d: dict) -> dict:
+    from zfree.training import TIMING_KEYS
+
+    return {k: v for k, v in d.items() if k not in TIMING_KEYS and k not in DROP}
+
+
+def generate(root: Path) -> dict[str, dict]:
+    """Train the golden runs under ``root`` (data, base, runs/<name>); returns their cleaned artifacts."""
+    from zfree.base_training import train_base
+    from zfree.config import TrainConfig
+    from zfree.data.synth import write_benchmark
+    from zfree.io import read_jsonl
+    from zfree.study import PRESETS
+    from zfree.sweeps import expand_grid
+    from zfree.training import train_cvae
+
+    p = PRESETS["smoke"]
+    data = write_benchmark(p.data, root / "data")
+    base = root / "base"
+    if not (base / "reference" / "reference.json").exists():
+        # the smoke base config without its wall-clock cap (the golden base must not depend on CPU speed)
+        train_base(data, base, dataclasses.replace(p.base, max_minutes=600.0), threads=1, progress=False)
+    flat = {**TrainConfig().to_flat(), **p.train, "data_dir": str(data), "base_dir": str(base)}
+    runs = {f"smoke_{pt.params['weighting']}": pt.params for pt in expand_grid(flat, p.grid)}
+    for name, over in EXTRA_RUNS.items():
+        runs[name] = TrainConfig.from_flat({**flat, **_SMOKE_TRAIN, **over}).to_flat()
+    out = {}
+    for name, params in runs.items():
+        d = root / "runs" / name
+        summary = train_cvae(TrainConfig.from_flat(params), d, progress=False)
+        out[name] = {"summary": _clean(summary), "metrics": [_clean(r) for r in read_jsonl(d / "metrics.jsonl")]}
+    return out
+
+
+def _norm(x):
+    """JSON-safe form: NaN/inf as strings so the golden files are strict JSON and compare by equality."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return repr(x)
+    if isinstance(x, dict):
+        return {k: _norm(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_norm(v) for v in x]
+    return x
+
+
+def normalized(runs: dict[str, dict]) -> dict[str, dict]:
+    """The runs as they are stored: a JSON round trip (tuples -> lists, floats as repr) and NaN as 'nan'."""
+    return json.loads(json.dumps(_norm(runs), sort_keys=True))
+
+
+def write(root: Path) -> None:
+    GOLDEN.mkdir(exist_ok=True)
+    for name, run in normalized(generate(root)).items():
+        (GOLDEN / f"{name}.json").write_text(json.dumps(run, indent=1, sort_keys=True) + "\n")
+
+
+if __name__ == "__main__":
+    import tempfile
+
+    write(Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp(prefix="zfree-golden-")))

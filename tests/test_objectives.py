@@ -1,0 +1,106 @@
+"""zfree.objectives: one assembler for every latent kind and phase, its dispatch errors, and the
+typed model outputs it reads (issue 12). References: hand-computed closed forms, float64."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+from zfree.config import ObjectiveConfig, TrainConfig
+from zfree.data.batching import collate, encode_pair
+from zfree.data.pairs import Pair
+from zfree.data.synth import strategy_prior
+from zfree.data.tokenizer import build_digit_tokenizer
+from zfree.losses import masked_mean_token_nll
+from zfree.models.base import build_synthetic_gpt2, load_base
+from zfree.models.discrete import DiscreteCVAE
+from zfree.models.encoder import pool_posterior_features
+from zfree.objectives import KINDS, STEP_OBJECTIVES, assemble, hard_em_objective, step_objective
+
+PAIRS = [Pair("a", "1 2 3", "3 2 1"), Pair("b", "4 5 6 7", "7 6 5 4"), Pair("c", "2", "2"), Pair("d", "7 7", "7 7")]
+F64 = torch.float64
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    tok = build_digit_tokenizer(10)
+    base = build_synthetic_gpt2(len(tok), n_layer=1, n_embd=32, n_head=2, seed=1)
+    d = tmp_path_factory.mktemp("m")
+    base.save_pretrained(d)
+    tok.save_pretrained(d)
+    base, tok = load_base(d)
+    return base, collate([encode_pair(tok, p) for p in PAIRS], pad_id=tok.pad_token_id)
+
+
+def _cfg(**kw) -> TrainConfig:
+    return TrainConfig.from_flat({**TrainConfig().to_flat(), **kw})
+
+
+def test_unknown_kind_phase_and_pooling_name_the_valid_keys(setup):
+    base, batch = setup
+    cfg = ObjectiveConfig()
+    with pytest.raises(KeyError, match="discrete.*gaussian.*hard_em"):
+        assemble("vq", cfg, recon=torch.zeros(2, 3), target_len=torch.ones(2, dtype=torch.long))
+    with pytest.raises(KeyError, match="continuous.*discrete.*hard"):
+        step_objective("warm", None, batch, _cfg(), 1, 1.0, None, None)
+    h = torch.zeros(len(PAIRS), batch.input_ids.shape[1], 32)
+    with pytest.raises(KeyError, match="attention.*mean_y"):
+        pool_posterior_features(torch.nn.Module(), "max", h, batch)
+    with pytest.raises(ValueError, match="uniform.*x_dependent"):
+        strategy_prior((1, 2), ["copy", "reverse"], "zipf", 3.0)
+    assert set(KINDS) == {"discrete", "gaussian", "hard_em"} and set(STEP_OBJECTIVES) == {"hard", "discrete", "continuous"}
+
+
+def test_discrete_assembly_equals_the_closed_form():
+    """J = mean(w * sum_k q_k r_k) + beta * mean KL(q || p), with w = 1/c_base (float64, by hand)."""
+    g = torch.Generator().manual_seed(0)
+    r, q, p = (torch.rand(5, 3, generator=g, dtype=F64) for _ in range(3))
+    c_base, beta = 0.7, 0.3
+    br = assemble("discrete", ObjectiveConfig(weighting="distribution", beta=beta), recon=r,
+                  target_len=torch.full((5,), 4), c_base=c_base, q_logits=q, p_logits=p)
+    qs, ps = torch.softmax(q, -1), torch.softmax(p, -1)
+    kl = (qs * (qs.log() - ps.log())).sum(-1)
+    want = ((qs * r).sum(-1) / c_base).mean() + beta * kl.mean()
+    torch.testing.assert_close(br.total, want)
+    torch.testing.assert_close(sum(br.contributions.values()), br.total)
+    torch.testing.assert_close(br.beta_eff, torch.full((5,), beta * 4 * c_base, dtype=F64))
+
+
+def test_hard_em_uses_the_scheduled_beta_and_the_one_assembler(setup):
+    """hard EM: contributions hard_reconstruction + posterior_ce + router_ce sum to the total; beta_eff
+    comes from beta_at_step (0 during an AE phase), not from the unscheduled beta."""
+    base, batch = setup
+    torch.manual_seed(0)
+    model = DiscreteCVAE(copy.deepcopy(base), 3)
+    cfg = _cfg(weighting="distribution", beta=0.5, ae_steps=4, aid="hard_em_then_soft", hard_em_decoder="best")
+    br = hard_em_objective(model, batch, cfg, 2, 0.8, None)
+    assert list(br.contributions) == ["hard_reconstruction", "posterior_ce", "router_ce"]
+    torch.testing.assert_close(sum(br.contributions.values()), br.total)
+    assert torch.equal(br.beta_eff, torch.zeros_like(br.beta_eff))  # step 2 <= ae_steps: beta = 0
+    later = hard_em_objective(model, batch, cfg, 9, 0.8, None)
+    torch.testing.assert_close(later.beta_eff, 0.5 * batch.target_len.float() / later.recon_weight)
+
+
+def test_forward_selected_returns_k_star_and_optimal_has_no_posterior_logits(setup):
+    base, batch = setup
+    torch.manual_seed(0)
+    model = DiscreteCVAE(copy.deepcopy(base), 3).double()
+    with torch.no_grad():
+        model.latent_embedding.weight.normal_(std=0.5)
+    sel = model.forward_selected(batch, "best")
+    nll = masked_mean_token_nll(-model(batch).target_logprobs, batch.target_mask)
+    assert torch.equal(sel.k_star, nll.argmin(-1)) and torch.equal(sel.z, sel.k_star)
+    arg = model.forward_selected(batch, "posterior_argmax")
+    assert torch.equal(arg.z, torch.softmax(arg.out.posterior_logits, -1).argmax(-1))
+    with pytest.raises(KeyError, match="best.*posterior_argmax"):
+        model.forward_selected(batch, "worst")
+    opt = DiscreteCVAE(copy.deepcopy(base), 3, "optimal")
+    assert opt.posterior_kind == "optimal" and model.posterior_kind == "amortized"
+    assert opt(batch).posterior_logits is None
+    br = hard_em_objective(opt, batch, _cfg(aid="hard_em_then_soft", posterior_features="optimal", n_latent=3), 1, 1.0,
+                           None)
+    assert br.terms["posterior_ce"].item() == 0.0  # one-hot on k*: nothing to learn
+    assert math.isfinite(br.total.item())
