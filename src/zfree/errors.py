@@ -34,6 +34,10 @@ class ResumeRefusedError(ZfreeError, ValueError):
     """A run folder holds another config (or an unusable state) and will not be reused."""
 
 
+class ModelLoadError(ZfreeError, ValueError):
+    """A model zfree cannot use (one-line message naming the model and the reason)."""
+
+
 class NonFiniteMetricError(ZfreeError):
     """An evaluation produced a non-finite metric; the run stops before checkpointing it."""
 

@@ -138,7 +138,7 @@ def head_is_exact(model, *, refresh: bool = False) -> bool:
 def verify_head(model, *, name: str = "model") -> None:
     """Raise ``zfree.models.loading.ModelLoadError`` naming ``name`` unless ``head_is_exact(model)``."""
     if not head_is_exact(model):
-        from zfree.models.loading import ModelLoadError
+        from zfree.errors import ModelLoadError
 
         raise ModelLoadError(f"{name}: zfree cannot reproduce {type(model).__name__}'s logits from its hidden states "
                              f"(its forward does more than body -> output layer -> post-processing)")

@@ -14,12 +14,9 @@ from pathlib import Path
 
 import torch
 
+from zfree.errors import ModelLoadError  # noqa: F401 (re-exported)
 from zfree.paths import TOKENIZER_FILES  # noqa: E402 - defined once in zfree.paths
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-class ModelLoadError(ValueError):
-    """A model zfree cannot use (one-line message naming the model and the reason)."""
 
 
 def pick_device(device: str | torch.device = "auto") -> torch.device:
