@@ -31,7 +31,8 @@ def train_base(data_dir: Path | str, out_dir: Path | str, cfg: BaseTrainConfig =
     """Train the base model on ``data_dir/train.jsonl``; stop at ``cfg.target_ratio`` x the analytic
     c_base on val, ``cfg.max_steps`` or ``cfg.max_minutes``. Writes ``out_dir/model`` (HF format with
     tokenizer), ``out_dir/train_log.json`` and ``out_dir/reference/``. Refuses to overwrite an
-    existing ``out_dir/model`` (FileExistsError)."""
+    existing ``out_dir/model`` (FileExistsError). A data folder whose metadata.json has
+    ``"kind": "e2e"`` (real text) goes to ``train_text_base`` with the E2E name swap."""
     data_dir, out_dir = Path(data_dir), Path(out_dir)
     if (out_dir / "model").exists():
         raise FileExistsError(f"{out_dir / 'model'} exists; choose another --out or remove it yourself")
