@@ -58,9 +58,11 @@ LAB_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 lab: install
 	HF_HUB_OFFLINE=1 $(BIN)/jupyter lab --ServerApp.root_dir=notebooks $(LAB_ARGS) $(LAB_ROOT)
 
-## Regenerate the .ipynb files from their py:percent twins (outputs stay stripped).
+## Regenerate the .ipynb files from their py:percent twins (the tracked sources; pairing in
+## notebooks/jupytext.toml), stripped as the git filter strips them, so `git status` stays clean.
 notebooks: $(STAMP)
 	$(BIN)/jupytext --to ipynb notebooks/*.py
+	$(BIN)/python -m nbstripout --extra-keys '$(NBSTRIP_KEYS)' notebooks/*.ipynb
 
 clean-venv:
 	rm -rf $(VENV)
