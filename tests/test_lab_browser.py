@@ -39,7 +39,8 @@ def _start_lab(clone: Path, port: int, token: str) -> subprocess.Popen:
             "--ip=127.0.0.1", f"--port={port}", f"--IdentityProvider.token={token}"]
     if os.geteuid() == 0:
         args.append("--allow-root")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+           "JUPYTER_CONFIG_PATH": str(clone / "etc" / "jupyter")}  # as `make lab` sets it
     proc = subprocess.Popen(args, cwd=clone, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     for _ in range(120):
         try:
