@@ -82,7 +82,7 @@ def test_the_save_hook_strips_what_a_session_adds():
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1 + 1", id="abc", execution_count=3, outputs=[
         nbformat.v4.new_output("execute_result", {"text/plain": "2"}, execution_count=3)],
         metadata={"tags": ["parameters"], "execution": {"iopub.status.busy": "x"}})],
-        metadata={"language_info": {"name": "python"}, "widgets": {"state": {}}, "kernelspec": {"name": "python3"}})
+        metadata={"language_info": {"name": "python"}, "widgets": {"state": {}}, "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
     model = {"type": "notebook", "content": nb}
     strip_on_save(model, "notebooks/x.ipynb")
     (cell,) = model["content"].cells
