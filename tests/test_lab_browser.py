@@ -69,8 +69,10 @@ def test_explore_notebook_in_jupyterlab(tmp_path_factory, tmp_path):
             browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
             page = browser.new_page(viewport={"width": 1500, "height": 1100})
             page.goto(f"http://127.0.0.1:{port}/lab/tree/explore.ipynb?token={token}")
-            page.get_by_role("menuitem", name="Run", exact=True).click(timeout=120_000)
-            page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+            page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=120_000)
+            page.get_by_text(re.compile(r"\| Idle$")).first.wait_for(timeout=120_000)  # the kernel is up
+            page.get_by_role("menuitem", name="Run", exact=True).click()
+            page.locator("li.lm-Menu-item[data-command='notebook:run-all-cells']").click()
             explorer = page.locator(".widget-vbox").filter(has=page.locator(".widget-output")).first
             figure = explorer.locator(".widget-output img").first
             figure.wait_for(timeout=180_000)

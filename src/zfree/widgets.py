@@ -225,6 +225,18 @@ class SweepExplorer:
                                        for _, r in sel.iterrows()}), sel
 
 
+def _terminate_tree(pid: int) -> None:
+    """SIGTERM a worker and its children (papermill's kernel, which would outlive a reparenting)."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        for p in [*proc.children(recursive=True), proc]:
+            p.terminate()
+    except psutil.NoSuchProcess:
+        pass
+
+
 def aid_choices() -> dict[str, dict[str, Any]]:
     """The panel's aid menu: every ``config.Aid`` value alone, plus the study's switch-on recipe
     (``zfree.study.HARD_EM_RECIPE``, README "Making z switch on")."""
@@ -395,5 +407,5 @@ class LaunchPanel:
         for f in self._futures:
             f.cancel()
         for proc in list((getattr(self._ex, "_processes", None) or {}).values()):
-            proc.terminate()  # ProcessPoolExecutor: its running futures then fail with BrokenProcessPool
+            _terminate_tree(proc.pid)  # ProcessPoolExecutor: its running futures fail with BrokenProcessPool
         self.thread.join(timeout)
