@@ -71,8 +71,11 @@ def test_explore_notebook_in_jupyterlab(tmp_path_factory, tmp_path):
             page.goto(f"http://127.0.0.1:{port}/lab/tree/explore.ipynb?token={token}")
             page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=120_000)
             page.get_by_text(re.compile(r"\| Idle$")).first.wait_for(timeout=120_000)  # the kernel is up
+            news = page.get_by_role("button", name="No", exact=True)  # JupyterLab's news prompt
+            if news.count():
+                news.first.click()
             page.get_by_role("menuitem", name="Run", exact=True).click()
-            page.locator("li.lm-Menu-item[data-command='notebook:run-all-cells']").click()
+            page.locator(".lm-Menu-itemLabel").filter(has_text=re.compile(r"^Run All Cells$")).click()
             explorer = page.locator(".widget-vbox").filter(has=page.locator(".widget-output")).first
             figure = explorer.locator(".widget-output img").first
             figure.wait_for(timeout=180_000)
@@ -98,8 +101,9 @@ def test_explore_notebook_in_jupyterlab(tmp_path_factory, tmp_path):
             dropdown("figure").select_option("effective_beta")
             assert changed_after(lambda: dropdown("weighting").select_option("distribution")), "weighting: no redraw"
             beta = explorer.locator(".widget-hslider").filter(has=page.get_by_text("β", exact=True))
-            assert changed_after(lambda: (beta.locator(".noUi-handle").first.focus(),
-                                          page.keyboard.press("ArrowRight"))), "β slider: no redraw"
+            handle = beta.locator(".noUi-handle").first
+            assert changed_after(lambda: (handle.focus(), page.keyboard.press("ArrowLeft"))) or \
+                changed_after(lambda: (handle.focus(), page.keyboard.press("ArrowRight"))), "β slider: no redraw"
 
             panel = page.locator(".widget-vbox").filter(has=page.get_by_role("button", name="launch")).last
             panel.locator(".widget-text").filter(has=page.get_by_text("# β", exact=True)).locator("input").fill("1")

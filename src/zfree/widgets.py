@@ -45,8 +45,9 @@ def wrap_panels(fig: plt.Figure, ncols: int = 4, panel: tuple[float, float] = (4
     """Re-lay a figure whose axes stand in one row into rows of at most ``ncols`` panels, each
     ``panel`` inches (width, height); a figure of ``ncols`` panels or fewer is returned as is."""
     axes = [ax for ax in fig.axes if ax.get_subplotspec() is not None]
-    if len(axes) <= ncols:
-        return fig
+    if len(axes) <= ncols or len(axes) != len(fig.axes) or any(ax.get_subplotspec().get_gridspec().nrows != 1
+                                                               for ax in axes):
+        return fig  # few panels, colorbars or several rows already: laid out by its plotting function
     nrows = -(-len(axes) // ncols)
     gs = fig.add_gridspec(nrows, ncols)
     for i, ax in enumerate(axes):
