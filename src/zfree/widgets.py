@@ -129,7 +129,7 @@ class SweepExplorer:
                 keep = dd.value if dd.value in opts else ALL
                 dd.options, dd.value = opts, keep
                 dd.layout.display = None if len(values) > 1 else "none"
-                if len(values) == 1:
+                if len(values) == 1 and col != "source":
                     only.append(f"{col.replace('_', ' ')}: {html.escape(values[0])}")
             self.note.value = f"<i>every run has {', '.join(only)}</i>" if only else ""
         finally:
