@@ -108,7 +108,7 @@ def test_launch_panel_shows_the_config_diff_and_lets_the_aid_be_chosen(sweep, tm
     diff = panel.diff(panel.points()).set_index("field")
     assert diff.loc["aid", "template"] == "hard_em_then_soft" and diff.loc["aid", "launched"] == "none"
     assert diff.loc["steps", "launched"] == "50" and "beta" in diff.index
-    assert "<td>aid</td>" in panel.plan.value and "⚠" not in panel.plan.value
+    assert ">aid</td>" in panel.plan.value and "⚠" not in panel.plan.value
     panel.aid.value = "hard_em_then_soft"
     assert "aid" not in panel.diff(panel.points())["field"].tolist() and "handover_step None" in panel.plan.value
     panel.aid.value = "hard_em_then_soft: HARD_EM_RECIPE"

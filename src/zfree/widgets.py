@@ -331,15 +331,17 @@ class LaunchPanel:
     def describe(self) -> str:
         """Fill ``plan`` (the run count, the target folder, the diff table, warnings); returns its HTML."""
         lo, hi = self.log_beta.value
-        self.beta_readout.value = f"β from {10 ** lo:.3g} to {10 ** hi:.3g}"
+        betas = np.logspace(lo, hi, max(1, self.n_beta.value))
+        self.beta_readout.value = "β = " + ", ".join(f"{b:.3g}" for b in betas)
         try:
             points = self.points()
         except ValueError as e:
             self.plan.value = f"<b>invalid:</b> {html.escape(str(e))}"
             return self.plan.value
         d = self.diff(points)
-        rows = "".join(f"<tr><td>{html.escape(r.field)}</td><td>{html.escape(r.template)}</td>"
-                       f"<td><b>{html.escape(r.launched)}</b></td></tr>" for r in d.itertuples())
+        td = "<td style='padding:0 12px 0 0'>"
+        rows = "".join(f"<tr>{td}{html.escape(r.field)}</td>{td}{html.escape(r.template)}</td>"
+                       f"{td}<b>{html.escape(r.launched)}</b></td></tr>" for r in d.itertuples())
         warn = "".join(f"<div style='color:#b00'>⚠ {html.escape(w)}</div>" for w in self.warnings(points))
         self.plan.value = (f"<div>{len(points)} run(s) into <code>{html.escape(str(self.sweep_dir / 'runs'))}</code>; "
                            f"fields that differ from the template:</div>"
