@@ -52,6 +52,8 @@ def wrap_panels(fig: plt.Figure, ncols: int = 4, panel: tuple[float, float] = (4
     gs = fig.add_gridspec(nrows, ncols)
     for i, ax in enumerate(axes):
         ax.set_subplotspec(gs[i // ncols, i % ncols])
+        if i % ncols == 0:
+            ax.tick_params(labelleft=True)  # shared y: the first panel of each row keeps its labels
     fig.set_size_inches(panel[0] * ncols, panel[1] * nrows)
     fig.tight_layout()
     return fig
