@@ -55,6 +55,8 @@ class CopyExecutor:
 
     def submit(self, fn, point, runs_dir, notebook):
         dst = f"{runs_dir}/{point.run_id}"
+        if Path(dst).exists():
+            raise FileExistsError(dst)  # as a refused job: the panel must report it
         shutil.copytree(self.template, dst)
         s = read_json(f"{dst}/summary.json")
         atomic_write_json(f"{dst}/summary.json", {**s, **point.params})
@@ -97,6 +99,7 @@ def test_launch_panel_runs_into_its_own_folder_and_the_explorer_shows_both(sweep
     panel.launch(wait=False)  # a new launch starts from an empty label, not the last "done"
     assert not panel.label.value.startswith("done: 8/8")
     panel.thread.join()
+    assert panel.label.value.startswith("failed: 0/4 ok; FileExistsError")  # the stand-in refuses reruns
 
 
 def test_launch_panel_shows_the_config_diff_and_lets_the_aid_be_chosen(sweep, tmp_path):

@@ -378,6 +378,7 @@ class LaunchPanel:
 
         def work():
             self._ex = ex = self.make_executor() if self.make_executor else local_executor(self.workers)
+            broken = ""
             try:
                 self._futures = futs = [ex.submit(self.run_fn, p, str(runs_dir), nb) for p in points]
                 ids = {id(f): p.run_id for f, p in zip(futs, points)}
@@ -390,11 +391,14 @@ class LaunchPanel:
                         r = {"run_id": ids[id(f)], "status": "stopped" if self._stopping.is_set() else "failed",
                              "error": f"{type(e).__name__}: {e}"[:500]}
                     self._on_done(r)
+            except Exception as e:  # noqa: BLE001 - e.g. the executor refused a job: say so, do not die silently
+                broken = f"; {type(e).__name__}: {e}"[:300]
             finally:
                 ex.shutdown(wait=True)
                 self.button.disabled, self.stop_button.disabled = False, True
                 ok = sum(s["status"] in ("finished", "skipped") for s in self.statuses)
-                self.label.value = f"{'stopped' if self._stopping.is_set() else 'done'}: {ok}/{len(points)} ok"
+                state = "stopped" if self._stopping.is_set() else "failed" if broken else "done"
+                self.label.value = f"{state}: {ok}/{len(points)} ok{broken}"
 
         self.thread = threading.Thread(target=work, daemon=True)
         self.thread.start()
