@@ -5,8 +5,11 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.zfree-installed
 OUT    ?= runs/study-default
+# notebook metadata a kernel or JupyterLab adds on save, stripped with the outputs (nbstripout;
+# the same keys as zfree.lab.EXTRA_KEYS, JupyterLab's save hook)
+NBSTRIP_KEYS := metadata.language_info metadata.widgets metadata.papermill cell.metadata.papermill cell.metadata.execution cell.metadata.jupyter cell.metadata.editable cell.metadata.slideshow
 
-.PHONY: install study smoke test test-slow lab notebooks clean-venv
+.PHONY: install git-filter study smoke test test-slow lab notebooks clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,7 +18,24 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e ".[test,lab]"
 	touch $(STAMP)
 
-install: $(STAMP)
+install: $(STAMP) git-filter
+
+## nbstripout as git's clean filter for notebooks/*.ipynb (see .gitattributes): outputs, execution
+## counts and kernel/widget metadata that JupyterLab saves never reach `git status` or a commit.
+## The command is relative to the work tree, so each clone or worktree uses its own .venv. In a
+## linked worktree `git config` would write the config shared with the main clone: skipped there.
+git-filter: $(STAMP)
+	@if ! git rev-parse --git-dir >/dev/null 2>&1; then echo "not a git clone: no notebook filter"; \
+	elif [ "$$(git rev-parse --git-dir)" != "$$(git rev-parse --git-common-dir)" ]; then \
+	  echo "linked worktree: run 'make git-filter FORCE_FILTER=1' to write the shared git config"; \
+	  [ -z "$(FORCE_FILTER)" ] || $(MAKE) --no-print-directory _git-filter; \
+	else $(MAKE) --no-print-directory _git-filter; fi
+
+_git-filter:
+	git config filter.nbstripout.clean '.venv/bin/python -m nbstripout'
+	git config filter.nbstripout.smudge cat
+	git config filter.nbstripout.extrakeys '$(NBSTRIP_KEYS)'
+	git config diff.ipynb.textconv '.venv/bin/python -m nbstripout -t'
 
 ## The main job: the default study on the shipped benchmark and base run -> $(OUT)/report.html
 study: $(STAMP)
@@ -24,20 +44,27 @@ study: $(STAMP)
 smoke: $(STAMP)
 	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(BIN)/zfree study --preset smoke --out runs/study-smoke
 
-## The default test tier (< 10 minutes on 2 cores); `make test-slow` runs the slow tier.
+## The default test tier (4 min on 2 cores in a fresh clone, README "Measured"); `make test-slow` runs the slow tier.
 test: $(STAMP)
 	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(BIN)/pytest -q
 
 test-slow: $(STAMP)
 	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(BIN)/pytest -q -m slow
 
-## JupyterLab in the project's environment (ipywidgets work there).
-lab: $(STAMP)
-	HF_HUB_OFFLINE=1 $(BIN)/jupyter lab notebooks/
+## JupyterLab in the project's environment (ipywidgets and jupytext pairing work there); it
+## saves notebooks without outputs (etc/jupyter/jupyter_server_config.py, zfree.lab).
+## Headless by default (no browser, local interface only: reach it through an SSH tunnel);
+## --allow-root is added when run as root (a container). Override: make lab LAB_ARGS="--port=9999".
+LAB_ARGS ?= --no-browser --ip=127.0.0.1 --port=8888
+LAB_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
+lab: install
+	HF_HUB_OFFLINE=1 JUPYTER_CONFIG_PATH=$(CURDIR)/etc/jupyter $(BIN)/jupyter lab --ServerApp.root_dir=notebooks $(LAB_ARGS) $(LAB_ROOT)
 
-## Regenerate the .ipynb files from their py:percent twins (outputs stay stripped).
+## Regenerate the .ipynb files from their py:percent twins (the tracked sources; pairing in
+## notebooks/jupytext.toml), stripped as the git filter strips them, so `git status` stays clean.
 notebooks: $(STAMP)
 	$(BIN)/jupytext --to ipynb notebooks/*.py
+	$(BIN)/python -m nbstripout --extra-keys '$(NBSTRIP_KEYS)' notebooks/*.ipynb
 
 clean-venv:
 	rm -rf $(VENV)

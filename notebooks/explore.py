@@ -3,7 +3,7 @@
 #   jupytext:
 #     formats: ipynb,py:percent
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python 3 (ipykernel)
 #     language: python
 #     name: python3
 # ---
@@ -11,11 +11,15 @@
 # %% [markdown]
 # # Explore finished sweeps, launch small ones
 #
-# Dropdowns (figure, weighting, latent kind) and sliders (β, reconstruction weight w) redraw the
-# figures of the other notebooks from a sweep folder. The launch panel runs a small sweep (a β
-# range × weightings × seeds) into the same folder on the local process pool and refreshes the
-# explorer as each run finishes. Open with `make lab`. Papermill runs this notebook with
-# `interactive = False`, which skips the widget cells.
+# Dropdowns (figure, source, weighting, latent kind) and sliders (β, reconstruction weight w)
+# redraw the figures of the other notebooks from a sweep folder; a control the data cannot
+# change is hidden or disabled with a note. The launch panel shows every config field its runs
+# change against the template (the study's first run), lets you choose the aid and the step
+# budget, and runs a small sweep (a β range × weightings × seeds) into `<sweep_dir>/launched`
+# on the local process pool, so the study's own runs and report stay as they were; the explorer
+# shows both folders (source: study, launched) and refreshes as each run finishes. `stop` ends
+# the workers and keeps the finished runs. Open with `make lab`. Papermill runs this notebook
+# with `interactive = False`, which skips the widget cells.
 
 # %% tags=["parameters"]
 sweep_dir = "../runs/study-default"  # a folder written by `zfree sweep` or `zfree study`
@@ -24,8 +28,11 @@ steps = 50  # for runs launched from the panel
 workers = 2
 
 # %%
+from pathlib import Path
+
 from zfree.results import load_sweep
 
+launched_dir = Path(sweep_dir) / "launched"  # the panel's runs, beside the study's own
 sweep = load_sweep(sweep_dir)
 sweep.runs[["run_id", "weighting", "latent_kind", "aid", "beta", "recon_weight", "kl_prior_loss",
             "baseline_normalized_reconstruction_loss", "alignment_nmi", "task_correctness"]].round(4)
@@ -34,7 +41,7 @@ sweep.runs[["run_id", "weighting", "latent_kind", "aid", "beta", "recon_weight",
 if interactive:
     from zfree.widgets import SweepExplorer
 
-    explorer = SweepExplorer(sweep_dir)
+    explorer = SweepExplorer([sweep_dir, launched_dir])
     display(explorer.widget)
 
 # %%
@@ -42,8 +49,7 @@ if interactive:
     from zfree.config import TrainConfig
     from zfree.widgets import LaunchPanel
 
-    # the first finished run's config (same data and base run), else the defaults
+    # the template: the first finished run's config (same data and base run), else the defaults
     template = sweep.config(sweep.runs["run_id"].iloc[0]) if len(sweep.runs) else TrainConfig().to_flat()
-    base = {**template, "steps": steps}
-    panel = LaunchPanel(base, sweep_dir, explorer=explorer, workers=workers)
+    panel = LaunchPanel(template, launched_dir, explorer=explorer, workers=workers, steps=steps)
     display(panel.widget)

@@ -3,7 +3,7 @@
 #   jupytext:
 #     formats: ipynb,py:percent
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python 3 (ipykernel)
 #     language: python
 #     name: python3
 # ---

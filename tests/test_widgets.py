@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import shutil
+import time
 from concurrent.futures import Future
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tests.tiny_sweep import make_tiny_sweep
 from zfree.io import atomic_write_json, read_json
-from zfree.widgets import LaunchPanel, SweepExplorer
+from zfree.widgets import LaunchPanel, SweepExplorer, wrap_panels
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +55,8 @@ class CopyExecutor:
 
     def submit(self, fn, point, runs_dir, notebook):
         dst = f"{runs_dir}/{point.run_id}"
+        if Path(dst).exists():
+            raise FileExistsError(dst)  # as a refused job: the panel must report it
         shutil.copytree(self.template, dst)
         s = read_json(f"{dst}/summary.json")
         atomic_write_json(f"{dst}/summary.json", {**s, **point.params})
@@ -65,13 +69,15 @@ class CopyExecutor:
         pass
 
 
-def test_launch_panel_expands_its_grid_runs_it_and_refreshes_the_explorer(sweep, tmp_path):
+def test_launch_panel_runs_into_its_own_folder_and_the_explorer_shows_both(sweep, tmp_path):
     target = tmp_path / "sweep"
     shutil.copytree(sweep, target)
-    e = SweepExplorer(target)
+    e = SweepExplorer([target, target / "launched"])
+    assert e.source.layout.display == "none"  # one source so far: no single-option dropdown
     template = e.results.runs["run_dir"].iloc[0]
     ex = CopyExecutor(template)
-    panel = LaunchPanel(e.results.config(e.results.runs["run_id"].iloc[0]), target, explorer=e, make_executor=lambda: ex)
+    panel = LaunchPanel(e.results.config(e.results.runs["run_id"].iloc[0]), target / "launched", explorer=e,
+                        make_executor=lambda: ex)
     panel.log_beta.value = (-2.0, -1.0)
     panel.n_beta.value = 2
     panel.weightings.value = ("plain", "example")
@@ -82,8 +88,95 @@ def test_launch_panel_expands_its_grid_runs_it_and_refreshes_the_explorer(sweep,
     assert sorted({p.params["beta"] for p in points}) == [0.01, 0.1]
     panel.launch(wait=True)
     assert panel.progress.value == panel.progress.max == 8 and len(ex.submitted) == 8
-    assert len(e.results.runs) == 6 + 8 and 0.01 in e.beta.options[0] or 0.01 in [v for _, v in e.beta.options]
+    assert len(list((target / "runs").glob("*/summary.json"))) == 6  # the study's own runs untouched
+    assert len(list((target / "launched" / "runs").glob("*/summary.json"))) == 8
+    assert len(e.results.runs) == 6 + 8 and 0.01 in [v for _, v in e.beta.options]
+    assert list(e.source.options) == ["all", "launched", "study"] and e.source.layout.display is None
+    e.source.value = "launched"
+    assert set(e.selected["run_id"]) <= {p.run_id for p in points} and len(e.selected)
     assert panel.label.value.startswith("done: 8/8")
+    panel.n_beta.value = 1
+    panel.launch(wait=False)  # a new launch starts from an empty label, not the last "done"
+    assert not panel.label.value.startswith("done: 8/8")
+    panel.thread.join()
+    assert panel.label.value.startswith("failed: 0/4 ok; FileExistsError")  # the stand-in refuses reruns
+
+
+def test_launch_panel_shows_the_config_diff_and_lets_the_aid_be_chosen(sweep, tmp_path):
+    e = SweepExplorer(sweep)
+    template = {**e.results.config(e.results.runs["run_id"].iloc[0]), "aid": "hard_em_then_soft",
+                "hard_em_max_steps": 400}
+    panel = LaunchPanel(template, tmp_path, steps=50)
+    panel.weightings.value = ("plain",)
+    diff = panel.diff(panel.points()).set_index("field")
+    assert diff.loc["aid", "template"] == "hard_em_then_soft" and diff.loc["aid", "launched"] == "none"
+    assert diff.loc["steps", "launched"] == "50" and "beta" in diff.index
+    assert ">aid</td>" in panel.plan.value and "⚠" not in panel.plan.value
+    panel.aid.value = "hard_em_then_soft"
+    assert "aid" not in panel.diff(panel.points())["field"].tolist() and "handover_step None" in panel.plan.value
+    panel.aid.value = "hard_em_then_soft: HARD_EM_RECIPE"
+    diff = panel.diff(panel.points()).set_index("field")
+    assert diff.loc["hard_em_max_steps", "launched"] == "800" and diff.loc["n_latent", "launched"] == "6"
+    assert set(panel.aid.options) >= {"none", "hard_em_then_soft", "beta0_warmup", "random_init_jsd"}
+
+
+def sleepy_run(point, runs_dir, notebook):
+    """A stand-in for run_point: the smaller β finishes at once, the other runs for minutes."""
+    d = Path(runs_dir) / point.run_id
+    d.mkdir(parents=True, exist_ok=True)
+    if point.params["beta"] > 0.05:
+        time.sleep(300)
+    atomic_write_json(d / "summary.json", {"beta": point.params["beta"]})
+    return {"run_id": point.run_id, "status": "finished"}
+
+
+def test_stop_ends_the_workers_and_keeps_the_finished_runs(sweep, tmp_path):
+    from zfree.sweeps import local_executor
+
+    e = SweepExplorer(sweep)
+    panel = LaunchPanel(e.results.config(e.results.runs["run_id"].iloc[0]), tmp_path, run_fn=sleepy_run,
+                        make_executor=lambda: local_executor(2))
+    panel.log_beta.value, panel.n_beta.value, panel.weightings.value = (-2.0, -1.0), 2, ("plain",)
+    panel.launch()
+    for _ in range(600):
+        if panel.statuses:
+            break
+        time.sleep(0.1)
+    procs = list(panel._ex._processes.values())
+    t0 = time.time()
+    panel.stop()
+    assert not panel.thread.is_alive() and time.time() - t0 < 20
+    assert not any(p.is_alive() for p in procs)
+    assert panel.label.value == "stopped: 1/2 ok" and sorted(s["status"] for s in panel.statuses) == ["finished", "stopped"]
+    assert len(list((tmp_path / "runs").glob("*/summary.json"))) == 1 and not panel.button.disabled
+
+
+def test_explorer_offers_only_what_the_data_has(sweep, tmp_path):
+    e = SweepExplorer(sweep, figure="rate_distortion")
+    assert e.latent_kind.layout.display == "none" and "latent kind: discrete" in e.note.value
+    assert e.beta.disabled and "not read" in e.beta_note.value  # rate-distortion draws every run
+    e.figure_kind.value = "dynamics"
+    e.weighting.value = "plain"
+    assert not e.beta.disabled and e.weight.disabled and "one value" in e.weight_note.value
+    one = tmp_path / "one_beta_each"  # plain at one β, distribution at another
+    (one / "runs").mkdir(parents=True)
+    runs = e.results.runs
+    for w, b in (("plain", 0.3), ("distribution", 1.0)):
+        rid = runs[(runs["weighting"] == w) & (runs["beta"] == b)]["run_id"].iloc[0]
+        shutil.copytree(sweep / "runs" / rid, one / "runs" / rid)
+    e1 = SweepExplorer(one, figure="effective_beta")
+    assert len(e1.beta.options) == 2 and e1.beta.disabled and "one β per weighting" in e1.beta_note.value
+
+
+def test_wrap_panels_lays_many_panels_out_in_rows():
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 8, squeeze=False)
+    wrap_panels(fig, ncols=4)
+    rows = sorted({round(ax.get_position().y0, 3) for ax in axes[0]})
+    cols = sorted({round(ax.get_position().x0, 3) for ax in axes[0]})
+    assert len(rows) == 2 and len(cols) == 4 and tuple(fig.get_size_inches()) == (4.4 * 4, 3.8 * 2)
+    plt.close(fig)
 
 
 def test_launch_panel_reports_an_invalid_grid_without_running(sweep, tmp_path):

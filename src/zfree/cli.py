@@ -158,8 +158,16 @@ def _cmd_sweep(a):
     return _report_failures([(f["run_id"], out.resolve() / "runs" / f["run_id"] / "error.json") for f in failed])
 
 
+#: ``zfree --help`` in plain text (the module docstring is reST for the API docs)
+DESCRIPTION = """\
+Keep the latent of a warm-started CVAE from collapsing, and measure what it explains.
+
+The main job is `zfree study --preset default --out runs/study-default` (also `make study`);
+`zfree COMMAND --help` describes each command."""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="zfree", description=__doc__)
+    p = argparse.ArgumentParser(prog="zfree", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
 
     data = sub.add_parser("data", help="datasets").add_subparsers(dest="sub", required=True)
