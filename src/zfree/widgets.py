@@ -29,16 +29,12 @@ from IPython.display import display
 from zfree import plotting as P
 from zfree.config import Aid
 from zfree.io import read_jsonl
+from zfree.report import nearest, runs_at_beta
 from zfree.results import SweepResults, load_sweep
 from zfree.sweeps import NOTEBOOKS, Executor, Point, expand_grid, local_executor, run_point
 
 ALL = "all"
 WIDE = {"style": {"description_width": "initial"}}
-
-
-def _nearest(values, v):
-    values = np.asarray(sorted(values), float)
-    return float(values[np.argmin(np.abs(np.log(values) - np.log(v)))]) if len(values) else v
 
 
 def wrap_panels(fig: plt.Figure, ncols: int = 4, panel: tuple[float, float] = (4.4, 3.8)) -> plt.Figure:
@@ -148,7 +144,7 @@ class SweepExplorer:
             for name, sl, note, col in (("beta", self.beta, self.beta_note, "beta"),
                                         ("weight", self.weight, self.weight_note, "recon_weight")):
                 opts = sorted(float(v) for v in runs[col].dropna().unique()) if len(runs) and col in runs else [1.0]
-                keep = _nearest(opts, sl.value)
+                keep = nearest(opts, sl.value)
                 sl.options = [(f"{v:.3g}", v) for v in opts]
                 sl.value = keep
                 per_group = runs.groupby(groups)[col].nunique().max() if len(runs) and groups and col in runs else 1
@@ -195,9 +191,7 @@ class SweepExplorer:
 
     def _at_beta(self, runs: pd.DataFrame) -> pd.DataFrame:
         """Per weighting (and facet), the runs at the beta nearest the slider."""
-        parts = [g[g["beta"] == _nearest(g["beta"].unique(), self.beta.value)]
-                 for _, g in runs.groupby([c for c in P.FACETS if c in runs], sort=False)]
-        return pd.concat(parts)
+        return runs_at_beta(runs, self.beta.value)
 
     def _phase(self, runs):
         r = self.results
