@@ -1,19 +1,18 @@
 """Fault injection for issue 13, one test (or more) per row of its table; each checks the
 outcome (the right value, or a one-line error naming the field, row or file) and that finished
-runs stay byte-identical. Rows that need the run-folder redesign (checkpoint save/load/resume and
-the finished-run config comparison live in training today) carry a ready body, skipped with
-reason "phase 2: run_folder".
+runs stay byte-identical (``finished``, a finished run folder, is snapshotted before and after
+each fault that touches a run folder).
 
 | row                                             | test                                                      |
 |-------------------------------------------------|-----------------------------------------------------------|
-| crafted checkpoint/state.pt + --resume           | test_crafted_state_pt_runs_nothing_on_resume (phase 2);   |
+| crafted checkpoint/state.pt + --resume           | test_crafted_state_pt_runs_nothing_on_resume ;           |
 |                                                 | tests/test_io.py::test_crafted_pickle_is_refused_...      |
-| finished run + --set beta=0.9, same --out        | test_finished_run_of_another_config_is_refused (phase 2)  |
+| finished run + --set beta=0.9, same --out        | test_finished_run_of_another_config_is_refused            |
 | two sweeps on one folder                         | test_second_sweep_on_a_folder_is_refused_naming_the_pid   |
 | SIGKILL of zfree sweep                           | test_sigkill_of_a_sweep_leaves_no_process_behind          |
 | a sweep with one failing point                   | test_failing_point_exits_1_with_full_message_and_path     |
-| truncated/empty model.safetensors / state.pt     | test_damaged_checkpoint_falls_back (phase 2); test_io.py  |
-| lr_new=1e30 (NaN evaluation)                     | test_nonfinite_evaluation_stops_before_checkpoint (ph. 2) |
+| truncated/empty model.safetensors / state.pt     | test_damaged_checkpoint_falls_back ; test_io.py          |
+| lr_new=1e30 (NaN evaluation)                     | test_nonfinite_evaluation_stops_before_checkpoint         |
 | --set steps=true                                 | test_typed_set_values_are_refused_naming_the_field        |
 | warmup_backbone/decode_rows=abc, device=cuda     | test_typed_set_values_..., test_unavailable_device_...    |
 | YAML tab, workers: two, geomspace from 0         | test_bad_yaml_is_one_error_naming_file_and_field          |
@@ -50,8 +49,6 @@ from zfree.cli import main
 from zfree.config import TrainConfig
 from zfree.locks import run_folder_lock
 
-PHASE2 = pytest.mark.skipif(os.environ.get("ZFREE_PHASE2") != "1",  # ZFREE_PHASE2=1 runs them early
-                            reason="phase 2: run_folder")
 SPEC_KEYS = ("data_dir", "base_dir", "steps", "batch_size", "eval_every", "eval_rows", "decode_rows", "warmup_backbone")
 
 
@@ -307,7 +304,7 @@ def test_sigkill_of_a_sweep_leaves_no_process_behind(tiny, tmp_path):
                 pass
 
 
-# --- phase 2: checkpoints and reuse (training/run_folder, after the redesign) --------------------
+# --- checkpoints and reuse (training, run_folder) ---------------------------------------------
 
 def _interrupted(tiny, run: Path, **kw) -> TrainConfig:
     """A run stopped after 2 of 4 steps with a checkpoint at every step (so a previous one exists)."""
@@ -320,7 +317,6 @@ def _interrupted(tiny, run: Path, **kw) -> TrainConfig:
     return cfg
 
 
-@PHASE2
 def test_crafted_state_pt_runs_nothing_on_resume(tiny, tmp_path, capsys):
     run = tmp_path / "run"
     _interrupted(tiny, run)
@@ -335,7 +331,6 @@ def test_crafted_state_pt_runs_nothing_on_resume(tiny, tmp_path, capsys):
         assert code == 0 and (run / "summary.json").exists()
 
 
-@PHASE2
 def test_finished_run_of_another_config_is_refused(finished, capsys):
     before = snapshot(finished)
     args = ["train", "--config", str(finished / "config.json"), "--out", str(finished)]
@@ -346,7 +341,6 @@ def test_finished_run_of_another_config_is_refused(finished, capsys):
     assert snapshot(finished) == before
 
 
-@PHASE2
 @pytest.mark.parametrize("damage", ["empty", "truncated"])
 @pytest.mark.parametrize("name", ["model.safetensors", "state"])
 def test_damaged_checkpoint_falls_back_to_the_previous_one(tiny, tmp_path, damage, name):
@@ -363,7 +357,6 @@ def test_damaged_checkpoint_falls_back_to_the_previous_one(tiny, tmp_path, damag
     assert {k: v for k, v in got.items() if k not in TIMING_KEYS} == {k: v for k, v in want.items() if k not in TIMING_KEYS}
 
 
-@PHASE2
 def test_nonfinite_evaluation_stops_before_replacing_the_checkpoint(tiny, finished, tmp_path, capsys):
     from safetensors.torch import load_file
 
