@@ -265,10 +265,17 @@ def append_metrics(out: Path, row: dict) -> None:
     append_jsonl(out / "metrics.jsonl", row)
 
 
+#: metrics that must be finite in every evaluation: the losses (validation reconstruction, KL,
+#: objective, ELBO; the training terms). Others may be NaN by definition (undefined for the latent
+#: kind or the data, never faked: e.g. latent/oracle_rho of a continuous latent).
+FINITE_METRIC_PREFIXES = ("loss/",)
+
+
 def check_finite_metrics(out: Path, step: int, row: dict) -> None:
-    """An evaluation with a non-finite metric stops the run before it is stored or checkpointed:
-    writes error.json (step, the non-finite keys) and raises NonFiniteMetricError naming them."""
-    bad = nonfinite_keys(row)
+    """An evaluation with a non-finite loss metric (``FINITE_METRIC_PREFIXES``) stops the run
+    before it is stored or checkpointed: writes error.json (step, the non-finite keys) and raises
+    NonFiniteMetricError naming them."""
+    bad = nonfinite_keys({k: v for k, v in row.items() if k.startswith(FINITE_METRIC_PREFIXES)})
     if bad:
         atomic_write_json(out / "error.json", {"step": step, "non_finite_metrics": bad,
                                                "error": f"non-finite evaluation at step {step}: {bad}"})
