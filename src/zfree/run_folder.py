@@ -14,13 +14,12 @@ Every write is atomic (``zfree.io``); the checkpoint is swapped in by renames. N
 executable is loaded from a run folder: safetensors, JSON, or ``torch.load(weights_only=True)``
 for the state.pt of older run folders.
 
-Portable paths (issue 17): a study or sweep folder can be copied or moved and stays readable
-and resumable. config.json and summary.json store a path field that lies inside the run's
-portable root (the study/sweep folder, i.e. the parent of ``runs/``; for a run folder outside
-a ``runs/`` folder, its parent) relative to the run folder ("../../data"); one inside the zfree
-repository (``zfree.paths.ROOT``, e.g. the shipped benchmark) as ``zfree:<path from the root>``;
-any other stays absolute. ``resolve_path`` turns each form back into an absolute path, and the
-config comparison treats every form of the same folder as equal.
+Portable paths (issue 17): config.json and summary.json store data_dir and base_dir in the
+portable form of ``zfree.paths.portable_path`` (relative to the run folder inside its study or
+sweep folder, ``zfree:<path>`` inside the repository, else absolute), so a copied or moved
+study stays readable and resumable; config.json says so with ``"_paths_relative_to": "run
+folder"``. ``read_run_config`` resolves them back, and ``check_same_config`` compares the
+folders the paths name, so every form of one folder is equal.
 """
 
 from __future__ import annotations
@@ -40,46 +39,13 @@ from zfree.errors import CheckpointError, NonFiniteMetricError, ResumeRefusedErr
 from zfree.io import (append_jsonl, atomic_write_json, atomic_write_parquet, atomic_write_text, load_checkpoint_dir,
                       load_plain_state, nonfinite_keys, read_json, read_jsonl, safe_torch_load, save_plain_state,
                       sha256_file, sha256_state_dict, write_checkpoint_dir)
-from zfree.paths import ROOT
+from zfree.paths import PATH_FIELDS, ROOT_PREFIX, portable_path, portable_root, resolve_path  # noqa: F401
 
 TIMING_KEYS = ("wall_s",)  # the only summary keys that differ between a resumed and an uninterrupted run
 
 
 class NonFiniteLossError(ZfreeError, RuntimeError):
     """The training loss went NaN or infinite; ``error.json`` in the run folder says where."""
-
-
-PATH_FIELDS = ("data_dir", "base_dir")
-ROOT_PREFIX = "zfree:"  # a path inside the zfree repository, written from its root
-PATH_BASE = "_paths_relative_to"  # the config.json key that marks portable paths
-
-
-def portable_root(out: Path) -> Path:
-    """The folder a run folder's relative paths may point into: the study/sweep folder (the parent
-    of ``runs/``) for ``<study>/runs/<id>``, else the run folder's parent."""
-    out = Path(out).resolve()
-    return out.parent.parent if out.parent.name == "runs" else out.parent
-
-
-def portable_path(value: str, out: Path) -> str:
-    """The stored form of path ``value`` (absolute, or relative to the working directory) for
-    run folder ``out``: relative to ``out`` (posix, "../../data") inside ``portable_root(out)``;
-    ``zfree:<relative>`` inside the repository root; else absolute."""
-    p, out = Path(value).resolve(), Path(out).resolve()
-    if p.is_relative_to(portable_root(out)):
-        return Path(os.path.relpath(p, out)).as_posix()
-    if p.is_relative_to(ROOT):
-        return ROOT_PREFIX + p.relative_to(ROOT).as_posix()
-    return str(p)
-
-
-def resolve_path(value: str, base: Path) -> str:
-    """Inverse of ``portable_path``: ``zfree:<rel>`` under the repository root, a relative path
-    under ``base`` (the run folder for a stored config, the working directory for a user's),
-    an absolute one as is. Returns an absolute path (symlinks resolved)."""
-    if value.startswith(ROOT_PREFIX):
-        return str((ROOT / value[len(ROOT_PREFIX):]).resolve())
-    return str((Path(base) / value).resolve())
 
 
 def portable_flat(flat: dict, out: Path) -> dict:
@@ -90,6 +56,9 @@ def portable_flat(flat: dict, out: Path) -> dict:
 def resolved_flat(flat: dict, base: Path) -> dict:
     """``flat`` (a stored config or summary) with its path fields resolved against ``base``."""
     return {**flat, **{k: resolve_path(flat[k], base) for k in PATH_FIELDS if isinstance(flat.get(k), str)}}
+
+
+PATH_BASE = "_paths_relative_to"  # the config.json key that marks portable paths
 
 
 def read_run_config(config_file: Path | str) -> dict:
@@ -163,13 +132,15 @@ def check_same_base(out: Path, backbone: torch.nn.Module, base_dir: Path) -> Non
 def write_config_record(out: Path, cfg: TrainConfig, c_base: float, ref, data_dir: Path,
                         backbone: torch.nn.Module) -> None:
     """config.json (once): the flat config, versions, c_base, train/val sha256, the base model's
-    hashes (recorded and loaded) and the reference's metadata."""
+    hashes (recorded and loaded) and the reference's metadata; paths in their portable form."""
     if (out / "config.json").exists():
         return
     atomic_write_json(out / "config.json", {
         **portable_flat(cfg.to_flat(), out), PATH_BASE: "run folder", "_versions": versions(), "_c_base": c_base,
         "_data_sha256": {s: sha256_file(data_dir / f"{s}.jsonl") for s in ("train", "val")},
-        "_base_model_sha256": ref.meta.get("model_sha256"), "_reference": ref.meta,
+        "_base_model_sha256": ref.meta.get("model_sha256"),
+        "_reference": {**ref.meta, **({"data_file": portable_path(ref.meta["data_file"], out)}
+                                      if isinstance(ref.meta.get("data_file"), str) else {})},
         "_base_model_sha256_loaded": loaded_base_sha(backbone)})
 
 
