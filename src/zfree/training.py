@@ -2,8 +2,9 @@
 under the objective (``zfree.objectives``), with the symmetry-breaking aids (``zfree.aids``),
 evaluations (``zfree.metrics``) and the run folder of DESIGN §5 (``zfree.run_folder``).
 
-A run folder with ``summary.json`` is finished and never rewritten. A run folder with a
-``checkpoint/`` from the same config resumes exactly where it stopped (CPU: the same summary as
+A run folder is locked while a process trains it. A run folder with ``summary.json`` is finished
+and never rewritten (returned only for the same config). A run folder with a ``checkpoint/``
+(or ``checkpoint.prev/``) from the same config resumes exactly where it stopped (CPU: the same summary as
 an uninterrupted run, timing keys aside).
 """
 
@@ -31,8 +32,8 @@ from zfree.models.discrete import DiscreteCVAE
 from zfree.objectives import hard_em_objective, step_objective  # noqa: F401 - hard_em_objective: public here too
 from zfree.reference import Reference, resolve_reference
 from zfree.run_folder import TIMING_KEYS, NonFiniteLossError, NonFiniteMetricError  # noqa: F401 - re-exported
-from zfree.values import check_device
 from zfree.scoring import context_length
+from zfree.values import check_device
 
 #: warn when one latent value is the posterior's argmax on at least this share of validation rows
 INDEX_COLLAPSE_SHARE = 0.9
@@ -167,7 +168,7 @@ def _batch_references(data: RunData, batch, weighting: str) -> tuple[torch.Tenso
 def _record_evaluation(out: Path, model, data: RunData, state: TrainState, opt, rng, t0: float):
     """Evaluate, append the metrics row (with the mean training terms since the last one), checkpoint,
     and warn on index collapse. Returns the ``metrics.Evaluation``. Raises NonFiniteMetricError
-    (after writing error.json) for a non-finite metric, before anything is stored or checkpointed."""
+    (after writing error.json) for a non-finite loss metric, before anything is stored or checkpointed."""
     ev = evaluate(model, data.val, data.val_pairs, step=state.step, **data.eval_kw)
     n = state.train_log.pop("_n", 0)
     train_terms = {k: v / n for k, v in state.train_log.items()} if n else {}
