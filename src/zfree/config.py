@@ -33,7 +33,7 @@ _check_choice, _check_int, _check_range = check_choice, check_int, check_range
 
 # --- typed values by declared type (zfree.values.coerce_value) --------------------------------
 
-def flatfield_types() -> dict[str, Any]:
+def flat_field_types() -> dict[str, Any]:
     """Declared type of every flat ``TrainConfig`` field (the papermill parameters)."""
     out = {"data_dir": str, "base_dir": str}
     for sub in TrainConfig._SUB.values():
@@ -47,7 +47,7 @@ def parse_field_value(name: str, value: Any) -> Any:
     a value of the wrong type (naming the field)."""
     from zfree.errors import ConfigError
 
-    types = flatfield_types()
+    types = flat_field_types()
     if name not in types:
         raise ConfigError(f"unknown config field {name!r}; valid fields: {sorted(types)}")
     return coerce_value(name, value, types[name])
