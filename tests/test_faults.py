@@ -1,19 +1,20 @@
 """Fault injection for issue 13, one test (or more) per row of its table; each checks the
 outcome (the right value, or a one-line error naming the field, row or file) and that finished
-runs stay byte-identical. Rows that need the run-folder redesign (checkpoint save/load/resume and
-the finished-run config comparison live in training today) carry a ready body, skipped with
-reason "phase 2: run_folder".
+runs stay byte-identical (``finished``, a finished run folder, is snapshotted before and after
+each fault that touches a run folder).
 
 | row                                             | test                                                      |
 |-------------------------------------------------|-----------------------------------------------------------|
-| crafted checkpoint/state.pt + --resume           | test_crafted_state_pt_runs_nothing_on_resume (phase 2);   |
+| crafted checkpoint/state.pt + --resume           | test_crafted_state_pt_runs_nothing_on_resume,            |
+|                                                 | test_old_layout_state_pt_is_read_as_plain_tensors_only;   |
 |                                                 | tests/test_io.py::test_crafted_pickle_is_refused_...      |
-| finished run + --set beta=0.9, same --out        | test_finished_run_of_another_config_is_refused (phase 2)  |
-| two sweeps on one folder                         | test_second_sweep_on_a_folder_is_refused_naming_the_pid   |
+| finished run + --set beta=0.9, same --out        | test_finished_run_of_another_config_is_refused            |
+| two sweeps on one folder                         | test_second_sweep_on_a_folder_is_refused_naming_the_pid;  |
+|                                                 | test_a_locked_run_folder_is_refused_naming_the_pid        |
 | SIGKILL of zfree sweep                           | test_sigkill_of_a_sweep_leaves_no_process_behind          |
 | a sweep with one failing point                   | test_failing_point_exits_1_with_full_message_and_path     |
-| truncated/empty model.safetensors / state.pt     | test_damaged_checkpoint_falls_back (phase 2); test_io.py  |
-| lr_new=1e30 (NaN evaluation)                     | test_nonfinite_evaluation_stops_before_checkpoint (ph. 2) |
+| truncated/empty model.safetensors / state.pt     | test_damaged_checkpoint_falls_back ; test_io.py          |
+| lr_new=1e30 (NaN evaluation)                     | test_nonfinite_evaluation_stops_before_checkpoint         |
 | --set steps=true                                 | test_typed_set_values_are_refused_naming_the_field        |
 | warmup_backbone/decode_rows=abc, device=cuda     | test_typed_set_values_..., test_unavailable_device_...    |
 | YAML tab, workers: two, geomspace from 0         | test_bad_yaml_is_one_error_naming_file_and_field          |
@@ -50,8 +51,6 @@ from zfree.cli import main
 from zfree.config import TrainConfig
 from zfree.locks import run_folder_lock
 
-PHASE2 = pytest.mark.skipif(os.environ.get("ZFREE_PHASE2") != "1",  # ZFREE_PHASE2=1 runs them early
-                            reason="phase 2: run_folder")
 SPEC_KEYS = ("data_dir", "base_dir", "steps", "batch_size", "eval_every", "eval_rows", "decode_rows", "warmup_backbone")
 
 
@@ -307,7 +306,7 @@ def test_sigkill_of_a_sweep_leaves_no_process_behind(tiny, tmp_path):
                 pass
 
 
-# --- phase 2: checkpoints and reuse (training/run_folder, after the redesign) --------------------
+# --- checkpoints and reuse (training, run_folder) ---------------------------------------------
 
 def _interrupted(tiny, run: Path, **kw) -> TrainConfig:
     """A run stopped after 2 of 4 steps with a checkpoint at every step (so a previous one exists)."""
@@ -320,8 +319,8 @@ def _interrupted(tiny, run: Path, **kw) -> TrainConfig:
     return cfg
 
 
-@PHASE2
-def test_crafted_state_pt_runs_nothing_on_resume(tiny, tmp_path, capsys):
+def test_crafted_state_pt_runs_nothing_on_resume(tiny, finished, tmp_path, capsys):
+    before = snapshot(finished)
     run = tmp_path / "run"
     _interrupted(tiny, run)
     marker = tmp_path / "pwned"
@@ -333,9 +332,51 @@ def test_crafted_state_pt_runs_nothing_on_resume(tiny, tmp_path, capsys):
         assert "state.pt" in one_error_line(capsys)
     else:  # the plain-state layout never reads state.pt
         assert code == 0 and (run / "summary.json").exists()
+    assert snapshot(finished) == before
 
 
-@PHASE2
+def test_old_layout_state_pt_is_read_as_plain_tensors_only(tiny, tmp_path, capsys):
+    """A run folder of an older version (checkpoint/state.pt + COMPLETE "ok") still resumes, through
+    torch.load(weights_only=True), to the uninterrupted summary; a crafted one there is refused
+    naming the file, with nothing executed."""
+    from zfree.io import load_plain_state
+    from zfree.training import TIMING_KEYS, train_cvae
+
+    run, ref_run = tmp_path / "run", tmp_path / "ref"
+    cfg = _interrupted(tiny, run)
+    for d in run.glob("checkpoint*"):  # rewrite every slot in the old layout
+        ck = load_plain_state(d)
+        for f in ("state.json", "state.safetensors"):
+            (d / f).unlink()
+        torch.save(ck, d / "state.pt")
+        (d / "COMPLETE").write_text("ok\n")
+    old = tmp_path / "old"
+    shutil.copytree(run, old)
+    got = train_cvae(cfg, run, progress=False)
+    want = train_cvae(cfg, ref_run, progress=False)
+    assert {k: v for k, v in got.items() if k not in TIMING_KEYS} == {k: v for k, v in want.items() if k not in TIMING_KEYS}
+    marker = tmp_path / "pwned"
+    for d in old.glob("checkpoint*"):
+        torch.save({"optimizer": _Evil(marker), "state": _Evil(marker)}, d / "state.pt")
+    assert main(["train", "--resume", str(old)]) == 2
+    line = one_error_line(capsys)
+    assert not marker.exists() and "no usable checkpoint" in line and "state.pt" in line
+    assert not (old / "summary.json").exists()
+
+
+def test_a_locked_run_folder_is_refused_naming_the_pid(finished, tmp_path, capsys):
+    before = snapshot(finished)
+    holder = hold_lock(finished)  # another process owns the run folder
+    try:
+        assert main(["train", "--resume", str(finished)]) == 2
+        assert f"run folder {finished} is in use by pid {holder.pid}" in one_error_line(capsys)
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=30)
+    assert main(["train", "--resume", str(finished)]) == 0  # the killed holder's lock is taken over
+    assert snapshot(finished) == before
+
+
 def test_finished_run_of_another_config_is_refused(finished, capsys):
     before = snapshot(finished)
     args = ["train", "--config", str(finished / "config.json"), "--out", str(finished)]
@@ -346,12 +387,12 @@ def test_finished_run_of_another_config_is_refused(finished, capsys):
     assert snapshot(finished) == before
 
 
-@PHASE2
 @pytest.mark.parametrize("damage", ["empty", "truncated"])
 @pytest.mark.parametrize("name", ["model.safetensors", "state"])
-def test_damaged_checkpoint_falls_back_to_the_previous_one(tiny, tmp_path, damage, name):
+def test_damaged_checkpoint_falls_back_to_the_previous_one(tiny, finished, tmp_path, damage, name):
     from zfree.training import TIMING_KEYS, train_cvae
 
+    before = snapshot(finished)
     ref_run, run = tmp_path / "ref", tmp_path / "run"
     cfg = _interrupted(tiny, run)
     train_cvae(cfg, ref_run, progress=False)  # uninterrupted
@@ -361,12 +402,13 @@ def test_damaged_checkpoint_falls_back_to_the_previous_one(tiny, tmp_path, damag
         got = train_cvae(cfg, run, progress=False)
     want = json.loads((ref_run / "summary.json").read_text())
     assert {k: v for k, v in got.items() if k not in TIMING_KEYS} == {k: v for k, v in want.items() if k not in TIMING_KEYS}
+    assert snapshot(finished) == before
 
 
-@PHASE2
 def test_nonfinite_evaluation_stops_before_replacing_the_checkpoint(tiny, finished, tmp_path, capsys):
     from safetensors.torch import load_file
 
+    before = snapshot(finished)
     data, base = tiny
     run = tmp_path / "run"
     flat = tiny_base_flat(data, base, lr_new=1e30, eval_every=1, checkpoint_every=1)
@@ -382,6 +424,7 @@ def test_nonfinite_evaluation_stops_before_replacing_the_checkpoint(tiny, finish
         return {k for r in rows for k, v in r.items() if v is None}
 
     assert null_keys(run) <= null_keys(finished)  # no NaN evaluation was stored (as null)
+    assert snapshot(finished) == before
 
 
 def test_study_with_a_failed_point_exits_1_naming_it(tmp_path, capsys, monkeypatch):

@@ -81,3 +81,60 @@ def test_default_preset_keeps_the_measured_step_budget():
             assert q["steps"] == 100
         else:
             assert (q["steps"], q["hard_em_max_steps"], q["n_latent"], q["handover_rows"]) == (500, 400, 4, 300)
+
+
+def test_a_copied_study_renders_its_report_and_resumes_an_unfinished_run(smoke, tmp_path, capsys):
+    """Issue 17: run folders store data_dir/base_dir relative to themselves, so a study copied
+    elsewhere (the copy's source gone) reads its own data and base run: the report renders and an
+    unfinished run resumes to the summary of the uninterrupted one."""
+    import json
+    import shutil
+
+    from zfree.cli import main
+    from zfree.config import TrainConfig
+    from zfree.run_folder import read_run_config
+    from zfree.training import TIMING_KEYS, train_cvae
+
+    first = tmp_path / "first"
+    shutil.copytree(smoke, first, ignore=shutil.ignore_patterns(".zfree.lock"))
+    done = sorted((first / "runs").glob("*/summary.json"))[0].parent
+    flat = read_run_config(done / "config.json")
+    assert flat["data_dir"] == str((first / "data").resolve()) and flat["base_dir"] == str((first / "base").resolve())
+    for f in ("config.json", "summary.json"):  # no absolute path of the study it was made in
+        text = (done / f).read_text()
+        assert str(smoke.resolve()) not in text and '"data_dir": "../../data"' in text, f
+    # an unfinished run of the same config, stopped halfway, then the study moved elsewhere
+    assert train_cvae(TrainConfig.from_flat(flat), first / "runs" / "unfinished", progress=False,
+                      stop_after=6) == {"stopped_at": 6}
+    moved = tmp_path / "elsewhere" / "moved"
+    moved.parent.mkdir()
+    shutil.copytree(first, moved)
+    shutil.rmtree(first)
+    assert main(["report", str(moved)]) == 0
+    assert (moved / "report.html").exists() and str(first) not in (moved / "report.html").read_text()
+    assert main(["train", "--resume", str(moved / "runs" / "unfinished")]) == 0
+    got = json.loads((moved / "runs" / "unfinished" / "summary.json").read_text())
+    want = json.loads((moved / "runs" / done.name / "summary.json").read_text())
+    assert {k: v for k, v in got.items() if k not in TIMING_KEYS} == {k: v for k, v in want.items() if k not in TIMING_KEYS}
+    # the config check treats the relative and absolute forms of one folder as equal: a finished
+    # run asked for with absolute paths of the copy is reused as is, with another folder refused
+    abs_flat = {**flat, "data_dir": str(moved / "data"), "base_dir": str(moved / "base")}
+    before = (moved / "runs" / done.name / "summary.json").read_bytes()
+    assert train_cvae(TrainConfig.from_flat(abs_flat), moved / "runs" / done.name, progress=False) == want
+    with pytest.raises(ValueError, match=r"fields \['data_dir'\]"):
+        train_cvae(TrainConfig.from_flat({**abs_flat, "data_dir": str(smoke / "data")}), moved / "runs" / done.name,
+                   progress=False)
+    assert (moved / "runs" / done.name / "summary.json").read_bytes() == before
+
+
+def test_paths_in_the_repository_are_stored_from_its_root(tmp_path):
+    from zfree.paths import ROOT, SHIPPED_DATA, portable_path, resolve_path
+
+    run = tmp_path / "study" / "runs" / "r"
+    assert portable_path(str(SHIPPED_DATA), run) == "zfree:data/synth/default"
+    assert resolve_path("zfree:data/synth/default", tmp_path) == str(SHIPPED_DATA.resolve())
+    assert portable_path(str(tmp_path / "study" / "data"), run) == "../../data"
+    assert resolve_path("../../data", run) == str((tmp_path / "study" / "data").resolve())
+    assert portable_path(str(tmp_path / "other"), run) == str((tmp_path / "other").resolve())  # outside: absolute
+    inside = ROOT / "runs" / "study-x"  # a study inside the repository: relative to the study first
+    assert portable_path(str(inside / "base"), inside / "runs" / "r") == "../../base"

@@ -56,7 +56,8 @@ def _cmd_score(a):
 
 
 def _read_flat_config(path: str) -> dict:
-    """A flat config JSON (``_``-prefixed record keys dropped); InputError naming the file."""
+    """A flat config JSON (``_``-prefixed record keys dropped; a run folder's config.json has its
+    relative data_dir/base_dir resolved against that folder); InputError naming the file."""
     from zfree.errors import InputError
 
     p = Path(path)
@@ -68,7 +69,12 @@ def _read_flat_config(path: str) -> dict:
         raise InputError(f"{p}: not a valid JSON config ({e})") from None
     if not isinstance(raw, dict):
         raise InputError(f"{p}: a config is a JSON object of flat fields, got {type(raw).__name__}")
-    return {k: v for k, v in raw.items() if not str(k).startswith("_")}
+    flat = {k: v for k, v in raw.items() if not str(k).startswith("_")}
+    if raw.get("_paths_relative_to") == "run folder":  # a run record: its paths are portable (issue 17)
+        from zfree.run_folder import resolved_flat
+
+        flat = resolved_flat(flat, p.parent)
+    return flat
 
 
 def _cmd_train(a):

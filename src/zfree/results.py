@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from zfree.io import atomic_write_parquet, atomic_write_text, read_json
+from zfree.paths import PATH_FIELDS, resolve_path
 
 FACETS = ("weighting", "latent_kind", "aid")  # what tells runs of one sweep apart, besides beta
 
@@ -41,10 +42,14 @@ SUMMARY_COLUMNS = {  # summary.csv column -> key in a run's summary.json
 
 
 def collect_runs(runs_dir: Path | str) -> pd.DataFrame:
-    """One row per finished run folder (its ``summary.json``), plus ``run_id`` and ``run_dir``."""
+    """One row per finished run folder (its ``summary.json``, data_dir/base_dir resolved to absolute
+    paths: ``zfree.paths.resolve_path``), plus ``run_id`` and ``run_dir``."""
     rows = []
     for s in sorted(Path(runs_dir).glob("*/summary.json")):
         d = read_json(s)
+        for k in PATH_FIELDS:  # stored relative to the run folder (or zfree:...): absolute here
+            if isinstance(d.get(k), str):
+                d[k] = resolve_path(d[k], s.parent)
         d["run_id"], d["run_dir"] = s.parent.name, str(s.parent)
         rows.append(d)
     return pd.DataFrame(rows)

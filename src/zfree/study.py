@@ -19,6 +19,7 @@ from typing import Any
 
 from zfree.config import BaseTrainConfig, DataConfig, TrainConfig
 from zfree.io import atomic_write_text, read_json, sha256_file
+from zfree.locks import run_folder_lock
 from zfree.paths import ROOT, SHIPPED_BASE, SHIPPED_DATA  # noqa: F401 - ROOT re-exported
 from zfree.results import SUMMARY_COLUMNS, aggregate, collect_runs, summary_table  # noqa: F401 - re-exported
 from zfree.sweeps import NOTEBOOKS, expand_grid, run_points
@@ -152,7 +153,8 @@ def run_study(preset: str, out_dir: Path | str, *, retrain_base: bool = False, w
 
     Writes out_dir/{base/reference/reference.json, runs/<id>/, summary.csv, report.ipynb,
     report.html}. Finished runs are skipped; failed runs are listed and do not stop the others.
-    Raises ValueError for an unknown preset (listing the valid ones).
+    Raises ValueError for an unknown preset (listing the valid ones); LockHeldError when another
+    process is preparing the same study folder.
     """
     if preset not in PRESETS:
         raise ValueError(f"preset={preset!r} is not one of {sorted(PRESETS)}")
@@ -160,8 +162,9 @@ def run_study(preset: str, out_dir: Path | str, *, retrain_base: bool = False, w
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    data_dir = _prepare_data(p, out)
-    base_dir = _prepare_base(p, out, data_dir, retrain_base, progress)
+    with run_folder_lock(out, "study folder"):  # one process prepares the data and the base run
+        data_dir = _prepare_data(p, out)
+        base_dir = _prepare_base(p, out, data_dir, retrain_base, progress)
     flat = {**TrainConfig().to_flat(), **p.train, "data_dir": str(data_dir), "base_dir": str(base_dir)}
     points = expand_grid(flat, p.grid)
     statuses = run_points(points, out / "runs", workers=workers or p.workers, progress=progress)

@@ -2,8 +2,9 @@
 under the objective (``zfree.objectives``), with the symmetry-breaking aids (``zfree.aids``),
 evaluations (``zfree.metrics``) and the run folder of DESIGN §5 (``zfree.run_folder``).
 
-A run folder with ``summary.json`` is finished and never rewritten. A run folder with a
-``checkpoint/`` from the same config resumes exactly where it stopped (CPU: the same summary as
+A run folder is locked while a process trains it. A run folder with ``summary.json`` is finished
+and never rewritten (returned only for the same config). A run folder with a ``checkpoint/``
+(or ``checkpoint.prev/``) from the same config resumes exactly where it stopped (CPU: the same summary as
 an uninterrupted run, timing keys aside).
 """
 
@@ -22,6 +23,7 @@ from zfree.config import TrainConfig
 from zfree.data.batching import EncodedPair, collate, encode_pair, pad_id_of
 from zfree.data.pairs import Pair, load_pairs
 from zfree.io import read_json
+from zfree.locks import run_folder_lock
 from zfree.losses import base_token_matrix
 from zfree.metrics import evaluate
 from zfree.models.base import load_base
@@ -29,8 +31,9 @@ from zfree.models.continuous import ContinuousCVAE
 from zfree.models.discrete import DiscreteCVAE
 from zfree.objectives import hard_em_objective, step_objective  # noqa: F401 - hard_em_objective: public here too
 from zfree.reference import Reference, resolve_reference
-from zfree.run_folder import TIMING_KEYS, NonFiniteLossError  # noqa: F401 - re-exported (tests, notebooks)
+from zfree.run_folder import TIMING_KEYS, NonFiniteLossError, NonFiniteMetricError  # noqa: F401 - re-exported
 from zfree.scoring import context_length
+from zfree.values import check_device
 
 #: warn when one latent value is the posterior's argmax on at least this share of validation rows
 INDEX_COLLAPSE_SHARE = 0.9
@@ -164,13 +167,16 @@ def _batch_references(data: RunData, batch, weighting: str) -> tuple[torch.Tenso
 
 def _record_evaluation(out: Path, model, data: RunData, state: TrainState, opt, rng, t0: float):
     """Evaluate, append the metrics row (with the mean training terms since the last one), checkpoint,
-    and warn on index collapse. Returns the ``metrics.Evaluation``."""
+    and warn on index collapse. Returns the ``metrics.Evaluation``. Raises NonFiniteMetricError
+    (after writing error.json) for a non-finite loss metric, before anything is stored or checkpointed."""
     ev = evaluate(model, data.val, data.val_pairs, step=state.step, **data.eval_kw)
     n = state.train_log.pop("_n", 0)
     train_terms = {k: v / n for k, v in state.train_log.items()} if n else {}
     state.train_log = {}
-    run_folder.append_metrics(out, {**ev.metrics, **train_terms, "aid/phase_soft": float(state.phase == "soft"),
-                                    "aid/handover_step": state.handover_step, "wall_s": time.time() - t0})
+    row = {**ev.metrics, **train_terms, "aid/phase_soft": float(state.phase == "soft"),
+           "aid/handover_step": state.handover_step, "wall_s": time.time() - t0}
+    run_folder.check_finite_metrics(out, state.step, row)  # before it is stored or replaces the checkpoint
+    run_folder.append_metrics(out, row)
     run_folder.save_checkpoint(out, model, opt, rng, state)
     top = ev.metrics.get("latent/max_usage")
     if top is not None and top >= INDEX_COLLAPSE_SHARE and state.step > 0:
@@ -253,12 +259,24 @@ def train_cvae(cfg: TrainConfig, out_dir: Path | str, progress: bool = True, sto
 
     c_base and b come from ``cfg.c_base_source`` (entangled_run: the base run's ``reference/``,
     hash-checked; pretrained_source: scored now). ``stop_after`` stops (with a checkpoint) after
-    that many steps, for tests of resume. Raises FileNotFoundError / ValueError naming the file or
-    field for a bad base run, data folder or a resume folder of another config;
-    NonFiniteLossError (after saving ``error.json``) if the loss goes non-finite.
+    that many steps, for tests of resume. The run folder is locked meanwhile (``zfree.locks``).
+    A finished run folder is returned as is only when it holds this config. Raises
+    FileNotFoundError / ValueError naming the file or field for a bad base run or data folder;
+    ResumeRefusedError (a ValueError) for a folder of another config, finished or not;
+    LockHeldError when another process owns the folder; ConfigError for an unavailable device;
+    CheckpointError when no checkpoint of the folder loads (a damaged one falls back to the
+    previous one with a warning naming the file); NonFiniteLossError / NonFiniteMetricError
+    (after saving ``error.json``, the last good checkpoint kept) if the loss or an evaluation
+    goes non-finite.
     """
+    check_device(cfg.optim.device)
     out = Path(out_dir)
-    if (done := run_folder.finished_summary(out)) is not None:
+    with run_folder_lock(out, "run folder"):
+        return _train_locked(cfg, out, progress, stop_after)
+
+
+def _train_locked(cfg: TrainConfig, out: Path, progress: bool, stop_after: int | None) -> dict:
+    if (done := run_folder.finished_summary(out, cfg)) is not None:
         return done
     run = _setup_run(cfg, out, progress)
     model, data, state = run.model, run.data, run.state
@@ -288,15 +306,20 @@ def train_cvae(cfg: TrainConfig, out_dir: Path | str, progress: bool = True, sto
         if state.phase == "hard":  # restarts, then the hand-over gate
             aids.hard_phase_checks(model, cfg, state, step, gate_rows, data.val_b[: len(gate_rows)], data.c_base,
                                    data.pad_id)
+        saved = True
         if step % cfg.optim.eval_every == 0 or step == cfg.optim.steps:
             ev = _record_evaluation(out, model, data, state, run.opt, run.rng, run.t0)
         elif cfg.optim.checkpoint_every and step % cfg.optim.checkpoint_every == 0:
             run_folder.save_checkpoint(out, model, run.opt, run.rng, state)
+        else:
+            saved = False
         if stop_after is not None and stop_after <= step < cfg.optim.steps:  # tests of resume
-            run_folder.save_checkpoint(out, model, run.opt, run.rng, state)
+            if not saved:  # (saving twice would leave checkpoint.prev equal to checkpoint)
+                run_folder.save_checkpoint(out, model, run.opt, run.rng, state)
             bar.close()
             return {"stopped_at": step}
     bar.close()
     if ev is None:  # resumed exactly at the end
         ev = evaluate(model, data.val, data.val_pairs, step=state.step, **data.eval_kw)
+        run_folder.check_finite_metrics(out, state.step, ev.metrics)
     return run_folder.write_summary(out, cfg, ev, state, time.time() - run.t0)
