@@ -213,6 +213,8 @@ def render_report(study_dir: Path | str, notebook: Path | str | None = None, pro
         raise FileNotFoundError(f"{study_dir} has no runs/ folder: not a study or sweep folder")
     aggregate(study_dir)
     parts = [Path(notebook).resolve()] if notebook else [NOTEBOOKS / f"{n}.ipynb" for n in REPORT_NOTEBOOKS]
+    if notebook is None and (study_dir / "notes.json").exists():  # an own-data study: labels, notes, samples
+        parts.append(NOTEBOOKS / "labels_and_samples.ipynb")
     src, tmp_nb = study_dir / ".report.src.ipynb", study_dir / ".report.tmp.ipynb"
     nbformat.write(_combined_report(study_dir, parts), src)
     try:
