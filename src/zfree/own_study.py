@@ -258,8 +258,9 @@ def label_notes(pairs: list[Pair], data_dir: Path) -> list[str]:
     else:
         notes.append(f"labels {keys}: structure/<metric>/<label> computed (NMI, Hungarian accuracy, probe, "
                      "confusion); z-control per label is skipped (it needs the label of a decoded y)")
-    if not (data_dir / "metadata.json").exists():
-        notes.append("task correctness: skipped (no metadata.json: no notion of a correct y); instead the "
+    meta = read_json(data_dir / "metadata.json") if (data_dir / "metadata.json").exists() else {}
+    if not meta.get("parameters", {}).get("strategies"):
+        notes.append("task correctness: skipped (no metadata.json with strategies: no notion of a correct y); instead the "
                      "greedy and one sampled y per latent value for a few val x (samples.parquet of each run)")
     return notes
 
