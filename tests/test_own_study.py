@@ -142,3 +142,24 @@ def test_val_sharing_x_is_warned_with_count_and_nothing_lost(tiny_model, tmp_pat
     with pytest.raises(ValueError, match="holds another split"):
         prepare_split(other, tmp_path / "s")
     assert (tmp_path / "s" / "train.jsonl").read_bytes() == before
+
+
+def test_finetune_base_makes_the_entangled_run_setting(tiny_model, tmp_path, monkeypatch):
+    import dataclasses
+
+    from zfree.own_study import OWN_PRESETS, run_own_study
+
+    monkeypatch.setenv("ZFREE_CACHE_DIR", str(tmp_path / "cache"))
+    model, data = tiny_model
+    one = dataclasses.replace(OWN_PRESETS["own_smoke"], aids=("none",))
+    out = run_own_study(model, data, tmp_path / "ft", preset=one, render=False, progress=False, finetune=True,
+                        finetune_steps=3)
+    ft = out / "base_ft"
+    log = json.loads((ft / "train_log.json").read_text())
+    assert log["init_from"] == str(model.resolve()) and log["steps"] <= 3
+    ref = json.loads((ft / "reference" / "reference.json").read_text())
+    assert ref["estimator"] == "entangled_run"
+    (run,) = [p for p in (out / "runs").iterdir() if p.is_dir()]
+    cfg = json.loads((run / "config.json").read_text())
+    assert cfg["c_base_source"] == "entangled_run" and cfg["base_dir"] == str(ft)
+    assert json.loads((run / "summary.json").read_text())["reference/c_base"] == pytest.approx(ref["c_base"])

@@ -139,7 +139,8 @@ def _cmd_study(a):
 
         if not (a.model and a.data):
             raise ValueError("an own-model study needs --model MODEL and --data FILE.jsonl (--spec/--val optional)")
-        run_own_study(a.model, a.data, a.out, val=a.val, preset=a.preset or "own", spec=a.spec, workers=a.workers)
+        run_own_study(a.model, a.data, a.out, val=a.val, preset=a.preset or "own", spec=a.spec, workers=a.workers,
+                      finetune=a.finetune_base, finetune_steps=a.finetune_steps)
     else:
         if a.val:
             raise ValueError("--val needs --model and --data (an own-model study)")
@@ -257,6 +258,9 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--model", help="your model: a transformers folder, a .gguf file (or folder) or a hub id")
     st.add_argument("--data", help="your pairs: one JSONL file {id?, x, y, strategy?, labels?}, split by x")
     st.add_argument("--val", help="a validation JSONL to use as it is (x shared with --data are warned)")
+    st.add_argument("--finetune-base", action="store_true",
+                    help="fine-tune MODEL on the train pairs first (entangled-run setting; a transformers folder)")
+    st.add_argument("--finetune-steps", type=int, default=300)
     st.add_argument("--spec", help="own-model grid YAML (keys of zfree.own_study.OwnPreset) instead of a preset")
     st.add_argument("--out", required=True)
     st.add_argument("--retrain-base", action="store_true", help="train a new base model instead of the shipped one")

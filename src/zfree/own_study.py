@@ -201,6 +201,33 @@ def write_reference(base: Path, data_dir: Path):
     return ref
 
 
+#: the fine-tuning of ``--finetune-base`` (``zfree.base_training.train_text_base`` with ``init_from``)
+FINETUNE = {"lr": 3e-4, "batch_size": 16, "warmup_steps": 20, "eval_every": 50, "max_minutes": 30.0}
+
+
+def finetune_base(base: Path, data_dir: Path, steps: int = 300) -> Path:
+    """The entangled-run setting: fine-tune the linked model on ``data_dir/train.jsonl`` for at most
+    ``steps`` steps (``FINETUNE``; the best val c_base kept) into ``data_dir/base_ft/`` (model,
+    reference, train_log.json); returns that folder (skipped when its reference exists). The
+    model must be a local transformers folder (ModelLoadError for a GGUF file)."""
+    from zfree.base_training import train_text_base
+    from zfree.config import BaseTrainConfig
+    from zfree.errors import ModelLoadError
+
+    ft = data_dir / "base_ft"
+    if (ft / "reference" / "reference.json").exists():
+        return ft
+    src = (base / "model").resolve()
+    if not (src / "config.json").exists():
+        raise ModelLoadError(f"--finetune-base needs a transformers folder; {src} is a GGUF source "
+                             "(save it with save_pretrained first)")
+    import shutil
+
+    shutil.rmtree(ft, ignore_errors=True)  # an unfinished fine-tune (no reference yet) is redone
+    train_text_base(data_dir, ft, BaseTrainConfig(max_steps=steps, **FINETUNE), init_from=src, progress=True)
+    return ft
+
+
 # ---------------------------------------------------------------------------- 4. the grid
 
 
@@ -267,7 +294,8 @@ def label_notes(pairs: list[Pair], data_dir: Path) -> list[str]:
 
 def run_own_study(model: str, data: Path | str, out_dir: Path | str, *, val: Path | str | None = None,
                   preset: str | OwnPreset = "own", spec: Path | str | None = None, workers: int | None = None,
-                  progress: bool = True, render: bool = True) -> Path:
+                  progress: bool = True, render: bool = True, finetune: bool = False,
+                  finetune_steps: int = 300) -> Path:
     """Run the own-model study into ``out_dir`` (module docstring); returns report.html (or the study
     folder when ``render`` is False). ValueError listing the presets for an unknown one; errors of
     each step as documented there, raised before any run starts."""
@@ -295,17 +323,24 @@ def run_own_study(model: str, data: Path | str, out_dir: Path | str, *, val: Pat
         print(f"warning: {w.message}", flush=True)
     base = link_model(model, out)
     ref = write_reference(base, out)
+    source = "pretrained_source"
+    if finetune:  # the entangled-run setting: the fine-tuned model is the base and its reference the record
+        from zfree.reference import load_reference
+
+        base, source = finetune_base(base, out, finetune_steps), "entangled_run"
+        ref = load_reference(base)
     variants, table = own_grid(p, ref)
     notes = label_notes(val_pairs, out)
     if shared:
         notes.insert(0, f"val file {val}: {shared} distinct x also in the train data")
     atomic_write_json(out / "notes.json", {"notes": notes, "predicted_boundaries": table, "c_base": ref.c_base,
                                            "model": str(model), "data": str(data), "val": None if val is None
-                                           else str(val), "preset": p.name})
+                                           else str(val), "preset": p.name, "setting": source,
+                                           "base_dir": str(base)})
     for n in notes:
         print(f"note: {n}", flush=True)
     flat = {**TrainConfig().to_flat(), **p.train, "data_dir": str(out), "base_dir": str(base),
-            "c_base_source": "pretrained_source"}
+            "c_base_source": source}
     points = expand_grid(flat, {"variant": variants})
     statuses = run_points(points, out / "runs", workers=workers or p.workers, progress=progress)
     tab = write_summary_csv(out, notes)
