@@ -163,3 +163,21 @@ def test_finetune_base_makes_the_entangled_run_setting(tiny_model, tmp_path, mon
     cfg = json.loads((run / "config.json").read_text())
     assert cfg["c_base_source"] == "entangled_run" and cfg["base_dir"] == str(ft)
     assert json.loads((run / "summary.json").read_text())["reference/c_base"] == pytest.approx(ref["c_base"])
+
+
+def test_e2e_preset_brackets_each_predicted_boundary_with_and_without_the_aid():
+    from zfree.own_study import predicted_boundary
+    from zfree.paths import SHIPPED_E2E
+    from zfree.reference import load_reference
+    from zfree.study import PRESETS
+
+    p = PRESETS["e2e"]
+    assert p.data_dir == SHIPPED_E2E and p.base_dir == SHIPPED_E2E / "base"
+    ref = load_reference(p.base_dir)
+    variants = p.grid["variant"]
+    assert len(variants) == 8
+    for w in ("plain", "distribution", "example", "token"):
+        mine = [v for v in variants if v["weighting"] == w]
+        assert sorted(v.get("aid", "none") for v in mine) == ["hard_em_then_soft", "none"]
+        for v in mine:  # a third of the predicted boundary, as written in the preset (2-3 significant digits)
+            assert v["beta"] == pytest.approx(predicted_boundary(w, ref) / 3, rel=1e-2)
