@@ -181,3 +181,18 @@ def test_e2e_preset_brackets_each_predicted_boundary_with_and_without_the_aid():
         assert sorted(v.get("aid", "none") for v in mine) == ["hard_em_then_soft", "none"]
         for v in mine:  # a third of the predicted boundary, as written in the preset (2-3 significant digits)
             assert v["beta"] == pytest.approx(predicted_boundary(w, ref) / 3, rel=1e-2)
+
+
+def test_zfree_train_runs_one_cvae_from_model_and_jsonl(tiny_model, tmp_path, monkeypatch):
+    monkeypatch.setenv("ZFREE_CACHE_DIR", str(tmp_path / "cache"))
+    model, data = tiny_model
+    run = tmp_path / "run"
+    sets = ["steps=2", "eval_every=2", "eval_rows=0", "decode_rows=2", "batch_size=4", "weighting=token",
+            "token_outer=distribution", "token_alpha=0.5", "beta=0.01", "warmup_backbone=1"]  # typed by field
+    assert main(["train", "--model", str(model), "--data", str(data), "--out", str(run),
+                 *[a for s in sets for a in ("--set", s)]]) == 0
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    # all val rows evaluated: z = 0 at step 0 leaves the model unchanged, R = c_base
+    assert rows[0]["loss/val/baseline_normalized_reconstruction_loss"] == pytest.approx(1.0, abs=1e-5)
+    assert (run / "samples.parquet").exists() and (run / "base" / "model").is_symlink()
+    assert json.loads((run / "config.json").read_text())["c_base_source"] == "pretrained_source"
