@@ -196,3 +196,18 @@ def test_zfree_train_runs_one_cvae_from_model_and_jsonl(tiny_model, tmp_path, mo
     assert rows[0]["loss/val/baseline_normalized_reconstruction_loss"] == pytest.approx(1.0, abs=1e-5)
     assert (run / "samples.parquet").exists() and (run / "base" / "model").is_symlink()
     assert json.loads((run / "config.json").read_text())["c_base_source"] == "pretrained_source"
+
+
+@pytest.mark.slow
+def test_own_model_notebook_runs_under_papermill(tiny_model, tmp_path, monkeypatch):
+    import papermill as pm
+
+    from zfree.paths import NOTEBOOKS
+
+    monkeypatch.setenv("ZFREE_CACHE_DIR", str(tmp_path / "cache"))
+    model, data = tiny_model
+    out = tmp_path / "nb"
+    pm.execute_notebook(str(NOTEBOOKS / "own_model.ipynb"), str(tmp_path / "own_model.out.ipynb"), kernel_name="python3",
+                        parameters={"model": str(model), "data": str(data), "out": str(out), "preset": "own_smoke"},
+                        cwd=str(NOTEBOOKS), progress_bar=False)
+    assert len(list((out / "runs").glob("*/summary.json"))) == 2 and (out / "notes.json").exists()
