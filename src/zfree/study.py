@@ -193,7 +193,7 @@ def run_study(preset: str, out_dir: Path | str, *, retrain_base: bool = False, w
     notes = None
     if p.data_dir is not None:  # real text: labels instead of strategies; notes for the report
         from zfree.data.pairs import load_pairs
-        from zfree.own_study import label_notes
+        from zfree.study_notes import label_notes
 
         notes = label_notes(load_pairs(data_dir / "val.jsonl"), data_dir)
         atomic_write_json(out / "notes.json", {"notes": notes, "preset": p.name, "data": str(data_dir),
@@ -204,7 +204,7 @@ def run_study(preset: str, out_dir: Path | str, *, retrain_base: bool = False, w
         table = summary_table(collect_runs(out / "runs"))
         atomic_write_text(out / "summary.csv", table.to_csv(index=False))
     else:
-        from zfree.own_study import write_summary_csv
+        from zfree.study_notes import write_summary_csv
 
         table = write_summary_csv(out, notes)
     html = render_report(out, progress=progress)
