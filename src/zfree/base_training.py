@@ -154,7 +154,7 @@ def train_text_base(data_dir: Path | str, out_dir: Path | str, cfg: BaseTrainCon
 
         tok = AutoTokenizer.from_pretrained(init_from, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(init_from, local_files_only=True, dtype=torch.float32)
-        n_positions = model.config.n_positions
+        n_positions = getattr(model.config, "n_positions", None) or model.config.max_position_embeddings
     else:
         tok = train_bpe_tokenizer((t for p in train_pairs for t in (p.x, p.y)), vocab_size)
     train = encode_pairs(tok, train_pairs)

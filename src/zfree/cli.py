@@ -81,6 +81,8 @@ def _cmd_train(a):
     from zfree.config import TrainConfig, check_device, parse_assignment
     from zfree.training import train_cvae
 
+    if a.model or a.data:
+        return _cmd_train_own(a)
     if a.resume:
         if a.config or a.set:
             raise ValueError("--resume RUN_DIR takes the run's own config.json; do not combine it with --config/--set")
@@ -99,6 +101,21 @@ def _cmd_train(a):
         from zfree.errors import ConfigError
 
         raise ConfigError(f"config {a.config}{' with --set' if a.set else ''}: {e}") from None
+    check_device(cfg.optim.device)
+    summary = train_cvae(cfg, a.out)
+    print(json.dumps({k: v for k, v in summary.items() if "/" in k}, indent=2))
+
+
+def _cmd_train_own(a):
+    """``zfree train --model M --data F.jsonl --out RUN``: split, base link and reference in RUN, one CVAE there."""
+    from zfree.config import check_device, parse_assignment
+    from zfree.own_study import own_train_config
+    from zfree.training import train_cvae
+
+    if not (a.model and a.data and a.out) or a.config or a.resume:
+        raise ValueError("give --model MODEL --data FILE.jsonl --out RUN_DIR (without --config/--resume)")
+    overrides = dict(parse_assignment(kv) for kv in a.set or [])
+    cfg = own_train_config(a.model, a.data, a.out, val=a.val, overrides=overrides)
     check_device(cfg.optim.device)
     summary = train_cvae(cfg, a.out)
     print(json.dumps({k: v for k, v in summary.items() if "/" in k}, indent=2))
@@ -123,14 +140,24 @@ def _cmd_study(a):
     from zfree.study import run_study
 
     t0 = time.time() - 1.0
-    run_study(a.preset, a.out, retrain_base=a.retrain_base, workers=a.workers)
+    if a.model or a.data or a.spec:
+        from zfree.own_study import run_own_study
+
+        if not (a.model and a.data):
+            raise ValueError("an own-model study needs --model MODEL and --data FILE.jsonl (--spec/--val optional)")
+        run_own_study(a.model, a.data, a.out, val=a.val, preset=a.preset or "own", spec=a.spec, workers=a.workers,
+                      finetune=a.finetune_base, finetune_steps=a.finetune_steps)
+    else:
+        if a.val:
+            raise ValueError("--val needs --model and --data (an own-model study)")
+        run_study(a.preset or "default", a.out, retrain_base=a.retrain_base, workers=a.workers)
     # run_study prints its FAILED lines; a point that failed in this invocation left an error.json
     runs = Path(a.out).resolve() / "runs"
     failed = sorted((e.parent.name, e) for e in runs.glob("*/error.json")
                     if e.stat().st_mtime >= t0 and not (e.parent / "summary.json").exists())
     code = _report_failures(failed)
     if code:
-        print(f"zfree: study {a.preset!r}: {len(failed)} run(s) failed", file=sys.stderr)
+        print(f"zfree: study {a.preset or 'own'!r}: {len(failed)} run(s) failed", file=sys.stderr)
     return code
 
 
@@ -236,9 +263,19 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--out", help="the run folder to write")
     t.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its last checkpoint")
     t.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a config field")
+    t.add_argument("--model", help="own model: folder, .gguf file or hub id (with --data; no --config needed)")
+    t.add_argument("--data", help="own data: one JSONL file, split by x into RUN_DIR/train.jsonl and val.jsonl")
+    t.add_argument("--val", help="own validation JSONL (default: split from --data)")
     t.set_defaults(func=_cmd_train)
     st = sub.add_parser("study", help="the main job: base run, CVAE grid, report")
-    st.add_argument("--preset", default="default", help="smoke | default | aided | full")
+    st.add_argument("--preset", default=None, help="smoke | default | aided | full | e2e; with --model: own | own_smoke")
+    st.add_argument("--model", help="your model: a transformers folder, a .gguf file (or folder) or a hub id")
+    st.add_argument("--data", help="your pairs: one JSONL file {id?, x, y, strategy?, labels?}, split by x")
+    st.add_argument("--val", help="a validation JSONL to use as it is (x shared with --data are warned)")
+    st.add_argument("--finetune-base", action="store_true",
+                    help="fine-tune MODEL on the train pairs first (entangled-run setting; a transformers folder)")
+    st.add_argument("--finetune-steps", type=int, default=300)
+    st.add_argument("--spec", help="own-model grid YAML (keys of zfree.own_study.OwnPreset) instead of a preset")
     st.add_argument("--out", required=True)
     st.add_argument("--retrain-base", action="store_true", help="train a new base model instead of the shipped one")
     st.add_argument("--workers", type=int, default=None, help="parallel runs (one torch thread each)")

@@ -140,3 +140,106 @@ def gaussian_mutual_information(mu: np.ndarray, logvar: np.ndarray, seed: int = 
     log_q_all = -0.5 * (d * math.log(2 * math.pi) + lv.sum(-1)[None, :] + ((diff ** 2) / lv.exp()[None]).sum(-1))
     log_q_agg = torch.logsumexp(log_q_all, 1) - math.log(len(m))
     return float((log_q_own - log_q_agg).mean())
+
+
+# ---------------------------------------------------------------------------- labels and samples
+
+
+def label_keys(pairs: Sequence[Pair]) -> list[str]:
+    """The ``labels`` keys present on at least one row, sorted."""
+    return sorted({k for p in pairs for k in (p.labels or {})})
+
+
+def label_structure_metrics(df: pd.DataFrame, features: np.ndarray, assignment: np.ndarray | None, seed: int = 0,
+                            n_clusters_of=None) -> dict[str, float]:
+    """Per label column ``label/<key>`` of ``df`` (rows without it left out): structure/alignment_nmi/<key>,
+    structure/hungarian_accuracy/<key> (all rows holding the label; "m = 1" is a synthetic notion) and
+    structure/probe_accuracy/<key> (``probe_accuracy`` of ``features`` (rows, d)). ``assignment``
+    (rows,) is the latent value per row; None: ``n_clusters_of(key, rows) -> assignment`` is asked per
+    label (the Gaussian latent's k-means) or, without it, NMI and Hungarian accuracy are NaN."""
+    from sklearn.metrics import normalized_mutual_info_score
+
+    out: dict[str, float] = {}
+    for col in [c for c in df.columns if c.startswith("label/")]:
+        key = col[len("label/"):]
+        have = df[col].notna().to_numpy()
+        lab = df.loc[have, col].astype(str).to_numpy()
+        if assignment is not None:
+            z = np.asarray(assignment)[have]
+        elif n_clusters_of is not None:
+            z = n_clusters_of(key, have, len(set(lab)))
+        else:
+            z = None
+        nan = float("nan")
+        out[f"structure/alignment_nmi/{key}"] = float(normalized_mutual_info_score(lab, z)) if z is not None else nan
+        out[f"structure/hungarian_accuracy/{key}"] = hungarian_accuracy(lab, z) if z is not None else nan
+        out[f"structure/probe_accuracy/{key}"] = probe_accuracy(features[have], lab, seed=seed)
+    return out
+
+
+def label_confusion(per_example: pd.DataFrame, key: str) -> pd.DataFrame:
+    """Counts of posterior argmax (rows: latent value) against the label ``key`` (columns), on the
+    rows holding it (the m = 1 confusion of the synthetic benchmark, for a general label)."""
+    df = per_example[per_example[f"label/{key}"].notna()]
+    return pd.crosstab(df["posterior_argmax"], df[f"label/{key}"]).rename_axis(index="latent value", columns=key)
+
+
+@torch.no_grad()
+def sample_decode_with_latents(backbone, prefixes, latents: torch.Tensor, *, eos_id: int, max_new_tokens: int,
+                               generator: torch.Generator) -> list[list[int]]:
+    """As ``zfree.models.base.greedy_decode_with_latents`` but each next token drawn from the model's
+    softmax (temperature 1) with ``generator`` (CPU). prefixes: list of id lists; latents (rows, d_model)."""
+    from zfree.models.head import exact_logits_from_hidden
+
+    dev = latents.device
+    emb_layer = backbone.get_input_embeddings()
+    out = []
+    for r, p in enumerate(prefixes):
+        ids = torch.tensor([list(p)], device=dev)
+        P = len(p)
+        for _ in range(max_new_tokens):
+            inj = (torch.arange(ids.shape[1], device=dev) >= P - 1).to(latents.dtype)
+            emb = emb_layer(ids) + inj[None, :, None] * latents[r][None, None, :]
+            h = backbone.base_model(inputs_embeds=emb, use_cache=False).last_hidden_state[:, -1]
+            probs = torch.softmax(exact_logits_from_hidden(backbone, h).float(), -1).cpu()
+            nxt = int(torch.multinomial(probs[0], 1, generator=generator))
+            ids = torch.cat([ids, torch.tensor([[nxt]], device=dev)], 1)
+            if nxt == eos_id:
+                break
+        gen = ids[0, P:].tolist()
+        out.append(gen[: gen.index(eos_id)] if eos_id in gen else gen)
+    return out
+
+
+#: distinct validation x whose y under every latent value are decoded (``latent_samples``)
+SAMPLE_X = 3
+
+
+def latent_samples(model, encoded: Sequence[EncodedPair], pairs: Sequence[Pair], tokenizer, *, n_x: int = SAMPLE_X,
+                   seed: int = 0) -> pd.DataFrame:
+    """For the first ``n_x`` distinct x of ``pairs``, the greedy and one sampled (temperature 1,
+    generator seeded by ``seed``) y of a discrete CVAE under each latent value k = 0..K-1, side by side.
+    Returns a DataFrame: id, x, reference (the row's y), latent, greedy, sampled (one row per x and k)."""
+    first: dict[str, int] = {}
+    for i, p in enumerate(pairs):
+        if p.x not in first and len(first) < n_x:
+            first[p.x] = i
+    idx = list(first.values())
+    if not idx:
+        return pd.DataFrame(columns=["id", "x", "reference", "latent", "greedy", "sampled"])
+    K = model.n_latent
+    dev = next(model.parameters()).device
+    prefixes = [encoded[i].prefix_ids for i in idx]
+    max_new = max(len(encoded[i].target_ids) for i in idx) + 8
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for k in range(K):
+        lat = model.latent_embedding(torch.full((len(idx),), k, device=dev))
+        greedy = greedy_decode_with_latents(model.backbone, prefixes, lat, eos_id=tokenizer.eos_token_id,
+                                            max_new_tokens=max_new)
+        sampled = sample_decode_with_latents(model.backbone, prefixes, lat, eos_id=tokenizer.eos_token_id,
+                                             max_new_tokens=max_new, generator=g)
+        for j, i in enumerate(idx):
+            rows.append({"id": pairs[i].id, "x": pairs[i].x, "reference": pairs[i].y, "latent": k,
+                         "greedy": tokenizer.decode(greedy[j]).strip(), "sampled": tokenizer.decode(sampled[j]).strip()})
+    return pd.DataFrame(rows).sort_values(["id", "latent"], kind="stable").reset_index(drop=True)

@@ -25,7 +25,8 @@ from zfree.data.batching import EncodedPair, collate
 from zfree.data.pairs import Pair
 from zfree.latent_stats import (ACTIVE_UNIT_THRESHOLD, active_units, confusion,  # noqa: F401 - re-exported
                                 continuous_decode_metrics, decode_metrics, gaussian_mutual_information,
-                                greedy_decode, hungarian_accuracy, probe_accuracy)
+                                greedy_decode, hungarian_accuracy, label_keys, label_structure_metrics,
+                                latent_samples, probe_accuracy)
 from zfree.losses import base_token_matrix, inter_latent_jsd, masked_mean_token_nll, reconstruction_per_value
 from zfree.objectives import assemble
 from zfree.theory import predicted_use
@@ -39,6 +40,7 @@ class Evaluation:
 
     metrics: dict[str, float]
     per_example: pd.DataFrame
+    samples: pd.DataFrame | None = None  # greedy/sampled y per latent value (rows without a notion of correct y)
 
 
 def measured_use(kl: np.ndarray, bayes: np.ndarray, fallback: float) -> np.ndarray:
@@ -56,6 +58,8 @@ def _per_example_columns(df: pd.DataFrame, pairs: Sequence[Pair], b: np.ndarray)
     bayes = np.array([np.nan if p.bayes_nll is None else p.bayes_nll for p in pairs], float)
     df["bayes_nll"] = bayes
     df["n_consistent"] = [p.n_consistent for p in pairs]
+    for k in label_keys(pairs):  # general labels: one column each, None where a row lacks it
+        df[f"label/{k}"] = [None if p.labels is None or k not in p.labels else str(p.labels[k]) for p in pairs]
     known = bool(np.isfinite(bayes).all())
     excess_seq = df["n_tokens"] * df["b"] - bayes
     df["predicted_use"] = predicted_use(df["beta_eff"].to_numpy(), bayes if known else None,
@@ -177,6 +181,7 @@ class DiscreteEvaluator:
         m["latent/mutual_information"] = m["latent/usage_entropy"] - float(
             -(qa * np.log(np.clip(qa, 1e-30, None))).sum(-1).mean())
         m.update(_structure_metrics(df, np.concatenate(self.feats), self.seed))
+        m.update(label_structure_metrics(df, np.concatenate(self.feats), df["posterior_argmax"].to_numpy(), self.seed))
         if ctx.n_decode:
             n = ctx.n_decode
             m.update(decode_metrics(self.model, ctx.encoded[:n], ctx.pairs[:n], np.concatenate(self.p)[:n],
@@ -232,6 +237,13 @@ class GaussianEvaluator:
              "latent/mutual_information": gaussian_mutual_information(mu, logvar, seed=self.seed),
              "latent/posterior_sigma_mean": float(df["posterior_sigma_mean"].mean())}
         m.update(_structure_metrics(df, mu, self.seed, assigned=centroids is not None))
+
+        def clusters(key, rows, k):  # the label's own number of clusters when there are no strategies
+            if k < 2:
+                return np.zeros(int(rows.sum()), int)
+            return KMeans(n_clusters=k, n_init=10, random_state=self.seed).fit(mu[rows]).labels_
+        m.update(label_structure_metrics(df, mu, df["posterior_argmax"].to_numpy() if centroids is not None else None,
+                                         self.seed, n_clusters_of=clusters))
         if ctx.n_decode:
             n = ctx.n_decode
             g = torch.Generator().manual_seed(self.seed + 1)
@@ -287,9 +299,12 @@ def evaluate(model, encoded: Sequence[EncodedPair], pairs: Sequence[Pair], *, b:
     m["latent/measured_use_fraction"] = float(df["measured_use"].mean())
     m["latent/predicted_use_fraction"] = float(df["predicted_use"].mean())
     m.update(_objective_metrics(df, c_base, objective))
+    samples = None
+    if strategies is None and tokenizer is not None and decode_rows and model.latent_kind == "discrete":
+        samples = latent_samples(model, encoded, pairs, tokenizer, seed=seed)  # no notion of a correct y
     if was_training:
         model.train()
-    return Evaluation(m, df)
+    return Evaluation(m, df, samples)
 
 
 def evaluate_continuous(model, encoded, pairs, **kw) -> Evaluation:

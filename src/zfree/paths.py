@@ -10,6 +10,7 @@ NOTEBOOKS = ROOT / "notebooks"
 SPECS = ROOT / "analysis" / "sweeps"
 SHIPPED_DATA = ROOT / "data" / "synth" / "default"
 SHIPPED_BASE = ROOT / "data" / "base" / "default"
+SHIPPED_E2E = ROOT / "data" / "e2e"  # the E2E real-text benchmark (CC BY-SA 4.0) and its base in base/
 
 #: a model folder holds a tokenizer when it has one of these files (transformers 5 would invent an empty one)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "tokenizer.model",

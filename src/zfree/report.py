@@ -258,3 +258,37 @@ def boundary_table(boundary: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
     keys = [c for c in FACETS if c in boundary]
     t = boundary.set_index(keys)
     return t[[c for c in BOUNDARY_COLUMNS if c in t]].rename(columns=BOUNDARY_COLUMNS).round(digits)
+
+
+# ---------------------------------------------------------------------------- labels, notes, samples (issue 14)
+
+LABEL_METRICS = ("alignment_nmi", "hungarian_accuracy", "probe_accuracy")
+
+
+def label_table(summary: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
+    """Per run (``run_label``), every ``structure/<metric>/<label>`` column of ``summary`` as
+    ``<label> <metric>`` next to rho_recon, the rate (KL, nats per sequence) and measured/predicted use."""
+    base = {"loss/val/baseline_normalized_reconstruction_loss": "ρ_recon", "loss/val/kl_prior_loss": "rate (KL)",
+            "latent/measured_use_fraction": "measured use", "latent/predicted_use_fraction": "predicted use"}
+    lab = {c: f"{c.split('/')[2]} {c.split('/')[1].replace('_', ' ')}" for c in summary.columns
+           if c.startswith("structure/") and c.count("/") == 2 and c.split("/")[1] in LABEL_METRICS}
+    return run_table(summary, {**base, **dict(sorted(lab.items()))}, digits)
+
+
+def notes_markdown(notes: list[str]) -> str:
+    """The study's visible notes (labels absent, no task correctness, shared x) as a markdown list."""
+    return "**Notes**\n\n" + "\n".join(f"- {n}" for n in notes) if notes else "**Notes**: none."
+
+
+def samples_table(run_dir, max_chars: int = 90) -> pd.DataFrame:
+    """A run's ``samples.parquet`` as a table: per validation x (index: x, latent value) the greedy and
+    the sampled y side by side, texts cut to ``max_chars``; empty when the run wrote none."""
+    from pathlib import Path
+
+    p = Path(run_dir) / "samples.parquet"
+    if not p.exists():
+        return pd.DataFrame(columns=["greedy", "sampled"])
+    s = pd.read_parquet(p)
+    cut = lambda t: t if len(t) <= max_chars else t[: max_chars - 1] + "…"  # noqa: E731
+    s = s.assign(x=s["x"].map(cut), greedy=s["greedy"].map(cut), sampled=s["sampled"].map(cut))
+    return s.set_index(["x", "latent"])[["greedy", "sampled"]]

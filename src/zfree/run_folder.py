@@ -263,6 +263,8 @@ def write_summary(out: Path, cfg: TrainConfig, ev, state, wall: float) -> dict:
     """per_example.parquet and summary.json of a finished run: the final evaluation's metrics, the
     flat config, the step-0 values (init/*), the use verdicts and the aid's record. Returns the summary."""
     atomic_write_parquet(out / "per_example.parquet", ev.per_example)
+    if getattr(ev, "samples", None) is not None:  # greedy/sampled y per latent value (no notion of correct y)
+        atomic_write_parquet(out / "samples.parquet", ev.samples)
     rows = read_jsonl(out / "metrics.jsonl")
     init = rows[0] if rows else {}
     gate_pass = [g["step"] for g in state.gate if g["pass"]]

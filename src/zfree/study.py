@@ -6,7 +6,10 @@ Presets:
            weighting once without an aid (z collapses) and once with the hard-EM aid at a beta
            inside its predicted boundary (z switches on); <= 10 minutes on 2 cores.
   aided    the aids issue: the best aid on both sides of the prediction and the aids that fail.
-  full     the complete phase diagram (hours). Rerunning any preset skips finished work.
+  full     the complete phase diagram (hours).
+  e2e      real text (issue 14): data/e2e with its shipped base data/e2e/base, every weighting with and
+           without the aid at a third of its predicted boundary; labels' NMI/probe and per-value samples.
+Rerunning any preset skips finished work. Your own model and data: ``zfree.own_study``.
 """
 
 from __future__ import annotations
@@ -18,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from zfree.config import BaseTrainConfig, DataConfig, TrainConfig
-from zfree.io import atomic_write_text, read_json, sha256_file
+from zfree.io import atomic_write_json, atomic_write_text, read_json, sha256_file
 from zfree.locks import run_folder_lock
-from zfree.paths import ROOT, SHIPPED_BASE, SHIPPED_DATA  # noqa: F401 - ROOT re-exported
+from zfree.paths import ROOT, SHIPPED_BASE, SHIPPED_DATA, SHIPPED_E2E  # noqa: F401 - ROOT re-exported
 from zfree.results import SUMMARY_COLUMNS, aggregate, collect_runs, summary_table  # noqa: F401 - re-exported
 from zfree.sweeps import NOTEBOOKS, expand_grid, run_points
 
@@ -33,6 +36,8 @@ class Preset:
     data: DataConfig | None = None  # None: the shipped benchmark
     base: BaseTrainConfig | None = None  # None: the shipped base run
     workers: int = 2
+    data_dir: Path | None = None  # a shipped real-text data folder (with its shipped base_dir) instead of `data`
+    base_dir: Path | None = None
 
 
 #: The switch-on recipe of the aids issue: hard EM gated hand-over, order-keeping posterior
@@ -63,6 +68,15 @@ _PHASE_AID = {**HARD_EM_RECIPE, "hard_em_max_steps": 450, "steps": 700, "eval_ev
 _PHASE_PLAIN = {"steps": 250, "eval_every": 125, "eval_rows": 500, "decode_rows": 100}
 _WEIGHTINGS = [{"weighting": "plain"}, {"weighting": "distribution"}, {"weighting": "example", "epsilon": 0.05},
                {"weighting": "token", "token_outer": "distribution", "token_alpha": 0.5}]
+
+#: the E2E preset's runs (real text, labels instead of strategies): the recipe at K = 4 with a short
+#: hard phase, and the unaided runs; betas at a third of each weighting's predicted boundary beta*
+#: (``zfree.own_study.predicted_boundary`` on the shipped E2E reference: plain 0.0333, distribution
+#: 0.0129, example 0.0136; token as distribution)
+_E2E_AID = {**HARD_EM_RECIPE, "lr_new": 1e-3, "n_latent": 4, "hard_em_max_steps": 150, "handover_rows": 200,
+            "steps": 250, "eval_every": 125, "eval_rows": 300, "decode_rows": 3}
+_E2E_PLAIN = {"steps": 100, "eval_every": 50, "eval_rows": 300, "decode_rows": 3}
+_E2E_BETAS = {"plain": 0.0111, "distribution": 0.0043, "example": 0.0045, "token": 0.0043}
 
 PRESETS: dict[str, Preset] = {
     "smoke": Preset(
@@ -111,12 +125,22 @@ PRESETS: dict[str, Preset] = {
                                   {"latent_kind": "continuous", **_PHASE_PLAIN}],
                       "weighting": _WEIGHTINGS, "beta": [0.03, 0.1, 0.3, 0.6, 1.0]},
         train={"batch_size": 64}),
+    # the real-text benchmark (issue 14): E2E with its shipped base, every weighting with and without
+    # the aid (the aided runs first, so the two workers finish together)
+    "e2e": Preset(
+        "e2e", grid={"variant": [{**w, "beta": _E2E_BETAS[w["weighting"]], **run}
+                                 for run in (_E2E_AID, _E2E_PLAIN) for w in _WEIGHTINGS]},
+        train={"batch_size": 32}, data_dir=SHIPPED_E2E, base_dir=SHIPPED_E2E / "base"),
 }
 
 
 def _prepare_data(preset: Preset, out: Path) -> Path:
     from zfree.data.synth import write_benchmark
 
+    if preset.data_dir is not None:
+        if not (preset.data_dir / "val.jsonl").exists():
+            raise FileNotFoundError(f"preset {preset.name!r}: {preset.data_dir / 'val.jsonl'} does not exist")
+        return preset.data_dir
     if preset.data is None:
         meta = read_json(SHIPPED_DATA / "metadata.json")
         for split, sha in meta["sha256"].items():
@@ -129,6 +153,8 @@ def _prepare_data(preset: Preset, out: Path) -> Path:
 def _prepare_base(preset: Preset, out: Path, data_dir: Path, retrain: bool, progress: bool = True) -> Path:
     from zfree.base_training import train_base
 
+    if preset.base_dir is not None:  # a shipped base used in place (small; its reference is hash-checked)
+        return preset.base_dir
     base = out / "base"
     if (base / "reference" / "reference.json").exists() and (base / "model").exists():
         return base
@@ -167,10 +193,23 @@ def run_study(preset: str, out_dir: Path | str, *, retrain_base: bool = False, w
         base_dir = _prepare_base(p, out, data_dir, retrain_base, progress)
     flat = {**TrainConfig().to_flat(), **p.train, "data_dir": str(data_dir), "base_dir": str(base_dir)}
     points = expand_grid(flat, p.grid)
+    notes = None
+    if p.data_dir is not None:  # real text: labels instead of strategies; notes for the report
+        from zfree.data.pairs import load_pairs
+        from zfree.study_notes import label_notes
+
+        notes = label_notes(load_pairs(data_dir / "val.jsonl"), data_dir)
+        atomic_write_json(out / "notes.json", {"notes": notes, "preset": p.name, "data": str(data_dir),
+                                               "base": str(base_dir)})
     statuses = run_points(points, out / "runs", workers=workers or p.workers, progress=progress)
     failed = [s for s in statuses if s["status"] == "failed"]
-    table = summary_table(collect_runs(out / "runs"))
-    atomic_write_text(out / "summary.csv", table.to_csv(index=False))
+    if notes is None:
+        table = summary_table(collect_runs(out / "runs"))
+        atomic_write_text(out / "summary.csv", table.to_csv(index=False))
+    else:
+        from zfree.study_notes import write_summary_csv
+
+        table = write_summary_csv(out, notes)
     html = render_report(out, progress=progress)
     if progress:
         print(f"study {preset!r}: {len(table)} runs in {out} ({time.time() - t0:.0f} s); report: {html}")
@@ -216,6 +255,8 @@ def render_report(study_dir: Path | str, notebook: Path | str | None = None, pro
         raise FileNotFoundError(f"{study_dir} has no runs/ folder: not a study or sweep folder")
     aggregate(study_dir)
     parts = [Path(notebook).resolve()] if notebook else [NOTEBOOKS / f"{n}.ipynb" for n in REPORT_NOTEBOOKS]
+    if notebook is None and (study_dir / "notes.json").exists():  # an own-data study: labels, notes, samples
+        parts.append(NOTEBOOKS / "labels_and_samples.ipynb")
     src, tmp_nb = study_dir / ".report.src.ipynb", study_dir / ".report.tmp.ipynb"
     nbformat.write(_combined_report(study_dir, parts), src)
     try:

@@ -1,0 +1,57 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# ## Labels, notes and what each latent value writes
+#
+# Per label present in the data (`labels` of the rows): NMI and Hungarian accuracy between the
+# posterior's argmax and the label, and a held-out linear probe of the label from the posterior
+# features; ρ_recon and the rate beside them. Then the notes (what could not be measured), the
+# confusion of latent values against each label for the run that uses z most, and, for a few
+# validation x, the greedy and one sampled y under each latent value.
+
+# %% tags=["parameters"]
+sweep_dir = "../runs/study-e2e"  # a folder written by `zfree study`
+
+# %%
+import json
+from pathlib import Path
+
+import pandas as pd
+from IPython.display import Markdown, display
+
+from zfree.latent_stats import label_confusion
+from zfree.report import label_table, notes_markdown, run_label, samples_table
+from zfree.results import collect_runs
+
+runs = collect_runs(Path(sweep_dir) / "runs")
+notes_file = Path(sweep_dir) / "notes.json"
+meta = json.loads(notes_file.read_text()) if notes_file.exists() else {}
+display(Markdown(notes_markdown(meta.get("notes", []))))
+if meta.get("predicted_boundaries"):
+    display(Markdown("**Predicted boundaries β\\* per weighting** (median over validation rows of "
+                     "`zfree.theory.critical_beta`) and the β run"))
+    display(pd.DataFrame(meta["predicted_boundaries"]).set_index("weighting"))
+if not runs.empty:
+    display(label_table(runs))
+
+# %%
+if not runs.empty:
+    best = runs.sort_values("loss/val/kl_prior_loss", ascending=False).iloc[0]
+    pe = pd.read_parquet(Path(best["run_dir"]) / "per_example.parquet")
+    display(Markdown(f"### Latent values against each label, run {run_label(best, runs)} (the largest rate)"))
+    for col in [c for c in pe.columns if c.startswith("label/")]:
+        display(label_confusion(pe, col.split("/", 1)[1]))
+    display(Markdown("### Greedy and sampled y under each latent value"))
+    for _, r in runs.sort_values("run_id").iterrows():
+        t = samples_table(r["run_dir"])
+        if len(t):
+            display(Markdown(f"**{run_label(r, runs)}**"))
+            display(t)

@@ -1,0 +1,213 @@
+"""Issue 14 phase 2: your own model and data in one command (``zfree study --model --data``).
+
+A tiny GPT-2 with a byte-level BPE tokenizer is built from a config and saved with save_pretrained
+(the real loading path); the JSONL rows carry ``labels.style`` only (no ``strategy``), so both the
+per-label metrics and the note of an absent label are exercised.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pandas as pd
+import pytest
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from zfree.cli import main
+from zfree.data.bpe import train_bpe_tokenizer
+from zfree.data.pairs import load_pairs
+
+STYLES = {"short": "{a} then {b}.", "long": "First comes {a}, and after it we have {b}."}
+
+
+def _rows(n_x: int = 24, per_x: int = 4):
+    words = ["red", "blue", "green", "cat", "dog", "sun", "moon", "tree"]
+    rows = []
+    for i in range(n_x):
+        a, b = words[i % 8], words[(i * 3 + 1) % 8]
+        x = f"item[{i}] a[{a}] b[{b}]"
+        for j in range(per_x):
+            style = "short" if j % 2 == 0 else "long"
+            rows.append({"id": f"r{i}-{j}", "x": x, "y": STYLES[style].format(a=a, b=b) + " " * (j // 2),
+                         "labels": {"style": style}})
+    return rows
+
+
+def _write(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    root = tmp_path_factory.mktemp("own")
+    rows = _rows()
+    tok = train_bpe_tokenizer([r["x"] for r in rows] + [r["y"] for r in rows], vocab_size=300)
+    cfg = GPT2Config(vocab_size=len(tok), n_positions=96, n_layer=1, n_embd=32, n_head=2, resid_pdrop=0.0,
+                     embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=1, eos_token_id=3, pad_token_id=0)
+    model = GPT2LMHeadModel(cfg)
+    model.save_pretrained(root / "model")
+    tok.save_pretrained(root / "model")
+    return root / "model", _write(root / "pairs.jsonl", rows)
+
+
+def test_one_command_from_model_and_jsonl_to_report(tiny_model, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("ZFREE_CACHE_DIR", str(tmp_path / "cache"))
+    model, data = tiny_model
+    out = tmp_path / "study"
+    assert main(["study", "--model", str(model), "--data", str(data), "--out", str(out),
+                 "--preset", "own_smoke"]) == 0
+    printed = capsys.readouterr().out
+    # the split: written, every row kept, no x on both sides
+    train, val = load_pairs(out / "train.jsonl"), load_pairs(out / "val.jsonl")
+    assert len(train) + len(val) == len(load_pairs(data))
+    assert not {p.x for p in train} & {p.x for p in val}
+    # the base folder links the model (not a copy) and holds the pretrained-source reference
+    assert (out / "base" / "model").is_symlink() and (out / "base" / "model").resolve() == model.resolve()
+    ref = json.loads((out / "base" / "reference" / "reference.json").read_text())
+    assert ref["estimator"] == "pretrained_source" and ref["n_rows"] == len(val)
+    runs = sorted(p for p in (out / "runs").iterdir() if p.is_dir())
+    assert len(runs) == 2 and all((r / "summary.json").exists() for r in runs)
+    html = (out / "report.html").read_text()
+    assert "<img" in html or "image/png" in html  # its figures
+    summary = pd.read_csv(out / "summary.csv")
+    assert len(summary) == 2
+    for r in runs:
+        s = json.loads((r / "summary.json").read_text())
+        # the label present: its metrics; the absent strategy: NaN, never faked
+        for metric in ("alignment_nmi", "hungarian_accuracy", "probe_accuracy"):
+            assert f"structure/{metric}/style" in s
+        assert 0.0 <= s["structure/hungarian_accuracy/style"] <= 1.0
+        v = s["structure/alignment_nmi"]
+        assert v is None or v != v  # NaN (written as null), never faked
+        pe = pd.read_parquet(r / "per_example.parquet")
+        assert set(pe["label/style"]) == {"short", "long"}
+        samples = pd.read_parquet(r / "samples.parquet")
+        cfg = json.loads((r / "config.json").read_text())
+        assert set(samples["latent"]) == set(range(cfg["n_latent"]))
+        assert {"x", "greedy", "sampled", "reference"} <= set(samples.columns)
+    notes = json.loads((out / "notes.json").read_text())["notes"]
+    assert any("label 'strategy': absent" in n for n in notes)
+    assert any("task correctness: skipped" in n for n in notes)
+    assert "label 'strategy': absent" in printed
+    assert "label &#39;strategy&#39;: absent" in html or "label 'strategy': absent" in html
+    assert "greedy" in html  # the per-value samples table
+
+
+def _err(capsys):
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err and err[-1].startswith("zfree: error: "), err
+    return err[-1]
+
+
+def test_bad_inputs_one_line_errors(tiny_model, tmp_path, capsys):
+    model, data = tiny_model
+    rows = _rows()
+    small = _write(tmp_path / "small.jsonl", rows[:4])  # one x: cannot be split by x
+    assert main(["study", "--model", str(model), "--data", str(small), "--out", str(tmp_path / "a")]) == 2
+    assert "small.jsonl" in _err(capsys)
+    nested = _write(tmp_path / "nested.jsonl", [rows[0], {**rows[1], "labels": {"style": {"a": 1}}}])
+    assert main(["study", "--model", str(model), "--data", str(nested), "--out", str(tmp_path / "b")]) == 2
+    e = _err(capsys)
+    assert "nested.jsonl:2" in e and "labels.style" in e
+    mixed = _write(tmp_path / "mixed.jsonl", [rows[0], {**rows[1], "labels": {"style": 3}}])
+    assert main(["study", "--model", str(model), "--data", str(mixed), "--out", str(tmp_path / "c")]) == 2
+    e = _err(capsys)
+    assert "mixed.jsonl:2" in e and "labels.style" in e and "one type" in e
+    notok = tmp_path / "notok"
+    shutil.copytree(model, notok)
+    for f in notok.iterdir():
+        if "token" in f.name or f.name in ("vocab.json", "merges.txt"):
+            f.unlink()
+    assert main(["study", "--model", str(notok), "--data", str(data), "--out", str(tmp_path / "d")]) == 2
+    assert "no tokenizer" in _err(capsys)
+    missing = tmp_path / "nope.gguf"
+    assert main(["study", "--model", str(missing), "--data", str(data), "--out", str(tmp_path / "e")]) == 2
+    assert "nope.gguf" in _err(capsys)
+
+
+def test_val_sharing_x_is_warned_with_count_and_nothing_lost(tiny_model, tmp_path, capsys):
+    from zfree.own_study import prepare_split
+
+    _, data = tiny_model
+    rows = _rows()
+    val = _write(tmp_path / "val.jsonl", [{**r, "id": "v" + r["id"]} for r in rows[:8]])  # 2 x shared
+    with pytest.warns(UserWarning, match=r"val.jsonl: 2 distinct x \(8 val rows\)"):
+        _, _, shared = prepare_split(data, tmp_path / "s", val=val)
+    assert shared == 2
+    before = (tmp_path / "s" / "train.jsonl").read_bytes()
+    # another split into the same folder is refused; the split already there is kept
+    other = _write(tmp_path / "other.jsonl", rows[:40])
+    with pytest.raises(ValueError, match="holds another split"):
+        prepare_split(other, tmp_path / "s")
+    assert (tmp_path / "s" / "train.jsonl").read_bytes() == before
+
+
+def test_finetune_base_makes_the_entangled_run_setting(tiny_model, tmp_path, monkeypatch):
+    import dataclasses
+
+    from zfree.own_study import OWN_PRESETS, run_own_study
+
+    monkeypatch.setenv("ZFREE_CACHE_DIR", str(tmp_path / "cache"))
+    model, data = tiny_model
+    one = dataclasses.replace(OWN_PRESETS["own_smoke"], aids=("none",))
+    out = run_own_study(model, data, tmp_path / "ft", preset=one, render=False, progress=False, finetune=True,
+                        finetune_steps=3)
+    ft = out / "base_ft"
+    log = json.loads((ft / "train_log.json").read_text())
+    assert log["init_from"] == str(model.resolve()) and log["steps"] <= 3
+    ref = json.loads((ft / "reference" / "reference.json").read_text())
+    assert ref["estimator"] == "entangled_run"
+    (run,) = [p for p in (out / "runs").iterdir() if p.is_dir()]
+    cfg = json.loads((run / "config.json").read_text())
+    assert cfg["c_base_source"] == "entangled_run" and cfg["base_dir"] == str(ft)
+    assert json.loads((run / "summary.json").read_text())["reference/c_base"] == pytest.approx(ref["c_base"])
+
+
+def test_e2e_preset_brackets_each_predicted_boundary_with_and_without_the_aid():
+    from zfree.own_study import predicted_boundary
+    from zfree.paths import SHIPPED_E2E
+    from zfree.reference import load_reference
+    from zfree.study import PRESETS
+
+    p = PRESETS["e2e"]
+    assert p.data_dir == SHIPPED_E2E and p.base_dir == SHIPPED_E2E / "base"
+    ref = load_reference(p.base_dir)
+    variants = p.grid["variant"]
+    assert len(variants) == 8
+    for w in ("plain", "distribution", "example", "token"):
+        mine = [v for v in variants if v["weighting"] == w]
+        assert sorted(v.get("aid", "none") for v in mine) == ["hard_em_then_soft", "none"]
+        for v in mine:  # a third of the predicted boundary, as written in the preset (2-3 significant digits)
+            assert v["beta"] == pytest.approx(predicted_boundary(w, ref) / 3, rel=1e-2)
+
+
+def test_zfree_train_runs_one_cvae_from_model_and_jsonl(tiny_model, tmp_path, monkeypatch):
+    monkeypatch.setenv("ZFREE_CACHE_DIR", str(tmp_path / "cache"))
+    model, data = tiny_model
+    run = tmp_path / "run"
+    sets = ["steps=2", "eval_every=2", "eval_rows=0", "decode_rows=2", "batch_size=4", "weighting=token",
+            "token_outer=distribution", "token_alpha=0.5", "beta=0.01", "warmup_backbone=1"]  # typed by field
+    assert main(["train", "--model", str(model), "--data", str(data), "--out", str(run),
+                 *[a for s in sets for a in ("--set", s)]]) == 0
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    # all val rows evaluated: z = 0 at step 0 leaves the model unchanged, R = c_base
+    assert rows[0]["loss/val/baseline_normalized_reconstruction_loss"] == pytest.approx(1.0, abs=1e-5)
+    assert (run / "samples.parquet").exists() and (run / "base" / "model").is_symlink()
+    assert json.loads((run / "config.json").read_text())["c_base_source"] == "pretrained_source"
+
+
+@pytest.mark.slow
+def test_own_model_notebook_runs_under_papermill(tiny_model, tmp_path, monkeypatch):
+    import papermill as pm
+
+    from zfree.paths import NOTEBOOKS
+
+    monkeypatch.setenv("ZFREE_CACHE_DIR", str(tmp_path / "cache"))
+    model, data = tiny_model
+    out = tmp_path / "nb"
+    pm.execute_notebook(str(NOTEBOOKS / "own_model.ipynb"), str(tmp_path / "own_model.out.ipynb"), kernel_name="python3",
+                        parameters={"model": str(model), "data": str(data), "out": str(out), "preset": "own_smoke"},
+                        cwd=str(NOTEBOOKS), progress_bar=False)
+    assert len(list((out / "runs").glob("*/summary.json"))) == 2 and (out / "notes.json").exists()
