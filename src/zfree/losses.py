@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+import numpy as np
 import torch
 from jaxtyping import Bool, Float, Int
 
@@ -142,14 +143,14 @@ def base_token_matrix(target_mask: Bool[torch.Tensor, "batch seq"], prefix_len: 
                       rows: Sequence) -> Float[torch.Tensor, "batch seq"]:
     """The base model's per-token surprisal b_t laid out like the batch (B, T), float32, nats:
     row r's values start at its first y position ``prefix_len[r]``, 0 elsewhere. ``rows[r]`` holds
-    |S_r| values (the reference's ``surprisal_of``). Raises ValueError if a row does not fit."""
-    out = torch.zeros(target_mask.shape, dtype=torch.float32, device=target_mask.device)
-    for r, s in enumerate(rows):
-        p = int(prefix_len[r])
+    |S_r| values (the reference's ``surprisal_of``); on ``target_mask``'s device (one host->device
+    copy). Raises ValueError if a row does not fit."""
+    out = np.zeros(tuple(target_mask.shape), dtype=np.float32)  # built on the host, copied to the device once
+    for r, (p, s) in enumerate(zip(prefix_len.tolist(), rows)):  # one read of prefix_len, not one per row
         if p + len(s) > out.shape[1]:
             raise ValueError(f"row {r}: {len(s)} base surprisals from position {p} exceed the batch width {out.shape[1]}")
-        out[r, p : p + len(s)] = torch.tensor(s, dtype=torch.float32)  # a copy (the reference's arrays are read-only)
-    return out
+        out[r, p : p + len(s)] = np.asarray(s, dtype=np.float32)  # a copy (the reference's arrays are read-only)
+    return torch.from_numpy(out).to(target_mask.device)
 
 
 def reconstruction_per_value(token_nll: Float[torch.Tensor, "batch n seq"], target_mask: Bool[torch.Tensor, "batch seq"],
