@@ -10,8 +10,6 @@ bug whichever machine runs the test."""
 
 from __future__ import annotations
 
-import traceback
-
 import torch
 from torch.overrides import TorchFunctionMode
 
@@ -21,10 +19,21 @@ _PASS_THROUGH = {torch.as_tensor}  # as_tensor(t) of a tensor keeps t's device
 
 
 def _where() -> str:
-    for fr in reversed(traceback.extract_stack()[:-2]):
-        if "/zfree/" in fr.filename:
-            return f"{fr.filename.split('/zfree/')[-1]}:{fr.lineno} {fr.name}: {fr.line}"
-    return "(outside zfree)"
+    """The zfree frames of the current stack, innermost first: ``file:line qualname`` joined by
+    " < ", the innermost with its source line."""
+    import linecache
+    import sys
+
+    chain, f = [], sys._getframe(2)
+    while f is not None:
+        fn = f.f_code.co_filename
+        if "/zfree/" in fn:
+            where = f"{fn.split('/zfree/')[-1]}:{f.f_lineno} {f.f_code.co_qualname}"
+            if not chain:
+                where += f": {linecache.getline(fn, f.f_lineno).strip()}"
+            chain.append(where)
+        f = f.f_back
+    return " < ".join(chain) or "(outside zfree)"
 
 
 class FactoryRecorder(TorchFunctionMode):
