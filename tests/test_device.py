@@ -167,6 +167,66 @@ def test_train_terms_are_device_tensors_until_evaluation(tiny):
     assert {k: v for k, v in state.train_log.items() if k != "_n"} == want and state.train_log["_n"] == 3
 
 
+HOST_READS = ("item", "cpu", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__")
+
+
+def record_host_reads(monkeypatch, cfg: TrainConfig, out: Path, device_type: str) -> list[tuple[str, str]]:
+    """Train ``cfg`` at the accelerator's cadence of non-finite checks and return the (method,
+    zfree frame) of every explicit host read (``HOST_READS``) of a ``device_type`` tensor made by
+    zfree's step code after the forward pass: the objective's assembly, the update, the log of
+    the terms and the finiteness flags. (The forward pass itself is the model's: transformers'
+    mask helpers may read a flag, and boolean-mask gathers synchronise implicitly.)"""
+    import zfree.objectives as objectives
+    import zfree.training as tr
+    from placement import _where
+    from torch.overrides import TorchFunctionMode
+
+    reads = []
+
+    class Reads(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            name = getattr(func, "__name__", "")
+            caller = sys._getframe(1).f_code.co_filename
+            # torch.optim keeps Adam's step counter on the host unless capturable: its .item() is no sync
+            if name in HOST_READS and args and isinstance(args[0], torch.Tensor) \
+                    and args[0].device.type == device_type and "/torch/optim/" not in caller:
+                reads.append((name, _where()))
+            return func(*args, **(kwargs or {}))
+
+    def wrap(fn):
+        def run(*a, **kw):
+            with Reads():
+                return fn(*a, **kw)
+        return run
+
+    monkeypatch.setattr(tr, "FINITE_CHECK_EVERY", {})  # the accelerator cadence, also on the CPU
+    for mod, name in ((tr, "_optimizer_step"), (tr, "_log_train_terms"), (objectives, "assemble")):
+        monkeypatch.setattr(mod, name, wrap(getattr(mod, name)))
+    monkeypatch.setattr(tr.FiniteWatch, "add", wrap(tr.FiniteWatch.add))
+    tr.train_cvae(cfg, out, progress=False)
+    return reads
+
+
+def test_training_step_makes_no_explicit_host_read(tiny, tmp_path, monkeypatch):
+    data, base = tiny
+    reads = record_host_reads(monkeypatch, _cfg(data, base, device="cpu", weighting="example", epsilon=0.1,
+                                                steps=4, eval_every=4), tmp_path / "run", "cpu")
+    assert not reads, reads[:5]
+
+
+def test_host_read_check_catches_a_planted_item(tiny, tmp_path, monkeypatch):
+    """The per-step ``.item()`` logging this review removed, planted again, is caught."""
+    import zfree.objectives as objectives
+
+    real = objectives.ObjectiveBreakdown.log_tensors
+    monkeypatch.setattr(objectives.ObjectiveBreakdown, "log_tensors",
+                        lambda self, prefix="loss/train": {**real(self, prefix), f"{prefix}/total": self.total.item()})
+    data, base = tiny
+    reads = record_host_reads(monkeypatch, _cfg(data, base, device="cpu", steps=2, eval_every=2),
+                              tmp_path / "run", "cpu")
+    assert reads and {r for r, _ in reads} == {"item"}, reads[:5]
+
+
 # ---------------------------------------------------------------------------- precision
 
 
