@@ -67,7 +67,8 @@ def count_usage(state, z_hat: torch.Tensor, n_latent: int) -> None:
     """Add the posterior argmax counts of one batch, ``z_hat`` (batch,), to ``state.usage`` (K,):
     a tensor on z_hat's device (no host copy per step; ``restart_dead_values`` and the training
     loop's checkpoints read it), or a list of ints as restored from a checkpoint."""
-    counts = torch.bincount(z_hat.detach().long(), minlength=n_latent)
+    z = z_hat.detach().long()  # scatter_add, not bincount: CUDA's bincount reads max(z) back to size its output
+    counts = torch.zeros(n_latent, dtype=torch.long, device=z.device).scatter_add_(0, z, torch.ones_like(z))
     if isinstance(state.usage, torch.Tensor):
         state.usage = state.usage + counts
     elif state.usage:  # a list (restored from a checkpoint)
