@@ -74,3 +74,66 @@ def test_cvae_step0_on_cuda(tmp_path, kind):
         ref, out = target_logprobs(model, batch), cvae(batch)
     for s in range(out.target_logprobs.shape[1]):
         torch.testing.assert_close(out.target_logprobs[:, s], ref, atol=1e-5, rtol=0)
+
+
+# ---------------------------------------------------------------------------- training on CUDA (issue 16)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    from tests.tiny import make_tiny_run
+
+    return make_tiny_run(tmp_path_factory.getbasetemp() / "tiny_gpu")
+
+
+def _train_cfg(data, base, **kw):
+    from zfree.config import TrainConfig
+
+    return TrainConfig.from_flat({**TrainConfig().to_flat(), "data_dir": str(data), "base_dir": str(base),
+                                  "steps": 6, "batch_size": 8, "eval_every": 3, "eval_rows": 24, "decode_rows": 8,
+                                  "warmup_backbone": 2, **kw})
+
+
+@pytest.mark.parametrize("latent_kind", ["discrete", "continuous"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_short_training_run_on_cuda(tiny_run, tmp_path, precision, latent_kind):
+    """device='auto' picks CUDA; a short run under each precision is finite, starts at the same
+    step-0 evaluation as the CPU run (evaluation is fp32: 1e-5), and records device and precision."""
+    import math
+
+    from zfree.io import read_jsonl
+    from zfree.training import train_cvae
+
+    data, base = tiny_run
+    kw = dict(precision=precision, latent_kind=latent_kind, weighting="distribution", beta=0.3)
+    gpu = train_cvae(_train_cfg(data, base, device="auto", **kw), tmp_path / "gpu", progress=False)
+    cpu = train_cvae(_train_cfg(data, base, device="cpu", **{**kw, "precision": "fp32", "steps": 1, "eval_every": 1}),
+                     tmp_path / "cpu", progress=False)
+    assert gpu["device"] == "auto" and gpu["precision"] == precision
+    key = "init/loss/val/baseline_normalized_reconstruction_loss"
+    assert gpu[key] == pytest.approx(cpu[key], abs=1e-5)
+    rows = read_jsonl(tmp_path / "gpu" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [0, 3, 6]
+    assert all(math.isfinite(r["loss/train/total"]) for r in rows[1:])
+
+
+@pytest.mark.parametrize("name", ["discrete-token", "continuous-plain", "hard-em-example"])
+def test_training_places_every_tensor_on_cuda(tiny_run, tmp_path, monkeypatch, name):
+    """tests/test_device.py's placement check with the model on CUDA: every factory in a step names
+    cuda and every op's output is on cuda (a host tensor would show here as an output on cpu)."""
+    from test_device import STEP_CONFIGS, record_training
+
+    data, base = tiny_run
+    cfg = _train_cfg(data, base, device="cuda", steps=3, eval_every=3, eval_rows=8, decode_rows=4, batch_size=4,
+                     **STEP_CONFIGS[name])
+    step_bad, eval_bad = record_training(monkeypatch, cfg, tmp_path / "run", "cuda")
+    assert not step_bad, step_bad[:5]
+    assert not eval_bad, eval_bad[:5]
+
+
+def test_training_step_has_no_explicit_host_read_on_cuda(tiny_run, tmp_path, monkeypatch):
+    """tests/test_device.py's host-read check with the model on CUDA."""
+    from test_device import record_host_reads
+
+    data, base = tiny_run
+    assert not record_host_reads(monkeypatch, _train_cfg(data, base, device="cuda"), tmp_path / "run", "cuda")

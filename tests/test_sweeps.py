@@ -101,3 +101,26 @@ def test_submitit_local_executor_runs_a_two_point_sweep_through_the_cli(tmp_path
     runs = pd.read_parquet(out / "runs.parquet")
     assert sorted(runs["beta"]) == [0.3, 1.0] and (out / "runs.csv").exists() and (out / "submitit").is_dir()
     assert json.loads((out / "spec.json").read_text())["run_ids"] == sorted(runs["run_id"], key=lambda r: "1.0" in r)
+
+
+@pytest.mark.parametrize("path", [p for p in SHIPPED if load_spec(p, check_paths=False).executor == "submitit"],
+                         ids=lambda p: p.stem)
+def test_shipped_submitit_specs_pass_only_options_submitit_knows(path):
+    """Every executor option of a shipped submitit spec (besides ``cluster``, which picks the
+    executor) is one AutoExecutor.update_parameters accepts: a generic name or slurm_<SlurmExecutor name>."""
+    submitit = pytest.importorskip("submitit")
+    from submitit.slurm.slurm import SlurmExecutor
+
+    opts = load_spec(path, check_paths=False).executor_options
+    generic, slurm = submitit.AutoExecutor._valid_parameters(), SlurmExecutor._valid_parameters()
+    bad = [k for k in opts if k != "cluster" and k not in generic
+           and not (k.startswith("slurm_") and k[len("slurm_"):] in slurm)]
+    assert not bad, f"{path.name}: unknown submitit options {bad}"
+
+
+def test_gpu_spec_runs_one_gpu_per_point_on_the_automatic_device():
+    spec = load_spec(SPECS / "slurm_gpu.yaml", check_paths=False)
+    assert spec.executor_options["gpus_per_node"] == 1 and spec.executor_options["cluster"] == "slurm"
+    points = spec.points()
+    assert len(points) == 3 * 5 * 3
+    assert {p.params["device"] for p in points} == {"auto"} and {p.params["precision"] for p in points} == {"bf16"}

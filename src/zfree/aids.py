@@ -64,19 +64,28 @@ def initial_phase(cfg: TrainConfig) -> str:
 
 
 def count_usage(state, z_hat: torch.Tensor, n_latent: int) -> None:
-    """Add the posterior argmax counts of one batch, ``z_hat`` (batch,), to ``state.usage`` (K,)."""
-    counts = np.bincount(z_hat.cpu().numpy(), minlength=n_latent)
-    state.usage = (np.asarray(state.usage) + counts).tolist() if state.usage else counts.tolist()
+    """Add the posterior argmax counts of one batch, ``z_hat`` (batch,), to ``state.usage`` (K,):
+    a tensor on z_hat's device (no host copy per step; ``restart_dead_values`` and the training
+    loop's checkpoints read it), or a list of ints as restored from a checkpoint."""
+    z = z_hat.detach().long()  # scatter_add, not bincount: CUDA's bincount reads max(z) back to size its output
+    counts = torch.zeros(n_latent, dtype=torch.long, device=z.device).scatter_add_(0, z, torch.ones_like(z))
+    if isinstance(state.usage, torch.Tensor):
+        state.usage = state.usage + counts
+    elif state.usage:  # a list (restored from a checkpoint)
+        state.usage = torch.as_tensor(state.usage, dtype=counts.dtype, device=counts.device) + counts
+    else:
+        state.usage = counts
 
 
 def restart_dead_values(model, cfg: TrainConfig, state, step: int) -> None:
     """Every ``restart_dead_every`` steps: values whose share of the argmax counts since the last
     check is below ``restart_dead_share / K`` become perturbed copies of the most used one
     (``DiscreteCVAE.restart_values``); recorded in ``state.restarts``; the counts restart."""
-    if not (cfg.aid.restart_dead_every and step % cfg.aid.restart_dead_every == 0 and state.usage):
+    if not (cfg.aid.restart_dead_every and step % cfg.aid.restart_dead_every == 0 and len(state.usage)):
         return
     K = model.n_latent
-    share = np.asarray(state.usage, float) / max(1, sum(state.usage))
+    usage = state.usage.cpu().tolist() if isinstance(state.usage, torch.Tensor) else list(state.usage)
+    share = np.asarray(usage, float) / max(1, sum(usage))
     dead = [k for k in range(K) if share[k] < cfg.aid.restart_dead_share / K]
     if dead:
         donor = int(share.argmax())
@@ -97,15 +106,16 @@ def handover_gate(model, encoded: Sequence[EncodedPair], b: np.ndarray, cfg: Tra
     collapsed_objective, kl_estimate and pass (best < (1 - handover_margin) * collapsed)."""
     was = model.training
     model.eval()
+    dev = next(model.parameters()).device
     oracle, router_cost = [], []
     for i in range(0, len(encoded), 128):
-        batch = collate(encoded[i : i + 128], pad_id=pad_id)
+        batch = collate(encoded[i : i + 128], pad_id=pad_id).to(dev)
         o = model(batch)
         best = masked_mean_token_nll(-o.target_logprobs, batch.target_mask).min(-1)
         oracle.append(best.values)
         router_cost.append(-torch.log_softmax(o.prior_logits, -1).gather(1, best.indices[:, None]).squeeze(1))
     model.train(was)
-    oracle_nll = torch.cat(oracle).double()
+    oracle_nll = torch.cat(oracle).double().cpu()
     kl = math.log(model.n_latent) if cfg.aid.handover_kl == "log_k" else float(torch.cat(router_cost).mean())
     bb = torch.as_tensor(b, dtype=torch.float64)
     w = reconstruction_weight(outer_weighting(cfg.objective), batch_size=len(bb), c_base=c_base, b=bb,

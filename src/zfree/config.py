@@ -170,11 +170,16 @@ class ModelConfig:
     d_latent: int = 16  # dimension of the diagonal Gaussian z
     n_samples: int = 1  # reparameterized samples S per example and step (lbar is their mean)
     prior: LatentPrior = "learned"  # learned: p(z|x) = N(mu(x), diag sigma^2(x)); standard: N(0, I)
+    # decoder passes: "auto" reuses the z-free pass's x-prefix key/value cache where that is exact
+    # (else the full pass, warned once), "on" requires it (error where inexact), "off" always runs
+    # the full pass per latent value (zfree.models.injection.SHARED_PREFIX_MODES)
+    shared_prefix: Literal["auto", "on", "off"] = "auto"
 
     def __post_init__(self):
         typed_fields(self)
         _check_choice("latent_kind", self.latent_kind, LatentKind)
         _check_choice("prior", self.prior, LatentPrior)
+        _check_choice("shared_prefix", self.shared_prefix, Literal["auto", "on", "off"])
         _check_int("d_latent", self.d_latent, 1)
         _check_int("n_samples", self.n_samples, 1)
         _check_choice("posterior_features", self.posterior_features, PosteriorFeatures)
@@ -204,7 +209,11 @@ class OptimConfig:
     decode_rows: int = 200  # rows greedily decoded for task/correctness (0 = skip)
     seed: int = 0
     threads: int = 1  # torch threads; one per worker when runs go in parallel
-    device: str = "cpu"
+    device: str = "auto"  # "auto": cuda when available, else cpu (zfree.models.loading.pick_device)
+    # fp32: everything in float32; bf16: the backbone body under bfloat16 autocast on CUDA, the
+    # output head, log-softmax and the losses in float32 (as zfree.scoring does). Allowed on CPU
+    # (slower there), hence not the default.
+    precision: Literal["fp32", "bf16"] = "fp32"
     checkpoint_every: int = 0  # steps between resumable checkpoints (0 = only at evaluations)
     # adamw is invariant to the scale of the loss, so `distribution` at beta trains like `plain` at
     # beta * c_base; sgd is not (kept to show the difference)
@@ -214,6 +223,9 @@ class OptimConfig:
         typed_fields(self)
         _check_int("checkpoint_every", self.checkpoint_every, 0)
         _check_choice("optimizer", self.optimizer, Literal["adamw", "sgd"])
+        _check_choice("precision", self.precision, Literal["fp32", "bf16"])
+        if not isinstance(self.device, str) or not self.device:
+            raise ValueError(f"device={self.device!r} must be a device name ('auto', 'cpu', 'cuda', 'cuda:N')")
         for name in ("steps", "batch_size", "eval_every", "threads"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be an integer >= 1")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+import numpy as np
 import torch
 from jaxtyping import Bool, Float, Int
 
@@ -86,22 +87,22 @@ def _check_c_base(c_base: float | None) -> float:
     return float(c_base)
 
 
-def _plain_weight(batch_size, c_base, b, epsilon, dtype):
-    return torch.ones(batch_size, dtype=dtype, device=None if b is None else b.device)
+def _plain_weight(batch_size, c_base, b, epsilon, dtype, device):
+    return torch.ones(batch_size, dtype=dtype, device=device)
 
 
-def _distribution_weight(batch_size, c_base, b, epsilon, dtype):
-    return torch.full((batch_size,), 1.0 / _check_c_base(c_base), dtype=dtype, device=None if b is None else b.device)
+def _distribution_weight(batch_size, c_base, b, epsilon, dtype, device):
+    return torch.full((batch_size,), 1.0 / _check_c_base(c_base), dtype=dtype, device=device)
 
 
-def _example_weight(batch_size, c_base, b, epsilon, dtype):
+def _example_weight(batch_size, c_base, b, epsilon, dtype, device):
     if b is None:
         raise ValueError("example weighting needs the per-example base surprisal b")
     if b.shape != (batch_size,):
         raise ValueError(f"b has shape {tuple(b.shape)}, expected ({batch_size},)")
     if not epsilon > 0:
         raise ValueError(f"epsilon={epsilon!r} must be > 0 for example weighting (seed 002)")
-    return (1.0 / (b.detach().clamp_min(0) + epsilon)).to(dtype)
+    return (1.0 / (b.detach().clamp_min(0) + epsilon)).to(device=device, dtype=dtype)
 
 
 #: outer weighting -> w(x, y); ``none`` is the token_outer spelling of plain
@@ -111,13 +112,15 @@ _WEIGHTS = {"plain": _plain_weight, "none": _plain_weight, "distribution": _dist
 
 def reconstruction_weight(weighting: str, *, batch_size: int, c_base: float | None = None,
                           b: Float[torch.Tensor, "batch"] | None = None, epsilon: float = 0.0,
-                          dtype: torch.dtype | None = None) -> Float[torch.Tensor, "batch"]:
+                          dtype: torch.dtype | None = None, device: torch.device | str | None = None
+                          ) -> Float[torch.Tensor, "batch"]:
     """Per-example reconstruction weight w(x, y), shape (batch_size,), detached (a constant).
 
     plain (alias none, the token_outer spelling): 1.  distribution: 1 / c_base (seed 000: one
     global constant, no reweighting).  example: 1 / (b + epsilon) with ``b`` the per-example
     z-free surprisal in nats per token, shape (batch_size,) (seed 002; its gradient is
-    grad(lbar) / (b + eps)). ``dtype`` defaults to b's dtype, else float32.
+    grad(lbar) / (b + eps)). ``dtype`` defaults to b's dtype, else float32; ``device`` (where w is
+    built: pass the log-probs' device) defaults to b's device, else the CPU.
     Raises ValueError for an unknown weighting (listing the valid ones), a missing, non-finite or
     non-positive c_base, a missing b or one of another length, or epsilon <= 0 for example.
     """
@@ -125,7 +128,9 @@ def reconstruction_weight(weighting: str, *, batch_size: int, c_base: float | No
         raise ValueError(f"weighting={weighting!r} is not one of {list(RECONSTRUCTION_WEIGHTINGS)}")
     if dtype is None:
         dtype = b.dtype if b is not None else torch.float32
-    return _WEIGHTS[weighting](batch_size, c_base, b, epsilon, dtype)
+    if device is None:
+        device = b.device if b is not None else torch.device("cpu")
+    return _WEIGHTS[weighting](batch_size, c_base, b, epsilon, dtype, device)
 
 
 def outer_weighting(cfg: ObjectiveConfig) -> str:
@@ -138,14 +143,14 @@ def base_token_matrix(target_mask: Bool[torch.Tensor, "batch seq"], prefix_len: 
                       rows: Sequence) -> Float[torch.Tensor, "batch seq"]:
     """The base model's per-token surprisal b_t laid out like the batch (B, T), float32, nats:
     row r's values start at its first y position ``prefix_len[r]``, 0 elsewhere. ``rows[r]`` holds
-    |S_r| values (the reference's ``surprisal_of``). Raises ValueError if a row does not fit."""
-    out = torch.zeros(target_mask.shape, dtype=torch.float32, device=target_mask.device)
-    for r, s in enumerate(rows):
-        p = int(prefix_len[r])
+    |S_r| values (the reference's ``surprisal_of``); on ``target_mask``'s device (one host->device
+    copy). Raises ValueError if a row does not fit."""
+    out = np.zeros(tuple(target_mask.shape), dtype=np.float32)  # built on the host, copied to the device once
+    for r, (p, s) in enumerate(zip(prefix_len.tolist(), rows)):  # one read of prefix_len, not one per row
         if p + len(s) > out.shape[1]:
             raise ValueError(f"row {r}: {len(s)} base surprisals from position {p} exceed the batch width {out.shape[1]}")
-        out[r, p : p + len(s)] = torch.tensor(s, dtype=torch.float32)  # a copy (the reference's arrays are read-only)
-    return out
+        out[r, p : p + len(s)] = np.asarray(s, dtype=np.float32)  # a copy (the reference's arrays are read-only)
+    return torch.from_numpy(out).to(target_mask.device)
 
 
 def reconstruction_per_value(token_nll: Float[torch.Tensor, "batch n seq"], target_mask: Bool[torch.Tensor, "batch seq"],

@@ -33,6 +33,7 @@ from zfree.data.batching import Batch
 from zfree.losses import (apply_free_bits, beta_at_step, categorical_kl, effective_beta, free_bits_per_dim,
                           gaussian_kl, inter_latent_jsd, masked_mean_token_nll, optimal_posterior_logits,
                           outer_weighting, reconstruction_per_value, reconstruction_weight)
+from zfree.models.precision import body_autocast, model_outputs_fp32
 
 
 @dataclass
@@ -50,6 +51,18 @@ class ObjectiveBreakdown:
         """loss_contrib/fraction_abs/<term> = |contribution| / sum |contributions|."""
         tot = sum(abs(float(v.detach())) for v in self.contributions.values()) or 1.0
         return {k: abs(float(v.detach())) / tot for k, v in self.contributions.items()}
+
+    def log_tensors(self, prefix: str = "loss/train") -> dict[str, torch.Tensor]:
+        """``log_dict``'s training keys (without loss_contrib/...) as detached float64 0-dim tensors
+        on the loss's device: the training loop sums them over steps and reads them only at
+        evaluation, so a step needs no device->host copy. float64 of the float32 values, so the
+        running sums equal Python's float sums of ``log_dict`` bit for bit."""
+        d = {f"{prefix}/total": self.total.detach().double()}
+        d.update({f"{prefix}/{k}": v.detach().double() for k, v in self.terms.items()})
+        d["objective/recon_weight_mean"] = self.recon_weight.mean().double()
+        d["objective/recon_weight_max"] = self.recon_weight.max().double()
+        d["objective/beta_eff_median"] = self.beta_eff.median().double()
+        return d
 
     def log_dict(self, prefix: str = "loss/train") -> dict[str, float]:
         """Flat floats for metrics.jsonl: <prefix>/total, <prefix>/<term>, loss_contrib/fraction_abs/<term>
@@ -144,7 +157,7 @@ def assemble(kind: str, cfg: ObjectiveConfig, *, recon: Float[torch.Tensor, "bat
     if kind not in KINDS:
         raise KeyError(f"objective kind {kind!r} is not one of {sorted(KINDS)}")
     w = reconstruction_weight(outer_weighting(cfg), batch_size=recon.shape[0], c_base=c_base, b=b,
-                              epsilon=cfg.epsilon, dtype=recon.dtype).to(recon.device)
+                              epsilon=cfg.epsilon, dtype=recon.dtype, device=recon.device)
     beta = beta_at_step(cfg, step)
     t = KINDS[kind](cfg, recon=recon, w=w, beta=beta, c_base=c_base, **inputs)
     w = w if t.w is None else t.w
@@ -193,6 +206,15 @@ def assemble_gaussian_objective(cfg: ObjectiveConfig, *, recon_per_sample: Float
 # ---------------------------------------------------------------------------- one training step's J
 
 
+def _forward(model, cfg: TrainConfig, call: Callable):
+    """``call()`` (the model's forward) under ``cfg.optim.precision``'s autocast on the model's
+    device, its floating outputs returned in float32 (``zfree.models.precision``): the objective
+    is then assembled outside autocast, in float32."""
+    with body_autocast(cfg.optim.precision, next(model.parameters()).device):
+        out = call()
+    return model_outputs_fp32(out)
+
+
 def _warm_objective(cfg: ObjectiveConfig, warm: bool) -> ObjectiveConfig:
     """The beta0_warmup aid's objective: beta = 0, constant schedule (the prior is detached by the caller)."""
     return dataclasses.replace(cfg, beta=0.0, beta_schedule="constant") if warm else cfg
@@ -203,7 +225,7 @@ def soft_objective(model, batch: Batch, cfg: TrainConfig, step: int, c_base: flo
     """The true objective J of the discrete CVAE on one batch; ``warm``: the beta0_warmup aid
     (beta = 0, the router detached). ``b`` (batch,), ``base_tok`` (batch, seq): base surprisals."""
     obj = cfg.objective
-    o = model(batch, with_distributions=obj.lambda_jsd > 0)
+    o = _forward(model, cfg, lambda: model(batch, with_distributions=obj.lambda_jsd > 0))
     recon = reconstruction_per_value(-o.target_logprobs, batch.target_mask, obj, base_tok)  # (B, K)
     jsd = None
     if obj.lambda_jsd > 0:
@@ -218,7 +240,7 @@ def continuous_objective(model, batch: Batch, cfg: TrainConfig, step: int, c_bas
     """J of the continuous CVAE on one batch: the per-sample reconstruction reduced like the K
     discrete values, the KL analytic; ``warm`` as in ``soft_objective`` (beta = 0, prior detached)."""
     obj = cfg.objective
-    o = model(batch)
+    o = _forward(model, cfg, lambda: model(batch))
     recon = reconstruction_per_value(-o.target_logprobs, batch.target_mask, obj, base_tok)  # (B, S)
     learned = model.prior == "learned"
     mu_p = (o.prior_mean.detach() if warm else o.prior_mean) if learned else None
@@ -240,7 +262,7 @@ def hard_em_objective(model, batch: Batch, cfg: TrainConfig, step: int, c_base: 
     is one-hot on k* and its cross-entropy is 0. ``per_example["q_logits"]`` holds the posterior's
     log-probs (its argmax: the value counted by dead-value restarts); ``base_tok`` and ``warm`` are
     unused (the hard phase reconstructs with the plain per-token mean)."""
-    sel = model.forward_selected(batch, cfg.aid.hard_em_decoder)  # only the decoded value's passes carry gradient
+    sel = _forward(model, cfg, lambda: model.forward_selected(batch, cfg.aid.hard_em_decoder))  # only the decoded value's passes carry gradient
     rec = masked_mean_token_nll(-sel.selected_logprobs, batch.target_mask)  # (B,)
     return assemble("hard_em", cfg.objective, recon=rec, target_len=batch.target_len, step=step, c_base=c_base, b=b,
                     q_logits=sel.out.posterior_logits, p_logits=sel.out.prior_logits, k_star=sel.k_star,

@@ -29,6 +29,7 @@ from zfree.metrics import evaluate
 from zfree.models.base import load_base
 from zfree.models.continuous import ContinuousCVAE
 from zfree.models.discrete import DiscreteCVAE
+from zfree.models.loading import pick_device
 from zfree.objectives import hard_em_objective, step_objective  # noqa: F401 - hard_em_objective: public here too
 from zfree.reference import Reference, resolve_reference
 from zfree.run_folder import TIMING_KEYS, NonFiniteLossError, NonFiniteMetricError  # noqa: F401 - re-exported
@@ -56,14 +57,18 @@ class TrainState:
 
 def build_cvae(cfg: TrainConfig, backbone: torch.nn.Module) -> DiscreteCVAE | ContinuousCVAE:
     """The CVAE of ``cfg.model.latent_kind`` on ``backbone`` (the latent embeddings start at 0, or
-    at N(0, latent_init_std^2) under the random_init_jsd aid), moved to the device in train mode."""
+    at N(0, latent_init_std^2) under the random_init_jsd aid), moved to ``cfg.optim.device``
+    ("auto": cuda when present) in train mode, its decoder passes under ``cfg.model.shared_prefix``
+    (auto / on / off; off also skips the z-free pass's key/value cache)."""
     m = cfg.model
     if m.latent_kind == "continuous":
         model = ContinuousCVAE(backbone, m.d_latent, m.posterior_features, prior=m.prior, n_samples=m.n_samples)
     else:
         model = DiscreteCVAE(backbone, m.n_latent, m.posterior_features,
                              latent_init_std=cfg.aid.latent_init_std if cfg.aid.aid == "random_init_jsd" else 0.0)
-    return model.to(cfg.optim.device).train()
+    model.shared_prefix_mode = m.shared_prefix
+    model.shared_prefix = m.shared_prefix != "off"
+    return model.to(pick_device(cfg.optim.device)).train()
 
 
 def build_optimizer(model: DiscreteCVAE, cfg: TrainConfig, log=print) -> torch.optim.Optimizer:
@@ -152,14 +157,18 @@ def _setup_data(cfg: TrainConfig, backbone, tok, ref: Reference, train_ref: Refe
     return RunData(tok, pad, ref.c_base, train, val, val_pairs, val_b, train_ref, eval_kw)
 
 
-def _batch_references(data: RunData, batch, weighting: str) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """b (batch,) and, under token weighting, the base-token matrix (batch, seq) of a training batch."""
+def _batch_references(data: RunData, batch, weighting: str, device: torch.device
+                      ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """b (batch,) and, under token weighting, the base-token matrix (batch, seq) of a training
+    batch, on ``device``. ``batch`` is the host (CPU) batch: both are built on the host and copied
+    once, so no device value is read back (``base_token_matrix`` reads prefix_len per row)."""
     if data.train_ref is None:
         return None, None
     b = torch.as_tensor(data.train_ref.b_of(batch.ids), dtype=torch.float32)
     if weighting != "token":
-        return b, None
-    return b, base_token_matrix(batch.target_mask, batch.prefix_len, data.train_ref.surprisal_of(batch.ids))
+        return b.to(device), None
+    tok = base_token_matrix(batch.target_mask, batch.prefix_len, data.train_ref.surprisal_of(batch.ids))
+    return b.to(device), tok.to(device)
 
 
 # ---------------------------------------------------------------------------- evaluation records
@@ -170,6 +179,7 @@ def _record_evaluation(out: Path, model, data: RunData, state: TrainState, opt, 
     and warn on index collapse. Returns the ``metrics.Evaluation``. Raises NonFiniteMetricError
     (after writing error.json) for a non-finite loss metric, before anything is stored or checkpointed."""
     ev = evaluate(model, data.val, data.val_pairs, step=state.step, **data.eval_kw)
+    _host_state(state)
     n = state.train_log.pop("_n", 0)
     train_terms = {k: v / n for k, v in state.train_log.items()} if n else {}
     state.train_log = {}
@@ -186,10 +196,24 @@ def _record_evaluation(out: Path, model, data: RunData, state: TrainState, opt, 
 
 
 def _log_train_terms(state: TrainState, br) -> None:
-    for k, v in br.log_dict("loss/train").items():
-        if not k.startswith("loss_contrib"):
-            state.train_log[k] = state.train_log.get(k, 0.0) + v
+    """Add this step's training terms to the running sums (detached float64 device tensors, no
+    host copy; ``_host_state`` reads them at evaluation and checkpoint time)."""
+    for k, v in br.log_tensors("loss/train").items():
+        state.train_log[k] = state.train_log.get(k, 0.0) + v
     state.train_log["_n"] = state.train_log.get("_n", 0) + 1
+
+
+def _host_state(state: TrainState) -> TrainState:
+    """The running sums and usage counts as host floats / ints (one device->host copy each), so
+    the state can be checkpointed and the metrics row written. Returns ``state``."""
+    state.train_log = {k: v if isinstance(v, (int, float)) else float(v) for k, v in state.train_log.items()}
+    if isinstance(state.usage, torch.Tensor):
+        state.usage = state.usage.cpu().tolist()
+    return state
+
+
+def _save_checkpoint(run: "Run", state: TrainState) -> None:
+    run_folder.save_checkpoint(run.out, run.model, run.opt, run.rng, _host_state(state))
 
 
 # ---------------------------------------------------------------------------- setup and one step
@@ -232,12 +256,48 @@ def _setup_run(cfg: TrainConfig, out: Path, progress: bool) -> Run:
     return Run(out, model, data, opt, rng, state or TrainState(phase=aids.initial_phase(cfg)), t0)
 
 
-def _check_finite(run: Run, br, step: int, batch) -> None:
-    """NonFiniteLossError (after writing error.json) when the total is NaN or infinite."""
-    if not torch.isfinite(br.total):
-        bad = sorted({k for d in (br.terms, br.contributions) for k, v in d.items() if not torch.isfinite(v)})
-        run_folder.write_error(run.out, step, batch.ids, bad)
-        raise NonFiniteLossError(f"non-finite loss at step {step}: terms {bad} (see {run.out / 'error.json'})")
+#: steps between reads of the non-finite flags, per device type. Reading whether a loss is finite
+#: is a device->host synchronisation; on the CPU it costs nothing, so every step is checked before
+#: its update (the run stops at the bad step, its update never applied). On an accelerator the
+#: per-step flags stay on the device and are read every FINITE_CHECK_EVERY steps and before every
+#: evaluation, checkpoint and the end, so a non-finite loss still stops the run, naming the FIRST
+#: bad step, its batch and terms, and no weights updated from it are ever saved (the updates of up
+#: to N - 1 steps after it are discarded with the run).
+FINITE_CHECK_EVERY = {"cpu": 1}
+FINITE_CHECK_EVERY_ACCELERATOR = 25
+
+
+class FiniteWatch:
+    """The non-finite loss check without a per-step synchronisation (``FINITE_CHECK_EVERY``)."""
+
+    def __init__(self, out: Path, device: torch.device):
+        self.out = out
+        self.every = FINITE_CHECK_EVERY.get(torch.device(device).type, FINITE_CHECK_EVERY_ACCELERATOR)
+        self.pending: list[tuple[int, list[str], list[str], torch.Tensor]] = []
+
+    def add(self, br, step: int, batch) -> None:
+        """Record step ``step``'s finiteness flags (total, terms, contributions) on the device;
+        check them when the step is due (every step on the CPU)."""
+        named = [(k, v) for d in (br.terms, br.contributions) for k, v in d.items()]
+        flags = torch.stack([torch.isfinite(br.total.detach())] + [torch.isfinite(v.detach()) for _, v in named])
+        self.pending.append((step, list(batch.ids), [k for k, _ in named], flags))
+        if step % self.every == 0:
+            self.check()
+
+    def check(self) -> None:
+        """Read the pending flags (one synchronisation); NonFiniteLossError (after writing
+        error.json) naming the first step whose total is NaN or infinite."""
+        if not self.pending:
+            return
+        pending, self.pending = self.pending, []
+        ok = torch.stack([f[0] for *_, f in pending]).cpu()
+        if bool(ok.all()):
+            return
+        step, ids, names, flags = pending[int((~ok).nonzero()[0, 0])]
+        flags = flags.cpu()
+        bad = sorted({k for k, f in zip(names, flags[1:].tolist()) if not f})
+        run_folder.write_error(self.out, step, ids, bad)
+        raise NonFiniteLossError(f"non-finite loss at step {step}: terms {bad} (see {self.out / 'error.json'})")
 
 
 def _optimizer_step(run: Run, br, cfg: TrainConfig, step: int, frozen: aids.FrozenDecoderMask) -> None:
@@ -282,6 +342,8 @@ def _train_locked(cfg: TrainConfig, out: Path, progress: bool, stop_after: int |
     model, data, state = run.model, run.data, run.state
     gate_rows = data.val[: cfg.aid.handover_rows] if cfg.aid.handover_rows else data.val
     frozen = aids.FrozenDecoderMask(model)
+    dev = next(model.parameters()).device
+    watch = FiniteWatch(out, dev)
     ev = _record_evaluation(out, model, data, state, run.opt, run.rng, run.t0) if state.step == 0 else None
     bar = tqdm(total=cfg.optim.steps, initial=state.step, disable=not progress, mininterval=5,
                desc=f"{cfg.objective.weighting} β={cfg.objective.beta:g}" + ("" if cfg.aid.aid == "none" else f" {cfg.aid.aid}"))
@@ -289,33 +351,36 @@ def _train_locked(cfg: TrainConfig, out: Path, progress: bool, stop_after: int |
         step = state.step + 1
         run.opt.param_groups[0]["lr"] = backbone_lr(cfg, state.phase, step)
         idx = run.rng.integers(0, len(data.train), cfg.optim.batch_size)  # batches drawn with replacement
-        batch = collate([data.train[i] for i in idx], pad_id=data.pad_id).to(cfg.optim.device)
-        b, base_tok = _batch_references(data, batch, cfg.objective.weighting)
+        host = collate([data.train[i] for i in idx], pad_id=data.pad_id)
+        b, base_tok = _batch_references(data, host, cfg.objective.weighting, dev)
+        batch = host.to(dev)
         # one objective per step: the hard-EM phase, else the latent kind's true J (beta0 warm-up applied)
         phase = "hard" if state.phase == "hard" else cfg.model.latent_kind
         br = step_objective(phase, model, batch, cfg, step, data.c_base, b, base_tok, warm=aids.beta0_warm(cfg, step))
         if state.phase == "hard":  # dead-value restarts count the posterior's argmax
             aids.count_usage(state, br.per_example["q_logits"].argmax(-1), model.n_latent)
-        _check_finite(run, br, step, batch)
+        watch.add(br, step, batch)  # checked now on the CPU, every FINITE_CHECK_EVERY steps elsewhere
         _optimizer_step(run, br, cfg, step, frozen)
         state.step = step
         _log_train_terms(state, br)
         bar.update(1)
-        if step % 10 == 0:
-            bar.set_postfix({k.split("/")[-1][:6]: f"{v.item():.3f}" for k, v in br.terms.items()}, refresh=False)
+        if not bar.disable and step % max(10, watch.every) == 0:  # a host read: only with a bar, rarely
+            bar.set_postfix({k.split("/")[-1][:6]: f"{float(v):.3f}" for k, v in br.terms.items()}, refresh=False)
         if state.phase == "hard":  # restarts, then the hand-over gate
             aids.hard_phase_checks(model, cfg, state, step, gate_rows, data.val_b[: len(gate_rows)], data.c_base,
                                    data.pad_id)
-        saved = True
-        if step % cfg.optim.eval_every == 0 or step == cfg.optim.steps:
+        evaluating = step % cfg.optim.eval_every == 0 or step == cfg.optim.steps
+        saving = bool(cfg.optim.checkpoint_every and step % cfg.optim.checkpoint_every == 0)
+        stopping = stop_after is not None and stop_after <= step < cfg.optim.steps
+        if evaluating or saving or stopping:
+            watch.check()  # before anything is written: weights updated from a non-finite loss are never saved
+        if evaluating:
             ev = _record_evaluation(out, model, data, state, run.opt, run.rng, run.t0)
-        elif cfg.optim.checkpoint_every and step % cfg.optim.checkpoint_every == 0:
-            run_folder.save_checkpoint(out, model, run.opt, run.rng, state)
-        else:
-            saved = False
-        if stop_after is not None and stop_after <= step < cfg.optim.steps:  # tests of resume
-            if not saved:  # (saving twice would leave checkpoint.prev equal to checkpoint)
-                run_folder.save_checkpoint(out, model, run.opt, run.rng, state)
+        elif saving:
+            _save_checkpoint(run, state)
+        if stopping:  # tests of resume
+            if not (evaluating or saving):  # (saving twice would leave checkpoint.prev equal to checkpoint)
+                _save_checkpoint(run, state)
             bar.close()
             return {"stopped_at": step}
     bar.close()

@@ -80,11 +80,14 @@ def coerce_value(name: str, value: Any, typ: Any) -> Any:
 
 def check_device(device: str) -> None:
     """Refuse a torch device this machine does not have (``ConfigError`` naming it): ``cpu``;
-    ``cuda`` / ``cuda:N`` only with CUDA and N < the device count; ``mps`` only on Apple GPUs."""
+    ``cuda`` / ``cuda:N`` only with CUDA and N < the device count; ``mps`` only on Apple GPUs;
+    ``auto`` (cuda when present, else cpu) always."""
     import torch
 
     from zfree.errors import ConfigError
 
+    if device == "auto":
+        return
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as e:
@@ -93,7 +96,7 @@ def check_device(device: str) -> None:
         n = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if n == 0 or (dev.index or 0) >= n:
             raise ConfigError(f"device={device!r} is not available on this machine "
-                              f"({n} CUDA device(s)); use device='cpu'")
+                              f"({n} CUDA device(s)); use device='cpu' or 'auto'")
     elif dev.type == "mps" and not torch.backends.mps.is_available():
         raise ConfigError(f"device={device!r} is not available on this machine; use device='cpu'")
     elif dev.type not in ("cpu", "cuda", "mps"):

@@ -167,11 +167,22 @@ class Batch:
     target_len: Int[torch.Tensor, "batch"]  # |S|
     ids: list[str]
     strategies: list[str | None]
+    # (max prefix_len, max target_len) as host ints, set by ``collate``: shapes of the decoder
+    # passes are read from here, so a batch on a GPU needs no device->host copy for them
+    host_max: tuple[int, int] | None = None
 
-    def to(self, device) -> "Batch":
-        return Batch(*(getattr(self, f).to(device) for f in ("input_ids", "attention_mask", "target_mask",
-                                                              "prefix_len", "target_len")),
-                     self.ids, self.strategies)
+    def to(self, device, non_blocking: bool = False) -> "Batch":
+        """The batch on ``device`` (ids, strategies and ``host_max`` carried over)."""
+        return Batch(*(getattr(self, f).to(device, non_blocking=non_blocking)
+                       for f in ("input_ids", "attention_mask", "target_mask", "prefix_len", "target_len")),
+                     self.ids, self.strategies, self.host_max)
+
+    def max_lengths(self) -> tuple[int, int]:
+        """(max prefix_len, max target_len) as ints: ``host_max`` when known, else read from the
+        tensors (a device->host copy on an accelerator)."""
+        if self.host_max is not None:
+            return self.host_max
+        return int(self.prefix_len.max()), int(self.target_len.max())
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -190,7 +201,8 @@ def collate(encoded: Sequence[EncodedPair], pad_id: int = 0) -> Batch:
     attn = pos < n[:, None]
     tmask = (pos >= P[:, None]) & attn
     return Batch(torch.from_numpy(ids), torch.from_numpy(attn.astype(np.int64)), torch.from_numpy(tmask),
-                 torch.from_numpy(P), torch.from_numpy(L), [e.id for e in encoded], [e.strategy for e in encoded])
+                 torch.from_numpy(P), torch.from_numpy(L), [e.id for e in encoded], [e.strategy for e in encoded],
+                 (int(P.max()), int(L.max())))
 
 
 def pad_id_of(tokenizer) -> int:

@@ -91,6 +91,8 @@ class ContinuousCVAE(nn.Module):
         self.latent_proj = nn.Linear(d_latent, d, bias=False)
         nn.init.zeros_(self.latent_proj.weight)  # decoder == base model at step 0 (DESIGN §3)
         self.shared_prefix = True  # reuse the x-prefix's key/value cache for the S decoder passes
+        # decoder_hidden_suffix's mode (auto / on / off; None: the module default injection.SHARED_PREFIX)
+        self.shared_prefix_mode: str | None = None
 
     def new_parameter_names(self) -> list[str]:
         """Names of the parameters that are not the backbone's (heads, latent projection, encoder)."""
@@ -132,7 +134,8 @@ class ContinuousCVAE(nn.Module):
         cache of the x-prefix; returns (hidden (B, n, L, D) at the positions predicting S, valid (B, L)).
         Same layout as ``DiscreteCVAE.decoder_suffix_shared_prefix`` with W z_s in place of e_k;
         equals ``decoder_hidden_naive`` (tested)."""
-        return decoder_hidden_suffix(self.backbone, batch, cache, self.latent_proj(z))
+        return decoder_hidden_suffix(self.backbone, batch, cache, self.latent_proj(z),
+                                     shared_prefix=self.shared_prefix_mode)
 
     def sample_posterior(self, mu: torch.Tensor, logvar: torch.Tensor, n_samples: int,
                          generator: torch.Generator | None = None) -> Float[torch.Tensor, "batch n_samples d_latent"]:

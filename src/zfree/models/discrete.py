@@ -123,6 +123,8 @@ class DiscreteCVAE(nn.Module):
             nn.init.zeros_(self.posterior_head.bias)
         nn.init.zeros_(self.router_head.weight)  # router starts uniform
         self.shared_prefix = True  # reuse the x-prefix's key/value cache for the K decoder passes
+        # decoder_hidden_suffix's mode (auto / on / off; None: the module default injection.SHARED_PREFIX)
+        self.shared_prefix_mode: str | None = None
         nn.init.zeros_(self.router_head.bias)
 
     @torch.no_grad()
@@ -173,8 +175,9 @@ class DiscreteCVAE(nn.Module):
         return decoder_hidden_full(self.backbone, batch, self.latent_embedding(z))
 
     def _encode_with_cache(self, batch: Batch):
-        """The z-free pass that also returns its key/value cache (reused for the x-prefix)."""
-        return zfree_pass(self.backbone, batch, use_cache=True)
+        """The z-free pass that also returns its key/value cache (reused for the x-prefix; None
+        when ``shared_prefix`` is off, and the decoder then takes the full pass)."""
+        return zfree_pass(self.backbone, batch, use_cache=self.shared_prefix)
 
     def decoder_suffix_shared_prefix(self, batch: Batch, cache, z: Int[torch.Tensor, "batch n"] | None = None
                                      ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -182,7 +185,8 @@ class DiscreteCVAE(nn.Module):
         reusing the z-free pass's key/value cache of the x-prefix ([bos] + x, which does not depend
         on z): (hidden (B, n, L, D), valid (B, L)), L = max |S| (``models.injection``)."""
         z = self._all_values(batch) if z is None else z
-        return decoder_hidden_suffix(self.backbone, batch, cache, self.latent_embedding(z))
+        return decoder_hidden_suffix(self.backbone, batch, cache, self.latent_embedding(z),
+                                     shared_prefix=self.shared_prefix_mode)
 
     def forward(self, batch: Batch, with_distributions: bool = False) -> DiscreteCVAEOutput:
         """Posterior and router logits and the decoder's per-token log-probs for all K values."""
@@ -197,7 +201,7 @@ class DiscreteCVAE(nn.Module):
             tlp, dist = suffix_target_logprobs(self.backbone, batch, hz, valid, with_distributions)
         else:
             tlp, dist = full_target_logprobs(self.backbone, batch, self.decoder_hidden(batch), with_distributions)
-            valid = torch.arange(int(batch.target_len.max()), device=tlp.device)[None, :] < batch.target_len[:, None]
+            valid = torch.arange(batch.max_lengths()[1], device=tlp.device)[None, :] < batch.target_len[:, None]
         out = DiscreteCVAEOutput(heads.posterior_logits, heads.prior_logits, tlp, heads.features, t0)
         if with_distributions:
             out.next_token_logprobs, out.pos_mask = dist, valid

@@ -90,7 +90,7 @@ def repeat_batch(batch: Batch, n: int) -> Batch:
     r = lambda t: t.repeat_interleave(n, dim=0)
     return Batch(r(batch.input_ids), r(batch.attention_mask), r(batch.target_mask), r(batch.prefix_len),
                  r(batch.target_len), [i for i in batch.ids for _ in range(n)],
-                 [s for s in batch.strategies for _ in range(n)])
+                 [s for s in batch.strategies for _ in range(n)], batch.host_max)
 
 
 def layer_kv(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -134,8 +134,8 @@ def decoder_hidden_suffix(backbone, batch: Batch, cache, latents: Float[torch.Te
     """
     B, T = batch.input_ids.shape
     n = latents.shape[1]
-    Pc = int(batch.prefix_len.max()) - 1  # cached prefix slots (without the separator)
-    L = int(batch.target_len.max())
+    P_max, L = batch.max_lengths()  # host ints (no device->host copy)
+    Pc = P_max - 1  # cached prefix slots (without the separator)
     dev = batch.input_ids.device
     j = torch.arange(L, device=dev)[None, :]
     valid = j < batch.target_len[:, None]  # (B, L)
@@ -200,7 +200,7 @@ def full_target_logprobs(backbone, batch: Batch, hz: Float[torch.Tensor, "batch 
     tlp[:, :, 1:][predict] = logp_all.gather(-1, tokens[:, None]).squeeze(-1)
     if not with_distributions:
         return tlp, None
-    P = int(batch.target_len.max())
+    P = batch.max_lengths()[1]
     pos_mask = torch.arange(P, device=hz.device)[None, :] < batch.target_len[:, None]  # (B, P)
     dist = logp_all.new_zeros((B, n, P, logp_all.shape[-1]))
     dist[pos_mask[:, None].expand(B, n, P)] = logp_all
