@@ -8,6 +8,7 @@ per-label metrics and the note of an absent label are exercised.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import shutil
 
 import pandas as pd
@@ -160,8 +161,10 @@ def test_finetune_base_makes_the_entangled_run_setting(tiny_model, tmp_path, mon
     ref = json.loads((ft / "reference" / "reference.json").read_text())
     assert ref["estimator"] == "entangled_run"
     (run,) = [p for p in (out / "runs").iterdir() if p.is_dir()]
-    cfg = json.loads((run / "config.json").read_text())
-    assert cfg["c_base_source"] == "entangled_run" and cfg["base_dir"] == str(ft)
+    from zfree.run_folder import read_run_config
+
+    cfg = read_run_config(run / "config.json")  # paths stored relative to the run folder, resolved here
+    assert cfg["c_base_source"] == "entangled_run" and Path(cfg["base_dir"]).resolve() == ft.resolve()
     assert json.loads((run / "summary.json").read_text())["reference/c_base"] == pytest.approx(ref["c_base"])
 
 
