@@ -26,6 +26,19 @@ from zfree.scoring import score_encoded
 from zfree.theory import analytic_c_base
 
 
+def lm_step(model, opt, sched, batch) -> torch.Tensor:
+    """One language-model step on the y-region: loss = mean over the batch of the masked mean token
+    NLL (nats per token) under ``model``, backward, gradient norm clipped to 1, optimizer and
+    scheduler step. ``batch``: a ``collate``d ``Batch``. Returns the (scalar) loss before the step."""
+    loss = masked_mean_token_nll(-target_logprobs(model, batch), batch.target_mask).mean()
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    sched.step()
+    return loss
+
+
 def train_base(data_dir: Path | str, out_dir: Path | str, cfg: BaseTrainConfig = BaseTrainConfig(),
                threads: int = 2, progress: bool = True, init_from: Path | str | None = None) -> dict:
     """Train the base model on ``data_dir/train.jsonl``; stop at ``cfg.target_ratio`` x the analytic
@@ -78,13 +91,7 @@ def train_base(data_dir: Path | str, out_dir: Path | str, cfg: BaseTrainConfig =
         else:
             rows = [train[i] for i in rng.integers(0, len(train), cfg.batch_size)]
         batch = collate(rows, pad_id=pad)
-        nll = masked_mean_token_nll(-target_logprobs(model, batch), batch.target_mask)
-        loss = nll.mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
+        loss = lm_step(model, opt, sched, batch)
         step += 1
         bar.update(1)
         elapsed = time.time() - t0
@@ -186,12 +193,7 @@ def train_text_base(data_dir: Path | str, out_dir: Path | str, cfg: BaseTrainCon
                 if len(e.prefix_ids) + len(e.target_ids) <= n_positions:
                     rows[j] = e
         batch = collate(rows, pad_id=pad)
-        loss = masked_mean_token_nll(-target_logprobs(model, batch), batch.target_mask).mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
+        loss = lm_step(model, opt, sched, batch)
         step += 1
         bar.update(1)
         elapsed = time.time() - t0
