@@ -270,6 +270,7 @@ def train_cvae(cfg: TrainConfig, out_dir: Path | str, progress: bool = True, sto
     while state.step < cfg.optim.steps:
         step = state.step + 1
         run.opt.param_groups[0]["lr"] = backbone_lr(cfg, state.phase, step)
+        run.opt.param_groups[1]["lr"] = aids.new_lr(cfg, state.phase)
         idx = run.rng.integers(0, len(data.train), cfg.optim.batch_size)  # batches drawn with replacement
         batch = collate([data.train[i] for i in idx], pad_id=data.pad_id).to(cfg.optim.device)
         b, base_tok = _batch_references(data, batch, cfg.objective.weighting)
