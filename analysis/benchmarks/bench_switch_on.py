@@ -84,7 +84,7 @@ def main() -> None:
     from zfree.study import HARD_EM_RECIPE, SWITCH_ON_RECIPE
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--recipes", nargs="+", default=["old", "new"])
+    ap.add_argument("--recipes", nargs="*", default=["old", "new"])
     ap.add_argument("--variant", action="append", default=[], help="name={json} over new, or name=old:{json}")
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     ap.add_argument("--cap", type=int, default=1300, help="step cap per run")
