@@ -11,7 +11,7 @@ machine-independent; wall times are only comparable within one invocation.
 
 Usage (the exact command of analysis/results/switch_on_variants.md):
   OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 .venv/bin/python analysis/benchmarks/bench_switch_on.py \
-      --recipes old new --seeds 0 1 --cap 1300 --every 50 --jobs 4
+      --recipes old new --seeds 0 1 --cap 1300 --every 50 --jobs 2
   extra variants: --variant 'name={"lr_new": 0.01}' (flat TrainConfig fields over the new recipe;
   'name=old:{...}' over the old one).
 """
