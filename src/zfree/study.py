@@ -47,9 +47,9 @@ HARD_EM_RECIPE = {"aid": "hard_em_then_soft", "n_latent": 6, "posterior_features
                   "lr_new": 3e-3}
 #: issue 15's candidate for a faster switch-on (analysis/results/switch_on_variants.md): the recipe
 #: with batch 32, higher rates (hard-phase backbone 3e-4, heads 1e-2), a 200-row gate every 25
-#: steps and restarts every 50. Seed 0: hand-over at step 325, NMI (m = 1) 0.894 / rho_recon 0.227
-#: at step 550 (the old recipe: NMI 0.42 at step 350); it has NOT met the NMI >= 0.9 target by step
-#: 600, so the presets do not use it yet
+#: steps and restarts every 50. NMI (m = 1) >= 0.9 and rho_recon <= 0.3 at step 700 / 800 (seeds
+#: 0 / 1) against the old recipe's 1250 / 1050, at 0.56x its step time: short of issue 15's 3x, so
+#: the presets do not use it yet
 SWITCH_ON_RECIPE = {**HARD_EM_RECIPE, "batch_size": 32, "hard_em_lr_backbone": 3e-4, "lr_backbone": 3e-4,
                     "lr_new": 1e-2, "handover_rows": 200, "handover_check_every": 25, "restart_dead_every": 50,
                     "hard_em_max_steps": 400}
