@@ -19,6 +19,19 @@ import pytest
 from tests.golden_runs import GOLDEN, generate, normalized
 
 
+#: config keys added after the golden files were written, each with a default that keeps the
+#: pinned behaviour (tested by the runs themselves): absent in the golden files, ignored here only
+ADDED_KEYS = {"hard_em_lr_new"}
+
+
+def _drop_added(x):
+    if isinstance(x, dict):
+        return {k: _drop_added(v) for k, v in x.items() if k not in ADDED_KEYS}
+    if isinstance(x, list):
+        return [_drop_added(v) for v in x]
+    return x
+
+
 def _diff(a, b, path=""):
     """Paths where two JSON values differ (for a readable failure)."""
     if isinstance(a, dict) and isinstance(b, dict):
@@ -29,6 +42,14 @@ def _diff(a, b, path=""):
     return [] if a == b else [f"{path}: golden {a!r} != now {b!r}"]
 
 
+def _keys(x) -> set:
+    if isinstance(x, dict):
+        return set(x) | {k for v in x.values() for k in _keys(v)}
+    if isinstance(x, list):
+        return {k for v in x for k in _keys(v)}
+    return set()
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     return normalized(generate(tmp_path_factory.mktemp("golden")))
@@ -37,7 +58,8 @@ def runs(tmp_path_factory):
 @pytest.mark.parametrize("name", sorted(p.stem for p in GOLDEN.glob("*.json")))
 def test_golden_run_is_unchanged(runs, name):
     golden = json.loads((GOLDEN / f"{name}.json").read_text())
-    diff = _diff(golden, runs[name])
+    assert not ADDED_KEYS & _keys(golden), "an added key is in the golden file: drop it from ADDED_KEYS"
+    diff = _diff(golden, _drop_added(runs[name]))
     assert not diff, f"{name}: {len(diff)} differences, first: " + "; ".join(diff[:8])
 
 

@@ -335,3 +335,26 @@ def test_evaluation_uses_the_optimal_posterior_of_the_evaluated_decoders(tiny):
     assert q.max(-1).values.mean() > 0.6  # the decoders differ: q is far from uniform (1/3)
     assert ev.per_example["posterior_argmax"].tolist() == q.argmax(-1).tolist()
     assert ev.per_example["q_max"].to_numpy() == pytest.approx(q.max(-1).values.numpy(), abs=1e-5)
+
+
+def test_hard_phase_rate_of_the_heads_applies_until_the_handover(tiny, tmp_path, monkeypatch):
+    """hard_em_lr_new (issue 15) sets the ``new`` group's rate in the hard phase only; 0 keeps lr_new."""
+    from zfree import aids, training
+
+    seen = []
+
+    class Recording(torch.optim.AdamW):
+        def step(self, closure=None):
+            seen.append(self.param_groups[1]["lr"])
+            return super().step(closure)
+
+    monkeypatch.setitem(training.OPTIMIZERS, "adamw", Recording)
+    cfg = _cfg(data := tiny[0], tiny[1], steps=6, aid="hard_em_then_soft", handover_check_every=4,
+               hard_em_max_steps=4, handover_rows=16, weighting="distribution", beta=0.3, lr_new=1e-3,
+               hard_em_lr_new=5e-3)
+    s = train_cvae(cfg, tmp_path / "run", progress=False)
+    h = s["aid/handover_step"]
+    assert data and h == 4 and seen == [5e-3] * h + [1e-3] * (6 - h)
+    assert aids.new_lr(cfg.replace(hard_em_lr_new=0.0), "hard") == 1e-3
+    with pytest.raises(ValueError, match="hard_em_lr_new"):
+        cfg.replace(hard_em_lr_new=-1.0)

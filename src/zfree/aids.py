@@ -63,6 +63,12 @@ def initial_phase(cfg: TrainConfig) -> str:
     return "hard" if cfg.aid.aid == "hard_em_then_soft" else "soft"
 
 
+def new_lr(cfg: TrainConfig, phase: str) -> float:
+    """The rate of the heads and latent embeddings (the ``new`` group): ``hard_em_lr_new`` in the
+    hard phase when it is set (> 0), else ``lr_new``."""
+    return cfg.aid.hard_em_lr_new if phase == "hard" and cfg.aid.hard_em_lr_new > 0 else cfg.optim.lr_new
+
+
 def count_usage(state, z_hat: torch.Tensor, n_latent: int) -> None:
     """Add the posterior argmax counts of one batch, ``z_hat`` (batch,), to ``state.usage`` (K,):
     a tensor on z_hat's device (no host copy per step; ``restart_dead_values`` and the training

@@ -270,6 +270,8 @@ class AidConfig:
     handover_margin: float = 0.0
     hard_em_max_steps: int = 600
     hard_em_lr_backbone: float = 1e-4  # the prototype's hard phase rate (soft phase: lr_backbone)
+    # the hard phase's rate of the heads and latent embeddings (issue 15); 0 = lr_new as in the soft phase
+    hard_em_lr_new: float = 0.0
     handover_check_every: int = 50
     handover_rows: int = 500
     restart_dead_every: int = 0  # hard phase: restart values unused for this many steps (0 = off)
@@ -287,6 +289,7 @@ class AidConfig:
                      "warmup_aid_steps"):
             _check_int(name, getattr(self, name), 0)
         _check_range("hard_em_lr_backbone", self.hard_em_lr_backbone, 0.0)
+        _check_range("hard_em_lr_new", self.hard_em_lr_new, 0.0)
         _check_range("handover_margin", self.handover_margin, 0.0, 0.99)
         _check_range("restart_dead_share", self.restart_dead_share, 0.0, 1.0)
         _check_range("latent_init_std", self.latent_init_std, 0.0)

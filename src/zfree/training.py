@@ -350,6 +350,7 @@ def _train_locked(cfg: TrainConfig, out: Path, progress: bool, stop_after: int |
     while state.step < cfg.optim.steps:
         step = state.step + 1
         run.opt.param_groups[0]["lr"] = backbone_lr(cfg, state.phase, step)
+        run.opt.param_groups[1]["lr"] = aids.new_lr(cfg, state.phase)
         idx = run.rng.integers(0, len(data.train), cfg.optim.batch_size)  # batches drawn with replacement
         host = collate([data.train[i] for i in idx], pad_id=data.pad_id)
         b, base_tok = _batch_references(data, host, cfg.objective.weighting, dev)
