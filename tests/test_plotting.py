@@ -8,6 +8,7 @@ matplotlib.use("Agg")
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
+import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.collections import PathCollection  # noqa: E402
 
 from zfree import plotting as P  # noqa: E402
@@ -234,3 +235,19 @@ def test_handover_gate_draws_one_line_per_run():
     runs = {ln.get_label(): ln for ln in ax.lines if not ln.get_label().startswith("_")}
     np.testing.assert_allclose(runs["a"].get_ydata(), [1.2, 0.9])
     assert any(np.allclose(ln.get_ydata(), 1.0) for ln in ax.lines)
+
+
+def test_log_ticks_at_nearby_betas_are_thinned_so_labels_do_not_overprint():
+    """Betas 0.0043 and 0.0045 (two weightings' β*/3 in the e2e preset) are 0.02 decades apart: one
+    label each would overprint ("0.00445"); the thinned set keeps one of them and the far value."""
+    from zfree.figstyle import thin_log_ticks
+
+    assert thin_log_ticks([0.0111, 0.0045, 0.0043]) == [0.0043, 0.0111]
+    assert thin_log_ticks([0.03, 0.1, 0.3, 1.0]) == [0.03, 0.1, 0.3, 1.0]  # a sweep's betas: all kept
+    assert thin_log_ticks([]) == []
+    fig, ax = plt.subplots()
+    ax.plot([0.0043, 0.0045, 0.0111], [1, 2, 3], "o")
+    P._log_axis(ax, "x", [0.0043, 0.0045, 0.0111])
+    fig.canvas.draw()
+    assert [t.get_text() for t in ax.get_xticklabels() if t.get_text()] == ["0.0043", "0.0111"]
+    plt.close(fig)

@@ -126,3 +126,13 @@ def test_boundary_table_short_headers_indexed_by_facets():
     t = R.boundary_table(b)
     assert t.index.names == ["weighting", "aid"] and t.loc[("plain", "none"), "β½ measured"] == 0.212
     assert list(t.columns) == ["β values", "β½ measured", "β½ predicted", "measured / predicted", "within ±25%", "note"]
+
+
+def test_run_table_makes_json_null_columns_numeric():
+    """A column read from summary.json files holds None where a metric is absent: the table shows
+    one missing-value marker (NaN) and rounds the numbers, not "None" beside "NaN"."""
+    s = _summary()
+    s["alignment_nmi"] = pd.Series([None, 0.123456, None, None][: len(s)], dtype=object)
+    t = R.run_table(s, {"alignment_nmi": "NMI"})
+    assert t["NMI"].dtype.kind == "f" and t["NMI"].isna().sum() == s["alignment_nmi"].isna().sum()
+    assert t["NMI"].dropna().iloc[0] == 0.123

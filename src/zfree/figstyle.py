@@ -36,9 +36,25 @@ def color_of(w: str) -> str:
     return WEIGHTING_COLORS.get(w, "tab:gray")
 
 
+def thin_log_ticks(vals, min_gap_decades: float = 0.1, share: float = 1 / 6) -> list[float]:
+    """The sorted positive ``vals`` thinned so neighbouring labels on a log axis do not overprint:
+    a value is kept when it lies at least max(``min_gap_decades``, ``share`` of the values' span in
+    decades) above the last kept one (e.g. betas 0.0043, 0.0045, 0.0111 -> 0.0043, 0.0111)."""
+    vals = np.sort(np.asarray(vals, float))
+    if len(vals) == 0:
+        return []
+    lv = np.log10(vals)
+    gap = max(min_gap_decades, share * (lv[-1] - lv[0]))
+    keep = [0]
+    for i in range(1, len(vals)):
+        if lv[i] - lv[keep[-1]] >= gap - 1e-12:
+            keep.append(i)
+    return [float(vals[i]) for i in keep]
+
+
 def log_axis(ax, axis: str = "x", values=None) -> None:
     """Log scale with readable major ticks only: at ``values`` (the data's few distinct values,
-    e.g. the betas a sweep ran) when there are at most 8, else at 1-2-5 per decade (one a decade
+    e.g. the betas a sweep ran, thinned where neighbours would overprint: ``thin_log_ticks``) when there are at most 8, else at 1-2-5 per decade (one a decade
     beyond 1.5 decades, 1-1.5-2-3-5-7 within half a decade); plain-number labels ("0.03", not "3×10⁻²"), no minor labels."""
     from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter
 
@@ -47,7 +63,7 @@ def log_axis(ax, axis: str = "x", values=None) -> None:
     vals = np.unique(np.round(np.asarray([] if values is None else values, float), 12))
     vals = vals[np.isfinite(vals) & (vals > 0)]
     if 0 < len(vals) <= 8:
-        a.set_major_locator(FixedLocator(vals))
+        a.set_major_locator(FixedLocator(thin_log_ticks(vals)))
     else:
         lo, hi = (vals.min(), vals.max()) if len(vals) else getattr(ax, f"get_{axis}lim")()
         span = hi / max(lo, 1e-300)

@@ -140,6 +140,11 @@ def run_table(summary: pd.DataFrame, columns: dict[str, str], digits: int = 3) -
     run's label (``run_label``), floats rounded to ``digits`` decimals: a table that fits a page."""
     t = summary[[c for c in columns if c in summary]].rename(columns=columns)
     t.index = pd.Index([run_label(r, summary) for _, r in summary.iterrows()], name="run")
+    for c in t.columns:  # JSON nulls make object columns ("None" beside "NaN"): numbers where all are
+        if t[c].dtype == object:
+            num = pd.to_numeric(t[c], errors="coerce")
+            if num.notna().sum() == t[c].notna().sum():
+                t[c] = num
     return t.round(digits)
 
 
