@@ -251,3 +251,15 @@ def test_log_ticks_at_nearby_betas_are_thinned_so_labels_do_not_overprint():
     fig.canvas.draw()
     assert [t.get_text() for t in ax.get_xticklabels() if t.get_text()] == ["0.0043", "0.0111"]
     plt.close(fig)
+
+
+def test_training_curves_say_why_the_nmi_panel_is_empty_without_strategies():
+    df = pd.DataFrame({"step": [0, 50], "loss/val/kl_prior_loss": [0.01, 0.02],
+                       "loss/val/baseline_normalized_reconstruction_loss": [1.0, 0.99],
+                       "structure/alignment_nmi": [None, None]})
+    fig = P.plot_training_curves({"run": df})
+    assert any("no strategy labels" in t.get_text() for t in fig.axes[3].texts)
+    df["structure/alignment_nmi"] = [0.1, 0.2]
+    fig = P.plot_training_curves({"run": df})
+    assert not any("no strategy labels" in t.get_text() for t in fig.axes[3].texts)
+    plt.close("all")

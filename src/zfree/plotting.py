@@ -135,6 +135,9 @@ def plot_training_curves(metrics: dict[str, pd.DataFrame], collapse_kl: float = 
     _rho_limits(axes[2])
     axes[0].set_ylim(-0.02, 1.02)  # shares and NMI live on [0, 1]: one scale in every report
     axes[3].set_ylim(-0.02, 1.02)
+    if not any(k in df and df[k].notna().any() for df in metrics.values() for k in ("structure/alignment_nmi",)):
+        axes[3].text(0.5, 0.5, "no strategy labels in these runs\n(per-label NMI: the labels section)",
+                     ha="center", va="center", fontsize=8, color="gray", transform=axes[3].transAxes)
     for ax in axes:
         ax.set_xlabel("step")
     fig.tight_layout()

@@ -140,12 +140,19 @@ def run_table(summary: pd.DataFrame, columns: dict[str, str], digits: int = 3) -
     run's label (``run_label``), floats rounded to ``digits`` decimals: a table that fits a page."""
     t = summary[[c for c in columns if c in summary]].rename(columns=columns)
     t.index = pd.Index([run_label(r, summary) for _, r in summary.iterrows()], name="run")
-    for c in t.columns:  # JSON nulls make object columns ("None" beside "NaN"): numbers where all are
+    return _numeric(t).round(digits)
+
+
+def _numeric(t: pd.DataFrame) -> pd.DataFrame:
+    """``t`` with each object column that holds only numbers and JSON nulls made numeric (so a
+    table shows one missing-value marker, NaN, not "None" beside "NaN", and rounds)."""
+    t = t.copy()
+    for c in t.columns:
         if t[c].dtype == object:
             num = pd.to_numeric(t[c], errors="coerce")
             if num.notna().sum() == t[c].notna().sum():
                 t[c] = num
-    return t.round(digits)
+    return t
 
 
 def rho_table(per_example: pd.DataFrame) -> pd.DataFrame:
@@ -183,7 +190,7 @@ def aided_runs(runs: pd.DataFrame) -> pd.DataFrame:
 def aided_tables(aided: pd.DataFrame, digits: int = 3) -> list[pd.DataFrame]:
     """The aided runs' table (``AIDED_COLUMNS``) as the two halves of ``AIDED_SPLIT`` (recipe,
     outcome), both indexed by the short run id, rounded to ``digits`` decimals."""
-    t = aided[[c for c in AIDED_COLUMNS if c in aided]].rename(columns=AIDED_COLUMNS).round(digits)
+    t = _numeric(aided[[c for c in AIDED_COLUMNS if c in aided]].rename(columns=AIDED_COLUMNS)).round(digits)
     t.index = pd.Index([str(r)[-8:] for r in aided["run_id"]], name="run")
     return [t[[c for c in part if c in t]] for part in AIDED_SPLIT]
 
