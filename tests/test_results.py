@@ -53,3 +53,22 @@ def test_phase_boundary_needs_enough_betas_and_says_why_when_it_cannot_cross():
     pb = _sweep(runs).phase_boundary()
     assert math.isnan(pb.iloc[0]["beta_half_measured"]) and "does not fall" in pb.iloc[0]["note"]
     assert _sweep(runs.iloc[:2]).phase_boundary().empty
+
+
+def test_study_summary_keeps_label_columns_and_notes_of_a_labelled_study(tmp_path):
+    """`zfree report` re-aggregates a study: on labelled data (a notes.json) its summary.csv keeps
+    the per-label structure columns and the notes; on the synthetic benchmark it is SUMMARY_COLUMNS."""
+    import json
+
+    from zfree.results import SUMMARY_COLUMNS, study_summary
+
+    for rid, beta, nmi in (("b", 0.3, 0.25), ("a", 0.1, 0.5)):
+        (tmp_path / "runs" / rid).mkdir(parents=True)
+        (tmp_path / "runs" / rid / "summary.json").write_text(json.dumps(
+            {"weighting": "plain", "beta": beta, "structure/alignment_nmi/style": nmi, "loss/val/kl_prior_loss": 0.0}))
+    assert list(study_summary(tmp_path).columns) == list(SUMMARY_COLUMNS)
+    (tmp_path / "notes.json").write_text(json.dumps({"notes": ["label 'strategy': absent", "x"]}))
+    t = study_summary(tmp_path)
+    assert list(t.columns) == [*SUMMARY_COLUMNS, "structure/alignment_nmi/style", "notes"]
+    assert t.set_index("run_id")["structure/alignment_nmi/style"].to_dict() == {"a": 0.5, "b": 0.25}
+    assert (t["notes"] == "label 'strategy': absent | x").all()

@@ -66,6 +66,29 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(cols).sort_values(["weighting", "beta", "run_id"]).reset_index(drop=True)
 
 
+def summary_with_labels(runs: pd.DataFrame, notes: list[str]) -> pd.DataFrame:
+    """summary.csv of a study on labelled data (own data, E2E): ``summary_table`` plus every
+    ``structure/<metric>/<label>`` column of ``runs`` and a ``notes`` column (the study's notes,
+    joined by " | ")."""
+    tab = summary_table(runs)
+    if not runs.empty:
+        by_id = runs.set_index("run_id").loc[tab["run_id"]] if "run_id" in tab else runs
+        for c in sorted(c for c in by_id.columns if c.startswith("structure/") and c.count("/") == 2):
+            tab[c] = by_id[c].to_numpy()
+    tab["notes"] = " | ".join(notes)
+    return tab
+
+
+def study_summary(study_dir: Path | str) -> pd.DataFrame:
+    """The summary.csv table of a study or sweep folder: ``summary_with_labels`` when the folder
+    has a ``notes.json`` (a labelled-data study), else ``summary_table``."""
+    d = Path(study_dir)
+    runs = collect_runs(d / "runs")
+    if (d / "notes.json").exists():
+        return summary_with_labels(runs, read_json(d / "notes.json").get("notes", []))
+    return summary_table(runs)
+
+
 def runs_table(sweep_dir: Path | str) -> pd.DataFrame:
     """The tidy table of a sweep: one row per finished run with every key of its summary.json,
     the short names of ``SUMMARY_COLUMNS``, and from its per-example table
@@ -115,7 +138,7 @@ def aggregate(sweep_dir: Path | str) -> dict[str, Path]:
     atomic_write_parquet(out["runs.parquet"], runs.astype({c: str for c in runs.columns if runs[c].dtype == object}))
     atomic_write_text(out["runs.csv"], runs.to_csv(index=False))
     atomic_write_parquet(out["per_example.parquet"], per_example_table(runs))
-    atomic_write_text(out["summary.csv"], summary_table(collect_runs(d / "runs")).to_csv(index=False))
+    atomic_write_text(out["summary.csv"], study_summary(d).to_csv(index=False))
     return out
 
 

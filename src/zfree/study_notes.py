@@ -40,18 +40,12 @@ def label_notes(pairs: list[Pair], data_dir: Path) -> list[str]:
 
 
 def write_summary_csv(out: Path, notes: list[str]):
-    """``out/summary.csv``: ``zfree.results.summary_table`` plus every ``structure/<metric>/<label>``
-    column of the runs and a ``notes`` column (the study's notes joined by " | "). Returns the table."""
+    """``out/summary.csv``: ``zfree.results.summary_with_labels`` of the study's runs (the
+    ``structure/<metric>/<label>`` columns and a ``notes`` column). Returns the table."""
     from zfree.io import atomic_write_text
-    from zfree.results import collect_runs, summary_table
+    from zfree.results import collect_runs, summary_with_labels
 
-    runs = collect_runs(out / "runs")
-    tab = summary_table(runs)
-    if not runs.empty:
-        runs = runs.set_index("run_id").loc[tab["run_id"]] if "run_id" in tab else runs
-        for c in sorted(c for c in runs.columns if c.startswith("structure/") and c.count("/") == 2):
-            tab[c] = runs[c].to_numpy()
-    tab["notes"] = " | ".join(notes)
+    tab = summary_with_labels(collect_runs(out / "runs"), notes)
     atomic_write_text(out / "summary.csv", tab.to_csv(index=False))
     return tab
 
