@@ -24,7 +24,7 @@ sweep_dir = "../runs/study-aided"  # a folder written by `zfree study` or `zfree
 from IPython.display import Markdown, display
 
 from zfree.plotting import plot_handover_gate, plot_phase_boundary, plot_use_by_length
-from zfree.report import aided_runs, aided_tables, boundary_table, confusion_tables, gate_traces, show
+from zfree.report import aided_runs, aided_tables, boundary_table, confusion_tables, gate_traces, show, switch_on_targets
 from zfree.results import load_sweep
 
 sweep = load_sweep(sweep_dir)
@@ -34,6 +34,17 @@ if aided.empty:
     display(Markdown("No aided runs in this folder (every run has `aid = none`)."))
 for part in aided_tables(aided) if not aided.empty else []:
     display(part)
+
+# %% [markdown]
+# ## Targets met?
+#
+# Where theory predicts use: NMI (m = 1) ≥ 0.9, ρ_recon ≤ 0.3, KL within 20% of the analytic
+# I(z; y | x) and task correctness within 1 point of the base model. Where it predicts no use: z
+# ended unused. Empty cells: not applicable, or a number the data cannot give (no strategy labels).
+
+# %%
+if not aided.empty:
+    display(switch_on_targets(aided).set_index("run"))
 
 # %% [markdown]
 # ## The barrier: best-z state against collapse during the hard phase

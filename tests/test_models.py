@@ -141,3 +141,31 @@ def test_forward_selected_gradient_equals_the_full_k_way_graph(setup):
     assert g_sel.keys() == g_full.keys()
     for n in g_full:
         torch.testing.assert_close(g_sel[n], g_full[n], atol=1e-10, rtol=1e-8, msg=n)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_forward_selected_estep_on_the_first_tokens_of_s(setup, n):
+    """``estep_tokens = n``: the K no-grad passes score only the first n tokens of S, equal to the
+    full K-way pass's log-probs there (float64); k* is the argmin of their mean; the decoded value's
+    log-probs still cover all of S and equal the full pass at k*."""
+    base, tok, batch = setup
+    torch.manual_seed(0)
+    model = DiscreteCVAE(copy.deepcopy(base), n_latent=4).double()
+    with torch.no_grad():
+        model.latent_embedding.weight.normal_(std=0.5)
+    full = model(batch).target_logprobs.detach()  # (B, K, T)
+    sel = model.forward_selected(batch, "best", estep_tokens=n)
+    t = torch.arange(batch.input_ids.shape[1])[None, :]
+    first = batch.target_mask & (t < (batch.prefix_len + n)[:, None])  # the first n tokens of S
+    assert int(first.sum()) == int(batch.target_len.clamp_max(n).sum()) < int(batch.target_mask.sum())
+    torch.testing.assert_close(sel.out.target_logprobs, full * first[:, None], atol=1e-12, rtol=0)
+    nll_first = -(full * first[:, None]).sum(-1) / first.sum(-1, keepdim=True)  # (B, K)
+    assert torch.equal(sel.k_star, nll_first.argmin(-1))
+    rows = torch.arange(len(batch))
+    torch.testing.assert_close(sel.selected_logprobs.detach(), full[rows, sel.k_star], atol=1e-12, rtol=0)
+    assert sel.selected_logprobs.requires_grad
+
+
+def test_first_targets_beyond_the_longest_s_is_the_batch_itself(setup):
+    _, _, batch = setup
+    assert batch.first_targets(0) is batch and batch.first_targets(10**6) is batch

@@ -136,3 +136,32 @@ def test_run_table_makes_json_null_columns_numeric():
     t = R.run_table(s, {"alignment_nmi": "NMI"})
     assert t["NMI"].dtype.kind == "f" and t["NMI"].isna().sum() == s["alignment_nmi"].isna().sum()
     assert t["NMI"].dropna().iloc[0] == 0.123
+
+
+def _aided_outcomes() -> pd.DataFrame:
+    base = {"weighting": "distribution", "beta": 0.3, "aid": "hard_em_then_soft", "predicted_use_fraction": 0.99,
+            "measured_use_fraction": 0.98, "alignment_nmi_unambiguous": 0.93,
+            "baseline_normalized_reconstruction_loss": 0.2, "kl_prior_loss": 1.30, "bayes_rate": 1.36,
+            "task_correctness": 0.995, "base_task_correctness": 1.0}
+    return pd.DataFrame([
+        base,  # every target met
+        {**base, "weighting": "example", "alignment_nmi_unambiguous": 0.899},  # NMI just short
+        {**base, "weighting": "token", "kl_prior_loss": 1.36 * 0.79},  # KL 21% low
+        {**base, "weighting": "token", "beta": 0.1, "task_correctness": 0.985},  # 1.5 points below the base
+        {**base, "weighting": "plain", "beta": 1.0, "predicted_use_fraction": 0.0, "measured_use_fraction": 0.01},
+        {**base, "weighting": "plain", "beta": 2.0, "predicted_use_fraction": 0.0, "measured_use_fraction": 0.7},
+        {**base, "weighting": "example", "beta": 0.1, "alignment_nmi_unambiguous": np.nan},  # no labels
+    ])
+
+
+def test_switch_on_targets_per_run_and_side_of_the_prediction():
+    t = R.switch_on_targets(_aided_outcomes())
+    assert list(t["predicted"]) == ["use"] * 4 + ["no use"] * 2 + ["use"]
+    assert list(t["all met"].iloc[:6]) == [True, False, False, False, True, False] and pd.isna(t["all met"].iloc[6])
+    assert not t["NMI (m=1) ≥ 0.9"].iloc[1] and t["ρ_recon ≤ 0.3"].iloc[1]
+    assert not t["KL within 20% of I(z;y|x)"].iloc[2] and t["KL within 20% of I(z;y|x)"].iloc[0]
+    assert not t["task correct ≥ base − 0.01"].iloc[3] and t["task correct ≥ base − 0.01"].iloc[0]
+    assert t["z unused"].iloc[4] and not t["z unused"].iloc[5] and pd.isna(t["z unused"].iloc[0])
+    assert pd.isna(t["NMI (m=1) ≥ 0.9"].iloc[4])  # no switch-on targets where theory predicts no use
+    with pytest.raises(KeyError, match="bayes_rate"):
+        R.switch_on_targets(_aided_outcomes().drop(columns="bayes_rate"))

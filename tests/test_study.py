@@ -42,9 +42,10 @@ def test_unknown_preset_lists_valid_ones(tmp_path):
         run_study("nope", tmp_path)
 
 
-def test_default_preset_has_each_weighting_without_and_with_the_aid_inside_its_boundary():
-    """Every figure of the default report needs, per weighting, a run where z collapses (no aid) and
-    one where it switches on; the aided betas must lie where theory predicts use for most rows."""
+def test_default_preset_has_each_weighting_without_and_with_the_aid_on_both_sides_of_its_boundary():
+    """Every figure of the default report needs, per weighting, a run without the aid and one with
+    it; the unaided runs and the aided distribution, example and token runs lie where theory predicts
+    use for most rows, the aided plain run (beta = 1) where it predicts no use (issue 15)."""
     import numpy as np
 
     from zfree.data.pairs import load_pairs
@@ -65,13 +66,18 @@ def test_default_preset_has_each_weighting_without_and_with_the_aid_inside_its_b
         outer = q["token_outer"] if q["weighting"] == "token" else q["weighting"]
         use = predict_curve(outer, [q["beta"]], n_tok, bn, b=b, c_base=c_base, epsilon=q["epsilon"],
                             excess_seq=n_tok * b - bn)["predicted_use_fraction"].iloc[0]
-        if q["aid"] != "none":
+        if q["aid"] != "none" and (q["weighting"], q["beta"]) == ("plain", 1.0):  # the no-use side (issue 15)
+            assert use <= 0.1, (q["weighting"], q["beta"], use)
+        elif q["aid"] != "none":
+            assert use >= 0.9, (q["weighting"], q["beta"], use)
+        else:  # the unaided runs collapse where theory predicts use
             assert use >= 0.9, (q["weighting"], q["beta"], use)
 
 
 def test_default_preset_keeps_the_measured_step_budget():
     """The default preset's <= 10-minute wall time was measured with these budgets (README): the
-    aided runs at K = 4, a hard phase of at most 400 steps and 500 steps in all; the others 100."""
+    aided runs SWITCH_ON_RECIPE (K = 6, batch 32, the optimal posterior, a 200-row gate, a hard
+    phase of at most 400 steps) for 600 steps; the others 100."""
     from zfree.study import PRESETS
     from zfree.sweeps import expand_grid
 
@@ -80,7 +86,8 @@ def test_default_preset_keeps_the_measured_step_budget():
         if q["aid"] == "none":
             assert q["steps"] == 100
         else:
-            assert (q["steps"], q["hard_em_max_steps"], q["n_latent"], q["handover_rows"]) == (500, 400, 4, 300)
+            assert (q["steps"], q["hard_em_max_steps"], q["n_latent"], q["handover_rows"], q["batch_size"],
+                    q["posterior_features"]) == (600, 400, 6, 200, 32, "optimal")
 
 
 def test_a_copied_study_renders_its_report_and_resumes_an_unfinished_run(smoke, tmp_path, capsys):

@@ -36,6 +36,7 @@ class Reached(Exception):
 
 def _child(name: str, overrides: dict, seed: int, a: argparse.Namespace, q) -> None:
     import torch
+    from sklearn.metrics import normalized_mutual_info_score
 
     torch.set_num_threads(1)
     from zfree import training
@@ -60,7 +61,15 @@ def _child(name: str, overrides: dict, seed: int, a: argparse.Namespace, q) -> N
         nmi, rho = ev.metrics.get(NMI_KEY, float("nan")), ev.metrics.get(RHO_KEY, float("nan"))
         hist.append({"step": step, "wall_s": wall, "nmi1": nmi, "rho": rho,
                      "kl": ev.metrics.get("loss/val/kl_prior_loss"), "phase_soft": None})
-        print(f"{name} seed {seed} step {step} wall {wall:.0f} s NMI1 {nmi:.3f} rho {rho:.3f}", flush=True)
+        df = ev.per_example
+        un = df["n_consistent"] == 1
+        nmi_k = normalized_mutual_info_score(df["strategy"][un], df["oracle_latent"][un])  # k* = argmin_k nll_k
+        hist[-1]["nmi1_kstar"] = float(nmi_k)
+        print(f"{name} seed {seed} step {step} wall {wall:.0f} s NMI1 {nmi:.3f} rho {rho:.3f} "
+              f"(k* NMI1 {nmi_k:.3f}, oracle rho {ev.metrics.get('latent/oracle_rho', float('nan')):.3f})", flush=True)
+        if a.confusion:  # posterior argmax (rows) against the true strategy, m = 1 rows
+            from zfree.latent_stats import confusion
+            print(confusion(ev.per_example).to_string(), flush=True)
         if step > 0 and nmi >= a.nmi and rho <= a.rho:
             raise Reached
         return ev
@@ -96,6 +105,7 @@ def main() -> None:
     ap.add_argument("--data-dir", default="data/synth/default")
     ap.add_argument("--base-dir", default="data/base/default")
     ap.add_argument("--json", help="also write the per-run histories here")
+    ap.add_argument("--confusion", action="store_true", help="print the m = 1 confusion table at each evaluation")
     a = ap.parse_args()
     recipes = {"old": HARD_EM_RECIPE, "new": SWITCH_ON_RECIPE}
     chosen = {r: recipes[r] for r in a.recipes}

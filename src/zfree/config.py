@@ -272,6 +272,9 @@ class AidConfig:
     hard_em_lr_backbone: float = 1e-4  # the prototype's hard phase rate (soft phase: lr_backbone)
     # the hard phase's rate of the heads and latent embeddings (issue 15); 0 = lr_new as in the soft phase
     hard_em_lr_new: float = 0.0
+    # the hard phase's E-step (k* = argmin_k nll_k) over the first ``hard_em_estep_tokens`` tokens
+    # of S only (0 = all of S); the decoded value's reconstruction still covers all of S (issue 15)
+    hard_em_estep_tokens: int = 0
     handover_check_every: int = 50
     handover_rows: int = 500
     restart_dead_every: int = 0  # hard phase: restart values unused for this many steps (0 = off)
@@ -285,8 +288,8 @@ class AidConfig:
         _check_choice("hard_em_decoder", self.hard_em_decoder, Literal["posterior_argmax", "best"])
         _check_choice("handover_kl", self.handover_kl, Literal["log_k", "router"])
         _check_choice("hard_em_recon_scale", self.hard_em_recon_scale, Literal["c_base", "weighting"])
-        for name in ("hard_em_max_steps", "handover_check_every", "handover_rows", "restart_dead_every",
-                     "warmup_aid_steps"):
+        for name in ("hard_em_max_steps", "hard_em_estep_tokens", "handover_check_every", "handover_rows",
+                     "restart_dead_every", "warmup_aid_steps"):
             _check_int(name, getattr(self, name), 0)
         _check_range("hard_em_lr_backbone", self.hard_em_lr_backbone, 0.0)
         _check_range("hard_em_lr_new", self.hard_em_lr_new, 0.0)

@@ -262,7 +262,8 @@ def hard_em_objective(model, batch: Batch, cfg: TrainConfig, step: int, c_base: 
     is one-hot on k* and its cross-entropy is 0. ``per_example["q_logits"]`` holds the posterior's
     log-probs (its argmax: the value counted by dead-value restarts); ``base_tok`` and ``warm`` are
     unused (the hard phase reconstructs with the plain per-token mean)."""
-    sel = _forward(model, cfg, lambda: model.forward_selected(batch, cfg.aid.hard_em_decoder))  # only the decoded value's passes carry gradient
+    sel = _forward(model, cfg, lambda: model.forward_selected(batch, cfg.aid.hard_em_decoder,
+                                                                   cfg.aid.hard_em_estep_tokens))  # only the decoded value's passes carry gradient
     rec = masked_mean_token_nll(-sel.selected_logprobs, batch.target_mask)  # (B,)
     return assemble("hard_em", cfg.objective, recon=rec, target_len=batch.target_len, step=step, c_base=c_base, b=b,
                     q_logits=sel.out.posterior_logits, p_logits=sel.out.prior_logits, k_star=sel.k_star,

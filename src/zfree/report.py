@@ -195,6 +195,40 @@ def aided_tables(aided: pd.DataFrame, digits: int = 3) -> list[pd.DataFrame]:
     return [t[[c for c in part if c in t]] for part in AIDED_SPLIT]
 
 
+#: issue 15's switch-on targets for an aided run where theory predicts use: (column, test, shown as)
+SWITCH_ON_TARGETS = {"NMI (m=1) ≥ 0.9": lambda r: r["alignment_nmi_unambiguous"] >= 0.9,
+                     "ρ_recon ≤ 0.3": lambda r: r["baseline_normalized_reconstruction_loss"] <= 0.3,
+                     "KL within 20% of I(z;y|x)": lambda r: abs(r["kl_prior_loss"] / r["bayes_rate"] - 1) <= 0.2,
+                     "task correct ≥ base − 0.01": lambda r: r["task_correctness"] >= r["base_task_correctness"] - 0.01}
+
+
+def switch_on_targets(aided: pd.DataFrame, threshold: float = USE_THRESHOLD) -> pd.DataFrame:
+    """Per aided run (``aided_runs`` rows of ``SweepResults.runs``): where theory predicts use
+    (predicted_use_fraction > ``threshold``), each of ``SWITCH_ON_TARGETS`` met or not (True/False,
+    NaN where a number is missing, e.g. without strategy labels); where it predicts no use, whether
+    z ended unused (measured_use_fraction <= ``threshold``). Columns: run, predicted, the targets,
+    "z unused", all met. Targets of issue 15: NMI (m = 1) >= 0.9, rho_recon <= 0.3, KL within 20% of
+    the analytic I(z; y | x) (``bayes_rate``, DESIGN §2) and task correctness within 1 point of the
+    base model's. Raises KeyError naming a missing column."""
+    need = ("weighting", "beta", "predicted_use_fraction", "measured_use_fraction", "alignment_nmi_unambiguous",
+            "baseline_normalized_reconstruction_loss", "kl_prior_loss", "bayes_rate", "task_correctness",
+            "base_task_correctness")
+    for c in need:
+        if c not in aided:
+            raise KeyError(f"switch_on_targets: runs have no column {c!r}")
+    rows = []
+    for _, r in aided.iterrows():
+        use = r["predicted_use_fraction"] > threshold
+        row = {"run": run_label(r, aided), "predicted": "use" if use else "no use"}
+        for name, test in SWITCH_ON_TARGETS.items():
+            row[name] = (np.nan if any(pd.isna(r[c]) for c in need[4:]) else bool(test(r))) if use else np.nan
+        row["z unused"] = np.nan if use else bool(r["measured_use_fraction"] <= threshold)
+        checks = [row[n] for n in SWITCH_ON_TARGETS] if use else [row["z unused"]]
+        row["all met"] = np.nan if any(pd.isna(c) for c in checks) else all(checks)
+        rows.append(row)
+    return pd.DataFrame(rows, columns=["run", "predicted", *SWITCH_ON_TARGETS, "z unused", "all met"])
+
+
 def gate_traces(aided: pd.DataFrame, runs: pd.DataFrame | None = None) -> pd.DataFrame:
     """The hand-over gate of every aided run, from its summary.json ``aid/gate`` list: columns
     label, run_id, step, ratio = best-z objective / collapsed objective (below 1 the soft

@@ -3,8 +3,9 @@
 Presets:
   smoke    tiny data, a tiny base model trained on the spot, two short runs (< 2 minutes; tests).
   default  the shipped benchmark and base run: each of plain, distribution, example and token
-           weighting once without an aid (z collapses) and once with the hard-EM aid at a beta
-           inside its predicted boundary (z switches on); <= 10 minutes on 2 cores.
+           weighting once without an aid (z collapses where theory predicts use) and once with the
+           switch-on recipe: distribution, example and token inside their predicted boundary (z
+           switches on), plain at beta = 1 outside it (z ends unused); <= 10 minutes on 2 cores.
   aided    the aids issue: the best aid on both sides of the prediction and the aids that fail.
   full     the complete phase diagram (hours).
   e2e      real text (issue 14): data/e2e with its shipped base data/e2e/base, every weighting with and
@@ -51,23 +52,21 @@ HARD_EM_RECIPE = {"aid": "hard_em_then_soft", "n_latent": 6, "posterior_features
                   "lr_backbone": 1e-4,
                   # heads and latent embeddings: 1e-3 ended at NMI(m=1) 0.884 (seed 0, step 1200), 3e-3 at 0.901
                   "lr_new": 3e-3}
-#: issue 15's candidate for a faster switch-on (analysis/results/switch_on_variants.md): the recipe
-#: with batch 32, higher rates (hard-phase backbone 3e-4, heads 1e-2), a 200-row gate every 25
-#: steps and restarts every 50. NMI (m = 1) >= 0.9 and rho_recon <= 0.3 at step 700 / 800 (seeds
-#: 0 / 1) against the old recipe's 1250 / 1050, at 0.56x its step time: short of issue 15's 3x, so
-#: the presets do not use it yet
-SWITCH_ON_RECIPE = {**HARD_EM_RECIPE, "batch_size": 32, "hard_em_lr_backbone": 3e-4, "lr_backbone": 3e-4,
-                    "lr_new": 1e-2, "handover_rows": 200, "handover_check_every": 25, "restart_dead_every": 50,
-                    "hard_em_max_steps": 400}
+#: issue 15's faster switch-on (analysis/results/switch_on_variants.md): the recipe with the
+#: optimal posterior q*(z | x, y) (no amortized head: q* is computed from the K decoder passes the
+#: step makes anyway), batch 32, higher rates (hard-phase backbone 3e-4, latent embeddings and
+#: router 1e-2), a 200-row gate every 25 steps and restarts every 50. The amortized head
+#: (mean_first) stalls at NMI (m = 1) 0.85-0.89: it sends the copy rows whose first y token equals
+#: x's last digit to the reverse value, where the decoders themselves tell them apart
+SWITCH_ON_RECIPE = {**HARD_EM_RECIPE, "posterior_features": "optimal", "batch_size": 32, "hard_em_lr_backbone": 3e-4,
+                    "lr_backbone": 3e-4, "lr_new": 1e-2, "handover_rows": 200, "handover_check_every": 25,
+                    "restart_dead_every": 50, "hard_em_max_steps": 400}
 _AIDED_RUN = {"steps": 1200, "eval_every": 300, "eval_rows": 500, "decode_rows": 200}
 #: the best aid's runs: one evaluation fewer (1200 steps took 618-639 s with evaluations every 300)
 _BEST_RUN = {**_AIDED_RUN, "eval_every": 400}
-#: the default preset's switched-on runs: the recipe at K = 4 (cheaper steps), a hard phase of at
-#: most 400 steps and betas well inside each weighting's predicted boundary, so z stays on after
-#: the hand-over (a 250-step hard phase left the decoders at oracle rho 0.70-0.80 and KL 0.2-0.5)
-_QUICK_AID = {**HARD_EM_RECIPE, "lr_new": 1e-3,  # the rate this preset was measured with
-              "n_latent": 4, "hard_em_max_steps": 400, "handover_rows": 300,
-              "steps": 500, "eval_every": 250, "eval_rows": 300, "decode_rows": 100}
+#: the default preset's aided runs: SWITCH_ON_RECIPE for 600 steps (the hand-over gate decides
+#: when the true objective takes over; forced at step 400), evaluated every 200 steps
+_QUICK_AID = {**SWITCH_ON_RECIPE, "steps": 600, "eval_every": 200, "eval_rows": 500, "decode_rows": 200}
 _QUICK_PLAIN = {"steps": 100, "eval_every": 50, "eval_rows": 300, "decode_rows": 100}
 #: the full preset's aided runs: the best aid with the phase-boundary sweep's schedule (hand-over
 #: forced by step 450, then 250 soft steps under the true objective; 276-482 s a run there)
@@ -94,16 +93,18 @@ PRESETS: dict[str, Preset] = {
         data=DataConfig(n_min=3, n_max=6, n_train=600, n_val=60, n_test=20),
         base=BaseTrainConfig(n_layer=1, n_embd=32, n_head=2, max_steps=150, eval_every=75, warmup_steps=20,
                              lr=3e-3, max_minutes=1.0)),
-    # every weighting collapsed without an aid (even where theory says z pays) and switched on with
-    # it; the aided runs first, so the two workers finish together (<= 10 minutes on 2 cores)
+    # both sides of the prediction (issue 15): every weighting collapses without an aid where
+    # theory predicts use; with the aid, distribution, example and token switch on there, and
+    # plain at beta = 1, where theory predicts no use, ends with z unused. The aided runs first, so
+    # the two workers finish together (<= 10 minutes on 2 cores)
     "default": Preset(
         "default", grid={"variant": [
-            {"weighting": "plain", "beta": 0.03, **_QUICK_AID},
-            {"weighting": "distribution", "beta": 0.1, **_QUICK_AID},
-            {"weighting": "example", "epsilon": 0.05, "beta": 0.1, **_QUICK_AID},
+            {"weighting": "distribution", "beta": 0.3, **_QUICK_AID},
+            {"weighting": "example", "epsilon": 0.05, "beta": 0.3, **_QUICK_AID},
             # alpha 0.5 keeps every token supervised: at alpha = 1 the tokens the base model already
             # predicts get weight ~0 and the aided run's decoders drifted on them (rho_recon 3.2)
-            {"weighting": "token", "token_outer": "distribution", "token_alpha": 0.5, "beta": 0.1, **_QUICK_AID},
+            {"weighting": "token", "token_outer": "distribution", "token_alpha": 0.5, "beta": 0.3, **_QUICK_AID},
+            {"weighting": "plain", "beta": 1.0, **_QUICK_AID},
             {"weighting": "plain", "beta": 0.1, **_QUICK_PLAIN},
             {"weighting": "distribution", "beta": 0.3, **_QUICK_PLAIN},
             {"weighting": "example", "epsilon": 0.05, "beta": 0.3, **_QUICK_PLAIN},

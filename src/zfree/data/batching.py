@@ -187,6 +187,19 @@ class Batch:
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
+    def first_targets(self, n: int) -> "Batch":
+        """The batch with the y-region S cut to its first ``n`` tokens per row (``target_len`` =
+        min(|S|, n), ``target_mask`` cleared after them); tokens and attention are unchanged, so a
+        decoder pass over it sees the same inputs and scores only those tokens. ``n`` <= 0 or
+        >= max |S|: the batch itself."""
+        P, L = self.max_lengths()
+        if n <= 0 or n >= L:
+            return self
+        t = torch.arange(self.input_ids.shape[1], device=self.input_ids.device)[None, :]
+        mask = self.target_mask & (t < (self.prefix_len + n)[:, None])
+        return Batch(self.input_ids, self.attention_mask, mask, self.prefix_len, self.target_len.clamp_max(n),
+                     self.ids, self.strategies, (P, n))
+
 
 def collate(encoded: Sequence[EncodedPair], pad_id: int = 0) -> Batch:
     """Right-pad a list of encoded pairs into a ``Batch``; masks are built from lengths only."""

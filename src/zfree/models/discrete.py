@@ -207,23 +207,27 @@ class DiscreteCVAE(nn.Module):
             out.next_token_logprobs, out.pos_mask = dist, valid
         return out
 
-    def forward_selected(self, batch: Batch, choose: str | Callable = "best") -> SelectedOutput:
+    def forward_selected(self, batch: Batch, choose: str | Callable = "best", estep_tokens: int = 0) -> SelectedOutput:
         """Hard-EM forward: the z-free pass (posterior, router) with gradient; the K decoder passes
         without gradient (``out.target_logprobs`` (B, K, T) is detached); one value z (B,) per row,
         decoded again with gradient. ``choose``: a key of ``DECODED_VALUE`` (``best`` = k*,
         ``posterior_argmax``) or a function of the output giving z. The parameter gradient of any
         loss of the selected log-probs equals the gradient through the full K-way graph gathered at
-        z (tested), at about a third of its backward cost for K = 6. Raises KeyError listing the keys."""
+        z (tested), at about a third of its backward cost for K = 6. ``estep_tokens`` > 0: the K
+        no-grad passes (and so k* and ``out.target_logprobs``) cover only the first ``estep_tokens``
+        tokens of S (``Batch.first_targets``); the decoded value's pass covers all of S.
+        Raises KeyError listing the keys."""
         if isinstance(choose, str) and choose not in DECODED_VALUE:
             raise KeyError(f"choose={choose!r} is not one of {sorted(DECODED_VALUE)}")
         h0, cache = self._encode_with_cache(batch)
         heads = self.heads_from_hidden(h0, batch)
         t0 = target_logprobs_from_hidden(self.backbone, h0, batch)
+        e_batch = batch.first_targets(estep_tokens)
         with torch.no_grad():
-            hz, valid = self.decoder_suffix_shared_prefix(batch, cache)
-            tlp_all, _ = suffix_target_logprobs(self.backbone, batch, hz, valid)
+            hz, valid = self.decoder_suffix_shared_prefix(e_batch, cache)
+            tlp_all, _ = suffix_target_logprobs(self.backbone, e_batch, hz, valid)
         out = DiscreteCVAEOutput(heads.posterior_logits, heads.prior_logits, tlp_all, heads.features, t0)
-        k_star = _best_value(out, batch)
+        k_star = _best_value(out, e_batch)
         z = DECODED_VALUE[choose](out, batch, k_star) if isinstance(choose, str) else choose(out)
         hz1, valid = self.decoder_suffix_shared_prefix(batch, cache, z[:, None])
         tlp_z, _ = suffix_target_logprobs(self.backbone, batch, hz1, valid)
