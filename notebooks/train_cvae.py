@@ -65,6 +65,7 @@ handover_margin = 0.0
 hard_em_max_steps = 600
 hard_em_lr_backbone = 0.0001
 hard_em_lr_new = 0.0
+hard_em_estep_tokens = 0
 handover_check_every = 50
 handover_rows = 500
 restart_dead_every = 0
