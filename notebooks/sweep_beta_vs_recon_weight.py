@@ -25,6 +25,7 @@ sweep_dir = "../runs/sweep-beta-vs-recon-weight"  # a folder written by `zfree s
 # %%
 from IPython.display import Markdown, display
 
+from zfree.figstyle import variants
 from zfree.plotting import plot_phase_diagram
 from zfree.report import show
 from zfree.results import load_sweep
@@ -35,5 +36,6 @@ display(Markdown(f"{len(sweep.runs)} runs; predicted β* (half of the rows use z
                  + ", ".join(f"{w} {b:.3g}" for w, b in crit.items())))
 
 # %%
-show(plot_phase_diagram(sweep.runs, c_base=(sweep.reference or {}).get("c_base"),
-                        beta_over_w=sweep.critical_beta_over_w(), critical_betas=crit))
+for variant, runs in variants(sweep.runs):  # one diagram per aid / latent kind: cells are never mixed
+    show(plot_phase_diagram(runs, c_base=(sweep.reference or {}).get("c_base"),
+                            beta_over_w=sweep.critical_beta_over_w(), critical_betas=crit, variant=variant))

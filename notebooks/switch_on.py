@@ -24,7 +24,8 @@ sweep_dir = "../runs/study-aided"  # a folder written by `zfree study` or `zfree
 from IPython.display import Markdown, display
 
 from zfree.plotting import plot_handover_gate, plot_phase_boundary, plot_use_by_length
-from zfree.report import aided_runs, aided_tables, boundary_table, confusion_tables, gate_traces, show, switch_on_targets
+from zfree.report import (aided_runs, aided_tables, boundary_table, checkmarks, confusion_tables, gate_traces, show,
+                          switch_on_targets)
 from zfree.results import load_sweep
 
 sweep = load_sweep(sweep_dir)
@@ -40,11 +41,11 @@ for part in aided_tables(aided) if not aided.empty else []:
 #
 # Where theory predicts use: NMI (m = 1) ≥ 0.9, ρ_recon ≤ 0.3, KL within 20% of the analytic
 # I(z; y | x) and task correctness within 1 point of the base model. Where it predicts no use: z
-# ended unused. Empty cells: not applicable, or a number the data cannot give (no strategy labels).
+# ended unused. ✓ met, ✗ not met, – not applicable or a number the data cannot give (no strategy labels).
 
 # %%
 if not aided.empty:
-    display(switch_on_targets(aided).set_index("run"))
+    display(checkmarks(switch_on_targets(aided).set_index("run")))
 
 # %% [markdown]
 # ## The barrier: best-z state against collapse during the hard phase

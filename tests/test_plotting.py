@@ -263,3 +263,31 @@ def test_training_curves_say_why_the_nmi_panel_is_empty_without_strategies():
     fig = P.plot_training_curves({"run": df})
     assert not any("no strategy labels" in t.get_text() for t in fig.axes[3].texts)
     plt.close("all")
+
+
+def test_phase_diagram_is_drawn_per_variant_so_aided_and_unaided_cells_are_not_averaged():
+    """The default study has aided and unaided runs at the same (beta, w): one diagram per aid,
+    each cell the run's own value (an averaged cell showed a rate of 0.7 where one run had 1.4
+    and the other 0)."""
+    from zfree.figstyle import variants
+
+    runs = pd.concat([_runs(), _runs().assign(aid="hard_em_then_soft", kl_prior_loss=1.4,
+                                              run_id=lambda d: d["run_id"] + "_aided")], ignore_index=True)
+    parts = variants(runs)
+    assert [label for label, _ in parts] == ["aid=none", "aid=hard_em_then_soft"]
+    for label, rows in parts:
+        fig = P.plot_phase_diagram(rows, c_base=C_BASE, variant=label)
+        cells = _scatters(fig.axes[0])[0]
+        np.testing.assert_allclose(np.sort(cells.get_array()), np.sort(rows["kl_prior_loss"].to_numpy()))
+        assert label in fig._suptitle.get_text()
+    assert variants(_runs())[0][0] == "" and len(variants(_runs())) == 1
+
+
+def test_rate_panels_share_one_scale_from_zero():
+    """A collapsed weighting (rates of 1e-4 nats) must not fill its panel as if z were used."""
+    runs = _runs()
+    runs.loc[runs["weighting"] == "plain", "kl_prior_loss"] = 1e-4
+    fig = P.plot_rate_and_rho_vs_beta(runs)
+    tops = {round(ax.get_ylim()[1], 9) for ax in fig.axes[:3]}
+    assert len(tops) == 1 and tops.pop() >= runs["kl_prior_loss"].max()
+    assert all(ax.get_ylim()[0] <= 0 for ax in fig.axes[:3])

@@ -165,3 +165,9 @@ def test_switch_on_targets_per_run_and_side_of_the_prediction():
     assert pd.isna(t["NMI (m=1) ≥ 0.9"].iloc[4])  # no switch-on targets where theory predicts no use
     with pytest.raises(KeyError, match="bayes_rate"):
         R.switch_on_targets(_aided_outcomes().drop(columns="bayes_rate"))
+
+
+def test_checkmarks_show_booleans_as_marks_and_missing_as_a_dash():
+    t = R.checkmarks(R.switch_on_targets(_aided_outcomes()))
+    assert list(t["all met"]) == ["✓", "✗", "✗", "✗", "✓", "✗", "–"]
+    assert t["run"].iloc[0] == "distribution β=0.3" and t["z unused"].iloc[4] == "✓"

@@ -72,3 +72,26 @@ def test_study_summary_keeps_label_columns_and_notes_of_a_labelled_study(tmp_pat
     assert list(t.columns) == [*SUMMARY_COLUMNS, "structure/alignment_nmi/style", "notes"]
     assert t.set_index("run_id")["structure/alignment_nmi/style"].to_dict() == {"a": 0.5, "b": 0.25}
     assert (t["notes"] == "label 'strategy': absent | x").all()
+
+
+def test_the_references_data_file_is_found_from_any_working_directory(tmp_path, monkeypatch):
+    """The shipped reference stores data_file relative to the repository root; a report runs with
+    the study folder as its working directory, where that relative path does not exist (the
+    theory curves and shading then vanished from the report). It must resolve against the root,
+    and a moved file is found through the runs' own data_dir."""
+    from zfree.paths import ROOT
+    from zfree.results import _bayes_nll, _reference_data_file
+
+    monkeypatch.chdir(tmp_path)
+    rel = "data/synth/default/val.jsonl"
+    assert not Path(rel).exists()
+    runs = pd.DataFrame({"data_dir": [str(tmp_path / "nowhere")]})
+    assert _reference_data_file(rel, runs, tmp_path / "ref") == ROOT / rel
+    bayes = _bayes_nll(rel, runs, tmp_path / "ref")
+    assert len(bayes) == 1000 and all(np.isfinite(v) for v in bayes.values())
+    moved = tmp_path / "copy"
+    moved.mkdir()
+    (moved / "val.jsonl").write_text((ROOT / rel).read_text())
+    runs = pd.DataFrame({"data_dir": [str(moved)]})
+    assert _reference_data_file("/gone/val.jsonl", runs, tmp_path / "ref") == moved / "val.jsonl"
+    assert _reference_data_file(None, runs, tmp_path) is None

@@ -108,6 +108,18 @@ def shade(ax, x: np.ndarray, mask: np.ndarray) -> None:
 LINESTYLES = ["-", "--", ":", "-."]
 
 
+def variants(df: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """(label, rows) per combination of the facets other than the weighting (latent kind, aid)
+    that vary in ``df``, e.g. ``aid=hard_em_then_soft``; one ("", df) when none varies. A figure
+    that averages the runs sharing a cell (the phase diagram) is drawn once per variant, so an
+    aided run and an unaided one at the same (beta, w) are not averaged into one square."""
+    facets = [f for f in FACETS[1:] if f in df and df[f].nunique() > 1]
+    if not facets:
+        return [("", df)]
+    return [(", ".join(f"{f}={k}" for f, k in zip(facets, key if isinstance(key, tuple) else (key,))), rows)
+            for key, rows in df.groupby(facets, sort=False)]
+
+
 def groups(df: pd.DataFrame):
     """(label, color, linestyle, rows) per combination of the facets present in ``df``; the
     color names the weighting, the line style the other facets (latent kind, aid)."""

@@ -59,6 +59,14 @@ def plot_rate_and_rho_vs_beta(summary: pd.DataFrame, curves: pd.DataFrame | None
         ax_r.set_xlabel("β")
         for ax in (ax_k, ax_r):
             _log_axis(ax, "x", summary["beta"])  # x is shared: one tick set for every column
+    # one rate scale from 0 for every weighting (nats / example are comparable), so a collapsed
+    # run's 1e-4 nats does not fill its panel as if z were used
+    rates = [*summary["kl_prior_loss"].dropna()]
+    if curves is not None:
+        rates += [*curves["predicted_rate"].dropna()]
+    top = 1.08 * max([1e-2, *rates])
+    for ax in axes[0]:
+        ax.set_ylim(-0.03 * top, top)
     fig.suptitle("Rate and ρ_recon against β (shaded: theory predicts most examples use z, β_eff < 1)")
     fig.tight_layout()
     # the legend names what the panel titles and colors do not: the quantity (marker) and the
@@ -195,16 +203,17 @@ PHASE_METRICS = (("kl_prior_loss", "rate KL [nats / example]", "viridis"),
                  ("baseline_normalized_reconstruction_loss", "ρ_recon = R_val / c_base (ratio of means)", "magma_r"),
                  ("alignment_nmi", "alignment NMI", "viridis"),
                  ("task_correctness", "task correctness", "viridis"))
-#: color range per metric: (vmin, vmax), None = the data's; rho from 0 to at least 1, the
-#: fractions on [0, 1], so one color means one value in every report
-PHASE_RANGES = {"kl_prior_loss": (0.0, None), "baseline_normalized_reconstruction_loss": (0.0, 1.0),
+#: color range per metric: (vmin, vmax), None = the data's; the rate and rho from 0 to at least
+#: 1 (a collapsed run's 1e-4 nats stays dark instead of spanning the colorbar), the fractions on
+#: [0, 1], so one color means one value in every report
+PHASE_RANGES = {"kl_prior_loss": (0.0, 1.0), "baseline_normalized_reconstruction_loss": (0.0, 1.0),
                 "alignment_nmi": (0.0, 1.0), "task_correctness": (0.0, 1.0)}
 
 
 @_paper
 def plot_phase_diagram(runs: pd.DataFrame, c_base: float | None = None, beta_over_w: float | None = None,
                        critical_betas: dict[str, float] | None = None, metrics=PHASE_METRICS,
-                       highlight: tuple[float, float] | None = None) -> plt.Figure:
+                       highlight: tuple[float, float] | None = None, variant: str = "") -> plt.Figure:
     """The beta × w phase diagram: one panel per metric, one square per run at (beta,
     w = ``recon_weight``, the mean reconstruction weight), colored by the metric (mean over
     seeds and facets that share a cell).
@@ -216,6 +225,7 @@ def plot_phase_diagram(runs: pd.DataFrame, c_base: float | None = None, beta_ove
     identically, DESIGN §1); and ``critical_betas`` (weighting -> predicted beta*) as a black ×
     on each weighting's row (the ``example`` row is not a scalar weight, so its beta* is off
     the line). ``highlight``: a (beta, w) cell outlined in red (the widgets' selection).
+    ``variant``: named in the title (one diagram per aid / latent kind: ``figstyle.variants``).
     """
     metrics = [m for m in metrics if m[0] in runs and runs[m[0]].notna().any()]
     n = max(1, len(metrics))
@@ -263,7 +273,8 @@ def plot_phase_diagram(runs: pd.DataFrame, c_base: float | None = None, beta_ove
         ax.set_title(name, fontsize=9)
     for ax in list(axes.flat)[len(metrics):]:
         ax.set_visible(False)
-    fig.suptitle("Phase diagram β × w (dotted: constant β/w, identical training under Adam)")
+    fig.suptitle("Phase diagram β × w" + (f": {variant}" if variant else "")
+                 + " (dotted: constant β/w, identical training under Adam)")
     fig.tight_layout()
     _legend_below(fig, axes.flat[0], ncol=3)
     return fig

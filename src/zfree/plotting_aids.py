@@ -84,6 +84,10 @@ def plot_handover_gate(traces: pd.DataFrame) -> plt.Figure:
     for label, g in traces.groupby("label", sort=False):
         ax.plot(g["step"], g["ratio"], marker=".", label=label)
     ax.axhline(1.0, color="gray", lw=0.8)
+    r = traces["ratio"].to_numpy(float)
+    r = r[np.isfinite(r) & (r > 0)]
+    if len(r) and r.max() / r.min() > 4:  # a run far from passing (plain at beta = 1) would flatten the others
+        log_axis(ax, "y")
     ax.set_xlabel("step (hard phase)")
     ax.set_ylabel("best-z objective / collapsed objective")
     ax.set_title("hand-over gate: below 1 the soft objective prefers z", fontsize=10)

@@ -229,6 +229,12 @@ def switch_on_targets(aided: pd.DataFrame, threshold: float = USE_THRESHOLD) -> 
     return pd.DataFrame(rows, columns=["run", "predicted", *SWITCH_ON_TARGETS, "z unused", "all met"])
 
 
+def checkmarks(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` (e.g. ``switch_on_targets``) with True/False shown as ✓/✗ and NaN as – (for display)."""
+    return table.apply(lambda c: c.map(lambda v: "–" if v is None or (isinstance(v, float) and np.isnan(v))
+                                       else {True: "✓", False: "✗"}.get(v, v) if isinstance(v, (bool, np.bool_)) else v))
+
+
 def gate_traces(aided: pd.DataFrame, runs: pd.DataFrame | None = None) -> pd.DataFrame:
     """The hand-over gate of every aided run, from its summary.json ``aid/gate`` list: columns
     label, run_id, step, ratio = best-z objective / collapsed objective (below 1 the soft

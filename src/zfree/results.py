@@ -291,17 +291,34 @@ def load_sweep(sweep_dir: Path | str) -> SweepResults:
     if ref_dir is not None:
         reference = read_json(ref_dir / "reference.json")
         examples = pd.read_parquet(ref_dir / "per_example.parquet")[["id", "n_tokens", "b"]]
-        bayes = _bayes_nll(reference.get("data_file"), runs)
+        bayes = _bayes_nll(reference.get("data_file"), runs, ref_dir)
         examples["bayes_nll"] = examples["id"].map(bayes).astype(float)
     return SweepResults(d, runs, errors, reference, examples)
 
 
-def _bayes_nll(data_file: str | None, runs: pd.DataFrame) -> dict[str, float]:
-    """id -> log(K/m) from the reference's data file, else from the runs' per-example tables."""
-    if data_file and Path(data_file).exists():
+def _reference_data_file(data_file: str | None, runs: pd.DataFrame, ref_dir: Path) -> Path | None:
+    """The reference's validation file wherever the report runs from: ``data_file`` as stored
+    (absolute, or relative to the folder it was scored from: this repository's root for the
+    shipped base run, the reference folder, the working directory), else the runs' own
+    ``data_dir``/val.jsonl when it has the same name."""
+    if not data_file:
+        return None
+    p = Path(data_file)
+    from zfree.paths import ROOT
+
+    cands = [p] if p.is_absolute() else [ROOT / p, ref_dir / p, Path.cwd() / p]
+    cands += [Path(d) / p.name for d in runs.get("data_dir", pd.Series(dtype=str)).dropna().unique()]
+    return next((c for c in cands if c.is_file()), None)
+
+
+def _bayes_nll(data_file: str | None, runs: pd.DataFrame, ref_dir: Path) -> dict[str, float]:
+    """id -> log(K/m) from the reference's data file (``_reference_data_file``), else from the runs'
+    per-example tables (only the rows they evaluated)."""
+    found = _reference_data_file(data_file, runs, ref_dir)
+    if found is not None:
         from zfree.data.pairs import load_pairs
 
-        return {p.id: p.bayes_nll for p in load_pairs(data_file) if p.bayes_nll is not None}
+        return {p.id: p.bayes_nll for p in load_pairs(found) if p.bayes_nll is not None}
     pe = per_example_table(runs)
     return dict(zip(pe["id"], pe["bayes_nll"])) if "bayes_nll" in pe else {}
 
