@@ -4,7 +4,8 @@ Under Agg the inline backend that shows a notebook's figures at the end of a cel
 so a figure reaches report.html only when the notebook displays it (``zfree.report.show``). The
 expected number of images is counted per report section from the notebooks' own sources: every
 ``show(`` on an unindented line runs unconditionally; the switch_on section's three conditional
-figures are counted from the study's data with the same package calls the notebook makes.
+figures and the phase diagrams (one per aid / latent kind) are counted from the study's data
+with the same package calls the notebook makes.
 """
 
 from __future__ import annotations
@@ -62,6 +63,12 @@ def test_smoke_report_under_agg_holds_every_figure_per_section(agg_smoke):
         if name == "switch_on":
             assert (top, cond) == (0, 3), "switch_on's figures changed: update _expected_switch_on"
             want[name] = _expected_switch_on(agg_smoke)
+        elif name == "sweep_beta_vs_recon_weight":  # one phase diagram per aid / latent kind
+            from zfree.figstyle import variants
+            from zfree.results import load_sweep
+
+            assert (top, cond) == (0, 1), "the phase diagram's figures changed: update this count"
+            want[name] = len(variants(load_sweep(agg_smoke).runs))
         else:
             assert cond == 0, f"{name}: a conditional figure; count it from the data as switch_on's are"
             want[name] = top
