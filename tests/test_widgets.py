@@ -118,6 +118,9 @@ def test_launch_panel_shows_the_config_diff_and_lets_the_aid_be_chosen(sweep, tm
     diff = panel.diff(panel.points()).set_index("field")
     assert diff.loc["hard_em_max_steps", "launched"] == "800" and diff.loc["n_latent", "launched"] == "6"
     assert set(panel.aid.options) >= {"none", "hard_em_then_soft", "beta0_warmup", "random_init_jsd"}
+    panel.aid.value = "hard_em_then_soft: SWITCH_ON_RECIPE"  # the default study's aid
+    diff = panel.diff(panel.points()).set_index("field")
+    assert diff.loc["posterior_features", "launched"] == "optimal" and diff.loc["batch_size", "launched"] == "32"
 
 
 def sleepy_run(point, runs_dir, notebook):

@@ -235,11 +235,13 @@ def _terminate_tree(pid: int) -> None:
 
 
 def aid_choices() -> dict[str, dict[str, Any]]:
-    """The panel's aid menu: every ``config.Aid`` value alone, plus the study's switch-on recipe
-    (``zfree.study.HARD_EM_RECIPE``, README "Making z switch on")."""
-    from zfree.study import HARD_EM_RECIPE
+    """The panel's aid menu: every ``config.Aid`` value alone, plus the study's switch-on recipes
+    (``zfree.study.SWITCH_ON_RECIPE``, the default study's, and ``HARD_EM_RECIPE``; README
+    "Making z switch on")."""
+    from zfree.study import HARD_EM_RECIPE, SWITCH_ON_RECIPE
 
-    return {**{a: {"aid": a} for a in get_args(Aid)}, "hard_em_then_soft: HARD_EM_RECIPE": dict(HARD_EM_RECIPE)}
+    return {**{a: {"aid": a} for a in get_args(Aid)}, "hard_em_then_soft: SWITCH_ON_RECIPE": dict(SWITCH_ON_RECIPE),
+            "hard_em_then_soft: HARD_EM_RECIPE": dict(HARD_EM_RECIPE)}
 
 
 def _fmt(v: Any) -> str:
