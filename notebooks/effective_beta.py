@@ -15,7 +15,8 @@
 # distribution β·|S|·c_base (seed 000), example β·|S|·(b + ε) (seed 002). Theory: z is worth
 # using on an example iff β_eff < 1. Left and middle: how β_eff spreads against the z-free
 # surprisal b and the length |S|; right: which examples do use z (per-example KL) against their
-# β_eff. One run per weighting, at the β nearest the parameter.
+# β_eff. Per weighting (and aid, where the study has several), the run at the β nearest the
+# parameter.
 
 # %% tags=["parameters"]
 sweep_dir = "../runs/study-default"  # a folder written by `zfree sweep` or `zfree study`
@@ -32,4 +33,5 @@ pe = sweep.per_example[sweep.per_example["run_id"].isin(chosen["run_id"])]
 show(plot_effective_beta(pe))
 
 # %%
-pe.groupby(["weighting", "beta"])[["beta_eff", "kl"]].agg(["min", "median", "max"]).round(3)
+keys = [c for c in ("weighting", "latent_kind", "aid") if c in pe and (c == "weighting" or pe[c].nunique() > 1)]
+pe.groupby([*keys, "beta"])[["beta_eff", "kl"]].agg(["min", "median", "max"]).round(3)

@@ -15,7 +15,12 @@
 # rate, alignment on the rows where one strategy fits (m = 1), ρ_recon, oracle ρ, the codes
 # used, the step at which the hand-over gate first passed and the barrier — the hard phase's
 # best-z objective (mean w·min_k nll + β·log K) against the collapsed one (mean w·b) over
-# training. Aids that do not work stay in the table with their numbers.
+# training. Aids that do not work stay in the table with their numbers. "matched acc (m = 1)":
+# the accuracy of the best one-to-one matching of latent values to strategies (Hungarian
+# algorithm); "switch-on step": the first step the gate passed (NaN: it never passed, and the
+# hand-over was forced at the hard phase's budget). Runs whose hard phases coincide (the hard
+# phase reconstructs at the distribution scale for every weighting, so distribution and token
+# with a distribution outer weight train alike there) draw one gate trace over the other.
 
 # %% tags=["parameters"]
 sweep_dir = "../runs/study-aided"  # a folder written by `zfree study` or `zfree sweep`

@@ -291,3 +291,15 @@ def test_rate_panels_share_one_scale_from_zero():
     tops = {round(ax.get_ylim()[1], 9) for ax in fig.axes[:3]}
     assert len(tops) == 1 and tops.pop() >= runs["kl_prior_loss"].max()
     assert all(ax.get_ylim()[0] <= 0 for ax in fig.axes[:3])
+
+
+def test_rate_and_rho_vs_beta_tells_facets_apart_by_marker_when_a_run_draws_no_line():
+    """One beta per run draws no line, so the facet's line style alone is invisible: each facet
+    gets its own marker, named in the legend."""
+    runs = pd.concat([_runs(), _runs().assign(aid="hard_em_then_soft")], ignore_index=True)
+    runs = runs[runs["beta"] == 0.3]
+    fig = P.plot_rate_and_rho_vs_beta(runs)
+    markers = {ln.get_marker() for ln in fig.axes[0].lines}
+    assert markers == {"o", "^"}
+    legend = {t.get_text(): h.get_marker() for t, h in zip(fig.legends[0].get_texts(), fig.legends[0].legend_handles)}
+    assert legend["none"] != legend["hard_em_then_soft"]

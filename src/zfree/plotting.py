@@ -22,6 +22,10 @@ from zfree.figstyle import shade  # noqa: E402
 from zfree.plotting_aids import plot_handover_gate, plot_phase_boundary, plot_use_by_length  # noqa: E402,F401
 
 
+#: line style of a facet (``figstyle.LINESTYLES``) -> its marker in plot_rate_and_rho_vs_beta
+FACET_MARKERS = {"-": "o", "--": "^", ":": "v", "-.": "D"}
+
+
 @_paper
 def plot_rate_and_rho_vs_beta(summary: pd.DataFrame, curves: pd.DataFrame | None = None) -> plt.Figure:
     """Measured rate (KL, nats per example) and rho_recon (ratio of means) against beta, one column
@@ -39,8 +43,9 @@ def plot_rate_and_rho_vs_beta(summary: pd.DataFrame, curves: pd.DataFrame | None
         for label, color, ls, s in _groups(summary[summary["weighting"] == w]):
             s = s.groupby("beta", as_index=False).mean(numeric_only=True).sort_values("beta")
             tag = label.removeprefix(w).strip()
-            ax_k.plot(s["beta"], s["kl_prior_loss"], ls, marker="o", color=color, label=f"measured KL {tag}".strip())
-            ax_r.plot(s["beta"], s["baseline_normalized_reconstruction_loss"], ls, marker="o", color=color,
+            mk = FACET_MARKERS[ls]  # a run of one beta draws no line: the marker names the facet too
+            ax_k.plot(s["beta"], s["kl_prior_loss"], ls, marker=mk, color=color, label=f"measured KL {tag}".strip())
+            ax_r.plot(s["beta"], s["baseline_normalized_reconstruction_loss"], ls, marker=mk, color=color,
                       label=f"ρ_recon = R_val / c_base (ratio of means) {tag}".strip())
             if "oracle_rho" in s:
                 ax_r.plot(s["beta"], s["oracle_rho"], ls, marker="s", color=color, alpha=0.5,
@@ -80,7 +85,7 @@ def plot_rate_and_rho_vs_beta(summary: pd.DataFrame, curves: pd.DataFrame | None
     tags = {}
     for label, _, ls, _ in _groups(summary):
         tags.setdefault(" ".join(label.split(" ")[1:]), ls)
-    handles += [Line2D([], [], color="k", ls=ls, label=tag) for tag, ls in tags.items() if tag]
+    handles += [Line2D([], [], color="k", ls=ls, marker=FACET_MARKERS[ls], label=tag) for tag, ls in tags.items() if tag]
     fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(len(handles), 4),
                fontsize=8, frameon=False)
     return fig
