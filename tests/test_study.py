@@ -145,3 +145,21 @@ def test_paths_in_the_repository_are_stored_from_its_root(tmp_path):
     assert portable_path(str(tmp_path / "other"), run) == str((tmp_path / "other").resolve())  # outside: absolute
     inside = ROOT / "runs" / "study-x"  # a study inside the repository: relative to the study first
     assert portable_path(str(inside / "base"), inside / "runs" / "r") == "../../base"
+
+
+def test_the_combined_report_has_unique_cell_ids(tmp_path):
+    """The report is one notebook made of several; their own cell ids ('0', '1', ...) repeat, which
+    nbformat warned about thirty times per report (DuplicateCellId). Every cell gets its own id."""
+    import warnings
+
+    import nbformat
+
+    from zfree.study import REPORT_NOTEBOOKS, _combined_report
+    from zfree.sweeps import NOTEBOOKS
+
+    nb = _combined_report(tmp_path, [NOTEBOOKS / f"{n}.ipynb" for n in REPORT_NOTEBOOKS])
+    ids = [c["id"] for c in nb.cells]
+    assert len(ids) == len(set(ids)) and len(ids) > len(REPORT_NOTEBOOKS)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        nbformat.validate(nb)

@@ -247,6 +247,8 @@ def _combined_report(study_dir: Path, parts: list[Path]):
             if "parameters" in tags:
                 nb.cells.append(nbformat.v4.new_code_cell(f"sweep_dir = {str(study_dir)!r}",
                                                           metadata={"tags": ["injected-parameters"]}))
+    for i, cell in enumerate(nb.cells):  # the parts' own ids repeat across notebooks ('0', '1', ...)
+        cell["id"] = f"cell-{i}"
     return nb
 
 
