@@ -303,3 +303,16 @@ def test_rate_and_rho_vs_beta_tells_facets_apart_by_marker_when_a_run_draws_no_l
     assert markers == {"o", "^"}
     legend = {t.get_text(): h.get_marker() for t, h in zip(fig.legends[0].get_texts(), fig.legends[0].legend_handles)}
     assert legend["none"] != legend["hard_em_then_soft"]
+
+
+def test_rate_distortion_labels_each_place_once():
+    """Runs that sit on one point (the default study's three aided runs at beta 0.3) get one beta
+    label there, not three printed over each other; distinct betas at one place are listed."""
+    rows = [{"weighting": w, "latent_kind": "discrete", "aid": "hard_em_then_soft", "beta": 0.3, "rate": 1.41 + d,
+             "distortion": 0.06 + d} for w, d in (("distribution", 0.0), ("example", 0.001), ("token", 0.002))]
+    rows += [{"weighting": "plain", "latent_kind": "discrete", "aid": "hard_em_then_soft", "beta": 1.0, "rate": 0.0,
+              "distortion": 1.49}, {"weighting": "plain", "latent_kind": "discrete", "aid": "none", "beta": 0.03,
+                                    "rate": 0.0, "distortion": 1.491}]
+    fig = P.plot_rate_distortion(pd.DataFrame(rows))
+    labels = sorted(t.get_text() for t in fig.axes[0].texts)
+    assert labels == ["β=0.03, 1", "β=0.3"]

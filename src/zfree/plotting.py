@@ -306,6 +306,20 @@ def _row_labels(runs: pd.DataFrame, factor: float = 1.25) -> list[tuple[float, l
 
 
 @_paper
+def _label_clusters(points, runs: pd.DataFrame, tol: float = 0.04) -> dict[tuple[float, float], list[float]]:
+    """Points (rate, distortion, beta) that lie within ``tol`` of the data's range of each other
+    share one label: (x, y) of the cluster's first point -> its sorted distinct betas."""
+    span_r = max(1e-9, float(np.ptp([p[0] for p in points]))) if points else 1.0
+    span_d = max(1e-9, float(np.ptp([p[1] for p in points]))) if points else 1.0
+    out: dict[tuple[float, float], list[float]] = {}
+    for x, y, b in points:
+        home = next((k for k in out if abs(k[0] - x) / span_r < tol and abs(k[1] - y) / span_d < tol), (x, y))
+        out.setdefault(home, [])
+        if b not in out[home]:
+            out[home].append(b)
+    return {k: sorted(v) for k, v in out.items()}
+
+
 def plot_rate_distortion(runs: pd.DataFrame, z_free: float | None = None, bayes_rate: float | None = None,
                          n_iso: int = 6) -> plt.Figure:
     """The rate-distortion plane (Alemi et al. 2018): rate R = mean KL(q‖p) and distortion
@@ -318,12 +332,14 @@ def plot_rate_distortion(runs: pd.DataFrame, z_free: float | None = None, bayes_
     beta = 1 nothing prefers using z. Dotted: more iso-ELBO lines (slope -1).
     """
     fig, ax = plt.subplots(figsize=(6.2, 4.8))
+    points = []
     for label, color, ls, rows in _groups(runs):
         rows = rows.groupby("beta", as_index=False)[["rate", "distortion"]].mean().sort_values("beta")
-        ax.plot(rows["rate"], rows["distortion"], ls, marker="o", color=color, label=label)
-        for _, r in rows.iterrows():
-            ax.annotate(f"β={r['beta']:g}", (r["rate"], r["distortion"]), fontsize=6, xytext=(3, 3),
-                        textcoords="offset points")
+        ax.plot(rows["rate"], rows["distortion"], ls, marker=FACET_MARKERS[ls], color=color, label=label)
+        points += [(r["rate"], r["distortion"], r["beta"]) for _, r in rows.iterrows()]
+    for (x, y), betas in _label_clusters(points, runs).items():  # one label per place: no overprint
+        ax.annotate("β=" + ", ".join(f"{b:g}" for b in betas), (x, y), fontsize=6, xytext=(3, 3),
+                    textcoords="offset points")
     pts_r = [*runs["rate"], 0.0] + ([bayes_rate] if bayes_rate else [])
     pts_d = [*runs["distortion"]] + ([z_free] if z_free is not None else []) + ([0.0, bayes_rate] if bayes_rate else [])
     r_hi = max(pts_r) * 1.15 + 1e-3
