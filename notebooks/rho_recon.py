@@ -15,9 +15,8 @@
 # weighting and β. Two summaries, both drawn and named: the **mean of ratios** mean_i ρ_i, and
 # the **ratio of means** mean ℓ̄ / mean b over the rows each run evaluated (seed 000's ratio of
 # means). The per-run ρ_recon of the first table divides the same R_val by c_base over *all*
-# validation rows instead, so the two differ by the evaluated rows' mean b / c_base (e.g. 0.993
-# here against 0.970 there for a collapsed run). ρ = 1: z explains nothing; ρ < 1: z carries
-# information the z-free model lacks.
+# validation rows instead, so the two differ by the evaluated rows' mean b / c_base. ρ = 1: z
+# explains nothing; ρ < 1: z carries information the z-free model lacks.
 
 # %% tags=["parameters"]
 sweep_dir = "../runs/study-default"  # a folder written by `zfree sweep` or `zfree study`

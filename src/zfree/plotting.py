@@ -305,8 +305,7 @@ def _row_labels(runs: pd.DataFrame, factor: float = 1.25) -> list[tuple[float, l
     return out
 
 
-@_paper
-def _label_clusters(points, runs: pd.DataFrame, tol: float = 0.04) -> dict[tuple[float, float], list[float]]:
+def _label_clusters(points, tol: float = 0.04) -> dict[tuple[float, float], list[float]]:
     """Points (rate, distortion, beta) that lie within ``tol`` of the data's range of each other
     share one label: (x, y) of the cluster's first point -> its sorted distinct betas."""
     span_r = max(1e-9, float(np.ptp([p[0] for p in points]))) if points else 1.0
@@ -320,6 +319,7 @@ def _label_clusters(points, runs: pd.DataFrame, tol: float = 0.04) -> dict[tuple
     return {k: sorted(v) for k, v in out.items()}
 
 
+@_paper
 def plot_rate_distortion(runs: pd.DataFrame, z_free: float | None = None, bayes_rate: float | None = None,
                          n_iso: int = 6) -> plt.Figure:
     """The rate-distortion plane (Alemi et al. 2018): rate R = mean KL(q‖p) and distortion
@@ -337,7 +337,7 @@ def plot_rate_distortion(runs: pd.DataFrame, z_free: float | None = None, bayes_
         rows = rows.groupby("beta", as_index=False)[["rate", "distortion"]].mean().sort_values("beta")
         ax.plot(rows["rate"], rows["distortion"], ls, marker=FACET_MARKERS[ls], color=color, label=label)
         points += [(r["rate"], r["distortion"], r["beta"]) for _, r in rows.iterrows()]
-    for (x, y), betas in _label_clusters(points, runs).items():  # one label per place: no overprint
+    for (x, y), betas in _label_clusters(points).items():  # one label per place: no overprint
         ax.annotate("β=" + ", ".join(f"{b:g}" for b in betas), (x, y), fontsize=6, xytext=(3, 3),
                     textcoords="offset points")
     pts_r = [*runs["rate"], 0.0] + ([bayes_rate] if bayes_rate else [])

@@ -195,7 +195,7 @@ def aided_tables(aided: pd.DataFrame, digits: int = 3) -> list[pd.DataFrame]:
     return [t[[c for c in part if c in t]] for part in AIDED_SPLIT]
 
 
-#: issue 15's switch-on targets for an aided run where theory predicts use: (column, test, shown as)
+#: issue 15's switch-on targets for an aided run where theory predicts use: column name -> test of a run row
 SWITCH_ON_TARGETS = {"NMI (m=1) ≥ 0.9": lambda r: r["alignment_nmi_unambiguous"] >= 0.9,
                      "ρ_recon ≤ 0.3": lambda r: r["baseline_normalized_reconstruction_loss"] <= 0.3,
                      "KL within 20% of I(z;y|x)": lambda r: abs(r["kl_prior_loss"] / r["bayes_rate"] - 1) <= 0.2,
@@ -219,9 +219,10 @@ def switch_on_targets(aided: pd.DataFrame, threshold: float = USE_THRESHOLD) -> 
     rows = []
     for _, r in aided.iterrows():
         use = r["predicted_use_fraction"] > threshold
+        missing = any(pd.isna(r[c]) for c in need[4:])  # a number the targets read (e.g. no strategy labels)
         row = {"run": run_label(r, aided), "predicted": "use" if use else "no use"}
         for name, test in SWITCH_ON_TARGETS.items():
-            row[name] = (np.nan if any(pd.isna(r[c]) for c in need[4:]) else bool(test(r))) if use else np.nan
+            row[name] = bool(test(r)) if use and not missing else np.nan
         row["z unused"] = np.nan if use else bool(r["measured_use_fraction"] <= threshold)
         checks = [row[n] for n in SWITCH_ON_TARGETS] if use else [row["z unused"]]
         row["all met"] = np.nan if any(pd.isna(c) for c in checks) else all(checks)
@@ -231,8 +232,12 @@ def switch_on_targets(aided: pd.DataFrame, threshold: float = USE_THRESHOLD) -> 
 
 def checkmarks(table: pd.DataFrame) -> pd.DataFrame:
     """``table`` (e.g. ``switch_on_targets``) with True/False shown as ✓/✗ and NaN as – (for display)."""
-    return table.apply(lambda c: c.map(lambda v: "–" if v is None or (isinstance(v, float) and np.isnan(v))
-                                       else {True: "✓", False: "✗"}.get(v, v) if isinstance(v, (bool, np.bool_)) else v))
+    def mark(v):
+        if isinstance(v, (bool, np.bool_)):
+            return "✓" if v else "✗"
+        return "–" if v is None or (isinstance(v, float) and np.isnan(v)) else v
+
+    return table.apply(lambda c: c.map(mark))
 
 
 def gate_traces(aided: pd.DataFrame, runs: pd.DataFrame | None = None) -> pd.DataFrame:

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from zfree.io import atomic_write_parquet, atomic_write_text, read_json
-from zfree.paths import PATH_FIELDS, resolve_path
+from zfree.paths import PATH_FIELDS, ROOT, resolve_path
 
 FACETS = ("weighting", "latent_kind", "aid")  # what tells runs of one sweep apart, besides beta
 
@@ -304,8 +304,6 @@ def _reference_data_file(data_file: str | None, runs: pd.DataFrame, ref_dir: Pat
     if not data_file:
         return None
     p = Path(data_file)
-    from zfree.paths import ROOT
-
     cands = [p] if p.is_absolute() else [ROOT / p, ref_dir / p, Path.cwd() / p]
     cands += [Path(d) / p.name for d in runs.get("data_dir", pd.Series(dtype=str)).dropna().unique()]
     return next((c for c in cands if c.is_file()), None)
