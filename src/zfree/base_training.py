@@ -21,6 +21,7 @@ from zfree.data.tokenizer import build_digit_tokenizer
 from zfree.io import atomic_write_json, read_json
 from zfree.losses import masked_mean_token_nll
 from zfree.models.base import build_synthetic_gpt2, target_logprobs
+from zfree.models.loading import DTYPES
 from zfree.reference import build_reference
 from zfree.scoring import score_encoded
 from zfree.theory import analytic_c_base
@@ -40,12 +41,15 @@ def lm_step(model, opt, sched, batch) -> torch.Tensor:
 
 
 def train_base(data_dir: Path | str, out_dir: Path | str, cfg: BaseTrainConfig = BaseTrainConfig(),
-               threads: int = 2, progress: bool = True, init_from: Path | str | None = None) -> dict:
+               threads: int = 2, progress: bool = True, init_from: Path | str | None = None,
+               dtype: str = "float32") -> dict:
     """Train the base model on ``data_dir/train.jsonl``; stop at ``cfg.target_ratio`` x the analytic
     c_base on val, ``cfg.max_steps`` or ``cfg.max_minutes``. Writes ``out_dir/model`` (HF format with
     tokenizer), ``out_dir/train_log.json`` and ``out_dir/reference/``. Refuses to overwrite an
     existing ``out_dir/model`` (FileExistsError). A data folder whose metadata.json has
-    ``"kind": "e2e"`` (real text) goes to ``train_text_base`` with the E2E name swap."""
+    ``"kind": "e2e"`` (real text) goes to ``train_text_base`` with the E2E name swap. ``dtype``:
+    the weights, optimizer and scoring dtype (``"float64"``: the reference mode of the portable golden
+    runs, tests/golden_runs.py; saved and scored in float64)."""
     data_dir, out_dir = Path(data_dir), Path(out_dir)
     if (out_dir / "model").exists():
         raise FileExistsError(f"{out_dir / 'model'} exists; choose another --out or remove it yourself")
@@ -55,7 +59,7 @@ def train_base(data_dir: Path | str, out_dir: Path | str, cfg: BaseTrainConfig =
         from zfree.data.e2e import swap_names
 
         return train_text_base(data_dir, out_dir, cfg, threads=threads, progress=progress, augment=swap_names,
-                               init_from=init_from)
+                               init_from=init_from, dtype=dtype)
     tok = build_digit_tokenizer(meta["parameters"]["vocab_size"])
     train = [encode_pair(tok, p) for p in load_pairs(data_dir / "train.jsonl")]
     data_cfg = None
@@ -73,10 +77,10 @@ def train_base(data_dir: Path | str, out_dir: Path | str, cfg: BaseTrainConfig =
     if init_from is not None:  # continue training a finished base model (a second, lower-rate phase)
         from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(init_from, local_files_only=True, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(init_from, local_files_only=True, dtype=DTYPES[dtype])
     else:
         model = build_synthetic_gpt2(len(tok), n_positions=max(64, max_len), n_layer=cfg.n_layer, n_embd=cfg.n_embd,
-                                     n_head=cfg.n_head, seed=cfg.seed)
+                                     n_head=cfg.n_head, seed=cfg.seed, dtype=DTYPES[dtype])
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / cfg.warmup_steps) * (
         0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / cfg.max_steps)))))
@@ -115,9 +119,9 @@ def train_base(data_dir: Path | str, out_dir: Path | str, cfg: BaseTrainConfig =
     log = {"config": asdict(cfg), "data_dir": str(data_dir), "steps": step, "init_from": str(init_from) if init_from else None, "wall_s": time.time() - t0,
            "threads": threads, "command": " ".join(["zfree"] + sys.argv[1:]) if sys.argv else "",
            "c_base_analytic": analytic, "final_ratio": ratio, "history": history,
-           "torch": torch.__version__, "n_params": sum(p.numel() for p in model.parameters())}
+           "torch": torch.__version__, "n_params": sum(p.numel() for p in model.parameters()), "dtype": dtype}
     atomic_write_json(out_dir / "train_log.json", log)
-    build_reference(out_dir, data_dir)
+    build_reference(out_dir, data_dir, dtype=dtype)
     return log
 
 
@@ -130,7 +134,7 @@ TEXT_AUGMENT_P = 0.5  # share of training rows passed through ``augment`` (fresh
 
 def train_text_base(data_dir: Path | str, out_dir: Path | str, cfg: BaseTrainConfig = BaseTrainConfig(),
                     threads: int = 1, progress: bool = True, vocab_size: int = TEXT_VOCAB_SIZE,
-                    augment=None, init_from: Path | str | None = None) -> dict:
+                    augment=None, init_from: Path | str | None = None, dtype: str = "float32") -> dict:
     """Train a base GPT-2 from scratch on real text (``data_dir/train.jsonl``, e.g. E2E) and write
     its z-free reference on ``data_dir/val.jsonl``.
 
@@ -146,7 +150,7 @@ def train_text_base(data_dir: Path | str, out_dir: Path | str, cfg: BaseTrainCon
     ``init_from``: continue from a finished text base model folder (its tokenizer is reused; a
     second phase with a fresh warm-up and cosine schedule).
     Writes ``out_dir/model`` (HF format with tokenizer), ``out_dir/train_log.json`` and
-    ``out_dir/reference/``. FileExistsError if ``out_dir/model`` exists.
+    ``out_dir/reference/``. FileExistsError if ``out_dir/model`` exists. ``dtype`` as ``train_base``'s.
     """
     from zfree.data.bpe import train_bpe_tokenizer
 
@@ -160,7 +164,7 @@ def train_text_base(data_dir: Path | str, out_dir: Path | str, cfg: BaseTrainCon
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(init_from, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(init_from, local_files_only=True, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(init_from, local_files_only=True, dtype=DTYPES[dtype])
         n_positions = getattr(model.config, "n_positions", None) or model.config.max_position_embeddings
     else:
         tok = train_bpe_tokenizer((t for p in train_pairs for t in (p.x, p.y)), vocab_size)
@@ -170,7 +174,8 @@ def train_text_base(data_dir: Path | str, out_dir: Path | str, cfg: BaseTrainCon
         max_len = max(len(e.prefix_ids) + len(e.target_ids) for e in train + val)
         n_positions = 32 * math.ceil((max_len + 48) / 32)  # room for longer (augmented) rows and user data
         model = build_synthetic_gpt2(len(tok), n_positions=n_positions,
-                                     n_layer=cfg.n_layer, n_embd=cfg.n_embd, n_head=cfg.n_head, seed=cfg.seed)
+                                     n_layer=cfg.n_layer, n_embd=cfg.n_embd, n_head=cfg.n_head, seed=cfg.seed,
+                                     dtype=DTYPES[dtype])
     for m in model.modules():  # dropout during training only (the saved config keeps 0)
         if isinstance(m, torch.nn.Dropout):
             m.p = TEXT_DROPOUT
@@ -223,8 +228,8 @@ def train_text_base(data_dir: Path | str, out_dir: Path | str, cfg: BaseTrainCon
            "augment": getattr(augment, "__name__", None), "augment_p": TEXT_AUGMENT_P if augment else 0.0, "wall_s": time.time() - t0, "threads": threads,
            "command": " ".join(["zfree"] + sys.argv[1:]) if sys.argv else "", "history": history,
            "c_base_analytic": None, "final_ratio": None,  # no generator, no analytic c_base (keys as train_base's)
-           "torch": torch.__version__, "n_params": sum(p.numel() for p in model.parameters())}
-    ref = build_reference(out_dir, data_dir)
+           "torch": torch.__version__, "n_params": sum(p.numel() for p in model.parameters()), "dtype": dtype}
+    ref = build_reference(out_dir, data_dir, dtype=dtype)
     log["c_base"] = ref.c_base
     log["wall_s_with_reference"] = time.time() - t0
     atomic_write_json(out_dir / "train_log.json", log)

@@ -212,8 +212,10 @@ class OptimConfig:
     device: str = "auto"  # "auto": cuda when available, else cpu (zfree.models.loading.pick_device)
     # fp32: everything in float32; bf16: the backbone body under bfloat16 autocast on CUDA, the
     # output head, log-softmax and the losses in float32 (as zfree.scoring does). Allowed on CPU
-    # (slower there), hence not the default.
-    precision: Literal["fp32", "bf16"] = "fp32"
+    # (slower there), hence not the default. fp64: weights, optimizer, head and losses in float64,
+    # a reference mode (several times slower; CPU kernels then differ by ~1e-16, so the golden runs
+    # of tests/golden_runs.py replay portably on any CPU)
+    precision: Literal["fp32", "bf16", "fp64"] = "fp32"
     checkpoint_every: int = 0  # steps between resumable checkpoints (0 = only at evaluations)
     # adamw is invariant to the scale of the loss, so `distribution` at beta trains like `plain` at
     # beta * c_base; sgd is not (kept to show the difference)
@@ -223,7 +225,7 @@ class OptimConfig:
         typed_fields(self)
         _check_int("checkpoint_every", self.checkpoint_every, 0)
         _check_choice("optimizer", self.optimizer, Literal["adamw", "sgd"])
-        _check_choice("precision", self.precision, Literal["fp32", "bf16"])
+        _check_choice("precision", self.precision, Literal["fp32", "bf16", "fp64"])
         if not isinstance(self.device, str) or not self.device:
             raise ValueError(f"device={self.device!r} must be a device name ('auto', 'cpu', 'cuda', 'cuda:N')")
         for name in ("steps", "batch_size", "eval_every", "threads"):

@@ -115,9 +115,10 @@ def continuous_decode_metrics(model, encoded: Sequence[EncodedPair], pairs: Sequ
     max_new = max(len(e.target_ids) for e in encoded) + 2
     decode = lambda z: model.greedy_decode(prefixes, z, eos_id=tokenizer.eos_token_id,  # noqa: E731
                                            max_new_tokens=max_new)
-    forced = None if centroids is None else [torch.as_tensor(c, dtype=torch.float32).expand(len(prefixes), -1)
+    dtype = next(model.parameters()).dtype  # float32 (float64 in the fp64 reference mode)
+    forced = None if centroids is None else [torch.as_tensor(c, dtype=dtype).expand(len(prefixes), -1)
                                              for c in centroids]
-    return z_control_metrics(decode, z_prior.float(), forced, encoded, pairs, tokenizer, strategies)
+    return z_control_metrics(decode, z_prior.to(dtype), forced, encoded, pairs, tokenizer, strategies)
 
 
 def active_units(posterior_mean: np.ndarray, threshold: float = ACTIVE_UNIT_THRESHOLD) -> int:
@@ -201,7 +202,7 @@ def sample_decode_with_latents(backbone, prefixes, latents: torch.Tensor, *, eos
             inj = (torch.arange(ids.shape[1], device=dev) >= P - 1).to(latents.dtype)
             emb = emb_layer(ids) + inj[None, :, None] * latents[r][None, None, :]
             h = backbone.base_model(inputs_embeds=emb, use_cache=False).last_hidden_state[:, -1]
-            probs = torch.softmax(exact_logits_from_hidden(backbone, h).float(), -1).cpu()
+            probs = torch.softmax(exact_logits_from_hidden(backbone, h), -1).cpu()  # float32 (float64 model: float64)
             nxt = int(torch.multinomial(probs[0], 1, generator=generator))
             ids = torch.cat([ids, torch.tensor([[nxt]], device=dev)], 1)
             if nxt == eos_id:

@@ -140,16 +140,18 @@ def outer_weighting(cfg: ObjectiveConfig) -> str:
 
 
 def base_token_matrix(target_mask: Bool[torch.Tensor, "batch seq"], prefix_len: Int[torch.Tensor, "batch"],
-                      rows: Sequence) -> Float[torch.Tensor, "batch seq"]:
-    """The base model's per-token surprisal b_t laid out like the batch (B, T), float32, nats:
+                      rows: Sequence, dtype: torch.dtype = torch.float32) -> Float[torch.Tensor, "batch seq"]:
+    """The base model's per-token surprisal b_t laid out like the batch (B, T), ``dtype`` (float32;
+    float64 in the fp64 reference mode), nats:
     row r's values start at its first y position ``prefix_len[r]``, 0 elsewhere. ``rows[r]`` holds
     |S_r| values (the reference's ``surprisal_of``); on ``target_mask``'s device (one host->device
     copy). Raises ValueError if a row does not fit."""
-    out = np.zeros(tuple(target_mask.shape), dtype=np.float32)  # built on the host, copied to the device once
+    np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
+    out = np.zeros(tuple(target_mask.shape), dtype=np_dtype)  # built on the host, copied to the device once
     for r, (p, s) in enumerate(zip(prefix_len.tolist(), rows)):  # one read of prefix_len, not one per row
         if p + len(s) > out.shape[1]:
             raise ValueError(f"row {r}: {len(s)} base surprisals from position {p} exceed the batch width {out.shape[1]}")
-        out[r, p : p + len(s)] = np.asarray(s, dtype=np.float32)  # a copy (the reference's arrays are read-only)
+        out[r, p : p + len(s)] = np.asarray(s, dtype=np_dtype)  # a copy (the reference's arrays are read-only)
     return torch.from_numpy(out).to(target_mask.device)
 
 

@@ -29,6 +29,7 @@ from zfree.latent_stats import (ACTIVE_UNIT_THRESHOLD, active_units, confusion, 
                                 latent_samples, probe_accuracy)
 from zfree.losses import base_token_matrix, inter_latent_jsd, masked_mean_token_nll, reconstruction_per_value
 from zfree.objectives import assemble
+from zfree.models.precision import acc_dtype
 from zfree.theory import predicted_use
 
 CODE_USED_FRACTION = 0.01  # a latent value counts as used if it is the posterior argmax of >= 1% of rows
@@ -132,7 +133,7 @@ class EvalContext:
 def _frame(batch, br, lbar: torch.Tensor, out, **extra) -> pd.DataFrame:
     """The per-example columns both kinds share, then the kind's own ``extra`` columns, then zfree_nll."""
     cols = {"id": batch.ids, "n_tokens": batch.target_len.cpu().numpy(), "lbar": lbar.cpu().numpy(),
-            "kl": br.per_example["kl"].cpu().numpy(), "beta_eff": br.beta_eff.cpu().numpy(),
+            "kl": br.per_example["kl"].clamp_min(0).cpu().numpy(), "beta_eff": br.beta_eff.cpu().numpy(),
             "weight": br.recon_weight.cpu().numpy(), **{k: v.cpu().numpy() for k, v in extra.items()},
             "zfree_nll": masked_mean_token_nll(-out.zfree_target_logprobs, batch.target_mask).cpu().numpy()}
     return pd.DataFrame(cols)
@@ -159,7 +160,7 @@ class DiscreteEvaluator:
         self.q.append(q.cpu().numpy())
         self.p.append(torch.softmax(out.prior_logits, -1).cpu().numpy())
         return _frame(batch, br, (q * nll_k).sum(-1), out, posterior_argmax=q.argmax(-1), q_max=q.max(-1).values,
-                      oracle_nll=nll_k.min(-1).values, oracle_latent=nll_k.argmin(-1), decoder_jsd=jsd), br
+                      oracle_nll=nll_k.min(-1).values, oracle_latent=nll_k.argmin(-1), decoder_jsd=jsd.clamp_min(0)), br
 
     def finish(self, df, bayes, ctx: EvalContext) -> dict[str, float]:
         """The kind's latent/*, structure/* and decode metrics; adds its columns (measured_use, ...) to ``df``."""
@@ -177,9 +178,10 @@ class DiscreteEvaluator:
             **{f"latent/usage/{k}": float(u) for k, u in enumerate(usage)},  # share of rows whose argmax is k
             "latent/decoder_jsd": float(df["decoder_jsd"].mean()),
         }
-        # mutual information of the aggregated posterior, exact for a discrete latent: H(mean q) - mean H(q)
-        m["latent/mutual_information"] = m["latent/usage_entropy"] - float(
-            -(qa * np.log(np.clip(qa, 1e-30, None))).sum(-1).mean())
+        # mutual information of the aggregated posterior, exact for a discrete latent: H(mean q) - mean H(q),
+        # >= 0 by the concavity of H (clipped: rounding alone can put it a few ulps below 0)
+        m["latent/mutual_information"] = max(0.0, m["latent/usage_entropy"] - float(
+            -(qa * np.log(np.clip(qa, 1e-30, None))).sum(-1).mean()))
         m.update(_structure_metrics(df, np.concatenate(self.feats), self.seed))
         m.update(label_structure_metrics(df, np.concatenate(self.feats), df["posterior_argmax"].to_numpy(), self.seed))
         if ctx.n_decode:
@@ -281,12 +283,13 @@ def evaluate(model, encoded: Sequence[EncodedPair], pairs: Sequence[Pair], *, b:
     kind = EVALUATORS[model.latent_kind](model, seed)
     was_training = model.training
     model.eval()
-    dev = next(model.parameters()).device
+    dev, acc = next(model.parameters()).device, acc_dtype(next(model.parameters()).dtype)
     rows, fr = [], []
     for i in range(0, len(encoded), batch_size):
         batch = collate(encoded[i : i + batch_size], pad_id=pad_id).to(dev)
-        bb = torch.as_tensor(b[i : i + len(batch)], dtype=torch.float32, device=dev)
-        base_tok = (base_token_matrix(batch.target_mask, batch.prefix_len, [base_token_nll[r] for r in batch.ids])
+        bb = torch.as_tensor(b[i : i + len(batch)], dtype=acc, device=dev)
+        base_tok = (base_token_matrix(batch.target_mask, batch.prefix_len, [base_token_nll[r] for r in batch.ids],
+                                      dtype=acc)
                     if objective.weighting == "token" and base_token_nll is not None else None)
         frame, br = kind.batch(batch, objective, step, c_base, bb, base_tok)
         rows.append(frame)

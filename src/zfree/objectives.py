@@ -36,6 +36,17 @@ from zfree.losses import (apply_free_bits, beta_at_step, categorical_kl, effecti
 from zfree.models.precision import body_autocast, model_outputs_fp32
 
 
+#: terms that are >= 0 by definition (a KL, a Jensen-Shannon divergence): logged clipped at 0, so a
+#: float rounding below zero (e.g. -4e-10 nats for a collapsed latent) is never reported. The
+#: objective itself uses the unclipped values (clipping would zero their gradient there).
+NONNEGATIVE_TERMS = frozenset({"kl_prior_loss", "decoder_jsd"})
+
+
+def _reported(name: str, v: torch.Tensor) -> torch.Tensor:
+    """A term's value as logged: clipped at 0 for ``NONNEGATIVE_TERMS``, else as is (detached)."""
+    return v.detach().clamp_min(0) if name in NONNEGATIVE_TERMS else v.detach()
+
+
 @dataclass
 class ObjectiveBreakdown:
     """Named breakdown of one evaluation of J (every term can be logged)."""
@@ -58,7 +69,7 @@ class ObjectiveBreakdown:
         evaluation, so a step needs no device->host copy. float64 of the float32 values, so the
         running sums equal Python's float sums of ``log_dict`` bit for bit."""
         d = {f"{prefix}/total": self.total.detach().double()}
-        d.update({f"{prefix}/{k}": v.detach().double() for k, v in self.terms.items()})
+        d.update({f"{prefix}/{k}": _reported(k, v).double() for k, v in self.terms.items()})
         d["objective/recon_weight_mean"] = self.recon_weight.mean().double()
         d["objective/recon_weight_max"] = self.recon_weight.max().double()
         d["objective/beta_eff_median"] = self.beta_eff.median().double()
@@ -68,7 +79,7 @@ class ObjectiveBreakdown:
         """Flat floats for metrics.jsonl: <prefix>/total, <prefix>/<term>, loss_contrib/fraction_abs/<term>
         and objective/recon_weight_mean, recon_weight_max, beta_eff_median."""
         d = {f"{prefix}/total": self.total.item()}
-        d.update({f"{prefix}/{k}": float(v.detach()) for k, v in self.terms.items()})
+        d.update({f"{prefix}/{k}": float(_reported(k, v)) for k, v in self.terms.items()})
         d.update({f"loss_contrib/fraction_abs/{k}": v for k, v in self.fractions_abs().items()})
         d["objective/recon_weight_mean"] = float(self.recon_weight.mean())
         d["objective/recon_weight_max"] = float(self.recon_weight.max())

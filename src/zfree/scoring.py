@@ -45,6 +45,7 @@ from zfree.io import atomic_write_json, atomic_write_parquet, read_json, sha256_
 from zfree.models.head import head_is_exact, logits_from_hidden
 from zfree.models.loading import DTYPES as _DTYPES  # noqa: F401  (re-exported for callers)
 from zfree.models.loading import TOKENIZER_FILES, ModelLoadError, load_causal_lm, pick_device  # noqa: F401
+from zfree.models.precision import acc_dtype
 
 SCORER_VERSION = "3"  # bump whenever a change can move a number: it is part of the cache key
 # everything in a score's settings that enters its cache key (the batch budget does not: it moves
@@ -148,12 +149,13 @@ def plan_batches(lengths: np.ndarray, max_batch_tokens: int, max_batch_rows: int
 
 def _head_logprobs(model, h: torch.Tensor, tokens: torch.Tensor, chunk: int) -> torch.Tensor:
     """log p(token) = logit[token] - logsumexp(logits) with the model's own logits from hidden
-    states (``zfree.models.head.logits_from_hidden``, float32), ``chunk`` positions at a time."""
+    states (``zfree.models.head.logits_from_hidden``, float32; float64 for a float64 model),
+    ``chunk`` positions at a time."""
     out = []
     for s in range(0, h.shape[0], chunk):
         logits = logits_from_hidden(model, h[s : s + chunk])  # (n, vocab) float32
         out.append(logits.gather(-1, tokens[s : s + chunk, None]).squeeze(-1) - logits.logsumexp(-1))
-    return torch.cat(out) if out else h.new_zeros(0, dtype=torch.float32)
+    return torch.cat(out) if out else h.new_zeros(0, dtype=acc_dtype(h.dtype))
 
 
 @torch.inference_mode()
@@ -212,7 +214,7 @@ def score_encoded(model, encoded: Sequence[EncodedPair], *, pad_id: int = 0, max
                 hidden = model.base_model(input_ids=input_ids, attention_mask=attn, use_cache=False).last_hidden_state
                 lp = _head_logprobs(model, hidden[rows_t, pos_t], tgt, chunk)  # (N,) only y positions
             else:
-                logits = model(input_ids=input_ids, attention_mask=attn, use_cache=False).logits[rows_t, pos_t].float()
+                logits = model(input_ids=input_ids, attention_mask=attn, use_cache=False).logits[rows_t, pos_t].to(acc_dtype(next(model.parameters()).dtype))
                 lp = logits.gather(-1, tgt[:, None]).squeeze(-1) - logits.logsumexp(-1)
             pieces.append(lp)
             bar.update(len(idx))
@@ -237,7 +239,7 @@ def score_encoded(model, encoded: Sequence[EncodedPair], *, pad_id: int = 0, max
     per_token = pd.DataFrame({"id": np.repeat(np.array(ids_col, dtype=object), L), "position": within,
                               "token_id": flat[np.repeat(starts + P, L) + within], "surprisal": surp})
     settings = {"scorer_version": SCORER_VERSION, "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
-                "head_dtype": "float32", "device": device.type, "max_batch_tokens": max_batch_tokens,
+                "head_dtype": str(acc_dtype(next(model.parameters()).dtype)).replace("torch.", ""), "device": device.type, "max_batch_tokens": max_batch_tokens,
                 "head_path": "hidden_states" if via_hidden else "model_logits"}
     return ScoreResult(per_example, per_token, settings)
 

@@ -30,6 +30,7 @@ from zfree.models.base import load_base
 from zfree.models.continuous import ContinuousCVAE
 from zfree.models.discrete import DiscreteCVAE
 from zfree.models.loading import pick_device
+from zfree.models.precision import WEIGHT_DTYPES, acc_dtype, default_dtype
 from zfree.objectives import hard_em_objective, step_objective  # noqa: F401 - hard_em_objective: public here too
 from zfree.reference import Reference, resolve_reference
 from zfree.run_folder import TIMING_KEYS, NonFiniteLossError, NonFiniteMetricError  # noqa: F401 - re-exported
@@ -61,11 +62,12 @@ def build_cvae(cfg: TrainConfig, backbone: torch.nn.Module) -> DiscreteCVAE | Co
     ("auto": cuda when present) in train mode, its decoder passes under ``cfg.model.shared_prefix``
     (auto / on / off; off also skips the z-free pass's key/value cache)."""
     m = cfg.model
-    if m.latent_kind == "continuous":
-        model = ContinuousCVAE(backbone, m.d_latent, m.posterior_features, prior=m.prior, n_samples=m.n_samples)
-    else:
-        model = DiscreteCVAE(backbone, m.n_latent, m.posterior_features,
-                             latent_init_std=cfg.aid.latent_init_std if cfg.aid.aid == "random_init_jsd" else 0.0)
+    with default_dtype(next(backbone.parameters()).dtype):  # new heads in the backbone's dtype
+        if m.latent_kind == "continuous":
+            model = ContinuousCVAE(backbone, m.d_latent, m.posterior_features, prior=m.prior, n_samples=m.n_samples)
+        else:
+            model = DiscreteCVAE(backbone, m.n_latent, m.posterior_features,
+                                 latent_init_std=cfg.aid.latent_init_std if cfg.aid.aid == "random_init_jsd" else 0.0)
     model.shared_prefix_mode = m.shared_prefix
     model.shared_prefix = m.shared_prefix != "off"
     return model.to(pick_device(cfg.optim.device)).train()
@@ -157,17 +159,18 @@ def _setup_data(cfg: TrainConfig, backbone, tok, ref: Reference, train_ref: Refe
     return RunData(tok, pad, ref.c_base, train, val, val_pairs, val_b, train_ref, eval_kw)
 
 
-def _batch_references(data: RunData, batch, weighting: str, device: torch.device
+def _batch_references(data: RunData, batch, weighting: str, device: torch.device, dtype: torch.dtype = torch.float32
                       ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """b (batch,) and, under token weighting, the base-token matrix (batch, seq) of a training
     batch, on ``device``. ``batch`` is the host (CPU) batch: both are built on the host and copied
-    once, so no device value is read back (``base_token_matrix`` reads prefix_len per row)."""
+    once, so no device value is read back (``base_token_matrix`` reads prefix_len per row). ``dtype``:
+    the model's loss dtype (``zfree.models.precision.acc_dtype``)."""
     if data.train_ref is None:
         return None, None
-    b = torch.as_tensor(data.train_ref.b_of(batch.ids), dtype=torch.float32)
+    b = torch.as_tensor(data.train_ref.b_of(batch.ids), dtype=dtype)
     if weighting != "token":
         return b.to(device), None
-    tok = base_token_matrix(batch.target_mask, batch.prefix_len, data.train_ref.surprisal_of(batch.ids))
+    tok = base_token_matrix(batch.target_mask, batch.prefix_len, data.train_ref.surprisal_of(batch.ids), dtype=dtype)
     return b.to(device), tok.to(device)
 
 
@@ -239,7 +242,7 @@ def _setup_run(cfg: TrainConfig, out: Path, progress: bool) -> Run:
     torch.manual_seed(cfg.optim.seed)
     data_dir, base_dir = _check_inputs(cfg)
     run_folder.check_same_config(out, cfg)
-    backbone, tok = load_base(base_dir / "model", device=cfg.optim.device)
+    backbone, tok = load_base(base_dir / "model", device=cfg.optim.device, dtype=WEIGHT_DTYPES[cfg.optim.precision])
     ref = resolve_reference(cfg.objective.c_base_source, base_dir, data_dir, "val", model=backbone, tokenizer=tok)
     run_folder.check_same_base(out, backbone, base_dir)
     train_ref = (resolve_reference("pretrained_source", base_dir, data_dir, "train", model=backbone, tokenizer=tok)
@@ -342,7 +345,7 @@ def _train_locked(cfg: TrainConfig, out: Path, progress: bool, stop_after: int |
     model, data, state = run.model, run.data, run.state
     gate_rows = data.val[: cfg.aid.handover_rows] if cfg.aid.handover_rows else data.val
     frozen = aids.FrozenDecoderMask(model)
-    dev = next(model.parameters()).device
+    dev, acc = next(model.parameters()).device, acc_dtype(next(model.parameters()).dtype)
     watch = FiniteWatch(out, dev)
     ev = _record_evaluation(out, model, data, state, run.opt, run.rng, run.t0) if state.step == 0 else None
     bar = tqdm(total=cfg.optim.steps, initial=state.step, disable=not progress, mininterval=5,
@@ -353,7 +356,7 @@ def _train_locked(cfg: TrainConfig, out: Path, progress: bool, stop_after: int |
         run.opt.param_groups[1]["lr"] = aids.new_lr(cfg, state.phase)
         idx = run.rng.integers(0, len(data.train), cfg.optim.batch_size)  # batches drawn with replacement
         host = collate([data.train[i] for i in idx], pad_id=data.pad_id)
-        b, base_tok = _batch_references(data, host, cfg.objective.weighting, dev)
+        b, base_tok = _batch_references(data, host, cfg.objective.weighting, dev, acc)
         batch = host.to(dev)
         # one objective per step: the hard-EM phase, else the latent kind's true J (beta0 warm-up applied)
         phase = "hard" if state.phase == "hard" else cfg.model.latent_kind

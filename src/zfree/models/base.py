@@ -12,16 +12,19 @@ from transformers import GPT2Config, GPT2LMHeadModel
 from zfree.data.batching import Batch
 from zfree.models.head import exact_logits_from_hidden
 from zfree.models.loading import load_causal_lm
+from zfree.models.precision import default_dtype
 
 
 def build_synthetic_gpt2(vocab_size: int, *, n_positions: int = 64, n_layer: int = 2, n_embd: int = 128,
-                         n_head: int = 4, seed: int = 0) -> GPT2LMHeadModel:
-    """A small GPT-2 from a config, dropout 0 (so teacher-forced losses are deterministic)."""
+                         n_head: int = 4, seed: int = 0, dtype: torch.dtype = torch.float32) -> GPT2LMHeadModel:
+    """A small GPT-2 from a config, dropout 0 (so teacher-forced losses are deterministic), its
+    weights initialised in ``dtype`` (float32; float64 for the fp64 reference mode)."""
     torch.manual_seed(seed)
     cfg = GPT2Config(vocab_size=vocab_size, n_positions=n_positions, n_layer=n_layer, n_embd=n_embd,
                      n_head=n_head, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                      bos_token_id=1, eos_token_id=3, pad_token_id=0)
-    return GPT2LMHeadModel(cfg)
+    with default_dtype(dtype):
+        return GPT2LMHeadModel(cfg)
 
 
 def load_base(source: Path | str, *, device: str = "auto", dtype: str = "float32", trust_remote_code: bool = False):
@@ -42,7 +45,8 @@ def hidden_states(model, batch: Batch, inputs_embeds: torch.Tensor | None = None
 
 def target_logprobs_from_hidden(model, hidden: Float[torch.Tensor, "batch seq d_model"], batch: Batch
                                 ) -> Float[torch.Tensor, "batch seq"]:
-    """log p(token_t | tokens_<t) at the y-region positions t (0 elsewhere), in nats, fp32.
+    """log p(token_t | tokens_<t) at the y-region positions t (0 elsewhere), in nats, float32
+    (float64 for a float64 model: ``zfree.models.precision.acc_dtype``).
 
     Gathers the hidden states of the positions that predict y tokens (t - 1) *before* the output
     head, so logits are never materialized for x positions; the logits are the model's own
@@ -55,7 +59,7 @@ def target_logprobs_from_hidden(model, hidden: Float[torch.Tensor, "batch seq d_
     logits = exact_logits_from_hidden(model, h)  # (N, V) float32
     tokens = batch.input_ids[:, 1:][predict]  # (N,)
     lp = torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
-    out = hidden.new_zeros((B, T), dtype=torch.float32)
+    out = hidden.new_zeros((B, T), dtype=lp.dtype)  # float32 (float64 for a float64 model)
     out[:, 1:][predict] = lp
     return out
 

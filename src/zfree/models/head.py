@@ -23,6 +23,8 @@ from jaxtyping import Float
 from torch import nn
 from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions as _BodyOutput
 
+from zfree.models.precision import acc_dtype
+
 _VERIFIED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> bool (head exact)
 
 
@@ -58,7 +60,8 @@ class _HeadStub(nn.Module):
         real = object.__getattribute__(self, "_zf_real")
         bias = getattr(real, "bias", None)
         with torch.autocast(device_type=x.device.type, enabled=False):
-            return torch.nn.functional.linear(x.float(), real.weight.float(), None if bias is None else bias.float())
+            acc = acc_dtype(real.weight.dtype)  # float32 (float64 for a float64 model)
+            return torch.nn.functional.linear(x.to(acc), real.weight.to(acc), None if bias is None else bias.to(acc))
 
     def __getattr__(self, name):
         try:
@@ -96,7 +99,7 @@ def logits_from_hidden(model, hidden: Float[torch.Tensor, "*rows d_model"]) -> F
     finally:
         setattr(model, body_name, body)
         setattr(model, head_name, out)
-    return logits.float().reshape(*lead, -1)
+    return logits.to(acc_dtype(out.weight.dtype)).reshape(*lead, -1)
 
 
 def head_is_exact(model, *, refresh: bool = False) -> bool:
@@ -117,7 +120,7 @@ def head_is_exact(model, *, refresh: bool = False) -> bool:
     model.eval()
     try:
         with torch.no_grad(), torch.autocast(device_type=param.device.type, enabled=False):
-            want = model(input_ids=ids, use_cache=False).logits.float()
+            want = model(input_ids=ids, use_cache=False).logits.to(acc_dtype(param.dtype))
             h = model.base_model(input_ids=ids, use_cache=False).last_hidden_state
             got = logits_from_hidden(model, h)
         scale = float(want.abs().max())

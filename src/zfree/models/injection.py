@@ -180,7 +180,7 @@ def suffix_target_logprobs(backbone, batch: Batch, hz: Float[torch.Tensor, "batc
     tgt_pos = (batch.prefix_len[:, None] + torch.arange(L, device=hz.device)[None, :]).clamp_max(T - 1)
     tokens = batch.input_ids.gather(1, tgt_pos)[:, None].expand(B, n, L)[sel]
     lp = logp_all.gather(-1, tokens[:, None]).squeeze(-1)
-    tlp = hz.new_zeros((B, n, T), dtype=torch.float32)
+    tlp = hz.new_zeros((B, n, T), dtype=lp.dtype)  # float32 (float64 for a float64 model)
     tlp[:, :, 1:][batch.target_mask[:, 1:][:, None].expand(B, n, T - 1)] = lp  # same (b, s, position) order
     if not with_distributions:
         return tlp, None
@@ -196,7 +196,7 @@ def full_target_logprobs(backbone, batch: Batch, hz: Float[torch.Tensor, "batch 
     predict = batch.target_mask[:, 1:][:, None].expand(B, n, T - 1)
     logp_all = torch.log_softmax(exact_logits_from_hidden(backbone, hz[:, :, :-1][predict]), -1)
     tokens = batch.input_ids[:, 1:][:, None].expand(B, n, T - 1)[predict]
-    tlp = hz.new_zeros((B, n, T), dtype=torch.float32)
+    tlp = hz.new_zeros((B, n, T), dtype=logp_all.dtype)  # float32 (float64 for a float64 model)
     tlp[:, :, 1:][predict] = logp_all.gather(-1, tokens[:, None]).squeeze(-1)
     if not with_distributions:
         return tlp, None

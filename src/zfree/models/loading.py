@@ -16,7 +16,7 @@ import torch
 
 from zfree.errors import ModelLoadError  # noqa: F401 (re-exported)
 from zfree.paths import TOKENIZER_FILES  # noqa: E402 - defined once in zfree.paths
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
 
 def pick_device(device: str | torch.device = "auto") -> torch.device:

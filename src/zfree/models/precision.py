@@ -16,8 +16,33 @@ import dataclasses
 
 import torch
 
-#: optim.precision -> the autocast dtype of the body (None: no autocast, float32 throughout)
-PRECISIONS: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16}
+#: optim.precision -> the autocast dtype of the body (None: no autocast). ``fp64`` is the reference
+#: mode: weights, optimizer, head, log-softmax and losses in float64 (slow; for checks against
+#: float32 and the portable golden runs, tests/golden_runs.py, where CPU kernels differ by ~1e-16)
+PRECISIONS: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp64": None}
+#: optim.precision -> the dtype the weights are loaded in (``zfree.models.loading.DTYPES`` names)
+WEIGHT_DTYPES: dict[str, str] = {"fp32": "float32", "bf16": "float32", "fp64": "float64"}
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype):
+    """Build modules with parameters of ``dtype`` (``torch.set_default_dtype`` inside, restored on
+    exit). Initialising a float64 model directly in float64 keeps its random init portable: the
+    float32 normal sampler rounds differently between CPU kernels (~3e-7 relative between the
+    vectorised and the scalar path), the float64 one only at ~1e-16."""
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(prev)
+
+
+def acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the output head, log-softmax and losses run in for a model (or tensor) of ``dtype``:
+    float64 for a float64 model (the ``fp64`` reference mode), float32 for every other dtype
+    (float32, and the bfloat16 / float16 bodies of mixed precision)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def body_autocast(precision: str, device: torch.device | str):
