@@ -31,6 +31,9 @@ from zfree.models.loading import ModelLoadError, load_causal_lm
 from zfree.scoring import score_pairs
 
 ATOL = 1e-5
+#: greedy decoding may pick another token than the model's own argmax only where the two logits are
+#: this close (float32 rounding of two computation paths; a wrong head moves logits by far more)
+TIE_LOGITS = 1e-4
 V = 45  # build_digit_tokenizer(40): 5 special tokens + 40 digits
 IDS = dict(vocab_size=V, bos_token_id=1, eos_token_id=3, pad_token_id=0)
 LLAMA_LIKE = dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=2, num_key_value_heads=1,
@@ -140,15 +143,22 @@ def test_greedy_decoding_follows_the_models_own_logits(arch):
     D = model.get_input_embeddings().weight.shape[1]
     got = greedy_decode_with_latents(model, prefixes, torch.zeros(len(enc), D), eos_id=3, max_new_tokens=5)
     for p, g in zip(prefixes, got):
-        ids, want = list(p), []
+        ids, want, tie = list(p), [], False
         with torch.no_grad():
-            for _ in range(5):
-                nxt = int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax())
+            for i in range(5):
+                logits = model(input_ids=torch.tensor([ids])).logits[0, -1]
+                nxt = int(logits.argmax())
+                mine = g[i] if i < len(g) else 3  # decoding ended: it chose the end token
+                if mine != nxt:  # two paths (batched with embeddings vs one row of ids) may round a
+                    # near-tie apart on another CPU: allowed only within TIE_LOGITS, then the row stops
+                    assert float(logits[mine]) >= float(logits.max()) - TIE_LOGITS, (arch["name"], g, want + [nxt])
+                    tie = True
+                    break
                 if nxt == 3:
                     break
                 want.append(nxt)
                 ids.append(nxt)
-        assert g == want
+        assert tie or g == want
 
 
 def test_shared_prefix_is_used_where_exact_and_refused_by_on_where_not(arch):

@@ -272,6 +272,35 @@ def test_bf16_training_on_cpu_is_finite_and_recorded(tiny, tmp_path):
     assert abs(runs["bf16"]["loss/val/objective"] - runs["fp32"]["loss/val/objective"]) < 0.05  # 3 steps apart
 
 
+def test_fp64_reference_mode_runs_weights_heads_and_log_probs_in_float64(tiny):
+    """``precision: fp64``: the base loads in float64, the new heads are built in float64, and the
+    decoder's log-probs equal the float64 model's own log_softmax(logits) at float64 rounding (the
+    step-0 contract, DESIGN §3, held 1e9 times tighter than in float32)."""
+    from zfree.data.batching import collate, encode_pairs
+    from zfree.data.pairs import load_pairs
+    from zfree.models.base import load_base
+    from zfree.models.precision import WEIGHT_DTYPES, acc_dtype
+    from zfree.training import build_cvae
+
+    assert acc_dtype(torch.float64) == torch.float64 and acc_dtype(torch.bfloat16) == acc_dtype(torch.float32) == torch.float32
+    data, base = tiny
+    backbone, tok = load_base(base / "model", device="cpu", dtype=WEIGHT_DTYPES["fp64"])
+    cfg = _cfg(data, base, device="cpu", precision="fp64")
+    for kind in ("discrete", "continuous"):
+        model = build_cvae(TrainConfig.from_flat({**cfg.to_flat(), "latent_kind": kind}), copy.deepcopy(backbone))
+        assert {p.dtype for p in model.parameters()} == {torch.float64}, kind
+    model = build_cvae(cfg, copy.deepcopy(backbone)).eval()
+    batch = collate(encode_pairs(tok, load_pairs(data / "val.jsonl")[:6]), pad_id=0)
+    with torch.no_grad():
+        out = model(batch)
+        own = torch.log_softmax(backbone(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits, -1)
+    assert out.target_logprobs.dtype == torch.float64
+    want = own[:, :-1].gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1)  # (B, T-1): log p(token t)
+    mask = batch.target_mask[:, 1:]
+    for k in range(model.n_latent):
+        torch.testing.assert_close(out.target_logprobs[:, k, 1:][mask], want[mask], rtol=0, atol=1e-12)
+
+
 # ---------------------------------------------------------------------------- shared prefix switch
 
 

@@ -104,3 +104,21 @@ def test_forward_selected_returns_k_star_and_optimal_has_no_posterior_logits(set
                            None)
     assert br.terms["posterior_ce"].item() == 0.0  # one-hot on k*: nothing to learn
     assert math.isfinite(br.total.item())
+
+
+def test_nonnegative_terms_are_reported_clipped_at_zero_and_the_objective_is_not():
+    """A KL or JSD that rounding put below 0 is logged as 0 (both logging paths agree); the total
+    and the contributions, which training differentiates, keep the raw values."""
+    from zfree.objectives import NONNEGATIVE_TERMS, ObjectiveBreakdown
+
+    neg = torch.tensor(-4e-10, dtype=torch.float64)
+    br = ObjectiveBreakdown(total=torch.tensor(1.5) + neg, terms={"reconstruction_loss": torch.tensor(-0.25),
+                                                                    "kl_prior_loss": neg, "decoder_jsd": neg},
+                            contributions={"reconstruction_loss": torch.tensor(1.5), "kl_prior_loss": neg},
+                            recon_weight=torch.ones(2), beta_eff=torch.ones(2))
+    assert {"kl_prior_loss", "decoder_jsd"} <= NONNEGATIVE_TERMS
+    logged, tensors = br.log_dict(), br.log_tensors()
+    for k in ("kl_prior_loss", "decoder_jsd"):
+        assert logged[f"loss/train/{k}"] == 0.0 and float(tensors[f"loss/train/{k}"]) == 0.0
+    assert logged["loss/train/reconstruction_loss"] == -0.25  # not a non-negative term: as is
+    assert float(br.contributions["kl_prior_loss"]) < 0  # what training uses is untouched

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
+import torch
 
 from zfree.study import SUMMARY_COLUMNS, run_study
 
@@ -122,7 +123,13 @@ def test_a_copied_study_renders_its_report_and_resumes_an_unfinished_run(smoke, 
     assert main(["train", "--resume", str(moved / "runs" / "unfinished")]) == 0
     got = json.loads((moved / "runs" / "unfinished" / "summary.json").read_text())
     want = json.loads((moved / "runs" / done.name / "summary.json").read_text())
-    assert {k: v for k, v in got.items() if k not in TIMING_KEYS} == {k: v for k, v in want.items() if k not in TIMING_KEYS}
+    # exact: both sides ran on this machine's CPU with one thread (the papermill kernel and this
+    # process dispatch to the same kernels); on a CUDA machine the smoke preset trains on the GPU,
+    # whose attention backward is not deterministic, so floats are compared to 1e-5 relative there
+    same = {k: v for k, v in got.items() if k not in TIMING_KEYS}
+    assert same == ({k: v for k, v in want.items() if k not in TIMING_KEYS} if not torch.cuda.is_available() else
+                    {k: pytest.approx(v, rel=1e-5, nan_ok=True) if isinstance(v, float) else v
+                     for k, v in want.items() if k not in TIMING_KEYS})
     # the config check treats the relative and absolute forms of one folder as equal: a finished
     # run asked for with absolute paths of the copy is reused as is, with another folder refused
     abs_flat = {**flat, "data_dir": str(moved / "data"), "base_dir": str(moved / "base")}

@@ -23,7 +23,7 @@ def tiny(tmp_path_factory):
 
 def _cfg(data, base, **kw):
     flat = {**TrainConfig().to_flat(), "data_dir": str(data), "base_dir": str(base), "steps": 6, "batch_size": 8,
-            "eval_every": 3, "eval_rows": 24, "decode_rows": 8, "warmup_backbone": 2, **kw}
+            "eval_every": 3, "eval_rows": 24, "decode_rows": 8, "warmup_backbone": 2, "device": "cpu", **kw}
     return TrainConfig.from_flat(flat)
 
 

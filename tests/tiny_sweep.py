@@ -15,7 +15,7 @@ GRID = {"objective": [{"weighting": "plain"}, {"weighting": "distribution"}, {"w
 
 def tiny_base_flat(data: Path, base: Path, **kw) -> dict:
     return {**TrainConfig().to_flat(), "data_dir": str(data), "base_dir": str(base), "steps": 4, "batch_size": 8,
-            "eval_every": 2, "eval_rows": 24, "decode_rows": 8, "warmup_backbone": 2, **kw}
+            "eval_every": 2, "eval_rows": 24, "decode_rows": 8, "warmup_backbone": 2, "device": "cpu", **kw}
 
 
 def make_tiny_sweep(tmp_path_factory) -> Path:

@@ -146,7 +146,7 @@ def base_token_matrix(target_mask: Bool[torch.Tensor, "batch seq"], prefix_len: 
     row r's values start at its first y position ``prefix_len[r]``, 0 elsewhere. ``rows[r]`` holds
     |S_r| values (the reference's ``surprisal_of``); on ``target_mask``'s device (one host->device
     copy). Raises ValueError if a row does not fit."""
-    np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
+    np_dtype = {torch.float32: np.float32, torch.float64: np.float64}[dtype]
     out = np.zeros(tuple(target_mask.shape), dtype=np_dtype)  # built on the host, copied to the device once
     for r, (p, s) in enumerate(zip(prefix_len.tolist(), rows)):  # one read of prefix_len, not one per row
         if p + len(s) > out.shape[1]:
