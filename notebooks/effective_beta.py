@@ -23,9 +23,9 @@ sweep_dir = "../runs/study-default"  # a folder written by `zfree sweep` or `zfr
 beta = 0.1  # per weighting, the run with the nearest β is shown
 
 # %%
-from zfree.plotting import plot_effective_beta
-from zfree.report import runs_at_beta, show
-from zfree.results import load_sweep
+from zfree.report.plotting import plot_effective_beta
+from zfree.report.report import runs_at_beta, show
+from zfree.experiment.results import load_sweep
 
 sweep = load_sweep(sweep_dir)
 chosen = runs_at_beta(sweep.runs, beta)

@@ -30,7 +30,7 @@ workers = 2
 # %%
 from pathlib import Path
 
-from zfree.results import load_sweep
+from zfree.experiment.results import load_sweep
 
 launched_dir = Path(sweep_dir) / "launched"  # the panel's runs, beside the study's own
 sweep = load_sweep(sweep_dir)
@@ -39,7 +39,7 @@ sweep.runs[["run_id", "weighting", "latent_kind", "aid", "beta", "recon_weight",
 
 # %%
 if interactive:
-    from zfree.widgets import SweepExplorer
+    from zfree.report.widgets import SweepExplorer
 
     explorer = SweepExplorer([sweep_dir, launched_dir])
     display(explorer.widget)
@@ -47,7 +47,7 @@ if interactive:
 # %%
 if interactive:
     from zfree.config import TrainConfig
-    from zfree.widgets import LaunchPanel
+    from zfree.report.widgets import LaunchPanel
 
     # the template: the first finished run's config (same data and base run), else the defaults
     template = sweep.config(sweep.runs["run_id"].iloc[0]) if len(sweep.runs) else TrainConfig().to_flat()

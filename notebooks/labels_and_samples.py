@@ -27,9 +27,9 @@ from pathlib import Path
 import pandas as pd
 from IPython.display import Markdown, display
 
-from zfree.latent_stats import label_confusion
-from zfree.report import label_table, notes_markdown, run_label, samples_table
-from zfree.results import collect_runs
+from zfree.evaluate.latent_stats import label_confusion
+from zfree.report.report import label_table, notes_markdown, run_label, samples_table
+from zfree.experiment.results import collect_runs
 
 runs = collect_runs(Path(sweep_dir) / "runs")
 notes_file = Path(sweep_dir) / "notes.json"
@@ -37,7 +37,7 @@ meta = json.loads(notes_file.read_text()) if notes_file.exists() else {}
 display(Markdown(notes_markdown(meta.get("notes", []))))
 if meta.get("predicted_boundaries"):
     display(Markdown("**Predicted boundaries β\\* per weighting** (median over validation rows of "
-                     "`zfree.theory.critical_beta`) and the β run"))
+                     "`zfree.objective.theory.critical_beta`) and the β run"))
     display(pd.DataFrame(meta["predicted_boundaries"]).set_index("weighting"))
 if not runs.empty:
     display(label_table(runs))

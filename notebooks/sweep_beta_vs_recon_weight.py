@@ -13,7 +13,7 @@
 #
 # One square per run at (β, w), w the mean reconstruction weight of its objective (DESIGN §1):
 # `plain` is the row w = 1, `distribution` the row w = 1/c_base (marked on the axis), `example`
-# (w = 1/(b + ε) per example, placed at its mean) a reference row. Theory (`zfree.theory`)
+# (w = 1/(b + ε) per example, placed at its mean) a reference row. Theory (`zfree.objective.theory`)
 # predicts z is used where β_eff = β·|S|/w < 1; for a scalar w that boundary is the solid line
 # β = (β*/w)·w, a line of constant β/w. Along the dotted lines of constant β/w a scale-invariant
 # optimizer (Adam) trains identically, so only β/w matters for scalar weights. Run a grid with
@@ -25,10 +25,10 @@ sweep_dir = "../runs/sweep-beta-vs-recon-weight"  # a folder written by `zfree s
 # %%
 from IPython.display import Markdown, display
 
-from zfree.figstyle import variants
-from zfree.plotting import plot_phase_diagram
-from zfree.report import show
-from zfree.results import load_sweep
+from zfree.report.figstyle import variants
+from zfree.report.plotting import plot_phase_diagram
+from zfree.report.report import show
+from zfree.experiment.results import load_sweep
 
 sweep = load_sweep(sweep_dir)
 crit = sweep.critical_betas()

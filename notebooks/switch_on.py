@@ -28,10 +28,10 @@ sweep_dir = "../runs/study-aided"  # a folder written by `zfree study` or `zfree
 # %%
 from IPython.display import Markdown, display
 
-from zfree.plotting import plot_handover_gate, plot_phase_boundary, plot_use_by_length
-from zfree.report import (aided_runs, aided_tables, boundary_table, checkmarks, confusion_tables, gate_traces, show,
-                          switch_on_targets)
-from zfree.results import load_sweep
+from zfree.report.plotting import plot_handover_gate, plot_phase_boundary, plot_use_by_length
+from zfree.report.report import (aided_runs, aided_tables, boundary_table, checkmarks, confusion_tables, gate_traces,
+                                 show, switch_on_targets)
+from zfree.experiment.results import load_sweep
 
 sweep = load_sweep(sweep_dir)
 runs = sweep.runs

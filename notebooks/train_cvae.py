@@ -81,16 +81,16 @@ cfg = TrainConfig.from_flat({k: globals()[k] for k in TrainConfig.flat_fields()}
 cfg
 
 # %%
-from zfree.training import train_cvae
+from zfree.train.training import train_cvae
 
 summary = train_cvae(cfg, out_dir, progress=progress)
 
 # %%
 import pandas as pd
 
-from zfree.io import read_jsonl
-from zfree.plotting import plot_training_curves
-from zfree.report import show
+from zfree.core.io import read_jsonl
+from zfree.report.plotting import plot_training_curves
+from zfree.report.report import show
 
 metrics = pd.DataFrame(read_jsonl(f"{out_dir}/metrics.jsonl"))
 show(plot_training_curves({f"{cfg.objective.weighting} β={cfg.objective.beta:g}": metrics}))

@@ -22,9 +22,9 @@ run_ids = ""  # comma-separated run ids; empty: every run (at most max_runs)
 max_runs = 8
 
 # %%
-from zfree.plotting import plot_training_curves
-from zfree.report import show, training_metrics
-from zfree.results import load_sweep
+from zfree.report.plotting import plot_training_curves
+from zfree.report.report import show, training_metrics
+from zfree.experiment.results import load_sweep
 
 sweep = load_sweep(sweep_dir)
 show(plot_training_curves(training_metrics(sweep, run_ids, max_runs)))

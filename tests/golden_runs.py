@@ -2,7 +2,7 @@
 one continuous and one optimal-posterior run, all on the smoke preset's data and base model.
 
 ``generate(root, precision)`` trains them under ``root`` and returns ``{name: {"summary": ...,
-"metrics": [...]}}`` with the timing keys (``zfree.training.TIMING_KEYS``) and the machine-specific
+"metrics": [...]}}`` with the timing keys (``zfree.train.training.TIMING_KEYS``) and the machine-specific
 paths (data_dir, base_dir) removed. Two sets are pinned (tests/test_golden.py says how each is compared):
 - ``tests/golden/fp32/*.json``: float32 (the default precision), exact where the machine's
   ``fingerprint()`` equals ``tests/golden/fingerprint.json`` (the machine that wrote them);
@@ -75,7 +75,7 @@ def fingerprint() -> dict:
 
 
 def _clean(d: dict) -> dict:
-    from zfree.training import TIMING_KEYS
+    from zfree.train.training import TIMING_KEYS
 
     return {k: v for k, v in d.items() if k not in TIMING_KEYS and k not in DROP and k not in NEW_KEYS}
 
@@ -86,13 +86,13 @@ def generate(root: Path, precision: str = "fp32", only: set[str] | None = None, 
     ``precision``: ``fp32`` (the exact pin of one machine) or ``fp64`` (base model, reference and
     CVAEs in float64: the portable replay, compared with tolerances on any CPU). ``only``: train just
     these runs; ``runs_dir``: their folder under ``root`` (the data and base model are reused)."""
-    from zfree.base_training import train_base
+    from zfree.train.base_training import train_base
     from zfree.config import TrainConfig
     from zfree.data.synth import write_benchmark
-    from zfree.io import read_jsonl
-    from zfree.study import PRESETS
-    from zfree.sweeps import expand_grid
-    from zfree.training import train_cvae
+    from zfree.core.io import read_jsonl
+    from zfree.experiment.study import PRESETS
+    from zfree.experiment.sweeps import expand_grid
+    from zfree.train.training import train_cvae
 
     p = PRESETS["smoke"]
     data = write_benchmark(p.data, root / "data")

@@ -28,7 +28,7 @@ from zfree.models.base import greedy_decode_with_latents
 from zfree.models.injection import (decoder_hidden_full, decoder_hidden_suffix, full_target_logprobs,
                                     shared_prefix_problem, suffix_target_logprobs, zfree_pass)
 from zfree.models.loading import ModelLoadError, load_causal_lm
-from zfree.scoring import score_pairs
+from zfree.reference.scoring import score_pairs
 
 ATOL = 1e-5
 #: greedy decoding may pick another token than the model's own argmax only where the two logits are

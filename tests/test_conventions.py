@@ -16,8 +16,8 @@ from transformers import PreTrainedTokenizerFast
 from zfree.data.batching import encode_pair
 from zfree.data.pairs import Pair, load_pairs
 from zfree.data.tokenizer import build_digit_tokenizer
-from zfree.reference import resolve_reference
-from zfree.scoring import load_scoring_model, score_pairs
+from zfree.reference.reference import resolve_reference
+from zfree.reference.scoring import load_scoring_model, score_pairs
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE, DATA = ROOT / "data" / "base" / "default", ROOT / "data" / "synth" / "default"

@@ -24,7 +24,7 @@ from placement import FactoryRecorder  # noqa: E402
 
 from tests.tiny import make_tiny_run  # noqa: E402
 from zfree.config import TrainConfig  # noqa: E402
-from zfree.io import read_json  # noqa: E402
+from zfree.core.io import read_json  # noqa: E402
 
 #: evaluation statistics computed on the host from numpy arrays already read back, by design: the
 #: mutual-information estimate, and the prior draws and centroids of the decode metrics (a CPU
@@ -54,7 +54,7 @@ def _cfg(data, base, **kw) -> TrainConfig:
 def record_training(monkeypatch, cfg: TrainConfig, out: Path, device: str) -> tuple[list, list]:
     """Train ``cfg`` with every step (objective, update, log) and evaluation under a
     ``FactoryRecorder(device)``; returns (step problems, evaluation problems)."""
-    import zfree.training as tr
+    import zfree.train.training as tr
 
     step_bad, eval_bad = [], []
 
@@ -85,7 +85,7 @@ def test_training_step_and_evaluation_build_every_tensor_on_the_model_device(tin
 
 def test_recorder_catches_a_planted_host_tensor(tiny, tmp_path, monkeypatch):
     """The bug this review fixed, planted again: w built without a device (lands on the CPU)."""
-    import zfree.losses as losses
+    import zfree.objective.losses as losses
 
     def old_distribution_weight(batch_size, c_base, b, epsilon, dtype, device):
         return torch.full((batch_size,), 1.0 / c_base, dtype=dtype, device=None if b is None else b.device)
@@ -94,7 +94,7 @@ def test_recorder_catches_a_planted_host_tensor(tiny, tmp_path, monkeypatch):
     data, base = tiny
     step_bad, _ = record_training(monkeypatch, _cfg(data, base, device="cpu", weighting="distribution"),
                                   tmp_path / "run", "cpu")
-    assert step_bad and all(f == "full" and d is None and where.startswith("losses.py") and "reconstruction_weight" in where
+    assert step_bad and all(f == "full" and d is None and where.startswith("objective/losses.py") and "reconstruction_weight" in where
                             for f, d, where in step_bad), step_bad
 
 
@@ -117,8 +117,8 @@ def test_device_defaults_to_auto_and_auto_is_a_valid_device():
 def test_deferred_non_finite_check_names_the_first_bad_step_and_its_batch(tiny, tmp_path, monkeypatch):
     """As on an accelerator: flags read every 4 steps; a NaN at step 2 stops the run at the step-4
     check, naming step 2, its batch and terms; no checkpoint holds weights updated from it."""
-    import zfree.objectives as objectives
-    import zfree.training as tr
+    import zfree.objective.objectives as objectives
+    import zfree.train.training as tr
     from safetensors.torch import load_file
 
     monkeypatch.setattr(tr, "FINITE_CHECK_EVERY", {})
@@ -148,8 +148,8 @@ def test_deferred_non_finite_check_names_the_first_bad_step_and_its_batch(tiny, 
 def test_train_terms_are_device_tensors_until_evaluation(tiny):
     """``_log_train_terms`` keeps tensors (no host read per step); ``_host_state`` turns them into
     the floats ``log_dict`` would have summed, bit for bit."""
-    import zfree.training as tr
-    from zfree.objectives import assemble
+    import zfree.train.training as tr
+    from zfree.objective.objectives import assemble
 
     g = torch.Generator().manual_seed(0)
     state = tr.TrainState()
@@ -176,8 +176,8 @@ def record_host_reads(monkeypatch, cfg: TrainConfig, out: Path, device_type: str
     zfree's step code after the forward pass: the objective's assembly, the update, the log of
     the terms and the finiteness flags. (The forward pass itself is the model's: transformers'
     mask helpers may read a flag, and boolean-mask gathers synchronise implicitly.)"""
-    import zfree.objectives as objectives
-    import zfree.training as tr
+    import zfree.objective.objectives as objectives
+    import zfree.train.training as tr
     from placement import _where
     from torch.overrides import TorchFunctionMode
 
@@ -216,7 +216,7 @@ def test_training_step_makes_no_explicit_host_read(tiny, tmp_path, monkeypatch):
 
 def test_host_read_check_catches_a_planted_item(tiny, tmp_path, monkeypatch):
     """The per-step ``.item()`` logging this review removed, planted again, is caught."""
-    import zfree.objectives as objectives
+    import zfree.objective.objectives as objectives
 
     real = objectives.ObjectiveBreakdown.log_tensors
     monkeypatch.setattr(objectives.ObjectiveBreakdown, "log_tensors",
@@ -235,7 +235,7 @@ def test_bf16_autocast_runs_the_body_in_bf16_and_the_head_and_losses_in_fp32(tin
     from zfree.data.pairs import load_pairs
     from zfree.models.base import load_base
     from zfree.models.precision import body_autocast, model_outputs_fp32
-    from zfree.training import build_cvae
+    from zfree.train.training import build_cvae
 
     data, base = tiny
     backbone, tok = load_base(base / "model", device="cpu")
@@ -258,8 +258,8 @@ def test_bf16_autocast_runs_the_body_in_bf16_and_the_head_and_losses_in_fp32(tin
 
 
 def test_bf16_training_on_cpu_is_finite_and_recorded(tiny, tmp_path):
-    from zfree.io import read_jsonl
-    from zfree.training import train_cvae
+    from zfree.core.io import read_jsonl
+    from zfree.train.training import train_cvae
 
     data, base = tiny
     runs = {p: train_cvae(_cfg(data, base, device="cpu", precision=p, weighting="distribution"), tmp_path / p,
@@ -280,7 +280,7 @@ def test_fp64_reference_mode_runs_weights_heads_and_log_probs_in_float64(tiny):
     from zfree.data.pairs import load_pairs
     from zfree.models.base import load_base
     from zfree.models.precision import WEIGHT_DTYPES, acc_dtype
-    from zfree.training import build_cvae
+    from zfree.train.training import build_cvae
 
     assert acc_dtype(torch.float64) == torch.float64 and acc_dtype(torch.bfloat16) == acc_dtype(torch.float32) == torch.float32
     data, base = tiny
@@ -309,7 +309,7 @@ def test_shared_prefix_config_reaches_the_decoder(tiny, monkeypatch):
     from zfree.data.batching import collate, encode_pairs
     from zfree.data.pairs import load_pairs
     from zfree.models.base import load_base
-    from zfree.training import build_cvae
+    from zfree.train.training import build_cvae
 
     data, base = tiny
     backbone, tok = load_base(base / "model", device="cpu")
@@ -341,7 +341,7 @@ def test_shared_prefix_on_refuses_a_sliding_window_model(tmp_path):
 
     from zfree.data.batching import collate, encode_pairs
     from zfree.models.loading import load_causal_lm
-    from zfree.training import build_cvae
+    from zfree.train.training import build_cvae
 
     model, tok = load_causal_lm(build("mistral-window8", tmp_path / "m"), device="cpu", dtype="float32")
     batch = collate(encode_pairs(tok, make_pairs()), pad_id=0)

@@ -13,7 +13,7 @@ import torch
 from zfree.data.e2e import (count_sentences, convert_e2e, first_slot, parse_mr, read_e2e_csv, row_labels,
                             sentence_bucket)
 from zfree.data.pairs import Pair, load_pairs
-from zfree.io import read_json, sha256_file
+from zfree.core.io import read_json, sha256_file
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT.parent / "shared" / "data" / "e2e"
@@ -229,7 +229,7 @@ def test_text_base_training_path(tmp_path):
     rows) and saves a dropout-free config."""
     from transformers import AutoConfig
 
-    from zfree.base_training import train_base
+    from zfree.train.base_training import train_base
     from zfree.config import BaseTrainConfig
     from zfree.data.split import write_pairs
 

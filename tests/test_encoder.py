@@ -15,7 +15,7 @@ from zfree.data.tokenizer import build_digit_tokenizer
 from zfree.models.base import build_synthetic_gpt2, target_logprobs
 from zfree.models.continuous import ContinuousCVAE
 from zfree.models.discrete import DiscreteCVAE
-from zfree.training import build_optimizer
+from zfree.train.training import build_optimizer
 
 PAIRS = [Pair("a", "1 2 3", "3 2 1"), Pair("b", "4 5 6 7 8 9 0", "0 9 8 7 6 5 4"), Pair("c", "", "1"),
          Pair("d", "7 7", "7 7")]

@@ -20,7 +20,7 @@ each fault that touches a run folder).
 | YAML tab, workers: two, geomspace from 0         | test_bad_yaml_is_one_error_naming_file_and_field          |
 | YAML lr_new: 1e-3                                | test_yaml_1e_minus_3_is_a_float                           |
 | reference.json c_base x10                        | test_edited_c_base_is_refused_naming_the_file             |
-| corrupted parquet in the score cache             | not here: zfree.scoring's cache (another issue's owner)   |
+| corrupted parquet in the score cache             | not here: zfree.reference.scoring's cache (another issue's owner)   |
 | JSONL with a UTF-8 BOM                           | test_jsonl_with_a_bom_is_read                             |
 | non-finite loss                                  | test_nonfinite_loss_is_one_line_exit_2                    |
 """
@@ -49,7 +49,7 @@ from tests.tiny import make_tiny_run
 from tests.tiny_sweep import tiny_base_flat
 from zfree.cli import main
 from zfree.config import TrainConfig
-from zfree.locks import run_folder_lock
+from zfree.core.locks import run_folder_lock
 
 SPEC_KEYS = ("data_dir", "base_dir", "steps", "batch_size", "eval_every", "eval_rows", "decode_rows", "warmup_backbone")
 
@@ -62,7 +62,7 @@ def tiny(tmp_path_factory):
 @pytest.fixture(scope="module")
 def finished(tiny, tmp_path_factory):
     """A finished tiny run folder (never to be changed by any fault below)."""
-    from zfree.training import train_cvae
+    from zfree.train.training import train_cvae
 
     data, base = tiny
     run = tmp_path_factory.mktemp("faults") / "run"
@@ -147,7 +147,7 @@ def test_bad_yaml_is_one_error_naming_file_and_field(tmp_path, capsys, text, mat
 
 
 def test_yaml_1e_minus_3_is_a_float(tmp_path):
-    from zfree.sweeps import load_spec
+    from zfree.experiment.sweeps import load_spec
 
     f = tmp_path / "spec.yaml"
     f.write_text("base: {lr_new: 1e-3}\ngrid: {lr_backbone: [1e-5, 3.0e-5]}\n")  # YAML 1.1: '1e-3' is a string
@@ -159,7 +159,7 @@ def test_yaml_1e_minus_3_is_a_float(tmp_path):
 # --- references and data ----------------------------------------------------------------------
 
 def test_edited_c_base_is_refused_naming_the_file(tiny, tmp_path):
-    from zfree.reference import load_reference, resolve_reference
+    from zfree.reference.reference import load_reference, resolve_reference
 
     data, base = tiny
     copy = tmp_path / "base"
@@ -184,7 +184,7 @@ def test_jsonl_with_a_bom_is_read(tmp_path):
 
 
 def test_nonfinite_loss_is_one_line_exit_2(tmp_path, finished, capsys, monkeypatch):
-    import zfree.training as training
+    import zfree.train.training as training
 
     def nan_run(cfg, out, **kw):
         raise training.NonFiniteLossError(f"non-finite loss at step 3: terms ['recon'] (see {out}/error.json)")
@@ -195,7 +195,7 @@ def test_nonfinite_loss_is_one_line_exit_2(tmp_path, finished, capsys, monkeypat
 
 
 def test_unexpected_errors_keep_their_traceback(tmp_path, finished, monkeypatch):
-    import zfree.training as training
+    import zfree.train.training as training
 
     def bug(cfg, out, **kw):
         raise ZeroDivisionError("a bug")
@@ -241,8 +241,8 @@ def test_failing_point_exits_1_with_full_message_and_path(tiny, tmp_path, capsys
 
 
 def test_second_sweep_on_a_folder_is_refused_naming_the_pid(tiny, tmp_path):
-    from zfree.errors import LockHeldError
-    from zfree.sweeps import load_spec, run_points, run_sweep
+    from zfree.core.errors import LockHeldError
+    from zfree.experiment.sweeps import load_spec, run_points, run_sweep
 
     data, base = tiny
     spec = load_spec(write_spec(tmp_path, {"base": _spec_base(data, base), "grid": {"beta": [0.3]}}))
@@ -310,7 +310,7 @@ def test_sigkill_of_a_sweep_leaves_no_process_behind(tiny, tmp_path):
 
 def _interrupted(tiny, run: Path, **kw) -> TrainConfig:
     """A run stopped after 2 of 4 steps with a checkpoint at every step (so a previous one exists)."""
-    from zfree.training import train_cvae
+    from zfree.train.training import train_cvae
 
     data, base = tiny
     cfg = TrainConfig.from_flat(tiny_base_flat(data, base, checkpoint_every=1, **kw))
@@ -339,8 +339,8 @@ def test_old_layout_state_pt_is_read_as_plain_tensors_only(tiny, tmp_path, capsy
     """A run folder of an older version (checkpoint/state.pt + COMPLETE "ok") still resumes, through
     torch.load(weights_only=True), to the uninterrupted summary; a crafted one there is refused
     naming the file, with nothing executed."""
-    from zfree.io import load_plain_state
-    from zfree.training import TIMING_KEYS, train_cvae
+    from zfree.core.io import load_plain_state
+    from zfree.train.training import TIMING_KEYS, train_cvae
 
     run, ref_run = tmp_path / "run", tmp_path / "ref"
     cfg = _interrupted(tiny, run)
@@ -390,7 +390,7 @@ def test_finished_run_of_another_config_is_refused(finished, capsys):
 @pytest.mark.parametrize("damage", ["empty", "truncated"])
 @pytest.mark.parametrize("name", ["model.safetensors", "state"])
 def test_damaged_checkpoint_falls_back_to_the_previous_one(tiny, finished, tmp_path, damage, name):
-    from zfree.training import TIMING_KEYS, train_cvae
+    from zfree.train.training import TIMING_KEYS, train_cvae
 
     before = snapshot(finished)
     ref_run, run = tmp_path / "ref", tmp_path / "run"
@@ -428,7 +428,7 @@ def test_nonfinite_evaluation_stops_before_replacing_the_checkpoint(tiny, finish
 
 
 def test_study_with_a_failed_point_exits_1_naming_it(tmp_path, capsys, monkeypatch):
-    import zfree.study as study
+    import zfree.experiment.study as study
 
     stale = tmp_path / "runs" / "old_point" / "error.json"  # from an earlier invocation: not reported
     stale.parent.mkdir(parents=True)

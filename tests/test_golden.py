@@ -160,14 +160,14 @@ PLANTS = {"beta": ("beta_at_step", lambda f: lambda cfg, step: f(cfg, step) * (1
 @pytest.mark.parametrize("plant", sorted(PLANTS))
 def test_a_planted_change_of_the_objective_is_caught(runs_fp64, fp64_root, monkeypatch, plant):
     """The float64 comparison is not so loose that it passes a real change: β or w scaled by
-    1 + 1e-4 inside the objective (``zfree.objectives``, where training and evaluation assemble J)
+    1 + 1e-4 inside the objective (``zfree.objective.objectives``, where training and evaluation assemble J)
     must move a pinned metric other than its own logged echo beyond its tolerance, by a margin
     (10x), in the runs tried (measured: 8e-5 to 1.2e-4 relative, e.g. loss_contrib/fraction_abs/
     kl_prior_loss, loss/val/objective, latent/decoder_jsd, in every golden run but one)."""
-    import zfree.objectives
+    import zfree.objective.objectives
 
     name, wrap = PLANTS[plant]
-    monkeypatch.setattr(zfree.objectives, name, wrap(getattr(zfree.objectives, name)))
+    monkeypatch.setattr(zfree.objective.objectives, name, wrap(getattr(zfree.objective.objectives, name)))
     planted = normalized(generate(fp64_root, "fp64", only={"smoke_plain", "hard_em"}, runs_dir=f"planted-{plant}"))
     for run in ("smoke_plain", "hard_em"):
         golden = _golden(GOLDEN_FP64, run)

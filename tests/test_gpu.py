@@ -17,7 +17,7 @@ from zfree.models.discrete import DiscreteCVAE
 from zfree.models.base import target_logprobs
 from zfree.models.injection import decoder_hidden_suffix, suffix_target_logprobs, zfree_pass
 from zfree.models.loading import load_causal_lm
-from zfree.scoring import score_pairs
+from zfree.reference.scoring import score_pairs
 
 pytestmark = pytest.mark.gpu
 BF16_TOL = 0.05  # nats/token: |b_bf16 - b_fp32| per example (bf16 body, fp32 head and log-softmax)
@@ -101,8 +101,8 @@ def test_short_training_run_on_cuda(tiny_run, tmp_path, precision, latent_kind):
     step-0 evaluation as the CPU run (evaluation is fp32: 1e-5), and records device and precision."""
     import math
 
-    from zfree.io import read_jsonl
-    from zfree.training import train_cvae
+    from zfree.core.io import read_jsonl
+    from zfree.train.training import train_cvae
 
     data, base = tiny_run
     kw = dict(precision=precision, latent_kind=latent_kind, weighting="distribution", beta=0.3)

@@ -67,15 +67,17 @@ def test_find_cycle_finds_a_planted_cycle():
 
 def test_the_import_graph_has_no_cycle():
     graph = import_graph()
-    assert {"zfree.objectives", "zfree.training", "zfree.results"} <= set(graph)
+    assert {"zfree.objective.objectives", "zfree.train.training", "zfree.experiment.results"} <= set(graph)
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
 
 
 def test_the_experiment_layer_points_down_only():
     graph = import_graph()
-    assert not graph["zfree.results"] & {"zfree.study", "zfree.sweeps", "zfree.widgets", "zfree.plotting"}
-    assert "zfree.study" not in graph["zfree.sweeps"]
-    assert not graph["zfree.losses"] & {"zfree.objectives", "zfree.training", "zfree.metrics"}
+    assert not graph["zfree.experiment.results"] & {"zfree.experiment.study", "zfree.experiment.sweeps",
+                                                     "zfree.report.widgets", "zfree.report.plotting"}
+    assert "zfree.experiment.study" not in graph["zfree.experiment.sweeps"]
+    assert not graph["zfree.objective.losses"] & {"zfree.objective.objectives", "zfree.train.training",
+                                                   "zfree.evaluate.metrics"}
 
 
 def test_every_module_imports_on_its_own():

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from zfree.errors import CheckpointError
-from zfree.io import (load_checkpoint_dir, load_plain_state, nonfinite_keys, safe_torch_load, save_plain_state,
-                      verify_checkpoint_dir, write_checkpoint_dir)
+from zfree.core.errors import CheckpointError
+from zfree.core.io import (load_checkpoint_dir, load_plain_state, nonfinite_keys, safe_torch_load, save_plain_state,
+                           verify_checkpoint_dir, write_checkpoint_dir)
 
 
 class _Evil:
@@ -152,7 +152,7 @@ def test_nonfinite_keys_names_every_bad_metric():
 
 
 def test_read_jsonl_accepts_a_bom(tmp_path):
-    from zfree.io import read_jsonl
+    from zfree.core.io import read_jsonl
 
     f = tmp_path / "m.jsonl"
     f.write_bytes(b"\xef\xbb\xbf" + json.dumps({"step": 1}).encode() + b"\n")

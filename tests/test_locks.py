@@ -12,12 +12,12 @@ import time
 
 import pytest
 
-from zfree.errors import LockHeldError
-from zfree.locks import LOCK_NAME, run_folder_lock
+from zfree.core.errors import LockHeldError
+from zfree.core.locks import LOCK_NAME, run_folder_lock
 
 HOLD = """
 import sys, time
-from zfree.locks import run_folder_lock
+from zfree.core.locks import run_folder_lock
 with run_folder_lock(sys.argv[1], "sweep folder"):
     print("held", flush=True)
     time.sleep(120)

@@ -1,4 +1,4 @@
-"""zfree.losses against references: torch.distributions for the KLs, cross-entropy for the NLL,
+"""zfree.objective.losses against references: torch.distributions for the KLs, cross-entropy for the NLL,
 naive loops for the JSD, closed forms for the weights, schedules and effective beta, and
 torch.autograd.gradcheck (float64) for every differentiable term."""
 
@@ -16,11 +16,12 @@ from torch.distributions import Categorical, Independent, Normal, kl_divergence
 from torch.testing import assert_close
 
 from zfree.config import ObjectiveConfig
-from zfree.losses import (apply_free_bits, optimal_posterior_logits, beta_at_step, categorical_kl,
-                          effective_beta, gaussian_kl, inter_latent_jsd, masked_mean_token_nll,
-                          reconstruction_weight, token_surprisal_shares, token_weights, weighted_mean_token_nll)
+from zfree.models.nll import masked_mean_token_nll
+from zfree.objective.losses import (apply_free_bits, optimal_posterior_logits, beta_at_step, categorical_kl,
+                                    effective_beta, gaussian_kl, inter_latent_jsd, reconstruction_weight,
+                                    token_surprisal_shares, token_weights, weighted_mean_token_nll)
 
-from zfree.objectives import ObjectiveBreakdown, assemble_objective  # moved from zfree.losses (issue 12)
+from zfree.objective.objectives import ObjectiveBreakdown, assemble_objective  # moved from zfree.objective.losses (issue 12)
 
 F64 = torch.float64
 seeds = st.integers(0, 2**31 - 1)

@@ -13,8 +13,8 @@ import pytest
 
 from tests.tiny_sweep import make_tiny_sweep
 from zfree.config import TrainConfig
-from zfree.study import REPORT_NOTEBOOKS
-from zfree.sweeps import NOTEBOOKS
+from zfree.experiment.study import REPORT_NOTEBOOKS
+from zfree.experiment.sweeps import NOTEBOOKS
 
 ALL = sorted(p.stem for p in NOTEBOOKS.glob("*.ipynb"))
 SUITE = ["train_cvae", "sweep_beta_vs_recon_weight", "rate_distortion", "effective_beta", "rho_recon",
@@ -64,8 +64,8 @@ def test_switch_on_section_shows_the_aided_runs(sweep, tmp_path):
 
     from tests.tiny_sweep import tiny_base_flat
     from zfree.config import TrainConfig
-    from zfree.io import read_json
-    from zfree.training import train_cvae
+    from zfree.core.io import read_json
+    from zfree.train.training import train_cvae
 
     d = tmp_path / "sweep"
     shutil.copytree(sweep, d)

@@ -1,4 +1,4 @@
-"""zfree.objectives: one assembler for every latent kind and phase, its dispatch errors, and the
+"""zfree.objective.objectives: one assembler for every latent kind and phase, its dispatch errors, and the
 typed model outputs it reads (issue 12). References: hand-computed closed forms, float64."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from zfree.data.batching import collate, encode_pair
 from zfree.data.pairs import Pair
 from zfree.data.synth import strategy_prior
 from zfree.data.tokenizer import build_digit_tokenizer
-from zfree.losses import masked_mean_token_nll
+from zfree.models.nll import masked_mean_token_nll
 from zfree.models.base import build_synthetic_gpt2, load_base
 from zfree.models.discrete import DiscreteCVAE
 from zfree.models.encoder import pool_posterior_features
-from zfree.objectives import KINDS, STEP_OBJECTIVES, assemble, hard_em_objective, step_objective
+from zfree.objective.objectives import KINDS, STEP_OBJECTIVES, assemble, hard_em_objective, step_objective
 
 PAIRS = [Pair("a", "1 2 3", "3 2 1"), Pair("b", "4 5 6 7", "7 6 5 4"), Pair("c", "2", "2"), Pair("d", "7 7", "7 7")]
 F64 = torch.float64
@@ -109,7 +109,7 @@ def test_forward_selected_returns_k_star_and_optimal_has_no_posterior_logits(set
 def test_nonnegative_terms_are_reported_clipped_at_zero_and_the_objective_is_not():
     """A KL or JSD that rounding put below 0 is logged as 0 (both logging paths agree); the total
     and the contributions, which training differentiates, keep the raw values."""
-    from zfree.objectives import NONNEGATIVE_TERMS, ObjectiveBreakdown
+    from zfree.objective.objectives import NONNEGATIVE_TERMS, ObjectiveBreakdown
 
     neg = torch.tensor(-4e-10, dtype=torch.float64)
     br = ObjectiveBreakdown(total=torch.tensor(1.5) + neg, terms={"reconstruction_loss": torch.tensor(-0.25),

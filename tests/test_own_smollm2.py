@@ -1,7 +1,7 @@
 """Slow tier, issue 14: SmolLM2-135M-Instruct (GGUF from the PyPI wheel, ``tests/smollm2.py``) on E2E.
 
 1. The pretrained-source c_base: SmolLM2 scores E2E validation rows (zero-shot: x, the separator
-   policy of ``zfree.scoring``, y), next to the shipped E2E base's b on the same rows. c_base is
+   policy of ``zfree.reference.scoring``, y), next to the shipped E2E base's b on the same rows. c_base is
    nats per *token* and the two tokenizers differ (SmolLM2's 49k BPE against the base's 1.5k BPE),
    so the comparison is also given per example (nats per sequence, y and the end token) and per
    character of y; written to ``$ZFREE_SMOLLM2_REPORT`` (default: the test's tmp folder) as JSON.
@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from zfree.paths import SHIPPED_E2E
+from zfree.core.paths import SHIPPED_E2E
 
 pytestmark = pytest.mark.slow
 
@@ -41,8 +41,8 @@ def test_smollm2_pretrained_source_c_base_on_e2e(smollm2, tmp_path):
     import pandas as pd
 
     from zfree.data.pairs import load_pairs
-    from zfree.reference import load_reference
-    from zfree.scoring import load_scoring_model, score_pairs
+    from zfree.reference.reference import load_reference
+    from zfree.reference.scoring import load_scoring_model, score_pairs
 
     pairs = load_pairs(SHIPPED_E2E / "val.jsonl", limit=N_ROWS)
     model, tok = load_scoring_model(smollm2, device="cpu", dtype="float32")

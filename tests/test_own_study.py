@@ -129,7 +129,7 @@ def test_bad_inputs_one_line_errors(tiny_model, tmp_path, capsys):
 
 
 def test_val_sharing_x_is_warned_with_count_and_nothing_lost(tiny_model, tmp_path, capsys):
-    from zfree.own_study import prepare_split
+    from zfree.experiment.own_study import prepare_split
 
     _, data = tiny_model
     rows = _rows()
@@ -148,7 +148,7 @@ def test_val_sharing_x_is_warned_with_count_and_nothing_lost(tiny_model, tmp_pat
 def test_finetune_base_makes_the_entangled_run_setting(tiny_model, tmp_path, monkeypatch):
     import dataclasses
 
-    from zfree.own_study import OWN_PRESETS, run_own_study
+    from zfree.experiment.own_study import OWN_PRESETS, run_own_study
 
     monkeypatch.setenv("ZFREE_CACHE_DIR", str(tmp_path / "cache"))
     model, data = tiny_model
@@ -161,7 +161,7 @@ def test_finetune_base_makes_the_entangled_run_setting(tiny_model, tmp_path, mon
     ref = json.loads((ft / "reference" / "reference.json").read_text())
     assert ref["estimator"] == "entangled_run"
     (run,) = [p for p in (out / "runs").iterdir() if p.is_dir()]
-    from zfree.run_folder import read_run_config
+    from zfree.train.run_folder import read_run_config
 
     cfg = read_run_config(run / "config.json")  # paths stored relative to the run folder, resolved here
     assert cfg["c_base_source"] == "entangled_run" and Path(cfg["base_dir"]).resolve() == ft.resolve()
@@ -169,10 +169,10 @@ def test_finetune_base_makes_the_entangled_run_setting(tiny_model, tmp_path, mon
 
 
 def test_e2e_preset_brackets_each_predicted_boundary_with_and_without_the_aid():
-    from zfree.own_study import predicted_boundary
-    from zfree.paths import SHIPPED_E2E
-    from zfree.reference import load_reference
-    from zfree.study import PRESETS
+    from zfree.experiment.own_study import predicted_boundary
+    from zfree.core.paths import SHIPPED_E2E
+    from zfree.reference.reference import load_reference
+    from zfree.experiment.study import PRESETS
 
     p = PRESETS["e2e"]
     assert p.data_dir == SHIPPED_E2E and p.base_dir == SHIPPED_E2E / "base"
@@ -205,7 +205,7 @@ def test_zfree_train_runs_one_cvae_from_model_and_jsonl(tiny_model, tmp_path, mo
 def test_own_model_notebook_runs_under_papermill(tiny_model, tmp_path, monkeypatch):
     import papermill as pm
 
-    from zfree.paths import NOTEBOOKS
+    from zfree.core.paths import NOTEBOOKS
 
     monkeypatch.setenv("ZFREE_CACHE_DIR", str(tmp_path / "cache"))
     model, data = tiny_model

@@ -11,7 +11,7 @@ import pytest  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.collections import PathCollection  # noqa: E402
 
-from zfree import plotting as P  # noqa: E402
+from zfree.report import plotting as P  # noqa: E402
 
 C_BASE = 0.25
 
@@ -240,7 +240,7 @@ def test_handover_gate_draws_one_line_per_run():
 def test_log_ticks_at_nearby_betas_are_thinned_so_labels_do_not_overprint():
     """Betas 0.0043 and 0.0045 (two weightings' β*/3 in the e2e preset) are 0.02 decades apart: one
     label each would overprint ("0.00445"); the thinned set keeps one of them and the far value."""
-    from zfree.figstyle import thin_log_ticks
+    from zfree.report.figstyle import thin_log_ticks
 
     assert thin_log_ticks([0.0111, 0.0045, 0.0043]) == [0.0043, 0.0111]
     assert thin_log_ticks([0.03, 0.1, 0.3, 1.0]) == [0.03, 0.1, 0.3, 1.0]  # a sweep's betas: all kept
@@ -269,7 +269,7 @@ def test_phase_diagram_is_drawn_per_variant_so_aided_and_unaided_cells_are_not_a
     """The default study has aided and unaided runs at the same (beta, w): one diagram per aid,
     each cell the run's own value (an averaged cell showed a rate of 0.7 where one run had 1.4
     and the other 0)."""
-    from zfree.figstyle import variants
+    from zfree.report.figstyle import variants
 
     runs = pd.concat([_runs(), _runs().assign(aid="hard_em_then_soft", kl_prior_loss=1.4,
                                               run_id=lambda d: d["run_id"] + "_aided")], ignore_index=True)

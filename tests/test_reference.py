@@ -1,4 +1,4 @@
-"""zfree.reference: artifacts round-trip, both c_base estimators agree, hash checks refuse a
+"""zfree.reference.reference: artifacts round-trip, both c_base estimators agree, hash checks refuse a
 reference computed from another model or other data."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from zfree.data.tokenizer import build_digit_tokenizer
-from zfree.io import atomic_write_json, read_json
+from zfree.core.io import atomic_write_json, read_json
 from zfree.models.base import build_synthetic_gpt2
-from zfree.reference import build_reference, load_reference, resolve_reference
-from zfree.scoring import load_scoring_model, score_pairs
+from zfree.reference.reference import build_reference, load_reference, resolve_reference
+from zfree.reference.scoring import load_scoring_model, score_pairs
 from zfree.data.pairs import load_pairs
 
 os.environ["HF_HUB_OFFLINE"] = "1"

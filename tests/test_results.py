@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from zfree.results import SweepResults, _half_crossing
+from zfree.experiment.results import SweepResults, _half_crossing
 
 
 def _sweep(runs: pd.DataFrame, n_tokens=10, bayes=math.log(4)) -> SweepResults:
@@ -60,7 +60,7 @@ def test_study_summary_keeps_label_columns_and_notes_of_a_labelled_study(tmp_pat
     the per-label structure columns and the notes; on the synthetic benchmark it is SUMMARY_COLUMNS."""
     import json
 
-    from zfree.results import SUMMARY_COLUMNS, study_summary
+    from zfree.experiment.results import SUMMARY_COLUMNS, study_summary
 
     for rid, beta, nmi in (("b", 0.3, 0.25), ("a", 0.1, 0.5)):
         (tmp_path / "runs" / rid).mkdir(parents=True)
@@ -79,8 +79,8 @@ def test_the_references_data_file_is_found_from_any_working_directory(tmp_path, 
     the study folder as its working directory, where that relative path does not exist (the
     theory curves and shading then vanished from the report). It must resolve against the root,
     and a moved file is found through the runs' own data_dir."""
-    from zfree.paths import ROOT
-    from zfree.results import _bayes_nll, _reference_data_file
+    from zfree.core.paths import ROOT
+    from zfree.experiment.results import _bayes_nll, _reference_data_file
 
     monkeypatch.chdir(tmp_path)
     rel = "data/synth/default/val.jsonl"

@@ -1,4 +1,4 @@
-"""zfree.scoring against a float64 oracle that scores one unpadded example at a time, with the y
+"""zfree.reference.scoring against a float64 oracle that scores one unpadded example at a time, with the y
 positions picked by hand, on tiny random GPT-2s and a locally trained byte-level BPE tokenizer."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LM
 from zfree.cli import main as cli_main
 from zfree.data.batching import EncodedPair, encode_pair, encode_pairs
 from zfree.data.pairs import Pair, load_pairs
-from zfree.scoring import ScoringPolicy, load_scoring_model, plan_batches, score_encoded, score_pairs
+from zfree.reference.scoring import ScoringPolicy, load_scoring_model, plan_batches, score_encoded, score_pairs
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 ATOL = 1e-5

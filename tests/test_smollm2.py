@@ -19,7 +19,7 @@ from zfree.data.batching import collate, encode_pairs  # noqa: E402
 from zfree.data.pairs import Pair  # noqa: E402
 from zfree.models.base import target_logprobs  # noqa: E402
 from zfree.models.loading import load_causal_lm  # noqa: E402
-from zfree.scoring import score_pairs  # noqa: E402
+from zfree.reference.scoring import score_pairs  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -92,8 +92,8 @@ def test_both_cvaes_start_at_rho_one_and_train_a_few_steps(smol, kind):
     step 0 reconstructs every pair exactly like the z-free scorer (rho_i = lbar_i / b_i = 1),
     then three updates with finite losses that move the latent parameters off zero."""
     from zfree.config import TrainConfig
-    from zfree.objectives import step_objective
-    from zfree.training import build_cvae, build_optimizer
+    from zfree.objective.objectives import step_objective
+    from zfree.train.training import build_cvae, build_optimizer
 
     _, model, tok = smol
     res = score_pairs(model, tok, PAIRS, cache=False)

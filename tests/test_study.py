@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 import torch
 
-from zfree.study import SUMMARY_COLUMNS, run_study
+from zfree.experiment.study import SUMMARY_COLUMNS, run_study
 
 
 @pytest.fixture(scope="module")
@@ -50,9 +50,9 @@ def test_default_preset_has_each_weighting_without_and_with_the_aid_on_both_side
     import numpy as np
 
     from zfree.data.pairs import load_pairs
-    from zfree.study import PRESETS, SHIPPED_BASE, SHIPPED_DATA
-    from zfree.sweeps import expand_grid
-    from zfree.theory import predict_curve
+    from zfree.experiment.study import PRESETS, SHIPPED_BASE, SHIPPED_DATA
+    from zfree.experiment.sweeps import expand_grid
+    from zfree.objective.theory import predict_curve
 
     p = PRESETS["default"]
     pts = [q.params for q in expand_grid(p.train, p.grid)]
@@ -79,8 +79,8 @@ def test_default_preset_keeps_the_measured_step_budget():
     """The default preset's <= 10-minute wall time was measured with these budgets (README): the
     aided runs SWITCH_ON_RECIPE (K = 6, batch 32, the optimal posterior, a 200-row gate, a hard
     phase of at most 400 steps) for 600 steps; the others 100."""
-    from zfree.study import PRESETS
-    from zfree.sweeps import expand_grid
+    from zfree.experiment.study import PRESETS
+    from zfree.experiment.sweeps import expand_grid
 
     p = PRESETS["default"]
     for q in (q.params for q in expand_grid(p.train, p.grid)):
@@ -100,8 +100,8 @@ def test_a_copied_study_renders_its_report_and_resumes_an_unfinished_run(smoke, 
 
     from zfree.cli import main
     from zfree.config import TrainConfig
-    from zfree.run_folder import read_run_config
-    from zfree.training import TIMING_KEYS, train_cvae
+    from zfree.train.run_folder import read_run_config
+    from zfree.train.training import TIMING_KEYS, train_cvae
 
     first = tmp_path / "first"
     shutil.copytree(smoke, first, ignore=shutil.ignore_patterns(".zfree.lock"))
@@ -142,7 +142,7 @@ def test_a_copied_study_renders_its_report_and_resumes_an_unfinished_run(smoke, 
 
 
 def test_paths_in_the_repository_are_stored_from_its_root(tmp_path):
-    from zfree.paths import ROOT, SHIPPED_DATA, portable_path, resolve_path
+    from zfree.core.paths import ROOT, SHIPPED_DATA, portable_path, resolve_path
 
     run = tmp_path / "study" / "runs" / "r"
     assert portable_path(str(SHIPPED_DATA), run) == "zfree:data/synth/default"
@@ -161,8 +161,8 @@ def test_the_combined_report_has_unique_cell_ids(tmp_path):
 
     import nbformat
 
-    from zfree.study import REPORT_NOTEBOOKS, _combined_report
-    from zfree.sweeps import NOTEBOOKS
+    from zfree.experiment.study import REPORT_NOTEBOOKS, _combined_report
+    from zfree.experiment.sweeps import NOTEBOOKS
 
     nb = _combined_report(tmp_path, [NOTEBOOKS / f"{n}.ipynb" for n in REPORT_NOTEBOOKS])
     ids = [c["id"] for c in nb.cells]

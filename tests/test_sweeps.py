@@ -12,7 +12,7 @@ import yaml
 
 from tests.tiny import make_tiny_run
 from tests.tiny_sweep import tiny_base_flat
-from zfree.sweeps import SPECS, expand_grid, load_spec, run_points
+from zfree.experiment.sweeps import SPECS, expand_grid, load_spec, run_points
 
 SHIPPED = sorted(SPECS.glob("*.yaml"))
 

@@ -1,4 +1,4 @@
-"""zfree.theory against independent computations: analytic c_base by brute-force counting, the
+"""zfree.objective.theory against independent computations: analytic c_base by brute-force counting, the
 information-preference threshold beta_eff = 1, and the predicted rate and curves."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from numpy.testing import assert_allclose
 from zfree.config import DataConfig
 from zfree.data.pairs import Pair
 from zfree.data.synth import STRATEGIES, generate_split, text_to_digits
-from zfree.losses import effective_beta, reconstruction_weight
-from zfree.theory import analytic_c_base, critical_beta, predict_curve, predicted_rate, predicted_use
+from zfree.objective.losses import effective_beta, reconstruction_weight
+from zfree.objective.theory import analytic_c_base, critical_beta, predict_curve, predicted_rate, predicted_use
 
 
 def pairs_of(rows) -> list[Pair]:

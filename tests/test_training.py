@@ -12,8 +12,8 @@ import torch
 
 from tests.tiny import make_tiny_run
 from zfree.config import TrainConfig
-from zfree.io import read_json, read_jsonl
-from zfree.training import train_cvae
+from zfree.core.io import read_json, read_jsonl
+from zfree.train.training import train_cvae
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +94,7 @@ def test_missing_data_folder_names_the_file(tiny, tmp_path):
 
 
 def _strip_timing(s: dict) -> dict:
-    from zfree.training import TIMING_KEYS
+    from zfree.train.training import TIMING_KEYS
 
     return {k: v for k, v in s.items() if k not in TIMING_KEYS}
 
@@ -136,8 +136,8 @@ def test_hard_em_records_the_gate_and_hands_over(tiny, tmp_path):
 
 
 def test_non_finite_loss_stops_with_step_and_batch(tiny, tmp_path, monkeypatch):
-    import zfree.objectives as objectives
-    import zfree.training as tr
+    import zfree.objective.objectives as objectives
+    import zfree.train.training as tr
 
     data, base = tiny
     real = objectives.assemble  # the one assembler every training step calls (issue 12)
@@ -223,7 +223,7 @@ def test_hard_phase_reconstruction_scale_does_not_depend_on_the_weighting_scale(
     from zfree.data.pairs import load_pairs
     from zfree.models.base import load_base
     from zfree.models.discrete import DiscreteCVAE
-    from zfree.training import hard_em_objective
+    from zfree.train.training import hard_em_objective
 
     data, base = tiny
     backbone, tok = load_base(base / "model")
@@ -264,7 +264,7 @@ def test_frozen_decoder_phase_updates_only_the_posterior_side(tiny, tmp_path):
 
 
 def test_index_collapse_is_warned(tiny, tmp_path, capsys, monkeypatch):
-    import zfree.training as T
+    import zfree.train.training as T
 
     real = T.evaluate
 
@@ -310,8 +310,9 @@ def test_evaluation_uses_the_optimal_posterior_of_the_evaluated_decoders(tiny):
     from zfree.config import ObjectiveConfig
     from zfree.data.batching import collate, encode_pair, pad_id_of
     from zfree.data.pairs import load_pairs
-    from zfree.losses import masked_mean_token_nll, optimal_posterior_logits
-    from zfree.metrics import evaluate
+    from zfree.models.nll import masked_mean_token_nll
+    from zfree.objective.losses import optimal_posterior_logits
+    from zfree.evaluate.metrics import evaluate
     from zfree.models.base import load_base
     from zfree.models.discrete import DiscreteCVAE
 
@@ -339,7 +340,7 @@ def test_evaluation_uses_the_optimal_posterior_of_the_evaluated_decoders(tiny):
 
 def test_hard_phase_rate_of_the_heads_applies_until_the_handover(tiny, tmp_path, monkeypatch):
     """hard_em_lr_new (issue 15) sets the ``new`` group's rate in the hard phase only; 0 keeps lr_new."""
-    from zfree import aids, training
+    from zfree.train import aids, training
 
     seen = []
 

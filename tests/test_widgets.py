@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from tests.tiny_sweep import make_tiny_sweep
-from zfree.io import atomic_write_json, read_json
-from zfree.widgets import LaunchPanel, SweepExplorer, wrap_panels
+from zfree.core.io import atomic_write_json, read_json
+from zfree.report.widgets import LaunchPanel, SweepExplorer, wrap_panels
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +134,7 @@ def sleepy_run(point, runs_dir, notebook):
 
 
 def test_stop_ends_the_workers_and_keeps_the_finished_runs(sweep, tmp_path):
-    from zfree.sweeps import local_executor
+    from zfree.experiment.sweeps import local_executor
 
     e = SweepExplorer(sweep)
     panel = LaunchPanel(e.results.config(e.results.runs["run_id"].iloc[0]), tmp_path, run_fn=sleepy_run,

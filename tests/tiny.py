@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from zfree.base_training import train_base
+from zfree.train.base_training import train_base
 from zfree.config import BaseTrainConfig, DataConfig
 from zfree.data.synth import write_benchmark
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tests.tiny import make_tiny_run
 from zfree.config import TrainConfig
-from zfree.sweeps import expand_grid
+from zfree.experiment.sweeps import expand_grid
 
 GRID = {"objective": [{"weighting": "plain"}, {"weighting": "distribution"}, {"weighting": "example", "epsilon": 0.05}],
         "beta": [0.3, 1.0]}
@@ -20,7 +20,7 @@ def tiny_base_flat(data: Path, base: Path, **kw) -> dict:
 
 def make_tiny_sweep(tmp_path_factory) -> Path:
     """Returns a sweep folder: runs/<run_id>/ for plain, distribution, example x beta {0.3, 1}."""
-    from zfree.training import train_cvae
+    from zfree.train.training import train_cvae
 
     root = tmp_path_factory.getbasetemp() / "tiny_sweep"
     sweep = root / "sweep"

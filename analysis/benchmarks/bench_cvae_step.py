@@ -26,11 +26,11 @@ from zfree.config import ObjectiveConfig
 from zfree.data.batching import collate, encode_pair
 from zfree.data.pairs import load_pairs
 from zfree.data.tokenizer import build_digit_tokenizer
-from zfree.losses import masked_mean_token_nll
+from zfree.models.nll import masked_mean_token_nll
 from zfree.models.base import build_synthetic_gpt2, target_logprobs
 from zfree.models.continuous import ContinuousCVAE
 from zfree.models.discrete import DiscreteCVAE
-from zfree.objectives import assemble_objective
+from zfree.objective.objectives import assemble_objective
 
 
 def _rss_mib() -> float:

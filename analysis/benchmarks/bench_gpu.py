@@ -6,12 +6,12 @@ Rows run on CUDA when present (``no CUDA: skipped GPU rows`` otherwise) and on t
 data/base/default/model), or any causal LM folder / GGUF file zfree loads; the pairs are
 ``--data`` (default data/synth/default/val.jsonl).
 
-  scoring   ``zfree.scoring.score_pairs`` (token-budget batches, ``--batch-tokens``); tokens/s
+  scoring   ``zfree.reference.scoring.score_pairs`` (token-budget batches, ``--batch-tokens``); tokens/s
             counts every real token of (x, y) passed through the model; FLOPs = 2 N tokens with
             N the parameters outside the input embedding (forward only; attention FLOPs left out,
             so MFU is a lower bound); MFU = FLOP/s / the chip's dense peak for the dtype
             (``PEAK_TFLOPS`` by device name, or ``--peak-tflops``; nan when unknown).
-  cvae      one training step as ``zfree.training`` runs it (``build_cvae``, ``step_objective``,
+  cvae      one training step as ``zfree.train.training`` runs it (``build_cvae``, ``step_objective``,
             AdamW) for the base model's own step, the discrete CVAE (K values, shared prefix and
             the full pass) and the continuous CVAE (S samples); x base = step time over the base
             step; ideal = (|x| + K|y|) / (|x| + |y|) (one pass over the x-prefix, K over the
@@ -39,9 +39,9 @@ from zfree.config import TrainConfig
 from zfree.data.batching import collate, encode_pairs, pad_id_of
 from zfree.data.pairs import load_pairs
 from zfree.models.loading import load_causal_lm
-from zfree.objectives import step_objective
-from zfree.scoring import score_pairs
-from zfree.training import build_cvae
+from zfree.objective.objectives import step_objective
+from zfree.reference.scoring import score_pairs
+from zfree.train.training import build_cvae
 
 #: dense peak TFLOP/s by a substring of torch.cuda.get_device_name and dtype (vendor data sheets,
 #: SXM parts; fp32 = non-tensor-core fp32, as TF32 is off)
@@ -127,7 +127,7 @@ def bench_steps(folder, pairs, dev, precision, a, steps):
 
         def one(b):
             if kind == "base":
-                from zfree.losses import masked_mean_token_nll
+                from zfree.models.nll import masked_mean_token_nll
                 from zfree.models.base import target_logprobs
                 from zfree.models.precision import body_autocast
 

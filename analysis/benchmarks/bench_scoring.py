@@ -38,7 +38,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from zfree.data.batching import EncodedPair, collate
-from zfree.scoring import plan_batches, score_encoded
+from zfree.reference.scoring import plan_batches, score_encoded
 
 BUDGET = 8192  # zfree's default max_batch_tokens, used by every batched method
 

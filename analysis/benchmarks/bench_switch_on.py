@@ -39,7 +39,7 @@ def _child(name: str, overrides: dict, seed: int, a: argparse.Namespace, q) -> N
     from sklearn.metrics import normalized_mutual_info_score
 
     torch.set_num_threads(1)
-    from zfree import training
+    from zfree.train import training
     from zfree.config import TrainConfig
 
     flat = {**TrainConfig().to_flat(), "weighting": "distribution", "beta": 0.3, "batch_size": 64, **overrides,
@@ -68,7 +68,7 @@ def _child(name: str, overrides: dict, seed: int, a: argparse.Namespace, q) -> N
         print(f"{name} seed {seed} step {step} wall {wall:.0f} s NMI1 {nmi:.3f} rho {rho:.3f} "
               f"(k* NMI1 {nmi_k:.3f}, oracle rho {ev.metrics.get('latent/oracle_rho', float('nan')):.3f})", flush=True)
         if a.confusion:  # posterior argmax (rows) against the true strategy, m = 1 rows
-            from zfree.latent_stats import confusion
+            from zfree.evaluate.latent_stats import confusion
             print(confusion(ev.per_example).to_string(), flush=True)
         if step > 0 and nmi >= a.nmi and rho <= a.rho:
             raise Reached
@@ -90,7 +90,7 @@ def _child(name: str, overrides: dict, seed: int, a: argparse.Namespace, q) -> N
 
 
 def main() -> None:
-    from zfree.study import HARD_EM_RECIPE, SWITCH_ON_RECIPE
+    from zfree.experiment.study import HARD_EM_RECIPE, SWITCH_ON_RECIPE
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--recipes", nargs="*", default=["old", "new"])

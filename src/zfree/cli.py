@@ -27,7 +27,7 @@ def _cmd_data_e2e(a):
 
 
 def _cmd_base_train(a):
-    from zfree.base_training import train_base
+    from zfree.train.base_training import train_base
     from zfree.config import BaseTrainConfig
 
     cfg = BaseTrainConfig(n_layer=a.n_layer, n_embd=a.n_embd, n_head=a.n_head, lr=a.lr, batch_size=a.batch_size,
@@ -38,14 +38,14 @@ def _cmd_base_train(a):
 
 
 def _cmd_base_reference(a):
-    from zfree.reference import build_reference
+    from zfree.reference.reference import build_reference
 
     ref = build_reference(a.base, a.data)
     print(json.dumps(ref.meta, indent=2))
 
 
 def _cmd_score(a):
-    from zfree.scoring import ScoringPolicy, score_file, write_scores
+    from zfree.reference.scoring import ScoringPolicy, score_file, write_scores
 
     policy = ScoringPolicy(bos=a.bos, add_eos=not a.no_eos, max_length=a.max_length)
     res = score_file(a.model, a.data, device=a.device, dtype=a.dtype, policy=policy,
@@ -58,7 +58,7 @@ def _cmd_score(a):
 def _read_flat_config(path: str) -> dict:
     """A flat config JSON (``_``-prefixed record keys dropped; a run folder's config.json has its
     relative data_dir/base_dir resolved against that folder); InputError naming the file."""
-    from zfree.errors import InputError
+    from zfree.core.errors import InputError
 
     p = Path(path)
     if not p.is_file():
@@ -71,7 +71,7 @@ def _read_flat_config(path: str) -> dict:
         raise InputError(f"{p}: a config is a JSON object of flat fields, got {type(raw).__name__}")
     flat = {k: v for k, v in raw.items() if not str(k).startswith("_")}
     if raw.get("_paths_relative_to") == "run folder":  # a run record: its paths are portable (issue 17)
-        from zfree.run_folder import resolved_flat
+        from zfree.train.run_folder import resolved_flat
 
         flat = resolved_flat(flat, p.parent)
     return flat
@@ -79,7 +79,7 @@ def _read_flat_config(path: str) -> dict:
 
 def _cmd_train(a):
     from zfree.config import TrainConfig, check_device, parse_assignment
-    from zfree.training import train_cvae
+    from zfree.train.training import train_cvae
 
     if a.model or a.data:
         return _cmd_train_own(a)
@@ -98,7 +98,7 @@ def _cmd_train(a):
     try:
         cfg = TrainConfig.from_flat(flat)
     except ValueError as e:
-        from zfree.errors import ConfigError
+        from zfree.core.errors import ConfigError
 
         raise ConfigError(f"config {a.config}{' with --set' if a.set else ''}: {e}") from None
     check_device(cfg.optim.device)
@@ -109,8 +109,8 @@ def _cmd_train(a):
 def _cmd_train_own(a):
     """``zfree train --model M --data F.jsonl --out RUN``: split, base link and reference in RUN, one CVAE there."""
     from zfree.config import check_device, parse_assignment
-    from zfree.own_study import own_train_config
-    from zfree.training import train_cvae
+    from zfree.experiment.own_study import own_train_config
+    from zfree.train.training import train_cvae
 
     if not (a.model and a.data and a.out) or a.config or a.resume:
         raise ValueError("give --model MODEL --data FILE.jsonl --out RUN_DIR (without --config/--resume)")
@@ -123,7 +123,7 @@ def _cmd_train_own(a):
 
 def _report_failures(failed: list[tuple[str, Path]]) -> int:
     """Print each failed point's full message and its error.json to stderr; 1 if any failed."""
-    from zfree.io import read_json
+    from zfree.core.io import read_json
 
     for run_id, err_file in failed:
         try:
@@ -137,11 +137,11 @@ def _report_failures(failed: list[tuple[str, Path]]) -> int:
 def _cmd_study(a):
     import time
 
-    from zfree.study import run_study
+    from zfree.experiment.study import run_study
 
     t0 = time.time() - 1.0
     if a.model or a.data or a.spec:
-        from zfree.own_study import run_own_study
+        from zfree.experiment.own_study import run_own_study
 
         if not (a.model and a.data):
             raise ValueError("an own-model study needs --model MODEL and --data FILE.jsonl (--spec/--val optional)")
@@ -162,15 +162,15 @@ def _cmd_study(a):
 
 
 def _cmd_report(a):
-    from zfree.study import render_report
+    from zfree.experiment.study import render_report
 
     print(render_report(a.study_dir, progress=True))
 
 
 def _cmd_sweep(a):
     from zfree.config import check_device
-    from zfree.study import render_report
-    from zfree.sweeps import load_spec, make_executor, run_sweep
+    from zfree.experiment.study import render_report
+    from zfree.experiment.sweeps import load_spec, make_executor, run_sweep
 
     spec = load_spec(a.spec)
     out = Path(a.out or Path("runs") / f"sweep-{spec.name}")
@@ -275,7 +275,8 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--finetune-base", action="store_true",
                     help="fine-tune MODEL on the train pairs first (entangled-run setting; a transformers folder)")
     st.add_argument("--finetune-steps", type=int, default=300)
-    st.add_argument("--spec", help="own-model grid YAML (keys of zfree.own_study.OwnPreset) instead of a preset")
+    st.add_argument("--spec",
+                    help="own-model grid YAML (keys of zfree.experiment.own_study.OwnPreset) instead of a preset")
     st.add_argument("--out", required=True)
     st.add_argument("--retrain-base", action="store_true", help="train a new base model instead of the shipped one")
     st.add_argument("--workers", type=int, default=None, help="parallel runs (one torch thread each)")
@@ -299,13 +300,13 @@ EXPECTED = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, 
 
 def is_expected(e: BaseException) -> bool:
     """An error of the user's input or of a refusal (one line, exit 2), not a bug (traceback):
-    any ``zfree.errors.ZfreeError``, the builtin errors of bad values and paths, and the
+    any ``zfree.core.errors.ZfreeError``, the builtin errors of bad values and paths, and the
     trainer's ``NonFiniteLossError`` (looked up only when training was imported)."""
-    from zfree.errors import ZfreeError
+    from zfree.core.errors import ZfreeError
 
     if isinstance(e, (ZfreeError, *EXPECTED)):
         return True
-    training = sys.modules.get("zfree.training")
+    training = sys.modules.get("zfree.train.training")
     nonfinite = getattr(training, "NonFiniteLossError", None)
     return isinstance(nonfinite, type) and isinstance(e, nonfinite)
 
@@ -313,7 +314,7 @@ def is_expected(e: BaseException) -> bool:
 def main(argv=None) -> int:
     """Run the ``zfree`` command; returns the exit status: 0 ok, 1 some sweep/study point failed
     (the others finished), 2 an expected error (printed as one line ``zfree: error: ...``)."""
-    from zfree.errors import one_line
+    from zfree.core.errors import one_line
 
     args = build_parser().parse_args(argv)
     try:

@@ -12,9 +12,9 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
 from zfree.data.synth import DataConfig  # noqa: F401 - re-exported: DataConfig lives beside its benchmark
-from zfree.validation import check_choice, check_int, check_range
+from zfree.core.validation import check_choice, check_int, check_range
 
-from zfree.values import check_device, coerce_value, field_types, typed_fields  # noqa: F401 (re-exported)
+from zfree.core.values import check_device, coerce_value, field_types, typed_fields  # noqa: F401 (re-exported)
 
 Weighting = Literal["plain", "distribution", "example", "token"]
 TokenOuter = Literal["none", "distribution", "example"]
@@ -27,11 +27,11 @@ LatentKind = Literal["discrete", "continuous"]
 LatentPrior = Literal["learned", "standard"]
 
 
-# the field checks live in zfree.validation (shared with DataConfig beside the benchmark it configures)
+# the field checks live in zfree.core.validation (shared with DataConfig beside the benchmark it configures)
 _check_choice, _check_int, _check_range = check_choice, check_int, check_range
 
 
-# --- typed values by declared type (zfree.values.coerce_value) --------------------------------
+# --- typed values by declared type (zfree.core.values.coerce_value) --------------------------------
 
 def flat_field_types() -> dict[str, Any]:
     """Declared type of every flat ``TrainConfig`` field (the papermill parameters)."""
@@ -45,7 +45,7 @@ def parse_field_value(name: str, value: Any) -> Any:
     """``value`` for the flat ``TrainConfig`` field ``name``, typed by its declaration
     (``coerce_value``). Raises ``ConfigError`` for an unknown field (listing the valid ones) or
     a value of the wrong type (naming the field)."""
-    from zfree.errors import ConfigError
+    from zfree.core.errors import ConfigError
 
     types = flat_field_types()
     if name not in types:
@@ -55,7 +55,7 @@ def parse_field_value(name: str, value: Any) -> Any:
 
 def parse_assignment(text: str) -> tuple[str, Any]:
     """``"FIELD=VALUE"`` (a ``--set``) -> ``(field, typed value)``; ConfigError when it is not."""
-    from zfree.errors import ConfigError
+    from zfree.core.errors import ConfigError
 
     name, eq, value = text.partition("=")
     if not eq or not name.strip():
@@ -211,7 +211,7 @@ class OptimConfig:
     threads: int = 1  # torch threads; one per worker when runs go in parallel
     device: str = "auto"  # "auto": cuda when available, else cpu (zfree.models.loading.pick_device)
     # fp32: everything in float32; bf16: the backbone body under bfloat16 autocast on CUDA, the
-    # output head, log-softmax and the losses in float32 (as zfree.scoring does). Allowed on CPU
+    # output head, log-softmax and the losses in float32 (as zfree.reference.scoring does). Allowed on CPU
     # (slower there), hence not the default. fp64: weights, optimizer, head and losses in float64,
     # a reference mode (several times slower; CPU kernels then differ by ~1e-16, so the golden runs
     # of tests/golden_runs.py replay portably on any CPU)

@@ -31,7 +31,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from zfree.io import atomic_write_json, atomic_write_text, sha256_file
+from zfree.core.io import atomic_write_json, atomic_write_text, sha256_file
 
 SOURCES = {"train": "test-fixed.csv", "val": "devel-fixed.no-ol.csv"}
 COLUMNS = ("mr", "ref", "orig_mr")

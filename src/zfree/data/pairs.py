@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from zfree.errors import InputError
+from zfree.core.errors import InputError
 
 
 @dataclass(frozen=True)

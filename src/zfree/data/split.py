@@ -15,7 +15,7 @@ from typing import Sequence
 import numpy as np
 
 from zfree.data.pairs import Pair
-from zfree.io import atomic_write_text
+from zfree.core.io import atomic_write_text
 
 
 def split_by_x(pairs: Sequence[Pair], *, val_fraction: float | None = None, val_size: int | None = None,

@@ -7,7 +7,7 @@ set and its prior pi(s | x), it knows the Bayes-optimal z-free loss of every exa
     -log p*(y | x) = -log sum_{s : s(x) = y} pi(s | x)        (nats per sequence)
 
 which is log(K / m) under the uniform prior (m = number of strategies that map x to y). It is
-stored on every row as ``bayes_nll`` so c_base has an exact analytic value (``zfree.theory``).
+stored on every row as ``bayes_nll`` so c_base has an exact analytic value (``zfree.objective.theory``).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from typing import Callable, Literal, Sequence
 
 import numpy as np
 
-from zfree.io import atomic_write_json, atomic_write_text, sha256_file
-from zfree.validation import check_choice, check_int, check_range
-from zfree.values import typed_fields
+from zfree.core.io import atomic_write_json, atomic_write_text, sha256_file
+from zfree.core.validation import check_choice, check_int, check_range
+from zfree.core.values import typed_fields
 
 Digits = tuple[int, ...]
 

@@ -25,7 +25,7 @@ from jaxtyping import Bool, Float, Int
 from torch import nn
 
 from zfree.data.batching import Batch
-from zfree.losses import masked_mean_token_nll
+from zfree.models.nll import masked_mean_token_nll
 from zfree.models.base import hidden_states, target_logprobs_from_hidden
 from zfree.models.encoder import build_posterior_encoder, pool_posterior_features
 from zfree.models.injection import (decoder_hidden_full, decoder_hidden_suffix, full_target_logprobs,

@@ -11,7 +11,7 @@ layer swapped for the same affine map computed in float32. No list of architectu
 
 ``verify_head`` checks the construction once per model against ``model(input_ids).logits`` on a
 short probe row; ``zfree.models.loading.load_causal_lm`` refuses a model that fails it, and
-``zfree.scoring`` then falls back to the model's full logits.
+``zfree.reference.scoring`` then falls back to the model's full logits.
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ def head_is_exact(model, *, refresh: bool = False) -> bool:
 def verify_head(model, *, name: str = "model") -> None:
     """Raise ``zfree.models.loading.ModelLoadError`` naming ``name`` unless ``head_is_exact(model)``."""
     if not head_is_exact(model):
-        from zfree.errors import ModelLoadError
+        from zfree.core.errors import ModelLoadError
 
         raise ModelLoadError(f"{name}: zfree cannot reproduce {type(model).__name__}'s logits from its hidden states "
                              f"(its forward does more than body -> output layer -> post-processing)")

@@ -6,7 +6,7 @@ the optimizer stay float32), the output head runs in float32 regardless (``zfree
 disables autocast there), and ``model_outputs_fp32`` casts every floating output of the model's
 forward (posterior / router logits, Gaussian parameters, features) to float32 before the
 objective is assembled outside autocast, so log-softmax, the KLs and the losses are float32 as in
-``zfree.scoring``. Evaluation is not autocast (its metrics compare with the float32 reference).
+``zfree.reference.scoring``. Evaluation is not autocast (its metrics compare with the float32 reference).
 """
 
 from __future__ import annotations

@@ -1,0 +1,53 @@
+"""Where zfree's shipped files live, and the file names it relies on (defined once)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]  # the repository root (an editable install)
+NOTEBOOKS = ROOT / "notebooks"
+SPECS = ROOT / "analysis" / "sweeps"
+SHIPPED_DATA = ROOT / "data" / "synth" / "default"
+SHIPPED_BASE = ROOT / "data" / "base" / "default"
+SHIPPED_E2E = ROOT / "data" / "e2e"  # the E2E real-text benchmark (CC BY-SA 4.0) and its base in base/
+
+#: a model folder holds a tokenizer when it has one of these files (transformers 5 would invent an empty one)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "tokenizer.model",
+                   "spiece.model", "merges.txt")
+
+
+# ---------------------------------------------------------------------------- portable paths (issue 17)
+
+PATH_FIELDS = ("data_dir", "base_dir")  # the TrainConfig fields that name folders
+ROOT_PREFIX = "zfree:"  # a path inside the zfree repository, written from its root
+
+
+def portable_root(run_dir: Path | str) -> Path:
+    """The folder a run folder's relative paths may point into: the study/sweep folder (the parent
+    of ``runs/``) for ``<study>/runs/<id>``, else the run folder's parent."""
+    run_dir = Path(run_dir).resolve()
+    return run_dir.parent.parent if run_dir.parent.name == "runs" else run_dir.parent
+
+
+def portable_path(value: str, run_dir: Path | str) -> str:
+    """How a run folder stores path ``value`` (absolute, or relative to the working directory):
+    relative to ``run_dir`` (posix, e.g. "../../data") when it lies inside
+    ``portable_root(run_dir)``, so the study can be copied or moved; ``zfree:<path from ROOT>``
+    when it lies inside this repository (the shipped benchmark and base run), so another clone
+    resolves it to its own copy; else absolute. Inverse: ``resolve_path``."""
+    p, run_dir = Path(value).resolve(), Path(run_dir).resolve()
+    if p.is_relative_to(portable_root(run_dir)):
+        return Path(os.path.relpath(p, run_dir)).as_posix()
+    if p.is_relative_to(ROOT):
+        return ROOT_PREFIX + p.relative_to(ROOT).as_posix()
+    return str(p)
+
+
+def resolve_path(value: str, base: Path | str) -> str:
+    """The absolute path (symlinks resolved) of a stored or given path: ``zfree:<rel>`` under
+    ROOT, a relative path under ``base`` (the run folder for a stored one, the working directory
+    for a user's), an absolute one as is."""
+    if value.startswith(ROOT_PREFIX):
+        return str((ROOT / value[len(ROOT_PREFIX):]).resolve())
+    return str((Path(base) / value).resolve())

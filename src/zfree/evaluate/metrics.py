@@ -1,0 +1,316 @@
+"""What z explains: evaluation of a CVAE on the validation rows (DESIGN §5 metric keys).
+
+One evaluation path for both latent kinds (``evaluate``): per batch, the model's forward pass and
+the objective from ``zfree.objective.objectives.assemble`` (the same assembler training uses, under no_grad);
+then the shared loss and objective metrics, and the kind's latent and structure metrics
+(``EVALUATORS``: discrete values, or a Gaussian latent clustered by k-means).
+
+rho_recon = R_val / c_base is a ratio of means (seed 000, "Interpretation"); the per-example
+rho_i = lbar_i / b_i is a mean of ratios and is only ever reported under its own name.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from sklearn.metrics import normalized_mutual_info_score
+
+from zfree.config import ObjectiveConfig
+from zfree.data.batching import EncodedPair, collate
+from zfree.data.pairs import Pair
+from zfree.evaluate.latent_stats import (ACTIVE_UNIT_THRESHOLD, active_units, confusion,  # noqa: F401 - re-exported
+                                         continuous_decode_metrics, decode_metrics, gaussian_mutual_information,
+                                         greedy_decode, hungarian_accuracy, label_keys, label_structure_metrics,
+                                         latent_samples, probe_accuracy)
+from zfree.models.nll import masked_mean_token_nll
+from zfree.objective.losses import base_token_matrix, inter_latent_jsd, reconstruction_per_value
+from zfree.objective.objectives import assemble
+from zfree.models.precision import acc_dtype
+from zfree.objective.theory import predicted_use
+
+CODE_USED_FRACTION = 0.01  # a latent value counts as used if it is the posterior argmax of >= 1% of rows
+
+
+@dataclass
+class Evaluation:
+    """DESIGN §5 metric keys and the per-example table (one row per validation row)."""
+
+    metrics: dict[str, float]
+    per_example: pd.DataFrame
+    samples: pd.DataFrame | None = None  # greedy/sampled y per latent value (rows without a notion of correct y)
+
+
+def measured_use(kl: np.ndarray, bayes: np.ndarray, fallback: float) -> np.ndarray:
+    """Per row: z is used when its KL (nats) reaches half the Bayes rate log(K/m) (``fallback``
+    where that is unknown) and exceeds 1e-3 nats. (rows,) -> bool (rows,)."""
+    return (kl >= 0.5 * np.where(np.isfinite(bayes), bayes, fallback)) & (kl > 1e-3)
+
+
+def _per_example_columns(df: pd.DataFrame, pairs: Sequence[Pair], b: np.ndarray) -> np.ndarray:
+    """Adds strategy, b, rho_i, bayes_nll, n_consistent and predicted_use to ``df`` in place;
+    returns the per-row Bayes NLL (nats per sequence; NaN where unknown)."""
+    df.insert(1, "strategy", [p.strategy for p in pairs])
+    df["b"] = b
+    df["rho_i"] = df["lbar"] / df["b"]
+    bayes = np.array([np.nan if p.bayes_nll is None else p.bayes_nll for p in pairs], float)
+    df["bayes_nll"] = bayes
+    df["n_consistent"] = [p.n_consistent for p in pairs]
+    for k in label_keys(pairs):  # general labels: one column each, None where a row lacks it
+        df[f"label/{k}"] = [None if p.labels is None or k not in p.labels else str(p.labels[k]) for p in pairs]
+    known = bool(np.isfinite(bayes).all())
+    excess_seq = df["n_tokens"] * df["b"] - bayes
+    df["predicted_use"] = predicted_use(df["beta_eff"].to_numpy(), bayes if known else None,
+                                        excess_seq.to_numpy() if known else None)
+    return bayes
+
+
+def _loss_metrics(df: pd.DataFrame, fr: list[dict], c_base: float, step: int) -> dict[str, float]:
+    """loss/val/* (R, rho_recon, KL, the beta = 1 unweighted ELBO per sequence and per token) and
+    loss_contrib/fraction_abs/* from the per-example table and the per-batch contributions."""
+    contrib = {k: float(np.mean([f[k] for f in fr])) for k in fr[0]}
+    tot_abs = sum(abs(v) for v in contrib.values()) or 1.0
+    R = float(df["lbar"].mean())
+    nelbo = df["n_tokens"] * df["lbar"] + df["kl"]
+    return {
+        "step": step,
+        "loss/val/reconstruction_loss": R,
+        "loss/val/baseline_normalized_reconstruction_loss": R / c_base,
+        "loss/val/kl_prior_loss": float(df["kl"].mean()),
+        "loss/val/zfree_reconstruction_loss": float(df["zfree_nll"].mean()),
+        "loss/val/neg_elbo_nats_per_sequence": float(nelbo.mean()),
+        "loss/val/neg_elbo_nats_per_token": float((nelbo / df["n_tokens"]).mean()),
+        "loss/val/mean_rho_i": float(df["rho_i"].mean()),
+        "loss/val/objective": sum(contrib.values()),
+        **{f"loss_contrib/fraction_abs/{k}": abs(v) / tot_abs for k, v in contrib.items()},
+    }
+
+
+def _objective_metrics(df: pd.DataFrame, c_base: float, objective: ObjectiveConfig) -> dict[str, float]:
+    return {
+        "reference/c_base": c_base,
+        "objective/beta": float(objective.beta),
+        "objective/recon_weight_mean": float(df["weight"].mean()),
+        "objective/recon_weight_max": float(df["weight"].max()),
+        "objective/beta_eff_median": float(df["beta_eff"].median()),
+    }
+
+
+def _structure_metrics(df: pd.DataFrame, features: np.ndarray, seed: int, assigned: bool = True) -> dict[str, float]:
+    """structure/alignment_nmi (all rows and m = 1 rows), Hungarian accuracy on m = 1 rows and the
+    held-out probe of ``features``; all NaN when any strategy label is missing or no latent
+    assignment exists (``assigned=False``), never faked."""
+    labels = df["strategy"]
+    if not (assigned and labels.notna().all()):
+        return {k: float("nan") for k in ("structure/alignment_nmi", "structure/alignment_nmi_unambiguous",
+                                          "structure/probe_accuracy", "structure/hungarian_accuracy_unambiguous")}
+    un = df["n_consistent"] == 1
+    z = df["posterior_argmax"]
+    return {
+        "structure/alignment_nmi": float(normalized_mutual_info_score(labels, z)),
+        "structure/alignment_nmi_unambiguous": float(normalized_mutual_info_score(labels[un], z[un])) if un.any()
+        else float("nan"),
+        "structure/hungarian_accuracy_unambiguous": hungarian_accuracy(labels[un], z[un]),
+        "structure/probe_accuracy": probe_accuracy(features, labels.to_numpy(), seed=seed),
+    }
+
+
+@dataclass
+class EvalContext:
+    """What the kinds' ``finish`` reads besides the per-example table: c_base and the rows to decode."""
+
+    c_base: float
+    n_decode: int  # rows greedily decoded (0: none)
+    encoded: Sequence[EncodedPair]
+    pairs: Sequence[Pair]
+    tokenizer: object
+    strategies: Sequence[str] | None
+
+
+def _frame(batch, br, lbar: torch.Tensor, out, **extra) -> pd.DataFrame:
+    """The per-example columns both kinds share, then the kind's own ``extra`` columns, then zfree_nll."""
+    cols = {"id": batch.ids, "n_tokens": batch.target_len.cpu().numpy(), "lbar": lbar.cpu().numpy(),
+            "kl": br.per_example["kl"].clamp_min(0).cpu().numpy(), "beta_eff": br.beta_eff.cpu().numpy(),
+            "weight": br.recon_weight.cpu().numpy(), **{k: v.cpu().numpy() for k, v in extra.items()},
+            "zfree_nll": masked_mean_token_nll(-out.zfree_target_logprobs, batch.target_mask).cpu().numpy()}
+    return pd.DataFrame(cols)
+
+
+class DiscreteEvaluator:
+    """The discrete CVAE: all K values decoded; q from the head or the optimal posterior."""
+
+    def __init__(self, model, seed: int):
+        self.model, self.seed = model, seed
+        self.feats, self.q, self.p = [], [], []
+
+    def batch(self, batch, objective, step, c_base, b, base_tok):
+        """One batch under no_grad: the per-example frame and the objective's breakdown (``assemble``)."""
+        out = self.model(batch, with_distributions=True)
+        tok_nll = -out.target_logprobs  # (B, K, T)
+        nll_k = masked_mean_token_nll(tok_nll, batch.target_mask)  # (B, K) plain per-token means
+        recon = reconstruction_per_value(tok_nll, batch.target_mask, objective, base_tok)
+        jsd = inter_latent_jsd(out.next_token_logprobs, torch.softmax(out.prior_logits, -1), out.pos_mask)
+        br = assemble("discrete", objective, recon=recon, target_len=batch.target_len, step=step, c_base=c_base, b=b,
+                      q_logits=out.posterior_logits, p_logits=out.prior_logits, jsd=jsd)  # None: the optimal q
+        q = torch.softmax(br.per_example["q_logits"], -1)
+        self.feats.append(out.features.cpu().numpy())
+        self.q.append(q.cpu().numpy())
+        self.p.append(torch.softmax(out.prior_logits, -1).cpu().numpy())
+        return _frame(batch, br, (q * nll_k).sum(-1), out, posterior_argmax=q.argmax(-1), q_max=q.max(-1).values,
+                      oracle_nll=nll_k.min(-1).values, oracle_latent=nll_k.argmin(-1), decoder_jsd=jsd.clamp_min(0)), br
+
+    def finish(self, df, bayes, ctx: EvalContext) -> dict[str, float]:
+        """The kind's latent/*, structure/* and decode metrics; adds its columns (measured_use, ...) to ``df``."""
+        K = self.model.n_latent
+        df["measured_use"] = measured_use(df["kl"], bayes, math.log(K))
+        qa = np.concatenate(self.q)
+        q_mean = qa.mean(0)
+        usage = np.bincount(df["posterior_argmax"], minlength=K) / len(df)
+        m = {
+            "latent/oracle_rho": float(df["oracle_nll"].mean()) / ctx.c_base,
+            "latent/q_max_mean": float(df["q_max"].mean()),
+            "latent/codes_used": int((usage >= CODE_USED_FRACTION).sum()),
+            "latent/usage_entropy": float(-(q_mean * np.log(np.clip(q_mean, 1e-30, None))).sum()),
+            "latent/max_usage": float(usage.max()),
+            **{f"latent/usage/{k}": float(u) for k, u in enumerate(usage)},  # share of rows whose argmax is k
+            "latent/decoder_jsd": float(df["decoder_jsd"].mean()),
+        }
+        # mutual information of the aggregated posterior, exact for a discrete latent: H(mean q) - mean H(q),
+        # >= 0 by the concavity of H (clipped: rounding alone can put it a few ulps below 0)
+        m["latent/mutual_information"] = max(0.0, m["latent/usage_entropy"] - float(
+            -(qa * np.log(np.clip(qa, 1e-30, None))).sum(-1).mean()))
+        m.update(_structure_metrics(df, np.concatenate(self.feats), self.seed))
+        m.update(label_structure_metrics(df, np.concatenate(self.feats), df["posterior_argmax"].to_numpy(), self.seed))
+        if ctx.n_decode:
+            n = ctx.n_decode
+            m.update(decode_metrics(self.model, ctx.encoded[:n], ctx.pairs[:n], np.concatenate(self.p)[:n],
+                                    ctx.tokenizer, ctx.strategies, seed=self.seed))
+        return m
+
+
+class GaussianEvaluator:
+    """The continuous CVAE: ``model.n_samples`` posterior samples from a generator seeded by ``seed``
+    (torch's global generator is left alone); assignments are k-means clusters of the posterior means."""
+
+    def __init__(self, model, seed: int):
+        self.model, self.seed = model, seed
+        self.gen = torch.Generator().manual_seed(seed)
+        self.mus, self.logvars, self.prior_mus, self.prior_logvars = [], [], [], []
+
+    def batch(self, batch, objective, step, c_base, b, base_tok):
+        """One batch under no_grad: the per-example frame and the objective's breakdown (``assemble``)."""
+        out = self.model(batch, generator=self.gen)
+        tok_nll = -out.target_logprobs  # (B, S, T)
+        nll_s = masked_mean_token_nll(tok_nll, batch.target_mask)  # (B, S) plain per-token means
+        recon = reconstruction_per_value(tok_nll, batch.target_mask, objective, base_tok)
+        learned = self.model.prior == "learned"
+        br = assemble("gaussian", objective, recon=recon, target_len=batch.target_len, step=step, c_base=c_base, b=b,
+                      mu_q=out.posterior_mean, logvar_q=out.posterior_logvar, mu_p=out.prior_mean if learned else None,
+                      logvar_p=out.prior_logvar if learned else None)
+        self.mus.append(out.posterior_mean.cpu().numpy())
+        self.logvars.append(out.posterior_logvar.cpu().numpy())
+        self.prior_mus.append(out.prior_mean.cpu().numpy())
+        self.prior_logvars.append(out.prior_logvar.cpu().numpy())
+        return _frame(batch, br, nll_s.mean(-1), out,
+                      posterior_sigma_mean=torch.exp(0.5 * out.posterior_logvar).mean(-1)), br
+
+    def finish(self, df, bayes, ctx: EvalContext) -> dict[str, float]:
+        """The kind's latent/*, structure/* and decode metrics; adds its columns (measured_use, ...) to ``df``."""
+        from sklearn.cluster import KMeans
+
+        mu, logvar = np.concatenate(self.mus), np.concatenate(self.logvars)
+        strategies = ctx.strategies
+        names = list(strategies) if strategies else sorted(set(df["strategy"].dropna()))
+        n_clusters = min(len(names), len(df))
+        centroids = None
+        if n_clusters >= 2:
+            km = KMeans(n_clusters=n_clusters, n_init=10, random_state=self.seed).fit(mu)
+            df["posterior_argmax"], centroids = km.labels_, km.cluster_centers_
+        else:
+            df["posterior_argmax"] = 0
+        df["measured_use"] = measured_use(df["kl"], bayes, math.log(max(n_clusters, 2)))
+        nan = float("nan")
+        m = {"latent/oracle_rho": nan, "latent/q_max_mean": nan, "latent/codes_used": nan, "latent/usage_entropy": nan,
+             "latent/max_usage": nan, "latent/decoder_jsd": nan,  # need a finite set of values: not faked
+             "latent/active_units": active_units(mu),
+             "latent/mutual_information": gaussian_mutual_information(mu, logvar, seed=self.seed),
+             "latent/posterior_sigma_mean": float(df["posterior_sigma_mean"].mean())}
+        m.update(_structure_metrics(df, mu, self.seed, assigned=centroids is not None))
+
+        def clusters(key, rows, k):  # the label's own number of clusters when there are no strategies
+            if k < 2:
+                return np.zeros(int(rows.sum()), int)
+            return KMeans(n_clusters=k, n_init=10, random_state=self.seed).fit(mu[rows]).labels_
+        m.update(label_structure_metrics(df, mu, df["posterior_argmax"].to_numpy() if centroids is not None else None,
+                                         self.seed, n_clusters_of=clusters))
+        if ctx.n_decode:
+            n = ctx.n_decode
+            g = torch.Generator().manual_seed(self.seed + 1)
+            mp = torch.as_tensor(np.concatenate(self.prior_mus)[:n])
+            lvp = torch.as_tensor(np.concatenate(self.prior_logvars)[:n])
+            z_prior = mp + torch.exp(0.5 * lvp) * torch.randn(mp.shape, generator=g, dtype=mp.dtype)
+            m.update(continuous_decode_metrics(self.model, ctx.encoded[:n], ctx.pairs[:n], z_prior,
+                                               centroids, ctx.tokenizer, strategies))
+        return m
+
+
+#: model.latent_kind -> its evaluator
+EVALUATORS = {"discrete": DiscreteEvaluator, "continuous": GaussianEvaluator}
+
+
+@torch.no_grad()
+def evaluate(model, encoded: Sequence[EncodedPair], pairs: Sequence[Pair], *, b: np.ndarray, c_base: float,
+             objective: ObjectiveConfig, step: int, pad_id: int, tokenizer=None, strategies: Sequence[str] | None = None,
+             decode_rows: int = 0, batch_size: int = 128, base_token_nll: dict | None = None,
+             seed: int = 0) -> Evaluation:
+    """Evaluate a discrete or continuous CVAE on validation rows. ``b`` (n_rows,) is the frozen base
+    surprisal (nats per token); ``base_token_nll`` (id -> per-token b_t over S) is needed under token
+    weighting; ``decode_rows`` rows are greedily decoded when a tokenizer and strategies are given.
+
+    Returns DESIGN §5 keys: loss/val/*, loss_contrib/fraction_abs/*, structure/*, latent/*,
+    task/correctness, reference/c_base, objective/*. Metrics that need strategy labels are NaN when
+    labels are missing, never faked. Continuous latent: ``posterior_argmax`` is the k-means cluster
+    of the posterior means (k = the number of strategies), used by structure/* and z_control (each
+    centroid forced); task/correctness decodes with z from the prior; latent/active_units (Burda et
+    al. 2016) and latent/mutual_information (Monte Carlo) are added; keys that need a finite set of
+    latent values are NaN. Raises KeyError listing the kinds for a model of another latent_kind.
+    """
+    if model.latent_kind not in EVALUATORS:
+        raise KeyError(f"latent_kind={model.latent_kind!r} is not one of {sorted(EVALUATORS)}")
+    kind = EVALUATORS[model.latent_kind](model, seed)
+    was_training = model.training
+    model.eval()
+    dev, acc = next(model.parameters()).device, acc_dtype(next(model.parameters()).dtype)
+    rows, fr = [], []
+    for i in range(0, len(encoded), batch_size):
+        batch = collate(encoded[i : i + batch_size], pad_id=pad_id).to(dev)
+        bb = torch.as_tensor(b[i : i + len(batch)], dtype=acc, device=dev)
+        base_tok = (base_token_matrix(batch.target_mask, batch.prefix_len, [base_token_nll[r] for r in batch.ids],
+                                      dtype=acc)
+                    if objective.weighting == "token" and base_token_nll is not None else None)
+        frame, br = kind.batch(batch, objective, step, c_base, bb, base_tok)
+        rows.append(frame)
+        fr.append({k: float(v) for k, v in br.contributions.items()})
+    df = pd.concat(rows, ignore_index=True)
+    bayes = _per_example_columns(df, pairs, b)
+    n_decode = min(decode_rows, len(encoded)) if decode_rows and tokenizer is not None and strategies is not None else 0
+    ctx = EvalContext(c_base, n_decode, encoded, pairs, tokenizer, strategies)
+    m: dict[str, float] = {**_loss_metrics(df, fr, c_base, step), **kind.finish(df, bayes, ctx)}
+    m["latent/measured_use_fraction"] = float(df["measured_use"].mean())
+    m["latent/predicted_use_fraction"] = float(df["predicted_use"].mean())
+    m.update(_objective_metrics(df, c_base, objective))
+    samples = None
+    if strategies is None and tokenizer is not None and decode_rows and model.latent_kind == "discrete":
+        samples = latent_samples(model, encoded, pairs, tokenizer, seed=seed)  # no notion of a correct y
+    if was_training:
+        model.train()
+    return Evaluation(m, df, samples)
+
+
+def evaluate_continuous(model, encoded, pairs, **kw) -> Evaluation:
+    """``evaluate`` (kept for callers of the former continuous-only entry point)."""
+    return evaluate(model, encoded, pairs, **kw)

@@ -1,0 +1,1 @@
+"""The experiment layer: runs tables and summaries, sweeps on executors, the study presets, own-model studies."""

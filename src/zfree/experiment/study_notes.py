@@ -1,0 +1,56 @@
+"""The notes of a study on data without the synthetic benchmark's labels (own data, E2E): what the
+structure and task metrics cannot measure, and summary.csv with the per-label columns. Below both
+``zfree.experiment.study`` and ``zfree.experiment.own_study`` (which import it)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from zfree.data.pairs import Pair
+from zfree.core.io import read_json
+
+
+def label_notes(pairs: list[Pair], data_dir: Path) -> list[str]:
+    """Visible notes for what the structure and task metrics cannot measure on ``pairs``: the
+    strategy label and each ``labels`` key absent (or present on only some rows), and task
+    correctness without ``data_dir/metadata.json``."""
+    notes = []
+    n = len(pairs)
+    n_strat = sum(p.strategy is not None for p in pairs)
+    if n_strat < n:
+        notes.append(f"label 'strategy': {'absent' if n_strat == 0 else f'on {n_strat} of {n} rows only'}; "
+                     "structure/alignment_nmi, hungarian_accuracy, probe_accuracy, z_control_accuracy and the "
+                     "m = 1 confusion from 'strategy' are skipped (NaN)")
+    keys = sorted({k for p in pairs for k in (p.labels or {})})
+    for k in keys:
+        have = sum(k in (p.labels or {}) for p in pairs)
+        if have < n:
+            notes.append(f"label '{k}': on {have} of {n} val rows; its metrics use those rows only")
+    if not keys:
+        notes.append("labels: none in the val rows; structure/<metric>/<label> is skipped")
+    else:
+        notes.append(f"labels {keys}: structure/<metric>/<label> computed (NMI, Hungarian accuracy, probe, "
+                     "confusion); z-control per label is skipped (it needs the label of a decoded y)")
+    meta = read_json(data_dir / "metadata.json") if (data_dir / "metadata.json").exists() else {}
+    if not meta.get("parameters", {}).get("strategies"):
+        notes.append("task correctness: skipped (no metadata.json with strategies: no notion of a correct y); instead the "
+                     "greedy and one sampled y per latent value for a few val x (samples.parquet of each run)")
+    return notes
+
+
+def write_summary_csv(out: Path, notes: list[str]):
+    """``out/summary.csv``: ``zfree.experiment.results.summary_with_labels`` of the study's runs (the
+    ``structure/<metric>/<label>`` columns and a ``notes`` column). Returns the table."""
+    from zfree.core.io import atomic_write_text
+    from zfree.experiment.results import collect_runs, summary_with_labels
+
+    tab = summary_with_labels(collect_runs(out / "runs"), notes)
+    atomic_write_text(out / "summary.csv", tab.to_csv(index=False))
+    return tab
+
+
+def study_notes(study_dir: Path | str) -> dict:
+    """``notes.json`` of a study folder ({} when absent), for the report."""
+    p = Path(study_dir) / "notes.json"
+    return json.loads(p.read_text()) if p.exists() else {}

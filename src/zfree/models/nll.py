@@ -1,0 +1,26 @@
+"""The masked mean token NLL over the supervised y-region: the one reduction from per-token to
+per-example NLL, shared by the models (the hard-EM selection of ``zfree.models.discrete``), the
+objective terms (``zfree.objective.losses``), evaluation and base-model training."""
+
+from __future__ import annotations
+
+import torch
+from jaxtyping import Bool, Float
+
+
+def masked_mean_token_nll(token_nll: Float[torch.Tensor, "batch *latent seq"],
+                          target_mask: Bool[torch.Tensor, "batch seq"]) -> Float[torch.Tensor, "batch *latent"]:
+    """nll(x, y) = (1/|S|) sum_{t in S} -log p(y_t | x, y_<t): masked mean, nats per token.
+
+    ``token_nll`` is (batch, seq) or (batch, n_latent, seq); the mask (True = supervised position
+    in S) is broadcast over the latent axis. Positions outside S may hold anything, even inf or
+    NaN (they are selected away, not multiplied by 0, so they reach neither value nor gradient).
+    Returns (batch,) or (batch, n_latent). Raises ValueError if some row has an empty S.
+    Source: seed 000, "Implementation detail" (masked to the y-span, averaged not summed).
+    """
+    n = target_mask.sum(-1)
+    if (n == 0).any():
+        raise ValueError(f"rows {torch.nonzero(n == 0).flatten().tolist()} have an empty supervised region")
+    m = target_mask if token_nll.dim() == 2 else target_mask[:, None, :]
+    s = torch.where(m, token_nll, torch.zeros((), dtype=token_nll.dtype, device=token_nll.device)).sum(-1)
+    return s / (n if token_nll.dim() == 2 else n[:, None]).to(s.dtype)

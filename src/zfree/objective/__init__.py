@@ -1,0 +1,1 @@
+"""The objective layer: the pure terms, the objective J of every latent kind and phase, and the analytic theory."""

@@ -1,0 +1,397 @@
+"""z-free surprisal per token and per example, for any causal LM: exact, batched, cached.
+
+b(x, y) = (1/|S|) sum_{t in S} -log p_base(y_t | x, y_<t): the masked mean token NLL over the
+supervised y-region S (the tokens of y, plus the end token when ``ScoringPolicy.add_eos``), in
+nats per token (seed 000, "Implementation detail"). It is a per-example mean, never the
+token-weighted batch mean that ``model(labels=...).loss`` returns; the denominator |S| counts the
+predicted y tokens exactly. c_base = mean of b over valid rows. Token shares s_t = b_t / sum_u b_u
+come from the stored per-token surprisals (``ScoreResult.token_shares``).
+
+Semantics (see ``zfree.data.batching`` for the token convention): x and y are tokenized
+separately; bos follows the tokenizer's convention exactly once; the first y token is always
+scored; a pair longer than the model's context loses x tokens from the left (``x_tokens_cut``),
+never y tokens. Masks come from lengths. Rows are right-padded: in a causal LM a real position
+never sees the padding after it, and the attention mask is passed whenever a batch has padding,
+so a padded example scores as it does alone (up to float32 summation order).
+
+Numerics: the body runs in the model's dtype (float32 on CPU by ``load_scoring_model``; bf16 is
+allowed on GPU); the hidden states of the positions that predict y are gathered first, and the
+output head and log-sum-exp run in float32 on those positions only. Speed: rows are sorted by
+length, batched by a token budget (cut at length changes once a batch is big enough, so most
+batches need no padding), and returned in the input order; ``torch.inference_mode``,
+``use_cache=False``. Cache: see ``score_pairs``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from zfree.data.batching import BosPolicy, EncodedPair, SepPolicy, encode_pairs, pad_id_of, special_convention
+from zfree.data.pairs import Pair, load_pairs
+from zfree.core.io import atomic_write_json, atomic_write_parquet, read_json, sha256_state_dict
+from zfree.models.head import head_is_exact, logits_from_hidden
+from zfree.models.loading import DTYPES as _DTYPES  # noqa: F401  (re-exported for callers)
+from zfree.models.loading import TOKENIZER_FILES, ModelLoadError, load_causal_lm, pick_device  # noqa: F401
+from zfree.models.precision import acc_dtype
+
+SCORER_VERSION = "3"  # bump whenever a change can move a number: it is part of the cache key
+# everything in a score's settings that enters its cache key (the batch budget does not: it moves
+# numbers only at float32 rounding)
+CACHE_KEY_FIELDS = ("policy", "max_length", "weights_sha256", "config_sha256", "tokenizer_sha256", "data_sha256",
+                    "scorer_version", "dtype", "device")
+
+
+@dataclass(frozen=True)
+class ScoringPolicy:
+    """Every choice that decides which tokens are scored (all of it goes into the cache key)."""
+
+    bos: BosPolicy = "auto"  # see zfree.data.batching: the tokenizer's own convention, exactly once
+    sep: SepPolicy = "auto"  # append the tokenizer's sep token after x when it has one
+    add_eos: bool = True  # S includes the end token (the model must learn to stop)
+    max_length: int | None = None  # None: the model's context length (config.max_position_embeddings)
+
+    def __post_init__(self):
+        if self.bos not in ("auto", "always", "never"):
+            raise ValueError(f"ScoringPolicy.bos={self.bos!r}: expected 'auto', 'always' or 'never'")
+        if self.sep not in ("auto", "never"):
+            raise ValueError(f"ScoringPolicy.sep={self.sep!r}: expected 'auto' or 'never'")
+        if self.max_length is not None and self.max_length < 2:
+            raise ValueError(f"ScoringPolicy.max_length={self.max_length}: must be >= 2 (a context and a y token)")
+
+
+@dataclass
+class ScoreResult:
+    """Per-example and per-token z-free surprisal, in the input order.
+
+    per_example: id, b (nats per token), n_tokens (|S|), sequence_nll (nats per sequence),
+        x_tokens_cut, valid (b finite).
+    per_token: id, position (0-based within S), token_id, surprisal (nats).
+    settings: everything that affects the numbers (hashes, dtype, device, policy, version).
+    """
+
+    per_example: pd.DataFrame
+    per_token: pd.DataFrame
+    settings: dict = field(default_factory=dict)
+    cache_hit: bool = False
+
+    @property
+    def c_base(self) -> float:
+        """Mean of b over valid rows (a plain mean of per-example means), nats per token."""
+        return float(self.per_example.loc[self.per_example["valid"], "b"].mean())
+
+    @property
+    def n_valid(self) -> int:
+        return int(self.per_example["valid"].sum())
+
+    def token_shares(self) -> pd.DataFrame:
+        """per_token plus ``share`` = s_t = b_t / sum_{u in S} b_u (sums to 1 within each example)."""
+        pt = self.per_token.copy()
+        pt["share"] = pt["surprisal"] / pt.groupby("id", sort=False)["surprisal"].transform("sum")
+        return pt
+
+    def summary(self) -> dict:
+        bad = self.per_example.loc[~self.per_example["valid"], "id"].tolist()
+        return {"c_base": self.c_base, "n_rows": len(self.per_example), "n_valid": self.n_valid,
+                "invalid_ids": bad[:50], "n_tokens": int(self.per_example["n_tokens"].sum()),
+                "x_tokens_cut": int(self.per_example["x_tokens_cut"].sum()),
+                "units": "b: nats per token (masked mean over S); surprisal: nats", **self.settings}
+
+
+# ---------------------------------------------------------------- model loading
+
+def load_scoring_model(source: Path | str, *, device: str = "auto", dtype: str = "auto",
+                       trust_remote_code: bool = False):
+    """``(model, tokenizer)`` for scoring: ``zfree.models.loading.load_causal_lm`` (a transformers
+    folder, a .gguf file or a folder holding one, or a hub id). dtype ``"auto"``: float32 on CPU,
+    bfloat16 body on a bf16-capable GPU (the head runs in fp32 regardless). Errors: FileNotFoundError
+    for a missing path, ModelLoadError (a ValueError) for everything zfree refuses."""
+    return load_causal_lm(source, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+
+
+def context_length(model) -> int | None:
+    """The model's maximum sequence length from its config, or None if it does not say."""
+    n = getattr(model.config, "max_position_embeddings", None)
+    return int(n) if isinstance(n, int) and n > 0 else None
+
+
+# ---------------------------------------------------------------- the scorer
+
+def plan_batches(lengths: np.ndarray, max_batch_tokens: int, max_batch_rows: int | None = None) -> list[slice]:
+    """Cut rows sorted by ascending length into batches: padded tokens (rows x longest) stay within
+    ``max_batch_tokens`` (a row longer than the budget gets a batch alone), and a batch closes at a
+    length change once it holds 1/16 of the budget (a batch that size already keeps the matmuls
+    efficient), so most batches carry no padding."""
+    out, start, real = [], 0, 0
+    for i, n in enumerate(lengths.tolist()):
+        rows = i - start
+        if rows and ((rows + 1) * n > max_batch_tokens or (max_batch_rows is not None and rows >= max_batch_rows)
+                     or (n != lengths[i - 1] and 16 * real >= max_batch_tokens)):
+            out.append(slice(start, i))
+            start, real = i, 0
+        real += n
+    if len(lengths):
+        out.append(slice(start, len(lengths)))
+    return out
+
+
+def _head_logprobs(model, h: torch.Tensor, tokens: torch.Tensor, chunk: int) -> torch.Tensor:
+    """log p(token) = logit[token] - logsumexp(logits) with the model's own logits from hidden
+    states (``zfree.models.head.logits_from_hidden``, float32; float64 for a float64 model),
+    ``chunk`` positions at a time."""
+    out = []
+    for s in range(0, h.shape[0], chunk):
+        logits = logits_from_hidden(model, h[s : s + chunk])  # (n, vocab) float32
+        out.append(logits.gather(-1, tokens[s : s + chunk, None]).squeeze(-1) - logits.logsumexp(-1))
+    return torch.cat(out) if out else h.new_zeros(0, dtype=acc_dtype(h.dtype))
+
+
+@torch.inference_mode()
+def score_encoded(model, encoded: Sequence[EncodedPair], *, pad_id: int = 0, max_batch_tokens: int = 8192,
+                  max_batch_rows: int | None = None, progress: bool = False) -> ScoreResult:
+    """Score already-encoded pairs with ``model`` on its own device and dtype; no cache.
+
+    Sorts by total length, batches by ``max_batch_tokens`` padded tokens (at most
+    ``max_batch_rows`` rows), restores the input order. The model is put in eval mode for the
+    call (dropout off) and restored after. A row whose surprisal is not finite is kept with
+    ``valid=False`` and reported in a warning; it does not enter ``c_base``.
+
+    Raises ValueError naming the row if a pair is longer than the model's context (encode it
+    with ``max_length``), or if ``encoded`` is empty.
+    """
+    if not encoded:
+        raise ValueError("nothing to score: no rows")
+    device = next(model.parameters()).device
+    P = np.fromiter((len(e.prefix_ids) for e in encoded), np.int64, len(encoded))
+    L = np.fromiter((len(e.target_ids) for e in encoded), np.int64, len(encoded))
+    n = P + L
+    ctx = context_length(model)
+    if ctx is not None and n.max() > ctx:
+        k = int(np.argmax(n > ctx))
+        raise ValueError(f"row {encoded[k].id!r}: {n[k]} tokens exceed the model's context of {ctx}; "
+                         f"encode with max_length={ctx} to cut x from the left")
+    if (P < 1).any() or (L < 1).any():
+        k = int(np.argmax((P < 1) | (L < 1)))
+        raise ValueError(f"row {encoded[k].id!r}: needs at least one context token and one y token")
+    flat = np.fromiter((t for e in encoded for t in (*e.prefix_ids, *e.target_ids)), np.int64, int(n.sum()))
+    starts = np.cumsum(n) - n  # row k's tokens are flat[starts[k] : starts[k] + n[k]]
+    order = np.argsort(n, kind="stable")
+
+    vocab = int(getattr(model.get_output_embeddings(), "weight", torch.empty(1 << 16, 1)).shape[0])
+    chunk = max(64, (1 << 22) // vocab)  # at most 4M fp32 logits (16 MiB) alive at once
+    was_training = model.training
+    model.eval()
+    pieces = []
+    try:
+        via_hidden = head_is_exact(model)
+        bar = tqdm(total=len(encoded), desc="scoring", disable=not progress, leave=False)
+        for sl in plan_batches(n[order], max_batch_tokens, max_batch_rows):
+            idx = order[sl]
+            nb, Pb, Lb, T = n[idx], P[idx], L[idx], int(n[idx].max())
+            cols = np.arange(T)
+            real = cols[None, :] < nb[:, None]  # (batch, seq) from lengths, never from token identity
+            ids = np.where(real, flat[np.minimum(starts[idx][:, None] + cols, len(flat) - 1)], pad_id)
+            input_ids = torch.from_numpy(ids).to(device)
+            attn = None if real.all() else torch.from_numpy(real.astype(np.int64)).to(device)
+            within = np.arange(Lb.sum()) - np.repeat(np.cumsum(Lb) - Lb, Lb)  # position inside S
+            rows = np.repeat(np.arange(len(idx)), Lb)
+            pos = np.repeat(Pb - 1, Lb) + within  # position t - 1 predicts y token at t
+            tgt = torch.from_numpy(ids[rows, pos + 1]).to(device)
+            rows_t, pos_t = torch.from_numpy(rows).to(device), torch.from_numpy(pos).to(device)
+            if via_hidden:
+                hidden = model.base_model(input_ids=input_ids, attention_mask=attn, use_cache=False).last_hidden_state
+                lp = _head_logprobs(model, hidden[rows_t, pos_t], tgt, chunk)  # (N,) only y positions
+            else:
+                logits = model(input_ids=input_ids, attention_mask=attn, use_cache=False).logits[rows_t, pos_t].to(acc_dtype(next(model.parameters()).dtype))
+                lp = logits.gather(-1, tgt[:, None]).squeeze(-1) - logits.logsumexp(-1)
+            pieces.append(lp)
+            bar.update(len(idx))
+        bar.close()
+    finally:
+        model.train(was_training)
+    surp_sorted = -torch.cat(pieces).double().cpu().numpy()  # segments in sorted row order
+    off_sorted = np.cumsum(L[order]) - L[order]
+    off = np.empty_like(off_sorted)
+    off[order] = off_sorted
+    within = np.arange(L.sum()) - np.repeat(np.cumsum(L) - L, L)
+    surp = surp_sorted[np.repeat(off, L) + within]  # input order
+    seq_nll = np.add.reduceat(surp, np.cumsum(L) - L)
+    b = seq_nll / L
+    valid = np.isfinite(b)
+    ids_col = [e.id for e in encoded]
+    if not valid.all():
+        bad = [ids_col[k] for k in np.flatnonzero(~valid)[:10]]
+        warnings.warn(f"{int((~valid).sum())} rows have non-finite surprisal and are left out of c_base: {bad}")
+    per_example = pd.DataFrame({"id": ids_col, "b": b, "n_tokens": L, "sequence_nll": seq_nll,
+                                "x_tokens_cut": [e.x_tokens_cut for e in encoded], "valid": valid})
+    per_token = pd.DataFrame({"id": np.repeat(np.array(ids_col, dtype=object), L), "position": within,
+                              "token_id": flat[np.repeat(starts + P, L) + within], "surprisal": surp})
+    settings = {"scorer_version": SCORER_VERSION, "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+                "head_dtype": str(acc_dtype(next(model.parameters()).dtype)).replace("torch.", ""), "device": device.type, "max_batch_tokens": max_batch_tokens,
+                "head_path": "hidden_states" if via_hidden else "model_logits"}
+    return ScoreResult(per_example, per_token, settings)
+
+
+# ---------------------------------------------------------------- cache and the user-facing entry points
+
+def default_cache_dir() -> Path:
+    """``$ZFREE_CACHE_DIR``, else ``~/.cache/zfree/scores``."""
+    return Path(os.environ.get("ZFREE_CACHE_DIR") or Path.home() / ".cache" / "zfree" / "scores")
+
+
+def tokenizer_sha256(tokenizer) -> str:
+    """Hash of a tokenizer: class, full serialized pipeline (vocabulary, merges, normalizer,
+    pre-tokenizer, added tokens) when it is a fast tokenizer, else its vocabulary, and special tokens."""
+    h = hashlib.sha256(type(tokenizer).__name__.encode())
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    h.update(backend.to_str().encode() if backend is not None else
+             json.dumps(sorted(tokenizer.get_vocab().items())).encode())
+    h.update(json.dumps({k: str(v) for k, v in tokenizer.special_tokens_map.items()}, sort_keys=True).encode())
+    return h.hexdigest()
+
+
+_CONFIG_NOISE = ("_name_or_path", "transformers_version", "_commit_hash", "torch_dtype", "dtype", "_attn_implementation_autoset")
+
+
+def config_sha256(model) -> str:
+    """Hash of everything in the model's config.json and generation config that can change the
+    numbers (sliding window, soft-capping, scaling constants, rope, ...); the folder name, the
+    transformers version and the dtype (keyed separately) are left out."""
+    def clean(d):
+        return {k: v for k, v in sorted(d.items()) if k not in _CONFIG_NOISE}
+    src = {"config": clean(model.config.to_dict()), "class": type(model).__name__}
+    gen = getattr(model, "generation_config", None)
+    if gen is not None:
+        src["generation"] = clean(gen.to_dict())
+    return hashlib.sha256(json.dumps(src, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def rows_sha256(pairs: Sequence[Pair]) -> str:
+    """Hash of the data rows as scored: (id, x, y) of every row, in order."""
+    h = hashlib.sha256()
+    for p in pairs:
+        h.update(json.dumps([p.id, p.x, p.y]).encode() + b"\n")
+    return h.hexdigest()
+
+
+def score_pairs(model, tokenizer, pairs: Sequence[Pair], *, policy: ScoringPolicy | None = None,
+                cache: bool | None = None, cache_dir: Path | str | None = None, max_batch_tokens: int = 8192,
+                max_batch_rows: int | None = None, progress: bool = False) -> ScoreResult:
+    """Tokenize ``pairs`` (x and y separately, ``zfree.data.batching``) and score them.
+
+    Cache: on unless ``cache=False`` (``cache=None`` reads ``$ZFREE_NO_CACHE=1`` as off), under
+    ``cache_dir`` (default ``default_cache_dir()``). The key (``CACHE_KEY_FIELDS``) hashes the
+    weights, the model's config and generation config (``config_sha256``), the tokenizer
+    (vocabulary, merges, special tokens), the dtype and device type, the policy, the resolved
+    max length, the scorer version and the data rows; the batch budget is left out (it moves
+    numbers only at float32 rounding). A hit returns the stored values, bit for bit; an entry
+    whose parquet files fail their stored sha256 is dropped with a warning and scored again.
+
+    Raises ValueError naming the row for a y that tokenizes to nothing, an empty x without a
+    context token, or a y that does not fit the context (nothing is written).
+    """
+    policy = policy or ScoringPolicy()
+    max_len = policy.max_length or context_length(model)
+    encoded = encode_pairs(tokenizer, pairs, add_eos=policy.add_eos, bos=policy.bos, sep=policy.sep,
+                           max_length=max_len)
+    conv = special_convention(tokenizer, bos=policy.bos, sep=policy.sep, add_eos=policy.add_eos)
+    param = next(model.parameters())
+    settings = {"policy": asdict(policy), "max_length": max_len, "bos_id": conv.bos_id, "sep_id": conv.sep_id,
+                "eos_id": conv.eos_id, "pad_id": pad_id_of(tokenizer),
+                "weights_sha256": sha256_state_dict(model.state_dict()), "config_sha256": config_sha256(model),
+                "tokenizer_sha256": tokenizer_sha256(tokenizer),
+                "data_sha256": rows_sha256(pairs), "scorer_version": SCORER_VERSION,
+                "dtype": str(param.dtype).replace("torch.", ""), "device": param.device.type}
+    use_cache = cache if cache is not None else os.environ.get("ZFREE_NO_CACHE", "").lower() not in ("1", "true")
+    key_dir = None
+    if use_cache:
+        key_src = {k: settings[k] for k in CACHE_KEY_FIELDS}
+        key = hashlib.sha256(json.dumps(key_src, sort_keys=True).encode()).hexdigest()
+        key_dir = Path(cache_dir or default_cache_dir()) / key[:2] / key
+        hit = _load_entry(key_dir)
+        if hit is not None:
+            return hit
+    res = score_encoded(model, encoded, pad_id=settings["pad_id"], max_batch_tokens=max_batch_tokens,
+                        max_batch_rows=max_batch_rows, progress=progress)
+    res.settings = {**res.settings, **settings}
+    if key_dir is not None:
+        _store(key_dir, res)
+    return res
+
+
+def _file_sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+_ENTRY_FILES = ("per_example.parquet", "per_token.parquet")
+
+
+def _load_entry(key_dir: Path) -> ScoreResult | None:
+    """The cache entry in ``key_dir``, or None when there is none. An entry whose files do not
+    match the checksums stored in its ``checksums.json`` (or cannot be read) is removed with a
+    warning, and None is returned so that the rows are scored again."""
+    if not (key_dir / "settings.json").exists():
+        return None
+    try:
+        sums = read_json(key_dir / "checksums.json")
+        bad = [f for f in _ENTRY_FILES if _file_sha256(key_dir / f) != sums.get(f)]
+        if bad:
+            raise ValueError(f"checksum mismatch in {', '.join(bad)}")
+        return ScoreResult(pd.read_parquet(key_dir / "per_example.parquet"),
+                           pd.read_parquet(key_dir / "per_token.parquet"), read_json(key_dir / "settings.json"),
+                           cache_hit=True)
+    except (OSError, ValueError, KeyError) as e:
+        warnings.warn(f"score cache entry {key_dir} is damaged ({type(e).__name__}: {str(e).splitlines()[0]}); "
+                      f"dropping it and scoring again")
+        shutil.rmtree(key_dir, ignore_errors=True)
+        return None
+
+
+def _store(key_dir: Path, res: ScoreResult) -> None:
+    """Write a cache entry (two parquet files, their sha256 in checksums.json, settings.json) into
+    a temp folder, then rename it into place (readers never see half)."""
+    key_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{key_dir.name}.", dir=key_dir.parent))
+    try:
+        res.per_example.to_parquet(tmp / "per_example.parquet", index=False)
+        res.per_token.to_parquet(tmp / "per_token.parquet", index=False)
+        (tmp / "checksums.json").write_text(json.dumps({f: _file_sha256(tmp / f) for f in _ENTRY_FILES}))
+        (tmp / "settings.json").write_text(json.dumps(res.settings, sort_keys=True))
+        os.replace(tmp, key_dir)
+    except OSError:
+        pass  # another process stored the same key first, or the cache is not writable: not an error
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def score_file(model_dir: Path | str, data_file: Path | str, *, device: str = "auto", dtype: str = "auto",
+               policy: ScoringPolicy | None = None, trust_remote_code: bool = False, **kw) -> ScoreResult:
+    """Load the model and tokenizer from ``model_dir``, read ``data_file`` (JSONL pairs) and score it.
+    Errors as ``load_scoring_model``, ``zfree.data.pairs.load_pairs`` and ``score_pairs``."""
+    pairs = load_pairs(data_file)
+    model, tok = load_scoring_model(model_dir, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+    res = score_pairs(model, tok, pairs, policy=policy, **kw)
+    res.settings = {**res.settings, "model_dir": str(model_dir), "data_file": str(data_file)}
+    return res
+
+
+def write_scores(res: ScoreResult, out_dir: Path | str) -> Path:
+    """Write per_example.parquet, per_token.parquet and summary.json into ``out_dir``, each atomically,
+    summary last (its presence marks a complete folder)."""
+    out_dir = Path(out_dir)
+    atomic_write_parquet(out_dir / "per_example.parquet", res.per_example)
+    atomic_write_parquet(out_dir / "per_token.parquet", res.per_token)
+    atomic_write_json(out_dir / "summary.json", res.summary())
+    return out_dir

@@ -1,0 +1,130 @@
+"""The look of zfree's figures, shared by ``zfree.report.plotting`` and ``zfree.report.plotting_aids``: paper
+rcParams, log axes with readable major ticks only, legends outside the data, one color per
+weighting and one line style per other facet."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from zfree.experiment.results import FACETS  # noqa: E402 - defined once in zfree.experiment.results
+WEIGHTING_COLORS = {"plain": "tab:blue", "distribution": "tab:orange", "example": "tab:green", "token": "tab:purple"}
+
+
+#: the look every figure is drawn in: no "+1" offset or "1e-6" multiplier on linear axes (values
+#: read as they are), slightly smaller tick labels, no top/right spines
+PAPER_RC = {"axes.formatter.useoffset": False, "axes.formatter.limits": (-4, 5), "axes.spines.top": False,
+            "axes.spines.right": False, "xtick.labelsize": 8, "ytick.labelsize": 8, "axes.titlesize": 10,
+            "axes.labelsize": 9, "legend.fontsize": 7}
+
+
+def paper(fn):
+    """Draw ``fn``'s figure under ``PAPER_RC`` (the caller's rcParams are left as they were)."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        with plt.rc_context(PAPER_RC):
+            return fn(*args, **kwargs)
+
+    return wrapped
+
+
+def color_of(w: str) -> str:
+    """The color of weighting ``w`` (gray for one not in ``WEIGHTING_COLORS``)."""
+    return WEIGHTING_COLORS.get(w, "tab:gray")
+
+
+def thin_log_ticks(vals, min_gap_decades: float = 0.1, share: float = 1 / 6) -> list[float]:
+    """The sorted positive ``vals`` thinned so neighbouring labels on a log axis do not overprint:
+    a value is kept when it lies at least max(``min_gap_decades``, ``share`` of the values' span in
+    decades) above the last kept one (e.g. betas 0.0043, 0.0045, 0.0111 -> 0.0043, 0.0111)."""
+    vals = np.sort(np.asarray(vals, float))
+    if len(vals) == 0:
+        return []
+    lv = np.log10(vals)
+    gap = max(min_gap_decades, share * (lv[-1] - lv[0]))
+    keep = [0]
+    for i in range(1, len(vals)):
+        if lv[i] - lv[keep[-1]] >= gap - 1e-12:
+            keep.append(i)
+    return [float(vals[i]) for i in keep]
+
+
+def log_axis(ax, axis: str = "x", values=None) -> None:
+    """Log scale with readable major ticks only: at ``values`` (the data's few distinct values,
+    e.g. the betas a sweep ran, thinned where neighbours would overprint: ``thin_log_ticks``) when there are at most 8, else at 1-2-5 per decade (one a decade
+    beyond 1.5 decades, 1-1.5-2-3-5-7 within half a decade); plain-number labels ("0.03", not "3×10⁻²"), no minor labels."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter
+
+    getattr(ax, f"set_{axis}scale")("log")
+    a = ax.xaxis if axis == "x" else ax.yaxis
+    vals = np.unique(np.round(np.asarray([] if values is None else values, float), 12))
+    vals = vals[np.isfinite(vals) & (vals > 0)]
+    if 0 < len(vals) <= 8:
+        a.set_major_locator(FixedLocator(thin_log_ticks(vals)))
+    else:
+        lo, hi = (vals.min(), vals.max()) if len(vals) else getattr(ax, f"get_{axis}lim")()
+        span = hi / max(lo, 1e-300)
+        subs = (1.0,) if span > 10 ** 1.5 else (1.0, 2.0, 5.0) if span > 10 ** 0.5 else (1.0, 1.5, 2.0, 3.0, 5.0, 7.0)
+        a.set_major_locator(LogLocator(base=10, subs=subs))
+    a.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    a.set_minor_formatter(NullFormatter())
+
+
+def legend_below(fig, axes, ncol: int = 3, fontsize: int = 7) -> None:
+    """One legend for ``axes`` (labels deduplicated) below the figure, outside the data."""
+    seen = {}
+    for ax in np.ravel(axes):
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(lab, h)
+    if seen:
+        fig.legend(list(seen.values()), list(seen), loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=ncol,
+                   fontsize=fontsize, frameon=False)
+
+
+
+
+def rho_limits(ax) -> None:
+    """A rho axis from 0 to at least 1.1: 1 (z explains nothing) always in view, and a change of
+    1e-4 is drawn as the nothing it is, not stretched over the axis."""
+    lo, hi = ax.get_ylim()
+    ax.set_ylim(min(0.0, lo), max(1.1, hi))
+
+
+def shade(ax, x: np.ndarray, mask: np.ndarray) -> None:
+    """Shade the x-intervals where ``mask`` holds (log-spaced x: edges at geometric midpoints)."""
+    if not mask.any():
+        return
+    edges = np.sqrt(x[1:] * x[:-1])
+    lo_edges = np.concatenate([[x[0]], edges])
+    hi_edges = np.concatenate([edges, [x[-1]]])
+    for lo, hi, m in zip(lo_edges, hi_edges, mask):
+        if m:
+            ax.axvspan(lo, hi, color="gold", alpha=0.15, lw=0)
+
+
+LINESTYLES = ["-", "--", ":", "-."]
+
+
+def variants(df: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """(label, rows) per combination of the facets other than the weighting (latent kind, aid)
+    that vary in ``df``, e.g. ``aid=hard_em_then_soft``; one ("", df) when none varies. A figure
+    that averages the runs sharing a cell (the phase diagram) is drawn once per variant, so an
+    aided run and an unaided one at the same (beta, w) are not averaged into one square."""
+    facets = [f for f in FACETS[1:] if f in df and df[f].nunique() > 1]
+    if not facets:
+        return [("", df)]
+    return [(", ".join(f"{f}={k}" for f, k in zip(facets, key if isinstance(key, tuple) else (key,))), rows)
+            for key, rows in df.groupby(facets, sort=False)]
+
+
+def groups(df: pd.DataFrame):
+    """(label, color, linestyle, rows) per combination of the facets present in ``df``; the
+    color names the weighting, the line style the other facets (latent kind, aid)."""
+    facets = [f for f in FACETS if f in df and (f == "weighting" or df[f].nunique() > 1)]
+    others = list(dict.fromkeys(tuple(r) for r in df[facets[1:]].itertuples(index=False))) if facets[1:] else [()]
+    for key, rows in df.groupby(facets, sort=False):
+        key = key if isinstance(key, tuple) else (key,)
+        yield " ".join(map(str, key)), color_of(key[0]), LINESTYLES[others.index(tuple(key[1:])) % 4], rows

@@ -1,0 +1,437 @@
+"""Figures for the report and the notebooks. Each function takes tidy pandas data and returns a
+matplotlib Figure (headless-safe; tests check the data drawn, not the pixels)."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg") if matplotlib.get_backend().lower() in ("", "agg") else None
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+from zfree.report.figstyle import FACETS, LINESTYLES, PAPER_RC, WEIGHTING_COLORS  # noqa: E402,F401
+from zfree.report.figstyle import color_of as _color  # noqa: E402
+from zfree.report.figstyle import groups as _groups  # noqa: E402
+from zfree.report.figstyle import legend_below as _legend_below  # noqa: E402
+from zfree.report.figstyle import log_axis as _log_axis  # noqa: E402
+from zfree.report.figstyle import paper as _paper  # noqa: E402
+from zfree.report.figstyle import rho_limits as _rho_limits  # noqa: E402
+from zfree.report.figstyle import shade  # noqa: E402
+from zfree.report.plotting_aids import plot_handover_gate, plot_phase_boundary, plot_use_by_length  # noqa: E402,F401
+
+
+#: line style of a facet (``figstyle.LINESTYLES``) -> its marker in plot_rate_and_rho_vs_beta
+FACET_MARKERS = {"-": "o", "--": "^", ":": "v", "-.": "D"}
+
+
+@_paper
+def plot_rate_and_rho_vs_beta(summary: pd.DataFrame, curves: pd.DataFrame | None = None) -> plt.Figure:
+    """Measured rate (KL, nats per example) and rho_recon (ratio of means) against beta, one column
+    per weighting; theory's predicted rate dashed, and the beta range where theory predicts that
+    most examples use z (beta_eff < 1) shaded.
+
+    ``summary``: one row per run with weighting, beta, kl_prior_loss,
+    baseline_normalized_reconstruction_loss, oracle_rho. ``curves``: weighting, beta,
+    predicted_use_fraction, predicted_rate (``zfree.objective.theory.predict_curve``).
+    """
+    ws = list(dict.fromkeys(summary["weighting"]))
+    fig, axes = plt.subplots(2, len(ws), figsize=(3.3 * len(ws), 5.6), squeeze=False, sharex=True)
+    for j, w in enumerate(ws):
+        ax_k, ax_r = axes[0, j], axes[1, j]
+        for label, color, ls, s in _groups(summary[summary["weighting"] == w]):
+            s = s.groupby("beta", as_index=False).mean(numeric_only=True).sort_values("beta")
+            tag = label.removeprefix(w).strip()
+            mk = FACET_MARKERS[ls]  # a run of one beta draws no line: the marker names the facet too
+            ax_k.plot(s["beta"], s["kl_prior_loss"], ls, marker=mk, color=color, label=f"measured KL {tag}".strip())
+            ax_r.plot(s["beta"], s["baseline_normalized_reconstruction_loss"], ls, marker=mk, color=color,
+                      label=f"ρ_recon = R_val / c_base (ratio of means) {tag}".strip())
+            if "oracle_rho" in s:
+                ax_r.plot(s["beta"], s["oracle_rho"], ls, marker="s", color=color, alpha=0.5,
+                          label=f"oracle ρ (best z per example) {tag}".strip())
+        if curves is not None and len(curves[curves["weighting"] == w]):
+            c = curves[curves["weighting"] == w].sort_values("beta")
+            ax_k.plot(c["beta"], c["predicted_rate"], "-", color="k", lw=2.5, alpha=0.3, label="predicted rate")
+            use = c["predicted_use_fraction"].to_numpy() > 0.5
+            for ax in (ax_k, ax_r):
+                shade(ax, c["beta"].to_numpy(), use)
+        ax_k.set_title(f"{w}")
+        ax_k.set_ylabel("rate KL(q‖p) [nats / example]")
+        ax_r.set_ylabel("ρ_recon")
+        ax_r.axhline(1.0, color="gray", lw=0.8)
+        _rho_limits(ax_r)
+        ax_r.set_xlabel("β")
+        for ax in (ax_k, ax_r):
+            _log_axis(ax, "x", summary["beta"])  # x is shared: one tick set for every column
+    # one rate scale from 0 for every weighting (nats / example are comparable), so a collapsed
+    # run's 1e-4 nats does not fill its panel as if z were used
+    rates = [*summary["kl_prior_loss"].dropna()]
+    if curves is not None:
+        rates += [*curves["predicted_rate"].dropna()]
+    top = 1.08 * max([1e-2, *rates])
+    for ax in axes[0]:
+        ax.set_ylim(-0.03 * top, top)
+    fig.suptitle("Rate and ρ_recon against β (shaded: theory predicts most examples use z, β_eff < 1)")
+    fig.tight_layout()
+    # the legend names what the panel titles and colors do not: the quantity (marker) and the
+    # facet (line style), in black; color = weighting is in each panel's title
+    from matplotlib.lines import Line2D
+
+    handles = [Line2D([], [], color="k", marker="o", ls="none", label="measured KL (top) / ρ_recon = R_val / c_base"),
+               Line2D([], [], color="k", marker="s", ls="none", alpha=0.5, label="oracle ρ (best z per example)")]
+    if curves is not None:
+        handles.append(Line2D([], [], color="k", lw=2.5, alpha=0.3, label="predicted rate"))
+    tags = {}
+    for label, _, ls, _ in _groups(summary):
+        tags.setdefault(" ".join(label.split(" ")[1:]), ls)
+    handles += [Line2D([], [], color="k", ls=ls, marker=FACET_MARKERS[ls], label=tag) for tag, ls in tags.items() if tag]
+    fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(len(handles), 4),
+               fontsize=8, frameon=False)
+    return fig
+
+
+@_paper
+def plot_loss_fractions(summary: pd.DataFrame) -> plt.Figure:
+    """loss_contrib/fraction_abs/<term> of the final evaluation, one stacked bar per run."""
+    cols = [c for c in summary.columns if c.startswith("loss_contrib/fraction_abs/")]
+    facets = [f for f in FACETS if f in summary and (f == "weighting" or summary[f].nunique() > 1)]
+    s = summary.sort_values([*facets, "beta"])
+    labels = [" ".join(str(r[f]) for f in facets) + f" β={r['beta']:g}" + (f" s{r['seed']}" if "seed" in s and
+              s["seed"].nunique() > 1 else "") for _, r in s.iterrows()]
+    # one horizontal bar per run: the run labels read along the y axis however many runs there are
+    fig, ax = plt.subplots(figsize=(7.5, 1.2 + 0.32 * len(s)))
+    left = np.zeros(len(s))
+    for c in cols:
+        v = s[c].fillna(0).to_numpy()
+        ax.barh(labels, v, left=left, label=c.split("/")[-1])
+        left += v
+    ax.set_ylim(len(s) - 0.5, -0.5)  # first run on top, no empty margin
+    ax.set_xlabel("|contribution| / Σ|contributions|")
+    ax.set_title("Share of the objective per term (final evaluation)", fontsize=10)
+    if cols:
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+@_paper
+def plot_training_curves(metrics: dict[str, pd.DataFrame], collapse_kl: float = 0.05) -> plt.Figure:
+    """Per run (label -> metrics.jsonl as a DataFrame): the share of the objective of every
+    ``loss_contrib/fraction_abs/<term>`` (one line style per term), KL, rho_recon and alignment
+    NMI over steps: the "collapse moment" plot. A dotted vertical line marks, per run, the first
+    evaluation after step 0 whose KL is below ``collapse_kl`` nats (the collapse criterion of the
+    main job's acceptance)."""
+    keys = [("loss/val/kl_prior_loss", "rate KL [nats / example]"),
+            ("loss/val/baseline_normalized_reconstruction_loss", "ρ_recon = R_val / c_base (ratio of means)"),
+            ("structure/alignment_nmi", "alignment NMI (argmax z vs strategy)")]
+    fig, axes = plt.subplots(2, 2, figsize=(10, 6.4))  # 2 × 2: readable at the report's width
+    axes = axes.flatten()
+    styles = ["-", "--", ":", "-."]
+    for i, (label, df) in enumerate(metrics.items()):
+        color = f"C{i % 10}"
+        terms = [c for c in df.columns if c.startswith("loss_contrib/fraction_abs/")]
+        for j, t in enumerate(terms):
+            axes[0].plot(df["step"], df[t], styles[j % 4], color=color, marker=".",
+                         label=f"{label}: {t.rsplit('/', 1)[-1]}")
+        for ax, (k, name) in zip(axes[1:], keys):
+            if k in df:
+                ax.plot(df["step"], df[k], marker=".", color=color, label=label)
+        if "loss/val/kl_prior_loss" in df:
+            late = df[(df["step"] > 0) & (df["loss/val/kl_prior_loss"] < collapse_kl)]
+            if len(late):
+                axes[1].axvline(late["step"].iloc[0], color=color, ls=":", lw=1)
+    axes[0].set_title("share of the objective |contrib| / Σ|contrib|", fontsize=9)
+    for ax, (k, name) in zip(axes[1:], keys):
+        ax.set_title(name, fontsize=9)
+    axes[1].axhline(collapse_kl, color="gray", lw=0.6, ls="--")
+    _rho_limits(axes[2])
+    axes[0].set_ylim(-0.02, 1.02)  # shares and NMI live on [0, 1]: one scale in every report
+    axes[3].set_ylim(-0.02, 1.02)
+    if not any(k in df and df[k].notna().any() for df in metrics.values() for k in ("structure/alignment_nmi",)):
+        axes[3].text(0.5, 0.5, "no strategy labels in these runs\n(per-label NMI: the labels section)",
+                     ha="center", va="center", fontsize=8, color="gray", transform=axes[3].transAxes)
+    for ax in axes:
+        ax.set_xlabel("step")
+    fig.tight_layout()
+    # two legends below the panels, outside the data: runs by color, terms by line style
+    from matplotlib.lines import Line2D
+
+    runs = [Line2D([], [], color=f"C{i % 10}", marker=".", label=label) for i, label in enumerate(metrics)]
+    terms = list(dict.fromkeys(c.rsplit("/", 1)[-1] for df in metrics.values() for c in df.columns
+                               if c.startswith("loss_contrib/fraction_abs/")))
+    styles_h = [Line2D([], [], color="k", ls=styles[j % 4], label=t) for j, t in enumerate(terms)]
+    first = fig.legend(handles=runs, loc="upper right", bbox_to_anchor=(0.62, 0.0), ncol=2, fontsize=7,
+                       frameon=False, title="run (color)", title_fontsize=7)
+    fig.legend(handles=styles_h, loc="upper left", bbox_to_anchor=(0.64, 0.0), ncol=1, fontsize=7, frameon=False,
+               title="term (line style, top-left panel)", title_fontsize=7)
+    fig.add_artist(first)
+    return fig
+
+
+@_paper
+def plot_predicted_vs_measured(summary: pd.DataFrame) -> plt.Figure:
+    """Fraction of examples predicted to use z (beta_eff < 1) against the fraction measured to use
+    it (per-example KL >= half of log(K/m)), one point per run: color = weighting, marker = the
+    other facets (latent kind, aid), size = beta (legend). No text at the points: with dozens of
+    runs on a few positions (0 and 1) the labels would print over each other."""
+    from matplotlib.lines import Line2D
+
+    fig, ax = plt.subplots(figsize=(5.0, 4.4))
+    betas = sorted(summary["beta"].unique())
+    size = {b: 18 + 70 * i / max(len(betas) - 1, 1) for i, b in enumerate(betas)}
+    markers = ["o", "s", "^", "D", "v", "P"]
+    facets = [f for f in FACETS[1:] if f in summary and summary[f].nunique() > 1]
+    keys = list(dict.fromkeys(tuple(r) for r in summary[facets].itertuples(index=False))) if facets else [()]
+    for _, r in summary.iterrows():
+        k = tuple(r[f] for f in facets)
+        ax.scatter(r["predicted_use_fraction"], r["measured_use_fraction"], s=size[r["beta"]], color=_color(r["weighting"]),
+                   marker=markers[keys.index(k) % len(markers)], alpha=0.75, edgecolors="k", linewidths=0.3)
+    ax.plot([0, 1], [0, 1], color="gray", lw=0.8)
+    ax.set_xlim(-0.05, 1.05)
+    ax.set_ylim(-0.05, 1.05)
+    ax.set_xlabel("predicted fraction of examples using z")
+    ax.set_ylabel("measured fraction using z")
+    handles = [Line2D([], [], ls="none", marker="o", color=_color(w), label=w) for w in dict.fromkeys(summary["weighting"])]
+    handles += [Line2D([], [], ls="none", marker=markers[i % len(markers)], color="gray", label=" ".join(map(str, k)))
+                for i, k in enumerate(keys) if k]
+    handles += [Line2D([], [], ls="none", marker="o", color="gray", markersize=np.sqrt(size[b]), label=f"β={b:g}")
+                for b in betas]
+    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+# --- the figures of the notebook suite -------------------------------------------------------
+
+PHASE_METRICS = (("kl_prior_loss", "rate KL [nats / example]", "viridis"),
+                 ("baseline_normalized_reconstruction_loss", "ρ_recon = R_val / c_base (ratio of means)", "magma_r"),
+                 ("alignment_nmi", "alignment NMI", "viridis"),
+                 ("task_correctness", "task correctness", "viridis"))
+#: color range per metric: (vmin, vmax), None = the data's; the rate and rho from 0 to at least
+#: 1 (a collapsed run's 1e-4 nats stays dark instead of spanning the colorbar), the fractions on
+#: [0, 1], so one color means one value in every report
+PHASE_RANGES = {"kl_prior_loss": (0.0, 1.0), "baseline_normalized_reconstruction_loss": (0.0, 1.0),
+                "alignment_nmi": (0.0, 1.0), "task_correctness": (0.0, 1.0)}
+
+
+@_paper
+def plot_phase_diagram(runs: pd.DataFrame, c_base: float | None = None, beta_over_w: float | None = None,
+                       critical_betas: dict[str, float] | None = None, metrics=PHASE_METRICS,
+                       highlight: tuple[float, float] | None = None, variant: str = "") -> plt.Figure:
+    """The beta × w phase diagram: one panel per metric, one square per run at (beta,
+    w = ``recon_weight``, the mean reconstruction weight), colored by the metric (mean over
+    seeds and facets that share a cell).
+
+    Overlays: the row w = 1/c_base (``distribution``) marked on the w axis; the predicted
+    boundary beta = ``beta_over_w`` · w of theory (beta_eff = beta·|S|/w < 1 for half of the
+    examples; solid black) — itself a line of constant beta/w; thin dotted lines of constant
+    beta/w through the grid (along them a scale-invariant optimizer such as Adam trains
+    identically, DESIGN §1); and ``critical_betas`` (weighting -> predicted beta*) as a black ×
+    on each weighting's row (the ``example`` row is not a scalar weight, so its beta* is off
+    the line). ``highlight``: a (beta, w) cell outlined in red (the widgets' selection).
+    ``variant``: named in the title (one diagram per aid / latent kind: ``figstyle.variants``).
+    """
+    metrics = [m for m in metrics if m[0] in runs and runs[m[0]].notna().any()]
+    n = max(1, len(metrics))
+    ncol = min(2, n)
+    fig, axes = plt.subplots((n + 1) // 2 if n > 1 else 1, ncol, figsize=(5.4 * ncol, 4.2 * ((n + 1) // 2)),
+                             squeeze=False)
+    cells = runs.groupby(["beta", "recon_weight"], as_index=False)[[m[0] for m in metrics]].mean()
+    shown = [*runs["beta"], *(critical_betas or {}).values()]
+    b_lo, b_hi = min(shown) / 2, max(shown) * 2
+    w_lo, w_hi = runs["recon_weight"].min() / 2, runs["recon_weight"].max() * 2
+    for i, (ax, (key, name, cmap)) in enumerate(zip(axes.flat, metrics)):
+        vmin, vmax = PHASE_RANGES.get(key, (None, None))
+        top = float(cells[key].max()) if cells[key].notna().any() else 1.0
+        vmax = max(vmax, top) if vmax is not None else (top if vmin is None else max(top, vmin + 1e-3))
+        sc = ax.scatter(cells["beta"], cells["recon_weight"], c=cells[key], cmap=cmap, marker="s", s=150,
+                        edgecolors="k", linewidths=0.4, zorder=3, vmin=vmin, vmax=vmax)
+        fig.colorbar(sc, ax=ax, label=name)
+        ws = np.geomspace(w_lo, w_hi, 50)
+        for ratio in np.geomspace(b_lo / w_hi, b_hi / w_lo, 9):  # lines of constant beta / w
+            ax.plot(ratio * ws, ws, ":", color="gray", lw=0.6, zorder=1)
+        if beta_over_w:
+            ax.plot(beta_over_w * ws, ws, "-", color="k", lw=1.4, zorder=2, label="predicted boundary β·|S|/w = 1")
+        for w, b in (critical_betas or {}).items():
+            rows = runs[runs["weighting"] == w]
+            if len(rows):
+                ax.scatter([b], [rows["recon_weight"].mean()], marker="x", color="k", s=60, zorder=4,
+                           label="predicted β* of the weighting (half of the rows use z)")
+        if c_base:
+            ax.axhline(1 / c_base, color="tab:orange", lw=0.8, ls="--", zorder=1, label="w = 1/c_base")
+        if highlight is not None:
+            ax.scatter([highlight[0]], [highlight[1]], marker="s", s=420, facecolors="none", edgecolors="red",
+                       linewidths=1.5, zorder=5)
+        ax.set_xlim(b_lo, b_hi)
+        ax.set_ylim(w_lo, w_hi)
+        _log_axis(ax, "x", runs["beta"])
+        _log_axis(ax, "y")
+        # the rows named on the w axis, weightings on (nearly) one row under one tick (their names
+        # would otherwise print over each other)
+        rows = _row_labels(runs)
+        ax.set_yticks([y for y, _ in rows], [" / ".join(n) + "\n" + _w_range(runs, n) for _, n in rows], fontsize=7)
+        if i % ncol:  # the row names once per figure row: the right panel's would meet the left colorbar
+            ax.tick_params(axis="y", labelleft=False)
+        ax.set_xlabel("β")
+        ax.set_ylabel("" if i % ncol else "reconstruction weight w")
+        ax.set_title(name, fontsize=9)
+    for ax in list(axes.flat)[len(metrics):]:
+        ax.set_visible(False)
+    fig.suptitle("Phase diagram β × w" + (f": {variant}" if variant else "")
+                 + " (dotted: constant β/w, identical training under Adam)")
+    fig.tight_layout()
+    _legend_below(fig, axes.flat[0], ncol=3)
+    return fig
+
+
+def _w_range(runs: pd.DataFrame, names: list[str]) -> str:
+    ws = runs.loc[runs["weighting"].isin(names), "recon_weight"]
+    lo, hi = ws.min(), ws.max()
+    return f"w = {lo:.3g}" if np.isclose(lo, hi, rtol=1e-3) else f"w = {lo:.3g}–{hi:.3g}"
+
+
+def _row_labels(runs: pd.DataFrame, factor: float = 1.25) -> list[tuple[float, list[str]]]:
+    """(w, weightings) per row of the phase diagram: weightings whose mean w lie within
+    ``factor`` of each other (e.g. distribution and token with a distribution outer weight) are
+    merged into one label, so their names do not print over each other."""
+    ws = sorted(((float(g["recon_weight"].mean()), w) for w, g in runs.groupby("weighting", sort=False)))
+    out: list[tuple[float, list[str]]] = []
+    for y, w in ws:
+        if out and y / out[-1][0] < factor:
+            out[-1][1].append(w)
+        else:
+            out.append((y, [w]))
+    return out
+
+
+def _label_clusters(points, tol: float = 0.04) -> dict[tuple[float, float], list[float]]:
+    """Points (rate, distortion, beta) that lie within ``tol`` of the data's range of each other
+    share one label: (x, y) of the cluster's first point -> its sorted distinct betas."""
+    span_r = max(1e-9, float(np.ptp([p[0] for p in points]))) if points else 1.0
+    span_d = max(1e-9, float(np.ptp([p[1] for p in points]))) if points else 1.0
+    out: dict[tuple[float, float], list[float]] = {}
+    for x, y, b in points:
+        home = next((k for k in out if abs(k[0] - x) / span_r < tol and abs(k[1] - y) / span_d < tol), (x, y))
+        out.setdefault(home, [])
+        if b not in out[home]:
+            out[home].append(b)
+    return {k: sorted(v) for k, v in out.items()}
+
+
+@_paper
+def plot_rate_distortion(runs: pd.DataFrame, z_free: float | None = None, bayes_rate: float | None = None,
+                         n_iso: int = 6) -> plt.Figure:
+    """The rate-distortion plane (Alemi et al. 2018): rate R = mean KL(q‖p) and distortion
+    D = mean |S|·ℓ̄, both nats per sequence; one curve per weighting (and facet) across beta.
+
+    ``z_free``: the measured z-free point (R = 0, D = mean |S|·b of the base model, i.e.
+    |S|·c_base per sequence). ``bayes_rate``: mean log(K/m) (DESIGN §2), which places the
+    analytic optimum (R = log(K/m), D = 0: z names the strategy, y is then determined) and the
+    Bayes-optimal z-free point (0, log(K/m)) on one iso-ELBO line D + R = const (dashed): at
+    beta = 1 nothing prefers using z. Dotted: more iso-ELBO lines (slope -1).
+    """
+    fig, ax = plt.subplots(figsize=(6.2, 4.8))
+    points = []
+    for label, color, ls, rows in _groups(runs):
+        rows = rows.groupby("beta", as_index=False)[["rate", "distortion"]].mean().sort_values("beta")
+        ax.plot(rows["rate"], rows["distortion"], ls, marker=FACET_MARKERS[ls], color=color, label=label)
+        points += [(r["rate"], r["distortion"], r["beta"]) for _, r in rows.iterrows()]
+    for (x, y), betas in _label_clusters(points).items():  # one label per place: no overprint
+        ax.annotate("β=" + ", ".join(f"{b:g}" for b in betas), (x, y), fontsize=6, xytext=(3, 3),
+                    textcoords="offset points")
+    pts_r = [*runs["rate"], 0.0] + ([bayes_rate] if bayes_rate else [])
+    pts_d = [*runs["distortion"]] + ([z_free] if z_free is not None else []) + ([0.0, bayes_rate] if bayes_rate else [])
+    r_hi = max(pts_r) * 1.15 + 1e-3
+    d_lo, d_hi = min(pts_d), max(pts_d)
+    pad = 0.1 * (d_hi - d_lo) + 1e-3
+    for c in np.linspace(d_lo, d_hi + r_hi, n_iso):
+        ax.plot([0, r_hi], [c, c - r_hi], color="gray", lw=0.6, ls=":", zorder=0)
+    if z_free is not None:
+        ax.scatter([0.0], [z_free], marker="*", s=160, color="k", zorder=4, label="z-free (R = 0, D = mean |S|·b)")
+    if bayes_rate:
+        ax.plot([0, bayes_rate], [bayes_rate, 0], color="k", lw=0.8, ls="--", zorder=0,
+                label="iso-ELBO through the Bayes-optimal points")
+        ax.scatter([0.0], [bayes_rate], marker="*", s=160, facecolors="none", edgecolors="k", zorder=4,
+                   label="Bayes-optimal z-free (0, log K/m)")
+        ax.scatter([bayes_rate], [0.0], marker="P", s=120, color="tab:red", zorder=4,
+                   label="analytic optimum (log K/m, 0): z names the strategy")
+    ax.set_xlim(-0.02 * r_hi, r_hi)
+    ax.set_ylim(d_lo - pad, d_hi + pad)
+    ax.set_xlabel("rate R = KL(q‖p) [nats / sequence]")
+    ax.set_ylabel("distortion D = |S|·ℓ̄ [nats / sequence]")
+    ax.set_title("Rate-distortion plane (dotted: iso-ELBO D + R = const)", fontsize=9)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+@_paper
+def plot_effective_beta(per_example: pd.DataFrame) -> plt.Figure:
+    """Per-example beta_eff = beta·|S|/w (DESIGN §1; seeds 000, 002) per weighting: against b
+    (nats per token), against |S|, and per-example KL (nats per sequence) against beta_eff —
+    which examples use z. The line beta_eff = 1 is drawn in every panel (theory: z is worth
+    using iff beta_eff < 1). ``per_example``: rows of the runs' per_example tables tagged with
+    weighting (and facets), one beta per weighting."""
+    fig, axes = plt.subplots(1, 3, figsize=(12.5, 3.8))
+    for label, color, _, rows in _groups(per_example):
+        axes[0].scatter(rows["b"], rows["beta_eff"], s=8, alpha=0.6, color=color, label=label)
+        axes[1].scatter(rows["n_tokens"], rows["beta_eff"], s=8, alpha=0.6, color=color, label=label)
+        axes[2].scatter(rows["beta_eff"], rows["kl"], s=8, alpha=0.6, color=color, label=label)
+    for ax in axes[:2]:
+        ax.axhline(1.0, color="k", lw=1, ls="--", label="β_eff = 1")
+        _log_axis(ax, "y")
+        ax.set_ylabel("β_eff = β·|S| / w")
+    axes[2].axvline(1.0, color="k", lw=1, ls="--", label="β_eff = 1")
+    _log_axis(axes[2], "x")
+    axes[0].set_xlabel("b (z-free NLL, nats / token)")
+    axes[1].set_xlabel("|S| (supervised tokens)")
+    axes[1].xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes[2].set_xlabel("β_eff")
+    axes[2].set_ylabel("per-example KL [nats / sequence]")
+    axes[2].set_title("which examples use z", fontsize=9)
+    fig.tight_layout()
+    _legend_below(fig, axes, ncol=5)
+    return fig
+
+
+@_paper
+def plot_rho_distributions(per_example: pd.DataFrame) -> plt.Figure:
+    """Per-example rho_i = ℓ̄_i / b_i distributions (box per beta), one panel per weighting (and
+    facet), with both summaries named: the mean of ratios mean_i rho_i (open circle) and the
+    ratio of means rho_recon = mean ℓ̄ / mean b over the same rows (red diamond; seed 000's
+    R_val / c_base). They differ when short or easy examples (small b) have large ratios."""
+    groups = list(_groups(per_example))
+    ncol = min(4, len(groups))  # facets wrap onto rows of four panels
+    nrow = -(-len(groups) // ncol)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(3.2 * ncol, 3.2 * nrow), squeeze=False, sharey=True)
+    for ax in axes.flat[len(groups):]:
+        ax.set_visible(False)
+    for ax, (label, color, _, rows) in zip(axes.flat, groups):
+        betas = sorted(rows["beta"].unique())
+        data = [rows.loc[rows["beta"] == b, "rho_i"].to_numpy() for b in betas]
+        bp = ax.boxplot(data, positions=range(len(betas)), widths=0.5, showfliers=False, patch_artist=True)
+        for box in bp["boxes"]:
+            box.set_facecolor(color)
+            box.set_alpha(0.35)
+        summ = rho_summaries(rows, ["beta"]).set_index("beta").loc[betas]
+        ax.plot(range(len(betas)), summ["mean_of_ratios"], "o", mfc="none", color="k", label="mean of ratios  mean ρ_i")
+        ax.plot(range(len(betas)), summ["ratio_of_means"], "D", color="tab:red", ms=5,
+                label="ratio of means  ρ_recon = mean ℓ̄ / mean b")
+        ax.axhline(1.0, color="gray", lw=0.8)
+        ax.set_xticks(range(len(betas)), [f"{b:g}" for b in betas])
+        ax.set_xlabel("β")
+        ax.set_title(label, fontsize=9)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("ρ_i = ℓ̄_i / b_i (per example)")
+    fig.tight_layout()
+    _legend_below(fig, axes[0, 0], ncol=2)
+    return fig
+
+
+def rho_summaries(per_example: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """Per group of ``by``: ratio_of_means = mean ℓ̄ / mean b (rho_recon, seed 000's R_val / c_base)
+    and mean_of_ratios = mean_i rho_i, both over the same rows (dimensionless)."""
+    g = per_example.groupby(by)
+    return pd.DataFrame({"ratio_of_means": g["lbar"].mean() / g["b"].mean(),
+                         "mean_of_ratios": g["rho_i"].mean()}).reset_index()

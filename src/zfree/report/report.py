@@ -1,0 +1,351 @@
+"""The report's logic, out of the notebooks: showing a figure whatever the matplotlib backend,
+the per-run verdict (predicted against measured latent use), the tables that fit a page, the
+runs at the beta nearest a value, and the aided runs' hand-over gate traces and confusion tables.
+
+Every notebook of the report is a parameters cell, a load cell and calls into this module and
+``zfree.report.plotting``; the functions take the tidy tables of ``zfree.experiment.results`` (``SweepResults.runs``,
+``.per_example``) and return DataFrames or strings, so they are tested on hand-made rows.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from zfree.report.plotting import FACETS
+
+#: a run "uses z" when more than this fraction of its rows does (training.py's latent_used and
+#: predicted_latent_used use the same threshold on the same two fractions)
+USE_THRESHOLD = 0.5
+#: below this measured fraction a run that theory says should use z is called collapsed; between
+#: it and USE_THRESHOLD, only partly used (the default preset's aided runs at 500 steps: 25-63%)
+COLLAPSED_BELOW = 0.1
+
+
+def show(fig, dpi: int = 110) -> None:
+    """Display ``fig`` (a matplotlib Figure) as a PNG in the notebook and close it.
+
+    The PNG is rendered here (``savefig``, tight bounding box, so legends placed outside the axes
+    are kept) and handed to IPython as ``image/png``: the figure reaches the notebook and
+    report.html under any backend, including ``MPLBACKEND=Agg``, where the inline backend that
+    would otherwise show it is not active. Closing it keeps the inline backend from showing it a
+    second time. Outside IPython (a script) the PNG goes nowhere and the figure is still closed.
+    """
+    import matplotlib.pyplot as plt
+    from IPython.display import Image, display
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
+    plt.close(fig)
+    display(Image(data=buf.getvalue(), format="png"))
+
+
+def nearest(values, v: float) -> float:
+    """The element of ``values`` nearest ``v`` on a log scale (``v`` itself when empty)."""
+    values = np.asarray(sorted(values), float)
+    return float(values[np.argmin(np.abs(np.log(values) - np.log(v)))]) if len(values) else v
+
+
+def runs_at_beta(runs: pd.DataFrame, beta: float) -> pd.DataFrame:
+    """Per combination of the facets present (weighting, latent kind, aid), the runs at the beta
+    nearest ``beta`` on a log scale (every seed there). ``runs``: ``SweepResults.runs``."""
+    if runs.empty:
+        return runs
+    facets = [c for c in FACETS if c in runs]
+    parts = [g[g["beta"] == nearest(g["beta"].unique(), beta)] for _, g in runs.groupby(facets, sort=False)]
+    return pd.concat(parts)
+
+
+def run_label(row, runs: pd.DataFrame | None = None) -> str:
+    """``weighting [latent_kind] [aid] β=…[ s<seed>]``: a facet is named where ``runs`` varies it
+    (always, without ``runs``), except ``aid = none`` and ``latent_kind = discrete``."""
+    parts = [str(row["weighting"])]
+    for f in ("latent_kind", "aid"):
+        varies = runs is None or (f in runs and runs[f].nunique() > 1)
+        if f in row and varies and str(row[f]) not in ("none", "discrete", "nan"):
+            parts.append(str(row[f]))
+    parts.append(f"β={row['beta']:g}")
+    if runs is not None and "seed" in runs and runs["seed"].nunique() > 1:
+        parts.append(f"s{int(row['seed'])}")
+    return " ".join(parts)
+
+
+def run_verdicts(summary: pd.DataFrame, threshold: float = USE_THRESHOLD) -> pd.DataFrame:
+    """One verdict per run: does z get used where theory says it pays?
+
+    ``summary``: summary.csv rows with weighting, beta, predicted_use_fraction (fraction of rows
+    with beta_eff = beta·|S|/w < 1) and measured_use_fraction (fraction with per-example KL of at
+    least half its Bayes rate); aid, latent_kind, seed optional. A run is predicted (measured) to
+    use z when its fraction exceeds ``threshold``; a run predicted to use z that does not is
+    "collapsed" below ``COLLAPSED_BELOW`` of its rows, else "only partly used". Returns columns run, predicted use, measured
+    use (the fractions), predicted, measured ("use"/"no use"/"unknown" where a fraction is NaN),
+    agree (bool, NaN when unknown) and verdict, in the summary's order.
+    Raises KeyError naming a missing column.
+    """
+    for c in ("weighting", "beta", "predicted_use_fraction", "measured_use_fraction"):
+        if c not in summary:
+            raise KeyError(f"run_verdicts: summary has no column {c!r}")
+
+    def side(x):
+        return "unknown" if pd.isna(x) else ("use" if x > threshold else "no use")
+
+    rows = []
+    for _, r in summary.iterrows():
+        p, m = side(r["predicted_use_fraction"]), side(r["measured_use_fraction"])
+        agree = np.nan if "unknown" in (p, m) else p == m
+        collapsed = m == "no use" and r["measured_use_fraction"] < COLLAPSED_BELOW
+        verdict = {("use", "use"): "agree: z used, as predicted",
+                   ("no use", "no use"): "agree: z unused, as predicted",
+                   ("use", "no use"): "DISAGREE: collapsed where theory predicts use" if collapsed else
+                                      "DISAGREE: only partly used where theory predicts use",
+                   ("no use", "use"): "DISAGREE: z used where theory predicts no use"}.get((p, m), "unknown")
+        rows.append({"run": run_label(r, summary), "predicted use": r["predicted_use_fraction"],
+                     "measured use": r["measured_use_fraction"], "predicted": p, "measured": m, "agree": agree,
+                     "verdict": verdict})
+    return pd.DataFrame(rows, columns=["run", "predicted use", "measured use", "predicted", "measured", "agree",
+                                       "verdict"])
+
+
+def verdict_markdown(verdicts: pd.DataFrame) -> str:
+    """The report's opening lines: a count of agreeing runs, then one line per run
+    (``run_verdicts`` rows): fractions as percentages and the verdict."""
+    if verdicts.empty:
+        return "**No finished runs.**"
+    known = verdicts["agree"].dropna()
+    head = f"**{int(known.sum())} of {len(verdicts)} runs agree with theory**" + (
+        f" ({len(verdicts) - len(known)} without a prediction or a measurement)." if len(known) < len(verdicts) else ".")
+
+    def pct(x):
+        return "–" if pd.isna(x) else f"{100 * x:.0f}%"
+
+    lines = [f"- `{r['run']}`: predicted use {pct(r['predicted use'])} of rows, measured {pct(r['measured use'])}"
+             f" — {r['verdict']}" for _, r in verdicts.iterrows()]
+    return "\n".join([head, "", *lines])
+
+
+#: the study table of the report, split so each part fits a page: summary.csv column -> header
+USE_COLUMNS = {"beta_eff_median": "median β_eff", "predicted_use_fraction": "predicted use",
+               "measured_use_fraction": "measured use", "kl_prior_loss": "KL [nats]",
+               "baseline_normalized_reconstruction_loss": "ρ_recon", "oracle_rho": "oracle ρ"}
+QUALITY_COLUMNS = {"codes_used": "codes used", "q_max_mean": "mean max q", "alignment_nmi": "NMI",
+                   "alignment_nmi_unambiguous": "NMI (m=1)", "task_correctness": "task correct",
+                   "base_task_correctness": "base task correct", "steps": "steps", "wall_s": "wall [s]"}
+
+
+def run_table(summary: pd.DataFrame, columns: dict[str, str], digits: int = 3) -> pd.DataFrame:
+    """``summary``'s ``columns`` (those present, renamed to their short headers) indexed by the
+    run's label (``run_label``), floats rounded to ``digits`` decimals: a table that fits a page."""
+    t = summary[[c for c in columns if c in summary]].rename(columns=columns)
+    t.index = pd.Index([run_label(r, summary) for _, r in summary.iterrows()], name="run")
+    return _numeric(t).round(digits)
+
+
+def _numeric(t: pd.DataFrame) -> pd.DataFrame:
+    """``t`` with each object column that holds only numbers and JSON nulls made numeric (so a
+    table shows one missing-value marker, NaN, not "None" beside "NaN", and rounds)."""
+    t = t.copy()
+    for c in t.columns:
+        if t[c].dtype == object:
+            num = pd.to_numeric(t[c], errors="coerce")
+            if num.notna().sum() == t[c].notna().sum():
+                t[c] = num
+    return t
+
+
+def rho_table(per_example: pd.DataFrame) -> pd.DataFrame:
+    """Per facet and beta: rho_recon as a ratio of means (mean ℓ̄ / mean b) and the mean of the
+    per-example ratios rho_i (``plotting.rho_summaries``, the numbers the ρ figure draws)."""
+    from zfree.report.plotting import rho_summaries
+
+    keys = [c for c in FACETS if c in per_example] + ["beta"]
+    return rho_summaries(per_example, keys).set_index(keys).round(4)
+
+
+# --- the aided runs (switch_on) ----------------------------------------------------------------
+
+AIDED_COLUMNS = {"aid": "aid", "weighting": "weighting", "beta": "β", "n_latent": "K",
+                 "posterior_features": "posterior", "lr_new": "lr new", "seed": "seed",
+                 "predicted_use_fraction": "predicted use", "measured_use_fraction": "measured use",
+                 "kl_prior_loss": "KL [nats]", "bayes_rate": "analytic I(z;y|x)",
+                 "alignment_nmi_unambiguous": "NMI (m=1)", "hungarian_accuracy_unambiguous": "matched acc (m=1)",
+                 "baseline_normalized_reconstruction_loss": "ρ_recon", "oracle_rho": "oracle ρ",
+                 "codes_used": "codes used", "task_correctness": "task correct",
+                 "base_task_correctness": "base task correct", "gate_first_pass_step": "switch-on step",
+                 "handover_step": "hand-over step", "steps": "steps", "wall_s": "wall [s]"}
+#: the aided table split in two so each part fits a page: the recipe and the outcome
+AIDED_SPLIT = (("aid", "weighting", "β", "K", "posterior", "lr new", "seed", "switch-on step", "hand-over step",
+                "steps", "wall [s]"),
+               ("predicted use", "measured use", "KL [nats]", "analytic I(z;y|x)", "NMI (m=1)", "matched acc (m=1)",
+                "ρ_recon", "oracle ρ", "codes used", "task correct", "base task correct"))
+
+
+def aided_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs with an aid (``aid`` not none; none when the column is missing)."""
+    return runs[runs["aid"].fillna("none") != "none"] if "aid" in runs else runs.iloc[:0]
+
+
+def aided_tables(aided: pd.DataFrame, digits: int = 3) -> list[pd.DataFrame]:
+    """The aided runs' table (``AIDED_COLUMNS``) as the two halves of ``AIDED_SPLIT`` (recipe,
+    outcome), both indexed by the short run id, rounded to ``digits`` decimals."""
+    t = _numeric(aided[[c for c in AIDED_COLUMNS if c in aided]].rename(columns=AIDED_COLUMNS)).round(digits)
+    t.index = pd.Index([str(r)[-8:] for r in aided["run_id"]], name="run")
+    return [t[[c for c in part if c in t]] for part in AIDED_SPLIT]
+
+
+#: issue 15's switch-on targets for an aided run where theory predicts use: column name -> test of a run row
+SWITCH_ON_TARGETS = {"NMI (m=1) ≥ 0.9": lambda r: r["alignment_nmi_unambiguous"] >= 0.9,
+                     "ρ_recon ≤ 0.3": lambda r: r["baseline_normalized_reconstruction_loss"] <= 0.3,
+                     "KL within 20% of I(z;y|x)": lambda r: abs(r["kl_prior_loss"] / r["bayes_rate"] - 1) <= 0.2,
+                     "task correct ≥ base − 0.01": lambda r: r["task_correctness"] >= r["base_task_correctness"] - 0.01}
+
+
+def switch_on_targets(aided: pd.DataFrame, threshold: float = USE_THRESHOLD) -> pd.DataFrame:
+    """Per aided run (``aided_runs`` rows of ``SweepResults.runs``): where theory predicts use
+    (predicted_use_fraction > ``threshold``), each of ``SWITCH_ON_TARGETS`` met or not (True/False,
+    NaN where a number is missing, e.g. without strategy labels); where it predicts no use, whether
+    z ended unused (measured_use_fraction <= ``threshold``). Columns: run, predicted, the targets,
+    "z unused", all met. Targets of issue 15: NMI (m = 1) >= 0.9, rho_recon <= 0.3, KL within 20% of
+    the analytic I(z; y | x) (``bayes_rate``, DESIGN §2) and task correctness within 1 point of the
+    base model's. Raises KeyError naming a missing column."""
+    need = ("weighting", "beta", "predicted_use_fraction", "measured_use_fraction", "alignment_nmi_unambiguous",
+            "baseline_normalized_reconstruction_loss", "kl_prior_loss", "bayes_rate", "task_correctness",
+            "base_task_correctness")
+    for c in need:
+        if c not in aided:
+            raise KeyError(f"switch_on_targets: runs have no column {c!r}")
+    rows = []
+    for _, r in aided.iterrows():
+        use = r["predicted_use_fraction"] > threshold
+        missing = any(pd.isna(r[c]) for c in need[4:])  # a number the targets read (e.g. no strategy labels)
+        row = {"run": run_label(r, aided), "predicted": "use" if use else "no use"}
+        for name, test in SWITCH_ON_TARGETS.items():
+            row[name] = bool(test(r)) if use and not missing else np.nan
+        row["z unused"] = np.nan if use else bool(r["measured_use_fraction"] <= threshold)
+        checks = [row[n] for n in SWITCH_ON_TARGETS] if use else [row["z unused"]]
+        row["all met"] = np.nan if any(pd.isna(c) for c in checks) else all(checks)
+        rows.append(row)
+    return pd.DataFrame(rows, columns=["run", "predicted", *SWITCH_ON_TARGETS, "z unused", "all met"])
+
+
+def checkmarks(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` (e.g. ``switch_on_targets``) with True/False shown as ✓/✗ and NaN as – (for display)."""
+    def mark(v):
+        if isinstance(v, (bool, np.bool_)):
+            return "✓" if v else "✗"
+        return "–" if v is None or (isinstance(v, float) and np.isnan(v)) else v
+
+    return table.apply(lambda c: c.map(mark))
+
+
+def gate_traces(aided: pd.DataFrame, runs: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The hand-over gate of every aided run, from its summary.json ``aid/gate`` list: columns
+    label, run_id, step, ratio = best-z objective / collapsed objective (below 1 the soft
+    objective prefers z). Runs without a gate record are left out. ``aided`` needs run_dir."""
+    from zfree.core.io import read_json
+
+    parts = []
+    for _, r in aided.iterrows():
+        gate = read_json(Path(r["run_dir"]) / "summary.json").get("aid/gate") or []
+        if gate:
+            g = pd.DataFrame(gate)
+            label = (f"{run_label(r, runs)} K={r.get('n_latent')} {r.get('posterior_features')} "
+                     f"({str(r['run_id'])[-8:]})")
+            parts.append(pd.DataFrame({"label": label, "run_id": r["run_id"], "step": g["step"],
+                                       "ratio": g["best_objective"] / g["collapsed_objective"]}))
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["label", "run_id", "step", "ratio"])
+
+
+def confusion_tables(aided: pd.DataFrame, runs: pd.DataFrame | None = None) -> list[tuple[str, pd.DataFrame]]:
+    """(title, table) per aided run whose per_example.parquet names every row's strategy: counts of
+    the posterior's argmax latent value against the strategy on the rows where one strategy fits
+    (m = 1; ``zfree.evaluate.metrics.confusion``)."""
+    from zfree.evaluate.metrics import confusion
+
+    out = []
+    for _, r in aided.iterrows():
+        pe = pd.read_parquet(Path(r["run_dir"]) / "per_example.parquet")
+        if "n_consistent" in pe and pe["strategy"].notna().all():
+            out.append((f"{run_label(r, runs)} (`{r['run_id']}`)", confusion(pe)))
+    return out
+
+
+def reference_markdown(ref: dict | None) -> str:
+    """One line on the base run's reference (reference.json): measured c_base (nats per token), the
+    validation rows, and against the analytic Bayes-optimal c_base where the benchmark has one."""
+    if ref is None:
+        return "**No reference found** (no base/reference nor the runs' base_dir)."
+    if ref.get("c_base_analytic"):
+        return (f"**Reference (entangled run).** c_base = {ref['c_base']:.4f} nats/token on {ref['n_rows']} "
+                f"validation rows; analytic (Bayes-optimal) c_base = {ref['c_base_analytic']:.4f}; "
+                f"ratio {ref['c_base'] / ref['c_base_analytic']:.3f}.")
+    return f"**Reference.** c_base = {ref['c_base']:.4f} nats/token."
+
+
+def errors_markdown(errors: list[dict], width: int = 300) -> str:
+    """The failed runs (error.json records: run_id, error) as a list, each error cut to ``width``."""
+    if not errors:
+        return "None."
+    return "\n".join(f"- `{e['run_id']}`: {str(e['error'])[:width]}" for e in errors)
+
+
+def training_metrics(sweep, run_ids: str = "", max_runs: int = 8) -> dict[str, pd.DataFrame]:
+    """label -> metrics.jsonl (as a DataFrame) for the runs named in ``run_ids`` (comma-separated)
+    or else the first ``max_runs`` runs; ``sweep``: a ``zfree.experiment.results.SweepResults``.
+    Raises KeyError naming an unknown run id."""
+    chosen = [r.strip() for r in run_ids.split(",") if r.strip()] or list(sweep.runs["run_id"][:max_runs])
+    known = set(sweep.runs["run_id"])
+    for r in chosen:
+        if r not in known:
+            raise KeyError(f"run_ids: {r!r} is not a finished run of {sweep.sweep_dir}")
+    rows = sweep.runs.set_index("run_id").loc[chosen].reset_index()
+    return {f"{sweep.label(r)} ({r['run_id'][-8:]})": sweep.metrics(r["run_id"]) for _, r in rows.iterrows()}
+
+
+BOUNDARY_COLUMNS = {"n_betas": "β values", "plateau_rate": "plateau rate", "predicted_plateau_rate": "predicted plateau",
+                    "beta_half_measured": "β½ measured", "beta_half_predicted": "β½ predicted",
+                    "ratio": "measured / predicted", "within": "within ±25%", "note": "note"}
+
+
+def boundary_table(boundary: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
+    """``SweepResults.phase_boundary`` with short headers (``BOUNDARY_COLUMNS``), indexed by its
+    facets (weighting, latent kind, aid), floats rounded to ``digits`` decimals."""
+    keys = [c for c in FACETS if c in boundary]
+    t = boundary.set_index(keys)
+    return t[[c for c in BOUNDARY_COLUMNS if c in t]].rename(columns=BOUNDARY_COLUMNS).round(digits)
+
+
+# ---------------------------------------------------------------------------- labels, notes, samples (issue 14)
+
+LABEL_METRICS = ("alignment_nmi", "hungarian_accuracy", "probe_accuracy")
+
+
+def label_table(summary: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
+    """Per run (``run_label``), every ``structure/<metric>/<label>`` column of ``summary`` as
+    ``<label> <metric>`` next to rho_recon, the rate (KL, nats per sequence) and measured/predicted use."""
+    base = {"loss/val/baseline_normalized_reconstruction_loss": "ρ_recon", "loss/val/kl_prior_loss": "rate (KL)",
+            "latent/measured_use_fraction": "measured use", "latent/predicted_use_fraction": "predicted use"}
+    lab = {c: f"{c.split('/')[2]} {c.split('/')[1].replace('_', ' ')}" for c in summary.columns
+           if c.startswith("structure/") and c.count("/") == 2 and c.split("/")[1] in LABEL_METRICS}
+    return run_table(summary, {**base, **dict(sorted(lab.items()))}, digits)
+
+
+def notes_markdown(notes: list[str]) -> str:
+    """The study's visible notes (labels absent, no task correctness, shared x) as a markdown list."""
+    return "**Notes**\n\n" + "\n".join(f"- {n}" for n in notes) if notes else "**Notes**: none."
+
+
+def samples_table(run_dir, max_chars: int = 90) -> pd.DataFrame:
+    """A run's ``samples.parquet`` as a table: per validation x (index: x, latent value) the greedy and
+    the sampled y side by side, texts cut to ``max_chars``; empty when the run wrote none."""
+    from pathlib import Path
+
+    p = Path(run_dir) / "samples.parquet"
+    if not p.exists():
+        return pd.DataFrame(columns=["greedy", "sampled"])
+    s = pd.read_parquet(p)
+    cut = lambda t: t if len(t) <= max_chars else t[: max_chars - 1] + "…"  # noqa: E731
+    s = s.assign(x=s["x"].map(cut), greedy=s["greedy"].map(cut), sampled=s["sampled"].map(cut))
+    return s.set_index(["x", "latent"])[["greedy", "sampled"]]

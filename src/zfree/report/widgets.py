@@ -1,0 +1,416 @@
+"""ipywidgets explorers over finished sweeps, and a panel that launches a small sweep.
+
+``SweepExplorer`` redraws the figures of ``zfree.report.plotting`` from one or more sweep folders (a
+study and the runs launched beside it) as its dropdowns (figure, source, weighting, latent kind)
+and sliders (beta, reconstruction weight) change. It offers only what the data has: a dropdown
+with one value is hidden and named in the note line, a slider that cannot change the figure is
+disabled with a note saying why. ``LaunchPanel`` expands a beta range × weightings × seeds (with
+a chosen aid and step budget) into points (``zfree.experiment.sweeps``), shows the config diff against its
+template before anything runs, runs them on an executor in a background thread into its own
+folder, refreshes an explorer as each finishes, and can be stopped. Both keep their state in
+plain attributes (``figure``, ``selected``, ``statuses``) so tests drive them headlessly: set a
+widget's ``value``, read the attribute.
+"""
+
+from __future__ import annotations
+
+import html
+import threading
+from concurrent.futures import CancelledError, as_completed
+from pathlib import Path
+from typing import Any, Callable, Sequence, get_args
+
+import ipywidgets as W
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from IPython.display import display
+
+from zfree.report import plotting as P
+from zfree.config import Aid
+from zfree.core.io import read_jsonl
+from zfree.report.report import nearest, runs_at_beta
+from zfree.experiment.results import SweepResults, load_sweep
+from zfree.experiment.sweeps import NOTEBOOKS, Executor, Point, expand_grid, local_executor, run_point
+
+ALL = "all"
+WIDE = {"style": {"description_width": "initial"}}
+
+
+def wrap_panels(fig: plt.Figure, ncols: int = 4, panel: tuple[float, float] = (4.4, 3.8)) -> plt.Figure:
+    """Re-lay a figure whose axes stand in one row into rows of at most ``ncols`` panels, each
+    ``panel`` inches (width, height); a figure of ``ncols`` panels or fewer is returned as is."""
+    axes = [ax for ax in fig.axes if ax.get_subplotspec() is not None]
+    if len(axes) <= ncols or len(axes) != len(fig.axes) or any(ax.get_subplotspec().get_gridspec().nrows != 1
+                                                               for ax in axes):
+        return fig  # few panels, colorbars or several rows already: laid out by its plotting function
+    nrows = -(-len(axes) // ncols)
+    gs = fig.add_gridspec(nrows, ncols)
+    for i, ax in enumerate(axes):
+        ax.set_subplotspec(gs[i // ncols, i % ncols])
+        if i % ncols == 0:
+            ax.tick_params(labelleft=True)  # shared y: the first panel of each row keeps its labels
+    fig.set_size_inches(panel[0] * ncols, panel[1] * nrows)
+    fig.tight_layout()
+    return fig
+
+
+def load_sweeps(sweep_dirs: Sequence[Path | str]) -> SweepResults:
+    """Several sweep folders as one ``SweepResults``: the runs of every folder that exists, with a
+    ``source`` column (the first folder is ``study``, the others their path relative to it or
+    their name); the reference and validation rows of the first folder that has them."""
+    dirs = [Path(d).resolve() for d in sweep_dirs]
+    parts, names = [], []
+    for d in dirs:
+        if d == dirs[0] or (d / "runs").exists():
+            parts.append(load_sweep(d))
+            names.append("study" if d == dirs[0] else str(d.relative_to(dirs[0]) if d.is_relative_to(dirs[0]) else d.name))
+    runs = pd.concat([p.runs.assign(source=n) for p, n in zip(parts, names) if len(p.runs)], ignore_index=True) \
+        if any(len(p.runs) for p in parts) else parts[0].runs
+    ref = next((p for p in parts if p.reference is not None), parts[0])
+    return SweepResults(dirs[0], runs, [e for p in parts for e in p.errors], ref.reference, ref.examples)
+
+
+class SweepExplorer:
+    """Dropdowns and sliders over sweep folders; ``widget`` is the box to display.
+
+    Figures (``figure_kind``): phase (β × w diagram, the selected cell outlined), rate_distortion,
+    effective_beta (per example, at the selected β), rho (per example, every β) and dynamics
+    (training curves of the runs at the selected β and weight). ``source``, ``weighting`` and
+    ``latent_kind`` filter the runs. ``sweep_dir``: one folder or a list (the first is the study).
+    """
+
+    FIGURES = ("phase", "rate_distortion", "effective_beta", "rho", "dynamics")
+    #: which sliders each figure reads
+    USES = {"phase": ("beta", "weight"), "rate_distortion": (), "effective_beta": ("beta",), "rho": (),
+            "dynamics": ("beta", "weight")}
+    FILTERS = (("source", "source"), ("weighting", "weighting"), ("latent_kind", "latent kind"))
+
+    def __init__(self, sweep_dir: Path | str | Sequence[Path | str], figure: str = "rate_distortion"):
+        self.sweep_dirs = [Path(sweep_dir)] if isinstance(sweep_dir, (str, Path)) else [Path(d) for d in sweep_dir]
+        self.sweep_dir = self.sweep_dirs[0]
+        self.results: SweepResults = load_sweeps(self.sweep_dirs)
+        self.figure: plt.Figure | None = None
+        self.selected = pd.DataFrame()
+        self.figure_kind = W.Dropdown(options=self.FIGURES, value=figure, description="figure")
+        self.filters = {col: W.Dropdown(options=[ALL], value=ALL, description=desc, **WIDE)
+                        for col, desc in self.FILTERS}
+        self.weighting, self.latent_kind, self.source = (self.filters[c] for c in ("weighting", "latent_kind", "source"))
+        self.beta = W.SelectionSlider(options=[1.0], value=1.0, description="β", continuous_update=False,
+                                      layout=W.Layout(width="340px"), **WIDE)
+        self.weight = W.SelectionSlider(options=[1.0], value=1.0, description="w", continuous_update=False,
+                                        layout=W.Layout(width="340px"), **WIDE)
+        self.beta_note, self.weight_note, self.note = W.HTML(), W.HTML(), W.HTML()
+        self.status = W.HTML()
+        self.out = W.Output()
+        self._hold = False
+        self._set_options()
+        self.figure_kind.observe(lambda _: self._set_sliders() or self.redraw(), names="value")
+        for dd in self.filters.values():
+            dd.observe(lambda _: self._set_sliders() or self.redraw(), names="value")
+        for sl in (self.beta, self.weight):
+            sl.observe(lambda _: self.redraw(), names="value")
+        self.widget = W.VBox([W.HBox([self.figure_kind, *self.filters.values()]),
+                              W.HBox([self.beta, self.beta_note]), W.HBox([self.weight, self.weight_note]),
+                              self.note, self.status, self.out])
+        self.redraw()
+
+    def _set_options(self) -> None:
+        """Dropdowns from the data: a column with one value hides its dropdown (named in ``note``)."""
+        runs = self.results.runs
+        self._hold = True
+        try:
+            only = []
+            for col, dd in self.filters.items():
+                values = sorted(runs[col].dropna().astype(str).unique()) if col in runs else []
+                opts = [ALL, *values] if len(values) > 1 else [ALL]
+                keep = dd.value if dd.value in opts else ALL
+                dd.options, dd.value = opts, keep
+                dd.layout.display = None if len(values) > 1 else "none"
+                if len(values) == 1 and col != "source":
+                    only.append(f"{col.replace('_', ' ')}: {html.escape(values[0])}")
+            self.note.value = f"<i>every run has {', '.join(only)}</i>" if only else ""
+        finally:
+            self._hold = False
+        self._set_sliders()
+
+    def _set_sliders(self) -> None:
+        """Slider values from the filtered runs; disabled with a note when the figure does not read
+        the slider or moving it cannot change what is drawn."""
+        runs = self.filtered()
+        groups = [c for c in P.FACETS if c in runs]
+        self._hold = True
+        try:
+            for name, sl, note, col in (("beta", self.beta, self.beta_note, "beta"),
+                                        ("weight", self.weight, self.weight_note, "recon_weight")):
+                opts = sorted(float(v) for v in runs[col].dropna().unique()) if len(runs) and col in runs else [1.0]
+                keep = nearest(opts, sl.value)
+                sl.options = [(f"{v:.3g}", v) for v in opts]
+                sl.value = keep
+                per_group = runs.groupby(groups)[col].nunique().max() if len(runs) and groups and col in runs else 1
+                if name not in self.USES[self.figure_kind.value]:
+                    why = "not read by this figure"
+                elif len(opts) == 1:
+                    why = f"one value in this selection ({opts[0]:.3g})"
+                elif name == "beta" and self.figure_kind.value == "effective_beta" and per_group == 1:
+                    why = "one β per weighting here: each weighting is drawn at its only β"
+                else:
+                    why = ""
+                sl.disabled = bool(why)
+                note.value = f"<span style='color:gray'>{why}</span>" if why else ""
+        finally:
+            self._hold = False
+
+    def refresh(self) -> None:
+        """Reload the sweep folders (new runs finished) and redraw."""
+        self.results = load_sweeps(self.sweep_dirs)
+        self._set_options()
+        self.redraw()
+
+    def filtered(self) -> pd.DataFrame:
+        runs = self.results.runs
+        for col, dd in self.filters.items():
+            if dd.value != ALL and col in runs:
+                runs = runs[runs[col].astype(str) == dd.value]
+        return runs
+
+    def redraw(self) -> None:
+        if self._hold:
+            return
+        runs = self.filtered()
+        self.figure, self.selected = (None, runs.iloc[:0]) if runs.empty else getattr(self, f"_{self.figure_kind.value}")(runs)
+        n_err = len(self.results.errors)
+        self.status.value = (f"{len(self.results.runs)} finished runs, {n_err} failed; showing {len(self.selected)}"
+                             if len(self.results.runs) else "no finished runs yet")
+        self.out.clear_output(wait=True)
+        if self.figure is not None:
+            wrap_panels(self.figure)
+            with self.out:
+                display(self.figure)
+            plt.close(self.figure)  # shown once, in the output area; its artists stay readable
+
+    def _at_beta(self, runs: pd.DataFrame) -> pd.DataFrame:
+        """Per weighting (and facet), the runs at the beta nearest the slider."""
+        return runs_at_beta(runs, self.beta.value)
+
+    def _phase(self, runs):
+        r = self.results
+        return P.plot_phase_diagram(runs, c_base=(r.reference or {}).get("c_base"), beta_over_w=r.critical_beta_over_w(),
+                                    critical_betas=r.critical_betas(), highlight=(self.beta.value, self.weight.value)), runs
+
+    def _rate_distortion(self, runs):
+        return P.plot_rate_distortion(runs, z_free=float(runs["zfree_distortion"].mean()),
+                                      bayes_rate=float(runs["bayes_rate"].mean())), runs
+
+    def _per_example(self, runs):
+        sel = self._at_beta(runs)
+        pe = self.results.per_example
+        return sel, pe[pe["run_id"].isin(sel["run_id"])]
+
+    def _effective_beta(self, runs):
+        sel, pe = self._per_example(runs)
+        return P.plot_effective_beta(pe), sel
+
+    def _rho(self, runs):
+        pe = self.results.per_example
+        return P.plot_rho_distributions(pe[pe["run_id"].isin(runs["run_id"])]), runs
+
+    def _dynamics(self, runs):
+        sel = runs[np.isclose(runs["beta"], self.beta.value) & np.isclose(runs["recon_weight"], self.weight.value)]
+        sel = sel if len(sel) else self._at_beta(runs)
+        return P.plot_training_curves({self.results.label(r): pd.DataFrame(read_jsonl(Path(r["run_dir"]) / "metrics.jsonl"))
+                                       for _, r in sel.iterrows()}), sel
+
+
+def _terminate_tree(pid: int) -> None:
+    """SIGTERM a worker and its children (papermill's kernel, which would outlive a reparenting)."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        for p in [*proc.children(recursive=True), proc]:
+            p.terminate()
+    except psutil.NoSuchProcess:
+        pass
+
+
+def aid_choices() -> dict[str, dict[str, Any]]:
+    """The panel's aid menu: every ``config.Aid`` value alone, plus the study's switch-on recipes
+    (``zfree.experiment.study.SWITCH_ON_RECIPE``, the default study's, and ``HARD_EM_RECIPE``; README
+    "Making z switch on")."""
+    from zfree.experiment.study import HARD_EM_RECIPE, SWITCH_ON_RECIPE
+
+    return {**{a: {"aid": a} for a in get_args(Aid)}, "hard_em_then_soft: SWITCH_ON_RECIPE": dict(SWITCH_ON_RECIPE),
+            "hard_em_then_soft: HARD_EM_RECIPE": dict(HARD_EM_RECIPE)}
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+class LaunchPanel:
+    """Launch a small sweep: β from 10^lo to 10^hi (``n_beta`` log-spaced values) × the chosen
+    weightings × ``seeds`` seeds, with the chosen aid (default none) and ``steps``, over the flat
+    ``base`` config (the template), into ``sweep_dir/runs`` — a folder of its own (the explore
+    notebook uses ``STUDY/launched``), so the study's runs and report stay as they were.
+
+    ``plan`` shows, before launching, every field a launched run changes against the template.
+    ``make_executor``: a callable returning an ``Executor`` (default: the local process pool with
+    ``workers``). ``explorer`` is refreshed as each run finishes. ``stop`` cancels the runs not
+    started, ends the local pool's workers (a run cut short leaves a folder without summary.json,
+    rerun by the next launch) and keeps the finished runs.
+    """
+
+    def __init__(self, base: dict[str, Any], sweep_dir: Path | str, explorer: SweepExplorer | None = None,
+                 make_executor: Callable[[], Executor] | None = None, workers: int = 2, steps: int | None = None,
+                 run_fn: Callable[[Point, str, str], dict] = run_point):
+        self.base, self.sweep_dir, self.explorer = dict(base), Path(sweep_dir), explorer
+        self.make_executor, self.workers, self.run_fn = make_executor, workers, run_fn
+        self.aids = aid_choices()
+        self.log_beta = W.FloatRangeSlider(value=(-2.0, 0.0), min=-4.0, max=1.0, step=0.25, description="log10 β",
+                                           readout=False, layout=W.Layout(width="320px"), **WIDE)
+        self.beta_readout = W.HTML()
+        self.n_beta = W.BoundedIntText(value=3, min=1, max=20, description="# β", layout=W.Layout(width="140px"))
+        self.weightings = W.SelectMultiple(options=["plain", "distribution", "example", "token"],
+                                           value=("plain", "distribution"), description="weightings")
+        self.epsilon = W.BoundedFloatText(value=0.05, min=1e-6, max=10.0, description="ε (example)", **WIDE)
+        self.seeds = W.BoundedIntText(value=1, min=1, max=10, description="seeds", layout=W.Layout(width="140px"))
+        self.steps = W.BoundedIntText(value=int(steps or base.get("steps", 250)), min=1, max=100000,
+                                      description="steps", layout=W.Layout(width="180px"))
+        self.aid = W.Dropdown(options=list(self.aids), value="none", description="aid", **WIDE)
+        self.plan = W.HTML()
+        self.button = W.Button(description="launch", button_style="primary")
+        self.stop_button = W.Button(description="stop", button_style="danger", disabled=True)
+        self.progress = W.IntProgress(value=0, min=0, max=1, description="runs")
+        self.label = W.Label()
+        self.statuses: list[dict] = []
+        self.thread: threading.Thread | None = None
+        self._ex: Executor | None = None
+        self._futures: list = []
+        self._stopping = threading.Event()
+        self.button.on_click(lambda _: self.launch())
+        self.stop_button.on_click(lambda _: self.stop(timeout=0))  # never block the kernel
+        for w in (self.log_beta, self.n_beta, self.weightings, self.epsilon, self.seeds, self.steps, self.aid):
+            w.observe(lambda _: self.describe(), names="value")
+        self.widget = W.VBox([W.HBox([self.log_beta, self.beta_readout, self.n_beta, self.seeds]),
+                              W.HBox([self.weightings, W.VBox([self.epsilon, self.aid, self.steps])]),
+                              self.plan, W.HBox([self.button, self.stop_button, self.progress, self.label])])
+        self.describe()
+
+    def points(self) -> list[Point]:
+        """The grid the widgets describe, validated (ValueError names a bad field)."""
+        lo, hi = self.log_beta.value
+        betas = [float(f"{b:.4g}") for b in np.logspace(lo, hi, self.n_beta.value)]
+        objective = [{"weighting": w, **({"epsilon": self.epsilon.value} if w == "example" else {})}
+                     for w in self.weightings.value]
+        base = {**self.base, **self.aids[self.aid.value], "steps": int(self.steps.value)}
+        return expand_grid(base, {"objective": objective, "beta": betas, "seed": list(range(self.seeds.value))})
+
+    def diff(self, points: list[Point]) -> pd.DataFrame:
+        """Every field whose launched value differs from the template: field, template, launched
+        (the sorted distinct values over the points)."""
+        rows = []
+        for k in sorted({k for p in points for k in p.params}):
+            vals = sorted({_fmt(p.params[k]) for p in points})
+            if vals != [_fmt(self.base.get(k, "—"))]:
+                rows.append({"field": k, "template": _fmt(self.base.get(k, "—")), "launched": ", ".join(vals)})
+        return pd.DataFrame(rows, columns=["field", "template", "launched"])
+
+    def warnings(self, points: list[Point]) -> list[str]:
+        """Plain-language consequences of the choices (e.g. a hard EM phase that outlasts the run)."""
+        p = points[0].params
+        out = []
+        if p.get("aid") == "hard_em_then_soft" and p["hard_em_max_steps"] >= p["steps"]:
+            out.append(f"hard_em_max_steps={p['hard_em_max_steps']} ≥ steps={p['steps']}: the hand-over to the soft "
+                       "objective is forced only after the run ends, so unless the gate passes earlier the run "
+                       "stays in the hard-EM phase (handover_step None)")
+        return out
+
+    def describe(self) -> str:
+        """Fill ``plan`` (the run count, the target folder, the diff table, warnings); returns its HTML."""
+        lo, hi = self.log_beta.value
+        betas = np.logspace(lo, hi, max(1, self.n_beta.value))
+        self.beta_readout.value = "β = " + ", ".join(f"{b:.3g}" for b in betas)
+        try:
+            points = self.points()
+        except ValueError as e:
+            self.plan.value = f"<b>invalid:</b> {html.escape(str(e))}"
+            return self.plan.value
+        d = self.diff(points)
+        td = "<td style='padding:0 12px 0 0'>"
+        rows = "".join(f"<tr>{td}{html.escape(r.field)}</td>{td}{html.escape(r.template)}</td>"
+                       f"{td}<b>{html.escape(r.launched)}</b></td></tr>" for r in d.itertuples())
+        warn = "".join(f"<div style='color:#b00'>⚠ {html.escape(w)}</div>" for w in self.warnings(points))
+        self.plan.value = (f"<div>{len(points)} run(s) into <code>{html.escape(str(self.sweep_dir / 'runs'))}</code>; "
+                           f"fields that differ from the template:</div>"
+                           f"<table style='font-size:90%'><tr><th align=left>field</th><th align=left>template</th>"
+                           f"<th align=left>launched</th></tr>{rows}</table>{warn}")
+        return self.plan.value
+
+    def _on_done(self, status: dict) -> None:
+        self.statuses.append(status)
+        self.progress.value += 1
+        self.label.value = f"{len(self.statuses)}/{self.progress.max}: {status['run_id']} {status['status']}"
+        if self.explorer is not None and status["status"] == "finished":
+            self.explorer.refresh()
+
+    def launch(self, wait: bool = False) -> threading.Thread | None:
+        """Start the sweep in a background thread (one at a time); ``wait`` joins it."""
+        if self.thread is not None and self.thread.is_alive():
+            self.label.value = "a sweep is already running"
+            return self.thread
+        try:
+            points = self.points()
+        except ValueError as e:
+            self.label.value = f"invalid: {e}"
+            return None
+        self.statuses, self.progress.value, self.progress.max = [], 0, max(1, len(points))
+        self.label.value = f"running: 0/{len(points)}"
+        self.button.disabled, self.stop_button.disabled = True, False
+        self._stopping.clear()
+        runs_dir = (self.sweep_dir / "runs").resolve()
+        runs_dir.mkdir(parents=True, exist_ok=True)
+        nb = str((NOTEBOOKS / "train_cvae.ipynb").resolve())
+
+        def work():
+            self._ex = ex = self.make_executor() if self.make_executor else local_executor(self.workers)
+            broken = ""
+            try:
+                self._futures = futs = [ex.submit(self.run_fn, p, str(runs_dir), nb) for p in points]
+                ids = {id(f): p.run_id for f, p in zip(futs, points)}
+                for f in as_completed(futs):
+                    try:
+                        r = f.result()
+                    except CancelledError:
+                        r = {"run_id": ids[id(f)], "status": "cancelled"}
+                    except Exception as e:  # noqa: BLE001 - a worker ended by stop, or a lost job
+                        r = {"run_id": ids[id(f)], "status": "stopped" if self._stopping.is_set() else "failed",
+                             "error": f"{type(e).__name__}: {e}"[:500]}
+                    self._on_done(r)
+            except Exception as e:  # noqa: BLE001 - e.g. the executor refused a job: say so, do not die silently
+                broken = f"; {type(e).__name__}: {e}"[:300]
+            finally:
+                ex.shutdown(wait=True)
+                self.button.disabled, self.stop_button.disabled = False, True
+                ok = sum(s["status"] in ("finished", "skipped") for s in self.statuses)
+                state = "stopped" if self._stopping.is_set() else "failed" if broken else "done"
+                self.label.value = f"{state}: {ok}/{len(points)} ok{broken}"
+
+        self.thread = threading.Thread(target=work, daemon=True)
+        self.thread.start()
+        if wait:
+            self.thread.join()
+        return self.thread
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Cancel the runs not yet started and end the running workers (the local process pool's
+        are terminated; their kernels exit with their parent); finished runs stay. Joins the thread."""
+        if self.thread is None or not self.thread.is_alive():
+            return
+        self._stopping.set()
+        self.label.value = "stopping…"
+        for f in self._futures:
+            f.cancel()
+        for proc in list((getattr(self._ex, "_processes", None) or {}).values()):
+            _terminate_tree(proc.pid)  # ProcessPoolExecutor: its running futures fail with BrokenProcessPool
+        self.thread.join(timeout)

@@ -1,0 +1,151 @@
+"""The symmetry-breaking aids (``AidConfig``; DESIGN §1): from a zero latent injection every latent
+value gives the same loss, so the posterior gets gradient only from the KL. Each aid is a small
+named function the training loop calls:
+
+  hard-EM phase   ``initial_phase``, ``count_usage``, ``restart_dead_values`` (dead-value restarts),
+                  ``handover_gate`` / ``check_handover`` (hand over to the true objective);
+  beta0 warm-up   ``beta0_warm``;
+  frozen decoder  ``frozen_decoder_phase`` and ``FrozenDecoderMask`` (only the posterior side learns).
+
+Functions that take a ``state`` mutate its ``phase``, ``handover_step``, ``handover_forced``,
+``gate``, ``restarts`` and ``usage`` fields (``zfree.train.training.TrainState``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from zfree.config import TrainConfig
+from zfree.data.batching import EncodedPair, collate
+from zfree.models.nll import masked_mean_token_nll
+from zfree.objective.losses import outer_weighting, reconstruction_weight
+
+#: top-level parameter names of the posterior q(z | x, y) (both CVAEs): what the frozen-decoder
+#: warm phase trains
+POSTERIOR_SIDE = ("posterior_head", "pool_query", "encoder")
+
+
+# ---------------------------------------------------------------------------- warm phases
+
+
+def beta0_warm(cfg: TrainConfig, step: int) -> bool:
+    """True while the beta0_warmup aid holds (beta = 0, the prior detached): through ``warmup_aid_steps``."""
+    return cfg.aid.aid == "beta0_warmup" and step <= cfg.aid.warmup_aid_steps
+
+
+def frozen_decoder_phase(cfg: TrainConfig, step: int) -> bool:
+    """True during the frozen-decoder warm phase (the first ``frozen_decoder_steps`` steps)."""
+    return step <= cfg.optim.frozen_decoder_steps
+
+
+class FrozenDecoderMask:
+    """Drops the gradient of every parameter outside ``POSTERIOR_SIDE`` (backbone, router, latent
+    embeddings), so AdamW skips them: no moments, no decay, the values stay as they are."""
+
+    def __init__(self, model: nn.Module):
+        self.frozen = [p for n, p in model.named_parameters() if n.split(".")[0] not in POSTERIOR_SIDE]
+
+    def apply(self) -> None:
+        """Call between ``backward`` and ``optimizer.step``."""
+        for p in self.frozen:
+            p.grad = None
+
+
+# ---------------------------------------------------------------------------- the hard-EM phase
+
+
+def initial_phase(cfg: TrainConfig) -> str:
+    """``hard`` for hard_em_then_soft (the hard-EM phase comes first), else ``soft``."""
+    return "hard" if cfg.aid.aid == "hard_em_then_soft" else "soft"
+
+
+def new_lr(cfg: TrainConfig, phase: str) -> float:
+    """The rate of the heads and latent embeddings (the ``new`` group): ``hard_em_lr_new`` in the
+    hard phase when it is set (> 0), else ``lr_new``."""
+    return cfg.aid.hard_em_lr_new if phase == "hard" and cfg.aid.hard_em_lr_new > 0 else cfg.optim.lr_new
+
+
+def count_usage(state, z_hat: torch.Tensor, n_latent: int) -> None:
+    """Add the posterior argmax counts of one batch, ``z_hat`` (batch,), to ``state.usage`` (K,):
+    a tensor on z_hat's device (no host copy per step; ``restart_dead_values`` and the training
+    loop's checkpoints read it), or a list of ints as restored from a checkpoint."""
+    z = z_hat.detach().long()  # scatter_add, not bincount: CUDA's bincount reads max(z) back to size its output
+    counts = torch.zeros(n_latent, dtype=torch.long, device=z.device).scatter_add_(0, z, torch.ones_like(z))
+    if isinstance(state.usage, torch.Tensor):
+        state.usage = state.usage + counts
+    elif state.usage:  # a list (restored from a checkpoint)
+        state.usage = torch.as_tensor(state.usage, dtype=counts.dtype, device=counts.device) + counts
+    else:
+        state.usage = counts
+
+
+def restart_dead_values(model, cfg: TrainConfig, state, step: int) -> None:
+    """Every ``restart_dead_every`` steps: values whose share of the argmax counts since the last
+    check is below ``restart_dead_share / K`` become perturbed copies of the most used one
+    (``DiscreteCVAE.restart_values``); recorded in ``state.restarts``; the counts restart."""
+    if not (cfg.aid.restart_dead_every and step % cfg.aid.restart_dead_every == 0 and len(state.usage)):
+        return
+    K = model.n_latent
+    usage = state.usage.cpu().tolist() if isinstance(state.usage, torch.Tensor) else list(state.usage)
+    share = np.asarray(usage, float) / max(1, sum(usage))
+    dead = [k for k in range(K) if share[k] < cfg.aid.restart_dead_share / K]
+    if dead:
+        donor = int(share.argmax())
+        model.restart_values(dead, donor)
+        state.restarts.append({"step": step, "dead": dead, "donor": donor})
+    state.usage = []
+
+
+@torch.no_grad()
+def handover_gate(model, encoded: Sequence[EncodedPair], b: np.ndarray, cfg: TrainConfig, c_base: float,
+                  pad_id: int) -> dict:
+    """Hand-over diagnostic: is the best-z state already better than collapse under the *true*
+    objective? best = mean_i(w_i * min_k nll_k(i)) + beta * KL, collapsed = mean_i(w_i * b_i),
+    with KL = log K (a confident posterior against a uniform router; ``handover_kl='log_k'``) or
+    the router's current cost mean_i -log p(k*_i | x_i) (``'router'``). ``b`` (rows,): base
+    surprisal, nats per token. For distribution weighting and log K this is
+    oracle_rho + beta * log K < 1 (issue: switch-on). Returns oracle_rho, best_objective,
+    collapsed_objective, kl_estimate and pass (best < (1 - handover_margin) * collapsed)."""
+    was = model.training
+    model.eval()
+    dev = next(model.parameters()).device
+    oracle, router_cost = [], []
+    for i in range(0, len(encoded), 128):
+        batch = collate(encoded[i : i + 128], pad_id=pad_id).to(dev)
+        o = model(batch)
+        best = masked_mean_token_nll(-o.target_logprobs, batch.target_mask).min(-1)
+        oracle.append(best.values)
+        router_cost.append(-torch.log_softmax(o.prior_logits, -1).gather(1, best.indices[:, None]).squeeze(1))
+    model.train(was)
+    oracle_nll = torch.cat(oracle).double().cpu()
+    kl = math.log(model.n_latent) if cfg.aid.handover_kl == "log_k" else float(torch.cat(router_cost).mean())
+    bb = torch.as_tensor(b, dtype=torch.float64)
+    w = reconstruction_weight(outer_weighting(cfg.objective), batch_size=len(bb), c_base=c_base, b=bb,
+                              epsilon=cfg.objective.epsilon, dtype=torch.float64)
+    best = float((w * oracle_nll).mean()) + cfg.objective.beta * kl
+    collapsed = float((w * bb).mean())
+    return {"oracle_rho": float(oracle_nll.mean()) / c_base, "best_objective": best, "collapsed_objective": collapsed,
+            "kl_estimate": kl, "pass": best < (1.0 - cfg.aid.handover_margin) * collapsed}
+
+
+def check_handover(model, cfg: TrainConfig, state, step: int, gate_rows: Sequence[EncodedPair], gate_b: np.ndarray,
+                   c_base: float, pad_id: int) -> None:
+    """Every ``handover_check_every`` steps (and at ``hard_em_max_steps``): run the gate, record it
+    in ``state.gate`` and hand over to the soft phase when it passes or the budget is spent (forced)."""
+    if not (step % cfg.aid.handover_check_every == 0 or step >= cfg.aid.hard_em_max_steps):
+        return
+    g = handover_gate(model, gate_rows, gate_b, cfg, c_base, pad_id)
+    state.gate.append({"step": step, **g})
+    if g["pass"] or step >= cfg.aid.hard_em_max_steps:
+        state.phase, state.handover_step, state.handover_forced = "soft", step, not g["pass"]
+
+
+def hard_phase_checks(model, cfg: TrainConfig, state, step: int, gate_rows, gate_b, c_base: float, pad_id: int) -> None:
+    """After a hard-phase step: dead-value restarts, then the hand-over gate (in that order)."""
+    restart_dead_values(model, cfg, state, step)
+    check_handover(model, cfg, state, step, gate_rows, gate_b, c_base, pad_id)

@@ -1,0 +1,236 @@
+"""Train the z-free (entangled) base model p_theta(y | x): a small GPT-2 with the loss on the
+y-region only (y tokens and the end token), then write its z-free reference."""
+
+from __future__ import annotations
+
+import math
+import shutil
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from zfree.config import BaseTrainConfig
+from zfree.data.batching import collate, encode_pair, encode_pairs, pad_id_of
+from zfree.data.pairs import load_pairs
+from zfree.data.tokenizer import build_digit_tokenizer
+from zfree.core.io import atomic_write_json, read_json
+from zfree.models.nll import masked_mean_token_nll
+from zfree.models.base import build_synthetic_gpt2, target_logprobs
+from zfree.models.loading import DTYPES
+from zfree.reference.reference import build_reference
+from zfree.reference.scoring import score_encoded
+from zfree.objective.theory import analytic_c_base
+
+
+def lm_step(model, opt, sched, batch) -> torch.Tensor:
+    """One language-model step on the y-region: loss = mean over the batch of the masked mean token
+    NLL (nats per token) under ``model``, backward, gradient norm clipped to 1, optimizer and
+    scheduler step. ``batch``: a ``collate``d ``Batch``. Returns the (scalar) loss before the step."""
+    loss = masked_mean_token_nll(-target_logprobs(model, batch), batch.target_mask).mean()
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    sched.step()
+    return loss
+
+
+def train_base(data_dir: Path | str, out_dir: Path | str, cfg: BaseTrainConfig = BaseTrainConfig(),
+               threads: int = 2, progress: bool = True, init_from: Path | str | None = None,
+               dtype: str = "float32") -> dict:
+    """Train the base model on ``data_dir/train.jsonl``; stop at ``cfg.target_ratio`` x the analytic
+    c_base on val, ``cfg.max_steps`` or ``cfg.max_minutes``. Writes ``out_dir/model`` (HF format with
+    tokenizer), ``out_dir/train_log.json`` and ``out_dir/reference/``. Refuses to overwrite an
+    existing ``out_dir/model`` (FileExistsError). A data folder whose metadata.json has
+    ``"kind": "e2e"`` (real text) goes to ``train_text_base`` with the E2E name swap. ``dtype``:
+    the weights, optimizer and scoring dtype (``"float64"``: the reference mode of the portable golden
+    runs, tests/golden_runs.py; saved and scored in float64)."""
+    data_dir, out_dir = Path(data_dir), Path(out_dir)
+    if (out_dir / "model").exists():
+        raise FileExistsError(f"{out_dir / 'model'} exists; choose another --out or remove it yourself")
+    torch.set_num_threads(threads)
+    meta = read_json(data_dir / "metadata.json")
+    if meta.get("kind") == "e2e":  # real text: no generator, no analytic c_base (train_text_base)
+        from zfree.data.e2e import swap_names
+
+        return train_text_base(data_dir, out_dir, cfg, threads=threads, progress=progress, augment=swap_names,
+                               init_from=init_from, dtype=dtype)
+    tok = build_digit_tokenizer(meta["parameters"]["vocab_size"])
+    train = [encode_pair(tok, p) for p in load_pairs(data_dir / "train.jsonl")]
+    data_cfg = None
+    if cfg.data_source == "fresh":
+        from zfree.config import DataConfig
+        from zfree.data.synth import sample_pairs
+
+        params = {k: v for k, v in meta["parameters"].items() if k in DataConfig.__dataclass_fields__}
+        data_cfg = DataConfig(**params)
+        fresh_rng = np.random.default_rng([1000 + cfg.seed])
+    val_pairs = load_pairs(data_dir / "val.jsonl")
+    val = [encode_pair(tok, p) for p in val_pairs]
+    analytic = analytic_c_base(val_pairs)
+    max_len = max(len(e.prefix_ids) + len(e.target_ids) for e in train + val)
+    if init_from is not None:  # continue training a finished base model (a second, lower-rate phase)
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(init_from, local_files_only=True, dtype=DTYPES[dtype])
+    else:
+        model = build_synthetic_gpt2(len(tok), n_positions=max(64, max_len), n_layer=cfg.n_layer, n_embd=cfg.n_embd,
+                                     n_head=cfg.n_head, seed=cfg.seed, dtype=DTYPES[dtype])
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / cfg.warmup_steps) * (
+        0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / cfg.max_steps)))))
+    rng = np.random.default_rng(cfg.seed)
+    pad = pad_id_of(tok)
+    history, t0, step, ratio = [], time.time(), 0, float("inf")
+    bar = tqdm(total=cfg.max_steps, desc="base model", disable=not progress, mininterval=2)
+    model.train()
+    while step < cfg.max_steps:
+        if data_cfg is not None:
+            rows = [encode_pair(tok, p) for p in sample_pairs(data_cfg, fresh_rng, cfg.batch_size)]
+        else:
+            rows = [train[i] for i in rng.integers(0, len(train), cfg.batch_size)]
+        batch = collate(rows, pad_id=pad)
+        loss = lm_step(model, opt, sched, batch)
+        step += 1
+        bar.update(1)
+        elapsed = time.time() - t0
+        if step % cfg.eval_every == 0 or elapsed > cfg.max_minutes * 60:
+            model.eval()
+            c = score_encoded(model, val, pad_id=pad).c_base
+            model.train()
+            ratio = c / analytic
+            history.append({"step": step, "wall_s": elapsed, "train_loss": loss.item(), "val_c_base": c,
+                            "ratio_to_analytic": ratio})
+            bar.set_postfix(val_c_base=f"{c:.4f}", ratio=f"{ratio:.3f}")
+            if ratio <= cfg.target_ratio or elapsed > cfg.max_minutes * 60:
+                break
+    bar.close()
+    model.eval()
+    tmp = out_dir / ".model.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    tmp.rename(out_dir / "model")
+    log = {"config": asdict(cfg), "data_dir": str(data_dir), "steps": step, "init_from": str(init_from) if init_from else None, "wall_s": time.time() - t0,
+           "threads": threads, "command": " ".join(["zfree"] + sys.argv[1:]) if sys.argv else "",
+           "c_base_analytic": analytic, "final_ratio": ratio, "history": history,
+           "torch": torch.__version__, "n_params": sum(p.numel() for p in model.parameters()), "dtype": dtype}
+    atomic_write_json(out_dir / "train_log.json", log)
+    build_reference(out_dir, data_dir, dtype=dtype)
+    return log
+
+
+TEXT_VOCAB_SIZE = 1500  # byte-level BPE entries: specials + 256 bytes + ~1240 merges (E2E: ~30 tokens per y)
+TEXT_DROPOUT = 0.1  # training only; the saved config has dropout 0 (identical to eval mode)
+TEXT_EVAL_ROWS = 1000  # validation rows scored at each evaluation (the reference scores all of them)
+TEXT_PATIENCE = 4  # evaluations without a new best val c_base before stopping
+TEXT_AUGMENT_P = 0.5  # share of training rows passed through ``augment`` (fresh draw per use)
+
+
+def train_text_base(data_dir: Path | str, out_dir: Path | str, cfg: BaseTrainConfig = BaseTrainConfig(),
+                    threads: int = 1, progress: bool = True, vocab_size: int = TEXT_VOCAB_SIZE,
+                    augment=None, init_from: Path | str | None = None, dtype: str = "float32") -> dict:
+    """Train a base GPT-2 from scratch on real text (``data_dir/train.jsonl``, e.g. E2E) and write
+    its z-free reference on ``data_dir/val.jsonl``.
+
+    A byte-level BPE tokenizer (``zfree.data.bpe``) is trained on the train split's x and y. Loss
+    on the y-region only (y tokens and the end token), masked mean per example (as ``train_base``),
+    with dropout ``TEXT_DROPOUT`` during training. ``augment(pair, rng) -> pair``, when given, rewrites
+    a share ``TEXT_AUGMENT_P`` of the training rows of each batch (E2E: ``zfree.data.e2e.swap_names``);
+    a rewritten row longer than the context falls back to the original. Every ``cfg.eval_every`` steps the val c_base
+    (nats/token) of the first ``TEXT_EVAL_ROWS`` val rows is computed; the best weights are kept,
+    and training stops after ``TEXT_PATIENCE`` evaluations without a new best, at ``cfg.max_steps``
+    or at ``cfg.max_minutes``. The selection uses val rows, so the shipped c_base is a slightly
+    optimistic estimate. ``cfg.target_ratio`` and ``cfg.data_source`` do not apply (no generator).
+    ``init_from``: continue from a finished text base model folder (its tokenizer is reused; a
+    second phase with a fresh warm-up and cosine schedule).
+    Writes ``out_dir/model`` (HF format with tokenizer), ``out_dir/train_log.json`` and
+    ``out_dir/reference/``. FileExistsError if ``out_dir/model`` exists. ``dtype`` as ``train_base``'s.
+    """
+    from zfree.data.bpe import train_bpe_tokenizer
+
+    data_dir, out_dir = Path(data_dir), Path(out_dir)
+    if (out_dir / "model").exists():
+        raise FileExistsError(f"{out_dir / 'model'} exists; choose another --out or remove it yourself")
+    torch.set_num_threads(threads)
+    t0 = time.time()
+    train_pairs, val_pairs = load_pairs(data_dir / "train.jsonl"), load_pairs(data_dir / "val.jsonl")
+    if init_from is not None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(init_from, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(init_from, local_files_only=True, dtype=DTYPES[dtype])
+        n_positions = getattr(model.config, "n_positions", None) or model.config.max_position_embeddings
+    else:
+        tok = train_bpe_tokenizer((t for p in train_pairs for t in (p.x, p.y)), vocab_size)
+    train = encode_pairs(tok, train_pairs)
+    val = encode_pairs(tok, val_pairs)
+    if init_from is None:
+        max_len = max(len(e.prefix_ids) + len(e.target_ids) for e in train + val)
+        n_positions = 32 * math.ceil((max_len + 48) / 32)  # room for longer (augmented) rows and user data
+        model = build_synthetic_gpt2(len(tok), n_positions=n_positions,
+                                     n_layer=cfg.n_layer, n_embd=cfg.n_embd, n_head=cfg.n_head, seed=cfg.seed,
+                                     dtype=DTYPES[dtype])
+    for m in model.modules():  # dropout during training only (the saved config keeps 0)
+        if isinstance(m, torch.nn.Dropout):
+            m.p = TEXT_DROPOUT
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / cfg.warmup_steps) * (
+        0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / cfg.max_steps)))))
+    rng = np.random.default_rng(cfg.seed)
+    pad = pad_id_of(tok)
+    eval_rows = val[:TEXT_EVAL_ROWS]
+    history, step, best, since_best, best_state = [], 0, (float("inf"), 0), 0, None
+    bar = tqdm(total=cfg.max_steps, desc="text base model", disable=not progress, mininterval=2)
+    model.train()
+    while step < cfg.max_steps:
+        picked = rng.integers(0, len(train), cfg.batch_size)
+        rows = [train[i] for i in picked]
+        if augment is not None:
+            swap = [j for j in range(len(rows)) if rng.random() < TEXT_AUGMENT_P]
+            new = encode_pairs(tok, [augment(train_pairs[picked[j]], rng) for j in swap])
+            for j, e in zip(swap, new):
+                if len(e.prefix_ids) + len(e.target_ids) <= n_positions:
+                    rows[j] = e
+        batch = collate(rows, pad_id=pad)
+        loss = lm_step(model, opt, sched, batch)
+        step += 1
+        bar.update(1)
+        elapsed = time.time() - t0
+        if step % cfg.eval_every == 0 or elapsed > cfg.max_minutes * 60 or step == cfg.max_steps:
+            c = score_encoded(model, eval_rows, pad_id=pad).c_base  # eval mode inside, restored after
+            history.append({"step": step, "wall_s": elapsed, "train_loss": loss.item(), "val_c_base": c})
+            bar.set_postfix(val_c_base=f"{c:.4f}", best=f"{min(c, best[0]):.4f}")
+            if c < best[0]:
+                best, since_best = (c, step), 0
+                best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            else:
+                since_best += 1
+            if since_best >= TEXT_PATIENCE or elapsed > cfg.max_minutes * 60:
+                break
+    bar.close()
+    model.load_state_dict(best_state)
+    model.eval()
+    tmp = out_dir / ".model.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)  # config dropout stays 0: the module attribute p was changed, not the config
+    tok.save_pretrained(tmp)
+    tmp.rename(out_dir / "model")
+    log = {"config": asdict(cfg), "data_dir": str(data_dir), "kind": "text", "steps": step,
+           "init_from": str(init_from) if init_from else None, "best_step": best[1],
+           "best_val_c_base_eval_rows": best[0], "eval_rows": len(eval_rows), "vocab_size": len(tok),
+           "dropout_train": TEXT_DROPOUT, "patience": TEXT_PATIENCE,
+           "augment": getattr(augment, "__name__", None), "augment_p": TEXT_AUGMENT_P if augment else 0.0, "wall_s": time.time() - t0, "threads": threads,
+           "command": " ".join(["zfree"] + sys.argv[1:]) if sys.argv else "", "history": history,
+           "c_base_analytic": None, "final_ratio": None,  # no generator, no analytic c_base (keys as train_base's)
+           "torch": torch.__version__, "n_params": sum(p.numel() for p in model.parameters()), "dtype": dtype}
+    ref = build_reference(out_dir, data_dir, dtype=dtype)
+    log["c_base"] = ref.c_base
+    log["wall_s_with_reference"] = time.time() - t0
+    atomic_write_json(out_dir / "train_log.json", log)
+    return log

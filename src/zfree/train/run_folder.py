@@ -1,0 +1,283 @@
+"""Everything a CVAE run folder holds (DESIGN §5), read and written in one place:
+
+  config.json           the flat config plus "_" metadata (versions, c_base, data and base-model hashes);
+                        data_dir/base_dir in their portable form (``portable_path``)
+  metrics.jsonl         one row per evaluation
+  checkpoint/           model.safetensors + state.safetensors/state.json (plain state, no pickle) + COMPLETE
+                        (a manifest); the previous one kept as checkpoint.prev/ (``save_checkpoint`` /
+                        ``load_checkpoint``, ``zfree.core.io.write_checkpoint_dir``)
+  error.json            the step, batch ids and non-finite terms of a run that stopped
+  summary.json          the final metrics; its presence marks the run finished (never rewritten)
+  per_example.parquet   the final evaluation's per-example table
+
+Every write is atomic (``zfree.core.io``); the checkpoint is swapped in by renames. Nothing
+executable is loaded from a run folder: safetensors, JSON, or ``torch.load(weights_only=True)``
+for the state.pt of older run folders.
+
+Portable paths (issue 17): config.json and summary.json store data_dir and base_dir in the
+portable form of ``zfree.core.paths.portable_path`` (relative to the run folder inside its study or
+sweep folder, ``zfree:<path>`` inside the repository, else absolute), so a copied or moved
+study stays readable and resumable; config.json says so with ``"_paths_relative_to": "run
+folder"``. ``read_run_config`` resolves them back, and ``check_same_config`` compares the
+folders the paths name, so every form of one folder is equal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata as md
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, load_model, save_model
+
+from zfree.config import TrainConfig
+from zfree.core.errors import CheckpointError, NonFiniteMetricError, ResumeRefusedError, ZfreeError  # noqa: F401
+from zfree.core.io import (append_jsonl, atomic_write_json, atomic_write_parquet, atomic_write_text,
+                           load_checkpoint_dir, load_plain_state, nonfinite_keys, read_json, read_jsonl,
+                           safe_torch_load, save_plain_state, sha256_file, sha256_state_dict, write_checkpoint_dir)
+from zfree.core.paths import PATH_FIELDS, ROOT_PREFIX, portable_path, portable_root, resolve_path  # noqa: F401
+
+TIMING_KEYS = ("wall_s",)  # the only summary keys that differ between a resumed and an uninterrupted run
+
+
+class NonFiniteLossError(ZfreeError, RuntimeError):
+    """The training loss went NaN or infinite; ``error.json`` in the run folder says where."""
+
+
+def portable_flat(flat: dict, out: Path) -> dict:
+    """``flat`` with its path fields in the stored form for run folder ``out``."""
+    return {**flat, **{k: portable_path(flat[k], out) for k in PATH_FIELDS if isinstance(flat.get(k), str)}}
+
+
+def resolved_flat(flat: dict, base: Path) -> dict:
+    """``flat`` (a stored config or summary) with its path fields resolved against ``base``."""
+    return {**flat, **{k: resolve_path(flat[k], base) for k in PATH_FIELDS if isinstance(flat.get(k), str)}}
+
+
+PATH_BASE = "_paths_relative_to"  # the config.json key that marks portable paths
+
+
+def read_run_config(config_file: Path | str) -> dict:
+    """A run folder's config.json as a flat config ("_" keys dropped) with absolute paths: relative
+    path fields resolve against the run folder (written so since ``PATH_BASE``; older records
+    hold absolute paths). Also valid for a plain config file (relative paths stay as written)."""
+    f = Path(config_file)
+    raw = read_json(f)
+    flat = {k: v for k, v in raw.items() if not str(k).startswith("_")}
+    return resolved_flat(flat, f.parent) if raw.get(PATH_BASE) == "run folder" else flat
+
+
+def versions() -> dict[str, str]:
+    """Installed versions of the packages a run's numbers depend on (those that are installed)."""
+    out = {}
+    for p in ("zfree", "torch", "transformers", "tokenizers", "numpy", "pandas"):
+        try:
+            out[p] = md.version(p)
+        except md.PackageNotFoundError:
+            pass
+    return out
+
+
+def finished_summary(out: Path, cfg: TrainConfig | None = None) -> dict | None:
+    """The summary of a finished run folder, or None when it has none. With ``cfg``, a finished
+    run is reused only when it was trained with that config (``check_same_config``: else
+    ResumeRefusedError naming the differing fields)."""
+    if not (out / "summary.json").exists():
+        return None
+    if cfg is not None:
+        check_same_config(out, cfg)
+    return read_json(out / "summary.json")
+
+
+# ---------------------------------------------------------------------------- config record and hash checks
+
+
+def loaded_base_sha(backbone: torch.nn.Module) -> str:
+    """sha256 of the loaded base model's state dict (``io.sha256_state_dict``), hex."""
+    return sha256_state_dict(backbone.state_dict())
+
+
+def check_same_config(out: Path, cfg: TrainConfig) -> None:
+    """A folder that holds config.json must hold this config, path fields compared as the folders
+    they name (relative, ``zfree:`` and absolute forms of one folder are equal). Raises
+    ResumeRefusedError (a ValueError) naming the fields that differ."""
+    if not (out / "config.json").exists():
+        return
+    old = read_run_config(out / "config.json")
+    old = resolved_flat(old, Path.cwd())  # older records: paths as written, relative to the cwd
+    new = resolved_flat(cfg.to_flat(), Path.cwd())
+    if old != new:
+        diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+        raise ResumeRefusedError(f"{out} holds a run of another config (fields {diff}: stored "
+                                 f"{ {k: old.get(k) for k in diff} }, requested { {k: new.get(k) for k in diff} }); "
+                                 "choose another folder")
+
+
+def check_same_base(out: Path, backbone: torch.nn.Module, base_dir: Path) -> None:
+    """A resumed run must continue on the very same base model. Raises ValueError when the stored
+    ``_base_model_sha256_loaded`` differs from the loaded model's."""
+    if not (out / "config.json").exists():
+        return
+    stored = read_json(out / "config.json").get("_base_model_sha256_loaded")
+    now = loaded_base_sha(backbone)
+    if stored is not None and stored != now:
+        raise ValueError(f"{out} was trained from a base model with sha256 {stored[:12]}..., but "
+                         f"{base_dir / 'model'} now has {now[:12]}...; refusing to resume")
+
+
+def write_config_record(out: Path, cfg: TrainConfig, c_base: float, ref, data_dir: Path,
+                        backbone: torch.nn.Module) -> None:
+    """config.json (once): the flat config, versions, c_base, train/val sha256, the base model's
+    hashes (recorded and loaded) and the reference's metadata; paths in their portable form."""
+    if (out / "config.json").exists():
+        return
+    atomic_write_json(out / "config.json", {
+        **portable_flat(cfg.to_flat(), out), PATH_BASE: "run folder", "_versions": versions(), "_c_base": c_base,
+        "_data_sha256": {s: sha256_file(data_dir / f"{s}.jsonl") for s in ("train", "val")},
+        "_base_model_sha256": ref.meta.get("model_sha256"),
+        "_reference": {**ref.meta, **({"data_file": portable_path(ref.meta["data_file"], out)}
+                                      if isinstance(ref.meta.get("data_file"), str) else {})},
+        "_base_model_sha256_loaded": loaded_base_sha(backbone)})
+
+
+# ---------------------------------------------------------------------------- checkpoints
+
+
+def _plain(obj):
+    """numpy scalars and arrays in a TrainState (usage counts, gate values) as Python values."""
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, (np.generic, np.ndarray)):
+        return obj.tolist()
+    return obj
+
+
+def save_checkpoint(out: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, rng: np.random.Generator,
+                    state) -> None:
+    """checkpoint/ = model.safetensors + state.safetensors/state.json (optimizer, numpy and torch
+    RNG states, the TrainState as a dict; ``io.save_plain_state``, no pickle) + COMPLETE, written
+    beside the last good one and switched in by renames; the previous one is kept as
+    checkpoint.prev/ (``io.write_checkpoint_dir``)."""
+    def write(d: Path) -> None:
+        save_model(model, str(d / "model.safetensors"))
+        save_plain_state(d, {"optimizer": opt.state_dict(), "rng": rng.bit_generator.state,
+                             "torch_rng": torch.get_rng_state(), "state": _plain(dataclasses.asdict(state))})
+
+    write_checkpoint_dir(out / "checkpoint", write)
+
+
+def _read_checkpoint(d: Path) -> tuple[dict, dict]:
+    """(model tensors, plain state) of checkpoint folder ``d``, read only (nothing is filled yet),
+    so a damaged file fails here and the previous checkpoint is tried.
+    The plain-state layout, else the state.pt of older run folders (``weights_only=True``)."""
+    f = d / "model.safetensors"
+    if not f.is_file() or f.stat().st_size == 0:
+        raise CheckpointError(f"{f} is {'missing' if not f.is_file() else 'empty'}")
+    try:
+        tensors = load_file(str(f))
+    except Exception as e:  # noqa: BLE001 - SafetensorError names no file
+        raise CheckpointError(f"{f} is damaged ({type(e).__name__}: {e})") from None
+    old_layout = (d / "state.pt").exists() and not (d / "state.json").exists()
+    ck = safe_torch_load(d / "state.pt") if old_layout else load_plain_state(d)
+    if not isinstance(ck, dict) or not {"optimizer", "rng", "torch_rng", "state"} <= set(ck):
+        raise CheckpointError(f"{d}: the checkpoint state lacks optimizer, rng, torch_rng or state")
+    return tensors, ck
+
+
+def load_checkpoint(out: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, rng: np.random.Generator,
+                    state_cls, warn=None) -> object | None:
+    """Restore the newest usable checkpoint (checkpoint/, else checkpoint.prev/, else the
+    .checkpoint.old/ an older version could leave mid-swap) into ``model``, ``opt``, ``rng`` and
+    torch's RNG; returns ``state_cls(**saved state)``, or None without one. A checkpoint that
+    fails to load (missing, empty, truncated, altered, or not plain data) is reported through
+    ``warn`` (default: a UserWarning) naming the file, and the previous one is used; raises
+    CheckpointError listing the files when none loads."""
+    found = load_checkpoint_dir([out / "checkpoint", out / "checkpoint.prev", out / ".checkpoint.old"],
+                                _read_checkpoint, warn=warn)
+    if found is None:
+        return None
+    d, (_, ck) = found
+    try:
+        load_model(model, str(d / "model.safetensors"))  # verified and read above; tied weights as saved
+        opt.load_state_dict(ck["optimizer"])
+        rng.bit_generator.state = ck["rng"]
+        torch.set_rng_state(ck["torch_rng"])
+        return state_cls(**ck["state"])
+    except (RuntimeError, KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"{d} does not fit this run ({type(e).__name__}: {str(e)[:300]}); "
+                              "delete the checkpoint folders to restart the run from step 0") from None
+
+
+# ---------------------------------------------------------------------------- metrics, errors, summary
+
+
+def reset_metrics(out: Path, resumed_step: int | None) -> list[dict]:
+    """metrics.jsonl at the start of a run: removed for a fresh run (``resumed_step`` None), cut to
+    the evaluations up to the checkpoint's step for a resumed one. Returns the rows kept."""
+    f = out / "metrics.jsonl"
+    if resumed_step is None:
+        f.unlink(missing_ok=True)
+        return []
+    if not f.exists():
+        return []
+    rows = [r for r in read_jsonl(f) if r["step"] <= resumed_step]
+    atomic_write_text(f, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
+    return rows
+
+
+def append_metrics(out: Path, row: dict) -> None:
+    """One evaluation row appended to metrics.jsonl."""
+    append_jsonl(out / "metrics.jsonl", row)
+
+
+#: metrics that must be finite in every evaluation: the losses (validation reconstruction, KL,
+#: objective, ELBO; the training terms). Others may be NaN by definition (undefined for the latent
+#: kind or the data, never faked: e.g. latent/oracle_rho of a continuous latent).
+FINITE_METRIC_PREFIXES = ("loss/",)
+
+
+def check_finite_metrics(out: Path, step: int, row: dict) -> None:
+    """An evaluation with a non-finite loss metric (``FINITE_METRIC_PREFIXES``) stops the run
+    before it is stored or checkpointed: writes error.json (step, the non-finite keys) and raises
+    NonFiniteMetricError naming them."""
+    bad = nonfinite_keys({k: v for k, v in row.items() if k.startswith(FINITE_METRIC_PREFIXES)})
+    if bad:
+        atomic_write_json(out / "error.json", {"step": step, "non_finite_metrics": bad,
+                                               "error": f"non-finite evaluation at step {step}: {bad}"})
+        raise NonFiniteMetricError(f"non-finite evaluation at step {step}: metrics {bad} (see {out / 'error.json'}); "
+                                   "the last good checkpoint is kept")
+
+
+def write_error(out: Path, step: int, batch_ids: list[str], bad_terms: list[str]) -> Path:
+    """error.json of a non-finite loss: the step, the batch's row ids and the non-finite term names."""
+    return atomic_write_json(out / "error.json", {"step": step, "batch_ids": batch_ids, "non_finite_terms": bad_terms})
+
+
+def write_summary(out: Path, cfg: TrainConfig, ev, state, wall: float) -> dict:
+    """per_example.parquet and summary.json of a finished run: the final evaluation's metrics, the
+    flat config, the step-0 values (init/*), the use verdicts and the aid's record. Returns the summary."""
+    atomic_write_parquet(out / "per_example.parquet", ev.per_example)
+    if getattr(ev, "samples", None) is not None:  # greedy/sampled y per latent value (no notion of correct y)
+        atomic_write_parquet(out / "samples.parquet", ev.samples)
+    rows = read_jsonl(out / "metrics.jsonl")
+    init = rows[0] if rows else {}
+    gate_pass = [g["step"] for g in state.gate if g["pass"]]
+    summary = {**ev.metrics, **portable_flat(cfg.to_flat(), out), "steps": cfg.optim.steps,
+               "wall_s": rows[-1].get("wall_s", wall) if rows else wall,
+               "init/task/correctness": init.get("task/correctness"),
+               "init/structure/probe_accuracy": init.get("structure/probe_accuracy"),
+               "init/loss/val/baseline_normalized_reconstruction_loss":
+                   init.get("loss/val/baseline_normalized_reconstruction_loss"),
+               "latent_used": bool(ev.metrics["latent/measured_use_fraction"] > 0.5),
+               "predicted_latent_used": bool(ev.metrics["latent/predicted_use_fraction"] > 0.5),
+               "aid/handover_step": state.handover_step, "aid/handover_forced": state.handover_forced,
+               "aid/gate_first_pass_step": gate_pass[0] if gate_pass else None,
+               "aid/gate": state.gate, "aid/restarts": state.restarts}
+    atomic_write_json(out / "summary.json", summary)
+    return summary

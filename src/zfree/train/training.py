@@ -1,0 +1,394 @@
+"""CVAE training: build from the base run (``build_cvae``, ``build_optimizer``), then a short loop
+under the objective (``zfree.objective.objectives``), with the symmetry-breaking aids (``zfree.train.aids``),
+evaluations (``zfree.evaluate.metrics``) and the run folder of DESIGN §5 (``zfree.train.run_folder``).
+
+A run folder is locked while a process trains it. A run folder with ``summary.json`` is finished
+and never rewritten (returned only for the same config). A run folder with a ``checkpoint/``
+(or ``checkpoint.prev/``) from the same config resumes exactly where it stopped (CPU: the same summary as
+an uninterrupted run, timing keys aside).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from zfree.train import aids, run_folder
+from zfree.config import TrainConfig
+from zfree.data.batching import EncodedPair, collate, encode_pair, pad_id_of
+from zfree.data.pairs import Pair, load_pairs
+from zfree.core.io import read_json
+from zfree.core.locks import run_folder_lock
+from zfree.objective.losses import base_token_matrix
+from zfree.evaluate.metrics import evaluate
+from zfree.models.base import load_base
+from zfree.models.continuous import ContinuousCVAE
+from zfree.models.discrete import DiscreteCVAE
+from zfree.models.loading import pick_device
+from zfree.models.precision import WEIGHT_DTYPES, acc_dtype, default_dtype
+from zfree.objective.objectives import hard_em_objective, step_objective  # noqa: F401 - hard_em_objective: public here too
+from zfree.reference.reference import Reference, resolve_reference
+from zfree.train.run_folder import TIMING_KEYS, NonFiniteLossError, NonFiniteMetricError  # noqa: F401 - re-exported
+from zfree.reference.scoring import context_length
+from zfree.core.values import check_device
+
+#: warn when one latent value is the posterior's argmax on at least this share of validation rows
+INDEX_COLLAPSE_SHARE = 0.9
+POSTERIOR_SIDE = aids.POSTERIOR_SIDE  # re-exported
+
+
+@dataclass
+class TrainState:
+    """Everything besides weights and optimizer moments that a resumed run needs."""
+
+    step: int = 0
+    phase: str = "soft"  # "hard" during the hard-EM phase of hard_em_then_soft
+    handover_step: int | None = None
+    handover_forced: bool = False
+    gate: list = field(default_factory=list)  # hand-over diagnostics over training
+    restarts: list = field(default_factory=list)
+    usage: list = field(default_factory=list)  # posterior-argmax counts since the last restart check
+    train_log: dict = field(default_factory=dict)  # running sums of training terms since the last eval
+
+
+def build_cvae(cfg: TrainConfig, backbone: torch.nn.Module) -> DiscreteCVAE | ContinuousCVAE:
+    """The CVAE of ``cfg.model.latent_kind`` on ``backbone`` (the latent embeddings start at 0, or
+    at N(0, latent_init_std^2) under the random_init_jsd aid), moved to ``cfg.optim.device``
+    ("auto": cuda when present) in train mode, its decoder passes under ``cfg.model.shared_prefix``
+    (auto / on / off; off also skips the z-free pass's key/value cache)."""
+    m = cfg.model
+    with default_dtype(next(backbone.parameters()).dtype):  # new heads in the backbone's dtype
+        if m.latent_kind == "continuous":
+            model = ContinuousCVAE(backbone, m.d_latent, m.posterior_features, prior=m.prior, n_samples=m.n_samples)
+        else:
+            model = DiscreteCVAE(backbone, m.n_latent, m.posterior_features,
+                                 latent_init_std=cfg.aid.latent_init_std if cfg.aid.aid == "random_init_jsd" else 0.0)
+    model.shared_prefix_mode = m.shared_prefix
+    model.shared_prefix = m.shared_prefix != "off"
+    return model.to(pick_device(cfg.optim.device)).train()
+
+
+def build_optimizer(model: DiscreteCVAE, cfg: TrainConfig, log=print) -> torch.optim.Optimizer:
+    """AdamW (or SGD) with every trainable parameter in exactly one of two groups (checked at start):
+    ``backbone`` (lr_backbone, warmed up) and ``new`` (heads and latent embeddings, lr_new).
+    Raises RuntimeError if the groups do not partition the trainable parameters."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    backbone = [p for n, p in named if n.startswith("backbone.")]
+    new = [p for n, p in named if not n.startswith("backbone.")]
+    ids = [id(p) for p in backbone + new]
+    if len(ids) != len(set(ids)) or len(ids) != len(named):
+        raise RuntimeError("optimizer groups do not partition the trainable parameters")
+    frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
+    if log:
+        log(f"parameters: backbone {sum(p.numel() for p in backbone):,} (from the base model), "
+            f"new {sum(p.numel() for p in new):,} ({', '.join(model.new_parameter_names())}), frozen {frozen:,}")
+    groups = [{"params": backbone, "lr": cfg.optim.lr_backbone, "name": "backbone"},
+              {"params": new, "lr": cfg.optim.lr_new, "name": "new"}]
+    return OPTIMIZERS[cfg.optim.optimizer](groups, weight_decay=cfg.optim.weight_decay)
+
+
+#: optim.optimizer -> the torch optimizer class
+OPTIMIZERS = {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
+
+
+def backbone_lr(cfg: TrainConfig, phase: str, step: int) -> float:
+    """The backbone rate at ``step``: hard_em_lr_backbone in the hard phase, else lr_backbone, times
+    the linear warm-up min(1, step / warmup_backbone)."""
+    warm = min(1.0, step / cfg.optim.warmup_backbone) if cfg.optim.warmup_backbone else 1.0
+    return (cfg.aid.hard_em_lr_backbone if phase == "hard" else cfg.optim.lr_backbone) * warm
+
+
+# ---------------------------------------------------------------------------- setup
+
+
+@dataclass
+class RunData:
+    """What the loop reads: the encoded rows, the reference's b and b_t, and the evaluation arguments."""
+
+    tokenizer: object
+    pad_id: int
+    c_base: float
+    train: list[EncodedPair]
+    val: list[EncodedPair]
+    val_pairs: list[Pair]
+    val_b: np.ndarray
+    train_ref: Reference | None  # b (and b_t) on training rows when the weighting needs them
+    eval_kw: dict
+
+
+def _check_inputs(cfg: TrainConfig) -> tuple[Path, Path]:
+    data_dir, base_dir = Path(cfg.data_dir), Path(cfg.base_dir)
+    for f in (data_dir / "train.jsonl", data_dir / "val.jsonl", base_dir / "model"):
+        if not f.exists():
+            raise FileNotFoundError(f"{f} does not exist (data_dir={cfg.data_dir!r}, base_dir={cfg.base_dir!r})")
+    return data_dir, base_dir
+
+
+def _encode(tok, pairs: list[Pair], max_len: int, split: str) -> list[EncodedPair]:
+    """x cut from the left to the context length (as the reference scorer does), y never cut:
+    ValueError names a row whose y does not fit."""
+    enc = [encode_pair(tok, p, max_length=max_len) for p in pairs]
+    cut = sum(e.x_tokens_cut > 0 for e in enc)
+    if cut:
+        print(f"note: {cut} {split} rows had x cut from the left to fit the context length {max_len} "
+              "(as in the z-free reference)", flush=True)
+    return enc
+
+
+def _setup_data(cfg: TrainConfig, backbone, tok, ref: Reference, train_ref: Reference | None,
+                data_dir: Path) -> RunData:
+    train_pairs = load_pairs(data_dir / "train.jsonl")
+    val_pairs = load_pairs(data_dir / "val.jsonl")
+    if cfg.optim.eval_rows:
+        val_pairs = val_pairs[: cfg.optim.eval_rows]
+    max_len = context_length(backbone)
+    train, val = _encode(tok, train_pairs, max_len, "train"), _encode(tok, val_pairs, max_len, "val")
+    val_ids = [p.id for p in val_pairs]
+    val_b = np.array(ref.b_of(val_ids))
+    val_tok = dict(zip(val_ids, ref.surprisal_of(val_ids))) if cfg.objective.weighting == "token" else None
+    meta = read_json(data_dir / "metadata.json") if (data_dir / "metadata.json").exists() else {}
+    pad = pad_id_of(tok)
+    eval_kw = dict(b=val_b, c_base=ref.c_base, objective=cfg.objective, pad_id=pad, tokenizer=tok,
+                   strategies=meta.get("parameters", {}).get("strategies"), decode_rows=cfg.optim.decode_rows,
+                   seed=cfg.optim.seed, base_token_nll=val_tok)
+    return RunData(tok, pad, ref.c_base, train, val, val_pairs, val_b, train_ref, eval_kw)
+
+
+def _batch_references(data: RunData, batch, weighting: str, device: torch.device, dtype: torch.dtype = torch.float32
+                      ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """b (batch,) and, under token weighting, the base-token matrix (batch, seq) of a training
+    batch, on ``device``. ``batch`` is the host (CPU) batch: both are built on the host and copied
+    once, so no device value is read back (``base_token_matrix`` reads prefix_len per row). ``dtype``:
+    the model's loss dtype (``zfree.models.precision.acc_dtype``)."""
+    if data.train_ref is None:
+        return None, None
+    b = torch.as_tensor(data.train_ref.b_of(batch.ids), dtype=dtype)
+    if weighting != "token":
+        return b.to(device), None
+    tok = base_token_matrix(batch.target_mask, batch.prefix_len, data.train_ref.surprisal_of(batch.ids), dtype=dtype)
+    return b.to(device), tok.to(device)
+
+
+# ---------------------------------------------------------------------------- evaluation records
+
+
+def _record_evaluation(out: Path, model, data: RunData, state: TrainState, opt, rng, t0: float):
+    """Evaluate, append the metrics row (with the mean training terms since the last one), checkpoint,
+    and warn on index collapse. Returns the ``metrics.Evaluation``. Raises NonFiniteMetricError
+    (after writing error.json) for a non-finite loss metric, before anything is stored or checkpointed."""
+    ev = evaluate(model, data.val, data.val_pairs, step=state.step, **data.eval_kw)
+    _host_state(state)
+    n = state.train_log.pop("_n", 0)
+    train_terms = {k: v / n for k, v in state.train_log.items()} if n else {}
+    state.train_log = {}
+    row = {**ev.metrics, **train_terms, "aid/phase_soft": float(state.phase == "soft"),
+           "aid/handover_step": state.handover_step, "wall_s": time.time() - t0}
+    run_folder.check_finite_metrics(out, state.step, row)  # before it is stored or replaces the checkpoint
+    run_folder.append_metrics(out, row)
+    run_folder.save_checkpoint(out, model, opt, rng, state)
+    top = ev.metrics.get("latent/max_usage")
+    if top is not None and top >= INDEX_COLLAPSE_SHARE and state.step > 0:
+        print(f"warning: step {state.step}: one latent value is the posterior's argmax on {top:.0%} of the "
+              "validation rows (index collapse: reads as KL ~ 0 just like a uniform collapse)", flush=True)
+    return ev
+
+
+def _log_train_terms(state: TrainState, br) -> None:
+    """Add this step's training terms to the running sums (detached float64 device tensors, no
+    host copy; ``_host_state`` reads them at evaluation and checkpoint time)."""
+    for k, v in br.log_tensors("loss/train").items():
+        state.train_log[k] = state.train_log.get(k, 0.0) + v
+    state.train_log["_n"] = state.train_log.get("_n", 0) + 1
+
+
+def _host_state(state: TrainState) -> TrainState:
+    """The running sums and usage counts as host floats / ints (one device->host copy each), so
+    the state can be checkpointed and the metrics row written. Returns ``state``."""
+    state.train_log = {k: v if isinstance(v, (int, float)) else float(v) for k, v in state.train_log.items()}
+    if isinstance(state.usage, torch.Tensor):
+        state.usage = state.usage.cpu().tolist()
+    return state
+
+
+def _save_checkpoint(run: "Run", state: TrainState) -> None:
+    run_folder.save_checkpoint(run.out, run.model, run.opt, run.rng, _host_state(state))
+
+
+# ---------------------------------------------------------------------------- setup and one step
+
+
+@dataclass
+class Run:
+    """A run ready to train: its folder, model, data, optimizer, numpy RNG (batch draws), state and clock."""
+
+    out: Path
+    model: DiscreteCVAE | ContinuousCVAE
+    data: RunData
+    opt: torch.optim.Optimizer
+    rng: np.random.Generator
+    state: TrainState
+    t0: float  # wall-clock origin (continued on resume)
+
+
+def _setup_run(cfg: TrainConfig, out: Path, progress: bool) -> Run:
+    """Check the inputs and the folder (same config, same base model), load the base and the
+    reference, build model, data and optimizer, write config.json, and resume from a checkpoint."""
+    torch.set_num_threads(cfg.optim.threads)
+    torch.manual_seed(cfg.optim.seed)
+    data_dir, base_dir = _check_inputs(cfg)
+    run_folder.check_same_config(out, cfg)
+    backbone, tok = load_base(base_dir / "model", device=cfg.optim.device, dtype=WEIGHT_DTYPES[cfg.optim.precision])
+    ref = resolve_reference(cfg.objective.c_base_source, base_dir, data_dir, "val", model=backbone, tokenizer=tok)
+    run_folder.check_same_base(out, backbone, base_dir)
+    train_ref = (resolve_reference("pretrained_source", base_dir, data_dir, "train", model=backbone, tokenizer=tok)
+                 if cfg.objective.needs_example_b else None)  # b (and b_t) on training rows, scored once and cached
+    model = build_cvae(cfg, backbone)
+    data = _setup_data(cfg, backbone, tok, ref, train_ref, data_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    run_folder.write_config_record(out, cfg, data.c_base, ref, data_dir, backbone)
+    opt = build_optimizer(model, cfg, log=print if progress else None)
+    rng = np.random.default_rng(cfg.optim.seed)
+    state = run_folder.load_checkpoint(out, model, opt, rng, TrainState)
+    done_rows = run_folder.reset_metrics(out, None if state is None else state.step)
+    t0 = time.time() - (done_rows[-1].get("wall_s", 0.0) if done_rows else 0.0)  # wall time continues on resume
+    return Run(out, model, data, opt, rng, state or TrainState(phase=aids.initial_phase(cfg)), t0)
+
+
+#: steps between reads of the non-finite flags, per device type. Reading whether a loss is finite
+#: is a device->host synchronisation; on the CPU it costs nothing, so every step is checked before
+#: its update (the run stops at the bad step, its update never applied). On an accelerator the
+#: per-step flags stay on the device and are read every FINITE_CHECK_EVERY steps and before every
+#: evaluation, checkpoint and the end, so a non-finite loss still stops the run, naming the FIRST
+#: bad step, its batch and terms, and no weights updated from it are ever saved (the updates of up
+#: to N - 1 steps after it are discarded with the run).
+FINITE_CHECK_EVERY = {"cpu": 1}
+FINITE_CHECK_EVERY_ACCELERATOR = 25
+
+
+class FiniteWatch:
+    """The non-finite loss check without a per-step synchronisation (``FINITE_CHECK_EVERY``)."""
+
+    def __init__(self, out: Path, device: torch.device):
+        self.out = out
+        self.every = FINITE_CHECK_EVERY.get(torch.device(device).type, FINITE_CHECK_EVERY_ACCELERATOR)
+        self.pending: list[tuple[int, list[str], list[str], torch.Tensor]] = []
+
+    def add(self, br, step: int, batch) -> None:
+        """Record step ``step``'s finiteness flags (total, terms, contributions) on the device;
+        check them when the step is due (every step on the CPU)."""
+        named = [(k, v) for d in (br.terms, br.contributions) for k, v in d.items()]
+        flags = torch.stack([torch.isfinite(br.total.detach())] + [torch.isfinite(v.detach()) for _, v in named])
+        self.pending.append((step, list(batch.ids), [k for k, _ in named], flags))
+        if step % self.every == 0:
+            self.check()
+
+    def check(self) -> None:
+        """Read the pending flags (one synchronisation); NonFiniteLossError (after writing
+        error.json) naming the first step whose total is NaN or infinite."""
+        if not self.pending:
+            return
+        pending, self.pending = self.pending, []
+        ok = torch.stack([f[0] for *_, f in pending]).cpu()
+        if bool(ok.all()):
+            return
+        step, ids, names, flags = pending[int((~ok).nonzero()[0, 0])]
+        flags = flags.cpu()
+        bad = sorted({k for k, f in zip(names, flags[1:].tolist()) if not f})
+        run_folder.write_error(self.out, step, ids, bad)
+        raise NonFiniteLossError(f"non-finite loss at step {step}: terms {bad} (see {self.out / 'error.json'})")
+
+
+def _optimizer_step(run: Run, br, cfg: TrainConfig, step: int, frozen: aids.FrozenDecoderMask) -> None:
+    """Backward, the frozen-decoder mask (warm phase), gradient clipping, the update."""
+    run.opt.zero_grad(set_to_none=True)
+    br.total.backward()
+    if aids.frozen_decoder_phase(cfg, step):  # frozen-decoder warm phase: the posterior side only
+        frozen.apply()
+    if cfg.optim.grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(run.model.parameters(), cfg.optim.grad_clip)
+    run.opt.step()
+
+
+# ---------------------------------------------------------------------------- the loop
+
+
+def train_cvae(cfg: TrainConfig, out_dir: Path | str, progress: bool = True, stop_after: int | None = None) -> dict:
+    """Train one CVAE and write its run folder; returns the summary.
+
+    c_base and b come from ``cfg.c_base_source`` (entangled_run: the base run's ``reference/``,
+    hash-checked; pretrained_source: scored now). ``stop_after`` stops (with a checkpoint) after
+    that many steps, for tests of resume. The run folder is locked meanwhile (``zfree.core.locks``).
+    A finished run folder is returned as is only when it holds this config. Raises
+    FileNotFoundError / ValueError naming the file or field for a bad base run or data folder;
+    ResumeRefusedError (a ValueError) for a folder of another config, finished or not;
+    LockHeldError when another process owns the folder; ConfigError for an unavailable device;
+    CheckpointError when no checkpoint of the folder loads (a damaged one falls back to the
+    previous one with a warning naming the file); NonFiniteLossError / NonFiniteMetricError
+    (after saving ``error.json``, the last good checkpoint kept) if the loss or an evaluation
+    goes non-finite.
+    """
+    check_device(cfg.optim.device)
+    out = Path(out_dir)
+    with run_folder_lock(out, "run folder"):
+        return _train_locked(cfg, out, progress, stop_after)
+
+
+def _train_locked(cfg: TrainConfig, out: Path, progress: bool, stop_after: int | None) -> dict:
+    if (done := run_folder.finished_summary(out, cfg)) is not None:
+        return done
+    run = _setup_run(cfg, out, progress)
+    model, data, state = run.model, run.data, run.state
+    gate_rows = data.val[: cfg.aid.handover_rows] if cfg.aid.handover_rows else data.val
+    frozen = aids.FrozenDecoderMask(model)
+    dev, acc = next(model.parameters()).device, acc_dtype(next(model.parameters()).dtype)
+    watch = FiniteWatch(out, dev)
+    ev = _record_evaluation(out, model, data, state, run.opt, run.rng, run.t0) if state.step == 0 else None
+    bar = tqdm(total=cfg.optim.steps, initial=state.step, disable=not progress, mininterval=5,
+               desc=f"{cfg.objective.weighting} β={cfg.objective.beta:g}" + ("" if cfg.aid.aid == "none" else f" {cfg.aid.aid}"))
+    while state.step < cfg.optim.steps:
+        step = state.step + 1
+        run.opt.param_groups[0]["lr"] = backbone_lr(cfg, state.phase, step)
+        run.opt.param_groups[1]["lr"] = aids.new_lr(cfg, state.phase)
+        idx = run.rng.integers(0, len(data.train), cfg.optim.batch_size)  # batches drawn with replacement
+        host = collate([data.train[i] for i in idx], pad_id=data.pad_id)
+        b, base_tok = _batch_references(data, host, cfg.objective.weighting, dev, acc)
+        batch = host.to(dev)
+        # one objective per step: the hard-EM phase, else the latent kind's true J (beta0 warm-up applied)
+        phase = "hard" if state.phase == "hard" else cfg.model.latent_kind
+        br = step_objective(phase, model, batch, cfg, step, data.c_base, b, base_tok, warm=aids.beta0_warm(cfg, step))
+        if state.phase == "hard":  # dead-value restarts count the posterior's argmax
+            aids.count_usage(state, br.per_example["q_logits"].argmax(-1), model.n_latent)
+        watch.add(br, step, batch)  # checked now on the CPU, every FINITE_CHECK_EVERY steps elsewhere
+        _optimizer_step(run, br, cfg, step, frozen)
+        state.step = step
+        _log_train_terms(state, br)
+        bar.update(1)
+        if not bar.disable and step % max(10, watch.every) == 0:  # a host read: only with a bar, rarely
+            bar.set_postfix({k.split("/")[-1][:6]: f"{float(v):.3f}" for k, v in br.terms.items()}, refresh=False)
+        if state.phase == "hard":  # restarts, then the hand-over gate
+            aids.hard_phase_checks(model, cfg, state, step, gate_rows, data.val_b[: len(gate_rows)], data.c_base,
+                                   data.pad_id)
+        evaluating = step % cfg.optim.eval_every == 0 or step == cfg.optim.steps
+        saving = bool(cfg.optim.checkpoint_every and step % cfg.optim.checkpoint_every == 0)
+        stopping = stop_after is not None and stop_after <= step < cfg.optim.steps
+        if evaluating or saving or stopping:
+            watch.check()  # before anything is written: weights updated from a non-finite loss are never saved
+        if evaluating:
+            ev = _record_evaluation(out, model, data, state, run.opt, run.rng, run.t0)
+        elif saving:
+            _save_checkpoint(run, state)
+        if stopping:  # tests of resume
+            if not (evaluating or saving):  # (saving twice would leave checkpoint.prev equal to checkpoint)
+                _save_checkpoint(run, state)
+            bar.close()
+            return {"stopped_at": step}
+    bar.close()
+    if ev is None:  # resumed exactly at the end
+        ev = evaluate(model, data.val, data.val_pairs, step=state.step, **data.eval_kw)
+        run_folder.check_finite_metrics(out, state.step, ev.metrics)
+    return run_folder.write_summary(out, cfg, ev, state, time.time() - run.t0)

@@ -1,0 +1,133 @@
+"""The layers of src/zfree ("Layers you can see", README "Layout"): each sub-package is one layer,
+and a module imports (at the top, inside a function, or under ``if TYPE_CHECKING``) only modules of
+its own layer or of a layer below it. Bottom to top:
+
+    core -> data -> models -> objective -> reference -> evaluate -> train -> experiment -> report -> cli
+
+Exceptions, on purpose:
+  * ``zfree.config`` (the frozen dataclasses, the contract every layer reads) may be imported from
+    any layer. Its own imports are checked as if it sat on top of ``data``: it builds on core's
+    field checks and re-exports ``DataConfig`` from ``zfree.data.synth``.
+  * ``zfree.cli`` (the ``zfree`` command) is the top and may import anything.
+  * ``zfree`` itself (``__init__``: the version only) counts as core.
+
+``models`` sits below ``objective`` because the objective runs the model's forward pass
+(``zfree.objective.objectives.step_objective`` under ``zfree.models.precision``'s autocast), and the
+one reduction both need, the masked mean token NLL, lives in ``zfree.models.nll``.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+PKG = SRC / "zfree"
+
+#: the layers, bottom to top; a module may import its own layer and those before it
+LAYERS = ["core", "data", "models", "objective", "reference", "evaluate", "train", "experiment", "report", "cli"]
+RANK = {layer: i for i, layer in enumerate(LAYERS)}
+#: top-level modules that are no sub-package: module -> the layer its own imports are checked at
+TOP_LEVEL = {"zfree": "core", "zfree.config": "data", "zfree.cli": "cli"}
+#: importable from every layer
+ANYWHERE = {"zfree.config"}
+
+
+def layer_of(module: str) -> str | None:
+    """The layer of a zfree module name (``zfree.train.training`` -> ``train``), None if it has none."""
+    if module in TOP_LEVEL:
+        return TOP_LEVEL[module]
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in RANK else None
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(SRC).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(module: str, source: str, is_package: bool = False) -> list[tuple[int, str]]:
+    """(line, zfree module) for every zfree import anywhere in ``source`` (the module ``module``):
+    ``import zfree.a.b``, ``from zfree.a.b import x``, ``from zfree.a import b`` (-> ``zfree.a.b``),
+    relative imports resolved against ``module``'s package."""
+    out = []
+    package = module if is_package else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names if a.name == "zfree" or a.name.startswith("zfree.")]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target != "zfree" and not target.startswith("zfree."):
+                continue
+            if target == "zfree":  # from zfree import train, config: each name is a module
+                out += [(node.lineno, f"zfree.{a.name}") for a in node.names]
+            else:
+                out.append((node.lineno, target))
+    return out
+
+
+def upward_imports(module: str, source: str, filename: str, is_package: bool = False) -> list[str]:
+    """``file:line: ...`` for every import in ``source`` of a module above ``module``'s layer (or
+    of a zfree module in no layer); empty when the module keeps to its layer and those below."""
+    own = layer_of(module)
+    if own is None:
+        return [f"{filename}:1: {module} is in no layer (LAYERS = {LAYERS})"]
+    bad = []
+    for line, target in imported_modules(module, source, is_package):
+        if target in ANYWHERE or own == "cli":
+            continue
+        layer = layer_of(target)
+        if layer is None:
+            bad.append(f"{filename}:{line}: {module} imports {target}, which is in no layer")
+        elif RANK[layer] > RANK[own]:
+            bad.append(f"{filename}:{line}: {module} (layer {own}) imports {target} (layer {layer}, above it)")
+    return bad
+
+
+def test_every_import_points_down_or_stays_in_its_layer():
+    bad, n = [], 0
+    for path in sorted(PKG.rglob("*.py")):
+        n += 1
+        bad += upward_imports(module_name(path), path.read_text(), str(path.relative_to(SRC.parent)),
+                              is_package=path.name == "__init__.py")
+    assert n > 40, n
+    assert not bad, "\n".join(bad)
+
+
+def test_the_checker_catches_a_planted_upward_import():
+    models_src = ("import torch\n"
+                  "from zfree.data.batching import Batch\n"
+                  "from zfree.config import TrainConfig\n"
+                  "from typing import TYPE_CHECKING\n"
+                  "if TYPE_CHECKING:\n"
+                  "    from zfree.evaluate.metrics import evaluate\n"
+                  "def f():\n"
+                  "    from zfree.train.training import x\n"
+                  "    import zfree.report.plotting as P\n"
+                  "    from zfree.models import base\n")
+    bad = upward_imports("zfree.models.planted", models_src, "src/zfree/models/planted.py")
+    assert len(bad) == 3, bad
+    assert bad[0].startswith("src/zfree/models/planted.py:6: ") and "zfree.evaluate.metrics (layer evaluate" in bad[0]
+    assert bad[1].startswith("src/zfree/models/planted.py:8: ") and "zfree.train.training (layer train" in bad[1]
+    assert bad[2].startswith("src/zfree/models/planted.py:9: ") and "zfree.report.plotting" in bad[2]
+    # the same through `from zfree import ...`, a relative import, and into a module of no layer
+    assert upward_imports("zfree.core.io", "from zfree import train\n", "io.py") != []
+    assert upward_imports("zfree.objective.losses", "from ..train import aids\n", "losses.py") != []
+    assert upward_imports("zfree.core.io", "from zfree.nowhere import x\n", "io.py") != []
+    # allowed: same layer, below, the config contract from anywhere, anything from the cli
+    assert upward_imports("zfree.core.io", "from zfree.core.errors import E\nfrom zfree.config import C\n", "io.py") == []
+    assert upward_imports("zfree.cli", "from zfree.report.widgets import W\n", "cli.py") == []
+    assert upward_imports("zfree.config", "from zfree.models.base import x\n", "config.py") != []
+
+
+def test_the_sub_packages_are_the_layers():
+    dirs = sorted(p.name for p in PKG.iterdir() if p.is_dir() and not p.name.startswith("__"))
+    assert dirs == sorted(LAYERS[:-1])  # the cli is the module cli.py
+    assert sorted(p.name for p in PKG.glob("*.py")) == ["__init__.py", "cli.py", "config.py"]
+    for layer in LAYERS[:-1]:
+        doc = ast.get_docstring(ast.parse((PKG / layer / "__init__.py").read_text()))
+        assert doc, f"{layer}/__init__.py has no docstring"
