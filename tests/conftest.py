@@ -51,6 +51,7 @@ if os.environ.get("ZFREE_TYPECHECK", "1") != "0":
     jaxtyping.install_import_hook(_checked_modules(),
                                   "beartype.beartype(conf=beartype.BeartypeConf(is_pep484_tower=True))")
 
+import pytest  # noqa: E402
 import torch  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
@@ -64,11 +65,42 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 def pytest_collection_modifyitems(config, items):
     """``@pytest.mark.gpu`` tests are skipped when CUDA is not available."""
-    import pytest
-
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA (gpu tier)")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# ---------------------------------------------------------------------------- shared fixtures
+# built once per session (tests/tiny.py); tests deep-copy the models they change
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory):
+    """(data_dir, base_dir) of the tiny benchmark + base run, built once per session, in the same
+    folder as ``tests/tiny_sweep.make_tiny_sweep``'s."""
+    from tests.tiny import make_tiny_run
+
+    return make_tiny_run(tmp_path_factory.getbasetemp() / "tiny_sweep")
+
+
+@pytest.fixture(scope="session")
+def tiny_lm(tmp_path_factory):
+    """``get(n_layer=2, seed=1, saved=False, pairs=PAIRS) -> (model, tokenizer, batch)``: the tiny
+    GPT-2 of ``tests.tiny.tiny_gpt2`` (``saved``: through save_pretrained + load_base) and the padded
+    batch of ``pairs``, each variant built once per session."""
+    from tests.tiny import PAIRS, pairs_batch, tiny_gpt2
+
+    cache: dict = {}
+
+    def get(n_layer: int = 2, seed: int = 1, saved: bool = False, pairs=PAIRS):
+        key = (n_layer, seed, saved)
+        if key not in cache:
+            folder = tmp_path_factory.mktemp(f"tiny_lm_{n_layer}_{seed}") if saved else None
+            cache[key] = tiny_gpt2(n_layer=n_layer, seed=seed, folder=folder)
+        model, tok = cache[key]
+        return model, tok, pairs_batch(tok, pairs)
+
+    return get

@@ -12,30 +12,24 @@ import pytest
 import torch
 from torch.distributions import Independent, Normal, kl_divergence
 
-from tests.tiny import make_tiny_run
+from tests.tiny import PAIRS, tiny_flat
 from zfree.config import ModelConfig, ObjectiveConfig, TrainConfig
 from zfree.data.batching import collate, encode_pair
 from zfree.data.pairs import Pair
-from zfree.data.tokenizer import build_digit_tokenizer
 from zfree.core.io import read_json, read_jsonl
 from zfree.objective.losses import free_bits_per_dim, gaussian_kl
 from zfree.evaluate.metrics import active_units, gaussian_mutual_information
-from zfree.models.base import build_synthetic_gpt2, target_logprobs
+from zfree.models.base import target_logprobs
 from zfree.objective.objectives import assemble_gaussian_objective  # moved from zfree.objective.losses (issue 12)
 from zfree.models.continuous import ContinuousCVAE
 from zfree.models.injection import injection_mask
 from zfree.train.training import TIMING_KEYS, train_cvae
 
-PAIRS = [Pair("a", "1 2 3", "3 2 1"), Pair("b", "4 5 6 7 8 9 0", "0 9 8 7 6 5 4"), Pair("c", "", "1"),
-         Pair("d", "7 7", "7 7")]
 
 
 @pytest.fixture(scope="module")
-def setup():
-    tok = build_digit_tokenizer(10)
-    base = build_synthetic_gpt2(len(tok), n_layer=2, n_embd=32, n_head=2, seed=1).eval()
-    batch = collate([encode_pair(tok, p) for p in PAIRS], pad_id=tok.pad_token_id)
-    return base, tok, batch
+def setup(tiny_lm):
+    return tiny_lm(n_layer=2, seed=1)  # (base in eval mode, tok, batch of PAIRS)
 
 
 @pytest.mark.parametrize("shared_prefix", [True, False])
@@ -135,15 +129,13 @@ def test_active_units_and_mutual_information():
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return make_tiny_run(tmp_path_factory.mktemp("tiny"))
+def tiny(tiny_run):
+    return tiny_run
 
 
 def _cfg(data, base, **kw):
-    flat = {**TrainConfig().to_flat(), "data_dir": str(data), "base_dir": str(base), "steps": 6, "batch_size": 8,
-            "eval_every": 3, "eval_rows": 24, "decode_rows": 8, "warmup_backbone": 2, "latent_kind": "continuous",
-            "d_latent": 4, "n_samples": 2, "device": "cpu", **kw}
-    return TrainConfig.from_flat(flat)
+    return TrainConfig.from_flat(tiny_flat(data, base, **{"steps": 6, "eval_every": 3, "latent_kind": "continuous",
+                                                          "d_latent": 4, "n_samples": 2, "device": "cpu", **kw}))
 
 
 def test_continuous_run_folder_and_resume(tiny, tmp_path):

@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from placement import FactoryRecorder  # noqa: E402
 
-from tests.tiny import make_tiny_run  # noqa: E402
+from tests.tiny import TRAIN_DEFAULTS, tiny_flat  # noqa: E402
 from zfree.config import TrainConfig  # noqa: E402
 from zfree.core.io import read_json  # noqa: E402
 
@@ -41,14 +41,14 @@ STEP_CONFIGS = {
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return make_tiny_run(tmp_path_factory.getbasetemp() / "tiny_device")
+def tiny(tiny_run):
+    return tiny_run
 
 
 def _cfg(data, base, **kw) -> TrainConfig:
-    return TrainConfig.from_flat({**TrainConfig().to_flat(), "data_dir": str(data), "base_dir": str(base),
-                                  "steps": 3, "batch_size": 4, "eval_every": 3, "eval_rows": 8, "decode_rows": 4,
-                                  **kw})
+    return TrainConfig.from_flat(tiny_flat(data, base, **{"steps": 3, "batch_size": 4, "eval_every": 3, "eval_rows": 8,
+                                                          "decode_rows": 4,
+                                                          "warmup_backbone": TRAIN_DEFAULTS["warmup_backbone"], **kw}))
 
 
 def record_training(monkeypatch, cfg: TrainConfig, out: Path, device: str) -> tuple[list, list]:

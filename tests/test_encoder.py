@@ -8,25 +8,20 @@ import copy
 import pytest
 import torch
 
+from tests.tiny import PAIRS
 from zfree.config import ModelConfig, TrainConfig
 from zfree.data.batching import collate, encode_pair
 from zfree.data.pairs import Pair
-from zfree.data.tokenizer import build_digit_tokenizer
-from zfree.models.base import build_synthetic_gpt2, target_logprobs
+from zfree.models.base import target_logprobs
 from zfree.models.continuous import ContinuousCVAE
 from zfree.models.discrete import DiscreteCVAE
 from zfree.train.training import build_optimizer
 
-PAIRS = [Pair("a", "1 2 3", "3 2 1"), Pair("b", "4 5 6 7 8 9 0", "0 9 8 7 6 5 4"), Pair("c", "", "1"),
-         Pair("d", "7 7", "7 7")]
 
 
 @pytest.fixture(scope="module")
-def setup():
-    tok = build_digit_tokenizer(10)
-    base = build_synthetic_gpt2(len(tok), n_layer=1, n_embd=32, n_head=2, seed=2).eval()
-    batch = collate([encode_pair(tok, p) for p in PAIRS], pad_id=tok.pad_token_id)
-    return base, tok, batch
+def setup(tiny_lm):
+    return tiny_lm(n_layer=1, seed=2)  # (base in eval mode, tok, batch of PAIRS)
 
 
 def test_discrete_with_encoder_keeps_step0_contract_and_ignores_padding(setup):

@@ -45,7 +45,6 @@ import yaml
 
 from tests.test_io import _Evil
 from tests.test_locks import hold_lock
-from tests.tiny import make_tiny_run
 from tests.tiny_sweep import tiny_base_flat
 from zfree.cli import main
 from zfree.config import TrainConfig
@@ -55,8 +54,8 @@ SPEC_KEYS = ("data_dir", "base_dir", "steps", "batch_size", "eval_every", "eval_
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return make_tiny_run(tmp_path_factory.getbasetemp() / "tiny_sweep")
+def tiny(tiny_run):
+    return tiny_run
 
 
 @pytest.fixture(scope="module")

@@ -79,19 +79,12 @@ def test_cvae_step0_on_cuda(tmp_path, kind):
 # ---------------------------------------------------------------------------- training on CUDA (issue 16)
 
 
-@pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
-    from tests.tiny import make_tiny_run
-
-    return make_tiny_run(tmp_path_factory.getbasetemp() / "tiny_gpu")
-
-
 def _train_cfg(data, base, **kw):
+    """device left at "auto" (CUDA here); ``tiny_run`` is the session fixture of tests/conftest.py."""
+    from tests.tiny import tiny_flat
     from zfree.config import TrainConfig
 
-    return TrainConfig.from_flat({**TrainConfig().to_flat(), "data_dir": str(data), "base_dir": str(base),
-                                  "steps": 6, "batch_size": 8, "eval_every": 3, "eval_rows": 24, "decode_rows": 8,
-                                  "warmup_backbone": 2, **kw})
+    return TrainConfig.from_flat(tiny_flat(data, base, **{"steps": 6, "eval_every": 3, **kw}))
 
 
 @pytest.mark.parametrize("latent_kind", ["discrete", "continuous"])

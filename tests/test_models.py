@@ -7,27 +7,19 @@ import copy
 import pytest
 import torch
 
+from tests.tiny import PAIRS
 from zfree.data.batching import collate, encode_pair
 from zfree.data.pairs import Pair
 from zfree.data.tokenizer import build_digit_tokenizer
-from zfree.models.base import build_synthetic_gpt2, load_base, target_logprobs
+from zfree.models.base import build_synthetic_gpt2, target_logprobs
 from zfree.models.discrete import DiscreteCVAE
 from zfree.models.injection import injection_mask
 
-PAIRS = [Pair("a", "1 2 3", "3 2 1"), Pair("b", "4 5 6 7 8 9 0", "0 9 8 7 6 5 4"), Pair("c", "", "1"),
-         Pair("d", "7 7", "7 7")]
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    tok = build_digit_tokenizer(10)
-    base = build_synthetic_gpt2(len(tok), n_layer=2, n_embd=32, n_head=2, seed=1)
-    d = tmp_path_factory.mktemp("m")
-    base.save_pretrained(d)
-    tok.save_pretrained(d)
-    base, tok = load_base(d)  # the real loading path
-    batch = collate([encode_pair(tok, p) for p in PAIRS], pad_id=tok.pad_token_id)
-    return base, tok, batch
+def setup(tiny_lm):
+    return tiny_lm(n_layer=2, seed=1, saved=True)  # saved and loaded back: the real loading path
 
 
 def test_decoder_equals_base_model_at_init_for_every_latent(setup):

@@ -9,30 +9,24 @@ import math
 import pytest
 import torch
 
+from tests.tiny import SHORT_PAIRS as PAIRS
 from zfree.config import ObjectiveConfig, TrainConfig
 from zfree.data.batching import collate, encode_pair
 from zfree.data.pairs import Pair
 from zfree.data.synth import strategy_prior
 from zfree.data.tokenizer import build_digit_tokenizer
 from zfree.models.nll import masked_mean_token_nll
-from zfree.models.base import build_synthetic_gpt2, load_base
 from zfree.models.discrete import DiscreteCVAE
 from zfree.models.encoder import pool_posterior_features
 from zfree.objective.objectives import KINDS, STEP_OBJECTIVES, assemble, hard_em_objective, step_objective
 
-PAIRS = [Pair("a", "1 2 3", "3 2 1"), Pair("b", "4 5 6 7", "7 6 5 4"), Pair("c", "2", "2"), Pair("d", "7 7", "7 7")]
 F64 = torch.float64
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    tok = build_digit_tokenizer(10)
-    base = build_synthetic_gpt2(len(tok), n_layer=1, n_embd=32, n_head=2, seed=1)
-    d = tmp_path_factory.mktemp("m")
-    base.save_pretrained(d)
-    tok.save_pretrained(d)
-    base, tok = load_base(d)
-    return base, collate([encode_pair(tok, p) for p in PAIRS], pad_id=tok.pad_token_id)
+def setup(tiny_lm):
+    base, _, batch = tiny_lm(n_layer=1, seed=1, saved=True, pairs=PAIRS)
+    return base, batch
 
 
 def _cfg(**kw) -> TrainConfig:

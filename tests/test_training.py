@@ -10,21 +10,19 @@ import pandas as pd
 import pytest
 import torch
 
-from tests.tiny import make_tiny_run
+from tests.tiny import tiny_flat
 from zfree.config import TrainConfig
 from zfree.core.io import read_json, read_jsonl
 from zfree.train.training import train_cvae
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return make_tiny_run(tmp_path_factory.mktemp("tiny"))
+def tiny(tiny_run):
+    return tiny_run
 
 
 def _cfg(data, base, **kw):
-    flat = {**TrainConfig().to_flat(), "data_dir": str(data), "base_dir": str(base), "steps": 6, "batch_size": 8,
-            "eval_every": 3, "eval_rows": 24, "decode_rows": 8, "warmup_backbone": 2, "device": "cpu", **kw}
-    return TrainConfig.from_flat(flat)
+    return TrainConfig.from_flat(tiny_flat(data, base, **{"steps": 6, "eval_every": 3, "device": "cpu", **kw}))
 
 
 def test_run_folder_contract_and_step0_equivalence(tiny, tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.tiny import make_tiny_run
+from tests.tiny import make_tiny_run, tiny_flat
 from zfree.config import TrainConfig
 from zfree.experiment.sweeps import expand_grid
 
@@ -14,8 +14,8 @@ GRID = {"objective": [{"weighting": "plain"}, {"weighting": "distribution"}, {"w
 
 
 def tiny_base_flat(data: Path, base: Path, **kw) -> dict:
-    return {**TrainConfig().to_flat(), "data_dir": str(data), "base_dir": str(base), "steps": 4, "batch_size": 8,
-            "eval_every": 2, "eval_rows": 24, "decode_rows": 8, "warmup_backbone": 2, "device": "cpu", **kw}
+    """``tests.tiny.tiny_flat`` (4 steps, evaluations every 2) on the CPU."""
+    return tiny_flat(data, base, **{"device": "cpu", **kw})
 
 
 def make_tiny_sweep(tmp_path_factory) -> Path:
