@@ -1,0 +1,63 @@
+"""zfree.experiment.study_notes: the visible notes of a study on own (partly labelled) data, the
+summary.csv with its per-label columns and notes, and notes.json read back."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+
+from zfree.data.pairs import Pair
+from zfree.experiment.study_notes import label_notes, study_notes, write_summary_csv
+
+
+def _pairs() -> list[Pair]:
+    return [Pair("a", "1 2", "2 1", strategy="reverse", labels={"colour": "red", "size": 1}),
+            Pair("b", "3 4", "3 4", strategy="copy", labels={"colour": "blue"}),
+            Pair("c", "5", "5", labels={"colour": "red", "size": 2})]
+
+
+def test_label_notes_on_a_partly_labelled_list(tmp_path):
+    notes = label_notes(_pairs(), tmp_path)  # no metadata.json
+    assert notes[0].startswith("label 'strategy': on 2 of 3 rows only; structure/alignment_nmi")
+    assert notes[1] == "label 'size': on 2 of 3 val rows; its metrics use those rows only"  # colour is on every row
+    assert notes[2].startswith("labels ['colour', 'size']: structure/<metric>/<label> computed")
+    assert notes[3].startswith("task correctness: skipped (no metadata.json with strategies")
+    assert len(notes) == 4
+
+
+def test_label_notes_unlabelled_rows_and_a_benchmark_with_strategies(tmp_path):
+    bare = [Pair("a", "1", "1"), Pair("b", "2", "2")]
+    notes = label_notes(bare, tmp_path)
+    assert notes[0].startswith("label 'strategy': absent;")
+    assert "labels: none in the val rows; structure/<metric>/<label> is skipped" in notes
+    (tmp_path / "metadata.json").write_text(json.dumps({"parameters": {"strategies": ["copy", "reverse"]}}))
+    full = [Pair("a", "1", "1", strategy="copy", labels={"k": 1}), Pair("b", "2", "2", strategy="reverse", labels={"k": 2})]
+    notes = label_notes(full, tmp_path)  # every label on every row, strategies known: only the computed note
+    assert len(notes) == 1 and notes[0].startswith("labels ['k']: structure/<metric>/<label> computed")
+    (tmp_path / "metadata.json").write_text(json.dumps({"parameters": {"strategies": []}}))
+    assert label_notes(full, tmp_path)[-1].startswith("task correctness: skipped")
+
+
+def test_write_summary_csv_keeps_the_label_columns_and_joins_the_notes(tmp_path):
+    for run_id, beta, nmi in (("r2", 1.0, 0.25), ("r1", 0.3, 0.75)):
+        d = tmp_path / "runs" / run_id
+        d.mkdir(parents=True)
+        (d / "summary.json").write_text(json.dumps({"weighting": "plain", "beta": beta,
+                                                    "structure/alignment_nmi/colour": nmi,
+                                                    "structure/alignment_nmi": 0.1}))
+    tab = write_summary_csv(tmp_path, ["note one", "note two"])
+    assert list(tab["run_id"]) == ["r1", "r2"]  # sorted by weighting, beta
+    assert list(tab["structure/alignment_nmi/colour"]) == [0.75, 0.25]  # aligned with its run
+    assert set(tab["notes"]) == {"note one | note two"}
+    back = pd.read_csv(tmp_path / "summary.csv")
+    assert list(back.columns) == list(tab.columns) and list(back["run_id"]) == ["r1", "r2"]
+
+
+def test_write_summary_csv_of_no_runs_and_study_notes(tmp_path):
+    (tmp_path / "runs").mkdir()
+    tab = write_summary_csv(tmp_path, ["only"])
+    assert tab.empty and "notes" in tab.columns and (tmp_path / "summary.csv").exists()
+    assert study_notes(tmp_path) == {}
+    (tmp_path / "notes.json").write_text(json.dumps({"labels": ["x"]}))
+    assert study_notes(str(tmp_path)) == {"labels": ["x"]}
