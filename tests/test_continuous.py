@@ -14,8 +14,6 @@ from torch.distributions import Independent, Normal, kl_divergence
 
 from tests.tiny import PAIRS, tiny_flat
 from zfree.config import ModelConfig, ObjectiveConfig, TrainConfig
-from zfree.data.batching import collate, encode_pair
-from zfree.data.pairs import Pair
 from zfree.core.io import read_json, read_jsonl
 from zfree.objective.losses import free_bits_per_dim, gaussian_kl
 from zfree.evaluate.metrics import active_units, gaussian_mutual_information

@@ -11,10 +11,7 @@ import torch
 
 from tests.tiny import SHORT_PAIRS as PAIRS
 from zfree.config import ObjectiveConfig, TrainConfig
-from zfree.data.batching import collate, encode_pair
-from zfree.data.pairs import Pair
 from zfree.data.synth import strategy_prior
-from zfree.data.tokenizer import build_digit_tokenizer
 from zfree.models.nll import masked_mean_token_nll
 from zfree.models.discrete import DiscreteCVAE
 from zfree.models.encoder import pool_posterior_features
