@@ -16,13 +16,13 @@ from tests.tiny import PAIRS, tiny_flat
 from zfree.config import ModelConfig, ObjectiveConfig, TrainConfig
 from zfree.core.io import read_json, read_jsonl
 from zfree.objective.losses import free_bits_per_dim, gaussian_kl
-from zfree.evaluate.metrics import active_units, gaussian_mutual_information
+from zfree.evaluate.latent_stats import active_units, gaussian_mutual_information
 from zfree.models.base import target_logprobs
 from zfree.objective.objectives import assemble_gaussian_objective  # moved from zfree.objective.losses (issue 12)
 from zfree.models.continuous import ContinuousCVAE
 from zfree.models.injection import injection_mask
-from zfree.train.training import TIMING_KEYS, train_cvae
-
+from zfree.train.run_folder import TIMING_KEYS
+from zfree.train.training import train_cvae
 
 
 @pytest.fixture(scope="module")

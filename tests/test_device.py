@@ -99,7 +99,7 @@ def test_recorder_catches_a_planted_host_tensor(tiny, tmp_path, monkeypatch):
 
 
 def test_device_defaults_to_auto_and_auto_is_a_valid_device():
-    from zfree.config import check_device
+    from zfree.core.values import check_device
     from zfree.models.loading import pick_device
 
     assert TrainConfig().optim.device == "auto" and TrainConfig().optim.precision == "fp32"

@@ -18,7 +18,6 @@ from zfree.models.discrete import DiscreteCVAE
 from zfree.train.training import build_optimizer
 
 
-
 @pytest.fixture(scope="module")
 def setup(tiny_lm):
     return tiny_lm(n_layer=1, seed=2)  # (base in eval mode, tok, batch of PAIRS)

@@ -339,7 +339,8 @@ def test_old_layout_state_pt_is_read_as_plain_tensors_only(tiny, tmp_path, capsy
     torch.load(weights_only=True), to the uninterrupted summary; a crafted one there is refused
     naming the file, with nothing executed."""
     from zfree.core.io import load_plain_state
-    from zfree.train.training import TIMING_KEYS, train_cvae
+    from zfree.train.run_folder import TIMING_KEYS
+    from zfree.train.training import train_cvae
 
     run, ref_run = tmp_path / "run", tmp_path / "ref"
     cfg = _interrupted(tiny, run)
@@ -389,7 +390,8 @@ def test_finished_run_of_another_config_is_refused(finished, capsys):
 @pytest.mark.parametrize("damage", ["empty", "truncated"])
 @pytest.mark.parametrize("name", ["model.safetensors", "state"])
 def test_damaged_checkpoint_falls_back_to_the_previous_one(tiny, finished, tmp_path, damage, name):
-    from zfree.train.training import TIMING_KEYS, train_cvae
+    from zfree.train.run_folder import TIMING_KEYS
+    from zfree.train.training import train_cvae
 
     before = snapshot(finished)
     ref_run, run = tmp_path / "ref", tmp_path / "run"

@@ -16,7 +16,6 @@ from zfree.models.discrete import DiscreteCVAE
 from zfree.models.injection import injection_mask
 
 
-
 @pytest.fixture(scope="module")
 def setup(tiny_lm):
     return tiny_lm(n_layer=2, seed=1, saved=True)  # saved and loaded back: the real loading path

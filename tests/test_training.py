@@ -92,7 +92,7 @@ def test_missing_data_folder_names_the_file(tiny, tmp_path):
 
 
 def _strip_timing(s: dict) -> dict:
-    from zfree.train.training import TIMING_KEYS
+    from zfree.train.run_folder import TIMING_KEYS
 
     return {k: v for k, v in s.items() if k not in TIMING_KEYS}
 
@@ -221,7 +221,7 @@ def test_hard_phase_reconstruction_scale_does_not_depend_on_the_weighting_scale(
     from zfree.data.pairs import load_pairs
     from zfree.models.base import load_base
     from zfree.models.discrete import DiscreteCVAE
-    from zfree.train.training import hard_em_objective
+    from zfree.objective.objectives import hard_em_objective
 
     data, base = tiny
     backbone, tok = load_base(base / "model")

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from zfree.config import BaseTrainConfig, DataConfig, TrainConfig
+from zfree.config import BaseTrainConfig, TrainConfig
 from zfree.data.pairs import Pair
-from zfree.data.synth import write_benchmark
+from zfree.data.synth import DataConfig, write_benchmark
 from zfree.train.base_training import train_base
 
 TINY_DATA = DataConfig(n_min=3, n_max=6, n_train=400, n_val=48, n_test=16, seed=3)
