@@ -72,3 +72,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def smoke_study(tmp_path_factory):
+    """The smoke preset's study folder, run once per session (tests/smoke_study.py)."""
+    from tests.smoke_study import build_smoke_study  # imports zfree: only after the type-check hook above
+
+    return build_smoke_study(tmp_path_factory.mktemp("smoke_study"))

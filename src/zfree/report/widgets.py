@@ -5,9 +5,9 @@ study and the runs launched beside it) as its dropdowns (figure, source, weighti
 and sliders (beta, reconstruction weight) change. It offers only what the data has: a dropdown
 with one value is hidden and named in the note line, a slider that cannot change the figure is
 disabled with a note saying why. ``LaunchPanel`` expands a beta range × weightings × seeds (with
-a chosen aid and step budget) into points (``zfree.experiment.sweeps``), shows the config diff against its
-template before anything runs, runs them on an executor in a background thread into its own
-folder, refreshes an explorer as each finishes, and can be stopped. Both keep their state in
+a chosen aid and step budget) into points (``zfree.experiment.spec.expand_grid``), shows the config diff against its
+template before anything runs, runs them through the sweeps' executor loop (``zfree.experiment.executor.run_points``) in a
+background thread into its own folder, refreshes an explorer as each finishes, and can be stopped. Both keep their state in
 plain attributes (``figure``, ``selected``, ``statuses``) so tests drive them headlessly: set a
 widget's ``value``, read the attribute.
 """
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import html
 import threading
-from concurrent.futures import CancelledError, as_completed
 from pathlib import Path
 from typing import Any, Callable, Sequence, get_args
 
@@ -24,14 +23,17 @@ import ipywidgets as W
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+import psutil
 from IPython.display import display
 
-from zfree.report import plotting as P
 from zfree.config import Aid
 from zfree.core.io import read_jsonl
-from zfree.report.report import nearest, runs_at_beta
+from zfree.experiment.executor import Executor, local_executor, run_point, run_points
 from zfree.experiment.results import SweepResults, load_sweep
-from zfree.experiment.sweeps import NOTEBOOKS, Executor, Point, expand_grid, local_executor, run_point
+from zfree.experiment.spec import Point, expand_grid
+from zfree.experiment.study import HARD_EM_RECIPE, SWITCH_ON_RECIPE
+from zfree.report import plotting as P
+from zfree.report.report import nearest, runs_at_beta
 
 ALL = "all"
 WIDE = {"style": {"description_width": "initial"}}
@@ -224,8 +226,6 @@ class SweepExplorer:
 
 def _terminate_tree(pid: int) -> None:
     """SIGTERM a worker and its children (papermill's kernel, which would outlive a reparenting)."""
-    import psutil
-
     try:
         proc = psutil.Process(pid)
         for p in [*proc.children(recursive=True), proc]:
@@ -238,8 +238,6 @@ def aid_choices() -> dict[str, dict[str, Any]]:
     """The panel's aid menu: every ``config.Aid`` value alone, plus the study's switch-on recipes
     (``zfree.experiment.study.SWITCH_ON_RECIPE``, the default study's, and ``HARD_EM_RECIPE``; README
     "Making z switch on")."""
-    from zfree.experiment.study import HARD_EM_RECIPE, SWITCH_ON_RECIPE
-
     return {**{a: {"aid": a} for a in get_args(Aid)}, "hard_em_then_soft: SWITCH_ON_RECIPE": dict(SWITCH_ON_RECIPE),
             "hard_em_then_soft: HARD_EM_RECIPE": dict(HARD_EM_RECIPE)}
 
@@ -368,39 +366,29 @@ class LaunchPanel:
         self.label.value = f"running: 0/{len(points)}"
         self.button.disabled, self.stop_button.disabled = True, False
         self._stopping.clear()
-        runs_dir = (self.sweep_dir / "runs").resolve()
-        runs_dir.mkdir(parents=True, exist_ok=True)
-        nb = str((NOTEBOOKS / "train_cvae.ipynb").resolve())
-
-        def work():
-            self._ex = ex = self.make_executor() if self.make_executor else local_executor(self.workers)
-            broken = ""
-            try:
-                self._futures = futs = [ex.submit(self.run_fn, p, str(runs_dir), nb) for p in points]
-                ids = {id(f): p.run_id for f, p in zip(futs, points)}
-                for f in as_completed(futs):
-                    try:
-                        r = f.result()
-                    except CancelledError:
-                        r = {"run_id": ids[id(f)], "status": "cancelled"}
-                    except Exception as e:  # noqa: BLE001 - a worker ended by stop, or a lost job
-                        r = {"run_id": ids[id(f)], "status": "stopped" if self._stopping.is_set() else "failed",
-                             "error": f"{type(e).__name__}: {e}"[:500]}
-                    self._on_done(r)
-            except Exception as e:  # noqa: BLE001 - e.g. the executor refused a job: say so, do not die silently
-                broken = f"; {type(e).__name__}: {e}"[:300]
-            finally:
-                ex.shutdown(wait=True)
-                self.button.disabled, self.stop_button.disabled = False, True
-                ok = sum(s["status"] in ("finished", "skipped") for s in self.statuses)
-                state = "stopped" if self._stopping.is_set() else "failed" if broken else "done"
-                self.label.value = f"{state}: {ok}/{len(points)} ok{broken}"
-
-        self.thread = threading.Thread(target=work, daemon=True)
+        self.thread = threading.Thread(target=self._work, args=(points,), daemon=True)
         self.thread.start()
         if wait:
             self.thread.join()
         return self.thread
+
+    def _work(self, points: list[Point]) -> None:
+        """The launch thread: the points through ``run_points`` (the sweeps' executor loop) on this
+        panel's executor, cancellable by ``stop``; the label says how it ended."""
+        self._ex = ex = self.make_executor() if self.make_executor else local_executor(self.workers)
+        broken = ""
+        try:
+            run_points(points, self.sweep_dir / "runs", executor=ex, progress=False, on_done=self._on_done,
+                       run_fn=self.run_fn, on_submit=lambda futs: setattr(self, "_futures", futs),
+                       stopping=self._stopping)
+        except Exception as e:  # noqa: BLE001 - e.g. the executor refused a job: say so, do not die silently
+            broken = f"; {type(e).__name__}: {e}"[:300]
+        finally:
+            ex.shutdown(wait=True)
+            self.button.disabled, self.stop_button.disabled = False, True
+            ok = sum(s["status"] in ("finished", "skipped") for s in self.statuses)
+            state = "stopped" if self._stopping.is_set() else "failed" if broken else "done"
+            self.label.value = f"{state}: {ok}/{len(points)} ok{broken}"
 
     def stop(self, timeout: float = 30.0) -> None:
         """Cancel the runs not yet started and end the running workers (the local process pool's
