@@ -1,15 +1,14 @@
 """ipywidgets explorers over finished sweeps, and a panel that launches a small sweep.
 
 ``SweepExplorer`` redraws the figures of ``zfree.report.plotting`` from one or more sweep folders (a
-study and the runs launched beside it) as its dropdowns (figure, source, weighting, latent kind)
-and sliders (beta, reconstruction weight) change. It offers only what the data has: a dropdown
-with one value is hidden and named in the note line, a slider that cannot change the figure is
-disabled with a note saying why. ``LaunchPanel`` expands a beta range × weightings × seeds (with
-a chosen aid and step budget) into points (``zfree.experiment.spec.expand_grid``), shows the config diff against its
-template before anything runs, runs them through the sweeps' executor loop (``zfree.experiment.executor.run_points``) in a
-background thread into its own folder, refreshes an explorer as each finishes, and can be stopped. Both keep their state in
-plain attributes (``figure``, ``selected``, ``statuses``) so tests drive them headlessly: set a
-widget's ``value``, read the attribute.
+study and the runs launched beside it) as its dropdowns (figure, source, weighting, latent kind) and
+sliders (beta, reconstruction weight) change, offering only what the data has (a one-value dropdown
+is hidden and named in the note line; a slider that cannot change the figure is disabled, saying
+why). ``LaunchPanel`` expands a beta range × weightings × seeds (with a chosen aid and step budget)
+into points, shows the config diff against its template, runs them through the sweeps' executor
+loop (``zfree.experiment.executor.run_points``) in a background thread into its own folder,
+refreshes an explorer as each finishes, and can be stopped. Both keep their state in plain
+attributes (``figure``, ``selected``, ``statuses``): tests set a widget's ``value``, read the attribute.
 """
 
 from __future__ import annotations
@@ -35,8 +34,7 @@ from zfree.experiment.study import HARD_EM_RECIPE, SWITCH_ON_RECIPE
 from zfree.report import plotting as P
 from zfree.report.report import nearest, runs_at_beta
 
-ALL = "all"
-WIDE = {"style": {"description_width": "initial"}}
+ALL, WIDE = "all", {"style": {"description_width": "initial"}}  # the no-filter value; wide descriptions
 
 
 def wrap_panels(fig: plt.Figure, ncols: int = 4, panel: tuple[float, float] = (4.4, 3.8)) -> plt.Figure:
@@ -61,8 +59,7 @@ def load_sweeps(sweep_dirs: Sequence[Path | str]) -> SweepResults:
     """Several sweep folders as one ``SweepResults``: the runs of every folder that exists, with a
     ``source`` column (the first folder is ``study``, the others their path relative to it or
     their name); the reference and validation rows of the first folder that has them."""
-    dirs = [Path(d).resolve() for d in sweep_dirs]
-    parts, names = [], []
+    dirs, parts, names = [Path(d).resolve() for d in sweep_dirs], [], []
     for d in dirs:
         if d == dirs[0] or (d / "runs").exists():
             parts.append(load_sweep(d))
@@ -102,8 +99,7 @@ class SweepExplorer:
                                       layout=W.Layout(width="340px"), **WIDE)
         self.weight = W.SelectionSlider(options=[1.0], value=1.0, description="w", continuous_update=False,
                                         layout=W.Layout(width="340px"), **WIDE)
-        self.beta_note, self.weight_note, self.note = W.HTML(), W.HTML(), W.HTML()
-        self.status = W.HTML()
+        self.beta_note, self.weight_note, self.note, self.status = W.HTML(), W.HTML(), W.HTML(), W.HTML()
         self.out = W.Output()
         self._hold = False
         self._set_options()
@@ -279,12 +275,11 @@ class LaunchPanel:
         self.plan = W.HTML()
         self.button = W.Button(description="launch", button_style="primary")
         self.stop_button = W.Button(description="stop", button_style="danger", disabled=True)
-        self.progress = W.IntProgress(value=0, min=0, max=1, description="runs")
-        self.label = W.Label()
+        self.progress, self.label = W.IntProgress(value=0, min=0, max=1, description="runs"), W.Label()
         self.statuses: list[dict] = []
         self.thread: threading.Thread | None = None
         self._ex: Executor | None = None
-        self._futures: list = []
+        self._futures: list = []  # the running launch's futures (run_points' on_submit), cancelled by stop
         self._stopping = threading.Event()
         self.button.on_click(lambda _: self.launch())
         self.stop_button.on_click(lambda _: self.stop(timeout=0))  # never block the kernel
@@ -309,9 +304,9 @@ class LaunchPanel:
         (the sorted distinct values over the points)."""
         rows = []
         for k in sorted({k for p in points for k in p.params}):
-            vals = sorted({_fmt(p.params[k]) for p in points})
-            if vals != [_fmt(self.base.get(k, "—"))]:
-                rows.append({"field": k, "template": _fmt(self.base.get(k, "—")), "launched": ", ".join(vals)})
+            vals, template = sorted({_fmt(p.params[k]) for p in points}), _fmt(self.base.get(k, "—"))
+            if vals != [template]:
+                rows.append({"field": k, "template": template, "launched": ", ".join(vals)})
         return pd.DataFrame(rows, columns=["field", "template", "launched"])
 
     def warnings(self, points: list[Point]) -> list[str]:
