@@ -1,5 +1,5 @@
 """Sweep spec (YAML) -> a validated ``zfree.experiment.spec.ExperimentSpec`` -> the study pipeline
-(``zfree.experiment.study.run_experiment``: papermill runs on an executor, ``zfree.experiment.executor``)
+(``zfree.experiment.pipeline.run_experiment``: papermill runs on an executor, ``zfree.experiment.executor``)
 -> one tidy pandas table per sweep.
 
 A sweep spec (``analysis/sweeps/*.yaml``)::
@@ -12,7 +12,7 @@ A sweep spec (``analysis/sweeps/*.yaml``)::
       objective:                        # an axis of dicts sets several fields together
         - {weighting: plain}
         - {weighting: example, epsilon: 0.05}
-    executor: local                     # local | submitit (see ``make_executor``)
+    executor: local                     # local | submitit (``zfree.experiment.executor.make_executor``)
     workers: 2
     executor_options: {}                # submitit: cluster, timeout_min, slurm_partition, ...
 
@@ -41,8 +41,8 @@ from zfree.core.io import atomic_write_json
 from zfree.core.locks import run_folder_lock
 from zfree.core.paths import ROOT
 from zfree.experiment.executor import EXECUTORS, Executor
-from zfree.experiment.spec import BaseSource, DataSource, ExperimentSpec, expand_grid
 from zfree.experiment.pipeline import run_experiment
+from zfree.experiment.spec import BaseSource, DataSource, ExperimentSpec, expand_grid
 
 _SPEC_KEYS = {"name", "description", "base", "grid", "executor", "workers", "executor_options"}
 
