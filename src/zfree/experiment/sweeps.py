@@ -99,10 +99,8 @@ def _resolve(p: str) -> str:
     return str((ROOT / path).resolve())
 
 
-def _grid(path: Path, raw: dict, fields: set[str]) -> dict[str, list[Any]]:
+def _grid(raw: dict, fields: set[str]) -> dict[str, list[Any]]:
     """The typed grid of a raw spec; ConfigError naming ``grid.<axis>``."""
-    if not isinstance(raw.get("grid"), dict) or not raw["grid"]:
-        raise ConfigError(f"{path}: grid must be a non-empty mapping of axis -> values")
     grid = {}
     for name, v in raw["grid"].items():
         name = str(name)
@@ -160,10 +158,11 @@ def load_spec(path: Path | str, check_paths: bool = True) -> ExperimentSpec:
     unknown = sorted(set(raw) - _SPEC_KEYS)
     if unknown:
         raise ConfigError(f"{path}: unknown key(s) {unknown}; valid: {sorted(_SPEC_KEYS)}")
+    if not isinstance(raw.get("grid"), dict) or not raw["grid"]:
+        raise ConfigError(f"{path}: grid must be a non-empty mapping of axis -> values")
     fields = set(TrainConfig.flat_fields())
-    grid = _grid(path, raw, fields)
     try:
-        train = _shared(raw, fields)
+        grid, train = _grid(raw, fields), _shared(raw, fields)
     except ValueError as e:
         raise ConfigError(f"{path}: {e}") from None
     spec = ExperimentSpec(grid=grid, train=train, data=DataSource("fields"), base=BaseSource("fields"),
