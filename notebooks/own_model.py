@@ -35,7 +35,9 @@ from pathlib import Path
 import pandas as pd
 from IPython.display import Markdown, display
 
-from zfree.experiment.own_study import OWN_PRESETS, own_grid, prepare_split, link_model, write_reference, run_own_study
+from zfree.experiment.own_study import OWN_PRESETS, run_own_study
+from zfree.experiment.sources import link_model, prepare_split, write_reference
+from zfree.experiment.spec import own_grid
 
 cfg = OWN_PRESETS[preset]
 # e.g. cfg = dataclasses.replace(cfg, weightings=("plain", "distribution"), beta_factors=(1 / 3,))
@@ -64,7 +66,7 @@ result = run_own_study(model, data, out_dir, val=val, preset=cfg, render=render)
 # %%
 from zfree.report.report import label_table, notes_markdown, samples_table
 from zfree.experiment.results import collect_runs
-from zfree.experiment.own_study import study_notes
+from zfree.experiment.study_notes import study_notes
 
 runs = collect_runs(out_dir / "runs")
 display(Markdown(notes_markdown(study_notes(out_dir).get("notes", []))))

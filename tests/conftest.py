@@ -4,7 +4,7 @@ Runtime checking (STYLE §2): every ``zfree`` module that uses jaxtyping annotat
 imports jaxtyping) is imported through ``jaxtyping.install_import_hook`` with beartype, so a
 tensor whose shape or dtype contradicts its annotation fails the test that passes it. Modules
 without tensor annotations are left alone: beartype would otherwise also enforce unrelated hints
-(a non-runtime-checkable Protocol in ``zfree.experiment.sweeps`` cannot be checked at all), and
+(a non-runtime-checkable Protocol in ``zfree.experiment.executor`` cannot be checked at all), and
 ``zfree.config`` validates itself in ``__post_init__`` with a ``ValueError`` naming the field,
 a contract the hook would pre-empt with a ``TypeError``. ``is_pep484_tower`` lets an int stand
 for a float, as Python itself does. Set ZFREE_TYPECHECK=0 to run without the hook.
@@ -104,3 +104,11 @@ def tiny_lm(tmp_path_factory):
         return model, tok, pairs_batch(tok, pairs)
 
     return get
+
+
+@pytest.fixture(scope="session")
+def smoke_study(tmp_path_factory):
+    """The smoke preset's study folder, run once per session (tests/smoke_study.py)."""
+    from tests.smoke_study import build_smoke_study  # imports zfree: only after the type-check hook above
+
+    return build_smoke_study(tmp_path_factory.mktemp("smoke_study"))

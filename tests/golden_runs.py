@@ -91,15 +91,15 @@ def generate(root: Path, precision: str = "fp32", only: set[str] | None = None, 
     from zfree.data.synth import write_benchmark
     from zfree.core.io import read_jsonl
     from zfree.experiment.study import PRESETS
-    from zfree.experiment.sweeps import expand_grid
+    from zfree.experiment.spec import expand_grid
     from zfree.train.training import train_cvae
 
     p = PRESETS["smoke"]
-    data = write_benchmark(p.data, root / "data")
+    data = write_benchmark(p.data.config, root / "data")
     base = root / "base"
     if not (base / "reference" / "reference.json").exists():
         # the smoke base config without its wall-clock cap (the golden base must not depend on CPU speed)
-        train_base(data, base, dataclasses.replace(p.base, max_minutes=600.0), threads=1, progress=False,
+        train_base(data, base, dataclasses.replace(p.base.config, max_minutes=600.0), threads=1, progress=False,
                    dtype={"fp32": "float32", "fp64": "float64"}[precision])
     # device pinned to the CPU: the golden files pin this machine's CPU build (OptimConfig.device
     # defaults to "auto" since issue 16, and the recorded config would otherwise read "auto")

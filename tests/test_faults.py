@@ -241,7 +241,8 @@ def test_failing_point_exits_1_with_full_message_and_path(tiny, tmp_path, capsys
 
 def test_second_sweep_on_a_folder_is_refused_naming_the_pid(tiny, tmp_path):
     from zfree.core.errors import LockHeldError
-    from zfree.experiment.sweeps import load_spec, run_points, run_sweep
+    from zfree.experiment.executor import run_points
+    from zfree.experiment.sweeps import load_spec, run_sweep
 
     data, base = tiny
     spec = load_spec(write_spec(tmp_path, {"base": _spec_base(data, base), "grid": {"beta": [0.3]}}))

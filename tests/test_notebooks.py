@@ -13,8 +13,8 @@ import pytest
 
 from tests.tiny_sweep import make_tiny_sweep
 from zfree.config import TrainConfig
-from zfree.experiment.study import REPORT_NOTEBOOKS
 from zfree.core.paths import NOTEBOOKS
+from zfree.experiment.render import REPORT_NOTEBOOKS
 
 ALL = sorted(p.stem for p in NOTEBOOKS.glob("*.ipynb"))
 SUITE = ["train_cvae", "sweep_beta_vs_recon_weight", "rate_distortion", "effective_beta", "rho_recon",

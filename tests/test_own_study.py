@@ -129,7 +129,7 @@ def test_bad_inputs_one_line_errors(tiny_model, tmp_path, capsys):
 
 
 def test_val_sharing_x_is_warned_with_count_and_nothing_lost(tiny_model, tmp_path, capsys):
-    from zfree.experiment.own_study import prepare_split
+    from zfree.experiment.sources import prepare_split
 
     _, data = tiny_model
     rows = _rows()
@@ -152,7 +152,8 @@ def test_finetune_base_makes_the_entangled_run_setting(tiny_model, tmp_path, mon
 
     monkeypatch.setenv("ZFREE_CACHE_DIR", str(tmp_path / "cache"))
     model, data = tiny_model
-    one = dataclasses.replace(OWN_PRESETS["own_smoke"], aids=("none",))
+    smoke = OWN_PRESETS["own_smoke"]
+    one = dataclasses.replace(smoke, boundary=dataclasses.replace(smoke.boundary, aids=("none",)))
     out = run_own_study(model, data, tmp_path / "ft", preset=one, render=False, progress=False, finetune=True,
                         finetune_steps=3)
     ft = out / "base_ft"
@@ -169,14 +170,14 @@ def test_finetune_base_makes_the_entangled_run_setting(tiny_model, tmp_path, mon
 
 
 def test_e2e_preset_brackets_each_predicted_boundary_with_and_without_the_aid():
-    from zfree.experiment.own_study import predicted_boundary
     from zfree.core.paths import SHIPPED_E2E
-    from zfree.reference.reference import load_reference
+    from zfree.experiment.spec import predicted_boundary
     from zfree.experiment.study import PRESETS
+    from zfree.reference.reference import load_reference
 
     p = PRESETS["e2e"]
-    assert p.data_dir == SHIPPED_E2E and p.base_dir == SHIPPED_E2E / "base"
-    ref = load_reference(p.base_dir)
+    assert p.data.path == SHIPPED_E2E and p.base.path == SHIPPED_E2E / "base"
+    ref = load_reference(p.base.path)
     variants = p.grid["variant"]
     assert len(variants) == 8
     for w in ("plain", "distribution", "example", "token"):

@@ -10,14 +10,13 @@ with the same package calls the notebook makes.
 
 from __future__ import annotations
 
-import os
 import re
 
 import jupytext
 import pytest
 
-from zfree.experiment.study import REPORT_NOTEBOOKS, run_study
-from zfree.experiment.sweeps import NOTEBOOKS
+from zfree.core.paths import NOTEBOOKS
+from zfree.experiment.render import REPORT_NOTEBOOKS
 
 SHOW = re.compile(r"\bshow\(")
 
@@ -41,16 +40,10 @@ def _expected_switch_on(study) -> int:
             + int(not sweep.use_by_length("distribution").empty))
 
 
-@pytest.fixture(scope="module")
-def agg_smoke(tmp_path_factory):
-    out = tmp_path_factory.mktemp("agg_study")
-    old = os.environ.get("MPLBACKEND")
-    os.environ["MPLBACKEND"] = "Agg"  # the report's kernel inherits the environment
-    try:
-        run_study("smoke", out, progress=False)
-    finally:
-        os.environ.pop("MPLBACKEND") if old is None else os.environ.__setitem__("MPLBACKEND", old)
-    return out
+@pytest.fixture
+def agg_smoke(smoke_study):
+    """The session's smoke study (tests/smoke_study.py): run under ``MPLBACKEND=Agg``."""
+    return smoke_study
 
 
 def test_smoke_report_under_agg_holds_every_figure_per_section(agg_smoke):

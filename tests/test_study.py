@@ -6,14 +6,17 @@ import pandas as pd
 import pytest
 import torch
 
-from zfree.experiment.study import SUMMARY_COLUMNS, run_study
+from tests.smoke_study import agg_backend
+from zfree.core.paths import NOTEBOOKS, SHIPPED_BASE, SHIPPED_DATA
+from zfree.experiment.render import REPORT_NOTEBOOKS, _combined_report
+from zfree.experiment.results import SUMMARY_COLUMNS
+from zfree.experiment.spec import expand_grid
+from zfree.experiment.study import PRESETS, run_study
 
 
-@pytest.fixture(scope="module")
-def smoke(tmp_path_factory):
-    out = tmp_path_factory.mktemp("study")
-    run_study("smoke", out, progress=False)
-    return out
+@pytest.fixture
+def smoke(smoke_study):
+    return smoke_study
 
 
 def test_smoke_study_writes_every_artifact(smoke):
@@ -34,7 +37,8 @@ def test_smoke_study_writes_every_artifact(smoke):
 
 def test_rerun_skips_finished_runs(smoke):
     stamps = {p: p.stat().st_mtime_ns for p in (smoke / "runs").glob("*/summary.json")}
-    run_study("smoke", smoke, progress=False)
+    with agg_backend():  # the report is rendered again: as the session's study was (test_report_agg.py)
+        run_study("smoke", smoke, progress=False)
     assert {p: p.stat().st_mtime_ns for p in (smoke / "runs").glob("*/summary.json")} == stamps
 
 
@@ -50,8 +54,6 @@ def test_default_preset_has_each_weighting_without_and_with_the_aid_on_both_side
     import numpy as np
 
     from zfree.data.pairs import load_pairs
-    from zfree.experiment.study import PRESETS, SHIPPED_BASE, SHIPPED_DATA
-    from zfree.experiment.sweeps import expand_grid
     from zfree.objective.theory import predict_curve
 
     p = PRESETS["default"]
@@ -79,9 +81,6 @@ def test_default_preset_keeps_the_measured_step_budget():
     """The default preset's <= 10-minute wall time was measured with these budgets (README): the
     aided runs SWITCH_ON_RECIPE (K = 6, batch 32, the optimal posterior, a 200-row gate, a hard
     phase of at most 400 steps) for 600 steps; the others 100."""
-    from zfree.experiment.study import PRESETS
-    from zfree.experiment.sweeps import expand_grid
-
     p = PRESETS["default"]
     for q in (q.params for q in expand_grid(p.train, p.grid)):
         if q["aid"] == "none":
@@ -160,9 +159,6 @@ def test_the_combined_report_has_unique_cell_ids(tmp_path):
     import warnings
 
     import nbformat
-
-    from zfree.experiment.study import REPORT_NOTEBOOKS, _combined_report
-    from zfree.experiment.sweeps import NOTEBOOKS
 
     nb = _combined_report(tmp_path, [NOTEBOOKS / f"{n}.ipynb" for n in REPORT_NOTEBOOKS])
     ids = [c["id"] for c in nb.cells]

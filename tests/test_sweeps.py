@@ -12,7 +12,10 @@ import yaml
 
 from tests.tiny import make_tiny_run
 from tests.tiny_sweep import tiny_base_flat
-from zfree.experiment.sweeps import SPECS, expand_grid, load_spec, run_points
+from zfree.core.paths import SPECS
+from zfree.experiment.executor import run_points
+from zfree.experiment.spec import expand_grid
+from zfree.experiment.sweeps import load_spec
 
 SHIPPED = sorted(SPECS.glob("*.yaml"))
 

@@ -134,7 +134,7 @@ def sleepy_run(point, runs_dir, notebook):
 
 
 def test_stop_ends_the_workers_and_keeps_the_finished_runs(sweep, tmp_path):
-    from zfree.experiment.sweeps import local_executor
+    from zfree.experiment.executor import local_executor
 
     e = SweepExplorer(sweep)
     panel = LaunchPanel(e.results.config(e.results.runs["run_id"].iloc[0]), tmp_path, run_fn=sleepy_run,

@@ -137,12 +137,12 @@ def _report_failures(failed: list[tuple[str, Path]]) -> int:
 def _cmd_study(a):
     import time
 
+    # lazy: the experiment layer imports torch, transformers and the training stack (seconds); `zfree --help` need not
+    from zfree.experiment.own_study import run_own_study
     from zfree.experiment.study import run_study
 
     t0 = time.time() - 1.0
     if a.model or a.data or a.spec:
-        from zfree.experiment.own_study import run_own_study
-
         if not (a.model and a.data):
             raise ValueError("an own-model study needs --model MODEL and --data FILE.jsonl (--spec/--val optional)")
         run_own_study(a.model, a.data, a.out, val=a.val, preset=a.preset or "own", spec=a.spec, workers=a.workers,
@@ -151,7 +151,7 @@ def _cmd_study(a):
         if a.val:
             raise ValueError("--val needs --model and --data (an own-model study)")
         run_study(a.preset or "default", a.out, retrain_base=a.retrain_base, workers=a.workers)
-    # run_study prints its FAILED lines; a point that failed in this invocation left an error.json
+    # the pipeline prints its FAILED lines; a point that failed in this invocation left an error.json
     runs = Path(a.out).resolve() / "runs"
     failed = sorted((e.parent.name, e) for e in runs.glob("*/error.json")
                     if e.stat().st_mtime >= t0 and not (e.parent / "summary.json").exists())
@@ -162,15 +162,17 @@ def _cmd_study(a):
 
 
 def _cmd_report(a):
-    from zfree.experiment.study import render_report
+    from zfree.experiment.render import render_report
 
     print(render_report(a.study_dir, progress=True))
 
 
 def _cmd_sweep(a):
+    # lazy: as in _cmd_study
     from zfree.config import check_device
-    from zfree.experiment.study import render_report
-    from zfree.experiment.sweeps import load_spec, make_executor, run_sweep
+    from zfree.experiment.executor import make_executor
+    from zfree.experiment.render import render_report
+    from zfree.experiment.sweeps import load_spec, run_sweep
 
     spec = load_spec(a.spec)
     out = Path(a.out or Path("runs") / f"sweep-{spec.name}")
@@ -276,7 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="fine-tune MODEL on the train pairs first (entangled-run setting; a transformers folder)")
     st.add_argument("--finetune-steps", type=int, default=300)
     st.add_argument("--spec",
-                    help="own-model grid YAML (keys of zfree.experiment.own_study.OwnPreset) instead of a preset")
+                    help="own-model grid YAML (keys of zfree.experiment.own_study.OWN_SPEC_KEYS) instead of a preset")
     st.add_argument("--out", required=True)
     st.add_argument("--retrain-base", action="store_true", help="train a new base model instead of the shipped one")
     st.add_argument("--workers", type=int, default=None, help="parallel runs (one torch thread each)")

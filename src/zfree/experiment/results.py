@@ -12,8 +12,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from zfree.core.io import atomic_write_parquet, atomic_write_text, read_json
+from zfree.core.io import atomic_write_parquet, atomic_write_text, read_json, read_jsonl
 from zfree.core.paths import PATH_FIELDS, ROOT, resolve_path
+from zfree.data.pairs import load_pairs
+from zfree.objective.theory import predict_curve
 
 FACETS = ("weighting", "latent_kind", "aid")  # what tells runs of one sweep apart, besides beta
 
@@ -162,8 +164,6 @@ class SweepResults:
 
     def metrics(self, run_id: str) -> pd.DataFrame:
         """The metrics.jsonl rows of one run, one row per evaluation."""
-        from zfree.core.io import read_jsonl
-
         return pd.DataFrame(read_jsonl(self.sweep_dir / "runs" / run_id / "metrics.jsonl"))
 
     def config(self, run_id: str) -> dict:
@@ -181,8 +181,6 @@ class SweepResults:
         predicted as its outer weighting), counting the base model's excess over the Bayes loss
         (``excess_seq`` = |S|·b − bayes_nll) unless ``with_excess=False``, as the per-example
         ``predicted_use`` column does; None without a reference or Bayes losses."""
-        from zfree.objective.theory import predict_curve
-
         ex = self.examples
         if self.reference is None or ex is None or ex["bayes_nll"].isna().any() or self.runs.empty:
             return None
@@ -314,8 +312,6 @@ def _bayes_nll(data_file: str | None, runs: pd.DataFrame, ref_dir: Path) -> dict
     per-example tables (only the rows they evaluated)."""
     found = _reference_data_file(data_file, runs, ref_dir)
     if found is not None:
-        from zfree.data.pairs import load_pairs
-
         return {p.id: p.bayes_nll for p in load_pairs(found) if p.bayes_nll is not None}
     pe = per_example_table(runs)
     return dict(zip(pe["id"], pe["bayes_nll"])) if "bayes_nll" in pe else {}

@@ -8,7 +8,8 @@ import json
 from pathlib import Path
 
 from zfree.data.pairs import Pair
-from zfree.core.io import read_json
+from zfree.core.io import atomic_write_text, read_json
+from zfree.experiment.results import collect_runs, summary_with_labels
 
 
 def label_notes(pairs: list[Pair], data_dir: Path) -> list[str]:
@@ -42,9 +43,6 @@ def label_notes(pairs: list[Pair], data_dir: Path) -> list[str]:
 def write_summary_csv(out: Path, notes: list[str]):
     """``out/summary.csv``: ``zfree.experiment.results.summary_with_labels`` of the study's runs (the
     ``structure/<metric>/<label>`` columns and a ``notes`` column). Returns the table."""
-    from zfree.core.io import atomic_write_text
-    from zfree.experiment.results import collect_runs, summary_with_labels
-
     tab = summary_with_labels(collect_runs(out / "runs"), notes)
     atomic_write_text(out / "summary.csv", tab.to_csv(index=False))
     return tab

@@ -1,22 +1,20 @@
 """ipywidgets explorers over finished sweeps, and a panel that launches a small sweep.
 
 ``SweepExplorer`` redraws the figures of ``zfree.report.plotting`` from one or more sweep folders (a
-study and the runs launched beside it) as its dropdowns (figure, source, weighting, latent kind)
-and sliders (beta, reconstruction weight) change. It offers only what the data has: a dropdown
-with one value is hidden and named in the note line, a slider that cannot change the figure is
-disabled with a note saying why. ``LaunchPanel`` expands a beta range × weightings × seeds (with
-a chosen aid and step budget) into points (``zfree.experiment.sweeps``), shows the config diff against its
-template before anything runs, runs them on an executor in a background thread into its own
-folder, refreshes an explorer as each finishes, and can be stopped. Both keep their state in
-plain attributes (``figure``, ``selected``, ``statuses``) so tests drive them headlessly: set a
-widget's ``value``, read the attribute.
+study and the runs launched beside it) as its dropdowns (figure, source, weighting, latent kind) and
+sliders (beta, reconstruction weight) change, offering only what the data has (a one-value dropdown
+is hidden and named in the note line; a slider that cannot change the figure is disabled, saying
+why). ``LaunchPanel`` expands a beta range × weightings × seeds (with a chosen aid and step budget)
+into points, shows the config diff against its template, runs them through the sweeps' executor
+loop (``zfree.experiment.executor.run_points``) in a background thread into its own folder,
+refreshes an explorer as each finishes, and can be stopped. Both keep their state in plain
+attributes (``figure``, ``selected``, ``statuses``): tests set a widget's ``value``, read the attribute.
 """
 
 from __future__ import annotations
 
 import html
 import threading
-from concurrent.futures import CancelledError, as_completed
 from pathlib import Path
 from typing import Any, Callable, Sequence, get_args
 
@@ -24,17 +22,19 @@ import ipywidgets as W
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+import psutil
 from IPython.display import display
 
-from zfree.report import plotting as P
 from zfree.config import Aid
 from zfree.core.io import read_jsonl
-from zfree.report.report import nearest, runs_at_beta
+from zfree.experiment.executor import Executor, local_executor, run_point, run_points
 from zfree.experiment.results import SweepResults, load_sweep
-from zfree.experiment.sweeps import NOTEBOOKS, Executor, Point, expand_grid, local_executor, run_point
+from zfree.experiment.spec import Point, expand_grid
+from zfree.experiment.study import HARD_EM_RECIPE, SWITCH_ON_RECIPE
+from zfree.report import plotting as P
+from zfree.report.report import nearest, runs_at_beta
 
-ALL = "all"
-WIDE = {"style": {"description_width": "initial"}}
+ALL, WIDE = "all", {"style": {"description_width": "initial"}}  # the no-filter value; wide descriptions
 
 
 def wrap_panels(fig: plt.Figure, ncols: int = 4, panel: tuple[float, float] = (4.4, 3.8)) -> plt.Figure:
@@ -59,8 +59,7 @@ def load_sweeps(sweep_dirs: Sequence[Path | str]) -> SweepResults:
     """Several sweep folders as one ``SweepResults``: the runs of every folder that exists, with a
     ``source`` column (the first folder is ``study``, the others their path relative to it or
     their name); the reference and validation rows of the first folder that has them."""
-    dirs = [Path(d).resolve() for d in sweep_dirs]
-    parts, names = [], []
+    dirs, parts, names = [Path(d).resolve() for d in sweep_dirs], [], []
     for d in dirs:
         if d == dirs[0] or (d / "runs").exists():
             parts.append(load_sweep(d))
@@ -100,8 +99,7 @@ class SweepExplorer:
                                       layout=W.Layout(width="340px"), **WIDE)
         self.weight = W.SelectionSlider(options=[1.0], value=1.0, description="w", continuous_update=False,
                                         layout=W.Layout(width="340px"), **WIDE)
-        self.beta_note, self.weight_note, self.note = W.HTML(), W.HTML(), W.HTML()
-        self.status = W.HTML()
+        self.beta_note, self.weight_note, self.note, self.status = W.HTML(), W.HTML(), W.HTML(), W.HTML()
         self.out = W.Output()
         self._hold = False
         self._set_options()
@@ -224,8 +222,6 @@ class SweepExplorer:
 
 def _terminate_tree(pid: int) -> None:
     """SIGTERM a worker and its children (papermill's kernel, which would outlive a reparenting)."""
-    import psutil
-
     try:
         proc = psutil.Process(pid)
         for p in [*proc.children(recursive=True), proc]:
@@ -238,8 +234,6 @@ def aid_choices() -> dict[str, dict[str, Any]]:
     """The panel's aid menu: every ``config.Aid`` value alone, plus the study's switch-on recipes
     (``zfree.experiment.study.SWITCH_ON_RECIPE``, the default study's, and ``HARD_EM_RECIPE``; README
     "Making z switch on")."""
-    from zfree.experiment.study import HARD_EM_RECIPE, SWITCH_ON_RECIPE
-
     return {**{a: {"aid": a} for a in get_args(Aid)}, "hard_em_then_soft: SWITCH_ON_RECIPE": dict(SWITCH_ON_RECIPE),
             "hard_em_then_soft: HARD_EM_RECIPE": dict(HARD_EM_RECIPE)}
 
@@ -281,12 +275,11 @@ class LaunchPanel:
         self.plan = W.HTML()
         self.button = W.Button(description="launch", button_style="primary")
         self.stop_button = W.Button(description="stop", button_style="danger", disabled=True)
-        self.progress = W.IntProgress(value=0, min=0, max=1, description="runs")
-        self.label = W.Label()
+        self.progress, self.label = W.IntProgress(value=0, min=0, max=1, description="runs"), W.Label()
         self.statuses: list[dict] = []
         self.thread: threading.Thread | None = None
         self._ex: Executor | None = None
-        self._futures: list = []
+        self._futures: list = []  # the running launch's futures (run_points' on_submit), cancelled by stop
         self._stopping = threading.Event()
         self.button.on_click(lambda _: self.launch())
         self.stop_button.on_click(lambda _: self.stop(timeout=0))  # never block the kernel
@@ -311,9 +304,9 @@ class LaunchPanel:
         (the sorted distinct values over the points)."""
         rows = []
         for k in sorted({k for p in points for k in p.params}):
-            vals = sorted({_fmt(p.params[k]) for p in points})
-            if vals != [_fmt(self.base.get(k, "—"))]:
-                rows.append({"field": k, "template": _fmt(self.base.get(k, "—")), "launched": ", ".join(vals)})
+            vals, template = sorted({_fmt(p.params[k]) for p in points}), _fmt(self.base.get(k, "—"))
+            if vals != [template]:
+                rows.append({"field": k, "template": template, "launched": ", ".join(vals)})
         return pd.DataFrame(rows, columns=["field", "template", "launched"])
 
     def warnings(self, points: list[Point]) -> list[str]:
@@ -368,39 +361,29 @@ class LaunchPanel:
         self.label.value = f"running: 0/{len(points)}"
         self.button.disabled, self.stop_button.disabled = True, False
         self._stopping.clear()
-        runs_dir = (self.sweep_dir / "runs").resolve()
-        runs_dir.mkdir(parents=True, exist_ok=True)
-        nb = str((NOTEBOOKS / "train_cvae.ipynb").resolve())
-
-        def work():
-            self._ex = ex = self.make_executor() if self.make_executor else local_executor(self.workers)
-            broken = ""
-            try:
-                self._futures = futs = [ex.submit(self.run_fn, p, str(runs_dir), nb) for p in points]
-                ids = {id(f): p.run_id for f, p in zip(futs, points)}
-                for f in as_completed(futs):
-                    try:
-                        r = f.result()
-                    except CancelledError:
-                        r = {"run_id": ids[id(f)], "status": "cancelled"}
-                    except Exception as e:  # noqa: BLE001 - a worker ended by stop, or a lost job
-                        r = {"run_id": ids[id(f)], "status": "stopped" if self._stopping.is_set() else "failed",
-                             "error": f"{type(e).__name__}: {e}"[:500]}
-                    self._on_done(r)
-            except Exception as e:  # noqa: BLE001 - e.g. the executor refused a job: say so, do not die silently
-                broken = f"; {type(e).__name__}: {e}"[:300]
-            finally:
-                ex.shutdown(wait=True)
-                self.button.disabled, self.stop_button.disabled = False, True
-                ok = sum(s["status"] in ("finished", "skipped") for s in self.statuses)
-                state = "stopped" if self._stopping.is_set() else "failed" if broken else "done"
-                self.label.value = f"{state}: {ok}/{len(points)} ok{broken}"
-
-        self.thread = threading.Thread(target=work, daemon=True)
+        self.thread = threading.Thread(target=self._work, args=(points,), daemon=True)
         self.thread.start()
         if wait:
             self.thread.join()
         return self.thread
+
+    def _work(self, points: list[Point]) -> None:
+        """The launch thread: the points through ``run_points`` (the sweeps' executor loop) on this
+        panel's executor, cancellable by ``stop``; the label says how it ended."""
+        self._ex = ex = self.make_executor() if self.make_executor else local_executor(self.workers)
+        broken = ""
+        try:
+            run_points(points, self.sweep_dir / "runs", executor=ex, progress=False, on_done=self._on_done,
+                       run_fn=self.run_fn, on_submit=lambda futs: setattr(self, "_futures", futs),
+                       stopping=self._stopping)
+        except Exception as e:  # noqa: BLE001 - e.g. the executor refused a job: say so, do not die silently
+            broken = f"; {type(e).__name__}: {e}"[:300]
+        finally:
+            ex.shutdown(wait=True)
+            self.button.disabled, self.stop_button.disabled = False, True
+            ok = sum(s["status"] in ("finished", "skipped") for s in self.statuses)
+            state = "stopped" if self._stopping.is_set() else "failed" if broken else "done"
+            self.label.value = f"{state}: {ok}/{len(points)} ok{broken}"
 
     def stop(self, timeout: float = 30.0) -> None:
         """Cancel the runs not yet started and end the running workers (the local process pool's

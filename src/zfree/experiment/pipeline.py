@@ -1,0 +1,117 @@
+"""The one study pipeline (``run_experiment``): an ``ExperimentSpec``'s data and base sources made
+ready, its grid expanded (betas relative to the predicted boundary once the reference is known),
+the points run on an executor, summary.csv, the failures printed, report.html.
+
+The synthetic benchmark (``zfree.experiment.study.run_study``), E2E, a user's model and data
+(``zfree.experiment.own_study.run_own_study``) and a YAML sweep (``zfree.experiment.sweeps.run_sweep``)
+differ only by their spec's data and base sources (``zfree.experiment.spec``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from zfree.config import TrainConfig
+from zfree.core.io import atomic_write_json, atomic_write_text
+from zfree.core.locks import run_folder_lock
+from zfree.experiment.executor import Executor, make_executor, print_failures, run_points
+from zfree.experiment.render import render_report
+from zfree.experiment.results import aggregate, collect_runs, summary_table
+from zfree.experiment.sources import Prepared, prepare_base, prepare_data
+from zfree.experiment.spec import ExperimentSpec, expand_grid, own_grid
+from zfree.experiment.study_notes import label_notes, write_summary_csv
+
+
+@dataclass
+class ExperimentResult:
+    """What ``run_experiment`` did: the folder, each point's status, report.html (None unrendered)."""
+    out: Path
+    statuses: list[dict] = field(default_factory=list)
+    html: Path | None = None
+    n_runs: int = 0
+
+
+def prepare(spec: ExperimentSpec, out: Path, *, retrain_base: bool = False, progress: bool = True) -> Prepared:
+    """The data and base folders of ``spec`` in ``out``, under the study folder's lock (one process
+    prepares them); ``fields`` sources: nothing to prepare (the points name their folders)."""
+    if spec.data.kind == "fields":
+        return Prepared(Path("."))
+    with run_folder_lock(out, "study folder"):
+        prep = prepare_data(spec.data, out, spec.name)
+        return prepare_base(spec.base, out, prep, retrain_base, progress)
+
+
+def _notes(spec: ExperimentSpec, out: Path, prep: Prepared, table: list[dict] | None) -> list[str] | None:
+    """Real text (labels instead of strategies): the notes of what cannot be measured, printed and
+    written to ``out/notes.json`` with what the study ran on; None for the synthetic benchmark."""
+    if prep.val_pairs is None:
+        return None
+    notes = label_notes(prep.val_pairs, prep.data_dir)
+    if prep.shared_x:
+        notes.insert(0, f"val file {spec.data.val}: {prep.shared_x} distinct x also in the train data")
+    rec: dict[str, Any] = {"notes": notes}
+    if table is not None:
+        rec.update(predicted_boundaries=table, c_base=prep.reference.c_base)
+    if spec.base.kind == "pretrained":
+        rec["model"] = str(spec.base.path)
+    rec.update(data=str(spec.data.path), val=None if spec.data.val is None else str(spec.data.val), preset=spec.name,
+               setting=prep.c_base_source, base_dir=str(prep.base_dir))
+    atomic_write_json(out / "notes.json", rec)
+    for n in notes:
+        print(f"note: {n}", flush=True)
+    return notes
+
+
+def _grid(spec: ExperimentSpec, prep: Prepared) -> tuple[dict[str, list[Any]], list[dict] | None]:
+    """The spec's grid, with its boundary grid expanded into a ``variant`` axis at the reference's beta*."""
+    if spec.boundary is None:
+        return spec.grid, None
+    variants, table = own_grid(spec.boundary, prep.reference)
+    return {**spec.grid, "variant": variants}, table
+
+
+def _summary(spec: ExperimentSpec, out: Path, notes: list[str] | None) -> int:
+    """summary.csv (with the per-label columns on real text; the tidy tables of a sweep); its row count."""
+    if spec.data.kind == "fields":
+        aggregate(out)
+        return len(collect_runs(out / "runs"))
+    if notes is not None:
+        return len(write_summary_csv(out, notes))
+    table = summary_table(collect_runs(out / "runs"))
+    atomic_write_text(out / "summary.csv", table.to_csv(index=False))
+    return len(table)
+
+
+def run_experiment(spec: ExperimentSpec, out_dir: Path | str, *, retrain_base: bool = False,
+                   workers: int | None = None, executor: Executor | None = None, progress: bool = True,
+                   render: bool = True) -> ExperimentResult:
+    """Run ``spec`` end to end into ``out_dir`` (module docstring): out_dir/{base/, runs/<id>/,
+    summary.csv, notes.json (real text), report.ipynb, report.html}. Finished runs are skipped;
+    failed runs are printed (one line each, naming their error.json) and do not stop the others.
+    ``executor``: given, it is used and left open; else ``spec.executor`` with ``workers`` (default
+    ``spec.workers``). Raises LockHeldError when another process prepares or runs the same folder."""
+    out = Path(out_dir).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    prep = prepare(spec, out, retrain_base=retrain_base, progress=progress)
+    grid, table = _grid(spec, prep)
+    notes = _notes(spec, out, prep, table)
+    folders = {} if spec.data.kind == "fields" else {"data_dir": str(prep.data_dir), "base_dir": str(prep.base_dir),
+                                                     "c_base_source": prep.c_base_source}
+    points = expand_grid({**TrainConfig().to_flat(), **spec.train, **folders}, grid)
+    ex = executor or make_executor(spec.executor, workers or spec.workers, folder=out / "submitit",
+                                   **spec.executor_options)
+    try:
+        statuses = run_points(points, out / "runs", executor=ex, progress=progress)
+    finally:
+        if executor is None:
+            ex.shutdown()
+    n = _summary(spec, out, notes)
+    print_failures(statuses, out / "runs")
+    html = render_report(out, progress=progress) if render else None
+    if progress and render:
+        print(f"study {spec.name!r}: {n} runs in {out} ({time.time() - t0:.0f} s); report: {html}")
+    return ExperimentResult(out, statuses, html, n)

@@ -1,0 +1,212 @@
+"""The data and base sources of an experiment made ready in its folder (``prepare_data``,
+``prepare_base``), each step skipped when its output is already there and matches.
+
+Data: the shipped benchmark (hash-checked), a synthetic benchmark written into OUT/data, a data
+folder used in place, or a user's JSONL file split *by x* (``zfree.data.split.split_by_x``) into
+OUT/train.jsonl and OUT/val.jsonl (``prepare_split``; a given val file is used as it is, the x it
+shares with train warned with their count).
+
+Base: the shipped base run copied into OUT/base, one trained there (``train_base``), a base run
+folder used in place, or a user's model linked as OUT/base/model (``link_model``: a *symlink*,
+multi-GB weights are never copied) with the pretrained-source reference of the validation rows
+(``write_reference``), optionally fine-tuned on the train split (``finetune_base``: the
+entangled-run setting).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from huggingface_hub import snapshot_download
+
+from zfree.config import BaseTrainConfig
+from zfree.core.errors import InputError, ModelLoadError
+from zfree.core.io import atomic_write_json, read_json, sha256_file
+from zfree.core.paths import SHIPPED_BASE, SHIPPED_DATA
+from zfree.data.pairs import Pair, load_pairs
+from zfree.data.split import shared_x_count, split_by_x, write_pairs
+from zfree.data.synth import write_benchmark
+from zfree.experiment.spec import BaseSource, DataSource
+from zfree.models.loading import load_causal_lm, resolve_source
+from zfree.reference.reference import Reference, build_reference, load_reference
+from zfree.train.base_training import train_base, train_text_base
+
+
+@dataclass
+class Prepared:
+    """What the sources gave: the runs' data_dir and base_dir, the reference's setting, and for
+    own data the validation rows, the shared-x count and the reference."""
+    data_dir: Path
+    base_dir: Path | None = None
+    c_base_source: str = "entangled_run"
+    val_pairs: list[Pair] | None = None
+    shared_x: int = 0
+    reference: Reference | None = None
+
+
+def prepare_data(src: DataSource, out: Path, name: str = "") -> Prepared:
+    """The data folder of ``src`` (module docstring); ``fields``: not called (the points name it)."""
+    if src.kind == "folder":
+        if not (src.path / "val.jsonl").exists():
+            raise FileNotFoundError(f"preset {name!r}: {src.path / 'val.jsonl'} does not exist")
+        return Prepared(src.path, val_pairs=load_pairs(src.path / "val.jsonl"))
+    if src.kind == "jsonl":
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _, val_pairs, shared = prepare_split(src.path, out, val=src.val, val_size=src.val_size)
+        for w in caught:
+            print(f"warning: {w.message}", flush=True)
+        return Prepared(out, val_pairs=val_pairs, shared_x=shared)
+    if src.kind == "synthetic":
+        return Prepared(write_benchmark(src.config, out / "data"))
+    meta = read_json(SHIPPED_DATA / "metadata.json")
+    for split, sha in meta["sha256"].items():
+        if sha256_file(SHIPPED_DATA / f"{split}.jsonl") != sha:
+            raise ValueError(f"{SHIPPED_DATA / (split + '.jsonl')}: sha256 does not match metadata.json")
+    return Prepared(SHIPPED_DATA)
+
+
+def prepare_base(src: BaseSource, out: Path, prep: Prepared, retrain: bool = False, progress: bool = True) -> Prepared:
+    """``prep`` with the base folder of ``src`` set (module docstring)."""
+    if src.kind == "folder":  # a shipped base used in place (small; its reference is hash-checked)
+        prep.base_dir = src.path
+        return prep
+    if src.kind == "pretrained":
+        base = link_model(src.path, out)
+        prep.reference, prep.c_base_source = write_reference(base, prep.data_dir), "pretrained_source"
+        if src.finetune_steps > 0:  # the fine-tuned model is the base and its reference the record
+            base, prep.c_base_source = finetune_base(base, prep.data_dir, src.finetune_steps), "entangled_run"
+            prep.reference = load_reference(base)
+        prep.base_dir = base
+        return prep
+    prep.base_dir = _own_base(src, out, prep.data_dir, retrain, progress)
+    return prep
+
+
+def _own_base(src: BaseSource, out: Path, data_dir: Path, retrain: bool, progress: bool) -> Path:
+    """OUT/base: kept when finished, else trained (``trained`` or ``retrain``) or the shipped copy."""
+    base = out / "base"
+    if (base / "reference" / "reference.json").exists() and (base / "model").exists():
+        return base
+    if src.kind == "trained" or retrain:
+        if base.exists():
+            shutil.rmtree(base)  # an unfinished base run (no reference yet) is rebuilt
+        train_base(data_dir, base, src.config or BaseTrainConfig(), threads=1, progress=progress)
+        return base
+    if not (SHIPPED_BASE / "reference" / "reference.json").exists():
+        raise FileNotFoundError(f"the shipped base run {SHIPPED_BASE} has no reference/reference.json; "
+                                "run with --retrain-base")
+    tmp = out / ".base.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(SHIPPED_BASE, tmp)
+    tmp.rename(base)
+    return base
+
+
+def prepare_split(data: Path | str, out: Path, *, val: Path | str | None = None, val_size: int = 500,
+                  seed: int = 0) -> tuple[list[Pair], list[Pair], int]:
+    """Write ``out/train.jsonl`` and ``out/val.jsonl``; returns ``(train, val, shared_x)``.
+
+    Without ``val``: ``split_by_x(val_size=min(val_size, rows // 5))`` of ``data`` (no x on both
+    sides). With ``val``: both files as they are; shared x warned (``shared_x_count``). A split
+    already in ``out`` that differs from the one computed now raises InputError (nothing is
+    overwritten: use another ``--out``). InputError / ValueError naming the file and row for bad
+    rows or data too small for the validation size."""
+    pairs = load_pairs(data)
+    if val is None:
+        size = min(val_size, max(1, len(pairs) // 5))
+        train, val_pairs = split_by_x(pairs, val_size=size, seed=seed, source=data)
+        shared = 0
+    else:
+        train, val_pairs = pairs, load_pairs(val)
+        shared = shared_x_count(train, val_pairs, val_source=val)
+    for name, rows in (("train", train), ("val", val_pairs)):
+        target = out / f"{name}.jsonl"
+        if target.exists():
+            tmp = out / f".{name}.check.jsonl"
+            write_pairs(rows, tmp)
+            same = sha256_file(tmp) == sha256_file(target)
+            tmp.unlink()
+            if not same:
+                raise InputError(f"{target} exists and holds another split than {data}"
+                                 f"{'' if val is None else ' + ' + str(val)} gives now; use a new --out")
+        else:
+            write_pairs(rows, target)
+    return train, val_pairs, shared
+
+
+def _model_target(model: str) -> Path:
+    """The local path ``DIR/base/model`` links to: a transformers folder, a folder with the one
+    .gguf file, or the local snapshot of a hub id. Errors as ``resolve_source``."""
+    path, gguf, kind = resolve_source(model)
+    if kind == "hub":
+        offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
+        try:
+            return Path(snapshot_download(path, local_files_only=offline))
+        except Exception as e:  # noqa: BLE001 - any hub failure is the user's model id or network
+            raise ModelLoadError(f"model {model}: not a local path and not available from the hub "
+                                 f"({type(e).__name__})") from None
+    return Path(path).resolve() if gguf is None else (Path(path) / gguf).resolve()
+
+
+def link_model(model: str, out: Path) -> Path:
+    """``out/base`` with ``model`` a symlink to the source model (a .gguf file gets a folder holding a
+    link to it) and ``source.json``; returns ``out/base``. The model is loaded once here so that a
+    folder without a tokenizer, a bad GGUF path, ... fail before anything is trained. InputError if
+    ``out/base/model`` already points elsewhere."""
+    target = _model_target(str(model))
+    base = out / "base"
+    link = base / "model"
+    if link.exists() or link.is_symlink():
+        rec = read_json(base / "source.json") if (base / "source.json").exists() else {}
+        if rec.get("target") != str(target):
+            raise InputError(f"{link} exists and points to {rec.get('target', link.resolve())}, not {target}; "
+                             "use a new --out")
+        return base
+    load_causal_lm(target, device="cpu", dtype="float32")  # refuse a bad model before writing
+    base.mkdir(parents=True, exist_ok=True)
+    if target.suffix == ".gguf":
+        link.mkdir()
+        (link / target.name).symlink_to(target)
+    else:
+        link.symlink_to(target, target_is_directory=True)
+    atomic_write_json(base / "source.json", {"model": str(model), "target": str(target),
+                                             "setting": "pretrained_source"})
+    return base
+
+
+def write_reference(base: Path, data_dir: Path) -> Reference:
+    """The pretrained-source reference on ``data_dir/val.jsonl`` in ``base/reference`` (rebuilt when
+    the val file changed); returns the ``zfree.reference.reference.Reference``."""
+    rj = base / "reference" / "reference.json"
+    if rj.exists() and read_json(rj).get("data_sha256") == sha256_file(data_dir / "val.jsonl"):
+        return load_reference(base)
+    ref = build_reference(base, data_dir, "val", device="cpu")
+    ref.meta = {**ref.meta, "estimator": "pretrained_source"}  # the source model, not trained on these pairs
+    atomic_write_json(rj, ref.meta)
+    return ref
+
+
+#: the fine-tuning of ``--finetune-base`` (``zfree.train.base_training.train_text_base`` with ``init_from``)
+FINETUNE = {"lr": 3e-4, "batch_size": 16, "warmup_steps": 20, "eval_every": 50, "max_minutes": 30.0}
+
+
+def finetune_base(base: Path, data_dir: Path, steps: int = 300) -> Path:
+    """The entangled-run setting: fine-tune the linked model on ``data_dir/train.jsonl`` for at most
+    ``steps`` steps (``FINETUNE``; the best val c_base kept) into ``data_dir/base_ft/`` (model,
+    reference, train_log.json); returns that folder (skipped when its reference exists). The
+    model must be a local transformers folder (ModelLoadError for a GGUF file)."""
+    ft = data_dir / "base_ft"
+    if (ft / "reference" / "reference.json").exists():
+        return ft
+    src = (base / "model").resolve()
+    if not (src / "config.json").exists():
+        raise ModelLoadError(f"--finetune-base needs a transformers folder; {src} is a GGUF source "
+                             "(save it with save_pretrained first)")
+    shutil.rmtree(ft, ignore_errors=True)  # an unfinished fine-tune (no reference yet) is redone
+    train_text_base(data_dir, ft, BaseTrainConfig(max_steps=steps, **FINETUNE), init_from=src, progress=True)
+    return ft

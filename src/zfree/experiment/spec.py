@@ -1,0 +1,186 @@
+"""One description of an experiment: ``ExperimentSpec``, what every preset, YAML sweep spec and
+own-model grid is, and the grid expansion they share (``expand_grid`` into ``Point``s).
+
+An experiment is a grid over flat ``TrainConfig`` fields (``grid``: axis -> values, a value that is
+a dict sets several fields together; ``train``: the fields every point shares) run on a data
+source and a base source (``DataSource``, ``BaseSource``). Where the betas are chosen relative to
+the predicted boundary beta* of each weighting (own data), ``boundary`` (``BoundaryGrid``) says
+how; the pipeline (``zfree.experiment.study.run_experiment``) turns it into grid points once the
+z-free reference is known (``own_grid``). ``to_dict`` / ``spec_from_dict`` round-trip a spec
+through JSON.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Literal
+
+import numpy as np
+
+from zfree.config import BaseTrainConfig, TrainConfig
+from zfree.data.synth import DataConfig
+from zfree.objective.theory import critical_beta
+
+
+def run_id(flat: dict[str, Any]) -> str:
+    """Stable id: ``<weighting>_beta<beta>_<8 hex of the sha256 of the sorted flat config>``."""
+    h = hashlib.sha256(json.dumps(flat, sort_keys=True).encode()).hexdigest()[:8]
+    aid = flat.get("aid", "none")
+    prefix = f"{flat['weighting']}_beta{flat['beta']:g}" + ("" if aid in (None, "none") else f"_{aid}")
+    return f"{prefix}_{h}"
+
+
+@dataclass(frozen=True)
+class Point:
+    """One grid point: its stable run id and flat config."""
+    run_id: str
+    params: dict[str, Any]  # the flat TrainConfig
+
+
+def expand_grid(base: dict[str, Any], grid: dict[str, Iterable[Any]]) -> list[Point]:
+    """Cartesian product of ``grid`` over the flat ``base`` config; every point is validated
+    (``TrainConfig.from_flat``) before anything runs, so a bad value fails the whole sweep early.
+    A grid value that is a dict sets several fields at once (e.g. weighting with its epsilon)."""
+    keys = list(grid)
+    points, seen = [], set()
+    for values in itertools.product(*(list(grid[k]) for k in keys)):
+        flat = dict(base)
+        for k, v in zip(keys, values):
+            flat.update(v if isinstance(v, dict) else {k: v})
+        flat = TrainConfig.from_flat(flat).to_flat()
+        p = Point(run_id(flat), flat)
+        if p.run_id not in seen:  # two axes values that land on one config run once
+            seen.add(p.run_id)
+            points.append(p)
+    return points
+
+
+DataKind = Literal["shipped", "synthetic", "folder", "jsonl", "fields"]
+BaseKind = Literal["shipped", "trained", "folder", "pretrained", "fields"]
+
+
+@dataclass(frozen=True)
+class DataSource:
+    """Where the pairs come from.
+
+    shipped: the shipped benchmark (data/synth/default, hash-checked); synthetic: the benchmark of
+    ``config`` written into OUT/data; folder: a data folder with train/val.jsonl used in place
+    (``path``); jsonl: a user's JSONL file (``path``; None: given at run time) split by x into OUT
+    (``val_size`` rows), or used with its ``val`` file as it is; fields: the points' own
+    ``data_dir`` (a YAML sweep's ``base``/``grid``)."""
+    kind: DataKind = "shipped"
+    config: DataConfig | None = None
+    path: Path | None = None
+    val: Path | None = None
+    val_size: int = 500
+
+
+@dataclass(frozen=True)
+class BaseSource:
+    """The z-free base model the CVAEs start from.
+
+    shipped: the shipped base run copied into OUT/base (trained there with ``retrain_base``);
+    trained: a base trained from ``config`` into OUT/base; folder: a base run folder used in place
+    (``path``); pretrained: a user's model (``path``: a folder, .gguf or hub id; None: given at run
+    time) linked as OUT/base/model, its reference the pretrained-source setting, fine-tuned on the
+    train split first when ``finetune_steps`` > 0 (the entangled-run setting); fields: the points'
+    own ``base_dir``."""
+    kind: BaseKind = "shipped"
+    config: BaseTrainConfig | None = None
+    path: Path | str | None = None
+    finetune_steps: int = 0
+
+
+#: the weightings of an own-data grid and the fields each sets
+WEIGHTINGS = {"plain": {"weighting": "plain"}, "distribution": {"weighting": "distribution"},
+              "example": {"weighting": "example", "epsilon": 0.05},
+              "token": {"weighting": "token", "token_outer": "distribution", "token_alpha": 0.5}}
+
+
+@dataclass(frozen=True)
+class BoundaryGrid:
+    """Betas relative to the predicted boundary: per weighting (keys of ``WEIGHTINGS``), beta =
+    factor x beta* for each of ``beta_factors``, each run unaided (aid "none") and/or with the
+    fields ``aided`` (aid "hard_em")."""
+    weightings: tuple[str, ...] = tuple(WEIGHTINGS)
+    beta_factors: tuple[float, ...] = (1 / 3, 3.0)
+    aids: tuple[str, ...] = ("none", "hard_em")
+    aided: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ExperimentSpec:
+    """A grid of CVAE runs on a data and a base source, and the executor to run it on."""
+    name: str
+    grid: dict[str, list[Any]] = field(default_factory=dict)
+    train: dict[str, Any] = field(default_factory=dict)  # flat TrainConfig overrides of every point
+    data: DataSource = DataSource()
+    base: BaseSource = BaseSource()
+    boundary: BoundaryGrid | None = None  # betas relative to beta*, expanded once the reference is known
+    description: str = ""
+    executor: str = "local"
+    workers: int = 2
+    executor_options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def val_size(self) -> int:
+        """The validation rows split off a JSONL data source."""
+        return self.data.val_size
+
+    def points(self, **fields) -> list[Point]:
+        """The validated grid points: ``expand_grid`` over the default config, ``train`` and ``fields``."""
+        return expand_grid({**TrainConfig().to_flat(), **self.train, **fields}, self.grid)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict (paths as strings); ``spec_from_dict`` reads it back."""
+        return json.loads(json.dumps(dataclasses.asdict(self), default=str))
+
+
+def spec_from_dict(d: dict[str, Any]) -> ExperimentSpec:
+    """The ``ExperimentSpec`` of ``ExperimentSpec.to_dict``."""
+    def path(v):
+        return None if v is None else Path(v)
+
+    data, base = dict(d.get("data") or {}), dict(d.get("base") or {})
+    data = DataSource(**{**data, "config": DataConfig(**data["config"]) if data.get("config") else None,
+                         "path": path(data.get("path")), "val": path(data.get("val"))})
+    bpath = base.get("path")
+    base = BaseSource(**{**base, "config": BaseTrainConfig(**base["config"]) if base.get("config") else None,
+                         "path": bpath if bpath is None or base.get("kind") == "pretrained" else Path(bpath)})
+    b = d.get("boundary")
+    boundary = None if b is None else BoundaryGrid(tuple(b["weightings"]), tuple(b["beta_factors"]), tuple(b["aids"]),
+                                                   dict(b["aided"]))
+    return ExperimentSpec(**{**d, "data": data, "base": base, "boundary": boundary})
+
+
+def predicted_boundary(weighting: str, ref, epsilon: float = 0.05) -> float:
+    """beta* of ``weighting`` (token: its outer weighting, distribution) at the validation rows'
+    |S| and b: the median over rows of ``zfree.objective.theory.critical_beta`` (threshold 1; no Bayes loss)."""
+    pe = ref.per_example
+    if "valid" in pe.columns:
+        pe = pe[pe["valid"].to_numpy(dtype=bool)]
+    w = "distribution" if weighting == "token" else weighting
+    beta = critical_beta(w, pe["n_tokens"].to_numpy(float), b=pe["b"].to_numpy(float), c_base=ref.c_base,
+                         epsilon=epsilon)
+    return float(np.median(beta))
+
+
+def own_grid(spec: ExperimentSpec | BoundaryGrid, ref) -> tuple[list[dict], list[dict]]:
+    """The variants (flat field dicts) of a boundary grid and a table of the predictions used:
+    one row per weighting with beta* and the betas run."""
+    g = spec if isinstance(spec, BoundaryGrid) else spec.boundary
+    variants, table = [], []
+    for name in g.weightings:
+        wcfg = WEIGHTINGS[name]
+        b_star = predicted_boundary(name, ref, wcfg.get("epsilon", 0.05))
+        betas = [float(f"{f * b_star:.4g}") for f in g.beta_factors]
+        table.append({"weighting": name, "beta_star": b_star, "betas": betas})
+        for beta in betas:
+            for aid in g.aids:
+                variants.append({**wcfg, "beta": beta, **(g.aided if aid == "hard_em" else {})})
+    return variants, table
