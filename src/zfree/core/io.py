@@ -12,7 +12,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import torch
+# torch is imported inside the functions that need it (lazy: ~1.2 s, and core.io sits below
+# zfree.config, which `zfree --help` reads for the CLI defaults)
 
 
 def _atomic_replace(path: Path, write) -> Path:
@@ -81,6 +82,8 @@ def sha256_file(path: Path | str) -> str:
 
 def sha256_state_dict(state: dict[str, torch.Tensor]) -> str:
     """Hash of a model's weights: names, dtypes, shapes and bytes, in sorted name order."""
+    import torch  # lazy: see the module's imports
+
     h = hashlib.sha256()
     for name in sorted(state):
         t = state[name].detach().cpu().contiguous()
@@ -116,6 +119,8 @@ def safe_torch_load(path: Path | str) -> Any:
         raise CheckpointError(f"{path} does not exist")
     if path.stat().st_size == 0:
         raise CheckpointError(f"{path} is empty")
+    import torch  # lazy: see the module's imports
+
     try:
         return torch.load(path, weights_only=True, map_location="cpu")
     except Exception as e:  # noqa: BLE001 - UnpicklingError, EOFError, RuntimeError (zip), ...
@@ -127,6 +132,8 @@ _TENSOR, _DICT, _TUPLE, _FLOAT = "__tensor__", "__dict__", "__tuple__", "__float
 
 
 def _pack(obj: Any, tensors: dict[str, torch.Tensor], where: str) -> Any:
+    import torch  # lazy: see the module's imports
+
     if isinstance(obj, torch.Tensor):
         key = f"t{len(tensors)}"
         tensors[key] = obj.detach().cpu().contiguous().clone()
