@@ -31,6 +31,23 @@ def _atomic_replace(path: Path, write) -> Path:
     return path
 
 
+def atomic_write_dir(path: Path | str, write) -> Path:
+    """Fill a new folder ``path`` atomically: ``write(tmp)`` fills a temporary folder beside it,
+    which is then renamed to ``path`` (a reader sees no folder or a complete one). The temporary
+    folder is removed on any error; an OSError (e.g. ``path`` exists: another writer came first)
+    propagates."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        os.chmod(tmp, 0o755)  # mkdtemp makes it private; the folder is shared as a normal one
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
 def atomic_write_text(path: Path | str, text: str) -> Path:
     """Write ``text`` to ``path`` atomically (a reader sees the old file or the new one, never half)."""
     return _atomic_replace(Path(path), lambda p: p.write_text(text))
@@ -78,6 +95,11 @@ def sha256_file(path: Path | str) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def sha256_json(obj: Any, default=None) -> str:
+    """sha256 of ``json.dumps(obj, sort_keys=True, default=default)`` (UTF-8), hex: a content key."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=default).encode()).hexdigest()
 
 
 def sha256_state_dict(state: dict[str, torch.Tensor]) -> str:
