@@ -27,7 +27,8 @@ from zfree.models import injection
 from zfree.models.base import greedy_decode_with_latents
 from zfree.models.injection import (decoder_hidden_full, decoder_hidden_suffix, full_target_logprobs,
                                     shared_prefix_problem, suffix_target_logprobs, zfree_pass)
-from zfree.models.loading import ModelLoadError, load_causal_lm
+from zfree.core.errors import ModelLoadError
+from zfree.models.loading import load_causal_lm
 from zfree.reference.scoring import score_pairs
 
 ATOL = 1e-5

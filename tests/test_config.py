@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from zfree.config import DataConfig, ModelConfig, ObjectiveConfig, OptimConfig, TrainConfig
-from zfree.data.synth import STRATEGIES
+from zfree.config import ModelConfig, ObjectiveConfig, OptimConfig, TrainConfig
+from zfree.data.synth import DataConfig, STRATEGIES
 
 
 @pytest.mark.parametrize("kwargs,field", [

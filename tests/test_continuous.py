@@ -19,12 +19,13 @@ from zfree.data.pairs import Pair
 from zfree.data.tokenizer import build_digit_tokenizer
 from zfree.core.io import read_json, read_jsonl
 from zfree.objective.losses import free_bits_per_dim, gaussian_kl
-from zfree.evaluate.metrics import active_units, gaussian_mutual_information
+from zfree.evaluate.latent_stats import active_units, gaussian_mutual_information
 from zfree.models.base import build_synthetic_gpt2, target_logprobs
 from zfree.objective.objectives import assemble_gaussian_objective  # moved from zfree.objective.losses (issue 12)
 from zfree.models.continuous import ContinuousCVAE
 from zfree.models.injection import injection_mask
-from zfree.train.training import TIMING_KEYS, train_cvae
+from zfree.train.run_folder import TIMING_KEYS
+from zfree.train.training import train_cvae
 
 PAIRS = [Pair("a", "1 2 3", "3 2 1"), Pair("b", "4 5 6 7 8 9 0", "0 9 8 7 6 5 4"), Pair("c", "", "1"),
          Pair("d", "7 7", "7 7")]

@@ -25,6 +25,7 @@ from placement import FactoryRecorder  # noqa: E402
 from tests.tiny import make_tiny_run  # noqa: E402
 from zfree.config import TrainConfig  # noqa: E402
 from zfree.core.io import read_json  # noqa: E402
+from zfree.train.run_folder import NonFiniteLossError  # noqa: E402
 
 #: evaluation statistics computed on the host from numpy arrays already read back, by design: the
 #: mutual-information estimate, and the prior draws and centroids of the decode metrics (a CPU
@@ -99,7 +100,7 @@ def test_recorder_catches_a_planted_host_tensor(tiny, tmp_path, monkeypatch):
 
 
 def test_device_defaults_to_auto_and_auto_is_a_valid_device():
-    from zfree.config import check_device
+    from zfree.core.values import check_device
     from zfree.models.loading import pick_device
 
     assert TrainConfig().optim.device == "auto" and TrainConfig().optim.precision == "fp32"
@@ -136,7 +137,7 @@ def test_deferred_non_finite_check_names_the_first_bad_step_and_its_batch(tiny, 
 
     monkeypatch.setattr(objectives, "assemble", poisoned)
     data, base = tiny
-    with pytest.raises(tr.NonFiniteLossError, match="step 2"):
+    with pytest.raises(NonFiniteLossError, match="step 2"):
         tr.train_cvae(_cfg(data, base, device="cpu", steps=8, eval_every=8), tmp_path / "run", progress=False)
     err = read_json(tmp_path / "run" / "error.json")
     assert len(batches) == 4  # the run went on to the check at step 4

@@ -185,9 +185,10 @@ def test_jsonl_with_a_bom_is_read(tmp_path):
 
 def test_nonfinite_loss_is_one_line_exit_2(tmp_path, finished, capsys, monkeypatch):
     import zfree.train.training as training
+    from zfree.train.run_folder import NonFiniteLossError
 
     def nan_run(cfg, out, **kw):
-        raise training.NonFiniteLossError(f"non-finite loss at step 3: terms ['recon'] (see {out}/error.json)")
+        raise NonFiniteLossError(f"non-finite loss at step 3: terms ['recon'] (see {out}/error.json)")
 
     monkeypatch.setattr(training, "train_cvae", nan_run)
     assert main(["train", "--config", str(finished / "config.json"), "--out", str(tmp_path / "r")]) == 2
@@ -196,6 +197,7 @@ def test_nonfinite_loss_is_one_line_exit_2(tmp_path, finished, capsys, monkeypat
 
 def test_unexpected_errors_keep_their_traceback(tmp_path, finished, monkeypatch):
     import zfree.train.training as training
+    from zfree.train.run_folder import NonFiniteLossError
 
     def bug(cfg, out, **kw):
         raise ZeroDivisionError("a bug")
@@ -340,7 +342,8 @@ def test_old_layout_state_pt_is_read_as_plain_tensors_only(tiny, tmp_path, capsy
     torch.load(weights_only=True), to the uninterrupted summary; a crafted one there is refused
     naming the file, with nothing executed."""
     from zfree.core.io import load_plain_state
-    from zfree.train.training import TIMING_KEYS, train_cvae
+    from zfree.train.run_folder import TIMING_KEYS
+    from zfree.train.training import train_cvae
 
     run, ref_run = tmp_path / "run", tmp_path / "ref"
     cfg = _interrupted(tiny, run)
@@ -390,7 +393,8 @@ def test_finished_run_of_another_config_is_refused(finished, capsys):
 @pytest.mark.parametrize("damage", ["empty", "truncated"])
 @pytest.mark.parametrize("name", ["model.safetensors", "state"])
 def test_damaged_checkpoint_falls_back_to_the_previous_one(tiny, finished, tmp_path, damage, name):
-    from zfree.train.training import TIMING_KEYS, train_cvae
+    from zfree.train.run_folder import TIMING_KEYS
+    from zfree.train.training import train_cvae
 
     before = snapshot(finished)
     ref_run, run = tmp_path / "ref", tmp_path / "run"

@@ -14,8 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from zfree.config import DataConfig
-from zfree.data.synth import STRATEGIES, bayes_nll, generate_split, strategy_prior, text_to_digits, write_benchmark
+from zfree.data.synth import DataConfig, STRATEGIES, bayes_nll, generate_split, strategy_prior, text_to_digits, write_benchmark
 
 SMALL = dict(vocab_size=5, n_min=2, n_max=6, n_train=120, n_val=40, n_test=30)
 ALL = tuple(STRATEGIES)

@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from numpy.testing import assert_allclose
 
-from zfree.config import DataConfig
+from zfree.data.synth import DataConfig
 from zfree.data.pairs import Pair
 from zfree.data.synth import STRATEGIES, generate_split, text_to_digits
 from zfree.objective.losses import effective_beta, reconstruction_weight

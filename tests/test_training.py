@@ -13,6 +13,7 @@ import torch
 from tests.tiny import make_tiny_run
 from zfree.config import TrainConfig
 from zfree.core.io import read_json, read_jsonl
+from zfree.train.run_folder import NonFiniteLossError
 from zfree.train.training import train_cvae
 
 
@@ -94,7 +95,7 @@ def test_missing_data_folder_names_the_file(tiny, tmp_path):
 
 
 def _strip_timing(s: dict) -> dict:
-    from zfree.train.training import TIMING_KEYS
+    from zfree.train.run_folder import TIMING_KEYS
 
     return {k: v for k, v in s.items() if k not in TIMING_KEYS}
 
@@ -150,7 +151,7 @@ def test_non_finite_loss_stops_with_step_and_batch(tiny, tmp_path, monkeypatch):
         return br
 
     monkeypatch.setattr(objectives, "assemble", poisoned)
-    with pytest.raises(tr.NonFiniteLossError, match="step 3"):
+    with pytest.raises(NonFiniteLossError, match="step 3"):
         train_cvae(_cfg(data, base), tmp_path / "run", progress=False)
     err = read_json(tmp_path / "run" / "error.json")
     assert err["step"] == 3 and len(err["batch_ids"]) == 8 and "kl_prior_loss" in err["non_finite_terms"]
@@ -223,7 +224,7 @@ def test_hard_phase_reconstruction_scale_does_not_depend_on_the_weighting_scale(
     from zfree.data.pairs import load_pairs
     from zfree.models.base import load_base
     from zfree.models.discrete import DiscreteCVAE
-    from zfree.train.training import hard_em_objective
+    from zfree.objective.objectives import hard_em_objective
 
     data, base = tiny
     backbone, tok = load_base(base / "model")

@@ -11,10 +11,10 @@ from typing import Literal, get_args, get_origin
 
 # light modules only (config and the benchmark's DataConfig import no torch); every command's heavy
 # imports (torch, transformers, pandas, the trainers) stay inside it so `zfree --help` stays fast
-from zfree.config import BaseTrainConfig, TrainConfig, check_device, parse_assignment
+from zfree.config import BaseTrainConfig, TrainConfig, parse_assignment
 from zfree.core.errors import ConfigError, InputError, ZfreeError, one_line
 from zfree.core.io import read_json
-from zfree.core.values import field_types
+from zfree.core.values import check_device, field_types
 from zfree.data.synth import DataConfig, write_benchmark
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import re
+from enum import Enum
 from typing import Any, Literal, get_args
 
 _TRUE, _FALSE = {"true", "yes", "on", "1"}, {"false", "no", "off", "0"}
@@ -22,7 +23,8 @@ def coerce_value(name: str, value: Any, typ: Any) -> Any:
 
     Text (a ``--set`` value, a YAML string, a raw papermill parameter) is parsed: bool from
     true/false/yes/no/on/off/1/0; int from decimal digits; float from any Python float literal
-    (``1e-3``, ``1.0e-3``, ``3``); Literal from one of its choices (quotes stripped); Optional
+    (``1e-3``, ``1.0e-3``, ``3``); Literal from one of its choices (quotes stripped); a str-valued
+    Enum (``zfree.config.LatentKind``) to its member from the member's value; Optional
     from none/null/~ or the inner type. A Python value must already have the type (an int is a
     valid float; a bool is never an int or float). Raises ``ConfigError`` (a ValueError)
     naming the field, the value and the expected type.
@@ -45,6 +47,12 @@ def coerce_value(name: str, value: Any, typ: Any) -> Any:
         if is_text and _unquote(value) in valid:
             return _unquote(value)
         raise ConfigError(f"{name}={value!r} is not one of {list(valid)}")
+    if isinstance(typ, type) and issubclass(typ, Enum):  # a str-valued enum: its member from its value
+        if isinstance(value, typ):
+            return value
+        if not isinstance(value, bool) and (_unquote(value) if is_text else value) in {m.value for m in typ}:
+            return typ(_unquote(value) if is_text else value)
+        raise ConfigError(f"{name}={value!r} is not one of {[m.value for m in typ]}")
     if typ is bool:
         if isinstance(value, bool):
             return value

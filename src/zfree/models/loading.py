@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from zfree.core.errors import ModelLoadError  # noqa: F401 (re-exported)
+from zfree.core.errors import ModelLoadError
 from zfree.core.paths import TOKENIZER_FILES  # noqa: E402 - defined once in zfree.core.paths
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 

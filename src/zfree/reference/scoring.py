@@ -43,8 +43,7 @@ from zfree.data.pairs import Pair, load_pairs
 from zfree.core.io import (atomic_write_dir, atomic_write_json, atomic_write_parquet, read_json, sha256_file,
                           sha256_json, sha256_state_dict)
 from zfree.models.head import head_is_exact, logits_from_hidden
-from zfree.models.loading import DTYPES as _DTYPES  # noqa: F401  (re-exported for callers)
-from zfree.models.loading import TOKENIZER_FILES, ModelLoadError, load_causal_lm, pick_device  # noqa: F401
+from zfree.models.loading import load_causal_lm
 from zfree.models.precision import acc_dtype
 
 SCORER_VERSION = "3"  # bump whenever a change can move a number: it is part of the cache key

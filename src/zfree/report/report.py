@@ -261,8 +261,8 @@ def gate_traces(aided: pd.DataFrame, runs: pd.DataFrame | None = None) -> pd.Dat
 def confusion_tables(aided: pd.DataFrame, runs: pd.DataFrame | None = None) -> list[tuple[str, pd.DataFrame]]:
     """(title, table) per aided run whose per_example.parquet names every row's strategy: counts of
     the posterior's argmax latent value against the strategy on the rows where one strategy fits
-    (m = 1; ``zfree.evaluate.metrics.confusion``)."""
-    from zfree.evaluate.metrics import confusion
+    (m = 1; ``zfree.evaluate.latent_stats.confusion``)."""
+    from zfree.evaluate.latent_stats import confusion
 
     out = []
     for _, r in aided.iterrows():

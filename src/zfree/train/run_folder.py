@@ -35,11 +35,11 @@ import torch
 from safetensors.torch import load_file, load_model, save_model
 
 from zfree.config import TrainConfig
-from zfree.core.errors import CheckpointError, NonFiniteMetricError, ResumeRefusedError, ZfreeError  # noqa: F401
+from zfree.core.errors import CheckpointError, NonFiniteMetricError, ResumeRefusedError, ZfreeError
 from zfree.core.io import (append_jsonl, atomic_write_json, atomic_write_parquet, atomic_write_text,
                            load_checkpoint_dir, load_plain_state, nonfinite_keys, read_json, read_jsonl,
                            safe_torch_load, save_plain_state, sha256_file, sha256_state_dict, write_checkpoint_dir)
-from zfree.core.paths import PATH_FIELDS, ROOT_PREFIX, portable_path, portable_root, resolve_path  # noqa: F401
+from zfree.core.paths import PATH_FIELDS, portable_path, resolve_path
 
 TIMING_KEYS = ("wall_s",)  # the only summary keys that differ between a resumed and an uninterrupted run
 
