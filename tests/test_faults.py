@@ -197,7 +197,6 @@ def test_nonfinite_loss_is_one_line_exit_2(tmp_path, finished, capsys, monkeypat
 
 def test_unexpected_errors_keep_their_traceback(tmp_path, finished, monkeypatch):
     import zfree.train.training as training
-    from zfree.train.run_folder import NonFiniteLossError
 
     def bug(cfg, out, **kw):
         raise ZeroDivisionError("a bug")

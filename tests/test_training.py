@@ -138,7 +138,6 @@ def test_hard_em_records_the_gate_and_hands_over(tiny, tmp_path):
 
 def test_non_finite_loss_stops_with_step_and_batch(tiny, tmp_path, monkeypatch):
     import zfree.objective.objectives as objectives
-    import zfree.train.training as tr
 
     data, base = tiny
     real = objectives.assemble  # the one assembler every training step calls (issue 12)

@@ -155,7 +155,7 @@ def _cmd_study(a):
 
 
 def _cmd_report(a):
-    from zfree.experiment.study import render_report
+    from zfree.experiment.study import render_report  # lazy: pandas, matplotlib, papermill (zfree --help stays fast)
 
     print(render_report(a.study_dir, progress=True))
 

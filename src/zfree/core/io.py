@@ -9,11 +9,16 @@ import math
 import os
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from zfree.core.errors import CheckpointError
 
 # torch is imported inside the functions that need it (lazy: ~1.2 s, and core.io sits below
 # zfree.config, which `zfree --help` reads for the CLI defaults)
+if TYPE_CHECKING:
+    import torch
 
 
 def _atomic_replace(path: Path, write) -> Path:
@@ -134,8 +139,6 @@ def safe_torch_load(path: Path | str) -> Any:
 
     Raises ``CheckpointError`` naming ``path`` for a missing, empty, truncated or non-plain file.
     """
-    from zfree.core.errors import CheckpointError
-
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path} does not exist")
@@ -197,7 +200,7 @@ def save_plain_state(folder: Path | str, state: Any, name: str = "state") -> Non
     plus ``<name>.json`` (the structure), each written atomically. No pickle: loading it cannot
     run code. Raises TypeError naming the key path of anything else (e.g. a numpy scalar).
     """
-    from safetensors.torch import save_file
+    from safetensors.torch import save_file  # lazy: it imports torch (see the module's imports)
 
     folder = Path(folder)
     tensors: dict[str, torch.Tensor] = {}
@@ -209,9 +212,7 @@ def save_plain_state(folder: Path | str, state: Any, name: str = "state") -> Non
 def load_plain_state(folder: Path | str, name: str = "state") -> Any:
     """Inverse of ``save_plain_state`` (tensors come back on CPU, equal bit for bit).
     Raises ``CheckpointError`` naming the file when either file is missing, empty or damaged."""
-    from safetensors.torch import load_file
-
-    from zfree.core.errors import CheckpointError
+    from safetensors.torch import load_file  # lazy: it imports torch (see the module's imports)
 
     folder = Path(folder)
     st, js = folder / f"{name}.safetensors", folder / f"{name}.json"
@@ -285,8 +286,6 @@ def write_checkpoint_dir(final: Path | str, write, previous: Path | str | None =
 def verify_checkpoint_dir(folder: Path | str) -> None:
     """Check a checkpoint folder against its ``COMPLETE`` manifest. Raises ``CheckpointError``
     naming the first missing, truncated or altered file (or the missing manifest)."""
-    from zfree.core.errors import CheckpointError
-
     folder = Path(folder)
     m = folder / MANIFEST
     if not m.is_file():
@@ -316,10 +315,6 @@ def load_checkpoint_dir(candidates: list[Path | str], load, warn=None) -> tuple[
     must only read (and should fill the model/optimizer only after everything is read), so a
     failed candidate leaves no partial state behind.
     """
-    import warnings
-
-    from zfree.core.errors import CheckpointError
-
     warn = warn or (lambda msg: warnings.warn(msg, stacklevel=3))
     failures = []
     for d in map(Path, candidates):

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import functools
 import re
+from dataclasses import fields
 from enum import Enum
-from typing import Any, Literal, get_args
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+
+from zfree.core.errors import ConfigError
 
 _TRUE, _FALSE = {"true", "yes", "on", "1"}, {"false", "no", "off", "0"}
 _NONE = {"none", "null", "~", ""}
@@ -29,10 +32,6 @@ def coerce_value(name: str, value: Any, typ: Any) -> Any:
     valid float; a bool is never an int or float). Raises ``ConfigError`` (a ValueError)
     naming the field, the value and the expected type.
     """
-    from typing import Union, get_origin
-
-    from zfree.core.errors import ConfigError
-
     origin = get_origin(typ)
     is_text = isinstance(value, str)
     if origin is Union or type(typ).__name__ == "UnionType":
@@ -90,9 +89,7 @@ def check_device(device: str) -> None:
     """Refuse a torch device this machine does not have (``ConfigError`` naming it): ``cpu``;
     ``cuda`` / ``cuda:N`` only with CUDA and N < the device count; ``mps`` only on Apple GPUs;
     ``auto`` (cuda when present, else cpu) always."""
-    import torch
-
-    from zfree.core.errors import ConfigError
+    import torch  # lazy: ~1.2 s, and zfree.config (read by `zfree --help`) imports this module
 
     if device == "auto":
         return
@@ -114,9 +111,6 @@ def check_device(device: str) -> None:
 @functools.lru_cache(maxsize=None)
 def field_types(cls) -> dict[str, Any]:
     """``{field name: declared type}`` of a dataclass ``cls`` (string annotations resolved)."""
-    from dataclasses import fields
-    from typing import get_type_hints
-
     hints = get_type_hints(cls)
     return {f.name: hints[f.name] for f in fields(cls)}
 

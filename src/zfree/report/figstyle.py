@@ -4,9 +4,12 @@ weighting and one line style per other facet."""
 
 from __future__ import annotations
 
+import functools
+
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter
 
 from zfree.experiment.results import FACETS  # noqa: E402 - defined once in zfree.experiment.results
 WEIGHTING_COLORS = {"plain": "tab:blue", "distribution": "tab:orange", "example": "tab:green", "token": "tab:purple"}
@@ -21,8 +24,6 @@ PAPER_RC = {"axes.formatter.useoffset": False, "axes.formatter.limits": (-4, 5),
 
 def paper(fn):
     """Draw ``fn``'s figure under ``PAPER_RC`` (the caller's rcParams are left as they were)."""
-    import functools
-
     @functools.wraps(fn)
     def wrapped(*args, **kwargs):
         with plt.rc_context(PAPER_RC):
@@ -56,8 +57,6 @@ def log_axis(ax, axis: str = "x", values=None) -> None:
     """Log scale with readable major ticks only: at ``values`` (the data's few distinct values,
     e.g. the betas a sweep ran, thinned where neighbours would overprint: ``thin_log_ticks``) when there are at most 8, else at 1-2-5 per decade (one a decade
     beyond 1.5 decades, 1-1.5-2-3-5-7 within half a decade); plain-number labels ("0.03", not "3×10⁻²"), no minor labels."""
-    from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter
-
     getattr(ax, f"set_{axis}scale")("log")
     a = ax.xaxis if axis == "x" else ax.yaxis
     vals = np.unique(np.round(np.asarray([] if values is None else values, float), 12))

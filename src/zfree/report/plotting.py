@@ -9,6 +9,7 @@ matplotlib.use("Agg") if matplotlib.get_backend().lower() in ("", "agg") else No
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from zfree.report.figstyle import FACETS, LINESTYLES, PAPER_RC, WEIGHTING_COLORS  # noqa: E402,F401
@@ -76,8 +77,6 @@ def plot_rate_and_rho_vs_beta(summary: pd.DataFrame, curves: pd.DataFrame | None
     fig.tight_layout()
     # the legend names what the panel titles and colors do not: the quantity (marker) and the
     # facet (line style), in black; color = weighting is in each panel's title
-    from matplotlib.lines import Line2D
-
     handles = [Line2D([], [], color="k", marker="o", ls="none", label="measured KL (top) / ρ_recon = R_val / c_base"),
                Line2D([], [], color="k", marker="s", ls="none", alpha=0.5, label="oracle ρ (best z per example)")]
     if curves is not None:
@@ -155,8 +154,6 @@ def plot_training_curves(metrics: dict[str, pd.DataFrame], collapse_kl: float = 
         ax.set_xlabel("step")
     fig.tight_layout()
     # two legends below the panels, outside the data: runs by color, terms by line style
-    from matplotlib.lines import Line2D
-
     runs = [Line2D([], [], color=f"C{i % 10}", marker=".", label=label) for i, label in enumerate(metrics)]
     terms = list(dict.fromkeys(c.rsplit("/", 1)[-1] for df in metrics.values() for c in df.columns
                                if c.startswith("loss_contrib/fraction_abs/")))
@@ -175,8 +172,6 @@ def plot_predicted_vs_measured(summary: pd.DataFrame) -> plt.Figure:
     it (per-example KL >= half of log(K/m)), one point per run: color = weighting, marker = the
     other facets (latent kind, aid), size = beta (legend). No text at the points: with dozens of
     runs on a few positions (0 and 1) the labels would print over each other."""
-    from matplotlib.lines import Line2D
-
     fig, ax = plt.subplots(figsize=(5.0, 4.4))
     betas = sorted(summary["beta"].unique())
     size = {b: 18 + 70 * i / max(len(betas) - 1, 1) for i, b in enumerate(betas)}

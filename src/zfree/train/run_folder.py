@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata as md
 import json
-import os
 from pathlib import Path
 
 import numpy as np
