@@ -25,6 +25,7 @@ from placement import FactoryRecorder  # noqa: E402
 from tests.tiny import make_tiny_run  # noqa: E402
 from zfree.config import TrainConfig  # noqa: E402
 from zfree.core.io import read_json  # noqa: E402
+from zfree.train import run_folder  # noqa: E402
 from zfree.train.run_folder import NonFiniteLossError  # noqa: E402
 
 #: evaluation statistics computed on the host from numpy arrays already read back, by design: the
@@ -69,7 +70,7 @@ def record_training(monkeypatch, cfg: TrainConfig, out: Path, device: str) -> tu
 
     for name in ("step_objective", "_optimizer_step", "_log_train_terms"):
         monkeypatch.setattr(tr, name, wrap(getattr(tr, name), step_bad, True))
-    monkeypatch.setattr(tr.FiniteWatch, "add", wrap(tr.FiniteWatch.add, step_bad, True))
+    monkeypatch.setattr(run_folder.FiniteWatch, "add", wrap(run_folder.FiniteWatch.add, step_bad, True))
     monkeypatch.setattr(tr, "evaluate", wrap(tr.evaluate, eval_bad, False))  # evaluation reads results to the host
     tr.train_cvae(cfg, out, progress=False)
     return step_bad, [b for b in eval_bad if not any(h in b[2] for h in HOST_SIDE)]
@@ -122,8 +123,8 @@ def test_deferred_non_finite_check_names_the_first_bad_step_and_its_batch(tiny, 
     import zfree.train.training as tr
     from safetensors.torch import load_file
 
-    monkeypatch.setattr(tr, "FINITE_CHECK_EVERY", {})
-    monkeypatch.setattr(tr, "FINITE_CHECK_EVERY_ACCELERATOR", 4)
+    monkeypatch.setattr(run_folder, "FINITE_CHECK_EVERY", {})
+    monkeypatch.setattr(run_folder, "FINITE_CHECK_EVERY_ACCELERATOR", 4)
     batches = []
     real_collate, real_assemble = tr.collate, objectives.assemble
     monkeypatch.setattr(tr, "collate", lambda enc, **kw: batches.append([e.id for e in enc]) or real_collate(enc, **kw))
@@ -200,10 +201,10 @@ def record_host_reads(monkeypatch, cfg: TrainConfig, out: Path, device_type: str
                 return fn(*a, **kw)
         return run
 
-    monkeypatch.setattr(tr, "FINITE_CHECK_EVERY", {})  # the accelerator cadence, also on the CPU
+    monkeypatch.setattr(run_folder, "FINITE_CHECK_EVERY", {})  # the accelerator cadence, also on the CPU
     for mod, name in ((tr, "_optimizer_step"), (tr, "_log_train_terms"), (objectives, "assemble")):
         monkeypatch.setattr(mod, name, wrap(getattr(mod, name)))
-    monkeypatch.setattr(tr.FiniteWatch, "add", wrap(tr.FiniteWatch.add))
+    monkeypatch.setattr(run_folder.FiniteWatch, "add", wrap(run_folder.FiniteWatch.add))
     tr.train_cvae(cfg, out, progress=False)
     return reads
 

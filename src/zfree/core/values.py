@@ -21,6 +21,16 @@ def _unquote(text: str) -> str:
     return t[1:-1] if len(t) >= 2 and t[0] == t[-1] and t[0] in "'\"" else t
 
 
+def _coerce_enum(name: str, value: Any, typ: type[Enum]) -> Enum:
+    """The member of the str-valued enum ``typ`` whose value is ``value`` (text unquoted first)."""
+    if isinstance(value, typ):
+        return value
+    raw = _unquote(value) if isinstance(value, str) else value
+    if not isinstance(value, bool) and raw in {m.value for m in typ}:
+        return typ(raw)
+    raise ConfigError(f"{name}={value!r} is not one of {[m.value for m in typ]}")
+
+
 def coerce_value(name: str, value: Any, typ: Any) -> Any:
     """``value`` converted to the declared type ``typ`` of field ``name``.
 
@@ -46,12 +56,8 @@ def coerce_value(name: str, value: Any, typ: Any) -> Any:
         if is_text and _unquote(value) in valid:
             return _unquote(value)
         raise ConfigError(f"{name}={value!r} is not one of {list(valid)}")
-    if isinstance(typ, type) and issubclass(typ, Enum):  # a str-valued enum: its member from its value
-        if isinstance(value, typ):
-            return value
-        if not isinstance(value, bool) and (_unquote(value) if is_text else value) in {m.value for m in typ}:
-            return typ(_unquote(value) if is_text else value)
-        raise ConfigError(f"{name}={value!r} is not one of {[m.value for m in typ]}")
+    if isinstance(typ, type) and issubclass(typ, Enum):
+        return _coerce_enum(name, value, typ)
     if typ is bool:
         if isinstance(value, bool):
             return value

@@ -109,8 +109,6 @@ class ScoreResult:
                 "units": "b: nats per token (masked mean over S); surprisal: nats", **self.settings}
 
 
-# ---------------------------------------------------------------- model loading
-
 def load_scoring_model(source: Path | str, *, device: str = "auto", dtype: str = "auto",
                        trust_remote_code: bool = False):
     """``(model, tokenizer)`` for scoring: ``zfree.models.loading.load_causal_lm`` (a transformers
@@ -125,8 +123,6 @@ def context_length(model) -> int | None:
     n = getattr(model.config, "max_position_embeddings", None)
     return int(n) if isinstance(n, int) and n > 0 else None
 
-
-# ---------------------------------------------------------------- the scorer
 
 def plan_batches(lengths: np.ndarray, max_batch_tokens: int, max_batch_rows: int | None = None) -> list[slice]:
     """Cut rows sorted by ascending length into batches: padded tokens (rows x longest) stay within
@@ -147,9 +143,8 @@ def plan_batches(lengths: np.ndarray, max_batch_tokens: int, max_batch_rows: int
 
 
 def _head_logprobs(model, h: torch.Tensor, tokens: torch.Tensor, chunk: int) -> torch.Tensor:
-    """log p(token) = logit[token] - logsumexp(logits) with the model's own logits from hidden
-    states (``zfree.models.head.logits_from_hidden``, float32; float64 for a float64 model),
-    ``chunk`` positions at a time."""
+    """log p(token) = logit[token] - logsumexp(logits), the model's own logits from hidden states
+    (``zfree.models.head.logits_from_hidden``: float32, float64 for a float64 model), ``chunk`` at a time."""
     out = []
     for s in range(0, h.shape[0], chunk):
         logits = logits_from_hidden(model, h[s : s + chunk])  # (n, vocab) float32
@@ -193,17 +188,15 @@ def score_encoded(model, encoded: Sequence[EncodedPair], *, pad_id: int = 0, max
     finally:
         model.train(was_training)
     surp_sorted = -torch.cat(pieces).double().cpu().numpy()  # segments in sorted row order
-    off_sorted = np.cumsum(L[order]) - L[order]
-    off = np.empty_like(off_sorted)
-    off[order] = off_sorted
+    off = np.empty_like(L)
+    off[order] = np.cumsum(L[order]) - L[order]  # row k's first token in the sorted segments
     within = np.arange(L.sum()) - np.repeat(np.cumsum(L) - L, L)
     surp = surp_sorted[np.repeat(off, L) + within]  # input order
     res = _result(encoded, surp, flat[np.repeat(starts + P, L) + within], within, L)
-    dtype = next(model.parameters()).dtype
-    res.settings = {"scorer_version": SCORER_VERSION, "dtype": str(dtype).replace("torch.", ""),
-                    "head_dtype": str(acc_dtype(dtype)).replace("torch.", ""),
-                    "device": next(model.parameters()).device.type, "max_batch_tokens": max_batch_tokens,
-                    "head_path": "hidden_states" if via_hidden else "model_logits"}
+    param = next(model.parameters())
+    res.settings = {"scorer_version": SCORER_VERSION, "dtype": str(param.dtype).replace("torch.", ""),
+                    "head_dtype": str(acc_dtype(param.dtype)).replace("torch.", ""), "device": param.device.type,
+                    "max_batch_tokens": max_batch_tokens, "head_path": "hidden_states" if via_hidden else "model_logits"}
     return res
 
 
@@ -247,8 +240,7 @@ def _batch_logprobs(model, flat: np.ndarray, starts: np.ndarray, Pb: np.ndarray,
 
 def _result(encoded: Sequence[EncodedPair], surp: np.ndarray, token_ids: np.ndarray, within: np.ndarray,
             L: np.ndarray) -> ScoreResult:
-    """The ``ScoreResult`` of per-token surprisals ``surp`` in input order (``L[k]`` tokens of row k);
-    a row whose mean is not finite is kept as invalid, with a warning."""
+    """The result of surprisals ``surp`` in input order (``L[k]`` of row k); a non-finite row: invalid, warned."""
     seq_nll = np.add.reduceat(surp, np.cumsum(L) - L)
     b = seq_nll / L
     valid = np.isfinite(b)
@@ -262,8 +254,6 @@ def _result(encoded: Sequence[EncodedPair], surp: np.ndarray, token_ids: np.ndar
                               "token_id": token_ids, "surprisal": surp})
     return ScoreResult(per_example, per_token)
 
-
-# ---------------------------------------------------------------- cache and the user-facing entry points
 
 def default_cache_dir() -> Path:
     """``$ZFREE_CACHE_DIR``, else ``~/.cache/zfree/scores``."""

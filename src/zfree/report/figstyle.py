@@ -22,6 +22,9 @@ PAPER_RC = {"axes.formatter.useoffset": False, "axes.formatter.limits": (-4, 5),
             "axes.labelsize": 9, "legend.fontsize": 7}
 
 
+#: line style of a facet (``LINESTYLES``) -> its marker where a run of one beta draws no line
+FACET_MARKERS = {"-": "o", "--": "^", ":": "v", "-.": "D"}
+
 def paper(fn):
     """Draw ``fn``'s figure under ``PAPER_RC`` (the caller's rcParams are left as they were)."""
     @functools.wraps(fn)
@@ -81,6 +84,17 @@ def legend_below(fig, axes, ncol: int = 3, fontsize: int = 7) -> None:
     if seen:
         fig.legend(list(seen.values()), list(seen), loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=ncol,
                    fontsize=fontsize, frameon=False)
+
+
+def finish_with_legend_right(fig, ax, xlabel: str, ylabel: str, title: str, title_size: float = 9):
+    """Label ``ax``, title it, put its legend right of the axes (outside the data), lay ``fig`` out
+    and return it: the last lines of the one-panel figures."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=title_size)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    fig.tight_layout()
+    return fig
 
 
 

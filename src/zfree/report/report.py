@@ -18,11 +18,13 @@ import pandas as pd
 
 from zfree.core.io import read_json
 from zfree.evaluate.latent_stats import confusion
-from zfree.report.plotting import FACETS, rho_summaries
+from zfree.experiment.results import FACETS
+from zfree.report.plotting import rho_summaries
+from zfree.train.run_folder import USE_THRESHOLD
 
-#: a run "uses z" when more than this fraction of its rows does (training.py's latent_used and
-#: predicted_latent_used use the same threshold on the same two fractions)
-USE_THRESHOLD = 0.5
+# USE_THRESHOLD (zfree.train.run_folder, where a run's summary sets latent_used and
+# predicted_latent_used): a run "uses z" when more than this fraction of its rows does
+
 #: below this measured fraction a run that theory says should use z is called collapsed; between
 #: it and USE_THRESHOLD, only partly used (the default preset's aided runs at 500 steps: 25-63%)
 COLLAPSED_BELOW = 0.1

@@ -34,7 +34,6 @@ from zfree.models.loading import pick_device
 from zfree.models.precision import WEIGHT_DTYPES, acc_dtype, default_dtype
 from zfree.objective.objectives import Phase, step_objective
 from zfree.reference.reference import Reference, resolve_reference
-from zfree.train.run_folder import NonFiniteLossError
 from zfree.reference.scoring import context_length
 from zfree.core.values import check_device
 
@@ -271,50 +270,6 @@ def _setup_run(cfg: TrainConfig, out: Path, progress: bool) -> Run:
     return Run(out, model, data, opt, rng, state or TrainState(phase=aids.initial_phase(cfg)), t0)
 
 
-#: steps between reads of the non-finite flags, per device type. Reading whether a loss is finite
-#: is a device->host synchronisation; on the CPU it costs nothing, so every step is checked before
-#: its update (the run stops at the bad step, its update never applied). On an accelerator the
-#: per-step flags stay on the device and are read every FINITE_CHECK_EVERY steps and before every
-#: evaluation, checkpoint and the end, so a non-finite loss still stops the run, naming the FIRST
-#: bad step, its batch and terms, and no weights updated from it are ever saved (the updates of up
-#: to N - 1 steps after it are discarded with the run).
-FINITE_CHECK_EVERY = {"cpu": 1}
-FINITE_CHECK_EVERY_ACCELERATOR = 25
-
-
-class FiniteWatch:
-    """The non-finite loss check without a per-step synchronisation (``FINITE_CHECK_EVERY``)."""
-
-    def __init__(self, out: Path, device: torch.device):
-        self.out = out
-        self.every = FINITE_CHECK_EVERY.get(torch.device(device).type, FINITE_CHECK_EVERY_ACCELERATOR)
-        self.pending: list[tuple[int, list[str], list[str], torch.Tensor]] = []
-
-    def add(self, br, step: int, batch) -> None:
-        """Record step ``step``'s finiteness flags (total, terms, contributions) on the device;
-        check them when the step is due (every step on the CPU)."""
-        named = [(k, v) for d in (br.terms, br.contributions) for k, v in d.items()]
-        flags = torch.stack([torch.isfinite(br.total.detach())] + [torch.isfinite(v.detach()) for _, v in named])
-        self.pending.append((step, list(batch.ids), [k for k, _ in named], flags))
-        if step % self.every == 0:
-            self.check()
-
-    def check(self) -> None:
-        """Read the pending flags (one synchronisation); NonFiniteLossError (after writing
-        error.json) naming the first step whose total is NaN or infinite."""
-        if not self.pending:
-            return
-        pending, self.pending = self.pending, []
-        ok = torch.stack([f[0] for *_, f in pending]).cpu()
-        if bool(ok.all()):
-            return
-        step, ids, names, flags = pending[int((~ok).nonzero()[0, 0])]
-        flags = flags.cpu()
-        bad = sorted({k for k, f in zip(names, flags[1:].tolist()) if not f})
-        run_folder.write_error(self.out, step, ids, bad)
-        raise NonFiniteLossError(f"non-finite loss at step {step}: terms {bad} (see {self.out / 'error.json'})")
-
-
 def _optimizer_step(run: Run, br, cfg: TrainConfig, step: int, frozen: aids.FrozenDecoderMask) -> None:
     """Backward, the frozen-decoder mask (warm phase), gradient clipping, the update."""
     run.opt.zero_grad(set_to_none=True)
@@ -358,7 +313,7 @@ def _train_locked(cfg: TrainConfig, out: Path, progress: bool, stop_after: int |
     gate_rows = data.val[: cfg.aid.handover_rows] if cfg.aid.handover_rows else data.val
     frozen = aids.FrozenDecoderMask(model)
     dev, acc = next(model.parameters()).device, acc_dtype(next(model.parameters()).dtype)
-    watch = FiniteWatch(out, dev)
+    watch = run_folder.FiniteWatch(out, dev)
     ev = _record_evaluation(out, model, data, state, run.opt, run.rng, run.t0) if state.step == 0 else None
     bar = tqdm(total=cfg.optim.steps, initial=state.step, disable=not progress, mininterval=5,
                desc=f"{cfg.objective.weighting} β={cfg.objective.beta:g}" + ("" if cfg.aid.aid == "none" else f" {cfg.aid.aid}"))
