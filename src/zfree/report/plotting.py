@@ -121,21 +121,7 @@ def plot_phase_diagram(runs: pd.DataFrame, c_base: float | None = None, beta_ove
         sc = ax.scatter(cells["beta"], cells["recon_weight"], c=cells[key], cmap=cmap, marker="s", s=150,
                         edgecolors="k", linewidths=0.4, zorder=3, vmin=vmin, vmax=vmax)
         fig.colorbar(sc, ax=ax, label=name)
-        ws = np.geomspace(w_lo, w_hi, 50)
-        for ratio in np.geomspace(b_lo / w_hi, b_hi / w_lo, 9):  # lines of constant beta / w
-            ax.plot(ratio * ws, ws, ":", color="gray", lw=0.6, zorder=1)
-        if beta_over_w:
-            ax.plot(beta_over_w * ws, ws, "-", color="k", lw=1.4, zorder=2, label="predicted boundary β·|S|/w = 1")
-        for w, b in (critical_betas or {}).items():
-            rows = runs[runs["weighting"] == w]
-            if len(rows):
-                ax.scatter([b], [rows["recon_weight"].mean()], marker="x", color="k", s=60, zorder=4,
-                           label="predicted β* of the weighting (half of the rows use z)")
-        if c_base:
-            ax.axhline(1 / c_base, color="tab:orange", lw=0.8, ls="--", zorder=1, label="w = 1/c_base")
-        if highlight is not None:
-            ax.scatter([highlight[0]], [highlight[1]], marker="s", s=420, facecolors="none", edgecolors="red",
-                       linewidths=1.5, zorder=5)
+        _phase_overlays(ax, runs, (b_lo, b_hi, w_lo, w_hi), c_base, beta_over_w, critical_betas, highlight)
         ax.set_xlim(b_lo, b_hi)
         ax.set_ylim(w_lo, w_hi)
         _log_axis(ax, "x", runs["beta"])
@@ -156,6 +142,27 @@ def plot_phase_diagram(runs: pd.DataFrame, c_base: float | None = None, beta_ove
     fig.tight_layout()
     _legend_below(fig, axes.flat[0], ncol=3)
     return fig
+
+
+def _phase_overlays(ax, runs: pd.DataFrame, box: tuple[float, float, float, float], c_base, beta_over_w,
+                    critical_betas, highlight) -> None:
+    """``plot_phase_diagram``'s overlays on one panel (``box``: beta and w limits), as its docstring lists."""
+    b_lo, b_hi, w_lo, w_hi = box
+    ws = np.geomspace(w_lo, w_hi, 50)
+    for ratio in np.geomspace(b_lo / w_hi, b_hi / w_lo, 9):  # lines of constant beta / w
+        ax.plot(ratio * ws, ws, ":", color="gray", lw=0.6, zorder=1)
+    if beta_over_w:
+        ax.plot(beta_over_w * ws, ws, "-", color="k", lw=1.4, zorder=2, label="predicted boundary β·|S|/w = 1")
+    for w, b in (critical_betas or {}).items():
+        rows = runs[runs["weighting"] == w]
+        if len(rows):
+            ax.scatter([b], [rows["recon_weight"].mean()], marker="x", color="k", s=60, zorder=4,
+                       label="predicted β* of the weighting (half of the rows use z)")
+    if c_base:
+        ax.axhline(1 / c_base, color="tab:orange", lw=0.8, ls="--", zorder=1, label="w = 1/c_base")
+    if highlight is not None:
+        ax.scatter([highlight[0]], [highlight[1]], marker="s", s=420, facecolors="none", edgecolors="red",
+                   linewidths=1.5, zorder=5)
 
 
 def _w_range(runs: pd.DataFrame, names: list[str]) -> str:
