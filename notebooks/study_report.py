@@ -23,7 +23,7 @@ sweep_dir = "../runs/study-default"  # a folder written by `zfree study` or `zfr
 # %%
 from IPython.display import Markdown, display
 
-from zfree.report.plotting import plot_loss_fractions, plot_predicted_vs_measured, plot_rate_and_rho_vs_beta
+from zfree.report.plotting_study import plot_loss_fractions, plot_predicted_vs_measured, plot_rate_and_rho_vs_beta
 from zfree.report.report import (QUALITY_COLUMNS, USE_COLUMNS, errors_markdown, reference_markdown, run_table,
                                  run_verdicts, show, verdict_markdown)
 from zfree.experiment.results import load_sweep

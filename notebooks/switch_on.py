@@ -28,7 +28,7 @@ sweep_dir = "../runs/study-aided"  # a folder written by `zfree study` or `zfree
 # %%
 from IPython.display import Markdown, display
 
-from zfree.report.plotting import plot_handover_gate, plot_phase_boundary, plot_use_by_length
+from zfree.report.plotting_aids import plot_handover_gate, plot_phase_boundary, plot_use_by_length
 from zfree.report.report import (aided_runs, aided_tables, boundary_table, checkmarks, confusion_tables, gate_traces,
                                  show, switch_on_targets)
 from zfree.experiment.results import load_sweep

@@ -2,7 +2,7 @@
 one continuous and one optimal-posterior run, all on the smoke preset's data and base model.
 
 ``generate(root, precision)`` trains them under ``root`` and returns ``{name: {"summary": ...,
-"metrics": [...]}}`` with the timing keys (``zfree.train.training.TIMING_KEYS``) and the machine-specific
+"metrics": [...]}}`` with the timing keys (``zfree.train.run_folder.TIMING_KEYS``) and the machine-specific
 paths (data_dir, base_dir) removed. Two sets are pinned (tests/test_golden.py says how each is compared):
 - ``tests/golden/fp32/*.json``: float32 (the default precision), exact where the machine's
   ``fingerprint()`` equals ``tests/golden/fingerprint.json`` (the machine that wrote them);
@@ -75,7 +75,7 @@ def fingerprint() -> dict:
 
 
 def _clean(d: dict) -> dict:
-    from zfree.train.training import TIMING_KEYS
+    from zfree.train.run_folder import TIMING_KEYS
 
     return {k: v for k, v in d.items() if k not in TIMING_KEYS and k not in DROP and k not in NEW_KEYS}
 

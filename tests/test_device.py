@@ -25,6 +25,8 @@ from placement import FactoryRecorder  # noqa: E402
 from tests.tiny import TRAIN_DEFAULTS, tiny_flat  # noqa: E402
 from zfree.config import TrainConfig  # noqa: E402
 from zfree.core.io import read_json  # noqa: E402
+from zfree.train import run_folder  # noqa: E402
+from zfree.train.run_folder import NonFiniteLossError  # noqa: E402
 
 #: evaluation statistics computed on the host from numpy arrays already read back, by design: the
 #: mutual-information estimate, and the prior draws and centroids of the decode metrics (a CPU
@@ -68,7 +70,7 @@ def record_training(monkeypatch, cfg: TrainConfig, out: Path, device: str) -> tu
 
     for name in ("step_objective", "_optimizer_step", "_log_train_terms"):
         monkeypatch.setattr(tr, name, wrap(getattr(tr, name), step_bad, True))
-    monkeypatch.setattr(tr.FiniteWatch, "add", wrap(tr.FiniteWatch.add, step_bad, True))
+    monkeypatch.setattr(run_folder.FiniteWatch, "add", wrap(run_folder.FiniteWatch.add, step_bad, True))
     monkeypatch.setattr(tr, "evaluate", wrap(tr.evaluate, eval_bad, False))  # evaluation reads results to the host
     tr.train_cvae(cfg, out, progress=False)
     return step_bad, [b for b in eval_bad if not any(h in b[2] for h in HOST_SIDE)]
@@ -121,8 +123,8 @@ def test_deferred_non_finite_check_names_the_first_bad_step_and_its_batch(tiny, 
     import zfree.train.training as tr
     from safetensors.torch import load_file
 
-    monkeypatch.setattr(tr, "FINITE_CHECK_EVERY", {})
-    monkeypatch.setattr(tr, "FINITE_CHECK_EVERY_ACCELERATOR", 4)
+    monkeypatch.setattr(run_folder, "FINITE_CHECK_EVERY", {})
+    monkeypatch.setattr(run_folder, "FINITE_CHECK_EVERY_ACCELERATOR", 4)
     batches = []
     real_collate, real_assemble = tr.collate, objectives.assemble
     monkeypatch.setattr(tr, "collate", lambda enc, **kw: batches.append([e.id for e in enc]) or real_collate(enc, **kw))
@@ -136,7 +138,7 @@ def test_deferred_non_finite_check_names_the_first_bad_step_and_its_batch(tiny, 
 
     monkeypatch.setattr(objectives, "assemble", poisoned)
     data, base = tiny
-    with pytest.raises(tr.NonFiniteLossError, match="step 2"):
+    with pytest.raises(NonFiniteLossError, match="step 2"):
         tr.train_cvae(_cfg(data, base, device="cpu", steps=8, eval_every=8), tmp_path / "run", progress=False)
     err = read_json(tmp_path / "run" / "error.json")
     assert len(batches) == 4  # the run went on to the check at step 4
@@ -199,10 +201,10 @@ def record_host_reads(monkeypatch, cfg: TrainConfig, out: Path, device_type: str
                 return fn(*a, **kw)
         return run
 
-    monkeypatch.setattr(tr, "FINITE_CHECK_EVERY", {})  # the accelerator cadence, also on the CPU
+    monkeypatch.setattr(run_folder, "FINITE_CHECK_EVERY", {})  # the accelerator cadence, also on the CPU
     for mod, name in ((tr, "_optimizer_step"), (tr, "_log_train_terms"), (objectives, "assemble")):
         monkeypatch.setattr(mod, name, wrap(getattr(mod, name)))
-    monkeypatch.setattr(tr.FiniteWatch, "add", wrap(tr.FiniteWatch.add))
+    monkeypatch.setattr(run_folder.FiniteWatch, "add", wrap(run_folder.FiniteWatch.add))
     tr.train_cvae(cfg, out, progress=False)
     return reads
 

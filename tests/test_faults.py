@@ -184,9 +184,10 @@ def test_jsonl_with_a_bom_is_read(tmp_path):
 
 def test_nonfinite_loss_is_one_line_exit_2(tmp_path, finished, capsys, monkeypatch):
     import zfree.train.training as training
+    from zfree.train.run_folder import NonFiniteLossError
 
     def nan_run(cfg, out, **kw):
-        raise training.NonFiniteLossError(f"non-finite loss at step 3: terms ['recon'] (see {out}/error.json)")
+        raise NonFiniteLossError(f"non-finite loss at step 3: terms ['recon'] (see {out}/error.json)")
 
     monkeypatch.setattr(training, "train_cvae", nan_run)
     assert main(["train", "--config", str(finished / "config.json"), "--out", str(tmp_path / "r")]) == 2

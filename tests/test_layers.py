@@ -7,7 +7,7 @@ its own layer or of a layer below it. Bottom to top:
 Exceptions, on purpose:
   * ``zfree.config`` (the frozen dataclasses, the contract every layer reads) may be imported from
     any layer. Its own imports are checked as if it sat on top of ``data``: it builds on core's
-    field checks and re-exports ``DataConfig`` from ``zfree.data.synth``.
+    field checks, and its deprecated ``zfree.config.DataConfig`` path reads ``zfree.data.synth``.
   * ``zfree.cli`` (the ``zfree`` command) is the top and may import anything.
   * ``zfree`` itself (``__init__``: the version only) counts as core.
 

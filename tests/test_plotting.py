@@ -12,6 +12,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.collections import PathCollection  # noqa: E402
 
 from zfree.report import plotting as P  # noqa: E402
+from zfree.report import plotting_aids as PA  # noqa: E402
+from zfree.report import plotting_study as PS  # noqa: E402
+from zfree.report.figstyle import log_axis  # noqa: E402
 
 C_BASE = 0.25
 
@@ -139,9 +142,9 @@ def test_training_curves_draw_every_term_and_mark_the_collapse():
 def test_rate_and_rho_vs_beta_and_loss_fractions_accept_facets():
     runs = _runs(("discrete", "continuous"))
     runs["loss_contrib/fraction_abs/kl_prior_loss"] = 0.1
-    fig = P.plot_rate_and_rho_vs_beta(runs)
+    fig = PS.plot_rate_and_rho_vs_beta(runs)
     assert len(fig.axes) == 6 and len(fig.axes[0].lines) == 2
-    fig = P.plot_loss_fractions(runs)
+    fig = PS.plot_loss_fractions(runs)
     labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]  # horizontal bars: one label a row
     assert len(set(labels)) == len(runs) and not any("\n" in t for t in labels)
 
@@ -160,7 +163,7 @@ def test_phase_boundary_draws_measured_rate_prediction_and_both_half_betas():
     curves["predicted_rate"] = np.where(curves["beta"] < 0.1, 1.4, 0.0)
     boundary = pd.DataFrame([{"weighting": "plain", "aid": "none", "beta_half_measured": 0.2,
                               "beta_half_predicted": 0.1, "ratio": 2.0}])
-    fig = P.plot_phase_boundary(runs, curves, boundary)
+    fig = PA.plot_phase_boundary(runs, curves, boundary)
     ax = fig.axes[0]
     measured = [ln for ln in ax.lines if ln.get_label().startswith("measured plain")][0]
     np.testing.assert_allclose(measured.get_xdata(), [0.03, 0.3, 1.0])
@@ -174,7 +177,7 @@ def test_phase_boundary_draws_measured_rate_prediction_and_both_half_betas():
 def test_use_by_length_draws_measured_and_predicted_per_beta():
     use = pd.DataFrame({"n_tokens": [5, 9, 13] * 2, "measured_use": [1, 0.5, 0, 1, 1, 1],
                         "predicted_use": [1, 1, 0, 1, 1, 1], "beta": [0.9] * 3 + [0.3] * 3, "aid": "hard_em_then_soft"})
-    ax = P.plot_use_by_length(use).axes[0]
+    ax = PA.plot_use_by_length(use).axes[0]
     by = {ln.get_label(): ln for ln in ax.lines}
     np.testing.assert_allclose(by["β=0.9 hard_em_then_soft measured"].get_ydata(), [1, 0.5, 0])
     np.testing.assert_allclose(by["β=0.9 predicted"].get_ydata(), [1, 1, 0])
@@ -189,7 +192,7 @@ def test_log_axes_label_major_ticks_only_as_plain_numbers():
     """A log axis over less than a decade (betas 0.03-0.3) would get "3×10⁻² 4×10⁻² …" minor
     labels from matplotlib's default; ours labels the data's betas, as plain numbers, and nothing else."""
     runs = _runs()
-    fig = P.plot_rate_and_rho_vs_beta(runs)
+    fig = PS.plot_rate_and_rho_vs_beta(runs)
     fig.canvas.draw()
     ax = [a for a in fig.axes if a.get_xlabel() == "β"][0]  # the bottom row carries the shared β labels
     assert ax.get_xscale() == "log" and not _minor_labels(ax.xaxis)
@@ -206,9 +209,9 @@ def test_legends_sit_outside_the_data():
     """Training-dynamics, rate/rho and effective-beta legends lie outside every axes' box."""
     df = pd.DataFrame({"step": [0, 5, 10], "loss/val/kl_prior_loss": [0.0, 0.2, 0.01],
                        "loss_contrib/fraction_abs/reconstruction_loss": [1.0, 0.9, 0.99]})
-    for fig in (P.plot_training_curves({"a": df, "b": df}), P.plot_rate_and_rho_vs_beta(_runs()),
+    for fig in (P.plot_training_curves({"a": df, "b": df}), PS.plot_rate_and_rho_vs_beta(_runs()),
                 P.plot_effective_beta(_per_example()),
-                P.plot_loss_fractions(_runs().assign(**{"loss_contrib/fraction_abs/kl_prior_loss": 0.2}))):
+                PS.plot_loss_fractions(_runs().assign(**{"loss_contrib/fraction_abs/kl_prior_loss": 0.2}))):
         fig.canvas.draw()
         r = fig.canvas.get_renderer()
         legends = [*fig.legends, *(a.get_legend() for a in fig.axes if a.get_legend())]
@@ -231,7 +234,7 @@ def test_phase_diagram_merges_row_labels_that_would_overprint():
 
 def test_handover_gate_draws_one_line_per_run():
     traces = pd.DataFrame({"label": ["a", "a", "b"], "step": [0, 50, 0], "ratio": [1.2, 0.9, 1.1]})
-    ax = P.plot_handover_gate(traces).axes[0]
+    ax = PA.plot_handover_gate(traces).axes[0]
     runs = {ln.get_label(): ln for ln in ax.lines if not ln.get_label().startswith("_")}
     np.testing.assert_allclose(runs["a"].get_ydata(), [1.2, 0.9])
     assert any(np.allclose(ln.get_ydata(), 1.0) for ln in ax.lines)
@@ -247,7 +250,7 @@ def test_log_ticks_at_nearby_betas_are_thinned_so_labels_do_not_overprint():
     assert thin_log_ticks([]) == []
     fig, ax = plt.subplots()
     ax.plot([0.0043, 0.0045, 0.0111], [1, 2, 3], "o")
-    P._log_axis(ax, "x", [0.0043, 0.0045, 0.0111])
+    log_axis(ax, "x", [0.0043, 0.0045, 0.0111])
     fig.canvas.draw()
     assert [t.get_text() for t in ax.get_xticklabels() if t.get_text()] == ["0.0043", "0.0111"]
     plt.close(fig)
@@ -287,7 +290,7 @@ def test_rate_panels_share_one_scale_from_zero():
     """A collapsed weighting (rates of 1e-4 nats) must not fill its panel as if z were used."""
     runs = _runs()
     runs.loc[runs["weighting"] == "plain", "kl_prior_loss"] = 1e-4
-    fig = P.plot_rate_and_rho_vs_beta(runs)
+    fig = PS.plot_rate_and_rho_vs_beta(runs)
     tops = {round(ax.get_ylim()[1], 9) for ax in fig.axes[:3]}
     assert len(tops) == 1 and tops.pop() >= runs["kl_prior_loss"].max()
     assert all(ax.get_ylim()[0] <= 0 for ax in fig.axes[:3])
@@ -298,7 +301,7 @@ def test_rate_and_rho_vs_beta_tells_facets_apart_by_marker_when_a_run_draws_no_l
     gets its own marker, named in the legend."""
     runs = pd.concat([_runs(), _runs().assign(aid="hard_em_then_soft")], ignore_index=True)
     runs = runs[runs["beta"] == 0.3]
-    fig = P.plot_rate_and_rho_vs_beta(runs)
+    fig = PS.plot_rate_and_rho_vs_beta(runs)
     markers = {ln.get_marker() for ln in fig.axes[0].lines}
     assert markers == {"o", "^"}
     legend = {t.get_text(): h.get_marker() for t, h in zip(fig.legends[0].get_texts(), fig.legends[0].legend_handles)}

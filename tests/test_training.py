@@ -13,6 +13,7 @@ import torch
 from tests.tiny import tiny_flat
 from zfree.config import TrainConfig
 from zfree.core.io import read_json, read_jsonl
+from zfree.train.run_folder import NonFiniteLossError
 from zfree.train.training import train_cvae
 
 
@@ -135,7 +136,6 @@ def test_hard_em_records_the_gate_and_hands_over(tiny, tmp_path):
 
 def test_non_finite_loss_stops_with_step_and_batch(tiny, tmp_path, monkeypatch):
     import zfree.objective.objectives as objectives
-    import zfree.train.training as tr
 
     data, base = tiny
     real = objectives.assemble  # the one assembler every training step calls (issue 12)
@@ -148,7 +148,7 @@ def test_non_finite_loss_stops_with_step_and_batch(tiny, tmp_path, monkeypatch):
         return br
 
     monkeypatch.setattr(objectives, "assemble", poisoned)
-    with pytest.raises(tr.NonFiniteLossError, match="step 3"):
+    with pytest.raises(NonFiniteLossError, match="step 3"):
         train_cvae(_cfg(data, base), tmp_path / "run", progress=False)
     err = read_json(tmp_path / "run" / "error.json")
     assert err["step"] == 3 and len(err["batch_ids"]) == 8 and "kl_prior_loss" in err["non_finite_terms"]

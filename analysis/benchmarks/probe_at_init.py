@@ -14,7 +14,7 @@ import torch
 
 from zfree.data.batching import collate, encode_pair, pad_id_of
 from zfree.data.pairs import load_pairs
-from zfree.evaluate.metrics import probe_accuracy
+from zfree.evaluate.latent_stats import probe_accuracy
 from zfree.models.base import load_base
 from zfree.models.discrete import DiscreteCVAE
 

@@ -5,21 +5,26 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import fields
 from pathlib import Path
+from typing import Literal, get_args, get_origin
+
+# light modules only (config and the benchmark's DataConfig import no torch); every command's heavy
+# imports (torch, transformers, pandas, the trainers) stay inside it so `zfree --help` stays fast
+from zfree.config import BaseTrainConfig, TrainConfig, parse_assignment
+from zfree.core.errors import ConfigError, InputError, ZfreeError, one_line
+from zfree.core.io import read_json
+from zfree.core.values import check_device, field_types
+from zfree.data.synth import DataConfig, write_benchmark
 
 
 def _cmd_data_synth(a):
-    from zfree.config import DataConfig
-    from zfree.data.synth import write_benchmark
-
-    cfg = DataConfig(vocab_size=a.vocab_size, n_min=a.n_min, n_max=a.n_max, strategies=tuple(a.strategies.split(",")),
-                     prior=a.prior, n_train=a.n_train, n_val=a.n_val, n_test=a.n_test, seed=a.seed)
-    out = write_benchmark(cfg, a.out)
+    out = write_benchmark(_config_from_args(DataConfig, a), a.out)
     print(f"benchmark in {out}")
 
 
 def _cmd_data_e2e(a):
-    from zfree.data.e2e import convert_e2e
+    from zfree.data.e2e import convert_e2e  # lazy: pandas (zfree --help stays fast)
 
     meta = convert_e2e(a.src, a.out)
     print(json.dumps({k: {f: v[f] for f in ("source", "n_rows", "n_x")} for k, v in meta["splits"].items()}, indent=2))
@@ -27,25 +32,21 @@ def _cmd_data_e2e(a):
 
 
 def _cmd_base_train(a):
-    from zfree.train.base_training import train_base
-    from zfree.config import BaseTrainConfig
+    from zfree.train.base_training import train_base  # lazy: torch and transformers (zfree --help stays fast)
 
-    cfg = BaseTrainConfig(n_layer=a.n_layer, n_embd=a.n_embd, n_head=a.n_head, lr=a.lr, batch_size=a.batch_size,
-                          max_steps=a.max_steps, max_minutes=a.max_minutes, target_ratio=a.target_ratio,
-                          eval_every=a.eval_every, seed=a.seed, data_source=a.data_source)
-    log = train_base(a.data, a.out, cfg, threads=a.threads, init_from=a.init_from)
+    log = train_base(a.data, a.out, _config_from_args(BaseTrainConfig, a), threads=a.threads, init_from=a.init_from)
     print(json.dumps({k: log[k] for k in ("steps", "wall_s", "c_base_analytic", "final_ratio")}, indent=2))
 
 
 def _cmd_base_reference(a):
-    from zfree.reference.reference import build_reference
+    from zfree.reference.reference import build_reference  # lazy: torch, transformers
 
     ref = build_reference(a.base, a.data)
     print(json.dumps(ref.meta, indent=2))
 
 
 def _cmd_score(a):
-    from zfree.reference.scoring import ScoringPolicy, score_file, write_scores
+    from zfree.reference.scoring import ScoringPolicy, score_file, write_scores  # lazy: torch, transformers
 
     policy = ScoringPolicy(bos=a.bos, add_eos=not a.no_eos, max_length=a.max_length)
     res = score_file(a.model, a.data, device=a.device, dtype=a.dtype, policy=policy,
@@ -58,8 +59,6 @@ def _cmd_score(a):
 def _read_flat_config(path: str) -> dict:
     """A flat config JSON (``_``-prefixed record keys dropped; a run folder's config.json has its
     relative data_dir/base_dir resolved against that folder); InputError naming the file."""
-    from zfree.core.errors import InputError
-
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"config file {p} does not exist")
@@ -71,15 +70,14 @@ def _read_flat_config(path: str) -> dict:
         raise InputError(f"{p}: a config is a JSON object of flat fields, got {type(raw).__name__}")
     flat = {k: v for k, v in raw.items() if not str(k).startswith("_")}
     if raw.get("_paths_relative_to") == "run folder":  # a run record: its paths are portable (issue 17)
-        from zfree.train.run_folder import resolved_flat
+        from zfree.train.run_folder import resolved_flat  # lazy: torch (a run folder's module)
 
         flat = resolved_flat(flat, p.parent)
     return flat
 
 
 def _cmd_train(a):
-    from zfree.config import TrainConfig, check_device, parse_assignment
-    from zfree.train.training import train_cvae
+    from zfree.train.training import train_cvae  # lazy: torch and transformers (zfree --help stays fast)
 
     if a.model or a.data:
         return _cmd_train_own(a)
@@ -98,8 +96,6 @@ def _cmd_train(a):
     try:
         cfg = TrainConfig.from_flat(flat)
     except ValueError as e:
-        from zfree.core.errors import ConfigError
-
         raise ConfigError(f"config {a.config}{' with --set' if a.set else ''}: {e}") from None
     check_device(cfg.optim.device)
     summary = train_cvae(cfg, a.out)
@@ -108,9 +104,8 @@ def _cmd_train(a):
 
 def _cmd_train_own(a):
     """``zfree train --model M --data F.jsonl --out RUN``: split, base link and reference in RUN, one CVAE there."""
-    from zfree.config import check_device, parse_assignment
-    from zfree.experiment.own_study import own_train_config
-    from zfree.train.training import train_cvae
+    from zfree.experiment.own_study import own_train_config  # lazy: torch, transformers (as above)
+    from zfree.train.training import train_cvae  # lazy: as above
 
     if not (a.model and a.data and a.out) or a.config or a.resume:
         raise ValueError("give --model MODEL --data FILE.jsonl --out RUN_DIR (without --config/--resume)")
@@ -123,8 +118,6 @@ def _cmd_train_own(a):
 
 def _report_failures(failed: list[tuple[str, Path]]) -> int:
     """Print each failed point's full message and its error.json to stderr; 1 if any failed."""
-    from zfree.core.io import read_json
-
     for run_id, err_file in failed:
         try:
             msg = read_json(err_file).get("error", "?")
@@ -162,7 +155,7 @@ def _cmd_study(a):
 
 
 def _cmd_report(a):
-    from zfree.experiment.render import render_report
+    from zfree.experiment.render import render_report  # lazy: pandas, matplotlib, papermill (zfree --help stays fast)
 
     print(render_report(a.study_dir, progress=True))
 
@@ -201,51 +194,61 @@ The main job is `zfree study --preset default --out runs/study-default` (also `m
 `zfree COMMAND --help` describes each command."""
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="zfree", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="cmd", required=True)
+def _comma_list(text: str) -> tuple[str, ...]:
+    return tuple(t.strip() for t in text.split(",") if t.strip())
 
+
+def _add_config_fields(p: argparse.ArgumentParser, cls, help: dict[str, str] | None = None) -> None:
+    """One ``--field-name`` option per field of the config dataclass ``cls``: its default, type and
+    (a Literal's) choices come from the declaration, so each default is stated once, in ``cls``."""
+    types = field_types(cls)
+    for f in fields(cls):
+        typ, kw = types[f.name], {}
+        if get_origin(typ) is Literal:
+            kw["choices"] = list(get_args(typ))
+        else:  # int, float, str; a sequence of names is given comma-separated
+            kw["type"] = typ if typ in (int, float, str) else _comma_list
+        shown = ",".join(f.default) if isinstance(f.default, tuple) else f.default
+        text = (help or {}).get(f.name)
+        p.add_argument("--" + f.name.replace("_", "-"), default=f.default,
+                       help=f"{text} (default: {shown})" if text else f"default: {shown}", **kw)
+
+
+def _config_from_args(cls, a):
+    """The config dataclass ``cls`` from the options ``_add_config_fields`` added."""
+    return cls(**{f.name: getattr(a, f.name) for f in fields(cls)})
+
+
+def _add_data(sub) -> None:
     data = sub.add_parser("data", help="datasets").add_subparsers(dest="sub", required=True)
     s = data.add_parser("synth", help="generate the synthetic strategy benchmark")
     s.add_argument("--out", required=True)
-    s.add_argument("--vocab-size", type=int, default=10)
-    s.add_argument("--n-min", type=int, default=4)
-    s.add_argument("--n-max", type=int, default=12)
-    s.add_argument("--strategies", default="sort_asc,sort_desc,reverse,copy")
-    s.add_argument("--prior", default="uniform", choices=["uniform", "x_dependent"])
-    s.add_argument("--n-train", type=int, default=50_000)
-    s.add_argument("--n-val", type=int, default=1_000)
-    s.add_argument("--n-test", type=int, default=1_000)
-    s.add_argument("--seed", type=int, default=0)
+    _add_config_fields(s, DataConfig, help={"strategies": "comma-separated strategy names"})
     s.set_defaults(func=_cmd_data_synth)
     e = data.add_parser("e2e", help="convert the cleaned E2E NLG CSVs (CC BY-SA 4.0) to JSONL pairs with labels")
     e.add_argument("--src", required=True, help="folder with test-fixed.csv and devel-fixed.no-ol.csv")
     e.add_argument("--out", required=True, help="folder for train.jsonl, val.jsonl and metadata.json")
     e.set_defaults(func=_cmd_data_e2e)
 
+
+def _add_base(sub) -> None:
     base = sub.add_parser("base", help="the z-free base model").add_subparsers(dest="sub", required=True)
     b = base.add_parser("train", help="train the base GPT-2 and write its reference")
     b.add_argument("--data", required=True)
     b.add_argument("--out", required=True)
-    b.add_argument("--n-layer", type=int, default=2)
-    b.add_argument("--n-embd", type=int, default=128)
-    b.add_argument("--n-head", type=int, default=4)
-    b.add_argument("--lr", type=float, default=1.5e-3)
-    b.add_argument("--batch-size", type=int, default=64)
-    b.add_argument("--max-steps", type=int, default=26_000)
-    b.add_argument("--max-minutes", type=float, default=60.0)
-    b.add_argument("--target-ratio", type=float, default=1.05)
-    b.add_argument("--eval-every", type=int, default=500)
-    b.add_argument("--seed", type=int, default=0)
+    _add_config_fields(b, BaseTrainConfig, help={
+        "data_source": "fresh: sample every batch from the generator; split: the train split",
+        "max_minutes": "wall-clock budget", "target_ratio": "stop once val c_base <= ratio * analytic c_base"})
     b.add_argument("--threads", type=int, default=1, help="torch threads (2 threads lose to 1 on a shared 2-core machine)")
-    b.add_argument("--data-source", default="fresh", choices=["fresh", "split"],
-                   help="fresh: sample every batch from the generator (default); split: the train split")
     b.add_argument("--init-from", default=None, help="continue from a finished base model folder (second phase)")
     b.set_defaults(func=_cmd_base_train)
     r = base.add_parser("reference", help="(re)write a base run's z-free reference")
     r.add_argument("--base", required=True)
     r.add_argument("--data", required=True)
     r.set_defaults(func=_cmd_base_reference)
+
+
+def _add_score(sub) -> None:
     sc = sub.add_parser("score", help="z-free surprisal of a JSONL file under any local causal LM")
     sc.add_argument("--model", required=True, help="model folder with its tokenizer, a .gguf file, or a hub id")
     sc.add_argument("--data", required=True, help="JSONL rows {id, x, y}")
@@ -260,6 +263,9 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--no-cache", action="store_true")
     sc.add_argument("--trust-remote-code", action="store_true")
     sc.set_defaults(func=_cmd_score)
+
+
+def _add_train(sub) -> None:
     t = sub.add_parser("train", help="train one CVAE from a flat config (a run's config.json is valid)")
     t.add_argument("--config", help="flat config JSON (a run folder's config.json is valid)")
     t.add_argument("--out", help="the run folder to write")
@@ -269,6 +275,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--data", help="own data: one JSONL file, split by x into RUN_DIR/train.jsonl and val.jsonl")
     t.add_argument("--val", help="own validation JSONL (default: split from --data)")
     t.set_defaults(func=_cmd_train)
+
+
+def _add_study(sub) -> None:
     st = sub.add_parser("study", help="the main job: base run, CVAE grid, report")
     st.add_argument("--preset", default=None, help="smoke | default | aided | full | e2e; with --model: own | own_smoke")
     st.add_argument("--model", help="your model: a transformers folder, a .gguf file (or folder) or a hub id")
@@ -283,6 +292,9 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--retrain-base", action="store_true", help="train a new base model instead of the shipped one")
     st.add_argument("--workers", type=int, default=None, help="parallel runs (one torch thread each)")
     st.set_defaults(func=_cmd_study)
+
+
+def _add_report_and_sweep(sub) -> None:
     rp = sub.add_parser("report", help="aggregate a study or sweep folder (runs.parquet/csv) and render report.html")
     rp.add_argument("study_dir")
     rp.set_defaults(func=_cmd_report)
@@ -294,6 +306,13 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--workers", type=int, default=None, help="local: parallel runs (one torch thread each)")
     sw.add_argument("--no-report", action="store_true")
     sw.set_defaults(func=_cmd_sweep)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="zfree", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    for add in (_add_data, _add_base, _add_score, _add_train, _add_study, _add_report_and_sweep):
+        add(sub)
     return p
 
 
@@ -302,22 +321,14 @@ EXPECTED = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, 
 
 def is_expected(e: BaseException) -> bool:
     """An error of the user's input or of a refusal (one line, exit 2), not a bug (traceback):
-    any ``zfree.core.errors.ZfreeError``, the builtin errors of bad values and paths, and the
-    trainer's ``NonFiniteLossError`` (looked up only when training was imported)."""
-    from zfree.core.errors import ZfreeError
-
-    if isinstance(e, (ZfreeError, *EXPECTED)):
-        return True
-    training = sys.modules.get("zfree.train.training")
-    nonfinite = getattr(training, "NonFiniteLossError", None)
-    return isinstance(nonfinite, type) and isinstance(e, nonfinite)
+    any ``zfree.core.errors.ZfreeError`` (the trainer's ``NonFiniteLossError`` is one) and the
+    builtin errors of bad values and paths."""
+    return isinstance(e, (ZfreeError, *EXPECTED))
 
 
 def main(argv=None) -> int:
     """Run the ``zfree`` command; returns the exit status: 0 ok, 1 some sweep/study point failed
     (the others finished), 2 an expected error (printed as one line ``zfree: error: ...``)."""
-    from zfree.core.errors import one_line
-
     args = build_parser().parse_args(argv)
     try:
         code = args.func(args)

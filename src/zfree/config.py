@@ -8,13 +8,14 @@ Every field name is unique across the sub-configs of ``TrainConfig`` so the flat
 from __future__ import annotations
 
 
+import warnings
 from dataclasses import asdict, dataclass, field, fields
+from enum import Enum, StrEnum
 from typing import Any, Literal
 
-from zfree.data.synth import DataConfig  # noqa: F401 - re-exported: DataConfig lives beside its benchmark
+from zfree.core.errors import ConfigError
 from zfree.core.validation import check_choice, check_int, check_range
-
-from zfree.core.values import check_device, coerce_value, field_types, typed_fields  # noqa: F401 (re-exported)
+from zfree.core.values import coerce_value, field_types, typed_fields
 
 Weighting = Literal["plain", "distribution", "example", "token"]
 TokenOuter = Literal["none", "distribution", "example"]
@@ -23,7 +24,17 @@ FreeBitsMode = Literal["none", "per_example", "batch_mean", "per_dim"]  # per_di
 CBaseSource = Literal["entangled_run", "pretrained_source"]
 PosteriorFeatures = Literal["mean_y", "last", "mean_first", "attention", "encoder", "optimal"]
 Aid = Literal["none", "hard_em_then_soft", "beta0_warmup", "random_init_jsd"]
-LatentKind = Literal["discrete", "continuous"]
+
+
+class LatentKind(StrEnum):
+    """The CVAE's latent (``ModelConfig.latent_kind``): K discrete values or a diagonal Gaussian
+    vector. One name each, everywhere (objectives, evaluators, the model's ``latent_kind``); the
+    values are the config's (a str-valued enum: ``LatentKind.CONTINUOUS == "continuous"``)."""
+
+    DISCRETE = "discrete"
+    CONTINUOUS = "continuous"
+
+
 LatentPrior = Literal["learned", "standard"]
 
 
@@ -45,8 +56,6 @@ def parse_field_value(name: str, value: Any) -> Any:
     """``value`` for the flat ``TrainConfig`` field ``name``, typed by its declaration
     (``coerce_value``). Raises ``ConfigError`` for an unknown field (listing the valid ones) or
     a value of the wrong type (naming the field)."""
-    from zfree.core.errors import ConfigError
-
     types = flat_field_types()
     if name not in types:
         raise ConfigError(f"unknown config field {name!r}; valid fields: {sorted(types)}")
@@ -55,8 +64,6 @@ def parse_field_value(name: str, value: Any) -> Any:
 
 def parse_assignment(text: str) -> tuple[str, Any]:
     """``"FIELD=VALUE"`` (a ``--set``) -> ``(field, typed value)``; ConfigError when it is not."""
-    from zfree.core.errors import ConfigError
-
     name, eq, value = text.partition("=")
     if not eq or not name.strip():
         raise ConfigError(f"--set {text!r}: expected FIELD=VALUE")
@@ -157,7 +164,7 @@ class ObjectiveConfig:
 class ModelConfig:
     """Shared discrete CVAE (DESIGN §3)."""
 
-    latent_kind: LatentKind = "discrete"
+    latent_kind: LatentKind = LatentKind.DISCRETE
     n_latent: int = 4  # K latent values; at least the number of strategies to be able to separate them
     # mean_y: mean of the z-free hidden states over the y-region (prototype probe 0.81 vs 0.65 for
     # last); mean_first: mean_y joined with the first y position's state (keeps order: reverse vs
@@ -177,13 +184,12 @@ class ModelConfig:
 
     def __post_init__(self):
         typed_fields(self)
-        _check_choice("latent_kind", self.latent_kind, LatentKind)
         _check_choice("prior", self.prior, LatentPrior)
         _check_choice("shared_prefix", self.shared_prefix, Literal["auto", "on", "off"])
         _check_int("d_latent", self.d_latent, 1)
         _check_int("n_samples", self.n_samples, 1)
         _check_choice("posterior_features", self.posterior_features, PosteriorFeatures)
-        if self.posterior_features == "optimal" and self.latent_kind != "discrete":
+        if self.posterior_features == "optimal" and self.latent_kind != LatentKind.DISCRETE:
             raise ValueError("posterior_features='optimal' needs latent_kind='discrete' (it enumerates the K values)")
         if not isinstance(self.n_latent, int) or self.n_latent < 2:
             raise ValueError(f"n_latent={self.n_latent!r} must be an integer >= 2")
@@ -318,7 +324,7 @@ class TrainConfig:
         for name in ("data_dir", "base_dir"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be a non-empty path")
-        if self.model.latent_kind == "continuous":
+        if self.model.latent_kind == LatentKind.CONTINUOUS:
             if self.aid.aid in ("hard_em_then_soft", "random_init_jsd"):
                 raise ValueError(f"aid={self.aid.aid!r} applies to latent_kind='discrete' only")
             if self.objective.lambda_jsd > 0:
@@ -334,7 +340,7 @@ class TrainConfig:
         for sub in self._SUB:
             for k, v in asdict(getattr(self, sub)).items():
                 assert k not in flat, k
-                flat[k] = list(v) if isinstance(v, tuple) else v
+                flat[k] = list(v) if isinstance(v, tuple) else v.value if isinstance(v, Enum) else v
         return flat
 
     @classmethod
@@ -359,3 +365,22 @@ class TrainConfig:
     def replace(self, **flat_updates) -> "TrainConfig":
         """A copy with flat fields replaced, validated again (ValueError naming a bad or unknown field)."""
         return TrainConfig.from_flat({**self.to_flat(), **flat_updates})
+
+
+def __getattr__(name: str):
+    """Deprecated paths, kept only until their last importers move (then delete this function):
+    ``DataConfig`` lives beside its benchmark in ``zfree.data.synth`` (zfree.experiment.study,
+    tests/tiny.py); ``check_device`` in ``zfree.core.values`` (``zfree.cli._cmd_sweep``)."""
+    if name == "DataConfig":
+        warnings.warn("zfree.config.DataConfig is deprecated: import it from zfree.data.synth",
+                      DeprecationWarning, stacklevel=2)
+        from zfree.data.synth import DataConfig  # the deprecated path only; config sits below data otherwise
+
+        return DataConfig
+    if name == "check_device":
+        warnings.warn("zfree.config.check_device is deprecated: import it from zfree.core.values",
+                      DeprecationWarning, stacklevel=2)
+        from zfree.core.values import check_device
+
+        return check_device
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -9,10 +9,16 @@ import math
 import os
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+from zfree.core.errors import CheckpointError
+
+# torch is imported inside the functions that need it (lazy: ~1.2 s, and core.io sits below
+# zfree.config, which `zfree --help` reads for the CLI defaults)
+if TYPE_CHECKING:
+    import torch
 
 
 def _atomic_replace(path: Path, write) -> Path:
@@ -27,6 +33,23 @@ def _atomic_replace(path: Path, write) -> Path:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    return path
+
+
+def atomic_write_dir(path: Path | str, write) -> Path:
+    """Fill a new folder ``path`` atomically: ``write(tmp)`` fills a temporary folder beside it,
+    which is then renamed to ``path`` (a reader sees no folder or a complete one). The temporary
+    folder is removed on any error; an OSError (e.g. ``path`` exists: another writer came first)
+    propagates."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        os.chmod(tmp, 0o755)  # mkdtemp makes it private; the folder is shared as a normal one
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return path
 
 
@@ -79,8 +102,15 @@ def sha256_file(path: Path | str) -> str:
     return h.hexdigest()
 
 
+def sha256_json(obj: Any, default=None) -> str:
+    """sha256 of ``json.dumps(obj, sort_keys=True, default=default)`` (UTF-8), hex: a content key."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=default).encode()).hexdigest()
+
+
 def sha256_state_dict(state: dict[str, torch.Tensor]) -> str:
     """Hash of a model's weights: names, dtypes, shapes and bytes, in sorted name order."""
+    import torch  # lazy: see the module's imports
+
     h = hashlib.sha256()
     for name in sorted(state):
         t = state[name].detach().cpu().contiguous()
@@ -109,13 +139,13 @@ def safe_torch_load(path: Path | str) -> Any:
 
     Raises ``CheckpointError`` naming ``path`` for a missing, empty, truncated or non-plain file.
     """
-    from zfree.core.errors import CheckpointError
-
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path} does not exist")
     if path.stat().st_size == 0:
         raise CheckpointError(f"{path} is empty")
+    import torch  # lazy: see the module's imports
+
     try:
         return torch.load(path, weights_only=True, map_location="cpu")
     except Exception as e:  # noqa: BLE001 - UnpicklingError, EOFError, RuntimeError (zip), ...
@@ -127,6 +157,8 @@ _TENSOR, _DICT, _TUPLE, _FLOAT = "__tensor__", "__dict__", "__tuple__", "__float
 
 
 def _pack(obj: Any, tensors: dict[str, torch.Tensor], where: str) -> Any:
+    import torch  # lazy: see the module's imports
+
     if isinstance(obj, torch.Tensor):
         key = f"t{len(tensors)}"
         tensors[key] = obj.detach().cpu().contiguous().clone()
@@ -168,7 +200,7 @@ def save_plain_state(folder: Path | str, state: Any, name: str = "state") -> Non
     plus ``<name>.json`` (the structure), each written atomically. No pickle: loading it cannot
     run code. Raises TypeError naming the key path of anything else (e.g. a numpy scalar).
     """
-    from safetensors.torch import save_file
+    from safetensors.torch import save_file  # lazy: it imports torch (see the module's imports)
 
     folder = Path(folder)
     tensors: dict[str, torch.Tensor] = {}
@@ -180,9 +212,7 @@ def save_plain_state(folder: Path | str, state: Any, name: str = "state") -> Non
 def load_plain_state(folder: Path | str, name: str = "state") -> Any:
     """Inverse of ``save_plain_state`` (tensors come back on CPU, equal bit for bit).
     Raises ``CheckpointError`` naming the file when either file is missing, empty or damaged."""
-    from safetensors.torch import load_file
-
-    from zfree.core.errors import CheckpointError
+    from safetensors.torch import load_file  # lazy: it imports torch (see the module's imports)
 
     folder = Path(folder)
     st, js = folder / f"{name}.safetensors", folder / f"{name}.json"
@@ -256,8 +286,6 @@ def write_checkpoint_dir(final: Path | str, write, previous: Path | str | None =
 def verify_checkpoint_dir(folder: Path | str) -> None:
     """Check a checkpoint folder against its ``COMPLETE`` manifest. Raises ``CheckpointError``
     naming the first missing, truncated or altered file (or the missing manifest)."""
-    from zfree.core.errors import CheckpointError
-
     folder = Path(folder)
     m = folder / MANIFEST
     if not m.is_file():
@@ -287,10 +315,6 @@ def load_checkpoint_dir(candidates: list[Path | str], load, warn=None) -> tuple[
     must only read (and should fill the model/optimizer only after everything is read), so a
     failed candidate leaves no partial state behind.
     """
-    import warnings
-
-    from zfree.core.errors import CheckpointError
-
     warn = warn or (lambda msg: warnings.warn(msg, stacklevel=3))
     failures = []
     for d in map(Path, candidates):

@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Any, Literal, get_args
+from dataclasses import fields
+from enum import Enum
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+
+from zfree.core.errors import ConfigError
 
 _TRUE, _FALSE = {"true", "yes", "on", "1"}, {"false", "no", "off", "0"}
 _NONE = {"none", "null", "~", ""}
@@ -17,20 +21,27 @@ def _unquote(text: str) -> str:
     return t[1:-1] if len(t) >= 2 and t[0] == t[-1] and t[0] in "'\"" else t
 
 
+def _coerce_enum(name: str, value: Any, typ: type[Enum]) -> Enum:
+    """The member of the str-valued enum ``typ`` whose value is ``value`` (text unquoted first)."""
+    if isinstance(value, typ):
+        return value
+    raw = _unquote(value) if isinstance(value, str) else value
+    if not isinstance(value, bool) and raw in {m.value for m in typ}:
+        return typ(raw)
+    raise ConfigError(f"{name}={value!r} is not one of {[m.value for m in typ]}")
+
+
 def coerce_value(name: str, value: Any, typ: Any) -> Any:
     """``value`` converted to the declared type ``typ`` of field ``name``.
 
     Text (a ``--set`` value, a YAML string, a raw papermill parameter) is parsed: bool from
     true/false/yes/no/on/off/1/0; int from decimal digits; float from any Python float literal
-    (``1e-3``, ``1.0e-3``, ``3``); Literal from one of its choices (quotes stripped); Optional
+    (``1e-3``, ``1.0e-3``, ``3``); Literal from one of its choices (quotes stripped); a str-valued
+    Enum (``zfree.config.LatentKind``) to its member from the member's value; Optional
     from none/null/~ or the inner type. A Python value must already have the type (an int is a
     valid float; a bool is never an int or float). Raises ``ConfigError`` (a ValueError)
     naming the field, the value and the expected type.
     """
-    from typing import Union, get_origin
-
-    from zfree.core.errors import ConfigError
-
     origin = get_origin(typ)
     is_text = isinstance(value, str)
     if origin is Union or type(typ).__name__ == "UnionType":
@@ -45,6 +56,8 @@ def coerce_value(name: str, value: Any, typ: Any) -> Any:
         if is_text and _unquote(value) in valid:
             return _unquote(value)
         raise ConfigError(f"{name}={value!r} is not one of {list(valid)}")
+    if isinstance(typ, type) and issubclass(typ, Enum):
+        return _coerce_enum(name, value, typ)
     if typ is bool:
         if isinstance(value, bool):
             return value
@@ -82,9 +95,7 @@ def check_device(device: str) -> None:
     """Refuse a torch device this machine does not have (``ConfigError`` naming it): ``cpu``;
     ``cuda`` / ``cuda:N`` only with CUDA and N < the device count; ``mps`` only on Apple GPUs;
     ``auto`` (cuda when present, else cpu) always."""
-    import torch
-
-    from zfree.core.errors import ConfigError
+    import torch  # lazy: ~1.2 s, and zfree.config (read by `zfree --help`) imports this module
 
     if device == "auto":
         return
@@ -106,9 +117,6 @@ def check_device(device: str) -> None:
 @functools.lru_cache(maxsize=None)
 def field_types(cls) -> dict[str, Any]:
     """``{field name: declared type}`` of a dataclass ``cls`` (string annotations resolved)."""
-    from dataclasses import fields
-    from typing import get_type_hints
-
     hints = get_type_hints(cls)
     return {f.name: hints[f.name] for f in fields(cls)}
 

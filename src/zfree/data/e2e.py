@@ -29,6 +29,7 @@ import csv
 import json
 import re
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 from zfree.core.io import atomic_write_json, atomic_write_text, sha256_file
@@ -194,8 +195,6 @@ def swap_names(pair, rng):
     occurs verbatim in y, so x and y stay consistent). The validation split's restaurants are not
     the train split's, and a small model that memorises the ~20 train names assigns unseen ones a
     high surprisal; swapping teaches it to copy them from x. Returns a new Pair (labels kept)."""
-    from dataclasses import replace
-
     x, y = pair.x, pair.y
     for slot, value in parse_mr(x):
         if slot in ("name", "near") and value and value in y:

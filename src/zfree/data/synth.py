@@ -23,6 +23,7 @@ import numpy as np
 from zfree.core.io import atomic_write_json, atomic_write_text, sha256_file
 from zfree.core.validation import check_choice, check_int, check_range
 from zfree.core.values import typed_fields
+from zfree.data.pairs import Pair
 
 Digits = tuple[int, ...]
 
@@ -169,8 +170,6 @@ def _draw(cfg: DataConfig, rng: np.random.Generator) -> tuple[Digits, str]:
 def sample_pairs(cfg: DataConfig, rng: np.random.Generator, n_rows: int) -> list:
     """``n_rows`` fresh (x, y) pairs from the benchmark's distribution, as ``zfree.data.pairs.Pair``
     (ids ``fresh-<i>``); used to train the base model on a stream instead of a fixed split."""
-    from zfree.data.pairs import Pair
-
     out = []
     for i in range(n_rows):
         x, s = _draw(cfg, rng)

@@ -12,11 +12,13 @@ import pandas as pd
 import torch
 from scipy.optimize import linear_sum_assignment
 from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import normalized_mutual_info_score
 
 from zfree.data.batching import EncodedPair
 from zfree.data.pairs import Pair
 from zfree.data.synth import STRATEGIES, text_to_digits
 from zfree.models.base import greedy_decode_with_latents
+from zfree.models.head import exact_logits_from_hidden
 
 ACTIVE_UNIT_THRESHOLD = 0.01  # Burda et al. 2016: a dimension is active if Var_x(E_q[z_d]) > 0.01
 
@@ -158,8 +160,6 @@ def label_structure_metrics(df: pd.DataFrame, features: np.ndarray, assignment: 
     structure/probe_accuracy/<key> (``probe_accuracy`` of ``features`` (rows, d)). ``assignment``
     (rows,) is the latent value per row; None: ``n_clusters_of(key, rows) -> assignment`` is asked per
     label (the Gaussian latent's k-means) or, without it, NMI and Hungarian accuracy are NaN."""
-    from sklearn.metrics import normalized_mutual_info_score
-
     out: dict[str, float] = {}
     for col in [c for c in df.columns if c.startswith("label/")]:
         key = col[len("label/"):]
@@ -190,8 +190,6 @@ def sample_decode_with_latents(backbone, prefixes, latents: torch.Tensor, *, eos
                                generator: torch.Generator) -> list[list[int]]:
     """As ``zfree.models.base.greedy_decode_with_latents`` but each next token drawn from the model's
     softmax (temperature 1) with ``generator`` (CPU). prefixes: list of id lists; latents (rows, d_model)."""
-    from zfree.models.head import exact_logits_from_hidden
-
     dev = latents.device
     emb_layer = backbone.get_input_embeddings()
     out = []

@@ -20,13 +20,12 @@ import pandas as pd
 import torch
 from sklearn.metrics import normalized_mutual_info_score
 
-from zfree.config import ObjectiveConfig
+from zfree.config import LatentKind, ObjectiveConfig
 from zfree.data.batching import EncodedPair, collate
 from zfree.data.pairs import Pair
-from zfree.evaluate.latent_stats import (ACTIVE_UNIT_THRESHOLD, active_units, confusion,  # noqa: F401 - re-exported
-                                         continuous_decode_metrics, decode_metrics, gaussian_mutual_information,
-                                         greedy_decode, hungarian_accuracy, label_keys, label_structure_metrics,
-                                         latent_samples, probe_accuracy)
+from zfree.evaluate.latent_stats import (active_units, continuous_decode_metrics, decode_metrics,
+                                         gaussian_mutual_information, hungarian_accuracy, label_keys,
+                                         label_structure_metrics, latent_samples, probe_accuracy)
 from zfree.models.nll import masked_mean_token_nll
 from zfree.objective.losses import base_token_matrix, inter_latent_jsd, reconstruction_per_value
 from zfree.objective.objectives import assemble
@@ -154,7 +153,7 @@ class DiscreteEvaluator:
         nll_k = masked_mean_token_nll(tok_nll, batch.target_mask)  # (B, K) plain per-token means
         recon = reconstruction_per_value(tok_nll, batch.target_mask, objective, base_tok)
         jsd = inter_latent_jsd(out.next_token_logprobs, torch.softmax(out.prior_logits, -1), out.pos_mask)
-        br = assemble("discrete", objective, recon=recon, target_len=batch.target_len, step=step, c_base=c_base, b=b,
+        br = assemble(LatentKind.DISCRETE, objective, recon=recon, target_len=batch.target_len, step=step, c_base=c_base, b=b,
                       q_logits=out.posterior_logits, p_logits=out.prior_logits, jsd=jsd)  # None: the optimal q
         q = torch.softmax(br.per_example["q_logits"], -1)
         self.feats.append(out.features.cpu().numpy())
@@ -208,7 +207,7 @@ class GaussianEvaluator:
         nll_s = masked_mean_token_nll(tok_nll, batch.target_mask)  # (B, S) plain per-token means
         recon = reconstruction_per_value(tok_nll, batch.target_mask, objective, base_tok)
         learned = self.model.prior == "learned"
-        br = assemble("gaussian", objective, recon=recon, target_len=batch.target_len, step=step, c_base=c_base, b=b,
+        br = assemble(LatentKind.CONTINUOUS, objective, recon=recon, target_len=batch.target_len, step=step, c_base=c_base, b=b,
                       mu_q=out.posterior_mean, logvar_q=out.posterior_logvar, mu_p=out.prior_mean if learned else None,
                       logvar_p=out.prior_logvar if learned else None)
         self.mus.append(out.posterior_mean.cpu().numpy())
@@ -220,7 +219,7 @@ class GaussianEvaluator:
 
     def finish(self, df, bayes, ctx: EvalContext) -> dict[str, float]:
         """The kind's latent/*, structure/* and decode metrics; adds its columns (measured_use, ...) to ``df``."""
-        from sklearn.cluster import KMeans
+        from sklearn.cluster import KMeans  # lazy: ~0.3 s beyond sklearn.metrics, the continuous latent only
 
         mu, logvar = np.concatenate(self.mus), np.concatenate(self.logvars)
         strategies = ctx.strategies
@@ -259,7 +258,7 @@ class GaussianEvaluator:
 
 
 #: model.latent_kind -> its evaluator
-EVALUATORS = {"discrete": DiscreteEvaluator, "continuous": GaussianEvaluator}
+EVALUATORS = {LatentKind.DISCRETE: DiscreteEvaluator, LatentKind.CONTINUOUS: GaussianEvaluator}
 
 
 @torch.no_grad()
@@ -280,7 +279,7 @@ def evaluate(model, encoded: Sequence[EncodedPair], pairs: Sequence[Pair], *, b:
     latent values are NaN. Raises KeyError listing the kinds for a model of another latent_kind.
     """
     if model.latent_kind not in EVALUATORS:
-        raise KeyError(f"latent_kind={model.latent_kind!r} is not one of {sorted(EVALUATORS)}")
+        raise KeyError(f"latent_kind={model.latent_kind!r} is not one of {sorted(map(str, EVALUATORS))}")
     kind = EVALUATORS[model.latent_kind](model, seed)
     was_training = model.training
     model.eval()
@@ -304,7 +303,7 @@ def evaluate(model, encoded: Sequence[EncodedPair], pairs: Sequence[Pair], *, b:
     m["latent/predicted_use_fraction"] = float(df["predicted_use"].mean())
     m.update(_objective_metrics(df, c_base, objective))
     samples = None
-    if strategies is None and tokenizer is not None and decode_rows and model.latent_kind == "discrete":
+    if strategies is None and tokenizer is not None and decode_rows and model.latent_kind == LatentKind.DISCRETE:
         samples = latent_samples(model, encoded, pairs, tokenizer, seed=seed)  # no notion of a correct y
     if was_training:
         model.train()

@@ -23,13 +23,13 @@ import torch
 from jaxtyping import Bool, Float
 from torch import nn
 
+from zfree.config import LatentKind
 from zfree.data.batching import Batch
 from zfree.models.base import greedy_decode_with_latents, target_logprobs_from_hidden
 from zfree.models.encoder import build_posterior_encoder, pool_posterior_features
 from zfree.models.injection import (decoder_hidden_full, decoder_hidden_suffix, full_target_logprobs,
                                     suffix_target_logprobs, zfree_pass)
 
-from zfree.config import LatentPrior  # noqa: F401 - re-exported (defined once, in config)
 
 
 @dataclass
@@ -61,7 +61,7 @@ class ContinuousCVAE(nn.Module):
 
     FEATURES = ("mean_y", "last", "mean_first", "attention", "encoder")
     PRIORS = ("learned", "standard")
-    latent_kind = "continuous"
+    latent_kind = LatentKind.CONTINUOUS
 
     def __init__(self, backbone: nn.Module, d_latent: int, posterior_features: str = "mean_y",
                  prior: str = "learned", n_samples: int = 1):

@@ -24,6 +24,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import nn
 
+from zfree.config import LatentKind
 from zfree.data.batching import Batch
 from zfree.models.nll import masked_mean_token_nll
 from zfree.models.base import hidden_states, target_logprobs_from_hidden
@@ -92,7 +93,7 @@ class DiscreteCVAE(nn.Module):
     """K-valued latent CVAE on a causal LM backbone. ``forward`` returns log-probs, never a loss."""
 
     FEATURES = ("mean_y", "last", "mean_first", "attention", "encoder", "optimal")
-    latent_kind = "discrete"
+    latent_kind = LatentKind.DISCRETE
 
     def __init__(self, backbone: nn.Module, n_latent: int, posterior_features: str = "mean_y",
                  latent_init_std: float = 0.0):

@@ -23,6 +23,7 @@ from jaxtyping import Float
 from torch import nn
 from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions as _BodyOutput
 
+from zfree.core.errors import ModelLoadError
 from zfree.models.precision import acc_dtype
 
 _VERIFIED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> bool (head exact)
@@ -139,10 +140,8 @@ def head_is_exact(model, *, refresh: bool = False) -> bool:
 
 
 def verify_head(model, *, name: str = "model") -> None:
-    """Raise ``zfree.models.loading.ModelLoadError`` naming ``name`` unless ``head_is_exact(model)``."""
+    """Raise ``zfree.core.errors.ModelLoadError`` naming ``name`` unless ``head_is_exact(model)``."""
     if not head_is_exact(model):
-        from zfree.core.errors import ModelLoadError
-
         raise ModelLoadError(f"{name}: zfree cannot reproduce {type(model).__name__}'s logits from its hidden states "
                              f"(its forward does more than body -> output layer -> post-processing)")
 

@@ -13,9 +13,11 @@ import os
 from pathlib import Path
 
 import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from zfree.core.errors import ModelLoadError  # noqa: F401 (re-exported)
-from zfree.core.paths import TOKENIZER_FILES  # noqa: E402 - defined once in zfree.core.paths
+from zfree.core.errors import ModelLoadError
+from zfree.core.paths import TOKENIZER_FILES
+from zfree.models.head import verify_head
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
 
@@ -76,8 +78,6 @@ def load_causal_lm(source: Path | str, *, device: str | torch.device = "auto", d
     reports missing / newly initialized / mismatched weights (naming them), an unknown dtype, or
     (``verify``) a model whose logits zfree cannot reproduce from its hidden states.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
     path, gguf_file, kind = resolve_source(source)
     dev = pick_device(device)
     if dtype == "auto":
@@ -120,7 +120,5 @@ def load_causal_lm(source: Path | str, *, device: str | torch.device = "auto", d
                              f"(they would be random; not a complete {type(model).__name__})")
     model = model.to(dev).eval()
     if verify:
-        from zfree.models.head import verify_head
-
         verify_head(model, name=name)
     return model, tok

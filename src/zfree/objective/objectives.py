@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Callable
 
 import torch
 from jaxtyping import Float, Int
 
-from zfree.config import ObjectiveConfig, TrainConfig
+from zfree.config import LatentKind, ObjectiveConfig, TrainConfig
 from zfree.data.batching import Batch
 from zfree.models.nll import masked_mean_token_nll
 from zfree.objective.losses import (apply_free_bits, beta_at_step, categorical_kl, effective_beta, free_bits_per_dim,
@@ -147,9 +148,20 @@ def _hard_em_terms(cfg: ObjectiveConfig, *, recon, w, beta, c_base, q_logits, p_
                      {"q_logits": q_logp}, recon_name="hard_reconstruction", w=w)
 
 
-#: latent kind / phase -> its term function
-KINDS: dict[str, Callable[..., KindTerms]] = {"discrete": _discrete_terms, "gaussian": _gaussian_terms,
-                                              "hard_em": _hard_em_terms}
+class Phase(StrEnum):
+    """The training phase (``TrainState.phase``, recorded as its value): ``HARD`` is the hard-EM
+    phase of the hard_em_then_soft aid, ``SOFT`` the true objective of the latent kind."""
+
+    HARD = "hard"
+    SOFT = "soft"
+
+
+#: the terms of the hard-EM phase's objective (a key of ``KINDS`` beside the latent kinds)
+HARD_EM = "hard_em"
+
+#: latent kind / the hard-EM phase -> its term function
+KINDS: dict[str, Callable[..., KindTerms]] = {LatentKind.DISCRETE: _discrete_terms,
+                                              LatentKind.CONTINUOUS: _gaussian_terms, HARD_EM: _hard_em_terms}
 
 
 def assemble(kind: str, cfg: ObjectiveConfig, *, recon: Float[torch.Tensor, "batch *n"],
@@ -167,7 +179,7 @@ def assemble(kind: str, cfg: ObjectiveConfig, *, recon: Float[torch.Tensor, "bat
     does and for a lambda_jsd the kind cannot honour.
     """
     if kind not in KINDS:
-        raise KeyError(f"objective kind {kind!r} is not one of {sorted(KINDS)}")
+        raise KeyError(f"objective kind {kind!r} is not one of {sorted(map(str, KINDS))}")
     w = reconstruction_weight(outer_weighting(cfg), batch_size=recon.shape[0], c_base=c_base, b=b,
                               epsilon=cfg.epsilon, dtype=recon.dtype, device=recon.device)
     beta = beta_at_step(cfg, step)
@@ -195,7 +207,7 @@ def assemble_objective(cfg: ObjectiveConfig, *, recon_per_latent: Float[torch.Te
     ``per_example["q_logits"]`` (the given logits otherwise). Raises ValueError for a missing or
     invalid c_base or b, and when ``cfg.lambda_jsd > 0`` but no ``jsd`` is given.
     """
-    return assemble("discrete", cfg, recon=recon_per_latent, target_len=target_len, step=step, c_base=c_base, b=b,
+    return assemble(LatentKind.DISCRETE, cfg, recon=recon_per_latent, target_len=target_len, step=step, c_base=c_base, b=b,
                     q_logits=q_logits, p_logits=p_logits, jsd=jsd)
 
 
@@ -205,13 +217,13 @@ def assemble_gaussian_objective(cfg: ObjectiveConfig, *, recon_per_sample: Float
                                 logvar_p: Float[torch.Tensor, "batch d_latent"] | None,
                                 target_len: Int[torch.Tensor, "batch"], step: int = 0, c_base: float | None = None,
                                 b: Float[torch.Tensor, "batch"] | None = None) -> ObjectiveBreakdown:
-    """J = mean_i [ w_i * lbar_i + beta * K_i ] of the continuous CVAE (``assemble('gaussian', ...)``).
+    """J = mean_i [ w_i * lbar_i + beta * K_i ] of the continuous CVAE (``assemble('continuous', ...)``).
 
     lbar_i = (1/S) sum_s recon_per_sample[i, s] (reparameterized Monte Carlo); K_i = ``gaussian_kl``
     (analytic; N(0, I) when mu_p, logvar_p are None) after free bits (``per_dim``:
     ``free_bits_per_dim``). Raises ValueError when ``cfg.lambda_jsd > 0`` and as
     ``reconstruction_weight`` does."""
-    return assemble("gaussian", cfg, recon=recon_per_sample, target_len=target_len, step=step, c_base=c_base, b=b,
+    return assemble(LatentKind.CONTINUOUS, cfg, recon=recon_per_sample, target_len=target_len, step=step, c_base=c_base, b=b,
                     mu_q=mu_q, logvar_q=logvar_q, mu_p=mu_p, logvar_p=logvar_p)
 
 
@@ -242,7 +254,7 @@ def soft_objective(model, batch: Batch, cfg: TrainConfig, step: int, c_base: flo
     jsd = None
     if obj.lambda_jsd > 0:
         jsd = inter_latent_jsd(o.next_token_logprobs, torch.softmax(o.prior_logits, -1), o.pos_mask)
-    return assemble("discrete", _warm_objective(obj, warm), recon=recon, target_len=batch.target_len, step=step,
+    return assemble(LatentKind.DISCRETE, _warm_objective(obj, warm), recon=recon, target_len=batch.target_len, step=step,
                     c_base=c_base, b=b, q_logits=o.posterior_logits,  # None: the optimal posterior
                     p_logits=o.prior_logits.detach() if warm else o.prior_logits, jsd=jsd)
 
@@ -257,7 +269,7 @@ def continuous_objective(model, batch: Batch, cfg: TrainConfig, step: int, c_bas
     learned = model.prior == "learned"
     mu_p = (o.prior_mean.detach() if warm else o.prior_mean) if learned else None
     logvar_p = (o.prior_logvar.detach() if warm else o.prior_logvar) if learned else None
-    return assemble("gaussian", _warm_objective(obj, warm), recon=recon, target_len=batch.target_len, step=step,
+    return assemble(LatentKind.CONTINUOUS, _warm_objective(obj, warm), recon=recon, target_len=batch.target_len, step=step,
                     c_base=c_base, b=b, mu_q=o.posterior_mean, logvar_q=o.posterior_logvar, mu_p=mu_p,
                     logvar_p=logvar_p)
 
@@ -277,19 +289,20 @@ def hard_em_objective(model, batch: Batch, cfg: TrainConfig, step: int, c_base: 
     sel = _forward(model, cfg, lambda: model.forward_selected(batch, cfg.aid.hard_em_decoder,
                                                                    cfg.aid.hard_em_estep_tokens))  # only the decoded value's passes carry gradient
     rec = masked_mean_token_nll(-sel.selected_logprobs, batch.target_mask)  # (B,)
-    return assemble("hard_em", cfg.objective, recon=rec, target_len=batch.target_len, step=step, c_base=c_base, b=b,
+    return assemble(HARD_EM, cfg.objective, recon=rec, target_len=batch.target_len, step=step, c_base=c_base, b=b,
                     q_logits=sel.out.posterior_logits, p_logits=sel.out.prior_logits, k_star=sel.k_star,
                     recon_scale=cfg.aid.hard_em_recon_scale)
 
 
 #: training phase -> the objective of one step ("hard": the hard-EM phase of hard_em_then_soft;
 #: otherwise the latent kind's true objective)
-STEP_OBJECTIVES = {"hard": hard_em_objective, "discrete": soft_objective, "continuous": continuous_objective}
+STEP_OBJECTIVES = {Phase.HARD: hard_em_objective, LatentKind.DISCRETE: soft_objective,
+                   LatentKind.CONTINUOUS: continuous_objective}
 
 
 def step_objective(phase: str, model, batch: Batch, cfg: TrainConfig, step: int, c_base: float,
                    b: torch.Tensor | None, base_tok: torch.Tensor | None, warm: bool = False) -> ObjectiveBreakdown:
     """J of one training step in ``phase`` (a key of ``STEP_OBJECTIVES``). Raises KeyError listing the phases."""
     if phase not in STEP_OBJECTIVES:
-        raise KeyError(f"phase {phase!r} is not one of {sorted(STEP_OBJECTIVES)}")
+        raise KeyError(f"phase {phase!r} is not one of {sorted(map(str, STEP_OBJECTIVES))}")
     return STEP_OBJECTIVES[phase](model, batch, cfg, step, c_base, b, base_tok, warm)

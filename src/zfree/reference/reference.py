@@ -23,6 +23,7 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
+from zfree.core.errors import InputError
 from zfree.data.pairs import load_pairs
 from zfree.core.io import atomic_write_json, atomic_write_parquet, read_json, sha256_file, sha256_state_dict
 from zfree.reference.scoring import ScoreResult, load_scoring_model, score_pairs, tokenizer_sha256
@@ -145,8 +146,6 @@ def check_c_base_against_b(c_base: float, per_example: pd.DataFrame, json_path: 
     """Refuse a reference whose c_base is not the mean of its per-example b over valid rows
     (the definition, ``ScoreResult.c_base``): |c_base - mean(b)| > C_BASE_RTOL * mean(b) raises
     ``InputError`` naming both files and both values."""
-    from zfree.core.errors import InputError
-
     if "b" not in per_example.columns:
         raise InputError(f"{parquet_path}: no column 'b' (per-example z-free loss)")
     b = pd.to_numeric(per_example["b"], errors="coerce").to_numpy(dtype=float)

@@ -28,7 +28,6 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -41,10 +40,10 @@ from tqdm.auto import tqdm
 
 from zfree.data.batching import BosPolicy, EncodedPair, SepPolicy, encode_pairs, pad_id_of, special_convention
 from zfree.data.pairs import Pair, load_pairs
-from zfree.core.io import atomic_write_json, atomic_write_parquet, read_json, sha256_state_dict
+from zfree.core.io import (atomic_write_dir, atomic_write_json, atomic_write_parquet, read_json, sha256_file,
+                          sha256_json, sha256_state_dict)
 from zfree.models.head import head_is_exact, logits_from_hidden
-from zfree.models.loading import DTYPES as _DTYPES  # noqa: F401  (re-exported for callers)
-from zfree.models.loading import TOKENIZER_FILES, ModelLoadError, load_causal_lm, pick_device  # noqa: F401
+from zfree.models.loading import load_causal_lm
 from zfree.models.precision import acc_dtype
 
 SCORER_VERSION = "3"  # bump whenever a change can move a number: it is part of the cache key
@@ -110,8 +109,6 @@ class ScoreResult:
                 "units": "b: nats per token (masked mean over S); surprisal: nats", **self.settings}
 
 
-# ---------------------------------------------------------------- model loading
-
 def load_scoring_model(source: Path | str, *, device: str = "auto", dtype: str = "auto",
                        trust_remote_code: bool = False):
     """``(model, tokenizer)`` for scoring: ``zfree.models.loading.load_causal_lm`` (a transformers
@@ -126,8 +123,6 @@ def context_length(model) -> int | None:
     n = getattr(model.config, "max_position_embeddings", None)
     return int(n) if isinstance(n, int) and n > 0 else None
 
-
-# ---------------------------------------------------------------- the scorer
 
 def plan_batches(lengths: np.ndarray, max_batch_tokens: int, max_batch_rows: int | None = None) -> list[slice]:
     """Cut rows sorted by ascending length into batches: padded tokens (rows x longest) stay within
@@ -148,9 +143,8 @@ def plan_batches(lengths: np.ndarray, max_batch_tokens: int, max_batch_rows: int
 
 
 def _head_logprobs(model, h: torch.Tensor, tokens: torch.Tensor, chunk: int) -> torch.Tensor:
-    """log p(token) = logit[token] - logsumexp(logits) with the model's own logits from hidden
-    states (``zfree.models.head.logits_from_hidden``, float32; float64 for a float64 model),
-    ``chunk`` positions at a time."""
+    """log p(token) = logit[token] - logsumexp(logits), the model's own logits from hidden states
+    (``zfree.models.head.logits_from_hidden``: float32, float64 for a float64 model), ``chunk`` at a time."""
     out = []
     for s in range(0, h.shape[0], chunk):
         logits = logits_from_hidden(model, h[s : s + chunk])  # (n, vocab) float32
@@ -173,10 +167,41 @@ def score_encoded(model, encoded: Sequence[EncodedPair], *, pad_id: int = 0, max
     """
     if not encoded:
         raise ValueError("nothing to score: no rows")
-    device = next(model.parameters()).device
     P = np.fromiter((len(e.prefix_ids) for e in encoded), np.int64, len(encoded))
     L = np.fromiter((len(e.target_ids) for e in encoded), np.int64, len(encoded))
     n = P + L
+    _check_lengths(model, encoded, P, L, n)
+    flat = np.fromiter((t for e in encoded for t in (*e.prefix_ids, *e.target_ids)), np.int64, int(n.sum()))
+    starts = np.cumsum(n) - n  # row k's tokens are flat[starts[k] : starts[k] + n[k]]
+    order = np.argsort(n, kind="stable")
+    was_training = model.training
+    model.eval()
+    try:
+        via_hidden = head_is_exact(model)
+        bar = tqdm(total=len(encoded), desc="scoring", disable=not progress, leave=False)
+        pieces = []
+        for sl in plan_batches(n[order], max_batch_tokens, max_batch_rows):
+            pieces.append(_batch_logprobs(model, flat, starts[order[sl]], P[order[sl]], L[order[sl]], pad_id,
+                                          via_hidden))
+            bar.update(sl.stop - sl.start)
+        bar.close()
+    finally:
+        model.train(was_training)
+    surp_sorted = -torch.cat(pieces).double().cpu().numpy()  # segments in sorted row order
+    off = np.empty_like(L)
+    off[order] = np.cumsum(L[order]) - L[order]  # row k's first token in the sorted segments
+    within = np.arange(L.sum()) - np.repeat(np.cumsum(L) - L, L)
+    surp = surp_sorted[np.repeat(off, L) + within]  # input order
+    res = _result(encoded, surp, flat[np.repeat(starts + P, L) + within], within, L)
+    param = next(model.parameters())
+    res.settings = {"scorer_version": SCORER_VERSION, "dtype": str(param.dtype).replace("torch.", ""),
+                    "head_dtype": str(acc_dtype(param.dtype)).replace("torch.", ""), "device": param.device.type,
+                    "max_batch_tokens": max_batch_tokens, "head_path": "hidden_states" if via_hidden else "model_logits"}
+    return res
+
+
+def _check_lengths(model, encoded: Sequence[EncodedPair], P: np.ndarray, L: np.ndarray, n: np.ndarray) -> None:
+    """ValueError naming the first row longer than the model's context, or without a context or y token."""
     ctx = context_length(model)
     if ctx is not None and n.max() > ctx:
         k = int(np.argmax(n > ctx))
@@ -185,48 +210,37 @@ def score_encoded(model, encoded: Sequence[EncodedPair], *, pad_id: int = 0, max
     if (P < 1).any() or (L < 1).any():
         k = int(np.argmax((P < 1) | (L < 1)))
         raise ValueError(f"row {encoded[k].id!r}: needs at least one context token and one y token")
-    flat = np.fromiter((t for e in encoded for t in (*e.prefix_ids, *e.target_ids)), np.int64, int(n.sum()))
-    starts = np.cumsum(n) - n  # row k's tokens are flat[starts[k] : starts[k] + n[k]]
-    order = np.argsort(n, kind="stable")
 
-    vocab = int(getattr(model.get_output_embeddings(), "weight", torch.empty(1 << 16, 1)).shape[0])
-    chunk = max(64, (1 << 22) // vocab)  # at most 4M fp32 logits (16 MiB) alive at once
-    was_training = model.training
-    model.eval()
-    pieces = []
-    try:
-        via_hidden = head_is_exact(model)
-        bar = tqdm(total=len(encoded), desc="scoring", disable=not progress, leave=False)
-        for sl in plan_batches(n[order], max_batch_tokens, max_batch_rows):
-            idx = order[sl]
-            nb, Pb, Lb, T = n[idx], P[idx], L[idx], int(n[idx].max())
-            cols = np.arange(T)
-            real = cols[None, :] < nb[:, None]  # (batch, seq) from lengths, never from token identity
-            ids = np.where(real, flat[np.minimum(starts[idx][:, None] + cols, len(flat) - 1)], pad_id)
-            input_ids = torch.from_numpy(ids).to(device)
-            attn = None if real.all() else torch.from_numpy(real.astype(np.int64)).to(device)
-            within = np.arange(Lb.sum()) - np.repeat(np.cumsum(Lb) - Lb, Lb)  # position inside S
-            rows = np.repeat(np.arange(len(idx)), Lb)
-            pos = np.repeat(Pb - 1, Lb) + within  # position t - 1 predicts y token at t
-            tgt = torch.from_numpy(ids[rows, pos + 1]).to(device)
-            rows_t, pos_t = torch.from_numpy(rows).to(device), torch.from_numpy(pos).to(device)
-            if via_hidden:
-                hidden = model.base_model(input_ids=input_ids, attention_mask=attn, use_cache=False).last_hidden_state
-                lp = _head_logprobs(model, hidden[rows_t, pos_t], tgt, chunk)  # (N,) only y positions
-            else:
-                logits = model(input_ids=input_ids, attention_mask=attn, use_cache=False).logits[rows_t, pos_t].to(acc_dtype(next(model.parameters()).dtype))
-                lp = logits.gather(-1, tgt[:, None]).squeeze(-1) - logits.logsumexp(-1)
-            pieces.append(lp)
-            bar.update(len(idx))
-        bar.close()
-    finally:
-        model.train(was_training)
-    surp_sorted = -torch.cat(pieces).double().cpu().numpy()  # segments in sorted row order
-    off_sorted = np.cumsum(L[order]) - L[order]
-    off = np.empty_like(off_sorted)
-    off[order] = off_sorted
-    within = np.arange(L.sum()) - np.repeat(np.cumsum(L) - L, L)
-    surp = surp_sorted[np.repeat(off, L) + within]  # input order
+
+def _batch_logprobs(model, flat: np.ndarray, starts: np.ndarray, Pb: np.ndarray, Lb: np.ndarray, pad_id: int,
+                    via_hidden: bool) -> torch.Tensor:
+    """log p of every y token of one batch of rows (``flat[starts[k]:]``, ``Pb[k]`` context and ``Lb[k]``
+    y tokens), right-padded with ``pad_id``, in row order; only the positions predicting y reach the head."""
+    device = next(model.parameters()).device
+    nb = Pb + Lb
+    cols = np.arange(int(nb.max()))
+    real = cols[None, :] < nb[:, None]  # (batch, seq) from lengths, never from token identity
+    ids = np.where(real, flat[np.minimum(starts[:, None] + cols, len(flat) - 1)], pad_id)
+    input_ids = torch.from_numpy(ids).to(device)
+    attn = None if real.all() else torch.from_numpy(real.astype(np.int64)).to(device)
+    within = np.arange(Lb.sum()) - np.repeat(np.cumsum(Lb) - Lb, Lb)  # position inside S
+    rows = np.repeat(np.arange(len(Lb)), Lb)
+    pos = np.repeat(Pb - 1, Lb) + within  # position t - 1 predicts y token at t
+    tgt = torch.from_numpy(ids[rows, pos + 1]).to(device)
+    rows_t, pos_t = torch.from_numpy(rows).to(device), torch.from_numpy(pos).to(device)
+    if via_hidden:
+        vocab = int(getattr(model.get_output_embeddings(), "weight", torch.empty(1 << 16, 1)).shape[0])
+        chunk = max(64, (1 << 22) // vocab)  # at most 4M fp32 logits (16 MiB) alive at once
+        hidden = model.base_model(input_ids=input_ids, attention_mask=attn, use_cache=False).last_hidden_state
+        return _head_logprobs(model, hidden[rows_t, pos_t], tgt, chunk)  # (N,) only y positions
+    logits = model(input_ids=input_ids, attention_mask=attn, use_cache=False).logits[rows_t, pos_t]
+    logits = logits.to(acc_dtype(next(model.parameters()).dtype))
+    return logits.gather(-1, tgt[:, None]).squeeze(-1) - logits.logsumexp(-1)
+
+
+def _result(encoded: Sequence[EncodedPair], surp: np.ndarray, token_ids: np.ndarray, within: np.ndarray,
+            L: np.ndarray) -> ScoreResult:
+    """The result of surprisals ``surp`` in input order (``L[k]`` of row k); a non-finite row: invalid, warned."""
     seq_nll = np.add.reduceat(surp, np.cumsum(L) - L)
     b = seq_nll / L
     valid = np.isfinite(b)
@@ -237,14 +251,9 @@ def score_encoded(model, encoded: Sequence[EncodedPair], *, pad_id: int = 0, max
     per_example = pd.DataFrame({"id": ids_col, "b": b, "n_tokens": L, "sequence_nll": seq_nll,
                                 "x_tokens_cut": [e.x_tokens_cut for e in encoded], "valid": valid})
     per_token = pd.DataFrame({"id": np.repeat(np.array(ids_col, dtype=object), L), "position": within,
-                              "token_id": flat[np.repeat(starts + P, L) + within], "surprisal": surp})
-    settings = {"scorer_version": SCORER_VERSION, "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
-                "head_dtype": str(acc_dtype(next(model.parameters()).dtype)).replace("torch.", ""), "device": device.type, "max_batch_tokens": max_batch_tokens,
-                "head_path": "hidden_states" if via_hidden else "model_logits"}
-    return ScoreResult(per_example, per_token, settings)
+                              "token_id": token_ids, "surprisal": surp})
+    return ScoreResult(per_example, per_token)
 
-
-# ---------------------------------------------------------------- cache and the user-facing entry points
 
 def default_cache_dir() -> Path:
     """``$ZFREE_CACHE_DIR``, else ``~/.cache/zfree/scores``."""
@@ -275,7 +284,7 @@ def config_sha256(model) -> str:
     gen = getattr(model, "generation_config", None)
     if gen is not None:
         src["generation"] = clean(gen.to_dict())
-    return hashlib.sha256(json.dumps(src, sort_keys=True, default=str).encode()).hexdigest()
+    return sha256_json(src, default=str)
 
 
 def rows_sha256(pairs: Sequence[Pair]) -> str:
@@ -318,7 +327,7 @@ def score_pairs(model, tokenizer, pairs: Sequence[Pair], *, policy: ScoringPolic
     key_dir = None
     if use_cache:
         key_src = {k: settings[k] for k in CACHE_KEY_FIELDS}
-        key = hashlib.sha256(json.dumps(key_src, sort_keys=True).encode()).hexdigest()
+        key = sha256_json(key_src)
         key_dir = Path(cache_dir or default_cache_dir()) / key[:2] / key
         hit = _load_entry(key_dir)
         if hit is not None:
@@ -329,10 +338,6 @@ def score_pairs(model, tokenizer, pairs: Sequence[Pair], *, policy: ScoringPolic
     if key_dir is not None:
         _store(key_dir, res)
     return res
-
-
-def _file_sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 _ENTRY_FILES = ("per_example.parquet", "per_token.parquet")
@@ -346,7 +351,7 @@ def _load_entry(key_dir: Path) -> ScoreResult | None:
         return None
     try:
         sums = read_json(key_dir / "checksums.json")
-        bad = [f for f in _ENTRY_FILES if _file_sha256(key_dir / f) != sums.get(f)]
+        bad = [f for f in _ENTRY_FILES if sha256_file(key_dir / f) != sums.get(f)]
         if bad:
             raise ValueError(f"checksum mismatch in {', '.join(bad)}")
         return ScoreResult(pd.read_parquet(key_dir / "per_example.parquet"),
@@ -362,18 +367,16 @@ def _load_entry(key_dir: Path) -> ScoreResult | None:
 def _store(key_dir: Path, res: ScoreResult) -> None:
     """Write a cache entry (two parquet files, their sha256 in checksums.json, settings.json) into
     a temp folder, then rename it into place (readers never see half)."""
-    key_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{key_dir.name}.", dir=key_dir.parent))
-    try:
+    def write(tmp: Path) -> None:
         res.per_example.to_parquet(tmp / "per_example.parquet", index=False)
         res.per_token.to_parquet(tmp / "per_token.parquet", index=False)
-        (tmp / "checksums.json").write_text(json.dumps({f: _file_sha256(tmp / f) for f in _ENTRY_FILES}))
+        (tmp / "checksums.json").write_text(json.dumps({f: sha256_file(tmp / f) for f in _ENTRY_FILES}))
         (tmp / "settings.json").write_text(json.dumps(res.settings, sort_keys=True))
-        os.replace(tmp, key_dir)
+
+    try:
+        atomic_write_dir(key_dir, write)
     except OSError:
         pass  # another process stored the same key first, or the cache is not writable: not an error
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def score_file(model_dir: Path | str, data_file: Path | str, *, device: str = "auto", dtype: str = "auto",

@@ -4,9 +4,12 @@ weighting and one line style per other facet."""
 
 from __future__ import annotations
 
+import functools
+
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter
 
 from zfree.experiment.results import FACETS  # noqa: E402 - defined once in zfree.experiment.results
 WEIGHTING_COLORS = {"plain": "tab:blue", "distribution": "tab:orange", "example": "tab:green", "token": "tab:purple"}
@@ -19,10 +22,11 @@ PAPER_RC = {"axes.formatter.useoffset": False, "axes.formatter.limits": (-4, 5),
             "axes.labelsize": 9, "legend.fontsize": 7}
 
 
+#: line style of a facet (``LINESTYLES``) -> its marker where a run of one beta draws no line
+FACET_MARKERS = {"-": "o", "--": "^", ":": "v", "-.": "D"}
+
 def paper(fn):
     """Draw ``fn``'s figure under ``PAPER_RC`` (the caller's rcParams are left as they were)."""
-    import functools
-
     @functools.wraps(fn)
     def wrapped(*args, **kwargs):
         with plt.rc_context(PAPER_RC):
@@ -56,8 +60,6 @@ def log_axis(ax, axis: str = "x", values=None) -> None:
     """Log scale with readable major ticks only: at ``values`` (the data's few distinct values,
     e.g. the betas a sweep ran, thinned where neighbours would overprint: ``thin_log_ticks``) when there are at most 8, else at 1-2-5 per decade (one a decade
     beyond 1.5 decades, 1-1.5-2-3-5-7 within half a decade); plain-number labels ("0.03", not "3×10⁻²"), no minor labels."""
-    from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter
-
     getattr(ax, f"set_{axis}scale")("log")
     a = ax.xaxis if axis == "x" else ax.yaxis
     vals = np.unique(np.round(np.asarray([] if values is None else values, float), 12))
@@ -82,6 +84,17 @@ def legend_below(fig, axes, ncol: int = 3, fontsize: int = 7) -> None:
     if seen:
         fig.legend(list(seen.values()), list(seen), loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=ncol,
                    fontsize=fontsize, frameon=False)
+
+
+def finish_with_legend_right(fig, ax, xlabel: str, ylabel: str, title: str, title_size: float = 9):
+    """Label ``ax``, title it, put its legend right of the axes (outside the data), lay ``fig`` out
+    and return it: the last lines of the one-panel figures."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=title_size)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    fig.tight_layout()
+    return fig
 
 
 

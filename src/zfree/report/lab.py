@@ -27,7 +27,7 @@ def strip_on_save(model: dict[str, Any], path: str, **kwargs: Any) -> None:
     ``strip_output``); other files (the .py twin, any text file) pass unchanged."""
     if model.get("type") != "notebook" or not str(path).endswith(".ipynb") or model.get("content") is None:
         return
-    from nbstripout import strip_output
+    from nbstripout import strip_output  # lazy: ~1 s, an optional [lab] dependency, only when a notebook is saved
 
     nb = nbformat.from_dict(model["content"])
     model["content"] = strip_output(nb, keep_output=False, keep_count=False, keep_id=False,

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.ticker import MaxNLocator
 
-from zfree.report.figstyle import color_of, groups, log_axis, paper
+from zfree.report.figstyle import color_of, finish_with_legend_right, groups, log_axis, paper
 
 
 @paper
@@ -88,9 +88,5 @@ def plot_handover_gate(traces: pd.DataFrame) -> plt.Figure:
     r = r[np.isfinite(r) & (r > 0)]
     if len(r) and r.max() / r.min() > 4:  # a run far from passing (plain at beta = 1) would flatten the others
         log_axis(ax, "y")
-    ax.set_xlabel("step (hard phase)")
-    ax.set_ylabel("best-z objective / collapsed objective")
-    ax.set_title("hand-over gate: below 1 the soft objective prefers z", fontsize=10)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    fig.tight_layout()
-    return fig
+    return finish_with_legend_right(fig, ax, "step (hard phase)", "best-z objective / collapsed objective",
+                                    "hand-over gate: below 1 the soft objective prefers z", title_size=10)

@@ -12,14 +12,19 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from zfree.report.plotting import FACETS
+from zfree.core.io import read_json
+from zfree.evaluate.latent_stats import confusion
+from zfree.experiment.results import FACETS
+from zfree.report.plotting import rho_summaries
+from zfree.train.run_folder import USE_THRESHOLD
 
-#: a run "uses z" when more than this fraction of its rows does (training.py's latent_used and
-#: predicted_latent_used use the same threshold on the same two fractions)
-USE_THRESHOLD = 0.5
+# USE_THRESHOLD (zfree.train.run_folder, where a run's summary sets latent_used and
+# predicted_latent_used): a run "uses z" when more than this fraction of its rows does
+
 #: below this measured fraction a run that theory says should use z is called collapsed; between
 #: it and USE_THRESHOLD, only partly used (the default preset's aided runs at 500 steps: 25-63%)
 COLLAPSED_BELOW = 0.1
@@ -34,8 +39,7 @@ def show(fig, dpi: int = 110) -> None:
     would otherwise show it is not active. Closing it keeps the inline backend from showing it a
     second time. Outside IPython (a script) the PNG goes nowhere and the figure is still closed.
     """
-    import matplotlib.pyplot as plt
-    from IPython.display import Image, display
+    from IPython.display import Image, display  # lazy: ~0.25 s, only where a figure is shown
 
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
@@ -158,8 +162,6 @@ def _numeric(t: pd.DataFrame) -> pd.DataFrame:
 def rho_table(per_example: pd.DataFrame) -> pd.DataFrame:
     """Per facet and beta: rho_recon as a ratio of means (mean ℓ̄ / mean b) and the mean of the
     per-example ratios rho_i (``plotting.rho_summaries``, the numbers the ρ figure draws)."""
-    from zfree.report.plotting import rho_summaries
-
     keys = [c for c in FACETS if c in per_example] + ["beta"]
     return rho_summaries(per_example, keys).set_index(keys).round(4)
 
@@ -244,8 +246,6 @@ def gate_traces(aided: pd.DataFrame, runs: pd.DataFrame | None = None) -> pd.Dat
     """The hand-over gate of every aided run, from its summary.json ``aid/gate`` list: columns
     label, run_id, step, ratio = best-z objective / collapsed objective (below 1 the soft
     objective prefers z). Runs without a gate record are left out. ``aided`` needs run_dir."""
-    from zfree.core.io import read_json
-
     parts = []
     for _, r in aided.iterrows():
         gate = read_json(Path(r["run_dir"]) / "summary.json").get("aid/gate") or []
@@ -261,9 +261,7 @@ def gate_traces(aided: pd.DataFrame, runs: pd.DataFrame | None = None) -> pd.Dat
 def confusion_tables(aided: pd.DataFrame, runs: pd.DataFrame | None = None) -> list[tuple[str, pd.DataFrame]]:
     """(title, table) per aided run whose per_example.parquet names every row's strategy: counts of
     the posterior's argmax latent value against the strategy on the rows where one strategy fits
-    (m = 1; ``zfree.evaluate.metrics.confusion``)."""
-    from zfree.evaluate.metrics import confusion
-
+    (m = 1; ``zfree.evaluate.latent_stats.confusion``)."""
     out = []
     for _, r in aided.iterrows():
         pe = pd.read_parquet(Path(r["run_dir"]) / "per_example.parquet")
@@ -340,8 +338,6 @@ def notes_markdown(notes: list[str]) -> str:
 def samples_table(run_dir, max_chars: int = 90) -> pd.DataFrame:
     """A run's ``samples.parquet`` as a table: per validation x (index: x, latent value) the greedy and
     the sampled y side by side, texts cut to ``max_chars``; empty when the run wrote none."""
-    from pathlib import Path
-
     p = Path(run_dir) / "samples.parquet"
     if not p.exists():
         return pd.DataFrame(columns=["greedy", "sampled"])

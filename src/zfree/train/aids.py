@@ -24,6 +24,7 @@ from zfree.config import TrainConfig
 from zfree.data.batching import EncodedPair, collate
 from zfree.models.nll import masked_mean_token_nll
 from zfree.objective.losses import outer_weighting, reconstruction_weight
+from zfree.objective.objectives import Phase
 
 #: top-level parameter names of the posterior q(z | x, y) (both CVAEs): what the frozen-decoder
 #: warm phase trains
@@ -59,15 +60,15 @@ class FrozenDecoderMask:
 # ---------------------------------------------------------------------------- the hard-EM phase
 
 
-def initial_phase(cfg: TrainConfig) -> str:
-    """``hard`` for hard_em_then_soft (the hard-EM phase comes first), else ``soft``."""
-    return "hard" if cfg.aid.aid == "hard_em_then_soft" else "soft"
+def initial_phase(cfg: TrainConfig) -> Phase:
+    """``Phase.HARD`` for hard_em_then_soft (the hard-EM phase comes first), else ``Phase.SOFT``."""
+    return Phase.HARD if cfg.aid.aid == "hard_em_then_soft" else Phase.SOFT
 
 
-def new_lr(cfg: TrainConfig, phase: str) -> float:
+def new_lr(cfg: TrainConfig, phase: Phase) -> float:
     """The rate of the heads and latent embeddings (the ``new`` group): ``hard_em_lr_new`` in the
     hard phase when it is set (> 0), else ``lr_new``."""
-    return cfg.aid.hard_em_lr_new if phase == "hard" and cfg.aid.hard_em_lr_new > 0 else cfg.optim.lr_new
+    return cfg.aid.hard_em_lr_new if phase == Phase.HARD and cfg.aid.hard_em_lr_new > 0 else cfg.optim.lr_new
 
 
 def count_usage(state, z_hat: torch.Tensor, n_latent: int) -> None:
@@ -142,7 +143,7 @@ def check_handover(model, cfg: TrainConfig, state, step: int, gate_rows: Sequenc
     g = handover_gate(model, gate_rows, gate_b, cfg, c_base, pad_id)
     state.gate.append({"step": step, **g})
     if g["pass"] or step >= cfg.aid.hard_em_max_steps:
-        state.phase, state.handover_step, state.handover_forced = "soft", step, not g["pass"]
+        state.phase, state.handover_step, state.handover_forced = Phase.SOFT, step, not g["pass"]
 
 
 def hard_phase_checks(model, cfg: TrainConfig, state, step: int, gate_rows, gate_b, c_base: float, pad_id: int) -> None:

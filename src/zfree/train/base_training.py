@@ -4,7 +4,6 @@ y-region only (y tokens and the end token), then write its z-free reference."""
 from __future__ import annotations
 
 import math
-import shutil
 import sys
 import time
 from dataclasses import asdict
@@ -13,12 +12,16 @@ from pathlib import Path
 import numpy as np
 import torch
 from tqdm.auto import tqdm
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from zfree.config import BaseTrainConfig
 from zfree.data.batching import collate, encode_pair, encode_pairs, pad_id_of
+from zfree.data.bpe import train_bpe_tokenizer
+from zfree.data.e2e import swap_names
+from zfree.data.synth import DataConfig, sample_pairs
 from zfree.data.pairs import load_pairs
 from zfree.data.tokenizer import build_digit_tokenizer
-from zfree.core.io import atomic_write_json, read_json
+from zfree.core.io import atomic_write_dir, atomic_write_json, read_json
 from zfree.models.nll import masked_mean_token_nll
 from zfree.models.base import build_synthetic_gpt2, target_logprobs
 from zfree.models.loading import DTYPES
@@ -40,6 +43,41 @@ def lm_step(model, opt, sched, batch) -> torch.Tensor:
     return loss
 
 
+def _optimizer(model, cfg: BaseTrainConfig):
+    """AdamW and its schedule: linear warm-up over ``cfg.warmup_steps``, then cosine from 1 to 0.1
+    of ``cfg.lr`` at ``cfg.max_steps`` (both base trainers)."""
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / cfg.warmup_steps) * (
+        0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / cfg.max_steps)))))
+    return opt, sched
+
+
+def _refuse_existing(out_dir: Path) -> None:
+    if (out_dir / "model").exists():
+        raise FileExistsError(f"{out_dir / 'model'} exists; choose another --out or remove it yourself")
+
+
+def _save_model(model, tok, out_dir: Path) -> None:
+    """``model`` (in eval mode) and ``tok`` to ``out_dir/model``, written under a temporary name and
+    renamed, so a folder named ``model`` is always complete."""
+    model.eval()
+
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp)  # a text model's config keeps dropout 0: only the module attribute p changed
+        tok.save_pretrained(tmp)
+
+    atomic_write_dir(out_dir / "model", write)
+
+
+def _log_record(cfg: BaseTrainConfig, data_dir: Path, model, *, steps: int, init_from, t0: float, threads: int,
+                dtype: str, **extra) -> dict:
+    """The ``train_log.json`` record both trainers write (``extra``: each trainer's own keys)."""
+    return {"config": asdict(cfg), "data_dir": str(data_dir), "steps": steps,
+            "init_from": str(init_from) if init_from else None, "wall_s": time.time() - t0, "threads": threads,
+            "command": " ".join(["zfree"] + sys.argv[1:]) if sys.argv else "", **extra,
+            "torch": torch.__version__, "n_params": sum(p.numel() for p in model.parameters()), "dtype": dtype}
+
+
 def train_base(data_dir: Path | str, out_dir: Path | str, cfg: BaseTrainConfig = BaseTrainConfig(),
                threads: int = 2, progress: bool = True, init_from: Path | str | None = None,
                dtype: str = "float32") -> dict:
@@ -51,39 +89,21 @@ def train_base(data_dir: Path | str, out_dir: Path | str, cfg: BaseTrainConfig =
     the weights, optimizer and scoring dtype (``"float64"``: the reference mode of the portable golden
     runs, tests/golden_runs.py; saved and scored in float64)."""
     data_dir, out_dir = Path(data_dir), Path(out_dir)
-    if (out_dir / "model").exists():
-        raise FileExistsError(f"{out_dir / 'model'} exists; choose another --out or remove it yourself")
+    _refuse_existing(out_dir)
     torch.set_num_threads(threads)
     meta = read_json(data_dir / "metadata.json")
     if meta.get("kind") == "e2e":  # real text: no generator, no analytic c_base (train_text_base)
-        from zfree.data.e2e import swap_names
-
         return train_text_base(data_dir, out_dir, cfg, threads=threads, progress=progress, augment=swap_names,
                                init_from=init_from, dtype=dtype)
     tok = build_digit_tokenizer(meta["parameters"]["vocab_size"])
     train = [encode_pair(tok, p) for p in load_pairs(data_dir / "train.jsonl")]
-    data_cfg = None
-    if cfg.data_source == "fresh":
-        from zfree.config import DataConfig
-        from zfree.data.synth import sample_pairs
-
-        params = {k: v for k, v in meta["parameters"].items() if k in DataConfig.__dataclass_fields__}
-        data_cfg = DataConfig(**params)
-        fresh_rng = np.random.default_rng([1000 + cfg.seed])
+    data_cfg, fresh_rng = _fresh_source(meta, cfg)
     val_pairs = load_pairs(data_dir / "val.jsonl")
     val = [encode_pair(tok, p) for p in val_pairs]
     analytic = analytic_c_base(val_pairs)
     max_len = max(len(e.prefix_ids) + len(e.target_ids) for e in train + val)
-    if init_from is not None:  # continue training a finished base model (a second, lower-rate phase)
-        from transformers import AutoModelForCausalLM
-
-        model = AutoModelForCausalLM.from_pretrained(init_from, local_files_only=True, dtype=DTYPES[dtype])
-    else:
-        model = build_synthetic_gpt2(len(tok), n_positions=max(64, max_len), n_layer=cfg.n_layer, n_embd=cfg.n_embd,
-                                     n_head=cfg.n_head, seed=cfg.seed, dtype=DTYPES[dtype])
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / cfg.warmup_steps) * (
-        0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / cfg.max_steps)))))
+    model = _new_or_continued(len(tok), max(64, max_len), cfg, init_from, dtype)
+    opt, sched = _optimizer(model, cfg)
     rng = np.random.default_rng(cfg.seed)
     pad = pad_id_of(tok)
     history, t0, step, ratio = [], time.time(), 0, float("inf")
@@ -110,19 +130,43 @@ def train_base(data_dir: Path | str, out_dir: Path | str, cfg: BaseTrainConfig =
             if ratio <= cfg.target_ratio or elapsed > cfg.max_minutes * 60:
                 break
     bar.close()
-    model.eval()
-    tmp = out_dir / ".model.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    tmp.rename(out_dir / "model")
-    log = {"config": asdict(cfg), "data_dir": str(data_dir), "steps": step, "init_from": str(init_from) if init_from else None, "wall_s": time.time() - t0,
-           "threads": threads, "command": " ".join(["zfree"] + sys.argv[1:]) if sys.argv else "",
-           "c_base_analytic": analytic, "final_ratio": ratio, "history": history,
-           "torch": torch.__version__, "n_params": sum(p.numel() for p in model.parameters()), "dtype": dtype}
+    _save_model(model, tok, out_dir)
+    log = _log_record(cfg, data_dir, model, steps=step, init_from=init_from, t0=t0, threads=threads, dtype=dtype,
+                      c_base_analytic=analytic, final_ratio=ratio, history=history)
     atomic_write_json(out_dir / "train_log.json", log)
     build_reference(out_dir, data_dir, dtype=dtype)
     return log
+
+
+def _fresh_source(meta: dict, cfg: BaseTrainConfig):
+    """``(DataConfig, its rng)`` to sample every batch anew (``cfg.data_source == "fresh"``; the rng
+    seeded ``[1000 + cfg.seed]``), else ``(None, None)`` (the train split)."""
+    if cfg.data_source != "fresh":
+        return None, None
+    params = {k: v for k, v in meta["parameters"].items() if k in DataConfig.__dataclass_fields__}
+    return DataConfig(**params), np.random.default_rng([1000 + cfg.seed])
+
+
+def _new_or_continued(vocab: int, n_positions: int, cfg: BaseTrainConfig, init_from, dtype: str):
+    """A new GPT-2 of ``cfg``'s shape, or the finished base model ``init_from`` (a second phase)."""
+    if init_from is not None:
+        return AutoModelForCausalLM.from_pretrained(init_from, local_files_only=True, dtype=DTYPES[dtype])
+    return build_synthetic_gpt2(vocab, n_positions=n_positions, n_layer=cfg.n_layer, n_embd=cfg.n_embd,
+                                n_head=cfg.n_head, seed=cfg.seed, dtype=DTYPES[dtype])
+
+
+class _Best:
+    """The best val c_base so far, its step and weights; ``since``: evaluations without a new best."""
+
+    def __init__(self):
+        self.c, self.step, self.since, self.state = float("inf"), 0, 0, None
+
+    def update(self, model, c: float, step: int) -> None:
+        if c < self.c:
+            self.c, self.step, self.since = c, step, 0
+            self.state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        else:
+            self.since += 1
 
 
 TEXT_VOCAB_SIZE = 1500  # byte-level BPE entries: specials + 256 bytes + ~1240 merges (E2E: ~30 tokens per y)
@@ -152,85 +196,78 @@ def train_text_base(data_dir: Path | str, out_dir: Path | str, cfg: BaseTrainCon
     Writes ``out_dir/model`` (HF format with tokenizer), ``out_dir/train_log.json`` and
     ``out_dir/reference/``. FileExistsError if ``out_dir/model`` exists. ``dtype`` as ``train_base``'s.
     """
-    from zfree.data.bpe import train_bpe_tokenizer
-
     data_dir, out_dir = Path(data_dir), Path(out_dir)
-    if (out_dir / "model").exists():
-        raise FileExistsError(f"{out_dir / 'model'} exists; choose another --out or remove it yourself")
+    _refuse_existing(out_dir)
     torch.set_num_threads(threads)
     t0 = time.time()
     train_pairs, val_pairs = load_pairs(data_dir / "train.jsonl"), load_pairs(data_dir / "val.jsonl")
-    if init_from is not None:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(init_from, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(init_from, local_files_only=True, dtype=DTYPES[dtype])
-        n_positions = getattr(model.config, "n_positions", None) or model.config.max_position_embeddings
-    else:
-        tok = train_bpe_tokenizer((t for p in train_pairs for t in (p.x, p.y)), vocab_size)
-    train = encode_pairs(tok, train_pairs)
-    val = encode_pairs(tok, val_pairs)
-    if init_from is None:
-        max_len = max(len(e.prefix_ids) + len(e.target_ids) for e in train + val)
-        n_positions = 32 * math.ceil((max_len + 48) / 32)  # room for longer (augmented) rows and user data
-        model = build_synthetic_gpt2(len(tok), n_positions=n_positions,
-                                     n_layer=cfg.n_layer, n_embd=cfg.n_embd, n_head=cfg.n_head, seed=cfg.seed,
-                                     dtype=DTYPES[dtype])
-    for m in model.modules():  # dropout during training only (the saved config keeps 0)
-        if isinstance(m, torch.nn.Dropout):
-            m.p = TEXT_DROPOUT
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / cfg.warmup_steps) * (
-        0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / cfg.max_steps)))))
+    tok, model, train, val, n_positions = _text_model(train_pairs, val_pairs, cfg, vocab_size, init_from, dtype)
+    opt, sched = _optimizer(model, cfg)
     rng = np.random.default_rng(cfg.seed)
     pad = pad_id_of(tok)
     eval_rows = val[:TEXT_EVAL_ROWS]
-    history, step, best, since_best, best_state = [], 0, (float("inf"), 0), 0, None
+    history, step, best = [], 0, _Best()
     bar = tqdm(total=cfg.max_steps, desc="text base model", disable=not progress, mininterval=2)
     model.train()
     while step < cfg.max_steps:
-        picked = rng.integers(0, len(train), cfg.batch_size)
-        rows = [train[i] for i in picked]
-        if augment is not None:
-            swap = [j for j in range(len(rows)) if rng.random() < TEXT_AUGMENT_P]
-            new = encode_pairs(tok, [augment(train_pairs[picked[j]], rng) for j in swap])
-            for j, e in zip(swap, new):
-                if len(e.prefix_ids) + len(e.target_ids) <= n_positions:
-                    rows[j] = e
-        batch = collate(rows, pad_id=pad)
-        loss = lm_step(model, opt, sched, batch)
+        rows = _text_rows(tok, train, train_pairs, rng, cfg.batch_size, augment, n_positions)
+        loss = lm_step(model, opt, sched, collate(rows, pad_id=pad))
         step += 1
         bar.update(1)
         elapsed = time.time() - t0
         if step % cfg.eval_every == 0 or elapsed > cfg.max_minutes * 60 or step == cfg.max_steps:
             c = score_encoded(model, eval_rows, pad_id=pad).c_base  # eval mode inside, restored after
             history.append({"step": step, "wall_s": elapsed, "train_loss": loss.item(), "val_c_base": c})
-            bar.set_postfix(val_c_base=f"{c:.4f}", best=f"{min(c, best[0]):.4f}")
-            if c < best[0]:
-                best, since_best = (c, step), 0
-                best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-            else:
-                since_best += 1
-            if since_best >= TEXT_PATIENCE or elapsed > cfg.max_minutes * 60:
+            bar.set_postfix(val_c_base=f"{c:.4f}", best=f"{min(c, best.c):.4f}")
+            best.update(model, c, step)
+            if best.since >= TEXT_PATIENCE or elapsed > cfg.max_minutes * 60:
                 break
     bar.close()
-    model.load_state_dict(best_state)
-    model.eval()
-    tmp = out_dir / ".model.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)  # config dropout stays 0: the module attribute p was changed, not the config
-    tok.save_pretrained(tmp)
-    tmp.rename(out_dir / "model")
-    log = {"config": asdict(cfg), "data_dir": str(data_dir), "kind": "text", "steps": step,
-           "init_from": str(init_from) if init_from else None, "best_step": best[1],
-           "best_val_c_base_eval_rows": best[0], "eval_rows": len(eval_rows), "vocab_size": len(tok),
-           "dropout_train": TEXT_DROPOUT, "patience": TEXT_PATIENCE,
-           "augment": getattr(augment, "__name__", None), "augment_p": TEXT_AUGMENT_P if augment else 0.0, "wall_s": time.time() - t0, "threads": threads,
-           "command": " ".join(["zfree"] + sys.argv[1:]) if sys.argv else "", "history": history,
-           "c_base_analytic": None, "final_ratio": None,  # no generator, no analytic c_base (keys as train_base's)
-           "torch": torch.__version__, "n_params": sum(p.numel() for p in model.parameters()), "dtype": dtype}
+    model.load_state_dict(best.state)
+    _save_model(model, tok, out_dir)
+    log = _log_record(cfg, data_dir, model, steps=step, init_from=init_from, t0=t0, threads=threads, dtype=dtype,
+                      kind="text", best_step=best.step, best_val_c_base_eval_rows=best.c, eval_rows=len(eval_rows),
+                      vocab_size=len(tok), dropout_train=TEXT_DROPOUT, patience=TEXT_PATIENCE,
+                      augment=getattr(augment, "__name__", None), augment_p=TEXT_AUGMENT_P if augment else 0.0,
+                      history=history, c_base_analytic=None, final_ratio=None)  # no generator: no analytic c_base
     ref = build_reference(out_dir, data_dir, dtype=dtype)
     log["c_base"] = ref.c_base
     log["wall_s_with_reference"] = time.time() - t0
     atomic_write_json(out_dir / "train_log.json", log)
     return log
+
+
+def _text_model(train_pairs, val_pairs, cfg: BaseTrainConfig, vocab_size: int, init_from, dtype: str):
+    """``(tokenizer, model, encoded train, encoded val, context length)`` of ``train_text_base``: a
+    new BPE tokenizer and GPT-2 (context: the longest row + 48, in multiples of 32), or those of
+    ``init_from``; the model's dropout modules set to ``TEXT_DROPOUT`` (its config keeps 0)."""
+    if init_from is not None:
+        tok = AutoTokenizer.from_pretrained(init_from, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(init_from, local_files_only=True, dtype=DTYPES[dtype])
+        train, val = encode_pairs(tok, train_pairs), encode_pairs(tok, val_pairs)
+        n_positions = getattr(model.config, "n_positions", None) or model.config.max_position_embeddings
+    else:
+        tok = train_bpe_tokenizer((t for p in train_pairs for t in (p.x, p.y)), vocab_size)
+        train, val = encode_pairs(tok, train_pairs), encode_pairs(tok, val_pairs)
+        max_len = max(len(e.prefix_ids) + len(e.target_ids) for e in train + val)
+        n_positions = 32 * math.ceil((max_len + 48) / 32)  # room for longer (augmented) rows and user data
+        model = build_synthetic_gpt2(len(tok), n_positions=n_positions, n_layer=cfg.n_layer, n_embd=cfg.n_embd,
+                                     n_head=cfg.n_head, seed=cfg.seed, dtype=DTYPES[dtype])
+    for m in model.modules():  # dropout during training only (the saved config keeps 0)
+        if isinstance(m, torch.nn.Dropout):
+            m.p = TEXT_DROPOUT
+    return tok, model, train, val, n_positions
+
+
+def _text_rows(tok, train, train_pairs, rng, batch_size: int, augment, n_positions: int) -> list:
+    """One batch of encoded training rows, a share ``TEXT_AUGMENT_P`` rewritten by ``augment`` (a
+    rewritten row longer than the context falls back to the original)."""
+    picked = rng.integers(0, len(train), batch_size)
+    rows = [train[i] for i in picked]
+    if augment is not None:
+        swap = [j for j in range(len(rows)) if rng.random() < TEXT_AUGMENT_P]
+        new = encode_pairs(tok, [augment(train_pairs[picked[j]], rng) for j in swap])
+        for j, e in zip(swap, new):
+            if len(e.prefix_ids) + len(e.target_ids) <= n_positions:
+                rows[j] = e
+    return rows

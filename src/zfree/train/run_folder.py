@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata as md
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -35,12 +34,15 @@ import torch
 from safetensors.torch import load_file, load_model, save_model
 
 from zfree.config import TrainConfig
-from zfree.core.errors import CheckpointError, NonFiniteMetricError, ResumeRefusedError, ZfreeError  # noqa: F401
+from zfree.core.errors import CheckpointError, NonFiniteMetricError, ResumeRefusedError, ZfreeError
 from zfree.core.io import (append_jsonl, atomic_write_json, atomic_write_parquet, atomic_write_text,
                            load_checkpoint_dir, load_plain_state, nonfinite_keys, read_json, read_jsonl,
                            safe_torch_load, save_plain_state, sha256_file, sha256_state_dict, write_checkpoint_dir)
-from zfree.core.paths import PATH_FIELDS, ROOT_PREFIX, portable_path, portable_root, resolve_path  # noqa: F401
+from zfree.core.paths import PATH_FIELDS, portable_path, resolve_path
 
+#: a run "uses z" (summary ``latent_used``) when more than this fraction of its validation rows
+#: does; ``predicted_latent_used`` applies it to the predicted fraction (zfree.report.report reads it)
+USE_THRESHOLD = 0.5
 TIMING_KEYS = ("wall_s",)  # the only summary keys that differ between a resumed and an uninterrupted run
 
 
@@ -274,10 +276,54 @@ def write_summary(out: Path, cfg: TrainConfig, ev, state, wall: float) -> dict:
                "init/structure/probe_accuracy": init.get("structure/probe_accuracy"),
                "init/loss/val/baseline_normalized_reconstruction_loss":
                    init.get("loss/val/baseline_normalized_reconstruction_loss"),
-               "latent_used": bool(ev.metrics["latent/measured_use_fraction"] > 0.5),
-               "predicted_latent_used": bool(ev.metrics["latent/predicted_use_fraction"] > 0.5),
+               "latent_used": bool(ev.metrics["latent/measured_use_fraction"] > USE_THRESHOLD),
+               "predicted_latent_used": bool(ev.metrics["latent/predicted_use_fraction"] > USE_THRESHOLD),
                "aid/handover_step": state.handover_step, "aid/handover_forced": state.handover_forced,
                "aid/gate_first_pass_step": gate_pass[0] if gate_pass else None,
                "aid/gate": state.gate, "aid/restarts": state.restarts}
     atomic_write_json(out / "summary.json", summary)
     return summary
+
+
+#: steps between reads of the non-finite flags, per device type. Reading whether a loss is finite
+#: is a device->host synchronisation; on the CPU it costs nothing, so every step is checked before
+#: its update (the run stops at the bad step, its update never applied). On an accelerator the
+#: per-step flags stay on the device and are read every FINITE_CHECK_EVERY steps and before every
+#: evaluation, checkpoint and the end, so a non-finite loss still stops the run, naming the FIRST
+#: bad step, its batch and terms, and no weights updated from it are ever saved (the updates of up
+#: to N - 1 steps after it are discarded with the run).
+FINITE_CHECK_EVERY = {"cpu": 1}
+FINITE_CHECK_EVERY_ACCELERATOR = 25
+
+
+class FiniteWatch:
+    """The non-finite loss check without a per-step synchronisation (``FINITE_CHECK_EVERY``)."""
+
+    def __init__(self, out: Path, device: torch.device):
+        self.out = out
+        self.every = FINITE_CHECK_EVERY.get(torch.device(device).type, FINITE_CHECK_EVERY_ACCELERATOR)
+        self.pending: list[tuple[int, list[str], list[str], torch.Tensor]] = []
+
+    def add(self, br, step: int, batch) -> None:
+        """Record step ``step``'s finiteness flags (total, terms, contributions) on the device;
+        check them when the step is due (every step on the CPU)."""
+        named = [(k, v) for d in (br.terms, br.contributions) for k, v in d.items()]
+        flags = torch.stack([torch.isfinite(br.total.detach())] + [torch.isfinite(v.detach()) for _, v in named])
+        self.pending.append((step, list(batch.ids), [k for k, _ in named], flags))
+        if step % self.every == 0:
+            self.check()
+
+    def check(self) -> None:
+        """Read the pending flags (one synchronisation); NonFiniteLossError (after writing
+        error.json) naming the first step whose total is NaN or infinite."""
+        if not self.pending:
+            return
+        pending, self.pending = self.pending, []
+        ok = torch.stack([f[0] for *_, f in pending]).cpu()
+        if bool(ok.all()):
+            return
+        step, ids, names, flags = pending[int((~ok).nonzero()[0, 0])]
+        flags = flags.cpu()
+        bad = sorted({k for k, f in zip(names, flags[1:].tolist()) if not f})
+        write_error(self.out, step, ids, bad)
+        raise NonFiniteLossError(f"non-finite loss at step {step}: terms {bad} (see {self.out / 'error.json'})")

@@ -11,6 +11,7 @@ an uninterrupted run, timing keys aside).
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import torch
 from tqdm.auto import tqdm
 
 from zfree.train import aids, run_folder
-from zfree.config import TrainConfig
+from zfree.config import LatentKind, TrainConfig
 from zfree.data.batching import EncodedPair, collate, encode_pair, pad_id_of
 from zfree.data.pairs import Pair, load_pairs
 from zfree.core.io import read_json
@@ -31,15 +32,15 @@ from zfree.models.continuous import ContinuousCVAE
 from zfree.models.discrete import DiscreteCVAE
 from zfree.models.loading import pick_device
 from zfree.models.precision import WEIGHT_DTYPES, acc_dtype, default_dtype
-from zfree.objective.objectives import hard_em_objective, step_objective  # noqa: F401 - hard_em_objective: public here too
+from zfree.objective.objectives import Phase, step_objective
 from zfree.reference.reference import Reference, resolve_reference
-from zfree.train.run_folder import TIMING_KEYS, NonFiniteLossError, NonFiniteMetricError  # noqa: F401 - re-exported
 from zfree.reference.scoring import context_length
 from zfree.core.values import check_device
 
 #: warn when one latent value is the posterior's argmax on at least this share of validation rows
 INDEX_COLLAPSE_SHARE = 0.9
-POSTERIOR_SIDE = aids.POSTERIOR_SIDE  # re-exported
+#: the optimizer's two param groups, by name (``build_optimizer``; rates set by ``set_learning_rates``)
+BACKBONE_GROUP, NEW_GROUP = "backbone", "new"
 
 
 @dataclass
@@ -47,13 +48,16 @@ class TrainState:
     """Everything besides weights and optimizer moments that a resumed run needs."""
 
     step: int = 0
-    phase: str = "soft"  # "hard" during the hard-EM phase of hard_em_then_soft
+    phase: Phase = Phase.SOFT  # HARD during the hard-EM phase of hard_em_then_soft
     handover_step: int | None = None
     handover_forced: bool = False
     gate: list = field(default_factory=list)  # hand-over diagnostics over training
     restarts: list = field(default_factory=list)
     usage: list = field(default_factory=list)  # posterior-argmax counts since the last restart check
     train_log: dict = field(default_factory=dict)  # running sums of training terms since the last eval
+
+    def __post_init__(self):
+        self.phase = Phase(self.phase)  # a checkpoint stores the value ("hard", "soft")
 
 
 def build_cvae(cfg: TrainConfig, backbone: torch.nn.Module) -> DiscreteCVAE | ContinuousCVAE:
@@ -63,7 +67,7 @@ def build_cvae(cfg: TrainConfig, backbone: torch.nn.Module) -> DiscreteCVAE | Co
     (auto / on / off; off also skips the z-free pass's key/value cache)."""
     m = cfg.model
     with default_dtype(next(backbone.parameters()).dtype):  # new heads in the backbone's dtype
-        if m.latent_kind == "continuous":
+        if m.latent_kind == LatentKind.CONTINUOUS:
             model = ContinuousCVAE(backbone, m.d_latent, m.posterior_features, prior=m.prior, n_samples=m.n_samples)
         else:
             model = DiscreteCVAE(backbone, m.n_latent, m.posterior_features,
@@ -87,20 +91,27 @@ def build_optimizer(model: DiscreteCVAE, cfg: TrainConfig, log=print) -> torch.o
     if log:
         log(f"parameters: backbone {sum(p.numel() for p in backbone):,} (from the base model), "
             f"new {sum(p.numel() for p in new):,} ({', '.join(model.new_parameter_names())}), frozen {frozen:,}")
-    groups = [{"params": backbone, "lr": cfg.optim.lr_backbone, "name": "backbone"},
-              {"params": new, "lr": cfg.optim.lr_new, "name": "new"}]
+    groups = [{"params": backbone, "lr": cfg.optim.lr_backbone, "name": BACKBONE_GROUP},
+              {"params": new, "lr": cfg.optim.lr_new, "name": NEW_GROUP}]
     return OPTIMIZERS[cfg.optim.optimizer](groups, weight_decay=cfg.optim.weight_decay)
+
+
+def set_learning_rates(opt: torch.optim.Optimizer, rates: dict[str, float]) -> None:
+    """Set each param group's rate by its name (``BACKBONE_GROUP``, ``NEW_GROUP``); KeyError for a
+    group ``rates`` does not name."""
+    for group in opt.param_groups:
+        group["lr"] = rates[group["name"]]
 
 
 #: optim.optimizer -> the torch optimizer class
 OPTIMIZERS = {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
 
 
-def backbone_lr(cfg: TrainConfig, phase: str, step: int) -> float:
+def backbone_lr(cfg: TrainConfig, phase: Phase, step: int) -> float:
     """The backbone rate at ``step``: hard_em_lr_backbone in the hard phase, else lr_backbone, times
     the linear warm-up min(1, step / warmup_backbone)."""
     warm = min(1.0, step / cfg.optim.warmup_backbone) if cfg.optim.warmup_backbone else 1.0
-    return (cfg.aid.hard_em_lr_backbone if phase == "hard" else cfg.optim.lr_backbone) * warm
+    return (cfg.aid.hard_em_lr_backbone if phase == Phase.HARD else cfg.optim.lr_backbone) * warm
 
 
 # ---------------------------------------------------------------------------- setup
@@ -186,7 +197,7 @@ def _record_evaluation(out: Path, model, data: RunData, state: TrainState, opt, 
     n = state.train_log.pop("_n", 0)
     train_terms = {k: v / n for k, v in state.train_log.items()} if n else {}
     state.train_log = {}
-    row = {**ev.metrics, **train_terms, "aid/phase_soft": float(state.phase == "soft"),
+    row = {**ev.metrics, **train_terms, "aid/phase_soft": float(state.phase == Phase.SOFT),
            "aid/handover_step": state.handover_step, "wall_s": time.time() - t0}
     run_folder.check_finite_metrics(out, state.step, row)  # before it is stored or replaces the checkpoint
     run_folder.append_metrics(out, row)
@@ -259,50 +270,6 @@ def _setup_run(cfg: TrainConfig, out: Path, progress: bool) -> Run:
     return Run(out, model, data, opt, rng, state or TrainState(phase=aids.initial_phase(cfg)), t0)
 
 
-#: steps between reads of the non-finite flags, per device type. Reading whether a loss is finite
-#: is a device->host synchronisation; on the CPU it costs nothing, so every step is checked before
-#: its update (the run stops at the bad step, its update never applied). On an accelerator the
-#: per-step flags stay on the device and are read every FINITE_CHECK_EVERY steps and before every
-#: evaluation, checkpoint and the end, so a non-finite loss still stops the run, naming the FIRST
-#: bad step, its batch and terms, and no weights updated from it are ever saved (the updates of up
-#: to N - 1 steps after it are discarded with the run).
-FINITE_CHECK_EVERY = {"cpu": 1}
-FINITE_CHECK_EVERY_ACCELERATOR = 25
-
-
-class FiniteWatch:
-    """The non-finite loss check without a per-step synchronisation (``FINITE_CHECK_EVERY``)."""
-
-    def __init__(self, out: Path, device: torch.device):
-        self.out = out
-        self.every = FINITE_CHECK_EVERY.get(torch.device(device).type, FINITE_CHECK_EVERY_ACCELERATOR)
-        self.pending: list[tuple[int, list[str], list[str], torch.Tensor]] = []
-
-    def add(self, br, step: int, batch) -> None:
-        """Record step ``step``'s finiteness flags (total, terms, contributions) on the device;
-        check them when the step is due (every step on the CPU)."""
-        named = [(k, v) for d in (br.terms, br.contributions) for k, v in d.items()]
-        flags = torch.stack([torch.isfinite(br.total.detach())] + [torch.isfinite(v.detach()) for _, v in named])
-        self.pending.append((step, list(batch.ids), [k for k, _ in named], flags))
-        if step % self.every == 0:
-            self.check()
-
-    def check(self) -> None:
-        """Read the pending flags (one synchronisation); NonFiniteLossError (after writing
-        error.json) naming the first step whose total is NaN or infinite."""
-        if not self.pending:
-            return
-        pending, self.pending = self.pending, []
-        ok = torch.stack([f[0] for *_, f in pending]).cpu()
-        if bool(ok.all()):
-            return
-        step, ids, names, flags = pending[int((~ok).nonzero()[0, 0])]
-        flags = flags.cpu()
-        bad = sorted({k for k, f in zip(names, flags[1:].tolist()) if not f})
-        run_folder.write_error(self.out, step, ids, bad)
-        raise NonFiniteLossError(f"non-finite loss at step {step}: terms {bad} (see {self.out / 'error.json'})")
-
-
 def _optimizer_step(run: Run, br, cfg: TrainConfig, step: int, frozen: aids.FrozenDecoderMask) -> None:
     """Backward, the frozen-decoder mask (warm phase), gradient clipping, the update."""
     run.opt.zero_grad(set_to_none=True)
@@ -346,22 +313,22 @@ def _train_locked(cfg: TrainConfig, out: Path, progress: bool, stop_after: int |
     gate_rows = data.val[: cfg.aid.handover_rows] if cfg.aid.handover_rows else data.val
     frozen = aids.FrozenDecoderMask(model)
     dev, acc = next(model.parameters()).device, acc_dtype(next(model.parameters()).dtype)
-    watch = FiniteWatch(out, dev)
+    watch = run_folder.FiniteWatch(out, dev)
     ev = _record_evaluation(out, model, data, state, run.opt, run.rng, run.t0) if state.step == 0 else None
     bar = tqdm(total=cfg.optim.steps, initial=state.step, disable=not progress, mininterval=5,
                desc=f"{cfg.objective.weighting} β={cfg.objective.beta:g}" + ("" if cfg.aid.aid == "none" else f" {cfg.aid.aid}"))
     while state.step < cfg.optim.steps:
         step = state.step + 1
-        run.opt.param_groups[0]["lr"] = backbone_lr(cfg, state.phase, step)
-        run.opt.param_groups[1]["lr"] = aids.new_lr(cfg, state.phase)
+        set_learning_rates(run.opt, {BACKBONE_GROUP: backbone_lr(cfg, state.phase, step),
+                                     NEW_GROUP: aids.new_lr(cfg, state.phase)})
         idx = run.rng.integers(0, len(data.train), cfg.optim.batch_size)  # batches drawn with replacement
         host = collate([data.train[i] for i in idx], pad_id=data.pad_id)
         b, base_tok = _batch_references(data, host, cfg.objective.weighting, dev, acc)
         batch = host.to(dev)
         # one objective per step: the hard-EM phase, else the latent kind's true J (beta0 warm-up applied)
-        phase = "hard" if state.phase == "hard" else cfg.model.latent_kind
+        phase = Phase.HARD if state.phase == Phase.HARD else cfg.model.latent_kind
         br = step_objective(phase, model, batch, cfg, step, data.c_base, b, base_tok, warm=aids.beta0_warm(cfg, step))
-        if state.phase == "hard":  # dead-value restarts count the posterior's argmax
+        if state.phase == Phase.HARD:  # dead-value restarts count the posterior's argmax
             aids.count_usage(state, br.per_example["q_logits"].argmax(-1), model.n_latent)
         watch.add(br, step, batch)  # checked now on the CPU, every FINITE_CHECK_EVERY steps elsewhere
         _optimizer_step(run, br, cfg, step, frozen)
@@ -370,7 +337,7 @@ def _train_locked(cfg: TrainConfig, out: Path, progress: bool, stop_after: int |
         bar.update(1)
         if not bar.disable and step % max(10, watch.every) == 0:  # a host read: only with a bar, rarely
             bar.set_postfix({k.split("/")[-1][:6]: f"{float(v):.3f}" for k, v in br.terms.items()}, refresh=False)
-        if state.phase == "hard":  # restarts, then the hand-over gate
+        if state.phase == Phase.HARD:  # restarts, then the hand-over gate
             aids.hard_phase_checks(model, cfg, state, step, gate_rows, data.val_b[: len(gate_rows)], data.c_base,
                                    data.pad_id)
         evaluating = step % cfg.optim.eval_every == 0 or step == cfg.optim.steps
@@ -392,3 +359,13 @@ def _train_locked(cfg: TrainConfig, out: Path, progress: bool, stop_after: int |
         ev = evaluate(model, data.val, data.val_pairs, step=state.step, **data.eval_kw)
         run_folder.check_finite_metrics(out, state.step, ev.metrics)
     return run_folder.write_summary(out, cfg, ev, state, time.time() - run.t0)
+
+
+def __getattr__(name: str):
+    """``zfree.train.training.TIMING_KEYS``: deprecated (defined in ``zfree.train.run_folder``); kept
+    only until its last importer (tests/test_study.py) imports it from there."""
+    if name == "TIMING_KEYS":
+        warnings.warn("zfree.train.training.TIMING_KEYS is deprecated: import it from zfree.train.run_folder",
+                      DeprecationWarning, stacklevel=2)
+        return run_folder.TIMING_KEYS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
