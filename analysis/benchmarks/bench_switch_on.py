@@ -22,7 +22,6 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import subprocess
 import tempfile
 import time
 from pathlib import Path

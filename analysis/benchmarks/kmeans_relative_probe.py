@@ -7,7 +7,7 @@ from sklearn.cluster import KMeans
 from sklearn.metrics import normalized_mutual_info_score as nmi
 from zfree.data.batching import collate, encode_pair, pad_id_of
 from zfree.data.pairs import load_pairs
-from zfree.models.base import load_base, hidden_states
+from zfree.models.base import load_base
 torch.set_num_threads(1); torch.manual_seed(0)
 pairs = load_pairs("data/synth/default/val.jsonl")[:600]
 labels = np.array([p.strategy for p in pairs])

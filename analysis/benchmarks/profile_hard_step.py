@@ -3,7 +3,7 @@ objectives.hard_em_objective timed section by section (zfree.train.training setu
 batch 64), then the hand-over gate (500 / 100 rows), one evaluation and a soft step.
 Usage: OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 .venv/bin/python analysis/benchmarks/profile_hard_step.py
 Results: analysis/results/switch_on_variants.md."""
-import sys, time, tempfile, numpy as np, torch
+import time, tempfile, torch
 from pathlib import Path
 from zfree.train import training, aids
 from zfree.config import TrainConfig

@@ -162,7 +162,6 @@ def _cmd_report(a):
 
 def _cmd_sweep(a):
     # lazy: as in _cmd_study
-    from zfree.config import check_device
     from zfree.experiment.executor import make_executor
     from zfree.experiment.render import render_report
     from zfree.experiment.sweeps import load_spec, run_sweep

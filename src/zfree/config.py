@@ -8,7 +8,6 @@ Every field name is unique across the sub-configs of ``TrainConfig`` so the flat
 from __future__ import annotations
 
 
-import warnings
 from dataclasses import asdict, dataclass, field, fields
 from enum import Enum, StrEnum
 from typing import Any, Literal
@@ -365,22 +364,3 @@ class TrainConfig:
     def replace(self, **flat_updates) -> "TrainConfig":
         """A copy with flat fields replaced, validated again (ValueError naming a bad or unknown field)."""
         return TrainConfig.from_flat({**self.to_flat(), **flat_updates})
-
-
-def __getattr__(name: str):
-    """Deprecated paths, kept only until their last importers move (then delete this function):
-    ``DataConfig`` lives beside its benchmark in ``zfree.data.synth`` (zfree.experiment.study,
-    tests/tiny.py); ``check_device`` in ``zfree.core.values`` (``zfree.cli._cmd_sweep``)."""
-    if name == "DataConfig":
-        warnings.warn("zfree.config.DataConfig is deprecated: import it from zfree.data.synth",
-                      DeprecationWarning, stacklevel=2)
-        from zfree.data.synth import DataConfig  # the deprecated path only; config sits below data otherwise
-
-        return DataConfig
-    if name == "check_device":
-        warnings.warn("zfree.config.check_device is deprecated: import it from zfree.core.values",
-                      DeprecationWarning, stacklevel=2)
-        from zfree.core.values import check_device
-
-        return check_device
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -35,7 +35,8 @@ from typing import Any
 import numpy as np
 import yaml
 
-from zfree.config import TrainConfig, coerce_value, parse_field_value
+from zfree.config import TrainConfig, parse_field_value
+from zfree.core.values import coerce_value
 from zfree.core.errors import ConfigError, InputError
 from zfree.core.io import atomic_write_json
 from zfree.core.locks import run_folder_lock

@@ -15,7 +15,6 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from zfree.report.figstyle import FACET_MARKERS, finish_with_legend_right  # noqa: E402
-from zfree.report.figstyle import FACETS  # noqa: E402,F401 - read as plotting.FACETS by zfree.report.widgets
 from zfree.report.figstyle import groups as _groups  # noqa: E402
 from zfree.report.figstyle import legend_below as _legend_below  # noqa: E402
 from zfree.report.figstyle import log_axis as _log_axis  # noqa: E402

@@ -32,6 +32,7 @@ from zfree.experiment.results import SweepResults, load_sweep
 from zfree.experiment.spec import Point, expand_grid
 from zfree.experiment.study import HARD_EM_RECIPE, SWITCH_ON_RECIPE
 from zfree.report import plotting as P
+from zfree.report.figstyle import FACETS
 from zfree.report.report import nearest, runs_at_beta
 
 ALL, WIDE = "all", {"style": {"description_width": "initial"}}  # the no-filter value; wide descriptions
@@ -136,7 +137,7 @@ class SweepExplorer:
         """Slider values from the filtered runs; disabled with a note when the figure does not read
         the slider or moving it cannot change what is drawn."""
         runs = self.filtered()
-        groups = [c for c in P.FACETS if c in runs]
+        groups = [c for c in FACETS if c in runs]
         self._hold = True
         try:
             for name, sl, note, col in (("beta", self.beta, self.beta_note, "beta"),

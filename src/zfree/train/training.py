@@ -11,7 +11,6 @@ an uninterrupted run, timing keys aside).
 from __future__ import annotations
 
 import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -359,13 +358,3 @@ def _train_locked(cfg: TrainConfig, out: Path, progress: bool, stop_after: int |
         ev = evaluate(model, data.val, data.val_pairs, step=state.step, **data.eval_kw)
         run_folder.check_finite_metrics(out, state.step, ev.metrics)
     return run_folder.write_summary(out, cfg, ev, state, time.time() - run.t0)
-
-
-def __getattr__(name: str):
-    """``zfree.train.training.TIMING_KEYS``: deprecated (defined in ``zfree.train.run_folder``); kept
-    only until its last importer (tests/test_study.py) imports it from there."""
-    if name == "TIMING_KEYS":
-        warnings.warn("zfree.train.training.TIMING_KEYS is deprecated: import it from zfree.train.run_folder",
-                      DeprecationWarning, stacklevel=2)
-        return run_folder.TIMING_KEYS
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
