@@ -26,7 +26,7 @@ def _coerce_enum(name: str, value: Any, typ: type[Enum]) -> Enum:
     if isinstance(value, typ):
         return value
     raw = _unquote(value) if isinstance(value, str) else value
-    if not isinstance(value, bool) and raw in {m.value for m in typ}:
+    if isinstance(raw, str) and raw in {m.value for m in typ}:  # any other type (a list, a bool) is refused
         return typ(raw)
     raise ConfigError(f"{name}={value!r} is not one of {[m.value for m in typ]}")
 
