@@ -23,6 +23,22 @@ each fault that touches a run folder).
 | corrupted parquet in the score cache             | not here: zfree.reference.scoring's cache (another issue's owner)   |
 | JSONL with a UTF-8 BOM                           | test_jsonl_with_a_bom_is_read                             |
 | non-finite loss                                  | test_nonfinite_loss_is_one_line_exit_2                    |
+
+Issue 22, item 3 (refusals with one line naming the field):
+
+| case                                             | test                                                      |
+|--------------------------------------------------|-----------------------------------------------------------|
+| own spec aids: [hard_em_then_soft] / a typo      | test_unknown_grid_aid_is_refused_listing_the_valid_ones   |
+| --out "" (an unset $OUT), any empty path option  | test_empty_out_or_path_is_refused_naming_the_option,      |
+|                                                  | test_empty_out_dir_is_refused_by_the_python_api_too       |
+| --preset with --spec                             | test_preset_with_spec_is_refused                          |
+| !!python/object/apply in an own / sweep spec     | test_yaml_tags_in_an_own_spec_are_refused_naming_file_..., |
+|                                                  | test_yaml_tags_in_a_sweep_spec_are_refused_the_same_way   |
+| a 300-character --out / sweep / own-spec name    | test_too_long_names_are_refused_naming_the_limit          |
+| a lone surrogate in x or y                       | test_lone_surrogate_is_refused_naming_file_row_and_field  |
+| eval_rows/decode_rows: 1e9 on a few rows         | test_eval_and_decode_rows_beyond_the_data_are_recorded_...  |
+| a 45-token tokenizer on a 1000-row embedding     | test_a_tokenizer_far_smaller_than_the_embedding_is_refused |
+| GPT2TokenizerFast(vocab_file=, merges_file=)     | test_a_gpt2_tokenizer_built_from_vocab_files_is_refused   |
 """
 
 from __future__ import annotations
@@ -48,6 +64,7 @@ from tests.test_locks import hold_lock
 from tests.tiny_sweep import tiny_base_flat
 from zfree.cli import main
 from zfree.config import TrainConfig
+from zfree.core.errors import ConfigError
 from zfree.core.locks import run_folder_lock
 
 SPEC_KEYS = ("data_dir", "base_dir", "steps", "batch_size", "eval_every", "eval_rows", "decode_rows", "warmup_backbone")
@@ -153,6 +170,184 @@ def test_yaml_1e_minus_3_is_a_float(tmp_path):
     points = load_spec(f, check_paths=False).points()
     assert {p.params["lr_new"] for p in points} == {0.001}
     assert sorted(p.params["lr_backbone"] for p in points) == [1e-5, 3e-5]
+
+
+# --- issue 22: refusals with one line naming the field -------------------------------------------
+# each fails on 34a54c8 (an unaided run, a file written into the cwd, a traceback, a value recorded
+# as given); the table of the closing note is in the commit message
+
+def _own_spec(tmp_path: Path, text: str) -> Path:
+    f = tmp_path / "grid.yaml"
+    f.write_text(text)
+    return f
+
+
+def _no_study(monkeypatch) -> list:
+    """Stub what the studies run (a refusal must come before it: the own study's spec is read
+    before its pipeline runs); the calls made."""
+    from types import SimpleNamespace
+
+    import zfree.experiment.own_study as own_study
+    import zfree.experiment.study as study
+
+    calls: list = []
+    monkeypatch.setattr(own_study, "run_experiment", lambda *a, **kw: calls.append(("own", a, kw))
+                        or SimpleNamespace(html=Path(a[1]) / "report.html", out=Path(a[1])))
+    monkeypatch.setattr(study, "run_study", lambda *a, **kw: calls.append(("study", a, kw)) or Path(a[1]))
+    return calls
+
+
+@pytest.mark.parametrize("aids", ["[hard_em_then_soft]", "[none, hard_emm]", "[none, 3]"])
+def test_unknown_grid_aid_is_refused_listing_the_valid_ones(tmp_path, capsys, monkeypatch, aids):
+    from zfree.experiment.own_study import load_own_spec
+    from zfree.experiment.spec import BoundaryGrid, spec_from_dict
+
+    spec = _own_spec(tmp_path, f"weightings: [distribution]\naids: {aids}\n")
+    out = tmp_path / "study"
+    assert main(["study", "--model", str(tmp_path / "m"), "--data", str(tmp_path / "d.jsonl"), "--spec", str(spec),
+                 "--out", str(out)]) == 2
+    line = one_error_line(capsys)
+    assert f"{spec}: aids" in line and "'none', 'hard_em'" in line
+    assert not out.exists()
+    good = load_own_spec(_own_spec(tmp_path, "aids: [hard_em]\n"))  # one name as given
+    bad = {**good.to_dict(), "boundary": {**good.to_dict()["boundary"], "aids": ["hard_em_then_soft"]}}
+    with pytest.raises(ConfigError, match="aids"):  # the JSON round trip and the Python API too
+        spec_from_dict(bad)
+    with pytest.raises(ConfigError, match="weightings"):
+        BoundaryGrid(weightings=("tokens",))
+
+
+@pytest.mark.parametrize("argv", [
+    ["study", "--preset", "smoke", "--out", ""],
+    ["study", "--preset", "smoke", "--out", "  "],
+    ["study", "--model", "m", "--data", "d.jsonl", "--out", ""],
+    ["score", "--model", "m", "--data", "d.jsonl", "--out", ""],
+    ["train", "--config", "c.json", "--out", ""],
+    ["sweep", "s.yaml", "--out", ""],
+    ["data", "synth", "--out", ""],
+    ["study", "--model", "", "--data", "d.jsonl", "--out", "o"],
+])
+def test_empty_out_or_path_is_refused_naming_the_option(tmp_path, capsys, monkeypatch, argv):
+    calls = _no_study(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    flag = argv[argv.index("") - 1] if "" in argv else "--out"
+    assert f"zfree: error: {flag} is empty" in one_error_line(capsys)
+    assert not calls and not list(tmp_path.iterdir())  # nothing written into the current folder
+
+
+def test_empty_out_dir_is_refused_by_the_python_api_too(tiny, tmp_path, monkeypatch):
+    from zfree.experiment.pipeline import run_experiment
+    from zfree.experiment.study import PRESETS
+    from zfree.train.training import train_cvae
+
+    data, base = tiny
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match="out_dir is empty"):
+        train_cvae(TrainConfig.from_flat(tiny_base_flat(data, base)), "", progress=False)
+    with pytest.raises(ConfigError, match="out_dir is empty"):
+        run_experiment(PRESETS["smoke"], " ", progress=False, render=False)
+    assert not list(tmp_path.iterdir())
+
+
+def test_preset_with_spec_is_refused(tmp_path, capsys, monkeypatch):
+    calls = _no_study(monkeypatch)
+    spec = _own_spec(tmp_path, "weightings: [distribution]\n")
+    assert main(["study", "--model", "m", "--data", "d.jsonl", "--preset", "own_smoke", "--spec", str(spec),
+                 "--out", str(tmp_path / "o")]) == 2
+    line = one_error_line(capsys)
+    assert "--preset 'own_smoke' and --spec" in line and "give one" in line
+    assert not calls
+
+
+def _tagged(tmp_path: Path) -> tuple[str, Path]:
+    marker = tmp_path / "executed"
+    return f"aids: !!python/object/apply:os.mkdir [{json.dumps(str(marker))}]\n", marker
+
+
+def test_yaml_tags_in_an_own_spec_are_refused_naming_file_and_line(tmp_path, capsys, monkeypatch):
+    calls = _no_study(monkeypatch)
+    text, marker = _tagged(tmp_path)
+    spec = _own_spec(tmp_path, "weightings: [distribution]\n" + text)
+    assert main(["study", "--model", "m", "--data", "d.jsonl", "--spec", str(spec), "--out", str(tmp_path / "o")]) == 2
+    line = one_error_line(capsys)
+    assert f"{spec}:2:" in line and "python/object/apply" in line and "no tags" in line
+    assert not marker.exists() and not calls
+
+
+def test_yaml_tags_in_a_sweep_spec_are_refused_the_same_way(tmp_path, capsys):
+    text, marker = _tagged(tmp_path)
+    f = tmp_path / "spec.yaml"
+    f.write_text("grid: {beta: [0.1]}\n" + text.replace("aids", "name"))
+    assert main(["sweep", str(f), "--out", str(tmp_path / "sw"), "--no-report"]) == 2
+    assert f"{f}:2:" in one_error_line(capsys) and not marker.exists()
+
+
+def test_too_long_names_are_refused_naming_the_limit(tiny, tmp_path, capsys, monkeypatch):
+    data, base = tiny
+    calls = _no_study(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    long = "n" * 300
+    assert main(["study", "--preset", "smoke", "--out", str(tmp_path / long)]) == 2  # a study folder
+    line = one_error_line(capsys)
+    assert "--out" in line and "300 bytes" in line and "at most 255 bytes" in line
+    spec = write_spec(tmp_path, {"name": long, "base": _spec_base(data, base), "grid": {"beta": [0.3]}})
+    assert main(["sweep", str(spec), "--no-report"]) == 2  # default folder runs/sweep-<name>
+    line = one_error_line(capsys)
+    assert f"{spec}: name" in line and "at most 255 bytes" in line
+    own = _own_spec(tmp_path, f"name: {long}\n")
+    assert main(["study", "--model", "m", "--data", "d.jsonl", "--spec", str(own), "--out", "o"]) == 2
+    assert f"{own}: name" in one_error_line(capsys)
+    assert not calls and not (tmp_path / "runs").exists() and not (tmp_path / "o").exists()
+
+
+def test_lone_surrogate_is_refused_naming_file_row_and_field(tiny, tmp_path, capsys):
+    from zfree.core.errors import InputError
+    from zfree.data.pairs import load_pairs
+
+    data, base = tiny
+    f = tmp_path / "d.jsonl"
+    f.write_text('{"id": "a", "x": "1 2", "y": "2 1"}\n{"id": "b", "x": "3 \\ud800", "y": "3"}\n')
+    with pytest.raises(InputError, match=r"d.jsonl:2: field 'x' holds a lone surrogate U\+D800"):
+        load_pairs(f)
+    f.write_text('{"id": "a", "x": "1 2", "y": "2 \\udfff"}\n')
+    out = tmp_path / "scores"
+    assert main(["score", "--model", str(base / "model"), "--data", str(f), "--out", str(out), "--no-cache"]) == 2
+    assert "d.jsonl:1: field 'y' holds a lone surrogate U+DFFF" in one_error_line(capsys)
+    assert not out.exists()
+
+
+def test_eval_and_decode_rows_beyond_the_data_are_recorded_as_used(tiny, tmp_path, capsys):
+    from zfree.data.pairs import load_pairs
+    from zfree.train.training import train_cvae
+
+    data, base = tiny
+    n_val = len(load_pairs(Path(data) / "val.jsonl"))
+    run = tmp_path / "run"
+    train_cvae(TrainConfig.from_flat(tiny_base_flat(data, base, eval_rows=10**9, decode_rows=10**9)), run,
+               progress=False)
+    rec = json.loads((run / "config.json").read_text())
+    assert rec["eval_rows"] == 10**9 and rec["decode_rows"] == 10**9  # the config as given (resume compares it)
+    assert rec["_rows_used"] == {"eval_rows": n_val, "decode_rows": n_val}
+    assert f"eval_rows=1000000000 but {Path(data) / 'val.jsonl'} has {n_val} rows" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("rows, refused", [(1000, True), (64, False), (45, False)])
+def test_a_tokenizer_far_smaller_than_the_embedding_is_refused(tmp_path, rows, refused):
+    from zfree.core.errors import ModelLoadError
+    from zfree.data.tokenizer import build_digit_tokenizer
+    from zfree.models.base import build_synthetic_gpt2
+    from zfree.models.loading import load_causal_lm
+
+    tok = build_digit_tokenizer(40)  # 45 tokens
+    model = build_synthetic_gpt2(rows, n_layer=1, n_embd=16, n_head=2)  # 64: padded to a multiple of 64
+    model.save_pretrained(tmp_path / "m")
+    tok.save_pretrained(tmp_path / "m")
+    if not refused:
+        load_causal_lm(tmp_path / "m", device="cpu")
+        return
+    with pytest.raises(ModelLoadError, match=r"m: its tokenizer has 45 tokens but the embedding table 1000 rows"):
+        load_causal_lm(tmp_path / "m", device="cpu")
 
 
 # --- references and data ----------------------------------------------------------------------
@@ -449,3 +644,24 @@ def test_study_with_a_failed_point_exits_1_naming_it(tmp_path, capsys, monkeypat
     err = capsys.readouterr().err
     assert "FAILED plain_beta1_abcd: FileNotFoundError: base_dir/model does not exist\nsecond line" in err
     assert str(tmp_path.resolve() / "runs" / "plain_beta1_abcd" / "error.json") in err and "old_point" not in err
+
+
+def test_a_gpt2_tokenizer_built_from_vocab_files_is_refused(tmp_path):
+    # transformers 5's GPT2TokenizerFast(vocab_file=..., merges_file=...) builds a tokenizer of 1 token
+    from transformers import GPT2TokenizerFast
+
+    from zfree.core.errors import ModelLoadError
+    from zfree.models.base import build_synthetic_gpt2
+    from zfree.models.loading import load_causal_lm
+
+    vocab = {"<|endoftext|>": 0, **{c: i + 1 for i, c in enumerate("abcdefghijklmnopqrstuvwxyz ")}}
+    (tmp_path / "vocab.json").write_text(json.dumps(vocab))
+    (tmp_path / "merges.txt").write_text("#version: 0.2\na b\n")
+    tok = GPT2TokenizerFast(vocab_file=str(tmp_path / "vocab.json"), merges_file=str(tmp_path / "merges.txt"))
+    build_synthetic_gpt2(len(vocab) + 1, n_layer=1, n_embd=16, n_head=2).save_pretrained(tmp_path / "m")
+    tok.save_pretrained(tmp_path / "m")
+    n_tok = len(tok)
+    if n_tok >= len(vocab):  # another transformers version builds it whole: nothing to refuse
+        pytest.skip(f"GPT2TokenizerFast built {n_tok} tokens here")
+    with pytest.raises(ModelLoadError, match=f"tokenizer has {n_tok} tokens but the embedding table {len(vocab) + 1} rows"):
+        load_causal_lm(tmp_path / "m", device="cpu")

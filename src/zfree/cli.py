@@ -14,6 +14,7 @@ from typing import Literal, get_args, get_origin
 from zfree.config import BaseTrainConfig, TrainConfig, parse_assignment
 from zfree.core.errors import ConfigError, InputError, ZfreeError, one_line
 from zfree.core.io import read_json
+from zfree.core.paths import check_name_length
 from zfree.core.values import check_device, field_types
 from zfree.data.synth import DataConfig, write_benchmark
 
@@ -135,6 +136,9 @@ def _cmd_study(a):
     from zfree.experiment.study import run_study
 
     t0 = time.time() - 1.0
+    if a.preset is not None and a.spec is not None:
+        raise ConfigError(f"--preset {a.preset!r} and --spec {a.spec}: give one (the spec is the whole grid, "
+                          f"a preset another)")
     if a.model or a.data or a.spec:
         if not (a.model and a.data):
             raise ValueError("an own-model study needs --model MODEL and --data FILE.jsonl (--spec/--val optional)")
@@ -315,6 +319,27 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+#: the options (argparse dests) that name a file, folder or model; positional ones print bare
+PATH_ARGS = ("out", "data", "val", "model", "spec", "config", "resume", "src", "base", "init_from", "cache_dir",
+             "study_dir")
+POSITIONAL = {("sweep", "spec"), ("report", "study_dir")}
+
+
+def check_path_args(args: argparse.Namespace) -> None:
+    """Refuse, naming the option, a path given empty (``--out ""``, as an unset ``$OUT`` gives:
+    it would write into the current folder) or with a name longer than the file system takes."""
+    for dest in PATH_ARGS:
+        value = getattr(args, dest, None)
+        if value is None:
+            continue
+        flag = dest if (args.cmd, dest) in POSITIONAL else "--" + dest.replace("_", "-")
+        if not str(value).strip():
+            raise ConfigError(f"{flag} is empty{' (an unset $OUT?)' if dest == 'out' else ''}: give a "
+                              f"{'folder' if dest in ('out', 'resume', 'study_dir', 'cache_dir') else 'path'}"
+                              f"{'; it would write into the current folder' if dest == 'out' else ''}")
+        check_name_length(value, flag)
+
+
 EXPECTED = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, KeyError)
 
 
@@ -330,6 +355,7 @@ def main(argv=None) -> int:
     (the others finished), 2 an expected error (printed as one line ``zfree: error: ...``)."""
     args = build_parser().parse_args(argv)
     try:
+        check_path_args(args)
         code = args.func(args)
     except Exception as e:  # noqa: BLE001 - expected errors become one line, the rest re-raise
         if not is_expected(e):

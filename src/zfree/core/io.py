@@ -13,7 +13,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from zfree.core.errors import CheckpointError
+from zfree.core.errors import CheckpointError, InputError
 
 # torch is imported inside the functions that need it (lazy: ~1.2 s, and core.io sits below
 # zfree.config, which `zfree --help` reads for the CLI defaults)
@@ -345,3 +345,28 @@ def nonfinite_keys(obj: Any, prefix: str = "") -> list[str]:
     if isinstance(obj, float) and not math.isfinite(obj):
         return [prefix.rstrip(".")]
     return []
+
+
+def read_yaml(path: Path | str) -> Any:
+    """``yaml.safe_load`` of ``path``, the one YAML reader of every spec (sweep specs, own-model
+    grids): InputError naming ``file:line:column`` for bad YAML, a tag that is not plain data
+    (``!!python/object/apply`` ...; safe_load constructs none) or text that is not UTF-8."""
+    import yaml  # lazy: only the spec readers need it
+
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise InputError(f"{path}: not UTF-8 text at byte {e.start}") from None
+    try:
+        return yaml.safe_load(text)
+    except RecursionError:
+        raise InputError(f"{path}: not valid YAML: nested too deeply") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        if isinstance(e, yaml.constructor.ConstructorError):
+            problem += " (a spec holds plain YAML data only: mappings, lists, strings and numbers, no tags)"
+        hint = " (indent with spaces: YAML does not allow tabs)" if "\t" in problem or "\\t" in problem else ""
+        raise InputError(f"{where}: not valid YAML: {problem.replace(chr(9), '<tab>')}{hint}") from None

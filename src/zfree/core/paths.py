@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from zfree.core.errors import ConfigError
+
 ROOT = Path(__file__).resolve().parents[3]  # the repository root (an editable install)
 NOTEBOOKS = ROOT / "notebooks"
 SPECS = ROOT / "analysis" / "sweeps"
@@ -15,6 +17,33 @@ SHIPPED_E2E = ROOT / "data" / "e2e"  # the E2E real-text benchmark (CC BY-SA 4.0
 #: a model folder holds a tokenizer when it has one of these files (transformers 5 would invent an empty one)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "tokenizer.model",
                    "spiece.model", "merges.txt")
+
+#: the longest file or folder name, and path, the common file systems take (ext4, xfs, btrfs, APFS,
+#: NTFS: 255 bytes a name; Linux: 4096 bytes a path); ``check_name_length`` refuses longer ones
+NAME_MAX, PATH_MAX = 255, 4096
+
+
+def check_name_length(path: Path | str, what: str, *, extra: int = 0) -> None:
+    """ConfigError naming ``what`` when a name in ``path`` is longer than ``NAME_MAX`` bytes (UTF-8)
+    or the whole path than ``PATH_MAX`` (the OSError "File name too long" otherwise met mid-run);
+    ``extra``: bytes zfree adds to the last name (a ``sweep-`` prefix)."""
+    text = str(path)
+    for part in Path(text).parts:
+        n = len(part.encode("utf-8", "surrogatepass")) + (extra if part == Path(text).name else 0)
+        if n > NAME_MAX:
+            shown = part if len(part) <= 40 else part[:20] + "..." + part[-12:]
+            raise ConfigError(f"{what}: the name {shown!r} is {n} bytes{f' (with {extra} added)' if extra else ''}; "
+                              f"file systems allow at most {NAME_MAX} bytes a name: choose a shorter one")
+    if len(text.encode("utf-8", "surrogatepass")) > PATH_MAX:
+        raise ConfigError(f"{what}: the path is {len(text.encode('utf-8', 'surrogatepass'))} bytes; "
+                          f"file systems allow at most {PATH_MAX} bytes a path")
+
+
+def check_out_dir(out: Path | str, what: str = "out_dir") -> None:
+    """ConfigError for an output folder given as an empty string (an unset variable): ``Path("")``
+    is the current folder, which zfree would fill (and whose ``runs/`` it would reuse)."""
+    if isinstance(out, str) and not out.strip():
+        raise ConfigError(f"{what} is empty: give a folder (an empty path would write into the current folder)")
 
 
 # ---------------------------------------------------------------------------- portable paths (issue 17)

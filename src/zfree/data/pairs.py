@@ -7,6 +7,7 @@ e.g. ``{"n_sentences": "2", "first_slot": "name"}``); each key keeps one type ac
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,12 +43,30 @@ def _check_labels(value, where: str, types: dict[str, tuple[type, str]]) -> dict
     return dict(value)
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _check_unicode(row: dict, where: str) -> None:
+    """InputError naming the row and field for a lone surrogate (JSON's unpaired ``\\ud800`` ..
+    ``\\udfff`` escape): not Unicode text, so no tokenizer or parquet file takes it."""
+    values = [(k, row.get(k)) for k in ("x", "y", "id", "strategy")]
+    labels = row.get("labels")
+    if isinstance(labels, dict):
+        values += [(f"labels.{k}", v) for k, v in labels.items()] + [("labels (a key)", k) for k in labels]
+    for key, v in values:
+        m = _SURROGATE.search(v) if isinstance(v, str) else None
+        if m:
+            raise InputError(f"{where}: field {key!r} holds a lone surrogate U+{ord(m.group()):04X} at character "
+                             f"{m.start()} (an unpaired \\u{ord(m.group()):04x} escape: not Unicode text); fix that row")
+
+
 def load_pairs(path: Path | str, limit: int | None = None) -> list[Pair]:
     """Read and validate a JSONL file of pairs.
 
     A leading UTF-8 byte-order mark is ignored.
     Raises InputError (a ValueError) naming the file and line for: a line that is not JSON, a row that is not an
-    object, a missing ``x``/``y``, a non-string x or y, an empty y, or a duplicated id. Rows without
+    object, a missing ``x``/``y``, a non-string x or y, an empty y, a lone surrogate (an unpaired
+    ``\\ud800``-style escape) in any string field, or a duplicated id. Rows without
     ``id`` get ``"<file stem>-<line>"``; ``labels``, when present, must be a flat object of strings
     or integers with one type per key across the file (ValueError naming file, line and
     ``labels.<key>`` otherwise). FileNotFoundError if the file is missing.
@@ -81,6 +100,7 @@ def load_pairs(path: Path | str, limit: int | None = None) -> list[Pair]:
                 raise InputError(f"{where}: field {key!r} must be a string, got {type(row[key]).__name__}")
         if not row["y"].strip():
             raise InputError(f"{where}: field 'y' is empty")
+        _check_unicode(row, where)
         rid = str(row.get("id", f"{path.stem}-{lineno}"))
         if rid in seen:
             raise InputError(f"{where}: duplicated id {rid!r}")

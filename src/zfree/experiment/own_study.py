@@ -30,10 +30,10 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from zfree.config import TrainConfig
 from zfree.core.errors import ConfigError
+from zfree.core.io import read_yaml
+from zfree.core.paths import check_name_length
 from zfree.experiment.pipeline import run_experiment
 from zfree.experiment.sources import link_model, prepare_split, write_reference
 from zfree.experiment.spec import WEIGHTINGS, BaseSource, BoundaryGrid, DataSource, ExperimentSpec
@@ -80,16 +80,30 @@ def load_own_spec(path: Path | str) -> ExperimentSpec:
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"study spec {p} does not exist")
-    raw = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+    raw = read_yaml(p)
+    raw = {} if raw is None else raw
     valid = set(OWN_SPEC_KEYS)
     if not isinstance(raw, dict) or set(raw) - valid:
         raise ConfigError(f"{p}: a study spec is a mapping with keys among {sorted(valid)}; got "
                           f"{sorted(set(raw) - valid) if isinstance(raw, dict) else type(raw).__name__}")
-    bad = sorted(set(raw.get("weightings", [])) - set(WEIGHTINGS))
-    if bad:
-        raise ConfigError(f"{p}: weightings {bad} are not among {sorted(WEIGHTINGS)}")
-    kw = {k: tuple(v) if k in ("weightings", "beta_factors", "aids") else v for k, v in raw.items()}
-    return own_preset(**{"name": p.stem, **kw})
+    kw = {k: _as_tuple(p, k, v) if k in ("weightings", "beta_factors", "aids") else v for k, v in raw.items()}
+    name = str(kw.get("name") or p.stem)
+    check_name_length(name, f"{p}: name")
+    try:
+        return own_preset(**{**kw, "name": name})
+    except ConfigError as e:  # BoundaryGrid's unknown weighting or aid: name the file
+        raise ConfigError(f"{p}: {e}") from None
+    except TypeError as e:  # a value of the wrong kind (train: 3)
+        raise ConfigError(f"{p}: {e}") from None
+
+
+def _as_tuple(p: Path, key: str, v: Any) -> tuple:
+    """A spec list value as a tuple (a lone scalar as a one-element one); ConfigError for a mapping."""
+    if isinstance(v, (str, int, float)) and not isinstance(v, bool):
+        return (v,)
+    if not isinstance(v, list):
+        raise ConfigError(f"{p}: {key} must be a list, got {v!r}")
+    return tuple(v)
 
 
 def _own_spec(preset: str | ExperimentSpec, spec: Path | str | None) -> ExperimentSpec:

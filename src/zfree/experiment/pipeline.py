@@ -17,6 +17,7 @@ from typing import Any
 from zfree.config import TrainConfig
 from zfree.core.io import atomic_write_json, atomic_write_text
 from zfree.core.locks import run_folder_lock
+from zfree.core.paths import check_out_dir
 from zfree.experiment.executor import Executor, make_executor, print_failures, run_points
 from zfree.experiment.render import render_report
 from zfree.experiment.results import aggregate, collect_runs, summary_table
@@ -93,6 +94,7 @@ def run_experiment(spec: ExperimentSpec, out_dir: Path | str, *, retrain_base: b
     failed runs are printed (one line each, naming their error.json) and do not stop the others.
     ``executor``: given, it is used and left open; else ``spec.executor`` with ``workers`` (default
     ``spec.workers``). Raises LockHeldError when another process prepares or runs the same folder."""
+    check_out_dir(out_dir)
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()

@@ -23,6 +23,7 @@ from typing import Any, Iterable, Literal
 import numpy as np
 
 from zfree.config import BaseTrainConfig, TrainConfig
+from zfree.core.errors import ConfigError
 from zfree.data.synth import DataConfig
 from zfree.objective.theory import critical_beta
 
@@ -101,6 +102,10 @@ WEIGHTINGS = {"plain": {"weighting": "plain"}, "distribution": {"weighting": "di
               "example": {"weighting": "example", "epsilon": 0.05},
               "token": {"weighting": "token", "token_outer": "distribution", "token_alpha": 0.5}}
 
+#: the aids of an own-data grid: "none" runs unaided, "hard_em" with the grid's ``aided`` fields
+#: (the study's recipe: config aid "hard_em_then_soft"); any other name is refused, never run unaided
+GRID_AIDS = ("none", "hard_em")
+
 
 @dataclass(frozen=True)
 class BoundaryGrid:
@@ -111,6 +116,18 @@ class BoundaryGrid:
     beta_factors: tuple[float, ...] = (1 / 3, 3.0)
     aids: tuple[str, ...] = ("none", "hard_em")
     aided: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        for key, valid in (("weightings", WEIGHTINGS), ("aids", GRID_AIDS)):
+            values = getattr(self, key)
+            if isinstance(values, str) or not all(isinstance(v, str) for v in values):
+                shown = values if isinstance(values, str) else list(values)
+                raise ConfigError(f"{key}={shown!r}: give a list of names among {list(valid)}")
+            bad = [v for v in values if v not in valid]
+            if bad:
+                hint = (" (the hard-EM aid of a grid is 'hard_em': the config aid 'hard_em_then_soft' with the grid's "
+                        "aided fields)" if key == "aids" else "")
+                raise ConfigError(f"{key}: {bad} not among {list(valid)}{hint}")
 
 
 @dataclass(frozen=True)
@@ -182,5 +199,7 @@ def own_grid(spec: ExperimentSpec | BoundaryGrid, ref) -> tuple[list[dict], list
         table.append({"weighting": name, "beta_star": b_star, "betas": betas})
         for beta in betas:
             for aid in g.aids:
+                if aid not in GRID_AIDS:  # BoundaryGrid refuses these; never run an unknown aid unaided
+                    raise ConfigError(f"aids: {aid!r} is not among {list(GRID_AIDS)}")
                 variants.append({**wcfg, "beta": beta, **(g.aided if aid == "hard_em" else {})})
     return variants, table

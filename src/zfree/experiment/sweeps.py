@@ -33,14 +33,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
 from zfree.config import TrainConfig, parse_field_value
 from zfree.core.values import coerce_value
-from zfree.core.errors import ConfigError, InputError
-from zfree.core.io import atomic_write_json
+from zfree.core.errors import ConfigError
+from zfree.core.io import atomic_write_json, read_yaml
 from zfree.core.locks import run_folder_lock
-from zfree.core.paths import ROOT
+from zfree.core.paths import ROOT, check_name_length
 from zfree.experiment.executor import EXECUTORS, Executor
 from zfree.experiment.pipeline import run_experiment
 from zfree.experiment.spec import BaseSource, DataSource, ExperimentSpec, expand_grid
@@ -73,24 +72,6 @@ def _typed(name: str, value: Any, fields: set[str]) -> Any:
     """A spec value for config field ``name`` typed by its declaration (YAML 1.1 reads ``1e-3``
     as a string: it becomes the float 0.001); non-fields pass through (from_flat names them)."""
     return parse_field_value(name, value) if name in fields else value
-
-
-def _read_yaml(path: Path) -> Any:
-    """``yaml.safe_load`` of ``path``; InputError naming the file and line for bad YAML."""
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError as e:
-        raise InputError(f"{path}: not UTF-8 text at byte {e.start}") from None
-    try:
-        return yaml.safe_load(text)
-    except RecursionError:
-        raise InputError(f"{path}: not valid YAML: nested too deeply") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        hint = " (indent with spaces: YAML does not allow tabs)" if "\t" in problem or "\\t" in problem else ""
-        raise InputError(f"{where}: not valid YAML: {problem.replace(chr(9), '<tab>')}{hint}") from None
 
 
 def _resolve(p: str) -> str:
@@ -139,6 +120,7 @@ def _executor_keys(path: Path, raw: dict) -> dict[str, Any]:
     name = str(raw.get("name") or path.stem)
     if not name or "/" in name or name in (".", "..") or "\0" in name:
         raise ConfigError(f"{path}: name={name!r} must be a folder name (no '/')")
+    check_name_length(name, f"{path}: name", extra=len("sweep-"))  # the default folder runs/sweep-<name>
     opts = raw.get("executor_options") or {}
     if not isinstance(opts, dict):
         raise ConfigError(f"{path}: executor_options must be a mapping, got {opts!r}")
@@ -153,7 +135,7 @@ def load_spec(path: Path | str, check_paths: bool = True) -> ExperimentSpec:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"sweep spec {path} does not exist")
-    raw = _read_yaml(path)
+    raw = read_yaml(path)
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: a sweep spec is a mapping with keys {sorted(_SPEC_KEYS)}")
     unknown = sorted(set(raw) - _SPEC_KEYS)

@@ -64,6 +64,25 @@ def _loading_problems(info: dict) -> list[str]:
     return sorted(set(names))
 
 
+#: a tokenizer covering less than this share of the embedding rows is not the model's own (the rows
+#: beyond a tokenizer are only padding: to a multiple of 64 or 128, or a few reserved tokens)
+MIN_VOCAB_SHARE = 0.5
+
+
+def check_vocab_size(tok, model, name: str) -> None:
+    """ModelLoadError naming both sizes when the tokenizer's vocabulary is far smaller than the
+    model's input embedding table (fewer than ``MIN_VOCAB_SHARE`` of its rows): e.g. a tokenizer
+    built from files it did not understand (transformers' ``GPT2TokenizerFast(vocab_file=...,
+    merges_file=...)`` can give one of 1 token), which would score every text as a few ids."""
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    rows = getattr(emb, "num_embeddings", None) or getattr(getattr(emb, "weight", None), "shape", [None])[0]
+    n_tok = len(tok)
+    if rows and n_tok < MIN_VOCAB_SHARE * rows:
+        raise ModelLoadError(f"model {name}: its tokenizer has {n_tok} tokens but the embedding table {rows} rows "
+                             f"(under {MIN_VOCAB_SHARE:.0%}): not the model's tokenizer (a tokenizer.json or "
+                             f"vocab/merges files it did not load?); save the model's own with tokenizer.save_pretrained")
+
+
 def load_causal_lm(source: Path | str, *, device: str | torch.device = "auto", dtype: str = "auto",
                    trust_remote_code: bool = False, verify: bool = True):
     """Load ``(model, tokenizer)`` of a causal LM for zfree, model in eval mode on ``device``.
@@ -118,6 +137,7 @@ def load_causal_lm(source: Path | str, *, device: str | torch.device = "auto", d
         shown = ", ".join(bad[:8]) + (f" and {len(bad) - 8} more" if len(bad) > 8 else "")
         raise ModelLoadError(f"model {name}: weights missing or newly initialized on load: {shown} "
                              f"(they would be random; not a complete {type(model).__name__})")
+    check_vocab_size(tok, model, name)
     model = model.to(dev).eval()
     if verify:
         verify_head(model, name=name)

@@ -1,7 +1,8 @@
 """Everything a CVAE run folder holds (DESIGN §5), read and written in one place:
 
-  config.json           the flat config plus "_" metadata (versions, c_base, data and base-model hashes);
-                        data_dir/base_dir in their portable form (``portable_path``)
+  config.json           the flat config (as given) plus "_" metadata (versions, c_base, data and base-model
+                        hashes, ``_rows_used``: the validation rows evaluated and decoded, at most the rows
+                        there are); data_dir/base_dir in their portable form (``portable_path``)
   metrics.jsonl         one row per evaluation
   checkpoint/           model.safetensors + state.safetensors/state.json (plain state, no pickle) + COMPLETE
                         (a manifest); the previous one kept as checkpoint.prev/ (``save_checkpoint`` /
@@ -132,9 +133,11 @@ def check_same_base(out: Path, backbone: torch.nn.Module, base_dir: Path) -> Non
 
 
 def write_config_record(out: Path, cfg: TrainConfig, c_base: float, ref, data_dir: Path,
-                        backbone: torch.nn.Module) -> None:
-    """config.json (once): the flat config, versions, c_base, train/val sha256, the base model's
-    hashes (recorded and loaded) and the reference's metadata; paths in their portable form."""
+                        backbone: torch.nn.Module, rows_used: dict[str, int] | None = None) -> None:
+    """config.json (once): the flat config (as given), versions, c_base, train/val sha256, the base
+    model's hashes (recorded and loaded), the reference's metadata and ``_rows_used`` (the
+    validation rows evaluated and decoded, as used: at most the rows there are); paths in their
+    portable form."""
     if (out / "config.json").exists():
         return
     atomic_write_json(out / "config.json", {
@@ -143,7 +146,7 @@ def write_config_record(out: Path, cfg: TrainConfig, c_base: float, ref, data_di
         "_base_model_sha256": ref.meta.get("model_sha256"),
         "_reference": {**ref.meta, **({"data_file": portable_path(ref.meta["data_file"], out)}
                                       if isinstance(ref.meta.get("data_file"), str) else {})},
-        "_base_model_sha256_loaded": loaded_base_sha(backbone)})
+        "_base_model_sha256_loaded": loaded_base_sha(backbone), **({"_rows_used": rows_used} if rows_used else {})})
 
 
 # ---------------------------------------------------------------------------- checkpoints

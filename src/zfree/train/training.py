@@ -24,6 +24,7 @@ from zfree.data.batching import EncodedPair, collate, encode_pair, pad_id_of
 from zfree.data.pairs import Pair, load_pairs
 from zfree.core.io import read_json
 from zfree.core.locks import run_folder_lock
+from zfree.core.paths import check_out_dir
 from zfree.objective.losses import base_token_matrix
 from zfree.evaluate.metrics import evaluate
 from zfree.models.base import load_base
@@ -155,6 +156,9 @@ def _setup_data(cfg: TrainConfig, backbone, tok, ref: Reference, train_ref: Refe
     train_pairs = load_pairs(data_dir / "train.jsonl")
     val_pairs = load_pairs(data_dir / "val.jsonl")
     if cfg.optim.eval_rows:
+        if cfg.optim.eval_rows > len(val_pairs):
+            print(f"note: eval_rows={cfg.optim.eval_rows} but {data_dir / 'val.jsonl'} has {len(val_pairs)} rows: "
+                  f"all {len(val_pairs)} evaluated (config.json records _rows_used)", flush=True)
         val_pairs = val_pairs[: cfg.optim.eval_rows]
     max_len = context_length(backbone)
     train, val = _encode(tok, train_pairs, max_len, "train"), _encode(tok, val_pairs, max_len, "val")
@@ -167,6 +171,13 @@ def _setup_data(cfg: TrainConfig, backbone, tok, ref: Reference, train_ref: Refe
                    strategies=meta.get("parameters", {}).get("strategies"), decode_rows=cfg.optim.decode_rows,
                    seed=cfg.optim.seed, base_token_nll=val_tok)
     return RunData(tok, pad, ref.c_base, train, val, val_pairs, val_b, train_ref, eval_kw)
+
+
+def rows_used(cfg: TrainConfig, data: RunData) -> dict[str, int]:
+    """The validation rows an evaluation uses, as used (``eval_rows``/``decode_rows`` as given may
+    exceed the data: ``eval_rows: 1e9`` on 12 rows uses 12); config.json's ``_rows_used``."""
+    n = len(data.val_pairs)
+    return {"eval_rows": n, "decode_rows": min(cfg.optim.decode_rows, n)}
 
 
 def _batch_references(data: RunData, batch, weighting: str, device: torch.device, dtype: torch.dtype = torch.float32
@@ -260,7 +271,7 @@ def _setup_run(cfg: TrainConfig, out: Path, progress: bool) -> Run:
     model = build_cvae(cfg, backbone)
     data = _setup_data(cfg, backbone, tok, ref, train_ref, data_dir)
     out.mkdir(parents=True, exist_ok=True)
-    run_folder.write_config_record(out, cfg, data.c_base, ref, data_dir, backbone)
+    run_folder.write_config_record(out, cfg, data.c_base, ref, data_dir, backbone, rows_used=rows_used(cfg, data))
     opt = build_optimizer(model, cfg, log=print if progress else None)
     rng = np.random.default_rng(cfg.optim.seed)
     state = run_folder.load_checkpoint(out, model, opt, rng, TrainState)
@@ -299,6 +310,7 @@ def train_cvae(cfg: TrainConfig, out_dir: Path | str, progress: bool = True, sto
     goes non-finite.
     """
     check_device(cfg.optim.device)
+    check_out_dir(out_dir)
     out = Path(out_dir)
     with run_folder_lock(out, "run folder"):
         return _train_locked(cfg, out, progress, stop_after)
