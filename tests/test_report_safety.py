@@ -171,9 +171,10 @@ def test_no_element_or_attribute_of_the_report_comes_from_data(evil_report):
     page = parse(html)
     assert planted(page) == []
     text = visible(page)
-    for name in ("label", "value", "x", "note"):  # the fields the report shows as text
+    for name in ("value", "x", "note"):  # the fields the report shows as text
         assert f"<b data-evil-{name}=1>{name}</b><script>evil_{name}()</script>" in text, name
-    assert "run <img src=x onerror=evil_run()><b data-evil-run=1>*run*" in text  # a run name
+    assert "st<b data-evil-label=1>label<b><script>evil_label()<script>" in text  # the label name, its "/" dropped
+    assert "failed <i data-evil-failed=1>" in text  # a run name (the copied run's shows in figures only)
     assert "---- # ValueError: <script>evil_error()</script><b data-evil-error=1>**bold**</b>" in text  # an error
     assert "structure/<metric>/<label>" in text  # a plain note, no tag
 
