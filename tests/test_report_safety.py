@@ -179,8 +179,9 @@ def test_no_element_or_attribute_of_the_report_comes_from_data(evil_report):
     assert "structure/<metric>/<label>" in text  # a plain note, no tag
 
 
-NETWORK = re.compile(r"""(?:\b(?:src|href|action|poster|data)\s*=\s*["']?\s*(?:https?:)?//)|url\(\s*["']?\s*(?:https?:)?//"""
-                     r"""|@import\s+(?:url\()?\s*["']?\s*(?:https?:)?//""", re.I)
+#: an attribute, CSS url() or @import naming a network address (http, https or protocol-relative)
+NETWORK = re.compile(r"""(?:\b(?:src|href|action|poster|data)\s*=\s*["']?\s*(?:https?:)?//)"""
+                     r"""|url\(\s*["']?\s*(?:https?:)?//|@import\s+(?:url\()?\s*["']?\s*(?:https?:)?//""", re.I)
 
 
 def test_report_names_no_network_resource(evil_report):

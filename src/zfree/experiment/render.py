@@ -59,8 +59,8 @@ def render_report(study_dir: Path | str, notebook: Path | str | None = None, pro
     """Aggregate a study or sweep folder (``zfree.experiment.results.aggregate``: runs.parquet, runs.csv,
     per_example.parquet, summary.csv), execute the report notebooks on it with papermill in one
     kernel (``REPORT_NOTEBOOKS``, or the one ``notebook``; their parameter ``sweep_dir`` set) and
-    render ``report.html`` with nbconvert, code hidden, self-contained (``offline_exporter``). report.ipynb and report.html are written
-    atomically; papermill's progress bar with ``progress``."""
+    render ``report.html`` with nbconvert, code hidden, self-contained (``offline_exporter``).
+    report.ipynb and report.html are written atomically; papermill's progress bar with ``progress``."""
     import nbformat  # lazy: as in _combined_report
     import papermill as pm  # lazy: measured 2.8 s to import; only a report or a run needs it
 

@@ -154,7 +154,8 @@ def verdict_markdown(verdicts: pd.DataFrame) -> str:
     def pct(x):
         return "–" if pd.isna(x) else f"{100 * x:.0f}%"
 
-    lines = [f"- {md_code(r['run'])}: predicted use {pct(r['predicted use'])} of rows, measured {pct(r['measured use'])}"
+    lines = [f"- {md_code(r['run'])}: predicted use {pct(r['predicted use'])} of rows, "
+             f"measured {pct(r['measured use'])}"
              f" — {r['verdict']}" for _, r in verdicts.iterrows()]
     return "\n".join([head, "", *lines])
 
