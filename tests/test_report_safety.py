@@ -108,8 +108,20 @@ def test_notes_and_errors_are_text_where_they_were_markup():
 
 
 def _field(name: str) -> str:
-    """A marker for one user-controlled field: a planted element, an attribute, a script."""
-    return f"<b data-evil-{name}=1>{name}</b><script>evil_{name}()</script><img src=x onerror=evil_{name}()>*{name}*"
+    """A marker for one user-controlled field: a planted element, an attribute, a script, then
+    arbitrary text and markup (``_noise``)."""
+    return (f"<b data-evil-{name}=1>{name}</b><script>evil_{name}()</script><img src=x onerror=evil_{name}()>*{name}*"
+            + _noise(name))
+
+
+def _noise(name: str) -> str:
+    """Arbitrary text and markup, the same for a name on every run: ``MARKUP`` fragments and
+    random printable characters (the report's lines and table cells in one render)."""
+    import random
+
+    rng = random.Random(f"issue-22-{name}")
+    alphabet = [chr(c) for c in range(33, 127)] + list("βé中😀\u00a0\u200b")
+    return " " + "".join(rng.choice(MARKUP) if rng.random() < 0.4 else rng.choice(alphabet) for _ in range(24))
 
 
 def _rows(n_x: int = 24, per_x: int = 4):
@@ -156,7 +168,7 @@ def evil_report(tmp_path_factory):
         failed = out / "runs" / "failed <i data-evil-failed=1>"
         failed.mkdir()
         error = ("Traceback (most recent call last)\n----\n# ValueError: <script>evil_error()</script>"
-                 "<b data-evil-error=1>**bold**</b> [link](javascript:evil()) `tick")
+                 "<b data-evil-error=1>**bold**</b> [link](javascript:evil()) `tick" + _noise("error"))
         (failed / "error.json").write_text(json.dumps({"run_id": failed.name, "error": error}))
         notes = json.loads((out / "notes.json").read_text())
         notes["notes"].append(f"a note {_field('note')}")
