@@ -154,7 +154,7 @@ def evil_report(tmp_path_factory):
     rows = _rows()
     (root / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     tok = train_bpe_tokenizer([r["x"] for r in rows] + [r["y"] for r in rows], vocab_size=400)
-    cfg = GPT2Config(vocab_size=len(tok), n_positions=160, n_layer=1, n_embd=32, n_head=2, resid_pdrop=0.0,
+    cfg = GPT2Config(vocab_size=len(tok), n_positions=512, n_layer=1, n_embd=32, n_head=2, resid_pdrop=0.0,
                      embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=1, eos_token_id=3, pad_token_id=0)
     GPT2LMHeadModel(cfg).save_pretrained(root / "model")
     tok.save_pretrained(root / "model")
@@ -162,7 +162,9 @@ def evil_report(tmp_path_factory):
     os.environ.setdefault("ZFREE_CACHE_DIR", str(root / "cache"))
     with agg_backend():
         run_own_study(str(root / "model"), root / "pairs.jsonl", out, preset="own_smoke", render=False, progress=False)
-        first = sorted(p for p in (out / "runs").iterdir() if (p / "summary.json").exists())[0]
+        finished = sorted(p for p in (out / "runs").iterdir() if (p / "summary.json").exists())
+        assert len(finished) == 2, [p.name for p in (out / "runs").iterdir()]  # both runs trained on the markup
+        first = finished[0]
         run_name = "run <img src=x onerror=evil_run()><b data-evil-run=1>*run*"
         shutil.copytree(first, out / "runs" / run_name)
         failed = out / "runs" / "failed <i data-evil-failed=1>"
