@@ -28,7 +28,7 @@ import pandas as pd
 from IPython.display import Markdown, display
 
 from zfree.evaluate.latent_stats import label_confusion
-from zfree.report.report import label_table, notes_markdown, run_label, samples_table
+from zfree.report.report import label_table, md_text, notes_markdown, run_label, samples_table
 from zfree.experiment.results import collect_runs
 
 runs = collect_runs(Path(sweep_dir) / "runs")
@@ -46,12 +46,12 @@ if not runs.empty:
 if not runs.empty:
     best = runs.sort_values("loss/val/kl_prior_loss", ascending=False).iloc[0]
     pe = pd.read_parquet(Path(best["run_dir"]) / "per_example.parquet")
-    display(Markdown(f"### Latent values against each label, run {run_label(best, runs)} (the largest rate)"))
+    display(Markdown(f"### Latent values against each label, run {md_text(run_label(best, runs))} (the largest rate)"))
     for col in [c for c in pe.columns if c.startswith("label/")]:
         display(label_confusion(pe, col.split("/", 1)[1]))
     display(Markdown("### Greedy and sampled y under each latent value"))
     for _, r in runs.sort_values("run_id").iterrows():
         t = samples_table(r["run_dir"])
         if len(t):
-            display(Markdown(f"**{run_label(r, runs)}**"))
+            display(Markdown(f"**{md_text(run_label(r, runs))}**"))
             display(t)

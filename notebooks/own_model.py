@@ -64,7 +64,7 @@ display(pd.DataFrame(boundaries).set_index("weighting"))
 result = run_own_study(model, data, out_dir, val=val, preset=cfg, render=render)
 
 # %%
-from zfree.report.report import label_table, notes_markdown, samples_table
+from zfree.report.report import label_table, md_text, notes_markdown, samples_table
 from zfree.experiment.results import collect_runs
 from zfree.experiment.study_notes import study_notes
 
@@ -72,5 +72,5 @@ runs = collect_runs(out_dir / "runs")
 display(Markdown(notes_markdown(study_notes(out_dir).get("notes", []))))
 display(label_table(runs))
 for _, r in runs.iterrows():
-    display(Markdown(f"**{r['run_id']}**"))
+    display(Markdown(f"**{md_text(r['run_id'])}**"))
     display(samples_table(r["run_dir"]))

@@ -27,13 +27,13 @@ from IPython.display import Markdown, display
 
 from zfree.report.figstyle import variants
 from zfree.report.plotting import plot_phase_diagram
-from zfree.report.report import show
+from zfree.report.report import md_text, show
 from zfree.experiment.results import load_sweep
 
 sweep = load_sweep(sweep_dir)
 crit = sweep.critical_betas()
 display(Markdown(f"{len(sweep.runs)} runs; predicted β* (half of the rows use z): "
-                 + ", ".join(f"{w} {b:.3g}" for w, b in crit.items())))
+                 + ", ".join(f"{md_text(w)} {b:.3g}" for w, b in crit.items())))
 
 # %%
 for variant, runs in variants(sweep.runs):  # one diagram per aid / latent kind: cells are never mixed

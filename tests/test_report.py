@@ -117,7 +117,7 @@ def test_reference_and_errors_markdown():
     assert "ratio 1.100" in R.reference_markdown({"c_base": 1.1, "c_base_analytic": 1.0, "n_rows": 5})
     assert R.reference_markdown(None).startswith("**No reference")
     assert R.errors_markdown([]) == "None."
-    assert R.errors_markdown([{"run_id": "x", "error": "boom" * 100}], width=8) == "- `x`: boomboom"
+    assert R.errors_markdown([{"run_id": "x", "error": "boom" * 100}], width=8) == "- <code>x</code>: boomboom"
 
 
 def test_boundary_table_short_headers_indexed_by_facets():

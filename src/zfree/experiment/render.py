@@ -1,5 +1,6 @@
 """report.html of a study or sweep folder: the report notebooks executed on it in one kernel
-(papermill) and rendered with nbconvert, code hidden."""
+(papermill) and rendered with nbconvert, code hidden, as one self-contained file: CSS and figures
+inline, no script or stylesheet from a CDN (``OFFLINE_TEMPLATE``), so it opens the same offline."""
 
 from __future__ import annotations
 
@@ -11,6 +12,27 @@ from zfree.experiment.results import aggregate
 
 REPORT_NOTEBOOKS = ("study_report", "sweep_beta_vs_recon_weight", "rate_distortion", "effective_beta", "rho_recon",
                     "training_dynamics", "switch_on")  # the sections of report.html, in order
+
+#: nbconvert's lab template less everything it loads from the network when the page opens:
+#: require.js, MathJax and Mermaid (cdnjs) and the widget manager (unpkg). The report's math is
+#: Unicode text (β_eff = β·|S|/w), its figures PNGs, its CSS inline, and it has no widgets.
+OFFLINE_TEMPLATE = """{%- extends 'lab/index.html.j2' -%}
+{%- block html_head_js -%}{%- endblock html_head_js -%}
+{%- block jupyter_widgets -%}{%- endblock jupyter_widgets -%}
+{%- block html_head_js_mathjax -%}{%- endblock html_head_js_mathjax -%}
+{%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
+"""
+
+
+def offline_exporter():
+    """nbconvert's HTMLExporter for report.html: the lab template without CDN resources
+    (``OFFLINE_TEMPLATE``), code and prompts hidden."""
+    import jinja2  # lazy: with nbconvert
+    from nbconvert import HTMLExporter  # lazy: as papermill in render_report
+
+    return HTMLExporter(template_name="lab", template_file="zfree_offline.html.j2",
+                        extra_loaders=[jinja2.DictLoader({"zfree_offline.html.j2": OFFLINE_TEMPLATE})],
+                        exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True)
 
 
 def _combined_report(study_dir: Path, parts: list[Path]):
@@ -37,11 +59,10 @@ def render_report(study_dir: Path | str, notebook: Path | str | None = None, pro
     """Aggregate a study or sweep folder (``zfree.experiment.results.aggregate``: runs.parquet, runs.csv,
     per_example.parquet, summary.csv), execute the report notebooks on it with papermill in one
     kernel (``REPORT_NOTEBOOKS``, or the one ``notebook``; their parameter ``sweep_dir`` set) and
-    render ``report.html`` with nbconvert, code hidden. report.ipynb and report.html are written
-    atomically; papermill's progress bar with ``progress``."""
+    render ``report.html`` with nbconvert, code hidden, self-contained (``offline_exporter``).
+    report.ipynb and report.html are written atomically; papermill's progress bar with ``progress``."""
     import nbformat  # lazy: as in _combined_report
     import papermill as pm  # lazy: measured 2.8 s to import; only a report or a run needs it
-    from nbconvert import HTMLExporter  # lazy: as papermill
 
     study_dir = Path(study_dir).resolve()
     if not (study_dir / "runs").is_dir():
@@ -58,7 +79,6 @@ def render_report(study_dir: Path | str, notebook: Path | str | None = None, pro
     finally:
         src.unlink(missing_ok=True)
     tmp_nb.replace(study_dir / "report.ipynb")
-    exporter = HTMLExporter(exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True)
-    body, _ = exporter.from_notebook_node(nbformat.read(study_dir / "report.ipynb", as_version=4))
+    body, _ = offline_exporter().from_notebook_node(nbformat.read(study_dir / "report.ipynb", as_version=4))
     atomic_write_text(study_dir / "report.html", body)
     return study_dir / "report.html"

@@ -10,6 +10,7 @@ Every notebook of the report is a parameters cell, a load cell and calls into th
 from __future__ import annotations
 
 import io
+import string
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -28,6 +29,34 @@ from zfree.train.run_folder import USE_THRESHOLD
 #: below this measured fraction a run that theory says should use z is called collapsed; between
 #: it and USE_THRESHOLD, only partly used (the default preset's aided runs at 500 steps: 25-63%)
 COLLAPSED_BELOW = 0.1
+
+
+#: every ASCII punctuation character as a numeric character reference: markdown cannot build
+#: emphasis, code, links, headings, lists, tables, math or raw HTML out of text escaped with it
+_MD_ESCAPES = {c: f"&#{ord(c)};" for c in string.punctuation}
+
+
+def md_text(text) -> str:
+    """``text`` (any string from data, specs, run names or errors) as markdown that renders as that
+    text and nothing else: ASCII punctuation as character references (``<`` -> ``&#60;``, ``*`` ->
+    ``&#42;``), so no element, attribute, heading or emphasis comes from it; runs of whitespace,
+    line breaks included, as one space (a line break would end a list item or start a heading);
+    control characters and lone surrogates, which HTML cannot carry, as U+FFFD."""
+    out = []
+    for c in " ".join(str(text).split()):
+        if c in _MD_ESCAPES:
+            out.append(_MD_ESCAPES[c])
+        elif (ord(c) < 32 or 0x7F <= ord(c) < 0xA0) or 0xD800 <= ord(c) <= 0xDFFF:
+            out.append("\ufffd")
+        else:
+            out.append(c)
+    return "".join(out)
+
+
+def md_code(text) -> str:
+    """``text`` as inline code in markdown (what a backtick span shows), escaped as ``md_text``: a
+    backtick in the text cannot end the span."""
+    return f"<code>{md_text(text)}</code>"
 
 
 def show(fig, dpi: int = 110) -> None:
@@ -125,7 +154,8 @@ def verdict_markdown(verdicts: pd.DataFrame) -> str:
     def pct(x):
         return "–" if pd.isna(x) else f"{100 * x:.0f}%"
 
-    lines = [f"- `{r['run']}`: predicted use {pct(r['predicted use'])} of rows, measured {pct(r['measured use'])}"
+    lines = [f"- {md_code(r['run'])}: predicted use {pct(r['predicted use'])} of rows, "
+             f"measured {pct(r['measured use'])}"
              f" — {r['verdict']}" for _, r in verdicts.iterrows()]
     return "\n".join([head, "", *lines])
 
@@ -259,14 +289,14 @@ def gate_traces(aided: pd.DataFrame, runs: pd.DataFrame | None = None) -> pd.Dat
 
 
 def confusion_tables(aided: pd.DataFrame, runs: pd.DataFrame | None = None) -> list[tuple[str, pd.DataFrame]]:
-    """(title, table) per aided run whose per_example.parquet names every row's strategy: counts of
+    """(title as markdown, table) per aided run whose per_example.parquet names every row's strategy: counts of
     the posterior's argmax latent value against the strategy on the rows where one strategy fits
     (m = 1; ``zfree.evaluate.latent_stats.confusion``)."""
     out = []
     for _, r in aided.iterrows():
         pe = pd.read_parquet(Path(r["run_dir"]) / "per_example.parquet")
         if "n_consistent" in pe and pe["strategy"].notna().all():
-            out.append((f"{run_label(r, runs)} (`{r['run_id']}`)", confusion(pe)))
+            out.append((f"{md_text(run_label(r, runs))} ({md_code(r['run_id'])})", confusion(pe)))
     return out
 
 
@@ -283,10 +313,11 @@ def reference_markdown(ref: dict | None) -> str:
 
 
 def errors_markdown(errors: list[dict], width: int = 300) -> str:
-    """The failed runs (error.json records: run_id, error) as a list, each error cut to ``width``."""
+    """The failed runs (error.json records: run_id, error) as a markdown list, each error cut to
+    ``width`` characters and shown as text (``md_text``: a traceback's ``----`` is no heading)."""
     if not errors:
         return "None."
-    return "\n".join(f"- `{e['run_id']}`: {str(e['error'])[:width]}" for e in errors)
+    return "\n".join(f"- {md_code(e.get('run_id'))}: {md_text(str(e.get('error'))[:width])}" for e in errors)
 
 
 def training_metrics(sweep, run_ids: str = "", max_runs: int = 8) -> dict[str, pd.DataFrame]:
@@ -331,8 +362,9 @@ def label_table(summary: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
 
 
 def notes_markdown(notes: list[str]) -> str:
-    """The study's visible notes (labels absent, no task correctness, shared x) as a markdown list."""
-    return "**Notes**\n\n" + "\n".join(f"- {n}" for n in notes) if notes else "**Notes**: none."
+    """The study's visible notes (labels absent, no task correctness, shared x) as a markdown list,
+    each note shown as text (``md_text``: ``structure/<metric>/<label>`` is no HTML tag)."""
+    return "**Notes**\n\n" + "\n".join(f"- {md_text(n)}" for n in notes) if notes else "**Notes**: none."
 
 
 def samples_table(run_dir, max_chars: int = 90) -> pd.DataFrame:

@@ -1,0 +1,234 @@
+"""Issue 22, items 1-2: report.html cannot be broken by its own data, and it opens offline.
+
+* Every string from data, specs, run names or errors reaches report.html as text: a property test
+  over the markdown escaping helper (``md_text``/``md_code``, rendered with nbconvert's own
+  markdown renderer), and one real own-data study whose every user-controlled field (x, y, id,
+  label names and values, strategy, run names, error messages, notes) carries markup markers,
+  rendered once and parsed: no element or attribute came from the data, the markers read as text.
+* report.html is self-contained: no ``src``/``href`` (or CSS ``url()``/``@import``) to a network
+  address, and headless Chromium with the network blocked records no request when it opens it
+  (skipped without Playwright or a system Chromium, as tests/test_lab_browser.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from zfree.report import report as R
+
+CHROMIUM = os.environ.get("ZFREE_CHROMIUM", "/usr/bin/chromium")
+EVIL = "evil"  # every planted tag, attribute and script carries it
+
+
+class _Page(HTMLParser):
+    """Every element (tag, attributes), script/style body and the text nodes of an HTML page."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.elements, self.text, self.scripts, self._in = [], [], [], None
+
+    def handle_starttag(self, tag, attrs):
+        self.elements.append((tag, dict(attrs)))
+        self._in = tag if tag in ("script", "style") else None
+
+    handle_startendtag = handle_starttag
+
+    def handle_endtag(self, tag):
+        self._in = None
+
+    def handle_data(self, data):
+        (self.scripts if self._in in ("script", "style") else self.text).append(data)
+
+
+def parse(html: str) -> _Page:
+    p = _Page()
+    p.feed(html)
+    p.close()
+    return p
+
+
+def planted(page: _Page) -> list:
+    """Elements or attributes that can only have come from the planted markup."""
+    bad = [(t, a) for t, a in page.elements
+           if EVIL in t or any(EVIL in k or (v and EVIL in v and k.startswith("on")) for k, v in a.items())
+           or (t in ("script", "img", "iframe", "svg", "a", "b", "i") and any(EVIL in (v or "") for v in a.values()))]
+    return bad + [s for s in page.scripts if EVIL in s]
+
+
+def visible(page: _Page) -> str:
+    return " ".join("".join(page.text).split())
+
+
+def shown(text: str) -> str:
+    """What ``md_text`` promises to show for ``text``: whitespace runs as one space, characters HTML
+    cannot carry as U+FFFD."""
+    return "".join("\ufffd" if (ord(c) < 32 or 0x7F <= ord(c) < 0xA0 or 0xD800 <= ord(c) <= 0xDFFF) else c
+                   for c in " ".join(text.split()))
+
+
+MARKUP = ["<b data-evil=1>", "</b>", "<script>evil()</script>", "<img src=x onerror=evil()>", "*", "**", "_", "`",
+          "```", "[a](javascript:evil())", "<", ">", "&", "&amp;", "&lt;", "#", "----", "\n", "|", "$", "$$", "\\",
+          "<!--", "-->", "]]>", '"', "'", "- ", "1. ", "    ", "<http://evil.example>", "www.evil.example"]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.one_of(st.sampled_from(MARKUP), st.text(max_size=8)), max_size=12).map("".join))
+def test_md_text_renders_as_the_text_and_nothing_else(text):
+    from nbconvert.filters.markdown_mistune import markdown2html_mistune
+
+    for md, tags in [(R.md_text(text), {"p"}), (f"- {R.md_code(text)}: {R.md_text(text)}", {"ul", "li", "code"}),
+                     *([(f"**{R.md_text(text)}**", {"p", "strong"})] if text.strip() else [])]:
+        page = parse(markdown2html_mistune(md))
+        assert {t for t, _ in page.elements} <= tags, (text, md)
+        assert all(not a for _, a in page.elements), (text, md)
+        assert shown(text).strip() in visible(page), (text, md)
+
+
+def test_notes_and_errors_are_text_where_they_were_markup():
+    from nbconvert.filters.markdown_mistune import markdown2html_mistune
+
+    page = parse(markdown2html_mistune(R.notes_markdown(["labels ['style']: structure/<metric>/<label> computed"])))
+    assert "structure/<metric>/<label> computed" in visible(page)
+    err = R.errors_markdown([{"run_id": "r1", "error": "Traceback\n----\nValueError: <b>bad</b>"}])
+    page = parse(markdown2html_mistune(err))
+    assert {t for t, _ in page.elements} == {"ul", "li", "code"}  # no heading from ----, no <b>
+    assert "---- ValueError: <b>bad</b>" in visible(page)
+
+
+# ------------------------------------------------------------------------------- the real report
+
+
+def _field(name: str) -> str:
+    """A marker for one user-controlled field: a planted element, an attribute, a script, then
+    arbitrary text and markup (``_noise``)."""
+    return (f"<b data-evil-{name}=1>{name}</b><script>evil_{name}()</script><img src=x onerror=evil_{name}()>*{name}*"
+            + _noise(name))
+
+
+def _noise(name: str) -> str:
+    """Arbitrary text and markup, the same for a name on every run: ``MARKUP`` fragments and
+    random printable characters (the report's lines and table cells in one render)."""
+    import random
+
+    rng = random.Random(f"issue-22-{name}")
+    alphabet = [chr(c) for c in range(33, 127)] + list("βé中😀\u00a0\u200b")
+    return " " + "".join(rng.choice(MARKUP) if rng.random() < 0.4 else rng.choice(alphabet) for _ in range(24))
+
+
+def _rows(n_x: int = 24, per_x: int = 4):
+    words = ["red", "blue", "green", "cat", "dog", "sun", "moon", "tree"]
+    style = f"st{_field('label')}yle".replace("/", "")  # a label name (no "/": the metric columns split on it)
+    rows = []
+    for i in range(n_x):
+        a, b = words[i % 8], words[(i * 3 + 1) % 8]
+        for j in range(per_x):
+            value = f"{'short' if j % 2 == 0 else 'long'} {_field('value')}"
+            rows.append({"id": f"r{i}-{j} {_field('id')}", "x": f"item[{i}] a[{a}] {_field('x')}",
+                         "y": f"{a} then {b}. {_field('y')}" + " " * (j // 2),
+                         "strategy": f"s{j % 2} {_field('strategy')}", "labels": {style: value}})
+    return rows
+
+
+@pytest.fixture(scope="module")
+def evil_report(tmp_path_factory):
+    """An own-data study (tiny GPT-2, the ``own_smoke`` preset) on rows whose every text field is
+    markup, plus a run folder named with markup and a failed run whose error text is markup and a
+    papermill-style traceback; rendered once (``zfree report``'s ``render_report``)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from tests.smoke_study import agg_backend
+    from zfree.data.bpe import train_bpe_tokenizer
+    from zfree.experiment.own_study import run_own_study
+    from zfree.experiment.render import render_report
+
+    root = tmp_path_factory.mktemp("evil")
+    rows = _rows()
+    (root / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tok = train_bpe_tokenizer([r["x"] for r in rows] + [r["y"] for r in rows], vocab_size=400)
+    cfg = GPT2Config(vocab_size=len(tok), n_positions=512, n_layer=1, n_embd=32, n_head=2, resid_pdrop=0.0,
+                     embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=1, eos_token_id=3, pad_token_id=0)
+    GPT2LMHeadModel(cfg).save_pretrained(root / "model")
+    tok.save_pretrained(root / "model")
+    out = root / "study"
+    os.environ.setdefault("ZFREE_CACHE_DIR", str(root / "cache"))
+    with agg_backend():
+        run_own_study(str(root / "model"), root / "pairs.jsonl", out, preset="own_smoke", render=False, progress=False)
+        finished = sorted(p for p in (out / "runs").iterdir() if (p / "summary.json").exists())
+        assert len(finished) == 2, [p.name for p in (out / "runs").iterdir()]  # both runs trained on the markup
+        first = finished[0]
+        run_name = "run <img src=x onerror=evil_run()><b data-evil-run=1>*run*"
+        shutil.copytree(first, out / "runs" / run_name)
+        failed = out / "runs" / "failed <i data-evil-failed=1>"
+        failed.mkdir()
+        error = ("Traceback (most recent call last)\n----\n# ValueError: <script>evil_error()</script>"
+                 "<b data-evil-error=1>**bold**</b> [link](javascript:evil()) `tick" + _noise("error"))
+        (failed / "error.json").write_text(json.dumps({"run_id": failed.name, "error": error}))
+        notes = json.loads((out / "notes.json").read_text())
+        notes["notes"].append(f"a note {_field('note')}")
+        (out / "notes.json").write_text(json.dumps(notes))
+        html = render_report(out).read_text()
+    return out, html
+
+
+@pytest.mark.timeout(900)
+def test_no_element_or_attribute_of_the_report_comes_from_data(evil_report):
+    _, html = evil_report
+    page = parse(html)
+    assert planted(page) == []
+    text = visible(page)
+    for name in ("value", "x", "note"):  # the fields the report shows as text
+        assert f"<b data-evil-{name}=1>{name}</b><script>evil_{name}()</script>" in text, name
+    assert "st<b data-evil-label=1>label<b><script>evil_label()<script>" in text  # the label name, its "/" dropped
+    assert "failed <i data-evil-failed=1>" in text  # a run name (the copied run's shows in figures only)
+    assert "---- # ValueError: <script>evil_error()</script><b data-evil-error=1>**bold**</b>" in text  # an error
+    assert "structure/<metric>/<label>" in text  # a plain note, no tag
+
+
+#: an attribute, CSS url() or @import naming a network address (http, https or protocol-relative)
+NETWORK = re.compile(r"""(?:\b(?:src|href|action|poster|data)\s*=\s*["']?\s*(?:https?:)?//)"""
+                     r"""|url\(\s*["']?\s*(?:https?:)?//|@import\s+(?:url\()?\s*["']?\s*(?:https?:)?//""", re.I)
+
+
+def test_report_names_no_network_resource(evil_report):
+    _, html = evil_report
+    assert NETWORK.findall(html) == []
+    page = parse(html)
+    assert [a for t, a in page.elements if t in ("script", "link", "img", "iframe") and
+            re.match(r"\s*(https?:)?//", a.get("src") or a.get("href") or "")] == []
+    assert "require.js" not in html and "MathJax" not in html and "β_eff" in html  # math as Unicode text
+
+
+@pytest.mark.timeout(300)
+def test_report_opens_in_chromium_with_no_request_and_no_script_dialog(evil_report):
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e .[test])")
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium, or set ZFREE_CHROMIUM)")
+    out, _ = evil_report
+    url = (out / "report.html").resolve().as_uri()
+    requests, dialogs, errors = [], [], []
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            context = browser.new_context(offline=True)
+            page = context.new_page()
+            page.on("request", lambda r: r.url != url and not r.url.startswith("data:") and requests.append(r.url))
+            page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+            page.on("console", lambda m: m.type == "error" and errors.append(m.text))
+            page.goto(url, wait_until="load")
+            page.wait_for_timeout(1500)
+            assert page.locator("img").count() >= 3  # the figures, inline
+            assert page.locator("table").count() >= 3
+            if os.environ.get("ZFREE_SCREENSHOTS"):
+                page.screenshot(path=str(Path(os.environ["ZFREE_SCREENSHOTS"]) / "report.png"), full_page=True)
+        finally:
+            browser.close()
+    assert requests == [] and dialogs == [] and errors == [], (requests, dialogs, errors)
