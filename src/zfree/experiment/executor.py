@@ -91,6 +91,7 @@ def _worker_init(parent_pid: int):
     # Ctrl-C reaches the whole foreground process group: the sweep's main process alone decides
     # (``stop_workers``), so a worker prints no KeyboardInterrupt/zmq traceback of its own
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the CLI's handler a forked worker inherits
     die_with_parent(parent_pid)
 
 
@@ -193,18 +194,20 @@ def run_points(points: list[Point], runs_dir: Path | str, *, workers: int = 2, e
 
 
 def terminate_tree(pid: int, timeout: float = 10.0) -> None:
-    """SIGTERM process ``pid`` and its descendants (a worker and papermill's kernel, which runs in a
-    session of its own), then SIGKILL whatever is left after ``timeout`` seconds."""
+    """End worker ``pid`` and its descendants (papermill's kernel, which runs in a session of its
+    own): the worker is killed first (it holds no lock and has nothing to write, and so never
+    reports its kernel's death), the kernels get SIGTERM, and whatever is left after ``timeout``
+    seconds SIGKILL."""
     import psutil  # lazy: only a stop needs it
 
     try:
         root = psutil.Process(pid)
-        procs = [*root.children(recursive=True), root]
+        procs = [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
         return
     for p in procs:
         try:
-            p.terminate()
+            p.kill() if p is root else p.terminate()
         except psutil.NoSuchProcess:
             pass
     _, alive = psutil.wait_procs(procs, timeout=timeout)
