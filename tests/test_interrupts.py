@@ -268,3 +268,36 @@ def test_missing_sweep_dir_says_no_such_folder(tmp_path, notebook):
     arg = Path(missing) / "runs" if load is collect_runs else missing
     with pytest.raises(FileNotFoundError, match=re.escape(f"no such folder: {missing.resolve()}")):
         load(arg)
+
+
+def test_explore_notebook_on_a_missing_folder_says_so(tmp_path):
+    """The shipped explore.ipynb, executed with its ``sweep_dir`` pointing nowhere (as in a fresh
+    clone): the cell's error is "no such folder: ...", not pandas' AttributeError."""
+    import papermill as pm
+
+    from zfree.core.paths import NOTEBOOKS
+
+    missing = tmp_path / "runs" / "study-default"
+    with pytest.raises(pm.PapermillExecutionError) as e:
+        pm.execute_notebook(str(NOTEBOOKS / "explore.ipynb"), str(tmp_path / "explore.ipynb"),
+                            parameters={"sweep_dir": str(missing), "interactive": False}, kernel_name="python3",
+                            progress_bar=False, cwd=str(tmp_path))
+    assert e.value.ename == "FileNotFoundError" and f"no such folder: {missing}" in e.value.evalue
+
+
+@pytest.mark.parametrize("raised, code", [(KeyboardInterrupt(), 130), ("SIGTERM", 143)], ids=["ctrl-c", "SIGTERM"])
+def test_interrupted_study_is_one_line(tmp_path, capsys, monkeypatch, raised, code):
+    """`zfree study` interrupted anywhere (here: in place of the whole study) says how to go on."""
+    import zfree.experiment.study as study
+    from zfree.core.errors import Interrupted
+
+    def interrupted(*a, **kw):
+        raise Interrupted(signal.SIGTERM) if raised == "SIGTERM" else raised
+
+    monkeypatch.setattr(study, "run_study", interrupted)
+    assert main(["study", "--preset", "smoke", "--out", str(tmp_path)]) == code
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and _stderr_lines(err) == [
+        "zfree: interrupted; rerun the same command: finished runs are kept (interrupted ones resume from their "
+        f"last checkpoint) ({'SIGTERM' if code == 143 else 'SIGINT'})"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handlers are restored

@@ -336,10 +336,9 @@ def _end_open_bar() -> None:
 
 
 #: what to do after an interrupt, per command (the trainer names its step and run folder itself)
-INTERRUPT_HINTS = {"study": "rerun the same command: finished runs are kept (interrupted ones resume from "
-                            "their last checkpoint)",
-                   "sweep": "rerun the same command: finished runs are kept (interrupted ones resume from "
-                            "their last checkpoint)"}
+_RERUN = "rerun the same command: finished runs are kept (interrupted ones resume from their last checkpoint)"
+INTERRUPT_HINTS = {"study": _RERUN, "sweep": _RERUN,
+                   "train": "rerun the same command (interrupted before the first training step)"}
 
 
 def _on_signal(signum, frame):  # noqa: ARG001 - the signal module's signature
@@ -374,8 +373,9 @@ def _interrupt_line(e: KeyboardInterrupt, cmd: str) -> tuple[str, int]:
     """The one line and the exit status (128 + signal: 130 SIGINT, 143 SIGTERM) of an interrupt."""
     signum = getattr(e, "signum", signal.SIGINT)
     name = signal.Signals(signum).name
-    msg = getattr(e, "message", None) or INTERRUPT_HINTS.get(cmd) or "nothing half-written is kept"
-    return f"zfree: {msg if msg.startswith('interrupted') else 'interrupted; ' + msg} ({name})", 128 + int(signum)
+    msg = getattr(e, "message", None) or INTERRUPT_HINTS.get(cmd)
+    text = "interrupted" if not msg else msg if msg.startswith("interrupted") else f"interrupted; {msg}"
+    return f"zfree: {text} ({name})", 128 + int(signum)
 
 
 def main(argv=None) -> int:
