@@ -5,13 +5,16 @@ the exit status, the kept checkpoint and the released locks.
 | case                                         | test                                                   |
 |----------------------------------------------|--------------------------------------------------------|
 | SIGINT / SIGTERM during `zfree train`        | test_signal_during_train_is_one_line_and_resumes       |
+| an interrupt anywhere in `zfree study`       | test_interrupted_study_is_one_line                     |
 | SIGINT to a sweep's main process, Ctrl-C to  | test_signal_during_sweep_stops_workers_and_kernels     |
 | its process group, SIGTERM                   |                                                        |
 | disk full while checkpointing                | test_disk_full_checkpoint_is_one_line_and_error_json   |
+| disk full appending to metrics.jsonl         | test_disk_full_metrics_append_is_one_line_and_error_json |
 | a torn last line in metrics.jsonl            | test_torn_metrics_line_is_dropped_on_resume            |
 | `zfree report`: no finished run              | test_report_without_a_finished_run_is_one_line         |
 | `zfree report`: read-only folder             | test_report_on_a_read_only_folder_is_one_line          |
-| a notebook pointed at a missing folder       | test_missing_sweep_dir_says_no_such_folder             |
+| a notebook pointed at a missing folder       | test_missing_sweep_dir_says_no_such_folder,            |
+|                                              | test_explore_notebook_on_a_missing_folder_says_so      |
 """
 
 from __future__ import annotations
@@ -301,3 +304,27 @@ def test_interrupted_study_is_one_line(tmp_path, capsys, monkeypatch, raised, co
         "zfree: interrupted; rerun the same command: finished runs are kept (interrupted ones resume from their "
         f"last checkpoint) ({'SIGTERM' if code == 143 else 'SIGINT'})"]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handlers are restored
+
+
+def test_disk_full_metrics_append_is_one_line_and_error_json(tiny_run, tmp_path, capsys, monkeypatch):
+    import zfree.train.run_folder as rf
+    from zfree.core.io import append_jsonl
+
+    data, base = tiny_run
+    run, cfg = tmp_path / "run", tmp_path / "c.json"
+    cfg.write_text(json.dumps(tiny_base_flat(data, base)))
+    calls = []
+
+    def full(path, row):  # the step-2 row finds the disk full
+        calls.append(row["step"])
+        if len(calls) > 1:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        append_jsonl(path, row)
+
+    monkeypatch.setattr(rf, "append_jsonl", full)
+    assert main(["train", "--config", str(cfg), "--out", str(run)]) == 2
+    line = one_error_line(capsys)
+    assert "cannot write the metrics row of step 2" in line and "No space left on device" in line, line
+    assert json.loads((run / "error.json").read_text())["step"] == 2
+    monkeypatch.undo()
+    assert main(["train", "--resume", str(run)]) == 0 and (run / "summary.json").exists()

@@ -60,5 +60,5 @@ class Interrupted(KeyboardInterrupt):
 
 
 class CheckpointWriteError(ZfreeError):
-    """A checkpoint could not be written (disk full, read-only, quota); the last good one is kept
-    and ``error.json`` in the run folder says so."""
+    """A checkpoint or a metrics row could not be written (disk full, read-only, quota); the last
+    good checkpoint is kept and ``error.json`` in the run folder says so (when it still fits)."""

@@ -180,7 +180,7 @@ def save_checkpoint(out: Path, model: torch.nn.Module, opt: torch.optim.Optimize
     try:
         write_checkpoint_dir(out / "checkpoint", write)
     except OSError as e:  # disk full, quota, read-only: nothing existing was touched
-        raise _checkpoint_write_error(out, getattr(state, "step", None), e) from None
+        raise _disk_error(out, getattr(state, "step", None), "the checkpoint", e) from None
 
 
 def _as_os_error(e: Exception, path: Path) -> Exception:
@@ -189,12 +189,13 @@ def _as_os_error(e: Exception, path: Path) -> Exception:
     return OSError(int(m.group(1)), os.strerror(int(m.group(1))), str(path)) if m else e
 
 
-def _checkpoint_write_error(out: Path, step: int | None, e: OSError) -> CheckpointWriteError:
-    """error.json (when it still fits) and the one-line error of a checkpoint that could not be written."""
+def _disk_error(out: Path, step: int | None, what: str, e: OSError) -> CheckpointWriteError:
+    """error.json (when it still fits) and the one-line error of ``what`` (the checkpoint, the
+    metrics row) that could not be written at ``step``."""
     why = e.strerror or str(e) or type(e).__name__
     kept = [d.name for d in (out / "checkpoint", out / "checkpoint.prev") if (d / "COMPLETE").is_file()]
     keep = f"the last good checkpoint is kept ({', '.join(kept)})" if kept else "no earlier checkpoint exists"
-    msg = (f"cannot write the checkpoint of step {step} in {out} ({why}"
+    msg = (f"cannot write {what} of step {step} in {out} ({why}"
            f"{f': {e.filename}' if e.filename else ''}); {keep}; free space and resume with "
            f"`zfree train --resume {out}`")
     try:
@@ -265,8 +266,12 @@ def reset_metrics(out: Path, resumed_step: int | None) -> list[dict]:
 
 
 def append_metrics(out: Path, row: dict) -> None:
-    """One evaluation row appended to metrics.jsonl."""
-    append_jsonl(out / "metrics.jsonl", row)
+    """One evaluation row appended to metrics.jsonl (CheckpointWriteError, the last good checkpoint
+    kept, when the disk is full: a torn line it may leave is dropped on resume)."""
+    try:
+        append_jsonl(out / "metrics.jsonl", row)
+    except OSError as e:
+        raise _disk_error(out, row.get("step"), "the metrics row", e) from None
 
 
 #: metrics that must be finite in every evaluation: the losses (validation reconstruction, KL,
