@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
+import threading
+from contextlib import contextmanager
 from dataclasses import fields
 from pathlib import Path
 from typing import Literal, get_args, get_origin
@@ -12,7 +16,7 @@ from typing import Literal, get_args, get_origin
 # light modules only (config and the benchmark's DataConfig import no torch); every command's heavy
 # imports (torch, transformers, pandas, the trainers) stay inside it so `zfree --help` stays fast
 from zfree.config import BaseTrainConfig, TrainConfig, parse_assignment
-from zfree.core.errors import ConfigError, InputError, ZfreeError, one_line
+from zfree.core.errors import ConfigError, InputError, Interrupted, ZfreeError, one_line
 from zfree.core.io import read_json
 from zfree.core.paths import check_name_length
 from zfree.core.values import check_device, field_types
@@ -350,19 +354,74 @@ def is_expected(e: BaseException) -> bool:
     return isinstance(e, (ZfreeError, *EXPECTED))
 
 
+def _end_open_bar() -> None:
+    bars = getattr(sys.modules.get("tqdm.std"), "tqdm", None)
+    if bars is not None and getattr(bars, "_instances", None):  # a progress bar left its line open
+        print(file=sys.stderr)
+
+
+#: what to do after an interrupt, per command (the trainer names its step and run folder itself)
+_RERUN = "rerun the same command: finished runs are kept (interrupted ones resume from their last checkpoint)"
+INTERRUPT_HINTS = {"study": _RERUN, "sweep": _RERUN,
+                   "train": "rerun the same command (interrupted before the first training step)"}
+
+
+def _on_signal(signum, frame):  # noqa: ARG001 - the signal module's signature
+    """SIGINT/SIGTERM: raise ``Interrupted`` in the main thread (the ``finally`` blocks release the
+    locks and stop the workers); a second signal while that cleanup runs exits at once."""
+    signal.signal(signal.SIGINT, _exit_now)
+    signal.signal(signal.SIGTERM, _exit_now)
+    raise Interrupted(signum)
+
+
+def _exit_now(signum, frame):  # noqa: ARG001
+    print(f"zfree: interrupted again (signal {signum}): exiting now", file=sys.stderr, flush=True)
+    os._exit(128 + signum)
+
+
+@contextmanager
+def _interruptible():
+    """SIGINT and SIGTERM raise ``Interrupted`` for the command's duration (main thread only;
+    the previous handlers are restored after it, as for a test calling ``main`` in process)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _interrupt_line(e: KeyboardInterrupt, cmd: str) -> tuple[str, int]:
+    """The one line and the exit status (128 + signal: 130 SIGINT, 143 SIGTERM) of an interrupt."""
+    signum = getattr(e, "signum", signal.SIGINT)
+    name = signal.Signals(signum).name
+    msg = getattr(e, "message", None) or INTERRUPT_HINTS.get(cmd)
+    text = "interrupted" if not msg else msg if msg.startswith("interrupted") else f"interrupted; {msg}"
+    return f"zfree: {text} ({name})", 128 + int(signum)
+
+
 def main(argv=None) -> int:
     """Run the ``zfree`` command; returns the exit status: 0 ok, 1 some sweep/study point failed
-    (the others finished), 2 an expected error (printed as one line ``zfree: error: ...``)."""
+    (the others finished), 2 an expected error (printed as one line ``zfree: error: ...``),
+    130 / 143 interrupted by SIGINT (Ctrl-C) / SIGTERM (one line saying how to resume; the
+    workers stopped, the locks released, the last checkpoint kept)."""
     args = build_parser().parse_args(argv)
     try:
         check_path_args(args)
-        code = args.func(args)
+        with _interruptible():
+            code = args.func(args)
+    except KeyboardInterrupt as e:  # Ctrl-C, SIGINT or SIGTERM (Interrupted)
+        _end_open_bar()
+        line, code = _interrupt_line(e, args.cmd)
+        print(line, file=sys.stderr, flush=True)
+        return code
     except Exception as e:  # noqa: BLE001 - expected errors become one line, the rest re-raise
         if not is_expected(e):
             raise
-        bars = getattr(sys.modules.get("tqdm.std"), "tqdm", None)
-        if bars is not None and getattr(bars, "_instances", None):  # a progress bar left its line open
-            print(file=sys.stderr)
+        _end_open_bar()
         print(f"zfree: error: {one_line(e)}", file=sys.stderr)
         return 2
     return int(code or 0)

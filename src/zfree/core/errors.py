@@ -46,3 +46,19 @@ def one_line(e: BaseException) -> str:
     """The message of ``e`` on one line (newlines folded), as the CLI prints it."""
     msg = str(e) if not isinstance(e, KeyError) or not e.args else str(e.args[0])
     return " ".join(part.strip() for part in msg.splitlines() if part.strip()) or type(e).__name__
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT (Ctrl-C) or SIGTERM reached a zfree command (``zfree.cli.main`` turns it into one
+    line and exit 128 + signal: 130 or 143). A KeyboardInterrupt, so ``except Exception`` never
+    swallows it. ``message``: what to do next (set by the layer that knows, e.g. the trainer's
+    "interrupted at step N; resume with ..."), else the command's own hint."""
+
+    def __init__(self, signum: int = 2, message: str | None = None):
+        super().__init__(message or f"signal {signum}")
+        self.signum, self.message = signum, message
+
+
+class CheckpointWriteError(ZfreeError):
+    """A checkpoint or a metrics row could not be written (disk full, read-only, quota); the last
+    good checkpoint is kept and ``error.json`` in the run folder says so (when it still fits)."""

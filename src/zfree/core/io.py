@@ -83,13 +83,25 @@ def read_json(path: Path | str) -> Any:
     return json.loads(Path(path).read_text())
 
 
-def read_jsonl(path: Path | str) -> list[dict]:
-    """The rows of a JSON-lines file, one dict a line (blank lines skipped)."""
+def read_jsonl(path: Path | str, drop_torn_tail: bool = False) -> list[dict]:
+    """The rows of a JSON-lines file, one dict a line (blank lines skipped). A line that is not
+    JSON raises ``InputError`` naming the file and line; with ``drop_torn_tail``, a last line
+    without its newline that is not JSON (a writer killed mid-line) is dropped with a warning
+    naming the file instead."""
     rows = []
     with open(path, encoding="utf-8-sig") as f:
-        for line in f:
-            if line.strip():
-                rows.append(json.loads(line))
+        lines = f.readlines()
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except ValueError as e:
+            if drop_torn_tail and i == len(lines) and not line.endswith("\n"):
+                warnings.warn(f"{path}: dropped a torn last line {i} ({len(line)} characters without "
+                              f"their newline: a writer stopped mid-line)", stacklevel=2)
+                break
+            raise InputError(f"{path}:{i}: not a JSON line ({e})") from None
     return rows
 
 

@@ -88,6 +88,10 @@ def die_with_parent(parent_pid: int) -> None:
 def _worker_init(parent_pid: int):
     os.environ["OMP_NUM_THREADS"] = "1"
     os.environ["MKL_NUM_THREADS"] = "1"
+    # Ctrl-C reaches the whole foreground process group: the sweep's main process alone decides
+    # (``stop_workers``), so a worker prints no KeyboardInterrupt/zmq traceback of its own
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the CLI's handler a forked worker inherits
     die_with_parent(parent_pid)
 
 
@@ -175,14 +179,55 @@ def run_points(points: list[Point], runs_dir: Path | str, *, workers: int = 2, e
     with run_folder_lock(runs_dir, "runs folder"):  # one sweep/study writes these run folders
         nb = str(Path(notebook or NOTEBOOKS / "train_cvae.ipynb").resolve())
         ex = executor or local_executor(workers)
+        futs: list[Future] = []
         try:
             futs = [ex.submit(run_fn, p, str(runs_dir), nb) for p in points]
             if on_submit:
                 on_submit(futs)
             return _collect(futs, points, progress=progress, on_done=on_done, stopping=stopping)
+        except KeyboardInterrupt:  # Ctrl-C, SIGINT, SIGTERM: end the running points now, keep the finished ones
+            stop_workers(ex, futs)
+            raise
         finally:
             if executor is None:
                 ex.shutdown()
+
+
+def terminate_tree(pid: int, timeout: float = 10.0) -> None:
+    """End worker ``pid`` and its descendants (papermill's kernel, which runs in a session of its
+    own): the worker is killed first (it holds no lock and has nothing to write, and so never
+    reports its kernel's death), the kernels get SIGTERM, and whatever is left after ``timeout``
+    seconds SIGKILL."""
+    import psutil  # lazy: only a stop needs it
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for p in procs:
+        try:
+            p.kill() if p is root else p.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def stop_workers(ex: Executor, futures: list[Future] = ()) -> None:
+    """Cancel the points not yet started and end the running ones: a local process pool's workers
+    and their notebook kernels are terminated (each run folder keeps its last checkpoint, and the
+    kernel's lock on it is released with the process); the pool is shut down without waiting."""
+    for f in futures:
+        f.cancel()
+    for proc in list((getattr(ex, "_processes", None) or {}).values()):
+        terminate_tree(proc.pid)
+    if isinstance(ex, ProcessPoolExecutor):
+        ex.shutdown(wait=True, cancel_futures=True)  # the workers are gone: returns at once
 
 
 def _collect(futs: list[Future], points: list[Point], *, progress: bool, on_done, stopping) -> list[dict]:

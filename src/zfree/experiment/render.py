@@ -4,8 +4,11 @@ inline, no script or stylesheet from a CDN (``OFFLINE_TEMPLATE``), so it opens t
 
 from __future__ import annotations
 
+import errno
+import os
 from pathlib import Path
 
+from zfree.core.errors import InputError
 from zfree.core.io import atomic_write_text
 from zfree.core.paths import NOTEBOOKS
 from zfree.experiment.results import aggregate
@@ -55,6 +58,20 @@ def _combined_report(study_dir: Path, parts: list[Path]):
     return nb
 
 
+def check_reportable(study_dir: Path) -> None:
+    """InputError (one line) when ``study_dir/runs`` holds no finished run (nothing to report: the
+    failed ones named by count, their error.json beside them) or ``study_dir`` cannot be written."""
+    runs = study_dir / "runs"
+    if not any(runs.glob("*/summary.json")):
+        failed = len(list(runs.glob("*/error.json")))
+        why = f"{failed} failed (see {runs}/*/error.json)" if failed else "none has finished yet"
+        raise InputError(f"{study_dir}: no finished run to report in {runs} ({why}); "
+                         "run or rerun the study or sweep first")
+    if not os.access(study_dir, os.W_OK):
+        raise InputError(f"cannot write in {study_dir} (read-only): `zfree report` writes its tables and report.html "
+                         "there; copy the folder somewhere writable and report the copy")
+
+
 def render_report(study_dir: Path | str, notebook: Path | str | None = None, progress: bool = False) -> Path:
     """Aggregate a study or sweep folder (``zfree.experiment.results.aggregate``: runs.parquet, runs.csv,
     per_example.parquet, summary.csv), execute the report notebooks on it with papermill in one
@@ -67,7 +84,14 @@ def render_report(study_dir: Path | str, notebook: Path | str | None = None, pro
     study_dir = Path(study_dir).resolve()
     if not (study_dir / "runs").is_dir():
         raise FileNotFoundError(f"{study_dir} has no runs/ folder: not a study or sweep folder")
-    aggregate(study_dir)
+    check_reportable(study_dir)
+    try:
+        aggregate(study_dir)
+    except OSError as e:  # a read-only copy, a read-only mount, another owner's folder
+        if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise
+        raise InputError(f"cannot write in {study_dir} ({e.strerror}: {e.filename}): `zfree report` writes its tables "
+                         "and report.html there; copy the folder somewhere writable and report the copy") from None
     parts = [Path(notebook).resolve()] if notebook else [NOTEBOOKS / f"{n}.ipynb" for n in REPORT_NOTEBOOKS]
     if notebook is None and (study_dir / "notes.json").exists():  # an own-data study: labels, notes, samples
         parts.append(NOTEBOOKS / "labels_and_samples.ipynb")

@@ -43,9 +43,20 @@ SUMMARY_COLUMNS = {  # summary.csv column -> key in a run's summary.json
 }
 
 
+def check_folder(folder: Path | str) -> Path:
+    """``folder`` when it exists; else FileNotFoundError "no such folder: ..." (a notebook's
+    ``sweep_dir`` that names no study or sweep, e.g. the shipped default in a fresh clone)."""
+    d = Path(folder)
+    if not d.is_dir():
+        raise FileNotFoundError(f"no such folder: {d.resolve()} (set sweep_dir to a folder written by "
+                                "`zfree study` or `zfree sweep`)" if not d.exists() else f"{d} is not a folder")
+    return d
+
+
 def collect_runs(runs_dir: Path | str) -> pd.DataFrame:
     """One row per finished run folder (its ``summary.json``, data_dir/base_dir resolved to absolute
     paths: ``zfree.core.paths.resolve_path``), plus ``run_id`` and ``run_dir``."""
+    check_folder(Path(runs_dir).parent)
     rows = []
     for s in sorted(Path(runs_dir).glob("*/summary.json")):
         d = read_json(s)
@@ -98,7 +109,7 @@ def runs_table(sweep_dir: Path | str) -> pd.DataFrame:
     ``zfree_distortion`` (mean |S|·b), ``bayes_rate`` (mean log(K/m)) and ``mean_rho_i``."""
     runs = collect_runs(Path(sweep_dir) / "runs")
     if runs.empty:
-        return pd.DataFrame(columns=[*SUMMARY_COLUMNS, "latent_kind", "rate", "distortion"])
+        return pd.DataFrame(columns=list(dict.fromkeys([*SUMMARY_COLUMNS, "latent_kind", "rate", "distortion"])))
     for short, key in SUMMARY_COLUMNS.items():
         if short not in runs:
             runs[short] = runs[key] if key in runs else np.nan
@@ -281,7 +292,7 @@ def _find_reference(d: Path, runs: pd.DataFrame) -> Path | None:
 
 def load_sweep(sweep_dir: Path | str) -> SweepResults:
     """Load a sweep (or study) folder: its runs, failures and the z-free reference it used."""
-    d = Path(sweep_dir).resolve()
+    d = check_folder(Path(sweep_dir).resolve())
     runs = runs_table(d)
     errors = [read_json(e) for e in sorted((d / "runs").glob("*/error.json"))]
     ref_dir = _find_reference(d, runs)

@@ -28,14 +28,17 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata as md
 import json
+import os
+import re
 from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, load_model, save_model
 
 from zfree.config import TrainConfig
-from zfree.core.errors import CheckpointError, NonFiniteMetricError, ResumeRefusedError, ZfreeError
+from zfree.core.errors import CheckpointError, CheckpointWriteError, NonFiniteMetricError, ResumeRefusedError, ZfreeError
 from zfree.core.io import (append_jsonl, atomic_write_json, atomic_write_parquet, atomic_write_text,
                            load_checkpoint_dir, load_plain_state, nonfinite_keys, read_json, read_jsonl,
                            safe_torch_load, save_plain_state, sha256_file, sha256_state_dict, write_checkpoint_dir)
@@ -170,11 +173,40 @@ def save_checkpoint(out: Path, model: torch.nn.Module, opt: torch.optim.Optimize
     beside the last good one and switched in by renames; the previous one is kept as
     checkpoint.prev/ (``io.write_checkpoint_dir``)."""
     def write(d: Path) -> None:
-        save_model(model, str(d / "model.safetensors"))
-        save_plain_state(d, {"optimizer": opt.state_dict(), "rng": rng.bit_generator.state,
-                             "torch_rng": torch.get_rng_state(), "state": _plain(dataclasses.asdict(state))})
+        try:
+            save_model(model, str(d / "model.safetensors"))
+            save_plain_state(d, {"optimizer": opt.state_dict(), "rng": rng.bit_generator.state,
+                                 "torch_rng": torch.get_rng_state(), "state": _plain(dataclasses.asdict(state))})
+        except SafetensorError as e:  # its I/O errors (disk full) name no file and are no OSError
+            raise _as_os_error(e, d) from None
 
-    write_checkpoint_dir(out / "checkpoint", write)
+    try:
+        write_checkpoint_dir(out / "checkpoint", write)
+    except OSError as e:  # disk full, quota, read-only: nothing existing was touched
+        raise _disk_error(out, getattr(state, "step", None), "the checkpoint", e) from None
+
+
+def _as_os_error(e: Exception, path: Path) -> Exception:
+    """safetensors' ``IoError(Os { code: 28, ... })`` as the OSError it was (ENOSPC ...); other errors as they are."""
+    m = re.search(r"IoError\(Os \{ code: (\d+)", str(e))
+    return OSError(int(m.group(1)), os.strerror(int(m.group(1))), str(path)) if m else e
+
+
+def _disk_error(out: Path, step: int | None, what: str, e: OSError) -> CheckpointWriteError:
+    """error.json (when it still fits) and the one-line error of ``what`` (the checkpoint, the
+    metrics row) that could not be written at ``step``."""
+    why = e.strerror or str(e) or type(e).__name__
+    kept = [d.name for d in (out / "checkpoint", out / "checkpoint.prev") if (d / "COMPLETE").is_file()]
+    keep = f"the last good checkpoint is kept ({', '.join(kept)})" if kept else "no earlier checkpoint exists"
+    msg = (f"cannot write {what} of step {step} in {out} ({why}"
+           f"{f': {e.filename}' if e.filename else ''}); {keep}; free space and resume with "
+           f"`zfree train --resume {out}`")
+    try:
+        atomic_write_json(out / "error.json", {"step": step, "error": msg, "errno": e.errno})
+        msg += f" (see {out / 'error.json'})"
+    except OSError:  # the disk is too full for error.json too: the message alone says it
+        pass
+    return CheckpointWriteError(msg)
 
 
 def _read_checkpoint(d: Path) -> tuple[dict, dict]:
@@ -231,14 +263,18 @@ def reset_metrics(out: Path, resumed_step: int | None) -> list[dict]:
         return []
     if not f.exists():
         return []
-    rows = [r for r in read_jsonl(f) if r["step"] <= resumed_step]
+    rows = [r for r in read_jsonl(f, drop_torn_tail=True) if r["step"] <= resumed_step]  # a kill mid-append
     atomic_write_text(f, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
     return rows
 
 
 def append_metrics(out: Path, row: dict) -> None:
-    """One evaluation row appended to metrics.jsonl."""
-    append_jsonl(out / "metrics.jsonl", row)
+    """One evaluation row appended to metrics.jsonl (CheckpointWriteError, the last good checkpoint
+    kept, when the disk is full: a torn line it may leave is dropped on resume)."""
+    try:
+        append_jsonl(out / "metrics.jsonl", row)
+    except OSError as e:
+        raise _disk_error(out, row.get("step"), "the metrics row", e) from None
 
 
 #: metrics that must be finite in every evaluation: the losses (validation reconstruction, KL,

@@ -22,6 +22,7 @@ from zfree.train import aids, run_folder
 from zfree.config import LatentKind, TrainConfig
 from zfree.data.batching import EncodedPair, collate, encode_pair, pad_id_of
 from zfree.data.pairs import Pair, load_pairs
+from zfree.core.errors import Interrupted
 from zfree.core.io import read_json
 from zfree.core.locks import run_folder_lock
 from zfree.core.paths import check_out_dir
@@ -320,12 +321,24 @@ def _train_locked(cfg: TrainConfig, out: Path, progress: bool, stop_after: int |
     if (done := run_folder.finished_summary(out, cfg)) is not None:
         return done
     run = _setup_run(cfg, out, progress)
+    saved = {"step": run.state.step if (out / "checkpoint").is_dir() or (out / "checkpoint.prev").is_dir() else None}
+    try:
+        return _train_loop(cfg, out, run, progress, stop_after, saved)
+    except KeyboardInterrupt as e:  # Ctrl-C, SIGINT, SIGTERM (zfree.cli): the last checkpoint is kept
+        kept = "no checkpoint yet" if saved["step"] is None else f"the checkpoint of step {saved['step']} is kept"
+        raise Interrupted(getattr(e, "signum", 2), f"interrupted at step {run.state.step} ({kept}); "
+                                                   f"resume with `zfree train --resume {out}`") from None
+
+
+def _train_loop(cfg: TrainConfig, out: Path, run: Run, progress: bool, stop_after: int | None, saved: dict) -> dict:
+    """The steps of ``_train_locked``; ``saved["step"]``: the step of the last checkpoint written."""
     model, data, state = run.model, run.data, run.state
     gate_rows = data.val[: cfg.aid.handover_rows] if cfg.aid.handover_rows else data.val
     frozen = aids.FrozenDecoderMask(model)
     dev, acc = next(model.parameters()).device, acc_dtype(next(model.parameters()).dtype)
     watch = run_folder.FiniteWatch(out, dev)
     ev = _record_evaluation(out, model, data, state, run.opt, run.rng, run.t0) if state.step == 0 else None
+    saved["step"] = 0 if ev is not None else saved["step"]
     bar = tqdm(total=cfg.optim.steps, initial=state.step, disable=not progress, mininterval=5,
                desc=f"{cfg.objective.weighting} β={cfg.objective.beta:g}" + ("" if cfg.aid.aid == "none" else f" {cfg.aid.aid}"))
     while state.step < cfg.optim.steps:
@@ -360,6 +373,8 @@ def _train_locked(cfg: TrainConfig, out: Path, progress: bool, stop_after: int |
             ev = _record_evaluation(out, model, data, state, run.opt, run.rng, run.t0)
         elif saving:
             _save_checkpoint(run, state)
+        if evaluating or saving:
+            saved["step"] = step
         if stopping:  # tests of resume
             if not (evaluating or saving):  # (saving twice would leave checkpoint.prev equal to checkpoint)
                 _save_checkpoint(run, state)
