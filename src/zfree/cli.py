@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import sys
-import threading
-from contextlib import contextmanager
 from dataclasses import fields
 from pathlib import Path
 from typing import Literal, get_args, get_origin
@@ -16,7 +13,8 @@ from typing import Literal, get_args, get_origin
 # light modules only (config and the benchmark's DataConfig import no torch); every command's heavy
 # imports (torch, transformers, pandas, the trainers) stay inside it so `zfree --help` stays fast
 from zfree.config import BaseTrainConfig, TrainConfig, parse_assignment
-from zfree.core.errors import ConfigError, InputError, Interrupted, ZfreeError, one_line
+from zfree.core.errors import ConfigError, InputError, ZfreeError, one_line
+from zfree.core.interrupts import interruptible
 from zfree.core.io import read_json
 from zfree.core.paths import check_name_length
 from zfree.core.values import check_device, field_types
@@ -324,8 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 #: the options (argparse dests) that name a file, folder or model; positional ones print bare
-PATH_ARGS = ("out", "data", "val", "model", "spec", "config", "resume", "src", "base", "init_from", "cache_dir",
-             "study_dir")
+PATH_ARGS = ("out", "data", "val", "model", "spec", "config", "resume", "src", "base", "init_from", "cache_dir", "study_dir")
 POSITIONAL = {("sweep", "spec"), ("report", "study_dir")}
 
 
@@ -366,34 +363,6 @@ INTERRUPT_HINTS = {"study": _RERUN, "sweep": _RERUN,
                    "train": "rerun the same command (interrupted before the first training step)"}
 
 
-def _on_signal(signum, frame):  # noqa: ARG001 - the signal module's signature
-    """SIGINT/SIGTERM: raise ``Interrupted`` in the main thread (the ``finally`` blocks release the
-    locks and stop the workers); a second signal while that cleanup runs exits at once."""
-    signal.signal(signal.SIGINT, _exit_now)
-    signal.signal(signal.SIGTERM, _exit_now)
-    raise Interrupted(signum)
-
-
-def _exit_now(signum, frame):  # noqa: ARG001
-    print(f"zfree: interrupted again (signal {signum}): exiting now", file=sys.stderr, flush=True)
-    os._exit(128 + signum)
-
-
-@contextmanager
-def _interruptible():
-    """SIGINT and SIGTERM raise ``Interrupted`` for the command's duration (main thread only;
-    the previous handlers are restored after it, as for a test calling ``main`` in process)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-
-
 def _interrupt_line(e: KeyboardInterrupt, cmd: str) -> tuple[str, int]:
     """The one line and the exit status (128 + signal: 130 SIGINT, 143 SIGTERM) of an interrupt."""
     signum = getattr(e, "signum", signal.SIGINT)
@@ -411,7 +380,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         check_path_args(args)
-        with _interruptible():
+        with interruptible():
             code = args.func(args)
     except KeyboardInterrupt as e:  # Ctrl-C, SIGINT or SIGTERM (Interrupted)
         _end_open_bar()
