@@ -298,12 +298,13 @@ def test_interrupted_study_is_one_line(tmp_path, capsys, monkeypatch, raised, co
         raise Interrupted(signal.SIGTERM) if raised == "SIGTERM" else raised
 
     monkeypatch.setattr(study, "run_study", interrupted)
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)  # SIG_IGN in a background job
     assert main(["study", "--preset", "smoke", "--out", str(tmp_path)]) == code
     err = capsys.readouterr().err
     assert "Traceback" not in err and _stderr_lines(err) == [
         "zfree: interrupted; rerun the same command: finished runs are kept (interrupted ones resume from their "
         f"last checkpoint) ({'SIGTERM' if code == 143 else 'SIGINT'})"]
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handlers are restored
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before  # the handlers are restored
 
 
 def test_disk_full_metrics_append_is_one_line_and_error_json(tiny_run, tmp_path, capsys, monkeypatch):
