@@ -159,6 +159,18 @@ class ObjectiveConfig:
         return self.weighting == "distribution" or self.token_outer == "distribution"
 
 
+def check_latent_source(source: str, latent_kind: str, n_latent: int) -> None:
+    """ValueError naming ``latent_source`` unless it is "posterior", "control" (with n_latent = 1)
+    or "label:<key>" (a non-empty key), the last two on the discrete latent only."""
+    if not isinstance(source, str) or not (source in ("posterior", "control")
+                                           or (source.startswith("label:") and source[6:].strip())):
+        raise ValueError(f"latent_source={source!r}: expected 'posterior', 'control' or 'label:<key>'")
+    if source != "posterior" and latent_kind != "discrete":
+        raise ValueError(f"latent_source={source!r} needs latent_kind='discrete'")
+    if source == "control" and n_latent != 1:
+        raise ValueError(f"n_latent={n_latent!r} must be 1 for latent_source='control' (z carries nothing)")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Shared discrete CVAE (DESIGN §3)."""
@@ -180,9 +192,15 @@ class ModelConfig:
     # (else the full pass, warned once), "on" requires it (error where inexact), "off" always runs
     # the full pass per latent value (zfree.models.injection.SHARED_PREFIX_MODES)
     shared_prefix: Literal["auto", "on", "off"] = "auto"
+    # where z comes from (issue "Real data, true numbers"): "posterior" = the CVAE (q(z|x,y) learned);
+    # "control" = the z-free control (K = 1: z carries nothing, the same decoder, optimizer, steps and
+    # batches); "label:<key>" = a label oracle (z := the row's label value, K = its number of values;
+    # <key> a key of the rows' labels, or "strategy"). Control and oracles: discrete only.
+    latent_source: str = "posterior"
 
     def __post_init__(self):
         typed_fields(self)
+        check_latent_source(self.latent_source, self.latent_kind, self.n_latent)
         _check_choice("prior", self.prior, LatentPrior)
         _check_choice("shared_prefix", self.shared_prefix, Literal["auto", "on", "off"])
         _check_int("d_latent", self.d_latent, 1)
@@ -190,7 +208,7 @@ class ModelConfig:
         _check_choice("posterior_features", self.posterior_features, PosteriorFeatures)
         if self.posterior_features == "optimal" and self.latent_kind != LatentKind.DISCRETE:
             raise ValueError("posterior_features='optimal' needs latent_kind='discrete' (it enumerates the K values)")
-        if not isinstance(self.n_latent, int) or self.n_latent < 2:
+        if self.latent_source != "control" and (not isinstance(self.n_latent, int) or self.n_latent < 2):
             raise ValueError(f"n_latent={self.n_latent!r} must be an integer >= 2")
 
 
@@ -330,6 +348,9 @@ class TrainConfig:
                 raise ValueError(f"lambda_jsd={self.objective.lambda_jsd} > 0 applies to latent_kind='discrete' only")
         elif self.objective.free_bits_mode == "per_dim":
             raise ValueError("free_bits_mode='per_dim' applies to latent_kind='continuous' only")
+        if self.model.latent_source != "posterior" and (self.aid.aid != "none" or self.objective.lambda_jsd > 0):
+            raise ValueError(f"latent_source={self.model.latent_source!r} trains a given z: aid must be 'none' "
+                             f"and lambda_jsd 0 (got aid={self.aid.aid!r}, lambda_jsd={self.objective.lambda_jsd})")
 
     _SUB = {"objective": ObjectiveConfig, "model": ModelConfig, "optim": OptimConfig, "aid": AidConfig}
 

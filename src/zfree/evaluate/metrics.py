@@ -28,7 +28,7 @@ from zfree.evaluate.latent_stats import (active_units, continuous_decode_metrics
                                          label_structure_metrics, latent_samples, probe_accuracy)
 from zfree.models.nll import masked_mean_token_nll
 from zfree.objective.losses import base_token_matrix, inter_latent_jsd, reconstruction_per_value
-from zfree.objective.objectives import assemble
+from zfree.objective.objectives import GIVEN, assemble
 from zfree.models.precision import acc_dtype
 from zfree.objective.theory import predicted_use
 
@@ -44,10 +44,14 @@ class Evaluation:
     samples: pd.DataFrame | None = None  # greedy/sampled y per latent value (rows without a notion of correct y)
 
 
-def measured_use(kl: np.ndarray, bayes: np.ndarray, fallback: float) -> np.ndarray:
+def measured_use(kl: np.ndarray, bayes: np.ndarray, fallback: float, codes_used: int | None = None) -> np.ndarray:
     """Per row: z is used when its KL (nats) reaches half the Bayes rate log(K/m) (``fallback``
-    where that is unknown) and exceeds 1e-3 nats. (rows,) -> bool (rows,)."""
-    return (kl >= 0.5 * np.where(np.isfinite(bayes), bayes, fallback)) & (kl > 1e-3)
+    where that is unknown), exceeds 1e-3 nats, and — the one definition every report reads
+    (issue "Real data, true numbers", item 5) — the posterior's argmax takes at least two values
+    over the evaluated rows (``codes_used`` >= 2; None: not checked): a rate paid while every row
+    picks one value is a prior mismatch, not information about y. (rows,) -> bool (rows,)."""
+    used = (kl >= 0.5 * np.where(np.isfinite(bayes), bayes, fallback)) & (kl > 1e-3)
+    return used & (codes_used is None or codes_used >= 2)
 
 
 def _per_example_columns(df: pd.DataFrame, pairs: Sequence[Pair], b: np.ndarray) -> np.ndarray:
@@ -153,8 +157,14 @@ class DiscreteEvaluator:
         nll_k = masked_mean_token_nll(tok_nll, batch.target_mask)  # (B, K) plain per-token means
         recon = reconstruction_per_value(tok_nll, batch.target_mask, objective, base_tok)
         jsd = inter_latent_jsd(out.next_token_logprobs, torch.softmax(out.prior_logits, -1), out.pos_mask)
-        br = assemble(LatentKind.DISCRETE, objective, recon=recon, target_len=batch.target_len, step=step, c_base=c_base, b=b,
-                      q_logits=out.posterior_logits, p_logits=out.prior_logits, jsd=jsd)  # None: the optimal q
+        if self.model.posterior_kind == "given":  # the control, a label oracle: training's objective (GIVEN)
+            z = self.model.given_values(batch)
+            br = assemble(GIVEN, objective, recon=recon.gather(1, z[:, None])[:, 0], target_len=batch.target_len,
+                          step=step, c_base=c_base, b=b, q_logits=out.posterior_logits, p_logits=out.prior_logits)
+        else:
+            br = assemble(LatentKind.DISCRETE, objective, recon=recon, target_len=batch.target_len, step=step,
+                          c_base=c_base, b=b, q_logits=out.posterior_logits, p_logits=out.prior_logits,
+                          jsd=jsd)  # None: the optimal q
         q = torch.softmax(br.per_example["q_logits"], -1)
         self.feats.append(out.features.cpu().numpy())
         self.q.append(q.cpu().numpy())
@@ -165,14 +175,15 @@ class DiscreteEvaluator:
     def finish(self, df, bayes, ctx: EvalContext) -> dict[str, float]:
         """The kind's latent/*, structure/* and decode metrics; adds its columns (measured_use, ...) to ``df``."""
         K = self.model.n_latent
-        df["measured_use"] = measured_use(df["kl"], bayes, math.log(K))
         qa = np.concatenate(self.q)
         q_mean = qa.mean(0)
         usage = np.bincount(df["posterior_argmax"], minlength=K) / len(df)
+        codes = int((usage >= CODE_USED_FRACTION).sum())
+        df["measured_use"] = measured_use(df["kl"], bayes, math.log(max(K, 2)), codes_used=codes)
         m = {
             "latent/oracle_rho": float(df["oracle_nll"].mean()) / ctx.c_base,
             "latent/q_max_mean": float(df["q_max"].mean()),
-            "latent/codes_used": int((usage >= CODE_USED_FRACTION).sum()),
+            "latent/codes_used": codes,
             "latent/usage_entropy": float(-(q_mean * np.log(np.clip(q_mean, 1e-30, None))).sum()),
             "latent/max_usage": float(usage.max()),
             **{f"latent/usage/{k}": float(u) for k, u in enumerate(usage)},  # share of rows whose argmax is k
@@ -265,10 +276,13 @@ EVALUATORS = {LatentKind.DISCRETE: DiscreteEvaluator, LatentKind.CONTINUOUS: Gau
 def evaluate(model, encoded: Sequence[EncodedPair], pairs: Sequence[Pair], *, b: np.ndarray, c_base: float,
              objective: ObjectiveConfig, step: int, pad_id: int, tokenizer=None, strategies: Sequence[str] | None = None,
              decode_rows: int = 0, batch_size: int = 128, base_token_nll: dict | None = None,
-             seed: int = 0) -> Evaluation:
+             seed: int = 0, rho_denominator: float | None = None) -> Evaluation:
     """Evaluate a discrete or continuous CVAE on validation rows. ``b`` (n_rows,) is the frozen base
     surprisal (nats per token); ``base_token_nll`` (id -> per-token b_t over S) is needed under token
     weighting; ``decode_rows`` rows are greedily decoded when a tokenizer and strategies are given.
+    ``c_base`` is the objective's (w = 1/c_base); rho_recon and oracle_rho divide by
+    ``rho_denominator``, by default the evaluated rows' own mean b (``reference/c_eval``), so a
+    decoder equal to the base reads exactly 1 on any sample of rows (issue "Real data, true numbers").
 
     Returns DESIGN §5 keys: loss/val/*, loss_contrib/fraction_abs/*, structure/*, latent/*,
     task/correctness, reference/c_base, objective/*. Metrics that need strategy labels are NaN when
@@ -296,12 +310,14 @@ def evaluate(model, encoded: Sequence[EncodedPair], pairs: Sequence[Pair], *, b:
         fr.append({k: float(v) for k, v in br.contributions.items()})
     df = pd.concat(rows, ignore_index=True)
     bayes = _per_example_columns(df, pairs, b)
+    c_eval = float(np.mean(b)) if rho_denominator is None else float(rho_denominator)
     n_decode = min(decode_rows, len(encoded)) if decode_rows and tokenizer is not None and strategies is not None else 0
-    ctx = EvalContext(c_base, n_decode, encoded, pairs, tokenizer, strategies)
-    m: dict[str, float] = {**_loss_metrics(df, fr, c_base, step), **kind.finish(df, bayes, ctx)}
+    ctx = EvalContext(c_eval, n_decode, encoded, pairs, tokenizer, strategies)
+    m: dict[str, float] = {**_loss_metrics(df, fr, c_eval, step), **kind.finish(df, bayes, ctx)}
     m["latent/measured_use_fraction"] = float(df["measured_use"].mean())
     m["latent/predicted_use_fraction"] = float(df["predicted_use"].mean())
     m.update(_objective_metrics(df, c_base, objective))
+    m["reference/c_eval"] = c_eval
     samples = None
     if strategies is None and tokenizer is not None and decode_rows and model.latent_kind == LatentKind.DISCRETE:
         samples = latent_samples(model, encoded, pairs, tokenizer, seed=seed)  # no notion of a correct y

@@ -13,6 +13,13 @@
 e_z is zero-initialized, so at initialization every latent value decodes exactly like the base
 model (rho_recon = 1 at step 0; tested). The reconstruction expectation is exact: all K values
 are decoded.
+
+A *given* z (``latent_source``, issue "Real data, true numbers") replaces the posterior by a fixed
+one-hot q on a value known per row: ``control`` (K = 1, every row value 0: the z-free control, the
+same decoder and parameters as a collapsed CVAE, z carrying nothing) or ``label:<key>`` (the row's
+label value: a label oracle). The router then reads the separator state *detached*, a probe whose
+cross-entropy -log p(label | x) on validation rows estimates H(label | x) without changing the
+decoder's training, which is the control's plus the label's embedding.
 """
 
 from __future__ import annotations
@@ -84,6 +91,16 @@ def _posterior_probs(out: DiscreteCVAEOutput) -> torch.Tensor:
     return torch.softmax(logits.detach(), -1)
 
 
+#: log q of the values a given z excludes: exp underflows to exactly 0 (float32 and float64), so
+#: q is exactly one-hot, lbar = r_z and KL = -log p(z | x) exactly, with finite logits
+GIVEN_LOGIT = -1e4
+
+
+def is_given(latent_source: str) -> bool:
+    """True for the sources that fix z per row (``control``, ``label:<key>``), not learned by q."""
+    return latent_source != "posterior"
+
+
 #: hard_em_decoder -> the decoded value from (output, batch, k*)
 DECODED_VALUE = {"best": lambda out, batch, k_star: k_star,
                  "posterior_argmax": lambda out, batch, k_star: _posterior_probs(out).argmax(-1)}
@@ -96,10 +113,12 @@ class DiscreteCVAE(nn.Module):
     latent_kind = LatentKind.DISCRETE
 
     def __init__(self, backbone: nn.Module, n_latent: int, posterior_features: str = "mean_y",
-                 latent_init_std: float = 0.0):
+                 latent_init_std: float = 0.0, latent_source: str = "posterior"):
         super().__init__()
-        if n_latent < 2:
+        if n_latent < (1 if latent_source == "control" else 2):
             raise ValueError(f"n_latent={n_latent} must be >= 2")
+        self.latent_source = latent_source
+        self.given_index: dict[str, int] = {}  # row id -> its value (set_given), a given source only
         if posterior_features not in self.FEATURES:
             raise ValueError(f"posterior_features={posterior_features!r} is not one of {list(self.FEATURES)}")
         d = backbone.get_input_embeddings().weight.shape[1]
@@ -112,7 +131,7 @@ class DiscreteCVAE(nn.Module):
             self.encoder = build_posterior_encoder(backbone)
         # optimal: no head (posterior_logits are zeros; the objective computes q from the decoders,
         # losses.optimal_posterior_logits); ``features`` are mean_y, for the probe metrics
-        self.posterior_head = (None if posterior_features == "optimal" else
+        self.posterior_head = (None if posterior_features == "optimal" or is_given(latent_source) else
                                nn.Linear(2 * d if posterior_features == "mean_first" else d, n_latent))
         self.router_head = nn.Linear(d, n_latent)
         self.latent_embedding = nn.Embedding(n_latent, d)
@@ -145,9 +164,32 @@ class DiscreteCVAE(nn.Module):
 
     @property
     def posterior_kind(self) -> str:
-        """Which posterior q(z | x, y) is in use: ``amortized`` (a head; ``posterior_logits`` set) or
-        ``optimal`` (no head; ``posterior_logits`` is None and the objective computes q from the decoders)."""
+        """Which posterior q(z | x, y) is in use: ``amortized`` (a head; ``posterior_logits`` set),
+        ``optimal`` (no head; ``posterior_logits`` is None and the objective computes q from the
+        decoders) or ``given`` (one-hot on each row's given value: the control or a label oracle)."""
+        if is_given(self.latent_source):
+            return "given"
         return "optimal" if self.posterior_head is None else "amortized"
+
+    def set_given(self, index: dict[str, int]) -> None:
+        """The given value of every row id the model will see (control: 0 for all). ValueError for
+        a value outside 0..K-1."""
+        bad = [(i, v) for i, v in index.items() if not 0 <= v < self.n_latent]
+        if bad:
+            raise ValueError(f"row {bad[0][0]!r}: given value {bad[0][1]} outside 0..{self.n_latent - 1}")
+        self.given_index = dict(index)
+
+    def given_values(self, batch: Batch) -> Int[torch.Tensor, "batch"]:
+        """The given value of each row of ``batch`` (KeyError naming a row without one)."""
+        missing = [i for i in batch.ids if i not in self.given_index]
+        if missing:
+            raise KeyError(f"row {missing[0]!r} has no given latent value (latent_source={self.latent_source!r})")
+        return torch.tensor([self.given_index[i] for i in batch.ids], device=batch.input_ids.device)
+
+    def _given_logits(self, z: Int[torch.Tensor, "batch"], like: torch.Tensor) -> Float[torch.Tensor, "batch n_latent"]:
+        """One-hot logits: 0 at z, ``GIVEN_LOGIT`` elsewhere, in the dtype of ``like``."""
+        logits = like.new_full((z.shape[0], self.n_latent), GIVEN_LOGIT)
+        return logits.scatter(1, z[:, None], 0.0)
 
     def encode(self, batch: Batch) -> DiscreteEncoding:
         """The z-free pass: the heads and the hidden states (B, T, D) they read."""
@@ -160,6 +202,10 @@ class DiscreteCVAE(nn.Module):
         and the posterior features, from the z-free hidden states ``h`` (B, T, D)."""
         rows = torch.arange(h.shape[0], device=h.device)
         sep = h[rows, batch.prefix_len - 1]
+        if is_given(self.latent_source):  # q one-hot on the given value; the router a probe of x
+            router = self.router_head(sep.detach())
+            return DiscreteHeads(self._given_logits(self.given_values(batch), router), router,
+                                 pool_posterior_features(self, "mean_y", h, batch))
         if self.posterior_head is None:  # optimal: computed by the objective from the decoders
             return DiscreteHeads(None, self.router_head(sep), pool_posterior_features(self, "mean_y", h, batch))
         feats = pool_posterior_features(self, self.posterior_features, h, batch)
@@ -233,3 +279,16 @@ class DiscreteCVAE(nn.Module):
         hz1, valid = self.decoder_suffix_shared_prefix(batch, cache, z[:, None])
         tlp_z, _ = suffix_target_logprobs(self.backbone, batch, hz1, valid)
         return SelectedOutput(out, tlp_z[:, 0], z, k_star)
+
+    def forward_given(self, batch: Batch) -> SelectedOutput:
+        """A given z (control, label oracle): the z-free pass (router, one-hot q) and one decoder pass
+        with the row's given value, with gradient; ``out.target_logprobs`` is that value's (B, 1, T)
+        log-probs (no other value is decoded). Costs the z-free pass plus one suffix pass."""
+        z = self.given_values(batch)
+        h0, cache = self._encode_with_cache(batch)
+        heads = self.heads_from_hidden(h0, batch)
+        t0 = target_logprobs_from_hidden(self.backbone, h0, batch)
+        hz, valid = self.decoder_suffix_shared_prefix(batch, cache, z[:, None])
+        tlp, _ = suffix_target_logprobs(self.backbone, batch, hz, valid)
+        out = DiscreteCVAEOutput(heads.posterior_logits, heads.prior_logits, tlp, heads.features, t0)
+        return SelectedOutput(out, tlp[:, 0], z, z)

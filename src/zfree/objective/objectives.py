@@ -14,6 +14,9 @@ beta_at_step * |S| / w. The kinds:
             free bits (per_dim: ``losses.free_bits_per_dim``);
   hard_em   the hard-EM aid (Shen et al. 2019): lbar = the decoded value's nll, plus the posterior's
             cross-entropy toward k* and the router's toward the (detached) posterior; no rate term.
+  given     a given z (the z-free control, a label oracle): lbar = the given value's nll; the rate
+            KL(one-hot || p(z|x)) = -log p(z|x) is logged as kl_prior_loss and trains the router (a
+            probe on detached features) with weight 1, whatever beta (it cannot reach the decoder).
 
 Training (``step_objective``: the model's forward pass, then ``assemble``) and evaluation
 (``zfree.evaluate.metrics``) both call ``assemble``, so they cannot compute different objectives.
@@ -148,6 +151,12 @@ def _hard_em_terms(cfg: ObjectiveConfig, *, recon, w, beta, c_base, q_logits, p_
                      {"q_logits": q_logp}, recon_name="hard_reconstruction", w=w)
 
 
+def _given_terms(cfg: ObjectiveConfig, *, recon, w, beta, c_base, q_logits, p_logits) -> KindTerms:
+    """recon (B,): the given value's nll; q_logits one-hot (``DiscreteCVAE.GIVEN_LOGIT``)."""
+    kl = categorical_kl(q_logits, p_logits)  # exactly -log p(z | x) for a one-hot q
+    return KindTerms(recon, {"kl_prior_loss": (kl.mean(), kl.mean())}, {"kl": kl, "q_logits": q_logits})
+
+
 class Phase(StrEnum):
     """The training phase (``TrainState.phase``, recorded as its value): ``HARD`` is the hard-EM
     phase of the hard_em_then_soft aid, ``SOFT`` the true objective of the latent kind."""
@@ -158,10 +167,14 @@ class Phase(StrEnum):
 
 #: the terms of the hard-EM phase's objective (a key of ``KINDS`` beside the latent kinds)
 HARD_EM = "hard_em"
+#: the objective of a given z (``ModelConfig.latent_source`` control or label:<key>; a key of
+#: ``KINDS`` and ``STEP_OBJECTIVES``)
+GIVEN = "given"
 
 #: latent kind / the hard-EM phase -> its term function
 KINDS: dict[str, Callable[..., KindTerms]] = {LatentKind.DISCRETE: _discrete_terms,
-                                              LatentKind.CONTINUOUS: _gaussian_terms, HARD_EM: _hard_em_terms}
+                                              LatentKind.CONTINUOUS: _gaussian_terms, HARD_EM: _hard_em_terms,
+                                              GIVEN: _given_terms}
 
 
 def assemble(kind: str, cfg: ObjectiveConfig, *, recon: Float[torch.Tensor, "batch *n"],
@@ -294,10 +307,21 @@ def hard_em_objective(model, batch: Batch, cfg: TrainConfig, step: int, c_base: 
                     recon_scale=cfg.aid.hard_em_recon_scale)
 
 
+def given_objective(model, batch: Batch, cfg: TrainConfig, step: int, c_base: float, b: torch.Tensor | None,
+                    base_tok: torch.Tensor | None = None, warm: bool = False) -> ObjectiveBreakdown:
+    """J of a given z (the z-free control, a label oracle; ``KINDS['given']``): w_i * the given
+    value's reconstruction (token-weighted under ``token``) + the router's cross-entropy toward it.
+    Only the given value is decoded (``DiscreteCVAE.forward_given``); ``warm`` is unused."""
+    sel = _forward(model, cfg, lambda: model.forward_given(batch))
+    recon = reconstruction_per_value(-sel.selected_logprobs[:, None], batch.target_mask, cfg.objective, base_tok)[:, 0]
+    return assemble(GIVEN, cfg.objective, recon=recon, target_len=batch.target_len, step=step, c_base=c_base, b=b,
+                    q_logits=sel.out.posterior_logits, p_logits=sel.out.prior_logits)
+
+
 #: training phase -> the objective of one step ("hard": the hard-EM phase of hard_em_then_soft;
 #: otherwise the latent kind's true objective)
 STEP_OBJECTIVES = {Phase.HARD: hard_em_objective, LatentKind.DISCRETE: soft_objective,
-                   LatentKind.CONTINUOUS: continuous_objective}
+                   LatentKind.CONTINUOUS: continuous_objective, GIVEN: given_objective}
 
 
 def step_objective(phase: str, model, batch: Batch, cfg: TrainConfig, step: int, c_base: float,

@@ -22,6 +22,7 @@ from zfree.train import aids, run_folder
 from zfree.config import LatentKind, TrainConfig
 from zfree.data.batching import EncodedPair, collate, encode_pair, pad_id_of
 from zfree.data.pairs import Pair, load_pairs
+from zfree.data.split import spread_sample
 from zfree.core.errors import Interrupted
 from zfree.core.io import read_json
 from zfree.core.locks import run_folder_lock
@@ -33,7 +34,8 @@ from zfree.models.continuous import ContinuousCVAE
 from zfree.models.discrete import DiscreteCVAE
 from zfree.models.loading import pick_device
 from zfree.models.precision import WEIGHT_DTYPES, acc_dtype, default_dtype
-from zfree.objective.objectives import Phase, step_objective
+from zfree.objective.objectives import GIVEN, Phase, step_objective
+from zfree.train.given import given_index
 from zfree.reference.reference import Reference, resolve_reference
 from zfree.reference.scoring import context_length
 from zfree.core.values import check_device
@@ -72,7 +74,8 @@ def build_cvae(cfg: TrainConfig, backbone: torch.nn.Module) -> DiscreteCVAE | Co
             model = ContinuousCVAE(backbone, m.d_latent, m.posterior_features, prior=m.prior, n_samples=m.n_samples)
         else:
             model = DiscreteCVAE(backbone, m.n_latent, m.posterior_features,
-                                 latent_init_std=cfg.aid.latent_init_std if cfg.aid.aid == "random_init_jsd" else 0.0)
+                                 latent_init_std=cfg.aid.latent_init_std if cfg.aid.aid == "random_init_jsd" else 0.0,
+                                 latent_source=m.latent_source)
     model.shared_prefix_mode = m.shared_prefix
     model.shared_prefix = m.shared_prefix != "off"
     return model.to(pick_device(cfg.optim.device)).train()
@@ -160,7 +163,7 @@ def _setup_data(cfg: TrainConfig, backbone, tok, ref: Reference, train_ref: Refe
         if cfg.optim.eval_rows > len(val_pairs):
             print(f"note: eval_rows={cfg.optim.eval_rows} but {data_dir / 'val.jsonl'} has {len(val_pairs)} rows: "
                   f"all {len(val_pairs)} evaluated (config.json records _rows_used)", flush=True)
-        val_pairs = val_pairs[: cfg.optim.eval_rows]
+    val_pairs = spread_sample(val_pairs, cfg.optim.eval_rows)  # seeded, spread over all x, the same for every run
     max_len = context_length(backbone)
     train, val = _encode(tok, train_pairs, max_len, "train"), _encode(tok, val_pairs, max_len, "val")
     val_ids = [p.id for p in val_pairs]
@@ -214,10 +217,15 @@ def _record_evaluation(out: Path, model, data: RunData, state: TrainState, opt, 
     run_folder.append_metrics(out, row)
     run_folder.save_checkpoint(out, model, opt, rng, state)
     top = ev.metrics.get("latent/max_usage")
-    if top is not None and top >= INDEX_COLLAPSE_SHARE and state.step > 0:
+    if top is not None and top >= INDEX_COLLAPSE_SHARE and state.step > 0 and cfg_given(model) is False:
         print(f"warning: step {state.step}: one latent value is the posterior's argmax on {top:.0%} of the "
               "validation rows (index collapse: reads as KL ~ 0 just like a uniform collapse)", flush=True)
     return ev
+
+
+def cfg_given(model) -> bool:
+    """True for a model whose z is given (the control, a label oracle: no posterior to collapse)."""
+    return getattr(model, "posterior_kind", "") == "given"
 
 
 def _log_train_terms(state: TrainState, br) -> None:
@@ -271,6 +279,8 @@ def _setup_run(cfg: TrainConfig, out: Path, progress: bool) -> Run:
                  if cfg.objective.needs_example_b else None)  # b (and b_t) on training rows, scored once and cached
     model = build_cvae(cfg, backbone)
     data = _setup_data(cfg, backbone, tok, ref, train_ref, data_dir)
+    if model.latent_kind == LatentKind.DISCRETE and model.posterior_kind == "given":
+        model.set_given(given_index(cfg, data_dir))  # the control's 0 / each row's label value
     out.mkdir(parents=True, exist_ok=True)
     run_folder.write_config_record(out, cfg, data.c_base, ref, data_dir, backbone, rows_used=rows_used(cfg, data))
     opt = build_optimizer(model, cfg, log=print if progress else None)
@@ -350,7 +360,8 @@ def _train_loop(cfg: TrainConfig, out: Path, run: Run, progress: bool, stop_afte
         b, base_tok = _batch_references(data, host, cfg.objective.weighting, dev, acc)
         batch = host.to(dev)
         # one objective per step: the hard-EM phase, else the latent kind's true J (beta0 warm-up applied)
-        phase = Phase.HARD if state.phase == Phase.HARD else cfg.model.latent_kind
+        phase = (Phase.HARD if state.phase == Phase.HARD else GIVEN if cfg.model.latent_source != "posterior"
+                 else cfg.model.latent_kind)
         br = step_objective(phase, model, batch, cfg, step, data.c_base, b, base_tok, warm=aids.beta0_warm(cfg, step))
         if state.phase == Phase.HARD:  # dead-value restarts count the posterior's argmax
             aids.count_usage(state, br.per_example["q_logits"].argmax(-1), model.n_latent)

@@ -1,0 +1,33 @@
+"""The given latent values of the z-free control and the label oracles (``ModelConfig.latent_source``):
+row id -> value index, read from the run's data folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from zfree.config import TrainConfig
+from zfree.core.errors import ConfigError
+from zfree.data.labels import label_value, label_values
+from zfree.data.pairs import load_pairs
+
+
+def given_index(cfg: TrainConfig, data_dir: Path) -> dict[str, int]:
+    """Row id -> the given value for every train and val row of ``data_dir``: 0 for the control;
+    under ``label:<key>`` the index of the row's value among the label's sorted values over
+    train.jsonl + val.jsonl (``zfree.data.labels.label_values``). Raises ValueError naming the file
+    and row for a row without the label; ConfigError when ``n_latent`` is not the label's number of
+    values."""
+    pairs = {s: load_pairs(Path(data_dir) / f"{s}.jsonl") for s in ("train", "val")}
+    rows = pairs["train"] + pairs["val"]
+    source = cfg.model.latent_source
+    if source == "control":
+        return {p.id: 0 for p in rows}
+    key = source.split(":", 1)[1]
+    for split, ps in pairs.items():
+        label_values(ps, key, source=str(Path(data_dir) / f"{split}.jsonl"))
+    values = label_values(rows, key)
+    if cfg.model.n_latent != len(values):
+        raise ConfigError(f"n_latent={cfg.model.n_latent} but label {key!r} takes {len(values)} values in "
+                          f"{data_dir}/train.jsonl + val.jsonl: set n_latent={len(values)}")
+    idx = {v: i for i, v in enumerate(values)}
+    return {p.id: idx[label_value(p, key)] for p in rows}
