@@ -18,9 +18,10 @@ from zfree.config import TrainConfig
 from zfree.core.io import atomic_write_json, atomic_write_text
 from zfree.core.locks import run_folder_lock
 from zfree.core.paths import check_out_dir
+from zfree.experiment.controls import LINKS_FILE, oracle_labels, with_controls
 from zfree.experiment.executor import Executor, make_executor, print_failures, run_points
 from zfree.experiment.render import render_report
-from zfree.experiment.results import aggregate, collect_runs, summary_table
+from zfree.experiment.results import aggregate, collect_runs, summary_table, with_gains
 from zfree.experiment.sources import Prepared, prepare_base, prepare_data
 from zfree.experiment.spec import ExperimentSpec, expand_grid, own_grid
 from zfree.experiment.study_notes import label_notes, write_summary_csv
@@ -81,7 +82,7 @@ def _summary(spec: ExperimentSpec, out: Path, notes: list[str] | None) -> int:
         return len(collect_runs(out / "runs"))
     if notes is not None:
         return len(write_summary_csv(out, notes))
-    table = summary_table(collect_runs(out / "runs"))
+    table = with_gains(summary_table(collect_runs(out / "runs")), out, collect_runs(out / "runs"))
     atomic_write_text(out / "summary.csv", table.to_csv(index=False))
     return len(table)
 
@@ -104,6 +105,9 @@ def run_experiment(spec: ExperimentSpec, out_dir: Path | str, *, retrain_base: b
     folders = {} if spec.data.kind == "fields" else {"data_dir": str(prep.data_dir), "base_dir": str(prep.base_dir),
                                                      "c_base_source": prep.c_base_source}
     points = expand_grid({**TrainConfig().to_flat(), **spec.train, **folders}, grid)
+    if spec.controls and points:  # the z-free control of every recipe, and the label oracles
+        points, links = with_controls(points, oracle_labels(points[0].params["data_dir"], spec.oracles))
+        atomic_write_json(out / LINKS_FILE, links)
     ex = executor or make_executor(spec.executor, workers or spec.workers, folder=out / "submitit",
                                    **spec.executor_options)
     try:

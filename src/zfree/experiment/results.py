@@ -15,6 +15,8 @@ import pandas as pd
 from zfree.core.io import atomic_write_parquet, atomic_write_text, read_json, read_jsonl
 from zfree.core.paths import PATH_FIELDS, ROOT, resolve_path
 from zfree.data.pairs import load_pairs
+from zfree.experiment.controls import LINKS_FILE
+from zfree.experiment.gains import GAIN_COLUMNS, oracle_table, run_gains
 from zfree.objective.theory import predict_curve
 
 FACETS = ("weighting", "latent_kind", "aid")  # what tells runs of one sweep apart, besides beta
@@ -53,13 +55,24 @@ def check_folder(folder: Path | str) -> Path:
     return d
 
 
-def collect_runs(runs_dir: Path | str) -> pd.DataFrame:
-    """One row per finished run folder (its ``summary.json``, data_dir/base_dir resolved to absolute
-    paths: ``zfree.core.paths.resolve_path``), plus ``run_id`` and ``run_dir``."""
+#: collect_runs' selections: the CVAE runs (the default: every table, figure and verdict), the
+#: given-z runs (the z-free controls and label oracles, ``zfree.experiment.controls``), or all
+RUN_KINDS = ("cvae", "given", "all")
+
+
+def collect_runs(runs_dir: Path | str, kind: str = "cvae") -> pd.DataFrame:
+    """One row per finished run folder of ``kind`` (``RUN_KINDS``; its ``summary.json``,
+    data_dir/base_dir resolved to absolute paths: ``zfree.core.paths.resolve_path``), plus
+    ``run_id`` and ``run_dir``. ValueError listing the kinds for another ``kind``."""
+    if kind not in RUN_KINDS:
+        raise ValueError(f"kind={kind!r} is not one of {list(RUN_KINDS)}")
     check_folder(Path(runs_dir).parent)
     rows = []
     for s in sorted(Path(runs_dir).glob("*/summary.json")):
         d = read_json(s)
+        given = d.get("latent_source", "posterior") != "posterior"
+        if (kind == "cvae" and given) or (kind == "given" and not given):
+            continue
         for k in PATH_FIELDS:  # stored relative to the run folder (or zfree:...): absolute here
             if isinstance(d.get(k), str):
                 d[k] = resolve_path(d[k], s.parent)
@@ -94,12 +107,28 @@ def summary_with_labels(runs: pd.DataFrame, notes: list[str]) -> pd.DataFrame:
 
 def study_summary(study_dir: Path | str) -> pd.DataFrame:
     """The summary.csv table of a study or sweep folder: ``summary_with_labels`` when the folder
-    has a ``notes.json`` (a labelled-data study), else ``summary_table``."""
+    has a ``notes.json`` (a labelled-data study), else ``summary_table``; with the z-free control's
+    gain columns (``zfree.experiment.gains.GAIN_COLUMNS``) where the study trained controls."""
     d = Path(study_dir)
     runs = collect_runs(d / "runs")
     if (d / "notes.json").exists():
-        return summary_with_labels(runs, read_json(d / "notes.json").get("notes", []))
-    return summary_table(runs)
+        tab = summary_with_labels(runs, read_json(d / "notes.json").get("notes", []))
+    else:
+        tab = summary_table(runs)
+    return with_gains(tab, d, runs)
+
+
+def with_gains(tab: pd.DataFrame, study_dir: Path, runs: pd.DataFrame) -> pd.DataFrame:
+    """``tab`` (one row per run_id) joined with ``run_gains`` when the study has controls; also
+    writes ``available_gain.csv`` (the oracle table) and ``gains.csv`` beside it."""
+    if tab.empty or not (study_dir / LINKS_FILE).exists():
+        return tab
+    oracles = oracle_table(study_dir)
+    gains = run_gains(study_dir, runs, oracles)
+    atomic_write_text(study_dir / "available_gain.csv", oracles.to_csv(index=False))
+    atomic_write_text(study_dir / "gains.csv", gains.to_csv(index=False))
+    keep = ["run_id", "control_run_id", *[c for c in GAIN_COLUMNS if c in gains]]
+    return tab.merge(gains[keep], on="run_id", how="left")
 
 
 def runs_table(sweep_dir: Path | str) -> pd.DataFrame:

@@ -16,6 +16,7 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Literal
@@ -29,8 +30,15 @@ from zfree.objective.theory import critical_beta
 
 
 def run_id(flat: dict[str, Any]) -> str:
-    """Stable id: ``<weighting>_beta<beta>_<8 hex of the sha256 of the sorted flat config>``."""
+    """Stable id: ``<weighting>_beta<beta>[_<aid>]_<8 hex of the sha256 of the sorted flat config>``;
+    a given-z run (``latent_source``): ``control_<weighting>_<hash>`` or
+    ``oracle-<key>_<weighting>_<hash>`` (a joint key's ``*`` written ``x``)."""
     h = hashlib.sha256(json.dumps(flat, sort_keys=True).encode()).hexdigest()[:8]
+    src = flat.get("latent_source", "posterior")
+    if src != "posterior":
+        key = re.sub(r"[^A-Za-z0-9_.-]", "-", src.partition(":")[2].replace("*", "x"))
+        name = "control" if src == "control" else f"oracle-{key}"
+        return f"{name}_{flat['weighting']}_{h}"
     aid = flat.get("aid", "none")
     prefix = f"{flat['weighting']}_beta{flat['beta']:g}" + ("" if aid in (None, "none") else f"_{aid}")
     return f"{prefix}_{h}"
@@ -143,6 +151,11 @@ class ExperimentSpec:
     executor: str = "local"
     workers: int = 2
     executor_options: dict[str, Any] = field(default_factory=dict)
+    # the z-free control of every CVAE recipe and the label oracles (``zfree.experiment.controls``):
+    # ``controls`` False trains neither; ``oracles`` None = every label all rows carry, () = none,
+    # else the label keys (a joint ``a*b`` allowed)
+    controls: bool = True
+    oracles: tuple[str, ...] | None = None
 
     @property
     def val_size(self) -> int:
@@ -172,7 +185,9 @@ def spec_from_dict(d: dict[str, Any]) -> ExperimentSpec:
     b = d.get("boundary")
     boundary = None if b is None else BoundaryGrid(tuple(b["weightings"]), tuple(b["beta_factors"]), tuple(b["aids"]),
                                                    dict(b["aided"]))
-    return ExperimentSpec(**{**d, "data": data, "base": base, "boundary": boundary})
+    oracles = d.get("oracles")
+    return ExperimentSpec(**{**d, "data": data, "base": base, "boundary": boundary,
+                             "oracles": None if oracles is None else tuple(oracles)})
 
 
 def predicted_boundary(weighting: str, ref, epsilon: float = 0.05) -> float:

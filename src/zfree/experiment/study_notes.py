@@ -9,7 +9,7 @@ from pathlib import Path
 
 from zfree.data.pairs import Pair
 from zfree.core.io import atomic_write_text, read_json
-from zfree.experiment.results import collect_runs, summary_with_labels
+from zfree.experiment.results import collect_runs, summary_with_labels, with_gains
 
 
 def label_notes(pairs: list[Pair], data_dir: Path) -> list[str]:
@@ -43,7 +43,8 @@ def label_notes(pairs: list[Pair], data_dir: Path) -> list[str]:
 def write_summary_csv(out: Path, notes: list[str]):
     """``out/summary.csv``: ``zfree.experiment.results.summary_with_labels`` of the study's runs (the
     ``structure/<metric>/<label>`` columns and a ``notes`` column). Returns the table."""
-    tab = summary_with_labels(collect_runs(out / "runs"), notes)
+    runs = collect_runs(out / "runs")
+    tab = with_gains(summary_with_labels(runs, notes), Path(out), runs)
     atomic_write_text(out / "summary.csv", tab.to_csv(index=False))
     return tab
 

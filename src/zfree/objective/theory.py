@@ -52,17 +52,24 @@ def analytic_c_base(pairs: Sequence) -> float:
     return float(np.mean(vals))
 
 
-def predicted_use(beta_eff: ArrayLike, bayes_nll: ArrayLike | None = None, excess_seq: ArrayLike | None = None
-                  ) -> np.ndarray:
+def predicted_use(beta_eff: ArrayLike, bayes_nll: ArrayLike | None = None, excess_seq: ArrayLike | None = None,
+                  exchange_rate: float = 1.0) -> np.ndarray:
     """Per example (bool, shape (n_rows,)): True where z pays for itself,
-    beta_eff < 1 + excess_seq / bayes_nll (the second term only when both are given).
+    beta_eff < eta * (1 + excess_seq / bayes_nll) (the second term only when both are given).
+
+    ``exchange_rate`` eta: the nats of reconstruction one nat of rate buys (issue "Real data, true
+    numbers", item 3): 1 on the synthetic benchmark by construction (z := the strategy lowers the
+    sequence NLL by exactly the information it carries); on real data the measured
+    eta = Delta R_label / H(label | x) of a label oracle (``zfree.experiment.gains``).
 
     ``beta_eff`` is dimensionless (``zfree.objective.losses.effective_beta``); ``bayes_nll`` and
     ``excess_seq`` (= |S| * (b - analytic), the base model's excess) are nats per sequence.
     Examples with bayes_nll == 0 (every strategy agrees) have nothing to explain: False.
     Source: Chen et al. 2017 (information preference); DESIGN §1.
     """
-    beta_eff = _as_1d("beta_eff", beta_eff)
+    if not exchange_rate > 0:
+        raise ValueError(f"exchange_rate={exchange_rate!r} must be > 0")
+    beta_eff = _as_1d("beta_eff", beta_eff) / exchange_rate
     thr = np.ones_like(beta_eff)
     if bayes_nll is None:
         return beta_eff < thr

@@ -1,0 +1,107 @@
+"""The z-free control and the label oracles every CVAE study trains beside its runs (issue "Real
+data, true numbers", items 1-2; DESIGN §5).
+
+A run's **control** (``control_params``) is the run with z held at one value (``latent_source =
+"control"``, K = 1): the same data, base, weighting, optimizer, rates, warm-up, steps, batch size,
+seed (so the same batches) and evaluation rows, no rate, no aid. It is what a collapsed run would
+reach, so z's gain of a run is D_control - D_run, and the fine-tuning gain D_base - D_control is
+not credited to z. Fields that cannot change a z-free decoder's training (beta and its schedule,
+free bits, K, the posterior, every aid field) are reset to their defaults, so runs that differ only
+in them share one control.
+
+A **label oracle** (``oracle_params``) is the control's recipe with z := the row's label value
+(``latent_source = "label:<key>"``, K = the label's number of values): its gain over the same
+control, Delta R_label, is what a latent carrying that label could buy; its router's
+cross-entropy on validation rows estimates H(label | x), and eta = Delta R / H is the exchange rate
+theory needs (``zfree.objective.theory.predicted_use``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+from zfree.config import AidConfig, TrainConfig
+from zfree.data.labels import label_keys_of, label_values
+from zfree.data.pairs import load_pairs
+from zfree.experiment.spec import Point, run_id
+
+#: the fields of a run that a given-z decoder does not see: reset to their defaults in its control
+_RESET = ("beta", "beta_schedule", "beta_warmup_steps", "beta_cycle_steps", "free_bits", "free_bits_mode", "ae_steps",
+          "lambda_jsd", "latent_kind", "n_latent", "posterior_features", "d_latent", "n_samples", "prior",
+          "frozen_decoder_steps", *AidConfig.__dataclass_fields__)
+
+
+def _defaults() -> dict[str, Any]:
+    return TrainConfig().to_flat()
+
+
+def control_params(flat: dict[str, Any]) -> dict[str, Any]:
+    """The flat config of the z-free control of the run ``flat`` (module docstring): K = 1,
+    ``latent_source = "control"``, beta 0 (a given z pays no rate), the fields in ``_RESET`` at their
+    defaults; everything that shapes the decoder's training kept."""
+    d = _defaults()
+    out = {**flat, **{k: d[k] for k in _RESET}}
+    out.update(beta=0.0, n_latent=1, latent_source="control", latent_kind="discrete")
+    return TrainConfig.from_flat(out).to_flat()
+
+
+def oracle_params(flat: dict[str, Any], key: str, n_values: int) -> dict[str, Any]:
+    """The flat config of the label oracle of ``key`` (z := the row's value, K = ``n_values``) on
+    the control recipe of ``flat``."""
+    out = {**control_params(flat), "n_latent": n_values, "latent_source": f"label:{key}"}
+    return TrainConfig.from_flat(out).to_flat()
+
+
+given_run_id = run_id  # names a control or an oracle by its source (``zfree.experiment.spec.run_id``)
+
+
+def oracle_labels(data_dir: Path | str, wanted: Sequence[str] | None = None) -> dict[str, int]:
+    """Label key -> its number of values over train.jsonl + val.jsonl of ``data_dir``: the keys in
+    ``wanted`` (a joint ``a*b`` allowed), or (None) every key all rows carry (``label_keys_of``:
+    ``strategy`` on the synthetic benchmark, the ``labels`` keys on real data). Keys with fewer than
+    2 values are dropped (nothing to carry). Raises ValueError naming the file and row for a wanted
+    label a row lacks."""
+    rows = [p for s in ("train", "val") for p in load_pairs(Path(data_dir) / f"{s}.jsonl")]
+    keys = list(wanted) if wanted is not None else label_keys_of(rows)
+    out = {}
+    for k in keys:
+        n = len(label_values(rows, k, source=str(data_dir)))
+        if n >= 2:
+            out[k] = n
+    return out
+
+
+#: the study folder's record of which control belongs to which run (``with_controls``)
+LINKS_FILE = "controls.json"
+
+
+def with_controls(points: list[Point], labels: dict[str, int] | None) -> tuple[list[Point], dict]:
+    """``points`` followed by the control of every CVAE point (one per distinct recipe) and, when
+    ``labels`` is given, one oracle per label on the first point's recipe (its control included
+    above); and the links ``{"controls": {run_id: control_id}, "oracles": {oracle_id: {"label",
+    "n_values", "control"}}}`` (written to ``LINKS_FILE`` by the pipeline; ``zfree.experiment.gains``
+    reads them). Given-z points already in ``points`` are kept as they are. Order: the CVAE runs
+    first (the longest), then controls, then oracles."""
+    cvae = [p for p in points if p.params.get("latent_source", "posterior") == "posterior"]
+    extra: dict[str, dict] = {}
+    links: dict = {"controls": {}, "oracles": {}}
+    for p in cvae:
+        c = control_params(p.params)
+        links["controls"][p.run_id] = given_run_id(c)
+        extra.setdefault(given_run_id(c), c)
+    if cvae and labels:
+        for key, n in labels.items():
+            o = oracle_params(cvae[0].params, key, n)
+            extra.setdefault(given_run_id(o), o)
+            links["oracles"][given_run_id(o)] = {"label": key, "n_values": n,
+                                                 "control": links["controls"][cvae[0].run_id]}
+    seen = {p.run_id for p in points}
+    return list(points) + [Point(i, f) for i, f in extra.items() if i not in seen], links
+
+
+def is_given_run(row: dict | Any) -> bool:
+    """True for a control or oracle run (a summary row or flat config)."""
+    src = row.get("latent_source", "posterior") if hasattr(row, "get") else "posterior"
+    return isinstance(src, str) and src != "posterior"
+

@@ -1,0 +1,142 @@
+"""What z could explain and what it did, against the z-free control (issue "Real data, true numbers",
+items 1-3): the available-gain table of the label oracles and each CVAE run's gain, with bootstrap
+intervals over the evaluated rows.
+
+Units: D (distortion) is the reconstruction NLL in nats per example (sequence), |S|·lbar, averaged
+over the evaluated validation rows (the same seeded rows for every run of a study,
+``zfree.data.split.spread_sample``); rates are nats per example.
+
+  z gain            D_control - D_run          (paired per row)
+  fine-tuning gain  D_base - D_control         (|S|·b: the frozen base on the same rows)
+  Delta R_label     D_control - D_oracle       (the oracle's z := the label)
+  H(label | x)      the oracle router's cross-entropy -log p(label | x) on the rows (an upper bound)
+  eta               Delta R_label / H(label | x): reconstruction nats bought per nat of rate
+
+Intervals: the 95 % percentile bootstrap over evaluated rows (``scipy.stats.bootstrap``, 2000
+resamples, rows resampled jointly for every paired quantity, seed 0). A label's gain counts as
+distinguishable from zero when its interval excludes 0.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy.stats import bootstrap
+
+from zfree.core.io import read_json
+from zfree.experiment.controls import LINKS_FILE
+
+N_RESAMPLES = 2000
+CONFIDENCE = 0.95
+#: the per-example columns a gain reads
+_COLS = ["id", "n_tokens", "lbar", "kl", "b"]
+
+
+def interval(*columns: np.ndarray, statistic=None, seed: int = 0) -> tuple[float, float, float]:
+    """(estimate, low, high): ``statistic`` (default: the mean of one column) and its 95 % percentile
+    bootstrap interval, the rows of all ``columns`` (each (rows,)) resampled together. Fewer than 2
+    rows or a constant statistic: the interval is the estimate itself."""
+    stat = statistic or (lambda a, axis=-1: np.mean(a, axis=axis))
+    cols = [np.asarray(c, float) for c in columns]
+    est = float(stat(*cols, axis=-1))
+    if len(cols[0]) < 2:
+        return est, est, est
+    res = bootstrap(tuple(cols), stat, paired=True, vectorized=True, n_resamples=N_RESAMPLES,
+                    confidence_level=CONFIDENCE, method="percentile", random_state=np.random.default_rng(seed))
+    lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
+    return (est, est, est) if not (np.isfinite(lo) and np.isfinite(hi)) else (est, lo, hi)
+
+
+def _per_example(run_dir: str) -> pd.DataFrame:
+    pe = pd.read_parquet(Path(run_dir) / "per_example.parquet", columns=_COLS)
+    return pe.assign(D=pe["n_tokens"] * pe["lbar"], D_base=pe["n_tokens"] * pe["b"]).set_index("id")
+
+
+def _paired(a: pd.DataFrame, b: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The rows both tables evaluated, in one order."""
+    ids = a.index.intersection(b.index)
+    return a.loc[ids], b.loc[ids]
+
+
+def _ratio(a, b, axis=-1):
+    return np.mean(a, axis=axis) / np.mean(b, axis=axis)
+
+
+def oracle_table(study_dir: Path | str) -> pd.DataFrame:
+    """One row per label oracle of the study: label, n_values, rows, D_control, delta_R (+ _lo,
+    _hi), H (+ _lo, _hi), eta (+ _lo, _hi), distinguishable (delta_R_lo > 0), finetune_gain, and the
+    run ids. Empty (with the columns) when the study has no oracle or its control is missing."""
+    cols = ["label", "n_values", "rows", "D_control", "delta_R", "delta_R_lo", "delta_R_hi", "H", "H_lo", "H_hi",
+            "eta", "eta_lo", "eta_hi", "distinguishable", "finetune_gain", "oracle_run_id", "control_run_id"]
+    runs_dir = Path(study_dir) / "runs"
+    rows = []
+    for oid, link in links_of(study_dir)["oracles"].items():
+        cid = link["control"]
+        if not all((runs_dir / i / "per_example.parquet").exists() for i in (oid, cid)):
+            continue
+        po, pc = _paired(_per_example(str(runs_dir / oid)), _per_example(str(runs_dir / cid)))
+        dR = pc["D"].to_numpy() - po["D"].to_numpy()
+        h = po["kl"].to_numpy()
+        d, dlo, dhi = interval(dR)
+        hh, hlo, hhi = interval(h)
+        e, elo, ehi = interval(dR, h, statistic=_ratio) if hh > 0 else (np.nan, np.nan, np.nan)
+        rows.append({"label": link["label"], "n_values": int(link["n_values"]), "rows": len(dR),
+                     "D_control": float(pc["D"].mean()), "delta_R": d, "delta_R_lo": dlo, "delta_R_hi": dhi,
+                     "H": hh, "H_lo": hlo, "H_hi": hhi, "eta": e, "eta_lo": elo, "eta_hi": ehi,
+                     "distinguishable": bool(dlo > 0),
+                     "finetune_gain": float((pc["D_base"] - pc["D"]).mean()),
+                     "oracle_run_id": oid, "control_run_id": cid})
+    return pd.DataFrame(rows, columns=cols).sort_values("delta_R", ascending=False).reset_index(drop=True)
+
+
+def best_label(oracles: pd.DataFrame) -> pd.Series | None:
+    """The oracle row with the largest Delta R among the distinguishable ones (else the largest), or None."""
+    if oracles.empty:
+        return None
+    dist = oracles[oracles["distinguishable"]]
+    return (dist if len(dist) else oracles).iloc[0]
+
+
+def run_gains(study_dir: Path | str, runs: pd.DataFrame, oracles: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per CVAE run: run_id, control_run_id, rows, D, D_control, D_base, z_gain (+ _lo,
+    _hi), finetune_gain (+ _lo, _hi), rate (mean KL), the best label's delta_R (available_gain) and
+    the share z got (gain_share = z_gain / available_gain), and ``z_gain_positive`` (its interval
+    above 0). ``runs``: the CVAE runs (``zfree.experiment.results.collect_runs``). Runs whose control
+    has not finished get NaN gains."""
+    runs_dir = Path(study_dir) / "runs"
+    oracles = oracle_table(study_dir) if oracles is None else oracles
+    best = best_label(oracles)
+    controls = links_of(study_dir)["controls"]
+    rows = []
+    for _, r in runs.iterrows():
+        cid = controls.get(r["run_id"])
+        row = {"run_id": r["run_id"], "control_run_id": cid}
+        if cid is not None and (runs_dir / cid / "per_example.parquet").exists():
+            pr, pc = _paired(_per_example(r["run_dir"]), _per_example(str(runs_dir / cid)))
+            g = interval(pc["D"].to_numpy() - pr["D"].to_numpy())
+            f = interval(pc["D_base"].to_numpy() - pc["D"].to_numpy())
+            row.update(rows=len(pr), D=float(pr["D"].mean()), D_control=float(pc["D"].mean()),
+                       D_base=float(pc["D_base"].mean()), z_gain=g[0], z_gain_lo=g[1], z_gain_hi=g[2],
+                       finetune_gain=f[0], finetune_gain_lo=f[1], finetune_gain_hi=f[2], rate=float(pr["kl"].mean()),
+                       z_gain_positive=bool(g[1] > 0))
+        if best is not None:
+            row.update(best_label=best["label"], available_gain=float(best["delta_R"]),
+                       gain_share=row.get("z_gain", np.nan) / best["delta_R"] if best["delta_R"] > 0 else np.nan)
+        rows.append(row)
+    return pd.DataFrame(rows, columns=list(dict.fromkeys(["run_id", "control_run_id", *GAIN_COLUMNS,
+                                                          *(k for r in rows for k in r)])))
+
+
+#: the gain columns summary.csv carries (beside each run's own metrics)
+GAIN_COLUMNS = ["D", "D_control", "D_base", "z_gain", "z_gain_lo", "z_gain_hi", "finetune_gain", "rate",
+                "z_gain_positive", "best_label", "available_gain", "gain_share"]
+
+
+def links_of(study_dir: Path | str) -> dict:
+    """The study's run -> control and oracle -> (label, control) links (``controls.json``); empty
+    links when the study trained no control."""
+    f = Path(study_dir) / LINKS_FILE
+    links = read_json(f) if f.exists() else {}
+    return {"controls": links.get("controls", {}), "oracles": links.get("oracles", {})}
