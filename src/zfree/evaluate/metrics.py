@@ -152,25 +152,38 @@ class DiscreteEvaluator:
 
     def batch(self, batch, objective, step, c_base, b, base_tok):
         """One batch under no_grad: the per-example frame and the objective's breakdown (``assemble``)."""
+        if self.model.posterior_kind == "given":  # the control, a label oracle: training's objective (GIVEN)
+            return self._given_batch(batch, objective, step, c_base, b, base_tok)
         out = self.model(batch, with_distributions=True)
         tok_nll = -out.target_logprobs  # (B, K, T)
         nll_k = masked_mean_token_nll(tok_nll, batch.target_mask)  # (B, K) plain per-token means
         recon = reconstruction_per_value(tok_nll, batch.target_mask, objective, base_tok)
         jsd = inter_latent_jsd(out.next_token_logprobs, torch.softmax(out.prior_logits, -1), out.pos_mask)
-        if self.model.posterior_kind == "given":  # the control, a label oracle: training's objective (GIVEN)
-            z = self.model.given_values(batch)
-            br = assemble(GIVEN, objective, recon=recon.gather(1, z[:, None])[:, 0], target_len=batch.target_len,
-                          step=step, c_base=c_base, b=b, q_logits=out.posterior_logits, p_logits=out.prior_logits)
-        else:
-            br = assemble(LatentKind.DISCRETE, objective, recon=recon, target_len=batch.target_len, step=step,
-                          c_base=c_base, b=b, q_logits=out.posterior_logits, p_logits=out.prior_logits,
-                          jsd=jsd)  # None: the optimal q
+        br = assemble(LatentKind.DISCRETE, objective, recon=recon, target_len=batch.target_len, step=step,
+                      c_base=c_base, b=b, q_logits=out.posterior_logits, p_logits=out.prior_logits,
+                      jsd=jsd)  # None: the optimal q
         q = torch.softmax(br.per_example["q_logits"], -1)
         self.feats.append(out.features.cpu().numpy())
         self.q.append(q.cpu().numpy())
         self.p.append(torch.softmax(out.prior_logits, -1).cpu().numpy())
         return _frame(batch, br, (q * nll_k).sum(-1), out, posterior_argmax=q.argmax(-1), q_max=q.max(-1).values,
                       oracle_nll=nll_k.min(-1).values, oracle_latent=nll_k.argmin(-1), decoder_jsd=jsd.clamp_min(0)), br
+
+    def _given_batch(self, batch, objective, step, c_base, b, base_tok):
+        """A given z: only the given value is decoded (``forward_given``); its nll is the oracle nll
+        and the decoder JSD is 0 (one value per row)."""
+        sel = self.model.forward_given(batch)
+        nll = masked_mean_token_nll(-sel.selected_logprobs, batch.target_mask)  # (B,)
+        recon = reconstruction_per_value(-sel.selected_logprobs[:, None], batch.target_mask, objective, base_tok)[:, 0]
+        out = sel.out
+        br = assemble(GIVEN, objective, recon=recon, target_len=batch.target_len, step=step, c_base=c_base, b=b,
+                      q_logits=out.posterior_logits, p_logits=out.prior_logits)
+        q = torch.softmax(br.per_example["q_logits"], -1)
+        self.feats.append(out.features.cpu().numpy())
+        self.q.append(q.cpu().numpy())
+        self.p.append(torch.softmax(out.prior_logits, -1).cpu().numpy())
+        return _frame(batch, br, nll, out, posterior_argmax=sel.z, q_max=q.max(-1).values, oracle_nll=nll,
+                      oracle_latent=sel.z, decoder_jsd=torch.zeros_like(nll)), br
 
     def finish(self, df, bayes, ctx: EvalContext) -> dict[str, float]:
         """The kind's latent/*, structure/* and decode metrics; adds its columns (measured_use, ...) to ``df``."""
