@@ -175,7 +175,7 @@ class DiscreteEvaluator:
         sel = self.model.forward_given(batch)
         nll = masked_mean_token_nll(-sel.selected_logprobs, batch.target_mask)  # (B,)
         recon = reconstruction_per_value(-sel.selected_logprobs[:, None], batch.target_mask, objective, base_tok)[:, 0]
-        out = sel.out
+        out = sel
         br = assemble(GIVEN, objective, recon=recon, target_len=batch.target_len, step=step, c_base=c_base, b=b,
                       q_logits=out.posterior_logits, p_logits=out.prior_logits)
         q = torch.softmax(br.per_example["q_logits"], -1)

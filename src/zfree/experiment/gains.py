@@ -27,11 +27,12 @@ from scipy.stats import bootstrap
 
 from zfree.core.io import read_json
 from zfree.experiment.controls import LINKS_FILE
+from zfree.objective.theory import predicted_use
 
 N_RESAMPLES = 2000
 CONFIDENCE = 0.95
 #: the per-example columns a gain reads
-_COLS = ["id", "n_tokens", "lbar", "kl", "b"]
+_COLS = ["id", "n_tokens", "lbar", "kl", "b", "beta_eff"]
 
 
 def interval(*columns: np.ndarray, statistic=None, seed: int = 0) -> tuple[float, float, float]:
@@ -124,14 +125,29 @@ def run_gains(study_dir: Path | str, runs: pd.DataFrame, oracles: pd.DataFrame |
         if best is not None:
             row.update(best_label=best["label"], available_gain=float(best["delta_R"]),
                        gain_share=row.get("z_gain", np.nan) / best["delta_R"] if best["delta_R"] > 0 else np.nan)
+            row.update(_eta_prediction(r["run_dir"], best))
+        row["z_used"] = bool(r.get("latent_used", False)) and bool(row.get("z_gain_positive", False))
         rows.append(row)
     return pd.DataFrame(rows, columns=list(dict.fromkeys(["run_id", "control_run_id", *GAIN_COLUMNS,
                                                           *(k for r in rows for k in r)])))
 
 
-#: the gain columns summary.csv carries (beside each run's own metrics)
+def _eta_prediction(run_dir: str, best: pd.Series) -> dict:
+    """Theory with the exchange rate (``theory.predicted_use(exchange_rate=eta)``): the share of the
+    run's evaluated rows where beta_eff < eta of the best label (no Bayes excess term: unknown on
+    real data); NaN without a positive eta."""
+    eta = float(best["eta"])
+    if not (np.isfinite(eta) and eta > 0):
+        return {"eta": eta, "predicted_use_fraction_eta": np.nan}
+    be = pd.read_parquet(Path(run_dir) / "per_example.parquet", columns=["beta_eff"])["beta_eff"].to_numpy(float)
+    return {"eta": eta, "predicted_use_fraction_eta": float(predicted_use(be, exchange_rate=eta).mean())}
+
+
+#: the gain columns summary.csv carries (beside each run's own metrics); ``z_used``: measured use
+#: (rate and >= 2 codes, ``zfree.evaluate.metrics.measured_use``) *and* a z gain whose interval lies above 0
 GAIN_COLUMNS = ["D", "D_control", "D_base", "z_gain", "z_gain_lo", "z_gain_hi", "finetune_gain", "rate",
-                "z_gain_positive", "best_label", "available_gain", "gain_share"]
+                "z_gain_positive", "z_used", "best_label", "available_gain", "gain_share", "eta",
+                "predicted_use_fraction_eta"]
 
 
 def links_of(study_dir: Path | str) -> dict:

@@ -79,6 +79,18 @@ class SelectedOutput:
     k_star: Int[torch.Tensor, "batch"]  # argmin_k nll_k (ties: the posterior's argmax)
 
 
+@dataclass
+class GivenOutput:
+    """``DiscreteCVAE.forward_given``: the one-hot q and the router, the given value z and its
+    decoder log-probs (with gradient)."""
+    posterior_logits: Float[torch.Tensor, "batch n_latent"]  # one-hot (GIVEN_LOGIT off z)
+    prior_logits: Float[torch.Tensor, "batch n_latent"]  # router p(z | x) on detached features
+    selected_logprobs: Float[torch.Tensor, "batch seq"]  # log p(y_t | x, y_<t, z) on S, 0 elsewhere
+    z: Int[torch.Tensor, "batch"]
+    features: Float[torch.Tensor, "batch d_feat"]
+    zfree_target_logprobs: Float[torch.Tensor, "batch seq"]
+
+
 def _best_value(out: DiscreteCVAEOutput, batch: Batch) -> Int[torch.Tensor, "batch"]:
     """k* = argmin_k nll_k from the detached K-way log-probs; ties go to the posterior's argmax
     (uniform without an amortized head)."""
@@ -280,15 +292,14 @@ class DiscreteCVAE(nn.Module):
         tlp_z, _ = suffix_target_logprobs(self.backbone, batch, hz1, valid)
         return SelectedOutput(out, tlp_z[:, 0], z, k_star)
 
-    def forward_given(self, batch: Batch) -> SelectedOutput:
+    def forward_given(self, batch: Batch) -> "GivenOutput":
         """A given z (control, label oracle): the z-free pass (router, one-hot q) and one decoder pass
-        with the row's given value, with gradient; ``out.target_logprobs`` is that value's (B, 1, T)
-        log-probs (no other value is decoded). Costs the z-free pass plus one suffix pass."""
+        with the row's given value, with gradient (no other value is decoded). Costs the z-free pass
+        plus one suffix pass."""
         z = self.given_values(batch)
         h0, cache = self._encode_with_cache(batch)
         heads = self.heads_from_hidden(h0, batch)
         t0 = target_logprobs_from_hidden(self.backbone, h0, batch)
         hz, valid = self.decoder_suffix_shared_prefix(batch, cache, z[:, None])
         tlp, _ = suffix_target_logprobs(self.backbone, batch, hz, valid)
-        out = DiscreteCVAEOutput(heads.posterior_logits, heads.prior_logits, tlp, heads.features, t0)
-        return SelectedOutput(out, tlp[:, 0], z, z)
+        return GivenOutput(heads.posterior_logits, heads.prior_logits, tlp[:, 0], z, heads.features, t0)

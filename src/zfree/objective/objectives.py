@@ -315,7 +315,7 @@ def given_objective(model, batch: Batch, cfg: TrainConfig, step: int, c_base: fl
     sel = _forward(model, cfg, lambda: model.forward_given(batch))
     recon = reconstruction_per_value(-sel.selected_logprobs[:, None], batch.target_mask, cfg.objective, base_tok)[:, 0]
     return assemble(GIVEN, cfg.objective, recon=recon, target_len=batch.target_len, step=step, c_base=c_base, b=b,
-                    q_logits=sel.out.posterior_logits, p_logits=sel.out.prior_logits)
+                    q_logits=sel.posterior_logits, p_logits=sel.prior_logits)
 
 
 #: training phase -> the objective of one step ("hard": the hard-EM phase of hard_em_then_soft;

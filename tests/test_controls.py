@@ -1,0 +1,210 @@
+"""The z-free control, the label oracles, the spread evaluation sample and the gains against the
+control (issue "Real data, true numbers"): zfree.config (latent_source), zfree.models.discrete
+(given z), zfree.objective.objectives (GIVEN), zfree.data.split.spread_sample,
+zfree.experiment.controls, zfree.experiment.gains."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from tests.tiny import PAIRS, pairs_batch, tiny_flat
+from zfree.config import TrainConfig
+from zfree.data.labels import label_keys_of, label_value, label_values
+from zfree.data.pairs import Pair
+from zfree.data.split import spread_sample
+from zfree.evaluate.metrics import measured_use
+from zfree.experiment.controls import LINKS_FILE, control_params, oracle_params, with_controls
+from zfree.experiment.gains import interval, oracle_table, run_gains
+from zfree.experiment.spec import expand_grid
+from zfree.models.discrete import DiscreteCVAE
+from zfree.objective.objectives import GIVEN, assemble
+from zfree.objective.losses import reconstruction_per_value
+from zfree.train.training import train_cvae
+
+
+# ---------------------------------------------------------------------------- config
+
+
+def test_latent_source_is_validated():
+    TrainConfig.from_flat({**TrainConfig().to_flat(), "latent_source": "control", "n_latent": 1})
+    TrainConfig.from_flat({**TrainConfig().to_flat(), "latent_source": "label:first_slot", "n_latent": 8})
+    for bad, msg in [({"latent_source": "control"}, "n_latent"), ({"latent_source": "label:"}, "latent_source"),
+                     ({"latent_source": "posterior", "n_latent": 1}, "n_latent"),
+                     ({"latent_source": "label:x", "aid": "hard_em_then_soft"}, "aid must be 'none'"),
+                     ({"latent_source": "label:x", "latent_kind": "continuous"}, "discrete")]:
+        with pytest.raises(ValueError, match=msg):
+            TrainConfig.from_flat({**TrainConfig().to_flat(), **bad})
+
+
+# ---------------------------------------------------------------------------- the model with a given z
+
+
+def _given_model(tok_model, source, K, index):
+    model, tok = tok_model
+    m = DiscreteCVAE(copy.deepcopy(model), K, latent_source=source).double()  # the session's model untouched
+    m.set_given(index)
+    return m, tok
+
+
+def test_given_z_decodes_like_the_base_at_step_0_and_its_rate_is_minus_log_p(tiny_lm):
+    model, tok, _ = tiny_lm()
+    batch = pairs_batch(tok)
+    m, _ = _given_model((model, tok), "label:k", 3, {"a": 0, "b": 2, "c": 1, "d": 2})
+    with torch.no_grad():
+        sel = m.forward_given(batch)
+        full = m(batch)
+    assert sel.posterior_logits.shape == (4, 3)
+    q = torch.softmax(sel.posterior_logits, -1)
+    assert torch.equal(q, torch.nn.functional.one_hot(torch.tensor([0, 2, 1, 2]), 3).to(q.dtype))  # exactly one-hot
+    # the given value's decoder pass is the full K-way path's, gathered at z, and the base model's at init
+    gathered = full.target_logprobs.gather(1, sel.z[:, None, None].expand(-1, 1, full.target_logprobs.shape[-1]))[:, 0]
+    torch.testing.assert_close(sel.selected_logprobs, gathered, rtol=0, atol=1e-12)
+    torch.testing.assert_close(sel.selected_logprobs, sel.zfree_target_logprobs, rtol=0, atol=1e-12)
+    recon = reconstruction_per_value(-sel.selected_logprobs[:, None], batch.target_mask, TrainConfig().objective, None)
+    br = assemble(GIVEN, TrainConfig().objective, recon=recon[:, 0], target_len=batch.target_len,
+                  q_logits=sel.posterior_logits, p_logits=sel.prior_logits)
+    # the router starts uniform: KL(one-hot || uniform) = log K exactly
+    torch.testing.assert_close(br.per_example["kl"], torch.full((4,), math.log(3), dtype=torch.float64),
+                               rtol=0, atol=1e-12)
+
+
+def test_the_router_of_a_given_z_is_a_probe_its_loss_never_reaches_the_decoder(tiny_lm):
+    model, tok, _ = tiny_lm()
+    batch = pairs_batch(tok)
+    m, _ = _given_model((model, tok), "label:k", 3, {"a": 0, "b": 2, "c": 1, "d": 2})
+    sel = m.forward_given(batch)
+    torch.nn.functional.cross_entropy(sel.prior_logits, sel.z).backward()
+    assert m.router_head.weight.grad.abs().sum() > 0
+    assert all(p.grad is None or p.grad.abs().sum() == 0 for n, p in m.named_parameters() if n.startswith("backbone."))
+
+
+def test_a_control_has_one_value_and_zero_rate(tiny_lm):
+    model, tok, _ = tiny_lm()
+    m, _ = _given_model((model, tok), "control", 1, {p.id: 0 for p in PAIRS})
+    with torch.no_grad():
+        sel = m.forward_given(pairs_batch(tok))
+    br = assemble(GIVEN, TrainConfig().objective, recon=torch.ones(4, dtype=torch.float64),
+                  target_len=torch.ones(4, dtype=torch.long), q_logits=sel.posterior_logits,
+                  p_logits=sel.prior_logits)
+    assert torch.equal(br.per_example["kl"], torch.zeros(4, dtype=torch.float64))
+    with pytest.raises(KeyError, match="no given latent value"):
+        m.set_given({"a": 0})
+        m.forward_given(pairs_batch(tok))
+
+
+def test_measured_use_needs_two_codes():
+    kl = np.array([1.0, 1.0, 0.0])
+    bayes = np.full(3, np.nan)
+    assert measured_use(kl, bayes, math.log(4)).tolist() == [True, True, False]
+    assert measured_use(kl, bayes, math.log(4), codes_used=1).tolist() == [False, False, False]
+
+
+# ---------------------------------------------------------------------------- labels and the evaluation sample
+
+
+def test_labels_joint_keys_and_missing_rows():
+    rows = [Pair("1", "x", "y", strategy="s", labels={"a": "u", "b": 2}), Pair("2", "x", "y", strategy="t", labels={"a": "v"})]
+    assert label_value(rows[0], "a*b") == "u*2" and label_value(rows[1], "a*b") is None
+    assert label_keys_of(rows) == ["strategy", "a"]
+    assert label_values(rows, "a") == ["u", "v"]
+    with pytest.raises(ValueError, match=r"val\.jsonl: row '2' has no label 'b'"):
+        label_values(rows, "b", source="val.jsonl")
+
+
+def test_spread_sample_covers_every_x_before_repeating_one():
+    rows = [Pair(f"{x}-{i}", f"x{x}", "y") for x in range(10) for i in range(x + 1)]  # x9 has 10 rows, x0 one
+    s = spread_sample(rows, 10)
+    assert len({p.x for p in s}) == 10  # the first 10 rows: one per x
+    assert [p.id for p in spread_sample(rows, 10)] == [p.id for p in s]  # the same sample every call
+    assert [p.id for p in spread_sample(rows, 10, seed=1)] != [p.id for p in s]
+    assert sorted(p.id for p in spread_sample(rows, 0)) == sorted(p.id for p in rows)
+    first = rows[:12]  # first-in-file: x0..x4 only
+    assert len({p.x for p in first}) < len({p.x for p in spread_sample(rows, 12)})
+    with pytest.raises(ValueError, match="eval_rows"):
+        spread_sample(rows, -1)
+
+
+# ---------------------------------------------------------------------------- controls and oracles of a grid
+
+
+def test_controls_share_one_recipe_and_reset_what_a_given_z_cannot_see():
+    base = {**TrainConfig().to_flat(), "steps": 50}
+    pts = expand_grid(base, {"beta": [0.1, 0.3], "variant": [{"aid": "none"}, {"aid": "hard_em_then_soft", "n_latent": 6}]})
+    out, links = with_controls(pts, {"strategy": 4})
+    given = out[len(pts):]
+    assert [p.run_id.split("_")[0] for p in given] == ["control", "oracle-strategy"]  # one control for all four
+    c = given[0].params
+    assert (c["latent_source"], c["n_latent"], c["beta"], c["aid"], c["steps"]) == ("control", 1, 0.0, "none", 50)
+    assert set(links["controls"].values()) == {given[0].run_id}
+    assert links["oracles"] == {given[1].run_id: {"label": "strategy", "n_values": 4, "control": given[0].run_id}}
+    assert oracle_params(pts[0].params, "a*b", 6)["latent_source"] == "label:a*b"
+    other = control_params({**pts[0].params, "weighting": "example", "epsilon": 0.05})
+    assert other != c  # the weighting shapes the decoder's training: its own control
+
+
+# ---------------------------------------------------------------------------- gains
+
+
+def test_interval_is_the_mean_with_a_bootstrap_interval():
+    rng = np.random.default_rng(0)
+    d = rng.normal(1.0, 1.0, 400)
+    est, lo, hi = interval(d)
+    assert est == pytest.approx(d.mean()) and lo < est < hi
+    assert hi - lo == pytest.approx(2 * 1.96 / 20, rel=0.2)  # ~ 2 * 1.96 * sd / sqrt(n)
+    assert interval(np.full(5, 2.0)) == (2.0, 2.0, 2.0)
+
+
+def _fake_run(runs, rid, lbar, kl, summary):
+    d = runs / rid
+    d.mkdir(parents=True)
+    n = len(lbar)
+    pd.DataFrame({"id": [f"r{i}" for i in range(n)], "n_tokens": np.full(n, 10), "lbar": lbar, "kl": kl,
+                  "b": np.full(n, 1.0), "beta_eff": np.full(n, 0.2)}).to_parquet(d / "per_example.parquet")
+    (d / "summary.json").write_text(json.dumps({"weighting": "plain", "beta": 0.1, **summary}))
+
+
+def test_gains_against_the_control_and_the_oracle(tmp_path):
+    runs = tmp_path / "runs"
+    n = 60
+    _fake_run(runs, "control_plain_1", np.full(n, 0.9), np.zeros(n), {"latent_source": "control"})
+    _fake_run(runs, "oracle-a_plain_2", np.full(n, 0.7), np.full(n, 1.0), {"latent_source": "label:a"})
+    _fake_run(runs, "plain_beta0.1_3", np.linspace(0.75, 0.85, n), np.full(n, 0.5), {"latent_used": True})
+    (tmp_path / LINKS_FILE).write_text(json.dumps({"controls": {"plain_beta0.1_3": "control_plain_1"},
+                                                   "oracles": {"oracle-a_plain_2": {"label": "a", "n_values": 3,
+                                                                                    "control": "control_plain_1"}}}))
+    o = oracle_table(tmp_path)
+    assert o.loc[0, "delta_R"] == pytest.approx(2.0) and o.loc[0, "H"] == pytest.approx(1.0)  # 10 * (0.9 - 0.7)
+    assert o.loc[0, "eta"] == pytest.approx(2.0) and bool(o.loc[0, "distinguishable"])
+    assert o.loc[0, "finetune_gain"] == pytest.approx(1.0)  # 10 * (1.0 - 0.9)
+    from zfree.experiment.results import collect_runs
+
+    g = run_gains(tmp_path, collect_runs(runs), o).iloc[0]
+    assert g["z_gain"] == pytest.approx(10 * (0.9 - 0.8)) and g["z_gain_lo"] > 0 and bool(g["z_used"])
+    assert g["gain_share"] == pytest.approx(0.5) and g["best_label"] == "a"
+    assert g["predicted_use_fraction_eta"] == 1.0  # beta_eff 0.2 < eta 2
+    assert len(collect_runs(runs)) == 1 and len(collect_runs(runs, "given")) == 2
+
+
+# ---------------------------------------------------------------------------- a real run
+
+
+def test_a_control_and_an_oracle_train_and_read_one_at_step_0(tiny_run, tmp_path):
+    data, base = tiny_run
+    for src, k in (("control", 1), ("label:strategy", 4)):
+        cfg = TrainConfig.from_flat(tiny_flat(data, base, latent_source=src, n_latent=k, beta=0.0))
+        s = train_cvae(cfg, tmp_path / src.replace(":", "-"), progress=False)
+        rows = [json.loads(x) for x in (tmp_path / src.replace(":", "-") / "metrics.jsonl").read_text().splitlines()]
+        assert rows[0]["loss/val/baseline_normalized_reconstruction_loss"] == pytest.approx(1.0, abs=2e-6)
+        assert s["reference/c_eval"] == pytest.approx(float(pd.read_parquet(
+            tmp_path / src.replace(":", "-") / "per_example.parquet")["b"].mean()))
+        assert s["latent/codes_used"] == (1 if src == "control" else 4) or src != "control"
+    cfg = TrainConfig.from_flat(tiny_flat(data, base, latent_source="label:strategy", n_latent=3, beta=0.0))
+    with pytest.raises(ValueError, match="n_latent=3 but label 'strategy' takes 4 values"):
+        train_cvae(cfg, tmp_path / "bad", progress=False)
