@@ -40,6 +40,7 @@ d_latent = 16
 n_samples = 1
 prior = 'learned'
 shared_prefix = 'auto'
+latent_source = 'posterior'
 steps = 300
 batch_size = 64
 lr_backbone = 3e-05

@@ -411,7 +411,7 @@ def test_failing_point_exits_1_with_full_message_and_path(tiny, tmp_path, capsys
     bad = tmp_path / "bad_base"
     (bad / "model").mkdir(parents=True)  # exists (the spec validates), but holds no model
     spec = write_spec(tmp_path, {"name": "one_fails", "base": _spec_base(data, base),
-                                 "grid": {"base_dir": [str(base), str(bad)]}, "workers": 2})
+                                 "grid": {"base_dir": [str(base), str(bad)]}, "workers": 2, "controls": False})
     out = tmp_path / "sweep"
     assert main(["sweep", str(spec), "--out", str(out), "--no-report"]) == 1
     captured = capsys.readouterr()

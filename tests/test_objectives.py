@@ -33,7 +33,7 @@ def _cfg(**kw) -> TrainConfig:
 def test_unknown_kind_phase_and_pooling_name_the_valid_keys(setup):
     base, batch = setup
     cfg = ObjectiveConfig()
-    with pytest.raises(KeyError, match=r"\[.continuous., .discrete., .hard_em.\]"):
+    with pytest.raises(KeyError, match=r"\[.continuous., .discrete., .given., .hard_em.\]"):
         assemble("vq", cfg, recon=torch.zeros(2, 3), target_len=torch.ones(2, dtype=torch.long))
     with pytest.raises(KeyError, match="continuous.*discrete.*hard"):
         step_objective("warm", None, batch, _cfg(), 1, 1.0, None, None)
@@ -42,7 +42,8 @@ def test_unknown_kind_phase_and_pooling_name_the_valid_keys(setup):
         pool_posterior_features(torch.nn.Module(), "max", h, batch)
     with pytest.raises(ValueError, match="uniform.*x_dependent"):
         strategy_prior((1, 2), ["copy", "reverse"], "zipf", 3.0)
-    assert set(KINDS) == {"discrete", "continuous", "hard_em"} and set(STEP_OBJECTIVES) == {"hard", "discrete", "continuous"}
+    assert set(KINDS) == {"discrete", "continuous", "hard_em", "given"}
+    assert set(STEP_OBJECTIVES) == {"hard", "discrete", "continuous", "given"}
 
 
 def test_discrete_assembly_equals_the_closed_form():

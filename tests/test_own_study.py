@@ -68,8 +68,14 @@ def test_one_command_from_model_and_jsonl_to_report(tiny_model, tmp_path, monkey
     assert (out / "base" / "model").is_symlink() and (out / "base" / "model").resolve() == model.resolve()
     ref = json.loads((out / "base" / "reference" / "reference.json").read_text())
     assert ref["estimator"] == "pretrained_source" and ref["n_rows"] == len(val)
-    runs = sorted(p for p in (out / "runs").iterdir() if p.is_dir())
-    assert len(runs) == 2 and all((r / "summary.json").exists() for r in runs)
+    every = sorted(p for p in (out / "runs").iterdir() if p.is_dir())
+    given = [r for r in every if r.name.startswith(("control_", "oracle-"))]
+    runs = [r for r in every if r not in given]
+    assert len(runs) == 2 and all((r / "summary.json").exists() for r in every)
+    # the z-free control of the recipe and the oracle of the rows' one label
+    assert sorted(r.name.split("_")[0] for r in given) == ["control", "control", "oracle-style"]
+    gains = pd.read_csv(out / "available_gain.csv")
+    assert list(gains["label"]) == ["style"] and gains["H"].gt(0).all()
     html = (out / "report.html").read_text()
     assert "<img" in html or "image/png" in html  # its figures
     summary = pd.read_csv(out / "summary.csv")
@@ -161,7 +167,7 @@ def test_finetune_base_makes_the_entangled_run_setting(tiny_model, tmp_path, mon
     assert log["init_from"] == str(model.resolve()) and log["steps"] <= 3
     ref = json.loads((ft / "reference" / "reference.json").read_text())
     assert ref["estimator"] == "entangled_run"
-    (run,) = [p for p in (out / "runs").iterdir() if p.is_dir()]
+    (run,) = [p for p in (out / "runs").iterdir() if p.is_dir() and not p.name.startswith(("control_", "oracle-"))]
     from zfree.train.run_folder import read_run_config
 
     cfg = read_run_config(run / "config.json")  # paths stored relative to the run folder, resolved here

@@ -162,8 +162,10 @@ def evil_report(tmp_path_factory):
     os.environ.setdefault("ZFREE_CACHE_DIR", str(root / "cache"))
     with agg_backend():
         run_own_study(str(root / "model"), root / "pairs.jsonl", out, preset="own_smoke", render=False, progress=False)
-        finished = sorted(p for p in (out / "runs").iterdir() if (p / "summary.json").exists())
+        every = sorted(p for p in (out / "runs").iterdir() if (p / "summary.json").exists())
+        finished = [p for p in every if not p.name.startswith(("control_", "oracle-"))]
         assert len(finished) == 2, [p.name for p in (out / "runs").iterdir()]  # both runs trained on the markup
+        assert any(p.name.startswith("oracle-st-b-data") for p in every)  # the markup label's oracle, its name cleaned
         first = finished[0]
         run_name = "run <img src=x onerror=evil_run()><b data-evil-run=1>*run*"
         shutil.copytree(first, out / "runs" / run_name)

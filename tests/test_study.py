@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pandas as pd
+
+from zfree.experiment.gains import GAIN_COLUMNS
 import pytest
 import torch
 
@@ -23,7 +25,9 @@ def test_smoke_study_writes_every_artifact(smoke):
     for f in ("summary.csv", "report.html", "report.ipynb", "base/reference/reference.json", "base/model"):
         assert (smoke / f).exists(), f
     table = pd.read_csv(smoke / "summary.csv")
-    assert list(table.columns) == list(SUMMARY_COLUMNS)
+    gain_cols = ["control_run_id", *GAIN_COLUMNS]  # against the z-free control (zfree.experiment.gains)
+    assert list(table.columns) == list(SUMMARY_COLUMNS) + [c for c in gain_cols if c in table]
+    assert table["z_gain"].notna().all() and table["control_run_id"].str.startswith("control_").all()
     assert sorted(table["weighting"]) == ["distribution", "plain"]
     assert table["kl_prior_loss"].notna().all() and table["predicted_use_fraction"].between(0, 1).all()
     for rid in table["run_id"]:

@@ -38,8 +38,12 @@ def test_run_folder_contract_and_step0_equivalence(tiny, tmp_path):
     ref = read_json(base / "reference" / "reference.json")
     b = pd.read_parquet(base / "reference" / "per_example.parquet").set_index("id")["b"]
     pe0 = rows[0]
-    assert pe0["loss/val/zfree_reconstruction_loss"] == pytest.approx(b.iloc[:24].mean(), abs=1e-6)
-    assert pe0["loss/val/reconstruction_loss"] == pytest.approx(b.iloc[:24].mean(), abs=1e-6)
+    evaluated = pd.read_parquet(run / "per_example.parquet")["id"]  # the seeded spread sample of 24 rows
+    assert len(evaluated) == 24 and list(evaluated) != list(b.index[:24])
+    assert pe0["loss/val/zfree_reconstruction_loss"] == pytest.approx(b.loc[evaluated].mean(), abs=1e-6)
+    assert pe0["loss/val/reconstruction_loss"] == pytest.approx(b.loc[evaluated].mean(), abs=1e-6)
+    assert pe0["reference/c_eval"] == pytest.approx(b.loc[evaluated].mean())
+    assert pe0["loss/val/baseline_normalized_reconstruction_loss"] == pytest.approx(1.0, abs=2e-6)
     assert pe0["reference/c_base"] == pytest.approx(ref["c_base"])
     for key in ("loss/val/reconstruction_loss", "loss/val/baseline_normalized_reconstruction_loss",
                 "loss/val/kl_prior_loss", "loss_contrib/fraction_abs/reconstruction_loss",

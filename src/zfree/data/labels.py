@@ -18,7 +18,7 @@ JOINT = "*"
 def label_value(pair: Pair, key: str) -> str | None:
     """The row's value of ``key`` as a string (``strategy``, a labels key, or a joint ``a*b``);
     None when the row lacks it (or any part of a joint key)."""
-    if JOINT in key:
+    if JOINT in key and key != "strategy" and not (pair.labels and key in pair.labels):
         parts = [label_value(pair, k) for k in key.split(JOINT)]
         return None if any(v is None for v in parts) else JOINT.join(parts)
     if key == "strategy":

@@ -224,6 +224,12 @@ def stop_workers(ex: Executor, futures: list[Future] = ()) -> None:
     kernel's lock on it is released with the process); the pool is shut down without waiting."""
     for f in futures:
         f.cancel()
+    # CPython 3.11's pool marks every pending work item broken once its workers die, and raises
+    # InvalidStateError (a traceback from its manager thread) on the ones already cancelled: drop them
+    pending = getattr(ex, "_pending_work_items", None)
+    if isinstance(pending, dict):
+        for k in [k for k, w in list(pending.items()) if w.future.cancelled()]:
+            pending.pop(k, None)
     for proc in list((getattr(ex, "_processes", None) or {}).values()):
         terminate_tree(proc.pid)
     if isinstance(ex, ProcessPoolExecutor):

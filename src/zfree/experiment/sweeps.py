@@ -44,7 +44,7 @@ from zfree.experiment.executor import EXECUTORS, Executor
 from zfree.experiment.pipeline import run_experiment
 from zfree.experiment.spec import BaseSource, DataSource, ExperimentSpec, expand_grid
 
-_SPEC_KEYS = {"name", "description", "base", "grid", "executor", "workers", "executor_options"}
+_SPEC_KEYS = {"name", "description", "base", "grid", "executor", "workers", "executor_options", "controls", "oracles"}
 
 
 def _axis_values(name: str, v: Any) -> list[Any]:
@@ -127,6 +127,17 @@ def _executor_keys(path: Path, raw: dict) -> dict[str, Any]:
     return {"name": name, "executor": ex, "workers": workers, "executor_options": dict(opts)}
 
 
+def _control_keys(path: Path, raw: dict) -> dict[str, Any]:
+    """``controls`` (true: the z-free control of every recipe, the default) and ``oracles`` (null:
+    every label all rows carry; a list of label keys; [] none) of a raw spec, validated."""
+    controls, oracles = raw.get("controls", True), raw.get("oracles")
+    if not isinstance(controls, bool):
+        raise ConfigError(f"{path}: controls={controls!r} must be true or false")
+    if oracles is not None and (not isinstance(oracles, list) or not all(isinstance(k, str) and k for k in oracles)):
+        raise ConfigError(f"{path}: oracles={oracles!r} must be a list of label keys (or null: every label)")
+    return {"controls": controls, "oracles": None if oracles is None else tuple(oracles)}
+
+
 def load_spec(path: Path | str, check_paths: bool = True) -> ExperimentSpec:
     """Read and validate a sweep spec into an ``ExperimentSpec`` (data and base sources ``fields``;
     the YAML ``base`` is its ``train``): unknown keys, an empty grid, an unknown config field or a
@@ -149,7 +160,8 @@ def load_spec(path: Path | str, check_paths: bool = True) -> ExperimentSpec:
     except ValueError as e:
         raise ConfigError(f"{path}: {e}") from None
     spec = ExperimentSpec(grid=grid, train=train, data=DataSource("fields"), base=BaseSource("fields"),
-                          description=str(raw.get("description", "")), **_executor_keys(path, raw))
+                          description=str(raw.get("description", "")), **_executor_keys(path, raw),
+                          **_control_keys(path, raw))
     try:
         points = expand_grid({**TrainConfig().to_flat(), **spec.train}, spec.grid)  # = spec.points()
     except (ValueError, TypeError) as e:
