@@ -17,8 +17,9 @@ from sklearn.metrics import normalized_mutual_info_score
 from zfree.data.batching import EncodedPair
 from zfree.data.pairs import Pair
 from zfree.data.synth import STRATEGIES, text_to_digits
-from zfree.models.base import decode_with_latents, greedy_decode_with_latents
+from zfree.models.base import decode_with_latents, greedy_decode_with_latents, next_token_probs, prefix_groups
 from zfree.models.head import exact_logits_from_hidden
+from zfree.models.injection import _CACHE_KW, sliding_window_of
 
 ACTIVE_UNIT_THRESHOLD = 0.01  # Burda et al. 2016: a dimension is active if Var_x(E_q[z_d]) > 0.01
 
@@ -292,6 +293,45 @@ def first_distinct_x(pairs: Sequence[Pair], n_x: int) -> list[int]:
     return list(first.values())
 
 
+@torch.no_grad()
+def cached_decode_with_latents(backbone, prefixes, latents: torch.Tensor, *, eos_id: int, max_new_tokens: int,
+                               generator: torch.Generator | None = None) -> list[list[int]]:
+    """``zfree.models.base.decode_with_latents`` (greedy, or sampled at temperature 1 with
+    ``generator``) with the key/value cache: one pass over each prefix, then one position per new
+    token (the uncached decoder re-reads the whole sequence every token: ~5x slower on E2E's 30 MRs).
+    Falls back to the uncached decoder for a model with a sliding window shorter than prefix + new
+    tokens (``zfree.models.injection.sliding_window_of``). Equal to it up to float rounding (tested).
+    prefixes: list of id lists; latents (rows, d_model). Returns the generated ids without the end token."""
+    longest = max((len(p) for p in prefixes), default=0) + max_new_tokens
+    window = sliding_window_of(backbone.config)
+    if window is not None and longest > window:
+        return decode_with_latents(backbone, prefixes, latents, eos_id=eos_id, max_new_tokens=max_new_tokens,
+                                   generator=generator)
+    dev = latents.device
+    out: list[list[int]] = [[] for _ in prefixes]
+    emb_layer = backbone.get_input_embeddings()
+    for P, idx, ids, lat in prefix_groups(prefixes, latents):
+        inj = (torch.arange(P, device=dev) >= P - 1).to(lat.dtype)  # the separator
+        res = backbone.base_model(inputs_embeds=emb_layer(ids) + inj[None, :, None] * lat[:, None, :], use_cache=True)
+        gen, done = [], torch.zeros(len(idx), dtype=torch.bool, device=dev)
+        for _ in range(max_new_tokens):
+            logits = exact_logits_from_hidden(backbone, res.last_hidden_state[:, -1])  # (G, V)
+            nxt = logits.argmax(-1) if generator is None else torch.multinomial(
+                next_token_probs(logits).cpu(), 1, generator=generator)[:, 0].to(dev)
+            nxt = torch.where(done, torch.full_like(nxt, eos_id), nxt)
+            gen.append(nxt)
+            done |= nxt == eos_id
+            if done.all():
+                break
+            cache = getattr(res, "cache", None) or res.past_key_values
+            res = backbone.base_model(inputs_embeds=(emb_layer(nxt) + lat)[:, None], use_cache=True,
+                                      **{_CACHE_KW: cache})
+        rows = torch.stack(gen, 1).tolist() if gen else [[] for _ in idx]
+        for r, i in enumerate(idx):
+            out[i] = rows[r][: rows[r].index(eos_id)] if eos_id in rows[r] else rows[r]
+    return out
+
+
 MULTIREF_COLUMNS = ["id", "x", "kind", "index", "output", "references"]
 
 
@@ -315,7 +355,7 @@ def multiref_outputs(model, encoded: Sequence[EncodedPair], pairs: Sequence[Pair
     rows = [i for i in idx for _ in range(n_out)]  # MR-major: (MR, output) pairs
     z = torch.tensor([j if kind == "greedy" else 0 for _ in idx for j in range(n_out)], device=dev)
     gen = torch.Generator().manual_seed(seed) if kind == "sampled" else None
-    ids = decode_with_latents(model.backbone, [encoded[i].prefix_ids for i in rows], model.latent_embedding(z),
+    ids = cached_decode_with_latents(model.backbone, [encoded[i].prefix_ids for i in rows], model.latent_embedding(z),
                               eos_id=tokenizer.eos_token_id, generator=gen,
                               max_new_tokens=max(len(encoded[i].target_ids) for i in idx) + 8)
     out = [{"id": pairs[i].id, "x": pairs[i].x, "kind": kind, "index": r % n_out,

@@ -23,7 +23,7 @@ MULTIREF_CSV_COLUMNS = ["run_id", "latent_source", "weighting", "beta", "aid", "
                         "n_mrs", "control_id", "control_pairwise_bleu", "control_refs_covered", "control_n_mrs"]
 
 
-def scored(table: pd.DataFrame, k: int | None = None, ids=None, seed: int = 0) -> dict[str, float]:
+def scored(table: pd.DataFrame, k: int | None = None, ids=None) -> dict[str, float]:
     """``multiref_metrics`` of one run's ``multiref.parquet`` table: the first ``k`` outputs of each
     MR (all when None), on the MRs in ``ids`` only when given (a run and its control on the same
     MRs). NaN values (and n_mrs 0) when an MR has fewer than ``k`` outputs or no MR is left."""
@@ -31,7 +31,7 @@ def scored(table: pd.DataFrame, k: int | None = None, ids=None, seed: int = 0) -
     outs, refs = outputs_and_references(t, k)
     if not outs or (k is not None and min(len(o) for o in outs) < k):
         return {"multiref/pairwise_bleu": np.nan, "multiref/refs_covered": np.nan, "multiref/n_mrs": 0.0}
-    return multiref_metrics(outs, refs, seed=seed)
+    return multiref_metrics(outs, refs)
 
 
 def _control_of(run_id: str, links: dict) -> str | None:
@@ -58,11 +58,10 @@ def multiref_table(study_dir: Path | str) -> pd.DataFrame:
         k = int(tab.groupby("id").size().min()) if len(tab) else 0
         if tab.empty or (tab["kind"] != "greedy").any() or k < 2:
             continue  # a control (sampled outputs) is a column beside its runs, not a row
-        own = scored(tab, seed=int(r.get("seed", 0) or 0))
+        own = scored(tab)
         cid = _control_of(r["run_id"], links)
         cpath = d / "runs" / str(cid) / MULTIREF_FILE
-        ctrl = scored(pd.read_parquet(cpath), k, ids=tab["id"], seed=int(r.get("seed", 0) or 0)) \
-            if cid and cpath.exists() else {}
+        ctrl = scored(pd.read_parquet(cpath), k, ids=tab["id"]) if cid and cpath.exists() else {}
         rows.append({"run_id": r["run_id"], "latent_source": r.get("latent_source", "posterior"),
                      "weighting": r.get("weighting"), "beta": r.get("beta"), "aid": r.get("aid", "none"), "k": k,
                      "pairwise_bleu": own["multiref/pairwise_bleu"], "refs_covered": own["multiref/refs_covered"],

@@ -54,6 +54,6 @@ def write_multiref(out: Path, model, data, cfg: TrainConfig) -> dict[str, float]
                           n_samples=MULTIREF_SAMPLES, seed=cfg.optim.seed)
     model.train(was_training)
     atomic_write_parquet(out / MULTIREF_FILE, df)
-    m = multiref_metrics(*outputs_and_references(df), seed=cfg.optim.seed)
+    m = multiref_metrics(*outputs_and_references(df))
     m["multiref/decode_s"] = time.time() - t0
     return m
