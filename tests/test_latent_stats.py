@@ -20,7 +20,9 @@ from zfree.data.batching import encode_pair
 from zfree.data.pairs import Pair
 from zfree.evaluate.latent_stats import (ACTIVE_UNIT_THRESHOLD, active_units, confusion, decode_metrics,
                                          gaussian_mutual_information, greedy_decode, hungarian_accuracy,
-                                         label_confusion, label_keys, label_structure_metrics, latent_samples,
+                                         label_confusion, label_keys, label_structure_metrics, label_warnings,
+                                         latent_samples, MIN_LABEL_ROWS, cached_decode_with_latents,
+                                         multiref_outputs, first_distinct_x,
                                          matched_share, probe_accuracy, sample_decode_with_latents,
                                          strategy_outputs, z_control_metrics)
 
@@ -163,8 +165,11 @@ def test_label_structure_metrics_with_and_without_an_assignment():
     assert out["structure/hungarian_accuracy/colour"] == 1.0
     assert out["structure/alignment_nmi/size"] == pytest.approx(0.0, abs=1e-12)  # size independent of z
     assert out["structure/hungarian_accuracy/size"] == pytest.approx(2 / 6)  # two values matched, 1 row each
-    assert set(out) == {f"structure/{m}/{k}" for m in ("alignment_nmi", "hungarian_accuracy", "probe_accuracy")
+    assert set(out) == {f"structure/{m}/{k}" for m in ("alignment_nmi", "hungarian_accuracy", "probe_accuracy",
+                                                       "n_rows", "n_values", "majority_baseline")
                         for k in ("colour", "size")}
+    assert (out["structure/n_rows/colour"], out["structure/n_values/colour"]) == (4, 2)  # rows holding it
+    assert out["structure/majority_baseline/colour"] == 0.5 and out["structure/n_rows/size"] == 6
     none = label_structure_metrics(df, feats, None)
     assert math.isnan(none["structure/alignment_nmi/size"]) and math.isnan(none["structure/hungarian_accuracy/size"])
     asked = []
@@ -175,6 +180,22 @@ def test_label_structure_metrics_with_and_without_an_assignment():
 
     label_structure_metrics(df, feats, None, n_clusters_of=clusters)
     assert asked == [("colour", 4, 2), ("size", 6, 2)]
+
+
+def test_a_constant_label_is_nan_with_a_reason_and_few_rows_are_flagged():
+    df = pd.DataFrame({"posterior_argmax": [0, 1, 0, 1], "label/one": ["a"] * 4,
+                       "label/two": ["a", "b", "b", "b"]})
+    out = label_structure_metrics(df, np.arange(8.0).reshape(4, 2), df["posterior_argmax"].to_numpy())
+    for m in ("alignment_nmi", "hungarian_accuracy", "probe_accuracy"):  # one value: meaningless, not 1.0
+        assert math.isnan(out[f"structure/{m}/one"])
+    assert out["structure/n_values/one"] == 1 and out["structure/majority_baseline/one"] == 1.0
+    assert out["structure/majority_baseline/two"] == 0.75 and out["structure/hungarian_accuracy/two"] == 0.75
+    warn = label_warnings(out)
+    assert len(warn) == 2 and "'one': one value on the 4 evaluated rows" in warn[0]
+    assert f"'two': on 4 evaluated rows only (< {MIN_LABEL_ROWS})" in warn[1]
+    big = {"structure/n_rows/k": float(MIN_LABEL_ROWS), "structure/n_values/k": 3.0,
+           "structure/n_rows/old": float("nan")}  # a summary row of a run evaluated before these keys
+    assert label_warnings(big) == [] and label_warnings(pd.Series(big)) == []
 
 
 # ---------------------------------------------------------------------------- decodes of a tiny CVAE
@@ -229,3 +250,54 @@ def test_sampled_decodes_are_reproducible_and_bounded(cvae):
     assert list(tab.columns) == ["id", "x", "reference", "latent", "greedy", "sampled"]
     assert len(tab) == 2 * 3 and tab.groupby("id")["greedy"].nunique().eq(1).all()  # step 0: z changes nothing
     assert latent_samples(model, [], [], tok).empty
+
+
+def test_cached_decoder_equals_the_uncached_one_greedy_and_sampled(cvae):
+    from tests.tiny import PAIRS
+    from zfree.models.base import decode_with_latents
+
+    model, base, tok = cvae
+    prefixes = [encode_pair(tok, p).prefix_ids for p in PAIRS] * 3  # ragged lengths, repeated rows
+    lat = torch.randn(len(prefixes), 32, generator=torch.Generator().manual_seed(0))
+    kw = dict(eos_id=tok.eos_token_id, max_new_tokens=6)
+    assert cached_decode_with_latents(base, prefixes, lat, **kw) == decode_with_latents(base, prefixes, lat, **kw)
+    a = cached_decode_with_latents(base, prefixes, lat, generator=torch.Generator().manual_seed(3), **kw)
+    b = decode_with_latents(base, prefixes, lat, generator=torch.Generator().manual_seed(3), **kw)
+    assert a == b and len({tuple(g) for g in a}) > 1
+
+
+def test_sampling_draws_the_first_token_from_the_softmax(cvae):
+    from tests.tiny import PAIRS
+    from zfree.models.base import next_token_probs
+
+    model, base, tok = cvae
+    prefix = encode_pair(tok, PAIRS[0]).prefix_ids
+    n = 4000
+    lat = torch.zeros(n, 32)
+    got = cached_decode_with_latents(base, [prefix] * n, lat, eos_id=-1, max_new_tokens=1,
+                                     generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        p = next_token_probs(base(input_ids=torch.tensor([prefix])).logits[0, -1:])[0].numpy()
+    freq = np.bincount([g[0] for g in got], minlength=len(p)) / n
+    assert np.all(np.abs(freq - p) <= 4.5 * np.sqrt(p * (1 - p) / n) + 1e-9)  # binomial 4.5-sigma band per token
+
+
+def test_multiref_outputs_greedy_per_value_and_samples_for_one_value(cvae):
+    from tests.tiny import PAIRS
+
+    model, base, tok = cvae
+    pairs = [PAIRS[0], PAIRS[0], PAIRS[1], PAIRS[3]]
+    enc = [encode_pair(tok, p) for p in pairs]
+    assert first_distinct_x(pairs, 2) == [0, 2] and first_distinct_x(pairs, 9) == [0, 2, 3]
+    refs = {PAIRS[0].x: ["3 2 1", "1 2 3"]}
+    tab = multiref_outputs(model, enc, pairs, tok, refs, n_x=2, n_samples=5)
+    assert list(tab.columns) == ["id", "x", "kind", "index", "output", "references"]
+    assert list(tab["index"]) == [0, 1, 2] * 2 and set(tab["kind"]) == {"greedy"}
+    assert tab.groupby("id")["output"].nunique().eq(1).all()  # step 0: every value decodes as the base
+    assert list(tab["references"].iloc[0]) == ["3 2 1", "1 2 3"] and list(tab["references"].iloc[3]) == [PAIRS[1].y]
+    one = copy.copy(model)
+    one.n_latent = 1  # a K = 1 model (the control): samples instead of one greedy y
+    s1, s2 = (multiref_outputs(one, enc, pairs, tok, refs, n_x=2, n_samples=5, seed=4) for _ in range(2))
+    assert set(s1["kind"]) == {"sampled"} and list(s1["index"]) == list(range(5)) * 2
+    assert s1.equals(s2)  # seeded
+    assert multiref_outputs(model, [], [], tok, {}, n_x=2, n_samples=2).empty

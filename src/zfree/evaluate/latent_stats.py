@@ -17,8 +17,9 @@ from sklearn.metrics import normalized_mutual_info_score
 from zfree.data.batching import EncodedPair
 from zfree.data.pairs import Pair
 from zfree.data.synth import STRATEGIES, text_to_digits
-from zfree.models.base import greedy_decode_with_latents
+from zfree.models.base import decode_with_latents, greedy_decode_with_latents, next_token_probs, prefix_groups
 from zfree.models.head import exact_logits_from_hidden
+from zfree.models.injection import _CACHE_KW, sliding_window_of
 
 ACTIVE_UNIT_THRESHOLD = 0.01  # Burda et al. 2016: a dimension is active if Var_x(E_q[z_d]) > 0.01
 
@@ -153,28 +154,68 @@ def label_keys(pairs: Sequence[Pair]) -> list[str]:
     return sorted({k for p in pairs for k in (p.labels or {})})
 
 
+#: a label metric (NMI, Hungarian accuracy, probe) on fewer evaluated rows than this is flagged by
+#: ``label_warnings``: the probe tests on half of them, and at ~50 rows a 3-value label's accuracy
+#: moves by 2 points a row (issue 21, item 4)
+MIN_LABEL_ROWS = 50
+
+
 def label_structure_metrics(df: pd.DataFrame, features: np.ndarray, assignment: np.ndarray | None, seed: int = 0,
                             n_clusters_of=None) -> dict[str, float]:
     """Per label column ``label/<key>`` of ``df`` (rows without it left out): structure/alignment_nmi/<key>,
     structure/hungarian_accuracy/<key> (all rows holding the label; "m = 1" is a synthetic notion) and
     structure/probe_accuracy/<key> (``probe_accuracy`` of ``features`` (rows, d)). ``assignment``
     (rows,) is the latent value per row; None: ``n_clusters_of(key, rows) -> assignment`` is asked per
-    label (the Gaussian latent's k-means) or, without it, NMI and Hungarian accuracy are NaN."""
+    label (the Gaussian latent's k-means) or, without it, NMI and Hungarian accuracy are NaN.
+
+    Beside them, what each rests on: structure/n_rows/<key> (rows holding the label),
+    structure/n_values/<key> (its distinct values) and structure/majority_baseline/<key> (the share
+    of its most frequent value: the accuracy of always guessing it, to read the probe and Hungarian
+    accuracies against). A label with one value on the evaluated rows gets NaN NMI, Hungarian and
+    probe accuracy (a constant label carries no information: NMI and the matching are meaningless);
+    ``label_warnings`` says why, and flags labels on fewer than ``MIN_LABEL_ROWS`` rows."""
     out: dict[str, float] = {}
+    nan = float("nan")
     for col in [c for c in df.columns if c.startswith("label/")]:
         key = col[len("label/"):]
         have = df[col].notna().to_numpy()
         lab = df.loc[have, col].astype(str).to_numpy()
+        counts = pd.Series(lab).value_counts()
+        out[f"structure/n_rows/{key}"] = float(len(lab))
+        out[f"structure/n_values/{key}"] = float(len(counts))
+        out[f"structure/majority_baseline/{key}"] = float(counts.iloc[0] / len(lab)) if len(lab) else nan
         if assignment is not None:
             z = np.asarray(assignment)[have]
-        elif n_clusters_of is not None:
-            z = n_clusters_of(key, have, len(set(lab)))
+        elif n_clusters_of is not None and len(counts) >= 2:
+            z = n_clusters_of(key, have, len(counts))
         else:
             z = None
-        nan = float("nan")
+        if len(counts) < 2:  # constant (or absent) on these rows: nothing to align, match or probe
+            z = None
         out[f"structure/alignment_nmi/{key}"] = float(normalized_mutual_info_score(lab, z)) if z is not None else nan
         out[f"structure/hungarian_accuracy/{key}"] = hungarian_accuracy(lab, z) if z is not None else nan
-        out[f"structure/probe_accuracy/{key}"] = probe_accuracy(features[have], lab, seed=seed)
+        out[f"structure/probe_accuracy/{key}"] = probe_accuracy(features[have], lab, seed=seed) if len(counts) >= 2 \
+            else nan
+    return out
+
+
+def label_warnings(metrics) -> list[str]:
+    """Visible warnings for the label metrics of one run's ``metrics`` (a dict or a summary row
+    holding ``label_structure_metrics``' keys): a label with one value on the evaluated rows (its
+    NMI, Hungarian and probe accuracy are NaN) and a label on fewer than ``MIN_LABEL_ROWS`` rows
+    (its metrics rest on few rows). [] when every label is on enough rows with >= 2 values."""
+    out = []
+    for k in sorted(k for k in metrics.keys() if str(k).startswith("structure/n_rows/")):
+        key = k[len("structure/n_rows/"):]
+        n, v = metrics[k], metrics.get(f"structure/n_values/{key}", float("nan"))
+        if not np.isfinite(n):  # a summary row of a run evaluated before these keys existed
+            continue
+        if not (v >= 2):
+            out.append(f"label '{key}': one value on the {n:.0f} evaluated rows: its NMI, Hungarian and probe "
+                       "accuracy are NaN (a constant label carries no information)")
+        elif n < MIN_LABEL_ROWS:
+            out.append(f"label '{key}': on {n:.0f} evaluated rows only (< {MIN_LABEL_ROWS}): its NMI, Hungarian and "
+                       "probe accuracy rest on few rows")
     return out
 
 
@@ -219,11 +260,7 @@ def latent_samples(model, encoded: Sequence[EncodedPair], pairs: Sequence[Pair],
     """For the first ``n_x`` distinct x of ``pairs``, the greedy and one sampled (temperature 1,
     generator seeded by ``seed``) y of a discrete CVAE under each latent value k = 0..K-1, side by side.
     Returns a DataFrame: id, x, reference (the row's y), latent, greedy, sampled (one row per x and k)."""
-    first: dict[str, int] = {}
-    for i, p in enumerate(pairs):
-        if p.x not in first and len(first) < n_x:
-            first[p.x] = i
-    idx = list(first.values())
+    idx = first_distinct_x(pairs, n_x)
     if not idx:
         return pd.DataFrame(columns=["id", "x", "reference", "latent", "greedy", "sampled"])
     K = model.n_latent
@@ -242,3 +279,86 @@ def latent_samples(model, encoded: Sequence[EncodedPair], pairs: Sequence[Pair],
             rows.append({"id": pairs[i].id, "x": pairs[i].x, "reference": pairs[i].y, "latent": k,
                          "greedy": tokenizer.decode(greedy[j]).strip(), "sampled": tokenizer.decode(sampled[j]).strip()})
     return pd.DataFrame(rows).sort_values(["id", "latent"], kind="stable").reset_index(drop=True)
+
+
+def first_distinct_x(pairs: Sequence[Pair], n_x: int) -> list[int]:
+    """Indices of the first row of each of the first ``n_x`` distinct x of ``pairs``, in order (the
+    evaluated rows are a seeded spread sample, ``zfree.data.split.spread_sample``: its first rows are
+    distinct x spread over all of them)."""
+    first: dict[str, int] = {}
+    for i, p in enumerate(pairs):
+        if len(first) >= n_x:
+            break
+        first.setdefault(p.x, i)
+    return list(first.values())
+
+
+@torch.no_grad()
+def cached_decode_with_latents(backbone, prefixes, latents: torch.Tensor, *, eos_id: int, max_new_tokens: int,
+                               generator: torch.Generator | None = None) -> list[list[int]]:
+    """``zfree.models.base.decode_with_latents`` (greedy, or sampled at temperature 1 with
+    ``generator``) with the key/value cache: one pass over each prefix, then one position per new
+    token (the uncached decoder re-reads the whole sequence every token: ~5x slower on E2E's 30 MRs).
+    Falls back to the uncached decoder for a model with a sliding window shorter than prefix + new
+    tokens (``zfree.models.injection.sliding_window_of``). Equal to it up to float rounding (tested).
+    prefixes: list of id lists; latents (rows, d_model). Returns the generated ids without the end token."""
+    longest = max((len(p) for p in prefixes), default=0) + max_new_tokens
+    window = sliding_window_of(backbone.config)
+    if window is not None and longest > window:
+        return decode_with_latents(backbone, prefixes, latents, eos_id=eos_id, max_new_tokens=max_new_tokens,
+                                   generator=generator)
+    dev = latents.device
+    out: list[list[int]] = [[] for _ in prefixes]
+    emb_layer = backbone.get_input_embeddings()
+    for P, idx, ids, lat in prefix_groups(prefixes, latents):
+        inj = (torch.arange(P, device=dev) >= P - 1).to(lat.dtype)  # the separator
+        res = backbone.base_model(inputs_embeds=emb_layer(ids) + inj[None, :, None] * lat[:, None, :], use_cache=True)
+        gen, done = [], torch.zeros(len(idx), dtype=torch.bool, device=dev)
+        for _ in range(max_new_tokens):
+            logits = exact_logits_from_hidden(backbone, res.last_hidden_state[:, -1])  # (G, V)
+            nxt = logits.argmax(-1) if generator is None else torch.multinomial(
+                next_token_probs(logits).cpu(), 1, generator=generator)[:, 0].to(dev)
+            nxt = torch.where(done, torch.full_like(nxt, eos_id), nxt)
+            gen.append(nxt)
+            done |= nxt == eos_id
+            if done.all():
+                break
+            cache = getattr(res, "cache", None) or res.past_key_values
+            res = backbone.base_model(inputs_embeds=(emb_layer(nxt) + lat)[:, None], use_cache=True,
+                                      **{_CACHE_KW: cache})
+        rows = torch.stack(gen, 1).tolist() if gen else [[] for _ in idx]
+        for r, i in enumerate(idx):
+            out[i] = rows[r][: rows[r].index(eos_id)] if eos_id in rows[r] else rows[r]
+    return out
+
+
+MULTIREF_COLUMNS = ["id", "x", "kind", "index", "output", "references"]
+
+
+def multiref_outputs(model, encoded: Sequence[EncodedPair], pairs: Sequence[Pair], tokenizer,
+                     references: dict[str, list[str]], *, n_x: int, n_samples: int, seed: int = 0) -> pd.DataFrame:
+    """K outputs per MR for the multi-reference scores (``zfree.evaluate.multiref``), for the first
+    ``n_x`` distinct x of ``pairs`` (``first_distinct_x``): a discrete CVAE with K >= 2 values (a
+    label oracle included) gives its greedy y under each value k (kind "greedy", index k); a model
+    with K = 1 (the z-free control) gives ``n_samples`` samples (kind "sampled", index j;
+    temperature 1, a CPU generator seeded by ``seed``), so both sides have several outputs per MR.
+    ``references``: x -> its human references (all validation rows of that x; the row's own y where
+    x is missing). Greedy and sampled y are cut at ``max(|y|) + 8`` tokens of the chosen rows.
+    Returns a DataFrame with ``MULTIREF_COLUMNS`` (references: a list of strings), one row per MR and
+    output, ordered by MR (in ``pairs`` order) and index."""
+    idx = first_distinct_x(pairs, n_x)
+    if not idx:
+        return pd.DataFrame(columns=MULTIREF_COLUMNS)
+    K = model.n_latent
+    kind, n_out = ("greedy", K) if K >= 2 else ("sampled", n_samples)
+    dev = next(model.parameters()).device
+    rows = [i for i in idx for _ in range(n_out)]  # MR-major: (MR, output) pairs
+    z = torch.tensor([j if kind == "greedy" else 0 for _ in idx for j in range(n_out)], device=dev)
+    gen = torch.Generator().manual_seed(seed) if kind == "sampled" else None
+    ids = cached_decode_with_latents(model.backbone, [encoded[i].prefix_ids for i in rows], model.latent_embedding(z),
+                              eos_id=tokenizer.eos_token_id, generator=gen,
+                              max_new_tokens=max(len(encoded[i].target_ids) for i in idx) + 8)
+    out = [{"id": pairs[i].id, "x": pairs[i].x, "kind": kind, "index": r % n_out,
+            "output": tokenizer.decode(d).strip(), "references": list(references.get(pairs[i].x, [pairs[i].y]))}
+           for r, (i, d) in enumerate(zip(rows, ids))]
+    return pd.DataFrame(out, columns=MULTIREF_COLUMNS)

@@ -69,6 +69,16 @@ def target_logprobs(model, batch: Batch, inputs_embeds: torch.Tensor | None = No
     return target_logprobs_from_hidden(model, hidden_states(model, batch, inputs_embeds), batch)
 
 
+def prefix_groups(prefixes, latents: Float[torch.Tensor, "rows d_model"]):
+    """The rows grouped by prefix length (so a decoder needs no padding): a list of (P, row indices,
+    their prefix ids (G, P), their latents (G, d_model)), on the latents' device."""
+    groups: dict[int, list[int]] = {}
+    for i, p in enumerate(prefixes):
+        groups.setdefault(len(p), []).append(i)
+    return [(P, idx, torch.tensor([list(prefixes[i]) for i in idx], device=latents.device), latents[idx])
+            for P, idx in groups.items()]
+
+
 @torch.no_grad()
 def greedy_decode_with_latents(backbone, prefixes, latents: Float[torch.Tensor, "rows d_model"], *, eos_id: int,
                                max_new_tokens: int) -> list[list[int]]:
@@ -77,22 +87,29 @@ def greedy_decode_with_latents(backbone, prefixes, latents: Float[torch.Tensor, 
     Rows are grouped by prefix length, so no padding is needed. Returns the generated ids without
     the end token; the next token is the argmax of the model's own logits (``zfree.models.head``).
     Shared by the discrete (latent = e_z) and continuous (latent = W z) CVAEs."""
+    return decode_with_latents(backbone, prefixes, latents, eos_id=eos_id, max_new_tokens=max_new_tokens)
+
+
+@torch.no_grad()
+def decode_with_latents(backbone, prefixes, latents: Float[torch.Tensor, "rows d_model"], *, eos_id: int,
+                        max_new_tokens: int, generator: torch.Generator | None = None) -> list[list[int]]:
+    """``greedy_decode_with_latents`` (``generator`` None), or ancestral sampling at temperature 1:
+    each next token drawn from the softmax of the model's own logits with ``generator`` (a CPU
+    generator; the probabilities are copied to the host, float32 or the model's float64), rows of one
+    prefix length drawn together. The same rows and generator state give the same ids."""
     dev = latents.device
     out: list[list[int]] = [[] for _ in prefixes]
-    groups: dict[int, list[int]] = {}
-    for i, p in enumerate(prefixes):
-        groups.setdefault(len(p), []).append(i)
     emb_layer = backbone.get_input_embeddings()
-    for P, idx in groups.items():
-        ids = torch.tensor([list(prefixes[i]) for i in idx], device=dev)
-        lat = latents[idx]  # (G, D)
+    for P, idx, ids, lat in prefix_groups(prefixes, latents):
         done = torch.zeros(len(idx), dtype=torch.bool, device=dev)
         for _ in range(max_new_tokens):
             T = ids.shape[1]
             inj = (torch.arange(T, device=dev) >= P - 1).to(lat.dtype)  # separator and y positions
             emb = emb_layer(ids) + inj[None, :, None] * lat[:, None, :]
             h_last = backbone.base_model(inputs_embeds=emb, use_cache=False).last_hidden_state[:, -1]
-            nxt = exact_logits_from_hidden(backbone, h_last).argmax(-1)  # the model's own logits
+            logits = exact_logits_from_hidden(backbone, h_last)  # the model's own logits (G, V)
+            nxt = (logits.argmax(-1) if generator is None else
+                   torch.multinomial(next_token_probs(logits).cpu(), 1, generator=generator)[:, 0].to(dev))
             nxt = torch.where(done, torch.full_like(nxt, eos_id), nxt)
             ids = torch.cat([ids, nxt[:, None]], 1)
             done |= nxt == eos_id
@@ -102,3 +119,8 @@ def greedy_decode_with_latents(backbone, prefixes, latents: Float[torch.Tensor, 
             gen = ids[r, P:].tolist()
             out[i] = gen[: gen.index(eos_id)] if eos_id in gen else gen
     return out
+
+
+def next_token_probs(logits: Float[torch.Tensor, "rows vocab"]) -> Float[torch.Tensor, "rows vocab"]:
+    """softmax of next-token logits in float32 at least (bf16 logits on a GPU), float64 kept. (rows, vocab)."""
+    return torch.softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), -1)

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from zfree.train import aids, run_folder
+from zfree.train import aids, multiref_run, run_folder
 from zfree.config import LatentKind, TrainConfig
 from zfree.data.batching import EncodedPair, collate, encode_pair, pad_id_of
 from zfree.data.pairs import Pair, load_pairs
@@ -395,4 +395,5 @@ def _train_loop(cfg: TrainConfig, out: Path, run: Run, progress: bool, stop_afte
     if ev is None:  # resumed exactly at the end
         ev = evaluate(model, data.val, data.val_pairs, step=state.step, **data.eval_kw)
         run_folder.check_finite_metrics(out, state.step, ev.metrics)
+    ev.metrics.update(multiref_run.write_multiref(out, model, data, cfg))  # issue 21: after the final evaluation only
     return run_folder.write_summary(out, cfg, ev, state, time.time() - run.t0)

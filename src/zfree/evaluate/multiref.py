@@ -1,0 +1,102 @@
+"""Multi-reference evidence of what a discrete latent changes in y (issue 21, items 6-7): for each
+evaluated input x (an E2E meaning representation, MR) with several human references, K outputs —
+the greedy y under each latent value k of a discrete CVAE — scored by
+
+- **pairwise-BLEU** among the K outputs (lower = more diverse), and
+- **#references covered**: each output picks the reference of its MR with the highest sentence
+  BLEU; the number of distinct references picked, averaged over MRs (higher = the outputs follow
+  different human realisations rather than one),
+
+the protocol of Shen et al. 2019, "Mixture Models for Diverse Machine Translation: Tricks of the
+Trade" (ICML 2019, arXiv:1902.07816; issue 21 quotes their pairwise-BLEU 48.26 and #refs covered
+2.11 on multi-reference data), as their released scorer computes it
+(fairseq ``examples/translation_moe/score.py``, ``pairwise`` and ``multi_ref``).
+
+A z-free control has K = 1, so one greedy output says nothing about diversity: it is compared
+through K **samples** (temperature 1, a seeded generator) for the same MRs, so both sides have K
+outputs per MR (``zfree.evaluate.latent_stats.multiref_outputs`` draws them; the study table
+``zfree.experiment.multiref_table`` takes the first K of the control's samples, K = the CVAE's).
+
+Pure functions on lists of strings; BLEU is sacrebleu's (Post 2018), 13a tokenisation (our outputs
+are detokenised text; fairseq scored pre-tokenised text with ``tokenize='none'``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+from sacrebleu.metrics import BLEU
+
+#: distinct evaluated x whose K outputs are decoded once at the end of a run (about 1 s a run on E2E)
+MULTIREF_MRS = 30
+#: samples per MR drawn from a z-free control (K = 1): the study table uses the first K of them, so
+#: this is the largest K a shipped recipe uses (HARD_EM_RECIPE's 6; E2E's 4); ~0.3 s CPU per sample on E2E
+MULTIREF_SAMPLES = 6
+
+
+def _corpus_bleu() -> BLEU:
+    """sacrebleu's corpus BLEU with its defaults (13a tokens, 'exp' smoothing), as fairseq's ``corpus_bleu``."""
+    return BLEU()
+
+
+def _sentence_bleu() -> BLEU:
+    """The released scorer's sentence BLEU: add 1 to the matched and total n-gram counts of orders
+    2-4 (``smooth_method='add-k'``, k = 1 applies to n > 1 only), no effective order."""
+    return BLEU(smooth_method="add-k", smooth_value=1, effective_order=False)
+
+
+def pairwise_bleu(outputs: Sequence[Sequence[str]]) -> float:
+    """Pairwise-BLEU (%) of ``outputs`` (one list of K strings per MR): one corpus BLEU over every
+    ordered pair (i, j), i != j, of every MR, output j as the hypothesis and output i as its one
+    reference (Shen et al. 2019; fairseq ``score.py``, ``pairwise``: the pairs are pooled into one
+    corpus, not averaged). 100 when the K outputs of every MR are equal; lower = more diverse.
+    NaN for no MR or K < 2 everywhere (no pair). ValueError for MRs with different K."""
+    ks = {len(o) for o in outputs}
+    if len(ks) > 1:
+        raise ValueError(f"every MR needs the same number of outputs; got {sorted(ks)}")
+    hyp, ref = [], []
+    for o in outputs:
+        for i in range(len(o)):
+            for j in range(len(o)):
+                if i != j:
+                    ref.append(o[i])
+                    hyp.append(o[j])
+    if not hyp:
+        return float("nan")
+    return float(_corpus_bleu().corpus_score(hyp, [ref]).score)
+
+
+def best_reference(output: str, references: Sequence[str]) -> int:
+    """Index of the reference with the highest sentence BLEU of ``output`` (``_sentence_bleu``);
+    ties go to the first such reference (``np.argmax``, the reference the released scorer pairs the
+    output with for its multi-reference BLEU). The released scorer counts a random one of the tied
+    references instead, which lets K identical outputs "cover" several references when they tie
+    (e.g. all at BLEU 0); the first one keeps identical outputs on one reference. ValueError for
+    no reference."""
+    if not references:
+        raise ValueError("an MR needs at least one reference")
+    bleu = _sentence_bleu()
+    return int(np.argmax([bleu.corpus_score([output], [[r]]).score for r in references]))  # sentence_score, unwarned
+
+
+def refs_covered(outputs: Sequence[Sequence[str]], references: Sequence[Sequence[str]]) -> float:
+    """#references covered: per MR, the distinct references picked by its outputs
+    (``best_reference``), averaged over MRs (Shen et al. 2019; fairseq ``score.py``, ``multi_ref``).
+    In [1, min(K, #refs)]; 1 when the K outputs of every MR are equal; NaN for no MR. ValueError when
+    ``outputs`` and ``references`` differ in length or an MR has no reference."""
+    if len(outputs) != len(references):
+        raise ValueError(f"{len(outputs)} MRs of outputs but {len(references)} of references")
+    if not outputs:
+        return float("nan")
+    return float(np.mean([len({best_reference(h, rs) for h in hs}) for hs, rs in zip(outputs, references)]))
+
+
+def multiref_metrics(outputs: Sequence[Sequence[str]], references: Sequence[Sequence[str]]) -> dict[str, float]:
+    """``multiref/pairwise_bleu`` (%), ``multiref/refs_covered`` and ``multiref/n_mrs`` (MRs scored)
+    of ``outputs`` (per MR, K strings) against ``references`` (per MR, its human references);
+    ``multiref/n_outputs`` is K (NaN for no MR). Raises as ``pairwise_bleu`` and ``refs_covered``."""
+    n_out = len(outputs[0]) if outputs else math.nan
+    return {"multiref/pairwise_bleu": pairwise_bleu(outputs), "multiref/refs_covered": refs_covered(
+        outputs, references), "multiref/n_mrs": float(len(outputs)), "multiref/n_outputs": float(n_out)}
