@@ -26,7 +26,7 @@ sweep_dir = "../runs/sweep-beta-vs-recon-weight"  # a folder written by `zfree s
 from IPython.display import Markdown, display
 
 from zfree.report.figstyle import variants
-from zfree.report.gains_report import left_out
+from zfree.report.gains_report import left_out, runs_c_base
 from zfree.report.plotting import plot_phase_diagram
 from zfree.report.report import md_text, show
 from zfree.experiment.results import load_sweep
@@ -41,5 +41,5 @@ display(Markdown(f"{len(sweep.runs)} runs; predicted β* (half of the rows use z
 
 # %%
 for variant, runs in variants(sweep.runs):  # one diagram per aid / latent kind: cells are never mixed
-    show(plot_phase_diagram(runs, c_base=(sweep.reference or {}).get("c_base"),
+    show(plot_phase_diagram(runs, c_base=runs_c_base(sweep.runs, sweep.reference),  # the runs' own c_base
                             beta_over_w=sweep.critical_beta_over_w(), critical_betas=crit, variant=variant))

@@ -49,10 +49,10 @@ def left_out(section: str, why: str = NO_TRUTH) -> str:
     return f"*{md_text(section)}: left out — {md_text(why)}.*"
 
 
-def drop_empty(table: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
-    """``table`` without its columns that hold no value at all (every entry NaN or None), and the
-    names of the columns dropped (for the line that says so)."""
-    empty = [c for c in table.columns if table[c].isna().all()]
+def drop_empty(table: pd.DataFrame, keep=()) -> tuple[pd.DataFrame, list[str]]:
+    """``table`` without its columns that hold no value at all (every entry NaN or None; those in
+    ``keep`` stay), and the names of the columns dropped (for the line that says so)."""
+    empty = [c for c in table.columns if table[c].isna().all() and c not in keep]
     return table.drop(columns=empty), empty
 
 
@@ -160,9 +160,9 @@ def _gain_verdict(measured: str, gain_lo) -> str:
     if pd.isna(gain_lo):
         return "unknown: no finished control"
     up = gain_lo > 0
-    return {("use", True): "z used (measured use, gain above 0)",
-            ("use", False): "z not used: rate paid, gain interval not above 0",
-            ("no use", True): "z not used: a gain over the control but no measured use",
+    return {("use", True): "z used: measured use, gain > 0",
+            ("use", False): "z not used: rate paid, no gain",
+            ("no use", True): "z not used: gain, no measured use",
             ("no use", False): "z unused"}.get((measured, up), "unknown: no measured use")
 
 
@@ -213,6 +213,13 @@ def gain_verdict_markdown(verdicts: pd.DataFrame, eta: tuple[float, str] | None)
                                                              if eta else "") + f" — {md_text(r['verdict'])}"
              for _, r in verdicts.iterrows()]
     return "\n".join([head, "", *lines])
+
+
+def runs_c_base(runs: pd.DataFrame, reference: dict | None = None) -> float | None:
+    """The c_base the runs' objectives used (median of summary ``reference/c_base``, nats per token),
+    else the folder's reference.json c_base, else None."""
+    v = pd.to_numeric(runs["c_base"], errors="coerce").dropna() if "c_base" in runs else pd.Series(dtype=float)
+    return float(v.median()) if len(v) else (reference or {}).get("c_base")
 
 
 def runs_c_base_markdown(runs: pd.DataFrame, reference: dict | None) -> str:

@@ -51,7 +51,9 @@ def label_table(summary: pd.DataFrame, digits: int = 3, min_rows: int = MIN_ROWS
         return t
     maj = [majority_baselines(d) for d in summary["run_dir"]]
     for key in sorted({k for m in maj for k in m}):
-        t[f"{key} majority"] = [round(m[key][0], digits) if key in m else float("nan") for m in maj]
+        col = [round(m[key][0], digits) if key in m else float("nan") for m in maj]
+        at = [i for i, c in enumerate(t.columns) if c.startswith(f"{key} ")]  # after the label's own metrics
+        t.insert(at[-1] + 1 if at else len(t.columns), f"{key} majority", col)
     warn = ["; ".join(f"{k}: {n} rows" if n < min_rows else f"{k}: one value" for k, (_, n, nv) in sorted(m.items())
                       if n < min_rows or nv < 2) for m in maj]
     if any(warn):

@@ -253,7 +253,7 @@ SWITCH_ON_TARGETS = {
 GAIN_TARGET = ("z gain > 0 (95% interval)", (("z_gain_lo",), lambda r: r["z_gain_lo"] > 0))
 
 
-def switch_on_targets(aided: pd.DataFrame, threshold: float = USE_THRESHOLD) -> pd.DataFrame:
+def switch_on_targets(aided: pd.DataFrame, threshold: float = USE_THRESHOLD, synthetic: bool = True) -> pd.DataFrame:
     """Per aided run (``aided_runs`` rows of ``SweepResults.runs``): where theory predicts use
     (predicted_use_fraction > ``threshold``), each of ``SWITCH_ON_TARGETS`` met or not (True/False,
     NaN only where a number that target reads is missing, e.g. NMI without strategy labels, while
@@ -261,14 +261,16 @@ def switch_on_targets(aided: pd.DataFrame, threshold: float = USE_THRESHOLD) -> 
     <= ``threshold``). Columns: run, predicted, the targets, "z unused", all met. Targets of issue
     15: NMI (m = 1) >= 0.9, rho_recon <= 0.3, KL within 20% of the analytic I(z; y | x)
     (``bayes_rate``, DESIGN §2) and task correctness within 1 point of the base model's; plus, where
-    ``aided`` has ``z_gain_lo`` (a control's gain), ``GAIN_TARGET``. Raises KeyError naming a missing column."""
+    ``aided`` has ``z_gain_lo`` (a control's gain), ``GAIN_TARGET``. ``synthetic=False`` (real data:
+    targets are judged on z's gain, never on rho against the step-0 base): ``GAIN_TARGET`` alone.
+    Raises KeyError naming a missing column."""
     need = ("weighting", "beta", "predicted_use_fraction", "measured_use_fraction", "alignment_nmi_unambiguous",
             "baseline_normalized_reconstruction_loss", "kl_prior_loss", "bayes_rate", "task_correctness",
             "base_task_correctness")
     for c in need:
         if c not in aided:
             raise KeyError(f"switch_on_targets: runs have no column {c!r}")
-    targets = {**SWITCH_ON_TARGETS, **(dict([GAIN_TARGET]) if "z_gain_lo" in aided else {})}
+    targets = {**(SWITCH_ON_TARGETS if synthetic else {}), **(dict([GAIN_TARGET]) if "z_gain_lo" in aided else {})}
     rows = []
     for _, r in aided.iterrows():
         use = r["predicted_use_fraction"] > threshold
