@@ -58,7 +58,8 @@ display(Markdown(dropped_markdown(dropped, "no run passed the hand-over gate" if
 # Where theory predicts use: NMI (m = 1) ≥ 0.9, ρ_recon ≤ 0.3, KL within 20% of the analytic
 # I(z; y | x), task correctness within 1 point of the base model and, where the study has a z-free
 # control, z's gain interval above 0. Where it predicts no use: z ended unused. ✓ met, ✗ not met,
-# – not applicable. On real data (no generator truth) the targets are judged on z's gain alone.
+# – not applicable. On real data (no generator truth) the targets are the verdict's rule: use
+# measured and z's gain interval above 0.
 
 # %%
 if not aided.empty:

@@ -108,8 +108,8 @@ def test_switch_on_targets_judge_what_is_known_and_only_the_gain_on_real_data():
     assert t["ρ_recon ≤ 0.3"].iloc[0] is False or t["ρ_recon ≤ 0.3"].iloc[0] == False  # noqa: E712 - known: judged
     assert pd.isna(t["NMI (m=1) ≥ 0.9"].iloc[0]) and t["z gain > 0 (95% interval)"].iloc[0]
     real = R.switch_on_targets(pd.DataFrame([row]), synthetic=False)
-    assert list(real.columns) == ["run", "predicted", "z gain > 0 (95% interval)", "z unused", "all met"]
-    assert real["all met"].iloc[0]
+    assert list(real.columns) == ["run", "predicted", "use measured", "z gain > 0 (95% interval)", "z unused", "all met"]
+    assert not real["all met"].iloc[0]  # a gain without measured use: z not used, as the verdict says
 
 
 @pytest.fixture(scope="module")

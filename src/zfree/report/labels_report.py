@@ -39,14 +39,14 @@ def majority_baselines(run_dir: Path | str) -> dict[str, tuple[float, int, int]]
 
 def label_table(summary: pd.DataFrame, digits: int = 3, min_rows: int = MIN_ROWS) -> pd.DataFrame:
     """Per run (``run_label``), every ``structure/<metric>/<label>`` column of ``summary`` as
-    ``<label> <metric>`` next to rho_recon, the rate (KL, nats per sequence) and measured/predicted
+    ``<label> <metric>`` (grouped by label) next to rho_recon, the rate (KL, nats per sequence) and measured/predicted
     use; with ``run_dir``, each label's majority-class share (``<label> majority``, the baseline of
     the accuracies) and a ``warning`` column naming labels on fewer than ``min_rows`` rows or one value."""
     base = {"loss/val/baseline_normalized_reconstruction_loss": "ρ_recon", "loss/val/kl_prior_loss": "rate (KL)",
             "latent/measured_use_fraction": "measured use", "latent/predicted_use_fraction": "predicted use"}
     lab = {c: f"{c.split('/')[2]} {c.split('/')[1].replace('_', ' ')}" for c in summary.columns
            if c.startswith("structure/") and c.count("/") == 2 and c.split("/")[1] in LABEL_METRICS}
-    t = run_table(summary, {**base, **dict(sorted(lab.items()))}, digits)
+    t = run_table(summary, {**base, **dict(sorted(lab.items(), key=lambda kv: kv[1]))}, digits)  # grouped by label
     if "run_dir" not in summary:
         return t
     maj = [majority_baselines(d) for d in summary["run_dir"]]

@@ -262,7 +262,8 @@ def switch_on_targets(aided: pd.DataFrame, threshold: float = USE_THRESHOLD, syn
     15: NMI (m = 1) >= 0.9, rho_recon <= 0.3, KL within 20% of the analytic I(z; y | x)
     (``bayes_rate``, DESIGN §2) and task correctness within 1 point of the base model's; plus, where
     ``aided`` has ``z_gain_lo`` (a control's gain), ``GAIN_TARGET``. ``synthetic=False`` (real data:
-    targets are judged on z's gain, never on rho against the step-0 base): ``GAIN_TARGET`` alone.
+    targets are judged on z's rate and gain, never on rho against the step-0 base): use measured and
+    ``GAIN_TARGET``, the verdict's rule (``zfree.report.gains_report``).
     Raises KeyError naming a missing column."""
     need = ("weighting", "beta", "predicted_use_fraction", "measured_use_fraction", "alignment_nmi_unambiguous",
             "baseline_normalized_reconstruction_loss", "kl_prior_loss", "bayes_rate", "task_correctness",
@@ -270,7 +271,8 @@ def switch_on_targets(aided: pd.DataFrame, threshold: float = USE_THRESHOLD, syn
     for c in need:
         if c not in aided:
             raise KeyError(f"switch_on_targets: runs have no column {c!r}")
-    targets = {**(SWITCH_ON_TARGETS if synthetic else {}), **(dict([GAIN_TARGET]) if "z_gain_lo" in aided else {})}
+    measured = {"use measured": (("measured_use_fraction",), lambda r: r["measured_use_fraction"] > threshold)}
+    targets = {**(SWITCH_ON_TARGETS if synthetic else measured), **(dict([GAIN_TARGET]) if "z_gain_lo" in aided else {})}
     rows = []
     for _, r in aided.iterrows():
         use = r["predicted_use_fraction"] > threshold
