@@ -13,7 +13,8 @@
 #
 # Dividing the objective by w·|S| gives β_eff(x, y) = β·|S|/w (DESIGN §1): plain β·|S|,
 # distribution β·|S|·c_base (seed 000), example β·|S|·(b + ε) (seed 002). Theory: z is worth
-# using on an example iff β_eff < 1. Left and middle: how β_eff spreads against the z-free
+# using on an example iff β_eff < η, η = 1 on the synthetic benchmark; where a label oracle measured
+# an exchange rate η (the available-gain table), the dotted red line is that rule. Left and middle: how β_eff spreads against the z-free
 # surprisal b and the length |S|; right: which examples do use z (per-example KL) against their
 # β_eff. Per weighting (and aid, where the study has several), the run at the β nearest the
 # parameter.
@@ -23,6 +24,7 @@ sweep_dir = "../runs/study-default"  # a folder written by `zfree sweep` or `zfr
 beta = 0.1  # per weighting, the run with the nearest β is shown
 
 # %%
+from zfree.report.gains_report import measured_eta, study_gains
 from zfree.report.plotting import plot_effective_beta
 from zfree.report.report import runs_at_beta, show
 from zfree.experiment.results import load_sweep
@@ -30,7 +32,9 @@ from zfree.experiment.results import load_sweep
 sweep = load_sweep(sweep_dir)
 chosen = runs_at_beta(sweep.runs, beta)
 pe = sweep.per_example[sweep.per_example["run_id"].isin(chosen["run_id"])]
-show(plot_effective_beta(pe))
+given = study_gains(sweep_dir, sweep.runs)
+eta = measured_eta(given[0]) if given is not None else None
+show(plot_effective_beta(pe, eta=eta[0] if eta else None))
 
 # %%
 keys = [c for c in ("weighting", "latent_kind", "aid") if c in pe and (c == "weighting" or pe[c].nunique() > 1)]

@@ -14,7 +14,8 @@
 # Dropdowns (figure, source, weighting, latent kind) and sliders (β, reconstruction weight w)
 # redraw the figures of the other notebooks from a sweep folder; a control the data cannot
 # change is hidden or disabled with a note. The launch panel shows every config field its runs
-# change against the template (the study's first run), lets you choose the aid and the step
+# change against the template (the study's first run), offers β around the study's own β and β*,
+# lets you choose the aid and the step
 # budget, and runs a small sweep (a β range × weightings × seeds) into `<sweep_dir>/launched`
 # on the local process pool, so the study's own runs and report stay as they were; the explorer
 # shows both folders (source: study, launched) and refreshes as each run finishes. `stop` ends
@@ -47,9 +48,15 @@ if interactive:
 # %%
 if interactive:
     from zfree.config import TrainConfig
+    from zfree.experiment.study_notes import study_notes
+    from zfree.report.report import launch_beta_range
     from zfree.report.widgets import LaunchPanel
 
     # the template: the first finished run's config (same data and base run), else the defaults
     template = sweep.config(sweep.runs["run_id"].iloc[0]) if len(sweep.runs) else TrainConfig().to_flat()
-    panel = LaunchPanel(template, launched_dir, explorer=explorer, workers=workers, steps=steps)
+    # β offered around the study's own β and predicted β* (theory's, or the study's notes on real data)
+    stars = [*sweep.critical_betas().values(), *(r["beta_star"] for r in study_notes(sweep_dir).get(
+        "predicted_boundaries", []))]
+    panel = LaunchPanel(template, launched_dir, explorer=explorer, workers=workers, steps=steps,
+                        log_beta=launch_beta_range(sweep.runs["beta"], stars))
     display(panel.widget)

@@ -13,7 +13,9 @@
 #
 # Per label present in the data (`labels` of the rows): NMI and Hungarian accuracy between the
 # posterior's argmax and the label, and a held-out linear probe of the label from the posterior
-# features; ρ_recon and the rate beside them. Then the notes (what could not be measured), the
+# features, beside the majority-class baseline they must beat; ρ_recon and the rate beside them;
+# a warning where a label rests on fewer than 50 rows or one value. Where the study measured it
+# (`multiref.csv`), the multi-reference evidence per run. Then the notes (what could not be measured), the
 # confusion of latent values against each label for the run that uses z most, and, for a few
 # validation x, the greedy and one sampled y under each latent value.
 
@@ -28,7 +30,8 @@ import pandas as pd
 from IPython.display import Markdown, display
 
 from zfree.evaluate.latent_stats import label_confusion
-from zfree.report.report import label_table, md_text, notes_markdown, run_label, samples_table
+from zfree.report.labels_report import label_table, multiref_table, notes_markdown, samples_table
+from zfree.report.report import md_text, run_label
 from zfree.experiment.results import collect_runs
 
 runs = collect_runs(Path(sweep_dir) / "runs")
@@ -37,10 +40,20 @@ meta = json.loads(notes_file.read_text()) if notes_file.exists() else {}
 display(Markdown(notes_markdown(meta.get("notes", []))))
 if meta.get("predicted_boundaries"):
     display(Markdown("**Predicted boundaries β\\* per weighting** (median over validation rows of "
-                     "`zfree.objective.theory.critical_beta`) and the β run"))
+                     "`zfree.objective.theory.critical_beta`, the η = 1 rule) and the β run"))
     display(pd.DataFrame(meta["predicted_boundaries"]).set_index("weighting"))
 if not runs.empty:
+    display(Markdown("**Per label.** An accuracy means something only above its `majority` column: the share "
+                     "of the most common value among the evaluated rows, what a constant guess scores."))
     display(label_table(runs))
+
+# %%
+multiref = multiref_table(sweep_dir)
+if multiref is not None:
+    display(Markdown("### Multi-reference evidence\n\nPer run: the pairwise BLEU among the latent values' "
+                     "outputs for one MR (low: the values write different texts) and how many of the MR's human "
+                     "references they cover."))
+    display(multiref)
 
 # %%
 if not runs.empty:
@@ -49,9 +62,10 @@ if not runs.empty:
     display(Markdown(f"### Latent values against each label, run {md_text(run_label(best, runs))} (the largest rate)"))
     for col in [c for c in pe.columns if c.startswith("label/")]:
         display(label_confusion(pe, col.split("/", 1)[1]))
-    display(Markdown("### Greedy and sampled y under each latent value"))
+    display(Markdown("### Greedy and sampled y under each latent value (full length)"))
     for _, r in runs.sort_values("run_id").iterrows():
         t = samples_table(r["run_dir"])
         if len(t):
             display(Markdown(f"**{md_text(run_label(r, runs))}**"))
-            display(t)
+            with pd.option_context("display.max_colwidth", None):  # pandas cuts cells at 50 characters
+                display(t)

@@ -64,7 +64,8 @@ display(pd.DataFrame(boundaries).set_index("weighting"))
 result = run_own_study(model, data, out_dir, val=val, preset=cfg, render=render)
 
 # %%
-from zfree.report.report import label_table, md_text, notes_markdown, samples_table
+from zfree.report.labels_report import label_table, notes_markdown, samples_table
+from zfree.report.report import md_text
 from zfree.experiment.results import collect_runs
 from zfree.experiment.study_notes import study_notes
 

@@ -13,9 +13,11 @@
 #
 # A conditional VAE p(y | x, z) warm-started from a strong z-free model p(y | x): does the latent
 # z get used, and where does information-preference theory say it should be? Every run below
-# shows **predicted use** (theory: z pays for itself on an example iff β_eff = β·|S|/w < 1) next to
-# **measured use**. ρ_recon = R_val / c_base is a ratio of means (seed 000); 1 means z explains
-# nothing.
+# shows **predicted use** (theory: z pays for itself on an example iff β_eff = β·|S|/w < η, η = 1 on
+# the synthetic benchmark, the best label's measured exchange rate on real data) next to **measured
+# use**, and, where the study trained a z-free control, **z's gain** D_control − D_run (nats per
+# example, 95 % bootstrap interval over the evaluated rows): a run uses z only when its use is
+# measured *and* that interval lies above 0. ρ_recon = R_val / c_eval is a ratio of means (seed 000).
 
 # %% tags=["parameters"]
 sweep_dir = "../runs/study-default"  # a folder written by `zfree study` or `zfree sweep`
@@ -23,23 +25,48 @@ sweep_dir = "../runs/study-default"  # a folder written by `zfree study` or `zfr
 # %%
 from IPython.display import Markdown, display
 
-from zfree.report.plotting_study import plot_loss_fractions, plot_predicted_vs_measured, plot_rate_and_rho_vs_beta
+from zfree.report.gains_report import (available_gain_markdown, available_gain_table, drop_empty, dropped_markdown,
+                                       gain_verdict_markdown, gain_verdicts, has_generator_truth, measured_eta,
+                                       runs_c_base_markdown, study_gains)
+from zfree.report.plotting_study import (plot_gains, plot_loss_fractions, plot_predicted_vs_measured,
+                                         plot_rate_and_rho_vs_beta)
 from zfree.report.report import (QUALITY_COLUMNS, USE_COLUMNS, errors_markdown, reference_markdown, run_table,
                                  run_verdicts, show, verdict_markdown)
 from zfree.experiment.results import load_sweep
 
 sweep = load_sweep(sweep_dir)
 summary = sweep.runs
-verdicts = run_verdicts(summary)
-display(Markdown("## Verdict: predicted against measured use of z, per run\n\n" + verdict_markdown(verdicts)))
-display(Markdown(reference_markdown(sweep.reference)))
+truth = has_generator_truth(summary)
+given = study_gains(sweep_dir, summary)  # (oracles, gains) against the z-free control; None without controls
+eta = measured_eta(given[0]) if given else None
+if given:
+    display(Markdown("## What z could gain: the label oracles\n\n"
+                     "Each oracle is the z-free control's recipe with z := the row's label: ΔR = D_control − D_oracle "
+                     "(nats per example) is what a latent carrying that label could buy, H(label | x) what it costs in "
+                     "rate, η = ΔR/H the exchange rate theory needs.\n\n" + available_gain_markdown(given[0])))
+    if len(given[0]):
+        display(available_gain_table(given[0]))
+    verdicts = gain_verdicts(summary, given[1], eta)
+    display(Markdown("## Verdict: z's gain over the z-free control, per run\n\n" + gain_verdict_markdown(verdicts, eta)))
+else:
+    verdicts = run_verdicts(summary)
+    display(Markdown("## Verdict: predicted against measured use of z, per run\n\n*No z-free control in this "
+                     "folder (an older study or a sweep): judged on measured use alone.*\n\n" + verdict_markdown(verdicts)))
+display(Markdown(runs_c_base_markdown(summary, sweep.reference) if not truth else reference_markdown(sweep.reference)))
+
+# %%
+if given:
+    gained = summary.merge(given[1][["run_id", "z_gain", "z_gain_lo", "z_gain_hi"]], on="run_id", how="left")
+    show(plot_gains(gained, given[0], eta[0] if eta else None))  # rate: runs_table's mean KL, as gains.csv's
 
 # %% [markdown]
 # ## Predicted against measured latent use, per run
 
 # %%
 display(run_table(summary, USE_COLUMNS).join(verdicts.set_index("run")["verdict"]))
-display(run_table(summary, QUALITY_COLUMNS))
+quality, dropped = drop_empty(run_table(summary, QUALITY_COLUMNS))
+display(quality)
+display(Markdown(dropped_markdown(dropped)))
 
 # %%
 show(plot_rate_and_rho_vs_beta(summary, sweep.theory_curves()))

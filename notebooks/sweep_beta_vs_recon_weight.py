@@ -26,6 +26,7 @@ sweep_dir = "../runs/sweep-beta-vs-recon-weight"  # a folder written by `zfree s
 from IPython.display import Markdown, display
 
 from zfree.report.figstyle import variants
+from zfree.report.gains_report import left_out, runs_c_base
 from zfree.report.plotting import plot_phase_diagram
 from zfree.report.report import md_text, show
 from zfree.experiment.results import load_sweep
@@ -33,9 +34,12 @@ from zfree.experiment.results import load_sweep
 sweep = load_sweep(sweep_dir)
 crit = sweep.critical_betas()
 display(Markdown(f"{len(sweep.runs)} runs; predicted β* (half of the rows use z): "
-                 + ", ".join(f"{md_text(w)} {b:.3g}" for w, b in crit.items())))
+                 + ", ".join(f"{md_text(w)} {b:.3g}" for w, b in crit.items()) if crit else
+                 f"{len(sweep.runs)} runs. " + left_out("The predicted boundary line and β* marks", "the prediction "
+                 "counts the base model's excess over the Bayes loss, which only the synthetic generator knows "
+                 "(the labels section lists β* under η = 1 where the study computed it)")))
 
 # %%
 for variant, runs in variants(sweep.runs):  # one diagram per aid / latent kind: cells are never mixed
-    show(plot_phase_diagram(runs, c_base=(sweep.reference or {}).get("c_base"),
+    show(plot_phase_diagram(runs, c_base=runs_c_base(sweep.runs, sweep.reference),  # the runs' own c_base
                             beta_over_w=sweep.critical_beta_over_w(), critical_betas=crit, variant=variant))

@@ -28,6 +28,8 @@ sweep_dir = "../runs/study-aided"  # a folder written by `zfree study` or `zfree
 # %%
 from IPython.display import Markdown, display
 
+from zfree.report.gains_report import (NO_STRATEGY, NO_TRUTH, drop_empty, dropped_markdown, has_generator_truth, left_out,
+                                       study_gains)
 from zfree.report.plotting_aids import plot_handover_gate, plot_phase_boundary, plot_use_by_length
 from zfree.report.report import (aided_runs, aided_tables, boundary_table, checkmarks, confusion_tables, gate_traces,
                                  show, switch_on_targets)
@@ -35,22 +37,35 @@ from zfree.experiment.results import load_sweep
 
 sweep = load_sweep(sweep_dir)
 runs = sweep.runs
+truth = has_generator_truth(runs)
+given = study_gains(sweep_dir, runs)
+if given is not None:  # the targets read z's gain over the z-free control where there is one
+    runs = runs.merge(given[1][["run_id", "z_gain", "z_gain_lo", "z_gain_hi"]], on="run_id", how="left")
 aided = aided_runs(runs)
 if aided.empty:
     display(Markdown("No aided runs in this folder (every run has `aid = none`)."))
+dropped = []
 for part in aided_tables(aided) if not aided.empty else []:
+    part, gone = drop_empty(part)
+    dropped += gone
     display(part)
+display(Markdown(dropped_markdown(dropped, "no run passed the hand-over gate" if truth else
+                                  NO_TRUTH + "; a switch-on step only where a gate passed")))
 
 # %% [markdown]
 # ## Targets met?
 #
 # Where theory predicts use: NMI (m = 1) ≥ 0.9, ρ_recon ≤ 0.3, KL within 20% of the analytic
-# I(z; y | x) and task correctness within 1 point of the base model. Where it predicts no use: z
-# ended unused. ✓ met, ✗ not met, – not applicable or a number the data cannot give (no strategy labels).
+# I(z; y | x), task correctness within 1 point of the base model and, where the study has a z-free
+# control, z's gain interval above 0. Where it predicts no use: z ended unused. ✓ met, ✗ not met,
+# – not applicable. On real data (no generator truth) the targets are the verdict's rule: use
+# measured and z's gain interval above 0.
 
 # %%
 if not aided.empty:
-    display(checkmarks(switch_on_targets(aided).set_index("run")))
+    targets, gone = drop_empty(switch_on_targets(aided, synthetic=truth).set_index("run"), keep=("z unused", "all met"))
+    display(checkmarks(targets))
+    display(Markdown(dropped_markdown(gone)))
 
 # %% [markdown]
 # ## The barrier: best-z state against collapse during the hard phase
@@ -66,7 +81,9 @@ else:
 # ## Latent value against strategy on the rows where one strategy fits (m = 1)
 
 # %%
-for title, table in confusion_tables(aided, runs):
+if not truth:
+    display(Markdown(left_out("Latent value against strategy", NO_STRATEGY)))
+for title, table in confusion_tables(aided, runs) if truth else []:
     display(Markdown(f"**{title}**"))
     display(table)
 
@@ -80,7 +97,9 @@ for title, table in confusion_tables(aided, runs):
 
 # %%
 boundary = sweep.phase_boundary()
-if boundary.empty:
+if not truth:
+    display(Markdown(left_out("The phase boundary")))
+elif boundary.empty:
     display(Markdown("No weighting has runs at three or more β values here: no boundary to measure."))
 else:
     display(boundary_table(boundary))
@@ -94,7 +113,10 @@ else:
 
 # %%
 use = sweep.use_by_length("distribution")
-if use.empty:
+if not truth:
+    display(Markdown(left_out("The staircase", "measured use per |S| is read against each row's Bayes rate, "
+                                                "which only the synthetic generator knows")))
+elif use.empty:
     display(Markdown("No `distribution` runs with per-example use here."))
 else:
     show(plot_use_by_length(use))

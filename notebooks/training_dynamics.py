@@ -22,9 +22,15 @@ run_ids = ""  # comma-separated run ids; empty: every run (at most max_runs)
 max_runs = 8
 
 # %%
+from IPython.display import Markdown, display
+
+from zfree.report.gains_report import NO_STRATEGY, left_out
 from zfree.report.plotting import plot_training_curves
 from zfree.report.report import show, training_metrics
 from zfree.experiment.results import load_sweep
 
 sweep = load_sweep(sweep_dir)
-show(plot_training_curves(training_metrics(sweep, run_ids, max_runs)))
+curves = training_metrics(sweep, run_ids, max_runs)
+show(plot_training_curves(curves))
+if not any("structure/alignment_nmi" in m and m["structure/alignment_nmi"].notna().any() for m in curves.values()):
+    display(Markdown(left_out("The alignment-NMI panel", NO_STRATEGY)))

@@ -256,16 +256,28 @@ def test_log_ticks_at_nearby_betas_are_thinned_so_labels_do_not_overprint():
     plt.close(fig)
 
 
-def test_training_curves_say_why_the_nmi_panel_is_empty_without_strategies():
+def test_training_curves_leave_the_nmi_panel_out_without_strategies():
+    """Real data (no strategy labels): no empty NMI panel is drawn (the notebook says why in one line)."""
     df = pd.DataFrame({"step": [0, 50], "loss/val/kl_prior_loss": [0.01, 0.02],
                        "loss/val/baseline_normalized_reconstruction_loss": [1.0, 0.99],
                        "structure/alignment_nmi": [None, None]})
     fig = P.plot_training_curves({"run": df})
-    assert any("no strategy labels" in t.get_text() for t in fig.axes[3].texts)
+    assert not fig.axes[3].get_visible() and all(a.get_visible() for a in fig.axes[:3])
     df["structure/alignment_nmi"] = [0.1, 0.2]
     fig = P.plot_training_curves({"run": df})
-    assert not any("no strategy labels" in t.get_text() for t in fig.axes[3].texts)
+    assert fig.axes[3].get_visible()
     plt.close("all")
+
+
+def test_rate_distortion_on_real_data_spans_the_data_and_lists_no_synthetic_optimum():
+    """NaN Bayes rate (real text): no optimum drawn or in the legend; D axis near the points, not from 0."""
+    runs = _runs().assign(distortion=lambda d: 73.0 + 0.01 * np.arange(len(d)), rate=0.01)
+    fig = P.plot_rate_distortion(runs, z_free=73.5, bayes_rate=float("nan"), control=73.2)
+    ax = fig.axes[0]
+    labels = ax.get_legend_handles_labels()[1]
+    assert not any("optimum" in t or "Bayes" in t for t in labels) and any("control" in t for t in labels)
+    lo, hi = ax.get_ylim()
+    assert 72 < lo < 73 and 73.5 < hi < 75
 
 
 def test_phase_diagram_is_drawn_per_variant_so_aided_and_unaided_cells_are_not_averaged():

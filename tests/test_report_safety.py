@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from zfree.report import report as R
+from zfree.report.labels_report import notes_markdown
 
 CHROMIUM = os.environ.get("ZFREE_CHROMIUM", "/usr/bin/chromium")
 EVIL = "evil"  # every planted tag, attribute and script carries it
@@ -96,7 +97,7 @@ def test_md_text_renders_as_the_text_and_nothing_else(text):
 def test_notes_and_errors_are_text_where_they_were_markup():
     from nbconvert.filters.markdown_mistune import markdown2html_mistune
 
-    page = parse(markdown2html_mistune(R.notes_markdown(["labels ['style']: structure/<metric>/<label> computed"])))
+    page = parse(markdown2html_mistune(notes_markdown(["labels ['style']: structure/<metric>/<label> computed"])))
     assert "structure/<metric>/<label> computed" in visible(page)
     err = R.errors_markdown([{"run_id": "r1", "error": "Traceback\n----\nValueError: <b>bad</b>"}])
     page = parse(markdown2html_mistune(err))

@@ -56,8 +56,7 @@ def plot_training_curves(metrics: dict[str, pd.DataFrame], collapse_kl: float = 
     axes[0].set_ylim(-0.02, 1.02)  # shares and NMI live on [0, 1]: one scale in every report
     axes[3].set_ylim(-0.02, 1.02)
     if not any(k in df and df[k].notna().any() for df in metrics.values() for k in ("structure/alignment_nmi",)):
-        axes[3].text(0.5, 0.5, "no strategy labels in these runs\n(per-label NMI: the labels section)",
-                     ha="center", va="center", fontsize=8, color="gray", transform=axes[3].transAxes)
+        axes[3].set_visible(False)  # no strategy labels: no empty panel (the notebook says why in one line)
     for ax in axes:
         ax.set_xlabel("step")
     fig.tight_layout()
@@ -200,7 +199,7 @@ def _label_clusters(points, tol: float = 0.04) -> dict[tuple[float, float], list
 
 @_paper
 def plot_rate_distortion(runs: pd.DataFrame, z_free: float | None = None, bayes_rate: float | None = None,
-                         n_iso: int = 6) -> plt.Figure:
+                         n_iso: int = 6, control: float | None = None) -> plt.Figure:
     """The rate-distortion plane (Alemi et al. 2018): rate R = mean KL(q‖p) and distortion
     D = mean |S|·ℓ̄, both nats per sequence; one curve per weighting (and facet) across beta.
 
@@ -208,8 +207,13 @@ def plot_rate_distortion(runs: pd.DataFrame, z_free: float | None = None, bayes_
     |S|·c_base per sequence). ``bayes_rate``: mean log(K/m) (DESIGN §2), which places the
     analytic optimum (R = log(K/m), D = 0: z names the strategy, y is then determined) and the
     Bayes-optimal z-free point (0, log(K/m)) on one iso-ELBO line D + R = const (dashed): at
-    beta = 1 nothing prefers using z. Dotted: more iso-ELBO lines (slope -1).
+    beta = 1 nothing prefers using z. Dotted: more iso-ELBO lines (slope -1). ``control``: the
+    z-free control's D (same training, no latent: R = 0). A NaN ``z_free``/``bayes_rate``/``control``
+    (real data has no Bayes loss) counts as absent: nothing is drawn or listed for it and the axes
+    span only what is drawn.
     """
+    z_free, bayes_rate, control = (None if v is None or not np.isfinite(v) else float(v)
+                                   for v in (z_free, bayes_rate, control))
     fig, ax = plt.subplots(figsize=(6.2, 4.8))
     points = []
     for label, color, ls, rows in _groups(runs):
@@ -220,7 +224,8 @@ def plot_rate_distortion(runs: pd.DataFrame, z_free: float | None = None, bayes_
         ax.annotate("β=" + ", ".join(f"{b:g}" for b in betas), (x, y), fontsize=6, xytext=(3, 3),
                     textcoords="offset points")
     pts_r = [*runs["rate"], 0.0] + ([bayes_rate] if bayes_rate else [])
-    pts_d = [*runs["distortion"]] + ([z_free] if z_free is not None else []) + ([0.0, bayes_rate] if bayes_rate else [])
+    pts_d = [*runs["distortion"].dropna()] + [v for v in (z_free, control) if v is not None] + (
+        [0.0, bayes_rate] if bayes_rate else [])
     r_hi = max(pts_r) * 1.15 + 1e-3
     d_lo, d_hi = min(pts_d), max(pts_d)
     pad = 0.1 * (d_hi - d_lo) + 1e-3
@@ -228,6 +233,9 @@ def plot_rate_distortion(runs: pd.DataFrame, z_free: float | None = None, bayes_
         ax.plot([0, r_hi], [c, c - r_hi], color="gray", lw=0.6, ls=":", zorder=0)
     if z_free is not None:
         ax.scatter([0.0], [z_free], marker="*", s=160, color="k", zorder=4, label="z-free (R = 0, D = mean |S|·b)")
+    if control is not None:
+        ax.scatter([0.0], [control], marker="X", s=110, color="tab:gray", zorder=4,
+                   label="z-free control (R = 0, same training)")
     if bayes_rate:
         ax.plot([0, bayes_rate], [bayes_rate, 0], color="k", lw=0.8, ls="--", zorder=0,
                 label="iso-ELBO through the Bayes-optimal points")
@@ -243,12 +251,13 @@ def plot_rate_distortion(runs: pd.DataFrame, z_free: float | None = None, bayes_
 
 
 @_paper
-def plot_effective_beta(per_example: pd.DataFrame) -> plt.Figure:
+def plot_effective_beta(per_example: pd.DataFrame, eta: float | None = None) -> plt.Figure:
     """Per-example beta_eff = beta·|S|/w (DESIGN §1; seeds 000, 002) per weighting: against b
     (nats per token), against |S|, and per-example KL (nats per sequence) against beta_eff —
     which examples use z. The line beta_eff = 1 is drawn in every panel (theory: z is worth
     using iff beta_eff < 1). ``per_example``: rows of the runs' per_example tables tagged with
-    weighting (and facets), one beta per weighting."""
+    weighting (and facets), one beta per weighting. ``eta``: the measured exchange rate of the best
+    label (``zfree.experiment.gains``), drawn as a second threshold β_eff = η (z pays where β_eff < η)."""
     fig, axes = plt.subplots(1, 3, figsize=(12.5, 3.8))
     for label, color, _, rows in _groups(per_example):
         axes[0].scatter(rows["b"], rows["beta_eff"], s=8, alpha=0.6, color=color, label=label)
@@ -259,6 +268,10 @@ def plot_effective_beta(per_example: pd.DataFrame) -> plt.Figure:
         _log_axis(ax, "y")
         ax.set_ylabel("β_eff = β·|S| / w")
     axes[2].axvline(1.0, color="k", lw=1, ls="--", label="β_eff = 1")
+    if eta:
+        for ax in axes[:2]:
+            ax.axhline(eta, color="tab:red", lw=1, ls=":", label=f"β_eff = η = {eta:.3g} (measured)")
+        axes[2].axvline(eta, color="tab:red", lw=1, ls=":", label=f"β_eff = η = {eta:.3g} (measured)")
     _log_axis(axes[2], "x")
     axes[0].set_xlabel("b (z-free NLL, nats / token)")
     axes[1].set_xlabel("|S| (supervised tokens)")

@@ -13,7 +13,6 @@ import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
 from zfree.report.figstyle import FACET_MARKERS, FACETS  # noqa: E402
-from zfree.report.figstyle import color_of as _color  # noqa: E402
 from zfree.report.figstyle import groups as _groups  # noqa: E402
 from zfree.report.figstyle import log_axis as _log_axis  # noqa: E402
 from zfree.report.figstyle import paper as _paper  # noqa: E402
@@ -84,23 +83,40 @@ def plot_rate_and_rho_vs_beta(summary: pd.DataFrame, curves: pd.DataFrame | None
     return fig
 
 
+#: the marker of each objective term in the share figure
+TERM_MARKERS = ("o", "s", "^", "D", "v", "P")
+
+
 @_paper
 def plot_loss_fractions(summary: pd.DataFrame) -> plt.Figure:
-    """loss_contrib/fraction_abs/<term> of the final evaluation, one stacked bar per run."""
+    """loss_contrib/fraction_abs/<term> of the final evaluation: per run (one row), one marker per
+    term at its share on a log axis, the share written beside it. A log axis, because on real text
+    the reconstruction takes 99.9 % and the rate 0.05 %: stacked bars on [0, 1] read "100 %
+    reconstruction" for every run and hide the terms that differ."""
     cols = [c for c in summary.columns if c.startswith("loss_contrib/fraction_abs/")]
     facets = [f for f in FACETS if f in summary and (f == "weighting" or summary[f].nunique() > 1)]
     s = summary.sort_values([*facets, "beta"])
     labels = [" ".join(str(r[f]) for f in facets) + f" β={r['beta']:g}" + (f" s{r['seed']}" if "seed" in s and
               s["seed"].nunique() > 1 else "") for _, r in s.iterrows()]
-    # one horizontal bar per run: the run labels read along the y axis however many runs there are
     fig, ax = plt.subplots(figsize=(7.5, 1.2 + 0.32 * len(s)))
-    left = np.zeros(len(s))
-    for c in cols:
-        v = s[c].fillna(0).to_numpy()
-        ax.barh(labels, v, left=left, label=c.split("/")[-1])
-        left += v
-    ax.set_ylim(len(s) - 0.5, -0.5)  # first run on top, no empty margin
-    ax.set_xlabel("|contribution| / Σ|contributions|")
+    y = np.arange(len(s))
+    vals = s[cols].to_numpy(float) if cols else np.zeros((len(s), 0))
+    pos = vals[np.isfinite(vals) & (vals > 0)]
+    lo = max(float(pos.min()) / 3, 1e-8) if pos.size else 1e-4
+    for j, c in enumerate(cols):
+        v = vals[:, j]
+        ok = np.isfinite(v) & (v > 0)
+        ax.scatter(v[ok], y[ok], marker=TERM_MARKERS[j % len(TERM_MARKERS)], color=f"C{j}", zorder=3,
+                   label=c.split("/")[-1])
+        for vi, yi in zip(v[ok], y[ok]):
+            ax.annotate(f"{100 * vi:.3g}%", (vi, yi), fontsize=6, xytext=(0, 5), textcoords="offset points",
+                        ha="center")
+    ax.set_xscale("log")
+    ax.set_xlim(lo, 1.6)
+    ax.set_yticks(y, labels)
+    ax.set_ylim(len(s) - 0.5, -0.7)  # first run on top
+    ax.grid(axis="y", color="0.9", lw=0.6)
+    ax.set_xlabel("|contribution| / Σ|contributions| (log)")
     ax.set_title("Share of the objective per term (final evaluation)", fontsize=10)
     if cols:
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
@@ -108,32 +124,85 @@ def plot_loss_fractions(summary: pd.DataFrame) -> plt.Figure:
     return fig
 
 
+def _same_spot(points: list[tuple[float, float]], tol: float = 0.03) -> dict[tuple[float, float], int]:
+    """Points within ``tol`` of each other (both axes on [0, 1]) -> (first point's position, count)."""
+    out: dict[tuple[float, float], int] = {}
+    for x, y in points:
+        home = next((k for k in out if abs(k[0] - x) < tol and abs(k[1] - y) < tol), (x, y))
+        out[home] = out.get(home, 0) + 1
+    return out
+
+
 @_paper
-def plot_predicted_vs_measured(summary: pd.DataFrame) -> plt.Figure:
+def plot_predicted_vs_measured(summary: pd.DataFrame, measured: str = "measured_use_fraction",
+                               ylabel: str = "measured fraction using z") -> plt.Figure:
     """Fraction of examples predicted to use z (beta_eff < 1) against the fraction measured to use
-    it (per-example KL >= half of log(K/m)), one point per run: color = weighting, marker = the
-    other facets (latent kind, aid), size = beta (legend). No text at the points: with dozens of
-    runs on a few positions (0 and 1) the labels would print over each other."""
+    it (``measured``), one point per run: color = weighting, marker = the other facets (latent kind,
+    aid), the same code as every figure (``figstyle.groups``), size = beta (legend). Runs on one
+    spot are counted there ("×8"): on real text every run sits at (1, 0)."""
     fig, ax = plt.subplots(figsize=(5.0, 4.4))
     betas = sorted(summary["beta"].unique())
     size = {b: 18 + 70 * i / max(len(betas) - 1, 1) for i, b in enumerate(betas)}
-    markers = ["o", "s", "^", "D", "v", "P"]
-    facets = [f for f in FACETS[1:] if f in summary and summary[f].nunique() > 1]
-    keys = list(dict.fromkeys(tuple(r) for r in summary[facets].itertuples(index=False))) if facets else [()]
-    for _, r in summary.iterrows():
-        k = tuple(r[f] for f in facets)
-        ax.scatter(r["predicted_use_fraction"], r["measured_use_fraction"], s=size[r["beta"]], color=_color(r["weighting"]),
-                   marker=markers[keys.index(k) % len(markers)], alpha=0.75, edgecolors="k", linewidths=0.3)
+    handles, pts = [], []
+    for label, color, ls, rows in _groups(summary):
+        for _, r in rows.iterrows():
+            ax.scatter(r["predicted_use_fraction"], r[measured], s=size[r["beta"]], color=color,
+                       marker=FACET_MARKERS[ls], alpha=0.75, edgecolors="k", linewidths=0.3)
+            pts.append((float(r["predicted_use_fraction"]), float(r[measured])))
+        handles.append(Line2D([], [], ls="none", marker=FACET_MARKERS[ls], color=color, label=label))
+    for (x, y), n in _same_spot([p for p in pts if np.isfinite(p).all()]).items():
+        if n > 1:
+            ax.annotate(f"×{n}", (x, y), fontsize=8, xytext=(7, -10 if y > 0.5 else 7), textcoords="offset points")
     ax.plot([0, 1], [0, 1], color="gray", lw=0.8)
     ax.set_xlim(-0.05, 1.05)
     ax.set_ylim(-0.05, 1.05)
-    ax.set_xlabel("predicted fraction of examples using z")
-    ax.set_ylabel("measured fraction using z")
-    handles = [Line2D([], [], ls="none", marker="o", color=_color(w), label=w) for w in dict.fromkeys(summary["weighting"])]
-    handles += [Line2D([], [], ls="none", marker=markers[i % len(markers)], color="gray", label=" ".join(map(str, k)))
-                for i, k in enumerate(keys) if k]
+    ax.set_xlabel("predicted fraction of examples using z (β_eff < 1)")
+    ax.set_ylabel(ylabel)
     handles += [Line2D([], [], ls="none", marker="o", color="gray", markersize=np.sqrt(size[b]), label=f"β={b:g}")
                 for b in betas]
     ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+@_paper
+def plot_gains(runs: pd.DataFrame, oracles: pd.DataFrame, eta: float | None = None) -> plt.Figure:
+    """Left: each run's z gain D_control − D_run (nats per example, 95 % bootstrap interval as a
+    bar) against its rate (mean KL, nats per example); color = weighting, marker = the other facets,
+    as in every figure (``figstyle.groups``). Lines: gain 0, gain = rate (η = 1: the gain pays for
+    the rate at β = 1) and, given ``eta``, gain = η·rate. Right: the label oracles' ΔR against
+    H(label | x), both with their intervals, the label named at each point, and ΔR = H (η = 1).
+
+    ``runs``: ``SweepResults.runs`` merged with ``gains.csv`` (z_gain, z_gain_lo, z_gain_hi, rate);
+    ``oracles``: ``available_gain.csv`` rows (``zfree.experiment.gains.oracle_table``)."""
+    fig, (ax, ax_o) = plt.subplots(1, 2, figsize=(10.5, 4.2))
+    for label, color, ls, s in _groups(runs.dropna(subset=["z_gain"])):
+        err = np.vstack([s["z_gain"] - s["z_gain_lo"], s["z_gain_hi"] - s["z_gain"]]).clip(min=0)
+        ax.errorbar(s["rate"], s["z_gain"], yerr=err, ls="none", marker=FACET_MARKERS[ls], color=color, capsize=3,
+                    label=label)
+    r_hi = max([1e-3, *runs.get("rate", pd.Series(dtype=float)).dropna()]) * 1.15
+    xs = np.array([0.0, r_hi])
+    ax.axhline(0.0, color="gray", lw=0.8)
+    ax.plot(xs, xs, color="k", lw=0.8, ls="--", label="gain = rate (η = 1)")
+    if eta:
+        ax.plot(xs, eta * xs, color="tab:red", lw=0.8, ls=":", label=f"gain = η·rate (η = {eta:.3g})")
+    ax.set_xlim(-0.02 * r_hi, r_hi)
+    ax.set_xlabel("rate KL(q‖p) [nats / example]")
+    ax.set_ylabel("z gain D_control − D_run [nats / example]")
+    ax.set_title("What each run's z bought (bars: 95% interval over rows)", fontsize=9)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0.0, -0.15), frameon=False, ncol=2)
+    for _, o in oracles.iterrows():
+        ax_o.errorbar([o["H"]], [o["delta_R"]], xerr=[[max(o["H"] - o["H_lo"], 0)], [max(o["H_hi"] - o["H"], 0)]],
+                      yerr=[[max(o["delta_R"] - o["delta_R_lo"], 0)], [max(o["delta_R_hi"] - o["delta_R"], 0)]],
+                      ls="none", marker="*", ms=10, color="tab:red" if o["distinguishable"] else "gray", capsize=3)
+        ax_o.annotate(str(o["label"]), (o["H"], o["delta_R"]), fontsize=7, xytext=(4, 4), textcoords="offset points")
+    h_hi = max([1e-3, *oracles.get("H_hi", pd.Series(dtype=float)).dropna()]) * 1.15
+    ax_o.plot([0, h_hi], [0, h_hi], color="k", lw=0.8, ls="--")
+    ax_o.axhline(0.0, color="gray", lw=0.8)
+    ax_o.set_xlim(0, h_hi)
+    ax_o.set_xlabel("H(label | x) [nats / example]")
+    ax_o.set_ylabel("ΔR = D_control − D_oracle [nats / example]")
+    ax_o.set_title("Label oracles (red: interval above 0; dashed: η = 1)" if len(oracles) else
+                   "no label oracle in this study", fontsize=9)
     fig.tight_layout()
     return fig

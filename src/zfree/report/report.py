@@ -92,6 +92,18 @@ def runs_at_beta(runs: pd.DataFrame, beta: float) -> pd.DataFrame:
     return pd.concat(parts)
 
 
+def launch_beta_range(betas, beta_stars=(), pad_decades: float = 0.5, step: float = 0.25) -> tuple[float, float]:
+    """(lo, hi) in log10 β for the launch panel: the study's ``betas`` and predicted ``beta_stars``
+    (non-positive and NaN ignored) widened by ``pad_decades`` on each side and snapped outward to
+    ``step`` (e.g. an E2E study at β 0.0043 with β* 0.0129 -> (-3.0, -1.25)); (-2, 0) when none is given."""
+    v = np.asarray([*betas, *beta_stars], float)
+    v = v[np.isfinite(v) & (v > 0)]
+    if not len(v):
+        return (-2.0, 0.0)
+    lo, hi = np.log10(v.min()) - pad_decades, np.log10(v.max()) + pad_decades
+    return float(np.floor(lo / step) * step), float(np.ceil(hi / step) * step)
+
+
 def run_label(row, runs: pd.DataFrame | None = None) -> str:
     """``weighting [latent_kind] [aid] β=…[ s<seed>]``: a facet is named where ``runs`` varies it
     (always, without ``runs``), except ``aid = none`` and ``latent_kind = discrete``."""
@@ -227,39 +239,51 @@ def aided_tables(aided: pd.DataFrame, digits: int = 3) -> list[pd.DataFrame]:
     return [t[[c for c in part if c in t]] for part in AIDED_SPLIT]
 
 
-#: issue 15's switch-on targets for an aided run where theory predicts use: column name -> test of a run row
-SWITCH_ON_TARGETS = {"NMI (m=1) ≥ 0.9": lambda r: r["alignment_nmi_unambiguous"] >= 0.9,
-                     "ρ_recon ≤ 0.3": lambda r: r["baseline_normalized_reconstruction_loss"] <= 0.3,
-                     "KL within 20% of I(z;y|x)": lambda r: abs(r["kl_prior_loss"] / r["bayes_rate"] - 1) <= 0.2,
-                     "task correct ≥ base − 0.01": lambda r: r["task_correctness"] >= r["base_task_correctness"] - 0.01}
+#: issue 15's switch-on targets for an aided run where theory predicts use: column name -> (the
+#: columns it reads, its test of a run row); a target is judged wherever its own columns are known
+SWITCH_ON_TARGETS = {
+    "NMI (m=1) ≥ 0.9": (("alignment_nmi_unambiguous",), lambda r: r["alignment_nmi_unambiguous"] >= 0.9),
+    "ρ_recon ≤ 0.3": (("baseline_normalized_reconstruction_loss",),
+                      lambda r: r["baseline_normalized_reconstruction_loss"] <= 0.3),
+    "KL within 20% of I(z;y|x)": (("kl_prior_loss", "bayes_rate"),
+                                  lambda r: abs(r["kl_prior_loss"] / r["bayes_rate"] - 1) <= 0.2),
+    "task correct ≥ base − 0.01": (("task_correctness", "base_task_correctness"),
+                                   lambda r: r["task_correctness"] >= r["base_task_correctness"] - 0.01)}
+#: judged only where the runs carry a z-free control's gain (``zfree.experiment.gains``)
+GAIN_TARGET = ("z gain > 0 (95% interval)", (("z_gain_lo",), lambda r: r["z_gain_lo"] > 0))
 
 
-def switch_on_targets(aided: pd.DataFrame, threshold: float = USE_THRESHOLD) -> pd.DataFrame:
+def switch_on_targets(aided: pd.DataFrame, threshold: float = USE_THRESHOLD, synthetic: bool = True) -> pd.DataFrame:
     """Per aided run (``aided_runs`` rows of ``SweepResults.runs``): where theory predicts use
     (predicted_use_fraction > ``threshold``), each of ``SWITCH_ON_TARGETS`` met or not (True/False,
-    NaN where a number is missing, e.g. without strategy labels); where it predicts no use, whether
-    z ended unused (measured_use_fraction <= ``threshold``). Columns: run, predicted, the targets,
-    "z unused", all met. Targets of issue 15: NMI (m = 1) >= 0.9, rho_recon <= 0.3, KL within 20% of
-    the analytic I(z; y | x) (``bayes_rate``, DESIGN §2) and task correctness within 1 point of the
-    base model's. Raises KeyError naming a missing column."""
+    NaN only where a number that target reads is missing, e.g. NMI without strategy labels, while
+    rho is still judged); where it predicts no use, whether z ended unused (measured_use_fraction
+    <= ``threshold``). Columns: run, predicted, the targets, "z unused", all met. Targets of issue
+    15: NMI (m = 1) >= 0.9, rho_recon <= 0.3, KL within 20% of the analytic I(z; y | x)
+    (``bayes_rate``, DESIGN §2) and task correctness within 1 point of the base model's; plus, where
+    ``aided`` has ``z_gain_lo`` (a control's gain), ``GAIN_TARGET``. ``synthetic=False`` (real data:
+    targets are judged on z's rate and gain, never on rho against the step-0 base): use measured and
+    ``GAIN_TARGET``, the verdict's rule (``zfree.report.gains_report``).
+    Raises KeyError naming a missing column."""
     need = ("weighting", "beta", "predicted_use_fraction", "measured_use_fraction", "alignment_nmi_unambiguous",
             "baseline_normalized_reconstruction_loss", "kl_prior_loss", "bayes_rate", "task_correctness",
             "base_task_correctness")
     for c in need:
         if c not in aided:
             raise KeyError(f"switch_on_targets: runs have no column {c!r}")
+    measured = {"use measured": (("measured_use_fraction",), lambda r: r["measured_use_fraction"] > threshold)}
+    targets = {**(SWITCH_ON_TARGETS if synthetic else measured), **(dict([GAIN_TARGET]) if "z_gain_lo" in aided else {})}
     rows = []
     for _, r in aided.iterrows():
         use = r["predicted_use_fraction"] > threshold
-        missing = any(pd.isna(r[c]) for c in need[4:])  # a number the targets read (e.g. no strategy labels)
         row = {"run": run_label(r, aided), "predicted": "use" if use else "no use"}
-        for name, test in SWITCH_ON_TARGETS.items():
-            row[name] = bool(test(r)) if use and not missing else np.nan
+        for name, (cols, test) in targets.items():  # NaN where this target's own numbers are missing
+            row[name] = bool(test(r)) if use and not any(pd.isna(r[c]) for c in cols) else np.nan
         row["z unused"] = np.nan if use else bool(r["measured_use_fraction"] <= threshold)
-        checks = [row[n] for n in SWITCH_ON_TARGETS] if use else [row["z unused"]]
+        checks = [row[n] for n in targets] if use else [row["z unused"]]
         row["all met"] = np.nan if any(pd.isna(c) for c in checks) else all(checks)
         rows.append(row)
-    return pd.DataFrame(rows, columns=["run", "predicted", *SWITCH_ON_TARGETS, "z unused", "all met"])
+    return pd.DataFrame(rows, columns=["run", "predicted", *targets, "z unused", "all met"])
 
 
 def checkmarks(table: pd.DataFrame) -> pd.DataFrame:
@@ -344,36 +368,3 @@ def boundary_table(boundary: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
     keys = [c for c in FACETS if c in boundary]
     t = boundary.set_index(keys)
     return t[[c for c in BOUNDARY_COLUMNS if c in t]].rename(columns=BOUNDARY_COLUMNS).round(digits)
-
-
-# ---------------------------------------------------------------------------- labels, notes, samples (issue 14)
-
-LABEL_METRICS = ("alignment_nmi", "hungarian_accuracy", "probe_accuracy")
-
-
-def label_table(summary: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
-    """Per run (``run_label``), every ``structure/<metric>/<label>`` column of ``summary`` as
-    ``<label> <metric>`` next to rho_recon, the rate (KL, nats per sequence) and measured/predicted use."""
-    base = {"loss/val/baseline_normalized_reconstruction_loss": "ρ_recon", "loss/val/kl_prior_loss": "rate (KL)",
-            "latent/measured_use_fraction": "measured use", "latent/predicted_use_fraction": "predicted use"}
-    lab = {c: f"{c.split('/')[2]} {c.split('/')[1].replace('_', ' ')}" for c in summary.columns
-           if c.startswith("structure/") and c.count("/") == 2 and c.split("/")[1] in LABEL_METRICS}
-    return run_table(summary, {**base, **dict(sorted(lab.items()))}, digits)
-
-
-def notes_markdown(notes: list[str]) -> str:
-    """The study's visible notes (labels absent, no task correctness, shared x) as a markdown list,
-    each note shown as text (``md_text``: ``structure/<metric>/<label>`` is no HTML tag)."""
-    return "**Notes**\n\n" + "\n".join(f"- {md_text(n)}" for n in notes) if notes else "**Notes**: none."
-
-
-def samples_table(run_dir, max_chars: int = 90) -> pd.DataFrame:
-    """A run's ``samples.parquet`` as a table: per validation x (index: x, latent value) the greedy and
-    the sampled y side by side, texts cut to ``max_chars``; empty when the run wrote none."""
-    p = Path(run_dir) / "samples.parquet"
-    if not p.exists():
-        return pd.DataFrame(columns=["greedy", "sampled"])
-    s = pd.read_parquet(p)
-    cut = lambda t: t if len(t) <= max_chars else t[: max_chars - 1] + "…"  # noqa: E731
-    s = s.assign(x=s["x"].map(cut), greedy=s["greedy"].map(cut), sampled=s["sampled"].map(cut))
-    return s.set_index(["x", "latent"])[["greedy", "sampled"]]

@@ -7,9 +7,8 @@ is hidden and named in the note line; a slider that cannot change the figure is 
 why). ``LaunchPanel`` expands a beta range × weightings × seeds (with a chosen aid and step budget)
 into points, shows the config diff against its template, runs them through the sweeps' executor
 loop (``zfree.experiment.executor.run_points``) in a background thread into its own folder,
-refreshes an explorer as each finishes, and can be stopped. Both keep their state in plain
-attributes (``figure``, ``selected``, ``statuses``): tests set a widget's ``value``, read the attribute.
-"""
+refreshes an explorer as each finishes, and can be stopped. Both keep their state in plain attributes
+(``figure``, ``selected``, ``statuses``): tests set a widget's ``value``, read the attribute."""
 
 from __future__ import annotations
 
@@ -245,7 +244,7 @@ def _fmt(v: Any) -> str:
 
 class LaunchPanel:
     """Launch a small sweep: β from 10^lo to 10^hi (``n_beta`` log-spaced values) × the chosen
-    weightings × ``seeds`` seeds, with the chosen aid (default none) and ``steps``, over the flat
+    weightings × ``seeds`` seeds (``log_beta``: the initial (lo, hi), e.g. ``report.launch_beta_range``), with the chosen aid (default none) and ``steps``, over the flat
     ``base`` config (the template), into ``sweep_dir/runs`` — a folder of its own (the explore
     notebook uses ``STUDY/launched``), so the study's runs and report stay as they were.
 
@@ -258,11 +257,12 @@ class LaunchPanel:
 
     def __init__(self, base: dict[str, Any], sweep_dir: Path | str, explorer: SweepExplorer | None = None,
                  make_executor: Callable[[], Executor] | None = None, workers: int = 2, steps: int | None = None,
-                 run_fn: Callable[[Point, str, str], dict] = run_point):
+                 run_fn: Callable[[Point, str, str], dict] = run_point, log_beta: tuple[float, float] = (-2.0, 0.0)):
         self.base, self.sweep_dir, self.explorer = dict(base), Path(sweep_dir), explorer
         self.make_executor, self.workers, self.run_fn = make_executor, workers, run_fn
         self.aids = aid_choices()
-        self.log_beta = W.FloatRangeSlider(value=(-2.0, 0.0), min=-4.0, max=1.0, step=0.25, description="log10 β",
+        self.log_beta = W.FloatRangeSlider(value=log_beta, min=min(-4.0, log_beta[0] - 1), max=max(1.0, log_beta[1] + 1),
+                                           step=0.25, description="log10 β",
                                            readout=False, layout=W.Layout(width="320px"), **WIDE)
         self.beta_readout = W.HTML()
         self.n_beta = W.BoundedIntText(value=3, min=1, max=20, description="# β", layout=W.Layout(width="140px"))

@@ -1,0 +1,103 @@
+"""The labels section of a real-data report (issue 14; issue "Real data, true numbers", items 4 and
+6): per-label alignment, Hungarian and probe accuracies beside the majority-class baseline they
+must beat, the study's notes, the multi-reference evidence (``multiref.csv``) and the samples each
+latent value writes, at full length.
+
+Functions take ``zfree.experiment.results.collect_runs`` rows (with ``run_dir``) and return
+DataFrames or escaped markdown (``md_text``); tested on hand-made run folders.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from zfree.report.report import md_text, run_table
+
+LABEL_METRICS = ("alignment_nmi", "hungarian_accuracy", "probe_accuracy")
+#: below this many evaluated rows (or with one value) a label metric is flagged in the table
+MIN_ROWS = 50
+
+
+def majority_baselines(run_dir: Path | str) -> dict[str, tuple[float, int, int]]:
+    """label -> (share of its most common value, rows carrying it, distinct values) over the rows a
+    run evaluated (``label/<key>`` columns of its per_example.parquet): the accuracy a constant
+    guess gets, which a probe or a Hungarian matching must beat to mean anything. Empty when the
+    run has no per-example table or no label column."""
+    f = Path(run_dir) / "per_example.parquet"
+    if not f.exists():
+        return {}
+    pe = pd.read_parquet(f)
+    out = {}
+    for c in (c for c in pe.columns if c.startswith("label/")):
+        v = pe[c].dropna()
+        if len(v):
+            out[c.split("/", 1)[1]] = (float(v.value_counts(normalize=True).iloc[0]), len(v), int(v.nunique()))
+    return out
+
+
+def label_table(summary: pd.DataFrame, digits: int = 3, min_rows: int = MIN_ROWS) -> pd.DataFrame:
+    """Per run (``run_label``), every ``structure/<metric>/<label>`` column of ``summary`` as
+    ``<label> <metric>`` (grouped by label) next to rho_recon, the rate (KL, nats per sequence) and measured/predicted
+    use; with ``run_dir``, each label's majority-class share (``<label> majority``, the baseline of
+    the accuracies) and a ``warning`` column naming labels on fewer than ``min_rows`` rows or one value."""
+    base = {"loss/val/baseline_normalized_reconstruction_loss": "ρ_recon", "loss/val/kl_prior_loss": "rate (KL)",
+            "latent/measured_use_fraction": "measured use", "latent/predicted_use_fraction": "predicted use"}
+    lab = {c: f"{c.split('/')[2]} {c.split('/')[1].replace('_', ' ')}" for c in summary.columns
+           if c.startswith("structure/") and c.count("/") == 2 and c.split("/")[1] in LABEL_METRICS}
+    t = run_table(summary, {**base, **dict(sorted(lab.items(), key=lambda kv: kv[1]))}, digits)  # grouped by label
+    if "run_dir" not in summary:
+        return t
+    maj = [majority_baselines(d) for d in summary["run_dir"]]
+    for key in sorted({k for m in maj for k in m}):
+        col = [round(m[key][0], digits) if key in m else float("nan") for m in maj]
+        at = [i for i, c in enumerate(t.columns) if c.startswith(f"{key} ")]  # after the label's own metrics
+        t.insert(at[-1] + 1 if at else len(t.columns), f"{key} majority", col)
+    warn = ["; ".join(f"{k}: {n} rows" if n < min_rows else f"{k}: one value" for k, (_, n, nv) in sorted(m.items())
+                      if n < min_rows or nv < 2) for m in maj]
+    if any(warn):
+        t["warning"] = warn
+    return t
+
+
+def notes_markdown(notes: list[str]) -> str:
+    """The study's visible notes (labels absent, no task correctness, shared x) as a markdown list,
+    each note shown as text (``md_text``: ``structure/<metric>/<label>`` is no HTML tag)."""
+    return "**Notes**\n\n" + "\n".join(f"- {md_text(n)}" for n in notes) if notes else "**Notes**: none."
+
+
+def samples_table(run_dir, max_chars: int | None = None) -> pd.DataFrame:
+    """A run's ``samples.parquet`` as a table: per validation x (index: x, latent value) the greedy and
+    the sampled y side by side, at full length (``max_chars``: cut there, with "…"); empty when the
+    run wrote none. Show it under ``pd.option_context("display.max_colwidth", None)``: pandas cuts
+    cells at 50 characters by default."""
+    p = Path(run_dir) / "samples.parquet"
+    if not p.exists():
+        return pd.DataFrame(columns=["greedy", "sampled"])
+    s = pd.read_parquet(p)
+    if max_chars is not None:
+        cut = lambda t: t if len(t) <= max_chars else t[: max_chars - 1] + "…"  # noqa: E731
+        s = s.assign(x=s["x"].map(cut), greedy=s["greedy"].map(cut), sampled=s["sampled"].map(cut))
+    return s.set_index(["x", "latent"])[["greedy", "sampled"]]
+
+
+#: multiref.csv columns shown, when present (written by ``zfree.evaluate.multiref``), -> header
+MULTIREF_COLUMNS = {"run_id": "run", "pairwise_bleu": "pairwise BLEU among z values", "refs_covered": "references covered",
+                    "n_mrs": "MRs"}
+
+
+def multiref_table(study_dir: Path | str, digits: int = 3) -> pd.DataFrame | None:
+    """The study's ``multiref.csv`` (per run: pairwise BLEU among the latent values' outputs per
+    MR, the references covered, the MRs), its known columns first and renamed
+    (``MULTIREF_COLUMNS``), any other column kept; None when the file is absent or unreadable."""
+    f = Path(study_dir) / "multiref.csv"
+    if not f.exists():
+        return None
+    try:
+        t = pd.read_csv(f)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError):
+        return None
+    known = [c for c in MULTIREF_COLUMNS if c in t]
+    t = t[known + [c for c in t.columns if c not in known]].rename(columns=MULTIREF_COLUMNS)
+    return t.round(digits)

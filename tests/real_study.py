@@ -1,0 +1,77 @@
+"""A hand-made real-data study folder (no strategies, no Bayes loss, labels instead; as an E2E
+study writes it): two CVAE runs (one aided), their z-free control, two label oracles, notes.json,
+controls.json, samples.parquet with long texts and a multiref.csv. Nothing is trained: the report
+tests read only these files, in seconds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+LONG_Y = ("The Eagle is a coffee shop near Burger King in the riverside area that serves cheap English food and is "
+          "family friendly, with a customer rating of 5 out of 5 and a view of the river.")  # 170 characters
+
+
+def _per_example(rng, n: int, lbar_shift: float, kl: float, labels: dict[str, list[str]]) -> pd.DataFrame:
+    b = rng.uniform(2.0, 3.0, n)
+    n_tok = rng.integers(15, 30, n)
+    lbar = b - lbar_shift / n_tok + rng.normal(0, 0.01, n)
+    df = pd.DataFrame({"id": [f"v{i}" for i in range(n)], "strategy": [None] * n, "n_tokens": n_tok, "lbar": lbar,
+                       "kl": np.full(n, kl), "beta_eff": 0.0043 * n_tok * 2.6, "weight": 1 / 2.6,
+                       "posterior_argmax": rng.integers(0, 2, n), "b": b, "rho_i": lbar / b,
+                       "bayes_nll": np.nan, "n_consistent": [None] * n, "measured_use": False, "predicted_use": True})
+    for k, vals in labels.items():
+        df[f"label/{k}"] = [vals[i % len(vals)] for i in range(n)]
+    return df
+
+
+def _summary(run_id: str, source: str, aid: str, kl: float, pe: pd.DataFrame) -> dict:
+    return {"weighting": "distribution", "beta": 0.0043 if source == "posterior" else 0.0, "aid": aid,
+            "latent_kind": "discrete", "n_latent": 4, "latent_source": source, "seed": 0, "steps": 10,
+            "wall_s": 1.0, "objective/recon_weight_mean": 1 / 2.6, "reference/c_base": 2.5805,
+            "reference/c_eval": float(pe["b"].mean()), "loss/val/kl_prior_loss": kl,
+            "loss/val/baseline_normalized_reconstruction_loss": float(pe["lbar"].mean() / pe["b"].mean()),
+            "latent/measured_use_fraction": 0.0, "latent/predicted_use_fraction": 1.0, "latent/codes_used": 2,
+            "latent/oracle_rho": 0.99, "objective/beta_eff_median": 0.29, "structure/alignment_nmi": None,
+            "task/correctness": None, "loss_contrib/fraction_abs/reconstruction_loss": 0.9995,
+            "loss_contrib/fraction_abs/kl_prior_loss": 0.0005, "structure/alignment_nmi/complete": 0.02,
+            "structure/hungarian_accuracy/complete": 0.6, "structure/probe_accuracy/complete": 0.7,
+            "aid/gate": [{"step": 5, "best_objective": 1.02, "collapsed_objective": 1.0}] if aid != "none" else []}
+
+
+def make_real_study(root: Path, n: int = 60) -> Path:
+    """Writes the study under ``root/real`` and returns it."""
+    rng = np.random.default_rng(0)
+    d = root / "real"
+    labels = {"complete": ["yes", "yes", "no"], "first_slot": ["name", "area", "food", "name"]}
+    runs = {"cvae_plain_a": ("posterior", "none", 0.006, 0.1), "cvae_aid_b": ("posterior", "hard_em_then_soft", 0.03, 3.0),
+            "control_distribution_c": ("control", "none", 0.0, 0.0),
+            "oracle-complete_distribution_d": ("label:complete", "none", 0.64, 4.0),
+            "oracle-first_slot_distribution_e": ("label:first_slot", "none", 1.4, 0.05)}
+    for rid, (source, aid, kl, shift) in runs.items():
+        f = d / "runs" / rid
+        f.mkdir(parents=True)
+        pe = _per_example(np.random.default_rng(1), n, shift, kl, labels)  # same rows and b for every run
+        pe["kl"] = kl + rng.uniform(0, 0.01, n) * (kl > 0)
+        pe.to_parquet(f / "per_example.parquet")
+        (f / "summary.json").write_text(json.dumps(_summary(rid, source, aid, kl, pe)))
+        (f / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss/val/kl_prior_loss": kl,
+                                                             "loss/val/baseline_normalized_reconstruction_loss": 1.0,
+                                                             "structure/alignment_nmi": None}) + "\n" for s in (0, 10)))
+        if source == "posterior":
+            pd.DataFrame({"id": ["v0"] * 2, "x": ["name[The Eagle], eatType[coffee shop]"] * 2,
+                          "reference": [LONG_Y] * 2, "latent": [0, 1], "greedy": [LONG_Y, "The Eagle."],
+                          "sampled": ["A pub.", LONG_Y]}).to_parquet(f / "samples.parquet")
+    (d / "controls.json").write_text(json.dumps({
+        "controls": {"cvae_plain_a": "control_distribution_c", "cvae_aid_b": "control_distribution_c"},
+        "oracles": {"oracle-complete_distribution_d": {"label": "complete", "n_values": 2, "control": "control_distribution_c"},
+                    "oracle-first_slot_distribution_e": {"label": "first_slot", "n_values": 3,
+                                                         "control": "control_distribution_c"}}}))
+    (d / "notes.json").write_text(json.dumps({"notes": ["label 'strategy': absent"], "predicted_boundaries": [
+        {"weighting": "distribution", "beta_star": 0.0129, "betas": [0.0043]}]}))
+    pd.DataFrame({"run_id": ["cvae_aid_b"], "pairwise_bleu": [0.81], "refs_covered": [1.5], "n_mrs": [3]}).to_csv(
+        d / "multiref.csv", index=False)
+    return d
