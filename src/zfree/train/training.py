@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from zfree.train import aids, run_folder
+from zfree.train import accumulate, aids, run_folder
 from zfree.config import LatentKind, TrainConfig
 from zfree.data.batching import EncodedPair, collate, encode_pair, pad_id_of
 from zfree.data.pairs import Pair, load_pairs
@@ -32,6 +32,7 @@ from zfree.models.base import load_base
 from zfree.models.continuous import ContinuousCVAE
 from zfree.models.discrete import DiscreteCVAE
 from zfree.models.loading import pick_device
+from zfree.models.lora import apply_lora
 from zfree.models.precision import WEIGHT_DTYPES, acc_dtype, default_dtype
 from zfree.objective.objectives import Phase, step_objective
 from zfree.reference.reference import Reference, resolve_reference
@@ -65,7 +66,8 @@ def build_cvae(cfg: TrainConfig, backbone: torch.nn.Module) -> DiscreteCVAE | Co
     """The CVAE of ``cfg.model.latent_kind`` on ``backbone`` (the latent embeddings start at 0, or
     at N(0, latent_init_std^2) under the random_init_jsd aid), moved to ``cfg.optim.device``
     ("auto": cuda when present) in train mode, its decoder passes under ``cfg.model.shared_prefix``
-    (auto / on / off; off also skips the z-free pass's key/value cache)."""
+    (auto / on / off; off also skips the z-free pass's key/value cache); with ``lora_rank`` > 0 the
+    backbone trains LoRA adapters only (``zfree.models.lora.apply_lora``)."""
     m = cfg.model
     with default_dtype(next(backbone.parameters()).dtype):  # new heads in the backbone's dtype
         if m.latent_kind == LatentKind.CONTINUOUS:
@@ -73,6 +75,8 @@ def build_cvae(cfg: TrainConfig, backbone: torch.nn.Module) -> DiscreteCVAE | Co
         else:
             model = DiscreteCVAE(backbone, m.n_latent, m.posterior_features,
                                  latent_init_std=cfg.aid.latent_init_std if cfg.aid.aid == "random_init_jsd" else 0.0)
+        if cfg.optim.lora_rank:  # LoRA over the frozen base (issue 24): B = 0, so still exact at step 0
+            apply_lora(model.backbone, cfg.optim.lora_rank, cfg.optim.lora_alpha, cfg.optim.lora_targets)
     model.shared_prefix_mode = m.shared_prefix
     model.shared_prefix = m.shared_prefix != "off"
     return model.to(pick_device(cfg.optim.device)).train()
@@ -262,6 +266,7 @@ def _setup_run(cfg: TrainConfig, out: Path, progress: bool) -> Run:
     reference, build model, data and optimizer, write config.json, and resume from a checkpoint."""
     torch.set_num_threads(cfg.optim.threads)
     torch.manual_seed(cfg.optim.seed)
+    accumulate.check_accumulation(cfg)
     data_dir, base_dir = _check_inputs(cfg)
     run_folder.check_same_config(out, cfg)
     backbone, tok = load_base(base_dir / "model", device=cfg.optim.device, dtype=WEIGHT_DTYPES[cfg.optim.precision])
@@ -281,10 +286,21 @@ def _setup_run(cfg: TrainConfig, out: Path, progress: bool) -> Run:
     return Run(out, model, data, opt, rng, state or TrainState(phase=aids.initial_phase(cfg)), t0)
 
 
+def _objective_of(run: Run, cfg: TrainConfig, phase, step: int, dev, acc):
+    """host batch -> the step's objective breakdown on ``dev`` (b and the base-token matrix with it)."""
+    def objective(host):
+        b, base_tok = _batch_references(run.data, host, cfg.objective.weighting, dev, acc)
+        return step_objective(phase, run.model, host.to(dev), cfg, step, run.data.c_base, b, base_tok,
+                              warm=aids.beta0_warm(cfg, step))
+    return objective
+
+
 def _optimizer_step(run: Run, br, cfg: TrainConfig, step: int, frozen: aids.FrozenDecoderMask) -> None:
-    """Backward, the frozen-decoder mask (warm phase), gradient clipping, the update."""
-    run.opt.zero_grad(set_to_none=True)
-    br.total.backward()
+    """Backward (done chunk by chunk under gradient accumulation), the frozen-decoder mask (warm
+    phase), gradient clipping, the update."""
+    if not getattr(br, "backward_done", False):
+        run.opt.zero_grad(set_to_none=True)
+        br.total.backward()
     if aids.frozen_decoder_phase(cfg, step):  # frozen-decoder warm phase: the posterior side only
         frozen.apply()
     if cfg.optim.grad_clip > 0:
@@ -347,14 +363,15 @@ def _train_loop(cfg: TrainConfig, out: Path, run: Run, progress: bool, stop_afte
                                      NEW_GROUP: aids.new_lr(cfg, state.phase)})
         idx = run.rng.integers(0, len(data.train), cfg.optim.batch_size)  # batches drawn with replacement
         host = collate([data.train[i] for i in idx], pad_id=data.pad_id)
-        b, base_tok = _batch_references(data, host, cfg.objective.weighting, dev, acc)
-        batch = host.to(dev)
         # one objective per step: the hard-EM phase, else the latent kind's true J (beta0 warm-up applied)
         phase = Phase.HARD if state.phase == Phase.HARD else cfg.model.latent_kind
-        br = step_objective(phase, model, batch, cfg, step, data.c_base, b, base_tok, warm=aids.beta0_warm(cfg, step))
+        objective = _objective_of(run, cfg, phase, step, dev, acc)
+        br = (accumulate.accumulated_step(objective, [data.train[i] for i in idx], cfg.optim.micro_batch, run.opt,
+                                          lambda rows: collate(rows, pad_id=data.pad_id))
+              if accumulate.use_accumulation(cfg, len(idx)) else objective(host))
         if state.phase == Phase.HARD:  # dead-value restarts count the posterior's argmax
             aids.count_usage(state, br.per_example["q_logits"].argmax(-1), model.n_latent)
-        watch.add(br, step, batch)  # checked now on the CPU, every FINITE_CHECK_EVERY steps elsewhere
+        watch.add(br, step, host)  # (its row ids) checked now on the CPU, every FINITE_CHECK_EVERY steps elsewhere
         _optimizer_step(run, br, cfg, step, frozen)
         state.step = step
         _log_train_terms(state, br)
