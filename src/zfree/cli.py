@@ -253,8 +253,8 @@ def _add_base(sub) -> None:
     b.add_argument("--init-from", default=None, help="continue from a finished base model folder (second phase)")
     b.set_defaults(func=_cmd_base_train)
     r = base.add_parser("reference", help="(re)write a base run's z-free reference")
-    r.add_argument("--base", required=True, help="the base run folder")
-    r.add_argument("--data", required=True, help="the data folder whose val.jsonl is scored")
+    for flag, text in (("--base", "the base run folder"), ("--data", "the data folder whose val.jsonl is scored")):
+        r.add_argument(flag, required=True, help=text)
     r.set_defaults(func=_cmd_base_reference)
 
 

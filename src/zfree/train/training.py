@@ -66,8 +66,7 @@ def build_cvae(cfg: TrainConfig, backbone: torch.nn.Module) -> DiscreteCVAE | Co
     """The CVAE of ``cfg.model.latent_kind`` on ``backbone`` (the latent embeddings start at 0, or
     at N(0, latent_init_std^2) under the random_init_jsd aid), moved to ``cfg.optim.device``
     ("auto": cuda when present) in train mode, its decoder passes under ``cfg.model.shared_prefix``
-    (auto / on / off; off also skips the z-free pass's key/value cache); with ``lora_rank`` > 0 the
-    backbone trains LoRA adapters only (``zfree.models.lora.apply_lora``)."""
+    (auto / on / off; off also skips the z-free pass's key/value cache); LoRA adapters only with lora_rank > 0."""
     m = cfg.model
     with default_dtype(next(backbone.parameters()).dtype):  # new heads in the backbone's dtype
         if m.latent_kind == LatentKind.CONTINUOUS:
@@ -75,7 +74,7 @@ def build_cvae(cfg: TrainConfig, backbone: torch.nn.Module) -> DiscreteCVAE | Co
         else:
             model = DiscreteCVAE(backbone, m.n_latent, m.posterior_features,
                                  latent_init_std=cfg.aid.latent_init_std if cfg.aid.aid == "random_init_jsd" else 0.0)
-        if cfg.optim.lora_rank:  # LoRA over the frozen base (issue 24): B = 0, so still exact at step 0
+        if cfg.optim.lora_rank:  # LoRA over the frozen base (issue 24): B = 0, still exact at step 0
             apply_lora(model.backbone, cfg.optim.lora_rank, cfg.optim.lora_alpha, cfg.optim.lora_targets)
     model.shared_prefix_mode = m.shared_prefix
     model.shared_prefix = m.shared_prefix != "off"
@@ -289,15 +288,13 @@ def _setup_run(cfg: TrainConfig, out: Path, progress: bool) -> Run:
 def _objective_of(run: Run, cfg: TrainConfig, phase, step: int, dev, acc):
     """host batch -> the step's objective breakdown on ``dev`` (b and the base-token matrix with it)."""
     def objective(host):
-        b, base_tok = _batch_references(run.data, host, cfg.objective.weighting, dev, acc)
-        return step_objective(phase, run.model, host.to(dev), cfg, step, run.data.c_base, b, base_tok,
-                              warm=aids.beta0_warm(cfg, step))
+        return step_objective(phase, run.model, host.to(dev), cfg, step, run.data.c_base,
+                              *_batch_references(run.data, host, cfg.objective.weighting, dev, acc), warm=aids.beta0_warm(cfg, step))
     return objective
 
 
 def _optimizer_step(run: Run, br, cfg: TrainConfig, step: int, frozen: aids.FrozenDecoderMask) -> None:
-    """Backward (done chunk by chunk under gradient accumulation), the frozen-decoder mask (warm
-    phase), gradient clipping, the update."""
+    """Backward (chunk by chunk under accumulation), the frozen-decoder mask, gradient clipping, the update."""
     if not getattr(br, "backward_done", False):
         run.opt.zero_grad(set_to_none=True)
         br.total.backward()
@@ -366,9 +363,8 @@ def _train_loop(cfg: TrainConfig, out: Path, run: Run, progress: bool, stop_afte
         # one objective per step: the hard-EM phase, else the latent kind's true J (beta0 warm-up applied)
         phase = Phase.HARD if state.phase == Phase.HARD else cfg.model.latent_kind
         objective = _objective_of(run, cfg, phase, step, dev, acc)
-        br = (accumulate.accumulated_step(objective, [data.train[i] for i in idx], cfg.optim.micro_batch, run.opt,
-                                          lambda rows: collate(rows, pad_id=data.pad_id))
-              if accumulate.use_accumulation(cfg, len(idx)) else objective(host))
+        br = (objective(host) if not accumulate.use_accumulation(cfg, len(idx)) else accumulate.accumulated_step(
+            objective, [data.train[i] for i in idx], cfg.optim.micro_batch, run.opt, lambda r: collate(r, pad_id=data.pad_id)))
         if state.phase == Phase.HARD:  # dead-value restarts count the posterior's argmax
             aids.count_usage(state, br.per_example["q_logits"].argmax(-1), model.n_latent)
         watch.add(br, step, host)  # (its row ids) checked now on the CPU, every FINITE_CHECK_EVERY steps elsewhere
