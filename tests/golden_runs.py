@@ -33,7 +33,8 @@ DROP = ("data_dir", "base_dir")  # machine-specific paths; they do not change wh
 #: config fields added after the golden files were written (issue 16), left out of the comparison
 #: by name only; their defaults reproduce the pinned behaviour (shared_prefix "auto" = the shared
 #: prefix where exact, precision "fp32"), and any other new key still fails the comparison
-NEW_KEYS = ("shared_prefix", "precision")
+NEW_KEYS = ("shared_prefix", "precision",
+            "lora_rank", "lora_alpha", "lora_targets", "micro_batch", "keep_prev_checkpoint")  # issue 24
 
 #: the smoke preset's training settings (study.PRESETS["smoke"].train), shared by the extra runs
 _SMOKE_TRAIN = {"steps": 12, "batch_size": 16, "eval_every": 6, "eval_rows": 60, "decode_rows": 16,

@@ -16,7 +16,7 @@ from zfree.config import BaseTrainConfig, TrainConfig, parse_assignment
 from zfree.core.errors import ConfigError, InputError, ZfreeError, one_line
 from zfree.core.interrupts import interruptible
 from zfree.core.io import read_json
-from zfree.core.paths import check_name_length
+from zfree.core.paths import check_path_args
 from zfree.core.values import check_device, field_types
 from zfree.data.synth import DataConfig, write_benchmark
 
@@ -134,6 +134,8 @@ def _cmd_study(a):
     import time
 
     # lazy: the experiment layer imports torch, transformers and the training stack (seconds); `zfree --help` need not
+    from zfree.experiment.catalog import DEFAULT_OWN_BUDGET
+    from zfree.experiment.estimate import parse_budget
     from zfree.experiment.own_study import run_own_study
     from zfree.experiment.study import run_study
 
@@ -145,11 +147,14 @@ def _cmd_study(a):
         if not (a.model and a.data):
             raise ValueError("an own-model study needs --model MODEL and --data FILE.jsonl (--spec/--val optional)")
         run_own_study(a.model, a.data, a.out, val=a.val, preset=a.preset or "own", spec=a.spec, workers=a.workers,
-                      finetune=a.finetune_base, finetune_steps=a.finetune_steps)
+                      finetune=a.finetune_base, finetune_steps=a.finetune_steps, estimate=not a.no_estimate,
+                      budget_s=parse_budget(DEFAULT_OWN_BUDGET if a.budget is None and (a.preset or "own") == "own"
+                                            and not a.spec else a.budget))
     else:
-        if a.val:
-            raise ValueError("--val needs --model and --data (an own-model study)")
-        run_study(a.preset or "default", a.out, retrain_base=a.retrain_base, workers=a.workers)
+        if a.val or a.budget:
+            raise ValueError(f"{'--val' if a.val else '--budget'} needs --model and --data (an own-model study)")
+        run_study(a.preset or "default", a.out, retrain_base=a.retrain_base, workers=a.workers,
+                  estimate=not a.no_estimate)
     # the pipeline prints its FAILED lines; a point that failed in this invocation left an error.json
     runs = Path(a.out).resolve() / "runs"
     failed = sorted((e.parent.name, e) for e in runs.glob("*/error.json")
@@ -227,7 +232,7 @@ def _config_from_args(cls, a):
 def _add_data(sub) -> None:
     data = sub.add_parser("data", help="datasets").add_subparsers(dest="sub", required=True)
     s = data.add_parser("synth", help="generate the synthetic strategy benchmark")
-    s.add_argument("--out", required=True)
+    s.add_argument("--out", required=True, help="folder for train/val/test.jsonl and metadata.json")
     _add_config_fields(s, DataConfig, help={"strategies": "comma-separated strategy names"})
     s.set_defaults(func=_cmd_data_synth)
     e = data.add_parser("e2e", help="convert the cleaned E2E NLG CSVs (CC BY-SA 4.0) to JSONL pairs with labels")
@@ -239,8 +244,8 @@ def _add_data(sub) -> None:
 def _add_base(sub) -> None:
     base = sub.add_parser("base", help="the z-free base model").add_subparsers(dest="sub", required=True)
     b = base.add_parser("train", help="train the base GPT-2 and write its reference")
-    b.add_argument("--data", required=True)
-    b.add_argument("--out", required=True)
+    b.add_argument("--data", required=True, help="the benchmark folder (zfree data synth)")
+    b.add_argument("--out", required=True, help="the base run folder (model/, reference/, logs)")
     _add_config_fields(b, BaseTrainConfig, help={
         "data_source": "fresh: sample every batch from the generator; split: the train split",
         "max_minutes": "wall-clock budget", "target_ratio": "stop once val c_base <= ratio * analytic c_base"})
@@ -248,8 +253,8 @@ def _add_base(sub) -> None:
     b.add_argument("--init-from", default=None, help="continue from a finished base model folder (second phase)")
     b.set_defaults(func=_cmd_base_train)
     r = base.add_parser("reference", help="(re)write a base run's z-free reference")
-    r.add_argument("--base", required=True)
-    r.add_argument("--data", required=True)
+    for flag, text in (("--base", "the base run folder"), ("--data", "the data folder whose val.jsonl is scored")):
+        r.add_argument(flag, required=True, help=text)
     r.set_defaults(func=_cmd_base_reference)
 
 
@@ -258,15 +263,15 @@ def _add_score(sub) -> None:
     sc.add_argument("--model", required=True, help="model folder with its tokenizer, a .gguf file, or a hub id")
     sc.add_argument("--data", required=True, help="JSONL rows {id, x, y}")
     sc.add_argument("--out", required=True, help="folder for per_example/per_token.parquet and summary.json")
-    sc.add_argument("--device", default="auto")
-    sc.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    sc.add_argument("--bos", default="auto", choices=["auto", "always", "never"])
+    sc.add_argument("--device", default="auto", help="auto (cuda when present), cpu, cuda, cuda:N")
+    sc.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"], help="weights' dtype")
+    sc.add_argument("--bos", default="auto", choices=["auto", "always", "never"], help="auto: as the tokenizer adds it")
     sc.add_argument("--no-eos", action="store_true", help="do not score an end token after y")
     sc.add_argument("--max-length", type=int, default=None, help="default: the model's context length")
-    sc.add_argument("--max-batch-tokens", type=int, default=8192)
+    sc.add_argument("--max-batch-tokens", type=int, default=8192, help="tokens per scoring batch (default: 8192)")
     sc.add_argument("--cache-dir", default=None, help="default: $ZFREE_CACHE_DIR or ~/.cache/zfree/scores")
-    sc.add_argument("--no-cache", action="store_true")
-    sc.add_argument("--trust-remote-code", action="store_true")
+    sc.add_argument("--no-cache", action="store_true", help="score anew, neither reading nor writing the cache")
+    sc.add_argument("--trust-remote-code", action="store_true", help="let transformers run the model's own code")
     sc.set_defaults(func=_cmd_score)
 
 
@@ -283,17 +288,24 @@ def _add_train(sub) -> None:
 
 
 def _add_study(sub) -> None:
-    st = sub.add_parser("study", help="the main job: base run, CVAE grid, report")
+    from zfree.experiment.catalog import preset_help  # plain data: the help stays fast
+
+    st = sub.add_parser("study", help="the main job: base run, CVAE grid, report", epilog=preset_help(),
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
     st.add_argument("--preset", default=None, help="smoke | default | aided | full | e2e; with --model: own | own_smoke")
+    st.add_argument("--budget", default=None, help="own data: size the grid (rows, beta points, steps) to fit this "
+                    "wall time, e.g. 15m, 1h (default for --preset own: 20m; none: the whole grid)")
+    st.add_argument("--no-estimate", action="store_true",
+                    help="start at once, without the probe that prints the expected time and memory first")
     st.add_argument("--model", help="your model: a transformers folder, a .gguf file (or folder) or a hub id")
     st.add_argument("--data", help="your pairs: one JSONL file {id?, x, y, strategy?, labels?}, split by x")
     st.add_argument("--val", help="a validation JSONL to use as it is (x shared with --data are warned)")
     st.add_argument("--finetune-base", action="store_true",
                     help="fine-tune MODEL on the train pairs first (entangled-run setting; a transformers folder)")
-    st.add_argument("--finetune-steps", type=int, default=300)
+    st.add_argument("--finetune-steps", type=int, default=300, help="steps of --finetune-base (default: 300)")
     st.add_argument("--spec",
                     help="own-model grid YAML (keys of zfree.experiment.own_study.OWN_SPEC_KEYS) instead of a preset")
-    st.add_argument("--out", required=True)
+    st.add_argument("--out", required=True, help="the study folder (base/, runs/, summary.csv, report.html)")
     st.add_argument("--retrain-base", action="store_true", help="train a new base model instead of the shipped one")
     st.add_argument("--workers", type=int, default=None, help="parallel runs (one torch thread each)")
     st.set_defaults(func=_cmd_study)
@@ -301,15 +313,15 @@ def _add_study(sub) -> None:
 
 def _add_report_and_sweep(sub) -> None:
     rp = sub.add_parser("report", help="aggregate a study or sweep folder (runs.parquet/csv) and render report.html")
-    rp.add_argument("study_dir")
+    rp.add_argument("study_dir", help="a study or sweep folder")
     rp.set_defaults(func=_cmd_report)
     sw = sub.add_parser("sweep", help="run a YAML sweep spec (analysis/sweeps/*.yaml), then its report")
-    sw.add_argument("spec")
+    sw.add_argument("spec", help="a sweep YAML (analysis/sweeps/*.yaml)")
     sw.add_argument("--out", default=None, help="sweep folder (default: runs/sweep-<name>)")
     sw.add_argument("--executor", default=None, choices=["local", "submitit"], help="default: the spec's")
     sw.add_argument("--cluster", default=None, help="submitit: slurm | local | debug (default: auto)")
     sw.add_argument("--workers", type=int, default=None, help="local: parallel runs (one torch thread each)")
-    sw.add_argument("--no-report", action="store_true")
+    sw.add_argument("--no-report", action="store_true", help="skip report.html")
     sw.set_defaults(func=_cmd_sweep)
 
 
@@ -319,26 +331,6 @@ def build_parser() -> argparse.ArgumentParser:
     for add in (_add_data, _add_base, _add_score, _add_train, _add_study, _add_report_and_sweep):
         add(sub)
     return p
-
-
-#: the options (argparse dests) that name a file, folder or model; positional ones print bare
-PATH_ARGS = ("out", "data", "val", "model", "spec", "config", "resume", "src", "base", "init_from", "cache_dir", "study_dir")
-POSITIONAL = {("sweep", "spec"), ("report", "study_dir")}
-
-
-def check_path_args(args: argparse.Namespace) -> None:
-    """Refuse, naming the option, a path given empty (``--out ""``, as an unset ``$OUT`` gives:
-    it would write into the current folder) or with a name longer than the file system takes."""
-    for dest in PATH_ARGS:
-        value = getattr(args, dest, None)
-        if value is None:
-            continue
-        flag = dest if (args.cmd, dest) in POSITIONAL else "--" + dest.replace("_", "-")
-        if not str(value).strip():
-            raise ConfigError(f"{flag} is empty{' (an unset $OUT?)' if dest == 'out' else ''}: give a "
-                              f"{'folder' if dest in ('out', 'resume', 'study_dir', 'cache_dir') else 'path'}"
-                              f"{'; it would write into the current folder' if dest == 'out' else ''}")
-        check_name_length(value, flag)
 
 
 EXPECTED = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, KeyError)

@@ -243,10 +243,25 @@ class OptimConfig:
     # adamw is invariant to the scale of the loss, so `distribution` at beta trains like `plain` at
     # beta * c_base; sgd is not (kept to show the difference)
     optimizer: Literal["adamw", "sgd"] = "adamw"
+    # what trains in the backbone (issue 24): 0 = all of it; r >= 1 = LoRA adapters of rank r over the
+    # frozen base (zfree.models.lora; lr_backbone is their rate; exact at step 0), checkpoints then hold
+    # only what trains; lora_targets "auto" = peft's default modules for the architecture
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
+    lora_targets: str = "auto"
+    # gradient accumulation: each step's batch in chunks of micro_batch rows (0 = all at once), the same
+    # objective (a batch mean; zfree.train.accumulate), set by a study whose grid would not fit in memory
+    micro_batch: int = 0
+    keep_prev_checkpoint: bool = False  # a finished run keeps checkpoint.prev/ too (default: checkpoint/ only)
 
     def __post_init__(self):
         typed_fields(self)
         _check_int("checkpoint_every", self.checkpoint_every, 0)
+        _check_int("lora_rank", self.lora_rank, 0)
+        _check_int("micro_batch", self.micro_batch, 0)
+        _check_range("lora_alpha", self.lora_alpha, 0.0, lo_open=True)
+        if not isinstance(self.lora_targets, str) or not self.lora_targets.strip():
+            raise ValueError(f"lora_targets={self.lora_targets!r} must be 'auto' or comma-separated module names")
         _check_choice("optimizer", self.optimizer, Literal["adamw", "sgd"])
         _check_choice("precision", self.precision, Literal["fp32", "bf16", "fp64"])
         if not isinstance(self.device, str) or not self.device:

@@ -80,3 +80,23 @@ def resolve_path(value: str, base: Path | str) -> str:
     if value.startswith(ROOT_PREFIX):
         return str((ROOT / value[len(ROOT_PREFIX):]).resolve())
     return str((Path(base) / value).resolve())
+
+
+#: the options (argparse dests) that name a file, folder or model; positional ones print bare
+PATH_ARGS = ("out", "data", "val", "model", "spec", "config", "resume", "src", "base", "init_from", "cache_dir", "study_dir")
+POSITIONAL = {("sweep", "spec"), ("report", "study_dir")}
+
+
+def check_path_args(args) -> None:
+    """Refuse, naming the option, a path given empty (``--out ""``, as an unset ``$OUT`` gives:
+    it would write into the current folder) or with a name longer than the file system takes."""
+    for dest in PATH_ARGS:
+        value = getattr(args, dest, None)
+        if value is None:
+            continue
+        flag = dest if (args.cmd, dest) in POSITIONAL else "--" + dest.replace("_", "-")
+        if not str(value).strip():
+            raise ConfigError(f"{flag} is empty{' (an unset $OUT?)' if dest == 'out' else ''}: give a "
+                              f"{'folder' if dest in ('out', 'resume', 'study_dir', 'cache_dir') else 'path'}"
+                              f"{'; it would write into the current folder' if dest == 'out' else ''}")
+        check_name_length(value, flag)

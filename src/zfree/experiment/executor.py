@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 from zfree.core.io import atomic_write_json
 from zfree.core.locks import run_folder_lock
 from zfree.core.paths import NOTEBOOKS
+from zfree.experiment.memory_watch import KernelWatch, died_message
 from zfree.experiment.spec import Point
 
 
@@ -41,13 +42,17 @@ def run_point(point: Point, runs_dir: str, notebook: str) -> dict[str, Any]:
         return {"run_id": point.run_id, "status": "skipped"}
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "error.json").unlink(missing_ok=True)
+    watch = KernelWatch()
     try:
-        pm.execute_notebook(notebook, str(run_dir / "train_cvae.ipynb"),
-                            parameters={**point.params, "out_dir": str(run_dir), "progress": False},
-                            kernel_name="python3", progress_bar=False, log_output=False, cwd=str(run_dir))
+        with watch:  # the kernel's peak RSS, for the reason of a kernel killed for memory
+            pm.execute_notebook(notebook, str(run_dir / "train_cvae.ipynb"),
+                                parameters={**point.params, "out_dir": str(run_dir), "progress": False},
+                                kernel_name="python3", progress_bar=False, log_output=False, cwd=str(run_dir))
         return {"run_id": point.run_id, "status": "finished"}
     except Exception as e:  # noqa: BLE001 - a failed point is recorded, the sweep goes on
-        err = {"run_id": point.run_id, "error": f"{type(e).__name__}: {e}"[:20000],
+        died = died_message(e, watch.peak)
+        err = {"run_id": point.run_id, "error": died or f"{type(e).__name__}: {e}"[:20000],
+               **({"peak_rss_bytes": watch.peak} if died else {}),
                "traceback": traceback.format_exc()[-8000:], "params": point.params}
         atomic_write_json(run_dir / "error.json", err)
         return {"run_id": point.run_id, "status": "failed", "error": err["error"]}

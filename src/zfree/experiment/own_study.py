@@ -119,16 +119,18 @@ def _own_spec(preset: str | ExperimentSpec, spec: Path | str | None) -> Experime
 def run_own_study(model: str, data: Path | str, out_dir: Path | str, *, val: Path | str | None = None,
                   preset: str | ExperimentSpec = "own", spec: Path | str | None = None, workers: int | None = None,
                   progress: bool = True, render: bool = True, finetune: bool = False,
-                  finetune_steps: int = 300) -> Path:
+                  finetune_steps: int = 300, estimate: bool = False, budget_s: float | None = None) -> Path:
     """Run the own-model study into ``out_dir`` (module docstring): the pipeline on ``preset`` (or
     the YAML ``spec``) with ``data`` (+ ``val``) and ``model`` as its sources; returns report.html
-    (or the study folder when ``render`` is False). ValueError listing the presets for an unknown
-    one; errors of each step as documented there, raised before any run starts."""
+    (or the study folder when ``render`` is False); ``estimate``/``budget_s``: as
+    ``run_experiment``. ValueError listing the presets for an unknown one; errors of each step as
+    documented there, raised before any run starts."""
     p = _own_spec(preset, spec)
     p = dataclasses.replace(p, data=dataclasses.replace(p.data, kind="jsonl", path=Path(data),
                                                         val=None if val is None else Path(val)),
                             base=BaseSource("pretrained", path=str(model), finetune_steps=finetune_steps if finetune else 0))
-    res = run_experiment(p, out_dir, workers=workers, progress=progress, render=render)
+    res = run_experiment(p, out_dir, workers=workers, progress=progress, render=render, estimate=estimate,
+                         budget_s=budget_s)
     return res.html if render else res.out
 
 

@@ -19,6 +19,7 @@ from zfree.core.io import atomic_write_json, atomic_write_text
 from zfree.core.locks import run_folder_lock
 from zfree.core.paths import check_out_dir
 from zfree.experiment.controls import LINKS_FILE, oracle_labels, with_controls
+from zfree.experiment.estimate import plan
 from zfree.experiment.executor import Executor, make_executor, print_failures, run_points
 from zfree.experiment.render import render_report
 from zfree.experiment.results import aggregate, collect_runs, summary_table, with_gains
@@ -87,27 +88,42 @@ def _summary(spec: ExperimentSpec, out: Path, notes: list[str] | None) -> int:
     return len(table)
 
 
+def _points(spec: ExperimentSpec, prep: Prepared, out: Path | None = None) -> list:
+    """The validated points of ``spec`` on the prepared data and base folders, with the z-free
+    control of every recipe and the label oracles (``spec.controls``; their links written to
+    ``out/controls.json`` when ``out`` is given)."""
+    folders = {} if spec.data.kind == "fields" else {"data_dir": str(prep.data_dir), "base_dir": str(prep.base_dir),
+                                                     "c_base_source": prep.c_base_source}
+    points = expand_grid({**TrainConfig().to_flat(), **spec.train, **folders}, _grid(spec, prep)[0])
+    if spec.controls and points:
+        points, links = with_controls(points, oracle_labels(points[0].params["data_dir"], spec.oracles))
+        if out is not None:
+            atomic_write_json(out / LINKS_FILE, links)
+    return points
+
+
 def run_experiment(spec: ExperimentSpec, out_dir: Path | str, *, retrain_base: bool = False,
                    workers: int | None = None, executor: Executor | None = None, progress: bool = True,
-                   render: bool = True) -> ExperimentResult:
+                   render: bool = True, estimate: bool = False, budget_s: float | None = None) -> ExperimentResult:
     """Run ``spec`` end to end into ``out_dir`` (module docstring): out_dir/{base/, runs/<id>/,
     summary.csv, notes.json (real text), report.ipynb, report.html}. Finished runs are skipped;
     failed runs are printed (one line each, naming their error.json) and do not stop the others.
     ``executor``: given, it is used and left open; else ``spec.executor`` with ``workers`` (default
-    ``spec.workers``). Raises LockHeldError when another process prepares or runs the same folder."""
+    ``spec.workers``). ``estimate`` (and any ``budget_s``): first measure a probe, print the expected
+    wall time and peak memory, fit workers / micro-batch to memory and an own-data grid to the
+    budget (``zfree.experiment.estimate.plan``; ConfigError when it cannot fit). Raises
+    LockHeldError when another process prepares or runs the same folder."""
     check_out_dir(out_dir)
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     prep = prepare(spec, out, retrain_base=retrain_base, progress=progress)
+    if estimate or budget_s is not None:  # issue 24: measure, fit memory and budget, say so, then go on
+        fitted = plan(spec, lambda s: _points(s, prep), out, workers or spec.workers, budget_s)
+        spec, workers = fitted.spec, fitted.workers
     grid, table = _grid(spec, prep)
     notes = _notes(spec, out, prep, table)
-    folders = {} if spec.data.kind == "fields" else {"data_dir": str(prep.data_dir), "base_dir": str(prep.base_dir),
-                                                     "c_base_source": prep.c_base_source}
-    points = expand_grid({**TrainConfig().to_flat(), **spec.train, **folders}, grid)
-    if spec.controls and points:  # the z-free control of every recipe, and the label oracles
-        points, links = with_controls(points, oracle_labels(points[0].params["data_dir"], spec.oracles))
-        atomic_write_json(out / LINKS_FILE, links)
+    points = _points(spec, prep, out)
     ex = executor or make_executor(spec.executor, workers or spec.workers, folder=out / "submitit",
                                    **spec.executor_options)
     try:

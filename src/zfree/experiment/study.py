@@ -128,16 +128,17 @@ PRESETS: dict[str, ExperimentSpec] = {
 
 
 def run_study(preset: str, out_dir: Path | str, *, retrain_base: bool = False, workers: int | None = None,
-              progress: bool = True) -> Path:
+              progress: bool = True, estimate: bool = False) -> Path:
     """Run a preset end to end into ``out_dir`` (``zfree.experiment.pipeline.run_experiment``);
     returns the path of ``report.html``.
 
     Writes out_dir/{base/reference/reference.json, runs/<id>/, summary.csv, report.ipynb,
     report.html}. Finished runs are skipped; failed runs are listed and do not stop the others.
     Raises ValueError for an unknown preset (listing the valid ones); LockHeldError when another
-    process is preparing the same study folder.
+    process is preparing the same study folder. ``estimate``: measure and print the grid's cost first
+    (``zfree.experiment.estimate.plan``).
     """
     if preset not in PRESETS:
         raise ValueError(f"preset={preset!r} is not one of {sorted(PRESETS)}")
     return run_experiment(PRESETS[preset], out_dir, retrain_base=retrain_base, workers=workers,
-                          progress=progress).html
+                          progress=progress, estimate=estimate).html

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, load_model, save_model
+from safetensors.torch import load_file
 
 from zfree.config import TrainConfig
 from zfree.core.errors import CheckpointError, CheckpointWriteError, NonFiniteMetricError, ResumeRefusedError, ZfreeError
@@ -43,6 +43,8 @@ from zfree.core.io import (append_jsonl, atomic_write_json, atomic_write_parquet
                            load_checkpoint_dir, load_plain_state, nonfinite_keys, read_json, read_jsonl,
                            safe_torch_load, save_plain_state, sha256_file, sha256_state_dict, write_checkpoint_dir)
 from zfree.core.paths import PATH_FIELDS, portable_path, resolve_path
+from zfree.models.lora import base_state_dict
+from zfree.train.checkpoint_parts import load_model_tensors, prune_finished, save_model_tensors
 
 #: a run "uses z" (summary ``latent_used``) when more than this fraction of its validation rows
 #: does; ``predicted_latent_used`` applies it to the predicted fraction (zfree.report.report reads it)
@@ -103,8 +105,9 @@ def finished_summary(out: Path, cfg: TrainConfig | None = None) -> dict | None:
 
 
 def loaded_base_sha(backbone: torch.nn.Module) -> str:
-    """sha256 of the loaded base model's state dict (``io.sha256_state_dict``), hex."""
-    return sha256_state_dict(backbone.state_dict())
+    """sha256 of the loaded base model's state dict (``io.sha256_state_dict``), hex; of the base
+    weights alone under LoRA (``zfree.models.lora.base_state_dict``)."""
+    return sha256_state_dict(base_state_dict(backbone))  # LoRA adapters dropped: the frozen base's hash
 
 
 def check_same_config(out: Path, cfg: TrainConfig) -> None:
@@ -168,14 +171,15 @@ def _plain(obj):
 
 def save_checkpoint(out: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, rng: np.random.Generator,
                     state) -> None:
-    """checkpoint/ = model.safetensors + state.safetensors/state.json (optimizer, numpy and torch
-    RNG states, the TrainState as a dict; ``io.save_plain_state``, no pickle) + COMPLETE, written
+    """checkpoint/ = model.safetensors (under LoRA only what trains, ``checkpoint_parts``) +
+    state.safetensors/state.json (optimizer, numpy and torch RNG states, the TrainState as a dict;
+    ``io.save_plain_state``, no pickle) + COMPLETE, written
     beside the last good one and switched in by renames; the previous one is kept as
     checkpoint.prev/ (``io.write_checkpoint_dir``)."""
     def write(d: Path) -> None:
         try:
-            save_model(model, str(d / "model.safetensors"))
-            save_plain_state(d, {"optimizer": opt.state_dict(), "rng": rng.bit_generator.state,
+            partial = save_model_tensors(model, d / "model.safetensors")
+            save_plain_state(d, {"optimizer": opt.state_dict(), "rng": rng.bit_generator.state, **partial,
                                  "torch_rng": torch.get_rng_state(), "state": _plain(dataclasses.asdict(state))})
         except SafetensorError as e:  # its I/O errors (disk full) name no file and are no OSError
             raise _as_os_error(e, d) from None
@@ -241,7 +245,7 @@ def load_checkpoint(out: Path, model: torch.nn.Module, opt: torch.optim.Optimize
         return None
     d, (_, ck) = found
     try:
-        load_model(model, str(d / "model.safetensors"))  # verified and read above; tied weights as saved
+        load_model_tensors(model, d / "model.safetensors", ck)  # verified and read above; tied weights as saved
         opt.load_state_dict(ck["optimizer"])
         rng.bit_generator.state = ck["rng"]
         torch.set_rng_state(ck["torch_rng"])
@@ -321,6 +325,7 @@ def write_summary(out: Path, cfg: TrainConfig, ev, state, wall: float) -> dict:
                "aid/gate_first_pass_step": gate_pass[0] if gate_pass else None,
                "aid/gate": state.gate, "aid/restarts": state.restarts}
     atomic_write_json(out / "summary.json", summary)
+    prune_finished(out, keep_prev=cfg.optim.keep_prev_checkpoint)  # one checkpoint per finished run
     return summary
 
 

@@ -18,26 +18,23 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from zfree.train import aids, multiref_run, run_folder
+from zfree.train.run_data import RunData, batch_references, check_inputs, rows_used, setup_data
+from zfree.train import accumulate, aids, multiref_run, run_folder
 from zfree.config import LatentKind, TrainConfig
-from zfree.data.batching import EncodedPair, collate, encode_pair, pad_id_of
-from zfree.data.pairs import Pair, load_pairs
-from zfree.data.split import spread_sample
+from zfree.data.batching import collate
 from zfree.core.errors import Interrupted
-from zfree.core.io import read_json
 from zfree.core.locks import run_folder_lock
 from zfree.core.paths import check_out_dir
-from zfree.objective.losses import base_token_matrix
 from zfree.evaluate.metrics import evaluate
 from zfree.models.base import load_base
 from zfree.models.continuous import ContinuousCVAE
 from zfree.models.discrete import DiscreteCVAE
 from zfree.models.loading import pick_device
+from zfree.models.lora import apply_lora
 from zfree.models.precision import WEIGHT_DTYPES, acc_dtype, default_dtype
 from zfree.objective.objectives import GIVEN, Phase, step_objective
 from zfree.train.given import given_index
-from zfree.reference.reference import Reference, resolve_reference
-from zfree.reference.scoring import context_length
+from zfree.reference.reference import resolve_reference
 from zfree.core.values import check_device
 
 #: warn when one latent value is the posterior's argmax on at least this share of validation rows
@@ -67,7 +64,7 @@ def build_cvae(cfg: TrainConfig, backbone: torch.nn.Module) -> DiscreteCVAE | Co
     """The CVAE of ``cfg.model.latent_kind`` on ``backbone`` (the latent embeddings start at 0, or
     at N(0, latent_init_std^2) under the random_init_jsd aid), moved to ``cfg.optim.device``
     ("auto": cuda when present) in train mode, its decoder passes under ``cfg.model.shared_prefix``
-    (auto / on / off; off also skips the z-free pass's key/value cache)."""
+    (auto / on / off; off also skips the z-free pass's key/value cache); LoRA adapters only with lora_rank > 0."""
     m = cfg.model
     with default_dtype(next(backbone.parameters()).dtype):  # new heads in the backbone's dtype
         if m.latent_kind == LatentKind.CONTINUOUS:
@@ -76,6 +73,8 @@ def build_cvae(cfg: TrainConfig, backbone: torch.nn.Module) -> DiscreteCVAE | Co
             model = DiscreteCVAE(backbone, m.n_latent, m.posterior_features,
                                  latent_init_std=cfg.aid.latent_init_std if cfg.aid.aid == "random_init_jsd" else 0.0,
                                  latent_source=m.latent_source)
+        if cfg.optim.lora_rank:  # LoRA over the frozen base (issue 24): B = 0, still exact at step 0
+            apply_lora(model.backbone, cfg.optim.lora_rank, cfg.optim.lora_alpha, cfg.optim.lora_targets)
     model.shared_prefix_mode = m.shared_prefix
     model.shared_prefix = m.shared_prefix != "off"
     return model.to(pick_device(cfg.optim.device)).train()
@@ -119,84 +118,6 @@ def backbone_lr(cfg: TrainConfig, phase: Phase, step: int) -> float:
 
 
 # ---------------------------------------------------------------------------- setup
-
-
-@dataclass
-class RunData:
-    """What the loop reads: the encoded rows, the reference's b and b_t, and the evaluation arguments."""
-
-    tokenizer: object
-    pad_id: int
-    c_base: float
-    train: list[EncodedPair]
-    val: list[EncodedPair]
-    val_pairs: list[Pair]
-    val_b: np.ndarray
-    train_ref: Reference | None  # b (and b_t) on training rows when the weighting needs them
-    eval_kw: dict
-
-
-def _check_inputs(cfg: TrainConfig) -> tuple[Path, Path]:
-    data_dir, base_dir = Path(cfg.data_dir), Path(cfg.base_dir)
-    for f in (data_dir / "train.jsonl", data_dir / "val.jsonl", base_dir / "model"):
-        if not f.exists():
-            raise FileNotFoundError(f"{f} does not exist (data_dir={cfg.data_dir!r}, base_dir={cfg.base_dir!r})")
-    return data_dir, base_dir
-
-
-def _encode(tok, pairs: list[Pair], max_len: int, split: str) -> list[EncodedPair]:
-    """x cut from the left to the context length (as the reference scorer does), y never cut:
-    ValueError names a row whose y does not fit."""
-    enc = [encode_pair(tok, p, max_length=max_len) for p in pairs]
-    cut = sum(e.x_tokens_cut > 0 for e in enc)
-    if cut:
-        print(f"note: {cut} {split} rows had x cut from the left to fit the context length {max_len} "
-              "(as in the z-free reference)", flush=True)
-    return enc
-
-
-def _setup_data(cfg: TrainConfig, backbone, tok, ref: Reference, train_ref: Reference | None,
-                data_dir: Path) -> RunData:
-    train_pairs = load_pairs(data_dir / "train.jsonl")
-    val_pairs = load_pairs(data_dir / "val.jsonl")
-    if cfg.optim.eval_rows:
-        if cfg.optim.eval_rows > len(val_pairs):
-            print(f"note: eval_rows={cfg.optim.eval_rows} but {data_dir / 'val.jsonl'} has {len(val_pairs)} rows: "
-                  f"all {len(val_pairs)} evaluated (config.json records _rows_used)", flush=True)
-    val_pairs = spread_sample(val_pairs, cfg.optim.eval_rows)  # seeded, spread over all x, the same for every run
-    max_len = context_length(backbone)
-    train, val = _encode(tok, train_pairs, max_len, "train"), _encode(tok, val_pairs, max_len, "val")
-    val_ids = [p.id for p in val_pairs]
-    val_b = np.array(ref.b_of(val_ids))
-    val_tok = dict(zip(val_ids, ref.surprisal_of(val_ids))) if cfg.objective.weighting == "token" else None
-    meta = read_json(data_dir / "metadata.json") if (data_dir / "metadata.json").exists() else {}
-    pad = pad_id_of(tok)
-    eval_kw = dict(b=val_b, c_base=ref.c_base, objective=cfg.objective, pad_id=pad, tokenizer=tok,
-                   strategies=meta.get("parameters", {}).get("strategies"), decode_rows=cfg.optim.decode_rows,
-                   seed=cfg.optim.seed, base_token_nll=val_tok)
-    return RunData(tok, pad, ref.c_base, train, val, val_pairs, val_b, train_ref, eval_kw)
-
-
-def rows_used(cfg: TrainConfig, data: RunData) -> dict[str, int]:
-    """The validation rows an evaluation uses, as used (``eval_rows``/``decode_rows`` as given may
-    exceed the data: ``eval_rows: 1e9`` on 12 rows uses 12); config.json's ``_rows_used``."""
-    n = len(data.val_pairs)
-    return {"eval_rows": n, "decode_rows": min(cfg.optim.decode_rows, n)}
-
-
-def _batch_references(data: RunData, batch, weighting: str, device: torch.device, dtype: torch.dtype = torch.float32
-                      ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """b (batch,) and, under token weighting, the base-token matrix (batch, seq) of a training
-    batch, on ``device``. ``batch`` is the host (CPU) batch: both are built on the host and copied
-    once, so no device value is read back (``base_token_matrix`` reads prefix_len per row). ``dtype``:
-    the model's loss dtype (``zfree.models.precision.acc_dtype``)."""
-    if data.train_ref is None:
-        return None, None
-    b = torch.as_tensor(data.train_ref.b_of(batch.ids), dtype=dtype)
-    if weighting != "token":
-        return b.to(device), None
-    tok = base_token_matrix(batch.target_mask, batch.prefix_len, data.train_ref.surprisal_of(batch.ids), dtype=dtype)
-    return b.to(device), tok.to(device)
 
 
 # ---------------------------------------------------------------------------- evaluation records
@@ -270,7 +191,8 @@ def _setup_run(cfg: TrainConfig, out: Path, progress: bool) -> Run:
     reference, build model, data and optimizer, write config.json, and resume from a checkpoint."""
     torch.set_num_threads(cfg.optim.threads)
     torch.manual_seed(cfg.optim.seed)
-    data_dir, base_dir = _check_inputs(cfg)
+    accumulate.check_accumulation(cfg)
+    data_dir, base_dir = check_inputs(cfg)
     run_folder.check_same_config(out, cfg)
     backbone, tok = load_base(base_dir / "model", device=cfg.optim.device, dtype=WEIGHT_DTYPES[cfg.optim.precision])
     ref = resolve_reference(cfg.objective.c_base_source, base_dir, data_dir, "val", model=backbone, tokenizer=tok)
@@ -278,7 +200,7 @@ def _setup_run(cfg: TrainConfig, out: Path, progress: bool) -> Run:
     train_ref = (resolve_reference("pretrained_source", base_dir, data_dir, "train", model=backbone, tokenizer=tok)
                  if cfg.objective.needs_example_b else None)  # b (and b_t) on training rows, scored once and cached
     model = build_cvae(cfg, backbone)
-    data = _setup_data(cfg, backbone, tok, ref, train_ref, data_dir)
+    data = setup_data(cfg, backbone, tok, ref, train_ref, data_dir)
     if model.latent_kind == LatentKind.DISCRETE and model.posterior_kind == "given":
         model.set_given(given_index(cfg, data_dir))  # the control's 0 / each row's label value
     out.mkdir(parents=True, exist_ok=True)
@@ -291,10 +213,19 @@ def _setup_run(cfg: TrainConfig, out: Path, progress: bool) -> Run:
     return Run(out, model, data, opt, rng, state or TrainState(phase=aids.initial_phase(cfg)), t0)
 
 
+def _objective_of(run: Run, cfg: TrainConfig, phase, step: int, dev, acc):
+    """host batch -> the step's objective breakdown on ``dev`` (b and the base-token matrix with it)."""
+    def objective(host):
+        return step_objective(phase, run.model, host.to(dev), cfg, step, run.data.c_base,
+                              *batch_references(run.data, host, cfg.objective.weighting, dev, acc), warm=aids.beta0_warm(cfg, step))
+    return objective
+
+
 def _optimizer_step(run: Run, br, cfg: TrainConfig, step: int, frozen: aids.FrozenDecoderMask) -> None:
-    """Backward, the frozen-decoder mask (warm phase), gradient clipping, the update."""
-    run.opt.zero_grad(set_to_none=True)
-    br.total.backward()
+    """Backward (chunk by chunk under accumulation), the frozen-decoder mask, gradient clipping, the update."""
+    if not getattr(br, "backward_done", False):
+        run.opt.zero_grad(set_to_none=True)
+        br.total.backward()
     if aids.frozen_decoder_phase(cfg, step):  # frozen-decoder warm phase: the posterior side only
         frozen.apply()
     if cfg.optim.grad_clip > 0:
@@ -357,15 +288,15 @@ def _train_loop(cfg: TrainConfig, out: Path, run: Run, progress: bool, stop_afte
                                      NEW_GROUP: aids.new_lr(cfg, state.phase)})
         idx = run.rng.integers(0, len(data.train), cfg.optim.batch_size)  # batches drawn with replacement
         host = collate([data.train[i] for i in idx], pad_id=data.pad_id)
-        b, base_tok = _batch_references(data, host, cfg.objective.weighting, dev, acc)
-        batch = host.to(dev)
         # one objective per step: the hard-EM phase, else the latent kind's true J (beta0 warm-up applied)
         phase = (Phase.HARD if state.phase == Phase.HARD else GIVEN if cfg.model.latent_source != "posterior"
                  else cfg.model.latent_kind)
-        br = step_objective(phase, model, batch, cfg, step, data.c_base, b, base_tok, warm=aids.beta0_warm(cfg, step))
+        objective = _objective_of(run, cfg, phase, step, dev, acc)
+        br = (objective(host) if not accumulate.use_accumulation(cfg, len(idx)) else accumulate.accumulated_step(
+            objective, [data.train[i] for i in idx], cfg.optim.micro_batch, run.opt, lambda r: collate(r, pad_id=data.pad_id)))
         if state.phase == Phase.HARD:  # dead-value restarts count the posterior's argmax
             aids.count_usage(state, br.per_example["q_logits"].argmax(-1), model.n_latent)
-        watch.add(br, step, batch)  # checked now on the CPU, every FINITE_CHECK_EVERY steps elsewhere
+        watch.add(br, step, host)  # (its row ids) checked now on the CPU, every FINITE_CHECK_EVERY steps elsewhere
         _optimizer_step(run, br, cfg, step, frozen)
         state.step = step
         _log_train_terms(state, br)

@@ -1,0 +1,27 @@
+"""Every preset of ``zfree study`` with its runs and its measured cost, as ``zfree study --help``
+lists them (issue 24). Plain data, no imports: the help stays fast (no torch). ``tests/test_estimate.py``
+checks that it names every preset of ``zfree.experiment.study.PRESETS`` and
+``zfree.experiment.own_study.OWN_PRESETS`` with their run counts."""
+
+#: preset -> (runs, what, cost measured on 2 CPU cores, README "Presets of zfree study")
+PRESET_CATALOG: dict[str, tuple[int, str, str]] = {
+    "smoke": (2, "tiny synthetic data and base, two short runs", "1-2 min"),
+    "default": (8, "4 weightings x {no aid, switch-on recipe} on the shipped benchmark", "6 min 23 s"),
+    "aided": (7, "the switch-on aids (five of 1200 steps)", "20 min"),
+    "full": (60, "4 weightings x 5 betas x {aided, discrete, continuous}", "1 h 40 min"),
+    "e2e": (8, "E2E real text with its shipped base, every weighting with/without the aid", "8 min 6 s"),
+    "own": (16, "your model and data: 4 weightings x beta*/3, 3 beta* x {no aid, hard EM}; sized to a "
+                "20 min budget unless --budget says otherwise", "<= the budget (20 min by default)"),
+    "own_smoke": (2, "your model and data: two runs of 4 steps on 12 val rows", "1 min (tiny model); 5 min SmolLM2"),
+}
+
+#: the budget an own-data preset is sized to when --budget is not given (issue 24: practical by default)
+DEFAULT_OWN_BUDGET = "20m"
+
+
+def preset_help() -> str:
+    """The presets as ``zfree study --help`` prints them: one line each, runs and cost."""
+    lines = ["presets (runs, cost on 2 CPU cores; every study first prints its own estimate):"]
+    for name, (runs, what, cost) in PRESET_CATALOG.items():
+        lines.append(f"  {name:<10} {runs:>3} runs  {cost:<32} {what}")
+    return "\n".join(lines)

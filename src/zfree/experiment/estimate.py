@@ -1,0 +1,276 @@
+"""An estimate before a study starts (issue 24): a few steps of one grid point are measured in a
+child process (``probe``: a ``zfree train`` of 3 steps, its peak RSS polled), and the whole grid's
+wall time and peak memory on this machine follow from them (``estimate_grid``). Where the grid does
+not fit in memory, ``fit_memory`` picks fewer workers, else a smaller micro-batch with gradient
+accumulation (``micro_batch``, the same objective: ``zfree.train.accumulate``), else refuses in one
+line naming the memory it needs; under a budget, ``fit_budget`` cuts an own-data grid (evaluated rows,
+beta points, steps) until it fits and says what it cut. ``plan`` does all of it and writes
+``estimate.json``.
+
+The model of a run's wall time: setup (process start, imports, model load, reference) + steps x
+the measured step time (scaled by batch size) + evaluated rows (every evaluation, hand-over gate
+checks included) x the measured time per evaluated row. The hard phase's cheaper steps are
+counted as soft steps (an overestimate). The grid's wall time: the points in order on the first free
+worker (what a process pool does).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from zfree.config import TrainConfig
+from zfree.core.errors import ConfigError
+from zfree.core.io import atomic_write_json, read_jsonl
+from zfree.experiment.spec import ExperimentSpec, Point
+from zfree.train.accumulate import accumulation_problem
+
+GB = 2**30
+PROBE_STEPS, PROBE_ROWS = 3, 16  # steps and evaluated rows of the probe run
+MEMORY_SHARE = 0.85  # of the available memory a grid may plan to use (the rest: page cache, the OS)
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What a probe measured: seconds of setup, of one step at ``batch_size`` rows (in chunks of
+    ``micro_batch``), of one evaluated row; the child's peak resident memory in bytes."""
+    setup_s: float
+    step_s: float
+    eval_row_s: float
+    peak_rss: int
+    batch_size: int
+    micro_batch: int = 0
+    wall_s: float = 0.0
+
+
+def memory_limit() -> int:
+    """Bytes this machine can give: the cgroup's memory.max when set, else the available memory."""
+    import psutil  # lazy: only an estimate needs it
+
+    avail = psutil.virtual_memory().available
+    try:
+        raw = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        return min(avail, int(raw)) if raw != "max" else avail
+    except (OSError, ValueError):
+        return avail
+
+
+def _poll_peak(pid: int, stop: threading.Event, peak: list[int]) -> None:
+    """Keep ``peak[0]`` at the largest RSS of process ``pid`` with its descendants, every 0.2 s."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return
+    while not stop.is_set():
+        try:
+            rss = sum(p.memory_info().rss for p in [root, *root.children(recursive=True)])
+            peak[0] = max(peak[0], rss)
+        except psutil.Error:
+            pass
+        stop.wait(0.2)
+
+
+def probe(point: Point, work: Path, micro_batch: int | None = None) -> Probe:
+    """Train ``point`` unaided for ``PROBE_STEPS`` steps on ``PROBE_ROWS`` evaluated rows (no decoding)
+    in a child ``zfree train`` (one torch thread) in ``work``, and measure it (``Probe``). Raises
+    ConfigError with the child's last lines when it fails (a point that cannot run at all)."""
+    cfg = TrainConfig.from_flat(point.params)
+    mb = cfg.optim.micro_batch if micro_batch is None else micro_batch
+    flat = {**point.params, "steps": PROBE_STEPS, "eval_every": PROBE_STEPS, "eval_rows": PROBE_ROWS,
+            "decode_rows": 0, "aid": "none", "warmup_backbone": 1, "micro_batch": mb}
+    run = work / f"probe-mb{mb}"
+    import shutil
+
+    shutil.rmtree(run, ignore_errors=True)
+    run.mkdir(parents=True)
+    (run.parent / f"{run.name}.json").write_text(json.dumps(flat))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    t0, peak, stop = time.time(), [0], threading.Event()
+    proc = subprocess.Popen([sys.executable, "-m", "zfree.cli", "train", "--config", str(run.parent / f"{run.name}.json"),
+                             "--out", str(run)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    poller = threading.Thread(target=_poll_peak, args=(proc.pid, stop, peak), daemon=True)
+    poller.start()
+    output, _ = proc.communicate()
+    stop.set()
+    poller.join()
+    wall = time.time() - t0
+    if proc.returncode != 0:
+        raise ConfigError(f"the probe of {point.run_id} failed (exit {proc.returncode}): "
+                          f"{' | '.join(output.strip().splitlines()[-3:])}")
+    rows = read_jsonl(run / "metrics.jsonl")
+    ev0, end = rows[0]["wall_s"], rows[-1]["wall_s"]
+    return Probe(setup_s=max(0.0, wall - end), step_s=max(1e-3, (end - 2 * ev0) / PROBE_STEPS),
+                 eval_row_s=ev0 / PROBE_ROWS, peak_rss=peak[0], batch_size=cfg.optim.batch_size, micro_batch=mb,
+                 wall_s=wall)
+
+
+def _n_evals(steps: int, every: int) -> int:
+    return 1 + len(set(range(every, steps + 1, every)) | {steps})
+
+
+def run_seconds(params: dict, pr: Probe, n_val: int) -> float:
+    """Estimated wall seconds of one run (module docstring): setup + steps x step + evaluated rows x row."""
+    c = TrainConfig.from_flat(params)
+    o, a = c.optim, c.aid
+    rows = min(o.eval_rows or n_val, n_val)
+    evals = _n_evals(o.steps, o.eval_every) * rows
+    if a.aid == "hard_em_then_soft":
+        hard = min(a.hard_em_max_steps, o.steps)
+        evals += (hard // max(1, a.handover_check_every)) * min(a.handover_rows or n_val, n_val)
+    return pr.setup_s + o.steps * pr.step_s * o.batch_size / pr.batch_size + evals * pr.eval_row_s
+
+
+def grid_seconds(points: list[Point], pr: Probe, n_val: int, workers: int) -> float:
+    """The grid's wall seconds: each point, in order, on the first free of ``workers`` workers."""
+    free = [0.0] * max(1, workers)
+    for p in points:
+        i = free.index(min(free))
+        free[i] += run_seconds(p.params, pr, n_val)
+    return max(free)
+
+
+@dataclass
+class Plan:
+    """What ``plan`` decided: the (possibly cut) spec, workers, the estimate and the lines said."""
+    spec: ExperimentSpec
+    workers: int
+    seconds: float
+    peak_bytes: int
+    lines: list[str]
+    record: dict
+
+
+def fit_memory(points: list[Point], pr: Probe, workers: int, limit: int, parent: int, reprobe: Callable[[int], Probe]
+               ) -> tuple[int, int, Probe, list[str]]:
+    """(workers, micro_batch, the probe that fits, what was changed) so that workers x peak + this
+    process fits in ``MEMORY_SHARE`` x ``limit``: fewer workers first, then micro-batches of the
+    batch (probed again with ``reprobe(micro_batch)``) where accumulation keeps the objective.
+    Raises ConfigError naming the memory one run needs when nothing fits."""
+    room = MEMORY_SHARE * limit - parent
+    fit = int(room // max(1, pr.peak_rss))
+    if fit >= 1:
+        w = min(workers, fit)
+        return w, pr.micro_batch, pr, ([f"memory: {w} worker(s) instead of {workers} (each run peaks at "
+                                        f"{pr.peak_rss / GB:.1f} GB, {room / GB:.1f} GB to plan with)"]
+                                       if w < workers else [])
+    problems = {accumulation_problem(TrainConfig.from_flat(p.params)) for p in points} - {None}
+    mb = max(1, pr.batch_size // 4)
+    if not problems and pr.batch_size > 1:
+        small = reprobe(mb)
+        if small.peak_rss <= room:
+            return 1, mb, small, [f"memory: one worker, micro-batches of {mb} rows with gradient accumulation "
+                                  f"(batch {pr.batch_size}: {pr.peak_rss / GB:.1f} GB a run, micro-batch: "
+                                  f"{small.peak_rss / GB:.1f} GB; recorded as micro_batch in config.json)"]
+        pr = small
+    raise ConfigError(f"this grid needs {pr.peak_rss / GB:.1f} GB for one run (a {PROBE_STEPS}-step probe's peak RSS"
+                      f"{f' at micro_batch={pr.micro_batch}' if pr.micro_batch else ''}) but "
+                      f"{max(0.0, room) / GB:.1f} GB are free to plan with; use a smaller model or batch_size")
+
+
+def parse_budget(text: str | None) -> float | None:
+    """``--budget`` text -> seconds: ``15m``, ``1h``, ``90s``, ``1h30m`` or a bare number of minutes;
+    ``none``/``0`` -> None (no budget). Raises ConfigError naming ``--budget`` otherwise."""
+    import re
+
+    if text is None or str(text).strip().lower() in ("none", "0", "off"):
+        return None
+    t = str(text).strip().lower()
+    if re.fullmatch(r"\d+(\.\d+)?", t):
+        return float(t) * 60
+    parts = re.findall(r"(\d+(?:\.\d+)?)([hms])", t)
+    if not parts or "".join(a + b for a, b in parts) != t:
+        raise ConfigError(f"--budget {text!r}: give a duration such as 15m, 1h, 1h30m, 900s (or none)")
+    return sum(float(a) * {"h": 3600, "m": 60, "s": 1}[b] for a, b in parts)
+
+
+def _scaled(d: dict, f: float, floor: int = 10) -> dict:
+    keys = ("steps", "eval_every", "hard_em_max_steps", "handover_check_every")
+    return {**d, **{k: max(floor if k == "steps" else 1, int(round(d[k] * f))) for k in keys if k in d}}
+
+
+def _with(spec: ExperimentSpec, train: dict | None = None, aided: dict | None = None, factors=None) -> ExperimentSpec:
+    b = spec.boundary
+    b = dataclasses.replace(b, aided=b.aided if aided is None else aided,
+                            beta_factors=b.beta_factors if factors is None else tuple(factors))
+    return dataclasses.replace(spec, train=spec.train if train is None else train, boundary=b)
+
+
+def fit_budget(spec: ExperimentSpec, seconds: Callable[[ExperimentSpec], float], budget: float
+               ) -> tuple[ExperimentSpec, list[str]]:
+    """Cut an own-data grid (``spec.boundary`` set) until ``seconds(spec)`` <= ``budget``: the
+    evaluated rows to a third (>= 50), then one beta point per weighting (the first factor), then
+    every run's steps (and eval/hand-over intervals) by one factor (steps >= 10). Returns the cut
+    spec and one line per cut. Raises ConfigError naming the time the smallest grid needs."""
+    if spec.boundary is None:
+        raise ConfigError("--budget sizes an own-data grid (zfree study --model M --data F); a preset's grid is fixed")
+    cuts: list[str] = []
+    rows = int(spec.train.get("eval_rows", TrainConfig().optim.eval_rows))
+    if seconds(spec) > budget and rows > 50:
+        new = max(50, rows // 3)
+        aided = {**spec.boundary.aided, "handover_rows": min(new, spec.boundary.aided.get("handover_rows", new))}
+        spec = _with(spec, {**spec.train, "eval_rows": new}, aided)
+        cuts.append(f"evaluated rows {rows} -> {new}")
+    if seconds(spec) > budget and len(spec.boundary.beta_factors) > 1:
+        old = spec.boundary.beta_factors
+        spec = _with(spec, factors=old[:1])
+        cuts.append(f"beta points {[round(f, 3) for f in old]} x beta* -> {[round(old[0], 3)]} x beta*")
+    full = seconds(spec)
+    if full > budget:
+        half = seconds(_with(spec, _scaled(spec.train, 0.5, 1), _scaled(spec.boundary.aided, 0.5, 1)))
+        slope = 2 * (full - half)
+        f = min(1.0, (budget - (full - slope)) / slope) if slope > 0 else 0.0
+        steps = int(spec.train.get("steps", TrainConfig().optim.steps))
+        if f * steps < 10:
+            smallest = seconds(_with(spec, _scaled(spec.train, 10 / steps), _scaled(spec.boundary.aided, 10 / steps)))
+            raise ConfigError(f"--budget {budget / 60:.0f} min: even 10 steps a run need about {smallest / 60:.0f} min "
+                              "on this machine; give a larger budget")
+        spec = _with(spec, _scaled(spec.train, f), _scaled(spec.boundary.aided, f))
+        cuts.append(f"steps x {f:.2f} (unaided {steps} -> {spec.train['steps']}, aided "
+                    f"{spec.boundary.aided.get('steps', steps)} total)")
+    return spec, cuts
+
+
+def plan(spec: ExperimentSpec, make_points: Callable[[ExperimentSpec], list[Point]], out: Path, workers: int,
+         budget: float | None = None) -> Plan:
+    """Probe one point, fit the grid to memory (``fit_memory``) and to ``budget`` seconds
+    (``fit_budget``), print the estimate and what changed, and write ``out/estimate.json``."""
+    import psutil
+
+    points = make_points(spec)
+    val = Path(points[0].params["data_dir"]) / "val.jsonl"
+    n_val = sum(1 for _ in open(val, encoding="utf-8"))
+    work = out / "estimate"
+    pr = probe(points[0], work)
+    parent, limit = psutil.Process().memory_info().rss, memory_limit()
+    w, mb, pr, lines = fit_memory(points, pr, workers, limit, parent, lambda m: probe(points[0], work, m))
+    if mb:
+        spec = dataclasses.replace(spec, train={**spec.train, "micro_batch": mb})
+    cuts: list[str] = []
+    if budget is not None:
+        spec, cuts = fit_budget(spec, lambda s: grid_seconds(make_points(s), pr, n_val, w), budget)
+    final = make_points(spec)
+    secs, peak = grid_seconds(final, pr, n_val, w), w * pr.peak_rss + parent
+    head = (f"estimate: {len(final)} runs on {w} worker(s): about {secs / 60:.1f} min, peak memory {peak / GB:.1f} GB "
+            f"({w} x {pr.peak_rss / GB:.2f} GB a run + {parent / GB:.2f} GB this process; {limit / GB:.1f} GB available). "
+            f"Measured by a {PROBE_STEPS}-step probe ({pr.wall_s:.0f} s): {pr.step_s:.2f} s a step at batch "
+            f"{pr.batch_size}, {pr.eval_row_s:.3f} s an evaluated row, {pr.setup_s:.0f} s setup")
+    lines = [head, *lines, *([f"budget {budget / 60:.0f} min: cut " + "; ".join(cuts)] if cuts else
+                             [f"budget {budget / 60:.0f} min: the grid fits uncut"] if budget is not None else [])]
+    rec = {"runs": len(final), "workers": w, "estimated_s": secs, "estimated_peak_bytes": peak, "budget_s": budget,
+           "cuts": cuts, "micro_batch": mb, "probe": dataclasses.asdict(pr), "memory_limit_bytes": limit,
+           "lines": lines, "train": spec.train}
+    atomic_write_json(out / "estimate.json", rec)
+    for line in lines:
+        print(line, flush=True)
+    return Plan(spec, w, secs, peak, lines, rec)

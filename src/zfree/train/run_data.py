@@ -1,0 +1,100 @@
+"""What a CVAE run reads (``RunData``): the encoded train and evaluation rows (the seeded spread
+sample, ``zfree.data.split.spread_sample``), the reference's b and b_t, and the evaluation
+arguments; plus the per-batch references of a training step. Split from ``zfree.train.training``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from zfree.config import TrainConfig
+from zfree.core.io import read_json
+from zfree.data.batching import EncodedPair, encode_pair, pad_id_of
+from zfree.data.pairs import Pair, load_pairs
+from zfree.data.split import spread_sample
+from zfree.objective.losses import base_token_matrix
+from zfree.reference.reference import Reference
+from zfree.reference.scoring import context_length
+
+
+@dataclass
+class RunData:
+    """What the loop reads: the encoded rows, the reference's b and b_t, and the evaluation arguments."""
+
+    tokenizer: object
+    pad_id: int
+    c_base: float
+    train: list[EncodedPair]
+    val: list[EncodedPair]
+    val_pairs: list[Pair]
+    val_b: np.ndarray
+    train_ref: Reference | None  # b (and b_t) on training rows when the weighting needs them
+    eval_kw: dict
+
+
+def check_inputs(cfg: TrainConfig) -> tuple[Path, Path]:
+    data_dir, base_dir = Path(cfg.data_dir), Path(cfg.base_dir)
+    for f in (data_dir / "train.jsonl", data_dir / "val.jsonl", base_dir / "model"):
+        if not f.exists():
+            raise FileNotFoundError(f"{f} does not exist (data_dir={cfg.data_dir!r}, base_dir={cfg.base_dir!r})")
+    return data_dir, base_dir
+
+
+def _encode(tok, pairs: list[Pair], max_len: int, split: str) -> list[EncodedPair]:
+    """x cut from the left to the context length (as the reference scorer does), y never cut:
+    ValueError names a row whose y does not fit."""
+    enc = [encode_pair(tok, p, max_length=max_len) for p in pairs]
+    cut = sum(e.x_tokens_cut > 0 for e in enc)
+    if cut:
+        print(f"note: {cut} {split} rows had x cut from the left to fit the context length {max_len} "
+              "(as in the z-free reference)", flush=True)
+    return enc
+
+
+def setup_data(cfg: TrainConfig, backbone, tok, ref: Reference, train_ref: Reference | None,
+                data_dir: Path) -> RunData:
+    train_pairs = load_pairs(data_dir / "train.jsonl")
+    val_pairs = load_pairs(data_dir / "val.jsonl")
+    if cfg.optim.eval_rows:
+        if cfg.optim.eval_rows > len(val_pairs):
+            print(f"note: eval_rows={cfg.optim.eval_rows} but {data_dir / 'val.jsonl'} has {len(val_pairs)} rows: "
+                  f"all {len(val_pairs)} evaluated (config.json records _rows_used)", flush=True)
+    val_pairs = spread_sample(val_pairs, cfg.optim.eval_rows)  # seeded, spread over all x, the same for every run
+    max_len = context_length(backbone)
+    train, val = _encode(tok, train_pairs, max_len, "train"), _encode(tok, val_pairs, max_len, "val")
+    val_ids = [p.id for p in val_pairs]
+    val_b = np.array(ref.b_of(val_ids))
+    val_tok = dict(zip(val_ids, ref.surprisal_of(val_ids))) if cfg.objective.weighting == "token" else None
+    meta = read_json(data_dir / "metadata.json") if (data_dir / "metadata.json").exists() else {}
+    pad = pad_id_of(tok)
+    eval_kw = dict(b=val_b, c_base=ref.c_base, objective=cfg.objective, pad_id=pad, tokenizer=tok,
+                   strategies=meta.get("parameters", {}).get("strategies"), decode_rows=cfg.optim.decode_rows,
+                   seed=cfg.optim.seed, base_token_nll=val_tok)
+    return RunData(tok, pad, ref.c_base, train, val, val_pairs, val_b, train_ref, eval_kw)
+
+
+def rows_used(cfg: TrainConfig, data: RunData) -> dict[str, int]:
+    """The validation rows an evaluation uses, as used (``eval_rows``/``decode_rows`` as given may
+    exceed the data: ``eval_rows: 1e9`` on 12 rows uses 12); config.json's ``_rows_used``."""
+    n = len(data.val_pairs)
+    return {"eval_rows": n, "decode_rows": min(cfg.optim.decode_rows, n)}
+
+
+def batch_references(data: RunData, batch, weighting: str, device: torch.device, dtype: torch.dtype = torch.float32
+                      ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """b (batch,) and, under token weighting, the base-token matrix (batch, seq) of a training
+    batch, on ``device``. ``batch`` is the host (CPU) batch: both are built on the host and copied
+    once, so no device value is read back (``base_token_matrix`` reads prefix_len per row). ``dtype``:
+    the model's loss dtype (``zfree.models.precision.acc_dtype``)."""
+    if data.train_ref is None:
+        return None, None
+    b = torch.as_tensor(data.train_ref.b_of(batch.ids), dtype=dtype)
+    if weighting != "token":
+        return b.to(device), None
+    tok = base_token_matrix(batch.target_mask, batch.prefix_len, data.train_ref.surprisal_of(batch.ids), dtype=dtype)
+    return b.to(device), tok.to(device)
+
+

@@ -1,0 +1,172 @@
+"""Issue 24: LoRA (exact at step 0, partial checkpoints), gradient accumulation (the same objective),
+one checkpoint per finished run, the estimate's arithmetic, memory fitting and budget cuts, the
+budget parser, the kernel-death message and the preset catalog."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from zfree.config import TrainConfig
+from zfree.core.errors import ConfigError
+from zfree.experiment import estimate as est
+from zfree.experiment.catalog import PRESET_CATALOG, preset_help
+from zfree.experiment.memory_watch import died_message
+from zfree.experiment.own_study import OWN_PRESETS
+from zfree.experiment.spec import Point, expand_grid
+from zfree.experiment.study import PRESETS
+from zfree.models.base import load_base
+from zfree.models.lora import apply_lora, base_state_dict, trainable_tensors
+from zfree.train.accumulate import accumulation_problem, check_accumulation
+from zfree.train.training import build_cvae, train_cvae
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = {"data_dir": str(ROOT / "data/synth/default"), "base_dir": str(ROOT / "data/base/default"), "steps": 2,
+         "eval_every": 2, "eval_rows": 8, "decode_rows": 0, "batch_size": 8, "warmup_backbone": 1, "device": "cpu"}
+
+
+def _cfg(**over) -> TrainConfig:
+    return TrainConfig.from_flat({**TrainConfig().to_flat(), **SMALL, **over})
+
+
+def test_lora_is_exact_at_step_0_and_hash_is_the_base():
+    backbone, _ = load_base(ROOT / "data/base/default/model", device="cpu")
+    before = {k: v.clone() for k, v in backbone.state_dict().items()}
+    ids = torch.randint(0, backbone.config.vocab_size, (2, 9))
+    ref = backbone(ids).logits
+    names = apply_lora(backbone, 4, 8.0)
+    assert names and all("lora_" in n for n in names)
+    torch.testing.assert_close(backbone(ids).logits, ref, rtol=0, atol=0)  # B = 0: the same function
+    base = base_state_dict(backbone)
+    assert base.keys() == before.keys() and all(torch.equal(base[k], before[k]) for k in before)
+    assert all(not p.requires_grad for n, p in backbone.named_parameters() if "lora_" not in n)
+
+
+def test_lora_targets_refused_by_name():
+    backbone, _ = load_base(ROOT / "data/base/default/model", device="cpu")
+    with pytest.raises(ValueError, match="lora_targets"):
+        apply_lora(backbone, 4, 8.0, "no_such_proj")
+
+
+def test_lora_run_checkpoint_is_partial_and_resumes(tmp_path):
+    cfg = _cfg(lora_rank=4, steps=4, lr_backbone=1e-3)
+    full = train_cvae(cfg, tmp_path / "whole", progress=False)
+    part = tmp_path / "part"
+    assert train_cvae(cfg, part, progress=False, stop_after=2) == {"stopped_at": 2}
+    model = build_cvae(cfg, load_base(Path(cfg.base_dir) / "model", device="cpu")[0])
+    saved = json.loads((part / "checkpoint" / "state.json").read_text())
+    assert "partial" in json.dumps(saved)
+    from safetensors.torch import load_file
+    assert set(load_file(str(part / "checkpoint" / "model.safetensors"))) == set(trainable_tensors(model))
+    resumed = train_cvae(cfg, part, progress=False)
+    assert resumed["loss/val/reconstruction_loss"] == full["loss/val/reconstruction_loss"]
+    assert not (part / "checkpoint.prev").exists() and (part / "checkpoint" / "COMPLETE").exists()
+
+
+@pytest.mark.slow  # a real run (tens of seconds on 2 cores)
+def test_micro_batch_is_the_same_objective(tmp_path):
+    a = train_cvae(_cfg(), tmp_path / "a", progress=False)
+    b = train_cvae(_cfg(micro_batch=3), tmp_path / "b", progress=False)
+    for k in ("loss/val/reconstruction_loss", "loss/val/kl_prior_loss"):
+        assert b[k] == pytest.approx(a[k], rel=1e-5, abs=1e-7)
+
+
+def test_micro_batch_refused_where_it_changes_the_objective():
+    cfg = _cfg(weighting="example", epsilon=0.05, aid="hard_em_then_soft", micro_batch=2)
+    assert accumulation_problem(cfg) is not None
+    with pytest.raises(ConfigError, match="micro_batch"):
+        check_accumulation(cfg)
+    assert accumulation_problem(_cfg(weighting="distribution", aid="hard_em_then_soft")) is None
+
+
+@pytest.mark.slow  # a real run (tens of seconds on 2 cores)
+def test_keep_prev_checkpoint(tmp_path):
+    train_cvae(_cfg(keep_prev_checkpoint=True), tmp_path / "k", progress=False)
+    assert (tmp_path / "k" / "checkpoint.prev").is_dir()
+
+
+PROBE = est.Probe(setup_s=10.0, step_s=1.0, eval_row_s=0.1, peak_rss=2 * est.GB, batch_size=8)
+
+
+def _points(**train):
+    return expand_grid({**TrainConfig().to_flat(), **SMALL, **train}, {"beta": [0.1, 0.2, 0.3]})
+
+
+def test_run_and_grid_seconds():
+    p = _points(steps=10, eval_every=5, eval_rows=20)
+    # setup 10 + 10 steps x 1 s + 3 evaluations x 20 rows x 0.1 s
+    assert est.run_seconds(p[0].params, PROBE, n_val=1000) == pytest.approx(26.0)
+    assert est.grid_seconds(p, PROBE, 1000, workers=2) == pytest.approx(52.0)  # 3 runs on 2 workers
+    assert est.grid_seconds(p, PROBE, 1000, workers=1) == pytest.approx(78.0)
+
+
+def test_fit_memory_fewer_workers_then_micro_batch_then_refusal():
+    pts = _points()
+    w, mb, _, lines = est.fit_memory(pts, PROBE, 2, limit=int(3 * est.GB / est.MEMORY_SHARE), parent=0,
+                                     reprobe=lambda m: pytest.fail("no reprobe needed"))
+    assert (w, mb) == (1, 0) and "1 worker" in lines[0]
+    small = dataclasses.replace(PROBE, peak_rss=est.GB // 2, micro_batch=2)
+    w, mb, pr, lines = est.fit_memory(pts, PROBE, 2, limit=int(est.GB / est.MEMORY_SHARE), parent=0,
+                                      reprobe=lambda m: small)
+    assert (w, mb) == (1, 2) and "micro-batches" in lines[0]
+    with pytest.raises(ConfigError, match="needs .* GB for one run"):
+        est.fit_memory(pts, PROBE, 2, limit=int(0.1 * est.GB), parent=0, reprobe=lambda m: PROBE)
+
+
+def test_fit_budget_cuts_and_refuses():
+    spec = OWN_PRESETS["own"]
+
+    def seconds(s):  # 1 s a step, 0.1 s an evaluated row, 2 betas x 4 weightings x 2 aids
+        g = s.boundary
+        per = s.train["steps"] + 0.1 * s.train["eval_rows"] * 3
+        return len(g.weightings) * len(g.beta_factors) * len(g.aids) * per
+    cut, lines = est.fit_budget(spec, seconds, budget=600)
+    assert seconds(cut) <= 600 and lines[0].startswith("evaluated rows 300 -> 100")
+    assert any("beta points" in l for l in lines) and any(l.startswith("steps x") for l in lines)
+    uncut, none = est.fit_budget(spec, seconds, budget=1e9)
+    assert none == [] and uncut == spec
+    with pytest.raises(ConfigError, match="even 10 steps"):
+        est.fit_budget(spec, seconds, budget=1)
+    with pytest.raises(ConfigError, match="own-data grid"):
+        est.fit_budget(PRESETS["smoke"], seconds, budget=60)
+
+
+@pytest.mark.parametrize("text,seconds", [("15m", 900), ("1h", 3600), ("1h30m", 5400), ("90s", 90), ("20", 1200),
+                                          ("none", None), (None, None)])
+def test_parse_budget(text, seconds):
+    assert est.parse_budget(text) == seconds
+
+
+def test_parse_budget_refuses():
+    with pytest.raises(ConfigError, match="--budget"):
+        est.parse_budget("soon")
+
+
+def test_died_message_names_memory():
+    class DeadKernelError(RuntimeError):
+        pass
+    msg = died_message(DeadKernelError("Kernel died"), 3 * est.GB)
+    assert "peak RSS 3.00 GB" in msg and "memory" in msg
+    assert died_message(ValueError("bad"), 0) is None
+
+
+def test_catalog_lists_every_preset_with_its_runs():
+    names = {**PRESETS, **OWN_PRESETS}
+    assert set(PRESET_CATALOG) == set(names)
+    for name, spec in PRESETS.items():
+        assert PRESET_CATALOG[name][0] == len(spec.points()), name
+    for name, spec in OWN_PRESETS.items():
+        g = spec.boundary
+        assert PRESET_CATALOG[name][0] == len(g.weightings) * len(g.beta_factors) * len(g.aids), name
+    assert all(n in preset_help() for n in names)
+
+
+@pytest.mark.slow  # a real run (tens of seconds on 2 cores)
+def test_probe_measures_a_real_run(tmp_path):
+    p = Point("probe", TrainConfig.from_flat({**TrainConfig().to_flat(), **SMALL}).to_flat())
+    pr = est.probe(p, tmp_path)
+    assert pr.step_s > 0 and pr.eval_row_s > 0 and pr.peak_rss > 50 * 2**20 and pr.batch_size == 8
