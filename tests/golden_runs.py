@@ -33,7 +33,7 @@ DROP = ("data_dir", "base_dir")  # machine-specific paths; they do not change wh
 #: config fields added after the golden files were written (issue 16), left out of the comparison
 #: by name only; their defaults reproduce the pinned behaviour (shared_prefix "auto" = the shared
 #: prefix where exact, precision "fp32"), and any other new key still fails the comparison
-NEW_KEYS = ("shared_prefix", "precision",
+NEW_KEYS = ("shared_prefix", "precision", "latent_source",
             "lora_rank", "lora_alpha", "lora_targets", "micro_batch", "keep_prev_checkpoint")  # issue 24
 
 #: the smoke preset's training settings (study.PRESETS["smoke"].train), shared by the extra runs
@@ -53,6 +53,11 @@ EXTRA_RUNS = {
     "optimal": {"posterior_features": "optimal", "weighting": "distribution", "beta": 0.3, "aid": "beta0_warmup",
                 "warmup_aid_steps": 3, "frozen_decoder_steps": 2, "beta_schedule": "linear",
                 "beta_warmup_steps": 6, "steps": 8, "eval_every": 4},
+    # issue 21: the z-free control (K = 1) under example weighting, and the strategy oracle (z := the strategy)
+    "control": {"latent_source": "control", "n_latent": 1, "weighting": "example", "epsilon": 0.05, "beta": 0.0,
+                "steps": 8, "eval_every": 4, "lr_new": 3e-3},
+    "oracle": {"latent_source": "label:strategy", "n_latent": 4, "weighting": "distribution", "beta": 0.0,
+               "steps": 8, "eval_every": 4, "lr_new": 3e-3},
 }
 
 
