@@ -168,11 +168,17 @@ def _fake_run(runs, rid, lbar, kl, summary):
     pd.DataFrame({"id": [f"r{i}" for i in range(n)], "n_tokens": np.full(n, 10), "lbar": lbar, "kl": kl,
                   "b": np.full(n, 1.0), "beta_eff": np.full(n, 0.2)}).to_parquet(d / "per_example.parquet")
     (d / "summary.json").write_text(json.dumps({"weighting": "plain", "beta": 0.1, **summary}))
+    (d / "config.json").write_text(json.dumps({"data_dir": str(runs.parent / "data")}))
 
 
 def test_gains_against_the_control_and_the_oracle(tmp_path):
     runs = tmp_path / "runs"
     n = 60
+    data = tmp_path / "data"
+    data.mkdir()
+    row = lambda i, v: json.dumps({"id": i, "x": "x", "y": "y", "labels": {"a": v}}) + "\n"  # noqa: E731
+    (data / "train.jsonl").write_text("".join(row(f"t{i}", "uvw"[i % 3]) for i in range(30)))
+    (data / "val.jsonl").write_text("".join(row(f"r{i}", "uvw"[i % 3]) for i in range(n)))
     _fake_run(runs, "control_plain_1", np.full(n, 0.9), np.zeros(n), {"latent_source": "control"})
     _fake_run(runs, "oracle-a_plain_2", np.full(n, 0.7), np.full(n, 1.0), {"latent_source": "label:a"})
     _fake_run(runs, "plain_beta0.1_3", np.linspace(0.75, 0.85, n), np.full(n, 0.5), {"latent_used": True})
@@ -182,6 +188,7 @@ def test_gains_against_the_control_and_the_oracle(tmp_path):
     o = oracle_table(tmp_path)
     assert o.loc[0, "delta_R"] == pytest.approx(2.0) and o.loc[0, "H"] == pytest.approx(1.0)  # 10 * (0.9 - 0.7)
     assert o.loc[0, "eta"] == pytest.approx(2.0) and bool(o.loc[0, "distinguishable"])
+    assert o.loc[0, "H_source"] == "router"  # 1.0 nats beats the marginal's log 3 (add-one smoothed: the same)
     assert o.loc[0, "finetune_gain"] == pytest.approx(1.0)  # 10 * (1.0 - 0.9)
     from zfree.experiment.results import collect_runs
 

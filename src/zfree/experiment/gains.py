@@ -9,7 +9,9 @@ over the evaluated validation rows (the same seeded rows for every run of a stud
   z gain            D_control - D_run          (paired per row)
   fine-tuning gain  D_base - D_control         (|S|·b: the frozen base on the same rows)
   Delta R_label     D_control - D_oracle       (the oracle's z := the label)
-  H(label | x)      the oracle router's cross-entropy -log p(label | x) on the rows (an upper bound)
+  H(label | x)      the better (lower mean) of two cross-entropies on the rows, each an upper bound:
+                    the oracle's trained router -log p(label | x) (a linear probe of the separator
+                    state) and the label's train marginal (add-one smoothed); ``H_source`` names it
   eta               Delta R_label / H(label | x): reconstruction nats bought per nat of rate
 
 Intervals: the 95 % percentile bootstrap over evaluated rows (``scipy.stats.bootstrap``, 2000
@@ -26,6 +28,9 @@ import pandas as pd
 from scipy.stats import bootstrap
 
 from zfree.core.io import read_json
+from zfree.data.labels import label_value, label_values
+from zfree.data.pairs import load_pairs
+from zfree.train.run_folder import read_run_config
 from zfree.experiment.controls import LINKS_FILE
 from zfree.objective.theory import predicted_use
 
@@ -70,7 +75,7 @@ def oracle_table(study_dir: Path | str) -> pd.DataFrame:
     _hi), H (+ _lo, _hi), eta (+ _lo, _hi), distinguishable (delta_R_lo > 0), finetune_gain, and the
     run ids. Empty (with the columns) when the study has no oracle or its control is missing."""
     cols = ["label", "n_values", "rows", "D_control", "delta_R", "delta_R_lo", "delta_R_hi", "H", "H_lo", "H_hi",
-            "eta", "eta_lo", "eta_hi", "distinguishable", "finetune_gain", "oracle_run_id", "control_run_id"]
+            "H_source", "eta", "eta_lo", "eta_hi", "distinguishable", "finetune_gain", "oracle_run_id", "control_run_id"]
     runs_dir = Path(study_dir) / "runs"
     rows = []
     for oid, link in links_of(study_dir)["oracles"].items():
@@ -79,17 +84,33 @@ def oracle_table(study_dir: Path | str) -> pd.DataFrame:
             continue
         po, pc = _paired(_per_example(str(runs_dir / oid)), _per_example(str(runs_dir / cid)))
         dR = pc["D"].to_numpy() - po["D"].to_numpy()
-        h = po["kl"].to_numpy()
+        h, h_source = _label_entropy(runs_dir / oid, link["label"], po)
         d, dlo, dhi = interval(dR)
         hh, hlo, hhi = interval(h)
         e, elo, ehi = interval(dR, h, statistic=_ratio) if hh > 0 else (np.nan, np.nan, np.nan)
         rows.append({"label": link["label"], "n_values": int(link["n_values"]), "rows": len(dR),
                      "D_control": float(pc["D"].mean()), "delta_R": d, "delta_R_lo": dlo, "delta_R_hi": dhi,
-                     "H": hh, "H_lo": hlo, "H_hi": hhi, "eta": e, "eta_lo": elo, "eta_hi": ehi,
+                     "H": hh, "H_lo": hlo, "H_hi": hhi, "H_source": h_source, "eta": e, "eta_lo": elo, "eta_hi": ehi,
                      "distinguishable": bool(dlo > 0),
                      "finetune_gain": float((pc["D_base"] - pc["D"]).mean()),
                      "oracle_run_id": oid, "control_run_id": cid})
     return pd.DataFrame(rows, columns=cols).sort_values("delta_R", ascending=False).reset_index(drop=True)
+
+
+def _label_entropy(oracle_dir: Path, key: str, po: pd.DataFrame) -> tuple[np.ndarray, str]:
+    """Per evaluated row, -log p(label) under the better of the oracle's router (its KL column:
+    exactly -log p(label | x) for a one-hot q) and the train marginal of ``key`` (add-one smoothed,
+    values indexed as the oracle's: sorted over train + val); the name of the one taken."""
+    router = po["kl"].to_numpy(float)
+    cfg = read_run_config(oracle_dir / "config.json")
+    data = Path(cfg["data_dir"])
+    train, val = load_pairs(data / "train.jsonl"), load_pairs(data / "val.jsonl")
+    values = label_values(train + val, key)
+    counts = pd.Series([label_value(p, key) for p in train]).value_counts().reindex(values, fill_value=0)
+    logp = np.log((counts.to_numpy(float) + 1) / (len(train) + len(values)))
+    of = {p.id: values.index(label_value(p, key)) for p in val}
+    marginal = -logp[[of[i] for i in po.index]]
+    return (router, "router") if router.mean() <= marginal.mean() else (marginal, "train marginal")
 
 
 def best_label(oracles: pd.DataFrame) -> pd.Series | None:
