@@ -12,7 +12,9 @@ SmolLM2-135M (vocabulary 49 152) when its folder is there.
             the head's own ideal is K (+ the z-free pass's forward), above this one
   peak MiB  the high-water mark of live tensor storage created during one step
             (``zfree.core.memory.LiveTensorBytes``: deterministic, allocator- and load-independent;
-            the model and optimizer state, built before, are not counted; gradients are)
+            the model and optimizer state, built before, are not counted; gradients are); on CUDA
+            (``run(..., dev=cuda)``, called by bench_gpu.py) torch.cuda.max_memory_allocated over
+            what was allocated before the step
 
 Usage: OMP_NUM_THREADS=1 .venv/bin/python analysis/benchmarks/bench_head_chunks.py [--steps 3] [--batch 32]
 Side by side in one process; run it on an otherwise idle machine (ratios, not absolute times, are the result).
@@ -36,6 +38,7 @@ from zfree.models.continuous import ContinuousCVAE
 from zfree.models.discrete import DiscreteCVAE
 from zfree.models.head_chunks import HEAD_CHUNK_ELEMENTS, set_head_chunk
 from zfree.models.nll import masked_mean_token_nll
+from zfree.models.precision import body_autocast
 from zfree.objective.objectives import assemble_objective
 
 OBJ = ObjectiveConfig(weighting="plain", beta=0.3)
@@ -76,34 +79,56 @@ def make(kind: str, K: int, backbone):
     return m, torch.optim.AdamW(m.parameters(), 1e-5)
 
 
-def run(name: str, build, bs, K: int, n_steps: int, whole: bool, kinds=("soft", "hard", "continuous")) -> None:
+def measured_step(kind: str, m, opt, b, dev: torch.device, precision: str) -> float:
+    """One step's peak MiB of memory created during it: live tensor storage on the CPU
+    (``LiveTensorBytes``), ``torch.cuda.max_memory_allocated`` over what was allocated before on CUDA
+    (autograd's CUDA backward runs on another thread, which a dispatch mode does not see)."""
+    if dev.type != "cuda":
+        with LiveTensorBytes() as mem, body_autocast(precision, dev):
+            step(kind, m, opt, b)
+        return mem.peak_mib
+    torch.cuda.synchronize(dev)
+    before = torch.cuda.memory_allocated(dev)
+    torch.cuda.reset_peak_memory_stats(dev)
+    with body_autocast(precision, dev):
+        step(kind, m, opt, b)
+    torch.cuda.synchronize(dev)
+    return (torch.cuda.max_memory_allocated(dev) - before) / 2**20
+
+
+def run(name: str, build, bs, K: int, n_steps: int, whole: bool, kinds=("soft", "hard", "continuous"),
+        dev: torch.device = torch.device("cpu"), precision: str = "fp32") -> dict:
+    """Print the table of one model (module docstring); returns {(kind, K, chunked): (ms, peak MiB)}."""
     paths = [("base", 1, True)] + [(k, K, True) for k in kinds]
     if whole:
         paths += [("base", 1, False), ("soft", K, False)]
     models = {}
     for p in paths:
         torch.manual_seed(0)
-        models[p] = make(p[0], p[1], build())
+        models[p] = make(p[0], p[1], build().to(dev))
+    bs = [b.to(dev) for b in bs]
     times, peaks = {p: [] for p in paths}, {}
     for i, b in enumerate(bs):  # step 0: warm-up (optimizer state, head check) and the memory measure
         for p in paths:
             set_head_chunk(HEAD_CHUNK_ELEMENTS if p[2] else None)
-            t = time.perf_counter()
             if i == 0:
-                step(p[0], *models[p], b)  # builds AdamW's state outside the measure
-                with LiveTensorBytes() as mem:
-                    step(p[0], *models[p], b)
-                peaks[p] = mem.peak_mib
-            else:
+                with body_autocast(precision, dev):
+                    step(p[0], *models[p], b)  # builds AdamW's state outside the measure
+                peaks[p] = measured_step(p[0], *models[p], b, dev, precision)
+                continue
+            _sync(dev)
+            t = time.perf_counter()
+            with body_autocast(precision, dev):
                 step(p[0], *models[p], b)
-                times[p].append(time.perf_counter() - t)
+            _sync(dev)
+            times[p].append(time.perf_counter() - t)
     set_head_chunk(HEAD_CHUNK_ELEMENTS)
     x_tok = float(np.mean([float((b.prefix_len - 1).sum()) for b in bs]))
     y_tok = float(np.mean([float(b.target_len.sum()) for b in bs]))
     base = ("base", 1, True)
     t0, m0 = np.median(times[base]), peaks[base]
     V = models[base][0].get_output_embeddings().weight.shape[0]
-    print(f"\n== {name}: vocab {V}, batch {len(bs[0])}, {n_steps} timed steps; tokens per batch: prefix {x_tok:.0f}, "
+    print(f"\n== {name} on {dev.type} {precision}: vocab {V}, batch {len(bs[0])}, {n_steps} timed steps; tokens per batch: prefix {x_tok:.0f}, "
           f"suffix {y_tok:.0f}; chunk {HEAD_CHUNK_ELEMENTS} logits ({HEAD_CHUNK_ELEMENTS // V} rows)")
     print(f"{'path':<12}{'K/S':>4}{'head':>8}{'ms/step':>10}{'x base':>8}{'ideal':>7}{'x ideal':>9}"
           f"{'peak MiB':>10}{'x base':>8}")
@@ -113,6 +138,12 @@ def run(name: str, build, bs, K: int, n_steps: int, whole: bool, kinds=("soft", 
         ideal = 1.0 if kind == "base" else (x_tok + k * y_tok) / (x_tok + y_tok)
         print(f"{kind:<12}{k:>4}{'chunked' if chunked else 'whole':>8}{1000 * t:>10.1f}{t / t0:>8.2f}{ideal:>7.2f}"
               f"{t / t0 / ideal:>9.2f}{peaks[p]:>10.1f}{peaks[p] / m0:>8.2f}")
+    return {p: (1000 * float(np.median(times[p])), peaks[p]) for p in paths}
+
+
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
 
 
 def main():
