@@ -64,7 +64,9 @@ def head_token_logprobs(model, hidden: Float[torch.Tensor, "rows d_model"], toke
     checkpointed (its logits recomputed in backward), so neither forward nor backward holds more
     than a few (chunk x vocab) tensors. Exact: chunking cuts rows only (equal to the unchunked
     path up to float summation order of the head matmul; tests/test_head_chunks.py, also against
-    float64). Raises ModelLoadError when the head path cannot be reproduced (``verify_head``).
+    float64). Source: the chunked cross-entropy of torchtune's ``CEWithChunkedOutputLoss`` and
+    Wijmans et al. 2024 (Cut Cross-Entropy), gradient by recomputation (``torch.utils.checkpoint``).
+    Raises ModelLoadError when the head path cannot be reproduced (``verify_head``).
     """
     verify_head(model, name=type(model).__name__)
     out_layer = model.get_output_embeddings()
