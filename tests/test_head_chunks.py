@@ -47,7 +47,7 @@ def _grads(module, loss):
 
 def test_chunk_rows_and_settings():
     assert head_chunk_rows(50_257, 1 << 22) == 83 and head_chunk_rows(10**9, 8) == 1
-    assert head_chunk_rows(100, None) == (1 << 22) // 100  # the module default
+    assert head_chunk_rows(100, None) == head_chunks.HEAD_CHUNK_ELEMENTS // 100  # the module default
     prev = set_head_chunk(None)
     try:
         assert head_chunk_rows(100) is None

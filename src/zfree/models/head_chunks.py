@@ -27,9 +27,10 @@ from torch.utils.checkpoint import checkpoint
 
 from zfree.models.head import logits_from_hidden, verify_head
 
-#: logits (rows x vocab) computed at once per chunk: 4M float32 values = 16 MiB (as in
-#: ``zfree.reference.scoring``); backward holds about three chunk-sized tensors at a time
-HEAD_CHUNK_ELEMENTS = 1 << 22
+#: logits (rows x vocab) computed at once per chunk: 16M float32 values = 64 MiB (130 rows at a
+#: 128k vocabulary; 4M left 32-row matmuls there, 1.7x slower than the whole head on the base step,
+#: bench_head_chunks.py); backward holds about three chunk-sized tensors at a time
+HEAD_CHUNK_ELEMENTS = 1 << 24
 _SETTINGS = {"elements": HEAD_CHUNK_ELEMENTS}
 
 
