@@ -115,14 +115,20 @@ def test_score_equals_float64_one_row_oracle(arch):
         np.testing.assert_allclose(got, want, atol=ATOL, rtol=0, err_msg=f"{arch['name']} {e.id}")
 
 
+@pytest.mark.parametrize("head_chunk", [None, 3 * V], ids=["whole-head", "chunked-head"])
 @pytest.mark.parametrize("path", ["shared_prefix", "full"])
-def test_decoder_step0_logprobs_equal_the_models_own(arch, path):
+def test_decoder_step0_logprobs_equal_the_models_own(arch, path, head_chunk, monkeypatch):
+    """Chunked: 3 rows per chunk, under gradient (each chunk checkpointed through the model's own
+    head path: soft-capping, scaling)."""
+    from zfree.models import head_chunks
+
+    monkeypatch.setitem(head_chunks._SETTINGS, "elements", head_chunk)
     model, enc = arch["model"], arch["enc"]
     batch = collate(enc, pad_id=0)
     n = 2
     lat = torch.zeros(len(enc), n, model.config.hidden_size if hasattr(model.config, "hidden_size")
                       else model.get_input_embeddings().weight.shape[1])
-    with torch.no_grad(), warnings.catch_warnings():
+    with torch.set_grad_enabled(head_chunk is not None), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if path == "full":
             tlp, _ = full_target_logprobs(model, batch, decoder_hidden_full(model, batch, lat))
@@ -130,9 +136,10 @@ def test_decoder_step0_logprobs_equal_the_models_own(arch, path):
             _, cache = zfree_pass(model, batch, use_cache=True)
             hz, valid = decoder_hidden_suffix(model, batch, cache, lat)
             tlp, _ = suffix_target_logprobs(model, batch, hz, valid)
+    assert tlp.requires_grad == (head_chunk is not None)
     for r, want in enumerate(arch["want"]):
         for s in range(n):
-            got = tlp[r, s][batch.target_mask[r]].double().numpy()
+            got = tlp[r, s][batch.target_mask[r]].detach().double().numpy()
             np.testing.assert_allclose(-got, want, atol=ATOL, rtol=0, err_msg=f"{arch['name']} row {r} latent {s}")
 
 

@@ -76,6 +76,49 @@ def test_cvae_step0_on_cuda(tmp_path, kind):
         torch.testing.assert_close(out.target_logprobs[:, s], ref, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_chunked_head_on_cuda_equals_the_whole_head_and_bounds_memory(precision):
+    """Issue 24: the K-way step with the chunked head (checkpointed chunks) under the body's
+    precision gives the whole head's log-probs and gradients (head and log-softmax fp32 in both),
+    and its peak CUDA memory stays below the whole head's (vocabulary 32 768, tiny body)."""
+    from zfree.data.batching import EncodedPair
+    from zfree.models.base import build_synthetic_gpt2
+    from zfree.models.head_chunks import set_head_chunk
+    from zfree.models.nll import masked_mean_token_nll
+    from zfree.models.precision import body_autocast
+
+    V = 32768
+    rng = np.random.default_rng(0)
+    batch = collate([EncodedPair(f"r{i}", tuple(rng.integers(5, V, 20).tolist()), tuple(rng.integers(5, V, 20).tolist()))
+                     for i in range(32)], pad_id=0).to("cuda")
+    cvae = DiscreteCVAE(build_synthetic_gpt2(V, n_layer=2, n_embd=64, n_head=4), n_latent=4).cuda()
+    torch.nn.init.normal_(cvae.latent_embedding.weight, std=0.5)
+    res = {}
+    for elements in (None, 1 << 20):
+        prev = set_head_chunk(elements)
+        try:
+            cvae.zero_grad(set_to_none=True)
+            torch.cuda.synchronize()
+            before = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            with body_autocast(precision, "cuda"):
+                out = cvae(batch)
+            loss = masked_mean_token_nll(-out.target_logprobs, batch.target_mask).mean()
+            loss.backward()
+            torch.cuda.synchronize()
+            res[elements] = (out.target_logprobs.detach(), cvae.backbone.lm_head.weight.grad.clone(),
+                             torch.cuda.max_memory_allocated() - before)
+        finally:
+            set_head_chunk(prev)
+    (t0, g0, m0), (t1, g1, m1) = res[None], res[1 << 20]
+    assert t1.dtype == torch.float32
+    torch.testing.assert_close(t1, t0, atol=1e-5, rtol=0)
+    rel = float((g1 - g0).norm() / g0.norm())  # tied head: includes the body's (bf16) embedding gradient
+    assert rel <= (1e-5 if precision == "fp32" else 1e-2), rel
+    print(f"{precision}: peak CUDA MiB whole head {m0 / 2**20:.0f}, chunked {m1 / 2**20:.0f}")
+    assert m1 < 0.5 * m0
+
+
 # ---------------------------------------------------------------------------- training on CUDA (issue 16)
 
 

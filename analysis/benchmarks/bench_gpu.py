@@ -19,6 +19,10 @@ data/base/default/model), or any causal LM folder / GGUF file zfree loads; the p
             step = 6 N (|x| + K|y|) per row (forward + backward of the ideal token count).
   memory    CUDA: torch.cuda.max_memory_allocated over the timed calls; CPU: growth of the process's
             peak RSS (a high-water mark, so a lower bound; bench_cvae_step.py measures CPU peaks per path).
+  head      (CUDA only; issue 24) bench_head_chunks.py's table on CUDA, fp32 and bf16: a tiny body
+            (2 layers, width 64) at vocabularies ``--head-vocabs``, batch 32, |x| = |y| = 20: base,
+            soft K-way, hard-EM and continuous steps with the chunked head, and base / soft with the
+            whole head; peak = torch.cuda.max_memory_allocated of one step over what was allocated before.
 
 Usage: .venv/bin/python analysis/benchmarks/bench_gpu.py [--model DIR] [--batch 64] [--steps 10]
 TF32 stays off (torch's default), so fp32 rows are true fp32.
@@ -171,6 +175,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--batch-tokens", type=int, default=8192)
     ap.add_argument("--peak-tflops", type=float, default=0.0, help="override the chip's dense peak (TFLOP/s)")
+    ap.add_argument("--head-vocabs", default="50257,128256", help="vocabularies of the head-chunk rows ('' to skip)")
     a = ap.parse_args()
     pairs = load_pairs(Path(a.data))[: a.rows]
     targets = [(torch.device("cpu"), "fp32", a.cpu_steps)]
@@ -190,6 +195,19 @@ def main():
         for name, r in rows.items():
             print(f"{name:<32}{r['ms']:>10.1f}{r['x_base']:>8.2f}{r['ideal']:>7.2f}{r['x_ideal']:>9.2f}"
                   f"{r['mfu']:>7.3f}{r['peak']:>10.0f}")
+    if torch.cuda.is_available():
+        bench_head(a)
+
+
+def bench_head(a) -> None:
+    """bench_head_chunks.py's rows on CUDA (fp32, bf16) for each of ``--head-vocabs``."""
+    import bench_head_chunks as hc  # beside this file (the script's folder is on sys.path)
+    from zfree.models.base import build_synthetic_gpt2
+
+    for V in [int(v) for v in a.head_vocabs.split(",") if v]:
+        for precision in ("fp32", "bf16"):
+            hc.run("tiny body (2 layers, width 64)", lambda: build_synthetic_gpt2(V, n_layer=2, n_embd=64, n_head=4),
+                   hc.batches(V, 4, 32, 20, 20), 4, 3, True, dev=torch.device("cuda"), precision=precision)
 
 
 if __name__ == "__main__":

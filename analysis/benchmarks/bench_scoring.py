@@ -22,6 +22,17 @@ Methods, all scoring exactly the same real tokens (tokens/s counts real tokens, 
   naive     one example at a time: full logits, log_softmax, pick the y positions.
 Each method is timed best-of --repeats, interleaved, after a warm-up. Peak memory is the peak
 resident-set growth over the pre-call level (sampled every 2 ms after malloc_trim).
+
+Whole CLI (``--cli``, after the tables): the same short workload written as a model folder (the
+GPT-2 saved with a word-level tokenizer over its ids) and a JSONL file, then
+  score_file    ``zfree.reference.scoring.score_file`` in this process (load, verify the head,
+                read and tokenize, hash, score; no cache), best of --repeats;
+  zfree score   the ``zfree score --no-cache`` command in a fresh process (interpreter, imports,
+                everything above, writing the parquet files), best of --repeats;
+  and the fixed costs inside them, each timed alone: interpreter + imports + model load in a
+  fresh process (transformers imports its modeling code lazily, at the first load), model load
+  (with the head check) in this process, the head check alone, the weights hash, tokenization; against ideal_rows /
+  limit on the same rows (tokens/s counts real tokens including the tokenizer's bos and eos).
 """
 
 from __future__ import annotations
@@ -202,6 +213,66 @@ def bench(name, model, encoded, repeats: int, vocab: int):
           f"{mem['zfree'] / max(mem['unsorted'], 1e-9):.2f}")
 
 
+def bench_cli(model, encoded, repeats: int, vocab: int) -> None:
+    """The whole-CLI measure (module docstring): a model folder and a JSONL file under a temp dir."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from zfree.core.io import sha256_state_dict
+    from zfree.data.batching import encode_pairs
+    from zfree.data.pairs import load_pairs
+    from zfree.data.tokenizer import build_digit_tokenizer
+    from zfree.models.head import head_is_exact
+    from zfree.models.loading import load_causal_lm
+    from zfree.reference.scoring import score_file
+
+    root = Path(tempfile.mkdtemp(prefix="zfree-bench-cli-"))
+    model.config.update(dict(bos_token_id=1, eos_token_id=3, pad_token_id=0))
+    model.save_pretrained(root / "m")
+    tok = build_digit_tokenizer(vocab - 5)  # id 5 + d for symbol d: the workload's ids are its symbols
+    tok.save_pretrained(root / "m")
+    with open(root / "pairs.jsonl", "w") as f:
+        for e in encoded:
+            f.write(json.dumps({"id": e.id, "x": " ".join(str(t - 5) for t in e.prefix_ids),
+                                "y": " ".join(str(t - 5) for t in e.target_ids)}) + "\n")
+    enc = encode_pairs(tok, load_pairs(root / "pairs.jsonl"))  # + bos, + eos: what the CLI scores
+    n_tok = sum(len(e.prefix_ids) + len(e.target_ids) for e in enc)
+    ideal = prepare_ideal(enc)
+    env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads()), "HF_HUB_OFFLINE": "1"}
+    cli = [sys.executable, "-m", "zfree.cli", "score", "--model", str(root / "m"), "--data", str(root / "pairs.jsonl"),
+           "--out", str(root / "out"), "--no-cache", "--device", "cpu"]
+    bare = [sys.executable, "-c", "import sys, pandas, pyarrow; from zfree.reference.scoring import load_scoring_model; "
+            "load_scoring_model(sys.argv[1], device='cpu')", str(root / "m")]  # what any transformers scorer pays
+    timers = {"zfree score": lambda: subprocess.run(cli, env=env, check=True, capture_output=True),
+              "score_file": lambda: score_file(root / "m", root / "pairs.jsonl", device="cpu", cache=False),
+              "ideal_rows": lambda: run_ideal(model, ideal),
+              "interpreter+imports+load": lambda: subprocess.run(bare, env=env, check=True, capture_output=True)}
+    loaded = load_causal_lm(root / "m", device="cpu")[0]
+    fixed = {"model load + head check": lambda: load_causal_lm(root / "m", device="cpu"),
+             "head check alone": lambda: head_is_exact(loaded, refresh=True),
+             "weights hash": lambda: sha256_state_dict(loaded.state_dict()),
+             "read + tokenize": lambda: encode_pairs(tok, load_pairs(root / "pairs.jsonl"))}
+    best = {m: float("inf") for m in {**timers, **fixed}}
+    for _ in range(repeats):
+        for m, fn in {**timers, **fixed}.items():
+            t0 = time.perf_counter()
+            fn()
+            best[m] = min(best[m], time.perf_counter() - t0)
+    lim = n_tok / best["ideal_rows"]
+    print(f"\n== whole CLI, short pairs: {len(enc)} rows, {n_tok} real tokens with bos and eos, best of {repeats}")
+    print(f"{'method':22s} {'s':>8s} {'tokens/s':>10s} {'x ideal_rows':>13s}")
+    for m in ("zfree score", "score_file", "ideal_rows"):
+        print(f"{m:22s} {best[m]:8.3f} {n_tok / best[m]:10.0f} {n_tok / best[m] / lim:13.3f}")
+    floor = best["interpreter+imports+load"]
+    print(f"zfree score without interpreter + imports + model load ({floor:.2f} s): "
+          f"{n_tok / (best['zfree score'] - floor) / lim:.3f} x ideal_rows")
+    print("fixed costs, each alone: " + "; ".join(f"{m} {1000 * best[m]:.0f} ms" for m in
+                                                 ("interpreter+imports+load", *fixed)))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--vocab", type=int, default=8192)
@@ -209,6 +280,8 @@ def main():
     ap.add_argument("--text-rows", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="small sizes, one repeat (a smoke run)")
+    ap.add_argument("--cli", action="store_true", help="also the whole-CLI measure (zfree score in a fresh process)")
+    ap.add_argument("--cli-only", action="store_true", help="only the whole-CLI measure")
     a = ap.parse_args()
     if a.quick:
         a.short_rows, a.text_rows, a.repeats = 200, 30, 1
@@ -219,8 +292,11 @@ def main():
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()} (OMP_NUM_THREADS="
           f"{os.environ.get('OMP_NUM_THREADS')}), {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params, "
           f"vocab {a.vocab}, fp32 CPU, batch budget {BUDGET} tokens. MFU not measured (no GPU).")
-    bench("short pairs (total 8-32)", model, workload(a.short_rows, 8, 32, a.vocab, 0), a.repeats, a.vocab)
-    bench("text-like (total 8-256)", model, workload(a.text_rows, 8, 256, a.vocab, 1), a.repeats, a.vocab)
+    if not a.cli_only:
+        bench("short pairs (total 8-32)", model, workload(a.short_rows, 8, 32, a.vocab, 0), a.repeats, a.vocab)
+        bench("text-like (total 8-256)", model, workload(a.text_rows, 8, 256, a.vocab, 1), a.repeats, a.vocab)
+    if a.cli or a.cli_only:
+        bench_cli(model, workload(a.short_rows, 8, 32, a.vocab, 0), a.repeats, a.vocab)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from zfree.data.batching import Batch
 from zfree.models.head import exact_logits_from_hidden
+from zfree.models.head_chunks import head_token_logprobs
 from zfree.models.loading import load_causal_lm
 from zfree.models.precision import default_dtype
 
@@ -50,15 +51,14 @@ def target_logprobs_from_hidden(model, hidden: Float[torch.Tensor, "batch seq d_
 
     Gathers the hidden states of the positions that predict y tokens (t - 1) *before* the output
     head, so logits are never materialized for x positions; the logits are the model's own
-    (``zfree.models.head``: soft-capping, scaling, bias honoured), log-softmax runs in float32.
-    Raises ModelLoadError if the model's head path cannot be reproduced.
+    (``zfree.models.head``: soft-capping, scaling, bias honoured), log-softmax runs in float32, at
+    most ``zfree.models.head_chunks.HEAD_CHUNK_ELEMENTS`` logits at a time (checkpointed chunks). Raises ModelLoadError if the model's head path cannot be reproduced.
     """
     B, T, _ = hidden.shape
     predict = batch.target_mask[:, 1:]  # (B, T-1): position t-1 predicts supervised token t
     h = hidden[:, :-1][predict]  # (N, D)
-    logits = exact_logits_from_hidden(model, h)  # (N, V) float32
     tokens = batch.input_ids[:, 1:][predict]  # (N,)
-    lp = torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
+    lp = head_token_logprobs(model, h, tokens)  # (N,) float32, chunked over rows for a large vocabulary
     out = hidden.new_zeros((B, T), dtype=lp.dtype)  # float32 (float64 for a float64 model)
     out[:, 1:][predict] = lp
     return out

@@ -28,6 +28,7 @@ from transformers import DynamicCache
 from zfree.data.batching import Batch
 from zfree.models.base import hidden_states
 from zfree.models.head import exact_logits_from_hidden
+from zfree.models.head_chunks import head_token_logprobs
 
 SHARED_PREFIX_MODES = {"auto": "shared prefix where exact, else the full pass (warned once)",
                        "on": "shared prefix; an inexact cache is an error",
@@ -171,15 +172,20 @@ def suffix_target_logprobs(backbone, batch: Batch, hz: Float[torch.Tensor, "batc
                            valid: Bool[torch.Tensor, "batch pos"], with_distributions: bool = False):
     """Per-token log p(y_t | x, y_<t, u_s) in nats from ``decoder_hidden_suffix``'s output, laid out
     as (B, n, T) with zeros off the supervised positions (the layout of ``target_logprobs``); the
-    output head runs in float32 on the supervised positions only. With ``with_distributions`` also
-    returns the full next-token log-distributions (B, n, L, V) (zeros where not ``valid``)."""
+    output head runs in float32 on the supervised positions only, at most a chunk of logits at a time
+    (``zfree.models.head_chunks.head_token_logprobs``: memory bounded by the chunk, not by n or V).
+    With ``with_distributions`` also returns the full next-token log-distributions (B, n, L, V)
+    (zeros where not ``valid``); that path is unchunked (its output is rows x vocab anyway)."""
     B, n, L, _ = hz.shape
     T = batch.input_ids.shape[1]
     sel = valid[:, None].expand(B, n, L)
-    logp_all = torch.log_softmax(exact_logits_from_hidden(backbone, hz[sel]), -1)  # (N, V), (b, s, j) order
     tgt_pos = (batch.prefix_len[:, None] + torch.arange(L, device=hz.device)[None, :]).clamp_max(T - 1)
-    tokens = batch.input_ids.gather(1, tgt_pos)[:, None].expand(B, n, L)[sel]
-    lp = logp_all.gather(-1, tokens[:, None]).squeeze(-1)
+    tokens = batch.input_ids.gather(1, tgt_pos)[:, None].expand(B, n, L)[sel]  # (N,), (b, s, j) order
+    if with_distributions:  # the full distributions are (N, V) anyway: unchunked
+        logp_all = torch.log_softmax(exact_logits_from_hidden(backbone, hz[sel]), -1)  # (N, V)
+        lp = logp_all.gather(-1, tokens[:, None]).squeeze(-1)
+    else:
+        lp = head_token_logprobs(backbone, hz[sel], tokens)  # (N,), at most a chunk of logits at once
     tlp = hz.new_zeros((B, n, T), dtype=lp.dtype)  # float32 (float64 for a float64 model)
     tlp[:, :, 1:][batch.target_mask[:, 1:][:, None].expand(B, n, T - 1)] = lp  # same (b, s, position) order
     if not with_distributions:
@@ -194,12 +200,15 @@ def full_target_logprobs(backbone, batch: Batch, hz: Float[torch.Tensor, "batch 
     """``suffix_target_logprobs`` for ``decoder_hidden_full``'s output (B, n, T, D)."""
     B, n, T, _ = hz.shape
     predict = batch.target_mask[:, 1:][:, None].expand(B, n, T - 1)
-    logp_all = torch.log_softmax(exact_logits_from_hidden(backbone, hz[:, :, :-1][predict]), -1)
     tokens = batch.input_ids[:, 1:][:, None].expand(B, n, T - 1)[predict]
-    tlp = hz.new_zeros((B, n, T), dtype=logp_all.dtype)  # float32 (float64 for a float64 model)
-    tlp[:, :, 1:][predict] = logp_all.gather(-1, tokens[:, None]).squeeze(-1)
     if not with_distributions:
+        lp = head_token_logprobs(backbone, hz[:, :, :-1][predict], tokens)  # (N,), chunked
+        tlp = hz.new_zeros((B, n, T), dtype=lp.dtype)  # float32 (float64 for a float64 model)
+        tlp[:, :, 1:][predict] = lp
         return tlp, None
+    logp_all = torch.log_softmax(exact_logits_from_hidden(backbone, hz[:, :, :-1][predict]), -1)  # unchunked
+    tlp = hz.new_zeros((B, n, T), dtype=logp_all.dtype)
+    tlp[:, :, 1:][predict] = logp_all.gather(-1, tokens[:, None]).squeeze(-1)
     P = batch.max_lengths()[1]
     pos_mask = torch.arange(P, device=hz.device)[None, :] < batch.target_len[:, None]  # (B, P)
     dist = logp_all.new_zeros((B, n, P, logp_all.shape[-1]))
