@@ -9,7 +9,8 @@ PRESET_CATALOG: dict[str, tuple[int, str, str]] = {
     "default": (8, "4 weightings x {no aid, switch-on recipe} on the shipped benchmark", "6 min 23 s"),
     "aided": (7, "the switch-on aids (five of 1200 steps)", "20 min"),
     "full": (60, "4 weightings x 5 betas x {aided, discrete, continuous}", "1 h 40 min"),
-    "e2e": (8, "E2E real text with its shipped base, every weighting with/without the aid", "8 min 6 s"),
+    "e2e": (6, "E2E real text with its shipped base: distribution, example aided; every weighting unaided; "
+                "+ z-free controls and 4 label oracles", "measured: see README"),
     "own": (16, "your model and data: 4 weightings x beta*/3, 3 beta* x {no aid, hard EM}; sized to a "
                 "20 min budget unless --budget says otherwise", "<= the budget (20 min by default)"),
     "own_smoke": (2, "your model and data: two runs of 4 steps on 12 val rows", "1 min (tiny model); 5 min SmolLM2"),
