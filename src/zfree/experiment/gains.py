@@ -102,8 +102,10 @@ def _label_entropy(oracle_dir: Path, key: str, po: pd.DataFrame) -> tuple[np.nda
     exactly -log p(label | x) for a one-hot q) and the train marginal of ``key`` (add-one smoothed,
     values indexed as the oracle's: sorted over train + val); the name of the one taken."""
     router = po["kl"].to_numpy(float)
-    cfg = read_run_config(oracle_dir / "config.json")
-    data = Path(cfg["data_dir"])
+    cfg = read_run_config(oracle_dir / "config.json") if (oracle_dir / "config.json").exists() else {}
+    data = Path(cfg.get("data_dir", oracle_dir / "missing"))
+    if not ((data / "train.jsonl").exists() and (data / "val.jsonl").exists()):
+        return router, "router"  # the data folder is not reachable from here: the router alone
     train, val = load_pairs(data / "train.jsonl"), load_pairs(data / "val.jsonl")
     values = label_values(train + val, key)
     counts = pd.Series([label_value(p, key) for p in train]).value_counts().reindex(values, fill_value=0)
