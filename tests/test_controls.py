@@ -215,3 +215,15 @@ def test_a_control_and_an_oracle_train_and_read_one_at_step_0(tiny_run, tmp_path
     cfg = TrainConfig.from_flat(tiny_flat(data, base, latent_source="label:strategy", n_latent=3, beta=0.0))
     with pytest.raises(ValueError, match="n_latent=3 but label 'strategy' takes 4 values"):
         train_cvae(cfg, tmp_path / "bad", progress=False)
+
+
+def test_evaluating_less_often_does_not_change_a_control(tiny_run, tmp_path):
+    """control_params evaluates a control at step 0 and the end only: the same final numbers as
+    evaluating every 2 steps (evaluation draws from its own seeded generators)."""
+    data, base = tiny_run
+    finals = []
+    for every in (2, 4):
+        cfg = TrainConfig.from_flat(tiny_flat(data, base, latent_source="control", n_latent=1, beta=0.0, eval_every=every))
+        finals.append(train_cvae(cfg, tmp_path / f"every{every}", progress=False))
+    for key in ("loss/val/reconstruction_loss", "task/correctness", "loss/val/baseline_normalized_reconstruction_loss"):
+        assert finals[0][key] == finals[1][key], key

@@ -39,10 +39,13 @@ def _defaults() -> dict[str, Any]:
 def control_params(flat: dict[str, Any]) -> dict[str, Any]:
     """The flat config of the z-free control of the run ``flat`` (module docstring): K = 1,
     ``latent_source = "control"``, beta 0 (a given z pays no rate), the fields in ``_RESET`` at their
-    defaults; everything that shapes the decoder's training kept."""
+    defaults, evaluated at step 0 and the end only; everything that shapes the decoder's training kept."""
     d = _defaults()
     out = {**flat, **{k: d[k] for k in _RESET}}
-    out.update(beta=0.0, n_latent=1, latent_source="control", latent_kind="discrete")
+    # evaluated at step 0 and at the end only (the same rows): evaluation draws from its own seeded
+    # generator, so this does not change a step of training, and the gains read the final one
+    out.update(beta=0.0, n_latent=1, latent_source="control", latent_kind="discrete", eval_every=flat["steps"],
+               checkpoint_every=0)
     return TrainConfig.from_flat(out).to_flat()
 
 
