@@ -6,11 +6,12 @@ checks that it names every preset of ``zfree.experiment.study.PRESETS`` and
 #: preset -> (runs, what, cost measured on 2 CPU cores, README "Presets of zfree study")
 PRESET_CATALOG: dict[str, tuple[int, str, str]] = {
     "smoke": (2, "tiny synthetic data and base, two short runs", "1-2 min"),
-    "default": (8, "4 weightings x {no aid, switch-on recipe} on the shipped benchmark", "6 min 23 s"),
+    "default": (8, "4 weightings x {no aid, switch-on recipe} on the shipped benchmark, + 8 z-free controls "
+                   "and the strategy oracle", "9 min 30 s"),
     "aided": (7, "the switch-on aids (five of 1200 steps)", "20 min"),
     "full": (60, "4 weightings x 5 betas x {aided, discrete, continuous}", "1 h 40 min"),
     "e2e": (6, "E2E real text with its shipped base: distribution, example aided; every weighting unaided; "
-                "+ z-free controls and 4 label oracles", "measured: see README"),
+                "+ z-free controls and 4 label oracles", "13 min 17 s"),
     "own": (16, "your model and data: 4 weightings x beta*/3, 3 beta* x {no aid, hard EM}; sized to a "
                 "20 min budget unless --budget says otherwise", "<= the budget (20 min by default)"),
     "own_smoke": (2, "your model and data: two runs of 4 steps on 12 val rows", "1 min (tiny model); 5 min SmolLM2"),
