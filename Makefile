@@ -44,7 +44,7 @@ study: $(STAMP)
 smoke: $(STAMP)
 	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(BIN)/zfree study --preset smoke --out runs/study-smoke
 
-## The default test tier (about 7 min on 2 cores in a fresh clone, README "Measured"); `make test-slow` runs the slow tier.
+## The default test tier (about 9–10 min on 2 cores in a fresh clone, README "Measured"); `make test-slow` runs the slow tier.
 test: $(STAMP)
 	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(BIN)/pytest -q
 
