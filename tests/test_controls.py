@@ -227,3 +227,17 @@ def test_evaluating_less_often_does_not_change_a_control(tiny_run, tmp_path):
         finals.append(train_cvae(cfg, tmp_path / f"every{every}", progress=False))
     for key in ("loss/val/reconstruction_loss", "task/correctness", "loss/val/baseline_normalized_reconstruction_loss"):
         assert finals[0][key] == finals[1][key], key
+
+
+def test_an_evaluation_batch_is_bounded_by_the_logit_budget(tiny_run, monkeypatch, tmp_path):
+    """Large vocabularies: fewer rows per evaluation batch (zfree.evaluate.metrics.EVAL_LOGIT_ELEMENTS),
+    the same per-example numbers up to float32 rounding (other padding per batch)."""
+    from zfree.evaluate import metrics
+
+    data, base = tiny_run
+    cfg = TrainConfig.from_flat(tiny_flat(data, base, steps=2, eval_every=2))
+    a = train_cvae(cfg, tmp_path / "a", progress=False)
+    monkeypatch.setattr(metrics, "EVAL_LOGIT_ELEMENTS", 4 * 10 * 20)  # a few rows a batch
+    b = train_cvae(cfg, tmp_path / "b", progress=False)
+    for key in ("loss/val/reconstruction_loss", "loss/val/kl_prior_loss", "latent/codes_used"):
+        assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-7), key  # float32, other padding

@@ -285,6 +285,23 @@ class GaussianEvaluator:
 EVALUATORS = {LatentKind.DISCRETE: DiscreteEvaluator, LatentKind.CONTINUOUS: GaussianEvaluator}
 
 
+#: the most next-token log-probabilities (rows x K x |S| x vocab, float32) one evaluation batch may
+#: hold: the discrete evaluator keeps the full distributions for the decoder JSD. 2^28 = 1 GiB; at a
+#: 49k vocabulary, K = 4 and |S| ~ 30 a batch of 128 rows held 3 GB (a kernel died at 10.9 GB RSS)
+EVAL_LOGIT_ELEMENTS = 2**28
+
+
+def eval_batch_rows(model, encoded: Sequence[EncodedPair], batch_size: int) -> int:
+    """Rows per evaluation batch: ``batch_size``, fewer where rows x K x max |S| x vocab would exceed
+    ``EVAL_LOGIT_ELEMENTS`` (at least 1). Per-example metrics do not depend on it."""
+    if not encoded:
+        return batch_size
+    vocab = model.backbone.get_input_embeddings().weight.shape[0]
+    k = getattr(model, "n_latent", getattr(model, "n_samples", 1))
+    longest = max(len(e.target_ids) for e in encoded)
+    return max(1, min(batch_size, EVAL_LOGIT_ELEMENTS // max(1, k * longest * vocab)))
+
+
 @torch.no_grad()
 def evaluate(model, encoded: Sequence[EncodedPair], pairs: Sequence[Pair], *, b: np.ndarray, c_base: float,
              objective: ObjectiveConfig, step: int, pad_id: int, tokenizer=None, strategies: Sequence[str] | None = None,
@@ -312,6 +329,7 @@ def evaluate(model, encoded: Sequence[EncodedPair], pairs: Sequence[Pair], *, b:
     model.eval()
     dev, acc = next(model.parameters()).device, acc_dtype(next(model.parameters()).dtype)
     rows, fr = [], []
+    batch_size = eval_batch_rows(model, encoded, batch_size)
     for i in range(0, len(encoded), batch_size):
         batch = collate(encoded[i : i + batch_size], pad_id=pad_id).to(dev)
         bb = torch.as_tensor(b[i : i + len(batch)], dtype=acc, device=dev)
