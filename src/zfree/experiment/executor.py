@@ -227,18 +227,19 @@ def stop_workers(ex: Executor, futures: list[Future] = ()) -> None:
     """Cancel the points not yet started and end the running ones: a local process pool's workers
     and their notebook kernels are terminated (each run folder keeps its last checkpoint, and the
     kernel's lock on it is released with the process); the pool is shut down without waiting."""
-    for f in futures:
-        f.cancel()
-    # CPython 3.11's pool marks every pending work item broken once its workers die, and raises
-    # InvalidStateError (a traceback from its manager thread) on the ones already cancelled: drop them
-    pending = getattr(ex, "_pending_work_items", None)
-    if isinstance(pending, dict):
-        for k in [k for k, w in list(pending.items()) if w.future.cancelled()]:
-            pending.pop(k, None)
+    # the futures are cancelled only after the pool is down: CPython 3.11's pool marks every pending
+    # work item broken once its workers die and raises InvalidStateError (a traceback from its
+    # manager thread) on one already cancelled; the points not started end as "stopped" instead
+    local = isinstance(ex, ProcessPoolExecutor)
+    if not local:
+        for f in futures:
+            f.cancel()
     for proc in list((getattr(ex, "_processes", None) or {}).values()):
         terminate_tree(proc.pid)
-    if isinstance(ex, ProcessPoolExecutor):
+    if local:
         ex.shutdown(wait=True, cancel_futures=True)  # the workers are gone: returns at once
+        for f in futures:
+            f.cancel()
 
 
 def _collect(futs: list[Future], points: list[Point], *, progress: bool, on_done, stopping) -> list[dict]:
