@@ -57,11 +57,19 @@ def parse(html: str) -> _Page:
     return p
 
 
+#: the report's own figures: PNG bytes in base64, whose random letters can spell "evil" by chance
+#: (a fresh-clone run hit one); the planted markup cannot produce a PNG signature
+_OWN_FIGURE = "data:image/png;base64,iVBORw0KGgo"
+
+
 def planted(page: _Page) -> list:
     """Elements or attributes that can only have come from the planted markup."""
+    def carries(v):
+        return bool(v) and EVIL in v and not v.startswith(_OWN_FIGURE)
+
     bad = [(t, a) for t, a in page.elements
-           if EVIL in t or any(EVIL in k or (v and EVIL in v and k.startswith("on")) for k, v in a.items())
-           or (t in ("script", "img", "iframe", "svg", "a", "b", "i") and any(EVIL in (v or "") for v in a.values()))]
+           if EVIL in t or any(EVIL in k or (carries(v) and k.startswith("on")) for k, v in a.items())
+           or (t in ("script", "img", "iframe", "svg", "a", "b", "i") and any(carries(v) for v in a.values()))]
     return bad + [s for s in page.scripts if EVIL in s]
 
 
