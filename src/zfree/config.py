@@ -19,10 +19,12 @@ from zfree.core.values import coerce_value, field_types, typed_fields
 Weighting = Literal["plain", "distribution", "example", "token"]
 TokenOuter = Literal["none", "distribution", "example"]
 BetaSchedule = Literal["constant", "linear", "cyclical"]
-FreeBitsMode = Literal["none", "per_example", "batch_mean", "per_dim"]  # per_dim: continuous latent only
+# per_dim: continuous latent only; threshold: Optimus's KL thresholding (dimensions whose batch-mean KL is
+# below free_bits are masked out of the penalty: per dimension on the Gaussian, the batch mean on the categorical)
+FreeBitsMode = Literal["none", "per_example", "batch_mean", "per_dim", "threshold"]
 CBaseSource = Literal["entangled_run", "pretrained_source"]
 PosteriorFeatures = Literal["mean_y", "last", "mean_first", "attention", "encoder", "optimal"]
-Aid = Literal["none", "hard_em_then_soft", "beta0_warmup", "random_init_jsd"]
+Aid = Literal["none", "hard_em_then_soft", "beta0_warmup", "random_init_jsd", "aggressive_encoder"]
 
 
 class LatentKind(StrEnum):
@@ -119,6 +121,10 @@ class ObjectiveConfig:
     beta_schedule: BetaSchedule = "constant"
     beta_warmup_steps: int = 0  # linear: steps from 0 to beta
     beta_cycle_steps: int = 0  # cyclical (Fu et al. 2019): period in steps
+    # cyclical: within each period beta = 0 for the first beta_ratio_zero of it, then linear 0 -> beta
+    # over the next beta_ratio_increase, then beta (Fu et al. 2019: 0 / 0.5; Optimus, Li et al. 2020: 0.5 / 0.25)
+    beta_ratio_zero: float = 0.0
+    beta_ratio_increase: float = 0.5
     ae_steps: int = 0  # AE phase: beta = 0 for the first ae_steps steps (then the schedule above)
     c_base_source: CBaseSource = "entangled_run"
 
@@ -137,6 +143,11 @@ class ObjectiveConfig:
         _check_int("beta_warmup_steps", self.beta_warmup_steps, 0)
         _check_int("beta_cycle_steps", self.beta_cycle_steps, 0)
         _check_int("ae_steps", self.ae_steps, 0)
+        _check_range("beta_ratio_zero", self.beta_ratio_zero, 0.0, 1.0)
+        _check_range("beta_ratio_increase", self.beta_ratio_increase, 0.0, 1.0, lo_open=True)
+        if self.beta_ratio_zero + self.beta_ratio_increase > 1.0 + 1e-12:
+            raise ValueError(f"beta_ratio_zero + beta_ratio_increase = {self.beta_ratio_zero + self.beta_ratio_increase:g} "
+                             "must be <= 1 (fractions of one cycle)")
         if (self.weighting == "example" or self.token_outer == "example") and not self.epsilon > 0:
             raise ValueError(f"epsilon={self.epsilon!r} must be > 0 for example weighting (seed 002)")
         if self.token_outer != "none" and self.weighting != "token":
@@ -197,9 +208,17 @@ class ModelConfig:
     # batches); "label:<key>" = a label oracle (z := the row's label value, K = its number of values;
     # <key> a key of the rows' labels, or "strategy"). Control and oracles: discrete only.
     latent_source: str = "posterior"
+    # BN-VAE (Zhu et al. 2020, continuous latent with the N(0, I) prior): batch normalization of the
+    # posterior means with a fixed scale gamma (their 0.7) and a learned shift, so the expected KL is at
+    # least d_latent * gamma^2 / 2; 0 = off
+    bn_gamma: float = 0.0
 
     def __post_init__(self):
         typed_fields(self)
+        _check_range("bn_gamma", self.bn_gamma, 0.0)
+        if self.bn_gamma > 0 and (self.latent_kind != LatentKind.CONTINUOUS or self.prior != "standard"):
+            raise ValueError(f"bn_gamma={self.bn_gamma} (BN-VAE) needs latent_kind='continuous' and prior='standard' "
+                             f"(got {self.latent_kind!s}, {self.prior!r})")
         check_latent_source(self.latent_source, self.latent_kind, self.n_latent)
         _check_choice("prior", self.prior, LatentPrior)
         _check_choice("shared_prefix", self.shared_prefix, Literal["auto", "on", "off"])
@@ -321,6 +340,17 @@ class AidConfig:
     restart_dead_share: float = 0.25  # a value is dead below this fraction of the uniform share 1/K
     warmup_aid_steps: int = 100
     latent_init_std: float = 0.0
+    # aggressive_encoder (He et al. 2019, "Lagging inference networks"): before each joint step, up to
+    # aggressive_max_inner posterior-only steps on fresh batches, stopped once the loss of the last
+    # aggressive_inner_check of them is no lower than of the ones before; the aggressive phase ends when
+    # the mutual information I(x; z) on the gate rows stops rising, checked every aggressive_mi_every steps
+    aggressive_max_inner: int = 100
+    aggressive_inner_check: int = 15
+    aggressive_mi_every: int = 50
+    # the named remedy whose fields this config carries (zfree.objective.remedies; "a+b" composes): a
+    # record that the fields were set by that entry, checked against it when a grid is expanded and a
+    # run starts (zfree.objective.remedies.check_remedy_fields; "none": fields set by hand)
+    remedy: str = "none"
 
     def __post_init__(self):
         typed_fields(self)
@@ -336,6 +366,10 @@ class AidConfig:
         _check_range("handover_margin", self.handover_margin, 0.0, 0.99)
         _check_range("restart_dead_share", self.restart_dead_share, 0.0, 1.0)
         _check_range("latent_init_std", self.latent_init_std, 0.0)
+        for name in ("aggressive_max_inner", "aggressive_inner_check", "aggressive_mi_every"):
+            _check_int(name, getattr(self, name), 1)
+        if not isinstance(self.remedy, str) or not self.remedy.strip():
+            raise ValueError(f"remedy={self.remedy!r} must be a remedy name (zfree.objective.remedies) or 'none'")
         if self.aid == "hard_em_then_soft" and self.handover_check_every < 1:
             raise ValueError("handover_check_every must be >= 1 for aid='hard_em_then_soft'")
 
@@ -363,6 +397,8 @@ class TrainConfig:
                 raise ValueError(f"lambda_jsd={self.objective.lambda_jsd} > 0 applies to latent_kind='discrete' only")
         elif self.objective.free_bits_mode == "per_dim":
             raise ValueError("free_bits_mode='per_dim' applies to latent_kind='continuous' only")
+        if self.aid.aid == "aggressive_encoder" and self.model.posterior_features == "optimal":
+            raise ValueError("aid='aggressive_encoder' trains an amortized posterior: posterior_features='optimal' has none")
         if self.model.latent_source != "posterior" and (self.aid.aid != "none" or self.objective.lambda_jsd > 0):
             raise ValueError(f"latent_source={self.model.latent_source!r} trains a given z: aid must be 'none' "
                              f"and lambda_jsd 0 (got aid={self.aid.aid!r}, lambda_jsd={self.objective.lambda_jsd})")

@@ -27,8 +27,9 @@ from zfree.data.pairs import load_pairs
 from zfree.experiment.spec import Point, run_id
 
 #: the fields of a run that a given-z decoder does not see: reset to their defaults in its control
-_RESET = ("beta", "beta_schedule", "beta_warmup_steps", "beta_cycle_steps", "free_bits", "free_bits_mode", "ae_steps",
-          "lambda_jsd", "latent_kind", "n_latent", "posterior_features", "d_latent", "n_samples", "prior",
+_RESET = ("beta", "beta_schedule", "beta_warmup_steps", "beta_cycle_steps", "beta_ratio_zero", "beta_ratio_increase",
+          "free_bits", "free_bits_mode", "ae_steps",
+          "lambda_jsd", "latent_kind", "n_latent", "posterior_features", "d_latent", "n_samples", "prior", "bn_gamma",
           "frozen_decoder_steps", *AidConfig.__dataclass_fields__)
 
 

@@ -26,6 +26,7 @@ import numpy as np
 from zfree.config import BaseTrainConfig, TrainConfig
 from zfree.core.errors import ConfigError
 from zfree.data.synth import DataConfig
+from zfree.objective.remedies import check_remedy_fields
 from zfree.objective.theory import critical_beta
 
 
@@ -61,7 +62,9 @@ def expand_grid(base: dict[str, Any], grid: dict[str, Iterable[Any]]) -> list[Po
         flat = dict(base)
         for k, v in zip(keys, values):
             flat.update(v if isinstance(v, dict) else {k: v})
-        flat = TrainConfig.from_flat(flat).to_flat()
+        cfg = TrainConfig.from_flat(flat)
+        check_remedy_fields(cfg)
+        flat = cfg.to_flat()
         p = Point(run_id(flat), flat)
         if p.run_id not in seen:  # two axes values that land on one config run once
             seen.add(p.run_id)

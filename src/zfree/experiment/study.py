@@ -24,28 +24,9 @@ from zfree.core.paths import SHIPPED_E2E
 from zfree.data.synth import DataConfig
 from zfree.experiment.pipeline import run_experiment
 from zfree.experiment.spec import BaseSource, DataSource, ExperimentSpec
+from zfree.objective.remedies import HARD_EM_RECIPE, SWITCH_ON_RECIPE  # noqa: F401 (re-exported)
 
-#: The switch-on recipe of the aids issue: hard EM gated hand-over, order-keeping posterior
-#: features, more latent values than strategies, dead-value restarts (see AidConfig).
-HARD_EM_RECIPE = {"aid": "hard_em_then_soft", "n_latent": 6, "posterior_features": "mean_first",
-                  "hard_em_decoder": "best", "handover_margin": 0.15,
-                  "restart_dead_every": 100, "hard_em_max_steps": 800, "handover_check_every": 50,
-                  "handover_rows": 500,
-                  # soft-phase backbone rate: 3e-5 gave rho_recon 0.48 / NMI(m=1) 0.71 at step 800,
-                  # 1e-4 gave 0.30 / 0.78 (same seed and hand-over step; 0.18 / 0.89 at step 1000)
-                  "lr_backbone": 1e-4,
-                  # heads and latent embeddings: 1e-3 ended at NMI(m=1) 0.884 (seed 0, step 1200), 3e-3 at 0.901
-                  "lr_new": 3e-3}
-#: issue 15's faster switch-on (analysis/results/switch_on_variants.md): the recipe with the
-#: optimal posterior q*(z | x, y) (no amortized head: q* is computed from the K decoder passes the
-#: step makes anyway), batch 32, higher rates (hard-phase backbone 3e-4, latent embeddings and
-#: router 1e-2), a 200-row gate every 25 steps and restarts every 50. With the amortized head
-#: (mean_first) the same recipe sat at NMI (m = 1) 0.85-0.89 for hundreds of steps: 6-11 of the 71
-#: copy rows (m = 1) of the first 300 validation rows went to the reverse value (10 of those 71 have
-#: x[0] = x[-1], a first y token reverse would emit too); the decoders' own q* does not stall there
-SWITCH_ON_RECIPE = {**HARD_EM_RECIPE, "posterior_features": "optimal", "batch_size": 32, "hard_em_lr_backbone": 3e-4,
-                    "lr_backbone": 3e-4, "lr_new": 1e-2, "handover_rows": 200, "handover_check_every": 25,
-                    "restart_dead_every": 50, "hard_em_max_steps": 400}
+# the aids issue's recipes live with the other remedies (zfree.objective.remedies)
 _AIDED_RUN = {"steps": 1200, "eval_every": 300, "eval_rows": 500, "decode_rows": 200}
 #: the best aid's runs: one evaluation fewer (1200 steps took 618-639 s with evaluations every 300)
 _BEST_RUN = {**_AIDED_RUN, "eval_every": 400}

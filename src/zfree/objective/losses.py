@@ -212,9 +212,20 @@ def _batch_mean_free_bits(kl, free_bits):
     return kl * 0 + free_bits  # all K = 0: constant lambda, no gradient (not kl + lambda, whose gradient is 1/B)
 
 
+def kl_threshold(kl: Float[torch.Tensor, "batch"], threshold: float) -> Float[torch.Tensor, "batch"]:
+    """Optimus's KL thresholding (Li et al. 2020, ``dim_target_kl``; their code: ``kl_mask =
+    (loss_kl > dim_target_kl).float(); loss_kl = (kl_mask * loss_kl).sum(dim=1)`` with ``loss_kl`` the
+    batch-mean KL per dimension): the penalty is K_i while the batch mean of K is above ``threshold``
+    nats, else 0 (no gradient). ``kl`` (batch,) or (batch, d_latent) per dimension -> (batch,), nats,
+    summed over dimensions, so its batch mean is Optimus's loss."""
+    per_dim = kl if kl.dim() == 2 else kl[:, None]
+    mask = (per_dim.detach().mean(0, keepdim=True) > threshold).to(per_dim.dtype)
+    return (per_dim * mask).sum(-1)
+
+
 #: free_bits_mode -> the penalized KL (per_dim, continuous only, is ``free_bits_per_dim``)
 _FREE_BITS = {"none": lambda kl, free_bits: kl, "per_example": lambda kl, free_bits: kl.clamp_min(free_bits),
-              "batch_mean": _batch_mean_free_bits}
+              "batch_mean": _batch_mean_free_bits, "threshold": kl_threshold}
 _FREE_BITS_MODES = tuple(_FREE_BITS)
 
 
@@ -223,7 +234,8 @@ def apply_free_bits(kl: Float[torch.Tensor, "batch"], free_bits: float, mode: st
 
     per_example: max(K_i, lambda) for each example. batch_mean: the batch-mean KL is clamped,
     max(mean K, lambda), returned rescaled per example so its mean is the clamped value (and its
-    gradient is 0 while the mean is below lambda). none (or free_bits <= 0): unchanged.
+    gradient is 0 while the mean is below lambda). threshold: Optimus's mask (``kl_threshold``; a
+    Gaussian's per-dimension KL goes to ``kl_threshold`` directly). none (or free_bits <= 0): unchanged.
     Shapes (batch,) -> (batch,), nats per example. Raises ValueError for an unknown mode.
     """
     if mode not in _FREE_BITS:
@@ -237,14 +249,27 @@ def apply_free_bits(kl: Float[torch.Tensor, "batch"], free_bits: float, mode: st
 _SCHEDULES = {
     "constant": lambda cfg, step: cfg.beta,
     "linear": lambda cfg, step: cfg.beta * min(1.0, step / cfg.beta_warmup_steps),
-    "cyclical": lambda cfg, step: cfg.beta * min(1.0, 2 * ((step % cfg.beta_cycle_steps) / cfg.beta_cycle_steps)),
+    "cyclical": lambda cfg, step: cfg.beta * cyclical_fraction(step, cfg.beta_cycle_steps, cfg.beta_ratio_zero,
+                                                               cfg.beta_ratio_increase),
 }
+
+
+def cyclical_fraction(step: int, period: int, ratio_zero: float = 0.0, ratio_increase: float = 0.5) -> float:
+    """beta / beta_max of the cyclical schedule at ``step``: with t = (step mod period) / period,
+    0 for t < ratio_zero, then (t - ratio_zero) / ratio_increase capped at 1. Fu et al. 2019 (NAACL),
+    eq. 6 with R = 0.5: ratio_zero 0, ratio_increase 0.5; Optimus's ``frange_cycle_zero_linear``
+    (Li et al. 2020): ratio_zero 0.5, ratio_increase 0.25. Raises ValueError for period < 1."""
+    if period < 1:
+        raise ValueError(f"period={period} must be >= 1")
+    t = (step % period) / period
+    return 0.0 if t < ratio_zero else min(1.0, (t - ratio_zero) / ratio_increase)
 
 
 def beta_at_step(cfg: ObjectiveConfig, step: int) -> float:
     """beta schedule as a function of the optimizer step: constant; linear warm-up 0 -> beta over
     ``beta_warmup_steps``; cyclical (Fu et al. 2019, NAACL): within each period of
-    ``beta_cycle_steps``, linear 0 -> beta over the first half, then beta (their R = 0.5).
+    ``beta_cycle_steps``, 0 over the first ``beta_ratio_zero`` of it, linear 0 -> beta over the next
+    ``beta_ratio_increase``, then beta (``cyclical_fraction``; their R = 0.5 is 0 / 0.5).
     With ``ae_steps`` > 0, beta = 0 through step ``ae_steps`` (an autoencoder phase; Bowman et al.
     2016 anneal from 0 instead) and the schedule runs on from there.
     Raises ValueError for a negative step or an unknown schedule."""

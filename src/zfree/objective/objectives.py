@@ -36,6 +36,7 @@ from zfree.config import LatentKind, ObjectiveConfig, TrainConfig
 from zfree.data.batching import Batch
 from zfree.models.nll import masked_mean_token_nll
 from zfree.objective.losses import (apply_free_bits, beta_at_step, categorical_kl, effective_beta, free_bits_per_dim,
+                                    kl_threshold,
                                     gaussian_kl, inter_latent_jsd, optimal_posterior_logits,
                                     outer_weighting, reconstruction_per_value, reconstruction_weight)
 from zfree.models.precision import body_autocast, model_outputs_fp32
@@ -131,6 +132,7 @@ def _gaussian_terms(cfg: ObjectiveConfig, *, recon, w, beta, c_base, mu_q, logva
     kl_dims = gaussian_kl(mu_q, logvar_q, mu_p, logvar_p, per_dim=True)
     kl = kl_dims.sum(-1)
     kl_pen = (free_bits_per_dim(kl_dims, cfg.free_bits) if cfg.free_bits_mode == "per_dim"
+              else kl_threshold(kl_dims, cfg.free_bits) if cfg.free_bits_mode == "threshold"
               else apply_free_bits(kl, cfg.free_bits, cfg.free_bits_mode))
     return KindTerms(lbar, {"kl_prior_loss": (kl.mean(), beta * kl_pen.mean())}, {"kl": kl})
 

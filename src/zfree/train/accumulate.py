@@ -23,7 +23,7 @@ def accumulation_problem(cfg) -> str | None:
     """Why chunked gradients would change the objective of ``cfg`` (a ``TrainConfig``), or None
     when J is a mean of per-example terms: free bits on the batch-mean KL (``batch_mean``,
     ``per_dim``) and the hard phase's w_i / mean_batch(w) under per-example weights are not."""
-    if cfg.objective.free_bits_mode in ("batch_mean", "per_dim"):
+    if cfg.objective.free_bits_mode in ("batch_mean", "per_dim", "threshold"):
         return f"free_bits_mode={cfg.objective.free_bits_mode!r} clamps a batch mean"
     per_example_w = cfg.objective.weighting == "example" or cfg.objective.token_outer == "example"
     if cfg.aid.aid == "hard_em_then_soft" and cfg.aid.hard_em_recon_scale == "c_base" and per_example_w:

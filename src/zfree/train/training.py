@@ -33,6 +33,7 @@ from zfree.models.loading import pick_device
 from zfree.models.lora import apply_lora
 from zfree.models.precision import WEIGHT_DTYPES, acc_dtype, default_dtype
 from zfree.objective.objectives import GIVEN, Phase, step_objective
+from zfree.objective.remedies import check_remedy_fields
 from zfree.train.given import given_index
 from zfree.reference.reference import resolve_reference
 from zfree.core.values import check_device
@@ -192,6 +193,7 @@ def _setup_run(cfg: TrainConfig, out: Path, progress: bool) -> Run:
     torch.set_num_threads(cfg.optim.threads)
     torch.manual_seed(cfg.optim.seed)
     accumulate.check_accumulation(cfg)
+    check_remedy_fields(cfg)  # a remedy's name is a record of its fields
     data_dir, base_dir = check_inputs(cfg)
     run_folder.check_same_config(out, cfg)
     backbone, tok = load_base(base_dir / "model", device=cfg.optim.device, dtype=WEIGHT_DTYPES[cfg.optim.precision])

@@ -1,0 +1,157 @@
+"""The remedies for posterior collapse as named, composable config entries (issue "A remedies
+leaderboard", item 2): each entry is a set of flat ``TrainConfig`` fields, each field one that the
+objective, the schedules or the aids already implement; ``"a+b"`` composes entries (a field two
+entries set differently is refused). A config that carries ``remedy="<name>"`` must hold exactly
+the entry's fields (``check_remedy_fields``, called by ``TrainConfig``), so the name a table shows
+is what the run did.
+
+Each paper's own defaults, adapted only where the latent differs (said per entry):
+
+  none          the grid's beta alone (beta reduction; Higgins et al. 2017, beta-VAE).
+  free_bits     Kingma et al. 2016 (IAF), eq. 15: sum_j max(lambda, E_batch KL_j) with the target of
+                Li et al. 2019, "A surprisingly effective fix": 8 nats in all (their 8/32 per dimension
+                of a 32-dim z). Gaussian: lambda = 8 / d_latent per dimension (``free_bits_mode="per_dim"``);
+                categorical: one group with lambda = 8 (``"batch_mean"``; 8 > log K, so the KL of a
+                discrete z is never penalized: the router learns nothing from it).
+  ae            Li et al. 2019's autoencoder pretraining: beta = 0 for the first quarter of the steps
+                (``ae_steps``; the paper trains the AE to convergence and resets the decoder, which
+                here would throw away the warm start, so the decoder is kept).
+  ae+free_bits  Li et al. 2019's recipe (composed).
+  kl_threshold  Optimus (Li et al. 2020), ``dim_target_kl`` 0.5: dimensions whose batch-mean KL is
+                below 0.5 nats are masked out of the penalty (``free_bits_mode="threshold"``).
+  cyclical      Fu et al. 2019 (NAACL), cyclical annealing: M = 4 cycles, R = 0.5 (beta rises
+                linearly over the first half of each cycle, then holds).
+  optimus       Optimus's language-model recipe: one cycle with ratio_zero 0.5, ratio_increase
+                0.25 (``frange_cycle_zero_linear``) and ``dim_target_kl`` 0.5.
+  aggressive    He et al. 2019, "Lagging inference networks": inner posterior-only updates before
+                each joint step until the loss stops improving (at most 100, checked every 15), while
+                the mutual information keeps rising (``aid="aggressive_encoder"``).
+  switch_on     zfree's symmetry-breaking aid (seed notes 000/002, the aids issue): hard EM with a
+                gated hand-over to the true objective, the optimal posterior, dead-value restarts
+                (``SWITCH_ON_RECIPE`` without its batch size: equal compute keeps the grid's batch).
+  gaussian      the diagonal-Gaussian CVAE with the N(0, I) prior (the baseline of bn_vae).
+  bn_vae        Zhu et al. 2020, BN-VAE: batch-normalized posterior means with fixed gamma = 0.7.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from zfree.core.errors import ConfigError
+
+#: The switch-on recipe of the aids issue: hard EM gated hand-over, order-keeping posterior
+#: features, more latent values than strategies, dead-value restarts (see AidConfig).
+HARD_EM_RECIPE = {"aid": "hard_em_then_soft", "n_latent": 6, "posterior_features": "mean_first",
+                  "hard_em_decoder": "best", "handover_margin": 0.15,
+                  "restart_dead_every": 100, "hard_em_max_steps": 800, "handover_check_every": 50,
+                  "handover_rows": 500,
+                  # soft-phase backbone rate: 3e-5 gave rho_recon 0.48 / NMI(m=1) 0.71 at step 800,
+                  # 1e-4 gave 0.30 / 0.78 (same seed and hand-over step; 0.18 / 0.89 at step 1000)
+                  "lr_backbone": 1e-4,
+                  # heads and latent embeddings: 1e-3 ended at NMI(m=1) 0.884 (seed 0, step 1200), 3e-3 at 0.901
+                  "lr_new": 3e-3}
+#: issue 15's faster switch-on (analysis/results/switch_on_variants.md): the recipe with the
+#: optimal posterior q*(z | x, y) (no amortized head: q* is computed from the K decoder passes the
+#: step makes anyway), batch 32, higher rates (hard-phase backbone 3e-4, latent embeddings and
+#: router 1e-2), a 200-row gate every 25 steps and restarts every 50. With the amortized head
+#: (mean_first) the same recipe sat at NMI (m = 1) 0.85-0.89 for hundreds of steps: 6-11 of the 71
+#: copy rows (m = 1) of the first 300 validation rows went to the reverse value (10 of those 71 have
+#: x[0] = x[-1], a first y token reverse would emit too); the decoders' own q* does not stall there
+SWITCH_ON_RECIPE = {**HARD_EM_RECIPE, "posterior_features": "optimal", "batch_size": 32, "hard_em_lr_backbone": 3e-4,
+                    "lr_backbone": 3e-4, "lr_new": 1e-2, "handover_rows": 200, "handover_check_every": 25,
+                    "restart_dead_every": 50, "hard_em_max_steps": 400}
+
+#: Li et al. 2019's free-bits target: 8 nats for the whole latent
+FREE_BITS_TOTAL = 8.0
+#: Optimus's ``dim_target_kl``
+OPTIMUS_DIM_TARGET_KL = 0.5
+#: BN-VAE's fixed scale of the batch-normalized posterior means
+BN_VAE_GAMMA = 0.7
+
+
+def _free_bits(steps: int, kind: str, d_latent: int) -> dict[str, Any]:
+    if kind == "continuous":
+        return {"free_bits_mode": "per_dim", "free_bits": FREE_BITS_TOTAL / d_latent}
+    return {"free_bits_mode": "batch_mean", "free_bits": FREE_BITS_TOTAL}
+
+
+def _switch_on(steps: int, kind: str, d_latent: int) -> dict[str, Any]:
+    out = {k: v for k, v in SWITCH_ON_RECIPE.items() if k != "batch_size"}
+    # the hand-over is forced by 2/3 of the run at the latest (the recipe's 400 of 600), so a third of
+    # the steps trains under the true objective
+    out["hard_em_max_steps"] = min(SWITCH_ON_RECIPE["hard_em_max_steps"], max(1, (2 * steps) // 3))
+    return out
+
+
+#: name -> (steps, latent kind, d_latent) -> flat fields; citations in the module docstring
+_ENTRIES = {
+    "none": lambda steps, kind, d: {},
+    "free_bits": _free_bits,
+    "ae": lambda steps, kind, d: {"ae_steps": max(1, steps // 4)},
+    "kl_threshold": lambda steps, kind, d: {"free_bits_mode": "threshold", "free_bits": OPTIMUS_DIM_TARGET_KL},
+    "cyclical": lambda steps, kind, d: {"beta_schedule": "cyclical", "beta_cycle_steps": max(2, math.ceil(steps / 4)),
+                                        "beta_ratio_zero": 0.0, "beta_ratio_increase": 0.5},
+    # one cycle over the run: beta_cycle_steps = steps + 1, so the last step (step % period != 0) holds beta
+    "optimus": lambda steps, kind, d: {"beta_schedule": "cyclical", "beta_cycle_steps": steps + 1,
+                                       "beta_ratio_zero": 0.5, "beta_ratio_increase": 0.25,
+                                       "free_bits_mode": "threshold", "free_bits": OPTIMUS_DIM_TARGET_KL},
+    "aggressive": lambda steps, kind, d: {"aid": "aggressive_encoder"},
+    "switch_on": _switch_on,
+    "gaussian": lambda steps, kind, d: {"latent_kind": "continuous", "prior": "standard"},
+    "bn_vae": lambda steps, kind, d: {"latent_kind": "continuous", "prior": "standard", "bn_gamma": BN_VAE_GAMMA},
+}
+#: the entries' names, in the leaderboard's order
+REMEDIES = tuple(_ENTRIES)
+#: entries that set the latent kind themselves (the Gaussian ones)
+_KIND_OF = {"gaussian": "continuous", "bn_vae": "continuous"}
+
+
+def remedy_parts(name: str) -> list[str]:
+    """The entries of a (composed) remedy name: ``"ae+free_bits"`` -> ``["ae", "free_bits"]``.
+    Raises ConfigError naming an unknown entry (listing the valid ones)."""
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(f"remedy={name!r}: expected a name among {list(REMEDIES)} (or 'a+b')")
+    parts = [p.strip() for p in name.split("+")]
+    bad = [p for p in parts if p not in _ENTRIES]
+    if bad:
+        raise ConfigError(f"remedy={name!r}: {bad} not among {list(REMEDIES)}")
+    return parts
+
+
+def remedy_fields(name: str, *, steps: int, latent_kind: str = "discrete", d_latent: int = 16) -> dict[str, Any]:
+    """The flat ``TrainConfig`` fields of the remedy ``name`` (``"a+b"`` composes) for a run of
+    ``steps`` steps, plus ``remedy=name``. ``latent_kind`` / ``d_latent``: the run's latent (a
+    Gaussian entry sets it itself). Raises ConfigError for an unknown entry or two entries that set
+    one field to different values (naming the field)."""
+    parts = remedy_parts(name)
+    kinds = {_KIND_OF[p] for p in parts if p in _KIND_OF}
+    kind = kinds.pop() if kinds else str(latent_kind)
+    out: dict[str, Any] = {}
+    for p in parts:
+        for k, v in _ENTRIES[p](int(steps), kind, int(d_latent)).items():
+            if k in out and out[k] != v:
+                raise ConfigError(f"remedy={name!r}: {p!r} sets {k}={v!r} but an earlier entry set {k}={out[k]!r}")
+            out[k] = v
+    return {**out, "remedy": name if name != "none" else "none"}
+
+
+def apply_remedy(flat: dict[str, Any], name: str) -> dict[str, Any]:
+    """``flat`` (a flat config with at least ``steps``) with the fields of remedy ``name`` set."""
+    return {**flat, **remedy_fields(name, steps=flat["steps"], latent_kind=flat.get("latent_kind", "discrete"),
+                                    d_latent=flat.get("d_latent", 16))}
+
+
+def check_remedy_fields(cfg) -> None:
+    """ValueError naming the field unless the ``TrainConfig`` ``cfg`` holds every field its
+    ``aid.remedy`` entry sets (the name is a record of what the run did, never a label alone)."""
+    flat = cfg.to_flat()
+    try:
+        want = remedy_fields(cfg.aid.remedy, steps=cfg.optim.steps, latent_kind=str(flat["latent_kind"]),
+                             d_latent=cfg.model.d_latent)
+    except ConfigError as e:
+        raise ValueError(str(e)) from None
+    for k, v in want.items():
+        have = flat[k]
+        if have != v and not (isinstance(v, float) and isinstance(have, (int, float)) and math.isclose(have, v)):
+            raise ValueError(f"remedy={cfg.aid.remedy!r} sets {k}={v!r} but the config has {k}={have!r}")
