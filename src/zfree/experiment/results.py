@@ -42,6 +42,10 @@ SUMMARY_COLUMNS = {  # summary.csv column -> key in a run's summary.json
     "mutual_information": "latent/mutual_information",
     "gate_first_pass_step": "aid/gate_first_pass_step", "handover_step": "aid/handover_step",
     "handover_forced": "aid/handover_forced", "seed": "seed", "lr_new": "lr_new",
+    # issue 23 (the remedies leaderboard): the remedy entry, and the training compute in token
+    # positions forwarded through the decoder body (inner and extra passes included) and its wall time
+    "remedy": "remedy", "forward_tokens": "compute/forward_tokens", "train_wall_s": "compute/train_wall_s",
+    "aggressive_end_step": "aid/aggressive_end_step", "aggressive_inner_steps": "aid/aggressive_inner_steps",
 }
 
 

@@ -34,6 +34,7 @@ from zfree.models.lora import apply_lora
 from zfree.models.precision import WEIGHT_DTYPES, acc_dtype, default_dtype
 from zfree.objective.objectives import GIVEN, Phase, step_objective
 from zfree.objective.remedies import check_remedy_fields
+from zfree.train.compute import TokenCounter, decoder_body
 from zfree.train.given import given_index
 from zfree.reference.reference import resolve_reference
 from zfree.core.values import check_device
@@ -56,6 +57,8 @@ class TrainState:
     restarts: list = field(default_factory=list)
     usage: list = field(default_factory=list)  # posterior-argmax counts since the last restart check
     train_log: dict = field(default_factory=dict)  # running sums of training terms since the last eval
+    forward_tokens: int = 0  # token positions forwarded through the decoder body in training (zfree.train.compute)
+    eval_wall_s: float = 0.0  # wall time spent evaluating (the training wall time is the rest)
 
     def __post_init__(self):
         self.phase = Phase(self.phase)  # a checkpoint stores the value ("hard", "soft")
@@ -280,7 +283,29 @@ def _train_loop(cfg: TrainConfig, out: Path, run: Run, progress: bool, stop_afte
     frozen = aids.FrozenDecoderMask(model)
     dev, acc = next(model.parameters()).device, acc_dtype(next(model.parameters()).dtype)
     watch = run_folder.FiniteWatch(out, dev)
-    ev = _record_evaluation(out, model, data, state, run.opt, run.rng, run.t0) if state.step == 0 else None
+    counter = TokenCounter(decoder_body(model), start=state.forward_tokens)
+    try:
+        return _train_steps(cfg, out, run, progress, stop_after, saved, gate_rows, frozen, dev, acc, watch, counter)
+    finally:
+        counter.remove()
+
+
+def _evaluate_paused(counter: TokenCounter, state: TrainState, fn):
+    """``fn()`` with the token counter paused, its wall time added to ``state.eval_wall_s``, and
+    ``state.forward_tokens`` brought up to date first (so a checkpoint written inside holds it)."""
+    state.forward_tokens = counter.total
+    t = time.time()
+    with counter.paused():
+        out = fn()
+    state.eval_wall_s += time.time() - t
+    return out
+
+
+def _train_steps(cfg, out, run, progress, stop_after, saved, gate_rows, frozen, dev, acc, watch, counter) -> dict:
+    """The loop of ``_train_loop`` with its helpers built (``counter``: the training compute)."""
+    model, data, state = run.model, run.data, run.state
+    ev = (_evaluate_paused(counter, state, lambda: _record_evaluation(out, model, data, state, run.opt, run.rng, run.t0))
+          if state.step == 0 else None)
     saved["step"] = 0 if ev is not None else saved["step"]
     bar = tqdm(total=cfg.optim.steps, initial=state.step, disable=not progress, mininterval=5,
                desc=f"{cfg.objective.weighting} β={cfg.objective.beta:g}" + ("" if cfg.aid.aid == "none" else f" {cfg.aid.aid}"))
@@ -313,8 +338,10 @@ def _train_loop(cfg: TrainConfig, out: Path, run: Run, progress: bool, stop_afte
         stopping = stop_after is not None and stop_after <= step < cfg.optim.steps
         if evaluating or saving or stopping:
             watch.check()  # before anything is written: weights updated from a non-finite loss are never saved
+        state.forward_tokens = counter.total
         if evaluating:
-            ev = _record_evaluation(out, model, data, state, run.opt, run.rng, run.t0)
+            ev = _evaluate_paused(counter, state, lambda: _record_evaluation(out, model, data, state, run.opt,
+                                                                             run.rng, run.t0))
         elif saving:
             _save_checkpoint(run, state)
         if evaluating or saving:
@@ -326,7 +353,9 @@ def _train_loop(cfg: TrainConfig, out: Path, run: Run, progress: bool, stop_afte
             return {"stopped_at": step}
     bar.close()
     if ev is None:  # resumed exactly at the end
-        ev = evaluate(model, data.val, data.val_pairs, step=state.step, **data.eval_kw)
+        ev = _evaluate_paused(counter, state, lambda: evaluate(model, data.val, data.val_pairs, step=state.step,
+                                                               **data.eval_kw))
         run_folder.check_finite_metrics(out, state.step, ev.metrics)
-    ev.metrics.update(multiref_run.write_multiref(out, model, data, cfg))  # issue 21: after the final evaluation only
+    with counter.paused():
+        ev.metrics.update(multiref_run.write_multiref(out, model, data, cfg))  # issue 21: after the final evaluation only
     return run_folder.write_summary(out, cfg, ev, state, time.time() - run.t0)
