@@ -69,11 +69,12 @@ def _notes(spec: ExperimentSpec, out: Path, prep: Prepared, table: list[dict] | 
 
 
 def _grid(spec: ExperimentSpec, prep: Prepared) -> tuple[dict[str, list[Any]], list[dict] | None]:
-    """The spec's grid, with its boundary grid expanded into a ``variant`` axis at the reference's beta*."""
+    """The spec's grid, with its boundary grid expanded into a ``variant`` axis at the reference's
+    beta*, and its ``seeds`` axis last."""
     if spec.boundary is None:
-        return spec.grid, None
+        return spec.seeded(spec.grid), None
     variants, table = own_grid(spec.boundary, prep.reference)
-    return {**spec.grid, "variant": variants}, table
+    return spec.seeded({**spec.grid, "variant": variants}), table
 
 
 def _summary(spec: ExperimentSpec, out: Path, notes: list[str] | None) -> int:

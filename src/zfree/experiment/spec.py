@@ -159,6 +159,19 @@ class ExperimentSpec:
     # else the label keys (a joint ``a*b`` allowed)
     controls: bool = True
     oracles: tuple[str, ...] | None = None
+    # training seeds (issue 23): every point runs once per seed (``optim.seed``: batches and the new
+    # heads' initialization; each seed gets its own control); None = the points' own seed
+    seeds: tuple[int, ...] | None = None
+
+    def __post_init__(self):
+        if self.seeds is not None:
+            seeds = tuple(self.seeds)
+            if not seeds or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in seeds) \
+                    or len(set(seeds)) != len(seeds):
+                raise ConfigError(f"seeds={list(seeds)!r} must be a non-empty list of distinct integers >= 0")
+            if "seed" in self.grid:
+                raise ConfigError("seeds and a grid axis 'seed' both set the seed: give one")
+            object.__setattr__(self, "seeds", seeds)
 
     @property
     def val_size(self) -> int:
@@ -166,8 +179,13 @@ class ExperimentSpec:
         return self.data.val_size
 
     def points(self, **fields) -> list[Point]:
-        """The validated grid points: ``expand_grid`` over the default config, ``train`` and ``fields``."""
-        return expand_grid({**TrainConfig().to_flat(), **self.train, **fields}, self.grid)
+        """The validated grid points: ``expand_grid`` over the default config, ``train`` and ``fields``,
+        each point once per seed of ``seeds`` (the seeds of one point adjacent)."""
+        return expand_grid({**TrainConfig().to_flat(), **self.train, **fields}, self.seeded(self.grid))
+
+    def seeded(self, grid: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        """``grid`` with the ``seeds`` axis last (the seeds of one point adjacent), or as it is."""
+        return grid if self.seeds is None else {**grid, "seed": list(self.seeds)}
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict (paths as strings); ``spec_from_dict`` reads it back."""
@@ -188,9 +206,10 @@ def spec_from_dict(d: dict[str, Any]) -> ExperimentSpec:
     b = d.get("boundary")
     boundary = None if b is None else BoundaryGrid(tuple(b["weightings"]), tuple(b["beta_factors"]), tuple(b["aids"]),
                                                    dict(b["aided"]))
-    oracles = d.get("oracles")
+    oracles, seeds = d.get("oracles"), d.get("seeds")
     return ExperimentSpec(**{**d, "data": data, "base": base, "boundary": boundary,
-                             "oracles": None if oracles is None else tuple(oracles)})
+                             "oracles": None if oracles is None else tuple(oracles),
+                             "seeds": None if seeds is None else tuple(seeds)})
 
 
 def predicted_boundary(weighting: str, ref, epsilon: float = 0.05) -> float:

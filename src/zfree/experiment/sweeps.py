@@ -44,7 +44,8 @@ from zfree.experiment.executor import EXECUTORS, Executor
 from zfree.experiment.pipeline import run_experiment
 from zfree.experiment.spec import BaseSource, DataSource, ExperimentSpec, expand_grid
 
-_SPEC_KEYS = {"name", "description", "base", "grid", "executor", "workers", "executor_options", "controls", "oracles"}
+_SPEC_KEYS = {"name", "description", "base", "grid", "executor", "workers", "executor_options", "controls", "oracles",
+              "seeds"}
 
 
 def _axis_values(name: str, v: Any) -> list[Any]:
@@ -128,14 +129,20 @@ def _executor_keys(path: Path, raw: dict) -> dict[str, Any]:
 
 
 def _control_keys(path: Path, raw: dict) -> dict[str, Any]:
-    """``controls`` (true: the z-free control of every recipe, the default) and ``oracles`` (null:
-    every label all rows carry; a list of label keys; [] none) of a raw spec, validated."""
+    """``controls`` (true: the z-free control of every recipe, the default), ``oracles`` (null:
+    every label all rows carry; a list of label keys; [] none) and ``seeds`` (null: the points' own;
+    a list: every point once per seed) of a raw spec, validated."""
     controls, oracles = raw.get("controls", True), raw.get("oracles")
     if not isinstance(controls, bool):
         raise ConfigError(f"{path}: controls={controls!r} must be true or false")
     if oracles is not None and (not isinstance(oracles, list) or not all(isinstance(k, str) and k for k in oracles)):
         raise ConfigError(f"{path}: oracles={oracles!r} must be a list of label keys (or null: every label)")
-    return {"controls": controls, "oracles": None if oracles is None else tuple(oracles)}
+    seeds = raw.get("seeds")
+    if seeds is not None and (not isinstance(seeds, list) or not seeds
+                              or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in seeds)):
+        raise ConfigError(f"{path}: seeds={seeds!r} must be a list of integers >= 0 (each point runs once per seed)")
+    return {"controls": controls, "oracles": None if oracles is None else tuple(oracles),
+            "seeds": None if seeds is None else tuple(seeds)}
 
 
 def load_spec(path: Path | str, check_paths: bool = True) -> ExperimentSpec:
@@ -159,11 +166,14 @@ def load_spec(path: Path | str, check_paths: bool = True) -> ExperimentSpec:
         grid, train = _grid(raw, fields), _shared(raw, fields)
     except ValueError as e:
         raise ConfigError(f"{path}: {e}") from None
-    spec = ExperimentSpec(grid=grid, train=train, data=DataSource("fields"), base=BaseSource("fields"),
-                          description=str(raw.get("description", "")), **_executor_keys(path, raw),
-                          **_control_keys(path, raw))
     try:
-        points = expand_grid({**TrainConfig().to_flat(), **spec.train}, spec.grid)  # = spec.points()
+        spec = ExperimentSpec(grid=grid, train=train, data=DataSource("fields"), base=BaseSource("fields"),
+                              description=str(raw.get("description", "")), **_executor_keys(path, raw),
+                              **_control_keys(path, raw))
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    try:
+        points = spec.points()
     except (ValueError, TypeError) as e:
         raise ConfigError(f"{path}: {e}") from None
     if check_paths:
