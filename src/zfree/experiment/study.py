@@ -24,7 +24,7 @@ from zfree.core.paths import SHIPPED_E2E
 from zfree.data.synth import DataConfig
 from zfree.experiment.pipeline import run_experiment
 from zfree.experiment.spec import BaseSource, DataSource, ExperimentSpec
-from zfree.objective.remedies import HARD_EM_RECIPE, SWITCH_ON_RECIPE  # noqa: F401 (re-exported)
+from zfree.objective.remedies import HARD_EM_RECIPE, SWITCH_ON_RECIPE, remedy_fields  # noqa: F401 (re-exported)
 
 # the aids issue's recipes live with the other remedies (zfree.objective.remedies)
 _AIDED_RUN = {"steps": 1200, "eval_every": 300, "eval_rows": 500, "decode_rows": 200}
@@ -58,6 +58,47 @@ _E2E_PLAIN = {"steps": 100, "eval_every": 50, "eval_rows": 300, "decode_rows": 3
 _E2E_BETAS = {"plain": 0.0111, "distribution": 0.0043, "example": 0.0045, "token": 0.0043}
 #: the labels whose oracles measure what z could carry on E2E, and the richer joint one
 E2E_ORACLES = ("n_sentences", "first_slot", "complete", "n_sentences*first_slot")
+
+# --- the remedies leaderboard (issue 23) --------------------------------------------------------
+#: the seeds of every leaderboard cell
+LEADERBOARD_SEEDS = (0, 1, 2)
+#: every remedy of the synthetic leaderboard's cells inside the predicted boundary
+LEADERBOARD_REMEDIES = ("switch_on", "aggressive", "none", "free_bits", "ae+free_bits", "cyclical", "optimus",
+                        "gaussian", "bn_vae")
+#: outside the boundary (z should stay unused: a remedy that switches z on there pays more than it gains)
+LEADERBOARD_OUTSIDE = ("switch_on", "none", "free_bits")
+#: equal compute: every run of a leaderboard the same steps, batch and rates (the switch-on
+#: recipe's: backbone 3e-4, heads and latent embeddings 1e-2; on E2E the default 3e-5 / 1e-3 let
+#: nothing learn, not even a label oracle), so one z-free control per cell and seed serves every
+#: remedy; extra passes counted in forward tokens and wall time (zfree.train.compute); an amortized
+#: posterior (the aggressive encoder trains it; switch_on brings its optimal one); evaluated at step
+#: 0 and the end. Remedies are listed longest first (the workers finish together) and the oracle
+#: takes the first one's recipe
+_LB_RATES = {"lr_backbone": SWITCH_ON_RECIPE["lr_backbone"], "lr_new": SWITCH_ON_RECIPE["lr_new"]}
+_LB_TRAIN = {"steps": 400, "batch_size": 32, "eval_every": 400, "eval_rows": 300, "decode_rows": 100,
+             "posterior_features": "mean_first", **_LB_RATES}
+#: betas relative to each weighting's predicted boundary beta* on the shipped benchmark
+#: (``spec.predicted_boundary``: plain 0.111, distribution 0.652): inside at ~beta*/3, outside at ~3 beta*
+_LB_CELLS = [({"weighting": "plain", "beta": 0.03}, LEADERBOARD_REMEDIES),
+             ({"weighting": "distribution", "beta": 0.3}, LEADERBOARD_REMEDIES),
+             ({"weighting": "distribution", "beta": 2.0}, LEADERBOARD_OUTSIDE)]
+#: E2E (beta* distribution 0.0129): inside at the e2e preset's beta/3 of beta*, the remedies that
+#: apply to its discrete latent; the E2E recipe's E-step on the first 3 tokens for switch_on
+_LB_E2E_TRAIN = {"steps": 400, "batch_size": 32, "eval_every": 400, "eval_rows": 300, "decode_rows": 3,
+                 "posterior_features": "mean_first", "n_latent": 4, **_LB_RATES}
+_LB_E2E_REMEDIES = ("switch_on_e2e", "aggressive", "none", "free_bits", "cyclical", "optimus")
+_LB_E2E_CELLS = [({"weighting": "distribution", "beta": _E2E_BETAS["distribution"]}, _LB_E2E_REMEDIES)]
+
+
+def _leaderboard_variants(cells, steps: int, extra: dict | None = None) -> list[dict]:
+    """One grid variant per (cell, remedy): the cell's weighting/beta with the remedy's fields
+    (``zfree.objective.remedies.remedy_fields`` at ``steps``); ``extra``: remedy -> more fields."""
+    out = []
+    for cell, names in cells:
+        for name in names:
+            fields = remedy_fields(name, steps=steps)
+            out.append({**cell, **fields, **((extra or {}).get(name, {}))})
+    return out
 
 PRESETS: dict[str, ExperimentSpec] = {
     "smoke": ExperimentSpec(
@@ -115,6 +156,20 @@ PRESETS: dict[str, ExperimentSpec] = {
                      + [{**w, "beta": _E2E_BETAS[w["weighting"]], **_E2E_PLAIN} for w in _WEIGHTINGS]},
         train={"batch_size": 32}, data=DataSource("folder", path=SHIPPED_E2E),
         base=BaseSource("folder", path=SHIPPED_E2E / "base"), oracles=E2E_ORACLES),
+    # the remedies leaderboard (issue 23): every remedy at equal steps and batch, inside the predicted
+    # boundary for plain and distribution weighting and outside it for distribution, 3 seeds each,
+    # with each seed's z-free control and the strategy oracle
+    "leaderboard": ExperimentSpec(
+        "leaderboard", description="every remedy x {plain, distribution} inside and outside the predicted boundary, "
+                                   "3 seeds, equal compute",
+        grid={"variant": _leaderboard_variants(_LB_CELLS, _LB_TRAIN["steps"])}, train=dict(_LB_TRAIN),
+        seeds=LEADERBOARD_SEEDS),
+    "leaderboard-e2e": ExperimentSpec(
+        "leaderboard-e2e", description="the discrete remedies on E2E real text at distribution weighting inside "
+                                       "the predicted boundary, 3 seeds, equal compute",
+        grid={"variant": _leaderboard_variants(_LB_E2E_CELLS, _LB_E2E_TRAIN["steps"])},
+        train=dict(_LB_E2E_TRAIN), data=DataSource("folder", path=SHIPPED_E2E),
+        base=BaseSource("folder", path=SHIPPED_E2E / "base"), oracles=("first_slot",), seeds=LEADERBOARD_SEEDS),
 }
 
 

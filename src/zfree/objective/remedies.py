@@ -29,6 +29,7 @@ Each paper's own defaults, adapted only where the latent differs (said per entry
   switch_on     zfree's symmetry-breaking aid (seed notes 000/002, the aids issue): hard EM with a
                 gated hand-over to the true objective, the optimal posterior, dead-value restarts
                 (``SWITCH_ON_RECIPE`` without its batch size: equal compute keeps the grid's batch).
+  switch_on_e2e switch_on with the E2E preset's K = 4 and E-step on the first 3 tokens of y.
   gaussian      the diagonal-Gaussian CVAE with the N(0, I) prior (the baseline of bn_vae).
   bn_vae        Zhu et al. 2020, BN-VAE: batch-normalized posterior means with fixed gamma = 0.7.
 """
@@ -61,6 +62,10 @@ HARD_EM_RECIPE = {"aid": "hard_em_then_soft", "n_latent": 6, "posterior_features
 SWITCH_ON_RECIPE = {**HARD_EM_RECIPE, "posterior_features": "optimal", "batch_size": 32, "hard_em_lr_backbone": 3e-4,
                     "lr_backbone": 3e-4, "lr_new": 1e-2, "handover_rows": 200, "handover_check_every": 25,
                     "restart_dead_every": 50, "hard_em_max_steps": 400}
+
+#: the E2E preset's changes to the switch-on recipe (zfree.experiment.study._E2E_AID): K = 4 and the
+#: hard-EM E-step on the first 3 tokens of y (k* = the value that best predicts how the sentence opens)
+SWITCH_ON_E2E = {"n_latent": 4, "hard_em_estep_tokens": 3, "handover_rows": 200}
 
 #: Li et al. 2019's free-bits target: 8 nats for the whole latent
 FREE_BITS_TOTAL = 8.0
@@ -98,6 +103,7 @@ _ENTRIES = {
                                        "free_bits_mode": "threshold", "free_bits": OPTIMUS_DIM_TARGET_KL},
     "aggressive": lambda steps, kind, d: {"aid": "aggressive_encoder"},
     "switch_on": _switch_on,
+    "switch_on_e2e": lambda steps, kind, d: {**_switch_on(steps, kind, d), **SWITCH_ON_E2E},
     "gaussian": lambda steps, kind, d: {"latent_kind": "continuous", "prior": "standard"},
     "bn_vae": lambda steps, kind, d: {"latent_kind": "continuous", "prior": "standard", "bn_gamma": BN_VAE_GAMMA},
 }
