@@ -31,6 +31,8 @@ free_bits_mode = 'none'
 beta_schedule = 'constant'
 beta_warmup_steps = 0
 beta_cycle_steps = 0
+beta_ratio_zero = 0.0
+beta_ratio_increase = 0.5
 ae_steps = 0
 c_base_source = 'entangled_run'
 latent_kind = 'discrete'
@@ -41,6 +43,7 @@ n_samples = 1
 prior = 'learned'
 shared_prefix = 'auto'
 latent_source = 'posterior'
+bn_gamma = 0.0
 steps = 300
 batch_size = 64
 lr_backbone = 3e-05
@@ -78,6 +81,10 @@ restart_dead_every = 0
 restart_dead_share = 0.25
 warmup_aid_steps = 100
 latent_init_std = 0.0
+aggressive_max_inner = 100
+aggressive_inner_check = 15
+aggressive_mi_every = 50
+remedy = 'none'
 
 # %%
 # Build and validate the config first: a bad parameter fails here, before any work.

@@ -116,3 +116,58 @@ class FakeExecutor:
 
     def shutdown(self, wait=True):
         pass
+
+
+# --- seeds (issue 23, item 1) -------------------------------------------------------------------
+
+def test_seeds_run_every_point_once_per_seed_each_with_its_own_control():
+    from zfree.experiment.controls import with_controls
+
+    spec = ExperimentSpec("s", grid={"beta": [0.1, 0.3]}, train={"steps": 10}, seeds=(0, 1, 2))
+    pts = spec.points()
+    assert [(p.params["beta"], p.params["seed"]) for p in pts] == [(b, s) for b in (0.1, 0.3) for s in (0, 1, 2)]
+    assert len({p.run_id for p in pts}) == 6
+    _, links = with_controls(pts, None)
+    controls = {links["controls"][p.run_id]: p.params["seed"] for p in pts}
+    assert sorted(controls.values()) == [0, 1, 2]  # beta is reset in a control: one per seed, shared by the betas
+    assert spec_from_dict(spec.to_dict()) == spec
+    assert ExperimentSpec("s", grid={"beta": [0.1]}).points()[0].params["seed"] == 0  # no seeds: the point's own
+
+
+@pytest.mark.parametrize("seeds, match", [((), "non-empty"), ((0, 0), "distinct"), ((-1,), ">= 0"), ((True,), "integers")])
+def test_bad_seeds_are_one_line_errors(seeds, match):
+    from zfree.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=match):
+        ExperimentSpec("s", grid={"beta": [0.1]}, seeds=seeds)
+    with pytest.raises(ConfigError, match="both set the seed"):
+        ExperimentSpec("s", grid={"seed": [0, 1]}, seeds=(0,))
+
+
+def test_yaml_seeds_key(tmp_path):
+    from zfree.core.errors import ConfigError
+
+    from tests.test_faults import write_spec
+
+    f = write_spec(tmp_path, {"name": "sd", "grid": {"beta": [0.2]}, "seeds": [3, 4], "controls": False})
+    spec = load_spec(f, check_paths=False)
+    assert [p.params["seed"] for p in spec.points()] == [3, 4]
+    bad = write_spec(tmp_path, {"name": "sd", "grid": {"beta": [0.2]}, "seeds": "0,1"})
+    with pytest.raises(ConfigError, match=r"spec.yaml: seeds='0,1' must be a list"):
+        load_spec(bad, check_paths=False)
+
+
+def test_leaderboard_presets_hold_every_remedy_at_equal_steps_batch_and_rates():
+    from zfree.objective.remedies import check_remedy_fields
+    from zfree.config import TrainConfig
+
+    for name in ("leaderboard", "leaderboard-e2e"):
+        pts = PRESETS[name].points()
+        keys = ("steps", "batch_size", "lr_backbone", "lr_new", "eval_every", "eval_rows")
+        assert len({tuple(p.params[k] for k in keys) for p in pts}) == 1, name
+        assert {p.params["seed"] for p in pts} == {0, 1, 2}
+        for p in pts:
+            check_remedy_fields(TrainConfig.from_flat(p.params))
+    remedies = {p.params["remedy"] for p in PRESETS["leaderboard"].points()}
+    assert {"none", "free_bits", "ae+free_bits", "cyclical", "optimus", "aggressive", "switch_on", "gaussian",
+            "bn_vae"} <= remedies
