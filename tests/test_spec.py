@@ -171,3 +171,20 @@ def test_leaderboard_presets_hold_every_remedy_at_equal_steps_batch_and_rates():
     remedies = {p.params["remedy"] for p in PRESETS["leaderboard"].points()}
     assert {"none", "free_bits", "ae+free_bits", "cyclical", "optimus", "aggressive", "switch_on", "gaussian",
             "bn_vae"} <= remedies
+
+
+def test_the_full_leaderboard_slurm_spec_is_what_its_generator_writes():
+    import importlib.util
+
+    from zfree.core.paths import ROOT
+
+    gen = ROOT / "analysis" / "sweeps" / "make_leaderboard_spec.py"
+    mod = importlib.util.spec_from_file_location("make_leaderboard_spec", gen)
+    m = importlib.util.module_from_spec(mod)
+    mod.loader.exec_module(m)
+    assert m.OUT.read_text() == m.text(), "regenerate: .venv/bin/python analysis/sweeps/make_leaderboard_spec.py"
+    spec = load_spec(m.OUT)
+    pts = spec.points()
+    from zfree.objective.remedies import REMEDIES
+
+    assert {p.params["remedy"] for p in pts} == set(REMEDIES) and len(pts) == len(REMEDIES) * 8 * 3

@@ -12,6 +12,12 @@ PRESET_CATALOG: dict[str, tuple[int, str, str]] = {
     "full": (60, "4 weightings x 5 betas x {aided, discrete, continuous}", "1 h 40 min"),
     "e2e": (6, "E2E real text with its shipped base: distribution, example aided; every weighting unaided; "
                 "+ z-free controls and 4 label oracles", "13 min 17 s"),
+    "leaderboard": (63, "the remedies leaderboard on the shipped benchmark: 9 remedies x {plain, distribution} inside "
+                        "the predicted boundary + 3 outside, x 3 seeds, + 6 z-free controls and the strategy oracle",
+                    "not yet measured"),
+    "leaderboard-e2e": (18, "the remedies leaderboard on E2E real text: 6 discrete remedies at distribution weighting "
+                            "inside the boundary x 3 seeds, + 3 z-free controls and the first_slot oracle",
+                        "not yet measured"),
     "own": (16, "your model and data: 4 weightings x beta*/3, 3 beta* x {no aid, hard EM}; sized to a "
                 "20 min budget unless --budget says otherwise", "<= the budget (20 min by default)"),
     "own_smoke": (2, "your model and data: two runs of 4 steps on 12 val rows", "1 min (tiny model); 5 min SmolLM2"),
