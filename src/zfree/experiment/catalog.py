@@ -15,7 +15,7 @@ PRESET_CATALOG: dict[str, tuple[int, str, str]] = {
     "leaderboard": (63, "the remedies leaderboard on the shipped benchmark: 9 remedies x {plain, distribution} inside "
                         "the predicted boundary + 3 outside, x 3 seeds, + 6 z-free controls and the strategy oracle",
                     "not yet measured"),
-    "leaderboard-e2e": (18, "the remedies leaderboard on E2E real text: 6 discrete remedies at distribution weighting "
+    "leaderboard-e2e": (15, "the remedies leaderboard on E2E real text: 5 discrete remedies at distribution weighting "
                             "inside the boundary x 3 seeds, + 3 z-free controls and the first_slot oracle",
                         "not yet measured"),
     "own": (16, "your model and data: 4 weightings x beta*/3, 3 beta* x {no aid, hard EM}; sized to a "

@@ -86,7 +86,7 @@ _LB_CELLS = [({"weighting": "plain", "beta": 0.03}, LEADERBOARD_REMEDIES),
 #: apply to its discrete latent; the E2E recipe's E-step on the first 3 tokens for switch_on
 _LB_E2E_TRAIN = {"steps": 400, "batch_size": 32, "eval_every": 400, "eval_rows": 300, "decode_rows": 3,
                  "posterior_features": "mean_first", "n_latent": 4, **_LB_RATES}
-_LB_E2E_REMEDIES = ("switch_on_e2e", "aggressive", "none", "free_bits", "cyclical", "optimus")
+_LB_E2E_REMEDIES = ("switch_on_e2e", "aggressive", "none", "free_bits", "optimus")
 _LB_E2E_CELLS = [({"weighting": "distribution", "beta": _E2E_BETAS["distribution"]}, _LB_E2E_REMEDIES)]
 
 
