@@ -19,8 +19,8 @@ from zfree.core.values import coerce_value, field_types, typed_fields
 Weighting = Literal["plain", "distribution", "example", "token"]
 TokenOuter = Literal["none", "distribution", "example"]
 BetaSchedule = Literal["constant", "linear", "cyclical"]
-# per_dim: continuous latent only; threshold: Optimus's KL thresholding (dimensions whose batch-mean KL is
-# below free_bits are masked out of the penalty: per dimension on the Gaussian, the batch mean on the categorical)
+# per_dim: continuous latent only; threshold: Optimus's KL thresholding (each example's KL below free_bits
+# is masked out of the penalty: per dimension on the Gaussian, the whole KL on the categorical; losses.kl_threshold)
 FreeBitsMode = Literal["none", "per_example", "batch_mean", "per_dim", "threshold"]
 CBaseSource = Literal["entangled_run", "pretrained_source"]
 PosteriorFeatures = Literal["mean_y", "last", "mean_first", "attention", "encoder", "optimal"]
@@ -341,9 +341,10 @@ class AidConfig:
     warmup_aid_steps: int = 100
     latent_init_std: float = 0.0
     # aggressive_encoder (He et al. 2019, "Lagging inference networks"): before each joint step, up to
-    # aggressive_max_inner posterior-only steps on fresh batches, stopped once the loss of the last
-    # aggressive_inner_check of them is no lower than of the ones before; the aggressive phase ends when
-    # the mutual information I(x; z) on the gate rows stops rising, checked every aggressive_mi_every steps
+    # aggressive_max_inner posterior-only steps (the first on the step's batch, then fresh ones), stopped once
+    # the summed loss of the last aggressive_inner_check of them is higher than of the ones before; the joint
+    # step then updates all but the posterior side. The aggressive phase ends when the mutual information
+    # I(x; z) on the gate rows (handover_rows) falls, checked every aggressive_mi_every steps (zfree.train.aids)
     aggressive_max_inner: int = 100
     aggressive_inner_check: int = 15
     aggressive_mi_every: int = 50
@@ -397,6 +398,9 @@ class TrainConfig:
                 raise ValueError(f"lambda_jsd={self.objective.lambda_jsd} > 0 applies to latent_kind='discrete' only")
         elif self.objective.free_bits_mode == "per_dim":
             raise ValueError("free_bits_mode='per_dim' applies to latent_kind='continuous' only")
+        if self.model.bn_gamma > 0 and self.optim.batch_size < 2:  # batch statistics need two rows
+            raise ValueError(f"batch_size={self.optim.batch_size}: bn_gamma={self.model.bn_gamma:g} (BN-VAE) normalizes "
+                             "the posterior means by batch statistics, which need batch_size >= 2")
         if self.aid.aid == "aggressive_encoder" and self.model.posterior_features == "optimal":
             raise ValueError("aid='aggressive_encoder' trains an amortized posterior: posterior_features='optimal' has none")
         if self.model.latent_source != "posterior" and (self.aid.aid != "none" or self.objective.lambda_jsd > 0):

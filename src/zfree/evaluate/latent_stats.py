@@ -1,5 +1,5 @@
 """What a latent encodes, from its assignments and decodes: Hungarian matching, the linear probe,
-z-control decoding, and the Gaussian latent's active units and mutual information.
+z-control decoding, the Gaussian latent's active units, and the mutual information of either kind.
 ``zfree.evaluate.metrics`` calls these (and re-exports them)."""
 
 from __future__ import annotations
@@ -128,6 +128,15 @@ def active_units(posterior_mean: np.ndarray, threshold: float = ACTIVE_UNIT_THRE
     """Number of latent dimensions whose posterior mean varies across examples, Var_i(mu_{i,d}) >
     ``threshold`` (Burda et al. 2016, "Importance Weighted Autoencoders", §5.2). (rows, d_latent) -> int."""
     return int((np.var(posterior_mean, axis=0) > threshold).sum())
+
+
+def categorical_mutual_information(q: np.ndarray) -> float:
+    """I(x,y; z) under the aggregated posterior of a discrete latent, exact: H(mean_i q_i) - mean_i H(q_i),
+    nats; >= 0 by the concavity of H (clipped at 0: rounding alone can put it a few ulps below).
+    ``q`` (rows, n_latent): each row's posterior probabilities -> float."""
+    q_mean = q.mean(0)
+    h_aggregate = float(-(q_mean * np.log(np.clip(q_mean, 1e-30, None))).sum())
+    return max(0.0, h_aggregate - float(-(q * np.log(np.clip(q, 1e-30, None))).sum(-1).mean()))
 
 
 def gaussian_mutual_information(mu: np.ndarray, logvar: np.ndarray, seed: int = 0) -> float:

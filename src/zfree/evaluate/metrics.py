@@ -23,8 +23,8 @@ from sklearn.metrics import normalized_mutual_info_score
 from zfree.config import LatentKind, ObjectiveConfig
 from zfree.data.batching import EncodedPair, collate
 from zfree.data.pairs import Pair
-from zfree.evaluate.latent_stats import (active_units, continuous_decode_metrics, decode_metrics,
-                                         gaussian_mutual_information, hungarian_accuracy, label_keys,
+from zfree.evaluate.latent_stats import (active_units, categorical_mutual_information, continuous_decode_metrics,
+                                         decode_metrics, gaussian_mutual_information, hungarian_accuracy, label_keys,
                                          label_structure_metrics, latent_samples, probe_accuracy)
 from zfree.models.nll import masked_mean_token_nll
 from zfree.objective.losses import base_token_matrix, inter_latent_jsd, reconstruction_per_value
@@ -202,10 +202,7 @@ class DiscreteEvaluator:
             **{f"latent/usage/{k}": float(u) for k, u in enumerate(usage)},  # share of rows whose argmax is k
             "latent/decoder_jsd": float(df["decoder_jsd"].mean()),
         }
-        # mutual information of the aggregated posterior, exact for a discrete latent: H(mean q) - mean H(q),
-        # >= 0 by the concavity of H (clipped: rounding alone can put it a few ulps below 0)
-        m["latent/mutual_information"] = max(0.0, m["latent/usage_entropy"] - float(
-            -(qa * np.log(np.clip(qa, 1e-30, None))).sum(-1).mean()))
+        m["latent/mutual_information"] = categorical_mutual_information(qa)  # H(mean q) - mean H(q), exact
         m.update(_structure_metrics(df, np.concatenate(self.feats), self.seed))
         m.update(label_structure_metrics(df, np.concatenate(self.feats), df["posterior_argmax"].to_numpy(), self.seed))
         if ctx.n_decode:

@@ -7,6 +7,17 @@
   decoder    p_psi(y | x, z): the backbone with W z added to the input embeddings at the separator
                               and y positions; W (d_model x d_latent) is zero-initialized.
 
+BN-VAE (Zhu et al. 2020, "A Batch Normalized Inference Network Keeps the KL Vanishing Away", Sec. 3;
+``bn_gamma`` > 0, the N(0, I) prior only): the posterior means pass a batch normalization with a
+fixed scale gamma and a learned shift beta_d (``posterior_bn``: ``nn.BatchNorm1d``, eps 1e-5,
+momentum 0.1, its weight frozen at gamma as in their code),
+mu_q,d <- gamma (mu_d - mean_B mu_d) / sqrt(var_B mu_d + eps) + beta_d, with the batch's statistics
+in training and the running ones in evaluation. Over a batch mean_B mu_q,d^2 = gamma^2 var_B /
+(var_B + eps) + beta_d^2, and sigma^2 - log sigma^2 - 1 >= 0, so the batch-mean KL to N(0, I) is at
+least 1/2 sum_d (gamma^2 var_B / (var_B + eps) + beta_d^2) (their bound E[KL] >= 1/2 sum_d (gamma^2 +
+beta_d^2) >= d_latent gamma^2 / 2, eps aside; tested). Only mu_q changes: the decoder still equals
+the base model at step 0.
+
 Samples are reparameterized, z = mu_q + exp(logvar_q / 2) * eps, eps ~ N(0, I) (Kingma & Welling
 2014, eq. 10), S >= 1 per example; the reconstruction expectation is the mean over the S samples.
 Because W = 0 at initialization, every z decodes exactly like the base model (rho_recon = 1 at
@@ -64,7 +75,10 @@ class ContinuousCVAE(nn.Module):
     latent_kind = LatentKind.CONTINUOUS
 
     def __init__(self, backbone: nn.Module, d_latent: int, posterior_features: str = "mean_y",
-                 prior: str = "learned", n_samples: int = 1):
+                 prior: str = "learned", n_samples: int = 1, bn_gamma: float = 0.0):
+        """``bn_gamma`` > 0: BN-VAE's fixed scale of the batch-normalized posterior means (needs
+        ``prior='standard'``). Raises ValueError naming the argument for a bad d_latent, n_samples,
+        posterior_features, prior or bn_gamma."""
         super().__init__()
         if not isinstance(d_latent, int) or d_latent < 1:
             raise ValueError(f"d_latent={d_latent!r} must be an integer >= 1")
@@ -74,6 +88,10 @@ class ContinuousCVAE(nn.Module):
             raise ValueError(f"posterior_features={posterior_features!r} is not one of {list(self.FEATURES)}")
         if prior not in self.PRIORS:
             raise ValueError(f"prior={prior!r} is not one of {list(self.PRIORS)}")
+        if not isinstance(bn_gamma, (int, float)) or not bn_gamma >= 0:
+            raise ValueError(f"bn_gamma={bn_gamma!r} must be a number >= 0 (0: no BN-VAE)")
+        if bn_gamma > 0 and prior != "standard":
+            raise ValueError(f"bn_gamma={bn_gamma} (BN-VAE) bounds the KL to N(0, I): it needs prior='standard', got {prior!r}")
         d = backbone.get_input_embeddings().weight.shape[1]
         self.backbone = backbone
         self.d_latent, self.n_samples, self.prior, self.posterior_features = d_latent, n_samples, prior, posterior_features
@@ -84,6 +102,11 @@ class ContinuousCVAE(nn.Module):
         self.posterior_head = nn.Linear(2 * d if posterior_features == "mean_first" else d, 2 * d_latent)
         nn.init.normal_(self.posterior_head.weight, std=0.02)  # mu_q differs across examples from step 0
         nn.init.zeros_(self.posterior_head.bias)  # sigma_q = 1
+        self.posterior_bn = None
+        if bn_gamma > 0:  # BN-VAE (Zhu et al. 2020, Sec. 3): fixed scale gamma, learned shift (0 at init)
+            self.posterior_bn = nn.BatchNorm1d(d_latent)
+            nn.init.constant_(self.posterior_bn.weight, float(bn_gamma))
+            self.posterior_bn.weight.requires_grad_(False)
         if prior == "learned":
             self.prior_head = nn.Linear(d, 2 * d_latent)
             nn.init.zeros_(self.prior_head.weight)  # N(0, I) at step 0
@@ -106,17 +129,25 @@ class ContinuousCVAE(nn.Module):
         return "amortized"
 
     def heads_from_hidden(self, h: Float[torch.Tensor, "batch seq d_model"], batch: Batch) -> GaussianHeads:
-        """Posterior and prior parameters and the posterior features from the z-free hidden states (B, T, D)."""
+        """Posterior and prior parameters and the posterior features from the z-free hidden states (B, T, D);
+        under BN-VAE mu_q is batch-normalized (``posterior_bn``; training mode: this batch's statistics)."""
         B = h.shape[0]
         rows = torch.arange(B, device=h.device)
         feats = pool_posterior_features(self, self.posterior_features, h, batch)
         mu_q, logvar_q = self.posterior_head(feats).chunk(2, -1)
+        if self.posterior_bn is not None:  # BN-VAE: batch statistics in training, running ones in evaluation
+            mu_q = self.posterior_bn(mu_q)
         sep = h[rows, batch.prefix_len - 1]  # sees only x
         if self.prior == "learned":
             mu_p, logvar_p = self.prior_head(sep).chunk(2, -1)
         else:
             mu_p, logvar_p = torch.zeros_like(mu_q), torch.zeros_like(logvar_q)
         return GaussianHeads(mu_q, logvar_q, mu_p, logvar_p, feats)
+
+    def encode(self, batch: Batch) -> GaussianHeads:
+        """The z-free pass (no key/value cache) and the heads on it: q and the prior without decoding."""
+        h, _ = self._zfree_pass(batch, use_cache=False)
+        return self.heads_from_hidden(h, batch)
 
     def _zfree_pass(self, batch: Batch, use_cache: bool):
         return zfree_pass(self.backbone, batch, use_cache)

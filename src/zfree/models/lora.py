@@ -73,9 +73,14 @@ def base_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def trainable_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """name -> detached contiguous tensor of every parameter that trains (``requires_grad``): what
-    a partial checkpoint stores (adapters, heads, latent embeddings; a few MB over a frozen base)."""
-    return {n: p.detach().contiguous() for n, p in model.named_parameters() if p.requires_grad}
+    """name -> detached contiguous tensor of every parameter that trains (``requires_grad``) and of
+    every saved buffer outside the backbone (BN-VAE's running statistics, which training updates):
+    what a partial checkpoint stores (adapters, heads, latent embeddings; a few MB over a frozen base)."""
+    out = {n: p.detach().contiguous() for n, p in model.named_parameters() if p.requires_grad}
+    state = model.state_dict(keep_vars=True)
+    out.update({n: b.detach().contiguous() for n, b in model.named_buffers()
+                if not n.startswith("backbone.") and n in state})
+    return out
 
 
 def frozen_names(model: torch.nn.Module) -> set[str]:

@@ -212,14 +212,18 @@ def _batch_mean_free_bits(kl, free_bits):
     return kl * 0 + free_bits  # all K = 0: constant lambda, no gradient (not kl + lambda, whose gradient is 1/B)
 
 
-def kl_threshold(kl: Float[torch.Tensor, "batch"], threshold: float) -> Float[torch.Tensor, "batch"]:
-    """Optimus's KL thresholding (Li et al. 2020, ``dim_target_kl``; their code: ``kl_mask =
-    (loss_kl > dim_target_kl).float(); loss_kl = (kl_mask * loss_kl).sum(dim=1)`` with ``loss_kl`` the
-    batch-mean KL per dimension): the penalty is K_i while the batch mean of K is above ``threshold``
-    nats, else 0 (no gradient). ``kl`` (batch,) or (batch, d_latent) per dimension -> (batch,), nats,
-    summed over dimensions, so its batch mean is Optimus's loss."""
+def kl_threshold(kl: Float[torch.Tensor, "batch *d_latent"], threshold: float) -> Float[torch.Tensor, "batch"]:
+    """Optimus's KL thresholding (Li et al. 2020, ``fb_mode=1`` with ``dim_target_kl``; Li et al. 2019's
+    ``fb=2``): sum_d 1[K_id > threshold] * K_id, nats per example (batch,). Their code
+    (``code/examples/big_ae/modules/vae.py``): ``loss_kl = 0.5 * (mu^2 + e^logvar - logvar - 1)``
+    (batch, d), ``kl_mask = (loss_kl > dim_target_kl).float()``, ``loss_kl = (kl_mask * loss_kl).sum(dim=1)``:
+    the mask is elementwise, one per example and dimension (not on a batch mean), and carries no
+    gradient, so a masked entry gets gradient 0 (the gradient of their paper's hinge
+    max(lambda, K_id), whose value differs from this one by the constant lambda). ``kl``: (batch, d_latent)
+    per dimension (Gaussian), or (batch,) one group (categorical: K_i counts only above ``threshold``).
+    A mean of per-example terms: exact under gradient accumulation."""
     per_dim = kl if kl.dim() == 2 else kl[:, None]
-    mask = (per_dim.detach().mean(0, keepdim=True) > threshold).to(per_dim.dtype)
+    mask = (per_dim.detach() > threshold).to(per_dim.dtype)
     return (per_dim * mask).sum(-1)
 
 
@@ -255,14 +259,22 @@ _SCHEDULES = {
 
 
 def cyclical_fraction(step: int, period: int, ratio_zero: float = 0.0, ratio_increase: float = 0.5) -> float:
-    """beta / beta_max of the cyclical schedule at ``step``: with t = (step mod period) / period,
-    0 for t < ratio_zero, then (t - ratio_zero) / ratio_increase capped at 1. Fu et al. 2019 (NAACL),
-    eq. 6 with R = 0.5: ratio_zero 0, ratio_increase 0.5; Optimus's ``frange_cycle_zero_linear``
-    (Li et al. 2020): ratio_zero 0.5, ratio_increase 0.25. Raises ValueError for period < 1."""
+    """beta / beta_max of the cyclical schedule at ``step`` (>= 0; 0 is the evaluation before the first
+    update): with s = step mod period, 0 while s < period * ratio_zero, then (s - i0) / (period *
+    ratio_increase) capped at 1, i0 = ceil(period * ratio_zero) the first step of the ramp (0 there).
+    Optimus's ``frange_cycle_zero_linear(n_iter, 0, 1, n_cycle, ratio_increase, ratio_zero)`` (Li et al.
+    2020) with period = n_iter / n_cycle an integer: ``cyclical_fraction(t, ...) == L[t]`` for
+    t = 0 .. n_iter - 1 (their L[t] is the weight of iteration t counted from 0; ours of step t counted
+    from 1, so our first update takes their L[1]); tested against a float re-implementation. Fu et al.
+    2019 (NAACL), eq. 6 with R = 0.5: ratio_zero 0, ratio_increase 0.5, i.e. min(1, 2 s / period);
+    Optimus: ratio_zero 0.5, ratio_increase 0.25. Raises ValueError for period < 1."""
     if period < 1:
         raise ValueError(f"period={period} must be >= 1")
-    t = (step % period) / period
-    return 0.0 if t < ratio_zero else min(1.0, (t - ratio_zero) / ratio_increase)
+    s = step % period
+    zero = period * ratio_zero  # their float product: ``i < period * ratio_zero`` decides the zero part
+    if s < zero:
+        return 0.0
+    return min(1.0, (s - math.ceil(zero)) / (period * ratio_increase))
 
 
 def beta_at_step(cfg: ObjectiveConfig, step: int) -> float:

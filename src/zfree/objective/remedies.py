@@ -17,8 +17,8 @@ Each paper's own defaults, adapted only where the latent differs (said per entry
                 (``ae_steps``; the paper trains the AE to convergence and resets the decoder, which
                 here would throw away the warm start, so the decoder is kept).
   ae+free_bits  Li et al. 2019's recipe (composed).
-  kl_threshold  Optimus (Li et al. 2020), ``dim_target_kl`` 0.5: dimensions whose batch-mean KL is
-                below 0.5 nats are masked out of the penalty (``free_bits_mode="threshold"``).
+  kl_threshold  Optimus (Li et al. 2020), ``dim_target_kl`` 0.5: each example's KL of a dimension below
+                0.5 nats is masked out of the penalty, as their code does (``free_bits_mode="threshold"``).
   cyclical      Fu et al. 2019 (NAACL), cyclical annealing: M = 4 cycles, R = 0.5 (beta rises
                 linearly over the first half of each cycle, then holds).
   optimus       Optimus's language-model recipe: one cycle with ratio_zero 0.5, ratio_increase

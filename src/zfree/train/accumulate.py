@@ -5,7 +5,8 @@ per-example terms) while the peak memory is that of one chunk. Used by a study w
 fit in memory (``zfree.experiment.estimate``), recorded in each run's config.json as ``micro_batch``.
 
 Exact only where J is a mean of per-example terms: ``accumulation_problem`` names the settings that
-are not (batch-mean free bits, the hard phase's batch-normalised example weights), and those refuse
+are not (batch-mean free bits, BN-VAE's batch statistics, the hard phase's batch-normalised example
+weights), and those refuse
 ``micro_batch``.
 """
 
@@ -22,9 +23,12 @@ from zfree.core.errors import ConfigError
 def accumulation_problem(cfg) -> str | None:
     """Why chunked gradients would change the objective of ``cfg`` (a ``TrainConfig``), or None
     when J is a mean of per-example terms: free bits on the batch-mean KL (``batch_mean``,
-    ``per_dim``) and the hard phase's w_i / mean_batch(w) under per-example weights are not."""
-    if cfg.objective.free_bits_mode in ("batch_mean", "per_dim", "threshold"):
+    ``per_dim``), BN-VAE's batch-normalized posterior means and the hard phase's w_i / mean_batch(w)
+    under per-example weights are not (Optimus's ``threshold`` masks each example's KL: it is)."""
+    if cfg.objective.free_bits_mode in ("batch_mean", "per_dim"):
         return f"free_bits_mode={cfg.objective.free_bits_mode!r} clamps a batch mean"
+    if cfg.model.bn_gamma > 0:
+        return f"bn_gamma={cfg.model.bn_gamma:g} (BN-VAE) normalizes the posterior means by the batch's statistics"
     per_example_w = cfg.objective.weighting == "example" or cfg.objective.token_outer == "example"
     if cfg.aid.aid == "hard_em_then_soft" and cfg.aid.hard_em_recon_scale == "c_base" and per_example_w:
         return "the hard phase normalises example weights by their batch mean (hard_em_recon_scale='c_base')"

@@ -5,30 +5,34 @@ named function the training loop calls:
   hard-EM phase   ``initial_phase``, ``count_usage``, ``restart_dead_values`` (dead-value restarts),
                   ``handover_gate`` / ``check_handover`` (hand over to the true objective);
   beta0 warm-up   ``beta0_warm``;
-  frozen decoder  ``frozen_decoder_phase`` and ``FrozenDecoderMask`` (only the posterior side learns).
+  frozen decoder  ``frozen_decoder_phase`` and ``FrozenDecoderMask`` (only the posterior side learns);
+  aggressive      the lagging-encoder remedy (He et al. 2019): ``aggressive_phase``, the inner loop's
+                  stopping rule ``aggressive_inner_steps``, the outer step's ``trained_side`` and the
+                  phase's end ``check_aggressive_end`` (``posterior_mutual_information`` on the gate rows).
 
 Functions that take a ``state`` mutate its ``phase``, ``handover_step``, ``handover_forced``,
-``gate``, ``restarts`` and ``usage`` fields (``zfree.train.training.TrainState``).
+``gate``, ``restarts``, ``usage`` and ``aggressive_*`` fields (``zfree.train.training.TrainState``).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
-from zfree.config import TrainConfig
+from zfree.config import LatentKind, TrainConfig
 from zfree.data.batching import EncodedPair, collate
+from zfree.evaluate.latent_stats import categorical_mutual_information, gaussian_mutual_information
 from zfree.models.nll import masked_mean_token_nll
 from zfree.objective.losses import outer_weighting, reconstruction_weight
 from zfree.objective.objectives import Phase
 
-#: top-level parameter names of the posterior q(z | x, y) (both CVAEs): what the frozen-decoder
-#: warm phase trains
-POSTERIOR_SIDE = ("posterior_head", "pool_query", "encoder")
+#: top-level parameter names of the posterior q(z | x, y) (both CVAEs; ``posterior_bn``: BN-VAE's
+#: shift): what the frozen-decoder warm phase and the aggressive encoder's inner steps train
+POSTERIOR_SIDE = ("posterior_head", "posterior_bn", "pool_query", "encoder")
 
 
 # ---------------------------------------------------------------------------- warm phases
@@ -46,15 +50,109 @@ def frozen_decoder_phase(cfg: TrainConfig, step: int) -> bool:
 
 class FrozenDecoderMask:
     """Drops the gradient of every parameter outside ``POSTERIOR_SIDE`` (backbone, router, latent
-    embeddings), so AdamW skips them: no moments, no decay, the values stay as they are."""
+    embeddings), so AdamW skips them: no moments, no decay, the values stay as they are
+    (``apply``); or, the other way round, of the posterior side (``apply_decoder_only``)."""
 
     def __init__(self, model: nn.Module):
-        self.frozen = [p for n, p in model.named_parameters() if n.split(".")[0] not in POSTERIOR_SIDE]
+        named = list(model.named_parameters())
+        self.frozen = [p for n, p in named if n.split(".")[0] not in POSTERIOR_SIDE]
+        self.posterior = [p for n, p in named if n.split(".")[0] in POSTERIOR_SIDE]
 
     def apply(self) -> None:
-        """Call between ``backward`` and ``optimizer.step``."""
+        """Only the posterior side keeps its gradient. Call between ``backward`` and ``optimizer.step``."""
         for p in self.frozen:
             p.grad = None
+
+    def apply_decoder_only(self) -> None:
+        """Every parameter but the posterior side's keeps its gradient (the aggressive phase's outer step)."""
+        for p in self.posterior:
+            p.grad = None
+
+    def drop(self, side: str) -> None:
+        """The mask of ``trained_side``'s answer: ``"posterior"`` (``apply``), ``"decoder"``
+        (``apply_decoder_only``) or ``"all"`` (nothing dropped). KeyError listing them for another."""
+        {"posterior": self.apply, "decoder": self.apply_decoder_only, "all": lambda: None}[side]()
+
+
+# ---------------------------------------------------------------------------- the aggressive encoder
+
+
+def aggressive_phase(cfg: TrainConfig, state) -> bool:
+    """True while the aggressive_encoder aid's aggressive phase lasts (He et al. 2019, "Lagging
+    Inference Networks and Posterior Collapse in VAEs", Alg. 1): until ``check_aggressive_end`` ends it."""
+    return cfg.aid.aid == "aggressive_encoder" and state.aggressive_end_step is None
+
+
+def trained_side(cfg: TrainConfig, state, step: int) -> str:
+    """Which parameters a step's (outer) update changes: ``"posterior"`` in the frozen-decoder warm
+    phase; ``"decoder"`` in the aggressive phase (He et al. 2019, Alg. 1 and their ``text.py``: the
+    encoder learns in the inner loop only, the joint step updates the decoder, ``if not
+    aggressive_flag: enc_optimizer.step()``); else ``"all"``."""
+    if frozen_decoder_phase(cfg, step):
+        return "posterior"
+    return "decoder" if aggressive_phase(cfg, state) else "all"
+
+
+def aggressive_inner_steps(cfg: TrainConfig, update: Callable[[int], torch.Tensor]) -> int:
+    """The aggressive phase's inner loop before one joint step (He et al. 2019, Alg. 1, as in their
+    ``text.py``): ``update(i)`` runs posterior-only step i = 1, 2, ... and returns its loss (a 0-dim
+    tensor); every ``aggressive_inner_check`` steps (their 15) the summed loss of that window is
+    compared with the previous window's (the first window's with +inf) and the loop stops once it is
+    higher (their ``burn_pre_loss - burn_cur_loss < 0``), else after ``aggressive_max_inner`` steps
+    (their ``while sub_iter < 100`` runs at most 99). Their window sums per-word losses; ours sums the
+    step objectives (batch means of per-example J, equal batch sizes): the same comparison up to the
+    token counts. One host read per window. Returns the number of inner steps run (>= 1)."""
+    check, previous, window = cfg.aid.aggressive_inner_check, math.inf, None
+    for i in range(1, cfg.aid.aggressive_max_inner + 1):
+        loss = update(i).detach()
+        window = loss if window is None else window + loss
+        if i % check == 0:
+            current = float(window)
+            if current > previous:
+                return i
+            previous, window = current, None
+    return cfg.aid.aggressive_max_inner
+
+
+@torch.no_grad()
+def posterior_mutual_information(model, encoded: Sequence[EncodedPair], pad_id: int, seed: int = 0) -> float:
+    """I(x,y; z) of the amortized posterior on ``encoded`` rows in evaluation mode (BN-VAE: running
+    statistics), from the z-free pass and the heads alone (``model.encode``; nothing is decoded), with the
+    evaluation's estimators: discrete ``categorical_mutual_information`` (exact), Gaussian
+    ``gaussian_mutual_information`` (Monte Carlo with ``seed``, the estimator of He et al. 2019's
+    ``calc_mi``, here over all the rows at once, theirs per batch). Nats."""
+    was = model.training
+    model.eval()
+    dev = next(model.parameters()).device
+    parts = []
+    for i in range(0, len(encoded), 128):
+        enc = model.encode(collate(encoded[i : i + 128], pad_id=pad_id).to(dev))
+        if model.latent_kind == LatentKind.DISCRETE:
+            parts.append(torch.softmax(enc.posterior_logits.double(), -1).cpu())
+        else:
+            parts.append(torch.cat([enc.mu_q, enc.logvar_q], -1).double().cpu())
+    model.train(was)
+    x = torch.cat(parts).numpy()
+    if model.latent_kind == LatentKind.DISCRETE:
+        return categorical_mutual_information(x)
+    mu, logvar = np.split(x, 2, axis=1)
+    return gaussian_mutual_information(mu, logvar, seed=seed)
+
+
+def check_aggressive_end(model, cfg: TrainConfig, state, step: int, gate_rows: Sequence[EncodedPair], pad_id: int
+                         ) -> None:
+    """In the aggressive phase, every ``aggressive_mi_every`` steps: the mutual information on the gate
+    rows (``posterior_mutual_information``), recorded in ``state.aggressive_mi`` with the inner steps so
+    far; the phase ends at ``step`` (``state.aggressive_end_step``) when it fell below the previous
+    check's (the first check's against 0), He et al. 2019's ``if cur_mi - pre_mi < 0:
+    aggressive_flag = False`` (they check once per epoch, on validation data)."""
+    if not (aggressive_phase(cfg, state) and step % cfg.aid.aggressive_mi_every == 0):
+        return
+    mi = posterior_mutual_information(model, gate_rows, pad_id, seed=cfg.optim.seed)
+    previous = state.aggressive_mi[-1]["mutual_information"] if state.aggressive_mi else 0.0
+    state.aggressive_mi.append({"step": step, "mutual_information": mi, "inner_steps": state.aggressive_inner_steps})
+    if mi - previous < 0:
+        state.aggressive_end_step = step
 
 
 # ---------------------------------------------------------------------------- the hard-EM phase

@@ -323,7 +323,9 @@ def write_summary(out: Path, cfg: TrainConfig, ev, state, wall: float) -> dict:
                "predicted_latent_used": bool(ev.metrics["latent/predicted_use_fraction"] > USE_THRESHOLD),
                "aid/handover_step": state.handover_step, "aid/handover_forced": state.handover_forced,
                "aid/gate_first_pass_step": gate_pass[0] if gate_pass else None,
-               "aid/gate": state.gate, "aid/restarts": state.restarts}
+               "aid/gate": state.gate, "aid/restarts": state.restarts,
+               "aid/aggressive_end_step": state.aggressive_end_step,
+               "aid/aggressive_inner_steps": state.aggressive_inner_steps, "aid/aggressive_mi": state.aggressive_mi}
     # training compute (zfree.train.compute): token positions through the decoder body, and the wall
     # time less the evaluations'
     summary["compute/forward_tokens"] = getattr(state, "forward_tokens", None)

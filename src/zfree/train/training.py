@@ -59,6 +59,11 @@ class TrainState:
     train_log: dict = field(default_factory=dict)  # running sums of training terms since the last eval
     forward_tokens: int = 0  # token positions forwarded through the decoder body in training (zfree.train.compute)
     eval_wall_s: float = 0.0  # wall time spent evaluating (the training wall time is the rest)
+    # aggressive_encoder (He et al. 2019): the step its aggressive phase ended (None: not (yet)), the
+    # posterior-only inner steps in all, and the mutual-information checks ({step, mutual_information, inner_steps})
+    aggressive_end_step: int | None = None
+    aggressive_inner_steps: int = 0
+    aggressive_mi: list = field(default_factory=list)
 
     def __post_init__(self):
         self.phase = Phase(self.phase)  # a checkpoint stores the value ("hard", "soft")
@@ -72,7 +77,8 @@ def build_cvae(cfg: TrainConfig, backbone: torch.nn.Module) -> DiscreteCVAE | Co
     m = cfg.model
     with default_dtype(next(backbone.parameters()).dtype):  # new heads in the backbone's dtype
         if m.latent_kind == LatentKind.CONTINUOUS:
-            model = ContinuousCVAE(backbone, m.d_latent, m.posterior_features, prior=m.prior, n_samples=m.n_samples)
+            model = ContinuousCVAE(backbone, m.d_latent, m.posterior_features, prior=m.prior, n_samples=m.n_samples,
+                                   bn_gamma=m.bn_gamma)
         else:
             model = DiscreteCVAE(backbone, m.n_latent, m.posterior_features,
                                  latent_init_std=cfg.aid.latent_init_std if cfg.aid.aid == "random_init_jsd" else 0.0,
@@ -226,16 +232,48 @@ def _objective_of(run: Run, cfg: TrainConfig, phase, step: int, dev, acc):
     return objective
 
 
-def _optimizer_step(run: Run, br, cfg: TrainConfig, step: int, frozen: aids.FrozenDecoderMask) -> None:
-    """Backward (chunk by chunk under accumulation), the frozen-decoder mask, gradient clipping, the update."""
+def _step_breakdown(run: Run, cfg: TrainConfig, objective, rows: list):
+    """(the objective's breakdown, the collated host batch) of one batch of encoded ``rows``: one
+    forward pass through the model (its backward pending), or chunk by chunk with their backward
+    passes done under gradient accumulation."""
+    host = collate(rows, pad_id=run.data.pad_id)
+    if not accumulate.use_accumulation(cfg, len(rows)):
+        return objective(host), host
+    return accumulate.accumulated_step(objective, rows, cfg.optim.micro_batch, run.opt,
+                                       lambda r: collate(r, pad_id=run.data.pad_id)), host
+
+
+def _optimizer_step(run: Run, br, cfg: TrainConfig, step: int, mask: aids.FrozenDecoderMask, side: str = "all") -> None:
+    """Backward (chunk by chunk under accumulation), the gradients of the side that does not train dropped
+    (``side``: ``aids.trained_side``, or "posterior" for the aggressive inner steps), gradient clipping, the update."""
     if not getattr(br, "backward_done", False):
         run.opt.zero_grad(set_to_none=True)
         br.total.backward()
-    if aids.frozen_decoder_phase(cfg, step):  # frozen-decoder warm phase: the posterior side only
-        frozen.apply()
+    mask.drop(side)
     if cfg.optim.grad_clip > 0:
         torch.nn.utils.clip_grad_norm_(run.model.parameters(), cfg.optim.grad_clip)
     run.opt.step()
+
+
+def _aggressive_inner(run: Run, cfg: TrainConfig, step: int, objective, rows: list, mask: aids.FrozenDecoderMask,
+                      watch: run_folder.FiniteWatch) -> int:
+    """The aggressive encoder's inner loop before step ``step``'s joint update (``aids.aggressive_inner_steps``):
+    posterior-only updates through the model's usual forward pass and the step's objective, the first on
+    the step's own batch ``rows`` (as He et al.'s ``text.py`` does), then on fresh batches drawn with the
+    run's numpy generator, each loss checked by ``watch``. Adds the count to ``state.aggressive_inner_steps``
+    and returns it."""
+    data = run.data
+
+    def update(i: int) -> torch.Tensor:
+        batch = rows if i == 1 else [data.train[j] for j in run.rng.integers(0, len(data.train), cfg.optim.batch_size)]
+        br, host = _step_breakdown(run, cfg, objective, batch)
+        watch.add(br, step, host)
+        _optimizer_step(run, br, cfg, step, mask, "posterior")
+        return br.total
+
+    n = aids.aggressive_inner_steps(cfg, update)
+    run.state.aggressive_inner_steps += n
+    return n
 
 
 # ---------------------------------------------------------------------------- the loop
@@ -280,12 +318,12 @@ def _train_loop(cfg: TrainConfig, out: Path, run: Run, progress: bool, stop_afte
     """The steps of ``_train_locked``; ``saved["step"]``: the step of the last checkpoint written."""
     model, data, state = run.model, run.data, run.state
     gate_rows = data.val[: cfg.aid.handover_rows] if cfg.aid.handover_rows else data.val
-    frozen = aids.FrozenDecoderMask(model)
+    mask = aids.FrozenDecoderMask(model)
     dev, acc = next(model.parameters()).device, acc_dtype(next(model.parameters()).dtype)
     watch = run_folder.FiniteWatch(out, dev)
     counter = TokenCounter(decoder_body(model), start=state.forward_tokens)
     try:
-        return _train_steps(cfg, out, run, progress, stop_after, saved, gate_rows, frozen, dev, acc, watch, counter)
+        return _train_steps(cfg, out, run, progress, stop_after, saved, gate_rows, mask, dev, acc, watch, counter)
     finally:
         counter.remove()
 
@@ -301,7 +339,7 @@ def _evaluate_paused(counter: TokenCounter, state: TrainState, fn):
     return out
 
 
-def _train_steps(cfg, out, run, progress, stop_after, saved, gate_rows, frozen, dev, acc, watch, counter) -> dict:
+def _train_steps(cfg, out, run, progress, stop_after, saved, gate_rows, mask, dev, acc, watch, counter) -> dict:
     """The loop of ``_train_loop`` with its helpers built (``counter``: the training compute)."""
     model, data, state = run.model, run.data, run.state
     ev = (_evaluate_paused(counter, state, lambda: _record_evaluation(out, model, data, state, run.opt, run.rng, run.t0))
@@ -314,17 +352,18 @@ def _train_steps(cfg, out, run, progress, stop_after, saved, gate_rows, frozen, 
         set_learning_rates(run.opt, {BACKBONE_GROUP: backbone_lr(cfg, state.phase, step),
                                      NEW_GROUP: aids.new_lr(cfg, state.phase)})
         idx = run.rng.integers(0, len(data.train), cfg.optim.batch_size)  # batches drawn with replacement
-        host = collate([data.train[i] for i in idx], pad_id=data.pad_id)
+        rows = [data.train[i] for i in idx]
         # one objective per step: the hard-EM phase, else the latent kind's true J (beta0 warm-up applied)
         phase = (Phase.HARD if state.phase == Phase.HARD else GIVEN if cfg.model.latent_source != "posterior"
                  else cfg.model.latent_kind)
         objective = _objective_of(run, cfg, phase, step, dev, acc)
-        br = (objective(host) if not accumulate.use_accumulation(cfg, len(idx)) else accumulate.accumulated_step(
-            objective, [data.train[i] for i in idx], cfg.optim.micro_batch, run.opt, lambda r: collate(r, pad_id=data.pad_id)))
+        if aids.aggressive_phase(cfg, state):  # He et al. 2019: the posterior catches up before the joint step
+            _aggressive_inner(run, cfg, step, objective, rows, mask, watch)
+        br, host = _step_breakdown(run, cfg, objective, rows)
         if state.phase == Phase.HARD:  # dead-value restarts count the posterior's argmax
             aids.count_usage(state, br.per_example["q_logits"].argmax(-1), model.n_latent)
         watch.add(br, step, host)  # (its row ids) checked now on the CPU, every FINITE_CHECK_EVERY steps elsewhere
-        _optimizer_step(run, br, cfg, step, frozen)
+        _optimizer_step(run, br, cfg, step, mask, aids.trained_side(cfg, state, step))
         state.step = step
         _log_train_terms(state, br)
         bar.update(1)
@@ -333,6 +372,7 @@ def _train_steps(cfg, out, run, progress, stop_after, saved, gate_rows, frozen, 
         if state.phase == Phase.HARD:  # restarts, then the hand-over gate
             aids.hard_phase_checks(model, cfg, state, step, gate_rows, data.val_b[: len(gate_rows)], data.c_base,
                                    data.pad_id)
+        aids.check_aggressive_end(model, cfg, state, step, gate_rows, data.pad_id)  # (in the aggressive phase)
         evaluating = step % cfg.optim.eval_every == 0 or step == cfg.optim.steps
         saving = bool(cfg.optim.checkpoint_every and step % cfg.optim.checkpoint_every == 0)
         stopping = stop_after is not None and stop_after <= step < cfg.optim.steps
