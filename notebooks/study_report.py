@@ -28,10 +28,12 @@ from IPython.display import Markdown, display
 from zfree.report.gains_report import (available_gain_markdown, available_gain_table, drop_empty, dropped_markdown,
                                        gain_verdict_markdown, gain_verdicts, has_generator_truth, measured_eta,
                                        runs_c_base_markdown, study_gains)
-from zfree.report.plotting_study import (plot_gains, plot_loss_fractions, plot_predicted_vs_measured,
+from zfree.report.leaderboard_report import leaderboard_table, method_markdown, winner_markdown
+from zfree.report.plotting_study import (plot_gains, plot_leaderboard, plot_loss_fractions, plot_predicted_vs_measured,
                                          plot_rate_and_rho_vs_beta)
 from zfree.report.report import (QUALITY_COLUMNS, USE_COLUMNS, errors_markdown, reference_markdown, run_table,
                                  run_verdicts, show, verdict_markdown)
+from zfree.experiment.leaderboard import read_leaderboard
 from zfree.experiment.results import load_sweep
 
 sweep = load_sweep(sweep_dir)
@@ -58,6 +60,14 @@ display(Markdown(runs_c_base_markdown(summary, sweep.reference) if not truth els
 if given:
     gained = summary.merge(given[1][["run_id", "z_gain", "z_gain_lo", "z_gain_hi"]], on="run_id", how="left")
     show(plot_gains(gained, given[0], eta[0] if eta else None))  # rate: runs_table's mean KL, as gains.csv's
+
+# %%
+board = read_leaderboard(sweep_dir)  # leaderboard.csv: written only for a study with seeds or several remedies
+if board is not None and len(board):
+    display(Markdown("## Remedies leaderboard\n\n" + method_markdown(board)))
+    display(leaderboard_table(board))
+    show(plot_leaderboard(board))
+    display(Markdown(winner_markdown(board)))
 
 # %% [markdown]
 # ## Predicted against measured latent use, per run

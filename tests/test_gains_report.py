@@ -152,4 +152,5 @@ def test_a_real_data_report_leaves_out_the_synthetic_sections_with_one_line_each
                  "Multi-reference evidence", "pairwise BLEU among z values", LONG_Y):
         assert text in html, text
     assert "analytic I(z;y|x)</th>" not in html and "log K/m</th>" not in html and "task correct</th>" not in html
+    assert "Remedies leaderboard" not in html and not (real / "leaderboard.csv").exists()  # one seed, one remedy
     assert "…" not in html.split("Greedy and sampled y")[-1]  # samples at full length

@@ -62,9 +62,10 @@ def test_smoke_report_under_agg_holds_every_figure_per_section(agg_smoke):
 
             assert (top, cond) == (0, 1), "the phase diagram's figures changed: update this count"
             want[name] = len(variants(load_sweep(agg_smoke).runs))
-        elif name == "study_report":  # the gain figure, where the study trained z-free controls
-            assert cond == 1, "study_report's figures changed: update this count"
-            want[name] = top + int((agg_smoke / "controls.json").exists())
+        elif name == "study_report":  # the gain figure (z-free controls) and the remedies leaderboard's
+            assert cond == 2, "study_report's figures changed: update this count"
+            want[name] = (top + int((agg_smoke / "controls.json").exists())
+                          + int((agg_smoke / "leaderboard.csv").exists()))
         else:
             assert cond == 0, f"{name}: a conditional figure; count it from the data as switch_on's are"
             want[name] = top

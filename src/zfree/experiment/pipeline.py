@@ -20,6 +20,7 @@ from zfree.core.locks import run_folder_lock
 from zfree.core.paths import check_out_dir
 from zfree.experiment.controls import LINKS_FILE, oracle_labels, with_controls
 from zfree.experiment.estimate import plan
+from zfree.experiment.leaderboard import write_leaderboard
 from zfree.experiment.executor import Executor, make_executor, print_failures, run_points
 from zfree.experiment.render import render_report
 from zfree.experiment.results import aggregate, collect_runs, summary_table, with_gains
@@ -78,7 +79,8 @@ def _grid(spec: ExperimentSpec, prep: Prepared) -> tuple[dict[str, list[Any]], l
 
 
 def _summary(spec: ExperimentSpec, out: Path, notes: list[str] | None) -> int:
-    """summary.csv (with the per-label columns on real text; the tidy tables of a sweep); its row count."""
+    """summary.csv (with the per-label columns on real text; the tidy tables of a sweep) and, with seeds
+    or several remedies, leaderboard.csv beside it; summary.csv's row count (one row per run)."""
     if spec.data.kind == "fields":
         aggregate(out)
         return len(collect_runs(out / "runs"))
@@ -86,6 +88,7 @@ def _summary(spec: ExperimentSpec, out: Path, notes: list[str] | None) -> int:
         return len(write_summary_csv(out, notes))
     table = with_gains(summary_table(collect_runs(out / "runs")), out, collect_runs(out / "runs"))
     atomic_write_text(out / "summary.csv", table.to_csv(index=False))
+    write_leaderboard(out, table)
     return len(table)
 
 

@@ -17,6 +17,7 @@ from zfree.core.paths import PATH_FIELDS, ROOT, resolve_path
 from zfree.data.pairs import load_pairs
 from zfree.experiment.controls import LINKS_FILE
 from zfree.experiment.gains import GAIN_COLUMNS, oracle_table, run_gains
+from zfree.experiment.leaderboard import write_leaderboard
 from zfree.objective.theory import predict_curve
 
 FACETS = ("weighting", "latent_kind", "aid")  # what tells runs of one sweep apart, besides beta
@@ -176,7 +177,9 @@ def per_example_table(runs: pd.DataFrame) -> pd.DataFrame:
 
 def aggregate(sweep_dir: Path | str) -> dict[str, Path]:
     """Write the sweep's tidy tables: ``runs.parquet`` and ``runs.csv`` (``runs_table``),
-    ``per_example.parquet`` (``per_example_table``) and ``summary.csv`` (the study's columns)."""
+    ``per_example.parquet`` (``per_example_table``), ``summary.csv`` (the study's columns, one row per
+    run) and, for a study with seeds or several remedies, ``leaderboard.csv``
+    (``zfree.experiment.leaderboard.write_leaderboard``)."""
     d = Path(sweep_dir)
     runs = runs_table(d)
     out = {"runs.parquet": d / "runs.parquet", "runs.csv": d / "runs.csv",
@@ -184,8 +187,10 @@ def aggregate(sweep_dir: Path | str) -> dict[str, Path]:
     atomic_write_parquet(out["runs.parquet"], runs.astype({c: str for c in runs.columns if runs[c].dtype == object}))
     atomic_write_text(out["runs.csv"], runs.to_csv(index=False))
     atomic_write_parquet(out["per_example.parquet"], per_example_table(runs))
-    atomic_write_text(out["summary.csv"], study_summary(d).to_csv(index=False))
-    return out
+    summary = study_summary(d)
+    atomic_write_text(out["summary.csv"], summary.to_csv(index=False))
+    board = write_leaderboard(d, summary)
+    return out | ({"leaderboard.csv": board} if board is not None else {})
 
 
 @dataclass

@@ -13,6 +13,14 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullForma
 
 from zfree.experiment.results import FACETS  # noqa: E402 - defined once in zfree.experiment.results
 WEIGHTING_COLORS = {"plain": "tab:blue", "distribution": "tab:orange", "example": "tab:green", "token": "tab:purple"}
+#: one (color, marker) per remedy (``zfree.objective.remedies.REMEDIES`` and Li et al.'s composed
+#: recipe) in every figure that compares remedies; gray "X" for any other name
+REMEDY_STYLES = {"none": ("tab:gray", "o"), "free_bits": ("tab:blue", "s"), "ae": ("tab:cyan", "v"),
+                 "ae+free_bits": ("tab:green", "^"), "kl_threshold": ("tab:olive", "<"),
+                 "cyclical": ("tab:purple", ">"), "optimus": ("tab:pink", "D"), "aggressive": ("tab:brown", "P"),
+                 "switch_on": ("tab:red", "*"), "gaussian": ("tab:orange", "h"), "bn_vae": ("black", "d")}
+#: the fill of a remedy's marker per weighting (the color and marker already name the remedy)
+WEIGHTING_FILLS = {"plain": "full", "distribution": "none", "example": "left", "token": "bottom"}
 
 
 #: the look every figure is drawn in: no "+1" offset or "1e-6" multiplier on linear axes (values
@@ -38,6 +46,11 @@ def paper(fn):
 def color_of(w: str) -> str:
     """The color of weighting ``w`` (gray for one not in ``WEIGHTING_COLORS``)."""
     return WEIGHTING_COLORS.get(w, "tab:gray")
+
+
+def remedy_style(name: str) -> tuple[str, str]:
+    """(color, marker) of remedy ``name`` (``REMEDY_STYLES``; gray "X" for another name)."""
+    return REMEDY_STYLES.get(str(name), ("tab:gray", "X"))
 
 
 def thin_log_ticks(vals, min_gap_decades: float = 0.1, share: float = 1 / 6) -> list[float]:

@@ -1,6 +1,7 @@
 """The study report's figures against beta: rate and rho_recon per weighting, the loss fractions,
-and the measured against the predicted latent use. Each function takes tidy pandas data (the study's
-summary table) and returns a matplotlib Figure (headless-safe; tests check the data drawn)."""
+the measured against the predicted latent use, z's gain against its rate, and the remedies
+leaderboard. Each function takes tidy pandas data (the study's summary table) and returns a
+matplotlib Figure (headless-safe; tests check the data drawn)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
-from zfree.report.figstyle import FACET_MARKERS, FACETS  # noqa: E402
+from zfree.report.figstyle import FACET_MARKERS, FACETS, WEIGHTING_FILLS, remedy_style  # noqa: E402
 from zfree.report.figstyle import groups as _groups  # noqa: E402
 from zfree.report.figstyle import log_axis as _log_axis  # noqa: E402
 from zfree.report.figstyle import paper as _paper  # noqa: E402
@@ -205,4 +206,51 @@ def plot_gains(runs: pd.DataFrame, oracles: pd.DataFrame, eta: float | None = No
     ax_o.set_title("Label oracles (red: interval above 0; dashed: η = 1)" if len(oracles) else
                    "no label oracle in this study", fontsize=9)
     fig.tight_layout()
+    return fig
+
+
+def _bar(mid: float, lo: float, hi: float) -> np.ndarray:
+    """(2, 1) error-bar lengths below and above ``mid``; 0 where the interval is missing (one seed)."""
+    return np.nan_to_num(np.array([[mid - lo], [hi - mid]], float), nan=0.0).clip(min=0)
+
+
+@_paper
+def plot_leaderboard(board: pd.DataFrame) -> plt.Figure:
+    """The remedies leaderboard (``zfree.experiment.leaderboard.leaderboard`` rows): each cell's mean
+    z gain D_control − D_run (y, nats per example) against its mean rate KL(q‖p) (x, nats per
+    example), both with their 95 % percentile-bootstrap interval over seeds as bars (none with one
+    seed); one point per remedy × weighting (× β), color and marker per remedy
+    (``figstyle.REMEDY_STYLES``, the same in every figure), marker fill per weighting
+    (``WEIGHTING_FILLS``); one column per side of the predicted boundary (inside / outside), one row
+    per data set where the board names several; a line at gain 0 (no gain over the z-free control)."""
+    sides = [s for s in ("inside", "outside", "unknown") if (board["side"] == s).any()] or ["inside"]
+    sets = list(dict.fromkeys(board["dataset"])) if "dataset" in board else [None]
+    fig, axes = plt.subplots(len(sets), len(sides), figsize=(4.4 * len(sides), 3.6 * len(sets)), squeeze=False,
+                             sharey="row")
+    for i, ds in enumerate(sets):
+        rows = board if ds is None else board[board["dataset"] == ds]
+        for j, side in enumerate(sides):
+            ax, s = axes[i, j], rows[(rows["side"] == side) & rows["z_gain"].notna()]
+            for _, r in s.iterrows():
+                color, marker = remedy_style(r["remedy"])
+                ax.errorbar([r["rate"]], [r["z_gain"]], yerr=_bar(r["z_gain"], r["z_gain_lo"], r["z_gain_hi"]),
+                            xerr=_bar(r["rate"], r["rate_lo"], r["rate_hi"]), ls="none",
+                            marker=marker, ms=8 if marker == "*" else 6, color=color,
+                            fillstyle=WEIGHTING_FILLS.get(str(r["weighting"]), "full"), capsize=2.5, lw=0.9)
+            ax.axhline(0.0, color="gray", lw=0.8)
+            where = f"{side} the predicted boundary" if side != "unknown" else "no predicted boundary"
+            ax.set_title(("" if ds is None else f"{ds}: ") + where, fontsize=9)
+            ax.set_xlabel("rate KL(q‖p) [nats / example]")
+            if j == 0:
+                ax.set_ylabel("z gain D_control − D_run [nats / example]")
+            if s.empty:
+                ax.text(0.5, 0.5, "no z gain (no z-free control)", transform=ax.transAxes, ha="center", fontsize=8)
+    handles = [Line2D([], [], ls="none", marker=remedy_style(m)[1], color=remedy_style(m)[0], label=str(m))
+               for m in dict.fromkeys(board["remedy"])]
+    handles += [Line2D([], [], ls="none", marker="o", color="k", fillstyle=WEIGHTING_FILLS.get(str(w), "full"),
+                       label=f"weighting {w}") for w in dict.fromkeys(board["weighting"])]
+    fig.suptitle("Remedies: z's gain against its rate (bars: 95% interval over seeds)", fontsize=10)
+    fig.tight_layout()
+    fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(len(handles), 5),
+               fontsize=7, frameon=False)
     return fig

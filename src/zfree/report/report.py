@@ -105,10 +105,11 @@ def launch_beta_range(betas, beta_stars=(), pad_decades: float = 0.5, step: floa
 
 
 def run_label(row, runs: pd.DataFrame | None = None) -> str:
-    """``weighting [latent_kind] [aid] β=…[ s<seed>]``: a facet is named where ``runs`` varies it
-    (always, without ``runs``), except ``aid = none`` and ``latent_kind = discrete``."""
+    """``weighting [latent_kind] [aid] [remedy] β=…[ s<seed>]``: a facet is named where ``runs``
+    varies it (always, without ``runs``), except ``aid = none``, ``latent_kind = discrete`` and
+    ``remedy = none``."""
     parts = [str(row["weighting"])]
-    for f in ("latent_kind", "aid"):
+    for f in ("latent_kind", "aid", "remedy"):
         varies = runs is None or (f in runs and runs[f].nunique() > 1)
         if f in row and varies and str(row[f]) not in ("none", "discrete", "nan"):
             parts.append(str(row[f]))
