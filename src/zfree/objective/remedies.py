@@ -95,9 +95,11 @@ _ENTRIES = {
     "free_bits": _free_bits,
     "ae": lambda steps, kind, d: {"ae_steps": max(1, steps // 4)},
     "kl_threshold": lambda steps, kind, d: {"free_bits_mode": "threshold", "free_bits": OPTIMUS_DIM_TARGET_KL},
-    "cyclical": lambda steps, kind, d: {"beta_schedule": "cyclical", "beta_cycle_steps": max(2, math.ceil(steps / 4)),
+    "cyclical": lambda steps, kind, d: {"beta_schedule": "cyclical", "beta_cycle_steps": max(2, math.ceil((steps + 1) / 4)),
                                         "beta_ratio_zero": 0.0, "beta_ratio_increase": 0.5},
-    # one cycle over the run: beta_cycle_steps = steps + 1, so the last step (step % period != 0) holds beta
+    # (cyclical: 4 periods of ceil((steps + 1) / 4) cover steps 0..steps, so the last step is not a new
+    # cycle's beta = 0, as Fu et al.'s indices 0..n_iter - 1 never are.) optimus: one cycle over the run:
+    # beta_cycle_steps = steps + 1, so the last step (step % period != 0) holds beta
     "optimus": lambda steps, kind, d: {"beta_schedule": "cyclical", "beta_cycle_steps": steps + 1,
                                        "beta_ratio_zero": 0.5, "beta_ratio_increase": 0.25,
                                        "free_bits_mode": "threshold", "free_bits": OPTIMUS_DIM_TARGET_KL},
