@@ -72,6 +72,7 @@ def _check_clean_after_running(tmp_path_factory, tmp_path, names):
     assert _git(clone, "status", "--porcelain") == "", _git(clone, "diff")[:3000]
 
 
+@pytest.mark.slow  # moved to the slow tier (issue 23's tests kept the default tier under 10 min)
 def test_running_the_explorer_in_the_lab_leaves_git_clean(tmp_path_factory, tmp_path):
     _check_clean_after_running(tmp_path_factory, tmp_path, ["explore.ipynb", "rate_distortion.ipynb"])
 

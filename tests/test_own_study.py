@@ -151,6 +151,7 @@ def test_val_sharing_x_is_warned_with_count_and_nothing_lost(tiny_model, tmp_pat
     assert (tmp_path / "s" / "train.jsonl").read_bytes() == before
 
 
+@pytest.mark.slow  # moved to the slow tier (issue 23's tests kept the default tier under 10 min)
 def test_finetune_base_makes_the_entangled_run_setting(tiny_model, tmp_path, monkeypatch):
     import dataclasses
 

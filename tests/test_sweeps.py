@@ -91,6 +91,7 @@ def test_failing_point_is_recorded_others_finish_and_rerun_resumes(tmp_path, tin
     assert {p.run_id: (runs / p.run_id / "summary.json").stat().st_mtime_ns for p in good} == stamps
 
 
+@pytest.mark.slow  # moved to the slow tier (issue 23's tests kept the default tier under 10 min)
 def test_submitit_local_executor_runs_a_two_point_sweep_through_the_cli(tmp_path, tiny):
     from zfree.cli import main
 
