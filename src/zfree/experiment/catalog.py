@@ -15,10 +15,10 @@ PRESET_CATALOG: dict[str, tuple[int, str, str]] = {
     "leaderboard": (51, "the remedies leaderboard on the shipped benchmark: 8 remedies at distribution and 6 at plain "
                         "weighting inside the predicted boundary + 3 outside, x 3 seeds, + 6 z-free controls and the "
                         "strategy oracle",
-                    "not yet measured"),
+                    "~45 min alone (90 worker-min measured)"),
     "leaderboard-e2e": (12, "the remedies leaderboard on E2E real text: 4 discrete remedies at distribution weighting "
                             "inside the boundary x 3 seeds, + 3 z-free controls and the first_slot oracle",
-                        "not yet measured"),
+                        "54 min on shared cores (130 worker-min)"),
     "own": (16, "your model and data: 4 weightings x beta*/3, 3 beta* x {no aid, hard EM}; sized to a "
                 "20 min budget unless --budget says otherwise", "<= the budget (20 min by default)"),
     "own_smoke": (2, "your model and data: two runs of 4 steps on 12 val rows", "1 min (tiny model); 5 min SmolLM2"),
