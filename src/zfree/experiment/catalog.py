@@ -15,7 +15,7 @@ PRESET_CATALOG: dict[str, tuple[int, str, str]] = {
     "leaderboard": (51, "the remedies leaderboard on the shipped benchmark: 8 remedies at distribution and 6 at plain "
                         "weighting inside the predicted boundary + 3 outside, x 3 seeds, + 6 z-free controls and the "
                         "strategy oracle",
-                    "~45 min alone (90 worker-min measured)"),
+                    "90 worker-min on shared cores (2 workers)"),
     "leaderboard-e2e": (12, "the remedies leaderboard on E2E real text: 4 discrete remedies at distribution weighting "
                             "inside the boundary x 3 seeds, + 3 z-free controls and the first_slot oracle",
                         "54 min on shared cores (130 worker-min)"),
