@@ -8,6 +8,7 @@ the exit status, the kept checkpoint and the released locks.
 | an interrupt anywhere in `zfree study`       | test_interrupted_study_is_one_line                     |
 | SIGINT to a sweep's main process, Ctrl-C to  | test_signal_during_sweep_stops_workers_and_kernels     |
 | its process group, SIGTERM                   |                                                        |
+| stopping a pool with a full call queue       | test_stop_workers_with_a_full_call_queue_returns       |
 | disk full while checkpointing                | test_disk_full_checkpoint_is_one_line_and_error_json   |
 | disk full appending to metrics.jsonl         | test_disk_full_metrics_append_is_one_line_and_error_json |
 | a torn last line in metrics.jsonl            | test_torn_metrics_line_is_dropped_on_resume            |
@@ -19,6 +20,7 @@ the exit status, the kept checkpoint and the released locks.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -93,8 +95,7 @@ def test_signal_during_train_is_one_line_and_resumes(tiny_run, tmp_path, sig):
 def test_signal_during_sweep_stops_workers_and_kernels(tiny_run, tmp_path, sig, to):
     data, base = tiny_run
     spec = write_spec(tmp_path, {"name": "interrupted", "base": _spec_base(data, base, steps=5000, eval_every=2500),
-                                 "grid": {"beta": [0.3, 1.0]}, "workers": 1,
-                                 "controls": False})  # the points of earlier sessions: a hang with a queued control is open (note)
+                                 "grid": {"beta": [0.3, 1.0]}, "workers": 1})
     out, mark = tmp_path / "sweep", uuid.uuid4().hex
     proc = _zfree("sweep", spec, "--out", out, "--no-report", env={**ENV, "ZFREE_FAULT_MARK": mark},
                   start_new_session=True)
@@ -127,6 +128,56 @@ def test_signal_during_sweep_stops_workers_and_kernels(tiny_run, tmp_path, sig, 
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+#: a pool of one worker running a point, with two more in its call queue (then full); the point
+#: forks a child (a kernel, which the worker's stop sentinel outlives) that takes half a second to
+#: exit on SIGTERM, so the pool's manager thread sees the worker's death only once
+#: ``terminate_tree`` has waited for the worker (what a loaded machine does now and then)
+_FULL_QUEUE_STOP = """
+import multiprocessing, os, signal, sys, time
+from zfree.experiment.executor import local_executor, stop_workers
+
+def point(started):
+    if os.fork() == 0:
+        signal.signal(signal.SIGTERM, lambda *a: (time.sleep(0.5), os._exit(0)))
+        open(started, "w").close()
+        time.sleep(300)
+        os._exit(0)
+    time.sleep(300)
+
+if __name__ == "__main__":
+    ex = local_executor(1)
+    futs = [ex.submit(point, sys.argv[1])]
+    while not os.path.exists(sys.argv[1]):
+        time.sleep(0.05)
+    futs += [ex.submit(point, sys.argv[1]) for _ in range(2)]  # a beta point and its control, queued
+    while not futs[2].running():  # in the call queue, which is now full
+        time.sleep(0.05)
+    t0 = time.time()
+    stop_workers(ex, futs)
+    print(f"stopped in {time.time() - t0:.1f} s", [f.done() for f in futs], multiprocessing.active_children())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork and PR_SET_PDEATHSIG")
+@pytest.mark.timeout(120)
+def test_stop_workers_with_a_full_call_queue_returns(tmp_path):
+    """The hang of a sweep interrupted with a control queued: psutil (``terminate_tree``) reaped
+    the killed worker, multiprocessing then took it for alive for ever, and the pool's shutdown
+    spun trying to put a stop sentinel into its full call queue."""
+    proc = subprocess.Popen([sys.executable, "-c", _FULL_QUEUE_STOP, str(tmp_path / "started")], env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail("stop_workers hung with a full call queue")
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # the script, its worker and the worker's child, if left
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0 and "Traceback" not in err, err[-3000:]
+    m = re.fullmatch(r"stopped in ([\d.]+) s \[True, True, True\] \[\]\n", out)
+    assert m and float(m[1]) < 10, out  # every point ended, the worker gone (and known to be)
 
 
 def _full_on_call(n: int):

@@ -198,11 +198,18 @@ def run_points(points: list[Point], runs_dir: Path | str, *, workers: int = 2, e
                 ex.shutdown()
 
 
-def terminate_tree(pid: int, timeout: float = 10.0) -> None:
+def terminate_tree(pid: int, timeout: float = 10.0, *, join: Callable[[float], Any] | None = None) -> None:
     """End worker ``pid`` and its descendants (papermill's kernel, which runs in a session of its
     own): the worker is killed first (it holds no lock and has nothing to write, and so never
     reports its kernel's death), the kernels get SIGTERM, and whatever is left after ``timeout``
-    seconds SIGKILL."""
+    seconds SIGKILL.
+
+    ``join(timeout)``: how the worker's owner waits for (and reaps) it, e.g. a process pool
+    worker's ``multiprocessing.Process.join``. Given, psutil waits for the descendants only: had it
+    reaped the worker, ``multiprocessing`` would find no child to wait for, take the worker for
+    alive for ever (``Popen.poll`` answers None on ECHILD), and a pool shutting down with a full
+    call queue would spin in CPython's ``shutdown_workers``, unable to put the worker's stop
+    sentinel (a sweep that hung after Ctrl-C with two points queued behind the running one)."""
     import psutil  # lazy: only a stop needs it
 
     try:
@@ -215,12 +222,14 @@ def terminate_tree(pid: int, timeout: float = 10.0) -> None:
             p.kill() if p is root else p.terminate()
         except psutil.NoSuchProcess:
             pass
-    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    _, alive = psutil.wait_procs(procs if join is None else procs[1:], timeout=timeout)
     for p in alive:
         try:
             p.kill()
         except psutil.NoSuchProcess:
             pass
+    if join is not None:
+        join(timeout)
 
 
 def stop_workers(ex: Executor, futures: list[Future] = ()) -> None:
@@ -235,7 +244,8 @@ def stop_workers(ex: Executor, futures: list[Future] = ()) -> None:
         for f in futures:
             f.cancel()
     for proc in list((getattr(ex, "_processes", None) or {}).values()):
-        terminate_tree(proc.pid)
+        # a pool's worker is reaped by its multiprocessing handle, never by psutil (terminate_tree)
+        terminate_tree(proc.pid, join=getattr(proc, "join", None))
     if local:
         ex.shutdown(wait=True, cancel_futures=True)  # the workers are gone: returns at once
         for f in futures:
