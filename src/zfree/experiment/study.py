@@ -80,11 +80,11 @@ _LB_TRAIN = {"steps": 400, "batch_size": 32, "eval_every": 400, "eval_rows": 300
 #: (``spec.predicted_boundary``: plain 0.111, distribution 0.652): inside at ~beta*/3, outside at ~3 beta*
 #: the CPU tier (~45 min on 2 cores): every remedy but the aggressive encoder at distribution
 #: weighting; at plain weighting the seeds' aid, the baseline, free bits, Optimus and the Gaussian
-#: pair. The aggressive encoder at He et al.'s defaults stays aggressive for the whole run here
-#: (its end is checked per epoch in their code; an epoch of the shipped benchmark at batch 32 is
-#: 1563 steps, longer than the run), up to 100 inner steps per step (41 on the tiny test run): two
-#: CPU-tier runs had not finished after 14 minutes and were stopped. Every remedy x weighting
-#: is in the full grid (analysis/sweeps/leaderboard_full_slurm.yaml)
+#: pair. The aggressive encoder's inner loops make a run ~10x as long (one seed measured alone at
+#: distribution beta = 0.3: 4270 inner steps before its phase ended at step 100, 11.7x the forward
+#: tokens and 9.5x the wall time of `none`; README): two CPU-tier runs beside the other studies had
+#: not finished after 14 minutes and were stopped. Every remedy x weighting is in the full grid
+#: (analysis/sweeps/leaderboard_full_slurm.yaml)
 _LB_PLAIN = ("switch_on", "none", "free_bits", "optimus", "gaussian", "bn_vae")
 _LB_CELLS = [({"weighting": "plain", "beta": 0.03}, _LB_PLAIN),
              ({"weighting": "distribution", "beta": 0.3}, LEADERBOARD_REMEDIES),
