@@ -99,14 +99,14 @@ _LB_E2E_REMEDIES = ("switch_on_e2e", "none", "free_bits", "optimus")
 _LB_E2E_CELLS = [({"weighting": "distribution", "beta": _E2E_BETAS["distribution"]}, _LB_E2E_REMEDIES)]
 
 
-def _leaderboard_variants(cells, steps: int, extra: dict | None = None) -> list[dict]:
+def _leaderboard_variants(cells, steps: int) -> list[dict]:
     """One grid variant per (cell, remedy): the cell's weighting/beta with the remedy's fields
-    (``zfree.objective.remedies.remedy_fields`` at ``steps``); ``extra``: remedy -> more fields."""
+    (``zfree.objective.remedies.remedy_fields`` at ``steps``)."""
     out = []
     for cell, names in cells:
         for name in names:
             fields = remedy_fields(name, steps=steps)
-            out.append({**cell, **fields, **((extra or {}).get(name, {}))})
+            out.append({**cell, **fields})
     return out
 
 PRESETS: dict[str, ExperimentSpec] = {

@@ -141,7 +141,7 @@ def remedy_fields(name: str, *, steps: int, latent_kind: str = "discrete", d_lat
             if k in out and out[k] != v:
                 raise ConfigError(f"remedy={name!r}: {p!r} sets {k}={v!r} but an earlier entry set {k}={out[k]!r}")
             out[k] = v
-    return {**out, "remedy": name if name != "none" else "none"}
+    return {**out, "remedy": name}
 
 
 def apply_remedy(flat: dict[str, Any], name: str) -> dict[str, Any]:
