@@ -15,6 +15,7 @@ from zfree.config import TrainConfig
 from zfree.core.errors import ConfigError
 from zfree.experiment import estimate as est
 from zfree.experiment.catalog import PRESET_CATALOG, preset_help
+from zfree.experiment.controls import control_params
 from zfree.experiment.memory_watch import died_message
 from zfree.experiment.own_study import OWN_PRESETS
 from zfree.experiment.spec import Point, expand_grid
@@ -98,10 +99,25 @@ def _points(**train):
 
 def test_run_and_grid_seconds():
     p = _points(steps=10, eval_every=5, eval_rows=20)
-    # setup 10 + 10 steps x 1 s + 3 evaluations x 20 rows x 0.1 s
-    assert est.run_seconds(p[0].params, PROBE, n_val=1000) == pytest.approx(26.0)
-    assert est.grid_seconds(p, PROBE, 1000, workers=2) == pytest.approx(52.0)  # 3 runs on 2 workers
-    assert est.grid_seconds(p, PROBE, 1000, workers=1) == pytest.approx(78.0)
+    # setup 10 + kernel start + 10 steps x 1 s + 3 evaluations x 20 rows x 0.1 s
+    one = 26.0 + est.KERNEL_START_S
+    assert est.run_seconds(p[0].params, PROBE, n_val=1000) == pytest.approx(one)
+    assert est.grid_seconds(p, PROBE, 1000, workers=2) == pytest.approx(2 * one)  # 3 runs on 2 workers
+    assert est.grid_seconds(p, PROBE, 1000, workers=1) == pytest.approx(3 * one)
+
+
+def test_run_seconds_counts_controls_and_hard_em_steps_by_their_kind():
+    """A control's steps and rows at the probe's one-pass times; a hard-EM step = one pass + a third
+    of a K-way step; without a control probe a control counts as a K-way run (the old overestimate)."""
+    pr = dataclasses.replace(PROBE, given_step_s=0.25, given_eval_row_s=0.02)
+    p = _points(steps=10, eval_every=10, eval_rows=20)[0].params
+    ctrl = control_params(p)  # eval_every = steps: evaluated at step 0 and the end
+    base = 10.0 + est.KERNEL_START_S
+    assert est.run_seconds(ctrl, pr, 1000) == pytest.approx(base + 10 * 0.25 + 2 * 20 * 0.02)
+    assert est.run_seconds(ctrl, PROBE, 1000) == pytest.approx(base + 10 * 1.0 + 2 * 20 * 0.1)
+    aided = {**p, "aid": "hard_em_then_soft", "hard_em_max_steps": 4, "handover_check_every": 2, "handover_rows": 30}
+    # 4 hard steps x (0.25 + 1/3) + 6 K-way steps + 2 evaluations x 20 rows + 2 gate checks x 30 rows
+    assert est.run_seconds(aided, pr, 1000) == pytest.approx(base + 4 * (0.25 + 1 / 3) + 6 + (40 + 60) * 0.1)
 
 
 def test_fit_memory_fewer_workers_then_micro_batch_then_refusal():
@@ -126,7 +142,14 @@ def test_fit_budget_cuts_and_refuses():
         return len(g.weightings) * len(g.beta_factors) * len(g.aids) * per
     cut, lines = est.fit_budget(spec, seconds, budget=600)
     assert seconds(cut) <= 600 and lines[0].startswith("evaluated rows 300 -> 100")
+    assert lines[1] == "evaluations at step 0 and the end only"
+    assert cut.train["eval_every"] == cut.train["steps"] and cut.boundary.aided["eval_every"] == cut.boundary.aided["steps"]
     assert any("beta points" in l for l in lines) and any(l.startswith("steps x") for l in lines)
+    # 8 runs x (200 f + 30) <= 600 needs 200 f = 45 < STEP_FLOOR: the weightings go first, then steps
+    assert "weightings ['plain', 'distribution', 'example', 'token'] -> ['distribution', 'example']" in lines
+    assert cut.boundary.weightings == ("distribution", "example") and cut.train["steps"] >= est.STEP_FLOOR
+    roomy, lines = est.fit_budget(spec, seconds, budget=2000)  # 8 runs x 230 s fit after the beta cut
+    assert cut.boundary.weightings != roomy.boundary.weightings and not any("weightings" in l for l in lines)
     uncut, none = est.fit_budget(spec, seconds, budget=1e9)
     assert none == [] and uncut == spec
     with pytest.raises(ConfigError, match="even 10 steps"):

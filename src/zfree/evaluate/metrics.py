@@ -283,9 +283,12 @@ EVALUATORS = {LatentKind.DISCRETE: DiscreteEvaluator, LatentKind.CONTINUOUS: Gau
 
 
 #: the most next-token log-probabilities (rows x K x |S| x vocab, float32) one evaluation batch may
-#: hold: the discrete evaluator keeps the full distributions for the decoder JSD. 2^28 = 1 GiB; at a
-#: 49k vocabulary, K = 4 and |S| ~ 30 a batch of 128 rows held 3 GB (a kernel died at 10.9 GB RSS)
-EVAL_LOGIT_ELEMENTS = 2**28
+#: hold: the discrete evaluator keeps the full distributions for the decoder JSD, whose arithmetic
+#: makes ~5 temporaries of that size. 2^25 = 128 MiB a tensor. Measured on a 2-layer GPT-2 with a
+#: 49k vocabulary, K = 4, 64 evaluated E2E rows, one thread: peak RSS 1.72 GB and 15.5 s at 2^25
+#: against 5.50 GB and 18.0 s at 2^28 (/tmp script, session 6); at 2^28 and 128 rows an own study's
+#: kernel died at 10.9 GB RSS
+EVAL_LOGIT_ELEMENTS = 2**25
 
 
 def eval_batch_rows(model, encoded: Sequence[EncodedPair], batch_size: int) -> int:

@@ -7,11 +7,15 @@ line naming the memory it needs; under a budget, ``fit_budget`` cuts an own-data
 beta points, steps) until it fits and says what it cut. ``plan`` does all of it and writes
 ``estimate.json``.
 
-The model of a run's wall time: setup (process start, imports, model load, reference) + steps x
-the measured step time (scaled by batch size) + evaluated rows (every evaluation, hand-over gate
-checks included) x the measured time per evaluated row. The hard phase's cheaper steps are
-counted as soft steps (an overestimate). The grid's wall time: the points in order on the first free
-worker (what a process pool does).
+The model of a run's wall time: setup (process start, imports, model load, reference, plus
+``KERNEL_START_S`` for the papermill kernel a study's run gets) + steps x the measured step time
+(scaled by batch size) + evaluated rows (every evaluation, hand-over gate checks included) x the
+measured time per evaluated row. Two kinds of step are probed: the K-way step of a CVAE run (the
+first point) and the one-pass step of a z-free control or label oracle (``latent_source`` other than
+``posterior``: only the given value is decoded), each with its own time per evaluated row. A hard-EM
+step is counted as a one-pass step plus a third of a K-way step (its E-step: the K-way forward
+without gradient, about a third of a forward + backward). The grid's wall time: the points in order
+on the first free worker (what a process pool does).
 """
 
 from __future__ import annotations
@@ -36,13 +40,21 @@ from zfree.train.accumulate import accumulation_problem
 
 GB = 2**30
 PROBE_STEPS, PROBE_ROWS = 3, 16  # steps and evaluated rows of the probe run
+#: seconds a study's run spends starting its papermill kernel and notebook beyond what a probe's
+#: ``zfree train`` child measures (leaderboard study, session 5: notebook written 4-6 s after the
+#: run's own wall_s)
+KERNEL_START_S = 5.0
+#: below this many steps a run is cut only after the weightings (a run of fewer steps barely moves)
+STEP_FLOOR = 50
 MEMORY_SHARE = 0.85  # of the available memory a grid may plan to use (the rest: page cache, the OS)
 
 
 @dataclass(frozen=True)
 class Probe:
-    """What a probe measured: seconds of setup, of one step at ``batch_size`` rows (in chunks of
-    ``micro_batch``), of one evaluated row; the child's peak resident memory in bytes."""
+    """What a probe measured: seconds of setup, of one K-way step at ``batch_size`` rows (in chunks
+    of ``micro_batch``), of one evaluated row; the child's peak resident memory in bytes; and, when a
+    z-free control was probed too, its one-pass step and evaluated row (``given_*``; None: counted
+    as K-way ones, an overestimate)."""
     setup_s: float
     step_s: float
     eval_row_s: float
@@ -50,6 +62,8 @@ class Probe:
     batch_size: int
     micro_batch: int = 0
     wall_s: float = 0.0
+    given_step_s: float | None = None
+    given_eval_row_s: float | None = None
 
 
 def memory_limit() -> int:
@@ -120,15 +134,23 @@ def _n_evals(steps: int, every: int) -> int:
 
 
 def run_seconds(params: dict, pr: Probe, n_val: int) -> float:
-    """Estimated wall seconds of one run (module docstring): setup + steps x step + evaluated rows x row."""
+    """Estimated wall seconds of one run (module docstring): setup + kernel start + steps x step +
+    evaluated rows x row; a control's or oracle's steps and rows at the probe's ``given_*`` times,
+    a hard-EM step at one given step + a third of a K-way step."""
     c = TrainConfig.from_flat(params)
     o, a = c.optim, c.aid
+    given = c.model.latent_source != "posterior"
+    soft = pr.step_s * o.batch_size / pr.batch_size
+    one = (pr.step_s if pr.given_step_s is None else pr.given_step_s) * o.batch_size / pr.batch_size
+    row = pr.given_eval_row_s if given and pr.given_eval_row_s is not None else pr.eval_row_s
     rows = min(o.eval_rows or n_val, n_val)
     evals = _n_evals(o.steps, o.eval_every) * rows
+    hard = 0
     if a.aid == "hard_em_then_soft":
         hard = min(a.hard_em_max_steps, o.steps)
         evals += (hard // max(1, a.handover_check_every)) * min(a.handover_rows or n_val, n_val)
-    return pr.setup_s + o.steps * pr.step_s * o.batch_size / pr.batch_size + evals * pr.eval_row_s
+    step_time = o.steps * one if given else hard * (one + soft / 3) + (o.steps - hard) * soft
+    return pr.setup_s + KERNEL_START_S + step_time + evals * row
 
 
 def grid_seconds(points: list[Point], pr: Probe, n_val: int, workers: int) -> float:
@@ -206,12 +228,37 @@ def _with(spec: ExperimentSpec, train: dict | None = None, aided: dict | None = 
     return dataclasses.replace(spec, train=spec.train if train is None else train, boundary=b)
 
 
+def _fit_steps(spec: ExperimentSpec, seconds: Callable[[ExperimentSpec], float], budget: float, floor: int
+               ) -> tuple[ExperimentSpec, str] | None:
+    """Every run's steps (and eval/hand-over intervals) scaled by one factor f so that the grid fits
+    ``budget`` (f from the grid's time at f = 1 and 1/2, linear in the steps); None when f x steps
+    would fall below ``floor``."""
+    steps = int(spec.train.get("steps", TrainConfig().optim.steps))
+    full = seconds(spec)
+    half = seconds(_with(spec, _scaled(spec.train, 0.5, 1), _scaled(spec.boundary.aided, 0.5, 1)))
+    slope = 2 * (full - half)
+    f = min(1.0, (budget - (full - slope)) / slope) if slope > 0 else 0.0
+    if f * steps < floor:
+        return None
+    cut = _with(spec, _scaled(spec.train, f), _scaled(spec.boundary.aided, f))
+    return cut, (f"steps x {f:.2f} (unaided {steps} -> {cut.train['steps']}, aided "
+                 f"{spec.boundary.aided.get('steps', steps)} -> {cut.boundary.aided.get('steps', cut.train['steps'])})")
+
+
+#: the weightings an own-data grid keeps when the budget cannot hold all four: the seed notes' two
+#: (distribution-level 1/c_base and example-level 1/(b + eps))
+KEEP_WEIGHTINGS = ("distribution", "example")
+
+
 def fit_budget(spec: ExperimentSpec, seconds: Callable[[ExperimentSpec], float], budget: float
                ) -> tuple[ExperimentSpec, list[str]]:
-    """Cut an own-data grid (``spec.boundary`` set) until ``seconds(spec)`` <= ``budget``: the
-    evaluated rows to a third (>= 50), then one beta point per weighting (the first factor), then
-    every run's steps (and eval/hand-over intervals) by one factor (steps >= 10). Returns the cut
-    spec and one line per cut. Raises ConfigError naming the time the smallest grid needs."""
+    """Cut an own-data grid (``spec.boundary`` set) until ``seconds(spec)`` <= ``budget``, in this
+    order, each only while the grid does not fit: the evaluated rows to a third (>= 50); the
+    evaluations between step 0 and the end (curves only: every number of the report is read at the
+    end); one beta point per weighting (the first factor); every run's steps (and intervals) by one
+    factor down to ``STEP_FLOOR``; the weightings to ``KEEP_WEIGHTINGS``; the steps down to 10.
+    Returns the cut spec and one line per cut. Raises ConfigError naming the time the smallest grid
+    needs, or when ``spec`` is not an own-data grid."""
     if spec.boundary is None:
         raise ConfigError("--budget sizes an own-data grid (zfree study --model M --data F); a preset's grid is fixed")
     cuts: list[str] = []
@@ -221,24 +268,32 @@ def fit_budget(spec: ExperimentSpec, seconds: Callable[[ExperimentSpec], float],
         aided = {**spec.boundary.aided, "handover_rows": min(new, spec.boundary.aided.get("handover_rows", new))}
         spec = _with(spec, {**spec.train, "eval_rows": new}, aided)
         cuts.append(f"evaluated rows {rows} -> {new}")
+    steps = int(spec.train.get("steps", TrainConfig().optim.steps))
+    if seconds(spec) > budget and int(spec.train.get("eval_every", TrainConfig().optim.eval_every)) < steps:
+        aided = spec.boundary.aided
+        spec = _with(spec, {**spec.train, "eval_every": steps},
+                     {**aided, "eval_every": aided.get("steps", steps)} if "eval_every" in aided or "steps" in aided
+                     else aided)
+        cuts.append("evaluations at step 0 and the end only")
     if seconds(spec) > budget and len(spec.boundary.beta_factors) > 1:
         old = spec.boundary.beta_factors
         spec = _with(spec, factors=old[:1])
         cuts.append(f"beta points {[round(f, 3) for f in old]} x beta* -> {[round(old[0], 3)]} x beta*")
-    full = seconds(spec)
-    if full > budget:
-        half = seconds(_with(spec, _scaled(spec.train, 0.5, 1), _scaled(spec.boundary.aided, 0.5, 1)))
-        slope = 2 * (full - half)
-        f = min(1.0, (budget - (full - slope)) / slope) if slope > 0 else 0.0
-        steps = int(spec.train.get("steps", TrainConfig().optim.steps))
-        if f * steps < 10:
-            smallest = seconds(_with(spec, _scaled(spec.train, 10 / steps), _scaled(spec.boundary.aided, 10 / steps)))
-            raise ConfigError(f"--budget {budget / 60:.0f} min: even 10 steps a run need about {smallest / 60:.0f} min "
-                              "on this machine; give a larger budget")
-        spec = _with(spec, _scaled(spec.train, f), _scaled(spec.boundary.aided, f))
-        cuts.append(f"steps x {f:.2f} (unaided {steps} -> {spec.train['steps']}, aided "
-                    f"{spec.boundary.aided.get('steps', steps)} total)")
-    return spec, cuts
+    if seconds(spec) <= budget:
+        return spec, cuts
+    fitted = _fit_steps(spec, seconds, budget, STEP_FLOOR)
+    if fitted is None:
+        keep = tuple(w for w in spec.boundary.weightings if w in KEEP_WEIGHTINGS)
+        if keep and len(keep) < len(spec.boundary.weightings):
+            cuts.append(f"weightings {list(spec.boundary.weightings)} -> {list(keep)}")
+            spec = dataclasses.replace(spec, boundary=dataclasses.replace(spec.boundary, weightings=keep))
+        fitted = (spec, None) if seconds(spec) <= budget else _fit_steps(spec, seconds, budget, 10)
+    if fitted is None:
+        smallest = seconds(_with(spec, _scaled(spec.train, 10 / steps), _scaled(spec.boundary.aided, 10 / steps)))
+        raise ConfigError(f"--budget {budget / 60:.0f} min: even 10 steps a run need about {smallest / 60:.0f} min "
+                          "on this machine; give a larger budget")
+    spec, line = fitted
+    return spec, cuts + ([line] if line else [])
 
 
 def plan(spec: ExperimentSpec, make_points: Callable[[ExperimentSpec], list[Point]], out: Path, workers: int,
@@ -254,6 +309,11 @@ def plan(spec: ExperimentSpec, make_points: Callable[[ExperimentSpec], list[Poin
     pr = probe(points[0], work)
     parent, limit = psutil.Process().memory_info().rss, memory_limit()
     w, mb, pr, lines = fit_memory(points, pr, workers, limit, parent, lambda m: probe(points[0], work, m))
+    control = next((p for p in points if p.params.get("latent_source", "posterior") != "posterior"), None)
+    if control is not None:  # its one-pass step and evaluation: a third to a half of a study's runs
+        g = probe(control, work / "control", mb)
+        pr = dataclasses.replace(pr, given_step_s=g.step_s * pr.batch_size / g.batch_size,
+                                 given_eval_row_s=g.eval_row_s, wall_s=pr.wall_s + g.wall_s)
     if mb:
         spec = dataclasses.replace(spec, train={**spec.train, "micro_batch": mb})
     cuts: list[str] = []
@@ -263,8 +323,10 @@ def plan(spec: ExperimentSpec, make_points: Callable[[ExperimentSpec], list[Poin
     secs, peak = grid_seconds(final, pr, n_val, w), w * pr.peak_rss + parent
     head = (f"estimate: {len(final)} runs on {w} worker(s): about {secs / 60:.1f} min, peak memory {peak / GB:.1f} GB "
             f"({w} x {pr.peak_rss / GB:.2f} GB a run + {parent / GB:.2f} GB this process; {limit / GB:.1f} GB available). "
-            f"Measured by a {PROBE_STEPS}-step probe ({pr.wall_s:.0f} s): {pr.step_s:.2f} s a step at batch "
-            f"{pr.batch_size}, {pr.eval_row_s:.3f} s an evaluated row, {pr.setup_s:.0f} s setup")
+            f"Measured by {PROBE_STEPS}-step probes ({pr.wall_s:.0f} s): {pr.step_s:.2f} s a K-way step at batch "
+            f"{pr.batch_size}, {pr.eval_row_s:.3f} s an evaluated row"
+            + (f"; z-free control {pr.given_step_s:.2f} s a step, {pr.given_eval_row_s:.3f} s a row"
+               if pr.given_step_s is not None else "") + f"; {pr.setup_s:.0f} s setup")
     lines = [head, *lines, *([f"budget {budget / 60:.0f} min: cut " + "; ".join(cuts)] if cuts else
                              [f"budget {budget / 60:.0f} min: the grid fits uncut"] if budget is not None else [])]
     rec = {"runs": len(final), "workers": w, "estimated_s": secs, "estimated_peak_bytes": peak, "budget_s": budget,
