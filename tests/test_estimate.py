@@ -148,6 +148,14 @@ def test_fit_budget_cuts_and_refuses():
     # 8 runs x (200 f + 30) <= 600 needs 200 f = 45 < STEP_FLOOR: the weightings go first, then steps
     assert "weightings ['plain', 'distribution', 'example', 'token'] -> ['distribution', 'example']" in lines
     assert cut.boundary.weightings == ("distribution", "example") and cut.train["steps"] >= est.STEP_FLOOR
+    assert not any(l.startswith("batch") for l in lines)  # 50 steps fit at batch 32
+
+    def batched(s):  # the same grid, a step's time proportional to the batch
+        g = s.boundary
+        per = s.train["steps"] * s.train.get("batch_size", 32) / 32 + 0.1 * s.train["eval_rows"] * 3
+        return len(g.weightings) * len(g.beta_factors) * len(g.aids) * per
+    small, lines = est.fit_budget(spec, batched, budget=300)  # 4 runs x (50 + 30) > 300 at batch 32
+    assert "batch 32 -> 8 rows a step" in lines and small.train["batch_size"] == 8 and batched(small) <= 300
     roomy, lines = est.fit_budget(spec, seconds, budget=2000)  # 8 runs x 230 s fit after the beta cut
     assert cut.boundary.weightings != roomy.boundary.weightings and not any("weightings" in l for l in lines)
     uncut, none = est.fit_budget(spec, seconds, budget=1e9)

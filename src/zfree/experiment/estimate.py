@@ -44,8 +44,11 @@ PROBE_STEPS, PROBE_ROWS = 3, 16  # steps and evaluated rows of the probe run
 #: ``zfree train`` child measures (leaderboard study, session 5: notebook written 4-6 s after the
 #: run's own wall_s)
 KERNEL_START_S = 5.0
-#: below this many steps a run is cut only after the weightings (a run of fewer steps barely moves)
+#: below this many steps a run is cut only after the weightings and the batch (a run of fewer steps
+#: barely moves)
 STEP_FLOOR = 50
+#: the batch a budget falls back to when even the kept weightings do not fit at ``STEP_FLOOR`` steps
+SMALL_BATCH = 8
 MEMORY_SHARE = 0.85  # of the available memory a grid may plan to use (the rest: page cache, the OS)
 
 
@@ -256,7 +259,8 @@ def fit_budget(spec: ExperimentSpec, seconds: Callable[[ExperimentSpec], float],
     order, each only while the grid does not fit: the evaluated rows to a third (>= 50); the
     evaluations between step 0 and the end (curves only: every number of the report is read at the
     end); one beta point per weighting (the first factor); every run's steps (and intervals) by one
-    factor down to ``STEP_FLOOR``; the weightings to ``KEEP_WEIGHTINGS``; the steps down to 10.
+    factor down to ``STEP_FLOOR``; the weightings to ``KEEP_WEIGHTINGS``; the batch to ``SMALL_BATCH``
+    rows (where ``STEP_FLOOR`` steps still do not fit); the steps down to 10.
     Returns the cut spec and one line per cut. Raises ConfigError naming the time the smallest grid
     needs, or when ``spec`` is not an own-data grid."""
     if spec.boundary is None:
@@ -287,6 +291,10 @@ def fit_budget(spec: ExperimentSpec, seconds: Callable[[ExperimentSpec], float],
         if keep and len(keep) < len(spec.boundary.weightings):
             cuts.append(f"weightings {list(spec.boundary.weightings)} -> {list(keep)}")
             spec = dataclasses.replace(spec, boundary=dataclasses.replace(spec.boundary, weightings=keep))
+        batch = int(spec.train.get("batch_size", TrainConfig().optim.batch_size))
+        if seconds(spec) > budget and _fit_steps(spec, seconds, budget, STEP_FLOOR) is None and batch > SMALL_BATCH:
+            spec = _with(spec, {**spec.train, "batch_size": SMALL_BATCH})
+            cuts.append(f"batch {batch} -> {SMALL_BATCH} rows a step")
         fitted = (spec, None) if seconds(spec) <= budget else _fit_steps(spec, seconds, budget, 10)
     if fitted is None:
         smallest = seconds(_with(spec, _scaled(spec.train, 10 / steps), _scaled(spec.boundary.aided, 10 / steps)))
