@@ -44,6 +44,7 @@ prior = 'learned'
 shared_prefix = 'auto'
 latent_source = 'posterior'
 bn_gamma = 0.0
+delta_rate = 0.0
 steps = 300
 batch_size = 64
 lr_backbone = 3e-05

@@ -36,7 +36,7 @@ DROP = ("data_dir", "base_dir")  # machine-specific paths; they do not change wh
 NEW_KEYS = ("shared_prefix", "precision", "latent_source",
             "lora_rank", "lora_alpha", "lora_targets", "micro_batch", "keep_prev_checkpoint",  # issue 24
             # issue 23 (remedies): defaults reproduce the pinned behaviour (cyclical 0 / 0.5 = Fu et al.'s R = 0.5)
-            "beta_ratio_zero", "beta_ratio_increase", "bn_gamma", "aggressive_max_inner", "aggressive_inner_check",
+            "beta_ratio_zero", "beta_ratio_increase", "bn_gamma", "delta_rate", "aggressive_max_inner", "aggressive_inner_check",
             "aggressive_mi_every", "remedy",
             # and the aggressive encoder's summary record (None, 0 and [] without it)
             "aid/aggressive_end_step", "aid/aggressive_inner_steps", "aid/aggressive_mi", "compute/forward_tokens")

@@ -1,7 +1,9 @@
 """The remedies for posterior collapse (``zfree.objective.remedies``), each against its paper's code or
 formula: the cyclical schedules (Fu et al. 2019; Optimus's ``frange_cycle_zero_linear``), Optimus's KL
 thresholding, free bits (Kingma et al. 2016), the named entries and their checks, the aggressive
-encoder of He et al. 2019 (inner loop, what it trains, its end, resume) and BN-VAE (Zhu et al. 2020)."""
+encoder of He et al. 2019 (inner loop, what it trains, its end, resume), BN-VAE (Zhu et al. 2020) and
+delta-VAE's committed rate (Razavi et al. 2019: sigma_u against its equation and Lambert's W, the KL of
+every posterior >= delta against torch.distributions, resume)."""
 
 from __future__ import annotations
 
@@ -461,3 +463,189 @@ def test_a_lora_checkpoint_keeps_the_bn_running_statistics(bn_setup):
     load_trainable(fresh, saved)
     torch.testing.assert_close(fresh.posterior_bn.running_var, model.posterior_bn.running_var, rtol=0, atol=0)
     assert math.isclose(float(fresh.posterior_bn.weight[0]), 0.7)
+
+
+# ---------------------------------------------------------------------------- delta-VAE
+
+
+def test_sigma_u_solves_the_committed_rate_equation():
+    """ln sigma_u^2 = u < 0 with d/2 (e^u - 1 - u) = delta, in float64 to 1e-12, and against the closed
+    form sigma_u^2 = -W_0(-e^-(1 + 2 delta / d)) (Lambert's W, principal branch: the root below 1)."""
+    from scipy.special import lambertw
+
+    from zfree.models.continuous import committed_rate, max_posterior_logvar
+
+    for d in (1, 4, 16, 64):
+        for delta in (1e-6, 0.1, 1.0, 8.0, 50.0):
+            u = max_posterior_logvar(delta, d)
+            assert u < 0
+            assert abs(0.5 * d * (np.exp(u) - 1.0 - u) - delta) <= 1e-12 * max(1.0, delta), (d, delta)
+            assert abs(committed_rate(u, d) - delta) <= 1e-12 * max(1.0, delta)
+            s2 = -lambertw(-np.exp(-(1.0 + 2.0 * delta / d)), 0).real
+            assert np.exp(u) == pytest.approx(s2, rel=1e-9, abs=1e-300), (d, delta)
+    # the remedy's default at the leaderboard's d_latent: 0.5 nats per dimension
+    assert math.exp(0.5 * max_posterior_logvar(8.0, 16)) == pytest.approx(0.398239, abs=1e-6)
+    for bad in (0.0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="delta_rate"):
+            max_posterior_logvar(bad, 4)
+    with pytest.raises(ValueError, match="max_logvar"):
+        committed_rate(0.1, 4)
+
+
+def _delta_model(base, delta, d=4, dtype=torch.float64):
+    with default_dtype(dtype):
+        return ContinuousCVAE(copy.deepcopy(base).to(dtype), d_latent=d, prior="standard", delta_rate=delta).train()
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-12), (torch.float32, 1e-6)])
+def test_delta_vae_kl_of_every_posterior_is_at_least_delta_and_is_torch_distributions(bn_setup, tmp_path, dtype, tol):
+    """Random heads (raw log-variances of both signs, far past the bound) through the training loss
+    path (``continuous_objective``): sigma_q <= sigma_u, the per-example KL >= delta, equal to
+    torch.distributions' KL of N(mu, sigma) from N(0, 1) summed over dimensions."""
+    from zfree.objective.objectives import continuous_objective
+
+    base, batch = bn_setup
+    delta, d = 2.0, 4
+    cfg = TrainConfig.from_flat({**TrainConfig().to_flat(), "latent_kind": "continuous", "prior": "standard",
+                                 "d_latent": d, "delta_rate": delta, "beta": 0.5, "device": "cpu",
+                                 "precision": "fp64" if dtype == torch.float64 else "fp32"})
+    g = torch.Generator().manual_seed(0)
+    kls = []
+    for trial in range(12):
+        model = _delta_model(base, delta, d, dtype)
+        with torch.no_grad():  # means near 0 and raw log-variances spread over [-10, 10] or so
+            scale = torch.tensor([0.02] * d + [1.0] * d)[:, None]
+            model.posterior_head.weight.copy_(torch.randn(model.posterior_head.weight.shape, generator=g) * scale)
+            model.posterior_head.bias.copy_(torch.randn(2 * d, generator=g) * torch.tensor([0.1] * d + [5.0] * d))
+        out = model(batch)
+        mu, logvar = out.posterior_mean.double(), out.posterior_logvar.double()
+        assert (out.posterior_logvar <= model.max_logvar).all()  # sigma_q <= sigma_u, not one rounding above
+        assert np.float32(model._max_logvar32) == model._max_logvar32 <= model.max_logvar  # float32, rounded down
+        big = model.bounded_logvar(torch.tensor([[1e3, 40.0, 0.0, -1e3]], dtype=dtype))  # at the limit, and far below
+        assert big.dtype == dtype and (big <= model.max_logvar).all() and big[0, 0] == big[0, 1]
+        br = continuous_objective(model, batch, cfg, step=1, c_base=1.0, b=None, base_tok=None)
+        kl = br.per_example["kl"].double()
+        ref = kl_divergence(Normal(mu, (0.5 * logvar).exp()), Normal(torch.zeros_like(mu), torch.ones_like(mu))).sum(-1)
+        torch.testing.assert_close(kl, ref, rtol=1e-5 if dtype == torch.float32 else 1e-12, atol=tol)
+        assert (kl >= delta - tol).all(), (trial, kl.min())
+        kls.append(kl)
+    kls = torch.cat(kls)
+    assert kls.max() > delta + 1.0 and kls.min() < delta + 0.5  # the draws reach both far from and near the bound
+    # bfloat16 autocast (the bf16 precision's forward): the bound is applied in float32, not bf16
+    model = _delta_model(base, delta, d, torch.float32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        lv = model.bounded_logvar(torch.tensor([[1e3, 40.0, 0.0, -1e3]], dtype=torch.bfloat16))
+    assert lv.dtype == torch.float32 and (lv <= model.max_logvar).all()
+    kl = gaussian_kl(torch.zeros(1, d), lv[:, :1].expand(1, d))
+    assert float(kl) >= delta - 1e-6
+
+
+def test_delta_vae_kl_is_delta_at_mu_0_and_sigma_u(bn_setup):
+    """The committed rate is the family's minimum: at mu = 0, sigma = sigma_u the KL equals delta (float64),
+    by the KL formula and through the model with its head at the limit (logsigmoid(40) = -4e-18)."""
+    from zfree.models.continuous import max_posterior_logvar
+
+    base, batch = bn_setup
+    for delta, d in ((8.0, 16), (2.0, 4), (0.05, 4)):
+        u = max_posterior_logvar(delta, d)
+        kl = gaussian_kl(torch.zeros(3, d, dtype=torch.float64), torch.full((3, d), u, dtype=torch.float64))
+        torch.testing.assert_close(kl, torch.full((3,), delta, dtype=torch.float64), rtol=0, atol=1e-13)
+    model = _delta_model(base, 2.0, 4)
+    with torch.no_grad():
+        model.posterior_head.weight.zero_()
+        model.posterior_head.bias.copy_(torch.tensor([0.0] * 4 + [40.0] * 4, dtype=torch.float64))
+    out = model(batch)
+    assert out.posterior_mean.abs().max() == 0
+    kl = gaussian_kl(out.posterior_mean, out.posterior_logvar)
+    torch.testing.assert_close(kl, torch.full_like(kl, 2.0), rtol=0, atol=1e-13)
+    # at the zero-initialized bias sigma_q^2 = sigma_u^2 / 2
+    fresh = _delta_model(base, 2.0, 4)
+    with torch.no_grad():
+        fresh.posterior_head.weight.zero_()
+    half = torch.full((len(PAIRS), 4), model.max_logvar - math.log(2), dtype=torch.float64)
+    torch.testing.assert_close(fresh(batch).posterior_logvar, half, rtol=0, atol=1e-14)
+
+
+def test_delta_rate_0_leaves_the_model_bit_identical(bn_setup):
+    """delta_rate = 0 (the default) is today's model: the same parameters and buffers (checkpoints keep
+    their keys, delta > 0 too: sigma_u is recomputed from the config), the same outputs to the bit."""
+    base, batch = bn_setup
+    with default_dtype(torch.float64):
+        torch.manual_seed(3)
+        old = ContinuousCVAE(copy.deepcopy(base), d_latent=4, prior="standard", n_samples=2)
+        torch.manual_seed(3)
+        new = ContinuousCVAE(copy.deepcopy(base), d_latent=4, prior="standard", n_samples=2, delta_rate=0.0)
+    assert new.max_logvar is None
+    sd_old, sd_new = old.state_dict(), new.state_dict()
+    assert list(sd_old) == list(sd_new) and all(torch.equal(sd_old[k], sd_new[k]) for k in sd_old)
+    with torch.no_grad():
+        for m in (old, new):
+            w = m.latent_proj.weight
+            w.copy_(torch.linspace(-1, 1, w.numel(), dtype=w.dtype).view_as(w))
+    a = old(batch, generator=torch.Generator().manual_seed(5))
+    b = new(batch, generator=torch.Generator().manual_seed(5))
+    for f in ("posterior_mean", "posterior_logvar", "z", "target_logprobs", "features"):
+        assert torch.equal(getattr(a, f), getattr(b, f)), f
+    assert list(_delta_model(base, 2.0, 4).state_dict()) == list(sd_old)
+    assert TrainConfig().model.delta_rate == 0.0
+
+
+def test_delta_vae_run_keeps_the_kl_above_delta_and_resumes_exactly(tiny, tmp_path):
+    """The delta_vae remedy on the tiny run: rho_recon = 1 at step 0, every logged KL (train and val,
+    per example) >= delta, and a resumed run equals an uninterrupted one."""
+    import pandas as pd
+
+    from zfree.core.io import read_jsonl
+
+    data, base = tiny
+    flat = tiny_flat(data, base, steps=4, eval_every=2, device="cpu", d_latent=4, n_samples=1, beta=0.3,
+                     weighting="distribution")
+    cfg = TrainConfig.from_flat(apply_remedy(flat, "delta_vae"))
+    assert cfg.model.delta_rate == 8.0 and cfg.model.prior == "standard" and cfg.aid.remedy == "delta_vae"
+    s = train_cvae(cfg, tmp_path / "run", progress=False)
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert rows[0]["loss/val/baseline_normalized_reconstruction_loss"] == pytest.approx(1.0, abs=2e-6)
+    kls = [r[k] for r in rows for k in ("loss/val/kl_prior_loss", "loss/train/kl_prior_loss") if k in r]
+    assert len(kls) >= 3 and min(kls) >= 8.0 - 1e-5
+    per_example = pd.read_parquet(tmp_path / "run" / "per_example.parquet")
+    assert (per_example["kl"] >= 8.0 - 1e-5).all()
+    assert train_cvae(cfg, tmp_path / "resumed", progress=False, stop_after=3) == {"stopped_at": 3}
+    r = train_cvae(cfg, tmp_path / "resumed", progress=False)
+    drop = lambda d: {k: v for k, v in d.items() if k not in TIMING_KEYS}  # noqa: E731
+    assert json.dumps(drop(r), sort_keys=True) == json.dumps(drop(s), sort_keys=True)
+
+
+def test_delta_vae_entry_expands_composes_and_refuses_bad_combinations():
+    from zfree.config import ModelConfig
+    from zfree.objective.remedies import DELTA_VAE_RATE
+
+    assert DELTA_VAE_RATE == FREE_BITS_TOTAL == 8.0
+    assert remedy_fields("delta_vae", steps=100) == {"latent_kind": "continuous", "prior": "standard",
+                                                      "delta_rate": 8.0, "remedy": "delta_vae"}
+    both = remedy_fields("bn_vae+delta_vae", steps=100)  # both set the latent and prior alike: no conflict
+    assert both["bn_gamma"] == 0.7 and both["delta_rate"] == 8.0
+    fb = remedy_fields("delta_vae+free_bits", steps=100, d_latent=16)  # the Gaussian kind for free bits
+    assert fb["free_bits_mode"] == "per_dim" and fb["free_bits"] == 0.5
+    flat = {**TrainConfig().to_flat(), "steps": 100}
+    cfg = TrainConfig.from_flat(apply_remedy(flat, "ae+delta_vae"))
+    check_remedy_fields(cfg)
+    assert cfg.optim.steps == 100 and cfg.objective.ae_steps == 25 and cfg.model.delta_rate == 8.0
+    # the field alone, on the wrong latent or prior, or out of range: ConfigError naming it
+    for kw in ({"delta_rate": 1.0}, {"delta_rate": 1.0, "latent_kind": "continuous"},
+               {"delta_rate": -1.0, "latent_kind": "continuous", "prior": "standard"},
+               {"delta_rate": float("inf"), "latent_kind": "continuous", "prior": "standard"}):
+        with pytest.raises(ConfigError, match="delta_rate"):
+            ModelConfig(**kw)
+        with pytest.raises(ConfigError, match="delta_rate"):
+            TrainConfig.from_flat({**flat, **kw})
+    # a config named delta_vae must hold its committed rate
+    cont = {**flat, "latent_kind": "continuous", "prior": "standard"}
+    with pytest.raises(ValueError, match="delta_rate"):
+        expand_grid({**cont, "remedy": "delta_vae"}, {"beta": [0.3]})
+    with pytest.raises(ValueError, match="delta_rate"):
+        expand_grid({**apply_remedy(flat, "delta_vae"), "delta_rate": 4.0}, {"beta": [0.3]})
+    base = torch.nn.Module()
+    with pytest.raises(ValueError, match="prior"):
+        ContinuousCVAE(base, d_latent=2, prior="learned", delta_rate=1.0)
+    with pytest.raises(ValueError, match="delta_rate"):
+        ContinuousCVAE(base, d_latent=2, prior="standard", delta_rate=-1.0)

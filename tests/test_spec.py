@@ -170,7 +170,8 @@ def test_leaderboard_presets_hold_every_remedy_at_equal_steps_batch_and_rates():
             check_remedy_fields(TrainConfig.from_flat(p.params))
     remedies = {p.params["remedy"] for p in PRESETS["leaderboard"].points()}
     # every entry but the aggressive encoder (the full grid's: tests below) on the CPU tier
-    assert {"none", "free_bits", "ae+free_bits", "cyclical", "optimus", "switch_on", "gaussian", "bn_vae"} <= remedies
+    assert {"none", "free_bits", "ae+free_bits", "cyclical", "optimus", "switch_on", "gaussian", "bn_vae",
+            "delta_vae"} <= remedies
 
 
 def test_the_full_leaderboard_slurm_spec_is_what_its_generator_writes():

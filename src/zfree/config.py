@@ -8,6 +8,7 @@ Every field name is unique across the sub-configs of ``TrainConfig`` so the flat
 from __future__ import annotations
 
 
+import math
 from dataclasses import asdict, dataclass, field, fields
 from enum import Enum, StrEnum
 from typing import Any, Literal
@@ -212,6 +213,10 @@ class ModelConfig:
     # posterior means with a fixed scale gamma (their 0.7) and a learned shift, so the expected KL is at
     # least d_latent * gamma^2 / 2; 0 = off
     bn_gamma: float = 0.0
+    # delta-VAE (Razavi et al. 2019, the diagonal Gaussian with the N(0, I) prior): the committed rate
+    # delta in nats per example; every posterior std is held to sigma <= sigma_u < 1, sigma_u solved from
+    # delta / d_latent per dimension, so KL(q || N(0, I)) >= delta for every q (zfree.models.continuous); 0 = off
+    delta_rate: float = 0.0
 
     def __post_init__(self):
         typed_fields(self)
@@ -219,6 +224,12 @@ class ModelConfig:
         if self.bn_gamma > 0 and (self.latent_kind != LatentKind.CONTINUOUS or self.prior != "standard"):
             raise ValueError(f"bn_gamma={self.bn_gamma} (BN-VAE) needs latent_kind='continuous' and prior='standard' "
                              f"(got {self.latent_kind!s}, {self.prior!r})")
+        if not (isinstance(self.delta_rate, (int, float)) and math.isfinite(self.delta_rate) and self.delta_rate >= 0):
+            raise ConfigError(f"delta_rate={self.delta_rate!r} must be a finite number >= 0 (nats; 0: no delta-VAE)")
+        if self.delta_rate > 0 and (self.latent_kind != LatentKind.CONTINUOUS or self.prior != "standard"):
+            raise ConfigError(f"delta_rate={self.delta_rate:g} (delta-VAE) commits a rate against N(0, I): it needs "
+                              f"latent_kind='continuous' and prior='standard' "
+                              f"(got {self.latent_kind!s}, {self.prior!r})")
         check_latent_source(self.latent_source, self.latent_kind, self.n_latent)
         _check_choice("prior", self.prior, LatentPrior)
         _check_choice("shared_prefix", self.shared_prefix, Literal["auto", "on", "off"])

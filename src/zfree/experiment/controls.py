@@ -30,6 +30,7 @@ from zfree.experiment.spec import Point, run_id
 _RESET = ("beta", "beta_schedule", "beta_warmup_steps", "beta_cycle_steps", "beta_ratio_zero", "beta_ratio_increase",
           "free_bits", "free_bits_mode", "ae_steps",
           "lambda_jsd", "latent_kind", "n_latent", "posterior_features", "d_latent", "n_samples", "prior", "bn_gamma",
+          "delta_rate",
           "frozen_decoder_steps", *AidConfig.__dataclass_fields__)
 
 

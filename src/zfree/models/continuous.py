@@ -18,6 +18,26 @@ least 1/2 sum_d (gamma^2 var_B / (var_B + eps) + beta_d^2) (their bound E[KL] >=
 beta_d^2) >= d_latent gamma^2 / 2, eps aside; tested). Only mu_q changes: the decoder still equals
 the base model at step 0.
 
+delta-VAE (Razavi, van den Oord, Poole & Vinyals 2019, "Preventing Posterior Collapse with
+delta-VAEs", ICLR; ``delta_rate`` = delta > 0, the N(0, I) prior only): the posterior family is chosen
+so that no member reaches the prior, a *committed rate* KL(q || p) >= delta for every q. Their main
+models pair a correlated AR(1) prior over a sequence of latents with an independent posterior; zfree
+has one latent vector per example under N(0, I), so this is the other variant of their section on
+mismatched posterior and prior families: the posterior variance held to a fixed range, here
+(0, sigma_u^2] (no lower bound sigma_l is needed below 1). Per dimension
+KL(N(mu, s^2) || N(0, 1)) = 1/2 (mu^2 + s^2 - 1 - ln s^2) decreases in s on (0, 1), so with
+s <= sigma_u < 1 its minimum over the family is at mu = 0, s = sigma_u:
+KL >= 1/2 (sigma_u^2 - 1 - ln sigma_u^2) per dimension, delta in all when that is delta / d_latent
+(``max_posterior_logvar`` solves it for ln sigma_u^2, ``committed_rate`` is its inverse; tested).
+The head's raw log-variance r maps to sigma_q^2 = sigma_u^2 sigmoid(r), computed as
+logvar_q = ln sigma_u^2 + logsigmoid(r) (``bounded_logvar``): smooth and increasing; logsigmoid <= 0
+in floating point too, and ln sigma_u^2 is rounded down to a float32 model's dtype, so sigma_q <= sigma_u
+holds exactly (equality only in the limit r -> inf; the KL is >= delta up to the rounding of the KL
+formula), and log 0 is never taken. For r << 0 it is the unconstrained head shifted by ln sigma_u^2
+(slope 1, the same gradient as without the bound), where sigma_q = sigma_u sigmoid(r) would have
+slope 2. At the zero-initialized bias sigma_q^2 = sigma_u^2 / 2.
+The committed rate is paid, not information: a KL-based "measured use" reads it as use on every row.
+
 Samples are reparameterized, z = mu_q + exp(logvar_q / 2) * eps, eps ~ N(0, I) (Kingma & Welling
 2014, eq. 10), S >= 1 per example; the reconstruction expectation is the mean over the S samples.
 Because W = 0 at initialization, every z decodes exactly like the base model (rho_recon = 1 at
@@ -27,12 +47,15 @@ reused for the S decoder passes over the y-region, as in ``DiscreteCVAE``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
 import torch
 from jaxtyping import Bool, Float
 from torch import nn
+from torch.nn import functional as F
 
 from zfree.config import LatentKind
 from zfree.data.batching import Batch
@@ -41,6 +64,35 @@ from zfree.models.encoder import build_posterior_encoder, pool_posterior_feature
 from zfree.models.injection import (decoder_hidden_full, decoder_hidden_suffix, full_target_logprobs,
                                     suffix_target_logprobs, zfree_pass)
 
+
+def committed_rate(max_logvar: float, d_latent: int) -> float:
+    """delta-VAE's committed rate (Razavi et al. 2019): the smallest KL(N(mu, diag s^2) || N(0, I)) over
+    every mu and every s with ln s^2 <= ``max_logvar`` <= 0, attained at mu = 0, ln s^2 = max_logvar:
+    d_latent / 2 * (e^max_logvar - 1 - max_logvar), nats per example (float64). Raises ValueError
+    naming the argument for max_logvar > 0 (the minimum is then 0, at s = 1) or d_latent < 1."""
+    if not max_logvar <= 0:
+        raise ValueError(f"max_logvar={max_logvar!r} must be <= 0 (sigma_u <= 1)")
+    if not isinstance(d_latent, int) or d_latent < 1:
+        raise ValueError(f"d_latent={d_latent!r} must be an integer >= 1")
+    return 0.5 * d_latent * (math.expm1(max_logvar) - max_logvar)
+
+
+def max_posterior_logvar(delta_rate: float, d_latent: int) -> float:
+    """ln sigma_u^2 of delta-VAE's fixed-range posterior: the root u < 0 of
+    1/2 (e^u - 1 - u) = delta_rate / d_latent (the committed rate ``committed_rate(u, d_latent)`` equal
+    to ``delta_rate`` nats), by Brent's method (scipy.optimize.brentq) on [-(1 + 2 delta / d), 0], where
+    the left side is decreasing in u (derivative (e^u - 1) / 2 < 0) and changes sign (+e^-(1 + 2 delta / d)
+    at the left end, -delta / d at 0). Solved in u, not sigma_u^2, so a large delta / d keeps its relative
+    precision. Raises ValueError naming the argument for delta_rate <= 0 or not finite, or d_latent < 1."""
+    from scipy.optimize import brentq  # lazy: only a delta-VAE needs it
+
+    if not (isinstance(delta_rate, (int, float)) and math.isfinite(delta_rate) and delta_rate > 0):
+        raise ValueError(f"delta_rate={delta_rate!r} must be a finite number > 0")
+    if not isinstance(d_latent, int) or d_latent < 1:
+        raise ValueError(f"d_latent={d_latent!r} must be an integer >= 1")
+    per_dim = 2.0 * float(delta_rate) / d_latent
+    return float(brentq(lambda u: math.expm1(u) - u - per_dim, -(1.0 + per_dim), 0.0, xtol=1e-300,
+                        rtol=4 * np.finfo(float).eps, maxiter=500))
 
 
 @dataclass
@@ -75,10 +127,11 @@ class ContinuousCVAE(nn.Module):
     latent_kind = LatentKind.CONTINUOUS
 
     def __init__(self, backbone: nn.Module, d_latent: int, posterior_features: str = "mean_y",
-                 prior: str = "learned", n_samples: int = 1, bn_gamma: float = 0.0):
-        """``bn_gamma`` > 0: BN-VAE's fixed scale of the batch-normalized posterior means (needs
-        ``prior='standard'``). Raises ValueError naming the argument for a bad d_latent, n_samples,
-        posterior_features, prior or bn_gamma."""
+                 prior: str = "learned", n_samples: int = 1, bn_gamma: float = 0.0, delta_rate: float = 0.0):
+        """``bn_gamma`` > 0: BN-VAE's fixed scale of the batch-normalized posterior means; ``delta_rate``
+        > 0: delta-VAE's committed rate in nats per example (sigma_q <= sigma_u; module docstring); both
+        need ``prior='standard'``. Raises ValueError naming the argument for a bad d_latent, n_samples,
+        posterior_features, prior, bn_gamma or delta_rate."""
         super().__init__()
         if not isinstance(d_latent, int) or d_latent < 1:
             raise ValueError(f"d_latent={d_latent!r} must be an integer >= 1")
@@ -92,6 +145,11 @@ class ContinuousCVAE(nn.Module):
             raise ValueError(f"bn_gamma={bn_gamma!r} must be a number >= 0 (0: no BN-VAE)")
         if bn_gamma > 0 and prior != "standard":
             raise ValueError(f"bn_gamma={bn_gamma} (BN-VAE) bounds the KL to N(0, I): it needs prior='standard', got {prior!r}")
+        if not (isinstance(delta_rate, (int, float)) and math.isfinite(delta_rate) and delta_rate >= 0):
+            raise ValueError(f"delta_rate={delta_rate!r} must be a finite number >= 0 (0: no delta-VAE)")
+        if delta_rate > 0 and prior != "standard":
+            raise ValueError(f"delta_rate={delta_rate:g} (delta-VAE) commits a rate against N(0, I): it needs "
+                             f"prior='standard', got {prior!r}")
         d = backbone.get_input_embeddings().weight.shape[1]
         self.backbone = backbone
         self.d_latent, self.n_samples, self.prior, self.posterior_features = d_latent, n_samples, prior, posterior_features
@@ -107,6 +165,13 @@ class ContinuousCVAE(nn.Module):
             self.posterior_bn = nn.BatchNorm1d(d_latent)
             nn.init.constant_(self.posterior_bn.weight, float(bn_gamma))
             self.posterior_bn.weight.requires_grad_(False)
+        # delta-VAE: ln sigma_u^2, a float (not a buffer: recomputed from the config, so checkpoints do not change)
+        self.delta_rate = float(delta_rate)
+        self.max_logvar = max_posterior_logvar(delta_rate, d_latent) if delta_rate > 0 else None
+        if self.max_logvar is not None:  # the float32 value at or below it (round to nearest may round up;
+            b32 = np.float32(self.max_logvar)  # compared as Python floats: numpy would compare in float32)
+            down = b32 if float(b32) <= self.max_logvar else np.nextafter(b32, np.float32(-np.inf))
+            self._max_logvar32 = float(down)
         if prior == "learned":
             self.prior_head = nn.Linear(d, 2 * d_latent)
             nn.init.zeros_(self.prior_head.weight)  # N(0, I) at step 0
@@ -130,19 +195,30 @@ class ContinuousCVAE(nn.Module):
 
     def heads_from_hidden(self, h: Float[torch.Tensor, "batch seq d_model"], batch: Batch) -> GaussianHeads:
         """Posterior and prior parameters and the posterior features from the z-free hidden states (B, T, D);
-        under BN-VAE mu_q is batch-normalized (``posterior_bn``; training mode: this batch's statistics)."""
+        under BN-VAE mu_q is batch-normalized (``posterior_bn``; training mode: this batch's statistics),
+        under delta-VAE logvar_q = ln sigma_u^2 + logsigmoid(the head's raw output)."""
         B = h.shape[0]
         rows = torch.arange(B, device=h.device)
         feats = pool_posterior_features(self, self.posterior_features, h, batch)
         mu_q, logvar_q = self.posterior_head(feats).chunk(2, -1)
         if self.posterior_bn is not None:  # BN-VAE: batch statistics in training, running ones in evaluation
             mu_q = self.posterior_bn(mu_q)
+        if self.max_logvar is not None:  # delta-VAE: sigma_q^2 = sigma_u^2 sigmoid(raw) <= sigma_u^2
+            logvar_q = self.bounded_logvar(logvar_q)
         sep = h[rows, batch.prefix_len - 1]  # sees only x
         if self.prior == "learned":
             mu_p, logvar_p = self.prior_head(sep).chunk(2, -1)
         else:
             mu_p, logvar_p = torch.zeros_like(mu_q), torch.zeros_like(logvar_q)
         return GaussianHeads(mu_q, logvar_q, mu_p, logvar_p, feats)
+
+    def bounded_logvar(self, raw: Float[torch.Tensor, "batch d_latent"]) -> Float[torch.Tensor, "batch d_latent"]:
+        """delta-VAE's posterior log-variance ln sigma_u^2 + logsigmoid(raw) (module docstring), in float32
+        at least (a bfloat16 head under autocast would round ln sigma_u^2 by ~0.4 %), with ln sigma_u^2
+        rounded down to float32 for a float32 raw: sigma_q <= sigma_u exactly in the output's dtype."""
+        raw = raw.to(torch.promote_types(raw.dtype, torch.float32))
+        bound = self.max_logvar if raw.dtype == torch.float64 else self._max_logvar32
+        return bound + F.logsigmoid(raw)
 
     def encode(self, batch: Batch) -> GaussianHeads:
         """The z-free pass (no key/value cache) and the heads on it: q and the prior without decoding."""

@@ -18,7 +18,8 @@ WEIGHTING_COLORS = {"plain": "tab:blue", "distribution": "tab:orange", "example"
 REMEDY_STYLES = {"none": ("tab:gray", "o"), "free_bits": ("tab:blue", "s"), "ae": ("tab:cyan", "v"),
                  "ae+free_bits": ("tab:green", "^"), "kl_threshold": ("tab:olive", "<"),
                  "cyclical": ("tab:purple", ">"), "optimus": ("tab:pink", "D"), "aggressive": ("tab:brown", "P"),
-                 "switch_on": ("tab:red", "*"), "switch_on_e2e": ("darkred", "*"), "gaussian": ("tab:orange", "h"), "bn_vae": ("black", "d")}
+                 "switch_on": ("tab:red", "*"), "switch_on_e2e": ("darkred", "*"), "gaussian": ("tab:orange", "h"), "bn_vae": ("black", "d"),
+                 "delta_vae": ("goldenrod", "p")}
 #: the fill of a remedy's marker per weighting (the color and marker already name the remedy)
 WEIGHTING_FILLS = {"plain": "full", "distribution": "none", "example": "left", "token": "bottom"}
 

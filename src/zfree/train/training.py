@@ -78,7 +78,7 @@ def build_cvae(cfg: TrainConfig, backbone: torch.nn.Module) -> DiscreteCVAE | Co
     with default_dtype(next(backbone.parameters()).dtype):  # new heads in the backbone's dtype
         if m.latent_kind == LatentKind.CONTINUOUS:
             model = ContinuousCVAE(backbone, m.d_latent, m.posterior_features, prior=m.prior, n_samples=m.n_samples,
-                                   bn_gamma=m.bn_gamma)
+                                   bn_gamma=m.bn_gamma, delta_rate=m.delta_rate)
         else:
             model = DiscreteCVAE(backbone, m.n_latent, m.posterior_features,
                                  latent_init_std=cfg.aid.latent_init_std if cfg.aid.aid == "random_init_jsd" else 0.0,
