@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -164,6 +165,25 @@ def test_fit_budget_cuts_and_refuses():
         est.fit_budget(spec, seconds, budget=1)
     with pytest.raises(ConfigError, match="own-data grid"):
         est.fit_budget(PRESETS["smoke"], seconds, budget=60)
+
+
+def test_plan_gives_the_grid_what_is_left_of_the_budget(tmp_path, monkeypatch):
+    """The budget is the whole study's: the grid gets it minus the time since the study began (split,
+    reference, probes) and the report's REPORT_S; nothing left is a one-line refusal."""
+    monkeypatch.setattr(est, "probe", lambda point, work, micro_batch=None: PROBE)
+    monkeypatch.setattr(est, "memory_limit", lambda: 64 * est.GB)
+    spec, seen = OWN_PRESETS["own"], []
+
+    def fit(s, seconds, budget):
+        seen.append(budget)
+        return s, []
+    monkeypatch.setattr(est, "fit_budget", fit)
+    t0 = time.time() - 100
+    plan = est.plan(spec, lambda s: _points(), tmp_path, workers=1, budget=1200, started=t0)
+    assert 1200 - 100 - est.REPORT_S - 5 < seen[0] <= 1200 - 100 - est.REPORT_S
+    assert plan.record["grid_budget_s"] == seen[0] and "for the runs after the preparation" in plan.lines[1]
+    with pytest.raises(ConfigError, match="--budget 2 min: the split, reference and probes took"):
+        est.plan(spec, lambda s: _points(), tmp_path, workers=1, budget=120, started=t0)
 
 
 @pytest.mark.parametrize("text,seconds", [("15m", 900), ("1h", 3600), ("1h30m", 5400), ("90s", 90), ("20", 1200),

@@ -44,6 +44,9 @@ PROBE_STEPS, PROBE_ROWS = 3, 16  # steps and evaluated rows of the probe run
 #: ``zfree train`` child measures (leaderboard study, session 5: notebook written 4-6 s after the
 #: run's own wall_s)
 KERNEL_START_S = 5.0
+#: seconds a budget keeps for the report after the runs (an own study of 11 runs on E2E rows with a
+#: 49k-vocabulary model: measured below in README "Real models on a small machine")
+REPORT_S = 60.0
 #: below this many steps a run is cut only after the weightings and the batch (a run of fewer steps
 #: barely moves)
 STEP_FLOOR = 50
@@ -305,9 +308,12 @@ def fit_budget(spec: ExperimentSpec, seconds: Callable[[ExperimentSpec], float],
 
 
 def plan(spec: ExperimentSpec, make_points: Callable[[ExperimentSpec], list[Point]], out: Path, workers: int,
-         budget: float | None = None) -> Plan:
-    """Probe one point, fit the grid to memory (``fit_memory``) and to ``budget`` seconds
-    (``fit_budget``), print the estimate and what changed, and write ``out/estimate.json``."""
+         budget: float | None = None, started: float | None = None) -> Plan:
+    """Probe one point (and a z-free control), fit the grid to memory (``fit_memory``) and to the
+    budget (``fit_budget``), print the estimate and what changed, and write ``out/estimate.json``.
+    ``budget``: seconds for the whole study; the grid gets what is left of it after the time since
+    ``started`` (``time.time()`` when the study began: the split, the reference, the probes) and
+    ``REPORT_S`` for the report. Raises ConfigError when nothing is left."""
     import psutil
 
     points = make_points(spec)
@@ -325,8 +331,14 @@ def plan(spec: ExperimentSpec, make_points: Callable[[ExperimentSpec], list[Poin
     if mb:
         spec = dataclasses.replace(spec, train={**spec.train, "micro_batch": mb})
     cuts: list[str] = []
+    grid_budget = None
     if budget is not None:
-        spec, cuts = fit_budget(spec, lambda s: grid_seconds(make_points(s), pr, n_val, w), budget)
+        spent = 0.0 if started is None else time.time() - started
+        grid_budget = budget - spent - REPORT_S
+        if grid_budget <= 0:
+            raise ConfigError(f"--budget {budget / 60:.0f} min: the split, reference and probes took {spent / 60:.1f} min "
+                              f"and the report needs about {REPORT_S / 60:.0f}; give a larger budget")
+        spec, cuts = fit_budget(spec, lambda s: grid_seconds(make_points(s), pr, n_val, w), grid_budget)
     final = make_points(spec)
     secs, peak = grid_seconds(final, pr, n_val, w), w * pr.peak_rss + parent
     head = (f"estimate: {len(final)} runs on {w} worker(s): about {secs / 60:.1f} min, peak memory {peak / GB:.1f} GB "
@@ -335,10 +347,12 @@ def plan(spec: ExperimentSpec, make_points: Callable[[ExperimentSpec], list[Poin
             f"{pr.batch_size}, {pr.eval_row_s:.3f} s an evaluated row"
             + (f"; z-free control {pr.given_step_s:.2f} s a step, {pr.given_eval_row_s:.3f} s a row"
                if pr.given_step_s is not None else "") + f"; {pr.setup_s:.0f} s setup")
-    lines = [head, *lines, *([f"budget {budget / 60:.0f} min: cut " + "; ".join(cuts)] if cuts else
-                             [f"budget {budget / 60:.0f} min: the grid fits uncut"] if budget is not None else [])]
+    room = (f"budget {budget / 60:.0f} min ({grid_budget / 60:.1f} for the runs after the preparation and probes, "
+            f"{REPORT_S:.0f} s kept for the report)" if budget is not None else "")
+    lines = [head, *lines, *([f"{room}: cut " + "; ".join(cuts)] if cuts else
+                             [f"{room}: the grid fits uncut"] if budget is not None else [])]
     rec = {"runs": len(final), "workers": w, "estimated_s": secs, "estimated_peak_bytes": peak, "budget_s": budget,
-           "cuts": cuts, "micro_batch": mb, "probe": dataclasses.asdict(pr), "memory_limit_bytes": limit,
+           "grid_budget_s": grid_budget, "cuts": cuts, "micro_batch": mb, "probe": dataclasses.asdict(pr), "memory_limit_bytes": limit,
            "lines": lines, "train": spec.train}
     atomic_write_json(out / "estimate.json", rec)
     for line in lines:

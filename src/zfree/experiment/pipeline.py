@@ -123,7 +123,7 @@ def run_experiment(spec: ExperimentSpec, out_dir: Path | str, *, retrain_base: b
     t0 = time.time()
     prep = prepare(spec, out, retrain_base=retrain_base, progress=progress)
     if estimate or budget_s is not None:  # issue 24: measure, fit memory and budget, say so, then go on
-        fitted = plan(spec, lambda s: _points(s, prep), out, workers or spec.workers, budget_s)
+        fitted = plan(spec, lambda s: _points(s, prep), out, workers or spec.workers, budget_s, started=t0)
         spec, workers = fitted.spec, fitted.workers
     grid, table = _grid(spec, prep)
     notes = _notes(spec, out, prep, table)
