@@ -173,3 +173,31 @@ def test_training_step_has_no_explicit_host_read_on_cuda(tiny_run, tmp_path, mon
 
     data, base = tiny_run
     assert not record_host_reads(monkeypatch, _train_cfg(data, base, device="cuda"), tmp_path / "run", "cuda")
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_lora_training_run_on_cuda(tiny_run, tmp_path, precision):
+    """Issue 24: the LoRA decoder on CUDA under each precision: the step-0 evaluation equals the CPU
+    full-weight run's (B = 0: the same function; evaluation is fp32), the run is finite, only the
+    adapters train in the backbone, and the checkpoint holds what trains (no frozen base weight)."""
+    import math
+
+    from safetensors.torch import load_file
+
+    from zfree.core.io import read_jsonl
+    from zfree.train.training import train_cvae
+
+    data, base = tiny_run
+    kw = dict(precision=precision, weighting="distribution", beta=0.3, lora_rank=4)
+    gpu = train_cvae(_train_cfg(data, base, device="cuda", **kw), tmp_path / "gpu", progress=False)
+    cpu = train_cvae(_train_cfg(data, base, device="cpu", weighting="distribution", beta=0.3, steps=1, eval_every=1),
+                     tmp_path / "cpu", progress=False)
+    key = "init/loss/val/baseline_normalized_reconstruction_loss"
+    assert gpu[key] == pytest.approx(cpu[key], abs=1e-5)
+    rows = read_jsonl(tmp_path / "gpu" / "metrics.jsonl")
+    assert all(math.isfinite(r["loss/train/total"]) for r in rows[1:])
+    tensors = {}
+    for f in (tmp_path / "gpu" / "checkpoint").glob("*.safetensors"):
+        tensors.update(load_file(f))
+    backbone = [k for k in tensors if "backbone" in k]
+    assert backbone and all("lora_" in k for k in backbone), backbone[:5]
