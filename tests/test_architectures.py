@@ -118,8 +118,8 @@ def test_score_equals_float64_one_row_oracle(arch):
 @pytest.mark.parametrize("head_chunk", [None, 3 * V], ids=["whole-head", "chunked-head"])
 @pytest.mark.parametrize("path", ["shared_prefix", "full"])
 def test_decoder_step0_logprobs_equal_the_models_own(arch, path, head_chunk, monkeypatch):
-    """Chunked: 3 rows per chunk, under gradient (each chunk checkpointed through the model's own
-    head path: soft-capping, scaling)."""
+    """Chunked: 3 rows per chunk, under gradient (``head_chunks._HeadLogprobs``: each chunk through
+    the model's own head path: soft-capping, scaling)."""
     from zfree.models import head_chunks
 
     monkeypatch.setitem(head_chunks._SETTINGS, "elements", head_chunk)

@@ -78,9 +78,10 @@ def test_cvae_step0_on_cuda(tmp_path, kind):
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_chunked_head_on_cuda_equals_the_whole_head_and_bounds_memory(precision):
-    """Issue 24: the K-way step with the chunked head (checkpointed chunks) under the body's
-    precision gives the whole head's log-probs and gradients (head and log-softmax fp32 in both),
-    and its peak CUDA memory stays below the whole head's (vocabulary 32 768, tiny body)."""
+    """Issue 24: the K-way step with the chunked head (the gradient Function, head_chunks._HeadLogprobs,
+    replaying autocast on the autograd thread) under the body's precision gives the whole head's
+    log-probs and gradients (head and log-softmax fp32 in both), and its peak CUDA memory stays
+    below the whole head's (vocabulary 32 768, tiny body)."""
     from zfree.data.batching import EncodedPair
     from zfree.models.base import build_synthetic_gpt2
     from zfree.models.head_chunks import set_head_chunk

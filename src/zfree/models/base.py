@@ -52,7 +52,8 @@ def target_logprobs_from_hidden(model, hidden: Float[torch.Tensor, "batch seq d_
     Gathers the hidden states of the positions that predict y tokens (t - 1) *before* the output
     head, so logits are never materialized for x positions; the logits are the model's own
     (``zfree.models.head``: soft-capping, scaling, bias honoured), log-softmax runs in float32, at
-    most ``zfree.models.head_chunks.HEAD_CHUNK_ELEMENTS`` logits at a time (checkpointed chunks). Raises ModelLoadError if the model's head path cannot be reproduced.
+    most ``zfree.models.head_chunks.HEAD_CHUNK_ELEMENTS`` logits at a time (gradient by recomputation,
+    ``head_token_logprobs``). Raises ModelLoadError if the model's head path cannot be reproduced.
     """
     B, T, _ = hidden.shape
     predict = batch.target_mask[:, 1:]  # (B, T-1): position t-1 predicts supervised token t
