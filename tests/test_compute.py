@@ -40,6 +40,7 @@ def test_evaluation_is_not_counted_and_extra_passes_are(tiny_run, tmp_path):
     once = train_cvae(_cfg(data, base, eval_every=4), tmp_path / "once", progress=False)
     assert often["compute/forward_tokens"] == once["compute/forward_tokens"] > 0
     assert 0 < once["compute/train_wall_s"] <= once["wall_s"]
+    assert 0 < once["compute/first_step_s"] <= once["compute/train_wall_s"]  # step 1 alone (the probe's warm-up)
     hard = train_cvae(_cfg(data, base, eval_every=4, aid="hard_em_then_soft", handover_check_every=2,
                            hard_em_max_steps=4, handover_rows=16), tmp_path / "hard", progress=False)
     control = train_cvae(_cfg(data, base, eval_every=4, n_latent=1, latent_source="control", beta=0.0),

@@ -221,3 +221,36 @@ def test_probe_measures_a_real_run(tmp_path):
     p = Point("probe", TrainConfig.from_flat({**TrainConfig().to_flat(), **SMALL}).to_flat())
     pr = est.probe(p, tmp_path)
     assert pr.step_s > 0 and pr.eval_row_s > 0 and pr.peak_rss > 50 * 2**20 and pr.batch_size == 8
+
+
+@pytest.mark.parametrize("remedy", __import__("zfree.objective.remedies", fromlist=["REMEDIES"]).REMEDIES)
+def test_probe_config_of_every_remedy_point_is_valid(remedy):
+    """A probe trains 3 steps of the first point: a remedy's fields depend on the run's steps and may
+    set an aid, so the probe's config drops the remedy name (the leaderboard preset's first point,
+    switch_on, failed its probe with "remedy='switch_on' sets aid=... but the config has aid='none'")."""
+    from zfree.objective.remedies import apply_remedy, check_remedy_fields
+
+    flat = apply_remedy({**TrainConfig().to_flat(), **SMALL, "steps": 300}, remedy)
+    check_remedy_fields(TrainConfig.from_flat(flat))  # the point itself is valid
+    cfg = TrainConfig.from_flat(est.probe_params(flat))
+    check_remedy_fields(cfg)  # and so is what the probe trains
+    assert cfg.optim.steps == est.PROBE_STEPS and cfg.aid.aid == "none" and cfg.aid.remedy == "none"
+
+
+def test_run_seconds_counts_aggressive_encoder_steps_by_their_measured_cost():
+    p = _points(steps=10, eval_every=10, eval_rows=20)[0].params
+    plain = est.run_seconds(p, PROBE, 1000)
+    aggressive = est.run_seconds({**p, "aid": "aggressive_encoder"}, PROBE, 1000)
+    # 10 K-way steps of 1 s each, counted AGGRESSIVE_STEP_FACTOR times
+    assert aggressive - plain == pytest.approx(10 * 1.0 * (est.AGGRESSIVE_STEP_FACTOR - 1))
+
+
+def test_probe_separates_the_first_step_from_the_steady_ones():
+    """Steady step = (steps' wall - first step) / (PROBE_STEPS - 1); the first step's extra goes to
+    setup (paid once a run); an older summary without the keys falls back to the whole-wall formula."""
+    n = est.PROBE_STEPS
+    steady, warm = est.probed_step_seconds({"compute/first_step_s": 2.5, "compute/train_wall_s": 2.5 + 0.5 * (n - 1)},
+                                           ev0=1.0, end=9.0)
+    assert steady == pytest.approx(0.5) and warm == pytest.approx(2.0)
+    old, none = est.probed_step_seconds({}, ev0=1.0, end=9.0)
+    assert old == pytest.approx((9.0 - 2.0) / n) and none == 0.0

@@ -1,10 +1,11 @@
 """An estimate before a study starts (issue 24): a few steps of one grid point are measured in a
-child process (``probe``: a ``zfree train`` of 3 steps, its peak RSS polled), and the whole grid's
+child process (``probe``: a ``zfree train`` of ``PROBE_STEPS`` steps, its peak RSS polled), and the whole grid's
 wall time and peak memory on this machine follow from them (``estimate_grid``). Where the grid does
 not fit in memory, ``fit_memory`` picks fewer workers, else a smaller micro-batch with gradient
 accumulation (``micro_batch``, the same objective: ``zfree.train.accumulate``), else refuses in one
 line naming the memory it needs; under a budget, ``fit_budget`` cuts an own-data grid (evaluated rows,
-beta points, steps) until it fits and says what it cut. ``plan`` does all of it and writes
+intermediate evaluations, beta points, steps, weightings, batch: the order in its docstring) until it
+fits and says what it cut. ``plan`` does all of it and writes
 ``estimate.json``.
 
 The model of a run's wall time: setup (process start, imports, model load, reference, plus
@@ -14,7 +15,9 @@ measured time per evaluated row. Two kinds of step are probed: the K-way step of
 first point) and the one-pass step of a z-free control or label oracle (``latent_source`` other than
 ``posterior``: only the given value is decoded), each with its own time per evaluated row. A hard-EM
 step is counted as a one-pass step plus a third of a K-way step (its E-step: the K-way forward
-without gradient, about a third of a forward + backward). The grid's wall time: the points in order
+without gradient, about a third of a forward + backward); an aggressive-encoder step as
+``AGGRESSIVE_STEP_FACTOR`` K-way steps (its measured forward tokens). The probe trains the first
+point without its aid and remedy. The grid's wall time: the points in order
 on the first free worker (what a process pool does).
 """
 
@@ -39,7 +42,7 @@ from zfree.experiment.spec import ExperimentSpec, Point
 from zfree.train.accumulate import accumulation_problem
 
 GB = 2**30
-PROBE_STEPS, PROBE_ROWS = 3, 16  # steps and evaluated rows of the probe run
+PROBE_STEPS, PROBE_ROWS = 4, 16  # steps and evaluated rows of the probe run (the first step apart)
 #: seconds a study's run spends starting its papermill kernel and notebook beyond what a probe's
 #: ``zfree train`` child measures (leaderboard study, session 5: notebook written 4-6 s after the
 #: run's own wall_s)
@@ -52,6 +55,10 @@ REPORT_S = 60.0
 STEP_FLOOR = 50
 #: the batch a budget falls back to when even the kept weightings do not fit at ``STEP_FLOOR`` steps
 SMALL_BATCH = 8
+#: an aggressive-encoder run's cost in K-way steps per step (He et al. 2019's inner posterior steps):
+#: its forward tokens over a plain run's, measured 11.3x [11.0, 11.7] on the synthetic leaderboard
+#: (distribution beta 0.3, 3 seeds: analysis/results/leaderboard-aggressive-distribution.json)
+AGGRESSIVE_STEP_FACTOR = 11.3
 MEMORY_SHARE = 0.85  # of the available memory a grid may plan to use (the rest: page cache, the OS)
 
 
@@ -101,14 +108,21 @@ def _poll_peak(pid: int, stop: threading.Event, peak: list[int]) -> None:
         stop.wait(0.2)
 
 
+def probe_params(params: dict, micro_batch: int = 0) -> dict:
+    """The flat config a probe trains: ``params`` for ``PROBE_STEPS`` steps on ``PROBE_ROWS`` rows, no
+    decoding, unaided and with ``remedy`` "none" (a remedy's fields depend on the run's steps and may
+    set an aid: its cost is modelled in ``run_seconds``, never probed), ``micro_batch`` rows a chunk."""
+    return {**params, "steps": PROBE_STEPS, "eval_every": PROBE_STEPS, "eval_rows": PROBE_ROWS,
+            "decode_rows": 0, "aid": "none", "remedy": "none", "warmup_backbone": 1, "micro_batch": micro_batch}
+
+
 def probe(point: Point, work: Path, micro_batch: int | None = None) -> Probe:
     """Train ``point`` unaided for ``PROBE_STEPS`` steps on ``PROBE_ROWS`` evaluated rows (no decoding)
     in a child ``zfree train`` (one torch thread) in ``work``, and measure it (``Probe``). Raises
     ConfigError with the child's last lines when it fails (a point that cannot run at all)."""
     cfg = TrainConfig.from_flat(point.params)
     mb = cfg.optim.micro_batch if micro_batch is None else micro_batch
-    flat = {**point.params, "steps": PROBE_STEPS, "eval_every": PROBE_STEPS, "eval_rows": PROBE_ROWS,
-            "decode_rows": 0, "aid": "none", "warmup_backbone": 1, "micro_batch": mb}
+    flat = probe_params(point.params, mb)
     run = work / f"probe-mb{mb}"
     import shutil
 
@@ -130,9 +144,25 @@ def probe(point: Point, work: Path, micro_batch: int | None = None) -> Probe:
                           f"{' | '.join(output.strip().splitlines()[-3:])}")
     rows = read_jsonl(run / "metrics.jsonl")
     ev0, end = rows[0]["wall_s"], rows[-1]["wall_s"]
-    return Probe(setup_s=max(0.0, wall - end), step_s=max(1e-3, (end - 2 * ev0) / PROBE_STEPS),
+    step_s, warm = probed_step_seconds(json.loads((run / "summary.json").read_text()), ev0, end)
+    return Probe(setup_s=max(0.0, wall - end) + warm, step_s=step_s,
                  eval_row_s=ev0 / PROBE_ROWS, peak_rss=peak[0], batch_size=cfg.optim.batch_size, micro_batch=mb,
                  wall_s=wall)
+
+
+def probed_step_seconds(summary: dict, ev0: float, end: float) -> tuple[float, float]:
+    """(seconds of a steady step, the first step's extra seconds) from a probe's ``summary.json``:
+    the steps' wall time (``compute/train_wall_s``, evaluations excluded) less the first step
+    (``compute/first_step_s``: allocations and caches warm up in it) over the other
+    ``PROBE_STEPS - 1``. Counting the first step as a steady one overestimated a 400-step synthetic
+    leaderboard run 2.2x (probe 0.71 s a step, the run 0.28 s). Without those keys (an older
+    trainer): (``end`` - 2 ``ev0``) / ``PROBE_STEPS`` and no extra, ``ev0``/``end`` the wall seconds
+    of the first and last evaluation records."""
+    first, train = summary.get("compute/first_step_s"), summary.get("compute/train_wall_s")
+    if first is None or train is None or PROBE_STEPS < 2:
+        return max(1e-3, (end - 2 * ev0) / PROBE_STEPS), 0.0
+    steady = max(1e-3, (train - first) / (PROBE_STEPS - 1))
+    return steady, max(0.0, first - steady)
 
 
 def _n_evals(steps: int, every: int) -> int:
@@ -142,7 +172,8 @@ def _n_evals(steps: int, every: int) -> int:
 def run_seconds(params: dict, pr: Probe, n_val: int) -> float:
     """Estimated wall seconds of one run (module docstring): setup + kernel start + steps x step +
     evaluated rows x row; a control's or oracle's steps and rows at the probe's ``given_*`` times,
-    a hard-EM step at one given step + a third of a K-way step."""
+    a hard-EM step at one given step + a third of a K-way step, an aggressive-encoder run's steps at
+    ``AGGRESSIVE_STEP_FACTOR`` K-way steps each."""
     c = TrainConfig.from_flat(params)
     o, a = c.optim, c.aid
     given = c.model.latent_source != "posterior"
@@ -156,6 +187,8 @@ def run_seconds(params: dict, pr: Probe, n_val: int) -> float:
         hard = min(a.hard_em_max_steps, o.steps)
         evals += (hard // max(1, a.handover_check_every)) * min(a.handover_rows or n_val, n_val)
     step_time = o.steps * one if given else hard * (one + soft / 3) + (o.steps - hard) * soft
+    if a.aid == "aggressive_encoder":
+        step_time *= AGGRESSIVE_STEP_FACTOR
     return pr.setup_s + KERNEL_START_S + step_time + evals * row
 
 

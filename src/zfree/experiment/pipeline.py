@@ -139,5 +139,7 @@ def run_experiment(spec: ExperimentSpec, out_dir: Path | str, *, retrain_base: b
     print_failures(statuses, out / "runs")
     html = render_report(out, progress=progress) if render else None
     if progress and render:
-        print(f"study {spec.name!r}: {n} runs in {out} ({time.time() - t0:.0f} s); report: {html}")
+        extra = len(points) - n
+        also = f" (+ {extra} z-free controls and label oracles)" if extra > 0 else ""
+        print(f"study {spec.name!r}: {n} runs{also} in {out} ({time.time() - t0:.0f} s); report: {html}")
     return ExperimentResult(out, statuses, html, n)

@@ -49,7 +49,7 @@ from zfree.train.checkpoint_parts import load_model_tensors, prune_finished, sav
 #: a run "uses z" (summary ``latent_used``) when more than this fraction of its validation rows
 #: does; ``predicted_latent_used`` applies it to the predicted fraction (zfree.report.report reads it)
 USE_THRESHOLD = 0.5
-TIMING_KEYS = ("wall_s", "compute/train_wall_s")  # the only summary keys that differ between a resumed and an uninterrupted run
+TIMING_KEYS = ("wall_s", "compute/train_wall_s", "compute/first_step_s")  # the only summary keys that differ between a resumed and an uninterrupted run
 
 
 class NonFiniteLossError(ZfreeError, RuntimeError):
@@ -331,6 +331,9 @@ def write_summary(out: Path, cfg: TrainConfig, ev, state, wall: float) -> dict:
     summary["compute/forward_tokens"] = getattr(state, "forward_tokens", None)
     if getattr(state, "eval_wall_s", None) is not None:
         summary["compute/train_wall_s"] = summary["wall_s"] - state.eval_wall_s
+    # the first step's wall seconds (allocations and caches warm up in it): the estimate's probe
+    # separates it from the steady steps (zfree.experiment.estimate.probe)
+    summary["compute/first_step_s"] = getattr(state, "first_step_s", None)
     atomic_write_json(out / "summary.json", summary)
     prune_finished(out, keep_prev=cfg.optim.keep_prev_checkpoint)  # one checkpoint per finished run
     return summary

@@ -59,6 +59,7 @@ class TrainState:
     train_log: dict = field(default_factory=dict)  # running sums of training terms since the last eval
     forward_tokens: int = 0  # token positions forwarded through the decoder body in training (zfree.train.compute)
     eval_wall_s: float = 0.0  # wall time spent evaluating (the training wall time is the rest)
+    first_step_s: float | None = None  # wall seconds of step 1 (no evaluation): its warm-up, for the estimate
     # aggressive_encoder (He et al. 2019): the step its aggressive phase ended (None: not (yet)), the
     # posterior-only inner steps in all, and the mutual-information checks ({step, mutual_information, inner_steps})
     aggressive_end_step: int | None = None
@@ -349,6 +350,7 @@ def _train_steps(cfg, out, run, progress, stop_after, saved, gate_rows, mask, de
                desc=f"{cfg.objective.weighting} β={cfg.objective.beta:g}" + ("" if cfg.aid.aid == "none" else f" {cfg.aid.aid}"))
     while state.step < cfg.optim.steps:
         step = state.step + 1
+        t_step = time.time()
         set_learning_rates(run.opt, {BACKBONE_GROUP: backbone_lr(cfg, state.phase, step),
                                      NEW_GROUP: aids.new_lr(cfg, state.phase)})
         idx = run.rng.integers(0, len(data.train), cfg.optim.batch_size)  # batches drawn with replacement
@@ -365,6 +367,8 @@ def _train_steps(cfg, out, run, progress, stop_after, saved, gate_rows, mask, de
         watch.add(br, step, host)  # (its row ids) checked now on the CPU, every FINITE_CHECK_EVERY steps elsewhere
         _optimizer_step(run, br, cfg, step, mask, aids.trained_side(cfg, state, step))
         state.step = step
+        if step == 1:
+            state.first_step_s = time.time() - t_step
         _log_train_terms(state, br)
         bar.update(1)
         if not bar.disable and step % max(10, watch.every) == 0:  # a host read: only with a bar, rarely
