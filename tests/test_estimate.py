@@ -254,3 +254,25 @@ def test_probe_separates_the_first_step_from_the_steady_ones():
     assert steady == pytest.approx(0.5) and warm == pytest.approx(2.0)
     old, none = est.probed_step_seconds({}, ev0=1.0, end=9.0)
     assert old == pytest.approx((9.0 - 2.0) / n) and none == 0.0
+
+
+def test_probe_decodes_the_runs_share_of_rows():
+    """The probe decodes as the run does: the same share of its evaluated rows (task correctness),
+    at least one row where the run decodes at all (samples, multi-reference outputs), none otherwise."""
+    flat = {**TrainConfig().to_flat(), **SMALL}
+    assert est.probe_params({**flat, "eval_rows": 300, "decode_rows": 100})["decode_rows"] == round(est.PROBE_ROWS / 3)
+    assert est.probe_params({**flat, "eval_rows": 500, "decode_rows": 3})["decode_rows"] == 1
+    assert est.probe_params({**flat, "decode_rows": 0})["decode_rows"] == 0
+
+
+def test_run_seconds_counts_decoding_per_evaluation_and_once_a_run():
+    """Samples in every evaluation, multi-reference outputs once; a control at its own decoding
+    seconds; nothing where the run decodes nothing (an own study on E2E rows spent 18-46 s a run
+    decoding after its final evaluation that the estimate had left out)."""
+    pr = dataclasses.replace(PROBE, given_step_s=0.25, given_eval_row_s=0.02, samples_s=3.0, decode_s=20.0,
+                             given_samples_s=1.0, given_decode_s=40.0)
+    p = _points(steps=10, eval_every=5, eval_rows=20)[0].params
+    quiet = {**p, "decode_rows": 0}
+    assert est.run_seconds({**p, "decode_rows": 3}, pr, 1000) - est.run_seconds(quiet, pr, 1000) == pytest.approx(3 * 3.0 + 20.0)
+    ctrl = control_params({**p, "decode_rows": 3})  # evaluated at step 0 and the end
+    assert est.run_seconds(ctrl, pr, 1000) - est.run_seconds({**ctrl, "decode_rows": 0}, pr, 1000) == pytest.approx(2 * 1.0 + 40.0)

@@ -12,6 +12,7 @@ rho_i = lbar_i / b_i is a mean of ratios and is only ever reported under its own
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -351,7 +352,9 @@ def evaluate(model, encoded: Sequence[EncodedPair], pairs: Sequence[Pair], *, b:
     m["reference/c_eval"] = c_eval
     samples = None
     if strategies is None and tokenizer is not None and decode_rows and model.latent_kind == LatentKind.DISCRETE:
+        t_samples = time.time()
         samples = latent_samples(model, encoded, pairs, tokenizer, seed=seed)  # no notion of a correct y
+        m["decode/samples_s"] = time.time() - t_samples  # wall seconds (the estimate's probe reads it)
     if was_training:
         model.train()
     return Evaluation(m, df, samples)

@@ -16,8 +16,9 @@ first point) and the one-pass step of a z-free control or label oracle (``latent
 ``posterior``: only the given value is decoded), each with its own time per evaluated row. A hard-EM
 step is counted as a one-pass step plus a third of a K-way step (its E-step: the K-way forward
 without gradient, about a third of a forward + backward); an aggressive-encoder step as
-``AGGRESSIVE_STEP_FACTOR`` K-way steps (its measured forward tokens). The probe trains the first
-point without its aid and remedy. The grid's wall time: the points in order
+``AGGRESSIVE_STEP_FACTOR`` K-way steps (its measured forward tokens). Decoding (the samples in each
+evaluation, the multi-reference outputs after the last: ``decode_rows`` on data without strategies)
+is timed by the probes and added per run. The probe trains the first point without its aid and remedy. The grid's wall time: the points in order
 on the first free worker (what a process pool does).
 """
 
@@ -77,6 +78,13 @@ class Probe:
     wall_s: float = 0.0
     given_step_s: float | None = None
     given_eval_row_s: float | None = None
+    #: decoding, measured where the run decodes (``decode_rows`` > 0 on data without strategies):
+    #: seconds of the samples (greedy and sampled y per latent value) in each evaluation, and of the
+    #: multi-reference outputs after the final one; ``given_*``: the control's (its K samples)
+    samples_s: float = 0.0
+    decode_s: float = 0.0
+    given_samples_s: float | None = None
+    given_decode_s: float | None = None
 
 
 def memory_limit() -> int:
@@ -109,15 +117,20 @@ def _poll_peak(pid: int, stop: threading.Event, peak: list[int]) -> None:
 
 
 def probe_params(params: dict, micro_batch: int = 0) -> dict:
-    """The flat config a probe trains: ``params`` for ``PROBE_STEPS`` steps on ``PROBE_ROWS`` rows, no
-    decoding, unaided and with ``remedy`` "none" (a remedy's fields depend on the run's steps and may
+    """The flat config a probe trains: ``params`` for ``PROBE_STEPS`` steps on ``PROBE_ROWS`` rows,
+    decoding as the point does (its samples and multi-reference outputs are timed), unaided and with
+    ``remedy`` "none" (a remedy's fields depend on the run's steps and may
     set an aid: its cost is modelled in ``run_seconds``, never probed), ``micro_batch`` rows a chunk."""
+    o = TrainConfig.from_flat(params).optim
+    # the run's share of decoded rows (task correctness on data with strategies), at least one where
+    # it decodes at all (samples and multi-reference outputs on data without)
+    decode = 0 if not o.decode_rows else max(1, round(PROBE_ROWS * min(1.0, o.decode_rows / max(1, o.eval_rows or 1))))
     return {**params, "steps": PROBE_STEPS, "eval_every": PROBE_STEPS, "eval_rows": PROBE_ROWS,
-            "decode_rows": 0, "aid": "none", "remedy": "none", "warmup_backbone": 1, "micro_batch": micro_batch}
+            "decode_rows": decode, "aid": "none", "remedy": "none", "warmup_backbone": 1, "micro_batch": micro_batch}
 
 
 def probe(point: Point, work: Path, micro_batch: int | None = None) -> Probe:
-    """Train ``point`` unaided for ``PROBE_STEPS`` steps on ``PROBE_ROWS`` evaluated rows (no decoding)
+    """Train ``point`` unaided for ``PROBE_STEPS`` steps on ``PROBE_ROWS`` evaluated rows (``probe_params``)
     in a child ``zfree train`` (one torch thread) in ``work``, and measure it (``Probe``). Raises
     ConfigError with the child's last lines when it fails (a point that cannot run at all)."""
     cfg = TrainConfig.from_flat(point.params)
@@ -143,11 +156,14 @@ def probe(point: Point, work: Path, micro_batch: int | None = None) -> Probe:
         raise ConfigError(f"the probe of {point.run_id} failed (exit {proc.returncode}): "
                           f"{' | '.join(output.strip().splitlines()[-3:])}")
     rows = read_jsonl(run / "metrics.jsonl")
+    summary = json.loads((run / "summary.json").read_text())
     ev0, end = rows[0]["wall_s"], rows[-1]["wall_s"]
-    step_s, warm = probed_step_seconds(json.loads((run / "summary.json").read_text()), ev0, end)
-    return Probe(setup_s=max(0.0, wall - end) + warm, step_s=step_s,
-                 eval_row_s=ev0 / PROBE_ROWS, peak_rss=peak[0], batch_size=cfg.optim.batch_size, micro_batch=mb,
-                 wall_s=wall)
+    samples = float(rows[0].get("decode/samples_s") or 0.0)  # decoded in every evaluation, not per row
+    decode = float(summary.get("multiref/decode_s") or 0.0)  # after the final evaluation, once a run
+    step_s, warm = probed_step_seconds(summary, ev0, end)
+    return Probe(setup_s=max(0.0, wall - end - decode) + warm, step_s=step_s,
+                 eval_row_s=max(0.0, ev0 - samples) / PROBE_ROWS, peak_rss=peak[0], batch_size=cfg.optim.batch_size,
+                 micro_batch=mb, wall_s=wall, samples_s=samples, decode_s=decode)
 
 
 def probed_step_seconds(summary: dict, ev0: float, end: float) -> tuple[float, float]:
@@ -173,7 +189,8 @@ def run_seconds(params: dict, pr: Probe, n_val: int) -> float:
     """Estimated wall seconds of one run (module docstring): setup + kernel start + steps x step +
     evaluated rows x row; a control's or oracle's steps and rows at the probe's ``given_*`` times,
     a hard-EM step at one given step + a third of a K-way step, an aggressive-encoder run's steps at
-    ``AGGRESSIVE_STEP_FACTOR`` K-way steps each."""
+    ``AGGRESSIVE_STEP_FACTOR`` K-way steps each; where the run decodes, the probe's samples seconds
+    per evaluation and multi-reference seconds once."""
     c = TrainConfig.from_flat(params)
     o, a = c.optim, c.aid
     given = c.model.latent_source != "posterior"
@@ -189,7 +206,12 @@ def run_seconds(params: dict, pr: Probe, n_val: int) -> float:
     step_time = o.steps * one if given else hard * (one + soft / 3) + (o.steps - hard) * soft
     if a.aid == "aggressive_encoder":
         step_time *= AGGRESSIVE_STEP_FACTOR
-    return pr.setup_s + KERNEL_START_S + step_time + evals * row
+    decode = 0.0
+    if o.decode_rows:  # the probe measured 0 where this data or latent decodes nothing
+        samples = pr.given_samples_s if given and pr.given_samples_s is not None else pr.samples_s
+        decode = _n_evals(o.steps, o.eval_every) * samples + (
+            pr.given_decode_s if given and pr.given_decode_s is not None else pr.decode_s)
+    return pr.setup_s + KERNEL_START_S + step_time + evals * row + decode
 
 
 def grid_seconds(points: list[Point], pr: Probe, n_val: int, workers: int) -> float:
@@ -360,7 +382,8 @@ def plan(spec: ExperimentSpec, make_points: Callable[[ExperimentSpec], list[Poin
     if control is not None:  # its one-pass step and evaluation: a third to a half of a study's runs
         g = probe(control, work / "control", mb)
         pr = dataclasses.replace(pr, given_step_s=g.step_s * pr.batch_size / g.batch_size,
-                                 given_eval_row_s=g.eval_row_s, wall_s=pr.wall_s + g.wall_s)
+                                 given_eval_row_s=g.eval_row_s, wall_s=pr.wall_s + g.wall_s,
+                                 given_samples_s=g.samples_s, given_decode_s=g.decode_s)
     if mb:
         spec = dataclasses.replace(spec, train={**spec.train, "micro_batch": mb})
     cuts: list[str] = []
@@ -379,7 +402,10 @@ def plan(spec: ExperimentSpec, make_points: Callable[[ExperimentSpec], list[Poin
             f"Measured by {PROBE_STEPS}-step probes ({pr.wall_s:.0f} s): {pr.step_s:.2f} s a K-way step at batch "
             f"{pr.batch_size}, {pr.eval_row_s:.3f} s an evaluated row"
             + (f"; z-free control {pr.given_step_s:.2f} s a step, {pr.given_eval_row_s:.3f} s a row"
-               if pr.given_step_s is not None else "") + f"; {pr.setup_s:.0f} s setup")
+               if pr.given_step_s is not None else "") + f"; {pr.setup_s:.0f} s setup"
+            + (f"; decoding {pr.samples_s:.0f} s an evaluation + {pr.decode_s:.0f} s a run"
+               + (f" (control {pr.given_samples_s or 0:.0f} + {pr.given_decode_s or 0:.0f} s)"
+                  if pr.given_samples_s is not None else "") if pr.samples_s or pr.decode_s else ""))
     room = (f"budget {budget / 60:.0f} min ({grid_budget / 60:.1f} for the runs after the preparation and probes, "
             f"{REPORT_S:.0f} s kept for the report)" if budget is not None else "")
     lines = [head, *lines, *([f"{room}: cut " + "; ".join(cuts)] if cuts else
