@@ -276,3 +276,43 @@ def test_run_seconds_counts_decoding_per_evaluation_and_once_a_run():
     assert est.run_seconds({**p, "decode_rows": 3}, pr, 1000) - est.run_seconds(quiet, pr, 1000) == pytest.approx(3 * 3.0 + 20.0)
     ctrl = control_params({**p, "decode_rows": 3})  # evaluated at step 0 and the end
     assert est.run_seconds(ctrl, pr, 1000) - est.run_seconds({**ctrl, "decode_rows": 0}, pr, 1000) == pytest.approx(2 * 1.0 + 40.0)
+
+
+def test_fit_budget_drops_example_when_its_fixed_cost_does_not_fit():
+    """Example weighting scores the training rows once (with SmolLM2 on 4193 E2E rows, ~27 min):
+    where even STEP_FLOOR steps at the small batch do not fit with it, distribution is kept alone."""
+    spec = OWN_PRESETS["own"]
+
+    def seconds(s):  # as above, with a 900 s one-off for example weighting
+        g = s.boundary
+        per = s.train["steps"] * s.train.get("batch_size", 32) / 32 + 0.1 * s.train["eval_rows"] * 3
+        return len(g.weightings) * len(g.beta_factors) * len(g.aids) * per + 900 * ("example" in g.weightings)
+    cut, lines = est.fit_budget(spec, seconds, budget=600)
+    assert "weightings ['distribution', 'example'] -> ['distribution']" in lines
+    assert cut.boundary.weightings == ("distribution",) and seconds(cut) <= 600
+
+
+def test_grid_seconds_counts_the_training_rows_scoring_once_per_overlap():
+    """The first example point scores the training rows (then cached); one starting on the other
+    worker before that is done scores them too; later ones read the cache; plain points never."""
+    pr = dataclasses.replace(PROBE, train_scoring_s=100.0)
+    flat = {**TrainConfig().to_flat(), **SMALL, "steps": 10, "eval_every": 10, "eval_rows": 20}
+    plain = Point("p", {**flat, "weighting": "plain"})
+    ex = [Point(f"e{i}", {**flat, "weighting": "example", "epsilon": 0.05}) for i in range(3)]
+    one = est.run_seconds(plain.params, pr, 1000)
+    assert est.grid_seconds([plain, plain], pr, 1000, workers=2) == pytest.approx(one)
+    # two example points side by side both score; the third starts after the cache is written
+    assert est.grid_seconds(ex, pr, 1000, workers=2) == pytest.approx(2 * one + 100.0)
+    assert est.grid_seconds(ex[:1], pr, 1000, workers=1) == pytest.approx(one + 100.0)
+
+
+def test_train_scoring_seconds_from_the_preparations_rate(tmp_path):
+    (tmp_path / "base" / "reference").mkdir(parents=True)
+    (tmp_path / "base" / "reference" / "reference.json").write_text(json.dumps({"scoring_s": 50.0, "n_rows": 100}))
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.jsonl").write_text('{"x": "a", "y": "b"}\n' * 400)
+    flat = {**TrainConfig().to_flat(), **SMALL, "base_dir": str(tmp_path / "base"), "data_dir": str(tmp_path / "data")}
+    assert est.train_scoring_seconds([Point("e", {**flat, "weighting": "example", "epsilon": 0.05})]) == pytest.approx(200.0)
+    assert est.train_scoring_seconds([Point("d", {**flat, "weighting": "distribution"})]) == 0.0
+    (tmp_path / "base" / "reference" / "reference.json").write_text(json.dumps({"n_rows": 100}))  # no rate recorded
+    assert est.train_scoring_seconds([Point("e", {**flat, "weighting": "example", "epsilon": 0.05})]) == 0.0

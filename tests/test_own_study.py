@@ -223,3 +223,29 @@ def test_own_model_notebook_runs_under_papermill(tiny_model, tmp_path, monkeypat
                         parameters={"model": str(model), "data": str(data), "out": str(out), "preset": "own_smoke"},
                         cwd=str(NOTEBOOKS), progress_bar=False)
     assert len(list((out / "runs").glob("*/summary.json"))) == 2 and (out / "notes.json").exists()
+
+
+def test_the_preparations_reference_fills_the_cache_the_runs_read(tmp_path, monkeypatch):
+    """write_reference scores the val rows once and caches them, so a run's pretrained-source
+    reference (the model loaded as training loads it) is a cache hit with the same c_base — a
+    SmolLM2-135M probe had spent 3.5 min re-scoring the 502 rows the preparation had just scored —
+    and the preparation's scoring seconds are recorded for the estimate."""
+    from tests.tiny import tiny_gpt2
+    from zfree.experiment.sources import write_reference
+    from zfree.models.base import load_base
+    from zfree.reference.reference import resolve_reference
+
+    monkeypatch.setenv("ZFREE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("ZFREE_NO_CACHE", raising=False)
+    base = tmp_path / "base"
+    tiny_gpt2(folder=base / "model")
+    data = tmp_path / "data"
+    data.mkdir()
+    rows = [{"id": f"r{i}", "x": " ".join(str((i + j) % 10) for j in range(3)), "y": str(i % 10)} for i in range(12)]
+    _write(data / "val.jsonl", rows)
+    ref = write_reference(base, data)
+    assert ref.meta["scoring_s"] > 0 and ref.meta["estimator"] == "pretrained_source"
+    model, tok = load_base(base / "model")
+    run_ref = resolve_reference("pretrained_source", base, data, "val", model=model, tokenizer=tok)
+    assert run_ref.meta["cache_hit"] is True
+    assert run_ref.c_base == pytest.approx(ref.c_base, rel=1e-12)

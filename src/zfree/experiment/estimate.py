@@ -85,6 +85,11 @@ class Probe:
     decode_s: float = 0.0
     given_samples_s: float | None = None
     given_decode_s: float | None = None
+    #: seconds to score the training rows once with the base model (b on training rows, which example
+    #: and token weightings need; cached after the first run that scores them): the training rows
+    #: at the rate the preparation scored the validation rows (``scoring_s`` of an own study's
+    #: reference); 0 where that rate is unknown
+    train_scoring_s: float = 0.0
 
 
 def memory_limit() -> int:
@@ -215,12 +220,37 @@ def run_seconds(params: dict, pr: Probe, n_val: int) -> float:
 
 
 def grid_seconds(points: list[Point], pr: Probe, n_val: int, workers: int) -> float:
-    """The grid's wall seconds: each point, in order, on the first free of ``workers`` workers."""
+    """The grid's wall seconds: each point, in order, on the first free of ``workers`` workers. A
+    point that needs b on the training rows (``needs_example_b``) and starts before the first such
+    point has scored and cached them pays ``pr.train_scoring_s`` as well."""
     free = [0.0] * max(1, workers)
+    scored = math.inf  # when the training rows' scores are in the cache
     for p in points:
         i = free.index(min(free))
-        free[i] += run_seconds(p.params, pr, n_val)
+        start, secs = free[i], run_seconds(p.params, pr, n_val)
+        if pr.train_scoring_s and start < scored and TrainConfig.from_flat(p.params).objective.needs_example_b:
+            secs += pr.train_scoring_s
+            scored = min(scored, start + pr.setup_s + KERNEL_START_S + pr.train_scoring_s)
+        free[i] += secs
     return max(free)
+
+
+def train_scoring_seconds(points: list[Point]) -> float:
+    """``Probe.train_scoring_s`` for ``points``: the training rows x the seconds a row the
+    preparation's validation scoring took (``base_dir/reference/reference.json``: ``scoring_s``
+    over its rows, written by ``zfree.experiment.sources.write_reference``); 0 when no point needs
+    b on training rows or the rate is not recorded."""
+    if not any(TrainConfig.from_flat(p.params).objective.needs_example_b for p in points):
+        return 0.0
+    params = points[0].params
+    rj = Path(params["base_dir"]) / "reference" / "reference.json"
+    try:
+        meta = json.loads(rj.read_text())
+        rate = float(meta["scoring_s"]) / int(meta["n_rows"])
+        n_train = sum(1 for _ in open(Path(params["data_dir"]) / "train.jsonl", encoding="utf-8"))
+    except (OSError, KeyError, TypeError, ValueError, ZeroDivisionError):
+        return 0.0
+    return rate * n_train
 
 
 @dataclass
@@ -318,7 +348,8 @@ def fit_budget(spec: ExperimentSpec, seconds: Callable[[ExperimentSpec], float],
     evaluations between step 0 and the end (curves only: every number of the report is read at the
     end); one beta point per weighting (the first factor); every run's steps (and intervals) by one
     factor down to ``STEP_FLOOR``; the weightings to ``KEEP_WEIGHTINGS``; the batch to ``SMALL_BATCH``
-    rows (where ``STEP_FLOOR`` steps still do not fit); the steps down to 10.
+    rows (where ``STEP_FLOOR`` steps still do not fit); the weightings to the first kept one (where
+    ``STEP_FLOOR`` steps still do not fit); the steps down to 10.
     Returns the cut spec and one line per cut. Raises ConfigError naming the time the smallest grid
     needs, or when ``spec`` is not an own-data grid."""
     if spec.boundary is None:
@@ -353,6 +384,12 @@ def fit_budget(spec: ExperimentSpec, seconds: Callable[[ExperimentSpec], float],
         if seconds(spec) > budget and _fit_steps(spec, seconds, budget, STEP_FLOOR) is None and batch > SMALL_BATCH:
             spec = _with(spec, {**spec.train, "batch_size": SMALL_BATCH})
             cuts.append(f"batch {batch} -> {SMALL_BATCH} rows a step")
+        ws = spec.boundary.weightings
+        if seconds(spec) > budget and _fit_steps(spec, seconds, budget, STEP_FLOOR) is None and len(ws) > 1:
+            # one weighting left (distribution): where the other's fixed cost (example's scoring of
+            # the training rows with a large model) does not fit
+            cuts.append(f"weightings {list(ws)} -> {list(ws[:1])}")
+            spec = dataclasses.replace(spec, boundary=dataclasses.replace(spec.boundary, weightings=ws[:1]))
         fitted = (spec, None) if seconds(spec) <= budget else _fit_steps(spec, seconds, budget, 10)
     if fitted is None:
         smallest = seconds(_with(spec, _scaled(spec.train, 10 / steps), _scaled(spec.boundary.aided, 10 / steps)))
@@ -379,6 +416,7 @@ def plan(spec: ExperimentSpec, make_points: Callable[[ExperimentSpec], list[Poin
     parent, limit = psutil.Process().memory_info().rss, memory_limit()
     w, mb, pr, lines = fit_memory(points, pr, workers, limit, parent, lambda m: probe(points[0], work, m))
     control = next((p for p in points if p.params.get("latent_source", "posterior") != "posterior"), None)
+    pr = dataclasses.replace(pr, train_scoring_s=train_scoring_seconds(points))
     if control is not None:  # its one-pass step and evaluation: a third to a half of a study's runs
         g = probe(control, work / "control", mb)
         pr = dataclasses.replace(pr, given_step_s=g.step_s * pr.batch_size / g.batch_size,
@@ -403,6 +441,7 @@ def plan(spec: ExperimentSpec, make_points: Callable[[ExperimentSpec], list[Poin
             f"{pr.batch_size}, {pr.eval_row_s:.3f} s an evaluated row"
             + (f"; z-free control {pr.given_step_s:.2f} s a step, {pr.given_eval_row_s:.3f} s a row"
                if pr.given_step_s is not None else "") + f"; {pr.setup_s:.0f} s setup"
+            + (f"; scoring the training rows once {pr.train_scoring_s:.0f} s" if pr.train_scoring_s else "")
             + (f"; decoding {pr.samples_s:.0f} s an evaluation + {pr.decode_s:.0f} s a run"
                + (f" (control {pr.given_samples_s or 0:.0f} + {pr.given_decode_s or 0:.0f} s)"
                   if pr.given_samples_s is not None else "") if pr.samples_s or pr.decode_s else ""))

@@ -96,16 +96,18 @@ def _check_c_base(c, where) -> float:
 
 
 def build_reference(base_dir: Path | str, data_dir: Path | str, split: str = "val", *, device: str = "auto",
-                    dtype: str = "float32") -> Reference:
+                    dtype: str = "float32", cache: bool | None = False) -> Reference:
     """Score the ``split`` rows with the base model in ``base_dir/model`` and write ``base_dir/reference/``:
     per_example.parquet, per_token.parquet and reference.json (c_base, c_base_analytic when the
-    rows carry the generator's Bayes loss, model, tokenizer and data hashes). Not cached: the
-    artifacts are the record. Errors as ``zfree.reference.scoring.score_file``; nothing is written then."""
+    rows carry the generator's Bayes loss, model, tokenizer and data hashes). Not cached by default:
+    the artifacts are the record; ``cache=None`` also fills the score cache (``score_pairs``), so a
+    run that scores the same rows with the same model later (the pretrained-source setting) reads
+    them from it. Errors as ``zfree.reference.scoring.score_file``; nothing is written then."""
     base_dir = Path(base_dir)
     data_file = _data_file(data_dir, split)
     pairs = load_pairs(data_file)
     model, tok = load_scoring_model(base_dir / "model", device=device, dtype=dtype)
-    res = score_pairs(model, tok, pairs, cache=False, progress=True)
+    res = score_pairs(model, tok, pairs, cache=cache, progress=True)
     meta = {**_meta_from(res, pairs, data_file, "entangled_run"), "split": split}
     _check_c_base(res.c_base, f"reference of {base_dir}")
     ref_dir = base_dir / "reference"
