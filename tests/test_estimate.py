@@ -283,13 +283,19 @@ def test_fit_budget_drops_example_when_its_fixed_cost_does_not_fit():
     where even STEP_FLOOR steps at the small batch do not fit with it, distribution is kept alone."""
     spec = OWN_PRESETS["own"]
 
-    def seconds(s):  # as above, with a 900 s one-off for example weighting
+    def seconds(s):  # as above, with a one-off for example weighting
         g = s.boundary
         per = s.train["steps"] * s.train.get("batch_size", 32) / 32 + 0.1 * s.train["eval_rows"] * 3
-        return len(g.weightings) * len(g.beta_factors) * len(g.aids) * per + 900 * ("example" in g.weightings)
+        return len(g.weightings) * len(g.beta_factors) * len(g.aids) * per + one_off * ("example" in g.weightings)
+    one_off = 900
     cut, lines = est.fit_budget(spec, seconds, budget=600)
     assert "weightings ['distribution', 'example'] -> ['distribution']" in lines
     assert cut.boundary.weightings == ("distribution",) and seconds(cut) <= 600
+    # a small one-off where 10 steps still fit with both: both kept, at fewer steps
+    one_off = 20
+    kept, lines = est.fit_budget(spec, seconds, budget=300)
+    assert kept.boundary.weightings == ("distribution", "example") and seconds(kept) <= 300
+    assert not any(l.endswith("-> ['distribution']") for l in lines)
 
 
 def test_grid_seconds_counts_the_training_rows_scoring_once_per_overlap():

@@ -293,9 +293,9 @@ def _add_study(sub) -> None:
     st = sub.add_parser("study", help="the main job: base run, CVAE grid, report", epilog=preset_help(),
                         formatter_class=argparse.RawDescriptionHelpFormatter)
     st.add_argument("--preset", default=None, help="smoke | default | aided | full | e2e | leaderboard | leaderboard-e2e; with --model: own | own_smoke")
-    st.add_argument("--budget", default=None, help="own data: size the grid (evaluated rows, evaluations, beta points, "
-                    "steps, then weightings) to fit this wall time, e.g. 15m, 1h (default for --preset own: "
-                    "20m; none: the whole grid)")
+    st.add_argument("--budget", default=None, help="own data: size the grid to fit this wall time of the whole study, e.g. 15m, "
+                    "1h (default for --preset own: 20m; none: the whole grid); cuts in order: evaluated rows, "
+                    "intermediate evaluations, beta points, steps, weightings, batch, steps, distribution alone")
     st.add_argument("--no-estimate", action="store_true",
                     help="start at once, without the probe that prints the expected time and memory first")
     st.add_argument("--model", help="your model: a transformers folder, a .gguf file (or folder) or a hub id")

@@ -348,8 +348,8 @@ def fit_budget(spec: ExperimentSpec, seconds: Callable[[ExperimentSpec], float],
     evaluations between step 0 and the end (curves only: every number of the report is read at the
     end); one beta point per weighting (the first factor); every run's steps (and intervals) by one
     factor down to ``STEP_FLOOR``; the weightings to ``KEEP_WEIGHTINGS``; the batch to ``SMALL_BATCH``
-    rows (where ``STEP_FLOOR`` steps still do not fit); the weightings to the first kept one (where
-    ``STEP_FLOOR`` steps still do not fit); the steps down to 10.
+    rows (where ``STEP_FLOOR`` steps still do not fit); the steps down to 10; the weightings to the
+    first kept one (where even 10 steps do not fit), the steps again.
     Returns the cut spec and one line per cut. Raises ConfigError naming the time the smallest grid
     needs, or when ``spec`` is not an own-data grid."""
     if spec.boundary is None:
@@ -384,13 +384,14 @@ def fit_budget(spec: ExperimentSpec, seconds: Callable[[ExperimentSpec], float],
         if seconds(spec) > budget and _fit_steps(spec, seconds, budget, STEP_FLOOR) is None and batch > SMALL_BATCH:
             spec = _with(spec, {**spec.train, "batch_size": SMALL_BATCH})
             cuts.append(f"batch {batch} -> {SMALL_BATCH} rows a step")
+        fitted = (spec, None) if seconds(spec) <= budget else _fit_steps(spec, seconds, budget, 10)
         ws = spec.boundary.weightings
-        if seconds(spec) > budget and _fit_steps(spec, seconds, budget, STEP_FLOOR) is None and len(ws) > 1:
-            # one weighting left (distribution): where the other's fixed cost (example's scoring of
-            # the training rows with a large model) does not fit
+        if fitted is None and len(ws) > 1:
+            # one weighting left (distribution): where even 10 steps do not fit with the other's
+            # fixed cost (example's scoring of the training rows with a large model)
             cuts.append(f"weightings {list(ws)} -> {list(ws[:1])}")
             spec = dataclasses.replace(spec, boundary=dataclasses.replace(spec.boundary, weightings=ws[:1]))
-        fitted = (spec, None) if seconds(spec) <= budget else _fit_steps(spec, seconds, budget, 10)
+            fitted = (spec, None) if seconds(spec) <= budget else _fit_steps(spec, seconds, budget, 10)
     if fitted is None:
         smallest = seconds(_with(spec, _scaled(spec.train, 10 / steps), _scaled(spec.boundary.aided, 10 / steps)))
         raise ConfigError(f"--budget {budget / 60:.0f} min: even 10 steps a run need about {smallest / 60:.0f} min "
