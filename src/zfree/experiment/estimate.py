@@ -1,12 +1,11 @@
 """An estimate before a study starts (issue 24): a few steps of one grid point are measured in a
-child process (``probe``: a ``zfree train`` of ``PROBE_STEPS`` steps, its peak RSS polled), and the whole grid's
-wall time and peak memory on this machine follow from them (``estimate_grid``). Where the grid does
-not fit in memory, ``fit_memory`` picks fewer workers, else a smaller micro-batch with gradient
-accumulation (``micro_batch``, the same objective: ``zfree.train.accumulate``), else refuses in one
-line naming the memory it needs; under a budget, ``fit_budget`` cuts an own-data grid (evaluated rows,
-intermediate evaluations, beta points, steps, weightings, batch: the order in its docstring) until it
-fits and says what it cut. ``plan`` does all of it and writes
-``estimate.json``.
+child process (``probe``: a ``zfree train`` of ``PROBE_STEPS`` steps, its peak RSS polled), and the
+whole grid's wall time and peak memory on this machine follow from them (``estimate_grid``). Where
+the grid does not fit in memory, ``fit_memory`` picks fewer workers, else a smaller micro-batch with
+gradient accumulation (``micro_batch``, the same objective: ``zfree.train.accumulate``), else refuses
+in one line naming the memory it needs; under a budget, ``fit_budget`` cuts an own-data grid
+(evaluated rows, intermediate evaluations, beta points, steps, weightings, batch: the order in its
+docstring) until it fits and says what it cut. ``plan`` does all of it and writes ``estimate.json``.
 
 The model of a run's wall time: setup (process start, imports, model load, reference, plus
 ``KERNEL_START_S`` for the papermill kernel a study's run gets) + steps x the measured step time
@@ -18,8 +17,9 @@ step is counted as a one-pass step plus a third of a K-way step (its E-step: the
 without gradient, about a third of a forward + backward); an aggressive-encoder step as
 ``AGGRESSIVE_STEP_FACTOR`` K-way steps (its measured forward tokens). Decoding (the samples in each
 evaluation, the multi-reference outputs after the last: ``decode_rows`` on data without strategies)
-is timed by the probes and added per run. The probe trains the first point without its aid and remedy. The grid's wall time: the points in order
-on the first free worker (what a process pool does).
+is timed by the probes and added per run. The probe trains the first point without its aid and
+remedy. The grid's wall time: the points in order on the first free worker (what a process pool
+does).
 """
 
 from __future__ import annotations

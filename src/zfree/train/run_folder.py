@@ -49,7 +49,8 @@ from zfree.train.checkpoint_parts import load_model_tensors, prune_finished, sav
 #: a run "uses z" (summary ``latent_used``) when more than this fraction of its validation rows
 #: does; ``predicted_latent_used`` applies it to the predicted fraction (zfree.report.report reads it)
 USE_THRESHOLD = 0.5
-TIMING_KEYS = ("wall_s", "compute/train_wall_s", "compute/first_step_s", "decode/samples_s", "multiref/decode_s")  # the only summary keys that differ between a resumed and an uninterrupted run
+#: the only summary keys that differ between a resumed and an uninterrupted run (wall seconds)
+TIMING_KEYS = ("wall_s", "compute/train_wall_s", "compute/first_step_s", "decode/samples_s", "multiref/decode_s")
 
 
 class NonFiniteLossError(ZfreeError, RuntimeError):
