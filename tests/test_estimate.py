@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 from pathlib import Path
 
@@ -134,6 +135,52 @@ def test_fit_memory_fewer_workers_then_micro_batch_then_refusal():
         est.fit_memory(pts, PROBE, 2, limit=int(0.1 * est.GB), parent=0, reprobe=lambda m: PROBE)
 
 
+def test_fit_memory_reprobes_a_probe_stopped_at_its_ceiling_and_refuses_when_the_micro_batch_is_too():
+    """A probe killed at the memory ceiling (``over``: its peak a lower bound, its times NaN) never
+    fits, whatever its peak says; the micro-batch probe decides, and a stopped one is refused."""
+    nan = float("nan")
+    stopped = dataclasses.replace(PROBE, peak_rss=est.GB // 4, over=True, step_s=nan, setup_s=nan, eval_row_s=nan)
+    small = dataclasses.replace(PROBE, peak_rss=est.GB // 2, micro_batch=2)
+    seen = []
+    w, mb, pr, lines = est.fit_memory(_points(), stopped, 2, limit=int(est.GB / est.MEMORY_SHARE), parent=0,
+                                      reprobe=lambda m: seen.append(m) or small)
+    assert (w, mb, pr) == (1, 2, small) and seen == [2] and "its probe stopped there" in lines[0]
+    with pytest.raises(ConfigError, match=r"needs more than 0\.2 GB for one run \(a 4-step probe at micro_batch=2 was "
+                                          r"stopped there\) but 1\.0 GB"):
+        est.fit_memory(_points(), stopped, 2, limit=int(est.GB / est.MEMORY_SHARE), parent=0,
+                       reprobe=lambda m: dataclasses.replace(stopped, micro_batch=m))
+
+
+def test_a_probe_past_its_memory_ceiling_is_killed_and_says_so(tmp_path):
+    """The child (interpreter + torch import: well over 64 MB) is killed when its tree passes the
+    ceiling, long before it trains; the Probe records it instead of raising."""
+    p = Point("probe", TrainConfig.from_flat({**TrainConfig().to_flat(), **SMALL}).to_flat())
+    t0 = time.time()
+    pr = est.probe(p, tmp_path, ceiling=64 * 2**20)
+    assert pr.over and pr.peak_rss > 64 * 2**20 and math.isnan(pr.step_s)
+    assert not (tmp_path / "probe-mb0" / "summary.json").exists() and time.time() - t0 < 60
+
+
+def test_an_interrupt_during_a_probe_takes_its_child_along(tmp_path, monkeypatch):
+    """Ctrl-C or SIGTERM while the study waits on its probe: the probe's ``zfree train`` child is
+    killed, not left training (a SmolLM2 probe kept running at 22 GB after its study had exited)."""
+    import subprocess
+
+    import psutil
+
+    seen = []
+
+    def interrupted(self, *a, **k):
+        seen.append(self.pid)
+        time.sleep(0.5)
+        raise KeyboardInterrupt
+    monkeypatch.setattr(subprocess.Popen, "communicate", interrupted)
+    p = Point("probe", TrainConfig.from_flat({**TrainConfig().to_flat(), **SMALL}).to_flat())
+    with pytest.raises(KeyboardInterrupt):
+        est.probe(p, tmp_path)
+    assert seen and not psutil.pid_exists(seen[0])
+
+
 def test_fit_budget_cuts_and_refuses():
     spec = OWN_PRESETS["own"]
 
@@ -170,7 +217,7 @@ def test_fit_budget_cuts_and_refuses():
 def test_plan_gives_the_grid_what_is_left_of_the_budget(tmp_path, monkeypatch):
     """The budget is the whole study's: the grid gets it minus the time since the study began (split,
     reference, probes) and the report's REPORT_S; nothing left is a one-line refusal."""
-    monkeypatch.setattr(est, "probe", lambda point, work, micro_batch=None: PROBE)
+    monkeypatch.setattr(est, "probe", lambda point, work, micro_batch=None, ceiling=None: PROBE)
     monkeypatch.setattr(est, "memory_limit", lambda: 64 * est.GB)
     spec, seen = OWN_PRESETS["own"], []
 

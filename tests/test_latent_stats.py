@@ -260,10 +260,17 @@ def test_cached_decoder_equals_the_uncached_one_greedy_and_sampled(cvae):
     prefixes = [encode_pair(tok, p).prefix_ids for p in PAIRS] * 3  # ragged lengths, repeated rows
     lat = torch.randn(len(prefixes), 32, generator=torch.Generator().manual_seed(0))
     kw = dict(eos_id=tok.eos_token_id, max_new_tokens=6)
-    assert cached_decode_with_latents(base, prefixes, lat, **kw) == decode_with_latents(base, prefixes, lat, **kw)
+    uncached = decode_with_latents(base, prefixes, lat, cache=False, **kw)
+    assert cached_decode_with_latents(base, prefixes, lat, **kw) == uncached
+    assert decode_with_latents(base, prefixes, lat, **kw) == uncached  # the default is the cached path
     a = cached_decode_with_latents(base, prefixes, lat, generator=torch.Generator().manual_seed(3), **kw)
-    b = decode_with_latents(base, prefixes, lat, generator=torch.Generator().manual_seed(3), **kw)
+    b = decode_with_latents(base, prefixes, lat, generator=torch.Generator().manual_seed(3), cache=False, **kw)
     assert a == b and len({tuple(g) for g in a}) > 1
+    # the per-row sampler (each evaluation's samples table): the uncached draws, row after row
+    g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    rows = sample_decode_with_latents(base, prefixes, lat, generator=g1, **kw)
+    assert rows == [decode_with_latents(base, [p], lat[r : r + 1], generator=g2, cache=False, **kw)[0]
+                    for r, p in enumerate(prefixes)]
 
 
 def test_sampling_draws_the_first_token_from_the_softmax(cvae):

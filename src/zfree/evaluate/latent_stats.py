@@ -17,9 +17,7 @@ from sklearn.metrics import normalized_mutual_info_score
 from zfree.data.batching import EncodedPair
 from zfree.data.pairs import Pair
 from zfree.data.synth import STRATEGIES, text_to_digits
-from zfree.models.base import decode_with_latents, greedy_decode_with_latents, next_token_probs, prefix_groups
-from zfree.models.head import exact_logits_from_hidden
-from zfree.models.injection import _CACHE_KW, sliding_window_of
+from zfree.models.base import decode_with_latents, greedy_decode_with_latents
 
 ACTIVE_UNIT_THRESHOLD = 0.01  # Burda et al. 2016: a dimension is active if Var_x(E_q[z_d]) > 0.01
 
@@ -239,25 +237,12 @@ def label_confusion(per_example: pd.DataFrame, key: str) -> pd.DataFrame:
 def sample_decode_with_latents(backbone, prefixes, latents: torch.Tensor, *, eos_id: int, max_new_tokens: int,
                                generator: torch.Generator) -> list[list[int]]:
     """As ``zfree.models.base.greedy_decode_with_latents`` but each next token drawn from the model's
-    softmax (temperature 1) with ``generator`` (CPU). prefixes: list of id lists; latents (rows, d_model)."""
-    dev = latents.device
-    emb_layer = backbone.get_input_embeddings()
-    out = []
-    for r, p in enumerate(prefixes):
-        ids = torch.tensor([list(p)], device=dev)
-        P = len(p)
-        for _ in range(max_new_tokens):
-            inj = (torch.arange(ids.shape[1], device=dev) >= P - 1).to(latents.dtype)
-            emb = emb_layer(ids) + inj[None, :, None] * latents[r][None, None, :]
-            h = backbone.base_model(inputs_embeds=emb, use_cache=False).last_hidden_state[:, -1]
-            probs = torch.softmax(exact_logits_from_hidden(backbone, h), -1).cpu()  # float32 (float64 model: float64)
-            nxt = int(torch.multinomial(probs[0], 1, generator=generator))
-            ids = torch.cat([ids, torch.tensor([[nxt]], device=dev)], 1)
-            if nxt == eos_id:
-                break
-        gen = ids[0, P:].tolist()
-        out.append(gen[: gen.index(eos_id)] if eos_id in gen else gen)
-    return out
+    softmax (temperature 1) with ``generator`` (CPU), one row after another (so a row's draws do not
+    depend on the rows decoded with it), each with the key/value cache
+    (``zfree.models.base.decode_with_latents``). prefixes: list of id lists; latents (rows, d_model).
+    Returns the generated ids without the end token."""
+    return [decode_with_latents(backbone, [p], latents[r : r + 1], eos_id=eos_id, max_new_tokens=max_new_tokens,
+                                generator=generator)[0] for r, p in enumerate(prefixes)]
 
 
 #: distinct validation x whose y under every latent value are decoded (``latent_samples``)
@@ -302,43 +287,12 @@ def first_distinct_x(pairs: Sequence[Pair], n_x: int) -> list[int]:
     return list(first.values())
 
 
-@torch.no_grad()
 def cached_decode_with_latents(backbone, prefixes, latents: torch.Tensor, *, eos_id: int, max_new_tokens: int,
                                generator: torch.Generator | None = None) -> list[list[int]]:
-    """``zfree.models.base.decode_with_latents`` (greedy, or sampled at temperature 1 with
-    ``generator``) with the key/value cache: one pass over each prefix, then one position per new
-    token (the uncached decoder re-reads the whole sequence every token: ~5x slower on E2E's 30 MRs).
-    Falls back to the uncached decoder for a model with a sliding window shorter than prefix + new
-    tokens (``zfree.models.injection.sliding_window_of``). Equal to it up to float rounding (tested).
-    prefixes: list of id lists; latents (rows, d_model). Returns the generated ids without the end token."""
-    longest = max((len(p) for p in prefixes), default=0) + max_new_tokens
-    window = sliding_window_of(backbone.config)
-    if window is not None and longest > window:
-        return decode_with_latents(backbone, prefixes, latents, eos_id=eos_id, max_new_tokens=max_new_tokens,
-                                   generator=generator)
-    dev = latents.device
-    out: list[list[int]] = [[] for _ in prefixes]
-    emb_layer = backbone.get_input_embeddings()
-    for P, idx, ids, lat in prefix_groups(prefixes, latents):
-        inj = (torch.arange(P, device=dev) >= P - 1).to(lat.dtype)  # the separator
-        res = backbone.base_model(inputs_embeds=emb_layer(ids) + inj[None, :, None] * lat[:, None, :], use_cache=True)
-        gen, done = [], torch.zeros(len(idx), dtype=torch.bool, device=dev)
-        for _ in range(max_new_tokens):
-            logits = exact_logits_from_hidden(backbone, res.last_hidden_state[:, -1])  # (G, V)
-            nxt = logits.argmax(-1) if generator is None else torch.multinomial(
-                next_token_probs(logits).cpu(), 1, generator=generator)[:, 0].to(dev)
-            nxt = torch.where(done, torch.full_like(nxt, eos_id), nxt)
-            gen.append(nxt)
-            done |= nxt == eos_id
-            if done.all():
-                break
-            cache = getattr(res, "cache", None) or res.past_key_values
-            res = backbone.base_model(inputs_embeds=(emb_layer(nxt) + lat)[:, None], use_cache=True,
-                                      **{_CACHE_KW: cache})
-        rows = torch.stack(gen, 1).tolist() if gen else [[] for _ in idx]
-        for r, i in enumerate(idx):
-            out[i] = rows[r][: rows[r].index(eos_id)] if eos_id in rows[r] else rows[r]
-    return out
+    """``zfree.models.base.decode_with_latents`` with its key/value cache (kept for callers of the
+    name: every decoder now takes the cached path)."""
+    return decode_with_latents(backbone, prefixes, latents, eos_id=eos_id, max_new_tokens=max_new_tokens,
+                               generator=generator, cache=True)
 
 
 MULTIREF_COLUMNS = ["id", "x", "kind", "index", "output", "references"]

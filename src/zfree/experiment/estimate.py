@@ -28,6 +28,7 @@ import dataclasses
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -90,6 +91,9 @@ class Probe:
     #: at the rate the preparation scored the validation rows (``scoring_s`` of an own study's
     #: reference); 0 where that rate is unknown
     train_scoring_s: float = 0.0
+    #: the probe was stopped when its memory passed the ceiling it was given (or killed by the
+    #: system, SIGKILL): ``peak_rss`` is a lower bound and the times were not measured (NaN)
+    over: bool = False
 
 
 def memory_limit() -> int:
@@ -104,8 +108,11 @@ def memory_limit() -> int:
         return avail
 
 
-def _poll_peak(pid: int, stop: threading.Event, peak: list[int]) -> None:
-    """Keep ``peak[0]`` at the largest RSS of process ``pid`` with its descendants, every 0.2 s."""
+def _poll_peak(pid: int, stop: threading.Event, peak: list[int], ceiling: int | None = None,
+               over: threading.Event | None = None) -> None:
+    """Keep ``peak[0]`` at the largest RSS of process ``pid`` with its descendants, every 0.2 s; where
+    it passes ``ceiling`` bytes, kill the whole tree (SIGKILL) and set ``over``: a probe that does
+    not fit stops there instead of pushing the machine into its out-of-memory killer."""
     import psutil
 
     try:
@@ -114,11 +121,33 @@ def _poll_peak(pid: int, stop: threading.Event, peak: list[int]) -> None:
         return
     while not stop.is_set():
         try:
-            rss = sum(p.memory_info().rss for p in [root, *root.children(recursive=True)])
+            procs = [root, *root.children(recursive=True)]
+            rss = sum(p.memory_info().rss for p in procs)
             peak[0] = max(peak[0], rss)
+            if ceiling is not None and rss > ceiling:
+                if over is not None:
+                    over.set()
+                _kill_tree(pid)
+                return
         except psutil.Error:
             pass
         stop.wait(0.2)
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL process ``pid`` and its descendants (children first); gone ones are skipped."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [*root.children(recursive=True), root]
+    except psutil.Error:
+        return
+    for q in procs:
+        try:
+            q.kill()
+        except psutil.Error:
+            pass
 
 
 def probe_params(params: dict, micro_batch: int = 0) -> dict:
@@ -134,10 +163,13 @@ def probe_params(params: dict, micro_batch: int = 0) -> dict:
             "decode_rows": decode, "aid": "none", "remedy": "none", "warmup_backbone": 1, "micro_batch": micro_batch}
 
 
-def probe(point: Point, work: Path, micro_batch: int | None = None) -> Probe:
+def probe(point: Point, work: Path, micro_batch: int | None = None, ceiling: int | None = None) -> Probe:
     """Train ``point`` unaided for ``PROBE_STEPS`` steps on ``PROBE_ROWS`` evaluated rows (``probe_params``)
-    in a child ``zfree train`` (one torch thread) in ``work``, and measure it (``Probe``). Raises
-    ConfigError with the child's last lines when it fails (a point that cannot run at all)."""
+    in a child ``zfree train`` (one torch thread) in ``work``, and measure it (``Probe``). ``ceiling``:
+    bytes of resident memory the child's process tree may reach; past it the child is killed and the
+    Probe comes back with ``over`` set (SmolLM2-135M at batch 32 x K = 4 reached 21.7 GB of a 24 GB
+    machine before the probe could report it), as it does when the system kills the child (SIGKILL).
+    Raises ConfigError with the child's last lines when it fails otherwise (a point that cannot run)."""
     cfg = TrainConfig.from_flat(point.params)
     mb = cfg.optim.micro_batch if micro_batch is None else micro_batch
     flat = probe_params(point.params, mb)
@@ -148,15 +180,25 @@ def probe(point: Point, work: Path, micro_batch: int | None = None) -> Probe:
     run.mkdir(parents=True)
     (run.parent / f"{run.name}.json").write_text(json.dumps(flat))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    t0, peak, stop = time.time(), [0], threading.Event()
+    t0, peak, stop, over = time.time(), [0], threading.Event(), threading.Event()
     proc = subprocess.Popen([sys.executable, "-m", "zfree.cli", "train", "--config", str(run.parent / f"{run.name}.json"),
                              "--out", str(run)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    poller = threading.Thread(target=_poll_peak, args=(proc.pid, stop, peak), daemon=True)
+    poller = threading.Thread(target=_poll_peak, args=(proc.pid, stop, peak, ceiling, over), daemon=True)
     poller.start()
-    output, _ = proc.communicate()
-    stop.set()
-    poller.join()
+    try:
+        output, _ = proc.communicate()
+    except BaseException:  # Ctrl-C, SIGTERM (raised as an interrupt by the CLI): the child goes too
+        _kill_tree(proc.pid)
+        proc.wait()
+        raise
+    finally:
+        stop.set()
+        poller.join()
     wall = time.time() - t0
+    if over.is_set() or proc.returncode == -signal.SIGKILL:
+        nan = float("nan")
+        return Probe(setup_s=nan, step_s=nan, eval_row_s=nan, peak_rss=peak[0], batch_size=cfg.optim.batch_size,
+                     micro_batch=mb, wall_s=wall, over=True)
     if proc.returncode != 0:
         raise ConfigError(f"the probe of {point.run_id} failed (exit {proc.returncode}): "
                           f"{' | '.join(output.strip().splitlines()[-3:])}")
@@ -271,7 +313,7 @@ def fit_memory(points: list[Point], pr: Probe, workers: int, limit: int, parent:
     batch (probed again with ``reprobe(micro_batch)``) where accumulation keeps the objective.
     Raises ConfigError naming the memory one run needs when nothing fits."""
     room = MEMORY_SHARE * limit - parent
-    fit = int(room // max(1, pr.peak_rss))
+    fit = 0 if pr.over else int(room // max(1, pr.peak_rss))
     if fit >= 1:
         w = min(workers, fit)
         return w, pr.micro_batch, pr, ([f"memory: {w} worker(s) instead of {workers} (each run peaks at "
@@ -281,14 +323,19 @@ def fit_memory(points: list[Point], pr: Probe, workers: int, limit: int, parent:
     mb = max(1, pr.batch_size // 4)
     if not problems and pr.batch_size > 1:
         small = reprobe(mb)
-        if small.peak_rss <= room:
+        if not small.over and small.peak_rss <= room:
+            full = (f"over {pr.peak_rss / GB:.1f} GB a run (its probe stopped there)" if pr.over
+                    else f"{pr.peak_rss / GB:.1f} GB a run")
             return 1, mb, small, [f"memory: one worker, micro-batches of {mb} rows with gradient accumulation "
-                                  f"(batch {pr.batch_size}: {pr.peak_rss / GB:.1f} GB a run, micro-batch: "
+                                  f"(batch {pr.batch_size}: {full}, micro-batch: "
                                   f"{small.peak_rss / GB:.1f} GB; recorded as micro_batch in config.json)"]
         pr = small
-    raise ConfigError(f"this grid needs {pr.peak_rss / GB:.1f} GB for one run (a {PROBE_STEPS}-step probe's peak RSS"
-                      f"{f' at micro_batch={pr.micro_batch}' if pr.micro_batch else ''}) but "
-                      f"{max(0.0, room) / GB:.1f} GB are free to plan with; use a smaller model or batch_size")
+    need = (f"more than {pr.peak_rss / GB:.1f} GB for one run (a {PROBE_STEPS}-step probe"
+            f"{f' at micro_batch={pr.micro_batch}' if pr.micro_batch else ''} was stopped there)" if pr.over else
+            f"{pr.peak_rss / GB:.1f} GB for one run (a {PROBE_STEPS}-step probe's peak RSS"
+            f"{f' at micro_batch={pr.micro_batch}' if pr.micro_batch else ''})")
+    raise ConfigError(f"this grid needs {need} but {max(0.0, room) / GB:.1f} GB are free to plan with; "
+                      "use a smaller model or batch_size")
 
 
 def parse_budget(text: str | None) -> float | None:
@@ -413,13 +460,18 @@ def plan(spec: ExperimentSpec, make_points: Callable[[ExperimentSpec], list[Poin
     val = Path(points[0].params["data_dir"]) / "val.jsonl"
     n_val = sum(1 for _ in open(val, encoding="utf-8"))
     work = out / "estimate"
-    pr = probe(points[0], work)
     parent, limit = psutil.Process().memory_info().rss, memory_limit()
-    w, mb, pr, lines = fit_memory(points, pr, workers, limit, parent, lambda m: probe(points[0], work, m))
+    ceiling = max(1, int(MEMORY_SHARE * limit - parent))  # a probe past it is stopped (``probe``)
+    pr = probe(points[0], work, ceiling=ceiling)
+    w, mb, pr, lines = fit_memory(points, pr, workers, limit, parent, lambda m: probe(points[0], work, m, ceiling))
     control = next((p for p in points if p.params.get("latent_source", "posterior") != "posterior"), None)
     pr = dataclasses.replace(pr, train_scoring_s=train_scoring_seconds(points))
     if control is not None:  # its one-pass step and evaluation: a third to a half of a study's runs
-        g = probe(control, work / "control", mb)
+        g = probe(control, work / "control", mb, ceiling)
+        if g.over:
+            raise ConfigError(f"the z-free control {control.run_id} needs more than {g.peak_rss / GB:.1f} GB "
+                              f"(its probe was stopped there) but {ceiling / GB:.1f} GB are free to plan with; "
+                              "use a smaller model or batch_size")
         pr = dataclasses.replace(pr, given_step_s=g.step_s * pr.batch_size / g.batch_size,
                                  given_eval_row_s=g.eval_row_s, wall_s=pr.wall_s + g.wall_s,
                                  given_samples_s=g.samples_s, given_decode_s=g.decode_s)

@@ -18,7 +18,6 @@ Logits always come from the model's own head path (``zfree.models.head``).
 
 from __future__ import annotations
 
-import inspect
 import warnings
 
 import torch
@@ -29,6 +28,7 @@ from zfree.data.batching import Batch
 from zfree.models.base import hidden_states
 from zfree.models.head import exact_logits_from_hidden
 from zfree.models.head_chunks import head_token_logprobs
+from zfree.models.kv_cache import CACHE_KW, sliding_window_of  # noqa: F401 (re-exported)
 
 SHARED_PREFIX_MODES = {"auto": "shared prefix where exact, else the full pass (warned once)",
                        "on": "shared prefix; an inexact cache is an error",
@@ -36,9 +36,7 @@ SHARED_PREFIX_MODES = {"auto": "shared prefix where exact, else the full pass (w
 SHARED_PREFIX = "auto"  # module-level default; set with set_shared_prefix
 _WARNED: set = set()
 
-# transformers 5 renamed the forward keyword ``past_key_values`` to ``cache``
-_CACHE_KW = "cache" if "cache" in inspect.signature(__import__("transformers").GPT2Model.forward).parameters \
-    else "past_key_values"
+_CACHE_KW = CACHE_KW  # the forward keyword of the cache (zfree.models.kv_cache)
 
 
 def set_shared_prefix(mode: str) -> str:
@@ -49,17 +47,6 @@ def set_shared_prefix(mode: str) -> str:
         raise ValueError(f"shared_prefix={mode!r}: expected one of {sorted(SHARED_PREFIX_MODES)}")
     prev, SHARED_PREFIX = SHARED_PREFIX, mode
     return prev
-
-
-def sliding_window_of(config) -> int | None:
-    """The shortest sliding window any layer of ``config`` uses, or None (all layers full)."""
-    w = getattr(config, "sliding_window", None)
-    if not isinstance(w, int) or w <= 0:
-        return None
-    types = getattr(config, "layer_types", None)
-    if types is not None:
-        return w if any("sliding" in str(t) for t in types) else None
-    return None if getattr(config, "use_sliding_window", True) is False else w
 
 
 def shared_prefix_problem(backbone, cache, n_cached: int, extent: int) -> str | None:
