@@ -71,19 +71,23 @@ def test_lora_run_checkpoint_is_partial_and_resumes(tmp_path):
 
 
 @pytest.mark.slow  # a real run (tens of seconds on 2 cores)
-def test_micro_batch_is_the_same_objective(tmp_path):
-    a = train_cvae(_cfg(), tmp_path / "a", progress=False)
-    b = train_cvae(_cfg(micro_batch=3), tmp_path / "b", progress=False)
+@pytest.mark.parametrize("over", [{}, {"weighting": "example", "epsilon": 0.05, "aid": "hard_em_then_soft",
+                                       "hard_em_max_steps": 2, "handover_check_every": 1}], ids=["plain", "hard_em_example"])
+def test_micro_batch_is_the_same_objective(tmp_path, over):
+    a = train_cvae(_cfg(**over), tmp_path / "a", progress=False)
+    b = train_cvae(_cfg(micro_batch=3, **over), tmp_path / "b", progress=False)
     for k in ("loss/val/reconstruction_loss", "loss/val/kl_prior_loss"):
         assert b[k] == pytest.approx(a[k], rel=1e-5, abs=1e-7)
 
 
 def test_micro_batch_refused_where_it_changes_the_objective():
-    cfg = _cfg(weighting="example", epsilon=0.05, aid="hard_em_then_soft", micro_batch=2)
+    cfg = _cfg(free_bits=0.5, free_bits_mode="batch_mean", micro_batch=2)
     assert accumulation_problem(cfg) is not None
     with pytest.raises(ConfigError, match="micro_batch"):
         check_accumulation(cfg)
     assert accumulation_problem(_cfg(weighting="distribution", aid="hard_em_then_soft")) is None
+    # the hard phase's batch-mean rescaling of example weights: exact with the step's mean (test_objectives)
+    check_accumulation(_cfg(weighting="example", epsilon=0.05, aid="hard_em_then_soft", micro_batch=2))
 
 
 @pytest.mark.slow  # a real run (tens of seconds on 2 cores)
@@ -159,6 +163,18 @@ def test_a_probe_past_its_memory_ceiling_is_killed_and_says_so(tmp_path):
     pr = est.probe(p, tmp_path, ceiling=64 * 2**20)
     assert pr.over and pr.peak_rss > 64 * 2**20 and math.isnan(pr.step_s)
     assert not (tmp_path / "probe-mb0" / "summary.json").exists() and time.time() - t0 < 60
+
+
+def test_a_micro_batched_point_is_probed_one_chunk_a_step():
+    """micro_batch 2 of batch 8: the probe trains batches of 2 (the accumulated step's peak memory,
+    a quarter of its time) and run_seconds scales its step back to the batch of 8."""
+    flat = {**TrainConfig().to_flat(), **SMALL, "batch_size": 8}
+    assert {k: est.probe_params(flat, 2)[k] for k in ("batch_size", "micro_batch")} == {"batch_size": 2, "micro_batch": 0}
+    assert {k: est.probe_params(flat, 0)[k] for k in ("batch_size", "micro_batch")} == {"batch_size": 8, "micro_batch": 0}
+    assert est.probe_params(flat, 8)["batch_size"] == 8
+    pr = dataclasses.replace(PROBE, batch_size=2, micro_batch=2, setup_s=0.0, eval_row_s=0.0)
+    run = {**flat, "steps": 10, "eval_every": 10, "eval_rows": 1, "decode_rows": 0, "micro_batch": 2}
+    assert est.run_seconds(run, pr, 100) == pytest.approx(est.KERNEL_START_S + 10 * 4 * PROBE.step_s)
 
 
 def test_an_interrupt_during_a_probe_takes_its_child_along(tmp_path, monkeypatch):

@@ -114,3 +114,33 @@ def test_nonnegative_terms_are_reported_clipped_at_zero_and_the_objective_is_not
         assert logged[f"loss/train/{k}"] == 0.0 and float(tensors[f"loss/train/{k}"]) == 0.0
     assert logged["loss/train/reconstruction_loss"] == -0.25  # not a non-negative term: as is
     assert float(br.contributions["kl_prior_loss"]) < 0  # what training uses is untouched
+
+
+def test_hard_em_in_chunks_with_the_step_weight_mean_is_the_full_batch_gradient(tiny_lm):
+    """Gradient accumulation of the hard phase under example weights (w_i = 1/(b_i + eps), rescaled
+    to mean 1/c_base over the batch: ``hard_em_recon_scale='c_base'``): chunks given the whole batch's
+    mean w (``zfree.train.accumulate.batch_weight_mean``) sum to the full batch's gradient in float64;
+    with each chunk's own mean they do not (the refusal this replaced)."""
+    from zfree.data.batching import collate, encode_pair
+    from zfree.train.accumulate import batch_weight_mean
+
+    base, tok, _ = tiny_lm(n_layer=1, seed=1, saved=True, pairs=PAIRS)
+    enc = [encode_pair(tok, p) for p in PAIRS]
+    torch.manual_seed(0)
+    model = DiscreteCVAE(copy.deepcopy(base), 3).double()
+    cfg = _cfg(weighting="example", epsilon=0.05, aid="hard_em_then_soft", hard_em_recon_scale="c_base")
+    n, c_base = len(enc), 0.8
+    b = torch.linspace(0.3, 2.5, n, dtype=F64)  # spread base surprisals: the chunks' means differ
+
+    def grads(chunks, w_mean):
+        model.zero_grad(set_to_none=True)
+        for idx in chunks:
+            br = hard_em_objective(model, collate([enc[i] for i in idx], pad_id=0), cfg, 1, c_base, b[idx], w_mean=w_mean)
+            (len(idx) / n * br.total).backward()
+        return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+    full = grads([list(range(n))], None)
+    halves = [list(range(0, n // 2)), list(range(n // 2, n))]
+    m = batch_weight_mean(cfg, c_base, b, n)
+    torch.testing.assert_close(grads(halves, m), full, rtol=1e-9, atol=1e-12)
+    assert not torch.allclose(grads(halves, None), full, rtol=1e-6, atol=1e-9)

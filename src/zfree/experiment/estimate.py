@@ -154,13 +154,17 @@ def probe_params(params: dict, micro_batch: int = 0) -> dict:
     """The flat config a probe trains: ``params`` for ``PROBE_STEPS`` steps on ``PROBE_ROWS`` rows,
     decoding as the point does (its samples and multi-reference outputs are timed), unaided and with
     ``remedy`` "none" (a remedy's fields depend on the run's steps and may
-    set an aid: its cost is modelled in ``run_seconds``, never probed), ``micro_batch`` rows a chunk."""
+    set an aid: its cost is modelled in ``run_seconds``, never probed); a ``micro_batch`` smaller than
+    the batch becomes the probe's batch (one chunk a step: an accumulated step's peak memory in a
+    fraction of its time; ``probe``)."""
     o = TrainConfig.from_flat(params).optim
     # the run's share of decoded rows (task correctness on data with strategies), at least one where
     # it decodes at all (samples and multi-reference outputs on data without)
     decode = 0 if not o.decode_rows else max(1, round(PROBE_ROWS * min(1.0, o.decode_rows / max(1, o.eval_rows or 1))))
+    chunked = bool(micro_batch) and micro_batch < o.batch_size
     return {**params, "steps": PROBE_STEPS, "eval_every": PROBE_STEPS, "eval_rows": PROBE_ROWS,
-            "decode_rows": decode, "aid": "none", "remedy": "none", "warmup_backbone": 1, "micro_batch": micro_batch}
+            "decode_rows": decode, "aid": "none", "remedy": "none", "warmup_backbone": 1,
+            "batch_size": micro_batch if chunked else o.batch_size, "micro_batch": 0 if chunked else micro_batch}
 
 
 def probe(point: Point, work: Path, micro_batch: int | None = None, ceiling: int | None = None) -> Probe:
@@ -169,10 +173,15 @@ def probe(point: Point, work: Path, micro_batch: int | None = None, ceiling: int
     bytes of resident memory the child's process tree may reach; past it the child is killed and the
     Probe comes back with ``over`` set (SmolLM2-135M at batch 32 x K = 4 reached 21.7 GB of a 24 GB
     machine before the probe could report it), as it does when the system kills the child (SIGKILL).
+    A ``micro_batch`` smaller than the batch is probed as batches of ``micro_batch`` rows (one chunk
+    a step: the peak of an accumulated step, its gradient buffers and one chunk's activations, in a
+    fraction of the time); ``Probe.batch_size`` is then ``micro_batch`` and ``run_seconds`` scales
+    the step to the run's batch (the optimizer update counted once a chunk: a slight overestimate).
     Raises ConfigError with the child's last lines when it fails otherwise (a point that cannot run)."""
     cfg = TrainConfig.from_flat(point.params)
     mb = cfg.optim.micro_batch if micro_batch is None else micro_batch
     flat = probe_params(point.params, mb)
+    rows = int(flat["batch_size"])
     run = work / f"probe-mb{mb}"
     import shutil
 
@@ -197,7 +206,7 @@ def probe(point: Point, work: Path, micro_batch: int | None = None, ceiling: int
     wall = time.time() - t0
     if over.is_set() or proc.returncode == -signal.SIGKILL:
         nan = float("nan")
-        return Probe(setup_s=nan, step_s=nan, eval_row_s=nan, peak_rss=peak[0], batch_size=cfg.optim.batch_size,
+        return Probe(setup_s=nan, step_s=nan, eval_row_s=nan, peak_rss=peak[0], batch_size=rows,
                      micro_batch=mb, wall_s=wall, over=True)
     if proc.returncode != 0:
         raise ConfigError(f"the probe of {point.run_id} failed (exit {proc.returncode}): "
@@ -209,7 +218,7 @@ def probe(point: Point, work: Path, micro_batch: int | None = None, ceiling: int
     decode = float(summary.get("multiref/decode_s") or 0.0)  # after the final evaluation, once a run
     step_s, warm = probed_step_seconds(summary, ev0, end)
     return Probe(setup_s=max(0.0, wall - end - decode) + warm, step_s=step_s,
-                 eval_row_s=max(0.0, ev0 - samples) / PROBE_ROWS, peak_rss=peak[0], batch_size=cfg.optim.batch_size,
+                 eval_row_s=max(0.0, ev0 - samples) / PROBE_ROWS, peak_rss=peak[0], batch_size=rows,
                  micro_batch=mb, wall_s=wall, samples_s=samples, decode_s=decode)
 
 

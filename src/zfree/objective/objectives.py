@@ -138,14 +138,16 @@ def _gaussian_terms(cfg: ObjectiveConfig, *, recon, w, beta, c_base, mu_q, logva
 
 
 def _hard_em_terms(cfg: ObjectiveConfig, *, recon, w, beta, c_base, q_logits, p_logits, k_star,
-                   recon_scale: str = "c_base") -> KindTerms:
+                   recon_scale: str = "c_base", w_mean: float | None = None) -> KindTerms:
     """recon (B,): the decoded value's nll; q_logits None = the optimal posterior, one-hot on k*
-    (its cross-entropy is 0); ``recon_scale='c_base'`` rescales w to mean 1/c_base."""
+    (its cross-entropy is 0); ``recon_scale='c_base'`` rescales w to mean 1/c_base over the step's
+    batch: ``w_mean`` is that batch's mean w where this call sees only a chunk of it (gradient
+    accumulation, ``zfree.train.accumulate``), else w's own mean."""
     optimal = q_logits is None
     q_logp = (torch.log(torch.nn.functional.one_hot(k_star, p_logits.shape[-1]).to(recon.dtype).clamp_min(1e-12))
               if optimal else torch.log_softmax(q_logits, -1))
     if recon_scale == "c_base":  # the distribution scale for every weighting
-        w = w / w.mean() / c_base
+        w = w / (w.mean() if w_mean is None else w_mean) / c_base
     ce_q = (torch.zeros_like(recon) if optimal else
             torch.nn.functional.cross_entropy(q_logits, k_star, reduction="none"))
     ce_p = -(q_logp.detach().exp() * torch.log_softmax(p_logits, -1)).sum(-1)
@@ -290,14 +292,17 @@ def continuous_objective(model, batch: Batch, cfg: TrainConfig, step: int, c_bas
 
 
 def hard_em_objective(model, batch: Batch, cfg: TrainConfig, step: int, c_base: float, b: torch.Tensor | None,
-                      base_tok: torch.Tensor | None = None, warm: bool = False) -> ObjectiveBreakdown:
+                      base_tok: torch.Tensor | None = None, warm: bool = False,
+                      w_mean: float | None = None) -> ObjectiveBreakdown:
     """Hard EM (mixture-of-experts translation, Shen et al. 2019, "hard-MoE"): the decoder reconstructs
     with one value per example, the best-reconstructing k* = argmin_k nll_k (``hard_em_decoder='best'``,
     winner-take-all; ties: the posterior's argmax) or the posterior's argmax; the posterior is trained
     by cross-entropy toward k*; the router by cross-entropy toward the (detached) posterior. Only the
     decoded value's pass is differentiated (``DiscreteCVAE.forward_selected``). The reconstruction
     weight is the weighting's w_i, rescaled to mean 1/c_base over the batch when
-    ``hard_em_recon_scale='c_base'``. With ``posterior_features='optimal'`` (no head) the posterior
+    ``hard_em_recon_scale='c_base'`` (``w_mean``: the whole step's mean w when ``batch`` is one chunk
+    of it under gradient accumulation, so the chunks sum to the full batch's J). With
+    ``posterior_features='optimal'`` (no head) the posterior
     is one-hot on k* and its cross-entropy is 0. ``per_example["q_logits"]`` holds the posterior's
     log-probs (its argmax: the value counted by dead-value restarts); ``base_tok`` and ``warm`` are
     unused (the hard phase reconstructs with the plain per-token mean)."""
@@ -306,7 +311,7 @@ def hard_em_objective(model, batch: Batch, cfg: TrainConfig, step: int, c_base: 
     rec = masked_mean_token_nll(-sel.selected_logprobs, batch.target_mask)  # (B,)
     return assemble(HARD_EM, cfg.objective, recon=rec, target_len=batch.target_len, step=step, c_base=c_base, b=b,
                     q_logits=sel.out.posterior_logits, p_logits=sel.out.prior_logits, k_star=sel.k_star,
-                    recon_scale=cfg.aid.hard_em_recon_scale)
+                    recon_scale=cfg.aid.hard_em_recon_scale, w_mean=w_mean)
 
 
 def given_objective(model, batch: Batch, cfg: TrainConfig, step: int, c_base: float, b: torch.Tensor | None,
@@ -327,8 +332,13 @@ STEP_OBJECTIVES = {Phase.HARD: hard_em_objective, LatentKind.DISCRETE: soft_obje
 
 
 def step_objective(phase: str, model, batch: Batch, cfg: TrainConfig, step: int, c_base: float,
-                   b: torch.Tensor | None, base_tok: torch.Tensor | None, warm: bool = False) -> ObjectiveBreakdown:
-    """J of one training step in ``phase`` (a key of ``STEP_OBJECTIVES``). Raises KeyError listing the phases."""
+                   b: torch.Tensor | None, base_tok: torch.Tensor | None, warm: bool = False,
+                   w_mean: float | None = None) -> ObjectiveBreakdown:
+    """J of one training step in ``phase`` (a key of ``STEP_OBJECTIVES``); ``w_mean``: the whole
+    step's mean reconstruction weight where ``batch`` is one chunk of it (read by the hard phase's
+    rescaling only: the other objectives are means of per-example terms). Raises KeyError listing the phases."""
     if phase not in STEP_OBJECTIVES:
         raise KeyError(f"phase {phase!r} is not one of {sorted(map(str, STEP_OBJECTIVES))}")
+    if phase == Phase.HARD:
+        return hard_em_objective(model, batch, cfg, step, c_base, b, base_tok, warm, w_mean=w_mean)
     return STEP_OBJECTIVES[phase](model, batch, cfg, step, c_base, b, base_tok, warm)

@@ -23,16 +23,26 @@ from zfree.core.errors import ConfigError
 def accumulation_problem(cfg) -> str | None:
     """Why chunked gradients would change the objective of ``cfg`` (a ``TrainConfig``), or None
     when J is a mean of per-example terms: free bits on the batch-mean KL (``batch_mean``,
-    ``per_dim``), BN-VAE's batch-normalized posterior means and the hard phase's w_i / mean_batch(w)
-    under per-example weights are not (Optimus's ``threshold`` masks each example's KL: it is)."""
+    ``per_dim``) and BN-VAE's batch-normalized posterior means are not (Optimus's ``threshold``
+    masks each example's KL: it is). The hard phase's w_i / mean_batch(w) is: w depends on b alone,
+    so each chunk is given the whole batch's mean (``batch_weight_mean``)."""
     if cfg.objective.free_bits_mode in ("batch_mean", "per_dim"):
         return f"free_bits_mode={cfg.objective.free_bits_mode!r} clamps a batch mean"
     if cfg.model.bn_gamma > 0:
         return f"bn_gamma={cfg.model.bn_gamma:g} (BN-VAE) normalizes the posterior means by the batch's statistics"
-    per_example_w = cfg.objective.weighting == "example" or cfg.objective.token_outer == "example"
-    if cfg.aid.aid == "hard_em_then_soft" and cfg.aid.hard_em_recon_scale == "c_base" and per_example_w:
-        return "the hard phase normalises example weights by their batch mean (hard_em_recon_scale='c_base')"
     return None
+
+
+def batch_weight_mean(cfg, c_base: float, b: torch.Tensor | None, n_rows: int) -> float:
+    """mean_i w_i over a whole step's ``n_rows`` rows (``zfree.objective.losses.reconstruction_weight``
+    of the outer weighting, seed 002's 1/(b + eps) for example; b (n_rows,) nats/token or None), the
+    normaliser the hard phase's ``hard_em_recon_scale='c_base'`` divides by, computed once so that
+    every chunk of the step uses the same one. Raises ValueError as ``reconstruction_weight``."""
+    from zfree.objective.losses import outer_weighting, reconstruction_weight
+
+    w = reconstruction_weight(outer_weighting(cfg.objective), batch_size=n_rows, c_base=c_base, b=b,
+                              epsilon=cfg.objective.epsilon, dtype=torch.float64)
+    return float(w.mean())
 
 
 def check_accumulation(cfg) -> None:

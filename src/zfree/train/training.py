@@ -226,22 +226,27 @@ def _setup_run(cfg: TrainConfig, out: Path, progress: bool) -> Run:
 
 
 def _objective_of(run: Run, cfg: TrainConfig, phase, step: int, dev, acc):
-    """host batch -> the step's objective breakdown on ``dev`` (b and the base-token matrix with it)."""
-    def objective(host):
+    """host batch -> the step's objective breakdown on ``dev`` (b and the base-token matrix with it);
+    ``w_mean``: the whole step's mean reconstruction weight when the host batch is one chunk of it."""
+    def objective(host, w_mean: float | None = None):
         return step_objective(phase, run.model, host.to(dev), cfg, step, run.data.c_base,
-                              *batch_references(run.data, host, cfg.objective.weighting, dev, acc), warm=aids.beta0_warm(cfg, step))
+                              *batch_references(run.data, host, cfg.objective.weighting, dev, acc),
+                              warm=aids.beta0_warm(cfg, step), w_mean=w_mean)
     return objective
 
 
 def _step_breakdown(run: Run, cfg: TrainConfig, objective, rows: list):
     """(the objective's breakdown, the collated host batch) of one batch of encoded ``rows``: one
     forward pass through the model (its backward pending), or chunk by chunk with their backward
-    passes done under gradient accumulation."""
+    passes done under gradient accumulation, each chunk given the whole batch's mean weight
+    (``accumulate.batch_weight_mean``: the hard phase rescales by it)."""
     host = collate(rows, pad_id=run.data.pad_id)
     if not accumulate.use_accumulation(cfg, len(rows)):
         return objective(host), host
-    return accumulate.accumulated_step(objective, rows, cfg.optim.micro_batch, run.opt,
-                                       lambda r: collate(r, pad_id=run.data.pad_id)), host
+    b, _ = batch_references(run.data, host, cfg.objective.weighting, torch.device("cpu"), torch.float64)
+    m = accumulate.batch_weight_mean(cfg, run.data.c_base, b, len(rows))
+    return accumulate.accumulated_step(lambda chunk: objective(chunk, w_mean=m), rows, cfg.optim.micro_batch,
+                                       run.opt, lambda r: collate(r, pad_id=run.data.pad_id)), host
 
 
 def _optimizer_step(run: Run, br, cfg: TrainConfig, step: int, mask: aids.FrozenDecoderMask, side: str = "all") -> None:
