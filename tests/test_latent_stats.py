@@ -250,6 +250,24 @@ def test_sampled_decodes_are_reproducible_and_bounded(cvae):
     assert list(tab.columns) == ["id", "x", "reference", "latent", "greedy", "sampled"]
     assert len(tab) == 2 * 3 and tab.groupby("id")["greedy"].nunique().eq(1).all()  # step 0: z changes nothing
     assert latent_samples(model, [], [], tok).empty
+    # decoded together (all x and values at once), each cell is what its row alone decodes to
+    from zfree.models.base import decode_with_latents
+
+    trained = copy.deepcopy(model)
+    with torch.no_grad():
+        trained.latent_embedding.weight.normal_(std=2.0, generator=torch.Generator().manual_seed(0))
+    enc = [encode_pair(tok, p) for p in PAIRS]
+    tab = latent_samples(trained, enc, PAIRS, tok, n_x=3, seed=4)
+    again = latent_samples(trained, enc, PAIRS, tok, n_x=3, seed=4)
+    pd.testing.assert_frame_equal(tab, again)
+    row = {p.id: i for i, p in enumerate(PAIRS)}
+    max_new = max(len(enc[row[i]].target_ids) for i in tab["id"].unique()) + 8
+    for r in tab.itertuples():
+        lat = trained.latent_embedding(torch.tensor([r.latent]))
+        alone = decode_with_latents(trained.backbone, [enc[row[r.id]].prefix_ids], lat, eos_id=tok.eos_token_id,
+                                    max_new_tokens=max_new, cache=False)[0]
+        assert r.greedy == tok.decode(alone).strip(), (r.id, r.latent)
+    assert tab.groupby("id")["greedy"].nunique().gt(1).any()  # the values now decode differently
 
 
 def test_cached_decoder_equals_the_uncached_one_greedy_and_sampled(cvae):

@@ -222,7 +222,11 @@ def test_own_model_notebook_runs_under_papermill(tiny_model, tmp_path, monkeypat
     pm.execute_notebook(str(NOTEBOOKS / "own_model.ipynb"), str(tmp_path / "own_model.out.ipynb"), kernel_name="python3",
                         parameters={"model": str(model), "data": str(data), "out": str(out), "preset": "own_smoke"},
                         cwd=str(NOTEBOOKS), progress_bar=False)
-    assert len(list((out / "runs").glob("*/summary.json"))) == 2 and (out / "notes.json").exists()
+    done = sorted(r.parent.name for r in (out / "runs").glob("*/summary.json"))
+    given = [n for n in done if n.startswith(("control_", "oracle-"))]
+    # the preset's 2 runs, their z-free controls and the oracle of the rows' one label (as the CLI's study)
+    assert len(done) - len(given) == 2 and sorted(n.split("_")[0] for n in given) == ["control", "control", "oracle-style"]
+    assert (out / "notes.json").exists()
 
 
 def test_the_preparations_reference_fills_the_cache_the_runs_read(tmp_path, monkeypatch):

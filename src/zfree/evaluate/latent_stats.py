@@ -253,25 +253,23 @@ def latent_samples(model, encoded: Sequence[EncodedPair], pairs: Sequence[Pair],
                    seed: int = 0) -> pd.DataFrame:
     """For the first ``n_x`` distinct x of ``pairs``, the greedy and one sampled (temperature 1,
     generator seeded by ``seed``) y of a discrete CVAE under each latent value k = 0..K-1, side by side.
+    All n_x x K (x, k) rows are decoded together (``zfree.models.base.decode_with_latents``, cached,
+    grouped by prefix length: one greedy and one sampled pass per length, not one per row and value).
     Returns a DataFrame: id, x, reference (the row's y), latent, greedy, sampled (one row per x and k)."""
     idx = first_distinct_x(pairs, n_x)
     if not idx:
         return pd.DataFrame(columns=["id", "x", "reference", "latent", "greedy", "sampled"])
     K = model.n_latent
     dev = next(model.parameters()).device
-    prefixes = [encoded[i].prefix_ids for i in idx]
-    max_new = max(len(encoded[i].target_ids) for i in idx) + 8
-    g = torch.Generator().manual_seed(seed)
-    rows = []
-    for k in range(K):
-        lat = model.latent_embedding(torch.full((len(idx),), k, device=dev))
-        greedy = greedy_decode_with_latents(model.backbone, prefixes, lat, eos_id=tokenizer.eos_token_id,
-                                            max_new_tokens=max_new)
-        sampled = sample_decode_with_latents(model.backbone, prefixes, lat, eos_id=tokenizer.eos_token_id,
-                                             max_new_tokens=max_new, generator=g)
-        for j, i in enumerate(idx):
-            rows.append({"id": pairs[i].id, "x": pairs[i].x, "reference": pairs[i].y, "latent": k,
-                         "greedy": tokenizer.decode(greedy[j]).strip(), "sampled": tokenizer.decode(sampled[j]).strip()})
+    cells = [(k, i) for k in range(K) for i in idx]
+    prefixes = [encoded[i].prefix_ids for _, i in cells]
+    lat = model.latent_embedding(torch.tensor([k for k, _ in cells], device=dev))
+    kw = dict(eos_id=tokenizer.eos_token_id, max_new_tokens=max(len(encoded[i].target_ids) for i in idx) + 8)
+    greedy = decode_with_latents(model.backbone, prefixes, lat, **kw)
+    sampled = decode_with_latents(model.backbone, prefixes, lat, generator=torch.Generator().manual_seed(seed), **kw)
+    rows = [{"id": pairs[i].id, "x": pairs[i].x, "reference": pairs[i].y, "latent": k,
+             "greedy": tokenizer.decode(g).strip(), "sampled": tokenizer.decode(d).strip()}
+            for (k, i), g, d in zip(cells, greedy, sampled)]
     return pd.DataFrame(rows).sort_values(["id", "latent"], kind="stable").reset_index(drop=True)
 
 

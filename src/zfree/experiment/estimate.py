@@ -181,7 +181,7 @@ def probe(point: Point, work: Path, micro_batch: int | None = None, ceiling: int
     cfg = TrainConfig.from_flat(point.params)
     mb = cfg.optim.micro_batch if micro_batch is None else micro_batch
     flat = probe_params(point.params, mb)
-    rows = int(flat["batch_size"])
+    n_batch = int(flat["batch_size"])
     run = work / f"probe-mb{mb}"
     import shutil
 
@@ -206,7 +206,7 @@ def probe(point: Point, work: Path, micro_batch: int | None = None, ceiling: int
     wall = time.time() - t0
     if over.is_set() or proc.returncode == -signal.SIGKILL:
         nan = float("nan")
-        return Probe(setup_s=nan, step_s=nan, eval_row_s=nan, peak_rss=peak[0], batch_size=rows,
+        return Probe(setup_s=nan, step_s=nan, eval_row_s=nan, peak_rss=peak[0], batch_size=n_batch,
                      micro_batch=mb, wall_s=wall, over=True)
     if proc.returncode != 0:
         raise ConfigError(f"the probe of {point.run_id} failed (exit {proc.returncode}): "
@@ -218,7 +218,7 @@ def probe(point: Point, work: Path, micro_batch: int | None = None, ceiling: int
     decode = float(summary.get("multiref/decode_s") or 0.0)  # after the final evaluation, once a run
     step_s, warm = probed_step_seconds(summary, ev0, end)
     return Probe(setup_s=max(0.0, wall - end - decode) + warm, step_s=step_s,
-                 eval_row_s=max(0.0, ev0 - samples) / PROBE_ROWS, peak_rss=peak[0], batch_size=rows,
+                 eval_row_s=max(0.0, ev0 - samples) / PROBE_ROWS, peak_rss=peak[0], batch_size=n_batch,
                  micro_batch=mb, wall_s=wall, samples_s=samples, decode_s=decode)
 
 
