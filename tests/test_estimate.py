@@ -230,6 +230,29 @@ def test_fit_budget_cuts_and_refuses():
         est.fit_budget(PRESETS["smoke"], seconds, budget=60)
 
 
+def test_fit_budget_cuts_the_oracles_then_the_rows_before_refusing():
+    """Past distribution alone at 10 steps: the label oracles to the first label, then 50 evaluated
+    rows, then a refusal naming the time the smallest grid needs and the runs' share of the budget."""
+    spec = OWN_PRESETS["own"]
+
+    def seconds(s):  # 1 s a step, 0.1 s an evaluated row; the CVAE runs and one run per oracle
+        g = s.boundary
+        oracles = 3 if s.oracles is None else len(s.oracles)
+        per = s.train["steps"] + 0.1 * s.train["eval_rows"] * 3
+        return (len(g.weightings) * len(g.beta_factors) * len(g.aids) + oracles) * per
+    labels = ["n_sentences", "first_slot", "complete"]
+    cut, lines = est.fit_budget(spec, seconds, budget=130, labels=labels)
+    assert "label oracles ['n_sentences', 'first_slot', 'complete'] -> ['n_sentences']" in lines
+    assert cut.oracles == ("n_sentences",) and seconds(cut) <= 130 and cut.train["eval_rows"] == 100
+    cut, lines = est.fit_budget(spec, seconds, budget=80, labels=labels)
+    assert lines[-2:-1] == ["evaluated rows 100 -> 50"] and cut.train["eval_rows"] == 50 and seconds(cut) <= 80
+    assert cut.train["steps"] >= 10
+    with pytest.raises(ConfigError, match=r"even 10 steps a run need about 1 min on this machine, 0\.5 min are left"):
+        est.fit_budget(spec, seconds, budget=30, labels=labels)
+    uncut, _ = est.fit_budget(spec, seconds, budget=1e9, labels=labels)
+    assert uncut.oracles is None  # nothing cut where it fits
+
+
 def test_plan_gives_the_grid_what_is_left_of_the_budget(tmp_path, monkeypatch):
     """The budget is the whole study's: the grid gets it minus the time since the study began (split,
     reference, probes) and the report's REPORT_S; nothing left is a one-line refusal."""
@@ -237,8 +260,10 @@ def test_plan_gives_the_grid_what_is_left_of_the_budget(tmp_path, monkeypatch):
     monkeypatch.setattr(est, "memory_limit", lambda: 64 * est.GB)
     spec, seen = OWN_PRESETS["own"], []
 
-    def fit(s, seconds, budget):
+    def fit(s, seconds, budget, labels=()):
         seen.append(budget)
+        if budget < 600:
+            raise ConfigError("even 10 steps a run need about 30 min on this machine, 8.3 min are left for the runs")
         return s, []
     monkeypatch.setattr(est, "fit_budget", fit)
     t0 = time.time() - 100
@@ -247,6 +272,11 @@ def test_plan_gives_the_grid_what_is_left_of_the_budget(tmp_path, monkeypatch):
     assert plan.record["grid_budget_s"] == seen[0] and "for the runs after the preparation" in plan.lines[1]
     with pytest.raises(ConfigError, match="--budget 2 min: the split, reference and probes took"):
         est.plan(spec, lambda s: _points(), tmp_path, workers=1, budget=120, started=t0)
+    # the grid's refusal names the whole budget, what the preparation took and the runs' share
+    with pytest.raises(ConfigError, match=r"^--budget 11 min: the split, reference and probes took 1\.7 min and the "
+                                          r"report needs about 1; even 10 steps .* 8\.3 min are left for the runs; "
+                                          r"give a larger budget$"):
+        est.plan(spec, lambda s: _points(), tmp_path, workers=1, budget=660, started=t0)
 
 
 @pytest.mark.parametrize("text,seconds", [("15m", 900), ("1h", 3600), ("1h30m", 5400), ("90s", 90), ("20", 1200),

@@ -35,7 +35,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from zfree.config import TrainConfig
 from zfree.core.errors import ConfigError
@@ -378,8 +378,8 @@ def _with(spec: ExperimentSpec, train: dict | None = None, aided: dict | None = 
 def _fit_steps(spec: ExperimentSpec, seconds: Callable[[ExperimentSpec], float], budget: float, floor: int
                ) -> tuple[ExperimentSpec, str] | None:
     """Every run's steps (and eval/hand-over intervals) scaled by one factor f so that the grid fits
-    ``budget`` (f from the grid's time at f = 1 and 1/2, linear in the steps); None when f x steps
-    would fall below ``floor``."""
+    ``budget`` (f from the grid's time at f = 1 and 1/2, linear in the steps, then lowered until the
+    rounded steps fit); None when f x steps would fall below ``floor``."""
     steps = int(spec.train.get("steps", TrainConfig().optim.steps))
     full = seconds(spec)
     half = seconds(_with(spec, _scaled(spec.train, 0.5, 1), _scaled(spec.boundary.aided, 0.5, 1)))
@@ -388,6 +388,13 @@ def _fit_steps(spec: ExperimentSpec, seconds: Callable[[ExperimentSpec], float],
     if f * steps < floor:
         return None
     cut = _with(spec, _scaled(spec.train, f), _scaled(spec.boundary.aided, f))
+    for _ in range(20):  # rounded steps may overshoot the linear fit: step f down until it fits
+        if seconds(cut) <= budget:
+            break
+        f *= 0.98
+        if f * steps < floor:
+            return None
+        cut = _with(spec, _scaled(spec.train, f), _scaled(spec.boundary.aided, f))
     return cut, (f"steps x {f:.2f} (unaided {steps} -> {cut.train['steps']}, aided "
                  f"{spec.boundary.aided.get('steps', steps)} -> {cut.boundary.aided.get('steps', cut.train['steps'])})")
 
@@ -397,17 +404,19 @@ def _fit_steps(spec: ExperimentSpec, seconds: Callable[[ExperimentSpec], float],
 KEEP_WEIGHTINGS = ("distribution", "example")
 
 
-def fit_budget(spec: ExperimentSpec, seconds: Callable[[ExperimentSpec], float], budget: float
-               ) -> tuple[ExperimentSpec, list[str]]:
+def fit_budget(spec: ExperimentSpec, seconds: Callable[[ExperimentSpec], float], budget: float,
+               labels: Sequence[str] = ()) -> tuple[ExperimentSpec, list[str]]:
     """Cut an own-data grid (``spec.boundary`` set) until ``seconds(spec)`` <= ``budget``, in this
     order, each only while the grid does not fit: the evaluated rows to a third (>= 50); the
     evaluations between step 0 and the end (curves only: every number of the report is read at the
     end); one beta point per weighting (the first factor); every run's steps (and intervals) by one
     factor down to ``STEP_FLOOR``; the weightings to ``KEEP_WEIGHTINGS``; the batch to ``SMALL_BATCH``
     rows (where ``STEP_FLOOR`` steps still do not fit); the steps down to 10; the weightings to the
-    first kept one (where even 10 steps do not fit), the steps again.
+    first kept one (where even 10 steps do not fit), the steps again; then the label oracles to the
+    first of ``labels`` (the grid's oracle labels, in order), the evaluated rows to 50, the steps
+    again (a large model on a small machine: SmolLM2-135M on 2 cores, 30 min).
     Returns the cut spec and one line per cut. Raises ConfigError naming the time the smallest grid
-    needs, or when ``spec`` is not an own-data grid."""
+    needs (for the runs: ``budget`` is their share), or when ``spec`` is not an own-data grid."""
     if spec.boundary is None:
         raise ConfigError("--budget sizes an own-data grid (zfree study --model M --data F); a preset's grid is fixed")
     cuts: list[str] = []
@@ -448,10 +457,20 @@ def fit_budget(spec: ExperimentSpec, seconds: Callable[[ExperimentSpec], float],
             cuts.append(f"weightings {list(ws)} -> {list(ws[:1])}")
             spec = dataclasses.replace(spec, boundary=dataclasses.replace(spec.boundary, weightings=ws[:1]))
             fitted = (spec, None) if seconds(spec) <= budget else _fit_steps(spec, seconds, budget, 10)
+        if fitted is None and len(labels) > 1 and spec.controls:
+            cuts.append(f"label oracles {list(labels)} -> {list(labels[:1])}")
+            spec = dataclasses.replace(spec, oracles=tuple(labels[:1]))
+            fitted = (spec, None) if seconds(spec) <= budget else _fit_steps(spec, seconds, budget, 10)
+        rows = int(spec.train.get("eval_rows", TrainConfig().optim.eval_rows))
+        if fitted is None and rows > 50:
+            aided = {**spec.boundary.aided, "handover_rows": min(50, spec.boundary.aided.get("handover_rows", 50))}
+            spec = _with(spec, {**spec.train, "eval_rows": 50}, aided)
+            cuts.append(f"evaluated rows {rows} -> 50")
+            fitted = (spec, None) if seconds(spec) <= budget else _fit_steps(spec, seconds, budget, 10)
     if fitted is None:
         smallest = seconds(_with(spec, _scaled(spec.train, 10 / steps), _scaled(spec.boundary.aided, 10 / steps)))
-        raise ConfigError(f"--budget {budget / 60:.0f} min: even 10 steps a run need about {smallest / 60:.0f} min "
-                          "on this machine; give a larger budget")
+        raise ConfigError(f"even 10 steps a run need about {smallest / 60:.0f} min on this machine, "
+                          f"{budget / 60:.1f} min are left for the runs")
     spec, line = fitted
     return spec, cuts + ([line] if line else [])
 
@@ -494,7 +513,15 @@ def plan(spec: ExperimentSpec, make_points: Callable[[ExperimentSpec], list[Poin
         if grid_budget <= 0:
             raise ConfigError(f"--budget {budget / 60:.0f} min: the split, reference and probes took {spent / 60:.1f} min "
                               f"and the report needs about {REPORT_S / 60:.0f}; give a larger budget")
-        spec, cuts = fit_budget(spec, lambda s: grid_seconds(make_points(s), pr, n_val, w), grid_budget)
+        labels = [str(p.params["latent_source"])[len("label:"):] for p in points
+                  if str(p.params.get("latent_source", "")).startswith("label:")]
+        try:
+            spec, cuts = fit_budget(spec, lambda s: grid_seconds(make_points(s), pr, n_val, w), grid_budget, labels)
+        except ConfigError as e:
+            if spec.boundary is None:  # a preset's grid: the budget does not apply
+                raise
+            raise ConfigError(f"--budget {budget / 60:.0f} min: the split, reference and probes took {spent / 60:.1f} min "
+                              f"and the report needs about {REPORT_S / 60:.0f}; {e}; give a larger budget") from None
     final = make_points(spec)
     secs, peak = grid_seconds(final, pr, n_val, w), w * pr.peak_rss + parent
     head = (f"estimate: {len(final)} runs on {w} worker(s): about {secs / 60:.1f} min, peak memory {peak / GB:.1f} GB "
