@@ -295,7 +295,8 @@ def _add_study(sub) -> None:
     st.add_argument("--preset", default=None, help="smoke | default | aided | full | e2e | leaderboard | leaderboard-e2e; with --model: own | own_smoke")
     st.add_argument("--budget", default=None, help="own data: size the grid to fit this wall time of the whole study, e.g. 15m, "
                     "1h (default for --preset own: 20m; none: the whole grid); cuts in order: evaluated rows, "
-                    "intermediate evaluations, beta points, steps, weightings, batch, steps, distribution alone")
+                    "intermediate evaluations, beta points, steps, weightings, batch, steps, distribution alone, "
+                    "one label oracle, 50 evaluated rows")
     st.add_argument("--no-estimate", action="store_true",
                     help="start at once, without the probe that prints the expected time and memory first")
     st.add_argument("--model", help="your model: a transformers folder, a .gguf file (or folder) or a hub id")
