@@ -134,7 +134,11 @@ def test_fit_memory_fewer_workers_then_micro_batch_then_refusal():
     small = dataclasses.replace(PROBE, peak_rss=est.GB // 2, micro_batch=2)
     w, mb, pr, lines = est.fit_memory(pts, PROBE, 2, limit=int(est.GB / est.MEMORY_SHARE), parent=0,
                                       reprobe=lambda m: small)
-    assert (w, mb) == (1, 2) and "micro-batches" in lines[0]
+    # two micro-batched runs of 0.5 GB fit in 1 GB: both workers kept (the SmolLM2 study ran one)
+    assert (w, mb) == (2, 2) and "micro-batches" in lines[0] and "2 worker(s)" in lines[0]
+    w, mb, _, _ = est.fit_memory(pts, PROBE, 2, limit=int(0.7 * est.GB / est.MEMORY_SHARE), parent=0,
+                                 reprobe=lambda m: small)
+    assert (w, mb) == (1, 2)
     with pytest.raises(ConfigError, match="needs .* GB for one run"):
         est.fit_memory(pts, PROBE, 2, limit=int(0.1 * est.GB), parent=0, reprobe=lambda m: PROBE)
 
@@ -148,7 +152,7 @@ def test_fit_memory_reprobes_a_probe_stopped_at_its_ceiling_and_refuses_when_the
     seen = []
     w, mb, pr, lines = est.fit_memory(_points(), stopped, 2, limit=int(est.GB / est.MEMORY_SHARE), parent=0,
                                       reprobe=lambda m: seen.append(m) or small)
-    assert (w, mb, pr) == (1, 2, small) and seen == [2] and "its probe stopped there" in lines[0]
+    assert (w, mb, pr) == (2, 2, small) and seen == [2] and "its probe stopped there" in lines[0]
     with pytest.raises(ConfigError, match=r"needs more than 0\.2 GB for one run \(a 4-step probe at micro_batch=2 was "
                                           r"stopped there\) but 1\.0 GB"):
         est.fit_memory(_points(), stopped, 2, limit=int(est.GB / est.MEMORY_SHARE), parent=0,

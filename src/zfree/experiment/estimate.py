@@ -319,7 +319,8 @@ def fit_memory(points: list[Point], pr: Probe, workers: int, limit: int, parent:
                ) -> tuple[int, int, Probe, list[str]]:
     """(workers, micro_batch, the probe that fits, what was changed) so that workers x peak + this
     process fits in ``MEMORY_SHARE`` x ``limit``: fewer workers first, then micro-batches of the
-    batch (probed again with ``reprobe(micro_batch)``) where accumulation keeps the objective.
+    batch (probed again with ``reprobe(micro_batch)``) where accumulation keeps the objective, with
+    as many of the ``workers`` as the micro-batched run's peak leaves room for.
     Raises ConfigError naming the memory one run needs when nothing fits."""
     room = MEMORY_SHARE * limit - parent
     fit = 0 if pr.over else int(room // max(1, pr.peak_rss))
@@ -335,9 +336,11 @@ def fit_memory(points: list[Point], pr: Probe, workers: int, limit: int, parent:
         if not small.over and small.peak_rss <= room:
             full = (f"over {pr.peak_rss / GB:.1f} GB a run (its probe stopped there)" if pr.over
                     else f"{pr.peak_rss / GB:.1f} GB a run")
-            return 1, mb, small, [f"memory: one worker, micro-batches of {mb} rows with gradient accumulation "
+            w = max(1, min(workers, int(room // max(1, small.peak_rss))))
+            return w, mb, small, [f"memory: {w} worker(s), micro-batches of {mb} rows with gradient accumulation "
                                   f"(batch {pr.batch_size}: {full}, micro-batch: "
-                                  f"{small.peak_rss / GB:.1f} GB; recorded as micro_batch in config.json)"]
+                                  f"{small.peak_rss / GB:.1f} GB a run, {room / GB:.1f} GB to plan with; "
+                                  "recorded as micro_batch in config.json)"]
         pr = small
     need = (f"more than {pr.peak_rss / GB:.1f} GB for one run (a {PROBE_STEPS}-step probe"
             f"{f' at micro_batch={pr.micro_batch}' if pr.micro_batch else ''} was stopped there)" if pr.over else
@@ -520,20 +523,15 @@ def plan(spec: ExperimentSpec, make_points: Callable[[ExperimentSpec], list[Poin
         except ConfigError as e:
             if spec.boundary is None:  # a preset's grid: the budget does not apply
                 raise
+            for line in [_measured(pr, w), *lines]:  # what the refusal was computed from
+                print(line, flush=True)
             raise ConfigError(f"--budget {budget / 60:.0f} min: the split, reference and probes took {spent / 60:.1f} min "
                               f"and the report needs about {REPORT_S / 60:.0f}; {e}; give a larger budget") from None
     final = make_points(spec)
     secs, peak = grid_seconds(final, pr, n_val, w), w * pr.peak_rss + parent
     head = (f"estimate: {len(final)} runs on {w} worker(s): about {secs / 60:.1f} min, peak memory {peak / GB:.1f} GB "
             f"({w} x {pr.peak_rss / GB:.2f} GB a run + {parent / GB:.2f} GB this process; {limit / GB:.1f} GB available). "
-            f"Measured by {PROBE_STEPS}-step probes ({pr.wall_s:.0f} s): {pr.step_s:.2f} s a K-way step at batch "
-            f"{pr.batch_size}, {pr.eval_row_s:.3f} s an evaluated row"
-            + (f"; z-free control {pr.given_step_s:.2f} s a step, {pr.given_eval_row_s:.3f} s a row"
-               if pr.given_step_s is not None else "") + f"; {pr.setup_s:.0f} s setup"
-            + (f"; scoring the training rows once {pr.train_scoring_s:.0f} s" if pr.train_scoring_s else "")
-            + (f"; decoding {pr.samples_s:.0f} s an evaluation + {pr.decode_s:.0f} s a run"
-               + (f" (control {pr.given_samples_s or 0:.0f} + {pr.given_decode_s or 0:.0f} s)"
-                  if pr.given_samples_s is not None else "") if pr.samples_s or pr.decode_s else ""))
+            + _measured(pr, None))
     room = (f"budget {budget / 60:.0f} min ({grid_budget / 60:.1f} for the runs after the preparation and probes, "
             f"{REPORT_S:.0f} s kept for the report)" if budget is not None else "")
     lines = [head, *lines, *([f"{room}: cut " + "; ".join(cuts)] if cuts else
@@ -545,3 +543,17 @@ def plan(spec: ExperimentSpec, make_points: Callable[[ExperimentSpec], list[Poin
     for line in lines:
         print(line, flush=True)
     return Plan(spec, w, secs, peak, lines, rec)
+
+
+def _measured(pr: Probe, workers: int | None) -> str:
+    """The estimate's line of what the probes measured (``workers``: named where no estimate precedes it)."""
+    return ((f"estimate: {workers} worker(s). " if workers is not None else "")
+            + f"Measured by {PROBE_STEPS}-step probes ({pr.wall_s:.0f} s, peak {pr.peak_rss / GB:.2f} GB a run): "
+            f"{pr.step_s:.2f} s a K-way step at batch "
+            f"{pr.batch_size}, {pr.eval_row_s:.3f} s an evaluated row"
+            + (f"; z-free control {pr.given_step_s:.2f} s a step, {pr.given_eval_row_s:.3f} s a row"
+               if pr.given_step_s is not None else "") + f"; {pr.setup_s:.0f} s setup"
+            + (f"; scoring the training rows once {pr.train_scoring_s:.0f} s" if pr.train_scoring_s else "")
+            + (f"; decoding {pr.samples_s:.0f} s an evaluation + {pr.decode_s:.0f} s a run"
+               + (f" (control {pr.given_samples_s or 0:.0f} + {pr.given_decode_s or 0:.0f} s)"
+                  if pr.given_samples_s is not None else "") if pr.samples_s or pr.decode_s else ""))
