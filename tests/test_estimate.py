@@ -132,7 +132,7 @@ def test_fit_memory_fewer_workers_then_micro_batch_then_refusal():
                                      reprobe=lambda m: pytest.fail("no reprobe needed"))
     assert (w, mb) == (1, 0) and "1 worker" in lines[0]
     small = dataclasses.replace(PROBE, peak_rss=est.GB // 2, micro_batch=2)
-    w, mb, pr, lines = est.fit_memory(pts, PROBE, 2, limit=int(est.GB / est.MEMORY_SHARE), parent=0,
+    w, mb, pr, lines = est.fit_memory(pts, PROBE, 2, limit=int(1.01 * est.GB / est.MEMORY_SHARE), parent=0,
                                       reprobe=lambda m: small)
     # two micro-batched runs of 0.5 GB fit in 1 GB: both workers kept (the SmolLM2 study ran one)
     assert (w, mb) == (2, 2) and "micro-batches" in lines[0] and "2 worker(s)" in lines[0]
@@ -150,7 +150,7 @@ def test_fit_memory_reprobes_a_probe_stopped_at_its_ceiling_and_refuses_when_the
     stopped = dataclasses.replace(PROBE, peak_rss=est.GB // 4, over=True, step_s=nan, setup_s=nan, eval_row_s=nan)
     small = dataclasses.replace(PROBE, peak_rss=est.GB // 2, micro_batch=2)
     seen = []
-    w, mb, pr, lines = est.fit_memory(_points(), stopped, 2, limit=int(est.GB / est.MEMORY_SHARE), parent=0,
+    w, mb, pr, lines = est.fit_memory(_points(), stopped, 2, limit=int(1.01 * est.GB / est.MEMORY_SHARE), parent=0,
                                       reprobe=lambda m: seen.append(m) or small)
     assert (w, mb, pr) == (2, 2, small) and seen == [2] and "its probe stopped there" in lines[0]
     with pytest.raises(ConfigError, match=r"needs more than 0\.2 GB for one run \(a 4-step probe at micro_batch=2 was "
