@@ -318,6 +318,7 @@ def test_probe_measures_a_real_run(tmp_path):
     p = Point("probe", TrainConfig.from_flat({**TrainConfig().to_flat(), **SMALL}).to_flat())
     pr = est.probe(p, tmp_path)
     assert pr.step_s > 0 and pr.eval_row_s > 0 and pr.peak_rss > 50 * 2**20 and pr.batch_size == 8
+    assert (tmp_path / "probe-mb0" / "summary.json").exists() and not list((tmp_path / "probe-mb0").glob("checkpoint*"))
 
 
 @pytest.mark.parametrize("remedy", __import__("zfree.objective.remedies", fromlist=["REMEDIES"]).REMEDIES)

@@ -205,6 +205,8 @@ def probe(point: Point, work: Path, micro_batch: int | None = None, ceiling: int
         poller.join()
     wall = time.time() - t0
     if over.is_set() or proc.returncode == -signal.SIGKILL:
+        for ckpt in run.glob("checkpoint*"):
+            shutil.rmtree(ckpt, ignore_errors=True)
         nan = float("nan")
         return Probe(setup_s=nan, step_s=nan, eval_row_s=nan, peak_rss=peak[0], batch_size=n_batch,
                      micro_batch=mb, wall_s=wall, over=True)
@@ -213,6 +215,8 @@ def probe(point: Point, work: Path, micro_batch: int | None = None, ceiling: int
                           f"{' | '.join(output.strip().splitlines()[-3:])}")
     rows = read_jsonl(run / "metrics.jsonl")
     summary = json.loads((run / "summary.json").read_text())
+    for ckpt in run.glob("checkpoint*"):  # a probe's weights are never read again (SmolLM2: 1.6 GB each)
+        shutil.rmtree(ckpt, ignore_errors=True)
     ev0, end = rows[0]["wall_s"], rows[-1]["wall_s"]
     samples = float(rows[0].get("decode/samples_s") or 0.0)  # decoded in every evaluation, not per row
     decode = float(summary.get("multiref/decode_s") or 0.0)  # after the final evaluation, once a run
