@@ -274,6 +274,12 @@ def test_plan_gives_the_grid_what_is_left_of_the_budget(tmp_path, monkeypatch):
     plan = est.plan(spec, lambda s: _points(), tmp_path, workers=1, budget=1200, started=t0)
     assert 1200 - 100 - est.REPORT_S - 5 < seen[0] <= 1200 - 100 - est.REPORT_S
     assert plan.record["grid_budget_s"] == seen[0] and "for the runs after the preparation" in plan.lines[1]
+    # the training rows' scoring is named only where a point of the final grid needs b on them
+    monkeypatch.setattr(est, "train_scoring_seconds", lambda points: 580.0)
+    plain = est.plan(spec, lambda s: _points(), tmp_path, workers=1)
+    assert "scoring the training rows" not in plain.lines[0]
+    example = est.plan(spec, lambda s: _points(weighting="example", epsilon=0.05), tmp_path, workers=1)
+    assert "scoring the training rows once 580 s" in example.lines[0]
     with pytest.raises(ConfigError, match="--budget 2 min: the split, reference and probes took"):
         est.plan(spec, lambda s: _points(), tmp_path, workers=1, budget=120, started=t0)
     # the grid's refusal names the whole budget, what the preparation took and the runs' share

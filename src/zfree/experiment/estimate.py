@@ -535,7 +535,8 @@ def plan(spec: ExperimentSpec, make_points: Callable[[ExperimentSpec], list[Poin
     secs, peak = grid_seconds(final, pr, n_val, w), w * pr.peak_rss + parent
     head = (f"estimate: {len(final)} runs on {w} worker(s): about {secs / 60:.1f} min, peak memory {peak / GB:.1f} GB "
             f"({w} x {pr.peak_rss / GB:.2f} GB a run + {parent / GB:.2f} GB this process; {limit / GB:.1f} GB available). "
-            + _measured(pr, None))
+            + _measured(pr if any(TrainConfig.from_flat(p.params).objective.needs_example_b for p in final)
+                        else dataclasses.replace(pr, train_scoring_s=0.0), None))  # the cut grid may need no b
     room = (f"budget {budget / 60:.0f} min ({grid_budget / 60:.1f} for the runs after the preparation and probes, "
             f"{REPORT_S:.0f} s kept for the report)" if budget is not None else "")
     lines = [head, *lines, *([f"{room}: cut " + "; ".join(cuts)] if cuts else
