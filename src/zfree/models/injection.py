@@ -28,16 +28,13 @@ from zfree.data.batching import Batch
 from zfree.models.base import hidden_states
 from zfree.models.head import exact_logits_from_hidden
 from zfree.models.head_chunks import head_token_logprobs
-from zfree.models.kv_cache import CACHE_KW, sliding_window_of  # noqa: F401 (re-exported)
+from zfree.models.kv_cache import CACHE_KW, sliding_window_of
 
 SHARED_PREFIX_MODES = {"auto": "shared prefix where exact, else the full pass (warned once)",
                        "on": "shared prefix; an inexact cache is an error",
                        "off": "always the full pass"}
 SHARED_PREFIX = "auto"  # module-level default; set with set_shared_prefix
 _WARNED: set = set()
-
-_CACHE_KW = CACHE_KW  # the forward keyword of the cache (zfree.models.kv_cache)
-
 
 def set_shared_prefix(mode: str) -> str:
     """Set the module-wide shared-prefix mode (``SHARED_PREFIX_MODES``); returns the previous one.
@@ -151,7 +148,7 @@ def decoder_hidden_suffix(backbone, batch: Batch, cache, latents: Float[torch.Te
     mask = torch.cat([pre_mask, valid], 1).long().repeat_interleave(n, 0)  # (B*n, Pc + L)
     h = backbone.base_model(inputs_embeds=x.reshape(B * n, L, -1), attention_mask=mask,
                             position_ids=pos.repeat_interleave(n, 0),
-                            use_cache=True, **{_CACHE_KW: prefix_cache}).last_hidden_state
+                            use_cache=True, **{CACHE_KW: prefix_cache}).last_hidden_state
     return h.reshape(B, n, L, -1), valid
 
 

@@ -243,7 +243,8 @@ def _step_breakdown(run: Run, cfg: TrainConfig, objective, rows: list):
     host = collate(rows, pad_id=run.data.pad_id)
     if not accumulate.use_accumulation(cfg, len(rows)):
         return objective(host), host
-    b, _ = batch_references(run.data, host, cfg.objective.weighting, torch.device("cpu"), torch.float64)
+    ref = run.data.train_ref  # b alone (no base-token matrix): the whole step's mean weight needs nothing else
+    b = None if ref is None else torch.as_tensor(ref.b_of(host.ids), dtype=torch.float64)
     m = accumulate.batch_weight_mean(cfg, run.data.c_base, b, len(rows))
     return accumulate.accumulated_step(lambda chunk: objective(chunk, w_mean=m), rows, cfg.optim.micro_batch,
                                        run.opt, lambda r: collate(r, pad_id=run.data.pad_id)), host
