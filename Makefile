@@ -9,7 +9,7 @@ OUT    ?= runs/study-default
 # the same keys as zfree.report.lab.EXTRA_KEYS, JupyterLab's save hook)
 NBSTRIP_KEYS := metadata.language_info metadata.widgets metadata.papermill cell.metadata.papermill cell.metadata.execution cell.metadata.jupyter cell.metadata.editable cell.metadata.slideshow
 
-.PHONY: install git-filter study smoke test test-slow lab notebooks clean-venv
+.PHONY: install git-filter study smoke test test-kernels test-slow lab notebooks clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -44,9 +44,16 @@ study: $(STAMP)
 smoke: $(STAMP)
 	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(BIN)/zfree study --preset smoke --out runs/study-smoke
 
-## The default test tier (about 9–10 min on 2 cores in a fresh clone, README "Measured"); `make test-slow` runs the slow tier.
+## The default test tier: two pytest-xdist workers of one torch thread each (TEST_WORKERS=1: one
+## process); `make test-slow` runs the slow tier.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(BIN)/pytest -q
+	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(BIN)/pytest -q -n $(TEST_WORKERS)
+
+## The float64 golden runs under another CPU kernel set (AVX2 in torch and MKL): they must replay
+## within their tolerances whatever kernels a machine picks (CI runs this after `make test`).
+test-kernels: $(STAMP)
+	ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(BIN)/pytest -q -p no:xdist tests/test_golden.py
 
 test-slow: $(STAMP)
 	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(BIN)/pytest -q -m slow

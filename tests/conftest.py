@@ -18,13 +18,24 @@ import os
 import sys
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-# the score cache of tests lives in a throwaway folder, never in the user's ~/.cache
+# The suite must not depend on the caller's environment: these are set, not defaulted. Offline and
+# one thread; the score cache in a throwaway folder per test process (never the user's ~/.cache or
+# an exported ZFREE_CACHE_DIR, whose stale entries would hide a scoring change), with caching on;
+# figures on Agg; Jupyter's kernelspecs, runtime files and config from this environment only (a
+# user's own "python3" kernelspec could point at another interpreter).
+import atexit  # noqa: E402
+import shutil  # noqa: E402
 import tempfile  # noqa: E402
 
-os.environ.setdefault("ZFREE_CACHE_DIR", tempfile.mkdtemp(prefix="zfree-test-cache-"))
+_SCRATCH = tempfile.mkdtemp(prefix="zfree-test-env-")
+atexit.register(shutil.rmtree, _SCRATCH, ignore_errors=True)
+os.environ.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+                   "ZFREE_CACHE_DIR": os.path.join(_SCRATCH, "score-cache"), "MPLBACKEND": "Agg",
+                   "JUPYTER_DATA_DIR": os.path.join(_SCRATCH, "jupyter-data"),
+                   "JUPYTER_RUNTIME_DIR": os.path.join(_SCRATCH, "jupyter-runtime"),
+                   "JUPYTER_CONFIG_DIR": os.path.join(_SCRATCH, "jupyter-config")})
+for _var in ("ZFREE_NO_CACHE", "JUPYTER_PATH", "JUPYTER_CONFIG_PATH", "PYTHONSAFEPATH"):
+    os.environ.pop(_var, None)
 
 _SRC = Path(__file__).resolve().parents[1] / "src" / "zfree"
 _UNCHECKED = {"zfree", "zfree.config"}
@@ -57,10 +68,12 @@ from hypothesis import HealthCheck, settings  # noqa: E402
 
 torch.set_num_threads(1)
 
-settings.register_profile("default", max_examples=30, deadline=None,
+# explicit profiles, whatever CI variables hypothesis would read: the same examples on every machine
+# (derandomize) and no example database written into the clone
+settings.register_profile("zfree", max_examples=30, deadline=None, derandomize=True, database=None,
                           suppress_health_check=[HealthCheck.too_slow])
-settings.register_profile("thorough", max_examples=300, deadline=None)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+settings.register_profile("thorough", max_examples=300, deadline=None, database=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "zfree"))
 
 
 def pytest_collection_modifyitems(config, items):

@@ -10,12 +10,29 @@ bug whichever machine runs the test."""
 
 from __future__ import annotations
 
+import functools
+import os
+
 import torch
 from torch.overrides import TorchFunctionMode
+
+import zfree
 
 FACTORIES = {torch.zeros, torch.ones, torch.full, torch.empty, torch.arange, torch.tensor, torch.as_tensor,
              torch.randn, torch.rand, torch.randint, torch.eye, torch.linspace, torch.scalar_tensor}
 _PASS_THROUGH = {torch.as_tensor}  # as_tensor(t) of a tensor keeps t's device
+
+
+#: the zfree package's own folder: frames are told apart by it, never by a path's text (a clone whose
+#: folder is named ``zfree`` holds the tests under ``.../zfree/tests``, which contains "/zfree/" too)
+_PACKAGE = os.path.dirname(os.path.realpath(zfree.__file__))
+
+
+@functools.lru_cache(maxsize=None)
+def _in_package(filename: str) -> bool:
+    """True for a source file inside the installed zfree package (editable or not)."""
+    real = os.path.realpath(filename)  # "<frozen ...>" and "<string>" resolve under the cwd: not the package
+    return os.path.commonpath([real, _PACKAGE]) == _PACKAGE
 
 
 def _where() -> str:
@@ -27,8 +44,8 @@ def _where() -> str:
     chain, f = [], sys._getframe(2)
     while f is not None:
         fn = f.f_code.co_filename
-        if "/zfree/" in fn:
-            where = f"{fn.split('/zfree/')[-1]}:{f.f_lineno} {f.f_code.co_qualname}"
+        if _in_package(fn):
+            where = f"{os.path.relpath(fn, _PACKAGE)}:{f.f_lineno} {f.f_code.co_qualname}"
             if not chain:
                 where += f": {linecache.getline(fn, f.f_lineno).strip()}"
             chain.append(where)

@@ -251,6 +251,7 @@ def test_empty_out_dir_is_refused_by_the_python_api_too(tiny, tmp_path, monkeypa
 
 
 def test_preset_with_spec_is_refused(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # relative paths below: nothing may land in the clone
     calls = _no_study(monkeypatch)
     spec = _own_spec(tmp_path, "weightings: [distribution]\n")
     assert main(["study", "--model", "m", "--data", "d.jsonl", "--preset", "own_smoke", "--spec", str(spec),
@@ -363,7 +364,7 @@ def test_edited_c_base_is_refused_naming_the_file(tiny, tmp_path):
     load_reference(copy)  # intact: accepted
     meta["c_base"] *= 10  # hashes intact
     ref_json.write_text(json.dumps(meta))
-    with pytest.raises(ValueError, match=f"{ref_json}: c_base=.* is not the mean of b"):
+    with pytest.raises(ValueError, match=f"{re.escape(str(ref_json))}: c_base=.* is not the mean of b"):
         load_reference(copy)
     with pytest.raises(ValueError, match="reference.json"):
         resolve_reference("entangled_run", copy, data)

@@ -3,7 +3,6 @@ the smoke study's two runs, one hard-EM, one continuous and one optimal-posterio
 again and their summary.json and metrics.jsonl compared with the pinned files, timing keys
 (``training.TIMING_KEYS``) and the machine-specific data_dir/base_dir aside.
 
-Two comparisons:
 1. **float64 replay, any machine** (``tests/golden/fp64``): base model, reference and CVAEs trained
    with ``precision: fp64``. CPU kernels (AVX-512 / AVX2 / scalar, MKL's code paths) then differ at
    ~1e-16 per operation; over the runs' 8-12 steps (after the base model's 150) that grew to at most
@@ -16,12 +15,13 @@ Two comparisons:
    - every other float (losses, KL, ρ, weights, β_eff, MI, ...): |a - b| <= 1e-12 + 1e-7 max(|a|, |b|):
      ~100x the largest kernel spread measured, and below the smallest effect of a planted 1e-4 relative
      change of β or of the reconstruction weight (``test_a_planted_change_of_the_objective_is_caught``).
-2. **float32, exact, on the machine that wrote them** (``tests/golden/fp32``): every key and every
-   float to the last bit, where ``golden_runs.fingerprint()`` (torch build, CPU model and SIMD flags,
-   kernel set, kernel environment) equals ``tests/golden/fingerprint.json``; skipped elsewhere (the
-   float64 replay is the check there), since float32 reductions differ by kernel at ~1e-7 and short
-   training runs amplify that (issue 25 measured 54-72 differences per run on another CPU).
-About 25 s of CPU where both run (15 s elsewhere).
+2. **Near-ties**: a discrete metric is decided by a rule, not by the kernels, at a near-tie: the posterior's
+   argmax treats values within ``zfree.evaluate.metrics.ARGMAX_TIE`` of the maximum as tied (lowest
+   index wins). Without it, AVX2 kernels moved the optimal run's ``latent/usage/*`` at step 1.
+A float32 set compared to the last bit on the one machine that wrote it was removed: skipped
+everywhere else, it went stale unseen. CI runs this file twice, the second time under
+``ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2``.
+About 15 s of CPU.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import re
 
 import pytest
 
-from tests.golden_runs import FINGERPRINT, GOLDEN_FP32, GOLDEN_FP64, fingerprint, generate, normalized
+from tests.golden_runs import GOLDEN_FP64, generate, normalized
 
 #: config keys added after the golden files were written, each with a default that keeps the
 #: pinned behaviour (tested by the runs themselves): absent in the golden files, ignored here only
@@ -90,13 +90,6 @@ def _keys(x) -> set:
     return set()
 
 
-def _fingerprint_mismatch() -> list[str]:
-    want = json.loads(FINGERPRINT.read_text())
-    now = fingerprint()
-    return [f"{k}: golden {want.get(k)!r}, here {now.get(k)!r}" for k in sorted(set(want) | set(now))
-            if want.get(k) != now.get(k)]
-
-
 @pytest.fixture(scope="module")
 def fp64_root(tmp_path_factory):
     return tmp_path_factory.mktemp("golden64")
@@ -105,15 +98,6 @@ def fp64_root(tmp_path_factory):
 @pytest.fixture(scope="module")
 def runs_fp64(fp64_root):
     return normalized(generate(fp64_root, "fp64"))
-
-
-@pytest.fixture(scope="module")
-def runs_fp32(tmp_path_factory):
-    mismatch = _fingerprint_mismatch()
-    if mismatch:
-        pytest.skip("float32 golden files are exact only on the machine that wrote them "
-                    "(the float64 replay checks this one): " + "; ".join(mismatch))
-    return normalized(generate(tmp_path_factory.mktemp("golden32"), "fp32"))
 
 
 def _golden(folder, name):
@@ -128,15 +112,8 @@ def test_golden_run_replays_in_float64_on_any_machine(runs_fp64, name):
     assert not diff, f"{name} (fp64): {len(diff)} differences, first: " + "; ".join(diff[:8])
 
 
-@pytest.mark.parametrize("name", sorted(p.stem for p in GOLDEN_FP32.glob("*.json")))
-def test_golden_run_is_unchanged_on_the_machine_that_wrote_it(runs_fp32, name):
-    diff = _diff(_golden(GOLDEN_FP32, name), _drop_added(runs_fp32[name]))
-    assert not diff, f"{name}: {len(diff)} differences, first: " + "; ".join(diff[:8])
-
-
 def test_every_golden_run_is_pinned(runs_fp64):
     assert sorted(runs_fp64) == sorted(p.stem for p in GOLDEN_FP64.glob("*.json"))
-    assert sorted(p.stem for p in GOLDEN_FP32.glob("*.json")) == sorted(p.stem for p in GOLDEN_FP64.glob("*.json"))
 
 
 def test_rules_classify_the_pinned_keys():
@@ -178,3 +155,34 @@ def test_a_planted_change_of_the_objective_is_caught(runs_fp64, fp64_root, monke
         assert moved, f"{run}: the {plant} change moved only objective/* keys"
         widest = max(float(d.rsplit("rel ", 1)[1].split()[0]) for d in moved)
         assert widest >= 10 * TOLERANCES["continuous"][0], f"{run}: the {plant} change moved metrics by only {widest:.1e}"
+
+
+class _KernelNoise:
+    """``torch`` as ``zfree.evaluate.metrics`` sees it, with a softmax whose values move by a relative
+    ~1e-11 that grows with the value's index: what another kernel set does to the last bits, pushed
+    against the lowest-index tie rule (an exact tie then leans to the highest index)."""
+
+    def __getattr__(self, name):
+        import torch
+
+        return getattr(torch, name)
+
+    def softmax(self, x, dim):
+        import torch
+
+        p = torch.softmax(x, dim)
+        k = torch.arange(p.shape[-1], dtype=p.dtype, device=p.device)
+        return p * (1 + 1e-11 * (1 + k))
+
+
+def test_discrete_metrics_do_not_follow_the_last_bits(fp64_root, monkeypatch):
+    """The pinned counts (usage, codes used, NMI, accuracies) hold when the posterior's last bits
+    move as another CPU's kernels move them: the optimal-posterior run starts at exact ties between
+    latent values and a plain argmax there followed the kernels (AVX2 moved its usage at step 1).
+    Fails without the tie rule (``zfree.evaluate.metrics.tied_argmax``) on any machine."""
+    import zfree.evaluate.metrics as metrics
+
+    monkeypatch.setattr(metrics, "torch", _KernelNoise())
+    moved = normalized(generate(fp64_root, "fp64", only={"optimal"}, runs_dir="kernel-noise"))
+    diff = _diff(_golden(GOLDEN_FP64, "optimal"), _drop_added(moved["optimal"]), tolerant=True)
+    assert not diff, f"optimal under last-bit noise: {len(diff)} differences, first: " + "; ".join(diff[:8])

@@ -4,6 +4,7 @@ SIGKILLed process is taken over."""
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
 import subprocess
@@ -34,7 +35,7 @@ def hold_lock(folder) -> subprocess.Popen:
 def test_second_holder_in_the_same_process_is_refused(tmp_path):
     with run_folder_lock(tmp_path, "run folder"):
         assert json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == os.getpid()
-        with pytest.raises(LockHeldError, match=f"run folder {tmp_path} is in use by pid {os.getpid()}"):
+        with pytest.raises(LockHeldError, match=re.escape(f"run folder {tmp_path} is in use by pid {os.getpid()}")):
             with run_folder_lock(tmp_path):
                 pass
     with run_folder_lock(tmp_path):  # released on exit

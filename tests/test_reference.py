@@ -115,3 +115,38 @@ def test_clear_errors(run):
     ref = build_reference(base, data)
     with pytest.raises(KeyError, match="nope"):
         ref.b_of(["v0", "nope"])
+
+
+def test_a_stored_reference_from_another_token_convention_is_refused(run):
+    """Same weights, tokenizer and rows, other code: the hashes cannot see it, the recorded convention
+    can (the stale E2E reference was scored with <bos>, the code had come to encode without)."""
+    from zfree.core.errors import InputError
+
+    base, data = run
+    build_reference(base, data, device="cpu")
+    path = base / "reference" / "reference.json"
+    meta = read_json(path)
+    assert meta["scoring"]["bos_id"] == 1 and meta["scoring"]["sep_id"] == 2
+    resolve_reference("entangled_run", base, data)  # as written: accepted
+    meta["scoring"]["bos_id"] = None
+    atomic_write_json(path, meta)
+    with pytest.raises(InputError, match=r"reference\.json: scored with bos_id=None, but the code now encodes with "
+                                         r"bos_id=1"):
+        resolve_reference("entangled_run", base, data)
+
+
+def test_step0_rho_check_names_the_reference_and_the_difference():
+    from pathlib import Path
+
+    from zfree.core.errors import InputError
+    from zfree.reference.reference import RHO0_TOL, check_step0_rho
+
+    f = Path("/base/reference/reference.json")
+    check_step0_rho(1.0, f)
+    check_step0_rho(1.0 + 0.9 * RHO0_TOL, f)
+    check_step0_rho(1.005, f, low_precision=True)
+    for bad in (1.0196, 0.99, float("nan")):
+        with pytest.raises(InputError, match=r"^/base/reference/reference\.json: step-0 rho_recon is "):
+            check_step0_rho(bad, f)
+    with pytest.raises(InputError, match=r"\+1\.960% off its stored b"):
+        check_step0_rho(1.0196, f)

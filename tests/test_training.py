@@ -90,6 +90,32 @@ def test_non_positive_or_missing_c_base_is_a_clear_error(tiny, tmp_path, bad):
         train_cvae(_cfg(data, broken, weighting="distribution"), tmp_path / "run", progress=False)
 
 
+def test_a_stale_stored_reference_stops_the_run_at_step_0(tiny, tmp_path):
+    """The entangled-run reference is checked, not trusted: b scaled by 1.02 (consistent c_base, hashes
+    intact: what other scoring code leaves behind) stops the run at its first evaluation with one
+    line naming reference.json and the difference; nothing is recorded as a result."""
+    from zfree.core.errors import InputError
+    from zfree.core.io import atomic_write_json, atomic_write_parquet
+
+    data, base = tiny
+    stale = tmp_path / "base"
+    shutil.copytree(base, stale)
+    ref_dir = stale / "reference"
+    pe = pd.read_parquet(ref_dir / "per_example.parquet")
+    pe["b"] = pe["b"] * 1.02
+    atomic_write_parquet(ref_dir / "per_example.parquet", pe)
+    meta = read_json(ref_dir / "reference.json")
+    meta["c_base"] = float(pe["b"].mean())
+    atomic_write_json(ref_dir / "reference.json", meta)
+    with pytest.raises(InputError, match=r"reference\.json: step-0 rho_recon is 0\.98\d+, not 1 within 0\.001"):
+        train_cvae(_cfg(data, stale), tmp_path / "run", progress=False)
+    assert not (tmp_path / "run" / "summary.json").exists() and not (tmp_path / "run" / "metrics.jsonl").exists()
+    # the shipped one reads 1 at step 0 (the check passes on a reference the code reproduces)
+    train_cvae(_cfg(data, base, steps=1, eval_every=1), tmp_path / "ok", progress=False)
+    rho0 = read_jsonl(tmp_path / "ok" / "metrics.jsonl")[0]["loss/val/baseline_normalized_reconstruction_loss"]
+    assert abs(rho0 - 1) < 1e-5
+
+
 def test_missing_data_folder_names_the_file(tiny, tmp_path):
     data, base = tiny
     with pytest.raises(FileNotFoundError, match="train.jsonl"):

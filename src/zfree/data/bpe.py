@@ -2,8 +2,11 @@
 
 For a base model trained from scratch on real text (the E2E benchmark). Byte-level, so no text is
 out of vocabulary (unseen restaurant names in the validation split split into known pieces) and
-decoding restores the text exactly. Saved with ``save_pretrained`` beside the model, it loads with
-``AutoTokenizer.from_pretrained`` like any user's tokenizer; the special tokens and their ids
+decoding restores the text exactly. Like the synthetic benchmark's tokenizer it prepends ``<bos>``
+when asked for special tokens (a TemplateProcessing post-processor), so zfree's ``bos="auto"``,
+lm-evaluation-harness and ``generate`` all feed the model the ``<bos>`` it was trained with. Saved
+with ``save_pretrained`` beside the model, it loads with ``AutoTokenizer.from_pretrained`` like any
+user's tokenizer; the special tokens and their ids
 0..4 (pad, bos, sep, eos, unk) match the synthetic benchmark's word-level tokenizer.
 """
 
@@ -11,7 +14,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
 from zfree.data.tokenizer import SPECIAL
@@ -20,7 +23,8 @@ from zfree.data.tokenizer import SPECIAL
 def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int = 1500, model_max_length: int = 1024
                         ) -> PreTrainedTokenizerFast:
     """Byte-level BPE (GPT-2 pre-tokenization, no prefix space) with ``vocab_size`` entries in all:
-    the 5 special tokens, the 256 byte symbols and the merges learnt from ``texts``.
+    the 5 special tokens, the 256 byte symbols and the merges learnt from ``texts``; encoding with
+    ``add_special_tokens=True`` prepends ``<bos>``.
 
     Raises ValueError if vocab_size < 5 + 256 + 1.
     """
@@ -32,4 +36,7 @@ def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int = 1500, model_max_
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL.values()),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(texts, trainer)
+    bos = SPECIAL["bos_token"]  # the convention zfree's bases train with, declared by the tokenizer itself
+    tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A $B",
+                                                       special_tokens=[(bos, tok.token_to_id(bos))])
     return PreTrainedTokenizerFast(tokenizer_object=tok, model_max_length=model_max_length, **SPECIAL)

@@ -45,6 +45,22 @@ class Evaluation:
     samples: pd.DataFrame | None = None  # greedy/sampled y per latent value (rows without a notion of correct y)
 
 
+#: values within this of the maximum are tied and the lowest index wins (``tied_argmax``): in
+#: probability for the posterior's argmax, in nats per token for the oracle's value. From a zero latent
+#: injection the K values start exactly equal and separate slowly; a plain argmax then follows the
+#: last bits of the kernels (AVX-512 and AVX2 picked other values for the same float64 run), and every
+#: count taken from it (usage, codes used, NMI, Hungarian accuracy) with it
+ARGMAX_TIE = 1e-6
+
+
+def tied_argmax(values: torch.Tensor, tie: float = ARGMAX_TIE) -> torch.Tensor:
+    """Argmax over the last axis with a deterministic tie rule: the lowest index among the values
+    within ``tie`` of the maximum. ``values`` (..., K) -> (...) int64. A plain argmax on values that
+    differ by less than the kernels' rounding is a coin toss between machines."""
+    near = values >= values.max(-1, keepdim=True).values - tie
+    return near.to(torch.int8).argmax(-1)  # argmax of a 0/1 mask: its first 1
+
+
 def measured_use(kl: np.ndarray, bayes: np.ndarray, fallback: float, codes_used: int | None = None) -> np.ndarray:
     """Per row: z is used when its KL (nats) reaches half the Bayes rate log(K/m) (``fallback``
     where that is unknown), exceeds 1e-3 nats, and — the one definition every report reads
@@ -167,8 +183,9 @@ class DiscreteEvaluator:
         self.feats.append(out.features.cpu().numpy())
         self.q.append(q.cpu().numpy())
         self.p.append(torch.softmax(out.prior_logits, -1).cpu().numpy())
-        return _frame(batch, br, (q * nll_k).sum(-1), out, posterior_argmax=q.argmax(-1), q_max=q.max(-1).values,
-                      oracle_nll=nll_k.min(-1).values, oracle_latent=nll_k.argmin(-1), decoder_jsd=jsd.clamp_min(0)), br
+        return _frame(batch, br, (q * nll_k).sum(-1), out, posterior_argmax=tied_argmax(q), q_max=q.max(-1).values,
+                      oracle_nll=nll_k.min(-1).values, oracle_latent=tied_argmax(-nll_k),
+                      decoder_jsd=jsd.clamp_min(0)), br
 
     def _given_batch(self, batch, objective, step, c_base, b, base_tok):
         """A given z: only the given value is decoded (``forward_given``); its nll is the oracle nll

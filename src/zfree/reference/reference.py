@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from zfree.core.errors import InputError
+from zfree.data.batching import special_convention
 from zfree.data.pairs import load_pairs
 from zfree.core.io import atomic_write_json, atomic_write_parquet, read_json, sha256_file, sha256_state_dict
 from zfree.reference.scoring import ScoreResult, load_scoring_model, score_pairs, tokenizer_sha256
@@ -39,6 +40,7 @@ class Reference:
     per_example: pd.DataFrame  # id, b, n_tokens, sequence_nll (+ x_tokens_cut, valid)
     meta: dict
     per_token: pd.DataFrame | None = None  # id, position, token_id, surprisal
+    stored: Path | None = None  # reference.json of a stored (entangled-run) reference: checked at step 0
     _b: dict | None = field(default=None, init=False, repr=False, compare=False)  # id -> b, built on first use
     _s: dict | None = field(default=None, init=False, repr=False, compare=False)  # id -> per-token surprisal
 
@@ -217,8 +219,57 @@ def _entangled_run(base_dir: Path, data_file: Path, *, model, tokenizer, device,
         tok_sha = tokenizer_sha256(tokenizer)
         if ref.meta["tokenizer_sha256"] != tok_sha:
             raise _mismatch("tokenizer", ref_dir, ref.meta["tokenizer_sha256"], tok_sha, "the tokenizer given")
+    if tokenizer is not None:
+        check_convention(ref.meta, tokenizer, ref_dir / "reference.json")
     ref.meta = {**ref.meta, "estimator": "entangled_run", "checked": True}
+    ref.stored = ref_dir / "reference.json"
     return ref
+
+
+#: the token conventions a reference.json records under ``scoring`` (``_meta_from``) and that the
+#: run's encoding must share: which bos, sep and end tokens frame x and y
+CONVENTION_KEYS = ("bos_id", "sep_id", "eos_id")
+
+
+def check_convention(meta: dict, tokenizer, json_path: Path) -> None:
+    """Refuse a stored reference whose token convention (``CONVENTION_KEYS`` under ``scoring``) is not
+    the one the current code derives from ``tokenizer`` under the stored policy
+    (``zfree.data.batching.special_convention``): raises ``InputError`` naming the file, the key and
+    both values. A hash check cannot see this: same weights, tokenizer and rows, other code."""
+    stored = meta.get("scoring") or {}
+    policy = stored.get("policy") or {}
+    try:
+        conv = special_convention(tokenizer, bos=policy.get("bos", "auto"), sep=policy.get("sep", "auto"),
+                                  add_eos=policy.get("add_eos", True))
+    except ValueError as e:
+        raise InputError(f"{json_path}: its scoring policy {policy} does not apply to this tokenizer: {e}") from None
+    now = {"bos_id": conv.bos_id, "sep_id": conv.sep_id, "eos_id": conv.eos_id}
+    for key in CONVENTION_KEYS:
+        if key in stored and stored[key] != now[key]:
+            raise InputError(f"{json_path}: scored with {key}={stored[key]!r}, but the code now encodes with "
+                             f"{key}={now[key]!r} (policy {policy}): the reference no longer matches; rebuild it "
+                             "with `zfree base reference`")
+
+
+#: |rho_recon - 1| allowed at step 0, where the decoder equals the base model (DESIGN §3): a float32
+#: or float64 run differs from the reference's float32 scoring only by batching and rounding; a
+#: bf16/fp16 body (GPU) moves single tokens by ~1e-2, their mean over the rows far less. The stale
+#: E2E reference this guards against read 1.0196.
+RHO0_TOL = 1e-3
+RHO0_TOL_LOW_PRECISION = 1e-2
+
+
+def check_step0_rho(rho0: float, ref_file: Path, low_precision: bool = False) -> None:
+    """An entangled-run reference checked, not trusted: at step 0 the CVAE's decoder is the base
+    model (zero latent injection, DESIGN §3), so rho_recon = R_val / mean(b over the same rows) must be
+    1 within ``RHO0_TOL`` (``RHO0_TOL_LOW_PRECISION`` for a bf16/fp16 model). Raises ``InputError``
+    naming ``ref_file`` and the difference: the stored b were computed by other code or conventions
+    than the run's."""
+    tol = RHO0_TOL_LOW_PRECISION if low_precision else RHO0_TOL
+    if not (math.isfinite(rho0) and abs(rho0 - 1.0) <= tol):
+        raise InputError(f"{ref_file}: step-0 rho_recon is {rho0:.6f}, not 1 within {tol:g}: the base model now scores "
+                         f"these rows {100 * (rho0 - 1):+.3f}% off its stored b (other scoring code or conventions); "
+                         "rebuild it with `zfree base reference`")
 
 
 def _pretrained_source(base_dir: Path, data_file: Path, *, model, tokenizer, device, dtype, cache, cache_dir

@@ -33,6 +33,7 @@ class RunData:
     val_b: np.ndarray
     train_ref: Reference | None  # b (and b_t) on training rows when the weighting needs them
     eval_kw: dict
+    reference_file: Path | None = None  # a stored (entangled-run) reference, checked at step 0
 
 
 def check_inputs(cfg: TrainConfig) -> tuple[Path, Path]:
@@ -73,7 +74,7 @@ def setup_data(cfg: TrainConfig, backbone, tok, ref: Reference, train_ref: Refer
     eval_kw = dict(b=val_b, c_base=ref.c_base, objective=cfg.objective, pad_id=pad, tokenizer=tok,
                    strategies=meta.get("parameters", {}).get("strategies"), decode_rows=cfg.optim.decode_rows,
                    seed=cfg.optim.seed, base_token_nll=val_tok)
-    return RunData(tok, pad, ref.c_base, train, val, val_pairs, val_b, train_ref, eval_kw)
+    return RunData(tok, pad, ref.c_base, train, val, val_pairs, val_b, train_ref, eval_kw, ref.stored)
 
 
 def rows_used(cfg: TrainConfig, data: RunData) -> dict[str, int]:

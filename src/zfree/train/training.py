@@ -36,7 +36,7 @@ from zfree.objective.objectives import GIVEN, Phase, step_objective
 from zfree.objective.remedies import check_remedy_fields
 from zfree.train.compute import TokenCounter, decoder_body
 from zfree.train.given import given_index
-from zfree.reference.reference import resolve_reference
+from zfree.reference.reference import check_step0_rho, resolve_reference
 from zfree.core.values import check_device
 
 #: warn when one latent value is the posterior's argmax on at least this share of validation rows
@@ -139,6 +139,9 @@ def _record_evaluation(out: Path, model, data: RunData, state: TrainState, opt, 
     and warn on index collapse. Returns the ``metrics.Evaluation``. Raises NonFiniteMetricError
     (after writing error.json) for a non-finite loss metric, before anything is stored or checkpointed."""
     ev = evaluate(model, data.val, data.val_pairs, step=state.step, **data.eval_kw)
+    if state.step == 0 and data.reference_file is not None:  # a stored reference is checked, not trusted
+        check_step0_rho(ev.metrics["loss/val/baseline_normalized_reconstruction_loss"], data.reference_file,
+                        low_precision=next(model.parameters()).dtype in (torch.bfloat16, torch.float16))
     _host_state(state)
     n = state.train_log.pop("_n", 0)
     train_terms = {k: v / n for k, v in state.train_log.items()} if n else {}
