@@ -44,11 +44,11 @@ study: $(STAMP)
 smoke: $(STAMP)
 	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(BIN)/zfree study --preset smoke --out runs/study-smoke
 
-## The default test tier: two pytest-xdist workers of one torch thread each (TEST_WORKERS=1: one
-## process); `make test-slow` runs the slow tier.
+## The default test tier: two pytest-xdist workers of one torch thread each, the tests that share an
+## expensive fixture on one worker (tests/conftest.py); `make test-slow` runs the slow tier.
 TEST_WORKERS ?= 2
 test: $(STAMP)
-	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(BIN)/pytest -q -n $(TEST_WORKERS)
+	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 ## The float64 golden runs under another CPU kernel set (AVX2 in torch and MKL): they must replay
 ## within their tolerances whatever kernels a machine picks (CI runs this after `make test`).

@@ -76,8 +76,24 @@ settings.register_profile("thorough", max_examples=300, deadline=None, database=
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "zfree"))
 
 
+#: fixtures that take tens of seconds to build (a study, a sweep, the golden runs) -> their group:
+#: under pytest-xdist (``make test``: ``-n 2 --dist loadgroup``) the tests that use one go to one
+#: worker, so it is built once, not once per worker. A module-scoped fixture's group is per module.
+SHARED_SESSION = {"smoke_study": "smoke_study"}
+SHARED_MODULE = {"evil_report": "evil_report", "runs_fp64": "golden", "fp64_root": "golden", "sweep": "sweep",
+                 "real": "real", "finished": "finished"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
-    """``@pytest.mark.gpu`` tests are skipped when CUDA is not available."""
+    """``@pytest.mark.gpu`` tests are skipped when CUDA is not available; tests sharing an expensive
+    fixture are grouped for pytest-xdist (``SHARED_SESSION``, ``SHARED_MODULE``)."""
+    for item in items:
+        names = getattr(item, "fixturenames", ())
+        group = next((g for f, g in SHARED_SESSION.items() if f in names), None) or next(
+            (f"{item.module.__name__}::{g}" for f, g in SHARED_MODULE.items() if f in names), None)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA (gpu tier)")

@@ -326,3 +326,22 @@ def test_multiref_outputs_greedy_per_value_and_samples_for_one_value(cvae):
     assert set(s1["kind"]) == {"sampled"} and list(s1["index"]) == list(range(5)) * 2
     assert s1.equals(s2)  # seeded
     assert multiref_outputs(model, [], [], tok, {}, n_x=2, n_samples=2).empty
+
+
+@pytest.mark.parametrize("cache", [True, False])
+def test_decoding_never_runs_past_the_context(cache, capsys):
+    """Prefixes that fill the context, leave it short of room or have room to spare: prefix + new
+    tokens stay within the model's 16 positions (an IndexError in the position embedding before),
+    the cut rows are named in a note, and rows with room decode as they did."""
+    from zfree.data.tokenizer import build_digit_tokenizer
+    from zfree.models.base import build_synthetic_gpt2, decode_with_latents
+
+    tok = build_digit_tokenizer(10)
+    model = build_synthetic_gpt2(len(tok), n_positions=16, n_layer=1, n_embd=32, n_head=2, seed=0).eval()
+    prefixes = [[1] + [5] * 15, [1] + [6] * 11 + [2], [1, 7, 2]]  # 16 (full), 13, 3 tokens
+    latents = torch.zeros(3, 32)
+    out = decode_with_latents(model, prefixes, latents, eos_id=10 ** 6, max_new_tokens=8, cache=cache)  # no eos: full length
+    assert [len(o) for o in out] == [0, 3, 8]
+    assert "note: 2 of 3 decoded rows were cut at the model's context of 16 tokens" in capsys.readouterr().out
+    alone = decode_with_latents(model, prefixes[2:], latents[2:], eos_id=10 ** 6, max_new_tokens=8, cache=cache)
+    assert out[2] == alone[0]

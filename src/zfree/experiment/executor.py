@@ -24,30 +24,52 @@ from tqdm.auto import tqdm
 
 from zfree.core.io import atomic_write_json
 from zfree.core.locks import run_folder_lock
-from zfree.core.paths import NOTEBOOKS
+from zfree.core.paths import NOTEBOOKS, resolve_path
 from zfree.experiment.memory_watch import KernelWatch, died_message
+from zfree.experiment.notebook_exec import execute, is_whole
 from zfree.experiment.spec import Point
 
 
+#: the executed notebook a run folder holds (written whole or not at all: ``notebook_exec.execute``)
+RUN_NOTEBOOK = "train_cvae.ipynb"
+
+
+def is_finished(run_dir: Path) -> bool:
+    """A run is finished when its summary.json exists and its executed notebook, if any, reads back
+    whole (a notebook torn by an earlier fault, e.g. a full disk, makes the run run again: training
+    then reuses the finished run folder and only the notebook is executed anew)."""
+    nb = run_dir / RUN_NOTEBOOK
+    return (run_dir / "summary.json").exists() and (not nb.exists() or is_whole(nb))
+
+
+def _kernel_params(params: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+    """The notebook's parameters: the run folder and any relative or ``zfree:`` data/base folder made
+    absolute (``zfree.core.paths.resolve_path`` against the run folder: the kernel starts elsewhere,
+    ``notebook_exec``, and relative ones always meant the run folder, its former working directory)."""
+    out = {**params, "out_dir": str(run_dir.resolve()), "progress": False}
+    for key in ("data_dir", "base_dir"):
+        v = out.get(key)
+        if isinstance(v, str) and v and not Path(v).is_absolute():
+            out[key] = resolve_path(v, run_dir)  # "zfree:<path>" under the repository, else under run_dir
+    return out
+
+
 def run_point(point: Point, runs_dir: str, notebook: str) -> dict[str, Any]:
-    """Execute one point through papermill (kernel ``python3``); never raises.
+    """Execute one point through papermill (kernel ``python3``, started outside the run folder, the
+    executed notebook written whole: ``zfree.experiment.notebook_exec.execute``); never raises.
 
     Returns ``{"run_id", "status": finished|skipped|failed, "error"?}``.
     """
-    import papermill as pm  # lazy: measured 2.8 s to import (nbclient, jupyter_client); only a worker running a point needs it
-
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # a fresh worker (submitit) inherits nothing
     run_dir = Path(runs_dir) / point.run_id
-    if (run_dir / "summary.json").exists():
+    if is_finished(run_dir):
         return {"run_id": point.run_id, "status": "skipped"}
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "error.json").unlink(missing_ok=True)
     watch = KernelWatch()
     try:
         with watch:  # the kernel's peak RSS, for the reason of a kernel killed for memory
-            pm.execute_notebook(notebook, str(run_dir / "train_cvae.ipynb"),
-                                parameters={**point.params, "out_dir": str(run_dir), "progress": False},
-                                kernel_name="python3", progress_bar=False, log_output=False, cwd=str(run_dir))
+            execute(notebook, run_dir / RUN_NOTEBOOK, parameters=_kernel_params(point.params, run_dir))
         return {"run_id": point.run_id, "status": "finished"}
     except Exception as e:  # noqa: BLE001 - a failed point is recorded, the sweep goes on
         died = died_message(e, watch.peak)

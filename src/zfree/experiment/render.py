@@ -11,6 +11,7 @@ from pathlib import Path
 from zfree.core.errors import InputError
 from zfree.core.io import atomic_write_text
 from zfree.core.paths import NOTEBOOKS
+from zfree.experiment.notebook_exec import execute
 from zfree.experiment.results import aggregate
 
 REPORT_NOTEBOOKS = ("study_report", "sweep_beta_vs_recon_weight", "rate_distortion", "effective_beta", "rho_recon",
@@ -77,9 +78,10 @@ def render_report(study_dir: Path | str, notebook: Path | str | None = None, pro
     per_example.parquet, summary.csv), execute the report notebooks on it with papermill in one
     kernel (``REPORT_NOTEBOOKS``, or the one ``notebook``; their parameter ``sweep_dir`` set) and
     render ``report.html`` with nbconvert, code hidden, self-contained (``offline_exporter``).
-    report.ipynb and report.html are written atomically; papermill's progress bar with ``progress``."""
+    report.ipynb and report.html are written atomically (a symlink there is replaced, never written
+    through), the kernel started outside the folder (``zfree.experiment.notebook_exec``); papermill's
+    progress bar with ``progress``."""
     import nbformat  # lazy: as in _combined_report
-    import papermill as pm  # lazy: measured 2.8 s to import; only a report or a run needs it
 
     study_dir = Path(study_dir).resolve()
     if not (study_dir / "runs").is_dir():
@@ -95,14 +97,7 @@ def render_report(study_dir: Path | str, notebook: Path | str | None = None, pro
     parts = [Path(notebook).resolve()] if notebook else [NOTEBOOKS / f"{n}.ipynb" for n in REPORT_NOTEBOOKS]
     if notebook is None and (study_dir / "notes.json").exists():  # an own-data study: labels, notes, samples
         parts.append(NOTEBOOKS / "labels_and_samples.ipynb")
-    src, tmp_nb = study_dir / ".report.src.ipynb", study_dir / ".report.tmp.ipynb"
-    nbformat.write(_combined_report(study_dir, parts), src)
-    try:
-        pm.execute_notebook(str(src), str(tmp_nb), kernel_name="python3", progress_bar=progress, log_output=False,
-                            cwd=str(study_dir))
-    finally:
-        src.unlink(missing_ok=True)
-    tmp_nb.replace(study_dir / "report.ipynb")
-    body, _ = offline_exporter().from_notebook_node(nbformat.read(study_dir / "report.ipynb", as_version=4))
+    out_nb = execute(_combined_report(study_dir, parts), study_dir / "report.ipynb", progress=progress)
+    body, _ = offline_exporter().from_notebook_node(nbformat.read(out_nb, as_version=4))
     atomic_write_text(study_dir / "report.html", body)
     return study_dir / "report.html"

@@ -92,6 +92,20 @@ def greedy_decode_with_latents(backbone, prefixes, latents: Float[torch.Tensor, 
     return decode_with_latents(backbone, prefixes, latents, eos_id=eos_id, max_new_tokens=max_new_tokens)
 
 
+def context_length(model) -> int | None:
+    """The model's maximum sequence length from its config (``max_position_embeddings``, GPT-2's
+    ``n_positions`` under that name too), or None if it does not say."""
+    n = getattr(model.config, "max_position_embeddings", None)
+    return int(n) if isinstance(n, int) and n > 0 else None
+
+
+def new_token_room(prefix_len: int, max_new_tokens: int, context: int | None) -> int:
+    """How many tokens may follow a prefix of ``prefix_len`` tokens: ``max_new_tokens``, capped so that
+    prefix + new tokens never exceed the model's ``context`` (absolute positions past it do not exist:
+    an IndexError in the position embedding, or garbage in a rotary model); at least 0."""
+    return max_new_tokens if context is None else max(0, min(max_new_tokens, context - prefix_len))
+
+
 @torch.no_grad()
 def decode_with_latents(backbone, prefixes, latents: Float[torch.Tensor, "rows d_model"], *, eos_id: int,
                         max_new_tokens: int, generator: torch.Generator | None = None,
@@ -106,19 +120,26 @@ def decode_with_latents(backbone, prefixes, latents: Float[torch.Tensor, "rows d
     the path taken for a model whose sliding window is shorter than prefix + new tokens:
     ``zfree.models.kv_cache.sliding_window_of``) every token re-reads the whole sequence. The two
     agree up to float rounding (tests/test_latent_stats.py); SmolLM2-135M's samples of 3 E2E MRs x 4
-    latent values took 117 s uncached on 2 CPU cores. prefixes: list of id lists; latents
-    (rows, d_model). Returns the generated ids without the end token."""
+    latent values took 117 s uncached on 2 CPU cores. prefix + new tokens never exceed the model's
+    context (``new_token_room``; a note says how many rows were cut). prefixes: list of id lists;
+    latents (rows, d_model). Returns the generated ids without the end token."""
     window = sliding_window_of(backbone.config)
     longest = max((len(p) for p in prefixes), default=0) + max_new_tokens
+    context = context_length(backbone)
+    cut = sum(new_token_room(len(p), max_new_tokens, context) < max_new_tokens for p in prefixes)
+    if cut:
+        print(f"note: {cut} of {len(prefixes)} decoded rows were cut at the model's context of {context} tokens "
+              f"(prefix + up to {max_new_tokens} new tokens did not fit)", flush=True)
     if cache and (window is None or longest <= window):
         return _decode_cached(backbone, prefixes, latents, eos_id=eos_id, max_new_tokens=max_new_tokens,
                               generator=generator)
     dev = latents.device
     out: list[list[int]] = [[] for _ in prefixes]
     emb_layer = backbone.get_input_embeddings()
+    context = context_length(backbone)
     for P, idx, ids, lat in prefix_groups(prefixes, latents):
         done = torch.zeros(len(idx), dtype=torch.bool, device=dev)
-        for _ in range(max_new_tokens):
+        for _ in range(new_token_room(P, max_new_tokens, context)):
             T = ids.shape[1]
             inj = (torch.arange(T, device=dev) >= P - 1).to(lat.dtype)  # separator and y positions
             emb = emb_layer(ids) + inj[None, :, None] * lat[:, None, :]
@@ -149,16 +170,20 @@ def _decode_cached(backbone, prefixes, latents: torch.Tensor, *, eos_id: int, ma
     dev = latents.device
     out: list[list[int]] = [[] for _ in prefixes]
     emb_layer = backbone.get_input_embeddings()
+    context = context_length(backbone)
     for P, idx, ids, lat in prefix_groups(prefixes, latents):
+        room = new_token_room(P, max_new_tokens, context)
+        if room == 0:  # the prefix fills the context: nothing can follow it
+            continue
         inj = (torch.arange(P, device=dev) >= P - 1).to(lat.dtype)  # the separator
         res = backbone.base_model(inputs_embeds=emb_layer(ids) + inj[None, :, None] * lat[:, None, :], use_cache=True)
         gen, done = [], torch.zeros(len(idx), dtype=torch.bool, device=dev)
-        for _ in range(max_new_tokens):
+        for t in range(room):
             logits = exact_logits_from_hidden(backbone, res.last_hidden_state[:, -1])  # (G, V)
             nxt = torch.where(done, torch.full_like(logits[:, 0], eos_id, dtype=torch.long), _next_token(logits, generator))
             gen.append(nxt)
             done |= nxt == eos_id
-            if done.all():
+            if done.all() or t == room - 1:  # the last token's own pass would sit past the context
                 break
             past = getattr(res, "cache", None) or res.past_key_values
             res = backbone.base_model(inputs_embeds=(emb_layer(nxt) + lat)[:, None], use_cache=True, **{CACHE_KW: past})

@@ -42,6 +42,7 @@ from zfree.data.batching import BosPolicy, EncodedPair, SepPolicy, encode_pairs,
 from zfree.data.pairs import Pair, load_pairs
 from zfree.core.io import (atomic_write_dir, atomic_write_json, atomic_write_parquet, read_json, sha256_file,
                           sha256_json, sha256_state_dict)
+from zfree.models.base import context_length  # noqa: F401 - scoring's context length, re-exported
 from zfree.models.head import head_is_exact, logits_from_hidden
 from zfree.models.loading import load_causal_lm
 from zfree.models.precision import acc_dtype
@@ -116,12 +117,6 @@ def load_scoring_model(source: Path | str, *, device: str = "auto", dtype: str =
     bfloat16 body on a bf16-capable GPU (the head runs in fp32 regardless). Errors: FileNotFoundError
     for a missing path, ModelLoadError (a ValueError) for everything zfree refuses."""
     return load_causal_lm(source, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
-
-
-def context_length(model) -> int | None:
-    """The model's maximum sequence length from its config, or None if it does not say."""
-    n = getattr(model.config, "max_position_embeddings", None)
-    return int(n) if isinstance(n, int) and n > 0 else None
 
 
 def plan_batches(lengths: np.ndarray, max_batch_tokens: int, max_batch_rows: int | None = None) -> list[slice]:

@@ -28,7 +28,7 @@ WEIGHTING_FILLS = {"plain": "full", "distribution": "none", "example": "left", "
 #: read as they are), slightly smaller tick labels, no top/right spines
 PAPER_RC = {"axes.formatter.useoffset": False, "axes.formatter.limits": (-4, 5), "axes.spines.top": False,
             "axes.spines.right": False, "xtick.labelsize": 8, "ytick.labelsize": 8, "axes.titlesize": 10,
-            "axes.labelsize": 9, "legend.fontsize": 7}
+            "axes.labelsize": 9, "legend.fontsize": 7, "text.parse_math": False}  # text from data stays text
 
 
 #: line style of a facet (``LINESTYLES``) -> its marker where a run of one beta draws no line

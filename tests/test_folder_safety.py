@@ -1,0 +1,123 @@
+"""Study and run folders cannot be turned against their user: nothing in them is imported or
+executed, no write follows a symlink out of them, their names are never format strings, and a
+torn executed notebook does not count as a finished run (``zfree.experiment.notebook_exec``)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.tiny import tiny_flat
+from zfree.config import TrainConfig
+from zfree.core.paths import NOTEBOOKS
+from zfree.experiment.executor import RUN_NOTEBOOK, is_finished, run_point
+from zfree.experiment.spec import Point, run_id
+
+#: module names a kernel or a notebook imports, planted in a folder zfree writes to
+PLANTED = ("ipykernel_launcher", "pandas", "zfree")
+
+
+def plant(folder: Path, marks: Path) -> None:
+    """Modules that leave a mark (and stop the process) if anything imports them from ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in PLANTED:
+        (folder / f"{name}.py").write_text(f"open({str(marks / name)!r}, 'w').write('ran')\nraise SystemExit(3)\n")
+
+
+def outside_target(tmp_path: Path, name: str) -> Path:
+    target = tmp_path / "outside" / name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text("precious")
+    return target
+
+
+def test_a_run_in_a_hostile_folder_runs_nothing_of_it_and_writes_through_no_link(tiny_run, tmp_path):
+    """A run folder whose name holds braces, %, $ and a quote, with planted modules and its executed
+    notebook a symlink to a file elsewhere: the run finishes, nothing planted ran, the file elsewhere
+    is untouched and the notebook is a whole regular file in the run folder."""
+    data, base = tiny_run
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    runs = tmp_path / "st_{seed}_{a}%s$HOME'q" / "runs"
+    flat = TrainConfig.from_flat(tiny_flat(data, base, steps=2, eval_every=2, device="cpu")).to_flat()
+    point = Point(run_id(flat), flat)
+    run_dir = runs / point.run_id
+    plant(run_dir, marks)
+    target = outside_target(tmp_path, "victim.ipynb")
+    (run_dir / RUN_NOTEBOOK).symlink_to(target)
+    res = run_point(point, str(runs), str(NOTEBOOKS / "train_cvae.ipynb"))
+    assert res["status"] == "finished", res
+    assert not list(marks.iterdir()), f"planted modules ran: {sorted(p.name for p in marks.iterdir())}"
+    assert target.read_text() == "precious"
+    nb = run_dir / RUN_NOTEBOOK
+    assert nb.is_file() and not nb.is_symlink() and json.loads(nb.read_text())["cells"]
+    assert (run_dir / "summary.json").is_file() and not list(tmp_path.glob("st_*/runs/*/.*partial*"))
+    assert not (tmp_path / "st_0").exists()  # the braces were not formatted into another folder
+
+
+def test_a_report_of_a_hostile_study_runs_nothing_of_it_and_writes_through_no_link(smoke_study, tmp_path):
+    from zfree.experiment.render import render_report
+
+    study = tmp_path / "study{x}"
+    shutil.copytree(smoke_study, study)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    plant(study, marks)
+    targets = {}
+    for name in ("report.ipynb", "report.html", ".report.src.ipynb", ".report.tmp.ipynb"):
+        (study / name).unlink(missing_ok=True)
+        targets[name] = outside_target(tmp_path, name)
+        (study / name).symlink_to(targets[name])
+    html = render_report(study)
+    assert not list(marks.iterdir()), f"planted modules ran: {sorted(p.name for p in marks.iterdir())}"
+    assert all(t.read_text() == "precious" for t in targets.values())
+    for name in ("report.ipynb", "report.html"):
+        assert (study / name).is_file() and not (study / name).is_symlink()
+    assert "<html" in html.read_text()[:2000].lower()
+
+
+def test_a_torn_executed_notebook_is_not_a_finished_run(tmp_path):
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "summary.json").write_text("{}")
+    assert is_finished(run)  # a run folder trained outside papermill (no notebook)
+    (run / RUN_NOTEBOOK).write_text('{"cells": [{"cell_type": "code", "sour')  # a full disk's leftovers
+    assert not is_finished(run)
+    (run / RUN_NOTEBOOK).write_text(json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    assert is_finished(run)
+
+
+def test_a_failed_execution_leaves_no_torn_notebook(tmp_path, monkeypatch):
+    """papermill dying while it writes (disk full) leaves neither a torn notebook nor its partial file."""
+    import papermill as pm
+
+    from zfree.experiment import notebook_exec
+
+    def torn(nb, out, **kw):
+        Path(out).write_text('{"cells": [')
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(pm, "execute_notebook", torn)
+    with pytest.raises(OSError, match="No space left"):
+        notebook_exec.execute(NOTEBOOKS / "train_cvae.ipynb", tmp_path / "out.ipynb")
+    assert not list(tmp_path.iterdir())
+
+
+def test_text_from_data_reaches_a_figure_as_literal_text(tmp_path):
+    """Label names that are invalid mathtext, or valid mathtext, are drawn as the characters they are."""
+    import matplotlib.pyplot as plt
+
+    import zfree.report  # noqa: F401 - sets text.parse_math off for zfree's figures
+
+    fig, ax = plt.subplots()
+    names = ["$x_$", r"$\alpha^$", r"$\frac{a}{b}$"]
+    for i, n in enumerate(names):
+        ax.plot([0, 1], [i, i], label=n)
+    ax.set_title(names[2])
+    ax.legend()
+    fig.savefig(tmp_path / "f.png")  # a ParseSyntaxException with mathtext on
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == names
+    plt.close(fig)
