@@ -121,3 +121,36 @@ def test_text_from_data_reaches_a_figure_as_literal_text(tmp_path):
     fig.savefig(tmp_path / "f.png")  # a ParseSyntaxException with mathtext on
     assert [t.get_text() for t in ax.get_legend().get_texts()] == names
     plt.close(fig)
+
+
+def test_label_keys_with_slashes_keep_their_metric_columns():
+    """A label key may hold any character JSON allows: its NMI, Hungarian and probe columns reach the
+    per-label table and summary.csv (they were dropped where the key held a slash)."""
+    import pandas as pd
+
+    from zfree.experiment.results import summary_with_labels
+    from zfree.report.labels_report import label_metric_of, label_table
+
+    assert label_metric_of("structure/alignment_nmi/a/b") == ("alignment_nmi", "a/b")
+    assert label_metric_of("structure/probe_accuracy/../../x") == ("probe_accuracy", "../../x")
+    assert label_metric_of("structure/alignment_nmi") is None and label_metric_of("structure/n_rows/a/b") is None
+    runs = pd.DataFrame([{"run_id": "r", "weighting": "plain", "beta": 0.1, "aid": "none",
+                          **{f"structure/{m}/{k}": 0.5 for m in ("alignment_nmi", "hungarian_accuracy", "probe_accuracy")
+                             for k in ("a/b", "../../x", "plain")}}])
+    table = label_table(runs)
+    for key in ("a/b", "../../x", "plain"):
+        assert {f"{key} alignment nmi", f"{key} hungarian accuracy", f"{key} probe accuracy"} <= set(table.columns)
+    summary = summary_with_labels(runs, [])
+    assert {"structure/alignment_nmi/a/b", "structure/probe_accuracy/../../x"} <= set(summary.columns)
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "two"])
+def test_workers_below_one_are_refused_before_any_work(value, tmp_path, capsys):
+    from zfree.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["study", "--preset", "smoke", f"--workers={value}", "--out", str(tmp_path / "o")])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("zfree study: error: argument --workers:") and value in err[-1]
+    assert not (tmp_path / "o").exists()

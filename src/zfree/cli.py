@@ -21,6 +21,18 @@ from zfree.core.values import check_device, field_types
 from zfree.data.synth import DataConfig, write_benchmark
 
 
+
+def _positive_int(text: str) -> int:
+    """argparse type of a count such as ``--workers``: an integer >= 1, refused at once with the value
+    (argparse prints it on one line and exits 2) instead of after the preparation."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n} must be at least 1")
+    return n
+
 def _cmd_data_synth(a):
     out = write_benchmark(_config_from_args(DataConfig, a), a.out)
     print(f"benchmark in {out}")
@@ -309,7 +321,7 @@ def _add_study(sub) -> None:
                     help="own-model grid YAML (keys of zfree.experiment.own_study.OWN_SPEC_KEYS) instead of a preset")
     st.add_argument("--out", required=True, help="the study folder (base/, runs/, summary.csv, report.html)")
     st.add_argument("--retrain-base", action="store_true", help="train a new base model instead of the shipped one")
-    st.add_argument("--workers", type=int, default=None, help="parallel runs (one torch thread each)")
+    st.add_argument("--workers", type=_positive_int, default=None, help="parallel runs (one torch thread each)")
     st.set_defaults(func=_cmd_study)
 
 
@@ -322,7 +334,7 @@ def _add_report_and_sweep(sub) -> None:
     sw.add_argument("--out", default=None, help="sweep folder (default: runs/sweep-<name>)")
     sw.add_argument("--executor", default=None, choices=["local", "submitit"], help="default: the spec's")
     sw.add_argument("--cluster", default=None, help="submitit: slurm | local | debug (default: auto)")
-    sw.add_argument("--workers", type=int, default=None, help="local: parallel runs (one torch thread each)")
+    sw.add_argument("--workers", type=_positive_int, default=None, help="local: parallel runs (one torch thread each)")
     sw.add_argument("--no-report", action="store_true", help="skip report.html")
     sw.set_defaults(func=_cmd_sweep)
 

@@ -104,7 +104,7 @@ def summary_with_labels(runs: pd.DataFrame, notes: list[str]) -> pd.DataFrame:
     tab = summary_table(runs)
     if not runs.empty:
         by_id = runs.set_index("run_id").loc[tab["run_id"]] if "run_id" in tab else runs
-        for c in sorted(c for c in by_id.columns if c.startswith("structure/") and c.count("/") == 2):
+        for c in sorted(c for c in by_id.columns if c.startswith("structure/") and c.count("/") >= 2):  # keys may hold "/"
             tab[c] = by_id[c].to_numpy()
     tab["notes"] = " | ".join(notes)
     return tab

@@ -37,6 +37,15 @@ def majority_baselines(run_dir: Path | str) -> dict[str, tuple[float, int, int]]
     return out
 
 
+def label_metric_of(column: str) -> tuple[str, str] | None:
+    """``(metric, label key)`` of a per-label column ``structure/<metric>/<label key>`` whose metric is
+    one of ``LABEL_METRICS``, else None. Parsed structurally: a label key may hold any character JSON
+    allows, slashes included (``a/b``, ``../../x``); the metric names hold none."""
+    head, _, rest = column.partition("/")
+    metric, sep, key = rest.partition("/")
+    return (metric, key) if head == "structure" and sep and key and metric in LABEL_METRICS else None
+
+
 def label_table(summary: pd.DataFrame, digits: int = 3, min_rows: int = MIN_ROWS) -> pd.DataFrame:
     """Per run (``run_label``), every ``structure/<metric>/<label>`` column of ``summary`` as
     ``<label> <metric>`` (grouped by label) next to rho_recon, the rate (KL, nats per sequence) and measured/predicted
@@ -44,8 +53,8 @@ def label_table(summary: pd.DataFrame, digits: int = 3, min_rows: int = MIN_ROWS
     the accuracies) and a ``warning`` column naming labels on fewer than ``min_rows`` rows or one value."""
     base = {"loss/val/baseline_normalized_reconstruction_loss": "ρ_recon", "loss/val/kl_prior_loss": "rate (KL)",
             "latent/measured_use_fraction": "measured use", "latent/predicted_use_fraction": "predicted use"}
-    lab = {c: f"{c.split('/')[2]} {c.split('/')[1].replace('_', ' ')}" for c in summary.columns
-           if c.startswith("structure/") and c.count("/") == 2 and c.split("/")[1] in LABEL_METRICS}
+    parsed = {c: label_metric_of(c) for c in summary.columns}
+    lab = {c: f"{p[1]} {p[0].replace('_', ' ')}" for c, p in parsed.items() if p is not None}
     t = run_table(summary, {**base, **dict(sorted(lab.items(), key=lambda kv: kv[1]))}, digits)  # grouped by label
     if "run_dir" not in summary:
         return t
