@@ -8,6 +8,10 @@ A run folder or study folder is the user's (or a colleague's, or a copied archiv
 - the executed notebook goes to a new file that only this call created (``mkstemp``: exclusive,
   never through a symlink), renamed over the destination when whole (a symlink there is replaced,
   not written through; a reader never sees a torn notebook);
+- the kernel talks to zfree over IPC sockets (files in Jupyter's runtime folder, readable by this
+  user only), not TCP on localhost: no port to race for between parallel kernels, nothing another
+  local user could connect to, and no "Kernel is running over TCP without encryption" warning on
+  every run;
 - paths are not format strings: papermill formats ``output_path`` with the parameters
   (``papermill.parameterize.parameterize_path``), so braces in a folder name are doubled here and the
   source notebook is passed as a node (papermill formats no node).
@@ -20,6 +24,20 @@ import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
+
+
+def _ipc_kernel_manager():
+    """jupyter_client's async kernel manager with the IPC transport (nbclient's default class, whose
+    ``transport`` default is "tcp")."""
+    from jupyter_client.manager import AsyncKernelManager
+    from traitlets import default
+
+    class IPCKernelManager(AsyncKernelManager):
+        @default("transport")
+        def _transport_default(self):
+            return "ipc"
+
+    return IPCKernelManager
 
 
 def _literal(path: Path | str) -> str:
@@ -44,7 +62,8 @@ def execute(notebook, output: Path | str, parameters: dict[str, Any] | None = No
     workdir = tempfile.mkdtemp(prefix="zfree-kernel-")
     try:
         pm.execute_notebook(node, _literal(tmp), parameters=parameters, kernel_name="python3",
-                            progress_bar=progress, log_output=False, cwd=workdir)
+                            progress_bar=progress, log_output=False, cwd=workdir,
+                            kernel_manager_class=_ipc_kernel_manager())
     except BaseException:
         if _whole(tmp):
             os.chmod(tmp, 0o644)
