@@ -186,3 +186,38 @@ def test_launch_panel_reports_an_invalid_grid_without_running(sweep, tmp_path):
     panel = LaunchPanel({"beta_schedule": "bogus"}, tmp_path, make_executor=lambda: pytest.fail("must not run"))
     panel.weightings.value = ("plain",)
     assert panel.launch() is None and panel.label.value.startswith("invalid") and "beta_schedule" in panel.label.value
+
+
+def test_a_real_launch_from_a_moved_study_finishes(sweep, tmp_path):
+    """The panel's template is a run's config.json, whose folders are stored relative to that run;
+    a run launched one folder deeper, from a copy of the study, must find them (every launch failed
+    with 'zfree:data/... does not exist' or '../../data/train.jsonl does not exist')."""
+    moved = tmp_path / "moved study"
+    shutil.copytree(sweep, moved)
+    e = SweepExplorer(moved)
+    run_id = e.results.runs["run_id"].iloc[0]
+    cfg_file = moved / "runs" / run_id / "config.json"
+    cfg = read_json(cfg_file)
+    for key, name in (("data_dir", "data"), ("base_dir", "base")):  # data and base inside the study, as own studies keep them
+        shutil.copytree(cfg[key] if Path(cfg[key]).is_absolute() else cfg_file.parent / cfg[key], moved / name)
+        cfg[key] = f"../../{name}"
+    atomic_write_json(cfg_file, cfg)
+    template = e.results.config(run_id)
+    assert template["data_dir"] == str((moved / "data").resolve()) and template["base_dir"] == str((moved / "base").resolve())
+    panel = LaunchPanel(template, moved / "launched", explorer=e, workers=1, steps=2)
+    panel.log_beta.value, panel.n_beta.value, panel.weightings.value = (-1.0, -1.0), 1, ("plain",)
+    panel.launch(wait=True)
+    assert panel.label.value.startswith("done: 1/1"), panel.label.value
+    (launched,) = list((moved / "launched" / "runs").glob("*/summary.json"))
+    assert read_json(launched)["steps"] == 2
+
+
+def test_a_failed_launch_says_failed_with_its_reason_and_folder(sweep, tmp_path):
+    e = SweepExplorer(sweep)
+    template = {**e.results.config(e.results.runs["run_id"].iloc[0]), "data_dir": str(tmp_path / "no such data")}
+    panel = LaunchPanel(template, tmp_path / "launched", workers=1, steps=2)
+    panel.log_beta.value, panel.n_beta.value, panel.weightings.value = (-1.0, -1.0), 1, ("plain",)
+    panel.launch(wait=True)
+    label = panel.label.value
+    assert label.startswith("failed: 0/1 ok; 1 failed, first ") and "does not exist" in label, label
+    assert "error.json" in label and "done" not in label

@@ -216,9 +216,14 @@ class SweepResults:
         return pd.DataFrame(read_jsonl(self.sweep_dir / "runs" / run_id / "metrics.jsonl"))
 
     def config(self, run_id: str) -> dict:
-        """The flat TrainConfig of a run (its config.json without the "_" metadata keys)."""
-        return {k: v for k, v in read_json(self.sweep_dir / "runs" / run_id / "config.json").items()
-                if not k.startswith("_")}
+        """The flat TrainConfig of a run (its config.json without the "_" metadata keys), its paths
+        (``PATH_FIELDS``) absolute: config.json stores them relative to the run folder or as
+        ``zfree:<path>`` (DESIGN §5), which means nothing to a run launched from it in another folder
+        (the launch panel's template)."""
+        run_dir = self.sweep_dir / "runs" / run_id
+        flat = {k: v for k, v in read_json(run_dir / "config.json").items() if not k.startswith("_")}
+        return {k: resolve_path(v, run_dir) if k in PATH_FIELDS and isinstance(v, str) and v else v
+                for k, v in flat.items()}
 
     def label(self, row: pd.Series, with_beta: bool = True) -> str:
         """``weighting [latent_kind] [aid] β=…``, naming a facet only where the sweep varies it."""

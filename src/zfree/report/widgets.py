@@ -345,7 +345,7 @@ class LaunchPanel:
         self.statuses.append(status)
         self.progress.value += 1
         self.label.value = f"{len(self.statuses)}/{self.progress.max}: {status['run_id']} {status['status']}"
-        if self.explorer is not None and status["status"] == "finished":
+        if self.explorer is not None and status["status"] in ("finished", "failed"):  # failures count at once
             self.explorer.refresh()
 
     def launch(self, wait: bool = False) -> threading.Thread | None:
@@ -383,8 +383,15 @@ class LaunchPanel:
             ex.shutdown(wait=True)
             self.button.disabled, self.stop_button.disabled = False, True
             ok = sum(s["status"] in ("finished", "skipped") for s in self.statuses)
-            state = "stopped" if self._stopping.is_set() else "failed" if broken else "done"
-            self.label.value = f"{state}: {ok}/{len(points)} ok{broken}"
+            failed = [s for s in self.statuses if s["status"] == "failed"]
+            state = "stopped" if self._stopping.is_set() else "failed" if broken or failed else "done"
+            why = ""
+            if failed:  # never "done" for a failure: how many, the first one's reason and where to look
+                first = failed[0]
+                reason = str(first.get("error", "")).strip().splitlines()[-1:] or ["no reason recorded"]
+                why = (f"; {len(failed)} failed, first {first['run_id']}: {reason[0][:200]} "
+                       f"(see {self.sweep_dir / 'runs' / first['run_id'] / 'error.json'})")
+            self.label.value = f"{state}: {ok}/{len(points)} ok{why}{broken}"
 
     def stop(self, timeout: float = 30.0) -> None:
         """Cancel the runs not yet started and end the running workers (the local process pool's
