@@ -62,7 +62,10 @@ def _stderr_lines(err: str) -> list[str]:
     return [line for line in re.split(r"[\r\n]", err) if line.startswith("zfree: ")]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+# SIGTERM goes through the very handler SIGINT does (zfree.core.interrupts): its end-to-end variants
+# are in the slow tier, keeping the default tier within its 6 minutes
+@pytest.mark.parametrize("sig", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)],
+                         ids=["SIGINT", "SIGTERM"])
 @pytest.mark.timeout(180)
 def test_signal_during_train_is_one_line_and_resumes(tiny_run, tmp_path, sig):
     data, base = tiny_run
@@ -89,7 +92,8 @@ def test_signal_during_train_is_one_line_and_resumes(tiny_run, tmp_path, sig):
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-@pytest.mark.parametrize("sig, to", [(signal.SIGINT, "pid"), (signal.SIGINT, "group"), (signal.SIGTERM, "pid")],
+@pytest.mark.parametrize("sig, to", [(signal.SIGINT, "pid"), (signal.SIGINT, "group"),
+                                     pytest.param(signal.SIGTERM, "pid", marks=pytest.mark.slow)],
                          ids=["SIGINT-main", "ctrl-c-group", "SIGTERM-main"])
 @pytest.mark.timeout(300)
 def test_signal_during_sweep_stops_workers_and_kernels(tiny_run, tmp_path, sig, to):
