@@ -49,7 +49,10 @@ def sweep(tmp_path_factory):
     return make_tiny_sweep(tmp_path_factory)
 
 
-@pytest.mark.parametrize("name", [*REPORT_NOTEBOOKS[1:], "explore"])
+# Each report section's code runs in the default tier inside the combined report
+# (test_report_aggregates_and_renders_every_section_without_code); run alone through its own
+# parameters cell, one kernel each, in the slow tier. explore is in no report: always here.
+@pytest.mark.parametrize("name", [*(pytest.param(n, marks=pytest.mark.slow) for n in REPORT_NOTEBOOKS[1:]), "explore"])
 def test_analysis_notebook_runs_through_papermill(sweep, tmp_path, name):
     params = {"sweep_dir": str(sweep)} | ({"interactive": False} if name == "explore" else {})
     out = pm.execute_notebook(str(NOTEBOOKS / f"{name}.ipynb"), str(tmp_path / f"{name}.ipynb"), parameters=params,
