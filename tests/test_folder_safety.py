@@ -106,20 +106,24 @@ def test_a_failed_execution_leaves_no_torn_notebook(tmp_path, monkeypatch):
     assert not list(tmp_path.iterdir())
 
 
-def test_text_from_data_reaches_a_figure_as_literal_text(tmp_path):
-    """Label names that are invalid mathtext, or valid mathtext, are drawn as the characters they are."""
+def test_label_names_from_data_reach_the_gains_figure_as_literal_text(tmp_path):
+    """Label names that are invalid mathtext (the report stopped with a ParseSyntaxException) or valid
+    mathtext (typeset as a fraction) are drawn as the characters they are, in the oracle annotations
+    and in the legend; the figure saves."""
     import matplotlib.pyplot as plt
+    import pandas as pd
 
-    import zfree.report  # noqa: F401 - sets text.parse_math off for zfree's figures
+    from zfree.report.plotting_study import plot_gains
 
-    fig, ax = plt.subplots()
     names = ["$x_$", r"$\alpha^$", r"$\frac{a}{b}$"]
-    for i, n in enumerate(names):
-        ax.plot([0, 1], [i, i], label=n)
-    ax.set_title(names[2])
-    ax.legend()
-    fig.savefig(tmp_path / "f.png")  # a ParseSyntaxException with mathtext on
-    assert [t.get_text() for t in ax.get_legend().get_texts()] == names
+    oracles = pd.DataFrame([{"label": n, "H": 1.0 + i, "H_lo": 0.9 + i, "H_hi": 1.1 + i, "delta_R": 0.5, "delta_R_lo": 0.4,
+                             "delta_R_hi": 0.6, "distinguishable": True} for i, n in enumerate(names)])
+    runs = pd.DataFrame([{"weighting": "plain", "beta": 0.1, "aid": "none", "latent_kind": "discrete", "z_gain": 0.2,
+                          "z_gain_lo": 0.1, "z_gain_hi": 0.3, "rate": 0.5}])
+    fig = plot_gains(runs, oracles)
+    fig.savefig(tmp_path / "gains.png")
+    drawn = [t.get_text() for t in fig.axes[1].texts]
+    assert all(n in drawn for n in names) and not any(t.get_parse_math() for t in fig.axes[1].texts)
     plt.close(fig)
 
 

@@ -28,7 +28,7 @@ WEIGHTING_FILLS = {"plain": "full", "distribution": "none", "example": "left", "
 #: read as they are), slightly smaller tick labels, no top/right spines
 PAPER_RC = {"axes.formatter.useoffset": False, "axes.formatter.limits": (-4, 5), "axes.spines.top": False,
             "axes.spines.right": False, "xtick.labelsize": 8, "ytick.labelsize": 8, "axes.titlesize": 10,
-            "axes.labelsize": 9, "legend.fontsize": 7, "text.parse_math": False}  # text from data stays text
+            "axes.labelsize": 9, "legend.fontsize": 7}
 
 
 #: line style of a facet (``LINESTYLES``) -> its marker where a run of one beta draws no line
@@ -42,6 +42,15 @@ def paper(fn):
             return fn(*args, **kwargs)
 
     return wrapped
+
+
+def literal_texts(legend):
+    """The legend's entries drawn as the characters they are (no mathtext): run and label names come
+    from data, where "$x_$" would stop the figure with a ParseSyntaxException. Returns ``legend``.
+    zfree's own axis labels are Unicode; log-axis tick labels keep their mathtext."""
+    for t in legend.get_texts() if legend is not None else ():
+        t.set_parse_math(False)
+    return legend
 
 
 def color_of(w: str) -> str:
