@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 
 from zfree.core.io import atomic_write_json
 from zfree.core.locks import run_folder_lock
-from zfree.core.paths import NOTEBOOKS, resolve_path
+from zfree.core.paths import NOTEBOOKS, PATH_FIELDS, resolve_path
 from zfree.experiment.memory_watch import KernelWatch, died_message
 from zfree.experiment.notebook_exec import execute, is_whole
 from zfree.experiment.spec import Point
@@ -47,7 +47,7 @@ def _kernel_params(params: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     absolute (``zfree.core.paths.resolve_path`` against the run folder: the kernel starts elsewhere,
     ``notebook_exec``, and relative ones always meant the run folder, its former working directory)."""
     out = {**params, "out_dir": str(run_dir.resolve()), "progress": False}
-    for key in ("data_dir", "base_dir"):
+    for key in PATH_FIELDS:
         v = out.get(key)
         if isinstance(v, str) and v and not Path(v).is_absolute():
             out[key] = resolve_path(v, run_dir)  # "zfree:<path>" under the repository, else under run_dir

@@ -19,6 +19,7 @@ A run folder or study folder is the user's (or a colleague's, or a copied archiv
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import tempfile
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 
+@functools.cache
 def _ipc_kernel_manager():
     """jupyter_client's async kernel manager with the IPC transport (nbclient's default class, whose
     ``transport`` default is "tcp")."""
