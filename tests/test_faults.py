@@ -418,6 +418,7 @@ def test_failing_point_exits_1_with_full_message_and_path(tiny, tmp_path, capsys
     captured = capsys.readouterr()
     assert "1/2 runs ok" in captured.out
     (err_file,) = out.glob("runs/*/error.json")
+    assert (err_file.parent / "train_cvae.ipynb").exists()  # failed inside its kernel: the executed notebook kept
     msg = json.loads(err_file.read_text())["error"]
     assert f"FAILED {err_file.parent.name}: {msg}" in captured.err and str(err_file) in captured.err
     (good,) = [p.parent for p in out.glob("runs/*/summary.json")]

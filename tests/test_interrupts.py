@@ -92,7 +92,9 @@ def test_signal_during_train_is_one_line_and_resumes(tiny_run, tmp_path, sig):
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-@pytest.mark.parametrize("sig, to", [(signal.SIGINT, "pid"), (signal.SIGINT, "group"),
+# Ctrl-C (SIGINT to the whole group, as a terminal sends it) in the default tier; SIGINT or SIGTERM to
+# the main process alone (kill -INT / -TERM PID) in the slow tier: the same stop path
+@pytest.mark.parametrize("sig, to", [pytest.param(signal.SIGINT, "pid", marks=pytest.mark.slow), (signal.SIGINT, "group"),
                                      pytest.param(signal.SIGTERM, "pid", marks=pytest.mark.slow)],
                          ids=["SIGINT-main", "ctrl-c-group", "SIGTERM-main"])
 @pytest.mark.timeout(300)

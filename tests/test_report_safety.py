@@ -149,14 +149,17 @@ def _rows(n_x: int = 24, per_x: int = 4):
 
 @pytest.fixture(scope="module")
 def evil_report(tmp_path_factory):
-    """An own-data study (tiny GPT-2, the ``own_smoke`` preset) on rows whose every text field is
+    """An own-data study (tiny GPT-2, the ``own_smoke`` preset's unaided run alone: one run, its
+    control and the label's oracle, every kind of run folder the report reads) on rows whose every text field is
     markup, plus a run folder named with markup and a failed run whose error text is markup and a
     papermill-style traceback; rendered once (``zfree report``'s ``render_report``)."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from tests.smoke_study import agg_backend
     from zfree.data.bpe import train_bpe_tokenizer
-    from zfree.experiment.own_study import run_own_study
+    import dataclasses
+
+    from zfree.experiment.own_study import OWN_PRESETS, run_own_study
     from zfree.experiment.render import render_report
 
     root = tmp_path_factory.mktemp("evil")
@@ -170,10 +173,13 @@ def evil_report(tmp_path_factory):
     out = root / "study"
     os.environ.setdefault("ZFREE_CACHE_DIR", str(root / "cache"))
     with agg_backend():
-        run_own_study(str(root / "model"), root / "pairs.jsonl", out, preset="own_smoke", render=False, progress=False)
+        smoke = OWN_PRESETS["own_smoke"]
+        one = dataclasses.replace(smoke, boundary=dataclasses.replace(smoke.boundary, aids=("none",)))
+        run_own_study(str(root / "model"), root / "pairs.jsonl", out, preset=one, render=False, progress=False)
         every = sorted(p for p in (out / "runs").iterdir() if (p / "summary.json").exists())
         finished = [p for p in every if not p.name.startswith(("control_", "oracle-"))]
-        assert len(finished) == 2, [p.name for p in (out / "runs").iterdir()]  # both runs trained on the markup
+        assert len(finished) == 1, [p.name for p in (out / "runs").iterdir()]  # the run trained on the markup
+        assert any(p.name.startswith("control_") for p in every)
         assert any(p.name.startswith("oracle-st-b-data") for p in every)  # the markup label's oracle, its name cleaned
         first = finished[0]
         run_name = "run <img src=x onerror=evil_run()><b data-evil-run=1>*run*"

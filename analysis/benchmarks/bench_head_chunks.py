@@ -48,8 +48,7 @@ from zfree.models.precision import body_autocast
 from zfree.objective.objectives import assemble_objective
 
 OBJ = ObjectiveConfig(weighting="plain", beta=0.3)
-SMOLLM2 = Path(os.environ.get("ZFREE_TEST_MODELS") or Path.home() / ".cache/zfree/test-models") / \
-    "smollm2-135m-instruct-hf"
+SMOLLM2 = Path(os.environ.get("ZFREE_MODELS") or Path.home() / ".cache/zfree/models") / "smollm2-135m-instruct"
 CHUNK = {"elements": HEAD_CHUNK_ELEMENTS}  # --chunk: the chunk of the function and checkpoint schemes
 
 
@@ -186,7 +185,7 @@ def main():
             batches(V, a.steps + 1, a.batch, 20, 20), a.K, a.steps, not a.no_whole, kinds=tuple(a.kinds.split(",")))
     folder = Path(a.smollm2) if a.smollm2 else None
     if folder is None or not (folder / "config.json").exists():
-        print(f"\nSmolLM2: skipped (no transformers folder at {a.smollm2!r}; tests/smollm2.py smollm2_folder() makes one)")
+        print(f"\nSmolLM2: skipped (no transformers folder at {a.smollm2!r}; zfree model fetch smollm2-135m-instruct makes one)")
         return
     from zfree.models.loading import load_causal_lm
 

@@ -1,7 +1,7 @@
 """Full fine-tuning against LoRA on one model (issue 24): checkpoint size and step time.
 
     OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 .venv/bin/python analysis/benchmarks/bench_lora.py \
-        --model ~/.cache/zfree/test-models/smollm2-135m-instruct-hf --data data/e2e/train.jsonl --out runs/bench-lora
+        --model "$(.venv/bin/zfree model fetch smollm2-135m-instruct)" --data data/e2e/train.jsonl --out runs/bench-lora
 
 Each mode trains one discrete CVAE (``zfree train --model``: split, reference, the run) for ``--steps``
 steps at ``--batch`` rows, evaluating at step 0 and at the end on the same few rows; the step time

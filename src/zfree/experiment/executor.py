@@ -22,6 +22,7 @@ from typing import Any, Callable, Protocol, runtime_checkable
 
 from tqdm.auto import tqdm
 
+from zfree.config import check_run_inputs
 from zfree.core.io import atomic_write_json
 from zfree.core.locks import run_folder_lock
 from zfree.core.paths import NOTEBOOKS, PATH_FIELDS, resolve_path
@@ -68,8 +69,11 @@ def run_point(point: Point, runs_dir: str, notebook: str) -> dict[str, Any]:
     (run_dir / "error.json").unlink(missing_ok=True)
     watch = KernelWatch()
     try:
+        params = _kernel_params(point.params, run_dir)
+        if params.get("data_dir") and params.get("base_dir"):  # a missing folder fails now, not after a
+            check_run_inputs(params["data_dir"], params["base_dir"])  # kernel's start (seconds): the same error
         with watch:  # the kernel's peak RSS, for the reason of a kernel killed for memory
-            execute(notebook, run_dir / RUN_NOTEBOOK, parameters=_kernel_params(point.params, run_dir))
+            execute(notebook, run_dir / RUN_NOTEBOOK, parameters=params)
         return {"run_id": point.run_id, "status": "finished"}
     except Exception as e:  # noqa: BLE001 - a failed point is recorded, the sweep goes on
         died = died_message(e, watch.peak)

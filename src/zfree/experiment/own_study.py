@@ -33,11 +33,12 @@ from typing import Any
 from zfree.config import TrainConfig
 from zfree.core.errors import ConfigError
 from zfree.core.io import read_yaml
-from zfree.core.paths import check_name_length
+from zfree.core.paths import SHIPPED_E2E, check_name_length
 from zfree.experiment.pipeline import run_experiment
 from zfree.experiment.sources import link_model, prepare_split, write_reference
 from zfree.experiment.spec import WEIGHTINGS, BaseSource, BoundaryGrid, DataSource, ExperimentSpec
 from zfree.experiment.study import HARD_EM_RECIPE
+from zfree.objective.remedies import SWITCH_ON_E2E, SWITCH_ON_RECIPE
 
 #: the hard-EM aid of an own-model study: HARD_EM_RECIPE at K = 4 with a short hard phase (200 steps,
 #: a 200-row gate) and the latent embeddings' rate of the prototype (1e-3)
@@ -47,15 +48,38 @@ OWN_AID = {**HARD_EM_RECIPE, "n_latent": 4, "hard_em_max_steps": 200, "handover_
 def own_preset(name: str, *, weightings: tuple[str, ...] = tuple(WEIGHTINGS),
                beta_factors: tuple[float, ...] = (1 / 3, 3.0), aids: tuple[str, ...] = ("none", "hard_em"),
                train: dict[str, Any] | None = None, aided_train: dict[str, Any] | None = None, val_size: int = 500,
-               workers: int = 2) -> ExperimentSpec:
+               workers: int = 2, oracles: tuple[str, ...] | None = None, val_rows: int | None = None,
+               description: str = "") -> ExperimentSpec:
     """An own-model grid as an ``ExperimentSpec``: a JSONL data source and a pretrained base source
     (both given at run time), beta = factor x beta* per weighting, unaided and/or with ``OWN_AID``
-    (and ``aided_train``); ``train``: flat TrainConfig overrides of every run."""
-    return ExperimentSpec(name, train=dict(train or {}), data=DataSource("jsonl", val_size=val_size),
-                          base=BaseSource("pretrained"), workers=workers,
+    (and ``aided_train``); ``train``: flat TrainConfig overrides of every run; ``oracles``: the label
+    oracles (None: every label the rows carry); ``val_rows``: with a given validation file, that many
+    of its rows spread over its x (``zfree.data.split.spread_sample``)."""
+    return ExperimentSpec(name, train=dict(train or {}), data=DataSource("jsonl", val_size=val_size, val_rows=val_rows),
+                          base=BaseSource("pretrained"), workers=workers, oracles=oracles, description=description,
                           boundary=BoundaryGrid(tuple(weightings), tuple(beta_factors), tuple(aids),
                                                 {**OWN_AID, **(aided_train or {})}))
 
+
+#: issue 37, the real-model finding: SmolLM2-135M-Instruct (``zfree model fetch smollm2-135m-instruct``,
+#: pretrained-source setting) on the shipped E2E data (``BOUND_PRESETS``): the E2E switch-on recipe
+#: (``zfree.experiment.study._E2E_AID``: the optimal posterior, K = 4, the hard-EM E-step on the first 3
+#: tokens of y) with LoRA rank 8 decoders at distribution weighting, beta*/3 of this model's c_base; its
+#: z-free control (the same LoRA, rows, steps) and the `complete` oracle; 300 evaluation rows spread over
+#: the val MRs. Sized by measurement (analysis/benchmarks/profile_real_step.py, one thread, batch 8):
+#: the control's step 8.1 s, the K = 4 soft step 14.0 s, the hard step 8.2 s (only the chosen value's
+#: pass is differentiated); 300 steps of batch 8 put control + oracle on one worker at ~90 min
+#: and the aided run on the other at ~62 min (batch 32 would take 4x as long). The hand-over gate is
+#: checked every 60 steps on 100 rows (each check scores its rows K times: every 25 steps on 200 rows
+#: would cost ~7 min), forced at step 180 (the E2E recipe's 60 %).
+E2E_SMOLLM2 = own_preset(
+    "e2e-smollm2", weightings=("distribution",), beta_factors=(1 / 3,), aids=("hard_em",),
+    train={"steps": 300, "eval_every": 300, "eval_rows": 300, "decode_rows": 3, "batch_size": 8, "lora_rank": 8,
+           "warmup_backbone": 20},
+    aided_train={**SWITCH_ON_RECIPE, **SWITCH_ON_E2E, "batch_size": 8, "hard_em_max_steps": 180,
+                 "handover_check_every": 60, "handover_rows": 100, "restart_dead_every": 60},
+    oracles=("complete",), val_rows=300, workers=2,
+    description="SmolLM2-135M-Instruct on E2E: the aided recipe with LoRA, its control and the complete oracle")
 
 OWN_PRESETS: dict[str, ExperimentSpec] = {
     # every weighting on both sides of its boundary, unaided and aided (16 runs)
@@ -67,6 +91,13 @@ OWN_PRESETS: dict[str, ExperimentSpec] = {
                                    "warmup_backbone": 2},
                             aided_train={"hard_em_max_steps": 2, "handover_check_every": 2, "handover_rows": 20},
                             val_size=12, workers=1),
+    "e2e-smollm2": E2E_SMOLLM2,
+}
+
+#: presets bound to a model zfree fetches (``zfree.models.fetch``) and the shipped data: ``zfree study
+#: --preset NAME --out DIR`` needs no --model or --data. name -> (model, train file, val file)
+BOUND_PRESETS: dict[str, tuple[str, Path, Path]] = {
+    "e2e-smollm2": ("smollm2-135m-instruct", SHIPPED_E2E / "train.jsonl", SHIPPED_E2E / "val.jsonl"),
 }
 
 #: the keys of an own-model grid YAML (``load_own_spec``): ``own_preset``'s arguments

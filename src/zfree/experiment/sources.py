@@ -29,7 +29,7 @@ from zfree.core.errors import InputError, ModelLoadError
 from zfree.core.io import atomic_write_json, read_json, sha256_file
 from zfree.core.paths import SHIPPED_BASE, SHIPPED_DATA
 from zfree.data.pairs import Pair, load_pairs
-from zfree.data.split import shared_x_count, split_by_x, write_pairs
+from zfree.data.split import shared_x_count, split_by_x, spread_sample, write_pairs
 from zfree.data.synth import write_benchmark
 from zfree.experiment.spec import BaseSource, DataSource
 from zfree.models.loading import load_causal_lm, resolve_source
@@ -58,7 +58,8 @@ def prepare_data(src: DataSource, out: Path, name: str = "") -> Prepared:
     if src.kind == "jsonl":
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            _, val_pairs, shared = prepare_split(src.path, out, val=src.val, val_size=src.val_size)
+            _, val_pairs, shared = prepare_split(src.path, out, val=src.val, val_size=src.val_size,
+                                                val_rows=src.val_rows)
         for w in caught:
             print(f"warning: {w.message}", flush=True)
         return Prepared(out, val_pairs=val_pairs, shared_x=shared)
@@ -109,11 +110,13 @@ def _own_base(src: BaseSource, out: Path, data_dir: Path, retrain: bool, progres
 
 
 def prepare_split(data: Path | str, out: Path, *, val: Path | str | None = None, val_size: int = 500,
-                  seed: int = 0) -> tuple[list[Pair], list[Pair], int]:
+                  seed: int = 0, val_rows: int | None = None) -> tuple[list[Pair], list[Pair], int]:
     """Write ``out/train.jsonl`` and ``out/val.jsonl``; returns ``(train, val, shared_x)``.
 
     Without ``val``: ``split_by_x(val_size=min(val_size, rows // 5))`` of ``data`` (no x on both
-    sides). With ``val``: both files as they are; shared x warned (``shared_x_count``). A split
+    sides). With ``val``: both files as they are (``val_rows``: that many rows of ``val``, spread over
+    its x by ``zfree.data.split.spread_sample``, seeded: the same rows every time); shared x warned
+    (``shared_x_count``). A split
     already in ``out`` that differs from the one computed now raises InputError (nothing is
     overwritten: use another ``--out``). InputError / ValueError naming the file and row for bad
     rows or data too small for the validation size."""
@@ -124,6 +127,8 @@ def prepare_split(data: Path | str, out: Path, *, val: Path | str | None = None,
         shared = 0
     else:
         train, val_pairs = pairs, load_pairs(val)
+        if val_rows:
+            val_pairs = spread_sample(val_pairs, val_rows)
         shared = shared_x_count(train, val_pairs, val_source=val)
     for name, rows in (("train", train), ("val", val_pairs)):
         target = out / f"{name}.jsonl"

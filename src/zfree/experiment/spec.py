@@ -83,13 +83,15 @@ class DataSource:
     shipped: the shipped benchmark (data/synth/default, hash-checked); synthetic: the benchmark of
     ``config`` written into OUT/data; folder: a data folder with train/val.jsonl used in place
     (``path``); jsonl: a user's JSONL file (``path``; None: given at run time) split by x into OUT
-    (``val_size`` rows), or used with its ``val`` file as it is; fields: the points' own
+    (``val_size`` rows), or used with its ``val`` file as it is (``val_rows``: only that many of its
+    rows, spread over its x by ``zfree.data.split.spread_sample``); fields: the points' own
     ``data_dir`` (a YAML sweep's ``base``/``grid``)."""
     kind: DataKind = "shipped"
     config: DataConfig | None = None
     path: Path | None = None
     val: Path | None = None
     val_size: int = 500
+    val_rows: int | None = None
 
 
 @dataclass(frozen=True)

