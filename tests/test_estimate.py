@@ -291,6 +291,30 @@ def test_plan_gives_the_grid_what_is_left_of_the_budget(tmp_path, monkeypatch):
         est.plan(spec, lambda s: _points(), tmp_path, workers=1, budget=660, started=t0)
 
 
+def test_workers_are_planned_again_after_the_budget_cuts_the_batch(tmp_path, monkeypatch):
+    """Issue 35 item 5: memory fixed 1 worker at batch 32's peak; the budget then cut the batch to 8,
+    whose probe leaves room for 2: the grid runs on 2 workers (a core no longer idles)."""
+    probed = []
+
+    def probe(point, work, micro_batch=None, ceiling=None):
+        b = point.params["batch_size"]
+        probed.append(b)
+        return dataclasses.replace(PROBE, peak_rss=(12 if b == 32 else 3) * est.GB, batch_size=b)
+    monkeypatch.setattr(est, "probe", probe)
+    monkeypatch.setattr(est, "memory_limit", lambda: 24 * est.GB)  # 0.8 x 24 GB: one run of 12 GB, several of 3
+    spec = OWN_PRESETS["own"]
+    monkeypatch.setattr(est, "fit_budget", lambda s, seconds, budget, labels=(): (
+        dataclasses.replace(s, train={**s.train, "batch_size": 8}), ["batch 32 -> 8 rows a step"]))
+
+    def points(s):
+        return _points(batch_size=s.train.get("batch_size", 32))
+    plan = est.plan(spec, points, tmp_path, workers=2, budget=3600, started=time.time())
+    assert probed[0] == 32 and probed[-1] == 8 and plan.workers == 2
+    assert any(l.startswith("memory: 2 worker(s) after the cut to batch 8") for l in plan.lines), plan.lines
+    uncut = est.plan(spec, lambda s: _points(batch_size=32), tmp_path, workers=2)  # no cut: one worker, no probe at 8
+    assert uncut.workers == 1 and probed.count(8) == 1
+
+
 @pytest.mark.parametrize("text,seconds", [("15m", 900), ("1h", 3600), ("1h30m", 5400), ("90s", 90), ("20", 1200),
                                           ("none", None), (None, None)])
 def test_parse_budget(text, seconds):

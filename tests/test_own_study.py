@@ -101,6 +101,29 @@ def test_one_command_from_model_and_jsonl_to_report(tiny_model, tmp_path, monkey
     assert "label &#39;strategy&#39;: absent" in html or "label 'strategy': absent" in html
     assert "greedy" in html  # the per-value samples table
 
+    # issue 35: the folder holds its plan; the same command reuses it (no probe, the same runs), an
+    # interrupted run (its summary gone) is the only one trained again, another request is refused
+    from zfree.experiment.own_study import run_own_study
+
+    plan = json.loads((out / "plan.json").read_text())
+    assert sorted(plan["run_ids"]) == sorted(p.name for p in every) and plan["estimate"]["runs"] == len(every)
+    probes = sorted((p, p.stat().st_mtime_ns) for p in (out / "estimate").rglob("*") if p.is_file())
+    controls = (out / "controls.json").read_bytes()
+    stamps = {r.name: (r / "summary.json").stat().st_mtime_ns for r in every}
+    (runs[0] / "summary.json").unlink()  # as if that run had been interrupted
+    run_own_study(str(model), data, out, preset="own_smoke", render=False, progress=True, estimate=True)
+    again = capsys.readouterr().out
+    assert "plan.json" in again and "reused" in again and "estimate:" not in again
+    assert sorted((p, p.stat().st_mtime_ns) for p in (out / "estimate").rglob("*") if p.is_file()) == probes
+    assert (out / "controls.json").read_bytes() == controls
+    now = {r.name: (r / "summary.json").stat().st_mtime_ns for r in every}
+    assert [k for k in now if now[k] != stamps[k]] == [runs[0].name]  # only the interrupted run trained again
+    assert main(["study", "--model", str(model), "--data", str(data), "--out", str(out), "--preset", "own_smoke",
+                 "--budget", "30m"]) == 2
+    line = _err(capsys)
+    assert "plan.json: this study was planned for another request: budget_s: null in plan.json, 1800.0 now" in line
+    assert {r.name: (r / "summary.json").stat().st_mtime_ns for r in every} == now  # nothing touched
+
 
 def _err(capsys):
     err = capsys.readouterr().err.strip().splitlines()

@@ -162,10 +162,12 @@ def _cmd_study(a):
 
         name, a.data, shipped_val = BOUND_PRESETS[a.preset]
         a.model, a.val = str(fetch_model(name)), a.val or shipped_val
+    overrides = dict(parse_assignment(kv) for kv in a.set or [])  # typed as zfree train's --set
     if a.model or a.data or a.spec:
         if not (a.model and a.data):
             raise ValueError("an own-model study needs --model MODEL and --data FILE.jsonl (--spec/--val optional)")
         run_own_study(a.model, a.data, a.out, val=a.val, preset=a.preset or "own", spec=a.spec, workers=a.workers,
+                      overrides=overrides,
                       finetune=a.finetune_base, finetune_steps=a.finetune_steps, estimate=not a.no_estimate,
                       budget_s=parse_budget(DEFAULT_OWN_BUDGET if a.budget is None and (a.preset or "own") == "own"
                                             and not a.spec else a.budget))
@@ -173,7 +175,7 @@ def _cmd_study(a):
         if a.val or a.budget:
             raise ValueError(f"{'--val' if a.val else '--budget'} needs --model and --data (an own-model study)")
         run_study(a.preset or "default", a.out, retrain_base=a.retrain_base, workers=a.workers,
-                  estimate=not a.no_estimate)
+                  estimate=not a.no_estimate, overrides=overrides)
     # the pipeline prints its FAILED lines; a point that failed in this invocation left an error.json
     runs = Path(a.out).resolve() / "runs"
     failed = sorted((e.parent.name, e) for e in runs.glob("*/error.json")
@@ -336,6 +338,8 @@ def _add_study(sub) -> None:
     st.add_argument("--out", required=True, help="the study folder (base/, runs/, summary.csv, report.html)")
     st.add_argument("--retrain-base", action="store_true", help="train a new base model instead of the shipped one")
     st.add_argument("--workers", type=_positive_int, default=None, help="parallel runs (one torch thread each)")
+    st.add_argument("--set", action="append", metavar="FIELD=VALUE",
+                    help="set a config field on every run of the study (typed as in zfree train; repeatable)")
     st.set_defaults(func=_cmd_study)
 
 

@@ -532,6 +532,16 @@ def plan(spec: ExperimentSpec, make_points: Callable[[ExperimentSpec], list[Poin
             raise ConfigError(f"--budget {budget / 60:.0f} min: the split, reference and probes took {spent / 60:.1f} min "
                               f"and the report needs about {REPORT_S / 60:.0f}; {e}; give a larger budget") from None
     final = make_points(spec)
+    if w < workers and final and final[0].params["batch_size"] < points[0].params["batch_size"]:
+        # the budget cut the batch after memory fixed the workers at the full batch's peak (issue 35):
+        # probe the cut batch and take the workers its peak leaves room for
+        small = probe(final[0], work / "cut", ceiling=ceiling)
+        w2 = 0 if small.over else min(workers, int((MEMORY_SHARE * limit - parent) // max(1, small.peak_rss)))
+        if w2 > w:
+            lines.append(f"memory: {w2} worker(s) after the cut to batch {final[0].params['batch_size']} (each run "
+                         f"peaks at {small.peak_rss / GB:.1f} GB there; {w} at batch {points[0].params['batch_size']})")
+            pr = dataclasses.replace(pr, peak_rss=small.peak_rss, wall_s=pr.wall_s + small.wall_s)
+            w = w2
     secs, peak = grid_seconds(final, pr, n_val, w), w * pr.peak_rss + parent
     head = (f"estimate: {len(final)} runs on {w} worker(s): about {secs / 60:.1f} min, peak memory {peak / GB:.1f} GB "
             f"({w} x {pr.peak_rss / GB:.2f} GB a run + {parent / GB:.2f} GB this process; {limit / GB:.1f} GB available). "

@@ -101,7 +101,8 @@ BOUND_PRESETS: dict[str, tuple[str, Path, Path]] = {
 }
 
 #: the keys of an own-model grid YAML (``load_own_spec``): ``own_preset``'s arguments
-OWN_SPEC_KEYS = ("name", "weightings", "beta_factors", "aids", "train", "aided_train", "val_size", "workers")
+OWN_SPEC_KEYS = ("name", "weightings", "beta_factors", "aids", "train", "aided_train", "val_size", "workers", "oracles",
+                 "val_rows")
 
 
 def load_own_spec(path: Path | str) -> ExperimentSpec:
@@ -117,7 +118,8 @@ def load_own_spec(path: Path | str) -> ExperimentSpec:
     if not isinstance(raw, dict) or set(raw) - valid:
         raise ConfigError(f"{p}: a study spec is a mapping with keys among {sorted(valid)}; got "
                           f"{sorted(set(raw) - valid) if isinstance(raw, dict) else type(raw).__name__}")
-    kw = {k: _as_tuple(p, k, v) if k in ("weightings", "beta_factors", "aids") else v for k, v in raw.items()}
+    kw = {k: _as_tuple(p, k, v) if k in ("weightings", "beta_factors", "aids", "oracles") and v is not None else v
+          for k, v in raw.items()}
     name = str(kw.get("name") or p.stem)
     check_name_length(name, f"{p}: name")
     try:
@@ -150,13 +152,17 @@ def _own_spec(preset: str | ExperimentSpec, spec: Path | str | None) -> Experime
 def run_own_study(model: str, data: Path | str, out_dir: Path | str, *, val: Path | str | None = None,
                   preset: str | ExperimentSpec = "own", spec: Path | str | None = None, workers: int | None = None,
                   progress: bool = True, render: bool = True, finetune: bool = False,
-                  finetune_steps: int = 300, estimate: bool = False, budget_s: float | None = None) -> Path:
+                  finetune_steps: int = 300, estimate: bool = False, budget_s: float | None = None,
+                  overrides: dict | None = None) -> Path:
     """Run the own-model study into ``out_dir`` (module docstring): the pipeline on ``preset`` (or
     the YAML ``spec``) with ``data`` (+ ``val``) and ``model`` as its sources; returns report.html
     (or the study folder when ``render`` is False); ``estimate``/``budget_s``: as
     ``run_experiment``. ValueError listing the presets for an unknown one; errors of each step as
-    documented there, raised before any run starts."""
+    documented there, raised before any run starts. ``overrides``: flat TrainConfig fields set on
+    every run (``zfree study --set``)."""
     p = _own_spec(preset, spec)
+    if overrides:
+        p = dataclasses.replace(p, overrides={**p.overrides, **overrides})
     p = dataclasses.replace(p, data=dataclasses.replace(p.data, kind="jsonl", path=Path(data),
                                                         val=None if val is None else Path(val)),
                             base=BaseSource("pretrained", path=str(model), finetune_steps=finetune_steps if finetune else 0))

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from zfree.config import TrainConfig
-from zfree.core.io import atomic_write_json, atomic_write_text
+from zfree.core.io import atomic_write_json, atomic_write_text, read_json
 from zfree.core.locks import run_folder_lock
 from zfree.core.paths import check_out_dir
 from zfree.experiment.controls import LINKS_FILE, oracle_labels, with_controls
@@ -27,6 +27,7 @@ from zfree.experiment.results import aggregate, collect_runs, summary_table, wit
 from zfree.experiment.sources import Prepared, prepare_base, prepare_data
 from zfree.experiment.spec import ExperimentSpec, expand_grid, own_grid
 from zfree.experiment.study_notes import label_notes, write_summary_csv
+from zfree.experiment.study_plan import PLAN_FILE, apply_fitted, check_request, load_plan, request_of, write_plan
 
 
 @dataclass
@@ -98,10 +99,12 @@ def _points(spec: ExperimentSpec, prep: Prepared, out: Path | None = None) -> li
     ``out/controls.json`` when ``out`` is given)."""
     folders = {} if spec.data.kind == "fields" else {"data_dir": str(prep.data_dir), "base_dir": str(prep.base_dir),
                                                      "c_base_source": prep.c_base_source}
-    points = expand_grid({**TrainConfig().to_flat(), **spec.train, **folders}, _grid(spec, prep)[0])
+    points = expand_grid({**TrainConfig().to_flat(), **spec.train, **folders}, _grid(spec, prep)[0], spec.overrides)
     if spec.controls and points:
         points, links = with_controls(points, oracle_labels(points[0].params["data_dir"], spec.oracles))
-        if out is not None:
+        if out is not None:  # links added, never dropped: a run trained by an earlier plan keeps its control
+            old = read_json(out / LINKS_FILE) if (out / LINKS_FILE).exists() else {}
+            links = {k: {**old.get(k, {}), **links[k]} for k in links}
             atomic_write_json(out / LINKS_FILE, links)
     return points
 
@@ -119,15 +122,29 @@ def run_experiment(spec: ExperimentSpec, out_dir: Path | str, *, retrain_base: b
     LockHeldError when another process prepares or runs the same folder."""
     check_out_dir(out_dir)
     out = Path(out_dir).resolve()
-    out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
+    # (a YAML sweep, whose points name their own folders, resumes by run id: its grid may grow)
+    planned = spec.data.kind != "fields"
+    request, saved = request_of(spec, budget_s), load_plan(out) if planned else None
+    if saved is not None:  # issue 35: the same command again reuses the plan; another one is refused
+        check_request(out, saved, request)
+    out.mkdir(parents=True, exist_ok=True)
     prep = prepare(spec, out, retrain_base=retrain_base, progress=progress)
-    if estimate or budget_s is not None:  # issue 24: measure, fit memory and budget, say so, then go on
+    record = None
+    if saved is not None:
+        spec, workers = apply_fitted(spec, saved["fitted"]), workers or saved["workers"]
+        record = saved.get("estimate")
+        if progress:
+            print(f"plan: {out / PLAN_FILE} (made {saved.get('made', '?')}) reused: no probe, the same "
+                  f"{len(saved.get('run_ids', []))} runs; finished ones are skipped", flush=True)
+    elif estimate or budget_s is not None:  # issue 24: measure, fit memory and budget, say so, then go on
         fitted = plan(spec, lambda s: _points(s, prep), out, workers or spec.workers, budget_s, started=t0)
-        spec, workers = fitted.spec, fitted.workers
+        spec, workers, record = fitted.spec, fitted.workers, fitted.record
     grid, table = _grid(spec, prep)
     notes = _notes(spec, out, prep, table)
     points = _points(spec, prep, out)
+    if saved is None and planned:
+        write_plan(out, request, spec, workers or spec.workers, [p.run_id for p in points], record)
     ex = executor or make_executor(spec.executor, workers or spec.workers, folder=out / "submitit",
                                    **spec.executor_options)
     try:

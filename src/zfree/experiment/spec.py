@@ -52,16 +52,19 @@ class Point:
     params: dict[str, Any]  # the flat TrainConfig
 
 
-def expand_grid(base: dict[str, Any], grid: dict[str, Iterable[Any]]) -> list[Point]:
+def expand_grid(base: dict[str, Any], grid: dict[str, Iterable[Any]], overrides: dict[str, Any] | None = None
+                ) -> list[Point]:
     """Cartesian product of ``grid`` over the flat ``base`` config; every point is validated
     (``TrainConfig.from_flat``) before anything runs, so a bad value fails the whole sweep early.
-    A grid value that is a dict sets several fields at once (e.g. weighting with its epsilon)."""
+    A grid value that is a dict sets several fields at once (e.g. weighting with its epsilon);
+    ``overrides`` (``zfree study --set``) are set last, on every point."""
     keys = list(grid)
     points, seen = [], set()
     for values in itertools.product(*(list(grid[k]) for k in keys)):
         flat = dict(base)
         for k, v in zip(keys, values):
             flat.update(v if isinstance(v, dict) else {k: v})
+        flat.update(overrides or {})
         cfg = TrainConfig.from_flat(flat)
         check_remedy_fields(cfg)
         flat = cfg.to_flat()
@@ -161,6 +164,8 @@ class ExperimentSpec:
     # else the label keys (a joint ``a*b`` allowed)
     controls: bool = True
     oracles: tuple[str, ...] | None = None
+    # flat TrainConfig fields set on every point after the grid (``zfree study --set FIELD=VALUE``)
+    overrides: dict[str, Any] = field(default_factory=dict)
     # training seeds (issue 23): every point runs once per seed (``optim.seed``: batches and the new
     # heads' initialization; each seed gets its own control); None = the points' own seed
     seeds: tuple[int, ...] | None = None

@@ -17,6 +17,8 @@ Rerunning any preset skips finished work. Your own model and data: ``zfree.exper
 
 from __future__ import annotations
 
+import dataclasses
+
 from pathlib import Path
 
 from zfree.config import BaseTrainConfig
@@ -185,7 +187,7 @@ PRESETS: dict[str, ExperimentSpec] = {
 
 
 def run_study(preset: str, out_dir: Path | str, *, retrain_base: bool = False, workers: int | None = None,
-              progress: bool = True, estimate: bool = False) -> Path:
+              progress: bool = True, estimate: bool = False, overrides: dict | None = None) -> Path:
     """Run a preset end to end into ``out_dir`` (``zfree.experiment.pipeline.run_experiment``);
     returns the path of ``report.html``.
 
@@ -193,9 +195,11 @@ def run_study(preset: str, out_dir: Path | str, *, retrain_base: bool = False, w
     report.html}. Finished runs are skipped; failed runs are listed and do not stop the others.
     Raises ValueError for an unknown preset (listing the valid ones); LockHeldError when another
     process is preparing the same study folder. ``estimate``: measure and print the grid's cost first
-    (``zfree.experiment.estimate.plan``).
+    (``zfree.experiment.estimate.plan``). ``overrides``: flat TrainConfig fields set on every run
+    (``zfree study --set``).
     """
     if preset not in PRESETS:
         raise ValueError(f"preset={preset!r} is not one of {sorted(PRESETS)}")
-    return run_experiment(PRESETS[preset], out_dir, retrain_base=retrain_base, workers=workers,
+    spec = PRESETS[preset] if not overrides else dataclasses.replace(PRESETS[preset], overrides=dict(overrides))
+    return run_experiment(spec, out_dir, retrain_base=retrain_base, workers=workers,
                           progress=progress, estimate=estimate).html
