@@ -95,11 +95,16 @@ def test_launch_panel_runs_into_its_own_folder_and_the_explorer_shows_both(sweep
     e.source.value = "launched"
     assert set(e.selected["run_id"]) <= {p.run_id for p in points} and len(e.selected)
     assert panel.label.value.startswith("done: 8/8")
-    panel.n_beta.value = 1
+    panel.n_beta.value = 1  # issue 36 item 6: one β is the template's, not the slider's lower end
+    template_beta = e.results.config(e.results.runs["run_id"].iloc[0])["beta"]
+    assert panel.betas() == [template_beta] and "(the template's)" in panel.beta_readout.value
     panel.launch(wait=False)  # a new launch starts from an empty label, not the last "done"
     assert not panel.label.value.startswith("done: 8/8")
     panel.thread.join()
-    assert panel.label.value.startswith("failed: 0/4 ok; FileExistsError")  # the stand-in refuses reruns
+    assert panel.label.value.startswith("done: 4/4") and {s["status"] for s in panel.statuses} == {"finished"}
+    panel.n_beta.value, panel.log_beta.value = 2, (-2.0, -1.0)
+    panel.launch(wait=True)
+    assert panel.label.value.startswith("failed: 0/8 ok; FileExistsError")  # the stand-in executor refuses reruns
 
 
 def test_launch_panel_shows_the_config_diff_and_lets_the_aid_be_chosen(sweep, tmp_path):
@@ -134,24 +139,30 @@ def sleepy_run(point, runs_dir, notebook):
 
 
 def test_stop_ends_the_workers_and_keeps_the_finished_runs(sweep, tmp_path):
+    """Issue 36 item 3: six points on two workers, stop pressed with two finished, two running and two
+    not started: the panel is launchable again within seconds (it sat in as_completed forever when the
+    points not started were cancelled before the pool went down), every point has a status."""
     from zfree.experiment.executor import local_executor
 
     e = SweepExplorer(sweep)
     panel = LaunchPanel(e.results.config(e.results.runs["run_id"].iloc[0]), tmp_path, run_fn=sleepy_run,
                         make_executor=lambda: local_executor(2))
-    panel.log_beta.value, panel.n_beta.value, panel.weightings.value = (-2.0, -1.0), 2, ("plain",)
+    panel.log_beta.value, panel.n_beta.value, panel.weightings.value = (-2.0, 0.0), 6, ("plain",)
     panel.launch()
     for _ in range(600):
-        if panel.statuses:
+        if len(panel.statuses) >= 2:
             break
         time.sleep(0.1)
+    time.sleep(0.5)  # the two slow points started
     procs = list(panel._ex._processes.values())
     t0 = time.time()
-    panel.stop()
+    panel.stop(timeout=20)
     assert not panel.thread.is_alive() and time.time() - t0 < 20
     assert not any(p.is_alive() for p in procs)
-    assert panel.label.value == "stopped: 1/2 ok" and sorted(s["status"] for s in panel.statuses) == ["finished", "stopped"]
-    assert len(list((tmp_path / "runs").glob("*/summary.json"))) == 1 and not panel.button.disabled
+    assert panel.label.value == "stopped: 2/6 finished", panel.label.value
+    assert sorted(s["status"] for s in panel.statuses) == ["finished"] * 2 + ["stopped"] * 4  # started or not
+    assert len(list((tmp_path / "runs").glob("*/summary.json"))) == 2
+    assert not panel.button.disabled and panel.stop_button.disabled
 
 
 def test_explorer_offers_only_what_the_data_has(sweep, tmp_path):

@@ -21,12 +21,11 @@ import ipywidgets as W
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-import psutil
 from IPython.display import display
 
 from zfree.config import Aid
 from zfree.core.io import read_jsonl
-from zfree.experiment.executor import Executor, local_executor, run_point, run_points
+from zfree.experiment.executor import Executor, local_executor, run_point, run_points, stop_workers
 from zfree.experiment.results import SweepResults, load_sweep
 from zfree.experiment.spec import Point, expand_grid
 from zfree.experiment.study import HARD_EM_RECIPE, SWITCH_ON_RECIPE
@@ -220,16 +219,6 @@ class SweepExplorer:
                                        for _, r in sel.iterrows()}), sel
 
 
-def _terminate_tree(pid: int) -> None:
-    """SIGTERM a worker and its children (papermill's kernel, which would outlive a reparenting)."""
-    try:
-        proc = psutil.Process(pid)
-        for p in [*proc.children(recursive=True), proc]:
-            p.terminate()
-    except psutil.NoSuchProcess:
-        pass
-
-
 def aid_choices() -> dict[str, dict[str, Any]]:
     """The panel's aid menu: every ``config.Aid`` value alone, plus the study's switch-on recipes
     (``zfree.experiment.study.SWITCH_ON_RECIPE``, the default study's, and ``HARD_EM_RECIPE``; README
@@ -291,10 +280,17 @@ class LaunchPanel:
                               self.plan, W.HBox([self.button, self.stop_button, self.progress, self.label])])
         self.describe()
 
+    def betas(self) -> list[float]:
+        """The launched β values: ``n_beta`` log-spaced over the slider's range; one β is the
+        template's own (a run like the study's, not the range's lower end)."""
+        if self.n_beta.value <= 1:
+            return [float(self.base.get("beta", 10 ** self.log_beta.value[0]))]
+        lo, hi = self.log_beta.value
+        return [float(f"{b:.4g}") for b in np.logspace(lo, hi, self.n_beta.value)]
+
     def points(self) -> list[Point]:
         """The grid the widgets describe, validated (ValueError names a bad field)."""
-        lo, hi = self.log_beta.value
-        betas = [float(f"{b:.4g}") for b in np.logspace(lo, hi, self.n_beta.value)]
+        betas = self.betas()
         objective = [{"weighting": w, **({"epsilon": self.epsilon.value} if w == "example" else {})}
                      for w in self.weightings.value]
         base = {**self.base, **self.aids[self.aid.value], "steps": int(self.steps.value)}
@@ -322,9 +318,8 @@ class LaunchPanel:
 
     def describe(self) -> str:
         """Fill ``plan`` (the run count, the target folder, the diff table, warnings); returns its HTML."""
-        lo, hi = self.log_beta.value
-        betas = np.logspace(lo, hi, max(1, self.n_beta.value))
-        self.beta_readout.value = "β = " + ", ".join(f"{b:.3g}" for b in betas)
+        self.beta_readout.value = "β = " + ", ".join(f"{b:.3g}" for b in self.betas()) + (
+            " (the template's)" if self.n_beta.value <= 1 else "")
         try:
             points = self.points()
         except ValueError as e:
@@ -391,7 +386,8 @@ class LaunchPanel:
                 reason = str(first.get("error", "")).strip().splitlines()[-1:] or ["no reason recorded"]
                 why = (f"; {len(failed)} failed, first {first['run_id']}: {reason[0][:200]} "
                        f"(see {self.sweep_dir / 'runs' / first['run_id'] / 'error.json'})")
-            self.label.value = f"{state}: {ok}/{len(points)} ok{why}{broken}"
+            done = "finished" if state == "stopped" else "ok"
+            self.label.value = f"{state}: {ok}/{len(points)} {done}{why}{broken}"
 
     def stop(self, timeout: float = 30.0) -> None:
         """Cancel the runs not yet started and end the running workers (the local process pool's
@@ -400,8 +396,8 @@ class LaunchPanel:
             return
         self._stopping.set()
         self.label.value = "stopping…"
-        for f in self._futures:
-            f.cancel()
-        for proc in list((getattr(self._ex, "_processes", None) or {}).values()):
-            _terminate_tree(proc.pid)  # ProcessPoolExecutor: its running futures fail with BrokenProcessPool
+        # the one stop path of studies and sweeps: the pool's workers (and their kernels) end first, the
+        # points not started are cancelled after (cancelled before, CPython's pool manager thread died on
+        # them and the launch thread waited in as_completed forever)
+        stop_workers(self._ex, self._futures)
         self.thread.join(timeout)
