@@ -39,11 +39,22 @@ def test_smoke_study_writes_every_artifact(smoke):
     assert "predicted" in html.lower() and "<img" in html and "import pandas" not in html  # code hidden
 
 
-def test_rerun_skips_finished_runs(smoke):
-    stamps = {p: p.stat().st_mtime_ns for p in (smoke / "runs").glob("*/summary.json")}
+def test_rerun_of_a_copied_study_skips_every_finished_run(smoke, tmp_path):
+    """The same command on a copy of a finished study (issue 34 case 10: run ids used to hash the
+    absolute base folder, so the copy retrained every run under new ids and its report listed both
+    sets) trains nothing and reports each run once."""
+    import shutil
+
+    copy = tmp_path / "copied study"
+    shutil.copytree(smoke, copy, ignore=shutil.ignore_patterns(".zfree.lock"))
+    runs = sorted(p.name for p in (copy / "runs").iterdir() if p.is_dir())
+    stamps = {p.parent.name: p.stat().st_mtime_ns for p in (copy / "runs").glob("*/summary.json")}
     with agg_backend():  # the report is rendered again: as the session's study was (test_report_agg.py)
-        run_study("smoke", smoke, progress=False)
-    assert {p: p.stat().st_mtime_ns for p in (smoke / "runs").glob("*/summary.json")} == stamps
+        run_study("smoke", copy, progress=False)
+    assert sorted(p.name for p in (copy / "runs").iterdir() if p.is_dir()) == runs  # no new run folder
+    assert {p.parent.name: p.stat().st_mtime_ns for p in (copy / "runs").glob("*/summary.json")} == stamps
+    summary = pd.read_csv(copy / "summary.csv")
+    assert summary["run_id"].is_unique and set(summary["run_id"]) <= set(runs)
 
 
 def test_unknown_preset_lists_valid_ones(tmp_path):

@@ -13,6 +13,7 @@ through JSON.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import itertools
 import json
@@ -30,11 +31,60 @@ from zfree.objective.remedies import check_remedy_fields
 from zfree.objective.theory import critical_beta
 
 
+@functools.lru_cache(maxsize=256)
+def _folder_identity(key: str, path: str, stamp: tuple) -> str | None:
+    """What a data folder (its train/val files' sha256) or a base folder (its reference's model and
+    tokenizer sha256) holds; None when it does not hold them (the path then stands for itself)."""
+    p = Path(path)
+    if key == "data_dir":
+        files = [p / "train.jsonl", p / "val.jsonl"]
+        if not all(f.is_file() for f in files):
+            return None
+        h = hashlib.sha256()
+        for f in files:
+            with open(f, "rb") as fh:
+                while chunk := fh.read(1 << 22):
+                    h.update(chunk)
+        return "data:" + h.hexdigest()
+    try:
+        ref = json.loads((p / "reference" / "reference.json").read_text())
+        return f"base:{ref['model_sha256']}:{ref['tokenizer_sha256']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _stamp(path: str, key: str) -> tuple:
+    files = ("train.jsonl", "val.jsonl") if key == "data_dir" else ("reference/reference.json",)
+    out = []
+    for name in files:
+        try:
+            st = (Path(path) / name).stat()
+            out.append((st.st_size, st.st_mtime_ns))
+        except OSError:
+            out.append(None)
+    return tuple(out)
+
+
+def portable(flat: dict[str, Any]) -> dict[str, Any]:
+    """``flat`` as its run id hashes it: a data or base folder given by a local path stands for what
+    it holds (``_folder_identity``), so a copied or moved study names its runs as before and reruns
+    nothing (issue 34); a folder that holds neither, or a ``zfree:`` path, stays as written."""
+    out = dict(flat)
+    for key in ("data_dir", "base_dir"):
+        v = flat.get(key)
+        if isinstance(v, str) and v and not v.startswith("zfree:"):
+            path = str(Path(v).expanduser().resolve())
+            ident = _folder_identity(key, path, _stamp(path, key))
+            if ident is not None:
+                out[key] = ident
+    return out
+
+
 def run_id(flat: dict[str, Any]) -> str:
-    """Stable id: ``<weighting>_beta<beta>[_<aid>]_<8 hex of the sha256 of the sorted flat config>``;
-    a given-z run (``latent_source``): ``control_<weighting>_<hash>`` or
-    ``oracle-<key>_<weighting>_<hash>`` (a joint key's ``*`` written ``x``)."""
-    h = hashlib.sha256(json.dumps(flat, sort_keys=True).encode()).hexdigest()[:8]
+    """Stable id: ``<weighting>_beta<beta>[_<aid>]_<8 hex of the sha256 of the sorted flat config>``
+    (its data and base folders by what they hold: ``portable``); a given-z run (``latent_source``):
+    ``control_<weighting>_<hash>`` or ``oracle-<key>_<weighting>_<hash>`` (a joint key's ``*`` written ``x``)."""
+    h = hashlib.sha256(json.dumps(portable(flat), sort_keys=True).encode()).hexdigest()[:8]
     src = flat.get("latent_source", "posterior")
     if src != "posterior":
         key = re.sub(r"[^A-Za-z0-9_.-]", "-", src.partition(":")[2].replace("*", "x"))

@@ -20,7 +20,7 @@ from typing import Any
 
 from zfree.core.errors import ConfigError
 from zfree.core.io import atomic_write_json, read_json
-from zfree.experiment.spec import BoundaryGrid, ExperimentSpec
+from zfree.experiment.spec import ExperimentSpec, spec_from_dict
 
 PLAN_FILE = "plan.json"
 #: spec fields that change how a study runs, not what it computes: left out of the request
@@ -56,13 +56,8 @@ def fitted_of(spec: ExperimentSpec) -> dict:
 
 
 def apply_fitted(spec: ExperimentSpec, fitted: dict) -> ExperimentSpec:
-    """``spec`` with the cut parts of a saved plan (``fitted_of``)."""
-    b = fitted.get("boundary")
-    boundary = None if b is None else BoundaryGrid(tuple(b["weightings"]), tuple(b["beta_factors"]), tuple(b["aids"]),
-                                                   dict(b["aided"]))
-    oracles = fitted.get("oracles")
-    return dataclasses.replace(spec, train=dict(fitted["train"]), boundary=boundary,
-                               oracles=None if oracles is None else tuple(oracles))
+    """``spec`` with the cut parts of a saved plan (``fitted_of``), through the spec's own JSON form."""
+    return spec_from_dict({**spec.to_dict(), **fitted})
 
 
 def _flat(d: Any, prefix: str = "") -> dict[str, Any]:

@@ -381,7 +381,7 @@ def _train_steps(cfg, out, run, progress, stop_after, saved, gate_rows, mask, de
         _log_train_terms(state, br)
         bar.update(1)
         if not bar.disable and step % max(10, watch.every) == 0:  # a host read: only with a bar, rarely
-            bar.set_postfix({k.split("/")[-1][:6]: f"{float(v):.3f}" for k, v in br.terms.items()}, refresh=False)
+            bar.set_postfix({k.split("/")[-1][:6]: f"{float(v.detach()) if hasattr(v, 'detach') else float(v):.3f}" for k, v in br.terms.items()}, refresh=False)
         if state.phase == Phase.HARD:  # restarts, then the hand-over gate
             aids.hard_phase_checks(model, cfg, state, step, gate_rows, data.val_b[: len(gate_rows)], data.c_base,
                                    data.pad_id)
