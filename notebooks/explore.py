@@ -23,7 +23,7 @@
 # with `interactive = False`, which skips the widget cells.
 
 # %% tags=["parameters"]
-sweep_dir = "../runs/study-default"  # a folder written by `zfree sweep` or `zfree study`
+sweep_dir = None  # a study or sweep folder; None: $ZFREE_STUDY (make lab STUDY=DIR), else the newest under runs/
 interactive = True  # False: no widgets (batch runs)
 steps = 50  # for runs launched from the panel
 workers = 2
@@ -31,8 +31,10 @@ workers = 2
 # %%
 from pathlib import Path
 
-from zfree.experiment.results import load_sweep
+from zfree.experiment.results import choose_study, load_sweep
 
+sweep_dir = choose_study(sweep_dir)  # one line, offering `make smoke`, when there is none
+print(f"study: {sweep_dir.resolve()}")
 launched_dir = Path(sweep_dir) / "launched"  # the panel's runs, beside the study's own
 sweep = load_sweep(sweep_dir)
 sweep.runs[["run_id", "weighting", "latent_kind", "aid", "beta", "recon_weight", "kl_prior_loss",

@@ -315,7 +315,8 @@ def test_report_on_a_read_only_folder_is_one_line(finished_sweep, capsys, monkey
             os.chmod(finished_sweep, 0o755)
 
 
-@pytest.mark.parametrize("notebook", ["explore", "study_report", "rate_distortion", "effective_beta", "rho_recon",
+# (explore's sweep_dir is None, chosen by choose_study: test_a_notebook_chooses_its_study_without_an_edit)
+@pytest.mark.parametrize("notebook", ["study_report", "rate_distortion", "effective_beta", "rho_recon",
                                       "training_dynamics", "switch_on", "sweep_beta_vs_recon_weight",
                                       "labels_and_samples"])
 def test_missing_sweep_dir_says_no_such_folder(tmp_path, notebook):
@@ -344,7 +345,38 @@ def test_explore_notebook_on_a_missing_folder_says_so(tmp_path):
         pm.execute_notebook(str(NOTEBOOKS / "explore.ipynb"), str(tmp_path / "explore.ipynb"),
                             parameters={"sweep_dir": str(missing), "interactive": False}, kernel_name="python3",
                             progress_bar=False, cwd=str(tmp_path))
-    assert e.value.ename == "FileNotFoundError" and f"no such folder: {missing}" in e.value.evalue
+    assert e.value.ename == "NoStudyError" and f"no such folder: {missing}" in e.value.evalue
+    assert "make smoke" in e.value.evalue  # the one-minute study, one command away
+    out = json.loads((tmp_path / "explore.ipynb").read_text())
+    tb = [o for c in out["cells"] for o in c.get("outputs", []) if o.get("output_type") == "error"][0]["traceback"]
+    assert len(tb) == 1 and tb[0].startswith("NoStudyError: no such folder")  # one line, not a traceback
+
+
+def test_a_notebook_chooses_its_study_without_an_edit(tmp_path, monkeypatch):
+    """Issue 36 item 4-5: sweep_dir None opens $ZFREE_STUDY, else the most recently finished study under
+    the repository's runs/; with none, one line offering the smoke study."""
+    import os
+
+    import zfree.core.paths as paths
+    from zfree.experiment.results import NoStudyError, choose_study
+
+    root = tmp_path / "repo"
+    for name, when in (("study-old", 1_000_000), ("study-new", 2_000_000), ("empty", None)):
+        (root / "runs" / name / "runs" / "r1").mkdir(parents=True)
+        if when is not None:
+            s = root / "runs" / name / "runs" / "r1" / "summary.json"
+            s.write_text("{}")
+            os.utime(s, (when, when))
+    monkeypatch.setattr(paths, "ROOT", root)
+    monkeypatch.delenv("ZFREE_STUDY", raising=False)
+    assert choose_study(None) == root / "runs" / "study-new"
+    monkeypatch.setenv("ZFREE_STUDY", str(root / "runs" / "study-old"))
+    assert choose_study(None) == root / "runs" / "study-old" and choose_study(root / "runs" / "empty") == root / "runs" / "empty"
+    monkeypatch.delenv("ZFREE_STUDY")
+    monkeypatch.setattr(paths, "ROOT", tmp_path / "fresh clone")
+    with pytest.raises(NoStudyError, match=r"no study found under .*fresh clone/runs: `make smoke` \(about a minute\)") as e:
+        choose_study(None)
+    assert e.value._render_traceback_() == [f"NoStudyError: {e.value}"] and isinstance(e.value, FileNotFoundError)
 
 
 @pytest.mark.parametrize("raised, code", [(KeyboardInterrupt(), 130), ("SIGTERM", 143)], ids=["ctrl-c", "SIGTERM"])

@@ -50,14 +50,57 @@ SUMMARY_COLUMNS = {  # summary.csv column -> key in a run's summary.json
 }
 
 
+#: what a notebook without a study offers (issue 36: one line, the one-minute study one command away)
+SMOKE_OFFER = "`make smoke` (about a minute) writes runs/study-smoke"
+
+
+class NoStudyError(FileNotFoundError):
+    """No study or sweep folder to open: shown in a notebook as its one line (IPython's
+    ``_render_traceback_``), not a traceback whose last line is the helpful one."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"{type(self).__name__}: {self}"]
+
+
 def check_folder(folder: Path | str) -> Path:
-    """``folder`` when it exists; else FileNotFoundError "no such folder: ..." (a notebook's
-    ``sweep_dir`` that names no study or sweep, e.g. the shipped default in a fresh clone)."""
+    """``folder`` when it exists; else NoStudyError (a FileNotFoundError) "no such folder: ..." (a
+    notebook's ``sweep_dir`` that names no study or sweep, e.g. a fresh clone's)."""
     d = Path(folder)
     if not d.is_dir():
-        raise FileNotFoundError(f"no such folder: {d.resolve()} (set sweep_dir to a folder written by "
-                                "`zfree study` or `zfree sweep`)" if not d.exists() else f"{d} is not a folder")
+        raise NoStudyError(f"no such folder: {d.resolve()} (set sweep_dir to a folder written by `zfree study` or "
+                           f"`zfree sweep`; {SMOKE_OFFER})" if not d.exists() else f"{d} is not a folder")
     return d
+
+
+def find_studies(root: Path | str) -> list[Path]:
+    """The study and sweep folders directly under ``root`` (those whose ``runs/`` holds a finished
+    run), the most recently finished first."""
+    found = []
+    for d in Path(root).glob("*/runs"):
+        done = [s.stat().st_mtime for s in d.glob("*/summary.json")]
+        if done:
+            found.append((max(done), d.parent))
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+def choose_study(sweep_dir: Path | str | None = None) -> Path:
+    """The folder a notebook opens, chosen without editing the notebook (issue 36): ``sweep_dir`` when
+    given; else ``$ZFREE_STUDY`` (``make lab STUDY=runs/study-smoke``); else the most recently finished
+    study under the repository's ``runs/``. NoStudyError in one line naming where it looked and
+    offering the smoke study when there is none."""
+    import os
+
+    from zfree.core.paths import ROOT
+
+    if sweep_dir not in (None, ""):
+        return check_folder(sweep_dir)
+    if os.environ.get("ZFREE_STUDY"):
+        return check_folder(os.environ["ZFREE_STUDY"])
+    found = find_studies(ROOT / "runs")
+    if not found:
+        raise NoStudyError(f"no study found under {ROOT / 'runs'}: {SMOKE_OFFER}; or give sweep_dir, or "
+                           "ZFREE_STUDY (make lab STUDY=DIR)")
+    return found[0]
 
 
 #: collect_runs' selections: the CVAE runs (the default: every table, figure and verdict), the
