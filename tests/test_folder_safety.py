@@ -5,6 +5,7 @@ torn executed notebook does not count as a finished run (``zfree.experiment.note
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -158,3 +159,41 @@ def test_workers_below_one_are_refused_before_any_work(value, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("zfree study: error: argument --workers:") and value in err[-1]
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("summary, says", [
+    ("[1, 2]", "not a run summary (a JSON object expected, got a list)"),
+    ('{"weighting": "plain", "beta": "0.3", "steps": 4}', "not a run summary ('beta' is '0.3'; expected a int or float)"),
+    ('{"weighting": "plain", "beta": 0.3}', "not a run summary ('steps' is None; expected a int)"),
+    ("{torn", "not JSON")])
+def test_a_hand_made_summary_of_the_wrong_shape_is_one_line_naming_it(tmp_path, summary, says):
+    """Issue 34 (weak cases): a summary.json that is not a run's (a list, a key of the wrong type) was an
+    AttributeError / TypeError traceback in every reader; now one line naming the file and the key."""
+    from zfree.core.errors import InputError
+    from zfree.experiment.results import collect_runs
+
+    run = tmp_path / "study" / "runs" / "plain_beta0.3_abcd1234"
+    run.mkdir(parents=True)
+    (run / "summary.json").write_text(summary)
+    with pytest.raises(InputError, match=re.escape(f"{run / 'summary.json'}: {says}")):
+        collect_runs(tmp_path / "study" / "runs")
+
+
+def test_a_missing_or_torn_run_table_is_one_line_naming_it(tmp_path):
+    """A run without its per_example.parquet (or a torn one) said `zfree: error: <path>` with no reason."""
+    import pandas as pd
+
+    from zfree.core.errors import InputError
+    from zfree.core.io import read_table
+
+    missing = tmp_path / "run" / "per_example.parquet"
+    with pytest.raises(InputError, match=re.escape(f"{missing}: missing; the folder {missing.parent} is not whole")):
+        read_table(missing)
+    missing.parent.mkdir()
+    missing.write_bytes(b"PAR1 torn")
+    with pytest.raises(InputError, match=re.escape(f"{missing}: unreadable (")):
+        read_table(missing)
+    pd.DataFrame({"id": ["a"], "kl": [0.5]}).to_parquet(missing)
+    assert list(read_table(missing, columns=["kl"]).columns) == ["kl"]
+    with pytest.raises(InputError, match="unreadable"):
+        read_table(missing, columns=["beta_eff"])

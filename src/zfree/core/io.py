@@ -83,6 +83,23 @@ def read_json(path: Path | str) -> Any:
     return json.loads(Path(path).read_text())
 
 
+def read_table(path: Path | str, columns: list[str] | None = None):
+    """A parquet table a run or a reference wrote (``pandas.read_parquet``). InputError in one line
+    naming the file and why when it is missing, unreadable or lacks ``columns``: the folder is not
+    whole (a hand edit, a copy cut short), not a bug."""
+    import pandas as pd
+
+    p = Path(path)
+    hint = f"the folder {p.parent} is not whole: rerun it (zfree train --resume {p.parent}) or move it away"
+    if not p.is_file():
+        raise InputError(f"{p}: missing; {hint}")
+    try:
+        return pd.read_parquet(p, columns=columns)
+    except Exception as e:  # noqa: BLE001 - pyarrow's many errors of a torn or foreign file: one line
+        reason = " ".join(str(e).split())[:200]
+        raise InputError(f"{p}: unreadable ({type(e).__name__}: {reason}); {hint}") from None
+
+
 def read_jsonl(path: Path | str, drop_torn_tail: bool = False) -> list[dict]:
     """The rows of a JSON-lines file, one dict a line (blank lines skipped). A line that is not
     JSON raises ``InputError`` naming the file and line; with ``drop_torn_tail``, a last line

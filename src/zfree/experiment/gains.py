@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 from scipy.stats import bootstrap
 
-from zfree.core.io import read_json
+from zfree.core.io import read_json, read_table
 from zfree.data.labels import label_value, label_values
 from zfree.data.pairs import load_pairs
 from zfree.train.run_folder import read_run_config
@@ -56,7 +56,7 @@ def interval(*columns: np.ndarray, statistic=None, seed: int = 0) -> tuple[float
 
 
 def _per_example(run_dir: str) -> pd.DataFrame:
-    pe = pd.read_parquet(Path(run_dir) / "per_example.parquet", columns=_COLS)
+    pe = read_table(Path(run_dir) / "per_example.parquet", columns=_COLS)
     return pe.assign(D=pe["n_tokens"] * pe["lbar"], D_base=pe["n_tokens"] * pe["b"]).set_index("id")
 
 
@@ -162,7 +162,7 @@ def _eta_prediction(run_dir: str, best: pd.Series) -> dict:
     eta = float(best["eta"])
     if not (np.isfinite(eta) and eta > 0):
         return {"eta": eta, "predicted_use_fraction_eta": np.nan}
-    be = pd.read_parquet(Path(run_dir) / "per_example.parquet", columns=["beta_eff"])["beta_eff"].to_numpy(float)
+    be = read_table(Path(run_dir) / "per_example.parquet", columns=["beta_eff"])["beta_eff"].to_numpy(float)
     return {"eta": eta, "predicted_use_fraction_eta": float(predicted_use(be, exchange_rate=eta).mean())}
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from zfree.core.io import atomic_write_parquet, atomic_write_text, read_json, read_jsonl
+from zfree.core.errors import InputError
+from zfree.core.io import atomic_write_parquet, atomic_write_text, read_json, read_jsonl, read_table
 from zfree.core.paths import PATH_FIELDS, ROOT, resolve_path
 from zfree.data.pairs import load_pairs
 from zfree.experiment.controls import LINKS_FILE
@@ -108,6 +109,28 @@ def choose_study(sweep_dir: Path | str | None = None) -> Path:
 RUN_KINDS = ("cvae", "given", "all")
 
 
+#: keys every run's summary.json holds, with their JSON types (a hand-made or foreign file is named, not a traceback)
+_SUMMARY_TYPES = {"weighting": (str,), "beta": (int, float), "steps": (int,)}
+
+
+def _summary_of(path: Path) -> dict:
+    """A run's summary.json, checked to be a run summary: InputError in one line naming the file
+    and the key otherwise (issue 34: a list or a wrong-typed key raised AttributeError/TypeError)."""
+    try:
+        d = read_json(path)
+    except ValueError as e:
+        raise InputError(f"{path}: not JSON ({e}); move the run folder away or rerun it") from None
+    if not isinstance(d, dict):
+        raise InputError(f"{path}: not a run summary (a JSON object expected, got a {type(d).__name__}); "
+                         "move the run folder away or rerun it")
+    for key, types in _SUMMARY_TYPES.items():
+        v = d.get(key)
+        if not isinstance(v, types) or isinstance(v, bool):
+            raise InputError(f"{path}: not a run summary ({key!r} is {v!r}; expected a "
+                             f"{' or '.join(t.__name__ for t in types)}); move the run folder away or rerun it")
+    return d
+
+
 def collect_runs(runs_dir: Path | str, kind: str = "cvae") -> pd.DataFrame:
     """One row per finished run folder of ``kind`` (``RUN_KINDS``; its ``summary.json``,
     data_dir/base_dir resolved to absolute paths: ``zfree.core.paths.resolve_path``), plus
@@ -117,7 +140,7 @@ def collect_runs(runs_dir: Path | str, kind: str = "cvae") -> pd.DataFrame:
     check_folder(Path(runs_dir).parent)
     rows = []
     for s in sorted(Path(runs_dir).glob("*/summary.json")):
-        d = read_json(s)
+        d = _summary_of(s)
         given = d.get("latent_source", "posterior") != "posterior"
         if (kind == "cvae" and given) or (kind == "given" and not given):
             continue
@@ -361,7 +384,7 @@ class SweepResults:
         runs = self.runs[self.runs["weighting"] == weighting] if "weighting" in self.runs else self.runs.iloc[:0]
         out = []
         for _, run in runs.iterrows():
-            pe = pd.read_parquet(Path(run["run_dir"]) / "per_example.parquet")
+            pe = read_table(Path(run["run_dir"]) / "per_example.parquet")
             if not {"measured_use", "predicted_use"} <= set(pe):
                 continue
             g = pe.groupby("n_tokens").agg(measured_use=("measured_use", "mean"), predicted_use=("predicted_use", "mean"),
@@ -385,7 +408,7 @@ def load_sweep(sweep_dir: Path | str) -> SweepResults:
     reference = examples = None
     if ref_dir is not None:
         reference = read_json(ref_dir / "reference.json")
-        examples = pd.read_parquet(ref_dir / "per_example.parquet")[["id", "n_tokens", "b"]]
+        examples = read_table(ref_dir / "per_example.parquet")[["id", "n_tokens", "b"]]
         bayes = _bayes_nll(reference.get("data_file"), runs, ref_dir)
         examples["bayes_nll"] = examples["id"].map(bayes).astype(float)
     return SweepResults(d, runs, errors, reference, examples)

@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from zfree.core.io import read_json
+from zfree.core.io import read_json, read_table
 from zfree.evaluate.latent_stats import confusion
 from zfree.experiment.results import FACETS
 from zfree.report.plotting import rho_summaries
@@ -319,7 +319,7 @@ def confusion_tables(aided: pd.DataFrame, runs: pd.DataFrame | None = None) -> l
     (m = 1; ``zfree.evaluate.latent_stats.confusion``)."""
     out = []
     for _, r in aided.iterrows():
-        pe = pd.read_parquet(Path(r["run_dir"]) / "per_example.parquet")
+        pe = read_table(Path(r["run_dir"]) / "per_example.parquet")
         if "n_consistent" in pe and pe["strategy"].notna().all():
             out.append((f"{md_text(run_label(r, runs))} ({md_code(r['run_id'])})", confusion(pe)))
     return out
