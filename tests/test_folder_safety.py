@@ -164,7 +164,7 @@ def test_workers_below_one_are_refused_before_any_work(value, tmp_path, capsys):
 @pytest.mark.parametrize("summary, says", [
     ("[1, 2]", "not a run summary (a JSON object expected, got a list)"),
     ('{"weighting": "plain", "beta": "0.3", "steps": 4}', "not a run summary ('beta' is '0.3'; expected a int or float)"),
-    ('{"weighting": "plain", "beta": 0.3}', "not a run summary ('steps' is None; expected a int)"),
+    ('{"weighting": "plain", "beta": 0.3, "steps": "4"}', "not a run summary ('steps' is '4'; expected a int)"),
     ("{torn", "not JSON")])
 def test_a_hand_made_summary_of_the_wrong_shape_is_one_line_naming_it(tmp_path, summary, says):
     """Issue 34 (weak cases): a summary.json that is not a run's (a list, a key of the wrong type) was an

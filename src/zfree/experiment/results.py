@@ -109,7 +109,7 @@ def choose_study(sweep_dir: Path | str | None = None) -> Path:
 RUN_KINDS = ("cvae", "given", "all")
 
 
-#: keys every run's summary.json holds, with their JSON types (a hand-made or foreign file is named, not a traceback)
+#: keys of a run's summary.json with their JSON types (a hand-made or foreign file is named, not a traceback)
 _SUMMARY_TYPES = {"weighting": (str,), "beta": (int, float), "steps": (int,)}
 
 
@@ -123,9 +123,9 @@ def _summary_of(path: Path) -> dict:
     if not isinstance(d, dict):
         raise InputError(f"{path}: not a run summary (a JSON object expected, got a {type(d).__name__}); "
                          "move the run folder away or rerun it")
-    for key, types in _SUMMARY_TYPES.items():
+    for key, types in _SUMMARY_TYPES.items():  # (a key absent reads as NaN downstream)
         v = d.get(key)
-        if not isinstance(v, types) or isinstance(v, bool):
+        if key in d and (not isinstance(v, types) or isinstance(v, bool)):
             raise InputError(f"{path}: not a run summary ({key!r} is {v!r}; expected a "
                              f"{' or '.join(t.__name__ for t in types)}); move the run folder away or rerun it")
     return d
