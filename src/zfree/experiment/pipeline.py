@@ -26,7 +26,7 @@ from zfree.experiment.render import render_report
 from zfree.experiment.results import aggregate, collect_runs, summary_table, with_gains
 from zfree.experiment.sources import Prepared, prepare_base, prepare_data
 from zfree.experiment.spec import ExperimentSpec, expand_grid, own_grid
-from zfree.experiment.study_notes import label_notes, write_summary_csv
+from zfree.experiment.study_notes import context_of_y, label_notes, write_summary_csv
 
 
 @dataclass
@@ -49,14 +49,20 @@ def prepare(spec: ExperimentSpec, out: Path, *, retrain_base: bool = False, prog
 
 
 def _notes(spec: ExperimentSpec, out: Path, prep: Prepared, table: list[dict] | None) -> list[str] | None:
-    """Real text (labels instead of strategies): the notes of what cannot be measured, printed and
-    written to ``out/notes.json`` with what the study ran on; None for the synthetic benchmark."""
+    """Real text (labels instead of strategies): the notes of what cannot be measured (after the
+    split's: unconditional text, a split by row), printed and written to ``out/notes.json`` with what
+    the study ran on (``conditioning``: "unconditional" or "conditional"); None for the synthetic
+    benchmark."""
     if prep.val_pairs is None:
         return None
     notes = label_notes(prep.val_pairs, prep.data_dir)
     if prep.shared_x:
         notes.insert(0, f"val file {spec.data.val}: {prep.shared_x} distinct x also in the train data")
-    rec: dict[str, Any] = {"notes": notes}
+    split_notes = list(prep.split_notes)
+    if prep.unconditional and prep.reference is not None:
+        split_notes[0] += f" ({context_of_y(prep.reference.meta)})"
+    notes[:0] = split_notes  # first: how the rows were read and split
+    rec: dict[str, Any] = {"notes": notes, "conditioning": "unconditional" if prep.unconditional else "conditional"}
     if table is not None:
         rec.update(predicted_boundaries=table, c_base=prep.reference.c_base)
     if spec.base.kind == "pretrained":
