@@ -166,9 +166,9 @@ def split_pairs(pairs: Sequence[Pair], *, val_size: int, seed: int = 0, source: 
         return Split(*split_by_x(pairs, val_size=val_size, seed=seed, source=source), "x")
     train, val = split_by_row(pairs, val_size=val_size, seed=seed, source=source)
     shared = len({p.x for p in train} & {p.x for p in val})
-    note = (f"{source}: {n} rows over {len(xs)} distinct x, too few for a split by x (a validation set of {val_size} rows "
-            f"would leave no x for train); split by row instead (seeded): {shared} x on both sides, so the "
-            "validation loss partly measures seen inputs")
+    note = (f"{source}: {n} rows over {len(xs)} distinct x, too few for a split by x (a validation set of "
+            f"{val_size} rows would leave no x for train); split by row instead (seeded): {shared} x on both sides, "
+            "so the validation loss partly measures seen inputs")
     return Split(train, val, "row", False, (note,))
 
 
