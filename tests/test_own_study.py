@@ -330,3 +330,42 @@ def test_unconditional_text_runs_a_study_to_its_report(kind, tiny_model, tmp_pat
     assert list(gains["label"]) == ["style"]
     html = (out / "report.html").read_text()
     assert "unconditional: x is " in html
+
+
+def test_unconditional_pieces_split_reference_notes_and_one_run(tiny_model, tmp_path, monkeypatch, capsys):
+    """The default tier's share of the slow study above: (1) the study's preparation and notes on a
+    constant-x set (x dropped, split by row, notes.json "unconditional"); (2) ``zfree train`` on a set
+    without x and a GPT-2-style tokenizer: the note printed, the reference scoring y after the eos
+    standing as the beginning token, and the run's step 0 reading rho_recon = 1 against it."""
+    import dataclasses
+
+    from zfree.experiment.own_study import OWN_PRESETS
+    from zfree.experiment.pipeline import _notes, prepare
+    from zfree.report.labels_report import notes_markdown
+
+    monkeypatch.setenv("ZFREE_CACHE_DIR", str(tmp_path / "cache"))
+    model, _ = tiny_model
+    data = _write(tmp_path / "constant.jsonl", _unconditional_rows("constant"))
+    smoke = OWN_PRESETS["own_smoke"]
+    spec = dataclasses.replace(smoke, data=dataclasses.replace(smoke.data, kind="jsonl", path=data),
+                               base=dataclasses.replace(smoke.base, kind="pretrained", path=str(model)))
+    out = tmp_path / "study"
+    out.mkdir()
+    prep = prepare(spec, out, progress=False)
+    notes = _notes(spec, out, prep, None)
+    rec = _check_unconditional_split(out, data, {"bos_id": 1, "sep_id": 2, "empty_x_id": None})
+    assert rec["notes"] == notes and "'Write one sentence:' in all 96 rows (dropped)" in notes[0]
+    assert notes_markdown(notes).startswith("**Notes**\n\n- unconditional")  # what the report shows first
+
+    rows = _unconditional_rows("absent")
+    gpt2 = _gpt2_style_model(tmp_path, [r["y"] for r in rows])
+    run = tmp_path / "run"
+    sets = ["steps=2", "eval_every=2", "eval_rows=0", "decode_rows=1", "batch_size=4", "beta=0.01",
+            "warmup_backbone=1"]
+    assert main(["train", "--model", str(gpt2), "--data", str(_write(tmp_path / "absent.jsonl", rows)),
+                 "--out", str(run), *[a for s in sets for a in ("--set", s)]]) == 0
+    assert "note: unconditional: x is empty or absent in all 96 rows" in capsys.readouterr().out
+    ref = json.loads((run / "base" / "reference" / "reference.json").read_text())
+    assert (ref["scoring"]["bos_id"], ref["scoring"]["sep_id"], ref["scoring"]["empty_x_id"]) == (None, None, 0)
+    first = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["loss/val/baseline_normalized_reconstruction_loss"] == pytest.approx(1.0, abs=1e-5)
