@@ -59,8 +59,9 @@ def _notes(spec: ExperimentSpec, out: Path, prep: Prepared, table: list[dict] | 
     if prep.shared_x:
         notes.insert(0, f"val file {spec.data.val}: {prep.shared_x} distinct x also in the train data")
     split_notes = list(prep.split_notes)
-    if prep.unconditional and prep.reference is not None:
-        split_notes[0] += f" ({context_of_y(prep.reference.meta)})"
+    context = context_of_y(prep.reference.meta) if prep.unconditional and prep.reference is not None else ""
+    if context:
+        split_notes[0] += f" ({context})"
     notes[:0] = split_notes  # first: how the rows were read and split
     rec: dict[str, Any] = {"notes": notes, "conditioning": "unconditional" if prep.unconditional else "conditional"}
     if table is not None:
