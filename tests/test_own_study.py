@@ -134,7 +134,7 @@ def _err(capsys):
 def test_bad_inputs_one_line_errors(tiny_model, tmp_path, capsys):
     model, data = tiny_model
     rows = _rows()
-    small = _write(tmp_path / "small.jsonl", rows[:4])  # one x: cannot be split by x
+    small = _write(tmp_path / "small.jsonl", rows[:1])  # one row: no split (4 rows of one x are unconditional text)
     assert main(["study", "--model", str(model), "--data", str(small), "--out", str(tmp_path / "a")]) == 2
     assert "small.jsonl" in _err(capsys)
     nested = _write(tmp_path / "nested.jsonl", [rows[0], {**rows[1], "labels": {"style": {"a": 1}}}])
@@ -276,3 +276,119 @@ def test_the_preparations_reference_fills_the_cache_the_runs_read(tmp_path, monk
     run_ref = resolve_reference("pretrained_source", base, data, "val", model=model, tokenizer=tok)
     assert run_ref.meta["cache_hit"] is True
     assert run_ref.c_base == pytest.approx(ref.c_base, rel=1e-12)
+
+
+# --- unconditional text (issue 35, item 8): x constant or absent -> p(y | z) against the LM's p(y) -----------------
+
+def _gpt2_style_model(root: Path, texts: list[str]) -> Path:
+    """A tiny GPT-2 whose byte-level BPE declares only an end token (<|endoftext|>): it adds no bos and
+    has no sep, so an empty x is given y's context by the eos standing as the beginning token."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    tk.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
+                                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                                      show_progress=False))
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|endoftext|>", model_max_length=96)
+    cfg = GPT2Config(vocab_size=len(tok), n_positions=96, n_layer=1, n_embd=32, n_head=2, resid_pdrop=0.0,
+                     embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+    GPT2LMHeadModel(cfg).save_pretrained(root / "gpt2style")
+    tok.save_pretrained(root / "gpt2style")
+    return root / "gpt2style"
+
+
+def _unconditional_rows(kind: str) -> list[dict]:
+    """``_rows()`` with one constant prompt as x, or no x field at all (y repeats: 8 distinct (a, b))."""
+    if kind == "constant":
+        return [{**r, "x": "Write one sentence:"} for r in _rows()]
+    return [{k: v for k, v in r.items() if k != "x"} for r in _rows()]
+
+
+def _check_unconditional_split(out: Path, data: Path, context: dict) -> dict:
+    """The split of an unconditional study in ``out``: every row kept, x dropped, no y on both sides;
+    its reference scored y after the ``context`` ids; notes.json says unconditional. Returns notes.json."""
+    train, val = load_pairs(out / "train.jsonl"), load_pairs(out / "val.jsonl")
+    assert len(train) + len(val) == len(load_pairs(data)) and {p.x for p in train + val} == {""}
+    assert not {p.y for p in train} & {p.y for p in val}
+    ref = json.loads((out / "base" / "reference" / "reference.json").read_text())
+    assert {k: ref["scoring"].get(k) for k in context} == context
+    rec = json.loads((out / "notes.json").read_text())
+    assert rec["conditioning"] == "unconditional"
+    assert rec["notes"][0].startswith("unconditional: x is ") and "split by row" in rec["notes"][0]
+    return rec
+
+
+@pytest.mark.slow  # two own_smoke studies to their reports, ~100 s each on one thread
+@pytest.mark.parametrize("kind", ["constant", "absent"])
+def test_unconditional_text_runs_a_study_to_its_report(kind, tiny_model, tmp_path, monkeypatch, capsys):
+    """Done-criterion 8 of issue 35: a constant-x labelled set (the bos/sep tokenizer) and one without
+    an x field (a GPT-2-style tokenizer: the eos before y) through ``zfree study --preset own_smoke``
+    to report.html: the runs, their z-free controls and the label's oracle, "unconditional" in
+    notes.json and the report, and every run's step 0 reading rho_recon = 1 against the reference
+    (the runs encode y after the same context token the reference scored it after)."""
+    monkeypatch.setenv("ZFREE_CACHE_DIR", str(tmp_path / "cache"))
+    model, _ = tiny_model
+    rows = _unconditional_rows(kind)
+    if kind == "absent":
+        model = _gpt2_style_model(tmp_path, [r["y"] for r in rows])
+        context = {"bos_id": None, "sep_id": None, "empty_x_id": 0}
+    else:
+        context = {"bos_id": 1, "sep_id": 2, "empty_x_id": None}
+    data = _write(tmp_path / f"{kind}.jsonl", rows)
+    out = tmp_path / "study"
+    assert main(["study", "--model", str(model), "--data", str(data), "--out", str(out), "--preset", "own_smoke"]) == 0
+    assert "note: unconditional: x is " in capsys.readouterr().out
+    _check_unconditional_split(out, data, context)
+    every = sorted(p for p in (out / "runs").iterdir() if p.is_dir())
+    assert all((r / "summary.json").exists() for r in every)
+    given = sorted(r.name.split("_")[0] for r in every if r.name.startswith(("control_", "oracle-")))
+    assert given == ["control", "control", "oracle-style"] and len(every) == 5
+    for r in every:
+        first = json.loads((r / "metrics.jsonl").read_text().splitlines()[0])
+        assert first["loss/val/baseline_normalized_reconstruction_loss"] == pytest.approx(1.0, abs=1e-5)
+    gains = pd.read_csv(out / "available_gain.csv")
+    assert list(gains["label"]) == ["style"]
+    html = (out / "report.html").read_text()
+    assert "unconditional: x is " in html
+
+
+def test_unconditional_pieces_split_reference_notes_and_one_run(tiny_model, tmp_path, monkeypatch, capsys):
+    """The default tier's share of the slow study above: (1) the study's preparation and notes on a
+    constant-x set (x dropped, split by row, notes.json "unconditional"); (2) ``zfree train`` on a set
+    without x and a GPT-2-style tokenizer: the note printed, the reference scoring y after the eos
+    standing as the beginning token, and the run's step 0 reading rho_recon = 1 against it."""
+    import dataclasses
+
+    from zfree.experiment.own_study import OWN_PRESETS
+    from zfree.experiment.pipeline import _notes, prepare
+    from zfree.report.labels_report import notes_markdown
+
+    monkeypatch.setenv("ZFREE_CACHE_DIR", str(tmp_path / "cache"))
+    model, _ = tiny_model
+    data = _write(tmp_path / "constant.jsonl", _unconditional_rows("constant"))
+    smoke = OWN_PRESETS["own_smoke"]
+    spec = dataclasses.replace(smoke, data=dataclasses.replace(smoke.data, kind="jsonl", path=data),
+                               base=dataclasses.replace(smoke.base, kind="pretrained", path=str(model)))
+    out = tmp_path / "study"
+    out.mkdir()
+    prep = prepare(spec, out, progress=False)
+    notes = _notes(spec, out, prep, None)
+    rec = _check_unconditional_split(out, data, {"bos_id": 1, "sep_id": 2, "empty_x_id": None})
+    assert rec["notes"] == notes and "'Write one sentence:' in all 96 rows (dropped)" in notes[0]
+    assert notes_markdown(notes).startswith("**Notes**\n\n- unconditional")  # what the report shows first
+
+    rows = _unconditional_rows("absent")
+    gpt2 = _gpt2_style_model(tmp_path, [r["y"] for r in rows])
+    run = tmp_path / "run"
+    sets = ["steps=2", "eval_every=2", "eval_rows=0", "decode_rows=1", "batch_size=4", "beta=0.01",
+            "warmup_backbone=1"]
+    assert main(["train", "--model", str(gpt2), "--data", str(_write(tmp_path / "absent.jsonl", rows)),
+                 "--out", str(run), *[a for s in sets for a in ("--set", s)]]) == 0
+    assert "note: unconditional: x is empty or absent in all 96 rows" in capsys.readouterr().out
+    ref = json.loads((run / "base" / "reference" / "reference.json").read_text())
+    assert (ref["scoring"]["bos_id"], ref["scoring"]["sep_id"], ref["scoring"]["empty_x_id"]) == (None, None, 0)
+    first = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["loss/val/baseline_normalized_reconstruction_loss"] == pytest.approx(1.0, abs=1e-5)

@@ -133,6 +133,15 @@ def test_a_stored_reference_from_another_token_convention_is_refused(run):
     with pytest.raises(InputError, match=r"reference\.json: scored with bos_id=None, but the code now encodes with "
                                          r"bos_id=1"):
         resolve_reference("entangled_run", base, data)
+    meta["scoring"]["bos_id"] = 1
+    assert meta["scoring"]["empty_x_id"] is None  # recorded: bos and sep give an empty x its context here
+    meta["scoring"]["empty_x_id"] = 3  # as if scored by code that put the eos before an empty x
+    atomic_write_json(path, meta)
+    with pytest.raises(InputError, match=r"scored with empty_x_id=3, but the code now encodes with empty_x_id=None"):
+        resolve_reference("entangled_run", base, data)
+    meta["scoring"].pop("empty_x_id")  # a reference written before it was recorded: not checked
+    atomic_write_json(path, meta)
+    resolve_reference("entangled_run", base, data)
 
 
 def test_step0_rho_check_names_the_reference_and_the_difference():

@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LM
 from zfree.cli import main as cli_main
 from zfree.data.batching import EncodedPair, encode_pair, encode_pairs
 from zfree.data.pairs import Pair, load_pairs
-from zfree.reference.scoring import ScoringPolicy, load_scoring_model, plan_batches, score_encoded, score_pairs
+from zfree.reference.scoring import ScoreResult, ScoringPolicy, load_scoring_model, plan_batches, score_encoded, score_pairs
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 ATOL = 1e-5
@@ -133,12 +133,37 @@ def test_bos_the_tokenizer_does_not_add_is_not_added_by_default(world):
     assert list(encode_pair(llama, p).prefix_ids) == llama(p.x)["input_ids"]  # exactly what it does itself
 
 
-def test_empty_x_without_a_beginning_token_is_an_error_naming_the_row(world):
+def test_empty_x_gets_the_bos_else_the_eos_as_its_context_and_records_it(world):
+    """Unconditional text (issue 35): an empty x on a tokenizer that adds no bos and has no sep is
+    scored after the tokenizer's bos (GPT-2's <|endoftext|>, exactly what bos="always" scores),
+    the id recorded in the settings; a conditional row beside it is unchanged; bos="never" keeps
+    the error naming the row."""
+    tok, p = world["tok"], Pair("ctx", "", "the cat")
+    res = score_pairs(world["m1"], tok, [p, *world["pairs"][:3]], cache=False)
+    assert res.settings["empty_x_id"] == tok.bos_token_id and res.settings["bos_id"] is None
+    assert_matches_oracle(ScoreResult(res.per_example.iloc[:1], res.per_token[res.per_token["id"] == "ctx"]),
+                          world["m1"], tok, [p], bos=True)
+    assert_matches_oracle(ScoreResult(res.per_example.iloc[1:], res.per_token[res.per_token["id"] != "ctx"]),
+                          world["m1"], tok, world["pairs"][:3], bos=False)
+    always = score_pairs(world["m1"], tok, [p], cache=False, policy=ScoringPolicy(bos="always"))
+    np.testing.assert_array_equal(always.per_example["b"].to_numpy(), res.per_example["b"].to_numpy()[:1])
+    smol = world["tok_smol"]  # a dedicated bos that the tokenizer does not add: that one, not the eos
+    assert encode_pair(smol, p).prefix_ids == (smol.bos_token_id,) != (smol.eos_token_id,)
+    assert encode_pair(world["tok_llama"], p).prefix_ids == (world["tok_llama"].bos_token_id,)  # its own bos
     with pytest.raises(ValueError, match="'no-ctx'.*context"):
-        score_pairs(world["m1"], world["tok"], [Pair("no-ctx", "", "the cat")], cache=False)
-    res = score_pairs(world["m1"], world["tok"], [Pair("ctx", "", "the cat")], cache=False,
-                      policy=ScoringPolicy(bos="always"))  # GPT-2 <|endoftext|> as the context
-    assert_matches_oracle(res, world["m1"], world["tok"], [Pair("ctx", "", "the cat")], bos=True)
+        score_pairs(world["m1"], tok, [Pair("no-ctx", "", "the cat")], cache=False, policy=ScoringPolicy(bos="never"))
+
+
+def test_empty_x_on_a_tokenizer_with_an_eos_only_gets_the_eos():
+    tk = Tokenizer(models.WordLevel({"<unk>": 0, "<eos>": 1, "a": 2, "b": 3}, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<eos>", unk_token="<unk>")
+    e = encode_pair(tok, Pair("u", "", "a b"))
+    assert (e.prefix_ids, e.target_ids) == ((1,), (2, 3, 1))
+    assert encode_pair(tok, Pair("c", "b", "a")).prefix_ids == (3,)  # a non-empty x: as before, nothing added
+    tok_none = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>")  # no bos, no eos, no sep
+    with pytest.raises(ValueError, match="'u'.*context"):
+        encode_pair(tok_none, Pair("u", "", "a b"))
 
 
 def test_shuffled_input_order_permutes_the_output(world):

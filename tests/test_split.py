@@ -1,8 +1,9 @@
-"""zfree.data.split: a split by x keeps every row and puts no x on both sides; errors and warnings
-name the file."""
+"""zfree.data.split: a split by x keeps every row and puts no x on both sides; unconditional text (one x)
+and too few x split by row; errors and warnings name the file."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 
@@ -10,7 +11,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from zfree.data.pairs import Pair, load_pairs
-from zfree.data.split import shared_x_count, split_by_x, write_pairs
+from zfree.data.split import is_unconditional, shared_x_count, split_by_row, split_by_x, split_pairs, write_pairs
 
 
 def make(groups: list[int]) -> list[Pair]:
@@ -76,3 +77,64 @@ def test_written_split_reads_back_with_labels(tmp_path):
     write_pairs(train, tmp_path / "train.jsonl")
     write_pairs(val, tmp_path / "val.jsonl")
     assert load_pairs(tmp_path / "train.jsonl") == train and load_pairs(tmp_path / "val.jsonl") == val
+
+
+# --- unconditional text and too few x (issue 35, item 8): zfree.data.split.split_pairs decides ---------------------
+
+
+@pytest.mark.parametrize("x", ["", "Write a sentence:"])
+def test_one_x_is_unconditional_dropped_and_split_by_row_with_no_y_on_both_sides(x):
+    pairs = [Pair(f"r{i}", x, f"text {i % 7}", labels={"k": i % 2}) for i in range(30)]  # y repeats
+    assert is_unconditional(pairs)
+    s = split_pairs(pairs, val_size=6, seed=3, source="mine.jsonl")
+    assert s.by == "row" and s.unconditional and s.shared_x == 0
+    assert {p.x for p in s.train + s.val} == {""}  # the constant prompt dropped: y after the beginning token alone
+    assert not {p.y for p in s.train} & {p.y for p in s.val}
+    assert sorted(p.id for p in s.train + s.val) == sorted(p.id for p in pairs) and len(s.val) >= 6
+    for part in (s.train, s.val):  # input order and every field but x kept
+        assert part == [dataclasses.replace(p, x="") for p in pairs if p.id in {q.id for q in part}]
+    (note,) = s.notes
+    assert note.startswith("unconditional: x is ") and ("(dropped)" in note) == bool(x)
+    assert "the 23 rows that repeat a y kept with it" in note  # 30 rows over 7 distinct y
+    assert split_pairs(pairs, val_size=6, seed=3, source="mine.jsonl") == s  # deterministic
+
+
+def test_distinct_rows_split_by_row_is_a_seeded_row_split():
+    pairs = [Pair(f"r{i}", "", f"y{i}") for i in range(20)]
+    train, val = split_by_row(pairs, val_size=5, seed=0)
+    assert len(val) == 5 and len(train) == 15
+    assert {p.id for p in split_by_row(pairs, val_size=5, seed=1)[1]} != {p.id for p in val}
+    with pytest.raises(ValueError, match=r"mine\.jsonl: too small.*1 distinct \(x, y\)"):
+        split_by_row([Pair("a", "", "y"), Pair("b", "", "y")], val_size=1, source="mine.jsonl")
+    with pytest.raises(ValueError, match=r"mine\.jsonl: val_size=0"):
+        split_pairs(pairs, val_size=0, source="mine.jsonl")
+
+
+def test_conditional_data_splits_by_x_exactly_as_before():
+    pairs = make([3] * 10 + [1, 2])
+    s = split_pairs(pairs, val_size=7, seed=2, source="mine.jsonl")
+    assert (s.train, s.val, s.by, s.unconditional, s.notes) == (*split_by_x(pairs, val_size=7, seed=2), "x", False, ())
+
+
+def test_too_few_x_for_a_split_by_x_splits_by_row_with_a_note():
+    pairs = [Pair("a0", "A", "alone")] + [Pair(f"b{i}", "B", f"y{i}") for i in range(19)]
+    with pytest.raises(ValueError, match="leave no x for train"):  # what a split by x says on these rows
+        split_by_x(pairs, val_size=4, seed=0, source="mine.jsonl")
+    s = split_pairs(pairs, val_size=4, seed=0, source="mine.jsonl")
+    assert s.by == "row" and not s.unconditional and len(s.val) == 4 and len(s.train) == 16
+    assert {p.x for p in s.train + s.val} == {"A", "B"}  # x kept: conditional data
+    (note,) = s.notes
+    assert "mine.jsonl: 20 rows over 2 distinct x, too few for a split by x" in note and "split by row" in note
+
+
+def test_rows_without_x_read_as_empty_and_a_file_mixing_them_is_refused(tmp_path):
+    f = tmp_path / "u.jsonl"
+    f.write_text('{"y": "one"}\n{"id": "b", "y": "two", "labels": {"k": "a"}}\n')
+    assert [(p.id, p.x, p.y) for p in load_pairs(f)] == [("u-1", "", "one"), ("b", "", "two")]
+    assert is_unconditional(load_pairs(f))
+    f.write_text('{"x": "p", "y": "one"}\n{"y": "two"}\n')
+    with pytest.raises(ValueError, match=r"u\.jsonl:2: missing field 'x' \(given at .*u\.jsonl:1\)"):
+        load_pairs(f)
+    f.write_text('{"y": "one"}\n{"x": "p", "y": "two"}\n')
+    with pytest.raises(ValueError, match=r"u\.jsonl:2: field 'x' given, but missing at .*u\.jsonl:1"):
+        load_pairs(f)

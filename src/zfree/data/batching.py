@@ -24,8 +24,12 @@ harness instead encodes x + y jointly and splits at len(encode(x)); the two agre
 joint encoding does not merge across the seam (byte-level BPE with y starting with a space).
 
 The *prefix* is [bos] + x + [sep] (z-free context); the supervised y-region S is y + [eos], so
-|S| = len(target_ids) and the first y token is always scored: the prefix is never empty (an
-empty x is an error unless bos or sep gives y a context). If a pair is longer than
+|S| = len(target_ids) and the first y token is always scored: the prefix is never empty. An
+empty x (unconditional text, ``zfree.data.split.is_unconditional``) where neither bos nor sep is
+used gets, under ``bos="auto"``, the tokenizer's bos token -- else its eos token -- as the one
+token before y (``Convention.empty_x_id``): GPT-2 practice, which scores unconditional text after
+``<|endoftext|>``; so y is scored by p(y) after the beginning token. Without either token (or under
+``bos="never"``) an empty x is an error naming the row. If a pair is longer than
 ``max_length``, x is cut from the left (bos and sep are kept) and the cut is reported in
 ``x_tokens_cut``; y is never cut, a y that does not fit is an error naming the row.
 Masks come from lengths, never from token identity (a pad id equal to the eos id is harmless).
@@ -58,11 +62,13 @@ class EncodedPair:
 
 @dataclass(frozen=True)
 class Convention:
-    """Special-token ids an encoding uses (None = not used)."""
+    """Special-token ids an encoding uses (None = not used). ``empty_x_id``: the token put before y
+    when x is empty and neither bos nor sep is used (the tokenizer's bos, else its eos; module docstring)."""
 
     bos_id: int | None
     sep_id: int | None
     eos_id: int | None
+    empty_x_id: int | None = None
 
 
 _CONVENTIONS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -70,7 +76,8 @@ _CONVENTIONS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 def special_convention(tokenizer, *, bos: BosPolicy = "auto", sep: SepPolicy = "auto", add_eos: bool = True
                        ) -> Convention:
-    """Which bos / sep / eos ids to use for ``tokenizer`` under the policy (see the module docstring).
+    """Which bos / sep / eos ids (and the token before y for an empty x, ``empty_x_id``) to use for
+    ``tokenizer`` under the policy (see the module docstring).
 
     Raises ValueError for an unknown policy or ``bos="always"`` on a tokenizer without a bos token.
     """
@@ -99,14 +106,18 @@ def special_convention(tokenizer, *, bos: BosPolicy = "auto", sep: SepPolicy = "
     else:
         use_bos = False
     sep_tok = getattr(tokenizer, "sep_token_id", None) if sep == "auto" else None
+    # an empty x with nothing in front of y: the tokenizer's bos, else its eos (GPT-2's <|endoftext|>)
+    empty_x = bos_tok if bos_tok is not None else eos_tok
+    empty_x = None if (use_bos or sep_tok is not None or bos != "auto" or empty_x is None) else int(empty_x)
     return Convention(int(bos_tok) if use_bos else None, None if sep_tok is None else int(sep_tok),
-                      int(eos_tok) if add_eos and eos_tok is not None else None)
+                      int(eos_tok) if add_eos and eos_tok is not None else None, empty_x)
 
 
 def encode_ids(pair_id: str, x_ids: Sequence[int], y_ids: Sequence[int], conv: Convention, *,
                strategy: str | None = None, max_length: int | None = None) -> EncodedPair:
     """Assemble one pair from its separately tokenized x and y under ``conv`` (module docstring).
 
+    An empty ``x_ids`` gets ``conv.empty_x_id`` as its prefix when ``conv`` has no bos or sep.
     Raises ValueError naming the row if y is empty, if nothing gives y a context, or if y (plus
     bos, sep, eos and one context token) does not fit in ``max_length``.
     """
@@ -116,6 +127,8 @@ def encode_ids(pair_id: str, x_ids: Sequence[int], y_ids: Sequence[int], conv: C
     if conv.bos_id is not None and x_ids[:1] == [conv.bos_id]:
         x_ids = x_ids[1:]  # x spelled out its own bos: keep exactly one, in front
     head = [] if conv.bos_id is None else [conv.bos_id]
+    if not x_ids and conv.bos_id is None and conv.sep_id is None and conv.empty_x_id is not None:
+        head = [conv.empty_x_id]  # unconditional text: y after the beginning token (module docstring)
     tail = [] if conv.sep_id is None else [conv.sep_id]
     target = tuple(int(t) for t in y_ids) + (() if conv.eos_id is None else (conv.eos_id,))
     cut = 0
@@ -128,8 +141,8 @@ def encode_ids(pair_id: str, x_ids: Sequence[int], y_ids: Sequence[int], conv: C
         x_ids = x_ids[cut:]
     prefix = tuple(int(t) for t in head + x_ids + tail)
     if not prefix:
-        raise ValueError(f"row {pair_id!r}: x is empty and the tokenizer adds no bos or sep token to give y a "
-                         f"context (use bos='always' if the model was trained with one)")
+        raise ValueError(f"row {pair_id!r}: x is empty and no bos, sep or eos token gives y a context (the "
+                         f"tokenizer has none, or bos='never'; use bos='always' if the model was trained with one)")
     return EncodedPair(pair_id, prefix, target, strategy, cut)
 
 

@@ -1,7 +1,9 @@
-"""JSONL (x, y) pairs: reading and validating rows ``{"id", "x", "y", "strategy"?, "labels"?}``.
+"""JSONL (x, y) pairs: reading and validating rows ``{"id", "x"?, "y", "strategy"?, "labels"?}``.
 
 ``labels`` is an optional flat object of named categorical factors (values strings or integers,
 e.g. ``{"n_sentences": "2", "first_slot": "name"}``); each key keeps one type across the file.
+``x`` is given in every row or in none: a file without x is unconditional text (x read as ``""``,
+``zfree.data.split.is_unconditional``), the setting of Bowman et al.'s sentence VAE and Optimus.
 """
 
 from __future__ import annotations
@@ -63,10 +65,13 @@ def _check_unicode(row: dict, where: str) -> None:
 def load_pairs(path: Path | str, limit: int | None = None) -> list[Pair]:
     """Read and validate a JSONL file of pairs.
 
-    A leading UTF-8 byte-order mark is ignored.
+    A leading UTF-8 byte-order mark is ignored. ``x`` absent from every row: each x is read as ``""``
+    (unconditional text); absent from some rows only: an error (a misspelt field is not silently
+    unconditional).
     Raises InputError (a ValueError) naming the file and line for: a line that is not JSON, a row that is not an
-    object, a missing ``x``/``y``, a non-string x or y, an empty y, a lone surrogate (an unpaired
-    ``\\ud800``-style escape) in any string field, or a duplicated id. Rows without
+    object, a missing ``y``, an ``x`` missing here but given in an earlier row (or given here but missing
+    in an earlier row; the message names that row too), a non-string x or y, an empty y, a lone
+    surrogate (an unpaired ``\\ud800``-style escape) in any string field, or a duplicated id. Rows without
     ``id`` get ``"<file stem>-<line>"``; ``labels``, when present, must be a flat object of strings
     or integers with one type per key across the file (ValueError naming file, line and
     ``labels.<key>`` otherwise). FileNotFoundError if the file is missing.
@@ -77,6 +82,7 @@ def load_pairs(path: Path | str, limit: int | None = None) -> list[Pair]:
     pairs: list[Pair] = []
     seen: set[str] = set()
     label_types: dict[str, tuple[type, str]] = {}
+    x_first: tuple[bool, str] | None = None  # (x given?, where) of the first row: every row agrees with it
     try:
         text = path.read_text(encoding="utf-8-sig")  # a leading byte-order mark is not part of the data
     except UnicodeDecodeError as e:
@@ -93,10 +99,15 @@ def load_pairs(path: Path | str, limit: int | None = None) -> list[Pair]:
             raise InputError(f"{where}: not a usable JSON row ({type(e).__name__}: {str(e)[:200]})") from None
         if not isinstance(row, dict):
             raise InputError(f"{where}: each row must be a JSON object with fields x and y")
+        if "y" not in row:
+            raise InputError(f"{where}: missing field 'y'")
+        x_first = x_first or ("x" in row, where)
+        if ("x" in row) != x_first[0]:
+            what = (f"missing field 'x' (given at {x_first[1]})" if x_first[0] else
+                    f"field 'x' given, but missing at {x_first[1]}")
+            raise InputError(f"{where}: {what}; give x in every row, or in none for unconditional text")
         for key in ("x", "y"):
-            if key not in row:
-                raise InputError(f"{where}: missing field {key!r}")
-            if not isinstance(row[key], str):
+            if key in row and not isinstance(row[key], str):
                 raise InputError(f"{where}: field {key!r} must be a string, got {type(row[key]).__name__}")
         if not row["y"].strip():
             raise InputError(f"{where}: field 'y' is empty")
@@ -107,7 +118,7 @@ def load_pairs(path: Path | str, limit: int | None = None) -> list[Pair]:
         seen.add(rid)
         strategy = row.get("strategy")
         labels = None if row.get("labels") is None else _check_labels(row["labels"], where, label_types)
-        pairs.append(Pair(rid, row["x"], row["y"], None if strategy is None else str(strategy),
+        pairs.append(Pair(rid, row.get("x", ""), row["y"], None if strategy is None else str(strategy),
                           row.get("bayes_nll"), row.get("n_consistent"), labels))
         if limit is not None and len(pairs) >= limit:
             break

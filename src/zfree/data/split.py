@@ -1,21 +1,62 @@
-"""Split one JSONL file of pairs into train/val *by x*, and check a given val file against train.
+"""Split one JSONL file of pairs into train/val *by x* (or by row when x cannot carry a split), and
+check a given val file against train.
 
 Many y per x is the normal case for real data (E2E: ~7.5 references per MR), so a row-level split
 would put the same x on both sides and let the validation loss reward memorised inputs. Here every
-x goes wholly to one side.
+x goes wholly to one side (``split_by_x``).
+
+Unconditional text (x empty, absent or one constant prompt in every row, ``is_unconditional``) has
+no x to split by: its x is dropped (the LM scores y alone after its beginning token, as Bowman et
+al.'s sentence VAE and Optimus warm-start p(y | z) from an unconditional LM) and the rows are split
+by row, rows repeating a y kept together, so no y is on both sides (``split_by_row``). Conditional
+data whose few distinct x cannot fill a validation set and leave one for train is split by row as
+well, with a note (``split_pairs`` decides and says why).
 """
 
 from __future__ import annotations
 
 import json
 import warnings
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Hashable, Literal, Sequence
 
 import numpy as np
 
 from zfree.data.pairs import Pair
 from zfree.core.io import atomic_write_text
+
+
+def _target_rows(n: int, val_fraction: float | None, val_size: int | None, source) -> int:
+    """Validation rows asked for: ``val_size``, or ``ceil(val_fraction * n)``; ValueError naming
+    ``source`` unless exactly one is given and in range."""
+    if (val_fraction is None) == (val_size is None):
+        raise ValueError(f"{source}: give exactly one of val_fraction and val_size")
+    if val_fraction is not None:
+        if not 0 < val_fraction < 1:
+            raise ValueError(f"{source}: val_fraction={val_fraction} must lie in (0, 1)")
+        return int(np.ceil(val_fraction * n))
+    if val_size < 1:
+        raise ValueError(f"{source}: val_size={val_size} must be >= 1 rows")
+    return int(val_size)
+
+
+def _val_groups(pairs: Sequence[Pair], key: Callable[[Pair], Hashable], target: int, seed: int
+                ) -> tuple[list, set]:
+    """``(groups, val_groups)``: the distinct keys in first-seen order and the ones moved, whole, to
+    val: the keys shuffled by ``numpy.random.default_rng(seed)`` and taken until val holds >= ``target`` rows."""
+    groups = list(dict.fromkeys(key(p) for p in pairs))
+    counts: dict = {}
+    for p in pairs:
+        counts[key(p)] = counts.get(key(p), 0) + 1
+    val: set = set()
+    got = 0
+    for i in np.random.default_rng(seed).permutation(len(groups)):
+        if got >= target:
+            break
+        val.add(groups[i])
+        got += counts[groups[i]]
+    return groups, val
 
 
 def split_by_x(pairs: Sequence[Pair], *, val_fraction: float | None = None, val_size: int | None = None,
@@ -30,34 +71,105 @@ def split_by_x(pairs: Sequence[Pair], *, val_fraction: float | None = None, val_
     Raises ValueError naming ``source`` when neither or both are given, a value is out of range,
     there are fewer than 2 distinct x, or the target would leave no x for train.
     """
-    if (val_fraction is None) == (val_size is None):
-        raise ValueError(f"{source}: give exactly one of val_fraction and val_size")
     n = len(pairs)
-    if val_fraction is not None:
-        if not 0 < val_fraction < 1:
-            raise ValueError(f"{source}: val_fraction={val_fraction} must lie in (0, 1)")
-        target = int(np.ceil(val_fraction * n))
-    else:
-        if val_size < 1:
-            raise ValueError(f"{source}: val_size={val_size} must be >= 1 rows")
-        target = int(val_size)
-    xs = list(dict.fromkeys(p.x for p in pairs))  # distinct x, first-seen order
-    counts: dict[str, int] = {}
-    for p in pairs:
-        counts[p.x] = counts.get(p.x, 0) + 1
+    target = _target_rows(n, val_fraction, val_size, source)
+    xs, val_x = _val_groups(pairs, lambda p: p.x, target, seed)
     if len(xs) < 2:
         raise ValueError(f"{source}: {n} rows over {len(xs)} distinct x; a split by x needs at least 2")
-    val_x: set[str] = set()
-    got = 0
-    for i in np.random.default_rng(seed).permutation(len(xs)):
-        if got >= target:
-            break
-        val_x.add(xs[i])
-        got += counts[xs[i]]
     if len(val_x) == len(xs):
         raise ValueError(f"{source}: too small for a validation set of {target} rows: {n} rows over {len(xs)} "
                          f"distinct x leave no x for train; ask for a smaller validation size")
     return [p for p in pairs if p.x not in val_x], [p for p in pairs if p.x in val_x]
+
+
+def split_by_row(pairs: Sequence[Pair], *, val_fraction: float | None = None, val_size: int | None = None,
+                 seed: int = 0, source: Path | str = "<pairs>") -> tuple[list[Pair], list[Pair]]:
+    """Split ``pairs`` into ``(train, val)`` by row: no (x, y) on both sides -- rows that repeat an
+    (x, y) move together, so on unconditional rows (one x) no y is on both sides; every row is kept,
+    in input order. With every (x, y) distinct this is a seeded shuffle of the rows cut at the target.
+
+    Selection, arguments and determinism as ``split_by_x``, with the distinct (x, y) in place of the
+    distinct x. Raises ValueError naming ``source`` when neither or both of ``val_fraction`` and
+    ``val_size`` are given, a value is out of range, or the rows hold fewer than 2 distinct (x, y)
+    or too few to leave one for train.
+    """
+    n = len(pairs)
+    target = _target_rows(n, val_fraction, val_size, source)
+    keys, val_keys = _val_groups(pairs, lambda p: (p.x, p.y), target, seed)
+    if len(keys) < 2 or len(val_keys) == len(keys):
+        raise ValueError(f"{source}: too small for a validation set of {target} rows: {n} rows hold {len(keys)} "
+                         f"distinct (x, y); a split by row needs one for val and one for train")
+    return [p for p in pairs if (p.x, p.y) not in val_keys], [p for p in pairs if (p.x, p.y) in val_keys]
+
+
+def is_unconditional(pairs: Sequence[Pair]) -> bool:
+    """True when every row has the same x: empty, absent (read as ``""`` by ``load_pairs``) or one
+    constant prompt. Such data is unconditional text: x tells the rows nothing apart."""
+    return len({p.x for p in pairs}) == 1
+
+
+def without_x(pairs: Sequence[Pair]) -> list[Pair]:
+    """``pairs`` with x set to ``""`` (the unconditional setting: y scored after the beginning token alone)."""
+    return [p if p.x == "" else replace(p, x="") for p in pairs]
+
+
+def _quoted(x: str, width: int = 60) -> str:
+    return repr(x if len(x) <= width else x[: width - 3] + "...")
+
+
+def unconditional_note(pairs: Sequence[Pair], what: str) -> str:
+    """The note of unconditional ``pairs`` (one x, ``is_unconditional``) as given, before ``without_x``:
+    what x was and that it was dropped. ``what``: the rows' description (``"all 1664 rows"``)."""
+    x = pairs[0].x
+    given = "empty or absent" if x == "" else f"one constant prompt {_quoted(x)}"
+    return (f"unconditional: x is {given} in {what}{'' if x == '' else ' (dropped)'}, so the study models y alone: "
+            "p(y | z) warm-started from the LM's p(y), c_base being the LM's loss on y after its beginning token")
+
+
+@dataclass(frozen=True)
+class Split:
+    """A train/val split and how it was made. ``by``: ``"x"`` (no x on both sides), ``"row"`` (no
+    (x, y) on both sides) or ``"given"`` (a val file used as it is); ``unconditional``: the rows had
+    one x, dropped (``is_unconditional``); ``notes``: one line per decision a reader must know.
+    Rows are lists of ``Pair`` in input order."""
+
+    train: list[Pair]
+    val: list[Pair]
+    by: Literal["x", "row", "given"]
+    unconditional: bool = False
+    notes: tuple[str, ...] = ()
+    shared_x: int = 0  # distinct x in both train and a given val file (``shared_x_count``); 0 for a split
+
+
+def split_pairs(pairs: Sequence[Pair], *, val_size: int, seed: int = 0, source: Path | str = "<pairs>") -> Split:
+    """Split one file's ``pairs`` into train/val of ``val_size`` rows (>= 1), deciding how:
+
+    - unconditional rows (one x, ``is_unconditional``): x dropped (``without_x``), split by row
+      (``split_by_row``: no y on both sides), ``unconditional=True`` and its note;
+    - conditional rows: by x (``split_by_x``); when their distinct x cannot fill the validation set
+      and leave one x for train, by row instead, with a note saying so (the same x then sits on both
+      sides: the validation loss partly measures seen inputs).
+
+    Deterministic given ``seed``. Raises ValueError naming ``source`` for ``val_size`` < 1 or rows
+    too few for a split by row.
+    """
+    n = len(pairs)
+    if is_unconditional(pairs):
+        train, val = split_by_row(without_x(pairs), val_size=val_size, seed=seed, source=source)
+        repeats = n - len({p.y for p in pairs})
+        how = (f"split by row (seeded; the {repeats} rows that repeat a y kept with it, so no y is on both sides)"
+               if repeats else "split by row (seeded; every y distinct)")
+        return Split(train, val, "row", True, (f"{unconditional_note(pairs, f'all {n} rows')}; {how}",))
+    target = _target_rows(n, None, val_size, source)
+    xs, val_x = _val_groups(pairs, lambda p: p.x, target, seed)
+    if len(val_x) < len(xs):  # split_by_x succeeds (2 or more x here): its split, unchanged
+        return Split(*split_by_x(pairs, val_size=val_size, seed=seed, source=source), "x")
+    train, val = split_by_row(pairs, val_size=val_size, seed=seed, source=source)
+    shared = len({p.x for p in train} & {p.x for p in val})
+    note = (f"{source}: {n} rows over {len(xs)} distinct x, too few for a split by x (a validation set of "
+            f"{val_size} rows would leave no x for train); split by row instead (seeded): {shared} x on both sides, "
+            "so the validation loss partly measures seen inputs")
+    return Split(train, val, "row", False, (note,))
 
 
 def shared_x_count(train: Sequence[Pair], val: Sequence[Pair], *, val_source: Path | str = "<val>") -> int:

@@ -4,9 +4,13 @@ Steps (``run_own_study``: the study pipeline ``zfree.experiment.pipeline.run_exp
 source and a pretrained base source, ``zfree.experiment.sources``), each skipped when its output is
 already there and matches:
 
-1. the split (``prepare_split``): one JSONL file is split *by x* (``zfree.data.split.split_by_x``)
+1. the split (``split_data``): one JSONL file is split *by x* (``zfree.data.split.split_pairs``)
    into ``DIR/train.jsonl`` and ``DIR/val.jsonl``; a given ``--val`` file is used as it is (the x it
    shares with train are warned with their count). ``DIR`` is then the runs' ``data_dir``.
+   Unconditional text (x empty, absent or one constant prompt in every row) has its x dropped and is
+   split by row, no y on both sides: the study then models p(y | z) against the LM's own p(y), and
+   notes.json and the report say "unconditional"; conditional rows with too few x for a split by x
+   are split by row, with a note.
 2. the base folder (``link_model``): ``DIR/base/model`` is a *symlink* to the model (a folder, a
    folder holding the one ``.gguf`` file, or the hub snapshot of a hub id) -- multi-GB weights are
    never copied; ``DIR/base/source.json`` records what was given.
@@ -35,7 +39,7 @@ from zfree.core.errors import ConfigError
 from zfree.core.io import read_yaml
 from zfree.core.paths import SHIPPED_E2E, check_name_length
 from zfree.experiment.pipeline import run_experiment
-from zfree.experiment.sources import link_model, prepare_split, write_reference
+from zfree.experiment.sources import link_model, split_data, write_reference
 from zfree.experiment.spec import WEIGHTINGS, BaseSource, BoundaryGrid, DataSource, ExperimentSpec
 from zfree.experiment.study import HARD_EM_RECIPE
 from zfree.objective.remedies import SWITCH_ON_E2E, SWITCH_ON_RECIPE
@@ -174,10 +178,12 @@ def run_own_study(model: str, data: Path | str, out_dir: Path | str, *, val: Pat
 def own_train_config(model: str, data: Path | str, out_dir: Path | str, *, val: Path | str | None = None,
                      overrides: dict | None = None) -> TrainConfig:
     """``zfree train --model M --data F --out RUN``: steps 1-3 of the study into ``RUN/`` (split,
-    base link, reference), then the ``TrainConfig`` of one CVAE there (``RUN`` is also the run folder)."""
+    base link, reference), then the ``TrainConfig`` of one CVAE there (``RUN`` is also the run folder);
+    the split's notes (unconditional text, a split by row) are printed."""
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    prepare_split(data, out, val=val)
+    for note in split_data(data, out, val=val).notes:
+        print(f"note: {note}", flush=True)
     base = link_model(model, out)
     write_reference(base, out)
     flat = {**TrainConfig().to_flat(), "data_dir": str(out), "base_dir": str(base),

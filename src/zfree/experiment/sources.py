@@ -2,8 +2,9 @@
 ``prepare_base``), each step skipped when its output is already there and matches.
 
 Data: the shipped benchmark (hash-checked), a synthetic benchmark written into OUT/data, a data
-folder used in place, or a user's JSONL file split *by x* (``zfree.data.split.split_by_x``) into
-OUT/train.jsonl and OUT/val.jsonl (``prepare_split``; a given val file is used as it is, the x it
+folder used in place, or a user's JSONL file split *by x* (``zfree.data.split.split_pairs``: by row
+for unconditional text, whose one x is dropped, and for too few x, with a note) into
+OUT/train.jsonl and OUT/val.jsonl (``split_data``; a given val file is used as it is, the x it
 shares with train warned with their count).
 
 Base: the shipped base run copied into OUT/base, one trained there (``train_base``), a base run
@@ -29,7 +30,8 @@ from zfree.core.errors import InputError, ModelLoadError
 from zfree.core.io import atomic_write_json, read_json, sha256_file
 from zfree.core.paths import SHIPPED_BASE, SHIPPED_DATA
 from zfree.data.pairs import Pair, load_pairs
-from zfree.data.split import shared_x_count, split_by_x, spread_sample, write_pairs
+from zfree.data.split import (Split, is_unconditional, shared_x_count, split_pairs, spread_sample,
+                              unconditional_note, without_x, write_pairs)
 from zfree.data.synth import write_benchmark
 from zfree.experiment.spec import BaseSource, DataSource
 from zfree.models.loading import load_causal_lm, resolve_source
@@ -40,13 +42,16 @@ from zfree.train.base_training import train_base, train_text_base
 @dataclass
 class Prepared:
     """What the sources gave: the runs' data_dir and base_dir, the reference's setting, and for
-    own data the validation rows, the shared-x count and the reference."""
+    own data the validation rows, the shared-x count, the reference, whether the data is
+    unconditional (one x, dropped) and the split's notes (``zfree.data.split.Split``)."""
     data_dir: Path
     base_dir: Path | None = None
     c_base_source: str = "entangled_run"
     val_pairs: list[Pair] | None = None
     shared_x: int = 0
     reference: Reference | None = None
+    unconditional: bool = False
+    split_notes: tuple[str, ...] = ()
 
 
 def prepare_data(src: DataSource, out: Path, name: str = "") -> Prepared:
@@ -58,11 +63,11 @@ def prepare_data(src: DataSource, out: Path, name: str = "") -> Prepared:
     if src.kind == "jsonl":
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            _, val_pairs, shared = prepare_split(src.path, out, val=src.val, val_size=src.val_size,
-                                                val_rows=src.val_rows)
+            split = split_data(src.path, out, val=src.val, val_size=src.val_size, val_rows=src.val_rows)
         for w in caught:
             print(f"warning: {w.message}", flush=True)
-        return Prepared(out, val_pairs=val_pairs, shared_x=shared)
+        return Prepared(out, val_pairs=split.val, shared_x=split.shared_x, unconditional=split.unconditional,
+                        split_notes=split.notes)
     if src.kind == "synthetic":
         return Prepared(write_benchmark(src.config, out / "data"))
     meta = read_json(SHIPPED_DATA / "metadata.json")
@@ -109,28 +114,33 @@ def _own_base(src: BaseSource, out: Path, data_dir: Path, retrain: bool, progres
     return base
 
 
-def prepare_split(data: Path | str, out: Path, *, val: Path | str | None = None, val_size: int = 500,
-                  seed: int = 0, val_rows: int | None = None) -> tuple[list[Pair], list[Pair], int]:
-    """Write ``out/train.jsonl`` and ``out/val.jsonl``; returns ``(train, val, shared_x)``.
+def split_data(data: Path | str, out: Path, *, val: Path | str | None = None, val_size: int = 500,
+               seed: int = 0, val_rows: int | None = None) -> Split:
+    """Write ``out/train.jsonl`` and ``out/val.jsonl``; returns the ``zfree.data.split.Split`` (rows,
+    how they were split, whether unconditional, its notes, the shared-x count).
 
-    Without ``val``: ``split_by_x(val_size=min(val_size, rows // 5))`` of ``data`` (no x on both
-    sides). With ``val``: both files as they are (``val_rows``: that many rows of ``val``, spread over
-    its x by ``zfree.data.split.spread_sample``, seeded: the same rows every time); shared x warned
-    (``shared_x_count``). A split
-    already in ``out`` that differs from the one computed now raises InputError (nothing is
-    overwritten: use another ``--out``). InputError / ValueError naming the file and row for bad
-    rows or data too small for the validation size."""
+    Without ``val``: ``split_pairs(val_size=min(val_size, rows // 5))`` of ``data`` -- by x (no x on
+    both sides); unconditional text (one x: empty, absent or constant) with x dropped, by row (no y
+    on both sides); by row with a note when the x are too few. With ``val``: both files as they are
+    (``val_rows``: that many rows of ``val``, spread over its x by ``zfree.data.split.spread_sample``,
+    seeded: the same rows every time), x dropped from both when all their rows share one x; shared x
+    warned (``shared_x_count``). A split already in ``out`` that differs from the one computed now
+    raises InputError (nothing is overwritten: use another ``--out``). InputError / ValueError
+    naming the file and row for bad rows or data too small for the validation size."""
     pairs = load_pairs(data)
     if val is None:
-        size = min(val_size, max(1, len(pairs) // 5))
-        train, val_pairs = split_by_x(pairs, val_size=size, seed=seed, source=data)
-        shared = 0
+        split = split_pairs(pairs, val_size=min(val_size, max(1, len(pairs) // 5)), seed=seed, source=data)
     else:
-        train, val_pairs = pairs, load_pairs(val)
+        val_pairs = load_pairs(val)
         if val_rows:
             val_pairs = spread_sample(val_pairs, val_rows)
-        shared = shared_x_count(train, val_pairs, val_source=val)
-    for name, rows in (("train", train), ("val", val_pairs)):
+        if is_unconditional([*pairs, *val_pairs]):
+            note = unconditional_note(pairs, f"all {len(pairs)} rows of {data} and {len(val_pairs)} of {val}")
+            split = Split(without_x(pairs), without_x(val_pairs), "given", True,
+                          (f"{note}; the val file used as it is",))
+        else:
+            split = Split(pairs, val_pairs, "given", shared_x=shared_x_count(pairs, val_pairs, val_source=val))
+    for name, rows in (("train", split.train), ("val", split.val)):
         target = out / f"{name}.jsonl"
         if target.exists():
             tmp = out / f".{name}.check.jsonl"
@@ -142,7 +152,15 @@ def prepare_split(data: Path | str, out: Path, *, val: Path | str | None = None,
                                  f"{'' if val is None else ' + ' + str(val)} gives now; use a new --out")
         else:
             write_pairs(rows, target)
-    return train, val_pairs, shared
+    return split
+
+
+def prepare_split(data: Path | str, out: Path, *, val: Path | str | None = None, val_size: int = 500,
+                  seed: int = 0, val_rows: int | None = None) -> tuple[list[Pair], list[Pair], int]:
+    """``split_data`` as ``(train, val, shared_x)``: the rows as written (x dropped on unconditional
+    text) and the x shared with a given val file. Errors as ``split_data``."""
+    split = split_data(data, out, val=val, val_size=val_size, seed=seed, val_rows=val_rows)
+    return split.train, split.val, split.shared_x
 
 
 def _model_target(model: str) -> Path:

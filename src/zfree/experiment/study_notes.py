@@ -43,6 +43,21 @@ def label_notes(pairs: list[Pair], data_dir: Path) -> list[str]:
     return notes
 
 
+def context_of_y(ref_meta: dict) -> str:
+    """What an empty x leaves y to be scored after, from a reference.json's ``scoring`` record (the
+    token ids ``zfree.data.batching.special_convention`` chose), e.g. ``"y scored after token id
+    50256: the tokenizer's bos, else its eos, standing as the beginning token"``; ``""`` when the
+    record names none."""
+    sc = ref_meta.get("scoring") or {}
+    if sc.get("empty_x_id") is not None:
+        return (f"y scored after token id {sc['empty_x_id']}: the tokenizer's bos, else its eos, standing as the "
+                "beginning token")
+    used = {k: sc[k] for k in ("bos_id", "sep_id") if sc.get(k) is not None}
+    if not used:
+        return ""
+    return f"y scored after token ids {list(used.values())}: the tokenizer's {' and '.join(k[:3] for k in used)}"
+
+
 def write_summary_csv(out: Path, notes: list[str]):
     """``out/summary.csv``: ``zfree.experiment.results.summary_with_labels`` of the study's runs (the
     ``structure/<metric>/<label>`` columns and a ``notes`` column, with ``label_warnings``), and

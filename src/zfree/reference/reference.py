@@ -86,8 +86,9 @@ def _meta_from(res: ScoreResult, pairs, data_file: Path, estimator: str) -> dict
             "n_rows": len(pairs), "n_valid": res.n_valid, "data_file": str(data_file),
             "data_sha256": sha256_file(data_file), "rows_sha256": s["data_sha256"],
             "model_sha256": s["weights_sha256"], "tokenizer_sha256": s["tokenizer_sha256"],
-            "scoring": {k: s[k] for k in ("policy", "max_length", "bos_id", "sep_id", "eos_id", "dtype", "device",
-                                          "scorer_version", "head_path")},
+            "scoring": {**{k: s[k] for k in ("policy", "max_length", "bos_id", "sep_id", "eos_id", "dtype", "device",
+                                             "scorer_version", "head_path")},
+                        **{k: s[k] for k in ("empty_x_id",) if k in s}},
             "units": "nats per token (masked mean over y tokens and the end token)", "estimator": estimator}
 
 
@@ -229,10 +230,14 @@ def _entangled_run(base_dir: Path, data_file: Path, *, model, tokenizer, device,
 #: the token conventions a reference.json records under ``scoring`` (``_meta_from``) and that the
 #: run's encoding must share: which bos, sep and end tokens frame x and y
 CONVENTION_KEYS = ("bos_id", "sep_id", "eos_id")
+#: recorded since unconditional text (issue 35): the token before y when x is empty
+#: (``zfree.data.batching.Convention.empty_x_id``); checked where a reference.json has it
+EMPTY_X_KEY = "empty_x_id"
 
 
 def check_convention(meta: dict, tokenizer, json_path: Path) -> None:
-    """Refuse a stored reference whose token convention (``CONVENTION_KEYS`` under ``scoring``) is not
+    """Refuse a stored reference whose token convention (``CONVENTION_KEYS`` and, when recorded,
+    ``EMPTY_X_KEY`` under ``scoring``) is not
     the one the current code derives from ``tokenizer`` under the stored policy
     (``zfree.data.batching.special_convention``): raises ``InputError`` naming the file, the key and
     both values. A hash check cannot see this: same weights, tokenizer and rows, other code."""
@@ -243,8 +248,8 @@ def check_convention(meta: dict, tokenizer, json_path: Path) -> None:
                                   add_eos=policy.get("add_eos", True))
     except ValueError as e:
         raise InputError(f"{json_path}: its scoring policy {policy} does not apply to this tokenizer: {e}") from None
-    now = {"bos_id": conv.bos_id, "sep_id": conv.sep_id, "eos_id": conv.eos_id}
-    for key in CONVENTION_KEYS:
+    now = {"bos_id": conv.bos_id, "sep_id": conv.sep_id, "eos_id": conv.eos_id, EMPTY_X_KEY: conv.empty_x_id}
+    for key in (*CONVENTION_KEYS, EMPTY_X_KEY):
         if key in stored and stored[key] != now[key]:
             raise InputError(f"{json_path}: scored with {key}={stored[key]!r}, but the code now encodes with "
                              f"{key}={now[key]!r} (policy {policy}): the reference no longer matches; rebuild it "

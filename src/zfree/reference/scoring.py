@@ -313,7 +313,7 @@ def score_pairs(model, tokenizer, pairs: Sequence[Pair], *, policy: ScoringPolic
     conv = special_convention(tokenizer, bos=policy.bos, sep=policy.sep, add_eos=policy.add_eos)
     param = next(model.parameters())
     settings = {"policy": asdict(policy), "max_length": max_len, "bos_id": conv.bos_id, "sep_id": conv.sep_id,
-                "eos_id": conv.eos_id, "pad_id": pad_id_of(tokenizer),
+                "eos_id": conv.eos_id, "empty_x_id": conv.empty_x_id, "pad_id": pad_id_of(tokenizer),
                 "weights_sha256": sha256_state_dict(model.state_dict()), "config_sha256": config_sha256(model),
                 "tokenizer_sha256": tokenizer_sha256(tokenizer),
                 "data_sha256": rows_sha256(pairs), "scorer_version": SCORER_VERSION,
@@ -326,6 +326,9 @@ def score_pairs(model, tokenizer, pairs: Sequence[Pair], *, policy: ScoringPolic
         key_dir = Path(cache_dir or default_cache_dir()) / key[:2] / key
         hit = _load_entry(key_dir)
         if hit is not None:
+            # an entry stored before the key was recorded: it is a function of the tokenizer and the policy,
+            # both in the cache key
+            hit.settings.setdefault("empty_x_id", conv.empty_x_id)
             return hit
     res = score_encoded(model, encoded, pad_id=settings["pad_id"], max_batch_tokens=max_batch_tokens,
                         max_batch_rows=max_batch_rows, progress=progress)
