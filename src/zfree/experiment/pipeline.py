@@ -10,6 +10,7 @@ differ only by their spec's data and base sources (``zfree.experiment.spec``).
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from zfree.experiment.results import aggregate, collect_runs, summary_table, wit
 from zfree.experiment.sources import Prepared, prepare_base, prepare_data
 from zfree.experiment.spec import ExperimentSpec, expand_grid, own_grid
 from zfree.experiment.study_notes import label_notes, write_summary_csv
+from zfree.experiment.timings import PhaseClock
 
 
 @dataclass
@@ -121,23 +123,29 @@ def run_experiment(spec: ExperimentSpec, out_dir: Path | str, *, retrain_base: b
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
+    clock = PhaseClock(out, t0)  # timings.json: the wall time of each phase, for the report
     prep = prepare(spec, out, retrain_base=retrain_base, progress=progress)
+    clock.done("preparation")
     if estimate or budget_s is not None:  # issue 24: measure, fit memory and budget, say so, then go on
         fitted = plan(spec, lambda s: _points(s, prep), out, workers or spec.workers, budget_s, started=t0)
         spec, workers = fitted.spec, fitted.workers
+        clock.done("probes")
     grid, table = _grid(spec, prep)
     notes = _notes(spec, out, prep, table)
     points = _points(spec, prep, out)
     ex = executor or make_executor(spec.executor, workers or spec.workers, folder=out / "submitit",
                                    **spec.executor_options)
+    statuses: list[dict] = []
     try:
         statuses = run_points(points, out / "runs", executor=ex, progress=progress)
     finally:
         if executor is None:
             ex.shutdown()
+        clock.done("grid", points=dict(Counter(str(s.get("status")) for s in statuses)))  # an interrupt too
     n = _summary(spec, out, notes)
     print_failures(statuses, out / "runs")
     html = render_report(out, progress=progress) if render else None
+    clock.done("report", finished=True)
     if progress and render:
         extra = len(points) - n
         also = f" (+ {extra} z-free controls and label oracles)" if extra > 0 else ""
