@@ -29,9 +29,28 @@ def test_available_gain_names_the_best_label_or_says_plainly_that_none_is_distin
     assert "complete" in md and "η = ΔR/H = 0.310" in md and "excludes 0" not in md
     assert G.measured_eta(_oracles()) == (0.31, "complete")
     none = _oracles(lo=(-0.01, -0.09))
-    assert "No label's ΔR interval excludes 0" in G.available_gain_markdown(none) and G.measured_eta(none) is None
+    md = G.available_gain_markdown(none)
+    assert "No label's ΔR interval lies above 0" in md and G.measured_eta(none) is None
+    assert "[-0.01, 0.32], <code>n&#60;b&#62;s&#60;&#47;b&#62;</code> [-0.09, 0.26] holds 0" in md and "below 0" not in md
     t = G.available_gain_table(_oracles())
     assert list(t.index) == ["complete", "n<b>s</b>"] and t.loc["complete", "ΔR 95% CI"] == "[0.08, 0.32]"
+    assert t["ΔR interval"].tolist() == ["above 0", "holds 0"]
+
+
+def test_the_oracle_sentence_tells_intervals_below_0_from_intervals_that_hold_0():
+    """Issue 35: both ΔR intervals lay below 0 ([-0.43, -0.15], [-1.03, -0.47]) and the report said
+    "No label's ΔR interval excludes 0"."""
+    below = _oracles(lo=(-0.43, -1.03)).assign(delta_R=[-0.29, -0.75], delta_R_hi=[-0.15, -0.47])
+    md = G.available_gain_markdown(below)
+    assert "excludes" not in md and "No label's ΔR interval lies above 0" in md
+    assert "<code>complete</code> [-0.43, -0.15], <code>n&#60;b&#62;s&#60;&#47;b&#62;</code> [-1.03, -0.47] lies below 0" in md
+    assert "holds 0" not in md and G.measured_eta(below) is None
+    mixed = below.assign(delta_R_hi=[0.1, -0.47])
+    md = G.available_gain_markdown(mixed)
+    assert "[-1.03, -0.47] lies below 0" in md and "<code>complete</code> [-0.43, 0.1] holds 0" in md
+    assert G.available_gain_table(mixed)["ΔR interval"].tolist() == ["holds 0", "below 0"]
+    assert [G.interval_side(*b) for b in ((0.1, 2), (-2, -0.1), (-1, 1), (float("nan"), 1))] == \
+        ["above 0", "below 0", "holds 0", "unknown"]
     assert "No label oracle" in G.available_gain_markdown(_oracles().iloc[:0])
 
 
@@ -63,6 +82,13 @@ def test_gain_verdict_needs_measured_use_and_a_gain_interval_above_zero(tmp_path
     assert v["η = 1 agrees"].tolist() == [True, False, False] and v["η measured agrees"].tolist() == [False, True, True]
     md = G.gain_verdict_markdown(v, (0.31, "complete"))
     assert md.startswith("**1 of 3 runs used z**") and "with η = 0.310" in md
+    assert "over its control" not in md  # one control (here none named): nothing to tell apart
+    own = G.gain_verdicts(runs, gains.assign(control_run_id=["c1", "c1", "c2"]), None)
+    assert own["control"].tolist() == ["c1", "c1", "c2"]
+    assert "[0.2, 0.8] over its control <code>c1</code>" in G.gain_verdict_markdown(own, None)
+    worse = G.gain_verdicts(runs, gains.assign(z_gain_lo=[-2.81, -0.1, -0.3], z_gain_hi=[-1.95, 0.1, -0.1]), None)
+    assert worse["verdict"].tolist() == ["z not used: rate paid, D worse than its control's",
+                                         "z not used: rate paid, no gain", "z unused, D worse than its control's"]
     nv = G.gain_verdicts(runs, gains.iloc[:0], None)  # no control finished: unknown, not "unused"
     assert nv["z used"].isna().all() and nv["verdict"].str.startswith("unknown").all()
 
