@@ -73,6 +73,20 @@ def study_gains(study_dir: Path | str, runs: pd.DataFrame) -> tuple[pd.DataFrame
     return oracles, gains
 
 
+def control_links(runs: pd.DataFrame, gains: pd.DataFrame) -> pd.DataFrame:
+    """One row per run with a finished control: run_id, control_run_id, D_control (its own
+    control's mean D, nats per example), the run's rate and distortion (``runs``: ``SweepResults.runs``)
+    and weighting, and its label (``run_label``). What ``plot_rate_distortion`` draws: each control
+    once, joined to its own runs."""
+    cols = ["run_id", "control_run_id", "D_control", "rate", "distortion", "weighting", "label"]
+    if "D_control" not in gains or "control_run_id" not in gains:
+        return pd.DataFrame(columns=cols)
+    g = gains.dropna(subset=["D_control", "control_run_id"])[["run_id", "control_run_id", "D_control"]]
+    t = runs.merge(g, on="run_id", how="inner")
+    t["label"] = [run_label(r, runs) for _, r in t.iterrows()]
+    return t[cols].reset_index(drop=True)
+
+
 def _ci(lo, hi, digits: int = 3) -> str:
     return "–" if pd.isna(lo) or pd.isna(hi) else f"[{lo:.{digits}g}, {hi:.{digits}g}]"
 
