@@ -138,6 +138,22 @@ def test_switch_on_targets_judge_what_is_known_and_only_the_gain_on_real_data():
     assert not real["all met"].iloc[0]  # a gain without measured use: z not used, as the verdict says
 
 
+def test_a_run_is_named_with_its_aid_in_every_table_whatever_the_other_runs():
+    """Issue 35: "Targets met?" (the aided runs alone) dropped the aid, so an aided run read as the
+    unaided one of the verdict above it."""
+    rows = pd.DataFrame([{"weighting": "distribution", "beta": 0.0043, "aid": a, "latent_kind": "discrete",
+                          "remedy": "none", "seed": 0, "predicted_use_fraction": 1.0, "measured_use_fraction": 0.0,
+                          "alignment_nmi_unambiguous": np.nan, "baseline_normalized_reconstruction_loss": 1.0,
+                          "kl_prior_loss": 0.03, "bayes_rate": np.nan, "task_correctness": np.nan,
+                          "base_task_correctness": np.nan} for a in ("none", "hard_em_then_soft")])
+    aided = R.aided_runs(rows)
+    named = R.switch_on_targets(aided, synthetic=False)["run"].tolist()
+    assert named == ["distribution hard_em_then_soft β=0.0043"] == [R.run_label(aided.iloc[0], rows)]
+    assert R.run_verdicts(rows)["run"].tolist() == ["distribution β=0.0043", named[0]]
+    assert R.run_label(rows.iloc[1].to_dict() | {"latent_kind": "continuous", "remedy": "free_bits"}) == \
+        "distribution continuous hard_em_then_soft free_bits β=0.0043"
+
+
 @pytest.fixture(scope="module")
 def real(tmp_path_factory):
     return make_real_study(tmp_path_factory.mktemp("real"))

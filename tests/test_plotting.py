@@ -111,6 +111,22 @@ def test_effective_beta_panels_draw_b_length_and_kl_with_the_unit_line():
     assert any(np.allclose(ln.get_xdata(), 1.0) for ln in ax_k.lines)
 
 
+def test_effective_beta_tells_apart_runs_that_share_every_beta_eff():
+    """Issue 35: an aided and an unaided run at one beta and weighting have the same beta_eff on every
+    row; both were drawn as identical dots. Now: another marker, open over filled, and a note."""
+    pe = _per_example()
+    pe = pe[(pe["beta"] == 0.1) & (pe["weighting"] == "distribution")]
+    both = pd.concat([pe, pe.assign(aid="hard_em_then_soft", kl=pe["kl"] + 1)], ignore_index=True)
+    fig = P.plot_effective_beta(both)
+    unaided, aided = _scatters(fig.axes[0])
+    np.testing.assert_allclose(unaided.get_offsets(), aided.get_offsets())  # the same places, so:
+    assert unaided.get_paths()[0].vertices.shape != aided.get_paths()[0].vertices.shape  # circle vs triangle
+    assert unaided.get_facecolors()[0][3] > 0 and len(aided.get_facecolors()) == 0  # filled vs open
+    assert [unaided.get_label(), aided.get_label()] == ["distribution none", "distribution hard_em_then_soft"]
+    assert "share every β_eff" in fig.axes[0].get_title(loc="left")
+    assert P.plot_effective_beta(pe).axes[0].get_title(loc="left") == ""  # one run per place: no note
+
+
 def test_rho_distributions_mark_ratio_of_means_and_mean_of_ratios():
     pe = _per_example()
     fig = P.plot_rho_distributions(pe)

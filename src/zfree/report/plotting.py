@@ -14,7 +14,7 @@ import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from zfree.report.figstyle import FACET_MARKERS, color_of, finish_with_legend_right, literal_texts  # noqa: E402
+from zfree.report.figstyle import FACET_MARKERS, FACETS, color_of, finish_with_legend_right, literal_texts  # noqa: E402
 from zfree.report.figstyle import groups as _groups  # noqa: E402
 from zfree.report.figstyle import legend_below as _legend_below  # noqa: E402
 from zfree.report.figstyle import log_axis as _log_axis  # noqa: E402
@@ -283,10 +283,15 @@ def plot_effective_beta(per_example: pd.DataFrame, eta: float | None = None) -> 
     weighting (and facets), one beta per weighting. ``eta``: the measured exchange rate of the best
     label (``zfree.experiment.gains``), drawn as a second threshold β_eff = η (z pays where β_eff < η)."""
     fig, axes = plt.subplots(1, 3, figsize=(12.5, 3.8))
-    for label, color, _, rows in _groups(per_example):
-        axes[0].scatter(rows["b"], rows["beta_eff"], s=8, alpha=0.6, color=color, label=label)
-        axes[1].scatter(rows["n_tokens"], rows["beta_eff"], s=8, alpha=0.6, color=color, label=label)
-        axes[2].scatter(rows["beta_eff"], rows["kl"], s=8, alpha=0.6, color=color, label=label)
+    for label, color, ls, rows in _groups(per_example):
+        # facets apart from the weighting by marker, filled for the first and open for the others: runs
+        # at one beta and weighting share every beta_eff, and an open marker shows over a filled one
+        style = (dict(s=8, alpha=0.6, color=color) if ls == "-" else
+                 dict(s=22, alpha=0.9, facecolors="none", edgecolors=color, linewidths=0.8))
+        style.update(marker=FACET_MARKERS[ls], label=label)
+        axes[0].scatter(rows["b"], rows["beta_eff"], **style)
+        axes[1].scatter(rows["n_tokens"], rows["beta_eff"], **style)
+        axes[2].scatter(rows["beta_eff"], rows["kl"], **style)
     for ax in axes[:2]:
         ax.axhline(1.0, color="k", lw=1, ls="--", label="β_eff = 1")
         _log_axis(ax, "y")
@@ -303,9 +308,21 @@ def plot_effective_beta(per_example: pd.DataFrame, eta: float | None = None) -> 
     axes[2].set_xlabel("β_eff")
     axes[2].set_ylabel("per-example KL [nats / sequence]")
     axes[2].set_title("which examples use z", fontsize=9)
+    if _share_beta_eff(per_example):
+        axes[0].set_title("runs at one β and weighting share every β_eff: one marker over the other", fontsize=8,
+                          loc="left")
     fig.tight_layout()
     _legend_below(fig, axes, ncol=5)
     return fig
+
+
+def _share_beta_eff(per_example: pd.DataFrame) -> bool:
+    """True when two groups of ``plot_effective_beta`` (facet combinations) have a weighting and a
+    beta in common: their beta_eff = beta·|S|/w are the same per row, so their points coincide."""
+    facets = [f for f in FACETS[1:] if f in per_example and per_example[f].nunique() > 1]
+    if not facets or per_example.empty:
+        return False
+    return bool((per_example.groupby(["weighting", "beta"])[facets].nunique() > 1).any(axis=None))
 
 
 @_paper

@@ -19,6 +19,7 @@ from zfree.report.figstyle import log_axis as _log_axis  # noqa: E402
 from zfree.report.figstyle import paper as _paper  # noqa: E402
 from zfree.report.figstyle import rho_limits as _rho_limits  # noqa: E402
 from zfree.report.figstyle import shade  # noqa: E402
+from zfree.report.report import run_label  # noqa: E402
 
 
 @_paper
@@ -97,8 +98,7 @@ def plot_loss_fractions(summary: pd.DataFrame) -> plt.Figure:
     cols = [c for c in summary.columns if c.startswith("loss_contrib/fraction_abs/")]
     facets = [f for f in FACETS if f in summary and (f == "weighting" or summary[f].nunique() > 1)]
     s = summary.sort_values([*facets, "beta"])
-    labels = [" ".join(str(r[f]) for f in facets) + f" β={r['beta']:g}" + (f" s{r['seed']}" if "seed" in s and
-              s["seed"].nunique() > 1 else "") for _, r in s.iterrows()]
+    labels = [run_label(r, s) for _, r in s.iterrows()]  # the run's name in every table of the report
     fig, ax = plt.subplots(figsize=(7.5, 1.2 + 0.32 * len(s)))
     y = np.arange(len(s))
     vals = s[cols].to_numpy(float) if cols else np.zeros((len(s), 0))
