@@ -167,7 +167,7 @@ def test_label_table_puts_the_majority_baseline_beside_each_label(real):
     assert cols.index("complete majority") == cols.index("complete probe accuracy") + 1
     assert t["complete majority"].iloc[0] == round(40 / 60, 3) and t["first_slot majority"].iloc[0] == 0.5
     few = L.label_table(collect_runs(real / "runs"), min_rows=100)
-    assert few["warning"].iloc[0] == "complete: 60 rows; first_slot: 60 rows"
+    assert few["warning"].iloc[0] == "complete: 60 rows; first_slot: 60 rows; lexfile: 60 rows"
 
 
 def test_samples_at_full_length_and_multiref_read_defensively(real, tmp_path):
@@ -178,6 +178,31 @@ def test_samples_at_full_length_and_multiref_read_defensively(real, tmp_path):
     assert list(m.columns[:4]) == ["run", "pairwise BLEU among z values", "references covered", "MRs"]
     (tmp_path / "multiref.csv").write_text("")
     assert L.multiref_table(tmp_path) is None and L.multiref_table(tmp_path / "nowhere") is None
+
+
+def test_a_many_valued_label_is_drawn_as_a_heatmap_and_missing_control_values_are_explained():
+    """Issue 35: a 44-value label's confusion ran off the page as a table pandas cut to "…"; the
+    44-value oracle's multi-reference control columns showed NaN with no word why."""
+    from zfree.evaluate.latent_stats import label_confusion
+    from zfree.report.plotting_study import plot_label_confusion
+    from tests.real_study import LEXFILES
+
+    pe = pd.DataFrame({"posterior_argmax": np.arange(88) % 3, "label/lexfile": LEXFILES * 2})
+    conf = label_confusion(pe, "lexfile")
+    assert L.confusion_is_wide(conf) and not L.confusion_is_wide(label_confusion(pe.assign(**{
+        "label/lexfile": ["a", "b"] * 44}), "lexfile"))
+    ax = plot_label_confusion(conf).axes[0]
+    assert ax.images[0].get_array().shape == (44, 3)  # every value drawn: one row each, none cut
+    np.testing.assert_allclose(ax.images[0].get_array().sum(axis=1), 1.0)  # shares of each value's rows
+    assert [t.get_text() for t in ax.get_yticklabels()] == list(conf.columns) and "adj.$ppl_" in LEXFILES
+    assert sorted(float(t.get_text()) for t in ax.texts) == sorted(conf.to_numpy()[conf.to_numpy() > 0].tolist())
+    t = pd.DataFrame({"run": ["a", "o<b>", "n"], "outputs per MR": [4, 44, 4], "control": ["c", "c", np.nan],
+                      "control pairwise BLEU": [0.6, np.nan, np.nan]})
+    note = L.multiref_note(t)
+    assert note.startswith("*– in the control columns: ") and "<code>a</code>" not in note
+    assert "<code>o&#60;b&#62;</code>: its control draws 6 samples per MR, fewer than its 44 outputs" in note
+    assert "<code>n</code>: no z-free control is linked to it" in note and L.multiref_note(t.iloc[:1]) == ""
+    assert L.dashes(t)["control pairwise BLEU"].tolist() == [0.6, "–", "–"]
 
 
 @pytest.mark.timeout(600)
@@ -196,3 +221,20 @@ def test_a_real_data_report_leaves_out_the_synthetic_sections_with_one_line_each
     assert "analytic I(z;y|x)</th>" not in html and "log K/m</th>" not in html and "task correct</th>" not in html
     assert "Remedies leaderboard" not in html and not (real / "leaderboard.csv").exists()  # one seed, one remedy
     assert "…" not in html.split("Greedy and sampled y")[-1]  # samples at full length
+    # issue 35: the report opens with the budget, the estimate and the cuts, before any result
+    opening = html.split("What was run against what was asked")[1].split("What z could gain")[0]
+    for text in ("a budget of 30.0 min", "about 22.0 min for the grid", "Cut to fit the budget, in this order",
+                 "batch 32 -&gt; 8 rows a step", "A smoke test, not a result", "fewer than 50",
+                 "grid (runs, controls, oracles)", "39.4 min in all"):
+        assert text in opening, text
+    assert html.index("What was run against what was asked") < html.index("What z could gain")
+    # each run against its own control; where an interval lies; the aid in every table
+    assert "over its control <code>control_distribution_aid</code>" in html and "below 0</td>" in html
+    assert "D worse than its control" in html
+    targets = html.split("Targets met?")[1].split("The barrier")[0]
+    assert "distribution hard_em_then_soft β=0.0043" in targets
+    # a 44-value label's confusion is a figure, not a table cut to "…"; wide tables scroll; "–" explained
+    confusion = html.split("Latent values against each label")[1].split("Greedy and sampled y")[0]
+    assert "<img" in confusion and "…" not in confusion and "lexfile</th>" not in confusion
+    assert "overflow-x: auto" in html
+    assert "– in the control columns" in html and "fewer than its 44 outputs per MR" in html

@@ -84,7 +84,8 @@ def test_plan_section_names_the_budget_the_estimate_and_every_cut_in_order():
     assert "a budget of 30.0 min" in md and "5 runs on 1 worker(s), about 22.0 min for the grid" in md
     at = [md.index(P.md_text(c)) for c in ESTIMATE["cuts"]]
     assert at == sorted(at) and "1. evaluated rows 300 &#45;&#62; 100" in md and "7. label oracles" in md
-    assert "39.4 min in all" in md and "(+31 %)" in md  # 2362 s against 1800 s
+    assert "39.4 min in all against the 30.0 min budget (+31 %)" in md  # 2362 s against 1800 s
+    assert "39.6 min in all, over 2 sessions" in P.plan_markdown(ESTIMATE, [*_sessions(), {"total_s": 12.0}], runs_all)
     assert "sum to 23.2 min over 9 runs" in md and "the grid phase took 32.2 min on 1 worker(s): 8.9 worker-min went " \
         "outside the runs' `wall_s`" in md
     assert "outside" not in P.plan_markdown(ESTIMATE, _sessions(), pd.DataFrame({"wall_s": [300.0] * 9}))
@@ -103,7 +104,7 @@ def test_smoke_warning_when_the_runs_trained_fewer_than_the_stated_steps():
     runs = pd.DataFrame({"steps": [14, 28]})
     w = P.smoke_warning(runs, ESTIMATE)
     assert "A smoke test, not a result" in w and "trained 14–28 steps, fewer than 50" in w
-    assert "because the budget cut them (" + P.md_text(ESTIMATE["cuts"][5]) in w
+    assert "because the budget cut them: " + P.md_text(ESTIMATE["cuts"][5]) in w
     assert "as the study asked" in P.smoke_warning(pd.DataFrame({"steps": [10]}))
     assert "1 of 2 runs trained 10 steps" in P.smoke_warning(pd.DataFrame({"steps": [10, 500]}))
     assert P.smoke_warning(pd.DataFrame({"steps": [50, 500]}), ESTIMATE) == ""

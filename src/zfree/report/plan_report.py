@@ -100,7 +100,8 @@ def plan_markdown(estimate: dict | None, sessions: list[dict], runs_all: pd.Data
             out += ["", "**The grid fits the budget uncut.**"]
     if sessions:
         total = sum(s.get("total_s") or 0.0 for s in sessions)
-        line = f"**Measured**: {_min(total)} min in all ({len(sessions)} session(s): a rerun is one more)"
+        line = f"**Measured**: {_min(total)} min in all" + (f", over {len(sessions)} sessions (each rerun is one)"
+                                                            if len(sessions) > 1 else "")
         if budget:
             line += f" against the {_min(budget)} min budget ({100 * (total / budget - 1):+.0f} %)"
         out += ["", line + "."]
@@ -130,7 +131,7 @@ def smoke_warning(runs: pd.DataFrame, estimate: dict | None = None, min_steps: i
     span = f"{lo}" if lo == hi else f"{lo}–{hi}"
     who = "The runs" if len(short) == len(steps) else f"{len(short)} of {len(steps)} runs"
     cut = [c for c in (estimate or {}).get("cuts") or [] if c.startswith("steps")]
-    why = (f" because the budget cut them ({md_text(cut[-1])})" if cut else
+    why = (f" because the budget cut them: {md_text(cut[-1])}" if cut else
            " as the study asked" if estimate is None or not (estimate.get("cuts")) else
            " (the budget cut the grid as listed above)")
     return (f"**⚠ A smoke test, not a result.** {who} trained {span} steps, fewer than {min_steps}{why}. A run "
