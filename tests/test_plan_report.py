@@ -103,9 +103,9 @@ def test_plan_section_names_the_budget_the_estimate_and_every_cut_in_order():
 def test_smoke_warning_when_the_runs_trained_fewer_than_the_stated_steps():
     runs = pd.DataFrame({"steps": [14, 28]})
     w = P.smoke_warning(runs, ESTIMATE)
-    assert "A smoke test, not a result" in w and "trained 14–28 steps, fewer than 50" in w
-    assert "because the budget cut them: " + P.md_text(ESTIMATE["cuts"][5]) in w
-    assert "as the study asked" in P.smoke_warning(pd.DataFrame({"steps": [10]}))
+    assert "A smoke test, not a result" in w and "trained 14–28 steps (the budget cut them: " in w
+    assert "(the budget cut them: " + P.md_text(ESTIMATE["cuts"][5]) + "), fewer than 50." in w
+    assert "10 steps (as the study asked), fewer than 50" in P.smoke_warning(pd.DataFrame({"steps": [10]}))
     assert "1 of 2 runs trained 10 steps" in P.smoke_warning(pd.DataFrame({"steps": [10, 500]}))
     assert P.smoke_warning(pd.DataFrame({"steps": [50, 500]}), ESTIMATE) == ""
 

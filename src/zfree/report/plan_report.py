@@ -131,10 +131,10 @@ def smoke_warning(runs: pd.DataFrame, estimate: dict | None = None, min_steps: i
     span = f"{lo}" if lo == hi else f"{lo}–{hi}"
     who = "The runs" if len(short) == len(steps) else f"{len(short)} of {len(steps)} runs"
     cut = [c for c in (estimate or {}).get("cuts") or [] if c.startswith("steps")]
-    why = (f" because the budget cut them: {md_text(cut[-1])}" if cut else
-           " as the study asked" if estimate is None or not (estimate.get("cuts")) else
+    why = (f" (the budget cut them: {md_text(cut[-1])})" if cut else
+           " (as the study asked)" if estimate is None or not (estimate.get("cuts")) else
            " (the budget cut the grid as listed above)")
-    return (f"**⚠ A smoke test, not a result.** {who} trained {span} steps, fewer than {min_steps}{why}. A run "
+    return (f"**⚠ A smoke test, not a result.** {who} trained {span} steps{why}, fewer than {min_steps}. A run "
             "this short barely moves from its warm start: the use of z, the gains and the verdicts below say what "
             "a few steps do, not what the recipe does. Give a larger budget (or more steps) for a result.")
 

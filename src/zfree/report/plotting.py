@@ -265,7 +265,7 @@ def _draw_controls(ax, links: pd.DataFrame, max_named: int = 3) -> None:
         for _, r in own.iterrows():
             ax.plot([0.0, r["rate"]], [d, r["distortion"]], ls=(0, (4, 2)), lw=0.7, alpha=0.6,
                     color=color_of(str(r.get("weighting"))), zorder=1, gid=f"control-link {cid} {r['run_id']}")
-        names = list(own["label"])
+        names = list(dict.fromkeys(own["label"]))  # seeds of one recipe share a name
         named = ",\n  ".join(names[:max_named]) + (f" +{len(names) - max_named}" if len(names) > max_named else "")
         tag = f"C{i}" if len(order) > 1 else ""
         ax.scatter([0.0], [d], marker="X", s=110, color="tab:gray", edgecolors="k", linewidths=0.4, zorder=4,
