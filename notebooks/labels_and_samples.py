@@ -15,9 +15,10 @@
 # posterior's argmax and the label, and a held-out linear probe of the label from the posterior
 # features, beside the majority-class baseline they must beat; ρ_recon and the rate beside them;
 # a warning where a label rests on fewer than 50 rows or one value. Where the study measured it
-# (`multiref.csv`), the multi-reference evidence per run. Then the notes (what could not be measured), the
-# confusion of latent values against each label for the run that uses z most, and, for a few
-# validation x, the greedy and one sampled y under each latent value.
+# (`multiref.csv`), the multi-reference evidence per run, beside its z-free control's. Then the notes (what
+# could not be measured), the confusion of latent values against each label for the run that uses z most
+# (a heatmap where a label has more values than a table shows), and, for a few validation x, the greedy and
+# one sampled y under each latent value.
 
 # %% tags=["parameters"]
 sweep_dir = "../runs/study-e2e"  # a folder written by `zfree study`
@@ -30,8 +31,10 @@ import pandas as pd
 from IPython.display import Markdown, display
 
 from zfree.evaluate.latent_stats import label_confusion
-from zfree.report.labels_report import label_table, multiref_table, notes_markdown, samples_table
-from zfree.report.report import md_text, run_label
+from zfree.report.labels_report import (confusion_is_wide, dashes, label_table, multiref_note, multiref_table,
+                                        notes_markdown, samples_table)
+from zfree.report.plotting_study import plot_label_confusion
+from zfree.report.report import md_text, run_label, show
 from zfree.experiment.results import collect_runs
 
 runs = collect_runs(Path(sweep_dir) / "runs")
@@ -45,15 +48,19 @@ if meta.get("predicted_boundaries"):
 if not runs.empty:
     display(Markdown("**Per label.** An accuracy means something only above its `majority` column: the share "
                      "of the most common value among the evaluated rows, what a constant guess scores."))
-    display(label_table(runs))
+    with pd.option_context("display.max_columns", None):  # every label's columns (a wide table scrolls)
+        display(label_table(runs))
 
 # %%
 multiref = multiref_table(sweep_dir)
 if multiref is not None:
     display(Markdown("### Multi-reference evidence\n\nPer run: the pairwise BLEU among the latent values' "
                      "outputs for one MR (low: the values write different texts) and how many of the MR's human "
-                     "references they cover."))
-    display(multiref)
+                     "references they cover; beside them, the same for the run's own z-free control over its first "
+                     "samples of the same MRs, as many as the run has outputs per MR."))
+    with pd.option_context("display.max_columns", None):
+        display(dashes(multiref))
+    display(Markdown(multiref_note(multiref)))
 
 # %%
 if not runs.empty:
@@ -61,7 +68,11 @@ if not runs.empty:
     pe = pd.read_parquet(Path(best["run_dir"]) / "per_example.parquet")
     display(Markdown(f"### Latent values against each label, run {md_text(run_label(best, runs))} (the largest rate)"))
     for col in [c for c in pe.columns if c.startswith("label/")]:
-        display(label_confusion(pe, col.split("/", 1)[1]))
+        conf = label_confusion(pe, col.split("/", 1)[1])
+        if confusion_is_wide(conf):  # more values than a table shows: a heatmap
+            show(plot_label_confusion(conf))
+        else:
+            display(conf)
     display(Markdown("### Greedy and sampled y under each latent value (full length)"))
     for _, r in runs.sort_values("run_id").iterrows():
         t = samples_table(r["run_dir"])

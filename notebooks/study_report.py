@@ -29,6 +29,7 @@ from zfree.report.gains_report import (available_gain_markdown, available_gain_t
                                        gain_verdict_markdown, gain_verdicts, has_generator_truth, measured_eta,
                                        runs_c_base_markdown, study_gains)
 from zfree.report.leaderboard_report import leaderboard_table, method_markdown, winner_markdown
+from zfree.report.plan_report import PHASE_NOTE, plan_section
 from zfree.report.plotting_study import (plot_gains, plot_leaderboard, plot_loss_fractions, plot_predicted_vs_measured,
                                          plot_rate_and_rho_vs_beta)
 from zfree.report.report import (QUALITY_COLUMNS, USE_COLUMNS, errors_markdown, reference_markdown, run_table,
@@ -39,6 +40,12 @@ from zfree.experiment.results import load_sweep
 sweep = load_sweep(sweep_dir)
 summary = sweep.runs
 truth = has_generator_truth(summary)
+opening, phases = plan_section(sweep_dir, summary)  # estimate.json, timings.json and the runs' steps
+if opening:
+    display(Markdown(opening))
+if phases is not None:
+    display(phases)
+    display(Markdown(PHASE_NOTE))
 given = study_gains(sweep_dir, summary)  # (oracles, gains) against the z-free control; None without controls
 eta = measured_eta(given[0]) if given else None
 if given:

@@ -1,6 +1,10 @@
 """A hand-made real-data study folder (no strategies, no Bayes loss, labels instead; as an E2E
-study writes it): two CVAE runs (one aided), their z-free control, two label oracles, notes.json,
-controls.json, samples.parquet with long texts and a multiref.csv. Nothing is trained: the report
+study writes it): two CVAE runs (one aided), each with its own z-free control (the aided one trained
+longer: another recipe, another control, D lower than the aided run's), three label oracles (one on a
+44-value label, ``lexfile``, as WordNet's lexicographer files, whose ΔR interval lies below 0),
+notes.json, controls.json, samples.parquet with long texts, a multiref.csv (the 44-value oracle's
+control columns empty: its control draws fewer samples than 44), and the budget's estimate.json
+(cuts) and timings.json (phases) of a 30 min study cut to 10 steps. Nothing is trained: the report
 tests read only these files, in seconds."""
 
 from __future__ import annotations
@@ -46,11 +50,14 @@ def make_real_study(root: Path, n: int = 60) -> Path:
     """Writes the study under ``root/real`` and returns it."""
     rng = np.random.default_rng(0)
     d = root / "real"
-    labels = {"complete": ["yes", "yes", "no"], "first_slot": ["name", "area", "food", "name"]}
+    labels = {"complete": ["yes", "yes", "no"], "first_slot": ["name", "area", "food", "name"],
+              "lexfile": LEXFILES}
     runs = {"cvae_plain_a": ("posterior", "none", 0.006, 0.1), "cvae_aid_b": ("posterior", "hard_em_then_soft", 0.03, 3.0),
             "control_distribution_c": ("control", "none", 0.0, 0.0),
+            "control_distribution_aid": ("control", "none", 0.0, 3.5),
             "oracle-complete_distribution_d": ("label:complete", "none", 0.64, 4.0),
-            "oracle-first_slot_distribution_e": ("label:first_slot", "none", 1.4, 0.05)}
+            "oracle-first_slot_distribution_e": ("label:first_slot", "none", 1.4, 0.05),
+            "oracle-lexfile_distribution_f": ("label:lexfile", "none", 3.2, -0.5)}
     for rid, (source, aid, kl, shift) in runs.items():
         f = d / "runs" / rid
         f.mkdir(parents=True)
@@ -66,15 +73,43 @@ def make_real_study(root: Path, n: int = 60) -> Path:
                           "reference": [LONG_Y] * 2, "latent": [0, 1], "greedy": [LONG_Y, "The Eagle."],
                           "sampled": ["A pub.", LONG_Y]}).to_parquet(f / "samples.parquet")
     (d / "controls.json").write_text(json.dumps({
-        "controls": {"cvae_plain_a": "control_distribution_c", "cvae_aid_b": "control_distribution_c"},
+        "controls": {"cvae_plain_a": "control_distribution_c", "cvae_aid_b": "control_distribution_aid"},
         "oracles": {"oracle-complete_distribution_d": {"label": "complete", "n_values": 2, "control": "control_distribution_c"},
                     "oracle-first_slot_distribution_e": {"label": "first_slot", "n_values": 3,
-                                                         "control": "control_distribution_c"}}}))
+                                                         "control": "control_distribution_c"},
+                    "oracle-lexfile_distribution_f": {"label": "lexfile", "n_values": len(LEXFILES),
+                                                      "control": "control_distribution_c"}}}))
     (d / "notes.json").write_text(json.dumps({"notes": ["label 'strategy': absent"], "predicted_boundaries": [
         {"weighting": "distribution", "beta_star": 0.0129, "betas": [0.0043]}]}))
-    pd.DataFrame({"run_id": ["cvae_aid_b"], "pairwise_bleu": [0.81], "refs_covered": [1.5], "n_mrs": [3]}).to_csv(
-        d / "multiref.csv", index=False)
+    pd.DataFrame({"run_id": ["cvae_aid_b", "oracle-lexfile_distribution_f"], "latent_source": ["posterior", "label:lexfile"],
+                  "weighting": "distribution", "beta": [0.0043, 0.0], "aid": ["hard_em_then_soft", "none"],
+                  "k": [4, len(LEXFILES)], "pairwise_bleu": [0.81, 0.12], "refs_covered": [1.5, 4.0], "n_mrs": [3, 3],
+                  "control_id": ["control_distribution_aid", "control_distribution_c"],
+                  "control_pairwise_bleu": [0.62, np.nan], "control_refs_covered": [1.2, np.nan],
+                  "control_n_mrs": [3, np.nan]}).to_csv(d / "multiref.csv", index=False)
+    (d / "estimate.json").write_text(json.dumps(ESTIMATE))
+    (d / "timings.json").write_text(json.dumps({"sessions": [
+        {"id": "s1", "started": "2025-01-01T10:00:00+00:00", "preparation_s": 95.0, "probes_s": 290.0, "grid_s": 1932.0,
+         "report_s": 45.0, "total_s": 2362.0, "points": {"finished": 7}, "finished": True}]}))
     return d
+
+
+#: the 44 lexicographer files of WordNet (a label with many values), one with a mathtext marker
+LEXFILES = [f"noun.{w}" for w in ("Tops act animal artifact attribute body cognition communication event feeling food "
+                                   "group location motive object person phenomenon plant possession process quantity "
+                                   "relation shape state substance time").split()] + \
+           [f"verb.{w}" for w in ("body change cognition communication competition consumption contact creation "
+                                   "emotion motion perception possession social stative weather").split()] + \
+           ["adj.all", "adj.pert", "adj.$ppl_"]
+#: estimate.json of a 30 min budget that cut the grid to 10 steps (``zfree.experiment.estimate.plan``'s keys)
+ESTIMATE = {"runs": 7, "workers": 1, "estimated_s": 1320.0, "estimated_peak_bytes": 10.6 * 2**30, "budget_s": 1800.0,
+            "grid_budget_s": 1355.0, "micro_batch": 0, "memory_limit_bytes": 16 * 2**30,
+            "cuts": ["evaluated rows 300 -> 100", "evaluations at step 0 and the end only",
+                     "beta points [0.333, 1.0] x beta* -> [0.333] x beta*",
+                     "weightings ['distribution', 'example', 'plain', 'token'] -> ['distribution', 'example']",
+                     "batch 32 -> 8 rows a step", "steps x 0.02 (unaided 500 -> 10, aided 1000 -> 20)",
+                     "weightings ['distribution', 'example'] -> ['distribution']"],
+            "lines": ["estimate: 7 runs on 1 worker(s): about 22.0 min"], "train": {"steps": 10, "batch_size": 8}}
 
 
 #: make_remedy_study's z shift per remedy (|S|·lbar lowered by about this many nats per example)

@@ -29,9 +29,28 @@ def test_available_gain_names_the_best_label_or_says_plainly_that_none_is_distin
     assert "complete" in md and "η = ΔR/H = 0.310" in md and "excludes 0" not in md
     assert G.measured_eta(_oracles()) == (0.31, "complete")
     none = _oracles(lo=(-0.01, -0.09))
-    assert "No label's ΔR interval excludes 0" in G.available_gain_markdown(none) and G.measured_eta(none) is None
+    md = G.available_gain_markdown(none)
+    assert "No label's ΔR interval lies above 0" in md and G.measured_eta(none) is None
+    assert "[-0.01, 0.32], <code>n&#60;b&#62;s&#60;&#47;b&#62;</code> [-0.09, 0.26] holds 0" in md and "below 0" not in md
     t = G.available_gain_table(_oracles())
     assert list(t.index) == ["complete", "n<b>s</b>"] and t.loc["complete", "ΔR 95% CI"] == "[0.08, 0.32]"
+    assert t["ΔR interval"].tolist() == ["above 0", "holds 0"]
+
+
+def test_the_oracle_sentence_tells_intervals_below_0_from_intervals_that_hold_0():
+    """Issue 35: both ΔR intervals lay below 0 ([-0.43, -0.15], [-1.03, -0.47]) and the report said
+    "No label's ΔR interval excludes 0"."""
+    below = _oracles(lo=(-0.43, -1.03)).assign(delta_R=[-0.29, -0.75], delta_R_hi=[-0.15, -0.47])
+    md = G.available_gain_markdown(below)
+    assert "excludes" not in md and "No label's ΔR interval lies above 0" in md
+    assert "<code>complete</code> [-0.43, -0.15], <code>n&#60;b&#62;s&#60;&#47;b&#62;</code> [-1.03, -0.47] lies below 0" in md
+    assert "holds 0" not in md and G.measured_eta(below) is None
+    mixed = below.assign(delta_R_hi=[0.1, -0.47])
+    md = G.available_gain_markdown(mixed)
+    assert "[-1.03, -0.47] lies below 0" in md and "<code>complete</code> [-0.43, 0.1] holds 0" in md
+    assert G.available_gain_table(mixed)["ΔR interval"].tolist() == ["holds 0", "below 0"]
+    assert [G.interval_side(*b) for b in ((0.1, 2), (-2, -0.1), (-1, 1), (float("nan"), 1))] == \
+        ["above 0", "below 0", "holds 0", "unknown"]
     assert "No label oracle" in G.available_gain_markdown(_oracles().iloc[:0])
 
 
@@ -63,6 +82,13 @@ def test_gain_verdict_needs_measured_use_and_a_gain_interval_above_zero(tmp_path
     assert v["η = 1 agrees"].tolist() == [True, False, False] and v["η measured agrees"].tolist() == [False, True, True]
     md = G.gain_verdict_markdown(v, (0.31, "complete"))
     assert md.startswith("**1 of 3 runs used z**") and "with η = 0.310" in md
+    assert "over its control" not in md  # one control (here none named): nothing to tell apart
+    own = G.gain_verdicts(runs, gains.assign(control_run_id=["c1", "c1", "c2"]), None)
+    assert own["control"].tolist() == ["c1", "c1", "c2"]
+    assert "[0.2, 0.8] over its control <code>c1</code>" in G.gain_verdict_markdown(own, None)
+    worse = G.gain_verdicts(runs, gains.assign(z_gain_lo=[-2.81, -0.1, -0.3], z_gain_hi=[-1.95, 0.1, -0.1]), None)
+    assert worse["verdict"].tolist() == ["z not used: rate paid, D worse than its control's",
+                                         "z not used: rate paid, no gain", "z unused, D worse than its control's"]
     nv = G.gain_verdicts(runs, gains.iloc[:0], None)  # no control finished: unknown, not "unused"
     assert nv["z used"].isna().all() and nv["verdict"].str.startswith("unknown").all()
 
@@ -112,6 +138,22 @@ def test_switch_on_targets_judge_what_is_known_and_only_the_gain_on_real_data():
     assert not real["all met"].iloc[0]  # a gain without measured use: z not used, as the verdict says
 
 
+def test_a_run_is_named_with_its_aid_in_every_table_whatever_the_other_runs():
+    """Issue 35: "Targets met?" (the aided runs alone) dropped the aid, so an aided run read as the
+    unaided one of the verdict above it."""
+    rows = pd.DataFrame([{"weighting": "distribution", "beta": 0.0043, "aid": a, "latent_kind": "discrete",
+                          "remedy": "none", "seed": 0, "predicted_use_fraction": 1.0, "measured_use_fraction": 0.0,
+                          "alignment_nmi_unambiguous": np.nan, "baseline_normalized_reconstruction_loss": 1.0,
+                          "kl_prior_loss": 0.03, "bayes_rate": np.nan, "task_correctness": np.nan,
+                          "base_task_correctness": np.nan} for a in ("none", "hard_em_then_soft")])
+    aided = R.aided_runs(rows)
+    named = R.switch_on_targets(aided, synthetic=False)["run"].tolist()
+    assert named == ["distribution hard_em_then_soft β=0.0043"] == [R.run_label(aided.iloc[0], rows)]
+    assert R.run_verdicts(rows)["run"].tolist() == ["distribution β=0.0043", named[0]]
+    assert R.run_label(rows.iloc[1].to_dict() | {"latent_kind": "continuous", "remedy": "free_bits"}) == \
+        "distribution continuous hard_em_then_soft free_bits β=0.0043"
+
+
 @pytest.fixture(scope="module")
 def real(tmp_path_factory):
     return make_real_study(tmp_path_factory.mktemp("real"))
@@ -125,7 +167,7 @@ def test_label_table_puts_the_majority_baseline_beside_each_label(real):
     assert cols.index("complete majority") == cols.index("complete probe accuracy") + 1
     assert t["complete majority"].iloc[0] == round(40 / 60, 3) and t["first_slot majority"].iloc[0] == 0.5
     few = L.label_table(collect_runs(real / "runs"), min_rows=100)
-    assert few["warning"].iloc[0] == "complete: 60 rows; first_slot: 60 rows"
+    assert few["warning"].iloc[0] == "complete: 60 rows; first_slot: 60 rows; lexfile: 60 rows"
 
 
 def test_samples_at_full_length_and_multiref_read_defensively(real, tmp_path):
@@ -136,6 +178,31 @@ def test_samples_at_full_length_and_multiref_read_defensively(real, tmp_path):
     assert list(m.columns[:4]) == ["run", "pairwise BLEU among z values", "references covered", "MRs"]
     (tmp_path / "multiref.csv").write_text("")
     assert L.multiref_table(tmp_path) is None and L.multiref_table(tmp_path / "nowhere") is None
+
+
+def test_a_many_valued_label_is_drawn_as_a_heatmap_and_missing_control_values_are_explained():
+    """Issue 35: a 44-value label's confusion ran off the page as a table pandas cut to "…"; the
+    44-value oracle's multi-reference control columns showed NaN with no word why."""
+    from zfree.evaluate.latent_stats import label_confusion
+    from zfree.report.plotting_study import plot_label_confusion
+    from tests.real_study import LEXFILES
+
+    pe = pd.DataFrame({"posterior_argmax": np.arange(88) % 3, "label/lexfile": LEXFILES * 2})
+    conf = label_confusion(pe, "lexfile")
+    assert L.confusion_is_wide(conf) and not L.confusion_is_wide(label_confusion(pe.assign(**{
+        "label/lexfile": ["a", "b"] * 44}), "lexfile"))
+    ax = plot_label_confusion(conf).axes[0]
+    assert ax.images[0].get_array().shape == (44, 3)  # every value drawn: one row each, none cut
+    np.testing.assert_allclose(ax.images[0].get_array().sum(axis=1), 1.0)  # shares of each value's rows
+    assert [t.get_text() for t in ax.get_yticklabels()] == list(conf.columns) and "adj.$ppl_" in LEXFILES
+    assert sorted(float(t.get_text()) for t in ax.texts) == sorted(conf.to_numpy()[conf.to_numpy() > 0].tolist())
+    t = pd.DataFrame({"run": ["a", "o<b>", "n"], "outputs per MR": [4, 44, 4], "control": ["c", "c", np.nan],
+                      "control pairwise BLEU": [0.6, np.nan, np.nan]})
+    note = L.multiref_note(t)
+    assert note.startswith("*– in the control columns: ") and "<code>a</code>" not in note
+    assert "<code>o&#60;b&#62;</code>: its control draws 6 samples per MR, fewer than its 44 outputs" in note
+    assert "<code>n</code>: no z-free control is linked to it" in note and L.multiref_note(t.iloc[:1]) == ""
+    assert L.dashes(t)["control pairwise BLEU"].tolist() == [0.6, "–", "–"]
 
 
 @pytest.mark.timeout(600)
@@ -154,3 +221,20 @@ def test_a_real_data_report_leaves_out_the_synthetic_sections_with_one_line_each
     assert "analytic I(z;y|x)</th>" not in html and "log K/m</th>" not in html and "task correct</th>" not in html
     assert "Remedies leaderboard" not in html and not (real / "leaderboard.csv").exists()  # one seed, one remedy
     assert "…" not in html.split("Greedy and sampled y")[-1]  # samples at full length
+    # issue 35: the report opens with the budget, the estimate and the cuts, before any result
+    opening = html.split("What was run against what was asked")[1].split("What z could gain")[0]
+    for text in ("a budget of 30.0 min", "about 22.0 min for the grid", "Cut to fit the budget, in this order",
+                 "batch 32 -&gt; 8 rows a step", "A smoke test, not a result", "fewer than 50",
+                 "grid (runs, controls, oracles)", "39.4 min in all"):
+        assert text in opening, text
+    assert html.index("What was run against what was asked") < html.index("What z could gain")
+    # each run against its own control; where an interval lies; the aid in every table
+    assert "over its control <code>control_distribution_aid</code>" in html and "below 0</td>" in html
+    assert "D worse than its control" in html
+    targets = html.split("Targets met?")[1].split("The barrier")[0]
+    assert "distribution hard_em_then_soft β=0.0043" in targets
+    # a 44-value label's confusion is a figure, not a table cut to "…"; wide tables scroll; "–" explained
+    confusion = html.split("Latent values against each label")[1].split("Greedy and sampled y")[0]
+    assert "<img" in confusion and "…" not in confusion and "lexfile</th>" not in confusion
+    assert "overflow-x: auto" in html
+    assert "– in the control columns" in html and "fewer than its 44 outputs per MR" in html

@@ -111,6 +111,22 @@ def test_effective_beta_panels_draw_b_length_and_kl_with_the_unit_line():
     assert any(np.allclose(ln.get_xdata(), 1.0) for ln in ax_k.lines)
 
 
+def test_effective_beta_tells_apart_runs_that_share_every_beta_eff():
+    """Issue 35: an aided and an unaided run at one beta and weighting have the same beta_eff on every
+    row; both were drawn as identical dots. Now: another marker, open over filled, and a note."""
+    pe = _per_example()
+    pe = pe[(pe["beta"] == 0.1) & (pe["weighting"] == "distribution")]
+    both = pd.concat([pe, pe.assign(aid="hard_em_then_soft", kl=pe["kl"] + 1)], ignore_index=True)
+    fig = P.plot_effective_beta(both)
+    unaided, aided = _scatters(fig.axes[0])
+    np.testing.assert_allclose(unaided.get_offsets(), aided.get_offsets())  # the same places, so:
+    assert unaided.get_paths()[0].vertices.shape != aided.get_paths()[0].vertices.shape  # circle vs triangle
+    assert unaided.get_facecolors()[0][3] > 0 and len(aided.get_facecolors()) == 0  # filled vs open
+    assert [unaided.get_label(), aided.get_label()] == ["distribution none", "distribution hard_em_then_soft"]
+    assert "share every β_eff" in fig.axes[0].get_title(loc="left")
+    assert P.plot_effective_beta(pe).axes[0].get_title(loc="left") == ""  # one run per place: no note
+
+
 def test_rho_distributions_mark_ratio_of_means_and_mean_of_ratios():
     pe = _per_example()
     fig = P.plot_rho_distributions(pe)
@@ -272,12 +288,44 @@ def test_training_curves_leave_the_nmi_panel_out_without_strategies():
 def test_rate_distortion_on_real_data_spans_the_data_and_lists_no_synthetic_optimum():
     """NaN Bayes rate (real text): no optimum drawn or in the legend; D axis near the points, not from 0."""
     runs = _runs().assign(distortion=lambda d: 73.0 + 0.01 * np.arange(len(d)), rate=0.01)
-    fig = P.plot_rate_distortion(runs, z_free=73.5, bayes_rate=float("nan"), control=73.2)
+    links = pd.DataFrame({"run_id": runs["run_id"], "control_run_id": "c", "D_control": 73.2, "rate": runs["rate"],
+                          "distortion": runs["distortion"], "weighting": runs["weighting"], "label": runs["run_id"]})
+    fig = P.plot_rate_distortion(runs, z_free=73.5, bayes_rate=float("nan"), controls=links)
     ax = fig.axes[0]
     labels = ax.get_legend_handles_labels()[1]
     assert not any("optimum" in t or "Bayes" in t for t in labels) and any("control" in t for t in labels)
     lo, hi = ax.get_ylim()
     assert 72 < lo < 73 and 73.5 < hi < 75
+
+
+def test_rate_distortion_draws_each_control_once_and_joins_it_to_its_own_runs():
+    """Issue 35: two controls (D 51.23 for the unaided run, 35.13 for the aided one, which trained
+    longer) were drawn as one "z-free control" at their mean 43.18."""
+    from zfree.report.gains_report import control_links
+
+    runs = pd.DataFrame({"run_id": ["u", "a"], "weighting": ["distribution"] * 2, "aid": ["none", "hard_em_then_soft"],
+                         "latent_kind": "discrete", "beta": [0.0043] * 2, "rate": [0.01, 0.04],
+                         "distortion": [51.3, 37.5], "seed": 0})
+    gains = pd.DataFrame({"run_id": ["u", "a"], "control_run_id": ["control_u", "control_a"],
+                          "D_control": [51.23, 35.13]})
+    links = control_links(runs, gains)
+    assert links["control_run_id"].tolist() == ["control_u", "control_a"]
+    assert links["label"].tolist() == ["distribution β=0.0043", "distribution hard_em_then_soft β=0.0043"]
+    ax = P.plot_rate_distortion(runs, z_free=52.0, bayes_rate=float("nan"), controls=links).axes[0]
+    ctrl = {c.get_label(): c.get_offsets()[0] for c in _scatters(ax) if c.get_label().startswith("z-free control")}
+    assert sorted(round(float(v[1]), 2) for v in ctrl.values()) == [35.13, 51.23]  # each control, no mean (43.18)
+    assert {k.split(" (")[0] for k in ctrl} == {"z-free control C1", "z-free control C2"}
+    assert any(k.startswith("z-free control C1") and k.endswith("of:\n  distribution hard_em_then_soft β=0.0043")
+               for k in ctrl)  # C1: the lower D, the aided run's
+    joins = {ln.get_gid(): (tuple(ln.get_xdata()), tuple(ln.get_ydata())) for ln in ax.lines
+             if str(ln.get_gid()).startswith("control-link")}
+    assert joins == {"control-link control_u u": ((0.0, 0.01), (51.23, 51.3)),
+                     "control-link control_a a": ((0.0, 0.04), (35.13, 37.5))}
+    one = P.plot_rate_distortion(runs, controls=links.assign(control_run_id="c", D_control=40.0)).axes[0]
+    (label,) = [c.get_label() for c in _scatters(one) if c.get_label().startswith("z-free control")]
+    assert label.startswith("z-free control (R = 0") and "C1" not in label
+    assert control_links(runs, gains.iloc[:1])["run_id"].tolist() == ["u"]  # a run whose control is missing: no link
+    plt.close("all")
 
 
 def test_phase_diagram_is_drawn_per_variant_so_aided_and_unaided_cells_are_not_averaged():

@@ -170,4 +170,4 @@ def test_switch_on_targets_per_run_and_side_of_the_prediction():
 def test_checkmarks_show_booleans_as_marks_and_missing_as_a_dash():
     t = R.checkmarks(R.switch_on_targets(_aided_outcomes()))
     assert list(t["all met"]) == ["✓", "✗", "✗", "✗", "✓", "✗", "–"]
-    assert t["run"].iloc[0] == "distribution β=0.3" and t["z unused"].iloc[4] == "✓"
+    assert t["run"].iloc[0] == "distribution hard_em_then_soft β=0.3" and t["z unused"].iloc[4] == "✓"  # aid named

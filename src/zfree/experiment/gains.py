@@ -16,7 +16,7 @@ over the evaluated validation rows (the same seeded rows for every run of a stud
 
 Intervals: the 95 % percentile bootstrap over evaluated rows (``scipy.stats.bootstrap``, 2000
 resamples, rows resampled jointly for every paired quantity, seed 0). A label's gain counts as
-distinguishable from zero when its interval excludes 0.
+distinguishable from zero when its interval lies above 0 (``delta_R_lo > 0``).
 """
 
 from __future__ import annotations

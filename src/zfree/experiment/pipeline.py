@@ -10,6 +10,7 @@ differ only by their spec's data and base sources (``zfree.experiment.spec``).
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from zfree.experiment.sources import Prepared, prepare_base, prepare_data
 from zfree.experiment.spec import ExperimentSpec, expand_grid, own_grid
 from zfree.experiment.study_notes import context_of_y, label_notes, write_summary_csv
 from zfree.experiment.study_plan import PLAN_FILE, apply_fitted, check_request, load_plan, request_of, write_plan
+from zfree.experiment.timings import PhaseClock
 
 
 @dataclass
@@ -141,7 +143,9 @@ def run_experiment(spec: ExperimentSpec, out_dir: Path | str, *, retrain_base: b
     if saved is not None:  # issue 35: the same command again reuses the plan; another one is refused
         check_request(out, saved, request)
     out.mkdir(parents=True, exist_ok=True)
+    clock = PhaseClock(out, t0)  # timings.json: the wall time of each phase, for the report
     prep = prepare(spec, out, retrain_base=retrain_base, progress=progress)
+    clock.done("preparation")
     record = None
     if saved is not None:
         spec, workers = apply_fitted(spec, saved["fitted"]), workers or saved["workers"]
@@ -152,6 +156,7 @@ def run_experiment(spec: ExperimentSpec, out_dir: Path | str, *, retrain_base: b
     elif estimate or budget_s is not None:  # issue 24: measure, fit memory and budget, say so, then go on
         fitted = plan(spec, lambda s: _points(s, prep), out, workers or spec.workers, budget_s, started=t0)
         spec, workers, record = fitted.spec, fitted.workers, fitted.record
+        clock.done("probes")
     grid, table = _grid(spec, prep)
     notes = _notes(spec, out, prep, table)
     points = _points(spec, prep, out)
@@ -159,14 +164,17 @@ def run_experiment(spec: ExperimentSpec, out_dir: Path | str, *, retrain_base: b
         write_plan(out, request, spec, workers or spec.workers, [p.run_id for p in points], record)
     ex = executor or make_executor(spec.executor, workers or spec.workers, folder=out / "submitit",
                                    **spec.executor_options)
+    statuses: list[dict] = []
     try:
         statuses = run_points(points, out / "runs", executor=ex, progress=progress)
     finally:
         if executor is None:
             ex.shutdown()
+        clock.done("grid", points=dict(Counter(str(s.get("status")) for s in statuses)))  # an interrupt too
     n = _summary(spec, out, notes)
     print_failures(statuses, out / "runs")
     html = render_report(out, progress=progress) if render else None
+    clock.done("report", finished=True)
     if progress and render:
         extra = len(points) - n
         also = f" (+ {extra} z-free controls and label oracles)" if extra > 0 else ""

@@ -19,12 +19,23 @@ REPORT_NOTEBOOKS = ("study_report", "sweep_beta_vs_recon_weight", "rate_distorti
 
 #: nbconvert's lab template less everything it loads from the network when the page opens:
 #: require.js, MathJax and Mermaid (cdnjs) and the widget manager (unpkg). The report's math is
-#: Unicode text (β_eff = β·|S|/w), its figures PNGs, its CSS inline, and it has no widgets.
+#: Unicode text (β_eff = β·|S|/w), its figures PNGs, its CSS inline, and it has no widgets. One CSS
+#: rule of its own (``html_head_css``): a table's box (pandas wraps each table in a ``div``) is a
+#: block that scrolls sideways when the table is wider than the page, whether or not a browser
+#: scrolls the lab template's table-cell output area.
 OFFLINE_TEMPLATE = """{%- extends 'lab/index.html.j2' -%}
 {%- block html_head_js -%}{%- endblock html_head_js -%}
 {%- block jupyter_widgets -%}{%- endblock jupyter_widgets -%}
 {%- block html_head_js_mathjax -%}{%- endblock html_head_js_mathjax -%}
 {%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
+{%- block html_head_css -%}
+<style type="text/css">
+/* zfree (issue 35): a table wider than the page scrolls inside its own box, not off the page */
+.jp-OutputArea-output[data-mime-type="text/html"] > div, .jp-RenderedMarkdown table {
+  display: block; overflow-x: auto; max-width: 100%;
+}
+</style>
+{%- endblock html_head_css -%}
 """
 
 

@@ -158,9 +158,14 @@ def variants(df: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
 
 def groups(df: pd.DataFrame):
     """(label, color, linestyle, rows) per combination of the facets present in ``df``; the
-    color names the weighting, the line style the other facets (latent kind, aid)."""
+    color names the weighting, the line style the other facets (latent kind, aid). The label names
+    the facets ``df`` varies and, after them, any other facet not at its default (an aid every run
+    of ``df`` shares), so an aided run is never labelled as a plain one."""
     facets = [f for f in FACETS if f in df and (f == "weighting" or df[f].nunique() > 1)]
+    shared = [str(df[f].iloc[0]) for f in FACETS[1:] if f in df and f not in facets and len(df)
+              and str(df[f].iloc[0]) not in ("none", "discrete", "nan", "None")]
     others = list(dict.fromkeys(tuple(r) for r in df[facets[1:]].itertuples(index=False))) if facets[1:] else [()]
     for key, rows in df.groupby(facets, sort=False):
         key = key if isinstance(key, tuple) else (key,)
-        yield " ".join(map(str, key)), color_of(key[0]), LINESTYLES[others.index(tuple(key[1:])) % 4], rows
+        yield (" ".join(map(str, [*key, *shared])), color_of(key[0]), LINESTYLES[others.index(tuple(key[1:])) % 4],
+               rows)

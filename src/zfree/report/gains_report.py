@@ -73,8 +73,30 @@ def study_gains(study_dir: Path | str, runs: pd.DataFrame) -> tuple[pd.DataFrame
     return oracles, gains
 
 
+def control_links(runs: pd.DataFrame, gains: pd.DataFrame) -> pd.DataFrame:
+    """One row per run with a finished control: run_id, control_run_id, D_control (its own
+    control's mean D, nats per example), the run's rate and distortion (``runs``: ``SweepResults.runs``)
+    and weighting, and its label (``run_label``). What ``plot_rate_distortion`` draws: each control
+    once, joined to its own runs."""
+    cols = ["run_id", "control_run_id", "D_control", "rate", "distortion", "weighting", "label"]
+    if "D_control" not in gains or "control_run_id" not in gains:
+        return pd.DataFrame(columns=cols)
+    g = gains.dropna(subset=["D_control", "control_run_id"])[["run_id", "control_run_id", "D_control"]]
+    t = runs.merge(g, on="run_id", how="inner")
+    t["label"] = [run_label(r, runs) for _, r in t.iterrows()]
+    return t[cols].reset_index(drop=True)
+
+
 def _ci(lo, hi, digits: int = 3) -> str:
     return "–" if pd.isna(lo) or pd.isna(hi) else f"[{lo:.{digits}g}, {hi:.{digits}g}]"
+
+
+def interval_side(lo, hi) -> str:
+    """Where a 95 % interval [lo, hi] lies against 0: "above 0" (lo > 0), "below 0" (hi < 0),
+    "holds 0" (lo <= 0 <= hi) or "unknown" (a bound missing)."""
+    if pd.isna(lo) or pd.isna(hi):
+        return "unknown"
+    return "above 0" if lo > 0 else "below 0" if hi < 0 else "holds 0"
 
 
 def label_warnings(oracles: pd.DataFrame, min_rows: int = MIN_LABEL_ROWS) -> list[str]:
@@ -92,7 +114,8 @@ def label_warnings(oracles: pd.DataFrame, min_rows: int = MIN_LABEL_ROWS) -> lis
 def available_gain_table(oracles: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
     """The available-gain table (``zfree.experiment.gains.oracle_table`` rows), one row per label,
     index label: values, rows, ΔR over the control and its interval, H(label | x) and its interval,
-    η = ΔR/H and its interval, whether ΔR's interval excludes 0, and the fine-tuning gain."""
+    η = ΔR/H and its interval, where ΔR's interval lies (``interval_side``: above 0, below 0, holds 0),
+    and the fine-tuning gain."""
     t = pd.DataFrame({
         "values": oracles["n_values"].astype(int).to_numpy(), "rows": oracles["rows"].astype(int).to_numpy(),
         "ΔR [nats/ex]": oracles["delta_R"].round(digits).to_numpy(),
@@ -101,7 +124,7 @@ def available_gain_table(oracles: pd.DataFrame, digits: int = 3) -> pd.DataFrame
         "H 95% CI": [_ci(a, b, digits) for a, b in zip(oracles["H_lo"], oracles["H_hi"])],
         "η = ΔR/H": oracles["eta"].round(digits).to_numpy(),
         "η 95% CI": [_ci(a, b, digits) for a, b in zip(oracles["eta_lo"], oracles["eta_hi"])],
-        "ΔR > 0": ["yes" if bool(v) else "no" for v in oracles["distinguishable"]],
+        "ΔR interval": [interval_side(a, b) for a, b in zip(oracles["delta_R_lo"], oracles["delta_R_hi"])],
         "fine-tuning gain [nats/ex]": oracles["finetune_gain"].round(digits).to_numpy()},
         index=pd.Index(oracles["label"].astype(str), name="label"))
     return t
@@ -109,7 +132,7 @@ def available_gain_table(oracles: pd.DataFrame, digits: int = 3) -> pd.DataFrame
 
 def measured_eta(oracles: pd.DataFrame) -> tuple[float, str] | None:
     """(eta, label) of the best distinguishable label (``best_label``) when its eta is positive;
-    None when no label's ΔR interval excludes 0 (no exchange rate was measured)."""
+    None when no label's ΔR interval lies above 0 (no exchange rate was measured)."""
     best = best_label(oracles)
     if best is None or not bool(best["distinguishable"]) or not best["eta"] > 0:
         return None
@@ -118,7 +141,9 @@ def measured_eta(oracles: pd.DataFrame) -> tuple[float, str] | None:
 
 def available_gain_markdown(oracles: pd.DataFrame) -> str:
     """The report's opening lines on what z could carry: the best label's ΔR, H and η with their
-    intervals, or, plainly, that no label's ΔR interval excludes 0; then the row/value warnings."""
+    intervals when its ΔR interval lies above 0; else, plainly, that none does, naming each label's
+    interval and where it lies (below 0: the oracle reconstructed *worse* than the z-free control;
+    holds 0: nothing measurable either way); then the row/value warnings."""
     if oracles.empty:
         return ("**No label oracle in this study** (no label with two or more values, or its runs have not "
                 "finished): there is no available gain to compare the runs with.")
@@ -130,9 +155,16 @@ def available_gain_markdown(oracles: pd.DataFrame) -> str:
                 f"z-free control at H(label | x) = {best['H']:.3f} nats: η = ΔR/H = {best['eta']:.3f} "
                 f"{_ci(best['eta_lo'], best['eta_hi'])} ({n} evaluated rows).")
     else:
-        head = (f"**No label's ΔR interval excludes 0** ({len(oracles)} label(s), {n} evaluated rows): "
-                "giving the decoder any of these labels as z buys nothing measurable over the z-free control, "
-                "so there is no measured exchange rate η and no available gain to share out.")
+        sides = {side: [f"{md_code(o['label'])} {_ci(o['delta_R_lo'], o['delta_R_hi'])}" for _, o in oracles.iterrows()
+                        if interval_side(o["delta_R_lo"], o["delta_R_hi"]) == side]
+                 for side in ("below 0", "holds 0", "unknown")}
+        what = {"below 0": "lies below 0 (giving the decoder the label as z made D *worse* than the z-free control's)",
+                "holds 0": "holds 0 (no difference measurable either way)",
+                "unknown": "has no interval"}
+        parts = [f"{', '.join(v)} {what[k]}" for k, v in sides.items() if v]
+        head = (f"**No label's ΔR interval lies above 0** ({len(oracles)} label(s), {n} evaluated rows): "
+                + "; ".join(parts) + ". No label buys a measurable gain over the z-free control, so there is no "
+                "measured exchange rate η and no available gain to share out.")
     warn = [f"- ⚠ {md_text(w)}" for w in label_warnings(oracles)]
     return "\n".join([head, *([""] + warn if warn else [])])
 
@@ -156,20 +188,25 @@ def _side(x, threshold: float) -> str:
     return "unknown" if pd.isna(x) else ("use" if x > threshold else "no use")
 
 
-def _gain_verdict(measured: str, gain_lo) -> str:
+def _gain_verdict(measured: str, gain_lo, gain_hi=np.nan) -> str:
+    """The verdict of one run from its measured use and where its z-gain interval lies against its
+    own control (``interval_side``): a gain below 0 is named (D worse than the control's)."""
     if pd.isna(gain_lo):
         return "unknown: no finished control"
-    up = gain_lo > 0
-    return {("use", True): "z used: measured use, gain > 0",
-            ("use", False): "z not used: rate paid, no gain",
-            ("no use", True): "z not used: gain, no measured use",
-            ("no use", False): "z unused"}.get((measured, up), "unknown: no measured use")
+    side = interval_side(gain_lo, gain_hi) if not pd.isna(gain_hi) else ("above 0" if gain_lo > 0 else "holds 0")
+    return {("use", "above 0"): "z used: measured use, gain > 0",
+            ("use", "holds 0"): "z not used: rate paid, no gain",
+            ("use", "below 0"): "z not used: rate paid, D worse than its control's",
+            ("no use", "above 0"): "z not used: gain, no measured use",
+            ("no use", "holds 0"): "z unused",
+            ("no use", "below 0"): "z unused, D worse than its control's"}.get((measured, side), "unknown: no measured use")
 
 
 def gain_verdicts(runs: pd.DataFrame, gains: pd.DataFrame, eta: tuple[float, str] | None,
                   threshold: float = USE_THRESHOLD) -> pd.DataFrame:
     """One row per run (``SweepResults.runs`` with run_id, run_dir, measured_use_fraction,
-    predicted_use_fraction; ``gains``: ``run_gains`` rows): run, rate, z gain and its interval,
+    predicted_use_fraction; ``gains``: ``run_gains`` rows): run, its control's run id, rate, z gain
+    (over that control) and its interval,
     the share of the available gain, measured use, predicted use under eta = 1 and under the
     measured ``eta`` (NaN without one), "z used" (measured use AND z_gain_lo > 0; NaN without a
     control), verdict, and whether each rule agrees with "z used"."""
@@ -183,11 +220,12 @@ def gain_verdicts(runs: pd.DataFrame, gains: pd.DataFrame, eta: tuple[float, str
         p1 = r["predicted_use_fraction"]
         pe = predicted_use_at(r["run_dir"], eta[0]) if eta else np.nan
         agree = lambda p: np.nan if pd.isna(used) or pd.isna(p) else (p > threshold) == used  # noqa: E731
-        rows.append({"run": run_label(r, runs), "rate [nats/ex]": x.get("rate", np.nan),
+        rows.append({"run": run_label(r, runs), "control": x.get("control_run_id", np.nan),
+                     "rate [nats/ex]": x.get("rate", np.nan),
                      "z gain [nats/ex]": x.get("z_gain", np.nan), "z gain 95% CI": _ci(lo, x.get("z_gain_hi", np.nan)),
                      "share of available": x.get("gain_share", np.nan), "measured use": r["measured_use_fraction"],
                      "predicted use (η = 1)": p1, "predicted use (η measured)": pe, "z used": used,
-                     "verdict": _gain_verdict(m, lo), "η = 1 agrees": agree(p1), "η measured agrees": agree(pe)})
+                     "verdict": _gain_verdict(m, lo, x.get("z_gain_hi", np.nan)), "η = 1 agrees": agree(p1), "η measured agrees": agree(pe)})
     return pd.DataFrame(rows)
 
 
@@ -198,17 +236,22 @@ def gain_verdict_markdown(verdicts: pd.DataFrame, eta: tuple[float, str] | None)
         return "**No finished runs.**"
     known = verdicts["z used"].dropna()
     rule = (f"η = {eta[0]:.3f} (label {md_code(eta[1])})" if eta else
-            "no measured η (no label's ΔR interval excludes 0)")
+            "no measured η (no label's ΔR interval lies above 0)")
     head = (f"**{int(known.astype(bool).sum())} of {len(verdicts)} runs used z** (measured use and a z-gain "
-            f"interval above 0 over the z-free control). Theory: z pays where β_eff < η; with η = 1, "
+            f"interval above 0 over the run's own z-free control). Theory: z pays where β_eff < η; with η = 1, "
             f"{int(verdicts['η = 1 agrees'].dropna().astype(bool).sum())} runs agree; with {rule}"
             + (f", {int(verdicts['η measured agrees'].dropna().astype(bool).sum())} agree." if eta else "."))
 
     def pct(v):
         return "–" if pd.isna(v) else f"{100 * v:.0f}%"
 
-    lines = [f"- {md_code(r['run'])}: z gain {r['z gain [nats/ex]']:.3g} nats/ex {r['z gain 95% CI']} at rate "
-             f"{r['rate [nats/ex]']:.3g}; measured use {pct(r['measured use'])}, predicted "
+    several = "control" in verdicts and verdicts["control"].nunique() > 1  # name each run's own control
+
+    def against(r):
+        return f" over its control {md_code(r['control'])}" if several and not pd.isna(r["control"]) else ""
+
+    lines = [f"- {md_code(r['run'])}: z gain {r['z gain [nats/ex]']:.3g} nats/ex {r['z gain 95% CI']}{against(r)} "
+             f"at rate {r['rate [nats/ex]']:.3g}; measured use {pct(r['measured use'])}, predicted "
              f"{pct(r['predicted use (η = 1)'])} (η = 1)" + (f" / {pct(r['predicted use (η measured)'])} (η measured)"
                                                              if eta else "") + f" — {md_text(r['verdict'])}"
              for _, r in verdicts.iterrows()]

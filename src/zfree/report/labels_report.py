@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from zfree.report.report import md_text, run_table
+from zfree.report.report import md_code, md_text, run_table
 
 LABEL_METRICS = ("alignment_nmi", "hungarian_accuracy", "probe_accuracy")
 #: below this many evaluated rows (or with one value) a label metric is flagged in the table
@@ -91,9 +91,49 @@ def samples_table(run_dir, max_chars: int | None = None) -> pd.DataFrame:
     return s.set_index(["x", "latent"])[["greedy", "sampled"]]
 
 
-#: multiref.csv columns shown, when present (written by ``zfree.evaluate.multiref``), -> header
+#: multiref.csv columns shown, when present (written by ``zfree.experiment.multiref_table``), -> header
 MULTIREF_COLUMNS = {"run_id": "run", "pairwise_bleu": "pairwise BLEU among z values", "refs_covered": "references covered",
-                    "n_mrs": "MRs"}
+                    "n_mrs": "MRs", "k": "outputs per MR", "control_id": "control",
+                    "control_pairwise_bleu": "control pairwise BLEU", "control_refs_covered": "control references covered",
+                    "control_n_mrs": "control MRs"}
+#: a confusion with more label values than this is drawn as a heatmap (``plot_label_confusion``),
+#: not a table: 44 values ran off the page and pandas cut them to "…"
+MAX_TABLE_VALUES = 12
+
+
+def confusion_is_wide(table: pd.DataFrame, max_values: int = MAX_TABLE_VALUES) -> bool:
+    """True when a latent value × label value confusion (``label_confusion``) has more than
+    ``max_values`` label values (its columns): draw it, do not tabulate it."""
+    return table.shape[1] > max_values
+
+
+def dashes(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` for display with every missing value (NaN, None) shown as "–" (the other values as
+    they are); a note beside the table says what "–" means."""
+    return table.astype(object).where(table.notna(), "–")
+
+
+def multiref_note(table: pd.DataFrame) -> str:
+    """Why a row of ``multiref_table`` has no control values ("–"): no control linked, the control drew
+    fewer samples per MR (``MULTIREF_SAMPLES``) than the run has outputs (a label oracle with many
+    values), or the control's outputs are missing. "" when every row has them."""
+    from zfree.evaluate.multiref import MULTIREF_SAMPLES  # lazy: the metric's module, only for its constant
+
+    col = "control pairwise BLEU"
+    if col not in table:
+        return ""
+    why = []
+    for _, r in table[table[col].isna()].iterrows():
+        k, ctrl = r.get("outputs per MR"), r.get("control")
+        if ctrl is None or pd.isna(ctrl):
+            reason = "no z-free control is linked to it"
+        elif not pd.isna(k) and k > MULTIREF_SAMPLES:
+            reason = (f"its control draws {MULTIREF_SAMPLES} samples per MR, fewer than its {int(k)} outputs per MR, "
+                      "so they are not compared")
+        else:
+            reason = "its control's outputs are missing (not finished or not decoded)"
+        why.append(f"{md_code(r.get('run'))}: {reason}")
+    return ("*– in the control columns: " + "; ".join(why) + ".*") if why else ""
 
 
 def multiref_table(study_dir: Path | str, digits: int = 3) -> pd.DataFrame | None:

@@ -14,7 +14,7 @@ import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from zfree.report.figstyle import FACET_MARKERS, finish_with_legend_right  # noqa: E402
+from zfree.report.figstyle import FACET_MARKERS, FACETS, color_of, finish_with_legend_right, literal_texts  # noqa: E402
 from zfree.report.figstyle import groups as _groups  # noqa: E402
 from zfree.report.figstyle import legend_below as _legend_below  # noqa: E402
 from zfree.report.figstyle import log_axis as _log_axis  # noqa: E402
@@ -199,7 +199,7 @@ def _label_clusters(points, tol: float = 0.04) -> dict[tuple[float, float], list
 
 @_paper
 def plot_rate_distortion(runs: pd.DataFrame, z_free: float | None = None, bayes_rate: float | None = None,
-                         n_iso: int = 6, control: float | None = None) -> plt.Figure:
+                         n_iso: int = 6, controls: pd.DataFrame | None = None) -> plt.Figure:
     """The rate-distortion plane (Alemi et al. 2018): rate R = mean KL(q‖p) and distortion
     D = mean |S|·ℓ̄, both nats per sequence; one curve per weighting (and facet) across beta.
 
@@ -207,13 +207,16 @@ def plot_rate_distortion(runs: pd.DataFrame, z_free: float | None = None, bayes_
     |S|·c_base per sequence). ``bayes_rate``: mean log(K/m) (DESIGN §2), which places the
     analytic optimum (R = log(K/m), D = 0: z names the strategy, y is then determined) and the
     Bayes-optimal z-free point (0, log(K/m)) on one iso-ELBO line D + R = const (dashed): at
-    beta = 1 nothing prefers using z. Dotted: more iso-ELBO lines (slope -1). ``control``: the
-    z-free control's D (same training, no latent: R = 0). A NaN ``z_free``/``bayes_rate``/``control``
-    (real data has no Bayes loss) counts as absent: nothing is drawn or listed for it and the axes
-    span only what is drawn.
+    beta = 1 nothing prefers using z. Dotted: more iso-ELBO lines (slope -1). ``controls``: each run's
+    own z-free control (``zfree.report.gains_report.control_links`` rows: run_id, control_run_id,
+    D_control, rate, distortion, label): every distinct control is drawn at (0, D_control) (same
+    training, no latent), named C1, C2, ... where there are several, and joined to each of its runs by
+    a thin line, so a run is read against its own control, never against a mean of controls. A NaN
+    ``z_free``/``bayes_rate`` (real data has no Bayes loss) counts as absent: nothing is drawn or listed
+    for it and the axes span only what is drawn.
     """
-    z_free, bayes_rate, control = (None if v is None or not np.isfinite(v) else float(v)
-                                   for v in (z_free, bayes_rate, control))
+    z_free, bayes_rate = (None if v is None or not np.isfinite(v) else float(v) for v in (z_free, bayes_rate))
+    links = (controls.dropna(subset=["D_control"]) if controls is not None else pd.DataFrame(columns=["D_control"]))
     fig, ax = plt.subplots(figsize=(6.2, 4.8))
     points = []
     for label, color, ls, rows in _groups(runs):
@@ -224,7 +227,7 @@ def plot_rate_distortion(runs: pd.DataFrame, z_free: float | None = None, bayes_
         ax.annotate("β=" + ", ".join(f"{b:g}" for b in betas), (x, y), fontsize=6, xytext=(3, 3),
                     textcoords="offset points")
     pts_r = [*runs["rate"], 0.0] + ([bayes_rate] if bayes_rate else [])
-    pts_d = [*runs["distortion"].dropna()] + [v for v in (z_free, control) if v is not None] + (
+    pts_d = [*runs["distortion"].dropna(), *links["D_control"]] + ([z_free] if z_free is not None else []) + (
         [0.0, bayes_rate] if bayes_rate else [])
     r_hi = max(pts_r) * 1.15 + 1e-3
     d_lo, d_hi = min(pts_d), max(pts_d)
@@ -233,9 +236,7 @@ def plot_rate_distortion(runs: pd.DataFrame, z_free: float | None = None, bayes_
         ax.plot([0, r_hi], [c, c - r_hi], color="gray", lw=0.6, ls=":", zorder=0)
     if z_free is not None:
         ax.scatter([0.0], [z_free], marker="*", s=160, color="k", zorder=4, label="z-free (R = 0, D = mean |S|·b)")
-    if control is not None:
-        ax.scatter([0.0], [control], marker="X", s=110, color="tab:gray", zorder=4,
-                   label="z-free control (R = 0, same training)")
+    _draw_controls(ax, links)
     if bayes_rate:
         ax.plot([0, bayes_rate], [bayes_rate, 0], color="k", lw=0.8, ls="--", zorder=0,
                 label="iso-ELBO through the Bayes-optimal points")
@@ -245,9 +246,32 @@ def plot_rate_distortion(runs: pd.DataFrame, z_free: float | None = None, bayes_
                    label="analytic optimum (log K/m, 0): z names the strategy")
     ax.set_xlim(-0.02 * r_hi, r_hi)
     ax.set_ylim(d_lo - pad, d_hi + pad)
-    return finish_with_legend_right(fig, ax, "rate R = KL(q‖p) [nats / sequence]",
-                                    "distortion D = |S|·ℓ̄ [nats / sequence]",
-                                    "Rate-distortion plane (dotted: iso-ELBO D + R = const)")
+    fig = finish_with_legend_right(fig, ax, "rate R = KL(q‖p) [nats / sequence]",
+                                   "distortion D = |S|·ℓ̄ [nats / sequence]",
+                                   "Rate-distortion plane (dotted: iso-ELBO D + R = const)")
+    literal_texts(ax.get_legend())  # the controls' entries name runs
+    return fig
+
+
+def _draw_controls(ax, links: pd.DataFrame, max_named: int = 3) -> None:
+    """``plot_rate_distortion``'s controls: one X per distinct control at (0, D_control), named C1,
+    C2, ... (by D) where there are several, each joined to its runs (the run's weighting color) by a
+    thin dashed line; one legend entry per control naming up to ``max_named`` of its runs."""
+    if links.empty:
+        return
+    order = links.groupby("control_run_id", sort=False)["D_control"].first().sort_values()
+    for i, (cid, d) in enumerate(order.items(), 1):
+        own = links[links["control_run_id"] == cid]
+        for _, r in own.iterrows():
+            ax.plot([0.0, r["rate"]], [d, r["distortion"]], ls=(0, (4, 2)), lw=0.7, alpha=0.6,
+                    color=color_of(str(r.get("weighting"))), zorder=1, gid=f"control-link {cid} {r['run_id']}")
+        names = list(dict.fromkeys(own["label"]))  # seeds of one recipe share a name
+        named = ",\n  ".join(names[:max_named]) + (f" +{len(names) - max_named}" if len(names) > max_named else "")
+        tag = f"C{i}" if len(order) > 1 else ""
+        ax.scatter([0.0], [d], marker="X", s=110, color="tab:gray", edgecolors="k", linewidths=0.4, zorder=4,
+                   label="z-free control" + (f" {tag}" if tag else "") + f" (R = 0, same training) of:\n  {named}")
+        if tag:
+            ax.annotate(tag, (0.0, d), fontsize=7, xytext=(-14, -3), textcoords="offset points")
 
 
 @_paper
@@ -259,10 +283,15 @@ def plot_effective_beta(per_example: pd.DataFrame, eta: float | None = None) -> 
     weighting (and facets), one beta per weighting. ``eta``: the measured exchange rate of the best
     label (``zfree.experiment.gains``), drawn as a second threshold β_eff = η (z pays where β_eff < η)."""
     fig, axes = plt.subplots(1, 3, figsize=(12.5, 3.8))
-    for label, color, _, rows in _groups(per_example):
-        axes[0].scatter(rows["b"], rows["beta_eff"], s=8, alpha=0.6, color=color, label=label)
-        axes[1].scatter(rows["n_tokens"], rows["beta_eff"], s=8, alpha=0.6, color=color, label=label)
-        axes[2].scatter(rows["beta_eff"], rows["kl"], s=8, alpha=0.6, color=color, label=label)
+    for label, color, ls, rows in _groups(per_example):
+        # facets apart from the weighting by marker, filled for the first and open for the others: runs
+        # at one beta and weighting share every beta_eff, and an open marker shows over a filled one
+        style = (dict(s=8, alpha=0.6, color=color) if ls == "-" else
+                 dict(s=22, alpha=0.9, facecolors="none", edgecolors=color, linewidths=0.8))
+        style.update(marker=FACET_MARKERS[ls], label=label)
+        axes[0].scatter(rows["b"], rows["beta_eff"], **style)
+        axes[1].scatter(rows["n_tokens"], rows["beta_eff"], **style)
+        axes[2].scatter(rows["beta_eff"], rows["kl"], **style)
     for ax in axes[:2]:
         ax.axhline(1.0, color="k", lw=1, ls="--", label="β_eff = 1")
         _log_axis(ax, "y")
@@ -279,9 +308,21 @@ def plot_effective_beta(per_example: pd.DataFrame, eta: float | None = None) -> 
     axes[2].set_xlabel("β_eff")
     axes[2].set_ylabel("per-example KL [nats / sequence]")
     axes[2].set_title("which examples use z", fontsize=9)
+    if _share_beta_eff(per_example):
+        axes[0].set_title("runs at one β and weighting share every β_eff: one marker over the other", fontsize=8,
+                          loc="left")
     fig.tight_layout()
     _legend_below(fig, axes, ncol=5)
     return fig
+
+
+def _share_beta_eff(per_example: pd.DataFrame) -> bool:
+    """True when two groups of ``plot_effective_beta`` (facet combinations) have a weighting and a
+    beta in common: their beta_eff = beta·|S|/w are the same per row, so their points coincide."""
+    facets = [f for f in FACETS[1:] if f in per_example and per_example[f].nunique() > 1]
+    if not facets or per_example.empty:
+        return False
+    return bool((per_example.groupby(["weighting", "beta"])[facets].nunique() > 1).any(axis=None))
 
 
 @_paper

@@ -1,7 +1,8 @@
 """The study report's figures against beta: rate and rho_recon per weighting, the loss fractions,
-the measured against the predicted latent use, z's gain against its rate, and the remedies
-leaderboard. Each function takes tidy pandas data (the study's summary table) and returns a
-matplotlib Figure (headless-safe; tests check the data drawn)."""
+the measured against the predicted latent use, z's gain against its rate, the remedies
+leaderboard, and a many-valued label's confusion with the latent values. Each function takes tidy
+pandas data (the study's summary table) and returns a matplotlib Figure (headless-safe; tests check
+the data drawn)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from zfree.report.figstyle import log_axis as _log_axis  # noqa: E402
 from zfree.report.figstyle import paper as _paper  # noqa: E402
 from zfree.report.figstyle import rho_limits as _rho_limits  # noqa: E402
 from zfree.report.figstyle import shade  # noqa: E402
+from zfree.report.report import run_label  # noqa: E402
 
 
 @_paper
@@ -97,8 +99,7 @@ def plot_loss_fractions(summary: pd.DataFrame) -> plt.Figure:
     cols = [c for c in summary.columns if c.startswith("loss_contrib/fraction_abs/")]
     facets = [f for f in FACETS if f in summary and (f == "weighting" or summary[f].nunique() > 1)]
     s = summary.sort_values([*facets, "beta"])
-    labels = [" ".join(str(r[f]) for f in facets) + f" β={r['beta']:g}" + (f" s{r['seed']}" if "seed" in s and
-              s["seed"].nunique() > 1 else "") for _, r in s.iterrows()]
+    labels = [run_label(r, s) for _, r in s.iterrows()]  # the run's name in every table of the report
     fig, ax = plt.subplots(figsize=(7.5, 1.2 + 0.32 * len(s)))
     y = np.arange(len(s))
     vals = s[cols].to_numpy(float) if cols else np.zeros((len(s), 0))
@@ -254,4 +255,38 @@ def plot_leaderboard(board: pd.DataFrame) -> plt.Figure:
     fig.tight_layout()
     fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(len(handles), 5),
                fontsize=7, frameon=False)
+    return fig
+
+
+@_paper
+def plot_label_confusion(table: pd.DataFrame, max_chars: int = 40) -> plt.Figure:
+    """A confusion of latent values against a label's values (``zfree.evaluate.latent_stats.label_confusion``:
+    rows latent value, columns label value, counts) as a heatmap, for a label with more values than a
+    table can show: one row per label value (its name from data, drawn literally, cut to ``max_chars``),
+    one column per latent value; color = the share of that label value's rows in each latent value
+    (each row sums to 1, so a rare value reads as well as a common one), the count written in each
+    cell where the grid is small enough to read it."""
+    t = table.T  # (label values, latent values)
+    counts = t.to_numpy(float)
+    share = counts / np.clip(counts.sum(axis=1, keepdims=True), 1, None)
+    n_val, n_lat = share.shape
+    fig, ax = plt.subplots(figsize=(min(3.5 + 0.45 * n_lat, 12.0), 1.4 + 0.2 * n_val))
+    im = ax.imshow(share, aspect="auto", cmap="Blues", vmin=0.0, vmax=1.0, interpolation="nearest")
+    ax.set_xticks(range(n_lat), [str(c) for c in t.columns])
+    names = [str(v) if len(str(v)) <= max_chars else str(v)[: max_chars - 1] + "…" for v in t.index]
+    ax.set_yticks(range(n_val), names, fontsize=7)
+    for lab in ax.get_yticklabels():
+        lab.set_parse_math(False)  # a label value from data is text: "$x_$" is no mathtext
+    if n_val * n_lat <= 600:
+        for i in range(n_val):
+            for j in range(n_lat):
+                if counts[i, j]:
+                    ax.text(j, i, f"{counts[i, j]:.0f}", ha="center", va="center", fontsize=6,
+                            color="white" if share[i, j] > 0.6 else "black")
+    ax.set_xlabel(f"{table.index.name or 'latent value'} (posterior argmax)")
+    ax.set_ylabel(str(t.index.name or "label value"))
+    ax.yaxis.label.set_parse_math(False)
+    fig.colorbar(im, ax=ax, label="share of the label value's rows", fraction=0.04, pad=0.02)
+    ax.set_title(f"{n_val} label values × {n_lat} latent values (counts in the cells)", fontsize=9)
+    fig.tight_layout()
     return fig

@@ -105,13 +105,13 @@ def launch_beta_range(betas, beta_stars=(), pad_decades: float = 0.5, step: floa
 
 
 def run_label(row, runs: pd.DataFrame | None = None) -> str:
-    """``weighting [latent_kind] [aid] [remedy] β=…[ s<seed>]``: a facet is named where ``runs``
-    varies it (always, without ``runs``), except ``aid = none``, ``latent_kind = discrete`` and
-    ``remedy = none``."""
+    """``weighting [latent_kind] [aid] [remedy] β=…[ s<seed>]``: every facet that is not its default
+    (``aid = none``, ``latent_kind = discrete``, ``remedy = none``) is named, whether or not ``runs``
+    varies it, so a run reads the same in every table and figure (an aided run never loses its aid
+    in a table of aided runs only); the seed where ``runs`` has several."""
     parts = [str(row["weighting"])]
     for f in ("latent_kind", "aid", "remedy"):
-        varies = runs is None or (f in runs and runs[f].nunique() > 1)
-        if f in row and varies and str(row[f]) not in ("none", "discrete", "nan"):
+        if f in row and str(row[f]) not in ("none", "discrete", "nan", "None"):
             parts.append(str(row[f]))
     parts.append(f"β={row['beta']:g}")
     if runs is not None and "seed" in runs and runs["seed"].nunique() > 1:
@@ -355,7 +355,7 @@ def training_metrics(sweep, run_ids: str = "", max_runs: int = 8) -> dict[str, p
         if r not in known:
             raise KeyError(f"run_ids: {r!r} is not a finished run of {sweep.sweep_dir}")
     rows = sweep.runs.set_index("run_id").loc[chosen].reset_index()
-    return {f"{sweep.label(r)} ({r['run_id'][-8:]})": sweep.metrics(r["run_id"]) for _, r in rows.iterrows()}
+    return {f"{run_label(r, sweep.runs)} ({r['run_id'][-8:]})": sweep.metrics(r["run_id"]) for _, r in rows.iterrows()}
 
 
 BOUNDARY_COLUMNS = {"n_betas": "β values", "plateau_rate": "plateau rate", "predicted_plateau_rate": "predicted plateau",

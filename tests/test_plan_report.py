@@ -1,0 +1,120 @@
+"""Issue 35, item 2: the report opens with what was run against what was asked. ``timings.json``
+(``zfree.experiment.timings``: one session per invocation, each phase written when it ends, a rerun
+appended) written by ``run_experiment``; the section (``zfree.report.plan_report``): the budget, the
+estimate, the cuts in order, the measured phases beside the estimate, and a plain smoke-test warning."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from zfree.experiment import timings as T
+from zfree.report import plan_report as P
+
+ESTIMATE = {"runs": 5, "workers": 1, "estimated_s": 1320.0, "estimated_peak_bytes": 10.6 * 2**30, "budget_s": 1800.0,
+            "grid_budget_s": 1800.0 - 360.0 - P.REPORT_S, "micro_batch": 0,
+            "cuts": ["evaluated rows 300 -> 100", "evaluations at step 0 and the end only",
+                     "beta points [0.333, 1.0] x beta* -> [0.333] x beta*", "weightings ['distribution', 'example', "
+                     "'plain', 'token'] -> ['distribution', 'example']", "batch 32 -> 8 rows a step",
+                     "steps x 0.03 (unaided 500 -> 14, aided 1000 -> 28)", "label oracles ['pos', 'lexfile'] -> ['pos']"],
+            "lines": ["estimate: 5 runs on 1 worker(s): about 22.0 min"], "train": {"steps": 14, "batch_size": 8}}
+
+
+def test_phase_clock_writes_each_phase_as_it_ends_and_a_rerun_appends_a_session(tmp_path, monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr(T.time, "time", lambda: now[0])
+    first = T.PhaseClock(tmp_path, started=1000.0)
+    now[0] = 1060.0
+    first.done("preparation")
+    now[0] = 1360.0
+    first.done("probes")
+    now[0] = 3292.0
+    first.done("grid", points={"finished": 5})  # interrupted before its report: the phases done are kept
+    (s,) = T.read_timings(tmp_path)
+    assert (s["preparation_s"], s["probes_s"], s["grid_s"], s["total_s"]) == (60.0, 300.0, 1932.0, 2292.0)
+    assert "report_s" not in s and "finished" not in s and s["points"] == {"finished": 5}
+    rerun = T.PhaseClock(tmp_path, started=5000.0)
+    now[0] = 5010.0
+    rerun.done("preparation")
+    sessions = T.read_timings(tmp_path)
+    assert len(sessions) == 2 and sessions[0] == s and sessions[1]["preparation_s"] == 10.0
+    with pytest.raises(ValueError, match="phase 'training' is not one of"):
+        rerun.done("training")
+    assert T.read_timings(tmp_path / "nowhere") == []
+
+
+def test_run_experiment_records_every_phase_and_the_grid_even_when_interrupted(tmp_path, monkeypatch):
+    """The pipeline's wiring, its steps replaced by stand-ins: preparation, probes, grid and report
+    each written to timings.json; an interrupt in the grid still records the grid's time."""
+    from zfree.experiment import pipeline as PL
+    from zfree.experiment.study import PRESETS
+
+    plan = type("Plan", (), {"spec": PRESETS["smoke"], "workers": 1})
+    monkeypatch.setattr(PL, "prepare", lambda spec, out, **kw: object())
+    monkeypatch.setattr(PL, "plan", lambda *a, **kw: plan)
+    monkeypatch.setattr(PL, "_grid", lambda spec, prep: ({}, None))
+    monkeypatch.setattr(PL, "_notes", lambda *a: None)
+    monkeypatch.setattr(PL, "_points", lambda *a: [])
+    monkeypatch.setattr(PL, "_summary", lambda *a: 0)
+    monkeypatch.setattr(PL, "render_report", lambda out, progress=True: out / "report.html")
+    monkeypatch.setattr(PL, "run_points", lambda *a, **kw: [{"status": "finished"}, {"status": "skipped"}])
+    PL.run_experiment(PRESETS["smoke"], tmp_path / "s", estimate=True, progress=False)
+    (s,) = T.read_timings(tmp_path / "s")
+    assert {f"{p}_s" for p in T.PHASES} <= set(s) and s["finished"] and s["points"] == {"finished": 1, "skipped": 1}
+
+    def interrupted(*a, **kw):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(PL, "run_points", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        PL.run_experiment(PRESETS["smoke"], tmp_path / "s", progress=False)
+    last = T.read_timings(tmp_path / "s")[-1]
+    assert "grid_s" in last and "probes_s" not in last and "report_s" not in last and "finished" not in last
+
+
+def _sessions():
+    return [{"id": "a", "started": "2025-01-01T10:00:00+00:00", "preparation_s": 120.0, "probes_s": 240.0,
+             "grid_s": 1932.0, "report_s": 70.0, "total_s": 2362.0, "points": {"finished": 9}, "finished": True}]
+
+
+def test_plan_section_names_the_budget_the_estimate_and_every_cut_in_order():
+    runs_all = pd.DataFrame({"wall_s": [155.0] * 9})  # issue 35: 23.3 min of wall_s in a 32.2 min grid
+    md = P.plan_markdown(ESTIMATE, _sessions(), runs_all)
+    assert "a budget of 30.0 min" in md and "5 runs on 1 worker(s), about 22.0 min for the grid" in md
+    at = [md.index(P.md_text(c)) for c in ESTIMATE["cuts"]]
+    assert at == sorted(at) and "1. evaluated rows 300 &#45;&#62; 100" in md and "7. label oracles" in md
+    assert "39.4 min in all against the 30.0 min budget (+31 %)" in md  # 2362 s against 1800 s
+    assert "39.6 min in all, over 2 sessions" in P.plan_markdown(ESTIMATE, [*_sessions(), {"total_s": 12.0}], runs_all)
+    assert "sum to 23.2 min over 9 runs" in md and "the grid phase took 32.2 min on 1 worker(s): 8.9 worker-min went " \
+        "outside the runs' `wall_s`" in md
+    assert "outside" not in P.plan_markdown(ESTIMATE, _sessions(), pd.DataFrame({"wall_s": [300.0] * 9}))
+    t = P.phase_table(ESTIMATE, _sessions())
+    assert list(t.columns) == ["budget [min]", "estimate [min]", "measured [min]"]
+    assert t.loc["grid (runs, controls, oracles)"].tolist() == ["23.0", "22.0", "32.2"]
+    assert t.loc["report (tables, report.html)", "estimate [min]"] == f"{P.REPORT_S / 60:.1f}"
+    assert t.loc["probes (the estimate)", "budget [min]"] == "6.0 with the preparation"
+    assert t.loc["grid points", "measured [min]"] == "9 finished"
+    two = P.phase_table(ESTIMATE, [*_sessions(), {"started": "later", "preparation_s": 6.0, "total_s": 6.0}])
+    assert two.columns[-1] == "measured [min], session 2 (later)" and two.iloc[1, -1] == "–"
+    assert P.plan_markdown(None, [], runs_all) == "" and P.phase_table(None, []) is None
+
+
+def test_smoke_warning_when_the_runs_trained_fewer_than_the_stated_steps():
+    runs = pd.DataFrame({"steps": [14, 28]})
+    w = P.smoke_warning(runs, ESTIMATE)
+    assert "A smoke test, not a result" in w and "trained 14–28 steps (the budget cut them: " in w
+    assert "(the budget cut them: " + P.md_text(ESTIMATE["cuts"][5]) + "), fewer than 50." in w
+    assert "10 steps (as the study asked), fewer than 50" in P.smoke_warning(pd.DataFrame({"steps": [10]}))
+    assert "1 of 2 runs trained 10 steps" in P.smoke_warning(pd.DataFrame({"steps": [10, 500]}))
+    assert P.smoke_warning(pd.DataFrame({"steps": [50, 500]}), ESTIMATE) == ""
+
+
+def test_plan_section_reads_the_study_folder(tmp_path):
+    (tmp_path / "runs" / "r1").mkdir(parents=True)
+    (tmp_path / "runs" / "r1" / "summary.json").write_text(json.dumps({"wall_s": 60.0, "steps": 14}))
+    assert P.plan_section(tmp_path, pd.DataFrame({"steps": [500]})) == ("", None)
+    (tmp_path / "estimate.json").write_text(json.dumps(ESTIMATE))
+    md, table = P.plan_section(tmp_path, pd.DataFrame({"steps": [14]}))
+    assert md.startswith("## What was run against what was asked") and "A smoke test, not a result" in md
+    assert "Cut to fit the budget, in this order" in md and list(table.columns) == ["budget [min]", "estimate [min]"]
