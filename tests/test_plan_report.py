@@ -51,7 +51,7 @@ def test_run_experiment_records_every_phase_and_the_grid_even_when_interrupted(t
     from zfree.experiment import pipeline as PL
     from zfree.experiment.study import PRESETS
 
-    plan = type("Plan", (), {"spec": PRESETS["smoke"], "workers": 1})
+    plan = type("Plan", (), {"spec": PRESETS["smoke"], "workers": 1, "record": {"runs": 0}})
     monkeypatch.setattr(PL, "prepare", lambda spec, out, **kw: object())
     monkeypatch.setattr(PL, "plan", lambda *a, **kw: plan)
     monkeypatch.setattr(PL, "_grid", lambda spec, prep: ({}, None))
