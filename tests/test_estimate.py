@@ -55,8 +55,12 @@ def test_lora_targets_refused_by_name():
         apply_lora(backbone, 4, 8.0, "no_such_proj")
 
 
-def test_lora_run_checkpoint_is_partial_and_resumes(tmp_path):
-    cfg = _cfg(lora_rank=4, steps=4, lr_backbone=1e-3)
+def test_lora_run_checkpoint_is_partial_and_resumes(tmp_path, tiny_run):
+    from tests.tiny import tiny_flat
+
+    data, base = tiny_run  # the session's tiny benchmark (the shipped one encodes 50k rows a run)
+    cfg = TrainConfig.from_flat(tiny_flat(data, base, lora_rank=4, steps=4, eval_every=4, lr_backbone=1e-3,
+                                          device="cpu"))
     full = train_cvae(cfg, tmp_path / "whole", progress=False)
     part = tmp_path / "part"
     assert train_cvae(cfg, part, progress=False, stop_after=2) == {"stopped_at": 2}
