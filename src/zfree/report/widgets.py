@@ -375,7 +375,11 @@ class LaunchPanel:
         except Exception as e:  # noqa: BLE001 - e.g. the executor refused a job: say so, do not die silently
             broken = f"; {type(e).__name__}: {e}"[:300]
         finally:
-            ex.shutdown(wait=True)
+            if not self._stopping.is_set():  # stop shut the pool down already: a second shutdown racing it
+                try:                          # closed its result pipe twice (OSError: Bad file descriptor)
+                    ex.shutdown(wait=True)    # and left the panel's buttons and label as they were
+                except OSError:
+                    pass
             self.button.disabled, self.stop_button.disabled = False, True
             ok = sum(s["status"] in ("finished", "skipped") for s in self.statuses)
             failed = [s for s in self.statuses if s["status"] == "failed"]
