@@ -51,3 +51,17 @@ def test_mixed_label_types_across_rows_name_both_lines(tmp_path):
                                        {"x": "1", "y": "4", "labels": {"k": 7}}])
     with pytest.raises(ValueError, match=r"mix\.jsonl:3: field 'labels\.k' is int here but str at .*mix\.jsonl:1"):
         load_pairs(f)
+
+
+@pytest.mark.parametrize("key", ["", "  "])
+def test_an_empty_label_key_is_refused_naming_the_row(tmp_path, key):
+    """Issue 34 (weak case): a nameless label became a nameless column, oracle and axis."""
+    import json
+
+    from zfree.data.pairs import load_pairs
+
+    f = tmp_path / "d.jsonl"
+    f.write_text(json.dumps({"x": "a", "y": "b", "labels": {"style": "s"}}) + "\n"
+                 + json.dumps({"x": "c", "y": "d", "labels": {key: "v"}}) + "\n")
+    with pytest.raises(ValueError, match=rf"d\.jsonl:2: field 'labels' has an empty key '{key}': give every label a name"):
+        load_pairs(f)

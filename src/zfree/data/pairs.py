@@ -34,6 +34,8 @@ def _check_labels(value, where: str, types: dict[str, tuple[type, str]]) -> dict
         raise ValueError(f"{where}: field 'labels' must be an object of strings or integers, "
                          f"got {type(value).__name__}")
     for k, v in value.items():
+        if not k.strip():  # a nameless label would be a nameless column, oracle and figure axis
+            raise ValueError(f"{where}: field 'labels' has an empty key {k!r}: give every label a name")
         if isinstance(v, bool) or not isinstance(v, (str, int)):
             raise ValueError(f"{where}: field 'labels.{k}' must be a string or an integer (labels are a flat "
                              f"object), got {type(v).__name__}")
