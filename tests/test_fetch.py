@@ -81,3 +81,29 @@ def test_a_study_on_a_fetched_model_notes_its_quantised_weights(tmp_path):
 
     rec = json.loads((base / "source.json").read_text())
     assert rec["fetched"]["quantization"] == "Q4_1 (GGUF), dequantised to float32"
+
+
+def test_a_truncated_weights_file_is_one_line_naming_the_model(tmp_path):
+    """Issue 34 (weak case): a model.safetensors cut short (a download or copy interrupted) was a
+    SafetensorError traceback, exit 1; now a ModelLoadError naming the model, exit 2 from the CLI."""
+    import os
+
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from zfree.core.errors import ModelLoadError
+    from zfree.data.bpe import train_bpe_tokenizer
+    from zfree.models.loading import load_causal_lm
+
+    folder = tmp_path / "m"
+    tok = train_bpe_tokenizer(["a cat sat", "on the mat"], vocab_size=300)
+    GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_positions=32, n_layer=1, n_embd=16, n_head=2,
+                               bos_token_id=1, eos_token_id=3, pad_token_id=0)).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    weights = folder / "model.safetensors"
+    with open(weights, "r+b") as f:
+        f.truncate(os.path.getsize(weights) // 2)
+    with pytest.raises(ModelLoadError, match=r"^model .*m: its weights cannot be read \(SafetensorError: "):
+        load_causal_lm(folder, device="cpu")
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"x": "a cat", "y": " sat"}\n')
+    assert main(["score", "--model", str(folder), "--data", str(data), "--out", str(tmp_path / "o")]) == 2

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from zfree.core.errors import ModelLoadError
@@ -94,7 +95,8 @@ def load_causal_lm(source: Path | str, *, device: str | torch.device = "auto", d
 
     Raises FileNotFoundError for a missing path; ModelLoadError (a ValueError) for a folder without
     a tokenizer (naming the folder), an encoder-decoder config (T5, BART, ...), a load that
-    reports missing / newly initialized / mismatched weights (naming them), an unknown dtype, or
+    reports missing / newly initialized / mismatched weights (naming them), weights that cannot be
+    read (a safetensors file cut short: naming the model and the reader's first line), an unknown dtype, or
     (``verify``) a model whose logits zfree cannot reproduce from its hidden states.
     """
     path, gguf_file, kind = resolve_source(source)
@@ -132,6 +134,10 @@ def load_causal_lm(source: Path | str, *, device: str | torch.device = "auto", d
             raise ModelLoadError(f"model {name}: {type(config).__name__} has no causal-LM head in transformers "
                                  f"(not an AutoModelForCausalLM)") from None
         raise
+    except (SafetensorError, OSError, EOFError, RuntimeError) as e:  # a weights file cut short or foreign
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        raise ModelLoadError(f"model {name}: its weights cannot be read ({type(e).__name__}: {first}); a file cut "
+                             "short by a download or copy? fetch or copy it again") from None
     bad = _loading_problems(info)
     if bad:
         shown = ", ".join(bad[:8]) + (f" and {len(bad) - 8} more" if len(bad) > 8 else "")
