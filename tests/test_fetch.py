@@ -107,3 +107,27 @@ def test_a_truncated_weights_file_is_one_line_naming_the_model(tmp_path):
     data = tmp_path / "d.jsonl"
     data.write_text('{"x": "a cat", "y": " sat"}\n')
     assert main(["score", "--model", str(folder), "--data", str(data), "--out", str(tmp_path / "o")]) == 2
+
+
+def test_a_config_whose_vocab_size_is_not_the_weights_is_one_line(tmp_path):
+    """Issue 34 (weak case): config.json's vocab_size below the weights' rows: transformers' mismatch
+    RuntimeError (after a long report) became one line naming the model and the field."""
+    import json
+
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from zfree.core.errors import ModelLoadError
+    from zfree.data.bpe import train_bpe_tokenizer
+    from zfree.models.loading import load_causal_lm
+
+    folder = tmp_path / "m"
+    tok = train_bpe_tokenizer(["a cat sat", "on the mat"], vocab_size=300)
+    GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_positions=32, n_layer=1, n_embd=16, n_head=2,
+                               bos_token_id=1, eos_token_id=3, pad_token_id=0)).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["vocab_size"] -= 50
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelLoadError, match=rf"the weights' shapes do not match its config.json \(e.g. vocab_size "
+                                             rf"{cfg['vocab_size']}\)"):
+        load_causal_lm(folder, device="cpu")

@@ -136,6 +136,9 @@ def load_causal_lm(source: Path | str, *, device: str | torch.device = "auto", d
         raise
     except (SafetensorError, OSError, EOFError, RuntimeError) as e:  # a weights file cut short or foreign
         first = (str(e).strip().splitlines() or [""])[0][:200]
+        if "mismatch" in str(e):  # config.json (e.g. vocab_size, hidden size) against the weights' shapes
+            raise ModelLoadError(f"model {name}: the weights' shapes do not match its config.json (e.g. vocab_size "
+                                 f"{getattr(config, 'vocab_size', '?')}); the config belongs to another model") from None
         raise ModelLoadError(f"model {name}: its weights cannot be read ({type(e).__name__}: {first}); a file cut "
                              "short by a download or copy? fetch or copy it again") from None
     bad = _loading_problems(info)
