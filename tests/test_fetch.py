@@ -131,3 +131,22 @@ def test_a_config_whose_vocab_size_is_not_the_weights_is_one_line(tmp_path):
     with pytest.raises(ModelLoadError, match=rf"the weights' shapes do not match its config.json \(e.g. vocab_size "
                                              rf"{cfg['vocab_size']}\)"):
         load_causal_lm(folder, device="cpu")
+
+
+def test_a_model_whose_vocabulary_is_smaller_than_its_tokenizer_is_one_line(tmp_path):
+    """Issue 34 (weak case): a tokenizer whose ids reach past the embedding table was an IndexError in
+    scoring; refused at load, naming both sizes."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from zfree.core.errors import ModelLoadError
+    from zfree.data.bpe import train_bpe_tokenizer
+    from zfree.models.loading import load_causal_lm
+
+    folder = tmp_path / "m"
+    tok = train_bpe_tokenizer(["a cat sat on the mat", "the dog ran"], vocab_size=300)
+    GPT2LMHeadModel(GPT2Config(vocab_size=len(tok) - 5, n_positions=32, n_layer=1, n_embd=16, n_head=2,
+                               bos_token_id=1, eos_token_id=3, pad_token_id=0)).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    with pytest.raises(ModelLoadError, match=rf"its tokenizer has {len(tok)} tokens \(ids up to {len(tok) - 1}\) but "
+                                             rf"the embedding table {len(tok) - 5} rows"):
+        load_causal_lm(folder, device="cpu")

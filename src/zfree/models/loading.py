@@ -71,13 +71,18 @@ MIN_VOCAB_SHARE = 0.5
 
 
 def check_vocab_size(tok, model, name: str) -> None:
-    """ModelLoadError naming both sizes when the tokenizer's vocabulary is far smaller than the
+    """ModelLoadError naming both sizes when the tokenizer has more tokens than the model's input
+    embedding table has rows (its ids would index past it), or when its vocabulary is far smaller than the
     model's input embedding table (fewer than ``MIN_VOCAB_SHARE`` of its rows): e.g. a tokenizer
     built from files it did not understand (transformers' ``GPT2TokenizerFast(vocab_file=...,
     merges_file=...)`` can give one of 1 token), which would score every text as a few ids."""
     emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     rows = getattr(emb, "num_embeddings", None) or getattr(getattr(emb, "weight", None), "shape", [None])[0]
     n_tok = len(tok)
+    if rows and n_tok > rows:  # an id >= rows indexes past the table (an IndexError deep in scoring)
+        raise ModelLoadError(f"model {name}: its tokenizer has {n_tok} tokens (ids up to {n_tok - 1}) but the "
+                             f"embedding table {rows} rows: ids from {rows} on would index past it; use the model's "
+                             "own tokenizer, or resize_token_embeddings and save the model")
     if rows and n_tok < MIN_VOCAB_SHARE * rows:
         raise ModelLoadError(f"model {name}: its tokenizer has {n_tok} tokens but the embedding table {rows} rows "
                              f"(under {MIN_VOCAB_SHARE:.0%}): not the model's tokenizer (a tokenizer.json or "
