@@ -140,6 +140,9 @@ def test_resume_gives_the_uninterrupted_summary(tiny, tmp_path):
     resumed = train_cvae(cfg, tmp_path / "res", progress=False)
     assert _strip_timing(resumed) == _strip_timing(full)
     assert [r["step"] for r in read_jsonl(tmp_path / "res" / "metrics.jsonl")] == [0, 4, 8]
+    # where a run is, while it trains (written every PROGRESS_EVERY_S and at the last step)
+    progress = json.loads((tmp_path / "res" / "progress.json").read_text())
+    assert progress["step"] == progress["steps"] == 8 and progress["eta_s"] == 0 and progress["phase"] in ("hard", "soft")
 
 
 def test_resume_folder_of_another_config_is_refused(tiny, tmp_path):

@@ -305,6 +305,22 @@ def write_error(out: Path, step: int, batch_ids: list[str], bad_terms: list[str]
     return atomic_write_json(out / "error.json", {"step": step, "batch_ids": batch_ids, "non_finite_terms": bad_terms})
 
 
+#: seconds between two writes of a run's ``progress.json``
+PROGRESS_EVERY_S = 30.0
+PROGRESS_FILE = "progress.json"
+
+
+def write_progress(out: Path, step: int, steps: int, phase: str, elapsed_s: float) -> None:
+    """``out/progress.json`` (atomic): where a run is while it trains -- its step of ``steps``, the
+    phase (hard / soft / ...), the seconds since it started and the seconds left at its mean pace so
+    far. A papermill run's bar goes to its notebook, unseen until the run ends: a long run on a real
+    model (an hour a run) is watched with ``cat runs/<id>/progress.json``."""
+    pace = elapsed_s / max(1, step)
+    atomic_write_json(out / PROGRESS_FILE, {"step": step, "steps": steps, "phase": str(phase),
+                                            "elapsed_s": round(elapsed_s, 1),
+                                            "eta_s": round(pace * max(0, steps - step), 1)})
+
+
 def write_summary(out: Path, cfg: TrainConfig, ev, state, wall: float) -> dict:
     """per_example.parquet and summary.json of a finished run: the final evaluation's metrics, the
     flat config, the step-0 values (init/*), the use verdicts and the aid's record. Returns the summary."""

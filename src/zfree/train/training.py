@@ -357,6 +357,7 @@ def _train_steps(cfg, out, run, progress, stop_after, saved, gate_rows, mask, de
     saved["step"] = 0 if ev is not None else saved["step"]
     bar = tqdm(total=cfg.optim.steps, initial=state.step, disable=not progress, mininterval=5,
                desc=f"{cfg.objective.weighting} β={cfg.objective.beta:g}" + ("" if cfg.aid.aid == "none" else f" {cfg.aid.aid}"))
+    last_progress = time.time()
     while state.step < cfg.optim.steps:
         step = state.step + 1
         t_step = time.time()
@@ -378,6 +379,10 @@ def _train_steps(cfg, out, run, progress, stop_after, saved, gate_rows, mask, de
         state.step = step
         if step == 1:
             state.first_step_s = time.time() - t_step
+        if time.time() - last_progress >= run_folder.PROGRESS_EVERY_S or step == cfg.optim.steps:
+            run_folder.write_progress(out, step, cfg.optim.steps, getattr(state.phase, "value", state.phase),
+                                      time.time() - run.t0)
+            last_progress = time.time()
         _log_train_terms(state, br)
         bar.update(1)
         if not bar.disable and step % max(10, watch.every) == 0:  # a host read: only with a bar, rarely
