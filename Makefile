@@ -9,7 +9,7 @@ OUT    ?= runs/study-default
 # the same keys as zfree.report.lab.EXTRA_KEYS, JupyterLab's save hook)
 NBSTRIP_KEYS := metadata.language_info metadata.widgets metadata.papermill cell.metadata.papermill cell.metadata.execution cell.metadata.jupyter cell.metadata.editable cell.metadata.slideshow
 
-.PHONY: install git-filter study smoke smollm2 test test-kernels test-slow lab notebooks clean-venv
+.PHONY: install git-filter study smoke smollm2 test test-kernels test-slow test-gpu lab notebooks clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +61,10 @@ test-kernels: $(STAMP)
 
 test-slow: $(STAMP)
 	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(BIN)/pytest -q -m slow
+
+## the GPU tier (skipped, with the reason, where CUDA is not available)
+test-gpu: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/pytest -q -m gpu
 
 ## JupyterLab in the project's environment (ipywidgets and jupytext pairing work there); it
 ## saves notebooks without outputs (etc/jupyter/jupyter_server_config.py, zfree.report.lab).

