@@ -26,6 +26,7 @@ import numpy as np
 
 from zfree.config import BaseTrainConfig, TrainConfig
 from zfree.core.errors import ConfigError
+from zfree.core.io import sha256_file
 from zfree.data.synth import DataConfig
 from zfree.objective.remedies import check_remedy_fields
 from zfree.objective.theory import critical_beta
@@ -40,12 +41,7 @@ def _folder_identity(key: str, path: str, stamp: tuple) -> str | None:
         files = [p / "train.jsonl", p / "val.jsonl"]
         if not all(f.is_file() for f in files):
             return None
-        h = hashlib.sha256()
-        for f in files:
-            with open(f, "rb") as fh:
-                while chunk := fh.read(1 << 22):
-                    h.update(chunk)
-        return "data:" + h.hexdigest()
+        return "data:" + hashlib.sha256(":".join(sha256_file(f) for f in files).encode()).hexdigest()
     try:
         ref = json.loads((p / "reference" / "reference.json").read_text())
         return f"base:{ref['model_sha256']}:{ref['tokenizer_sha256']}"

