@@ -216,7 +216,7 @@ class ModelConfig:
     # (else the full pass, warned once), "on" requires it (error where inexact), "off" always runs
     # the full pass per latent value (zfree.models.injection.SHARED_PREFIX_MODES)
     shared_prefix: Literal["auto", "on", "off"] = "auto"
-    # where z comes from (issue "Real data, true numbers"): "posterior" = the CVAE (q(z|x,y) learned);
+    # where z comes from: "posterior" = the CVAE (q(z|x,y) learned);
     # "control" = the z-free control (K = 1: z carries nothing, the same decoder, optimizer, steps and
     # batches); "label:<key>" = a label oracle (z := the row's label value, K = its number of values;
     # <key> a key of the rows' labels, or "strategy"). Control and oracles: discrete only.
@@ -285,7 +285,7 @@ class OptimConfig:
     # adamw is invariant to the scale of the loss, so `distribution` at beta trains like `plain` at
     # beta * c_base; sgd is not (kept to show the difference)
     optimizer: Literal["adamw", "sgd"] = "adamw"
-    # what trains in the backbone (issue 24): 0 = all of it; r >= 1 = LoRA adapters of rank r over the
+    # what trains in the backbone: 0 = all of it; r >= 1 = LoRA adapters of rank r over the
     # frozen base (zfree.models.lora; lr_backbone is their rate; exact at step 0), checkpoints then hold
     # only what trains; lora_targets "auto" = peft's default modules for the architecture
     lora_rank: int = 0
@@ -352,10 +352,10 @@ class AidConfig:
     handover_margin: float = 0.0
     hard_em_max_steps: int = 600
     hard_em_lr_backbone: float = 1e-4  # the prototype's hard phase rate (soft phase: lr_backbone)
-    # the hard phase's rate of the heads and latent embeddings (issue 15); 0 = lr_new as in the soft phase
+    # the hard phase's rate of the heads and latent embeddings; 0 = lr_new as in the soft phase
     hard_em_lr_new: float = 0.0
     # the hard phase's E-step (k* = argmin_k nll_k) over the first ``hard_em_estep_tokens`` tokens
-    # of S only (0 = all of S); the decoded value's reconstruction still covers all of S (issue 15)
+    # of S only (0 = all of S); the decoded value's reconstruction still covers all of S
     hard_em_estep_tokens: int = 0
     handover_check_every: int = 50
     handover_rows: int = 500

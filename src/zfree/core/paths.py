@@ -46,7 +46,7 @@ def check_out_dir(out: Path | str, what: str = "out_dir") -> None:
         raise ConfigError(f"{what} is empty: give a folder (an empty path would write into the current folder)")
 
 
-# ---------------------------------------------------------------------------- portable paths (issue 17)
+# ---------------------------------------------------------------------------- portable paths
 
 PATH_FIELDS = ("data_dir", "base_dir")  # the TrainConfig fields that name folders
 ROOT_PREFIX = "zfree:"  # a path inside the zfree repository, written from its root

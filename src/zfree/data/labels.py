@@ -1,5 +1,5 @@
 """The value of a named label on a row, and the values a label takes over a data set: what a label
-oracle's z is (``ModelConfig.latent_source = "label:<key>"``, issue "Real data, true numbers").
+oracle's z is (``ModelConfig.latent_source = "label:<key>"``).
 
 A label key is ``strategy`` (the synthetic benchmark's hidden strategy) or a key of the rows'
 ``labels`` object; a joint label ``a*b`` (e.g. ``n_sentences*first_slot``) is the pair of both

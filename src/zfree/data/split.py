@@ -211,8 +211,8 @@ def spread_sample(pairs: Sequence[Pair], n: int, *, seed: int = EVAL_SAMPLE_SEED
     min(k, #x) distinct x, and any prefix of it (the decoded rows, the hand-over gate's rows) is
     spread too. ``n`` = 0 or ``n`` >= len(pairs): every row, in that order. The same rows and order
     for every run that reads the same file (the seed does not depend on the run). Replaces the
-    first-in-file rows, which on E2E held 40 of 543 MRs and on a TruthfulQA file one label value
-    (issue "Real data, true numbers", item 4). Raises ValueError for ``n`` < 0.
+    first-in-file rows, which on E2E held 40 of 543 MRs and on a TruthfulQA file one label value.
+    Raises ValueError for ``n`` < 0.
     """
     if n < 0:
         raise ValueError(f"eval_rows={n} must be >= 0")

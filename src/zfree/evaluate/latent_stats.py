@@ -163,7 +163,7 @@ def label_keys(pairs: Sequence[Pair]) -> list[str]:
 
 #: a label metric (NMI, Hungarian accuracy, probe) on fewer evaluated rows than this is flagged by
 #: ``label_warnings``: the probe tests on half of them, and at ~50 rows a 3-value label's accuracy
-#: moves by 2 points a row (issue 21, item 4)
+#: moves by 2 points a row
 MIN_LABEL_ROWS = 50
 
 

@@ -64,7 +64,7 @@ def tied_argmax(values: torch.Tensor, tie: float = ARGMAX_TIE) -> torch.Tensor:
 def measured_use(kl: np.ndarray, bayes: np.ndarray, fallback: float, codes_used: int | None = None) -> np.ndarray:
     """Per row: z is used when its KL (nats) reaches half the Bayes rate log(K/m) (``fallback``
     where that is unknown), exceeds 1e-3 nats, and — the one definition every report reads
-    (issue "Real data, true numbers", item 5) — the posterior's argmax takes at least two values
+    — the posterior's argmax takes at least two values
     over the evaluated rows (``codes_used`` >= 2; None: not checked): a rate paid while every row
     picks one value is a prior mismatch, not information about y. (rows,) -> bool (rows,)."""
     used = (kl >= 0.5 * np.where(np.isfinite(bayes), bayes, fallback)) & (kl > 1e-3)
@@ -304,7 +304,7 @@ EVALUATORS = {LatentKind.DISCRETE: DiscreteEvaluator, LatentKind.CONTINUOUS: Gau
 #: hold: the discrete evaluator keeps the full distributions for the decoder JSD, whose arithmetic
 #: makes ~5 temporaries of that size. 2^25 = 128 MiB a tensor. Measured on a 2-layer GPT-2 with a
 #: 49k vocabulary, K = 4, 64 evaluated E2E rows, one thread: peak RSS 1.72 GB and 15.5 s at 2^25
-#: against 5.50 GB and 18.0 s at 2^28 (/tmp script, session 6); at 2^28 and 128 rows an own study's
+#: against 5.50 GB and 18.0 s at 2^28 (a one-off measurement); at 2^28 and 128 rows an own study's
 #: kernel died at 10.9 GB RSS
 EVAL_LOGIT_ELEMENTS = 2**25
 
@@ -330,7 +330,7 @@ def evaluate(model, encoded: Sequence[EncodedPair], pairs: Sequence[Pair], *, b:
     weighting; ``decode_rows`` rows are greedily decoded when a tokenizer and strategies are given.
     ``c_base`` is the objective's (w = 1/c_base); rho_recon and oracle_rho divide by
     ``rho_denominator``, by default the evaluated rows' own mean b (``reference/c_eval``), so a
-    decoder equal to the base reads exactly 1 on any sample of rows (issue "Real data, true numbers").
+    decoder equal to the base reads exactly 1 on any sample of rows.
 
     Returns DESIGN §5 keys: loss/val/*, loss_contrib/fraction_abs/*, structure/*, latent/*,
     task/correctness, reference/c_base, objective/*. Metrics that need strategy labels are NaN when

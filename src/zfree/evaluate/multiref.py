@@ -1,4 +1,4 @@
-"""Multi-reference evidence of what a discrete latent changes in y (issue 21, items 6-7): for each
+"""Multi-reference evidence of what a discrete latent changes in y: for each
 evaluated input x (an E2E meaning representation, MR) with several human references, K outputs —
 the greedy y under each latent value k of a discrete CVAE — scored by
 
@@ -8,7 +8,7 @@ the greedy y under each latent value k of a discrete CVAE — scored by
   different human realisations rather than one),
 
 the protocol of Shen et al. 2019, "Mixture Models for Diverse Machine Translation: Tricks of the
-Trade" (ICML 2019, arXiv:1902.07816; issue 21 quotes their pairwise-BLEU 48.26 and #refs covered
+Trade" (ICML 2019, arXiv:1902.07816; they report pairwise-BLEU 48.26 and #refs covered
 2.11 on multi-reference data), as their released scorer computes it
 (fairseq ``examples/translation_moe/score.py``, ``pairwise`` and ``multi_ref``).
 

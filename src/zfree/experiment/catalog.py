@@ -1,5 +1,5 @@
 """Every preset of ``zfree study`` with its runs and its measured cost, as ``zfree study --help``
-lists them (issue 24). Plain data, no imports: the help stays fast (no torch). ``tests/test_estimate.py``
+lists them. Plain data, no imports: the help stays fast (no torch). ``tests/test_estimate.py``
 checks that it names every preset of ``zfree.experiment.study.PRESETS`` and
 ``zfree.experiment.own_study.OWN_PRESETS`` with their run counts."""
 
@@ -29,7 +29,7 @@ PRESET_CATALOG: dict[str, tuple[int, str, str]] = {
                      "15 min SmolLM2-135M (GGUF, probes included)"),
 }
 
-#: the budget an own-data preset is sized to when --budget is not given (issue 24: practical by default)
+#: the budget an own-data preset is sized to when --budget is not given (practical by default)
 DEFAULT_OWN_BUDGET = "20m"
 
 

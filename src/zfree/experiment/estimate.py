@@ -1,4 +1,4 @@
-"""An estimate before a study starts (issue 24): a few steps of one grid point are measured in a
+"""An estimate before a study starts: a few steps of one grid point are measured in a
 child process (``probe``: a ``zfree train`` of ``PROBE_STEPS`` steps, its peak RSS polled), and the
 whole grid's wall time and peak memory on this machine follow from them (``estimate_grid``). Where
 the grid does not fit in memory, ``fit_memory`` picks fewer workers, else a smaller micro-batch with
@@ -533,7 +533,7 @@ def plan(spec: ExperimentSpec, make_points: Callable[[ExperimentSpec], list[Poin
                               f"and the report needs about {REPORT_S / 60:.0f}; {e}; give a larger budget") from None
     final = make_points(spec)
     if w < workers and final and final[0].params["batch_size"] < points[0].params["batch_size"]:
-        # the budget cut the batch after memory fixed the workers at the full batch's peak (issue 35):
+        # the budget cut the batch after memory fixed the workers at the full batch's peak:
         # probe the cut batch and take the workers its peak leaves room for
         small = probe(final[0], work / "cut", ceiling=ceiling)
         w2 = 0 if small.over else min(workers, int((MEMORY_SHARE * limit - parent) // max(1, small.peak_rss)))

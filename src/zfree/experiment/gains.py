@@ -1,5 +1,5 @@
-"""What z could explain and what it did, against the z-free control (issue "Real data, true numbers",
-items 1-3): the available-gain table of the label oracles and each CVAE run's gain, with bootstrap
+"""What z could explain and what it did, against the z-free control: the
+available-gain table of the label oracles and each CVAE run's gain, with bootstrap
 intervals over the evaluated rows.
 
 Units: D (distortion) is the reconstruction NLL in nats per example (sequence), |S|·lbar, averaged

@@ -1,4 +1,4 @@
-"""The remedies leaderboard (issue "A remedies leaderboard", items 1 and 4-6): every remedy of a study
+"""The remedies leaderboard: every remedy of a study
 (``zfree.objective.remedies``, the ``remedy`` column of summary.csv) and every weighting, averaged
 over the seeds (``ExperimentSpec.seeds``; each seed has its own z-free control), with a 95 %
 interval over the seeds, the compute each cell cost, and the side of theory's predicted boundary.

@@ -1,4 +1,4 @@
-"""Why a notebook kernel died (issue 24): the peak resident memory of a worker's kernels is polled
+"""Why a notebook kernel died: the peak resident memory of a worker's kernels is polled
 while a point runs (``KernelWatch``), so a kernel killed for memory leaves error.json saying so (its
 peak RSS, the machine's limit) instead of papermill's bare 'DeadKernelError: Kernel died'."""
 

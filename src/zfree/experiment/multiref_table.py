@@ -1,4 +1,4 @@
-"""A study's ``multiref.csv`` (issue 21, items 6-7): per run with a ``multiref.parquet`` (a discrete
+"""A study's ``multiref.csv``: per run with a ``multiref.parquet`` (a discrete
 CVAE or a label oracle on real text), its pairwise-BLEU and #references covered over its K greedy
 outputs per MR (``zfree.evaluate.multiref``), and its z-free control's values beside them over the
 control's first K *samples* for the same MRs (the control has K = 1: one greedy y per MR has no

@@ -65,7 +65,7 @@ def own_preset(name: str, *, weightings: tuple[str, ...] = tuple(WEIGHTINGS),
                                                 {**OWN_AID, **(aided_train or {})}))
 
 
-#: issue 37, the real-model finding: SmolLM2-135M-Instruct (``zfree model fetch smollm2-135m-instruct``,
+#: the real-model finding: SmolLM2-135M-Instruct (``zfree model fetch smollm2-135m-instruct``,
 #: pretrained-source setting) on the shipped E2E data (``BOUND_PRESETS``): the E2E switch-on recipe
 #: (``zfree.experiment.study._E2E_AID``: the optimal posterior, K = 4, the hard-EM E-step on the first 3
 #: tokens of y) with LoRA rank 8 decoders at distribution weighting, beta*/3 of this model's c_base; its

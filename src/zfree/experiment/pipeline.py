@@ -140,7 +140,7 @@ def run_experiment(spec: ExperimentSpec, out_dir: Path | str, *, retrain_base: b
     # (a YAML sweep, whose points name their own folders, resumes by run id: its grid may grow)
     planned = spec.data.kind != "fields"
     request, saved = request_of(spec, budget_s), load_plan(out) if planned else None
-    if saved is not None:  # issue 35: the same command again reuses the plan; another one is refused
+    if saved is not None:  # the same command again reuses the plan; another one is refused
         check_request(out, saved, request)
     out.mkdir(parents=True, exist_ok=True)
     clock = PhaseClock(out, t0)  # timings.json: the wall time of each phase, for the report
@@ -153,7 +153,7 @@ def run_experiment(spec: ExperimentSpec, out_dir: Path | str, *, retrain_base: b
         if progress:
             print(f"plan: {out / PLAN_FILE} (made {saved.get('made', '?')}) reused: no probe, the same "
                   f"{len(saved.get('run_ids', []))} runs; finished ones are skipped", flush=True)
-    elif estimate or budget_s is not None:  # issue 24: measure, fit memory and budget, say so, then go on
+    elif estimate or budget_s is not None:  # measure, fit memory and budget, say so, then go on
         fitted = plan(spec, lambda s: _points(s, prep), out, workers or spec.workers, budget_s, started=t0)
         spec, workers, record = fitted.spec, fitted.workers, fitted.record
         clock.done("probes")

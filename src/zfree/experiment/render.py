@@ -30,7 +30,7 @@ OFFLINE_TEMPLATE = """{%- extends 'lab/index.html.j2' -%}
 {%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
 {%- block html_head_css -%}
 <style type="text/css">
-/* zfree (issue 35): a table wider than the page scrolls inside its own box, not off the page */
+/* zfree: a table wider than the page scrolls inside its own box, not off the page */
 .jp-OutputArea-output[data-mime-type="text/html"] > div, .jp-RenderedMarkdown table {
   display: block; overflow-x: auto; max-width: 100%;
 }

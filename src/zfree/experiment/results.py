@@ -44,14 +44,14 @@ SUMMARY_COLUMNS = {  # summary.csv column -> key in a run's summary.json
     "mutual_information": "latent/mutual_information",
     "gate_first_pass_step": "aid/gate_first_pass_step", "handover_step": "aid/handover_step",
     "handover_forced": "aid/handover_forced", "seed": "seed", "lr_new": "lr_new",
-    # issue 23 (the remedies leaderboard): the remedy entry, and the training compute in token
+    # the remedies leaderboard: the remedy entry, and the training compute in token
     # positions forwarded through the decoder body (inner and extra passes included) and its wall time
     "remedy": "remedy", "forward_tokens": "compute/forward_tokens", "train_wall_s": "compute/train_wall_s",
     "aggressive_end_step": "aid/aggressive_end_step", "aggressive_inner_steps": "aid/aggressive_inner_steps",
 }
 
 
-#: what a notebook without a study offers (issue 36: one line, the one-minute study one command away)
+#: what a notebook without a study offers (one line, the one-minute study one command away)
 SMOKE_OFFER = "`make smoke` (about a minute) writes runs/study-smoke"
 
 
@@ -85,7 +85,7 @@ def find_studies(root: Path | str) -> list[Path]:
 
 
 def choose_study(sweep_dir: Path | str | None = None) -> Path:
-    """The folder a notebook opens, chosen without editing the notebook (issue 36): ``sweep_dir`` when
+    """The folder a notebook opens, chosen without editing the notebook: ``sweep_dir`` when
     given; else ``$ZFREE_STUDY`` (``make lab STUDY=runs/study-smoke``); else the most recently finished
     study under the repository's ``runs/``. NoStudyError in one line naming where it looked and
     offering the smoke study when there is none."""
@@ -115,7 +115,7 @@ _SUMMARY_TYPES = {"weighting": (str,), "beta": (int, float), "steps": (int,)}
 
 def _summary_of(path: Path) -> dict:
     """A run's summary.json, checked to be a run summary: InputError in one line naming the file
-    and the key otherwise (issue 34: a list or a wrong-typed key raised AttributeError/TypeError)."""
+    and the key otherwise (a list or a wrong-typed key raised AttributeError/TypeError)."""
     try:
         d = read_json(path)
     except ValueError as e:

@@ -64,7 +64,7 @@ def _stamp(path: str, key: str) -> tuple:
 def portable(flat: dict[str, Any]) -> dict[str, Any]:
     """``flat`` as its run id hashes it: a data or base folder given by a local path stands for what
     it holds (``_folder_identity``), so a copied or moved study names its runs as before and reruns
-    nothing (issue 34); a folder that holds neither, or a ``zfree:`` path, stays as written."""
+    nothing; a folder that holds neither, or a ``zfree:`` path, stays as written."""
     out = dict(flat)
     for key in ("data_dir", "base_dir"):
         v = flat.get(key)
@@ -212,7 +212,7 @@ class ExperimentSpec:
     oracles: tuple[str, ...] | None = None
     # flat TrainConfig fields set on every point after the grid (``zfree study --set FIELD=VALUE``)
     overrides: dict[str, Any] = field(default_factory=dict)
-    # training seeds (issue 23): every point runs once per seed (``optim.seed``: batches and the new
+    # training seeds: every point runs once per seed (``optim.seed``: batches and the new
     # heads' initialization; each seed gets its own control); None = the points' own seed
     seeds: tuple[int, ...] | None = None
 

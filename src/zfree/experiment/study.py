@@ -44,14 +44,14 @@ _PHASE_PLAIN = {"steps": 250, "eval_every": 125, "eval_rows": 500, "decode_rows"
 _WEIGHTINGS = [{"weighting": "plain"}, {"weighting": "distribution"}, {"weighting": "example", "epsilon": 0.05},
                {"weighting": "token", "token_outer": "distribution", "token_alpha": 0.5}]
 
-#: the E2E preset's runs (real text, labels instead of strategies; issue "Real data, true numbers"):
+#: the E2E preset's runs (real text, labels instead of strategies):
 #: the shipped base memorized its train split (train NLL 1.13 vs val 2.48 nats/token), so at the
 #: prototype's rates (backbone 1e-4, heads 1e-3, 250 steps) neither a label oracle nor the aid
 #: learned anything (first_slot oracle 78.02 vs control 78.00 nats/example). The aided runs take
 #: the switch-on recipe's rates (backbone 3e-4, latent embeddings 1e-2, the optimal posterior) for
 #: 400 steps, with the hard-EM E-step on the first 3 tokens of y (k* = the value that best predicts
 #: how the sentence opens): aided distribution z gain 0.74 nats/example over its control, KL 0.91,
-#: 3 codes (/tmp experiments of this session; the note has them). Betas: a third of each
+#: 3 codes (``zfree study --preset e2e``: analysis/results/study-e2e-gains.csv). Betas: a third of each
 #: weighting's predicted boundary beta* (``zfree.experiment.spec.predicted_boundary`` on the shipped
 #: E2E reference: plain 0.0333, distribution 0.0129, example 0.0136; token as distribution)
 _E2E_AID = {**SWITCH_ON_RECIPE, "n_latent": 4, "hard_em_estep_tokens": 3, "hard_em_max_steps": 240,
@@ -61,7 +61,7 @@ _E2E_BETAS = {"plain": 0.0111, "distribution": 0.0043, "example": 0.0045, "token
 #: the labels whose oracles measure what z could carry on E2E, and the richer joint one
 E2E_ORACLES = ("n_sentences", "first_slot", "complete", "n_sentences*first_slot")
 
-# --- the remedies leaderboard (issue 23) --------------------------------------------------------
+# --- the remedies leaderboard --------------------------------------------------------
 #: the seeds of every leaderboard cell
 LEADERBOARD_SEEDS = (0, 1, 2)
 #: every remedy of the synthetic leaderboard's cells inside the predicted boundary
@@ -121,7 +121,7 @@ PRESETS: dict[str, ExperimentSpec] = {
         data=DataSource("synthetic", DataConfig(n_min=3, n_max=6, n_train=600, n_val=60, n_test=20)),
         base=BaseSource("trained", BaseTrainConfig(n_layer=1, n_embd=32, n_head=2, max_steps=150, eval_every=75,
                                                    warmup_steps=20, lr=3e-3, max_minutes=1.0))),
-    # both sides of the prediction (issue 15): every weighting collapses without an aid where
+    # both sides of the prediction: every weighting collapses without an aid where
     # theory predicts use; with the aid, distribution, example and token switch on there, and
     # plain at beta = 1, where theory predicts no use, ends with z unused. The aided runs first, so
     # the two workers finish together (<= 10 minutes on 2 cores)
@@ -162,14 +162,14 @@ PRESETS: dict[str, ExperimentSpec] = {
                                   {"latent_kind": "continuous", **_PHASE_PLAIN}],
                       "weighting": _WEIGHTINGS, "beta": [0.03, 0.1, 0.3, 0.6, 1.0]},
         train={"batch_size": 64}),
-    # the real-text benchmark (issue 14): E2E with its shipped base, every weighting with and without
+    # the real-text benchmark: E2E with its shipped base, every weighting with and without
     # the aid (the aided runs first, so the two workers finish together)
     "e2e": ExperimentSpec(
         "e2e", grid={"variant": [{**w, "beta": _E2E_BETAS[w["weighting"]], **_E2E_AID} for w in _WEIGHTINGS[1:3]]
                      + [{**w, "beta": _E2E_BETAS[w["weighting"]], **_E2E_PLAIN} for w in _WEIGHTINGS]},
         train={"batch_size": 32}, data=DataSource("folder", path=SHIPPED_E2E),
         base=BaseSource("folder", path=SHIPPED_E2E / "base"), oracles=E2E_ORACLES),
-    # the remedies leaderboard (issue 23): every remedy at equal steps and batch, inside the predicted
+    # the remedies leaderboard: every remedy at equal steps and batch, inside the predicted
     # boundary for plain and distribution weighting and outside it for distribution, 3 seeds each,
     # with each seed's z-free control and the strategy oracle
     "leaderboard": ExperimentSpec(

@@ -67,8 +67,8 @@ def write_summary_csv(out: Path, notes: list[str]):
     notes = [*notes, *label_warnings(runs.iloc[0] if len(runs) else {})]  # the same evaluated rows in every run
     tab = with_gains(summary_with_labels(runs, notes), Path(out), runs)
     atomic_write_text(out / "summary.csv", tab.to_csv(index=False))
-    write_multiref_csv(out)  # multiref.csv beside it (issue 21, items 6-7)
-    write_leaderboard(out, tab)  # issue 23: only with seeds or several remedies
+    write_multiref_csv(out)  # multiref.csv beside it
+    write_leaderboard(out, tab)  # only with seeds or several remedies
     return tab
 
 

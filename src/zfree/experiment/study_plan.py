@@ -1,4 +1,4 @@
-"""A study folder holds its plan (issue 35): ``plan.json``, what the first run of a command decided.
+"""A study folder holds its plan: ``plan.json``, what the first run of a command decided.
 
 The first invocation of a study writes ``OUT/plan.json`` once its grid is decided (after the probes
 and the budget's cuts, ``zfree.experiment.estimate.plan``): the *request* (the spec as asked, with

@@ -1,4 +1,4 @@
-"""A study's measured wall time per phase (issue 35, item 2): ``run_experiment`` records, per
+"""A study's measured wall time per phase: ``run_experiment`` records, per
 invocation (a *session*), the seconds of its preparation (split, reference), probes (the estimate,
 ``zfree.experiment.estimate.plan``), grid (the runs, controls and oracles, skipped ones included)
 and report (summary tables and report.html) in ``timings.json``. A phase is written as soon as it

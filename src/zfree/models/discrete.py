@@ -14,7 +14,7 @@ e_z is zero-initialized, so at initialization every latent value decodes exactly
 model (rho_recon = 1 at step 0; tested). The reconstruction expectation is exact: all K values
 are decoded.
 
-A *given* z (``latent_source``, issue "Real data, true numbers") replaces the posterior by a fixed
+A *given* z (``latent_source``) replaces the posterior by a fixed
 one-hot q on a value known per row: ``control`` (K = 1, every row value 0: the z-free control, the
 same decoder and parameters as a collapsed CVAE, z carrying nothing) or ``label:<key>`` (the row's
 label value: a label oracle). The router then reads the separator state *detached*, a probe whose

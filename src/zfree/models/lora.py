@@ -1,4 +1,4 @@
-"""LoRA adapters on the backbone (issue 24): the base weights frozen and shared, a low-rank update
+"""LoRA adapters on the backbone: the base weights frozen and shared, a low-rank update
 ``W x + (alpha / r) B A x`` trained in their place (Hu et al. 2021, "LoRA: Low-Rank Adaptation of
 Large Language Models", eq. 3), injected in place by ``peft.inject_adapter_in_model`` so the backbone
 keeps its class and its forward (the latent injection, the shared-prefix cache and the model's own

@@ -1,5 +1,5 @@
-"""The remedies for posterior collapse as named, composable config entries (issue "A remedies
-leaderboard", item 2): each entry is a set of flat ``TrainConfig`` fields, each field one that the
+"""The remedies for posterior collapse as named, composable config entries:
+each entry is a set of flat ``TrainConfig`` fields, each field one that the
 objective, the schedules or the aids already implement; ``"a+b"`` composes entries (a field two
 entries set differently is refused). A config that carries ``remedy="<name>"`` must hold exactly
 the entry's fields (``check_remedy_fields``, called by ``TrainConfig``), so the name a table shows
@@ -61,7 +61,7 @@ HARD_EM_RECIPE = {"aid": "hard_em_then_soft", "n_latent": 6, "posterior_features
                   "lr_backbone": 1e-4,
                   # heads and latent embeddings: 1e-3 ended at NMI(m=1) 0.884 (seed 0, step 1200), 3e-3 at 0.901
                   "lr_new": 3e-3}
-#: issue 15's faster switch-on (analysis/results/switch_on_variants.md): the recipe with the
+#: the faster switch-on (analysis/results/switch_on_variants.md): the recipe with the
 #: optimal posterior q*(z | x, y) (no amortized head: q* is computed from the K decoder passes the
 #: step makes anyway), batch 32, higher rates (hard-phase backbone 3e-4, latent embeddings and
 #: router 1e-2), a 200-row gate every 25 steps and restarts every 50. With the amortized head

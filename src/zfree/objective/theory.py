@@ -57,8 +57,7 @@ def predicted_use(beta_eff: ArrayLike, bayes_nll: ArrayLike | None = None, exces
     """Per example (bool, shape (n_rows,)): True where z pays for itself,
     beta_eff < eta * (1 + excess_seq / bayes_nll) (the second term only when both are given).
 
-    ``exchange_rate`` eta: the nats of reconstruction one nat of rate buys (issue "Real data, true
-    numbers", item 3): 1 on the synthetic benchmark by construction (z := the strategy lowers the
+    ``exchange_rate`` eta: the nats of reconstruction one nat of rate buys: 1 on the synthetic benchmark by construction (z := the strategy lowers the
     sequence NLL by exactly the information it carries); on real data the measured
     eta = Delta R_label / H(label | x) of a label oracle (``zfree.experiment.gains``).
 

@@ -230,7 +230,7 @@ def _entangled_run(base_dir: Path, data_file: Path, *, model, tokenizer, device,
 #: the token conventions a reference.json records under ``scoring`` (``_meta_from``) and that the
 #: run's encoding must share: which bos, sep and end tokens frame x and y
 CONVENTION_KEYS = ("bos_id", "sep_id", "eos_id")
-#: recorded since unconditional text (issue 35): the token before y when x is empty
+#: recorded since unconditional text: the token before y when x is empty
 #: (``zfree.data.batching.Convention.empty_x_id``); checked where a reference.json has it
 EMPTY_X_KEY = "empty_x_id"
 

@@ -1,4 +1,4 @@
-"""What z could gain and what it got, for the report (issue "Real data, true numbers", items 1-4):
+"""What z could gain and what it got, for the report:
 the label oracles' available-gain table, each run's gain verdict and predicted use under both
 exchange-rate rules, and which sections a dataset without generator truth leaves out.
 

@@ -1,6 +1,5 @@
-"""The labels section of a real-data report (issue 14; issue "Real data, true numbers", items 4 and
-6): per-label alignment, Hungarian and probe accuracies beside the majority-class baseline they
-must beat, the study's notes, the multi-reference evidence (``multiref.csv``) and the samples each
+"""The labels section of a real-data report: per-label alignment, Hungarian and probe
+accuracies beside the majority-class baseline they must beat, the study's notes, the multi-reference evidence (``multiref.csv``) and the samples each
 latent value writes, at full length.
 
 Functions take ``zfree.experiment.results.collect_runs`` rows (with ``run_dir``) and return

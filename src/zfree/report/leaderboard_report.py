@@ -1,4 +1,4 @@
-"""The report's "Remedies leaderboard" section (issue "A remedies leaderboard", item 3): the method
+"""The report's "Remedies leaderboard" section: the method
 line, the ranked table (each value as mean [lo, hi] over seeds) and the winners in words, from the
 rows of ``leaderboard.csv`` (``zfree.experiment.leaderboard.leaderboard``). The figure is
 ``zfree.report.plotting_study.plot_leaderboard``. Units: z gain and rate in nats per example;

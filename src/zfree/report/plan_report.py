@@ -1,4 +1,4 @@
-"""What was run against what was asked (issue 35, item 2): the report's opening section. It reads
+"""What was run against what was asked: the report's opening section. It reads
 the study folder's ``estimate.json`` (``zfree.experiment.estimate.plan``: the budget, the estimate,
 the cuts in order) and ``timings.json`` (``zfree.experiment.timings``: the measured wall time per
 phase, one session per invocation) and the runs' own ``wall_s``, and warns plainly when the runs

@@ -240,7 +240,7 @@ def aided_tables(aided: pd.DataFrame, digits: int = 3) -> list[pd.DataFrame]:
     return [t[[c for c in part if c in t]] for part in AIDED_SPLIT]
 
 
-#: issue 15's switch-on targets for an aided run where theory predicts use: column name -> (the
+#: the switch-on targets for an aided run where theory predicts use: column name -> (the
 #: columns it reads, its test of a run row); a target is judged wherever its own columns are known
 SWITCH_ON_TARGETS = {
     "NMI (m=1) ≥ 0.9": (("alignment_nmi_unambiguous",), lambda r: r["alignment_nmi_unambiguous"] >= 0.9),

@@ -1,4 +1,4 @@
-"""Gradient accumulation (issue 24): a step's batch of B rows run as chunks of ``micro_batch`` rows,
+"""Gradient accumulation: a step's batch of B rows run as chunks of ``micro_batch`` rows,
 each chunk's objective scaled by its share n_c / B before its backward pass, so the accumulated
 gradient is that of the whole batch's J = mean_i J_i (the objective is a batch mean of
 per-example terms) while the peak memory is that of one chunk. Used by a study whose grid would not

@@ -1,4 +1,4 @@
-"""What a checkpoint's ``model.safetensors`` holds (issue 24): the whole model for full
+"""What a checkpoint's ``model.safetensors`` holds: the whole model for full
 fine-tuning (safetensors' ``save_model``, tied weights once), only what trains for a LoRA run
 (``zfree.models.lora.trainable_tensors``: adapters, heads, latent embeddings), the frozen base
 referenced by the sha256 of its weights; and a finished run's checkpoints pruned to one.

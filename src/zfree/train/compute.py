@@ -1,4 +1,4 @@
-"""Training compute in forward-token units (issue "A remedies leaderboard", item 3): equal steps and
+"""Training compute in forward-token units: equal steps and
 batch are not equal compute when a remedy makes extra passes (the aggressive encoder's inner
 updates, hard EM's E-steps and hand-over gate, K decoder passes against one). ``TokenCounter``
 counts every token position forwarded through the decoder body during training: a forward

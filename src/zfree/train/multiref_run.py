@@ -1,4 +1,4 @@
-"""A finished run's multi-reference outputs (issue 21, items 6-7): once, after the final evaluation
+"""A finished run's multi-reference outputs: once, after the final evaluation
 (never at the intermediate ones), K outputs for ``MULTIREF_MRS`` evaluated MRs are decoded
 (``zfree.evaluate.latent_stats.multiref_outputs``), written to ``multiref.parquet`` and scored
 (``zfree.evaluate.multiref.multiref_metrics``) into summary.json's ``multiref/*`` keys. The study

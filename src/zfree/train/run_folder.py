@@ -15,7 +15,7 @@ Every write is atomic (``zfree.core.io``); the checkpoint is swapped in by renam
 executable is loaded from a run folder: safetensors, JSON, or ``torch.load(weights_only=True)``
 for the state.pt of older run folders.
 
-Portable paths (issue 17): config.json and summary.json store data_dir and base_dir in the
+Portable paths: config.json and summary.json store data_dir and base_dir in the
 portable form of ``zfree.core.paths.portable_path`` (relative to the run folder inside its study or
 sweep folder, ``zfree:<path>`` inside the repository, else absolute), so a copied or moved
 study stays readable and resumable; config.json says so with ``"_paths_relative_to": "run

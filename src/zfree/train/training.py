@@ -84,7 +84,7 @@ def build_cvae(cfg: TrainConfig, backbone: torch.nn.Module) -> DiscreteCVAE | Co
             model = DiscreteCVAE(backbone, m.n_latent, m.posterior_features,
                                  latent_init_std=cfg.aid.latent_init_std if cfg.aid.aid == "random_init_jsd" else 0.0,
                                  latent_source=m.latent_source)
-        if cfg.optim.lora_rank:  # LoRA over the frozen base (issue 24): B = 0, still exact at step 0
+        if cfg.optim.lora_rank:  # LoRA over the frozen base: B = 0, still exact at step 0
             apply_lora(model.backbone, cfg.optim.lora_rank, cfg.optim.lora_alpha, cfg.optim.lora_targets)
     model.shared_prefix_mode = m.shared_prefix
     model.shared_prefix = m.shared_prefix != "off"
@@ -415,5 +415,5 @@ def _train_steps(cfg, out, run, progress, stop_after, saved, gate_rows, mask, de
                                                                **data.eval_kw))
         run_folder.check_finite_metrics(out, state.step, ev.metrics)
     with counter.paused():
-        ev.metrics.update(multiref_run.write_multiref(out, model, data, cfg))  # issue 21: after the final evaluation only
+        ev.metrics.update(multiref_run.write_multiref(out, model, data, cfg))  # after the final evaluation only
     return run_folder.write_summary(out, cfg, ev, state, time.time() - run.t0)
