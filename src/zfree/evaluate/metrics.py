@@ -24,6 +24,7 @@ from sklearn.metrics import normalized_mutual_info_score
 from zfree.config import LatentKind, ObjectiveConfig
 from zfree.data.batching import EncodedPair, collate
 from zfree.data.pairs import Pair
+from zfree.evaluate.latent_meaning import MeaningRows, token_lifts
 from zfree.evaluate.latent_stats import (active_units, categorical_mutual_information, continuous_decode_metrics,
                                          decode_metrics, gaussian_mutual_information, hungarian_accuracy, label_keys,
                                          label_structure_metrics, latent_samples, probe_accuracy)
@@ -43,6 +44,10 @@ class Evaluation:
     metrics: dict[str, float]
     per_example: pd.DataFrame
     samples: pd.DataFrame | None = None  # greedy/sampled y per latent value (rows without a notion of correct y)
+    #: a discrete posterior run's token lifts per row (``zfree.evaluate.latent_meaning``) and its
+    #: posterior (N, K); None for a given z (control, oracle) and for Gaussian runs
+    meaning: MeaningRows | None = None
+    q: np.ndarray | None = None
 
 
 #: values within this of the maximum are tied and the lowest index wins (``tied_argmax``): in
@@ -166,6 +171,7 @@ class DiscreteEvaluator:
     def __init__(self, model, seed: int):
         self.model, self.seed = model, seed
         self.feats, self.q, self.p = [], [], []
+        self.meaning = MeaningRows() if model.posterior_kind != "given" and model.n_latent >= 2 else None
 
     def batch(self, batch, objective, step, c_base, b, base_tok):
         """One batch under no_grad: the per-example frame and the objective's breakdown (``assemble``)."""
@@ -183,6 +189,9 @@ class DiscreteEvaluator:
         self.feats.append(out.features.cpu().numpy())
         self.q.append(q.cpu().numpy())
         self.p.append(torch.softmax(out.prior_logits, -1).cpu().numpy())
+        if self.meaning is not None:  # what each value promotes in the rows' own y (latent_meaning)
+            self.meaning.add(batch.ids, batch.input_ids, batch.target_mask,
+                             token_lifts(out.target_logprobs, q, batch.target_mask))
         return _frame(batch, br, (q * nll_k).sum(-1), out, posterior_argmax=tied_argmax(q), q_max=q.max(-1).values,
                       oracle_nll=nll_k.min(-1).values, oracle_latent=tied_argmax(-nll_k),
                       decoder_jsd=jsd.clamp_min(0)), br
@@ -374,7 +383,9 @@ def evaluate(model, encoded: Sequence[EncodedPair], pairs: Sequence[Pair], *, b:
         m["decode/samples_s"] = time.time() - t_samples  # wall seconds (the estimate's probe reads it)
     if was_training:
         model.train()
-    return Evaluation(m, df, samples)
+    meaning = getattr(kind, "meaning", None)
+    return Evaluation(m, df, samples, meaning=meaning,
+                      q=np.concatenate(kind.q) if meaning is not None and meaning.ids else None)
 
 
 def evaluate_continuous(model, encoded, pairs, **kw) -> Evaluation:

@@ -25,6 +25,7 @@ from zfree.data.batching import collate
 from zfree.core.errors import Interrupted
 from zfree.core.locks import run_folder_lock
 from zfree.core.paths import check_out_dir
+from zfree.evaluate.latent_meaning import write_latent_meaning
 from zfree.evaluate.metrics import evaluate
 from zfree.models.base import load_base
 from zfree.models.continuous import ContinuousCVAE
@@ -416,4 +417,7 @@ def _train_steps(cfg, out, run, progress, stop_after, saved, gate_rows, mask, de
         run_folder.check_finite_metrics(out, state.step, ev.metrics)
     with counter.paused():
         ev.metrics.update(multiref_run.write_multiref(out, model, data, cfg))  # after the final evaluation only
+        write_latent_meaning(out, ev, data.val_pairs, latent_kind=model.latent_kind, tokenizer=data.tokenizer,
+                             given=getattr(model, "posterior_kind", "") == "given",
+                             strategies=data.eval_kw.get("strategies"), seed=cfg.optim.seed)
     return run_folder.write_summary(out, cfg, ev, state, time.time() - run.t0)

@@ -1,0 +1,357 @@
+"""What a discrete latent carries: each value's meaning, described from the evaluation rows.
+
+Three descriptions, each computed on the rows of one evaluation and none needing a decode:
+
+1. **Promoted tokens and phrases** (``token_lifts``, ``ngram_lifts``): for value k and each y token
+   of each row (teacher-forced, the row's own y), the lift
+
+       lift_k(t) = log p(y_t | x, y_<t, z = k) - log sum_{j != k} w_j p(y_t | x, y_<t, z = j)   [nats]
+
+   with w_j = q(z = j | x, y) renormalised over j != k (uniform over j != k when q puts all its mass
+   on k). An n-gram's lift is the sum of its tokens' lifts; per value, n-grams are ranked by their mean
+   lift over their occurrences (at least ``MIN_COUNT``). Nothing is filtered: a stop-word that
+   value k promotes ranks where its lift puts it.
+2. **Derived properties of y** (``text_properties``, ``property_alignment``): a fixed set computed
+   from the text alone (``PROPERTIES``: length in tokens and in words by quartile, number of
+   sentences, first word, last punctuation, whether y opens with a word of x), every label the rows
+   carry, and, on the synthetic benchmark only (the generator's ``metadata.json`` lists its
+   strategies), the relation "y = s(x)" for each listed s. Each is ranked by its mutual information
+   with the posterior argmax (nats; NMI with arithmetic normalisation as scikit-learn), against a
+   permutation null of the argmax (``N_PERMUTATIONS`` shuffles): p = (1 + #{null >= MI}) / (1 + n),
+   and a property *passes* when p < 0.05 / (number of properties) (Bonferroni). A collapsed run
+   (one argmax value) has MI = 0 and nothing passes.
+3. **Exemplars** (``exemplars``): the rows with the highest q(z = k | x, y), x and y at full length.
+
+``value_sentences`` joins them into one descriptive sentence per value. Descriptions, not causes:
+the permutation test guards against chance alignment only.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Bool, Float
+from numpy.typing import ArrayLike
+
+from zfree.data.pairs import Pair
+
+#: an n-gram is ranked only with at least this many occurrences over the evaluation rows
+MIN_COUNT = 3
+#: n-grams up to this length
+MAX_N = 3
+#: n-grams kept per value and length in the tidy table (the JSON keeps the first few of them)
+TOP = 10
+#: shuffles of the posterior argmax in the permutation null
+N_PERMUTATIONS = 1000
+#: family-wise level of the permutation test (Bonferroni over the properties tested)
+ALPHA = 0.05
+#: first words beyond the most common ones are pooled as "other"
+FIRST_WORDS = 8
+#: rows shown per value
+N_EXEMPLARS = 3
+#: the properties computed from text alone (labels and the generator's relations are added per data)
+PROPERTIES = ("y length (tokens)", "y length (words)", "sentences", "first word", "last punctuation",
+              "y opens with a word of x")
+
+
+def token_lifts(target_logprobs: Float[torch.Tensor, "batch K seq"], q: Float[torch.Tensor, "batch K"],
+                target_mask: Bool[torch.Tensor, "batch seq"]) -> Float[torch.Tensor, "batch K seq"]:
+    """lift_k(t) in nats (module docstring, item 1): log p(y_t | z = k) minus the log of the
+    posterior-weighted mixture of the other values' p(y_t | z = j), per row, value and position;
+    0 where ``target_mask`` is False. ``target_logprobs``: per-token log-probabilities in nats under
+    each value, the decoder's (B, K, T) layout; ``q``: the posterior (B, K), rows summing to 1.
+    Raises ValueError for K < 2 (a lift needs another value) or mismatched shapes."""
+    B, K, T = target_logprobs.shape
+    if K < 2:
+        raise ValueError(f"token_lifts needs K >= 2 latent values, got K = {K}")
+    if q.shape != (B, K) or target_mask.shape != (B, T):
+        raise ValueError(f"shapes: target_logprobs {tuple(target_logprobs.shape)}, q {tuple(q.shape)}, "
+                         f"target_mask {tuple(target_mask.shape)}: expected (B, K, T), (B, K), (B, T)")
+    lp = target_logprobs.double()
+    off = 1.0 - torch.eye(K, dtype=lp.dtype, device=lp.device)  # (k, j): 1 for j != k
+    w = q.double().clamp_min(0)[:, None, :] * off  # (B, k, j)
+    s = w.sum(-1, keepdim=True)
+    w = torch.where(s > 1e-9, w / s.clamp_min(1e-300), (off / (K - 1)).expand(B, K, K))
+    mix = torch.logsumexp(lp[:, None, :, :] + torch.log(w)[..., None], dim=2)  # (B, k, T)
+    lift = (lp - mix).where(target_mask[:, None, :], torch.zeros((), dtype=lp.dtype, device=lp.device))
+    return lift.to(target_logprobs.dtype)
+
+
+@dataclass
+class MeaningRows:
+    """Per evaluated row (in evaluation order): its id, its y token ids (the supervised positions,
+    the end token included) and their lifts (K, |S|) in nats. Filled batch by batch (``add``)."""
+
+    ids: list = field(default_factory=list)
+    tokens: list = field(default_factory=list)
+    lifts: list = field(default_factory=list)
+
+    def add(self, ids: Sequence, input_ids: torch.Tensor, target_mask: torch.Tensor, lifts: torch.Tensor) -> None:
+        """One batch: ``input_ids``/``target_mask`` (B, T) and ``token_lifts``' (B, K, T)."""
+        ids_np, mask_np, lift_np = input_ids.cpu().numpy(), target_mask.cpu().numpy(), lifts.float().cpu().numpy()
+        for b, rid in enumerate(ids):
+            self.ids.append(rid)
+            self.tokens.append(ids_np[b][mask_np[b]].tolist())
+            self.lifts.append(lift_np[b][:, mask_np[b]])
+
+
+def ngram_lifts(rows: MeaningRows, decode=None, *, max_n: int = MAX_N, min_count: int = MIN_COUNT,
+                top: int = TOP) -> pd.DataFrame:
+    """Per value k and n-gram length n (1..``max_n``): the ``top`` n-grams of at least ``min_count``
+    occurrences, ranked by their mean lift (nats, summed over the n-gram's tokens). Columns: value,
+    n, text (``decode(list of ids)``, else the ids), count (occurrences), rows (rows holding it),
+    mean_lift, rank (1 = most promoted)."""
+    if not rows.lifts:
+        return pd.DataFrame(columns=["value", "n", "text", "count", "rows", "mean_lift", "rank"])
+    K = rows.lifts[0].shape[0]
+    sums: dict[tuple, np.ndarray] = {}
+    count: Counter = Counter()
+    in_rows: Counter = Counter()
+    for toks, lift in zip(rows.tokens, rows.lifts):
+        csum = np.concatenate([np.zeros((K, 1)), np.cumsum(lift, axis=1, dtype=np.float64)], axis=1)  # (K, L + 1)
+        seen = set()
+        for n in range(1, max_n + 1):
+            for i in range(len(toks) - n + 1):
+                key = tuple(toks[i:i + n])
+                sums[key] = sums.get(key, 0.0) + (csum[:, i + n] - csum[:, i])
+                count[key] += 1
+                seen.add(key)
+        in_rows.update(seen)
+    keys = [k for k, c in count.items() if c >= min_count]
+    if not keys:
+        return pd.DataFrame(columns=["value", "n", "text", "count", "rows", "mean_lift", "rank"])
+    mean = np.stack([sums[k] / count[k] for k in keys])  # (G, K)
+    out = []
+    for n in range(1, max_n + 1):
+        sel = [i for i, k in enumerate(keys) if len(k) == n]
+        for v in range(K):
+            for rank, i in enumerate(sorted(sel, key=lambda i: -mean[i, v])[:top], start=1):
+                key = keys[i]
+                out.append({"value": v, "n": n, "text": decode(list(key)) if decode else " ".join(map(str, key)),
+                            "count": count[key], "rows": in_rows[key], "mean_lift": float(mean[i, v]), "rank": rank})
+    return pd.DataFrame(out)
+
+
+def _quartile_bins(values: np.ndarray) -> list[str]:
+    """Each (integer) value's quartile bin as text ("12-15"): bins [e_i, e_i+1) between the values'
+    own rounded quartiles, the last one closed."""
+    e = [int(v) for v in np.unique(np.quantile(values, [0, 0.25, 0.5, 0.75, 1.0]).round())]
+    if len(e) < 2:
+        return [str(int(v)) for v in values]
+    idx = np.clip(np.searchsorted(e, values, side="right") - 1, 0, len(e) - 2)
+    his = [e[i + 1] - 1 for i in range(len(e) - 2)] + [e[-1]]
+    names = [f"{lo}-{hi}" if hi > lo else str(lo) for lo, hi in zip(e[:-1], his)]
+    return [names[i] for i in idx]
+
+
+_WORD = re.compile(r"[^\W_]+", re.UNICODE)
+
+
+def text_properties(pairs: Sequence[Pair], n_tokens: "ArrayLike | None" = None,
+                    strategies: Sequence[str] | None = None) -> pd.DataFrame:
+    """The derived properties of each row's y (module docstring, item 2) as text levels, one column a
+    property, one row a pair. ``n_tokens``: the rows' supervised token counts (the evaluation's
+    n_tokens column); without it the token length is left out. ``strategies``: the generator's
+    strategy names (``zfree.data.synth.STRATEGIES``) from the data's metadata.json: adds "y = s(x)"
+    (the names of every listed s that maps x to y, joined by "|", or "none")."""
+    ys = [p.y for p in pairs]
+    words = [y.split() for y in ys]
+    cols: dict[str, list] = {}
+    if n_tokens is not None:
+        cols["y length (tokens)"] = _quartile_bins(np.asarray(n_tokens, dtype=float))
+    cols["y length (words)"] = _quartile_bins(np.array([len(w) for w in words], dtype=float))
+    cols["sentences"] = [str(min(3, max(1, len(re.findall(r"[.!?]+(?=\s|$)", y))))).replace("3", "3+") for y in ys]
+    first = [(_WORD.findall(w[0]) or [""])[0].lower() if w else "" for w in words]
+    common = {w for w, _ in Counter(first).most_common(FIRST_WORDS)}
+    cols["first word"] = [w if w in common else "other" for w in first]
+    cols["last punctuation"] = [y.rstrip()[-1] if y.strip() and y.rstrip()[-1] in ".!?,;:" else "none" for y in ys]
+    cols["y opens with a word of x"] = [str(bool(f) and f in {t.lower() for t in _WORD.findall(p.x)})
+                                        for f, p in zip(first, pairs)]
+    for key in sorted({k for p in pairs for k in (p.labels or {})}):
+        cols[f"label/{key}"] = [str((p.labels or {}).get(key, "")) for p in pairs]
+    if strategies:
+        cols["y = s(x)"] = _relations(pairs, strategies)
+    return pd.DataFrame(cols)
+
+
+def _relations(pairs: Sequence[Pair], strategies: Sequence[str]) -> list[str]:
+    """Per pair, the listed strategies s with s(x) = y (digit strings), joined by "|"; "none" if none."""
+    from zfree.data.synth import STRATEGIES
+
+    fns = {s: STRATEGIES[s] for s in strategies if s in STRATEGIES}
+    out = []
+    for p in pairs:
+        try:
+            x, y = tuple(int(t) for t in p.x.split()), tuple(int(t) for t in p.y.split())
+        except ValueError:
+            out.append("none")
+            continue
+        out.append("|".join(s for s, f in fns.items() if f(x) == y) or "none")
+    return out
+
+
+def _mi_from_counts(c: np.ndarray) -> np.ndarray:
+    """Mutual information (nats) of joint counts (..., A, B)."""
+    n = c.sum((-1, -2), keepdims=True)
+    p = c / n
+    pa, pb = p.sum(-1, keepdims=True), p.sum(-2, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = np.where(p > 0, p * np.log(p / (pa * pb)), 0.0)
+    return t.sum((-1, -2))
+
+
+def _entropy(codes: np.ndarray) -> float:
+    p = np.bincount(codes) / len(codes)
+    p = p[p > 0]
+    return float(-(p * np.log(p)).sum())
+
+
+def property_alignment(props: pd.DataFrame, assign: np.ndarray, *, n_perm: int = N_PERMUTATIONS, seed: int = 0,
+                       alpha: float = ALPHA) -> tuple[pd.DataFrame, list[str]]:
+    """Each property's mutual information with ``assign`` (the posterior argmax, (N,) ints) against a
+    permutation null (module docstring, item 2). Returns (table sorted by MI, notes): columns
+    property, levels, mi (nats), nmi, null95 (the null's 95th percentile, nats), p_value, passes.
+    Properties with one level are skipped with a note; fewer than 2 rows: an empty table and a note.
+    Raises ValueError when ``props`` and ``assign`` differ in length."""
+    assign = np.asarray(assign)
+    if len(props) != len(assign):
+        raise ValueError(f"{len(props)} property rows but {len(assign)} posterior assignments")
+    cols = ["property", "levels", "mi", "nmi", "null95", "p_value", "passes"]
+    if len(assign) < 2:
+        return pd.DataFrame(columns=cols), [f"{len(assign)} evaluated row(s): no property is tested"]
+    a = pd.factorize(assign)[0]
+    rng = np.random.default_rng(seed)
+    perms = rng.permuted(np.tile(a, (n_perm, 1)), axis=1)  # (n_perm, N), shared by every property
+    ka, N = a.max() + 1, len(a)
+    kept = [c for c in props.columns if props[c].nunique() >= 2]
+    notes = [f"property {c!r} has a single value on these rows: skipped" for c in props.columns if c not in kept]
+    rows = []
+    for c in kept:
+        b = pd.factorize(props[c].astype(str))[0]
+        kb = b.max() + 1
+        obs = _mi_from_counts(np.bincount(a * kb + b, minlength=ka * kb).reshape(1, ka, kb).astype(float))[0]
+        flat = (np.arange(n_perm)[:, None] * ka * kb + perms * kb + b[None, :]).ravel()
+        null = _mi_from_counts(np.bincount(flat, minlength=n_perm * ka * kb).reshape(n_perm, ka, kb).astype(float))
+        h = _entropy(a) + _entropy(b)
+        rows.append({"property": c, "levels": kb, "mi": float(max(obs, 0.0)), "nmi": float(2 * obs / h) if h > 0 else 0.0,
+                     "null95": float(np.quantile(null, 0.95)),
+                     "p_value": float((1 + np.sum(null >= obs - 1e-12)) / (1 + n_perm))})
+    tab = pd.DataFrame(rows, columns=cols[:-1])
+    tab["passes"] = (tab["p_value"] < alpha / max(len(kept), 1)) & (tab["mi"] > 1e-12)
+    return tab.sort_values("mi", ascending=False, ignore_index=True), notes
+
+
+def exemplars(q: np.ndarray, pairs: Sequence[Pair], n: int = N_EXEMPLARS) -> pd.DataFrame:
+    """Per value k the ``n`` rows with the highest q(z = k | x, y): columns value, rank, id, q, x, y
+    (full length). ``q``: (N, K) posterior probabilities in evaluation order."""
+    out = []
+    for k in range(q.shape[1]):
+        for r, i in enumerate(np.argsort(-q[:, k], kind="stable")[:n], start=1):
+            out.append({"value": k, "rank": r, "id": pairs[i].id, "q": float(q[i, k]), "x": pairs[i].x, "y": pairs[i].y})
+    return pd.DataFrame(out)
+
+
+def value_sentences(assign: np.ndarray, props: pd.DataFrame, alignment: pd.DataFrame, ngrams: pd.DataFrame,
+                    n_tokens: "ArrayLike | None", K: int) -> dict[int, str]:
+    """One descriptive sentence per value with rows: its share of rows, the best passing property's
+    most over-represented level (share in the value's rows vs all rows), its most promoted word or
+    phrase (mean lift, count) and its median y length in tokens against the other values'."""
+    assign = np.asarray(assign)
+    best = alignment[alignment["passes"]].head(1)
+    out = {}
+    for k in range(K):
+        mine = assign == k
+        if not mine.any():
+            continue
+        parts = [f"value {k} ({mine.mean():.0%} of rows)"]
+        if len(best):
+            prop = best["property"].iloc[0]
+            col = props[prop].astype(str)
+            share_k, share = col[mine].value_counts(normalize=True), col.value_counts(normalize=True)
+            level = (share_k - share.reindex(share_k.index)).idxmax()
+            parts.append(f"{prop} = '{level}' in {share_k[level]:.0%} of its rows vs {share[level]:.0%} of all")
+        top = ngrams[(ngrams["value"] == k) & (ngrams["rank"] == 1)].sort_values("n") if len(ngrams) else ngrams
+        if len(top):
+            t = top.iloc[0]
+            parts.append(f"promotes {t['text']!r} (+{t['mean_lift']:.2f} nats, {int(t['count'])}x)")
+        if n_tokens is not None and (~mine).any():
+            nt = np.asarray(n_tokens)
+            a, b = float(np.median(nt[mine])), float(np.median(nt[~mine]))
+            if a != b:
+                parts.append(f"{'longer' if a > b else 'shorter'}: median {a:g} tokens vs {b:g}")
+        out[k] = parts[0] + ": " + "; ".join(parts[1:]) if len(parts) > 1 else parts[0]
+    return out
+
+
+def latent_meaning(assign: np.ndarray, pairs: Sequence[Pair], *, q: np.ndarray | None = None,
+                   rows: MeaningRows | None = None, n_tokens: "ArrayLike | None" = None, decode=None,
+                   strategies: Sequence[str] | None = None, source: str = "posterior argmax",
+                   seed: int = 0) -> tuple[dict, pd.DataFrame]:
+    """All of the module's descriptions for one evaluation: (the JSON-ready dict, the tidy table).
+    ``assign``: (N,) value per row (the posterior argmax, or k-means clusters of a Gaussian run's
+    posterior means, named by ``source``); ``q``: (N, K) posterior (exemplars; None for clusters);
+    ``rows``: the lifts (None: no token description). The tidy table has one row per n-gram
+    (kind "ngram") and per property (kind "property")."""
+    assign = np.asarray(assign)
+    K = int(q.shape[1]) if q is not None else int(assign.max()) + 1 if len(assign) else 0
+    props = text_properties(pairs, n_tokens, strategies)
+    align, notes = property_alignment(props, assign, seed=seed)
+    ngrams = ngram_lifts(rows, decode) if rows is not None and rows.lifts else ngram_lifts(MeaningRows())
+    sentences = value_sentences(assign, props, align, ngrams, n_tokens, K)
+    ex = exemplars(q, pairs) if q is not None else pd.DataFrame()
+    values = []
+    for k in range(K):
+        g = ngrams[ngrams["value"] == k] if len(ngrams) else ngrams
+        values.append({"value": k, "share": float((assign == k).mean()) if len(assign) else math.nan,
+                       "sentence": sentences.get(k, f"value {k} (0% of rows)"),
+                       "tokens": g[g["n"] == 1].head(5).to_dict("records") if len(g) else [],
+                       "phrases": g[g["n"] > 1].sort_values("mean_lift", ascending=False).head(5).to_dict("records")
+                       if len(g) else [],
+                       "exemplars": ex[ex["value"] == k].to_dict("records") if len(ex) else []})
+    doc = {"source": source, "rows": int(len(assign)), "K": K, "descriptive": True,
+           "rule": f"a property passes when its permutation p < {ALPHA} / {max(len(align), 1)} (Bonferroni, "
+                   f"{N_PERMUTATIONS} shuffles of the {source})",
+           "properties": align.to_dict("records"), "values": values, "notes": notes}
+    tidy = pd.concat([ngrams.assign(kind="ngram"), align.assign(kind="property")], ignore_index=True)
+    return doc, tidy
+
+
+#: a run folder's files (written after the final evaluation; ``write_latent_meaning``)
+MEANING_FILE = "latent_meaning.json"
+MEANING_TABLE = "latent_meaning.parquet"
+
+
+def write_latent_meaning(out, ev, pairs: Sequence[Pair], *, latent_kind: str, given: bool, tokenizer=None,
+                         strategies: Sequence[str] | None = None, seed: int = 0) -> float | None:
+    """``out/latent_meaning.json`` and ``out/latent_meaning.parquet`` (``latent_meaning``) for the final
+    evaluation ``ev`` (a ``zfree.evaluate.metrics.Evaluation`` over ``pairs``, same order): a discrete
+    run with a learned or optimal posterior gets all three descriptions; a Gaussian run the properties
+    of the k-means clusters of its posterior means, stated as such; a given z (the z-free control, a
+    label oracle) nothing. Written atomically; returns the wall seconds spent (None: nothing written)."""
+    import time
+    from pathlib import Path
+
+    from zfree.core.io import atomic_write_json, atomic_write_parquet
+
+    if given or "posterior_argmax" not in ev.per_example:
+        return None
+    t0 = time.time()
+    discrete = str(latent_kind) == "discrete"
+    if discrete and ev.meaning is None:
+        return None
+    decode = (lambda ids: tokenizer.decode(ids)) if tokenizer is not None else None
+    doc, tidy = latent_meaning(ev.per_example["posterior_argmax"].to_numpy(), pairs, q=ev.q if discrete else None,
+                               rows=ev.meaning if discrete else None, n_tokens=ev.per_example["n_tokens"].to_numpy(),
+                               decode=decode, strategies=strategies, seed=seed,
+                               source="posterior argmax" if discrete else "k-means clusters of the posterior means")
+    doc["wall_s"] = time.time() - t0
+    atomic_write_parquet(Path(out) / MEANING_TABLE, tidy)
+    atomic_write_json(Path(out) / MEANING_FILE, doc)
+    return doc["wall_s"]

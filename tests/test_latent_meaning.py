@@ -1,0 +1,185 @@
+"""zfree.evaluate.latent_meaning: what each latent value carries (lifts, properties, exemplars)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from sklearn.metrics import mutual_info_score, normalized_mutual_info_score
+
+from zfree.data.pairs import Pair
+from zfree.data.synth import STRATEGIES
+from zfree.evaluate.latent_meaning import (MeaningRows, _quartile_bins, exemplars, latent_meaning, ngram_lifts,
+                                           property_alignment, text_properties, token_lifts, value_sentences)
+
+
+def test_token_lifts_equal_the_formula_row_by_row_in_float64():
+    g = torch.Generator().manual_seed(0)
+    B, K, T = 3, 4, 5
+    lp = torch.log_softmax(torch.randn(B, K, T, 7, generator=g, dtype=torch.float64), -1)[..., 0]
+    q = torch.softmax(torch.randn(B, K, generator=g, dtype=torch.float64), -1)
+    q[2] = torch.tensor([0.0, 1.0, 0.0, 0.0], dtype=torch.float64)  # all mass on one value
+    mask = torch.ones(B, T, dtype=torch.bool)
+    mask[1, 3:] = False
+    lift = token_lifts(lp, q, mask)
+    for b in range(B):
+        for k in range(K):
+            others = [j for j in range(K) if j != k]
+            w = np.array([q[b, j].item() for j in others])
+            w = w / w.sum() if w.sum() > 1e-9 else np.full(K - 1, 1 / (K - 1))
+            for t in range(T):
+                want = lp[b, k, t].item() - math.log(sum(wj * math.exp(lp[b, j, t].item()) for wj, j in zip(w, others)))
+                assert lift[b, k, t].item() == pytest.approx(want if mask[b, t] else 0.0, abs=1e-12)
+
+
+def test_token_lifts_are_zero_when_every_value_predicts_the_same():
+    lp = torch.full((2, 3, 4), -1.3)
+    q = torch.softmax(torch.randn(2, 3), -1)
+    assert torch.allclose(token_lifts(lp, q, torch.ones(2, 4, dtype=torch.bool)), torch.zeros(2, 3, 4), atol=1e-6)
+
+
+def test_token_lifts_refuse_one_value_and_wrong_shapes():
+    with pytest.raises(ValueError, match="K >= 2"):
+        token_lifts(torch.zeros(2, 1, 3), torch.ones(2, 1), torch.ones(2, 3, dtype=torch.bool))
+    # the shape check is ours; under the test tier's jaxtyping hook the annotation catches it first
+    with pytest.raises((ValueError, TypeError), match=r"expected \(B, K, T\)|Type-check error"):
+        token_lifts(torch.zeros(2, 2, 3), torch.ones(2, 3), torch.ones(2, 3, dtype=torch.bool))
+
+
+def test_ngram_lifts_rank_the_planted_token_first_for_its_value():
+    rows = MeaningRows()
+    rng = np.random.default_rng(0)
+    for r in range(40):
+        toks = [5, 6, 7, 9] if r % 2 else [5, 8, 7, 9]
+        lift = rng.normal(0, 0.01, (2, 4))
+        lift[0, 1] += 2.0 if toks[1] == 6 else 0.0  # value 0 promotes token 6
+        lift[1, 1] += 1.5 if toks[1] == 8 else 0.0  # value 1 promotes token 8
+        rows.tokens.append(toks)
+        rows.lifts.append(lift)
+        rows.ids.append(str(r))
+    tab = ngram_lifts(rows, decode=lambda ids: "".join(chr(ord("a") + i) for i in ids))
+    top = tab[(tab["n"] == 1) & (tab["rank"] == 1)].set_index("value")
+    assert top.loc[0, "text"] == "g" and top.loc[0, "count"] == 20 and top.loc[0, "mean_lift"] == pytest.approx(2.0, abs=0.02)
+    assert top.loc[1, "text"] == "i" and top.loc[1, "mean_lift"] == pytest.approx(1.5, abs=0.02)
+    bi = tab[(tab["n"] == 2) & (tab["value"] == 0) & (tab["rank"] == 1)].iloc[0]
+    assert bi["text"] in ("fg", "gh") and bi["mean_lift"] == pytest.approx(2.0, abs=0.05)
+    # an n-gram under MIN_COUNT occurrences is never ranked
+    rows.tokens.append([1, 2]); rows.lifts.append(np.full((2, 2), 9.0)); rows.ids.append("x")
+    assert "b" not in set(ngram_lifts(rows, decode=lambda ids: "".join(chr(ord("a") + i) for i in ids))["text"])
+
+
+def test_property_alignment_matches_sklearn_and_finds_a_planted_property():
+    rng = np.random.default_rng(1)
+    assign = rng.integers(0, 3, 300)
+    props = pd.DataFrame({"planted": np.where(assign == 2, "long", "short"), "noise": rng.choice(list("abcd"), 300),
+                          "constant": ["same"] * 300})
+    tab, notes = property_alignment(props, assign, seed=0)
+    t = tab.set_index("property")
+    assert t.loc["planted", "mi"] == pytest.approx(mutual_info_score(assign, props["planted"]), rel=1e-9)
+    assert t.loc["noise", "nmi"] == pytest.approx(normalized_mutual_info_score(assign, props["noise"]), rel=1e-9)
+    assert bool(t.loc["planted", "passes"]) and not bool(t.loc["noise", "passes"])
+    assert t.loc["noise", "p_value"] > 0.05 and t.loc["planted", "p_value"] == pytest.approx(1 / 1001)
+    assert tab["property"].iloc[0] == "planted" and "constant" not in set(tab["property"])
+    assert notes == ["property 'constant' has a single value on these rows: skipped"]
+
+
+def test_a_collapsed_run_passes_nothing():
+    rng = np.random.default_rng(2)
+    props = pd.DataFrame({"p": rng.choice(list("ab"), 100), "q": rng.choice(list("xyz"), 100)})
+    tab, _ = property_alignment(props, np.zeros(100, dtype=int), seed=0)
+    assert (tab["mi"] == 0).all() and not tab["passes"].any() and (tab["p_value"] == 1).all()
+
+
+def test_property_alignment_refuses_mismatched_lengths_and_notes_too_few_rows():
+    with pytest.raises(ValueError, match="3 property rows but 2 posterior assignments"):
+        property_alignment(pd.DataFrame({"p": list("abc")}), np.array([0, 1]))
+    tab, notes = property_alignment(pd.DataFrame({"p": ["a"]}), np.array([0]))
+    assert tab.empty and notes == ["1 evaluated row(s): no property is tested"]
+
+
+def test_quartile_bins_cover_every_value_with_ordered_names():
+    v = np.arange(1, 21, dtype=float)
+    bins = _quartile_bins(v)
+    assert len(set(bins)) == 4 and bins[0] == "1-5" and bins[-1].endswith("-20")
+    assert _quartile_bins(np.full(5, 7.0)) == ["7"] * 5
+
+
+def test_text_properties_from_text_labels_and_the_generators_relations():
+    pairs = [Pair("a", "name[X], area[city]", "X is in the city. It is cheap.", labels={"n": "2"}),
+             Pair("b", "name[Y]", "The Y serves food!", labels={"n": "1"}),
+             Pair("c", "3 1 2", "1 2 3"), Pair("d", "3 1 2", "2 1 3")]
+    props = text_properties(pairs, n_tokens=[9, 5, 4, 4], strategies=["sort_asc", "reverse", "copy"])
+    assert list(props["sentences"]) == ["2", "1", "1", "1"]
+    assert list(props["first word"]) == ["x", "the", "1", "2"]
+    assert list(props["last punctuation"]) == [".", "!", "none", "none"]
+    assert list(props["y opens with a word of x"]) == ["True", "False", "True", "True"]
+    assert list(props["label/n"]) == ["2", "1", "", ""]
+    assert list(props["y = s(x)"]) == ["none", "none", "sort_asc", "reverse"]
+    assert "y = s(x)" not in text_properties(pairs)  # only where the generator's metadata lists strategies
+
+
+def test_on_generated_rows_the_relation_property_tops_the_ranking_when_z_is_the_strategy():
+    rng = np.random.default_rng(3)
+    names = ["sort_asc", "sort_desc", "reverse", "copy"]
+    pairs, assign = [], []
+    for i in range(400):
+        x = tuple(int(d) for d in rng.integers(0, 10, rng.integers(4, 9)))
+        s = int(rng.integers(0, 4))
+        pairs.append(Pair(str(i), " ".join(map(str, x)), " ".join(map(str, STRATEGIES[names[s]](x)))))
+        assign.append(s)
+    assign = np.array(assign)
+    props = text_properties(pairs, strategies=names)
+    tab, _ = property_alignment(props, assign, seed=0)
+    assert tab["property"].iloc[0] == "y = s(x)" and bool(tab["passes"].iloc[0]) and tab["nmi"].iloc[0] >= 0.9
+    sentences = value_sentences(assign, props, tab, pd.DataFrame(columns=["value", "rank", "n"]), None, 4)
+    assert "y = s(x) = 'sort_asc'" in sentences[0] and sentences[0].startswith(f"value 0 ({(assign == 0).mean():.0%} of rows)")
+
+
+def test_exemplars_are_each_values_most_confident_rows_at_full_length():
+    pairs = [Pair(str(i), "x" * 200, f"y{i} " * 50) for i in range(5)]
+    q = np.array([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4], [0.1, 0.9], [0.5, 0.5]])
+    ex = exemplars(q, pairs, n=2)
+    assert list(ex[ex["value"] == 0]["id"]) == ["0", "2"] and list(ex[ex["value"] == 1]["id"]) == ["3", "1"]
+    assert ex["y"].iloc[0] == pairs[0].y and len(ex["x"].iloc[0]) == 200
+
+
+def test_latent_meaning_assembles_a_document_and_a_tidy_table():
+    rng = np.random.default_rng(4)
+    pairs = [Pair(str(i), "a b", ("Short one." if i % 2 else "A much longer sentence here. And more.")) for i in range(60)]
+    assign = np.arange(60) % 2
+    q = np.eye(2)[assign] * 0.8 + 0.1
+    rows = MeaningRows()
+    for i in range(60):
+        rows.ids.append(str(i)); rows.tokens.append([1, 2, 3]); rows.lifts.append(rng.normal(0, 0.1, (2, 3)))
+    doc, tidy = latent_meaning(assign, pairs, q=q, rows=rows, n_tokens=[3 + 5 * (1 - a) for a in assign])
+    assert doc["K"] == 2 and doc["rows"] == 60 and doc["descriptive"] is True
+    assert {v["value"] for v in doc["values"]} == {0, 1} and all(len(v["exemplars"]) == 3 for v in doc["values"])
+    assert "longer: median 8 tokens vs 3" in doc["values"][0]["sentence"]
+    assert set(tidy["kind"]) == {"ngram", "property"}
+    assert doc["properties"][0]["passes"]  # length and sentences separate the two values exactly
+
+
+def test_a_run_folder_gets_its_meaning_after_the_final_evaluation(tiny_run, tmp_path):
+    """A discrete run writes latent_meaning.json/.parquet (the generator's relations among the
+    properties, one entry per value); the z-free control of the same data writes none."""
+    import json
+
+    from tests.tiny import tiny_flat
+    from zfree.config import TrainConfig
+    from zfree.train.training import train_cvae
+
+    data, base = tiny_run
+    run = tmp_path / "run"
+    train_cvae(TrainConfig.from_flat(tiny_flat(data, base, steps=4, eval_every=4, device="cpu")), run, progress=False)
+    doc = json.loads((run / "latent_meaning.json").read_text())
+    assert doc["source"] == "posterior argmax" and doc["rows"] == 24 and len(doc["values"]) == doc["K"] >= 2
+    assert "y = s(x)" in {p["property"] for p in doc["properties"]} | set(n.split("'")[1] for n in doc["notes"])
+    tidy = pd.read_parquet(run / "latent_meaning.parquet")
+    assert set(tidy["kind"]) <= {"ngram", "property"} and (tidy["kind"] == "property").any()
+    control = tmp_path / "control"
+    train_cvae(TrainConfig.from_flat(tiny_flat(data, base, steps=2, eval_every=2, device="cpu",
+                                               latent_source="control", n_latent=1)), control, progress=False)
+    assert not (control / "latent_meaning.json").exists()
