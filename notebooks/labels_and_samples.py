@@ -11,7 +11,8 @@
 # %% [markdown]
 # ## Labels, notes and what each latent value writes
 #
-# Per label present in the data (`labels` of the rows): NMI and Hungarian accuracy between the
+# What z learned by the run that uses it most (a sentence per latent value, descriptive; the
+# properties of y against their permutation baseline; the tokens each value promotes). Per label present in the data (`labels` of the rows): NMI and Hungarian accuracy between the
 # posterior's argmax and the label, and a held-out linear probe of the label from the posterior
 # features, beside the majority-class baseline they must beat; ρ_recon and the rate beside them;
 # a warning where a label rests on fewer than 50 rows or one value. Where the study measured it
@@ -33,6 +34,7 @@ from IPython.display import Markdown, display
 from zfree.evaluate.latent_stats import label_confusion
 from zfree.report.labels_report import (confusion_is_wide, dashes, label_table, multiref_note, multiref_table,
                                         notes_markdown, samples_table)
+from zfree.report.meaning_report import show_meaning
 from zfree.report.plotting_study import plot_label_confusion
 from zfree.report.report import md_text, run_label, show
 from zfree.experiment.results import collect_runs
@@ -65,6 +67,7 @@ if multiref is not None:
 # %%
 if not runs.empty:
     best = runs.sort_values("loss/val/kl_prior_loss", ascending=False).iloc[0]
+    show_meaning(best["run_dir"], f"What z learned, run {md_text(run_label(best, runs))} (the largest rate)")
     pe = pd.read_parquet(Path(best["run_dir"]) / "per_example.parquet")
     display(Markdown(f"### Latent values against each label, run {md_text(run_label(best, runs))} (the largest rate)"))
     for col in [c for c in pe.columns if c.startswith("label/")]:

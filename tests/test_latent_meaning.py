@@ -183,3 +183,25 @@ def test_a_run_folder_gets_its_meaning_after_the_final_evaluation(tiny_run, tmp_
     train_cvae(TrainConfig.from_flat(tiny_flat(data, base, steps=2, eval_every=2, device="cpu",
                                                latent_source="control", n_latent=1)), control, progress=False)
     assert not (control / "latent_meaning.json").exists()
+
+
+def test_the_report_part_keeps_text_from_data_as_text(tmp_path):
+    import json
+
+    from zfree.report.meaning_report import meaning_markdown, promoted_table, property_table, read_meaning
+
+    doc = {"source": "posterior argmax", "rows": 10, "rule": "p < 0.05 / 2", "notes": ["property 'x' skipped"],
+           "properties": [{"property": "first word", "levels": 3, "mi": 0.2, "nmi": 0.5, "null95": 0.05,
+                           "p_value": 0.001, "passes": True}],
+           "values": [{"value": 0, "sentence": "value 0 (50% of rows): first word = '<b>*x*</b>'",
+                       "tokens": [{"text": "<script>", "mean_lift": 1.234, "count": 4, "rows": 3}], "phrases": []}]}
+    (tmp_path / "latent_meaning.json").write_text(json.dumps(doc))
+    got = read_meaning(tmp_path)
+    md = meaning_markdown(got)
+    assert "<b>" not in md and "*x*" not in md and "&#60;b&#62;" in md and "Descriptive" in md
+    assert property_table(got).loc["first word", "passes"]
+    assert promoted_table(got).iloc[0]["text"] == "'<script>'"  # escaped by pandas' HTML writer, not here
+    (tmp_path / "latent_meaning.json").write_text("{torn")
+    assert read_meaning(tmp_path) is None and read_meaning(tmp_path / "absent") is None
+    none_pass = {**doc, "properties": [{**doc["properties"][0], "passes": False}]}
+    assert "nothing here says what z carries" in meaning_markdown(none_pass)

@@ -11,6 +11,7 @@ from pathlib import Path
 from zfree.core.errors import InputError
 from zfree.core.io import atomic_write_text
 from zfree.core.paths import NOTEBOOKS
+from zfree.evaluate.latent_meaning import MEANING_FILE
 from zfree.experiment.notebook_exec import execute
 from zfree.experiment.results import aggregate
 
@@ -107,7 +108,9 @@ def render_report(study_dir: Path | str, notebook: Path | str | None = None, pro
                          "and report.html there; copy the folder somewhere writable and report the copy") from None
     parts = [Path(notebook).resolve()] if notebook else [NOTEBOOKS / f"{n}.ipynb" for n in REPORT_NOTEBOOKS]
     if notebook is None and (study_dir / "notes.json").exists():  # an own-data study: labels, notes, samples
-        parts.append(NOTEBOOKS / "labels_and_samples.ipynb")
+        parts.append(NOTEBOOKS / "labels_and_samples.ipynb")  # (with what z learned, above the confusions)
+    elif notebook is None and any((study_dir / "runs").glob(f"*/{MEANING_FILE}")):
+        parts.append(NOTEBOOKS / "what_z_learned.ipynb")
     out_nb = execute(_combined_report(study_dir, parts), study_dir / "report.ipynb", progress=progress)
     body, _ = offline_exporter().from_notebook_node(nbformat.read(out_nb, as_version=4))
     atomic_write_text(study_dir / "report.html", body)
