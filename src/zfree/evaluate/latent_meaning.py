@@ -56,6 +56,9 @@ ALPHA = 0.05
 FIRST_WORDS = 8
 #: rows shown per value
 N_EXEMPLARS = 3
+#: whether an evaluation collects the token lifts (off only in the cost benchmark,
+#: analysis/benchmarks/bench_latent_meaning.py, to time an evaluation without them)
+COLLECT_LIFTS = True
 #: the properties computed from text alone (labels and the generator's relations are added per data)
 PROPERTIES = ("y length (tokens)", "y length (words)", "sentences", "first word", "last punctuation",
               "y opens with a word of x")

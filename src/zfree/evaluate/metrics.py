@@ -24,6 +24,7 @@ from sklearn.metrics import normalized_mutual_info_score
 from zfree.config import LatentKind, ObjectiveConfig
 from zfree.data.batching import EncodedPair, collate
 from zfree.data.pairs import Pair
+from zfree.evaluate import latent_meaning
 from zfree.evaluate.latent_meaning import MeaningRows, token_lifts
 from zfree.evaluate.latent_stats import (active_units, categorical_mutual_information, continuous_decode_metrics,
                                          decode_metrics, gaussian_mutual_information, hungarian_accuracy, label_keys,
@@ -171,7 +172,8 @@ class DiscreteEvaluator:
     def __init__(self, model, seed: int):
         self.model, self.seed = model, seed
         self.feats, self.q, self.p = [], [], []
-        self.meaning = MeaningRows() if model.posterior_kind != "given" and model.n_latent >= 2 else None
+        self.meaning = (MeaningRows() if latent_meaning.COLLECT_LIFTS and model.posterior_kind != "given"
+                        and model.n_latent >= 2 else None)
 
     def batch(self, batch, objective, step, c_base, b, base_tok):
         """One batch under no_grad: the per-example frame and the objective's breakdown (``assemble``)."""
