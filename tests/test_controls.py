@@ -241,3 +241,15 @@ def test_an_evaluation_batch_is_bounded_by_the_logit_budget(tiny_run, monkeypatc
     b = train_cvae(cfg, tmp_path / "b", progress=False)
     for key in ("loss/val/reconstruction_loss", "loss/val/kl_prior_loss", "latent/codes_used"):
         assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-7), key  # float32, other padding
+
+
+def test_every_train_config_field_is_classified_for_the_control_exactly_once():
+    """A TrainConfig field that is neither reset nor shared by a run's z-free control fails here
+    (a new aid field left out of _RESET would give each run its own control, silently)."""
+    from zfree.config import TrainConfig
+    from zfree.experiment.controls import _RESET, SHARED
+
+    flat = set(TrainConfig().to_flat())
+    assert not set(_RESET) & set(SHARED), set(_RESET) & set(SHARED)
+    assert flat - set(_RESET) - set(SHARED) == set(), "classify these fields in zfree.experiment.controls"
+    assert set(_RESET) | set(SHARED) <= flat, (set(_RESET) | set(SHARED)) - flat

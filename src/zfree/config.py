@@ -18,8 +18,10 @@ from zfree.core.errors import ConfigError
 from zfree.core.validation import check_choice, check_int, check_range
 from zfree.core.values import coerce_value, field_types, typed_fields
 
-Weighting = Literal["plain", "distribution", "example", "token"]
-TokenOuter = Literal["none", "distribution", "example"]
+from zfree.core.weightings import TOKEN_OUTER_NAMES, WEIGHTING_NAMES, WEIGHTINGS  # noqa: E402 (the registry: zfree.core.weightings)
+
+Weighting = Literal[WEIGHTING_NAMES]  # plain, distribution, example, token
+TokenOuter = Literal[TOKEN_OUTER_NAMES]  # none, distribution, example
 BetaSchedule = Literal["constant", "linear", "cyclical"]
 # per_dim: continuous latent only; threshold: Optimus's KL thresholding (each example's KL below free_bits
 # is masked out of the penalty: per dimension on the Gaussian, the whole KL on the categorical; losses.kl_threshold)
@@ -161,7 +163,7 @@ class ObjectiveConfig:
         if self.beta_ratio_zero + self.beta_ratio_increase > 1.0 + 1e-12:
             raise ValueError(f"beta_ratio_zero + beta_ratio_increase = {self.beta_ratio_zero + self.beta_ratio_increase:g} "
                              "must be <= 1 (fractions of one cycle)")
-        if (self.weighting == "example" or self.token_outer == "example") and not self.epsilon > 0:
+        if any(WEIGHTINGS[w].needs_epsilon for w in self._weightings()) and not self.epsilon > 0:
             raise ValueError(f"epsilon={self.epsilon!r} must be > 0 for example weighting (seed 002)")
         if self.token_outer != "none" and self.weighting != "token":
             raise ValueError(f"token_outer={self.token_outer!r} only applies to weighting='token'")
@@ -175,12 +177,16 @@ class ObjectiveConfig:
     @property
     def needs_example_b(self) -> bool:
         """True when w or the token weights need the per-example base surprisal b on training rows (example, token)."""
-        return self.weighting in ("example", "token")
+        return WEIGHTINGS[self.weighting].needs_b
 
     @property
     def needs_c_base(self) -> bool:
         """True when w = 1/c_base appears (distribution, or token with distribution outside)."""
-        return self.weighting == "distribution" or self.token_outer == "distribution"
+        return any(WEIGHTINGS[w].needs_c_base for w in self._weightings())
+
+    def _weightings(self) -> tuple[str, ...]:
+        """The registry entries in play: ``weighting`` and, under token, its outer one ("none" = plain)."""
+        return (self.weighting,) + ((self.token_outer,) if self.token_outer != "none" else ())
 
 
 def check_latent_source(source: str, latent_kind: str, n_latent: int) -> None:

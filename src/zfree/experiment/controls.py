@@ -32,6 +32,15 @@ _RESET = ("beta", "beta_schedule", "beta_warmup_steps", "beta_cycle_steps", "bet
           "lambda_jsd", "latent_kind", "n_latent", "posterior_features", "d_latent", "n_samples", "prior", "bn_gamma",
           "delta_rate",
           "frozen_decoder_steps", *AidConfig.__dataclass_fields__)
+#: the fields a control keeps from its run (they shape a z-free decoder's training or its evaluation);
+#: ``control_params`` sets latent_source, eval_every and checkpoint_every itself. Every flat
+#: TrainConfig field is in exactly one of ``_RESET`` and ``SHARED`` (tests/test_controls.py): a new
+#: field must be classified, or runs differing only in it would silently share or split controls.
+SHARED = ("data_dir", "base_dir", "weighting", "epsilon", "token_alpha", "token_outer", "c_base_source", "shared_prefix",
+          "latent_source", "steps", "batch_size", "lr_backbone", "lr_new", "warmup_backbone", "weight_decay",
+          "grad_clip", "eval_every", "eval_rows", "decode_rows", "seed", "threads", "device", "precision",
+          "checkpoint_every", "optimizer", "lora_rank", "lora_alpha", "lora_targets", "micro_batch",
+          "keep_prev_checkpoint")
 
 
 def _defaults() -> dict[str, Any]:

@@ -42,6 +42,7 @@ from zfree.core.errors import ConfigError
 from zfree.core.io import atomic_write_json, read_jsonl
 from zfree.experiment.spec import ExperimentSpec, Point
 from zfree.train.accumulate import accumulation_problem
+from zfree.core.weightings import WEIGHTINGS as WEIGHTING_REGISTRY
 
 GB = 2**30
 PROBE_STEPS, PROBE_ROWS = 4, 16  # steps and evaluated rows of the probe run (the first step apart)
@@ -408,7 +409,7 @@ def _fit_steps(spec: ExperimentSpec, seconds: Callable[[ExperimentSpec], float],
 
 #: the weightings an own-data grid keeps when the budget cannot hold all four: the seed notes' two
 #: (distribution-level 1/c_base and example-level 1/(b + eps))
-KEEP_WEIGHTINGS = ("distribution", "example")
+KEEP_WEIGHTINGS = tuple(n for n, w in WEIGHTING_REGISTRY.items() if w.kept_by_budget)  # distribution, example
 
 
 def fit_budget(spec: ExperimentSpec, seconds: Callable[[ExperimentSpec], float], budget: float,

@@ -30,6 +30,7 @@ from zfree.core.io import sha256_file
 from zfree.data.synth import DataConfig
 from zfree.objective.remedies import check_remedy_fields
 from zfree.objective.theory import critical_beta
+from zfree.core.weightings import WEIGHTINGS as WEIGHTING_REGISTRY
 
 
 @functools.lru_cache(maxsize=256)
@@ -160,9 +161,7 @@ class BaseSource:
 
 
 #: the weightings of an own-data grid and the fields each sets
-WEIGHTINGS = {"plain": {"weighting": "plain"}, "distribution": {"weighting": "distribution"},
-              "example": {"weighting": "example", "epsilon": 0.05},
-              "token": {"weighting": "token", "token_outer": "distribution", "token_alpha": 0.5}}
+WEIGHTINGS = {name: w.grid_fields for name, w in WEIGHTING_REGISTRY.items()}
 
 #: the aids of an own-data grid: "none" runs unaided, "hard_em" with the grid's ``aided`` fields
 #: (the study's recipe: config aid "hard_em_then_soft"); any other name is refused, never run unaided

@@ -27,6 +27,7 @@ from zfree.data.synth import DataConfig
 from zfree.experiment.pipeline import run_experiment
 from zfree.experiment.spec import BaseSource, DataSource, ExperimentSpec
 from zfree.objective.remedies import HARD_EM_RECIPE, SWITCH_ON_RECIPE, remedy_fields  # noqa: F401 (re-exported)
+from zfree.core.weightings import WEIGHTINGS as WEIGHTING_REGISTRY
 
 # the aids issue's recipes live with the other remedies (zfree.objective.remedies)
 _AIDED_RUN = {"steps": 1200, "eval_every": 300, "eval_rows": 500, "decode_rows": 200}
@@ -41,8 +42,7 @@ _QUICK_PLAIN = {"steps": 100, "eval_every": 50, "eval_rows": 300, "decode_rows":
 _PHASE_AID = {**HARD_EM_RECIPE, "hard_em_max_steps": 450, "steps": 700, "eval_every": 350, "eval_rows": 500,
               "decode_rows": 100}
 _PHASE_PLAIN = {"steps": 250, "eval_every": 125, "eval_rows": 500, "decode_rows": 100}
-_WEIGHTINGS = [{"weighting": "plain"}, {"weighting": "distribution"}, {"weighting": "example", "epsilon": 0.05},
-               {"weighting": "token", "token_outer": "distribution", "token_alpha": 0.5}]
+_WEIGHTINGS = [w.grid_fields for w in WEIGHTING_REGISTRY.values()]  # plain, distribution, example, token
 
 #: the E2E preset's runs (real text, labels instead of strategies):
 #: the shipped base memorized its train split (train NLL 1.13 vs val 2.48 nats/token), so at the

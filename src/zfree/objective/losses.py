@@ -18,6 +18,7 @@ from jaxtyping import Bool, Float, Int
 
 from zfree.config import ObjectiveConfig
 from zfree.models.nll import masked_mean_token_nll
+from zfree.core.weightings import OUTER_WEIGHTINGS, weight_function
 
 
 def token_surprisal_shares(base_token_nll: Float[torch.Tensor, "batch seq"], target_mask: Bool[torch.Tensor, "batch seq"]
@@ -60,37 +61,9 @@ def weighted_mean_token_nll(token_nll: Float[torch.Tensor, "batch *latent seq"],
     return masked_mean_token_nll(token_nll * w, target_mask)
 
 
-#: Valid outer reconstruction weightings (``token`` reweights inside lbar and uses one of these outside).
-RECONSTRUCTION_WEIGHTINGS = ("plain", "distribution", "example")
-
-
-def _check_c_base(c_base: float | None) -> float:
-    if c_base is None or not math.isfinite(c_base) or c_base <= 0:
-        raise ValueError(f"c_base={c_base!r} must be a finite positive number for distribution weighting")
-    return float(c_base)
-
-
-def _plain_weight(batch_size, c_base, b, epsilon, dtype, device):
-    return torch.ones(batch_size, dtype=dtype, device=device)
-
-
-def _distribution_weight(batch_size, c_base, b, epsilon, dtype, device):
-    return torch.full((batch_size,), 1.0 / _check_c_base(c_base), dtype=dtype, device=device)
-
-
-def _example_weight(batch_size, c_base, b, epsilon, dtype, device):
-    if b is None:
-        raise ValueError("example weighting needs the per-example base surprisal b")
-    if b.shape != (batch_size,):
-        raise ValueError(f"b has shape {tuple(b.shape)}, expected ({batch_size},)")
-    if not epsilon > 0:
-        raise ValueError(f"epsilon={epsilon!r} must be > 0 for example weighting (seed 002)")
-    return (1.0 / (b.detach().clamp_min(0) + epsilon)).to(device=device, dtype=dtype)
-
-
-#: outer weighting -> w(x, y); ``none`` is the token_outer spelling of plain
-_WEIGHTS = {"plain": _plain_weight, "none": _plain_weight, "distribution": _distribution_weight,
-            "example": _example_weight}
+#: Valid outer reconstruction weightings (``token`` reweights inside lbar and uses one of these outside):
+#: the registry's (``zfree.core.weightings``)
+RECONSTRUCTION_WEIGHTINGS = OUTER_WEIGHTINGS
 
 
 def reconstruction_weight(weighting: str, *, batch_size: int, c_base: float | None = None,
@@ -107,13 +80,12 @@ def reconstruction_weight(weighting: str, *, batch_size: int, c_base: float | No
     Raises ValueError for an unknown weighting (listing the valid ones), a missing, non-finite or
     non-positive c_base, a missing b or one of another length, or epsilon <= 0 for example.
     """
-    if weighting not in _WEIGHTS:
-        raise ValueError(f"weighting={weighting!r} is not one of {list(RECONSTRUCTION_WEIGHTINGS)}")
+    fn = weight_function(weighting)  # ValueError listing the valid ones
     if dtype is None:
         dtype = b.dtype if b is not None else torch.float32
     if device is None:
         device = b.device if b is not None else torch.device("cpu")
-    return _WEIGHTS[weighting](batch_size, c_base, b, epsilon, dtype, device)
+    return fn(batch_size, c_base, b, epsilon, dtype, device)
 
 
 def outer_weighting(cfg: ObjectiveConfig) -> str:

@@ -12,7 +12,8 @@ import pandas as pd
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter
 
 from zfree.experiment.results import FACETS  # noqa: E402 - defined once in zfree.experiment.results
-WEIGHTING_COLORS = {"plain": "tab:blue", "distribution": "tab:orange", "example": "tab:green", "token": "tab:purple"}
+from zfree.core.weightings import WEIGHTINGS  # noqa: E402
+WEIGHTING_COLORS = {name: w.color for name, w in WEIGHTINGS.items()}  # the registry's (zfree.core.weightings)
 #: one (color, marker) per remedy (``zfree.objective.remedies.REMEDIES`` and Li et al.'s composed
 #: recipe) in every figure that compares remedies; gray "X" for any other name
 REMEDY_STYLES = {"none": ("tab:gray", "o"), "free_bits": ("tab:blue", "s"), "ae": ("tab:cyan", "v"),
@@ -21,7 +22,7 @@ REMEDY_STYLES = {"none": ("tab:gray", "o"), "free_bits": ("tab:blue", "s"), "ae"
                  "switch_on": ("tab:red", "*"), "switch_on_e2e": ("darkred", "*"), "gaussian": ("tab:orange", "h"), "bn_vae": ("black", "d"),
                  "delta_vae": ("goldenrod", "p")}
 #: the fill of a remedy's marker per weighting (the color and marker already name the remedy)
-WEIGHTING_FILLS = {"plain": "full", "distribution": "none", "example": "left", "token": "bottom"}
+WEIGHTING_FILLS = {name: w.fill for name, w in WEIGHTINGS.items()}
 
 
 #: the look every figure is drawn in: no "+1" offset or "1e-6" multiplier on linear axes (values

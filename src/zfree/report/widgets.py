@@ -24,6 +24,7 @@ import pandas as pd
 from IPython.display import display
 
 from zfree.config import Aid
+from zfree.core.weightings import WEIGHTING_NAMES
 from zfree.core.io import read_jsonl
 from zfree.experiment.executor import Executor, local_executor, run_point, run_points, stop_workers
 from zfree.experiment.results import SweepResults, load_sweep
@@ -255,7 +256,7 @@ class LaunchPanel:
                                            readout=False, layout=W.Layout(width="320px"), **WIDE)
         self.beta_readout = W.HTML()
         self.n_beta = W.BoundedIntText(value=3, min=1, max=20, description="# β", layout=W.Layout(width="140px"))
-        self.weightings = W.SelectMultiple(options=["plain", "distribution", "example", "token"],
+        self.weightings = W.SelectMultiple(options=list(WEIGHTING_NAMES),
                                            value=("plain", "distribution"), description="weightings")
         self.epsilon = W.BoundedFloatText(value=0.05, min=1e-6, max=10.0, description="ε (example)", **WIDE)
         self.seeds = W.BoundedIntText(value=1, min=1, max=10, description="seeds", layout=W.Layout(width="140px"))
