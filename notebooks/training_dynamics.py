@@ -34,3 +34,22 @@ curves = training_metrics(sweep, run_ids, max_runs)
 show(plot_training_curves(curves))
 if not any("structure/alignment_nmi" in m and m["structure/alignment_nmi"].notna().any() for m in curves.values()):
     display(Markdown(left_out("The alignment-NMI panel", NO_STRATEGY)))
+
+# %% [markdown]
+# The distortion on the training batches every 10 steps (`curve.jsonl` of each run, the z-free controls
+# dashed, the label oracles dotted): a gain measured at the end counts only where the control's D has
+# flattened, otherwise more steps would lower D_control too.
+
+# %%
+from pathlib import Path
+
+import pandas as pd
+
+from zfree.report.plotting_aids import plot_train_distortion
+from zfree.train.curve import read_curve
+
+run_curves = {d.name: pd.DataFrame(read_curve(d)) for d in sorted(Path(sweep_dir, "runs").iterdir())
+              if (d / "curve.jsonl").exists()}
+if run_curves:
+    show(plot_train_distortion(dict(list(run_curves.items())[: 3 * max_runs])))
+

@@ -160,7 +160,7 @@ def test_train_terms_are_device_tensors_until_evaluation(tiny):
         br = assemble("discrete", TrainConfig().objective, recon=torch.rand(5, 3, generator=g) + 1,
                       target_len=torch.full((5,), 4), q_logits=torch.randn(5, 3, generator=g),
                       p_logits=torch.randn(5, 3, generator=g))
-        tr._log_train_terms(state, br)
+        tr._log_train_terms(state, br.log_tensors("loss/train"))
         for k, v in br.log_dict().items():
             if not k.startswith("loss_contrib"):
                 want[k] = want.get(k, 0.0) + v

@@ -390,3 +390,23 @@ def test_hard_phase_rate_of_the_heads_applies_until_the_handover(tiny, tmp_path,
     assert aids.new_lr(cfg.replace(hard_em_lr_new=0.0), "hard") == 1e-3
     with pytest.raises(ValueError, match="hard_em_lr_new"):
         cfg.replace(hard_em_lr_new=-1.0)
+
+
+def test_the_training_curve_has_a_row_every_ten_steps_and_survives_resume(tiny, tmp_path):
+    """curve.jsonl: window means of the training terms every CURVE_EVERY steps and at the end; the
+    means over all rows (weighted by n) equal metrics.jsonl's interval mean; a resumed run keeps
+    the rows up to its checkpoint and continues."""
+    from zfree.train.curve import read_curve
+
+    data, base = tiny
+    cfg = _cfg(data, base, steps=25, eval_every=25, checkpoint_every=10)
+    run = tmp_path / "run"
+    assert train_cvae(cfg, run, progress=False, stop_after=20) == {"stopped_at": 20}
+    assert [r["step"] for r in read_curve(run)] == [10, 20]
+    train_cvae(cfg, run, progress=False)
+    rows = read_curve(run)
+    assert [(r["step"], r["n"]) for r in rows] == [(10, 10), (20, 10), (25, 5)]
+    key = "loss/train/reconstruction_loss"
+    mean = sum(r[key] * r["n"] for r in rows) / 25
+    last = read_jsonl(run / "metrics.jsonl")[-1]
+    assert last[key] == pytest.approx(mean, rel=1e-9)

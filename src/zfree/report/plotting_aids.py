@@ -90,3 +90,26 @@ def plot_handover_gate(traces: pd.DataFrame) -> plt.Figure:
         log_axis(ax, "y")
     return finish_with_legend_right(fig, ax, "step (hard phase)", "best-z objective / collapsed objective",
                                     "hand-over gate: below 1 the soft objective prefers z", title_size=10)
+
+
+@paper
+def plot_train_distortion(curves: dict[str, pd.DataFrame], key: str = "loss/train/reconstruction_loss") -> plt.Figure:
+    """The distortion on the training batches over steps, per run (label -> its curve.jsonl rows as a
+    DataFrame: ``step`` and ``key``, nats per token, window means of ``zfree.train.curve.CURVE_EVERY``
+    steps): where a run's D flattens. Runs whose label starts with "control" are drawn dashed (the
+    z-free controls), label oracles dotted. Returns the Figure (an empty axes with a note without curves)."""
+    fig, ax = plt.subplots(figsize=(7.0, 3.6))
+    for label, df in curves.items():
+        if key not in df or df.empty:
+            continue
+        ls = "--" if label.startswith("control") else ":" if label.startswith("oracle") else "-"
+        ax.plot(df["step"], df[key], ls=ls, lw=1.2, label=label)
+    ax.set_xlabel("step")
+    ax.set_ylabel("D on training batches (nats/token)")
+    ax.set_title("Training distortion (window means): has D flattened?")
+    if ax.lines:
+        ax.legend(fontsize=7, loc="upper right", frameon=False)
+    else:
+        ax.text(0.5, 0.5, "no run wrote curve.jsonl", ha="center", va="center", transform=ax.transAxes)
+    fig.tight_layout()
+    return fig

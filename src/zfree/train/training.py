@@ -26,6 +26,7 @@ from zfree.core.errors import Interrupted
 from zfree.core.locks import run_folder_lock
 from zfree.core.paths import check_out_dir
 from zfree.evaluate.latent_meaning import write_latent_meaning
+from zfree.train.curve import TrainCurve
 from zfree.evaluate.metrics import evaluate
 from zfree.models.base import load_base
 from zfree.models.continuous import ContinuousCVAE
@@ -164,10 +165,10 @@ def cfg_given(model) -> bool:
     return getattr(model, "posterior_kind", "") == "given"
 
 
-def _log_train_terms(state: TrainState, br) -> None:
-    """Add this step's training terms to the running sums (detached float64 device tensors, no
-    host copy; ``_host_state`` reads them at evaluation and checkpoint time)."""
-    for k, v in br.log_tensors("loss/train").items():
+def _log_train_terms(state: TrainState, terms: dict) -> None:
+    """Add this step's training terms (``Breakdown.log_tensors``) to the running sums (detached
+    float64 device tensors, no host copy; ``_host_state`` reads them at evaluation and checkpoint time)."""
+    for k, v in terms.items():
         state.train_log[k] = state.train_log.get(k, 0.0) + v
     state.train_log["_n"] = state.train_log.get("_n", 0) + 1
 
@@ -359,6 +360,7 @@ def _train_steps(cfg, out, run, progress, stop_after, saved, gate_rows, mask, de
     bar = tqdm(total=cfg.optim.steps, initial=state.step, disable=not progress, mininterval=5,
                desc=f"{cfg.objective.weighting} β={cfg.objective.beta:g}" + ("" if cfg.aid.aid == "none" else f" {cfg.aid.aid}"))
     last_progress = time.time()
+    curve = TrainCurve(out, None if state.step == 0 else state.step)
     while state.step < cfg.optim.steps:
         step = state.step + 1
         t_step = time.time()
@@ -384,7 +386,9 @@ def _train_steps(cfg, out, run, progress, stop_after, saved, gate_rows, mask, de
             run_folder.write_progress(out, step, cfg.optim.steps, getattr(state.phase, "value", state.phase),
                                       time.time() - run.t0)
             last_progress = time.time()
-        _log_train_terms(state, br)
+        terms = br.log_tensors("loss/train")
+        _log_train_terms(state, terms)
+        curve.add(step, terms, last=step == cfg.optim.steps)
         bar.update(1)
         if not bar.disable and step % max(10, watch.every) == 0:  # a host read: only with a bar, rarely
             bar.set_postfix({k.split("/")[-1][:6]: f"{float(v.detach()) if hasattr(v, 'detach') else float(v):.3f}" for k, v in br.terms.items()}, refresh=False)
