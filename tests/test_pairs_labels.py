@@ -65,3 +65,18 @@ def test_an_empty_label_key_is_refused_naming_the_row(tmp_path, key):
                  + json.dumps({"x": "c", "y": "d", "labels": {key: "v"}}) + "\n")
     with pytest.raises(ValueError, match=rf"d\.jsonl:2: field 'labels' has an empty key '{key}': give every label a name"):
         load_pairs(f)
+
+
+def test_a_label_with_many_values_is_capped_for_its_oracle():
+    """A 5,000-value label: the oracle distinguishes the LABEL_VALUE_CAP - 1 most frequent values and
+    pools the rest as OTHER; a label within the cap is untouched."""
+    from zfree.data.labels import LABEL_VALUE_CAP, OTHER, capped_values, value_index
+
+    rows = [Pair(f"r{i}", "x", "y", labels={"id": f"v{i}" if i >= 100 else f"common{i % 3}"}) for i in range(5000)]
+    values, n_all = capped_values(rows, "id")
+    assert n_all == 4900 + 3 and len(values) == LABEL_VALUE_CAP and values[-1] == OTHER
+    assert {"common0", "common1", "common2"} <= set(values)
+    index = value_index(values)
+    assert index("common1") == values.index("common1") and index("v4321") == LABEL_VALUE_CAP - 1
+    few = [Pair(str(i), "x", "y", labels={"k": "ab"[i % 2]}) for i in range(10)]
+    assert capped_values(few, "k") == (["a", "b"], 2) and value_index(["a", "b"])("b") == 1

@@ -8,11 +8,16 @@ values, written ``"va*vb"``.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 from zfree.data.pairs import Pair
 
 JOINT = "*"
+#: the most values a label oracle's z takes: a label with more keeps its ``LABEL_VALUE_CAP - 1`` most
+#: frequent values and pools the rest as ``OTHER`` (a 5,000-value label would otherwise train and
+#: decode under 5,000 latent values)
+LABEL_VALUE_CAP = 32
+OTHER = "<other>"
 
 
 def label_value(pair: Pair, key: str) -> str | None:
@@ -49,3 +54,26 @@ def label_keys_of(pairs: Sequence[Pair]) -> list[str]:
         for k in p.labels or {}:
             seen.setdefault(k, None)
     return keys + [k for k in seen if all(p.labels is not None and k in p.labels for p in pairs)]
+
+
+def capped_values(pairs: Sequence[Pair], key: str, cap: int = LABEL_VALUE_CAP, *,
+                  source: str = "<pairs>") -> tuple[list[str], int]:
+    """The values an oracle of ``key`` distinguishes over ``pairs`` and the label's own number of
+    values: ``label_values`` when there are at most ``cap``; else the ``cap - 1`` most frequent
+    (ties by value), sorted, then ``OTHER`` for the rest. Raises as ``label_values``."""
+    values = label_values(pairs, key, source=source)
+    if len(values) <= cap:
+        return values, len(values)
+    counts: dict[str, int] = {}
+    for p in pairs:
+        v = label_value(p, key)
+        counts[v] = counts.get(v, 0) + 1
+    kept = sorted(sorted(counts, key=lambda v: (-counts[v], v))[: cap - 1])
+    return kept + [OTHER], len(values)
+
+
+def value_index(values: Sequence[str]) -> Callable[[str], int]:
+    """value -> its index in ``values`` (``capped_values``' list); a value not in it -> ``OTHER``'s."""
+    idx = {v: i for i, v in enumerate(values)}
+    other = idx.get(OTHER)
+    return lambda v: idx[v] if v in idx or other is None else other

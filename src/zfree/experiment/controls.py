@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from zfree.config import AidConfig, TrainConfig
-from zfree.data.labels import label_keys_of, label_values
+from zfree.data.labels import capped_values, label_keys_of
 from zfree.data.pairs import load_pairs
 from zfree.experiment.spec import Point, run_id
 
@@ -75,12 +75,13 @@ def oracle_labels(data_dir: Path | str, wanted: Sequence[str] | None = None) -> 
     ``wanted`` (a joint ``a*b`` allowed), or (None) every key all rows carry (``label_keys_of``:
     ``strategy`` on the synthetic benchmark, the ``labels`` keys on real data). Keys with fewer than
     2 values are dropped (nothing to carry). Raises ValueError naming the file and row for a wanted
-    label a row lacks."""
+    label a row lacks. A label of more than ``LABEL_VALUE_CAP`` values counts that many (its most
+    frequent values and "<other>", ``zfree.data.labels.capped_values``)."""
     rows = [p for s in ("train", "val") for p in load_pairs(Path(data_dir) / f"{s}.jsonl")]
     keys = list(wanted) if wanted is not None else label_keys_of(rows)
     out = {}
     for k in keys:
-        n = len(label_values(rows, k, source=str(data_dir)))
+        n = len(capped_values(rows, k, source=str(data_dir))[0])  # at most LABEL_VALUE_CAP
         if n >= 2:
             out[k] = n
     return out

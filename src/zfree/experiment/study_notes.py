@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from zfree.data.labels import LABEL_VALUE_CAP, OTHER
 from zfree.data.pairs import Pair
 from zfree.core.io import atomic_write_text, read_json
 from zfree.evaluate.latent_stats import label_warnings
@@ -36,6 +37,11 @@ def label_notes(pairs: list[Pair], data_dir: Path) -> list[str]:
     else:
         notes.append(f"labels {keys}: structure/<metric>/<label> computed (NMI, Hungarian accuracy, probe, "
                      "confusion); z-control per label is skipped (it needs the label of a decoded y)")
+    for k in keys:
+        values = {str(p.labels[k]) for p in pairs if k in (p.labels or {})}
+        if len(values) > LABEL_VALUE_CAP:
+            notes.append(f"label '{k}': {len(values)} values on the val rows; its oracle distinguishes the "
+                         f"{LABEL_VALUE_CAP - 1} most frequent over train + val and pools the rest as '{OTHER}'")
     meta = read_json(data_dir / "metadata.json") if (data_dir / "metadata.json").exists() else {}
     if not meta.get("parameters", {}).get("strategies"):
         notes.append("task correctness: skipped (no metadata.json with strategies: no notion of a correct y); instead the "

@@ -7,14 +7,15 @@ from pathlib import Path
 
 from zfree.config import TrainConfig
 from zfree.core.errors import ConfigError
-from zfree.data.labels import label_value, label_values
+from zfree.data.labels import LABEL_VALUE_CAP, capped_values, label_value, label_values, value_index
 from zfree.data.pairs import load_pairs
 
 
 def given_index(cfg: TrainConfig, data_dir: Path) -> dict[str, int]:
     """Row id -> the given value for every train and val row of ``data_dir``: 0 for the control;
     under ``label:<key>`` the index of the row's value among the label's sorted values over
-    train.jsonl + val.jsonl (``zfree.data.labels.label_values``). Raises ValueError naming the file
+    train.jsonl + val.jsonl (``zfree.data.labels.label_values``; a label of more than
+    ``LABEL_VALUE_CAP`` values: its most frequent ones and the rest pooled, ``capped_values``). Raises ValueError naming the file
     and row for a row without the label; ConfigError when ``n_latent`` is not the label's number of
     values."""
     pairs = {s: load_pairs(Path(data_dir) / f"{s}.jsonl") for s in ("train", "val")}
@@ -25,9 +26,11 @@ def given_index(cfg: TrainConfig, data_dir: Path) -> dict[str, int]:
     key = source.split(":", 1)[1]
     for split, ps in pairs.items():
         label_values(ps, key, source=str(Path(data_dir) / f"{split}.jsonl"))
-    values = label_values(rows, key)
+    values, n_all = capped_values(rows, key)
     if cfg.model.n_latent != len(values):
         raise ConfigError(f"n_latent={cfg.model.n_latent} but label {key!r} takes {len(values)} values in "
-                          f"{data_dir}/train.jsonl + val.jsonl: set n_latent={len(values)}")
-    idx = {v: i for i, v in enumerate(values)}
-    return {p.id: idx[label_value(p, key)] for p in rows}
+                          f"{data_dir}/train.jsonl + val.jsonl"
+                          + (f" (its {LABEL_VALUE_CAP - 1} most frequent of {n_all} and the rest pooled)"
+                             if n_all > len(values) else "") + f": set n_latent={len(values)}")
+    index = value_index(values)
+    return {p.id: index(label_value(p, key)) for p in rows}
