@@ -1,0 +1,59 @@
+"""The e2e-smollm2 finding from a study folder: gains of each finished CVAE run against its own z-free
+control (``zfree.experiment.gains.run_gains``, 95 % bootstrap over the evaluated rows), the label
+oracles finished so far (``oracle_table``), and the runs' own metrics, written beside this file and
+printed as markdown with the preregistered rule applied (PREREGISTRATION.md: z is used when the
+measured use is >= 50 % of the rows and the z-gain interval lies above 0).
+
+    .venv/bin/python analysis/results/e2e-smollm2/collect.py runs/e2e-smollm2
+
+Reads only; works on a study still running (runs not finished are left out, and say so).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from zfree.experiment.gains import oracle_table, run_gains
+from zfree.experiment.results import collect_runs
+
+HERE = Path(__file__).resolve().parent
+KEYS = ["run_id", "weighting", "beta", "aid", "n_latent", "steps", "c_base", "baseline_normalized_reconstruction_loss",
+        "kl_prior_loss", "measured_use_fraction", "predicted_use_fraction", "codes_used", "latent_used", "wall_s"]
+
+
+def main(study: Path) -> None:
+    runs = collect_runs(study / "runs")
+    given = collect_runs(study / "runs", kind="given")
+    gains = run_gains(study, runs) if len(runs) else pd.DataFrame()
+    oracles = oracle_table(study)
+    summary = runs[[k for k in KEYS if k in runs]] if len(runs) else pd.DataFrame()
+    summary.to_csv(HERE / "summary.csv", index=False)
+    gains.to_csv(HERE / "gains.csv", index=False)
+    oracles.to_csv(HERE / "available_gain.csv", index=False)
+    est = json.loads((study / "estimate.json").read_text()) if (study / "estimate.json").exists() else {}
+    print(f"study {study}: {len(runs)} CVAE run(s) and {len(given)} control/oracle run(s) finished")
+    print("estimate: " + " ".join(est.get("lines", [])))
+    for _, g in gains.iterrows():
+        use = float(runs.set_index("run_id").loc[g["run_id"], "measured_use_fraction"])
+        used = use >= 0.5 and bool(g.get("z_gain_positive", False))
+        print(f"\n| {g['run_id']} | value |\n|---|---|")
+        for k in ("rows", "D_base", "D_control", "D", "finetune_gain", "z_gain", "rate"):
+            v = g.get(k)
+            lo, hi = g.get(f"{k}_lo"), g.get(f"{k}_hi")
+            ci = f" [{lo:.3f}, {hi:.3f}]" if lo is not None and pd.notna(lo) else ""
+            print(f"| {k} | {v:.3f}{ci} |" if isinstance(v, float) else f"| {k} | {v} |")
+        print(f"| measured use | {use:.1%} of rows |")
+        print(f"| rule (use >= 50 % and z-gain interval > 0) | {'z USED' if used else 'z NOT used'} |")
+    for _, o in oracles.iterrows():
+        print(f"\noracle {o['label']}: delta_R {o['delta_R']:.3f} [{o['delta_R_lo']:.3f}, {o['delta_R_hi']:.3f}] "
+              f"nats/example, H {o['H']:.3f} ({o['H_source']}), eta {o['eta']:.3f} [{o['eta_lo']:.3f}, {o['eta_hi']:.3f}]")
+    if oracles.empty:
+        print("\noracle: not finished (no available gain, no eta yet)")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1] if len(sys.argv) > 1 else "runs/e2e-smollm2").resolve())
