@@ -57,3 +57,13 @@ def test_no_module_lists_the_weightings_by_hand():
     offenders = [str(p.relative_to(SRC)) for p in SRC.rglob("*.py")
                  if p.relative_to(SRC).as_posix() != "core/weightings.py" and listed.search(p.read_text())]
     assert offenders == []
+
+
+def test_reading_the_registry_imports_no_torch():
+    """config validation and `zfree --help` read the table; only computing a weight imports torch."""
+    import subprocess
+    import sys
+
+    code = "import sys, zfree.config, zfree.cli, zfree.core.weightings; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -13,16 +13,18 @@ The weight of a row, shape (batch,), a constant (no gradient), per entry:
 - token: reweights *inside* the per-row mean, omega_t = the base-surprisal share of token t mixed
   with uniform by token_alpha (seed 002, token level); its outer weight is ``token_outer``'s.
 
-In the core layer (``tests/test_layers.py``), so every layer may read it; it needs only torch.
+In the core layer (``tests/test_layers.py``), so every layer may read it; torch is imported only when a
+weight is computed, so reading the table (config validation, ``zfree --help``) stays light.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-import torch
+if TYPE_CHECKING:  # torch is imported by the weight functions themselves: config and the CLI stay light
+    import torch
 
 
 def _check_c_base(c_base: float | None) -> float:
@@ -33,11 +35,15 @@ def _check_c_base(c_base: float | None) -> float:
 
 def plain_weight(batch_size: int, c_base, b, epsilon, dtype, device) -> torch.Tensor:
     """w = 1, shape (batch_size,)."""
+    import torch
+
     return torch.ones(batch_size, dtype=dtype, device=device)
 
 
 def distribution_weight(batch_size: int, c_base, b, epsilon, dtype, device) -> torch.Tensor:
     """w = 1 / c_base, shape (batch_size,) (seed 000). ValueError for a missing or non-positive c_base."""
+    import torch
+
     return torch.full((batch_size,), 1.0 / _check_c_base(c_base), dtype=dtype, device=device)
 
 
@@ -66,7 +72,7 @@ class Weighting:
     w uses c_base; ``needs_epsilon``: epsilon must be > 0 (as the weighting or token's outer one)."""
 
     name: str
-    weight: Callable[..., torch.Tensor] | None
+    weight: Callable[..., "torch.Tensor"] | None
     source: str
     grid: dict[str, Any] = field(default_factory=dict)
     color: str = "tab:gray"
