@@ -456,3 +456,16 @@ def test_train_scoring_seconds_from_the_preparations_rate(tmp_path):
     assert est.train_scoring_seconds([Point("d", {**flat, "weighting": "distribution"})]) == 0.0
     (tmp_path / "base" / "reference" / "reference.json").write_text(json.dumps({"n_rows": 100}))  # no rate recorded
     assert est.train_scoring_seconds([Point("e", {**flat, "weighting": "example", "epsilon": 0.05})]) == 0.0
+
+
+def test_the_budget_help_is_the_cut_table():
+    """--budget's help lists the cuts of zfree.experiment.budget.CUTS in their order (generated)."""
+    from zfree.cli import build_parser
+    from zfree.experiment.budget import CUTS, budget_help
+
+    names = budget_help().split(", ")
+    assert names[:4] == ["evaluated rows", "intermediate evaluations", "beta points", f"steps (>= {est.STEP_FLOOR})"]
+    assert [n for n in names if not n.startswith("steps")] == [c.name for c in CUTS if c.apply is not None]
+    study = build_parser()._subparsers._group_actions[0].choices["study"]
+    budget = next(a for a in study._actions if "--budget" in a.option_strings)
+    assert budget.help.endswith("cuts in order: " + budget_help())

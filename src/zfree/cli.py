@@ -315,6 +315,7 @@ def _add_train(sub) -> None:
 
 
 def _add_study(sub) -> None:
+    from zfree.experiment.budget import budget_help  # no torch: the help stays fast
     from zfree.experiment.catalog import preset_help  # plain data: the help stays fast
 
     st = sub.add_parser("study", help="the main job: base run, CVAE grid, report", epilog=preset_help(),
@@ -322,9 +323,7 @@ def _add_study(sub) -> None:
     st.add_argument("--preset", default=None, help="smoke | default | aided | full | e2e | leaderboard | leaderboard-e2e | e2e-smollm2 (fetches "
                     "its model); with --model: own | own_smoke")
     st.add_argument("--budget", default=None, help="own data: size the grid to fit this wall time of the whole study, e.g. 15m, "
-                    "1h (default for --preset own: 20m; none: the whole grid); cuts in order: evaluated rows, "
-                    "intermediate evaluations, beta points, steps, weightings, batch, steps, distribution alone, "
-                    "one label oracle, 50 evaluated rows")
+                    "1h (default for --preset own: 20m; none: the whole grid); cuts in order: " + budget_help())
     st.add_argument("--no-estimate", action="store_true",
                     help="start at once, without the probe that prints the expected time and memory first")
     st.add_argument("--model", help="your model: a transformers folder, a .gguf file (or folder) or a hub id")

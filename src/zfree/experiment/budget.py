@@ -1,0 +1,238 @@
+"""The budget of an own-data study (``--budget``): the grid is cut, one ordered cut at a time, until
+the cost model says it fits (``fit_budget``). The cuts are one table, ``CUTS``: each entry either
+changes the grid (fewer evaluated rows, evaluations, beta points, weightings, a smaller batch, one
+label oracle) or scales every run's steps by one factor down to a floor (a *steps fit*, which ends
+the search when it succeeds). ``--budget``'s help (``budget_help``) and the docs are generated from
+the table. Light: no torch (the CLI's help reads it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Sequence
+
+from zfree.config import TrainConfig
+from zfree.core.errors import ConfigError
+from zfree.core.weightings import WEIGHTINGS
+
+if TYPE_CHECKING:
+    from zfree.experiment.spec import ExperimentSpec
+
+#: seconds a budget keeps for the report after the runs (an own study of 11 runs on E2E rows with a
+#: 49k-vocabulary model)
+REPORT_S = 60.0
+#: below this many steps a run is cut only after the weightings and the batch (a run of fewer steps
+#: barely moves)
+STEP_FLOOR = 50
+#: the batch a budget falls back to when even the kept weightings do not fit at ``STEP_FLOOR`` steps
+SMALL_BATCH = 8
+#: the weightings an own-data grid keeps when the budget cannot hold all four: the seed notes' two
+#: (distribution-level 1/c_base and example-level 1/(b + eps)), from the registry
+KEEP_WEIGHTINGS = tuple(n for n, w in WEIGHTINGS.items() if w.kept_by_budget)
+#: the fewest steps a run keeps under any budget
+MIN_STEPS = 10
+
+
+def parse_budget(text: str | None) -> float | None:
+    """``--budget`` text -> seconds: ``15m``, ``1h``, ``90s``, ``1h30m`` or a bare number of minutes;
+    ``none``/``0`` -> None (no budget). Raises ConfigError naming ``--budget`` otherwise."""
+    import re
+
+    if text is None or str(text).strip().lower() in ("none", "0", "off"):
+        return None
+    t = str(text).strip().lower()
+    if re.fullmatch(r"\d+(\.\d+)?", t):
+        return float(t) * 60
+    parts = re.findall(r"(\d+(?:\.\d+)?)([hms])", t)
+    if not parts or "".join(a + b for a, b in parts) != t:
+        raise ConfigError(f"--budget {text!r}: give a duration such as 15m, 1h, 1h30m, 900s (or none)")
+    return sum(float(a) * {"h": 3600, "m": 60, "s": 1}[b] for a, b in parts)
+
+
+def _scaled(d: dict, f: float, floor: int = 10) -> dict:
+    keys = ("steps", "eval_every", "hard_em_max_steps", "handover_check_every")
+    return {**d, **{k: max(floor if k == "steps" else 1, int(round(d[k] * f))) for k in keys if k in d}}
+
+
+def _with(spec: "ExperimentSpec", train: dict | None = None, aided: dict | None = None, factors=None) -> "ExperimentSpec":
+    b = spec.boundary
+    b = dataclasses.replace(b, aided=b.aided if aided is None else aided,
+                            beta_factors=b.beta_factors if factors is None else tuple(factors))
+    return dataclasses.replace(spec, train=spec.train if train is None else train, boundary=b)
+
+
+def _fit_steps(spec: "ExperimentSpec", seconds: Callable[["ExperimentSpec"], float], budget: float, floor: int
+               ) -> tuple["ExperimentSpec", str] | None:
+    """Every run's steps (and eval/hand-over intervals) scaled by one factor f so that the grid fits
+    ``budget`` (f from the grid's time at f = 1 and 1/2, linear in the steps, then lowered until the
+    rounded steps fit); None when f x steps would fall below ``floor``."""
+    steps = int(spec.train.get("steps", TrainConfig().optim.steps))
+    full = seconds(spec)
+    half = seconds(_with(spec, _scaled(spec.train, 0.5, 1), _scaled(spec.boundary.aided, 0.5, 1)))
+    slope = 2 * (full - half)
+    f = min(1.0, (budget - (full - slope)) / slope) if slope > 0 else 0.0
+    if f * steps < floor:
+        return None
+    cut = _with(spec, _scaled(spec.train, f), _scaled(spec.boundary.aided, f))
+    for _ in range(20):  # rounded steps may overshoot the linear fit: step f down until it fits
+        if seconds(cut) <= budget:
+            break
+        f *= 0.98
+        if f * steps < floor:
+            return None
+        cut = _with(spec, _scaled(spec.train, f), _scaled(spec.boundary.aided, f))
+    return cut, (f"steps x {f:.2f} (unaided {steps} -> {cut.train['steps']}, aided "
+                 f"{spec.boundary.aided.get('steps', steps)} -> {cut.boundary.aided.get('steps', cut.train['steps'])})")
+
+
+
+
+def _rows(spec: "ExperimentSpec") -> int:
+    return int(spec.train.get("eval_rows", TrainConfig().optim.eval_rows))
+
+
+def _rows_to(spec: "ExperimentSpec", new: int) -> "ExperimentSpec":
+    aided = {**spec.boundary.aided, "handover_rows": min(new, spec.boundary.aided.get("handover_rows", new))}
+    return _with(spec, {**spec.train, "eval_rows": new}, aided)
+
+
+def _cut_rows_third(spec, labels):
+    rows = _rows(spec)
+    if rows <= 50:
+        return None
+    new = max(50, rows // 3)
+    return _rows_to(spec, new), f"evaluated rows {rows} -> {new}"
+
+
+def _cut_evaluations(spec, labels):
+    steps = int(spec.train.get("steps", TrainConfig().optim.steps))
+    if int(spec.train.get("eval_every", TrainConfig().optim.eval_every)) >= steps:
+        return None
+    aided = spec.boundary.aided
+    spec = _with(spec, {**spec.train, "eval_every": steps},
+                 {**aided, "eval_every": aided.get("steps", steps)} if "eval_every" in aided or "steps" in aided
+                 else aided)
+    return spec, "evaluations at step 0 and the end only"
+
+
+def _cut_beta_points(spec, labels):
+    old = spec.boundary.beta_factors
+    if len(old) <= 1:
+        return None
+    return _with(spec, factors=old[:1]), f"beta points {[round(f, 3) for f in old]} x beta* -> {[round(old[0], 3)]} x beta*"
+
+
+def _cut_weightings(spec, labels):
+    keep = tuple(w for w in spec.boundary.weightings if w in KEEP_WEIGHTINGS)
+    if not keep or len(keep) >= len(spec.boundary.weightings):
+        return None
+    return (dataclasses.replace(spec, boundary=dataclasses.replace(spec.boundary, weightings=keep)),
+            f"weightings {list(spec.boundary.weightings)} -> {list(keep)}")
+
+
+def _cut_batch(spec, labels):
+    batch = int(spec.train.get("batch_size", TrainConfig().optim.batch_size))
+    if batch <= SMALL_BATCH:
+        return None
+    return _with(spec, {**spec.train, "batch_size": SMALL_BATCH}), f"batch {batch} -> {SMALL_BATCH} rows a step"
+
+
+def _cut_first_weighting(spec, labels):
+    ws = spec.boundary.weightings
+    if len(ws) <= 1:
+        return None
+    return (dataclasses.replace(spec, boundary=dataclasses.replace(spec.boundary, weightings=ws[:1])),
+            f"weightings {list(ws)} -> {list(ws[:1])}")
+
+
+def _cut_oracles(spec, labels):
+    if len(labels) <= 1 or not spec.controls:
+        return None
+    return dataclasses.replace(spec, oracles=tuple(labels[:1])), f"label oracles {list(labels)} -> {list(labels[:1])}"
+
+
+def _cut_rows_50(spec, labels):
+    rows = _rows(spec)
+    if rows <= 50:
+        return None
+    return _rows_to(spec, 50), f"evaluated rows {rows} -> 50"
+
+
+@dataclass(frozen=True)
+class Cut:
+    """One row of the budget's table: ``name`` (for ``--budget``'s help), ``what`` (for the docs), and
+    either ``apply`` (spec, the grid's oracle labels) -> (the cut spec, the line said) or None where
+    it does not apply, or a steps fit down to ``floor`` steps (``apply`` None)."""
+
+    name: str
+    what: str
+    apply: Callable | None = None
+    floor: int = 0
+
+
+#: the cuts in order (``fit_budget``): each tried only while the grid does not fit; a steps fit that
+#: succeeds ends the search. The weightings are cut to the first kept one (distribution) only where
+#: even ``MIN_STEPS`` steps do not fit with the other's fixed cost (example's scoring of the training
+#: rows with a large model); the last rows are for a large model on a small machine (SmolLM2-135M
+#: on 2 cores, 30 min).
+CUTS: tuple[Cut, ...] = (
+    Cut("evaluated rows", "the evaluated rows to a third (at least 50)", _cut_rows_third),
+    Cut("intermediate evaluations", "the evaluations between step 0 and the end (curves only: every number "
+        "of the report is read at the end)", _cut_evaluations),
+    Cut("beta points", "one beta point per weighting (the first factor)", _cut_beta_points),
+    Cut("steps", f"every run's steps (and intervals) by one factor, down to {STEP_FLOOR}", floor=STEP_FLOOR),
+    Cut("weightings", f"the weightings to {list(KEEP_WEIGHTINGS)}", _cut_weightings),
+    Cut("steps", f"the steps again, down to {STEP_FLOOR}", floor=STEP_FLOOR),
+    Cut("batch", f"the batch to {SMALL_BATCH} rows", _cut_batch),
+    Cut("steps", f"the steps again, down to {MIN_STEPS}", floor=MIN_STEPS),
+    Cut("distribution alone", "the weightings to the first kept one", _cut_first_weighting),
+    Cut("steps", f"the steps again, down to {MIN_STEPS}", floor=MIN_STEPS),
+    Cut("one label oracle", "the label oracles to the first of the grid's labels", _cut_oracles),
+    Cut("steps", f"the steps again, down to {MIN_STEPS}", floor=MIN_STEPS),
+    Cut("50 evaluated rows", "the evaluated rows to 50", _cut_rows_50),
+    Cut("steps", f"the steps again, down to {MIN_STEPS}", floor=MIN_STEPS),
+)
+
+
+def budget_help() -> str:
+    """The cut order for ``--budget``'s help: each cut's name once (a steps fit repeated at the same
+    floor is a retry, not a new cut)."""
+    names, floor = [], None
+    for c in CUTS:
+        if c.apply is None:
+            if c.floor != floor:
+                names.append(f"steps (>= {c.floor})")
+            floor = c.floor
+        else:
+            names.append(c.name)
+    return ", ".join(names)
+
+
+def fit_budget(spec: "ExperimentSpec", seconds: Callable[["ExperimentSpec"], float], budget: float,
+               labels: Sequence[str] = ()) -> tuple["ExperimentSpec", list[str]]:
+    """Cut an own-data grid (``spec.boundary`` set) with ``CUTS``, in order, each only while
+    ``seconds(spec)`` > ``budget``; ``labels``: the grid's oracle labels, in order. Returns the cut
+    spec and one line per cut. Raises ConfigError naming the time the smallest grid needs (for the
+    runs: ``budget`` is their share), or when ``spec`` is not an own-data grid."""
+    if spec.boundary is None:
+        raise ConfigError("--budget sizes an own-data grid (zfree study --model M --data F); a preset's grid is fixed")
+    lines: list[str] = []
+    for cut in CUTS:
+        if seconds(spec) <= budget:
+            return spec, lines
+        if cut.apply is None:
+            fitted = _fit_steps(spec, seconds, budget, cut.floor)
+            if fitted is not None:
+                return fitted[0], lines + [fitted[1]]
+            continue
+        done = cut.apply(spec, labels)
+        if done is not None:
+            spec, line = done
+            lines.append(line)
+    if seconds(spec) <= budget:
+        return spec, lines
+    steps = int(spec.train.get("steps", TrainConfig().optim.steps))
+    smallest = seconds(_with(spec, _scaled(spec.train, MIN_STEPS / steps), _scaled(spec.boundary.aided, MIN_STEPS / steps)))
+    raise ConfigError(f"even {MIN_STEPS} steps a run need about {smallest / 60:.0f} min on this machine, "
+                      f"{budget / 60:.1f} min are left for the runs")
