@@ -8,7 +8,8 @@ import json
 import pandas as pd
 
 from zfree.data.pairs import Pair
-from zfree.experiment.study_notes import label_notes, study_notes, write_summary_csv
+from zfree.experiment.study_notes import label_notes, study_notes
+from zfree.experiment.tables import write_summary_csv
 
 
 def _pairs() -> list[Pair]:
@@ -46,7 +47,8 @@ def test_write_summary_csv_keeps_the_label_columns_and_joins_the_notes(tmp_path)
         (d / "summary.json").write_text(json.dumps({"weighting": "plain", "beta": beta,
                                                     "structure/alignment_nmi/colour": nmi,
                                                     "structure/alignment_nmi": 0.1}))
-    tab = write_summary_csv(tmp_path, ["note one", "note two"])
+    (tmp_path / "notes.json").write_text(json.dumps({"notes": ["note one", "note two"]}))
+    tab = write_summary_csv(tmp_path)  # the one writer of summary.csv: the notes from notes.json
     assert list(tab["run_id"]) == ["r1", "r2"]  # sorted by weighting, beta
     assert list(tab["structure/alignment_nmi/colour"]) == [0.75, 0.25]  # aligned with its run
     assert set(tab["notes"]) == {"note one | note two"}
@@ -56,8 +58,21 @@ def test_write_summary_csv_keeps_the_label_columns_and_joins_the_notes(tmp_path)
 
 def test_write_summary_csv_of_no_runs_and_study_notes(tmp_path):
     (tmp_path / "runs").mkdir()
-    tab = write_summary_csv(tmp_path, ["only"])
-    assert tab.empty and "notes" in tab.columns and (tmp_path / "summary.csv").exists()
     assert study_notes(tmp_path) == {}
+    (tmp_path / "notes.json").write_text(json.dumps({"notes": ["only"]}))
+    tab = write_summary_csv(tmp_path)
+    assert tab.empty and "notes" in tab.columns and (tmp_path / "summary.csv").exists()
     (tmp_path / "notes.json").write_text(json.dumps({"labels": ["x"]}))
     assert study_notes(str(tmp_path)) == {"labels": ["x"]}
+
+
+def test_summary_csv_has_one_writer():
+    """Only zfree.experiment.tables writes summary.csv (a study once, after its grid; `zfree report`
+    before rendering): no other module of src writes a file named summary.csv."""
+    import re
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[1] / "src" / "zfree"
+    write = re.compile(r"atomic_write_text\([^)]*summary\.csv")
+    writers = sorted(p.relative_to(src).as_posix() for p in src.rglob("*.py") if write.search(p.read_text()))
+    assert writers == ["experiment/tables.py"]

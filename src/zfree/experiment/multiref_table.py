@@ -3,7 +3,7 @@ CVAE or a label oracle on real text), its pairwise-BLEU and #references covered 
 outputs per MR (``zfree.evaluate.multiref``), and its z-free control's values beside them over the
 control's first K *samples* for the same MRs (the control has K = 1: one greedy y per MR has no
 diversity to measure, so it is compared through K draws at temperature 1). Written where
-summary.csv is (``zfree.experiment.study_notes.write_summary_csv``)."""
+summary.csv is (``zfree.experiment.tables.write_summary_csv``)."""
 
 from __future__ import annotations
 

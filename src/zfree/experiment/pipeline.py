@@ -16,18 +16,18 @@ from pathlib import Path
 from typing import Any
 
 from zfree.config import TrainConfig
-from zfree.core.io import atomic_write_json, atomic_write_text, read_json
+from zfree.core.io import atomic_write_json, read_json
 from zfree.core.locks import run_folder_lock
 from zfree.core.paths import check_out_dir
 from zfree.experiment.controls import LINKS_FILE, oracle_labels, with_controls
 from zfree.experiment.estimate import plan
-from zfree.experiment.leaderboard import write_leaderboard
 from zfree.experiment.executor import Executor, make_executor, print_failures, run_points
 from zfree.experiment.render import render_report
-from zfree.experiment.results import aggregate, collect_runs, summary_table, with_gains
+from zfree.experiment.results import collect_runs
+from zfree.experiment.tables import aggregate
 from zfree.experiment.sources import Prepared, prepare_base, prepare_data
 from zfree.experiment.spec import ExperimentSpec, expand_grid, own_grid
-from zfree.experiment.study_notes import context_of_y, label_notes, write_summary_csv
+from zfree.experiment.study_notes import context_of_y, label_notes
 from zfree.experiment.study_plan import PLAN_FILE, apply_fitted, check_request, load_plan, request_of, write_plan
 from zfree.experiment.timings import PhaseClock
 
@@ -93,18 +93,12 @@ def _grid(spec: ExperimentSpec, prep: Prepared) -> tuple[dict[str, list[Any]], l
     return spec.seeded({**spec.grid, "variant": variants}), table
 
 
-def _summary(spec: ExperimentSpec, out: Path, notes: list[str] | None) -> int:
-    """summary.csv (with the per-label columns on real text; the tidy tables of a sweep) and, with seeds
-    or several remedies, leaderboard.csv beside it; summary.csv's row count (one row per run)."""
-    if spec.data.kind == "fields":
-        aggregate(out)
-        return len(collect_runs(out / "runs"))
-    if notes is not None:
-        return len(write_summary_csv(out, notes))
-    table = with_gains(summary_table(collect_runs(out / "runs")), out, collect_runs(out / "runs"))
-    atomic_write_text(out / "summary.csv", table.to_csv(index=False))
-    write_leaderboard(out, table)
-    return len(table)
+def _summary(out: Path) -> int:
+    """The study's tables, written once (``zfree.experiment.tables.aggregate``: summary.csv with its
+    label columns and gains, leaderboard.csv where it applies, the tidy tables of a sweep); the
+    number of finished CVAE runs."""
+    aggregate(out)
+    return len(collect_runs(out / "runs"))
 
 
 def _points(spec: ExperimentSpec, prep: Prepared, out: Path | None = None) -> list:
@@ -171,9 +165,9 @@ def run_experiment(spec: ExperimentSpec, out_dir: Path | str, *, retrain_base: b
         if executor is None:
             ex.shutdown()
         clock.done("grid", points=dict(Counter(str(s.get("status")) for s in statuses)))  # an interrupt too
-    n = _summary(spec, out, notes)
+    n = _summary(out)
     print_failures(statuses, out / "runs")
-    html = render_report(out, progress=progress) if render else None
+    html = render_report(out, progress=progress, aggregated=True) if render else None
     clock.done("report", finished=True)
     if progress and render:
         extra = len(points) - n

@@ -13,7 +13,7 @@ from zfree.core.io import atomic_write_text
 from zfree.core.paths import NOTEBOOKS
 from zfree.evaluate.latent_meaning import MEANING_FILE
 from zfree.experiment.notebook_exec import execute
-from zfree.experiment.results import aggregate
+from zfree.experiment.tables import aggregate
 
 REPORT_NOTEBOOKS = ("study_report", "sweep_beta_vs_recon_weight", "rate_distortion", "effective_beta", "rho_recon",
                     "training_dynamics", "switch_on")  # the sections of report.html, in order
@@ -85,14 +85,16 @@ def check_reportable(study_dir: Path) -> None:
                          "there; copy the folder somewhere writable and report the copy")
 
 
-def render_report(study_dir: Path | str, notebook: Path | str | None = None, progress: bool = False) -> Path:
-    """Aggregate a study or sweep folder (``zfree.experiment.results.aggregate``: runs.parquet, runs.csv,
+def render_report(study_dir: Path | str, notebook: Path | str | None = None, progress: bool = False,
+                  aggregated: bool = False) -> Path:
+    """Aggregate a study or sweep folder (``zfree.experiment.tables.aggregate``: runs.parquet, runs.csv,
     per_example.parquet, summary.csv), execute the report notebooks on it with papermill in one
     kernel (``REPORT_NOTEBOOKS``, or the one ``notebook``; their parameter ``sweep_dir`` set) and
     render ``report.html`` with nbconvert, code hidden, self-contained (``offline_exporter``).
     report.ipynb and report.html are written atomically (a symlink there is replaced, never written
     through), the kernel started outside the folder (``zfree.experiment.notebook_exec``); papermill's
-    progress bar with ``progress``."""
+    progress bar with ``progress``; ``aggregated``: the caller has just written the tables (a study,
+    after its grid), so they are not written again."""
     import nbformat  # lazy: as in _combined_report
 
     study_dir = Path(study_dir).resolve()
@@ -100,7 +102,8 @@ def render_report(study_dir: Path | str, notebook: Path | str | None = None, pro
         raise FileNotFoundError(f"{study_dir} has no runs/ folder: not a study or sweep folder")
     check_reportable(study_dir)
     try:
-        aggregate(study_dir)
+        if not aggregated:
+            aggregate(study_dir)
     except OSError as e:  # a read-only copy, a read-only mount, another owner's folder
         if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
             raise

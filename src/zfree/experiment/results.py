@@ -13,12 +13,12 @@ import numpy as np
 import pandas as pd
 
 from zfree.core.errors import InputError
-from zfree.core.io import atomic_write_parquet, atomic_write_text, read_json, read_jsonl, read_table
+from zfree.core.io import atomic_write_text, read_json, read_jsonl, read_table
 from zfree.core.paths import PATH_FIELDS, ROOT, resolve_path
 from zfree.data.pairs import load_pairs
+from zfree.evaluate.latent_stats import label_warnings
 from zfree.experiment.controls import LINKS_FILE
 from zfree.experiment.gains import GAIN_COLUMNS, oracle_table, run_gains
-from zfree.experiment.leaderboard import write_leaderboard
 from zfree.objective.theory import predict_curve
 
 FACETS = ("weighting", "latent_kind", "aid")  # what tells runs of one sweep apart, besides beta
@@ -182,8 +182,9 @@ def study_summary(study_dir: Path | str) -> pd.DataFrame:
     gain columns (``zfree.experiment.gains.GAIN_COLUMNS``) where the study trained controls."""
     d = Path(study_dir)
     runs = collect_runs(d / "runs")
-    if (d / "notes.json").exists():
-        tab = summary_with_labels(runs, read_json(d / "notes.json").get("notes", []))
+    if (d / "notes.json").exists():  # the study's notes, then the label warnings of its (shared) evaluated rows
+        notes = [*read_json(d / "notes.json").get("notes", []), *label_warnings(runs.iloc[0] if len(runs) else {})]
+        tab = summary_with_labels(runs, notes)
     else:
         tab = summary_table(runs)
     return with_gains(tab, d, runs)
@@ -239,24 +240,6 @@ def per_example_table(runs: pd.DataFrame) -> pd.DataFrame:
             pe = pd.read_parquet(f)
             parts.append(pe.assign(**{t: r[t] for t in tags if t in r}))
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=tags)
-
-
-def aggregate(sweep_dir: Path | str) -> dict[str, Path]:
-    """Write the sweep's tidy tables: ``runs.parquet`` and ``runs.csv`` (``runs_table``),
-    ``per_example.parquet`` (``per_example_table``), ``summary.csv`` (the study's columns, one row per
-    run) and, for a study with seeds or several remedies, ``leaderboard.csv``
-    (``zfree.experiment.leaderboard.write_leaderboard``)."""
-    d = Path(sweep_dir)
-    runs = runs_table(d)
-    out = {"runs.parquet": d / "runs.parquet", "runs.csv": d / "runs.csv",
-           "per_example.parquet": d / "per_example.parquet", "summary.csv": d / "summary.csv"}
-    atomic_write_parquet(out["runs.parquet"], runs.astype({c: str for c in runs.columns if runs[c].dtype == object}))
-    atomic_write_text(out["runs.csv"], runs.to_csv(index=False))
-    atomic_write_parquet(out["per_example.parquet"], per_example_table(runs))
-    summary = study_summary(d)
-    atomic_write_text(out["summary.csv"], summary.to_csv(index=False))
-    board = write_leaderboard(d, summary)
-    return out | ({"leaderboard.csv": board} if board is not None else {})
 
 
 @dataclass

@@ -9,11 +9,7 @@ from pathlib import Path
 
 from zfree.data.labels import LABEL_VALUE_CAP, OTHER
 from zfree.data.pairs import Pair
-from zfree.core.io import atomic_write_text, read_json
-from zfree.evaluate.latent_stats import label_warnings
-from zfree.experiment.leaderboard import write_leaderboard
-from zfree.experiment.multiref_table import write_multiref_csv
-from zfree.experiment.results import collect_runs, summary_with_labels, with_gains
+from zfree.core.io import read_json
 
 
 def label_notes(pairs: list[Pair], data_dir: Path) -> list[str]:
@@ -62,20 +58,6 @@ def context_of_y(ref_meta: dict) -> str:
     if not used:
         return ""
     return f"y scored after token ids {list(used.values())}: the tokenizer's {' and '.join(k[:3] for k in used)}"
-
-
-def write_summary_csv(out: Path, notes: list[str]):
-    """``out/summary.csv``: ``zfree.experiment.results.summary_with_labels`` of the study's runs (the
-    ``structure/<metric>/<label>`` columns and a ``notes`` column, with ``label_warnings``), and
-    ``out/multiref.csv`` where runs decoded multi-reference outputs, and ``out/leaderboard.csv`` for a
-    study with seeds or several remedies. Returns the summary table (one row per run)."""
-    runs = collect_runs(out / "runs")
-    notes = [*notes, *label_warnings(runs.iloc[0] if len(runs) else {})]  # the same evaluated rows in every run
-    tab = with_gains(summary_with_labels(runs, notes), Path(out), runs)
-    atomic_write_text(out / "summary.csv", tab.to_csv(index=False))
-    write_multiref_csv(out)  # multiref.csv beside it
-    write_leaderboard(out, tab)  # only with seeds or several remedies
-    return tab
 
 
 def study_notes(study_dir: Path | str) -> dict:
