@@ -91,6 +91,9 @@ def test_a_collapsed_run_passes_nothing():
     props = pd.DataFrame({"p": rng.choice(list("ab"), 100), "q": rng.choice(list("xyz"), 100)})
     tab, _ = property_alignment(props, np.zeros(100, dtype=int), seed=0)
     assert (tab["mi"] == 0).all() and not tab["passes"].any() and (tab["p_value"] == 1).all()
+    from zfree.evaluate.latent_meaning import per_value_alignment
+
+    assert not any(t["passes"].any() for t in per_value_alignment(props, np.zeros(100, dtype=int), 4).values())
 
 
 def test_property_alignment_refuses_mismatched_lengths_and_notes_too_few_rows():
@@ -134,7 +137,13 @@ def test_on_generated_rows_the_relation_property_tops_the_ranking_when_z_is_the_
     props = text_properties(pairs, strategies=names)
     tab, _ = property_alignment(props, assign, seed=0)
     assert tab["property"].iloc[0] == "y = s(x)" and bool(tab["passes"].iloc[0]) and tab["nmi"].iloc[0] >= 0.9
-    sentences = value_sentences(assign, props, tab, pd.DataFrame(columns=["value", "rank", "n"]), None, 4)
+    from zfree.evaluate.latent_meaning import per_value_alignment
+
+    per_value = per_value_alignment(props, assign, 4)
+    for k in range(4):  # each value's own top-ranked property is the strategy-defining relation
+        assert per_value[k]["property"].iloc[0] == "y = s(x)" and bool(per_value[k]["passes"].iloc[0])
+    sentences = value_sentences(assign, props, tab, pd.DataFrame(columns=["value", "rank", "n"]), None, 4, per_value)
+    assert f"y = s(x) = '{names[3]}'" in sentences[3]
     assert "y = s(x) = 'sort_asc'" in sentences[0] and sentences[0].startswith(f"value 0 ({(assign == 0).mean():.0%} of rows)")
 
 

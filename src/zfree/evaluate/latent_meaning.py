@@ -19,7 +19,9 @@ Three descriptions, each computed on the rows of one evaluation and none needing
    with the posterior argmax (nats; NMI with arithmetic normalisation as scikit-learn), against a
    permutation null of the argmax (``N_PERMUTATIONS`` shuffles): p = (1 + #{null >= MI}) / (1 + n),
    and a property *passes* when p < 0.05 / (number of properties) (Bonferroni). A collapsed run
-   (one argmax value) has MI = 0 and nothing passes.
+   (one argmax value) has MI = 0 and nothing passes. Per value (``per_value_alignment``): the same
+   test of the indicator [argmax = k], at 0.05 / (properties x values), so each value has its own
+   top-ranked property.
 3. **Exemplars** (``exemplars``): the rows with the highest q(z = k | x, y), x and y at full length.
 
 ``value_sentences`` joins them into one descriptive sentence per value. Descriptions, not causes:
@@ -251,6 +253,17 @@ def property_alignment(props: pd.DataFrame, assign: np.ndarray, *, n_perm: int =
     return tab.sort_values("mi", ascending=False, ignore_index=True), notes
 
 
+def per_value_alignment(props: pd.DataFrame, assign: np.ndarray, K: int, *, n_perm: int = N_PERMUTATIONS,
+                        seed: int = 0) -> dict[int, pd.DataFrame]:
+    """For each value k with rows: ``property_alignment`` of the indicator [argmax = k] (what sets
+    value k's rows apart from the others'), at level ``ALPHA`` / (number of values with rows): the
+    Bonferroni correction over the properties and the values. value -> its table (sorted by MI)."""
+    assign = np.asarray(assign)
+    present = [k for k in range(K) if (assign == k).any()]
+    return {k: property_alignment(props, (assign == k).astype(int), n_perm=n_perm, seed=seed + k,
+                                  alpha=ALPHA / max(1, len(present)))[0] for k in present}
+
+
 def exemplars(q: np.ndarray, pairs: Sequence[Pair], n: int = N_EXEMPLARS) -> pd.DataFrame:
     """Per value k the ``n`` rows with the highest q(z = k | x, y): columns value, rank, id, q, x, y
     (full length). ``q``: (N, K) posterior probabilities in evaluation order."""
@@ -262,18 +275,22 @@ def exemplars(q: np.ndarray, pairs: Sequence[Pair], n: int = N_EXEMPLARS) -> pd.
 
 
 def value_sentences(assign: np.ndarray, props: pd.DataFrame, alignment: pd.DataFrame, ngrams: pd.DataFrame,
-                    n_tokens: "ArrayLike | None", K: int) -> dict[int, str]:
+                    n_tokens: "ArrayLike | None", K: int, per_value: dict[int, pd.DataFrame] | None = None
+                    ) -> dict[int, str]:
     """One descriptive sentence per value with rows: its share of rows, the best passing property's
-    most over-represented level (share in the value's rows vs all rows), its most promoted word or
-    phrase (mean lift, count) and its median y length in tokens against the other values'."""
+    most over-represented level (share in the value's rows vs all rows) — the value's own best
+    (``per_value_alignment``) where given, else the overall one — its most promoted word or phrase
+    (mean lift, count) and its median y length in tokens against the other values'."""
     assign = np.asarray(assign)
-    best = alignment[alignment["passes"]].head(1)
+    overall = alignment[alignment["passes"]].head(1)
     out = {}
     for k in range(K):
         mine = assign == k
         if not mine.any():
             continue
         parts = [f"value {k} ({mine.mean():.0%} of rows)"]
+        best = overall if per_value is None else per_value.get(k, overall)
+        best = best[best["passes"]].head(1) if len(best) else best
         if len(best):
             prop = best["property"].iloc[0]
             col = props[prop].astype(str)
@@ -306,14 +323,16 @@ def latent_meaning(assign: np.ndarray, pairs: Sequence[Pair], *, q: np.ndarray |
     K = int(q.shape[1]) if q is not None else int(assign.max()) + 1 if len(assign) else 0
     props = text_properties(pairs, n_tokens, strategies)
     align, notes = property_alignment(props, assign, seed=seed)
+    per_value = per_value_alignment(props, assign, K, seed=seed)
     ngrams = ngram_lifts(rows, decode) if rows is not None and rows.lifts else ngram_lifts(MeaningRows())
-    sentences = value_sentences(assign, props, align, ngrams, n_tokens, K)
+    sentences = value_sentences(assign, props, align, ngrams, n_tokens, K, per_value)
     ex = exemplars(q, pairs) if q is not None else pd.DataFrame()
     values = []
     for k in range(K):
         g = ngrams[ngrams["value"] == k] if len(ngrams) else ngrams
         values.append({"value": k, "share": float((assign == k).mean()) if len(assign) else math.nan,
                        "sentence": sentences.get(k, f"value {k} (0% of rows)"),
+                       "properties": per_value[k].head(3).to_dict("records") if k in per_value else [],
                        "tokens": g[g["n"] == 1].head(5).to_dict("records") if len(g) else [],
                        "phrases": g[g["n"] > 1].sort_values("mean_lift", ascending=False).head(5).to_dict("records")
                        if len(g) else [],
