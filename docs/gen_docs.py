@@ -9,7 +9,8 @@ replaces it with markdown built here from the code and the shipped results:
   ``zfree.config``, the meaning read from the comments at each field;
 - ``gen:presets``: ``zfree study``'s presets from ``zfree.experiment.catalog.PRESET_CATALOG``;
 - ``gen:table NAME``: a table of ``analysis/results/`` (``TABLES``), with the command that
-  reproduces it.
+  reproduces it;
+- ``gen:include PATH``: a file of the repository as it is (a results note, a spec).
 
 Nothing here imports torch: the parser, the configs and the catalog are light modules, and the
 tables are read with the standard library's csv. ``tests/test_docs.py`` imports this file to
@@ -23,6 +24,7 @@ import ast
 import csv
 import io
 import json
+import logging
 import math
 import os
 import re
@@ -35,8 +37,21 @@ from typing import Any, Callable, Literal, NamedTuple, get_args, get_origin
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "analysis" / "results"
-if str(ROOT / "src") not in sys.path:  # document this checkout's package, whatever is installed
-    sys.path.insert(0, str(ROOT / "src"))
+log = logging.getLogger("mkdocs.hooks.zfree")  # a warning fails `mkdocs build --strict`
+
+
+def use_this_checkout() -> None:
+    """Put this checkout's ``src/`` first on ``sys.path``, so the pages describe the package beside
+    them whatever is installed (mkdocs restores ``sys.path`` after loading a hook: called from
+    ``on_config`` and before every generator), and warn when ``zfree`` was already imported from
+    somewhere else."""
+    src = str(ROOT / "src")
+    if src not in sys.path:
+        sys.path.insert(0, src)
+    mod = sys.modules.get("zfree")
+    if mod is not None and Path(mod.__file__).resolve().parent != ROOT / "src" / "zfree":
+        log.warning("zfree imported from %s, not from this checkout's src/: the generated pages describe "
+                    "that package", Path(mod.__file__).parent)
 
 MARKER = re.compile(r"^<!-- gen:(?P<name>[a-z_-]+)(?: (?P<arg>[^>]*?))? -->[ \t]*$", re.M)
 
@@ -67,6 +82,7 @@ def cli_commands(parser: argparse.ArgumentParser | None = None, prefix: str = "z
     """``[(command, parser)]``: ``zfree`` itself, then every subcommand depth-first, in the
     parser's own order (``zfree data synth`` after ``zfree data``)."""
     if parser is None:
+        use_this_checkout()
         from zfree.cli import build_parser  # light: no torch (the commands import it lazily)
 
         old = os.environ.get("COLUMNS")
@@ -167,6 +183,7 @@ def _default_md(f) -> str:
 def config_sections() -> list[tuple[type, list[FieldDoc]]]:
     """The flat ``TrainConfig`` fields by sub-config, in ``TrainConfig.to_flat`` order, then
     ``BaseTrainConfig`` (``zfree base train``)."""
+    use_this_checkout()
     from zfree.config import BaseTrainConfig, TrainConfig
     from zfree.core.values import field_types
 
@@ -184,6 +201,7 @@ def config_sections() -> list[tuple[type, list[FieldDoc]]]:
 
 def train_config_fields() -> list[FieldDoc]:
     """Every flat ``TrainConfig`` field's documentation (what ``--set``, sweeps and notebooks take)."""
+    use_this_checkout()
     from zfree.config import BaseTrainConfig
 
     return [d for cls, docs in config_sections() if cls is not BaseTrainConfig for d in docs]
@@ -192,7 +210,7 @@ def train_config_fields() -> list[FieldDoc]:
 def _docstring_md(cls: type) -> str:
     doc = (cls.__doc__ or "").strip()
     first, _, rest = doc.partition("\n\n")
-    text = " ".join(first.split())
+    text = md_escape(" ".join(first.split()))
     if rest:
         import textwrap
 
@@ -201,6 +219,7 @@ def _docstring_md(cls: type) -> str:
 
 
 def config_markdown() -> str:
+    use_this_checkout()
     from zfree.config import BaseTrainConfig
 
     parts = []
@@ -220,6 +239,7 @@ def config_markdown() -> str:
 # --- zfree study's presets (zfree.experiment.catalog) -------------------------------------------
 
 def presets_markdown() -> str:
+    use_this_checkout()
     from zfree.experiment.catalog import PRESET_CATALOG  # plain data
 
     rows = [[f"`{name}`", str(runs), md_escape(cost), md_escape(what)]
@@ -396,13 +416,16 @@ def table_markdown(name: str) -> str:
 
 
 def include_markdown(arg: str) -> str:
-    """A file of ``analysis/results/`` as it is: markdown inline (its headings one level down),
-    anything else in a text block."""
-    path = RESULTS / arg
+    """A file of the repository (``arg`` relative to its root) as it is: markdown inline, its
+    headings one level down; YAML and anything else in a code block."""
+    path = (ROOT / arg).resolve()
+    if ROOT not in path.parents:
+        raise ValueError(f"gen:include {arg!r}: not a file of the repository")
     text = path.read_text(encoding="utf-8").rstrip()
     if path.suffix == ".md":
         return re.sub(r"^(#+) ", r"#\1 ", text, flags=re.M)
-    return f"```text\n{text}\n```"
+    lang = {".yaml": "yaml", ".yml": "yaml", ".py": "python"}.get(path.suffix, "text")
+    return f"```{lang}\n{text}\n```"
 
 
 # --- the hook -------------------------------------------------------------------------------------
@@ -424,6 +447,11 @@ def expand(markdown: str) -> str:
             raise KeyError(f"<!-- gen:{name} -->: no such generator; known: {sorted(GENERATORS)}")
         return GENERATORS[name](arg) if arg else GENERATORS[name]()
     return MARKER.sub(one, markdown)
+
+
+def on_config(config):  # mkdocs hook: before any page
+    use_this_checkout()
+    return config
 
 
 def on_page_markdown(markdown: str, page=None, config=None, files=None) -> str:  # mkdocs hook
