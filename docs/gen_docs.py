@@ -8,6 +8,7 @@ replaces it with markdown built here from the code and the shipped results:
 - ``gen:config``: every ``TrainConfig`` field (type, default, meaning) from the dataclasses of
   ``zfree.config``, the meaning read from the comments at each field;
 - ``gen:presets``: ``zfree study``'s presets from ``zfree.experiment.catalog.PRESET_CATALOG``;
+- ``gen:layout``: every module of ``src/zfree`` by layer, with the first sentence of its docstring;
 - ``gen:table NAME``: a table of ``analysis/results/`` (``TABLES``), with the command that
   reproduces it;
 - ``gen:include PATH``: a file of the repository as it is (a results note, a spec).
@@ -247,6 +248,48 @@ def presets_markdown() -> str:
     return md_table(["preset", "runs", "cost on 2 CPU cores", "what"], rows, ["l", "r", "l", "l"])
 
 
+# --- the package layout (src/zfree, read without importing it) -------------------------------------
+
+LAYERS = ("config.py", "core", "data", "models", "objective", "reference", "evaluate", "train", "experiment",
+          "report", "cli.py")  # bottom to top (tests/test_layers.py)
+
+
+def rst_to_md(text: str) -> str:
+    """A docstring sentence as markdown: ``code`` kept as code, everything else escaped."""
+    parts = re.split(r"``(.+?)``", text)
+    return "".join(f"`{part}`" if i % 2 else md_escape(part) for i, part in enumerate(parts))
+
+
+def first_sentence(doc: str | None, limit: int = 220) -> str:
+    para = " ".join((doc or "").strip().split("\n\n")[0].split())
+    m = re.search(r"(?<=[.:])\s(?=[A-Z(])", para)
+    text = para[: m.start()] if m else para
+    if len(text) > limit:
+        return text[: limit - 1].rsplit(" ", 1)[0] + " …"
+    return text if not text or text[-1] in ".!?)" else text + " …"
+
+
+def module_docs(layer: str) -> list[tuple[str, str]]:
+    """``[(module file, first sentence of its docstring)]`` of a layer (a sub-package or a module)."""
+    pkg = ROOT / "src" / "zfree"
+    paths = [pkg / layer] if layer.endswith(".py") else sorted((pkg / layer).glob("*.py"))
+    return [(p.name, first_sentence(ast.get_docstring(ast.parse(p.read_text(encoding="utf-8")))))
+            for p in paths if p.name != "__init__.py"]
+
+
+def layout_markdown() -> str:
+    """One table per layer: its modules and what each is, from the module docstrings."""
+    parts = []
+    for layer in LAYERS:
+        pkg = ROOT / "src" / "zfree" / layer
+        title = f"`{layer}`" if layer.endswith(".py") else f"`{layer}/`"
+        intro = "" if layer.endswith(".py") else rst_to_md(first_sentence(ast.get_docstring(
+            ast.parse((pkg / "__init__.py").read_text(encoding="utf-8"))))) + "\n\n"
+        rows = [[f"`{name}`", rst_to_md(doc) or "—"] for name, doc in module_docs(layer)]
+        parts.append(f"### {title}\n\n{intro}" + md_table(["module", "what"], rows))
+    return "\n\n".join(parts)
+
+
 # --- the measured tables (analysis/results/*.csv) --------------------------------------------------
 
 def read_csv(name: str) -> list[dict[str, str]]:
@@ -434,6 +477,7 @@ GENERATORS: dict[str, Callable[..., str]] = {
     "cli": lambda arg=None: cli_markdown(),
     "config": lambda arg=None: config_markdown(),
     "presets": lambda arg=None: presets_markdown(),
+    "layout": lambda arg=None: layout_markdown(),
     "table": table_markdown,
     "include": include_markdown,
 }
