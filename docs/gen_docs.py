@@ -453,9 +453,8 @@ def table_markdown(name: str) -> str:
     t = TABLES[name]
     rows = [[cell(r) for _, cell in t.columns] for r in _rows(t)]
     files = ", ".join(f"`analysis/results/{f}`" for f in t.files)
-    return (md_table([h for h, _ in t.columns], rows) +
-            f"\n\nFrom {files}. Reproduce (from the repository root; `.venv/bin/` in front of `zfree` "
-            f"outside the project's environment):\n\n```bash\n{t.command}\n```")
+    return (f'<div class="zfree-results" markdown>\n\n{md_table([h for h, _ in t.columns], rows)}\n\n</div>\n\n'
+            f"From {files}; reproduced by:\n\n```bash\n{t.command}\n```")
 
 
 def include_markdown(arg: str) -> str:
