@@ -66,7 +66,8 @@ test-slow: $(STAMP)
 test-gpu: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/pytest -q -m gpu
 
-## The documentation site -> site/index.html (offline: no web font or CDN; opens from the file system).
+## The documentation site -> site/index.html (offline: no web font or CDN; browse it from the file system,
+## or serve it for search: .venv/bin/python -m http.server -d site).
 ## --strict: any warning (a broken link or anchor, a docstring mkdocstrings cannot read) fails the build.
 DOCS_STAMP := $(VENV)/.zfree-docs-installed
 $(DOCS_STAMP): pyproject.toml $(STAMP)

@@ -159,3 +159,7 @@ def test_mkdocs_build_is_strict_clean(tmp_path):
     log = res.stdout + res.stderr
     assert res.returncode == 0 and "WARNING" not in log, log[-4000:]
     assert (tmp_path / "site" / "reference" / "config.html").is_file()
+    remote = re.compile(r'<(?:script|img)[^>]+src="(?:https?:)?//|<link[^>]+href="(?:https?:)?//[^"]*"[^>]*stylesheet'
+                        r'|<link[^>]+stylesheet[^>]+href="(?:https?:)?//')
+    pages = [p for p in (tmp_path / "site").rglob("*.html") if remote.search(p.read_text(encoding="utf-8"))]
+    assert not pages, f"a page loads a script, image or stylesheet from the network: {pages[:3]}"  # offline
