@@ -93,6 +93,26 @@ def test_every_generated_part_expands_and_every_results_table_is_shown(gen):
         assert table.command.split()[0] in ("make", "zfree"), name
 
 
+def test_metrics_page_explains_every_key_the_evaluation_writes():
+    """Each metric key written by ``zfree.evaluate`` (a string constant, or an f-string's fixed prefix
+    such as ``structure/n_rows/``) is named on docs/concepts/metrics.md."""
+    import ast
+
+    key = re.compile(r"(loss|loss_contrib|structure|latent|task|reference|objective|decode)/[a-z_/]*")
+    keys = set()
+    for path in (ROOT / "src" / "zfree" / "evaluate").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and key.fullmatch(node.value):
+                keys.add(node.value)
+            elif isinstance(node, ast.JoinedStr) and isinstance(node.values[0], ast.Constant):
+                head = str(node.values[0].value)
+                if key.fullmatch(head) and head.endswith("/"):
+                    keys.add(head)
+    assert {"loss/val/kl_prior_loss", "structure/n_rows/", "task/correctness"} <= keys
+    page = (DOCS / "concepts" / "metrics.md").read_text(encoding="utf-8")
+    assert not sorted(k for k in keys if f"`{k}" not in page)
+
+
 def test_presets_page_lists_every_preset(gen):
     from zfree.experiment.catalog import PRESET_CATALOG
 
