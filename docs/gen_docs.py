@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import csv
 import io
 import json
@@ -54,6 +55,7 @@ def use_this_checkout() -> None:
         log.warning("zfree imported from %s, not from this checkout's src/: the generated pages describe "
                     "that package", Path(mod.__file__).parent)
 
+
 MARKER = re.compile(r"^<!-- gen:(?P<name>[a-z_-]+)(?: (?P<arg>[^>]*?))? -->[ \t]*$", re.M)
 
 
@@ -78,6 +80,20 @@ def md_table(header: list[str], rows: list[list[str]], align: list[str] | None =
 HELP_COLUMNS = 100  # argparse wraps help to the terminal: fixed here, so the page is the same everywhere
 
 
+@contextlib.contextmanager
+def _columns(n: int = HELP_COLUMNS):
+    """argparse reads the terminal width from ``COLUMNS`` when it formats: set for the block."""
+    old = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = str(n)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("COLUMNS", None)
+        else:
+            os.environ["COLUMNS"] = old
+
+
 def cli_commands(parser: argparse.ArgumentParser | None = None, prefix: str = "zfree"
                  ) -> list[tuple[str, argparse.ArgumentParser]]:
     """``[(command, parser)]``: ``zfree`` itself, then every subcommand depth-first, in the
@@ -86,15 +102,8 @@ def cli_commands(parser: argparse.ArgumentParser | None = None, prefix: str = "z
         use_this_checkout()
         from zfree.cli import build_parser  # light: no torch (the commands import it lazily)
 
-        old = os.environ.get("COLUMNS")
-        os.environ["COLUMNS"] = str(HELP_COLUMNS)
-        try:
+        with _columns():
             parser = build_parser()
-        finally:
-            if old is None:
-                os.environ.pop("COLUMNS", None)
-            else:
-                os.environ["COLUMNS"] = old
     out = [(prefix, parser)]
     for action in parser._actions:  # noqa: SLF001 - argparse keeps its subcommands here
         if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
@@ -104,15 +113,8 @@ def cli_commands(parser: argparse.ArgumentParser | None = None, prefix: str = "z
 
 
 def _help_text(parser: argparse.ArgumentParser) -> str:
-    old = os.environ.get("COLUMNS")
-    os.environ["COLUMNS"] = str(HELP_COLUMNS)
-    try:
+    with _columns():
         return parser.format_help().rstrip()
-    finally:
-        if old is None:
-            os.environ.pop("COLUMNS", None)
-        else:
-            os.environ["COLUMNS"] = old
 
 
 def cli_markdown() -> str:
