@@ -63,7 +63,7 @@ MARKER = re.compile(r"^<!-- gen:(?P<name>[a-z_-]+)(?: (?P<arg>[^>]*?))? -->[ \t]
 
 def md_escape(text: str) -> str:
     """Plain text for a markdown table cell or paragraph: no emphasis, no HTML, no cell break."""
-    text = re.sub(r"([\\*_`|\[\]])", r"\\\1", str(text))
+    text = re.sub(r"([\\*_`|\[\]{}])", r"\\\1", str(text))  # {…} at a cell's end would be an attr_list
     return text.replace("<", "&lt;").replace(">", "&gt;")
 
 

@@ -10,6 +10,7 @@ light, and a build takes seconds."""
 from __future__ import annotations
 
 import argparse
+import html
 import importlib.util
 import re
 import shlex
@@ -183,3 +184,9 @@ def test_mkdocs_build_is_strict_clean(tmp_path):
                         r'|<link[^>]+stylesheet[^>]+href="(?:https?:)?//')
     pages = [p for p in (tmp_path / "site").rglob("*.html") if remote.search(p.read_text(encoding="utf-8"))]
     assert not pages, f"a page loads a script, image or stylesheet from the network: {pages[:3]}"  # offline
+    from zfree.experiment.catalog import PRESET_CATALOG
+
+    page = (tmp_path / "site" / "howto" / "presets.html").read_text(encoding="utf-8")
+    shown = html.unescape(re.sub(r"<[^>]+>", "", page))
+    lost = [name for name, (_, what, cost) in PRESET_CATALOG.items() if what not in shown or cost not in shown]
+    assert not lost, f"presets whose text the rendered table does not show whole: {lost}"  # e.g. {...} eaten
