@@ -9,7 +9,7 @@ OUT    ?= runs/study-default
 # the same keys as zfree.report.lab.EXTRA_KEYS, JupyterLab's save hook)
 NBSTRIP_KEYS := metadata.language_info metadata.widgets metadata.papermill cell.metadata.papermill cell.metadata.execution cell.metadata.jupyter cell.metadata.editable cell.metadata.slideshow
 
-.PHONY: install git-filter study smoke smollm2 test test-kernels test-slow test-gpu lab notebooks clean-venv
+.PHONY: install git-filter study smoke smollm2 test test-kernels test-slow test-gpu docs lab notebooks clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -65,6 +65,17 @@ test-slow: $(STAMP)
 ## the GPU tier (skipped, with the reason, where CUDA is not available)
 test-gpu: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/pytest -q -m gpu
+
+## The documentation site -> site/index.html (offline: no web font or CDN; browse it from the file system,
+## or serve it for search: .venv/bin/python -m http.server -d site).
+## --strict: any warning (a broken link or anchor, a docstring mkdocstrings cannot read) fails the build.
+DOCS_STAMP := $(VENV)/.zfree-docs-installed
+$(DOCS_STAMP): pyproject.toml $(STAMP)
+	$(BIN)/pip install -q -e ".[docs]"
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 HF_HUB_OFFLINE=1 $(BIN)/mkdocs build --strict
 
 ## JupyterLab in the project's environment (ipywidgets and jupytext pairing work there); it
 ## saves notebooks without outputs (etc/jupyter/jupyter_server_config.py, zfree.report.lab).

@@ -1,6 +1,6 @@
-"""The layers of src/zfree ("Layers you can see", README "Layout"): each sub-package is one layer,
-and a module imports (at the top, inside a function, or under ``if TYPE_CHECKING``) only modules of
-its own layer or of a layer below it. Bottom to top:
+"""The layers of src/zfree ("Layers you can see", docs/reference/layout.md): each sub-package is one
+layer, and a module imports (at the top, inside a function, or under ``if TYPE_CHECKING``) only
+modules of its own layer or of a layer below it. Bottom to top:
 
     core -> data -> models -> objective -> reference -> evaluate -> train -> experiment -> report -> cli
 

@@ -93,9 +93,9 @@ def test_default_preset_has_each_weighting_without_and_with_the_aid_on_both_side
 
 
 def test_default_preset_keeps_the_measured_step_budget():
-    """The default preset's <= 10-minute wall time was measured with these budgets (README): the
-    aided runs SWITCH_ON_RECIPE (K = 6, batch 32, the optimal posterior, a 200-row gate, a hard
-    phase of at most 400 steps) for 600 steps; the others 100."""
+    """The default preset's <= 10-minute wall time was measured with these budgets
+    (docs/results/default-study.md): the aided runs SWITCH_ON_RECIPE (K = 6, batch 32, the optimal
+    posterior, a 200-row gate, a hard phase of at most 400 steps) for 600 steps; the others 100."""
     p = PRESETS["default"]
     for q in (q.params for q in expand_grid(p.train, p.grid)):
         if q["aid"] == "none":

@@ -92,11 +92,11 @@ def parse_assignment(text: str) -> tuple[str, Any]:
 class BaseTrainConfig:
     """The z-free (entangled) base model p_theta(y | x): a small GPT-2 trained on the y-region."""
 
-    n_layer: int = 2
-    n_embd: int = 128
-    n_head: int = 4
-    lr: float = 1.5e-3
-    batch_size: int = 64
+    n_layer: int = 2  # transformer blocks of the base GPT-2
+    n_embd: int = 128  # model width (divisible by n_head)
+    n_head: int = 4  # attention heads
+    lr: float = 1.5e-3  # AdamW peak rate: linear warm-up over warmup_steps, then cosine to 0.1x at max_steps
+    batch_size: int = 64  # rows a step
     max_steps: int = 26_000  # the shipped run: 16 000 steps + 10 000 on a fresh stream (~8 steps/s, 1 thread)
     max_minutes: float = 60.0  # wall-clock budget; training stops at whichever comes first
     target_ratio: float = 1.05  # stop once val c_base <= target_ratio * analytic c_base
@@ -104,9 +104,9 @@ class BaseTrainConfig:
     # split: the fixed train split. On the default benchmark the 50k-row split was memorized (train
     # loss fell below the Bayes floor while val stalled at 1.25x the analytic c_base).
     data_source: Literal["fresh", "split"] = "fresh"
-    warmup_steps: int = 200
-    eval_every: int = 500
-    seed: int = 0
+    warmup_steps: int = 200  # linear learning-rate warm-up
+    eval_every: int = 500  # steps between validation c_base measurements (the stopping rule reads them)
+    seed: int = 0  # seeds the model's initialization and the batches
 
     def __post_init__(self):
         typed_fields(self)
@@ -125,22 +125,25 @@ class BaseTrainConfig:
 class ObjectiveConfig:
     """J = w(x,y) * lbar(x,y) + beta * K(x,y) + L_aux (DESIGN §1; seeds 000 and 002)."""
 
-    weighting: Weighting = "plain"
+    weighting: Weighting = "plain"  # reconstruction weight w: 1, 1/c_base, 1/(b + epsilon), or token surprisal shares
     beta: float = 1.0  # KL weight; beta < 1 is InfoVAE-style beta reduction
     epsilon: float = 0.0  # example weighting: w = 1/(b + epsilon); must be > 0 there
     token_alpha: float = 1.0  # token weighting: mix of surprisal share (alpha) and uniform (1 - alpha)
     token_outer: TokenOuter = "none"  # token weighting composes with distribution or example
     lambda_jsd: float = 0.0  # weight of the (maximized) inter-latent JSD
     free_bits: float = 0.0  # nats; KL below this is not penalized
+    # where free_bits applies: per example, to the batch mean, per dimension, or as a threshold
     free_bits_mode: FreeBitsMode = "none"
-    beta_schedule: BetaSchedule = "constant"
+    beta_schedule: BetaSchedule = "constant"  # beta over the steps: constant, linear warm-up, or cyclical
     beta_warmup_steps: int = 0  # linear: steps from 0 to beta
     beta_cycle_steps: int = 0  # cyclical (Fu et al. 2019): period in steps
     # cyclical: within each period beta = 0 for the first beta_ratio_zero of it, then linear 0 -> beta
     # over the next beta_ratio_increase, then beta (Fu et al. 2019: 0 / 0.5; Optimus, Li et al. 2020: 0.5 / 0.25)
     beta_ratio_zero: float = 0.0
-    beta_ratio_increase: float = 0.5
+    beta_ratio_increase: float = 0.5  # cyclical: the fraction of each period over which beta rises 0 -> beta
     ae_steps: int = 0  # AE phase: beta = 0 for the first ae_steps steps (then the schedule above)
+    # where c_base comes from: the base run's stored reference (hash-checked) or the source model
+    # scoring the validation rows now (DESIGN §1: the two estimators)
     c_base_source: CBaseSource = "entangled_run"
 
     def __post_init__(self):
@@ -205,7 +208,7 @@ def check_latent_source(source: str, latent_kind: str, n_latent: int) -> None:
 class ModelConfig:
     """Shared discrete CVAE (DESIGN §3)."""
 
-    latent_kind: LatentKind = LatentKind.DISCRETE
+    latent_kind: LatentKind = LatentKind.DISCRETE  # K discrete values (exact expectation) or a diagonal Gaussian
     n_latent: int = 4  # K latent values; at least the number of strategies to be able to separate them
     # mean_y: mean of the z-free hidden states over the y-region (prototype probe 0.81 vs 0.65 for
     # last); mean_first: mean_y joined with the first y position's state (keeps order: reverse vs
@@ -264,21 +267,21 @@ class ModelConfig:
 class OptimConfig:
     """AdamW with two groups: backbone (low rate, warm-up) and new heads (DESIGN §3 contract)."""
 
-    steps: int = 300
-    batch_size: int = 64
+    steps: int = 300  # optimizer steps
+    batch_size: int = 64  # rows a step
     lr_backbone: float = 3e-5  # one rate of 3e-4 for all damaged the backbone (rho_recon ~ 1.1)
-    lr_new: float = 1e-3
+    lr_new: float = 1e-3  # rate of the new parameters: posterior and router heads, latent embeddings
     warmup_backbone: int = 100  # linear warm-up of the backbone rate
     # frozen-decoder warm phase: for the first frozen_decoder_steps steps only the posterior side
     # (posterior head, attention query, separate encoder) is updated; backbone, router and latent
     # embeddings stay as they are
     frozen_decoder_steps: int = 0
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    eval_every: int = 100
+    weight_decay: float = 0.0  # AdamW decoupled weight decay
+    grad_clip: float = 1.0  # clip the global gradient norm to this (0 = no clipping)
+    eval_every: int = 100  # steps between evaluations (also at step 0 and at the end)
     eval_rows: int = 500  # validation rows used by evaluation (0 = all)
     decode_rows: int = 200  # rows greedily decoded for task/correctness (0 = skip)
-    seed: int = 0
+    seed: int = 0  # seeds initialization, batches and sampling
     threads: int = 1  # torch threads; one per worker when runs go in parallel
     device: str = "auto"  # "auto": cuda when available, else cpu (zfree.models.loading.pick_device)
     # fp32: everything in float32; bf16: the backbone body under bfloat16 autocast on CUDA, the
@@ -295,8 +298,8 @@ class OptimConfig:
     # frozen base (zfree.models.lora; lr_backbone is their rate; exact at step 0), checkpoints then hold
     # only what trains; lora_targets "auto" = peft's default modules for the architecture
     lora_rank: int = 0
-    lora_alpha: float = 16.0
-    lora_targets: str = "auto"
+    lora_alpha: float = 16.0  # LoRA scaling alpha (the update is scaled by alpha / rank)
+    lora_targets: str = "auto"  # "auto" or comma-separated module names that get adapters
     # gradient accumulation: each step's batch in chunks of micro_batch rows (0 = all at once), the same
     # objective (a batch mean; zfree.train.accumulate), set by a study whose grid would not fit in memory
     micro_batch: int = 0
@@ -339,7 +342,7 @@ class AidConfig:
       (failed in the prototype; breaks the step-0 equivalence on purpose).
     """
 
-    aid: Aid = "none"
+    aid: Aid = "none"  # the symmetry-breaking aid (each value in the class docstring above)
     # which latent value the decoder reconstructs with in the hard phase: the posterior's argmax
     # (the prototype) or the best-reconstructing value k* (winner-take-all, classic hard EM)
     hard_em_decoder: Literal["posterior_argmax", "best"] = "posterior_argmax"
@@ -356,27 +359,27 @@ class AidConfig:
     # hand over once best < (1 - handover_margin) * collapsed: a margin starts the soft phase
     # deeper in the z-on basin (at margin 0 a run that barely passed switched off again)
     handover_margin: float = 0.0
-    hard_em_max_steps: int = 600
+    hard_em_max_steps: int = 600  # the hand-over to the soft objective is forced at this step
     hard_em_lr_backbone: float = 1e-4  # the prototype's hard phase rate (soft phase: lr_backbone)
     # the hard phase's rate of the heads and latent embeddings; 0 = lr_new as in the soft phase
     hard_em_lr_new: float = 0.0
     # the hard phase's E-step (k* = argmin_k nll_k) over the first ``hard_em_estep_tokens`` tokens
     # of S only (0 = all of S); the decoded value's reconstruction still covers all of S
     hard_em_estep_tokens: int = 0
-    handover_check_every: int = 50
-    handover_rows: int = 500
+    handover_check_every: int = 50  # steps between checks of the hand-over gate
+    handover_rows: int = 500  # validation rows the gate (and the aggressive encoder's I(x; z)) is measured on
     restart_dead_every: int = 0  # hard phase: restart values unused for this many steps (0 = off)
     restart_dead_share: float = 0.25  # a value is dead below this fraction of the uniform share 1/K
-    warmup_aid_steps: int = 100
-    latent_init_std: float = 0.0
+    warmup_aid_steps: int = 100  # beta0_warmup: steps at beta = 0 with the router detached
+    latent_init_std: float = 0.0  # random_init_jsd: std of the latent embeddings' random start
     # aggressive_encoder (He et al. 2019, "Lagging inference networks"): before each joint step, up to
     # aggressive_max_inner posterior-only steps (the first on the step's batch, then fresh ones), stopped once
     # the summed loss of the last aggressive_inner_check of them is higher than of the ones before; the joint
     # step then updates all but the posterior side. The aggressive phase ends when the mutual information
     # I(x; z) on the gate rows (handover_rows) falls, checked every aggressive_mi_every steps (zfree.train.aids)
     aggressive_max_inner: int = 100
-    aggressive_inner_check: int = 15
-    aggressive_mi_every: int = 50
+    aggressive_inner_check: int = 15  # inner steps compared to decide the inner loop stopped improving
+    aggressive_mi_every: int = 50  # steps between the checks of I(x; z) that end the aggressive phase
     # the named remedy whose fields this config carries (zfree.objective.remedies; "a+b" composes): a
     # record that the fields were set by that entry, checked against it when a grid is expanded and a
     # run starts (zfree.objective.remedies.check_remedy_fields; "none": fields set by hand)
@@ -408,8 +411,8 @@ class AidConfig:
 class TrainConfig:
     """One CVAE run: paths plus the objective, model and optimizer configs."""
 
-    data_dir: str = "data/synth/default"
-    base_dir: str = "data/base/default"
+    data_dir: str = "data/synth/default"  # folder with train.jsonl and val.jsonl
+    base_dir: str = "data/base/default"  # the base run: model/ and reference/ (c_base, per-example b)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)

@@ -1,0 +1,198 @@
+"""The documentation (docs/, mkdocs.yml) and the README agree with the code (issue 41).
+
+The generated reference covers every ``TrainConfig`` field (with a meaning) and every ``zfree``
+subcommand; every ``<!-- gen:... -->`` part of a page expands; every ``zfree`` command a page or the
+README shows parses with the real parser; the README stays one screen and names what exists. With
+mkdocs installed (``make docs`` installs the ``docs`` extra) the site builds under ``--strict``: no
+warning, no broken link or anchor. No torch is imported: the parser, the configs and the tables are
+light, and a build takes seconds."""
+
+from __future__ import annotations
+
+import argparse
+import html
+import importlib.util
+import os
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from zfree.cli import build_parser
+from zfree.config import TrainConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+PAGES = sorted(DOCS.rglob("*.md"))
+README = ROOT / "README.md"
+
+
+@pytest.fixture(scope="module")
+def gen():
+    spec = importlib.util.spec_from_file_location("zfree_gen_docs", DOCS / "gen_docs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _subcommands(parser: argparse.ArgumentParser, prefix: str = "zfree") -> list[str]:
+    """Every command path of the parser, walked here independently of docs/gen_docs.py."""
+    out = [prefix]
+    for action in parser._actions:  # noqa: SLF001
+        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+            for name, sub in action.choices.items():
+                out += _subcommands(sub, f"{prefix} {name}")
+    return out
+
+
+def test_config_reference_covers_every_train_config_field_with_type_default_and_meaning(gen):
+    docs = gen.train_config_fields()
+    assert [d.name for d in docs] == TrainConfig.flat_fields()  # every flat field, in to_flat order, once
+    assert not [d.name for d in docs if not d.meaning.strip()], "a field without a comment in zfree/config.py"
+    page = gen.expand((DOCS / "reference" / "config.md").read_text(encoding="utf-8"))
+    defaults = TrainConfig().to_flat()
+    for d in docs:
+        row = next((line for line in page.splitlines() if line.startswith(f"| `{d.name}` |")), None)
+        assert row is not None, d.name
+        assert repr(defaults[d.name]) in row or f'"{defaults[d.name]}"' in row, (d.name, row)
+    base = [cls for cls, _ in gen.config_sections() if cls.__name__ == "BaseTrainConfig"][0]
+    assert all(f"| `{f.name}` |" in page for f in fields(base))
+
+
+def test_a_field_comment_is_read_from_above_and_beside_the_field(gen):
+    docs = {d.name: d.meaning for d in gen.train_config_fields()}
+    assert docs["beta"] == "KL weight; beta < 1 is InfoVAE-style beta reduction"  # beside
+    assert docs["c_base_source"].startswith("where c_base comes from")  # the comment lines above
+    assert "Fu et al. 2019" in docs["beta_ratio_zero"]
+
+
+def test_cli_reference_shows_every_subcommand_and_its_options(gen):
+    commands = _subcommands(build_parser())
+    assert {"zfree study", "zfree train", "zfree sweep", "zfree data synth", "zfree model fetch"} <= set(commands)
+    page = gen.expand((DOCS / "reference" / "cli.md").read_text(encoding="utf-8"))
+    headings = re.findall(r"^#+ `(zfree[^`]*)`$", page, flags=re.M)
+    assert headings == commands
+    for command, parser in gen.cli_commands():
+        options = [s for a in parser._actions for s in a.option_strings if s.startswith("--")]  # noqa: SLF001
+        missing = [o for o in options if o not in page]
+        assert not missing, (command, missing)
+
+
+def test_every_generated_part_expands_and_every_results_table_is_shown(gen):
+    used = set()
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        used |= {m["arg"] for m in gen.MARKER.finditer(text) if m["name"] == "table"}
+        out = gen.expand(text)
+        assert "<!-- gen:" not in out, page
+    assert used == set(gen.TABLES), "a table of docs/gen_docs.py TABLES no page shows, or a page names an unknown one"
+    for name, table in gen.TABLES.items():
+        assert all((gen.RESULTS / f).is_file() for f in table.files), name
+        assert table.command.split()[0] in ("make", "zfree"), name
+
+
+def test_metrics_page_explains_every_key_the_evaluation_writes():
+    """Each metric key written by ``zfree.evaluate`` (a string constant, or an f-string's fixed prefix
+    such as ``structure/n_rows/``) is named on docs/concepts/metrics.md."""
+    import ast
+
+    key = re.compile(r"(loss|loss_contrib|structure|latent|task|reference|objective|decode)/[a-z_/]*")
+    keys = set()
+    for path in (ROOT / "src" / "zfree" / "evaluate").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and key.fullmatch(node.value):
+                keys.add(node.value)
+            elif isinstance(node, ast.JoinedStr) and isinstance(node.values[0], ast.Constant):
+                head = str(node.values[0].value)
+                if key.fullmatch(head) and head.endswith("/"):
+                    keys.add(head)
+    assert {"loss/val/kl_prior_loss", "structure/n_rows/", "task/correctness"} <= keys
+    page = (DOCS / "concepts" / "metrics.md").read_text(encoding="utf-8")
+    assert not sorted(k for k in keys if f"`{k}" not in page)
+
+
+def test_presets_page_lists_every_preset(gen):
+    from zfree.experiment.catalog import PRESET_CATALOG
+
+    page = gen.expand((DOCS / "howto" / "presets.md").read_text(encoding="utf-8"))
+    assert all(f"| `{name}` | {runs} |" in page for name, (runs, _, _) in PRESET_CATALOG.items())
+
+
+def _zfree_commands(text: str) -> list[str]:
+    """The ``zfree`` command lines of the bash blocks of a markdown text (environment assignments
+    and ``.venv/bin/`` stripped, comments dropped, continuation lines joined)."""
+    out = []
+    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            words = shlex.split(line, comments=True)
+            while words and re.match(r"^[A-Z_]+=", words[0]):
+                words = words[1:]
+            if words and words[0] in ("zfree", ".venv/bin/zfree"):
+                out.append(shlex.join(words[1:]))
+    return out
+
+
+def test_every_zfree_command_in_the_docs_and_readme_parses(gen):
+    """Each command a reader copies is one the CLI accepts (parsed, not run: the slow ones train),
+    the generated parts included (each results table's reproducing command)."""
+    commands = [(p, c) for p in [*PAGES, README]
+                for c in _zfree_commands(gen.expand(p.read_text(encoding="utf-8")))]
+    assert len(commands) > 20
+    for path, command in commands:
+        try:
+            build_parser().parse_args(shlex.split(command))
+        except SystemExit:
+            pytest.fail(f"{path.relative_to(ROOT)}: `zfree {command}` does not parse")
+
+
+def test_readme_is_one_screen_and_names_what_exists():
+    text = README.read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 200
+    assert "make study" in text and "make test" in text  # the two commands; CI (.ci/run) runs `make test`
+    assert "Dušek, David M. Howcroft and Verena Rieser" in text and "CC BY-SA 4.0" in text  # E2E attribution
+    images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
+    assert len(images) == 1 and (ROOT / images[0]).is_file()
+    links = [t for t in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text) if "://" not in t]
+    assert links and all((ROOT / t).exists() for t in links), links
+    commands = set(_zfree_commands(text))
+    assert any("--model" in c and "--data" in c for c in commands)  # your own model and data
+
+
+def test_the_readme_figure_is_drawn_from_the_shipped_tables():
+    """docs/figures/default_study_gains.py reads analysis/results/ and writes the PNG the README shows."""
+    script = (DOCS / "figures" / "default_study_gains.py").read_text(encoding="utf-8")
+    for name in re.findall(r'"(study-default-[a-z_]+\.csv)"', script):
+        assert (ROOT / "analysis" / "results" / name).is_file()
+    assert "default-study-z-gain.png" in script and "default-study-z-gain.png" in README.read_text(encoding="utf-8")
+
+
+def test_mkdocs_build_is_strict_clean(tmp_path, gen):
+    """The whole site under ``--strict`` (a warning, a broken link or anchor fails it), into tmp_path."""
+    pytest.importorskip("mkdocs", reason="the docs extra is not installed (make docs installs it)")
+    pytest.importorskip("material", reason="mkdocs-material is not installed (make docs installs it)")
+    pytest.importorskip("mkdocstrings", reason="mkdocstrings is not installed (make docs installs it)")
+    res = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"),
+                          "-d", str(tmp_path / "site")], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    log = res.stdout + res.stderr
+    assert res.returncode == 0 and "WARNING" not in log, log[-4000:]
+    assert (tmp_path / "site" / "reference" / "config.html").is_file()
+    remote = re.compile(r'<(?:script|img)[^>]+src="(?:https?:)?//|<link[^>]+href="(?:https?:)?//[^"]*"[^>]*stylesheet'
+                        r'|<link[^>]+stylesheet[^>]+href="(?:https?:)?//')
+    pages = [p for p in (tmp_path / "site").rglob("*.html") if remote.search(p.read_text(encoding="utf-8"))]
+    assert not pages, f"a page loads a script, image or stylesheet from the network: {pages[:3]}"  # offline
+    from zfree.experiment.catalog import PRESET_CATALOG
+
+    # generated cells shown whole (markdown extensions such as attr_list eat some text, e.g. "{a, b}")
+    page = (tmp_path / "site" / "howto" / "presets.html").read_text(encoding="utf-8")
+    shown = html.unescape(re.sub(r"<[^>]+>", "", page))
+    lost = [name for name, (_, what, cost) in PRESET_CATALOG.items() if what not in shown or cost not in shown]
+    assert not lost, f"presets whose text the rendered table does not show whole: {lost}"  # e.g. {...} eaten
+    page = (tmp_path / "site" / "reference" / "config.html").read_text(encoding="utf-8")
+    shown = " ".join(html.unescape(re.sub(r"<[^>]+>", "", page)).split())
+    lost = [d.name for d in gen.train_config_fields() if " ".join(d.meaning.split()) not in shown]
+    assert not lost, f"fields whose meaning the rendered reference does not show whole: {lost}"
