@@ -90,6 +90,17 @@ def resolve_path(value: str, base: Path | str) -> str:
     return str((Path(base) / value).resolve())
 
 
+def resolve_given(value: str) -> str:
+    """The absolute path of a data or base folder as a user names it (a sweep spec, a config file,
+    ``--set``): ``zfree:<rel>`` under ROOT; a relative path under the working directory when it exists
+    there, else under ROOT (``data/synth/default`` is the shipped benchmark from any folder, in a
+    clone or from a wheel); an absolute one as is."""
+    path = Path(value)
+    if value.startswith(ROOT_PREFIX) or path.is_absolute() or path.exists():
+        return resolve_path(value, Path.cwd())
+    return str((ROOT / path).resolve())
+
+
 def runs_home() -> Path:
     """The ``runs/`` folder a notebook looks in for the latest study: the clone's (``make smoke``
     writes there); with a wheel the working directory's, as ROOT is then inside the installation."""
