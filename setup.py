@@ -15,9 +15,6 @@ data/. The clone's files stay the one source: nothing is copied into src/, and a
 
 from pathlib import Path
 
-from setuptools import setup
-from setuptools.command.build_py import build_py
-
 #: what the wheel ships from the clone's root (MANIFEST.in puts the same files in the sdist, which
 #: ``python -m build`` builds the wheel from): every notebook a run or a report executes, the shipped
 #: data (the synthetic benchmark, its base run, E2E with its base: ~16 MB, ~5 MB compressed), the specs
@@ -32,21 +29,28 @@ def shipped_files(root: Path) -> list[Path]:
     return sorted(p for p in found if not any(part.startswith(".") or part == "__pycache__" for part in p.parts))
 
 
-class build_py_with_shipped(build_py):
-    """setuptools' build_py, then ``SHIPPED`` copied under ``build_lib/zfree/_shipped``."""
-
-    def run(self):
-        super().run()
-        if getattr(self, "editable_mode", False):  # an editable install reads the clone's own files
-            return
-        root = Path(__file__).resolve().parent
-        files = shipped_files(root)
-        if not any(p.parts[0] == "notebooks" for p in files):
-            raise RuntimeError(f"no notebooks/*.ipynb under {root}: the wheel could not train")
-        for rel in files:
-            target = Path(self.build_lib, *TARGET, rel)
-            self.mkpath(str(target.parent))
-            self.copy_file(str(root / rel), str(target), preserve_mode=False)
+def copy_shipped(build_lib: str, copy_file) -> None:
+    """``shipped_files`` copied under ``build_lib/zfree/_shipped`` with ``copy_file(src, dst)``."""
+    root = Path(__file__).resolve().parent
+    files = shipped_files(root)
+    if not any(p.parts[0] == "notebooks" for p in files):
+        raise RuntimeError(f"no notebooks/*.ipynb under {root}: the wheel could not train")
+    for rel in files:
+        target = Path(build_lib, *TARGET, rel)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        copy_file(str(root / rel), str(target))
 
 
-setup(cmdclass={"build_py": build_py_with_shipped})
+if __name__ == "__main__":  # as setuptools runs it; tests/test_paths.py reads SHIPPED without setuptools
+    from setuptools import setup
+    from setuptools.command.build_py import build_py
+
+    class build_py_with_shipped(build_py):
+        """setuptools' build_py, then ``SHIPPED`` copied under ``build_lib/zfree/_shipped``."""
+
+        def run(self):
+            super().run()
+            if not getattr(self, "editable_mode", False):  # an editable install reads the clone's own files
+                copy_shipped(self.build_lib, lambda src, dst: self.copy_file(src, dst, preserve_mode=False))
+
+    setup(cmdclass={"build_py": build_py_with_shipped})
