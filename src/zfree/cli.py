@@ -16,7 +16,7 @@ from zfree.config import BaseTrainConfig, TrainConfig, parse_assignment
 from zfree.core.errors import ConfigError, InputError, ZfreeError, one_line
 from zfree.core.interrupts import interruptible
 from zfree.core.io import read_json
-from zfree.core.paths import check_path_args
+from zfree.core.paths import PATH_FIELDS, check_path_args, resolve_given
 from zfree.core.values import check_device, field_types
 from zfree.data.synth import DataConfig, write_benchmark
 
@@ -108,6 +108,10 @@ def _cmd_train(a):
     for kv in a.set or []:
         k, v = parse_assignment(kv)  # typed by the field's declaration: steps=true is refused
         flat[k] = v
+    defaults = TrainConfig().to_flat()
+    for k in PATH_FIELDS:  # a relative folder not in the working directory, or the default, names ROOT's
+        v = flat.get(k, defaults[k])
+        flat[k] = resolve_given(v) if isinstance(v, str) and v.strip() else v
     try:
         cfg = TrainConfig.from_flat(flat)
     except ValueError as e:

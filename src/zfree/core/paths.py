@@ -7,7 +7,15 @@ from pathlib import Path
 
 from zfree.core.errors import ConfigError
 
-ROOT = Path(__file__).resolve().parents[3]  # the repository root (an editable install)
+_PACKAGE = Path(__file__).resolve().parents[1]  # src/zfree in a clone, site-packages/zfree in a wheel
+#: in a wheel, the files of the clone's root that runs need (the notebooks they execute, the shipped
+#: benchmarks and base runs, the YAML specs), copied there by the build in the clone's own layout (setup.py)
+INSTALLED_ROOT = _PACKAGE / "_shipped"
+#: True in a clone (an editable install: the files are the clone's own), False in an installed wheel
+IN_CLONE = not INSTALLED_ROOT.is_dir()
+#: the folder those files are laid out under: the repository root in a clone, ``INSTALLED_ROOT`` in a
+#: wheel; every path below, and every stored ``zfree:<path>``, resolves against it and nothing else
+ROOT = _PACKAGE.parents[1] if IN_CLONE else INSTALLED_ROOT
 NOTEBOOKS = ROOT / "notebooks"
 SPECS = ROOT / "analysis" / "sweeps"
 SHIPPED_DATA = ROOT / "data" / "synth" / "default"
@@ -49,7 +57,7 @@ def check_out_dir(out: Path | str, what: str = "out_dir") -> None:
 # ---------------------------------------------------------------------------- portable paths
 
 PATH_FIELDS = ("data_dir", "base_dir")  # the TrainConfig fields that name folders
-ROOT_PREFIX = "zfree:"  # a path inside the zfree repository, written from its root
+ROOT_PREFIX = "zfree:"  # a path inside the zfree repository (or a wheel's INSTALLED_ROOT), written from ROOT
 
 
 def portable_root(run_dir: Path | str) -> Path:
@@ -63,8 +71,8 @@ def portable_path(value: str, run_dir: Path | str) -> str:
     """How a run folder stores path ``value`` (absolute, or relative to the working directory):
     relative to ``run_dir`` (posix, e.g. "../../data") when it lies inside
     ``portable_root(run_dir)``, so the study can be copied or moved; ``zfree:<path from ROOT>``
-    when it lies inside this repository (the shipped benchmark and base run), so another clone
-    resolves it to its own copy; else absolute. Inverse: ``resolve_path``."""
+    when it lies inside this repository (the shipped benchmark and base run), so another clone, or
+    an installed wheel, resolves it to its own copy; else absolute. Inverse: ``resolve_path``."""
     p, run_dir = Path(value).resolve(), Path(run_dir).resolve()
     if p.is_relative_to(portable_root(run_dir)):
         return Path(os.path.relpath(p, run_dir)).as_posix()
@@ -80,6 +88,23 @@ def resolve_path(value: str, base: Path | str) -> str:
     if value.startswith(ROOT_PREFIX):
         return str((ROOT / value[len(ROOT_PREFIX):]).resolve())
     return str((Path(base) / value).resolve())
+
+
+def resolve_given(value: str) -> str:
+    """The absolute path of a data or base folder as a user names it (a sweep spec, a config file,
+    ``--set``): ``zfree:<rel>`` under ROOT; a relative path under the working directory when it exists
+    there, else under ROOT (``data/synth/default`` is the shipped benchmark from any folder, in a
+    clone or from a wheel); an absolute one as is."""
+    path = Path(value)
+    if value.startswith(ROOT_PREFIX) or path.is_absolute() or path.exists():
+        return resolve_path(value, Path.cwd())
+    return str((ROOT / path).resolve())
+
+
+def runs_home() -> Path:
+    """The ``runs/`` folder a notebook looks in for the latest study: the clone's (``make smoke``
+    writes there); with a wheel the working directory's, as ROOT is then inside the installation."""
+    return (ROOT if IN_CLONE else Path.cwd()) / "runs"
 
 
 #: the options (argparse dests) that name a file, folder or model; positional ones print bare

@@ -14,7 +14,7 @@ import pandas as pd
 
 from zfree.core.errors import InputError
 from zfree.core.io import atomic_write_text, read_json, read_jsonl, read_table
-from zfree.core.paths import PATH_FIELDS, ROOT, resolve_path
+from zfree.core.paths import IN_CLONE, PATH_FIELDS, ROOT, resolve_path
 from zfree.data.pairs import load_pairs
 from zfree.evaluate.latent_stats import label_warnings
 from zfree.experiment.controls import LINKS_FILE
@@ -52,7 +52,8 @@ SUMMARY_COLUMNS = {  # summary.csv column -> key in a run's summary.json
 
 
 #: what a notebook without a study offers (one line, the one-minute study one command away)
-SMOKE_OFFER = "`make smoke` (about a minute) writes runs/study-smoke"
+SMOKE_OFFER = ("`make smoke` (about a minute) writes runs/study-smoke" if IN_CLONE else
+               "`zfree study --preset smoke --out runs/study-smoke` (about a minute) writes it")
 
 
 class NoStudyError(FileNotFoundError):
@@ -87,19 +88,19 @@ def find_studies(root: Path | str) -> list[Path]:
 def choose_study(sweep_dir: Path | str | None = None) -> Path:
     """The folder a notebook opens, chosen without editing the notebook: ``sweep_dir`` when
     given; else ``$ZFREE_STUDY`` (``make lab STUDY=runs/study-smoke``); else the most recently finished
-    study under the repository's ``runs/``. NoStudyError in one line naming where it looked and
+    study under ``zfree.core.paths.runs_home()``. NoStudyError in one line naming where it looked and
     offering the smoke study when there is none."""
     import os
 
-    from zfree.core.paths import ROOT
+    from zfree.core.paths import runs_home
 
     if sweep_dir not in (None, ""):
         return check_folder(sweep_dir)
     if os.environ.get("ZFREE_STUDY"):
         return check_folder(os.environ["ZFREE_STUDY"])
-    found = find_studies(ROOT / "runs")
+    found = find_studies(runs_home())
     if not found:
-        raise NoStudyError(f"no study found under {ROOT / 'runs'}: {SMOKE_OFFER}; or give sweep_dir, or "
+        raise NoStudyError(f"no study found under {runs_home()}: {SMOKE_OFFER}; or give sweep_dir, or "
                            "ZFREE_STUDY (make lab STUDY=DIR)")
     return found[0]
 

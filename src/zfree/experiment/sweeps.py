@@ -39,7 +39,7 @@ from zfree.core.values import coerce_value
 from zfree.core.errors import ConfigError
 from zfree.core.io import atomic_write_json, read_yaml
 from zfree.core.locks import run_folder_lock
-from zfree.core.paths import ROOT, check_name_length
+from zfree.core.paths import check_name_length, resolve_given
 from zfree.experiment.executor import EXECUTORS, Executor
 from zfree.experiment.pipeline import run_experiment
 from zfree.experiment.spec import BaseSource, DataSource, ExperimentSpec, expand_grid
@@ -75,13 +75,6 @@ def _typed(name: str, value: Any, fields: set[str]) -> Any:
     return parse_field_value(name, value) if name in fields else value
 
 
-def _resolve(p: str) -> str:
-    path = Path(p)
-    if path.is_absolute() or path.exists():
-        return str(path.resolve())
-    return str((ROOT / path).resolve())
-
-
 def _grid(raw: dict, fields: set[str]) -> dict[str, list[Any]]:
     """The typed grid of a raw spec; ConfigError naming ``grid.<axis>``."""
     grid = {}
@@ -103,7 +96,7 @@ def _shared(raw: dict, fields: set[str]) -> dict[str, Any]:
     base = {str(k): _typed(str(k), v, fields) for k, v in (raw.get("base") or {}).items()}
     for k in ("data_dir", "base_dir"):
         if k in base:
-            base[k] = _resolve(base[k])
+            base[k] = resolve_given(base[k])
     return base
 
 
