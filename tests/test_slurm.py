@@ -116,7 +116,7 @@ def test_sweep_runs_on_slurm_fails_with_its_log_and_reruns_reusing_finished_runs
     assert (out / "report.html").is_file() and "1/2 runs ok" in stdout
 
     summary, logs = (good / "summary.json").stat().st_mtime_ns, _logs(out)
-    code, stdout, stderr = _sweep(spec, "--out", out)  # the same command again
+    code, stdout, stderr = _sweep(spec, "--out", out, "--no-report")  # the same sweep again
     assert code == 1 and f"FAILED {failed.name}: " in stderr, stderr[-3000:]
     assert (good / "summary.json").stat().st_mtime_ns == summary  # reused, not rerun
     assert json.loads((good / "job.json").read_text()) == jobs[good.name]  # and no job submitted for it
@@ -125,13 +125,14 @@ def test_sweep_runs_on_slurm_fails_with_its_log_and_reruns_reusing_finished_runs
     assert new.startswith(f"{retried['job_id']}_") and retried["attempts"] == [jobs[failed.name]["job_id"]]
 
 
-def _wait_for_checkpoint(out: Path, proc: subprocess.Popen, timeout: float = 300) -> Path:
+def _wait_for_second_checkpoint(out: Path, proc: subprocess.Popen, timeout: float = 300) -> Path:
+    """The first run folder holding checkpoint.prev/ (a checkpoint after step 0: training runs)."""
     deadline = time.time() + timeout
-    while not (found := list(out.glob("runs/*/checkpoint/COMPLETE"))):
+    while not (found := list(out.glob("runs/*/checkpoint.prev"))):
         assert proc.poll() is None, proc.communicate()[1][-3000:]
-        assert time.time() < deadline, "no run wrote a checkpoint"
+        assert time.time() < deadline, "no run wrote a second checkpoint"
         time.sleep(0.5)
-    return found[0].parent.parent
+    return found[0].parent
 
 
 @pytest.mark.timeout(1200)
@@ -143,10 +144,7 @@ def test_sigint_cancels_the_sweeps_slurm_jobs_and_a_rerun_resumes(slurm, tiny_ru
     out = tmp_path / "sweep"
     proc = _zfree("sweep", spec, "--out", out, "--no-report")
     try:
-        run = _wait_for_checkpoint(out, proc)  # two jobs run, the third waits for a CPU
-        state = json.loads((run / "checkpoint" / "state.json").read_text())
-        step = state.get("state", state)["step"]  # the TrainState's step (run_folder.save_checkpoint)
-        kept = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["step"] <= step]
+        run = _wait_for_second_checkpoint(out, proc)  # two jobs train, the third waits for a CPU
         t0 = time.time()
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
@@ -154,6 +152,7 @@ def test_sigint_cancels_the_sweeps_slurm_jobs_and_a_rerun_resumes(slurm, tiny_ru
         proc.kill()
     assert time.time() - t0 < 30, "the sweep did not stop promptly"
     assert proc.returncode == 130 and "Traceback" not in err, err[-3000:]
+    assert not [n for n in NOISE if n in err], err[-3000:]
     (line,) = [ln for ln in re.split(r"[\r\n]", err) if ln.startswith("zfree: ")]
     m = re.fullmatch(r"zfree: interrupted; cancelled 3 SLURM job\(s\) queued or running \(scancel ([\d ]+)\); "
                      r"rerun the same command: .* \(SIGINT\)", line)
@@ -164,6 +163,10 @@ def test_sigint_cancels_the_sweeps_slurm_jobs_and_a_rerun_resumes(slurm, tiny_ru
         time.sleep(1)
     assert set(_squeue(ids).values()) <= {"CANCELLED"}, _squeue(ids)
     assert not list(out.glob("runs/*/summary.json"))
+    state = json.loads((run / "checkpoint" / "state.json").read_text())
+    step = state.get("state", state)["step"]  # the TrainState's step (run_folder.save_checkpoint)
+    assert 0 < step < STEPS
+    kept = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["step"] <= step]
 
     code, stdout, stderr = _sweep(spec, "--out", out, "--no-report", timeout=900)
     assert code == 0, stderr[-3000:]
