@@ -7,7 +7,9 @@ already answering with an idle ``debug`` partition is used as it is.
 * a point failing inside its job exits 1 naming the job's SLURM log; a rerun reuses the finished run
   (no job submitted for it) and retries the failed one;
 * SIGINT to ``zfree sweep`` cancels its queued and running jobs (squeue shows none left), says so on
-  its one interrupt line, and a rerun resumes the interrupted runs from their checkpoints.
+  its one interrupt line, and a rerun resumes the interrupted runs from their checkpoints;
+* the shipped SLURM specs (slurm_gpu.yaml among them) pass the scheduler's own checks of their
+  options (``sbatch --test-only``).
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from pathlib import Path
 import pytest
 
 from tests.test_faults import _spec_base, write_spec
-from zfree.core.paths import ROOT
+from zfree.core.paths import ROOT, SPECS
+from zfree.experiment.cluster import sbatch_script, sbatch_test_only
+from zfree.experiment.sweeps import load_spec
 
 pytestmark = pytest.mark.slow
 
@@ -174,6 +178,29 @@ def test_sigint_cancels_the_sweeps_slurm_jobs_and_a_rerun_resumes(slurm, tiny_ru
     rows = [json.loads(r) for r in (run / "metrics.jsonl").read_text().splitlines()]
     assert rows[:len(kept)] == kept  # resumed from its checkpoint: the evaluations before it kept as written
     assert json.loads((run / "job.json").read_text())["attempts"][-1] in ids  # its cancelled job, then a new one
+
+
+#: a spec's cluster-specific amounts mapped onto the one-node test cluster (its partition, CPUs and
+#: memory); every other option, the GPU request included, goes to the scheduler as written
+LOCAL_AMOUNTS = {"slurm_partition": "debug", "cpus_per_task": 1, "mem_gb": 1}
+SLURM_SPECS = [p for p in sorted(SPECS.glob("*.yaml"))
+               if load_spec(p, check_paths=False).executor_options.get("cluster") == "slurm"]
+
+
+@pytest.mark.parametrize("path", SLURM_SPECS, ids=lambda p: p.stem)
+def test_shipped_slurm_specs_pass_the_schedulers_checks(slurm, path, tmp_path):
+    """The sbatch script submitit writes for a shipped spec (slurm_gpu.yaml: one GPU per run) is
+    accepted by the real scheduler (``sbatch --test-only``: nothing is submitted), its amounts mapped
+    onto this node (``LOCAL_AMOUNTS``); a misspelt value of the same script is refused."""
+    opts = load_spec(path, check_paths=False).executor_options
+    local = {**opts, **{k: v for k, v in LOCAL_AMOUNTS.items() if k in opts}}
+    script = sbatch_script(tmp_path, local)
+    assert "#SBATCH --partition=debug" in script
+    assert ("#SBATCH --gpus-per-node=1" in script) == ("gpus_per_node" in opts), script
+    r = sbatch_test_only(script, tmp_path)
+    assert r.returncode == 0 and "to start at" in r.stderr, r.stderr
+    bad = sbatch_test_only(re.sub(r"#SBATCH --time=\d+", "#SBATCH --time=2hours", script), tmp_path)
+    assert bad.returncode != 0 and "time" in bad.stderr.lower(), bad.stderr
 
 
 #: steps of the interrupted sweep's runs: long enough to interrupt after a checkpoint, short enough

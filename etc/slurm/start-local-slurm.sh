@@ -5,7 +5,8 @@
 #   - writes a munge key (when none exists) and /etc/slurm/slurm.conf: one node of `nproc` CPUs and
 #     the machine's memory (MiB, as `slurmd -C` reads it), partition `debug` (the default),
 #     ProctrackType=proctrack/linuxproc, TaskPlugin=task/none (no cgroups needed), accounting off
-#     (no slurmdbd: `sacct` has nothing to read; zfree reads job states with squeue instead);
+#     (no slurmdbd: `sacct` has nothing to read; zfree reads job states with squeue instead), the
+#     machine's GPUs as the generic resource `gpu` (one placeholder where there is none);
 #   - (re)starts munged, slurmctld and slurmd, and waits until `sinfo` shows the node idle.
 # Idempotent: run it again to restart the daemons on the same configuration. `--stop` stops them.
 # A slurm.conf this script did not write (a real cluster's) is never overwritten, unless `--force`.
@@ -73,6 +74,14 @@ fi
 chown munge:munge /etc/munge /etc/munge/munge.key
 chmod 700 /etc/munge && chmod 400 /etc/munge/munge.key
 
+# GPUs as a generic resource: this machine's /dev/nvidiaN, else one placeholder (/dev/null) so that
+# a spec asking for GPUs passes the scheduler's checks (`sbatch --test-only`); a job given the
+# placeholder gets no device
+gpus=$( (ls -d /dev/nvidia[0-9]* 2>/dev/null || true) | wc -l)
+if [ "$gpus" -gt 0 ]; then gres_files="/dev/nvidia[0-$((gpus - 1))]"; else gpus=1; gres_files=/dev/null; fi
+echo "$MARK
+NodeName=$NODE Name=gpu File=$gres_files" > "$CONF_DIR/gres.conf"
+
 # slurm.conf: one node, this machine's CPUs and memory
 cpus=$(nproc)
 mem_mb=$(slurmd -C | sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p')
@@ -96,6 +105,7 @@ SlurmdLogFile=$LOG_DIR/slurmd.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 MpiDefault=none
+GresTypes=gpu
 SwitchType=switch/none
 # CPUs and memory are consumable: several one-CPU jobs share the node
 SelectType=select/cons_tres
@@ -109,7 +119,7 @@ JobCompType=jobcomp/none
 KillWait=5
 ReturnToService=2
 SlurmdParameters=config_overrides
-NodeName=$NODE CPUs=$cpus RealMemory=$mem_mb State=UNKNOWN
+NodeName=$NODE CPUs=$cpus RealMemory=$mem_mb Gres=gpu:$gpus State=UNKNOWN
 PartitionName=debug Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
 EOF
 mv "$CONF_DIR/slurm.conf.new" "$CONF_DIR/slurm.conf"
@@ -123,14 +133,14 @@ slurmd || die "slurmd did not start (see $LOG_DIR/slurmd.log)"
 state=""
 for _ in $(seq $((WAIT_S * 2))); do
   state=$(sinfo -h -N -n "$NODE" -o %t 2>/dev/null || true)
-  case "$state" in
-    idle*|mix*|alloc*) break ;;
-    down*|drain*|drng*) scontrol update nodename="$NODE" state=resume 2>/dev/null || true ;;
+  case "$state" in  # a trailing * (not responding yet), ~ (powered off), # or $ is not ready
+    idle|mix|alloc) break ;;
+    down*|drain*|drng*|inval*) scontrol update nodename="$NODE" state=resume 2>/dev/null || true ;;
   esac
   sleep 0.5
 done
 case "$state" in
-  idle*|mix*|alloc*) ;;
+  idle|mix|alloc) ;;
   *) die "node $NODE is '${state:-not listed}' after ${WAIT_S} s (see $LOG_DIR/slurmctld.log, $LOG_DIR/slurmd.log)" ;;
 esac
-echo "start-local-slurm: node $NODE ($cpus CPUs, $mem_mb MiB) is $state in partition debug"
+echo "start-local-slurm: node $NODE ($cpus CPUs, $mem_mb MiB, gres gpu:$gpus at $gres_files) is $state in partition debug"

@@ -208,3 +208,23 @@ def _id_list(ids: list[str], show: int = 8) -> str:
     """``scancel 12 13 14`` (at most ``show`` ids, then ``... (+N more)``)."""
     more = f" ... (+{len(ids) - show} more)" if len(ids) > show else ""
     return "scancel " + " ".join(ids[:show]) + more
+
+
+def sbatch_script(folder: Path | str, options: dict[str, Any], command: str = "true") -> str:
+    """The sbatch script submitit writes for a job of a spec's ``executor_options`` (``cluster``
+    aside): its ``#SBATCH`` lines, then ``command``. Raises what submitit raises for an unknown
+    option (naming the valid ones) and RuntimeError where no ``srun`` exists."""
+    ex = submitit.AutoExecutor(folder=str(folder), cluster="slurm")
+    ex.update_parameters(**{k: v for k, v in options.items() if k != "cluster"})
+    return ex._executor._make_submission_file_text(command, "check")
+
+
+def sbatch_test_only(script: str, folder: Path | str) -> subprocess.CompletedProcess:
+    """``sbatch --test-only`` of ``script`` (written to ``folder/check.sbatch``): the scheduler
+    validates every option and says when and where the job would start, submitting nothing.
+    Returns the finished process (returncode 0: accepted; stderr: the scheduler's answer)."""
+    f = Path(folder) / "check.sbatch"
+    f.parent.mkdir(parents=True, exist_ok=True)
+    f.write_text(script)
+    return subprocess.run(["sbatch", "--test-only", str(f)], capture_output=True, text=True, timeout=60)
+
