@@ -73,16 +73,22 @@ JOB_FILE = "job.json"
 
 def record_job(run_dir: Path) -> dict[str, Any] | None:
     """Inside a submitit job: write ``run_dir/job.json`` (cluster, job id, host, the job's stdout and
-    stderr logs; earlier attempts' ids under ``attempts``) and return it; elsewhere None."""
+    stderr logs; earlier attempts' ids under ``attempts``) and return it; elsewhere None. A record
+    that cannot be written (an unreadable old one, an environment submitit did not set up) is a
+    printed note, never the run's failure."""
     if not os.environ.get("SUBMITIT_EXECUTOR"):
         return None
-    env = submitit.JobEnvironment()
     f = run_dir / JOB_FILE
-    before = read_json(f) if f.exists() else {}
-    rec = {"cluster": env.cluster, "job_id": str(env.job_id), "host": socket.gethostname(),
-           "stdout": str(env.paths.stdout), "stderr": str(env.paths.stderr),
-           "attempts": [*before.get("attempts", []), *([before["job_id"]] if "job_id" in before else [])]}
-    atomic_write_json(f, rec)
+    try:
+        env = submitit.JobEnvironment()
+        before = read_json(f) if f.exists() else {}
+        rec = {"cluster": env.cluster, "job_id": str(env.job_id), "host": socket.gethostname(),
+               "stdout": str(env.paths.stdout), "stderr": str(env.paths.stderr),
+               "attempts": [*before.get("attempts", []), *([before["job_id"]] if "job_id" in before else [])]}
+        atomic_write_json(f, rec)
+    except (OSError, KeyError, ValueError, RuntimeError) as e:
+        print(f"note: {f} not written ({type(e).__name__}: {e})", flush=True)
+        return None
     return rec
 
 
