@@ -39,6 +39,10 @@ def test_event_file_holds_every_metrics_row_at_its_step(tiny_run, tmp_path):
             want.setdefault(tag, []).append((r["step"], float(np.float32(v))))
     got = _event_scalars(run)
     assert set(got) == set(want) and "loss/val/reconstruction_loss" in got
+    from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
+
+    study = EventMultiplexer().AddRunsFromDirectory(str(tmp_path))  # what `tensorboard --logdir` lists
+    assert list(study.Runs()) == ["run"]
     for tag, events in got.items():
         assert [s for s, _ in events] == [s for s, _ in want[tag]], tag
         assert all(v == w or (math.isnan(v) and math.isnan(w)) for (_, v), (_, w) in zip(events, want[tag])), tag
