@@ -215,6 +215,8 @@ def _cmd_sweep(a):
         for dev in sorted({p.params["device"] for p in spec.points()}):
             check_device(dev)
     opts = {**spec.executor_options, **({"cluster": a.cluster} if a.cluster else {})}
+    if a.sbatch_test_only:
+        return _sbatch_check(opts, out / "submitit")
     ex = make_executor(kind, a.workers or spec.workers, folder=out / "submitit", **(opts if kind == "submitit" else {}))
     try:
         statuses = run_sweep(spec, out, executor=ex)
@@ -227,6 +229,20 @@ def _cmd_sweep(a):
     return _report_failures([(f["run_id"], out.resolve() / "runs" / f["run_id"] / "error.json") for f in failed],
                             logs={f["run_id"]: f["log"] for f in failed if f.get("log")},
                             errors={f["run_id"]: f["error"] for f in failed})
+
+
+def _sbatch_check(options: dict, folder: Path) -> int:
+    """``zfree sweep --sbatch-test-only``: the sbatch script of one job of the spec, checked by the
+    scheduler (``zfree.experiment.cluster.sbatch_test_only``); prints its answer, 0 when accepted,
+    ConfigError (exit 2) naming the script and the scheduler's refusal."""
+    from zfree.experiment.cluster import sbatch_script, sbatch_test_only
+
+    script = sbatch_script(folder, options)
+    r = sbatch_test_only(script, folder)
+    if r.returncode != 0:
+        raise ConfigError(f"sbatch --test-only refused {folder / 'check.sbatch'}: {r.stderr.strip() or r.returncode}")
+    print(r.stderr.strip() or r.stdout.strip())
+    return 0
 
 
 #: ``zfree --help`` in plain text (the module docstring is reST for the API docs)
@@ -372,6 +388,9 @@ def _add_report_and_sweep(sub) -> None:
     sw.add_argument("--cluster", default=None, help="submitit: slurm | local | debug (default: auto)")
     sw.add_argument("--workers", type=_positive_int, default=None, help="local: parallel runs (one torch thread each)")
     sw.add_argument("--no-report", action="store_true", help="skip report.html")
+    sw.add_argument("--sbatch-test-only", action="store_true",
+                    help="SLURM: ask the scheduler (sbatch --test-only) whether it accepts the spec's job options; "
+                         "nothing is submitted or run")
     sw.set_defaults(func=_cmd_sweep)
 
 

@@ -23,6 +23,7 @@ from typing import Any, Callable
 import submitit
 from submitit.slurm.slurm import SlurmInfoWatcher, SlurmJob
 
+from zfree.core.errors import ConfigError
 from zfree.core.io import atomic_write_json, read_json
 
 #: squeue states of a job that has not ended -> the submitit state that means "not done"
@@ -219,8 +220,11 @@ def _id_list(ids: list[str], show: int = 8) -> str:
 def sbatch_script(folder: Path | str, options: dict[str, Any], command: str = "true") -> str:
     """The sbatch script submitit writes for a job of a spec's ``executor_options`` (``cluster``
     aside): its ``#SBATCH`` lines, then ``command``. Raises what submitit raises for an unknown
-    option (naming the valid ones) and RuntimeError where no ``srun`` exists."""
-    ex = submitit.AutoExecutor(folder=str(folder), cluster="slurm")
+    option (naming the valid ones) and ConfigError where no ``srun`` exists (no SLURM here)."""
+    try:
+        ex = submitit.AutoExecutor(folder=str(folder), cluster="slurm")
+    except RuntimeError as e:
+        raise ConfigError(f"no SLURM on this machine to check the options with ({e})") from None
     ex.update_parameters(**{k: v for k, v in options.items() if k != "cluster"})
     return ex._executor._make_submission_file_text(command, "check")
 
