@@ -3,8 +3,8 @@
 ``shutdown``), through one loop (``run_points``) that studies, sweeps and the launch panel share.
 
 Each point runs into its own folder named by its stable id. A folder with ``summary.json`` is
-finished and skipped (never submitted), so a killed sweep resumes; a point that fails leaves ``error.json`` and its
-executed notebook and does not stop the others. Local workers die with the process that started
+finished and skipped (never submitted), so a killed sweep resumes; a point that fails leaves
+``error.json`` and its executed notebook and does not stop the others. Local workers die with the process that started
 them (``die_with_parent``), and their notebook kernels with them; cluster jobs (submitit, SLURM:
 ``zfree.experiment.cluster``) are cancelled by the same stop (``stop_workers``).
 """
