@@ -9,7 +9,7 @@ OUT    ?= runs/study-default
 # the same keys as zfree.report.lab.EXTRA_KEYS, JupyterLab's save hook)
 NBSTRIP_KEYS := metadata.language_info metadata.widgets metadata.papermill cell.metadata.papermill cell.metadata.execution cell.metadata.jupyter cell.metadata.editable cell.metadata.slideshow
 
-.PHONY: install git-filter study smoke smollm2 test test-kernels test-slow test-gpu docs lab notebooks clean-venv
+.PHONY: install git-filter study smoke smollm2 test test-kernels test-slow test-gpu docs slurm slurm-stop test-slurm lab notebooks clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -62,6 +62,19 @@ test-kernels: $(STAMP)
 
 test-slow: $(STAMP)
 	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(BIN)/pytest -q -m slow
+
+## A one-node SLURM on this machine (as root: installs Debian's slurmctld, slurmd and munge when
+## missing, writes /etc/slurm/slurm.conf, starts the daemons, waits for the node to be idle): then
+## `executor: submitit` sweeps run on it (`cluster: slurm`, `slurm_partition: debug`).
+## `make test-slurm`: the slow tier's sweep-on-SLURM test (tests/test_slurm.py) against it.
+slurm:
+	$(if $(filter 0,$(shell id -u)),,sudo) etc/slurm/start-local-slurm.sh
+
+slurm-stop:
+	$(if $(filter 0,$(shell id -u)),,sudo) etc/slurm/start-local-slurm.sh --stop
+
+test-slurm: $(STAMP) slurm
+	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(BIN)/pytest -q -m slow -p no:xdist tests/test_slurm.py
 
 ## the GPU tier (skipped, with the reason, where CUDA is not available)
 test-gpu: $(STAMP)

@@ -67,6 +67,7 @@ lora_alpha = 16.0
 lora_targets = 'auto'
 micro_batch = 0
 keep_prev_checkpoint = False
+tensorboard = True
 aid = 'none'
 hard_em_decoder = 'posterior_argmax'
 hard_em_recon_scale = 'c_base'

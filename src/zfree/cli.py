@@ -135,14 +135,18 @@ def _cmd_train_own(a):
     print(json.dumps({k: v for k, v in summary.items() if "/" in k}, indent=2))
 
 
-def _report_failures(failed: list[tuple[str, Path]]) -> int:
-    """Print each failed point's full message and its error.json to stderr; 1 if any failed."""
+def _report_failures(failed: list[tuple[str, Path]], logs: dict[str, str] | None = None,
+                     errors: dict[str, str] | None = None) -> int:
+    """Print each failed point's full message, its error.json and its cluster job's log (``logs``:
+    run id -> path) to stderr; 1 if any failed. A point without a readable error.json (a cluster
+    job killed before it could write one) prints its status's error (``errors``: run id -> text)."""
     for run_id, err_file in failed:
         try:
             msg = read_json(err_file).get("error", "?")
         except (OSError, ValueError):
-            msg = "(error.json unreadable)"
-        print(f"FAILED {run_id}: {msg}\n  see {err_file}", file=sys.stderr)
+            msg = (errors or {}).get(run_id) or "(error.json unreadable)"
+        log = (logs or {}).get(run_id)
+        print(f"FAILED {run_id}: {msg}\n  see {err_file}" + (f"\n  job log {log}" if log else ""), file=sys.stderr)
     return 1 if failed else 0
 
 
@@ -215,6 +219,8 @@ def _cmd_sweep(a):
         for dev in sorted({p.params["device"] for p in spec.points()}):
             check_device(dev)
     opts = {**spec.executor_options, **({"cluster": a.cluster} if a.cluster else {})}
+    if a.sbatch_test_only:
+        return _sbatch_check(opts, out / "submitit")
     ex = make_executor(kind, a.workers or spec.workers, folder=out / "submitit", **(opts if kind == "submitit" else {}))
     try:
         statuses = run_sweep(spec, out, executor=ex)
@@ -224,7 +230,23 @@ def _cmd_sweep(a):
     if not a.no_report:
         print(render_report(out, progress=True))
     print(f"sweep {spec.name!r}: {len(statuses) - len(failed)}/{len(statuses)} runs ok in {out}")
-    return _report_failures([(f["run_id"], out.resolve() / "runs" / f["run_id"] / "error.json") for f in failed])
+    return _report_failures([(f["run_id"], out.resolve() / "runs" / f["run_id"] / "error.json") for f in failed],
+                            logs={f["run_id"]: f["log"] for f in failed if f.get("log")},
+                            errors={f["run_id"]: f["error"] for f in failed})
+
+
+def _sbatch_check(options: dict, folder: Path) -> int:
+    """``zfree sweep --sbatch-test-only``: the sbatch script of one job of the spec, checked by the
+    scheduler (``zfree.experiment.cluster.sbatch_test_only``); prints its answer, 0 when accepted,
+    ConfigError (exit 2) naming the script and the scheduler's refusal."""
+    from zfree.experiment.cluster import sbatch_script, sbatch_test_only
+
+    script = sbatch_script(folder, options)
+    r = sbatch_test_only(script, folder)
+    if r.returncode != 0:
+        raise ConfigError(f"sbatch --test-only refused {folder / 'check.sbatch'}: {r.stderr.strip() or r.returncode}")
+    print(r.stderr.strip() or r.stdout.strip())
+    return 0
 
 
 #: ``zfree --help`` in plain text (the module docstring is reST for the API docs)
@@ -369,6 +391,9 @@ def _add_report_and_sweep(sub) -> None:
     sw.add_argument("--cluster", default=None, help="submitit: slurm | local | debug (default: auto)")
     sw.add_argument("--workers", type=_positive_int, default=None, help="local: parallel runs (one torch thread each)")
     sw.add_argument("--no-report", action="store_true", help="skip report.html")
+    sw.add_argument("--sbatch-test-only", action="store_true",
+                    help="SLURM: ask the scheduler (sbatch --test-only) whether it accepts the spec's job options; "
+                         "nothing is submitted or run")
     sw.set_defaults(func=_cmd_sweep)
 
 
@@ -403,11 +428,15 @@ INTERRUPT_HINTS = {"study": _RERUN, "sweep": _RERUN,
 
 
 def _interrupt_line(e: KeyboardInterrupt, cmd: str) -> tuple[str, int]:
-    """The one line and the exit status (128 + signal: 130 SIGINT, 143 SIGTERM) of an interrupt."""
+    """The one line and the exit status (128 + signal: 130 SIGINT, 143 SIGTERM) of an interrupt;
+    what the stop cancelled (``e.stopped``, e.g. SLURM jobs: ``zfree.experiment.executor.run_points``)
+    follows "interrupted"."""
     signum = getattr(e, "signum", signal.SIGINT)
     name = signal.Signals(signum).name
     msg = getattr(e, "message", None) or INTERRUPT_HINTS.get(cmd)
     text = "interrupted" if not msg else msg if msg.startswith("interrupted") else f"interrupted; {msg}"
+    if getattr(e, "stopped", None):
+        text = text.replace("interrupted", f"interrupted; {e.stopped}", 1)
     return f"zfree: {text} ({name})", 128 + int(signum)
 
 

@@ -42,6 +42,16 @@ class LatentKind(StrEnum):
 
 LatentPrior = Literal["learned", "standard"]
 
+#: flat fields that change only what a run writes beside its numbers, never the numbers: left out of
+#: a run's identity (``zfree.experiment.spec.run_id``, ``zfree.train.run_folder.check_same_config``),
+#: so turning one on or off reuses the finished runs, and runs recorded before the field existed
+LOG_ONLY_FIELDS = frozenset({"tensorboard"})
+
+
+def without_log_only(flat: dict[str, Any]) -> dict[str, Any]:
+    """``flat`` without its ``LOG_ONLY_FIELDS``: what identifies a run."""
+    return {k: v for k, v in flat.items() if k not in LOG_ONLY_FIELDS}
+
 
 # the field checks live in zfree.core.validation (shared with DataConfig beside the benchmark it configures)
 _check_choice, _check_int, _check_range = check_choice, check_int, check_range
@@ -304,6 +314,10 @@ class OptimConfig:
     # objective (a batch mean; zfree.train.accumulate), set by a study whose grid would not fit in memory
     micro_batch: int = 0
     keep_prev_checkpoint: bool = False  # a finished run keeps checkpoint.prev/ too (default: checkpoint/ only)
+    # live curves: every metrics.jsonl row also as TensorBoard scalars beside it (zfree.train.live_curves;
+    # nothing written without the tensorboard package). What a run writes, not what it computes: not
+    # part of a run's identity (LOG_ONLY_FIELDS)
+    tensorboard: bool = True
 
     def __post_init__(self):
         typed_fields(self)

@@ -3,9 +3,10 @@
 ``shutdown``), through one loop (``run_points``) that studies, sweeps and the launch panel share.
 
 Each point runs into its own folder named by its stable id. A folder with ``summary.json`` is
-finished and skipped, so a killed sweep resumes; a point that fails leaves ``error.json`` and its
-executed notebook and does not stop the others. Local workers die with the process that started
-them (``die_with_parent``), and their notebook kernels with them.
+finished and skipped (never submitted), so a killed sweep resumes; a point that fails leaves
+``error.json`` and its executed notebook and does not stop the others. Local workers die with the process that started
+them (``die_with_parent``), and their notebook kernels with them; cluster jobs (submitit, SLURM:
+``zfree.experiment.cluster``) are cancelled by the same stop (``stop_workers``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import signal
 import sys
 import threading
 import traceback
-from concurrent.futures import CancelledError, Future, ProcessPoolExecutor, ThreadPoolExecutor, as_completed
+from concurrent.futures import CancelledError, Future, ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any, Callable, Protocol, runtime_checkable
 
@@ -69,6 +70,10 @@ def run_point(point: Point, runs_dir: str, notebook: str) -> dict[str, Any]:
     (run_dir / "error.json").unlink(missing_ok=True)
     watch = KernelWatch()
     try:
+        if os.environ.get("SUBMITIT_EXECUTOR"):  # a cluster job: its id and log in the run folder (job.json)
+            from zfree.experiment.cluster import record_job
+
+            record_job(run_dir)
         params = _kernel_params(point.params, run_dir)
         if params.get("data_dir") and params.get("base_dir"):  # a missing folder fails now, not after a
             check_run_inputs(params["data_dir"], params["base_dir"])  # kernel's start (seconds): the same error
@@ -134,48 +139,15 @@ def local_executor(workers: int = 2) -> ProcessPoolExecutor:
     return ProcessPoolExecutor(max_workers=workers, initializer=_worker_init, initargs=(os.getpid(),))
 
 
-class SubmititExecutor:
-    """submitit (SLURM, or its local/debug executors for tests) behind the Executor protocol:
-    each submitted job gets a Future that a waiter thread completes with ``job.result()``.
-
-    ``cluster``: None (auto: SLURM if available, else local), "slurm", "local" (one subprocess
-    per job) or "debug" (in-process). Other options go to ``update_parameters`` (timeout_min,
-    slurm_partition, cpus_per_task, ...). Job logs live in ``folder``.
-    """
-
-    def __init__(self, folder: Path | str, cluster: str | None = None, max_waiting: int = 64, **options):
-        import submitit  # lazy: optional (the submitit executor only); importing it starts no cluster client
-
-        self._ex = submitit.AutoExecutor(folder=str(folder), cluster=cluster)
-        opts = {"timeout_min": 60, "cpus_per_task": 1, **options}
-        if self._ex.cluster == "debug":
-            opts = {k: v for k, v in opts.items() if k == "timeout_min"}
-        self._ex.update_parameters(**opts)
-        self._waiters = ThreadPoolExecutor(max_workers=max_waiting)
-
-    def submit(self, fn: Callable, *args) -> Future:
-        """Submit ``fn(*args)``; returns a Future of its result."""
-        job = self._ex.submit(fn, *args)
-        if self._ex.cluster == "debug":  # debug jobs run in-process on result(): one at a time
-            fut: Future = Future()
-            try:
-                fut.set_result(job.result())
-            except Exception as e:  # noqa: BLE001
-                fut.set_exception(e)
-            return fut
-        return self._waiters.submit(job.result)
-
-    def shutdown(self, wait: bool = True) -> None:
-        """Release the executor's resources (waiting for running jobs with ``wait``)."""
-        self._waiters.shutdown(wait=wait)
-
-
 EXECUTORS = {"local": "a process pool on this machine", "submitit": "submitit (SLURM, local or debug)"}
 
 
-def _submitit_executor(workers: int, folder: Path | str | None, **options) -> SubmititExecutor:
+def _submitit_executor(workers: int, folder: Path | str | None, **options):
+    """``zfree.experiment.cluster.SubmititExecutor(folder, **options)`` (submitit imported lazily)."""
     if folder is None:
         raise ValueError("executor 'submitit' needs a folder for its job logs")
+    from zfree.experiment.cluster import SubmititExecutor
+
     return SubmititExecutor(folder, **options)
 
 
@@ -185,7 +157,8 @@ _EXECUTOR_FACTORIES = {"local": lambda workers, folder, **options: local_executo
 
 
 def make_executor(kind: str = "local", workers: int = 2, folder: Path | str | None = None, **options) -> Executor:
-    """``local``: ``local_executor(workers)``; ``submitit``: ``SubmititExecutor(folder, **options)``.
+    """``local``: ``local_executor(workers)``; ``submitit``: ``zfree.experiment.cluster.SubmititExecutor(folder,
+    **options)``.
     Raises ValueError for an unknown kind (listing the valid ones) or submitit without a folder."""
     if kind not in _EXECUTOR_FACTORIES:
         raise ValueError(f"executor={kind!r} is not one of {sorted(EXECUTORS)}")
@@ -203,25 +176,42 @@ def run_points(points: list[Point], runs_dir: Path | str, *, workers: int = 2, e
     ``executor``: where to run (default: ``local_executor(workers)``, shut down at the end; a given
     one is left open). ``run_fn(point, runs_dir, notebook)``: what runs a point (``run_point``).
     ``on_submit(futures)``: called once every point is submitted (a caller that may cancel them);
-    ``on_done(status)``: after each point. A cancelled future's status is ``cancelled``; a future
-    that raised is ``failed``, or ``stopped`` once ``stopping`` is set. Holds the lock of
-    ``runs_dir`` meanwhile: a second sweep or study on it raises ``LockHeldError`` naming this process."""
+    ``on_done(status)``: after each point. A finished point (``is_finished``) is ``skipped`` without
+    being submitted (no cluster job for it). A cancelled future's status is ``cancelled``; a future
+    that raised is ``failed``, or ``stopped`` once ``stopping`` is set. An interrupt stops the
+    executor (``stop_workers``) and re-raises, its ``stopped`` attribute saying what was cancelled.
+    Holds the lock of ``runs_dir`` meanwhile: a second sweep or study on it raises ``LockHeldError``
+    naming this process."""
     runs_dir = Path(runs_dir).resolve()
     with run_folder_lock(runs_dir, "runs folder"):  # one sweep/study writes these run folders
         nb = str(Path(notebook or NOTEBOOKS / "train_cvae.ipynb").resolve())
+        done = {p.run_id: _skipped(p, on_done) for p in points if is_finished(runs_dir / p.run_id)}
+        todo = [p for p in points if p.run_id not in done]
         ex = executor or local_executor(workers)
         futs: list[Future] = []
         try:
-            futs = [ex.submit(run_fn, p, str(runs_dir), nb) for p in points]
+            for p in todo:
+                futs.append(ex.submit(run_fn, p, str(runs_dir), nb))
             if on_submit:
                 on_submit(futs)
-            return _collect(futs, points, progress=progress, on_done=on_done, stopping=stopping)
-        except KeyboardInterrupt:  # Ctrl-C, SIGINT, SIGTERM: end the running points now, keep the finished ones
-            stop_workers(ex, futs)
+            statuses = _collect(futs, todo, progress=progress, on_done=on_done, stopping=stopping,
+                                skipped=len(points) - len(todo))
+        except KeyboardInterrupt as e:  # Ctrl-C, SIGINT, SIGTERM: end the running points now, keep the finished ones
+            e.stopped = stop_workers(ex, futs)  # zfree.cli's interrupt line says it
             raise
         finally:
             if executor is None:
                 ex.shutdown()
+        by_id = {**done, **{s["run_id"]: s for s in statuses}}
+        return [by_id[p.run_id] for p in points]
+
+
+def _skipped(point: Point, on_done: Callable[[dict], None] | None) -> dict:
+    """The status of a point finished before this sweep (``on_done`` told)."""
+    status = {"run_id": point.run_id, "status": "skipped"}
+    if on_done:
+        on_done(status)
+    return status
 
 
 def terminate_tree(pid: int, timeout: float = 10.0, *, join: Callable[[float], Any] | None = None) -> None:
@@ -258,10 +248,18 @@ def terminate_tree(pid: int, timeout: float = 10.0, *, join: Callable[[float], A
         join(timeout)
 
 
-def stop_workers(ex: Executor, futures: list[Future] = ()) -> None:
-    """Cancel the points not yet started and end the running ones: a local process pool's workers
-    and their notebook kernels are terminated (each run folder keeps its last checkpoint, and the
-    kernel's lock on it is released with the process); the pool is shut down without waiting."""
+def stop_workers(ex: Executor, futures: list[Future] = ()) -> str | None:
+    """Cancel the points not yet started and end the running ones: the one stop of studies, sweeps
+    and the launch panel. A local process pool's workers and their notebook kernels are terminated
+    (each run folder keeps its last checkpoint, and the kernel's lock on it is released with the
+    process); the pool is shut down without waiting. An executor with a ``stop()`` of its own
+    (``zfree.experiment.cluster.SubmititExecutor``: ``scancel`` of its queued and running jobs) is
+    stopped by it. Returns one line saying what was cancelled, or None."""
+    if callable(getattr(ex, "stop", None)):
+        note = ex.stop()
+        for f in futures:
+            f.cancel()
+        return note
     # the futures are cancelled only after the pool is down: CPython 3.11's pool marks every pending
     # work item broken once its workers die and raises InvalidStateError (a traceback from its
     # manager thread) on one already cancelled; the points not started end as "stopped" instead
@@ -276,13 +274,16 @@ def stop_workers(ex: Executor, futures: list[Future] = ()) -> None:
         ex.shutdown(wait=True, cancel_futures=True)  # the workers are gone: returns at once
         for f in futures:
             f.cancel()
+    return None
 
 
-def _collect(futs: list[Future], points: list[Point], *, progress: bool, on_done, stopping) -> list[dict]:
-    """The statuses of ``futs`` in input order, as they complete (module ``run_points``)."""
+def _collect(futs: list[Future], points: list[Point], *, progress: bool, on_done, stopping,
+             skipped: int = 0) -> list[dict]:
+    """The statuses of ``futs`` in input order, as they complete (module ``run_points``); the bar
+    counts the ``skipped`` points finished before as done."""
     results: list[dict | None] = [None] * len(points)
     index = {id(f): i for i, f in enumerate(futs)}
-    with tqdm(total=len(points), desc="runs", disable=not progress) as bar:
+    with tqdm(total=len(points) + skipped, initial=skipped, desc="runs", disable=not progress) as bar:
         for f in as_completed(futs):
             i = index[id(f)]
             try:
@@ -292,7 +293,8 @@ def _collect(futs: list[Future], points: list[Point], *, progress: bool, on_done
             except Exception as e:  # noqa: BLE001 - e.g. a cluster job killed before run_point could record it
                 stopped = stopping is not None and stopping.is_set()  # a worker ended by stop
                 r = {"run_id": points[i].run_id, "status": "stopped" if stopped else "failed",
-                     "error": f"{type(e).__name__}: {e}"[:500]}
+                     "error": f"{type(e).__name__}: {e}"[:1000],
+                     **({"log": e.log} if getattr(e, "log", None) else {})}  # a cluster job's log (cluster.JobFailed)
             results[i] = r
             bar.update(1)
             bar.set_postfix_str(f"{r['run_id']}: {r['status']}")
@@ -302,8 +304,10 @@ def _collect(futs: list[Future], points: list[Point], *, progress: bool, on_done
 
 
 def print_failures(statuses: list[dict], runs_dir: Path) -> list[dict]:
-    """Print one ``FAILED <run_id>: <error>  (see <error.json>)`` line per failed point; returns them."""
+    """Print one ``FAILED <run_id>: <error>  (see <error.json>[, log <job log>])`` line per failed
+    point (the log of a cluster job, ``zfree.experiment.cluster``); returns them."""
     failed = [s for s in statuses if s["status"] == "failed"]
     for f in failed:
-        print(f"  FAILED {f['run_id']}: {f['error']}  (see {runs_dir / f['run_id'] / 'error.json'})")
+        log = f", log {f['log']}" if f.get("log") else ""
+        print(f"  FAILED {f['run_id']}: {f['error']}  (see {runs_dir / f['run_id'] / 'error.json'}{log})")
     return failed

@@ -24,7 +24,7 @@ from typing import Any, Iterable, Literal
 
 import numpy as np
 
-from zfree.config import BaseTrainConfig, TrainConfig
+from zfree.config import BaseTrainConfig, TrainConfig, without_log_only
 from zfree.core.errors import ConfigError
 from zfree.core.io import sha256_file
 from zfree.data.synth import DataConfig
@@ -79,9 +79,10 @@ def portable(flat: dict[str, Any]) -> dict[str, Any]:
 
 def run_id(flat: dict[str, Any]) -> str:
     """Stable id: ``<weighting>_beta<beta>[_<aid>]_<8 hex of the sha256 of the sorted flat config>``
+    (without ``zfree.config.LOG_ONLY_FIELDS``)
     (its data and base folders by what they hold: ``portable``); a given-z run (``latent_source``):
     ``control_<weighting>_<hash>`` or ``oracle-<key>_<weighting>_<hash>`` (a joint key's ``*`` written ``x``)."""
-    h = hashlib.sha256(json.dumps(portable(flat), sort_keys=True).encode()).hexdigest()[:8]
+    h = hashlib.sha256(json.dumps(without_log_only(portable(flat)), sort_keys=True).encode()).hexdigest()[:8]
     src = flat.get("latent_source", "posterior")
     if src != "posterior":
         key = re.sub(r"[^A-Za-z0-9_.-]", "-", src.partition(":")[2].replace("*", "x"))

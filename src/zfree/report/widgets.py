@@ -272,6 +272,7 @@ class LaunchPanel:
         self._ex: Executor | None = None
         self._futures: list = []  # the running launch's futures (run_points' on_submit), cancelled by stop
         self._stopping = threading.Event()
+        self._stop_note: str | None = None  # what stop cancelled (stop_workers), for the label
         self.button.on_click(lambda _: self.launch())
         self.stop_button.on_click(lambda _: self.stop(timeout=0))  # never block the kernel
         for w in (self.log_beta, self.n_beta, self.weightings, self.epsilon, self.seeds, self.steps, self.aid):
@@ -358,6 +359,7 @@ class LaunchPanel:
         self.label.value = f"running: 0/{len(points)}"
         self.button.disabled, self.stop_button.disabled = True, False
         self._stopping.clear()
+        self._stop_note = None
         self.thread = threading.Thread(target=self._work, args=(points,), daemon=True)
         self.thread.start()
         if wait:
@@ -392,11 +394,13 @@ class LaunchPanel:
                 why = (f"; {len(failed)} failed, first {first['run_id']}: {reason[0][:200]} "
                        f"(see {self.sweep_dir / 'runs' / first['run_id'] / 'error.json'})")
             done = "finished" if state == "stopped" else "ok"
-            self.label.value = f"{state}: {ok}/{len(points)} {done}{why}{broken}"
+            note = f"; {self._stop_note}" if state == "stopped" and self._stop_note else ""
+            self.label.value = f"{state}: {ok}/{len(points)} {done}{why}{broken}{note}"
 
     def stop(self, timeout: float = 30.0) -> None:
         """Cancel the runs not yet started and end the running workers (the local process pool's
-        are terminated; their kernels exit with their parent); finished runs stay. Joins the thread."""
+        are terminated, their kernels exit with their parent; a SLURM executor's jobs are
+        cancelled with scancel: ``stop_workers``); finished runs stay. Joins the thread."""
         if self.thread is None or not self.thread.is_alive():
             return
         self._stopping.set()
@@ -404,5 +408,5 @@ class LaunchPanel:
         # the one stop path of studies and sweeps: the pool's workers (and their kernels) end first, the
         # points not started are cancelled after (cancelled before, CPython's pool manager thread died on
         # them and the launch thread waited in as_completed forever)
-        stop_workers(self._ex, self._futures)
+        self._stop_note = stop_workers(self._ex, self._futures)  # e.g. the SLURM jobs cancelled
         self.thread.join(timeout)

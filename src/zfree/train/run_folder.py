@@ -4,6 +4,7 @@
                         hashes, ``_rows_used``: the validation rows evaluated and decoded, at most the rows
                         there are); data_dir/base_dir in their portable form (``portable_path``)
   metrics.jsonl         one row per evaluation
+  events.out.tfevents.* the same rows as TensorBoard scalars (``zfree.train.live_curves``; field ``tensorboard``)
   checkpoint/           model.safetensors + state.safetensors/state.json (plain state, no pickle) + COMPLETE
                         (a manifest); the previous one kept as checkpoint.prev/ (``save_checkpoint`` /
                         ``load_checkpoint``, ``zfree.core.io.write_checkpoint_dir``)
@@ -37,7 +38,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from zfree.config import TrainConfig
+from zfree.config import TrainConfig, without_log_only
 from zfree.core.errors import CheckpointError, CheckpointWriteError, NonFiniteMetricError, ResumeRefusedError, ZfreeError
 from zfree.core.io import (append_jsonl, atomic_write_json, atomic_write_parquet, atomic_write_text,
                            load_checkpoint_dir, load_plain_state, nonfinite_keys, read_json, read_jsonl,
@@ -113,13 +114,14 @@ def loaded_base_sha(backbone: torch.nn.Module) -> str:
 
 def check_same_config(out: Path, cfg: TrainConfig) -> None:
     """A folder that holds config.json must hold this config, path fields compared as the folders
-    they name (relative, ``zfree:`` and absolute forms of one folder are equal). Raises
+    they name (relative, ``zfree:`` and absolute forms of one folder are equal), the logging choices
+    (``zfree.config.LOG_ONLY_FIELDS``) left out. Raises
     ResumeRefusedError (a ValueError) naming the fields that differ."""
     if not (out / "config.json").exists():
         return
     old = read_run_config(out / "config.json")
-    old = resolved_flat(old, Path.cwd())  # older records: paths as written, relative to the cwd
-    new = resolved_flat(cfg.to_flat(), Path.cwd())
+    old = without_log_only(resolved_flat(old, Path.cwd()))  # older records: paths as written, relative to the cwd
+    new = without_log_only(resolved_flat(cfg.to_flat(), Path.cwd()))  # (logging choices are no part of a run)
     if old != new:
         diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
         raise ResumeRefusedError(f"{out} holds a run of another config (fields {diff}: stored "

@@ -38,6 +38,7 @@ from zfree.objective.objectives import GIVEN, Phase, step_objective
 from zfree.objective.remedies import check_remedy_fields
 from zfree.train.compute import TokenCounter, decoder_body
 from zfree.train.given import given_index
+from zfree.train.live_curves import LiveCurves, open_curves
 from zfree.reference.reference import check_step0_rho, resolve_reference
 from zfree.core.values import check_device
 
@@ -136,10 +137,12 @@ def backbone_lr(cfg: TrainConfig, phase: Phase, step: int) -> float:
 # ---------------------------------------------------------------------------- evaluation records
 
 
-def _record_evaluation(out: Path, model, data: RunData, state: TrainState, opt, rng, t0: float):
-    """Evaluate, append the metrics row (with the mean training terms since the last one), checkpoint,
-    and warn on index collapse. Returns the ``metrics.Evaluation``. Raises NonFiniteMetricError
-    (after writing error.json) for a non-finite loss metric, before anything is stored or checkpointed."""
+def _record_evaluation(out: Path, model, data: RunData, state: TrainState, opt, rng, t0: float,
+                       curves: LiveCurves | None = None):
+    """Evaluate, append the metrics row (with the mean training terms since the last one; to
+    ``curves`` too, TensorBoard's event file), checkpoint, and warn on index collapse. Returns the
+    ``metrics.Evaluation``. Raises NonFiniteMetricError (after writing error.json) for a non-finite
+    loss metric, before anything is stored or checkpointed."""
     ev = evaluate(model, data.val, data.val_pairs, step=state.step, **data.eval_kw)
     if state.step == 0 and data.reference_file is not None:  # a stored reference is checked, not trusted
         check_step0_rho(ev.metrics["loss/val/baseline_normalized_reconstruction_loss"], data.reference_file,
@@ -152,6 +155,8 @@ def _record_evaluation(out: Path, model, data: RunData, state: TrainState, opt, 
            "aid/handover_step": state.handover_step, "wall_s": time.time() - t0}
     run_folder.check_finite_metrics(out, state.step, row)  # before it is stored or replaces the checkpoint
     run_folder.append_metrics(out, row)
+    if curves is not None:
+        curves.log(state.step, row)
     run_folder.save_checkpoint(out, model, opt, rng, state)
     top = ev.metrics.get("latent/max_usage")
     if top is not None and top >= INDEX_COLLAPSE_SHARE and state.step > 0 and cfg_given(model) is False:
@@ -200,6 +205,7 @@ class Run:
     rng: np.random.Generator
     state: TrainState
     t0: float  # wall-clock origin (continued on resume)
+    curves: LiveCurves | None = None  # TensorBoard's writer of the run folder (cfg.optim.tensorboard)
 
 
 def _setup_run(cfg: TrainConfig, out: Path, progress: bool) -> Run:
@@ -227,7 +233,8 @@ def _setup_run(cfg: TrainConfig, out: Path, progress: bool) -> Run:
     state = run_folder.load_checkpoint(out, model, opt, rng, TrainState)
     done_rows = run_folder.reset_metrics(out, None if state is None else state.step)
     t0 = time.time() - (done_rows[-1].get("wall_s", 0.0) if done_rows else 0.0)  # wall time continues on resume
-    return Run(out, model, data, opt, rng, state or TrainState(phase=aids.initial_phase(cfg)), t0)
+    curves = open_curves(out, cfg.optim.tensorboard, None if state is None else state.step)
+    return Run(out, model, data, opt, rng, state or TrainState(phase=aids.initial_phase(cfg)), t0, curves)
 
 
 def _objective_of(run: Run, cfg: TrainConfig, phase, step: int, dev, acc):
@@ -324,6 +331,9 @@ def _train_locked(cfg: TrainConfig, out: Path, progress: bool, stop_after: int |
         kept = "no checkpoint yet" if saved["step"] is None else f"the checkpoint of step {saved['step']} is kept"
         raise Interrupted(getattr(e, "signum", 2), f"interrupted at step {run.state.step} ({kept}); "
                                                    f"resume with `zfree train --resume {out}`") from None
+    finally:
+        if run.curves is not None:
+            run.curves.close()
 
 
 def _train_loop(cfg: TrainConfig, out: Path, run: Run, progress: bool, stop_after: int | None, saved: dict) -> dict:
@@ -354,7 +364,8 @@ def _evaluate_paused(counter: TokenCounter, state: TrainState, fn):
 def _train_steps(cfg, out, run, progress, stop_after, saved, gate_rows, mask, dev, acc, watch, counter) -> dict:
     """The loop of ``_train_loop`` with its helpers built (``counter``: the training compute)."""
     model, data, state = run.model, run.data, run.state
-    ev = (_evaluate_paused(counter, state, lambda: _record_evaluation(out, model, data, state, run.opt, run.rng, run.t0))
+    ev = (_evaluate_paused(counter, state, lambda: _record_evaluation(out, model, data, state, run.opt, run.rng, run.t0,
+                                                                      run.curves))
           if state.step == 0 else None)
     saved["step"] = 0 if ev is not None else saved["step"]
     bar = tqdm(total=cfg.optim.steps, initial=state.step, disable=not progress, mininterval=5,
@@ -404,7 +415,7 @@ def _train_steps(cfg, out, run, progress, stop_after, saved, gate_rows, mask, de
         state.forward_tokens = counter.total
         if evaluating:
             ev = _evaluate_paused(counter, state, lambda: _record_evaluation(out, model, data, state, run.opt,
-                                                                             run.rng, run.t0))
+                                                                             run.rng, run.t0, run.curves))
         elif saving:
             _save_checkpoint(run, state)
         if evaluating or saving:
