@@ -8,6 +8,7 @@ replaces it with markdown built here from the code and the shipped results:
 - ``gen:config``: every ``TrainConfig`` field (type, default, meaning) from the dataclasses of
   ``zfree.config``, the meaning read from the comments at each field;
 - ``gen:presets``: ``zfree study``'s presets from ``zfree.experiment.catalog.PRESET_CATALOG``;
+- ``gen:budget``: ``--budget``'s cuts in order, from ``zfree.experiment.budget.CUTS``;
 - ``gen:layout``: every module of ``src/zfree`` by layer, with the first sentence of its docstring;
 - ``gen:table NAME``: a table of ``analysis/results/`` (``TABLES``), with the command that
   reproduces it;
@@ -472,6 +473,22 @@ def include_markdown(arg: str) -> str:
     return f"```{lang}\n{text}\n```"
 
 
+def budget_markdown() -> str:
+    """``--budget``'s cuts, in order, from ``zfree.experiment.budget.CUTS`` (a steps fit repeated at the
+    same floor after a cut is a retry and is listed with it)."""
+    from zfree.experiment.budget import CUTS
+
+    lines, n, floor = [], 0, None
+    for c in CUTS:
+        if c.apply is None:
+            if c.floor == floor:
+                continue
+            floor = c.floor
+        n += 1
+        lines.append(f"{n}. {md_escape(c.what)}{' (a steps fit: it ends the search when the grid then fits)' if c.apply is None else ''};")
+    return "\n".join(lines)
+
+
 # --- the hook -------------------------------------------------------------------------------------
 
 GENERATORS: dict[str, Callable[..., str]] = {
@@ -479,6 +496,7 @@ GENERATORS: dict[str, Callable[..., str]] = {
     "config": lambda arg=None: config_markdown(),
     "presets": lambda arg=None: presets_markdown(),
     "layout": lambda arg=None: layout_markdown(),
+    "budget": lambda arg=None: budget_markdown(),
     "table": table_markdown,
     "include": include_markdown,
 }
