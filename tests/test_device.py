@@ -92,7 +92,12 @@ def test_recorder_catches_a_planted_host_tensor(tiny, tmp_path, monkeypatch):
     def old_distribution_weight(batch_size, c_base, b, epsilon, dtype, device):
         return torch.full((batch_size,), 1.0 / c_base, dtype=dtype, device=None if b is None else b.device)
 
-    monkeypatch.setitem(losses._WEIGHTS, "distribution", old_distribution_weight)
+    import dataclasses
+
+    from zfree.core.weightings import WEIGHTINGS
+
+    monkeypatch.setitem(WEIGHTINGS, "distribution", dataclasses.replace(WEIGHTINGS["distribution"],
+                                                                      weight=old_distribution_weight))
     data, base = tiny
     step_bad, _ = record_training(monkeypatch, _cfg(data, base, device="cpu", weighting="distribution"),
                                   tmp_path / "run", "cpu")
@@ -160,7 +165,7 @@ def test_train_terms_are_device_tensors_until_evaluation(tiny):
         br = assemble("discrete", TrainConfig().objective, recon=torch.rand(5, 3, generator=g) + 1,
                       target_len=torch.full((5,), 4), q_logits=torch.randn(5, 3, generator=g),
                       p_logits=torch.randn(5, 3, generator=g))
-        tr._log_train_terms(state, br.log_tensors("loss/train"))
+        tr._log_train_terms(state, br)
         for k, v in br.log_dict().items():
             if not k.startswith("loss_contrib"):
                 want[k] = want.get(k, 0.0) + v

@@ -62,6 +62,9 @@ def test_smoke_report_under_agg_holds_every_figure_per_section(agg_smoke):
 
             assert (top, cond) == (0, 1), "the phase diagram's figures changed: update this count"
             want[name] = len(variants(load_sweep(agg_smoke).runs))
+        elif name == "training_dynamics":  # the curves, and the training distortion where runs wrote curve.jsonl
+            assert cond == 1, "training_dynamics' figures changed: update this count"
+            want[name] = top + int(any((agg_smoke / "runs").glob("*/curve.jsonl")))
         elif name == "study_report":  # the gain figure (z-free controls) and the remedies leaderboard's
             assert cond == 2, "study_report's figures changed: update this count"
             want[name] = (top + int((agg_smoke / "controls.json").exists())

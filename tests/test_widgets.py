@@ -104,7 +104,9 @@ def test_launch_panel_runs_into_its_own_folder_and_the_explorer_shows_both(sweep
     assert panel.label.value.startswith("done: 4/4") and {s["status"] for s in panel.statuses} == {"finished"}
     panel.n_beta.value, panel.log_beta.value = 2, (-2.0, -1.0)
     panel.launch(wait=True)
-    assert panel.label.value.startswith("failed: 0/8 ok; FileExistsError")  # the stand-in executor refuses reruns
+    # the same 8 points again: finished points are skipped, never resubmitted (run_points)
+    assert panel.label.value.startswith("done: 8/8") and len(ex.submitted) == 8 + 4
+    assert {s["status"] for s in panel.statuses} == {"skipped"}
 
 
 def test_launch_panel_shows_the_config_diff_and_lets_the_aid_be_chosen(sweep, tmp_path):

@@ -170,12 +170,15 @@ def cfg_given(model) -> bool:
     return getattr(model, "posterior_kind", "") == "given"
 
 
-def _log_train_terms(state: TrainState, terms: dict) -> None:
-    """Add this step's training terms (``Breakdown.log_tensors``) to the running sums (detached
-    float64 device tensors, no host copy; ``_host_state`` reads them at evaluation and checkpoint time)."""
+def _log_train_terms(state: TrainState, br) -> dict:
+    """Add this step's training terms (``br.log_tensors``) to the running sums (detached float64
+    device tensors, no host copy; ``_host_state`` reads them at evaluation and checkpoint time);
+    returns the terms (the training curve sums them too)."""
+    terms = br.log_tensors("loss/train")
     for k, v in terms.items():
         state.train_log[k] = state.train_log.get(k, 0.0) + v
     state.train_log["_n"] = state.train_log.get("_n", 0) + 1
+    return terms
 
 
 def _host_state(state: TrainState) -> TrainState:
@@ -397,9 +400,7 @@ def _train_steps(cfg, out, run, progress, stop_after, saved, gate_rows, mask, de
             run_folder.write_progress(out, step, cfg.optim.steps, getattr(state.phase, "value", state.phase),
                                       time.time() - run.t0)
             last_progress = time.time()
-        terms = br.log_tensors("loss/train")
-        _log_train_terms(state, terms)
-        curve.add(step, terms, last=step == cfg.optim.steps)
+        curve.add(step, _log_train_terms(state, br), last=step == cfg.optim.steps)
         bar.update(1)
         if not bar.disable and step % max(10, watch.every) == 0:  # a host read: only with a bar, rarely
             bar.set_postfix({k.split("/")[-1][:6]: f"{float(v.detach()) if hasattr(v, 'detach') else float(v):.3f}" for k, v in br.terms.items()}, refresh=False)
