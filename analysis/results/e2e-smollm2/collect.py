@@ -21,8 +21,9 @@ from zfree.experiment.gains import oracle_table, run_gains
 from zfree.experiment.results import collect_runs
 
 HERE = Path(__file__).resolve().parent
-KEYS = ["run_id", "weighting", "beta", "aid", "n_latent", "steps", "c_base", "baseline_normalized_reconstruction_loss",
-        "kl_prior_loss", "measured_use_fraction", "predicted_use_fraction", "codes_used", "latent_used", "wall_s"]
+KEYS = ["run_id", "weighting", "beta", "aid", "n_latent", "steps", "reference/c_base",
+        "loss/val/baseline_normalized_reconstruction_loss", "loss/val/kl_prior_loss", "latent/measured_use_fraction",
+        "latent/predicted_use_fraction", "latent/codes_used", "latent_used", "aid/handover_step", "wall_s"]
 
 
 def main(study: Path) -> None:
@@ -38,7 +39,7 @@ def main(study: Path) -> None:
     print(f"study {study}: {len(runs)} CVAE run(s) and {len(given)} control/oracle run(s) finished")
     print("estimate: " + " ".join(est.get("lines", [])))
     for _, g in gains.iterrows():
-        use = float(runs.set_index("run_id").loc[g["run_id"], "measured_use_fraction"])
+        use = float(runs.set_index("run_id").loc[g["run_id"], "latent/measured_use_fraction"])
         used = use >= 0.5 and bool(g.get("z_gain_positive", False))
         print(f"\n| {g['run_id']} | value |\n|---|---|")
         for k in ("rows", "D_base", "D_control", "D", "finetune_gain", "z_gain", "rate"):
