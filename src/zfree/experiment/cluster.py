@@ -165,9 +165,10 @@ class SubmititExecutor:
         except InvalidStateError:
             pass
         except Exception as e:  # noqa: BLE001 - the job's own failure, reported by the sweep
-            first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+            lines = [ln.strip() for ln in str(e).splitlines() if ln.strip().strip("-")]
+            why = " ".join(lines[:2]) or type(e).__name__  # submitit's: "Job N ... (state: TIMEOUT)"
             err = JobFailed(f"{self._kind()} job {job.job_id} (log {self._log(job)}) ended without a result: "
-                            f"{first[:300]}", self._log(job))
+                            f"{why[:300]}", self._log(job))
             try:
                 fut.set_exception(err)
             except InvalidStateError:
