@@ -5,7 +5,8 @@ subcommand; every ``<!-- gen:... -->`` part of a page expands; every ``zfree`` c
 README shows parses with the real parser; the README stays one screen and names what exists. With
 mkdocs installed (``make docs`` installs the ``docs`` extra) the site builds under ``--strict``: no
 warning, no broken link or anchor. No torch is imported: the parser, the configs and the tables are
-light, and a build takes seconds."""
+light, and a build takes seconds. The slow tier runs the tutorials' commands that need no cluster,
+model download or hours: the SLURM tutorial's local sweeps and the README's own_smoke study."""
 
 from __future__ import annotations
 
@@ -196,3 +197,55 @@ def test_mkdocs_build_is_strict_clean(tmp_path, gen):
     shown = " ".join(html.unescape(re.sub(r"<[^>]+>", "", page)).split())
     lost = [d.name for d in gen.train_config_fields() if " ".join(d.meaning.split()) not in shown]
     assert not lost, f"fields whose meaning the rendered reference does not show whole: {lost}"
+
+
+def _runnable(command: str, out_dir: Path, subs: dict[str, str] | None = None) -> list[str]:
+    """A page's command as ``zfree.cli.main`` arguments: placeholders replaced by ``subs`` and its
+    ``--out`` moved into ``out_dir`` (same folder name)."""
+    args = [(subs or {}).get(a, a) for a in shlex.split(command)]
+    i = args.index("--out") + 1
+    args[i] = str(out_dir / Path(args[i]).name)
+    return args
+
+
+@pytest.mark.slow  # two smoke sweeps of 2 x 20 steps through papermill with their reports: minutes
+def test_the_slurm_tutorials_commands_without_a_cluster_run(tmp_path, monkeypatch):
+    """The SLURM tutorial's "trying it without a cluster" commands, as the page shows them: submitit's
+    local executor and the local pool, on the shipped benchmark and base."""
+    from zfree.cli import main
+
+    commands = [c for c in _zfree_commands((DOCS / "tutorials" / "slurm.md").read_text(encoding="utf-8"))
+                if c.startswith("sweep analysis/sweeps/smoke.yaml ")]
+    assert len(commands) == 2 and any("--executor submitit --cluster local" in c for c in commands)
+    monkeypatch.chdir(ROOT)  # the spec path is relative to the repository root
+    for command in commands:
+        args = _runnable(command, tmp_path)
+        assert main(args) == 0, command
+        out = Path(args[args.index("--out") + 1])
+        done = sorted(f.parent.name for f in (out / "runs").glob("*/summary.json"))
+        cvaes = [r for r in done if r.startswith(("plain_", "distribution_"))]
+        assert (out / "report.html").is_file() and len(cvaes) == 2, done
+        assert any(r.startswith("control_") for r in done), done  # the CVAEs' z-free controls ran too
+
+
+@pytest.mark.slow  # an own_smoke study to its report (~2 min on one thread)
+def test_the_own_model_smoke_command_of_the_readme_and_the_tutorial_runs(tmp_path, monkeypatch):
+    """README's and the own-model tutorial's ``--preset own_smoke`` command, with a tiny GPT-2 saved
+    as a transformers folder for the model and the shipped benchmark's validation rows for the pairs."""
+    from tests.tiny import tiny_gpt2
+    from zfree.cli import main
+
+    readme = [c for c in _zfree_commands(README.read_text(encoding="utf-8")) if "--preset own_smoke" in c]
+    page = [c for c in _zfree_commands((DOCS / "tutorials" / "own-model.md").read_text(encoding="utf-8"))
+            if "--preset own_smoke" in c]
+    assert len(readme) == 1 and page
+    model = tmp_path / "model"
+    model.mkdir()
+    tiny_gpt2(n_layer=1, folder=model)
+    monkeypatch.setenv("ZFREE_CACHE_DIR", str(tmp_path / "cache"))
+    pairs = ROOT / "data" / "synth" / "default" / "val.jsonl"
+    subs = {"$M": str(model), "MODEL": str(model), "pairs.jsonl": str(pairs)}
+    args = _runnable(readme[0], tmp_path, subs)
+    assert main(args) == 0
+    out = Path(args[args.index("--out") + 1])
+    assert (out / "report.html").is_file() and (out / "base" / "model").is_symlink()
