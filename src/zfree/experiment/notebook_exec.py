@@ -11,7 +11,7 @@ A run folder or study folder is the user's (or a colleague's, or a copied archiv
 - the kernel talks to zfree over IPC sockets (files in Jupyter's runtime folder, readable by this
   user only), not TCP on localhost: no port to race for between parallel kernels, nothing another
   local user could connect to, and no "Kernel is running over TCP without encryption" warning on
-  every run;
+  every run; it is shut down without the SIGINT jupyter_client sends first (``_ipc_kernel_manager``);
 - paths are not format strings: papermill formats ``output_path`` with the parameters
   (``papermill.parameterize.parameterize_path``), so braces in a folder name are doubled here and the
   source notebook is passed as a node (papermill formats no node).
@@ -29,8 +29,8 @@ from typing import Any
 
 @functools.cache
 def _ipc_kernel_manager():
-    """jupyter_client's async kernel manager with the IPC transport (nbclient's default class, whose
-    ``transport`` default is "tcp")."""
+    """jupyter_client's async kernel manager (nbclient's default class) with the IPC transport (its
+    ``transport`` default is "tcp") and a shutdown that does not interrupt the kernel first."""
     from jupyter_client.manager import AsyncKernelManager
     from traitlets import default
 
@@ -38,6 +38,16 @@ def _ipc_kernel_manager():
         @default("transport")
         def _transport_default(self):
             return "ipc"
+
+        async def _async_interrupt_kernel(self) -> None:
+            # jupyter_client's shutdown sends SIGINT before its shutdown request, for a kernel still
+            # busy. papermill shuts a kernel down when its notebook is done, so it is idle, and that
+            # SIGINT could land inside a message handler: "[IPKernelApp] ERROR | KeyboardInterrupt
+            # caught in kernel." on the terminal, now and then, in a run that went well. A kernel
+            # that does not answer the shutdown request is killed after shutdown_wait_time anyway.
+            if getattr(self, "shutting_down", False):
+                return
+            await super()._async_interrupt_kernel()
 
     return IPCKernelManager
 
