@@ -45,7 +45,7 @@ LatentPrior = Literal["learned", "standard"]
 #: flat fields that change only what a run writes beside its numbers, never the numbers: left out of
 #: a run's identity (``zfree.experiment.spec.run_id``, ``zfree.train.run_folder.check_same_config``),
 #: so turning one on or off reuses the finished runs, and runs recorded before the field existed
-LOG_ONLY_FIELDS = frozenset({"tensorboard"})
+LOG_ONLY_FIELDS = frozenset({"tensorboard", "wandb"})
 
 
 def without_log_only(flat: dict[str, Any]) -> dict[str, Any]:
@@ -318,6 +318,10 @@ class OptimConfig:
     # nothing written without the tensorboard package). What a run writes, not what it computes: not
     # part of a run's identity (LOG_ONLY_FIELDS)
     tensorboard: bool = True
+    # the same rows logged to Weights & Biases in offline mode ("offline": a wandb/ folder in the run
+    # folder, uploaded later with `wandb sync`; needs the optional package: pip install zfree[wandb]);
+    # log-only, like tensorboard
+    wandb: Literal["off", "offline"] = "off"
 
     def __post_init__(self):
         typed_fields(self)
@@ -328,6 +332,7 @@ class OptimConfig:
         if not isinstance(self.lora_targets, str) or not self.lora_targets.strip():
             raise ValueError(f"lora_targets={self.lora_targets!r} must be 'auto' or comma-separated module names")
         _check_choice("optimizer", self.optimizer, Literal["adamw", "sgd"])
+        _check_choice("wandb", self.wandb, Literal["off", "offline"])
         _check_choice("precision", self.precision, Literal["fp32", "bf16", "fp64"])
         if not isinstance(self.device, str) or not self.device:
             raise ValueError(f"device={self.device!r} must be a device name ('auto', 'cpu', 'cuda', 'cuda:N')")

@@ -4,6 +4,13 @@ scalars, in event files beside it (the run folder), one scalar per numeric key a
 (``runs/<run_id>``) while they train. Off with the config field ``tensorboard = False``; without
 the ``tensorboard`` package nothing is written (one note says so).
 
+With ``wandb = "offline"`` the same rows go to Weights & Biases in offline mode as well: a
+``wandb/offline-run-*`` folder in the run folder (run name and id from the run folder's name, its
+group the study folder, its config the run's flat TrainConfig), uploaded whenever the user wants
+with ``wandb sync RUN/wandb/offline-run-*``. Nothing reaches the network; the package is an optional
+extra (``pip install zfree[wandb]``), and asking for it without the package is a ConfigError, not a
+silent skip.
+
 A resumed run continues its event files: the writer's ``purge_step`` (the checkpoint's step + 1)
 hides what the interrupted session logged after its checkpoint, as ``metrics.jsonl`` is cut there
 (``zfree.train.run_folder.reset_metrics``); a fresh run removes the event files of an earlier one.
@@ -11,8 +18,11 @@ hides what the interrupted session logged after its checkpoint, as ``metrics.jso
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
+
+from zfree.core.errors import ConfigError
 
 #: the file names TensorBoard's event writer gives its files
 EVENT_GLOB = "events.out.tfevents.*"
@@ -27,31 +37,68 @@ def scalars(row: dict[str, Any]) -> dict[str, float]:
 
 
 class LiveCurves:
-    """A TensorBoard writer of one run folder (``open_curves``): ``log(step, row)`` per evaluation,
-    flushed at once (a crash loses nothing already in metrics.jsonl); ``close()`` at the run's end."""
+    """The live-curve writers of one run folder (``open_curves``): TensorBoard's event writer and/or a
+    W&B offline run. ``log(step, row)`` per evaluation, flushed at once (a crash loses nothing already
+    in metrics.jsonl); ``close()`` at the run's end."""
 
-    def __init__(self, writer):
-        self._w = writer
+    def __init__(self, writer=None, wandb_run=None):
+        self._w, self._wandb = writer, wandb_run
 
     def log(self, step: int, row: dict[str, Any]) -> None:
         """Write every scalar of ``row`` (``scalars``) at ``step`` (the evaluation's training step)."""
-        for tag, value in scalars(row).items():
-            self._w.add_scalar(tag, value, global_step=step)
-        self._w.flush()
+        values = scalars(row)
+        if self._w is not None:
+            for tag, value in values.items():
+                self._w.add_scalar(tag, value, global_step=step)
+            self._w.flush()
+        if self._wandb is not None:
+            self._wandb.log(values, step=step)
 
     def close(self) -> None:
-        """Flush and close the event file."""
-        self._w.close()
+        """Flush and close the event file; finish the W&B run (its offline files complete)."""
+        if self._w is not None:
+            self._w.close()
+        if self._wandb is not None:
+            self._wandb.finish()
 
 
-def open_curves(out: Path, enabled: bool, resumed_step: int | None) -> LiveCurves | None:
-    """The run folder ``out``'s TensorBoard writer, or None when ``enabled`` is False or the
-    tensorboard package is missing (a one-time note on stdout). ``resumed_step``: the checkpoint's
-    step of a resumed run (later events of the earlier session are purged), None for a fresh run
-    (earlier event files removed)."""
+def wandb_id(out: Path) -> str:
+    """The W&B run id of run folder ``out``: its name with every character W&B refuses in an id
+    (anything but letters, digits, ``_`` and ``-``) as ``-``, cut to W&B's 64 characters."""
+    return re.sub(r"[^A-Za-z0-9_-]", "-", Path(out).resolve().name)[:64]
+
+
+def open_wandb(out: Path, config: dict[str, Any]):
+    """A W&B run in offline mode writing under ``out/wandb/`` (name and id ``wandb_id(out)``, group the
+    study folder when ``out`` is ``STUDY/runs/<id>``, ``config`` its flat TrainConfig; no console
+    capture, no system-metrics sampling). Raises ConfigError when the wandb package is missing."""
+    try:
+        import wandb
+    except ImportError:
+        raise ConfigError("wandb='offline' needs the wandb package: pip install 'zfree[wandb]' "
+                          "(or set wandb=off)") from None
+    out = Path(out).resolve()
+    group = out.parent.parent.name if out.parent.name == "runs" else None
+    return wandb.init(mode="offline", dir=str(out), project="zfree", name=out.name, id=wandb_id(out), group=group,
+                      config=config, resume="allow", reinit="create_new",
+                      settings=wandb.Settings(silent=True, console="off", x_disable_stats=True))
+
+
+def open_curves(out: Path, enabled: bool, resumed_step: int | None, wandb: str = "off",
+                config: dict[str, Any] | None = None) -> LiveCurves | None:
+    """The run folder ``out``'s live-curve writers, or None when there are none: TensorBoard's unless
+    ``enabled`` is False or the tensorboard package is missing (a one-time note on stdout); a W&B
+    offline run with ``wandb = "offline"`` (``open_wandb``, logged ``config``; ConfigError without
+    the package). ``resumed_step``: the checkpoint's step of a resumed run (later TensorBoard events of
+    the earlier session are purged), None for a fresh run (earlier event files removed)."""
+    wandb_run = open_wandb(out, config or {}) if wandb == "offline" else None
+    writer = _tensorboard_writer(out, resumed_step) if enabled else None
+    return None if writer is None and wandb_run is None else LiveCurves(writer, wandb_run)
+
+
+def _tensorboard_writer(out: Path, resumed_step: int | None):
+    """TensorBoard's SummaryWriter of ``out`` (``open_curves``), or None without the package."""
     global _noted
-    if not enabled:
-        return None
     if resumed_step is None:
         for f in Path(out).glob(EVENT_GLOB):
             f.unlink(missing_ok=True)
@@ -64,4 +111,4 @@ def open_curves(out: Path, enabled: bool, resumed_step: int | None) -> LiveCurve
             _noted = True
         return None
     purge = None if resumed_step is None else resumed_step + 1
-    return LiveCurves(SummaryWriter(log_dir=str(out), purge_step=purge))
+    return SummaryWriter(log_dir=str(out), purge_step=purge)

@@ -236,7 +236,8 @@ def _setup_run(cfg: TrainConfig, out: Path, progress: bool) -> Run:
     state = run_folder.load_checkpoint(out, model, opt, rng, TrainState)
     done_rows = run_folder.reset_metrics(out, None if state is None else state.step)
     t0 = time.time() - (done_rows[-1].get("wall_s", 0.0) if done_rows else 0.0)  # wall time continues on resume
-    curves = open_curves(out, cfg.optim.tensorboard, None if state is None else state.step)
+    curves = open_curves(out, cfg.optim.tensorboard, None if state is None else state.step, cfg.optim.wandb,
+                         cfg.to_flat())
     return Run(out, model, data, opt, rng, state or TrainState(phase=aids.initial_phase(cfg)), t0, curves)
 
 
