@@ -21,7 +21,8 @@ from zfree.data.batching import encode_pair
 from zfree.models.base import target_logprobs
 from zfree.models.nll import masked_mean_token_nll
 from zfree.train.aids import (POSTERIOR_SIDE, FrozenDecoderMask, beta0_warm, check_handover, count_usage,
-                              frozen_decoder_phase, handover_gate, initial_phase, new_lr, restart_dead_values)
+                              frozen_decoder_phase, handover_gate, new_lr, restart_dead_values)
+from zfree.train.plugins import initial_phase
 
 
 def _cfg(**kw) -> TrainConfig:

@@ -33,11 +33,14 @@ import re
 import pytest
 
 from tests.golden_runs import GOLDEN_FP64, generate, normalized
+from zfree.config import LATER_FIELD_DEFAULTS, LOG_ONLY_FIELDS
 
 #: config keys added after the golden files were written, each with a default that keeps the
 #: pinned behaviour (tested by the runs themselves): absent in the golden files, ignored here only
 #: (empty since the files were rewritten in issue 25)
-ADDED_KEYS: set[str] = {"tensorboard"}  # a log-only config field (zfree.config.LOG_ONLY_FIELDS), added after the golden runs
+#: the log-only fields and the later fields at the default that reproduces the earlier runs
+#: (zfree.config.LOG_ONLY_FIELDS, LATER_FIELD_DEFAULTS: no part of a run's identity), added after the golden runs
+ADDED_KEYS: set[str] = set(LOG_ONLY_FIELDS) | set(LATER_FIELD_DEFAULTS)
 
 #: (pattern on the leaf key, rule): the first match decides; floats matching none are "continuous"
 RULES = [
@@ -59,6 +62,8 @@ def rule_of(key: str, value) -> str:
 
 def _drop_added(x):
     if isinstance(x, dict):
+        changed = {k: x[k] for k in LATER_FIELD_DEFAULTS if k in x and x[k] != LATER_FIELD_DEFAULTS[k]}
+        assert not changed, f"a golden run sets a later field off its default: {changed}"
         return {k: _drop_added(v) for k, v in x.items() if k not in ADDED_KEYS}
     if isinstance(x, list):
         return [_drop_added(v) for v in x]

@@ -27,9 +27,9 @@ from zfree.objective.losses import beta_at_step, cyclical_fraction, gaussian_kl,
 from zfree.objective.objectives import assemble
 from zfree.objective.remedies import (FREE_BITS_TOTAL, REMEDIES, apply_remedy, check_remedy_fields, remedy_fields,
                                       remedy_parts)
-from zfree.train import aids
+from zfree.train import aids, plugins
 from zfree.train.run_folder import TIMING_KEYS, FiniteWatch
-from zfree.train.training import (_aggressive_inner, _objective_of, _optimizer_step, _setup_run, _step_breakdown,
+from zfree.train.training import (_extra_update, _objective_of, _optimizer_step, _setup_run, _step_breakdown,
                                   build_optimizer, train_cvae)
 
 
@@ -262,7 +262,9 @@ def test_inner_steps_train_only_the_posterior_and_the_outer_step_only_the_rest(t
     rows = [run.data.train[i] for i in range(cfg.optim.batch_size)]
     objective = _objective_of(run, cfg, cfg.model.latent_kind, 1, dev, torch.float32)
     before = _snapshot(model)
-    assert _aggressive_inner(run, cfg, 1, objective, rows, mask, watch) == 1 and run.state.aggressive_inner_steps == 1
+    assert [type(p) for p in run.plugins] == [plugins.AggressiveEncoder]  # the loop's plug-in, through its hook
+    run.plugins[0].before_update(plugins.StepContext(run, cfg, 1, objective, mask, watch, (), _extra_update), rows)
+    assert run.state.aggressive_inner_steps == 1
     after = _snapshot(model)
     posterior = {n for n in before if n.split(".")[0] in aids.POSTERIOR_SIDE}
     assert posterior and any(not torch.equal(before[n], after[n]) for n in posterior)
@@ -270,15 +272,15 @@ def test_inner_steps_train_only_the_posterior_and_the_outer_step_only_the_rest(t
         assert torch.equal(before[n], after[n]), n
         assert not run.opt.state.get(dict(model.named_parameters())[n]), n  # AdamW skipped it: no moments
     # the joint step of the aggressive phase: the decoder side only (He et al. 2019, Alg. 1)
-    assert aids.trained_side(cfg, run.state, 1) == "decoder"
+    assert plugins.trained_side(run.plugins, cfg, run.state, 1) == "decoder"
     br, _ = _step_breakdown(run, cfg, objective, rows)
-    _optimizer_step(run, br, cfg, 1, mask, aids.trained_side(cfg, run.state, 1))
+    _optimizer_step(run, br, cfg, 1, mask, plugins.trained_side(run.plugins, cfg, run.state, 1))
     joint = _snapshot(model)
     for n in posterior:
         assert torch.equal(after[n], joint[n]), n
     assert any(not torch.equal(after[n], joint[n]) for n in set(before) - posterior)
     run.state.aggressive_end_step = 1
-    assert aids.trained_side(cfg, run.state, 2) == "all" and not aids.aggressive_phase(cfg, run.state)
+    assert plugins.trained_side(run.plugins, cfg, run.state, 2) == "all" and not aids.aggressive_phase(cfg, run.state)
 
 
 @pytest.mark.parametrize("kind", ["discrete", "continuous"])

@@ -48,9 +48,18 @@ LatentPrior = Literal["learned", "standard"]
 LOG_ONLY_FIELDS = frozenset({"tensorboard", "wandb"})
 
 
+#: fields added after run ids were first recorded, with the default that reproduces the runs of the
+#: versions before them: at that default a field is left out of a run's identity (its id, the
+#: same-config check), so finished runs recorded without it keep their ids and are reused; set to
+#: anything else it is part of the identity like every other field
+LATER_FIELD_DEFAULTS: dict[str, Any] = {"word_dropout": 0.0}
+
+
 def without_log_only(flat: dict[str, Any]) -> dict[str, Any]:
-    """``flat`` without its ``LOG_ONLY_FIELDS``: what identifies a run."""
-    return {k: v for k, v in flat.items() if k not in LOG_ONLY_FIELDS}
+    """``flat`` without its ``LOG_ONLY_FIELDS`` and its ``LATER_FIELD_DEFAULTS`` fields at their
+    default: what identifies a run."""
+    return {k: v for k, v in flat.items()
+            if k not in LOG_ONLY_FIELDS and not (k in LATER_FIELD_DEFAULTS and v == LATER_FIELD_DEFAULTS[k])}
 
 
 # the field checks live in zfree.core.validation (shared with DataConfig beside the benchmark it configures)
@@ -399,6 +408,11 @@ class AidConfig:
     aggressive_max_inner: int = 100
     aggressive_inner_check: int = 15  # inner steps compared to decide the inner loop stopped improving
     aggressive_mi_every: int = 50  # steps between the checks of I(x; z) that end the aggressive phase
+    # word dropout on the decoder input (Bowman et al. 2016, "Generating Sentences from a Continuous
+    # Space", sec. 3.2): in training, each y token the decoder reads is replaced by the tokenizer's
+    # unknown token (its pad token without one) with this probability; targets, the posterior's view
+    # and evaluation stay clean (zfree.train.word_dropout). 0 = off
+    word_dropout: float = 0.0
     # the named remedy whose fields this config carries (zfree.objective.remedies; "a+b" composes): a
     # record that the fields were set by that entry, checked against it when a grid is expanded and a
     # run starts (zfree.objective.remedies.check_remedy_fields; "none": fields set by hand)
@@ -418,6 +432,7 @@ class AidConfig:
         _check_range("handover_margin", self.handover_margin, 0.0, 0.99)
         _check_range("restart_dead_share", self.restart_dead_share, 0.0, 1.0)
         _check_range("latent_init_std", self.latent_init_std, 0.0)
+        _check_range("word_dropout", self.word_dropout, 0.0, 0.99)
         for name in ("aggressive_max_inner", "aggressive_inner_check", "aggressive_mi_every"):
             _check_int(name, getattr(self, name), 1)
         if not isinstance(self.remedy, str) or not self.remedy.strip():

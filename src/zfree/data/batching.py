@@ -58,6 +58,9 @@ class EncodedPair:
     target_ids: tuple[int, ...]  # y + [eos]: the supervised region S, |S| = len(target_ids)
     strategy: str | None = None
     x_tokens_cut: int = 0  # x tokens dropped from the left to fit max_length
+    # the y-region as the decoder reads it when that differs from what it predicts (word dropout:
+    # zfree.train.word_dropout); None = target_ids. Same length as target_ids
+    y_input_ids: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -183,12 +186,23 @@ class Batch:
     # (max prefix_len, max target_len) as host ints, set by ``collate``: shapes of the decoder
     # passes are read from here, so a batch on a GPU needs no device->host copy for them
     host_max: tuple[int, int] | None = None
+    # the decoder's inputs where they differ from ``input_ids`` (word dropout on the y-region:
+    # ``EncodedPair.y_input_ids``), same shape; None = ``input_ids``. Targets are always read from
+    # ``input_ids``, and the z-free pass (the posterior's features, the prefix cache) reads them too
+    decoder_input_ids: Int[torch.Tensor, "batch seq"] | None = None
+
+    @property
+    def decoder_inputs(self) -> Int[torch.Tensor, "batch seq"]:
+        """What a decoder pass reads: ``decoder_input_ids`` when set, else ``input_ids``."""
+        return self.input_ids if self.decoder_input_ids is None else self.decoder_input_ids
 
     def to(self, device, non_blocking: bool = False) -> "Batch":
         """The batch on ``device`` (ids, strategies and ``host_max`` carried over)."""
+        dec = self.decoder_input_ids
         return Batch(*(getattr(self, f).to(device, non_blocking=non_blocking)
                        for f in ("input_ids", "attention_mask", "target_mask", "prefix_len", "target_len")),
-                     self.ids, self.strategies, self.host_max)
+                     self.ids, self.strategies, self.host_max,
+                     None if dec is None else dec.to(device, non_blocking=non_blocking))
 
     def max_lengths(self) -> tuple[int, int]:
         """(max prefix_len, max target_len) as ints: ``host_max`` when known, else read from the
@@ -211,11 +225,13 @@ class Batch:
         t = torch.arange(self.input_ids.shape[1], device=self.input_ids.device)[None, :]
         mask = self.target_mask & (t < (self.prefix_len + n)[:, None])
         return Batch(self.input_ids, self.attention_mask, mask, self.prefix_len, self.target_len.clamp_max(n),
-                     self.ids, self.strategies, (P, n))
+                     self.ids, self.strategies, (P, n), self.decoder_input_ids)
 
 
 def collate(encoded: Sequence[EncodedPair], pad_id: int = 0) -> Batch:
-    """Right-pad a list of encoded pairs into a ``Batch``; masks are built from lengths only."""
+    """Right-pad a list of encoded pairs into a ``Batch``; masks are built from lengths only. Rows
+    with ``y_input_ids`` (word dropout) give the batch ``decoder_input_ids``: ``input_ids`` with
+    their y-region replaced by them."""
     P = np.fromiter((len(e.prefix_ids) for e in encoded), dtype=np.int64, count=len(encoded))
     L = np.fromiter((len(e.target_ids) for e in encoded), dtype=np.int64, count=len(encoded))
     n = P + L
@@ -223,12 +239,18 @@ def collate(encoded: Sequence[EncodedPair], pad_id: int = 0) -> Batch:
     ids = np.full((len(encoded), T), pad_id, dtype=np.int64)
     for b, e in enumerate(encoded):
         ids[b, : n[b]] = e.prefix_ids + e.target_ids
+    dec = None
+    if any(e.y_input_ids is not None for e in encoded):
+        dec = ids.copy()
+        for b, e in enumerate(encoded):
+            if e.y_input_ids is not None:
+                dec[b, P[b]: n[b]] = e.y_input_ids
     pos = np.arange(T)[None, :]
     attn = pos < n[:, None]
     tmask = (pos >= P[:, None]) & attn
     return Batch(torch.from_numpy(ids), torch.from_numpy(attn.astype(np.int64)), torch.from_numpy(tmask),
                  torch.from_numpy(P), torch.from_numpy(L), [e.id for e in encoded], [e.strategy for e in encoded],
-                 (int(P.max()), int(L.max())))
+                 (int(P.max()), int(L.max())), None if dec is None else torch.from_numpy(dec))
 
 
 def pad_id_of(tokenizer) -> int:

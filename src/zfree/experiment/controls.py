@@ -26,12 +26,13 @@ from zfree.data.labels import capped_values, label_keys_of
 from zfree.data.pairs import load_pairs
 from zfree.experiment.spec import Point, run_id
 
-#: the fields of a run that a given-z decoder does not see: reset to their defaults in its control
+#: the fields of a run that a given-z decoder does not see: reset to their defaults in its control (every
+#: aid field but word dropout, which weakens the decoder itself: its control is trained with it too)
 _RESET = ("beta", "beta_schedule", "beta_warmup_steps", "beta_cycle_steps", "beta_ratio_zero", "beta_ratio_increase",
           "free_bits", "free_bits_mode", "ae_steps",
           "lambda_jsd", "latent_kind", "n_latent", "posterior_features", "d_latent", "n_samples", "prior", "bn_gamma",
           "delta_rate",
-          "frozen_decoder_steps", *AidConfig.__dataclass_fields__)
+          "frozen_decoder_steps", *(f for f in AidConfig.__dataclass_fields__ if f not in ("word_dropout",)))
 #: the fields a control keeps from its run (they shape a z-free decoder's training or its evaluation);
 #: ``control_params`` sets latent_source, eval_every and checkpoint_every itself. Every flat
 #: TrainConfig field is in exactly one of ``_RESET`` and ``SHARED`` (tests/test_controls.py): a new
@@ -40,7 +41,7 @@ SHARED = ("data_dir", "base_dir", "weighting", "epsilon", "token_alpha", "token_
           "latent_source", "steps", "batch_size", "lr_backbone", "lr_new", "warmup_backbone", "weight_decay",
           "grad_clip", "eval_every", "eval_rows", "decode_rows", "seed", "threads", "device", "precision",
           "checkpoint_every", "optimizer", "lora_rank", "lora_alpha", "lora_targets", "micro_batch",
-          "keep_prev_checkpoint", "tensorboard", "wandb")
+          "keep_prev_checkpoint", "tensorboard", "wandb", "word_dropout")
 
 
 def _defaults() -> dict[str, Any]:

@@ -75,7 +75,8 @@ def repeat_batch(batch: Batch, n: int) -> Batch:
     r = lambda t: t.repeat_interleave(n, dim=0)
     return Batch(r(batch.input_ids), r(batch.attention_mask), r(batch.target_mask), r(batch.prefix_len),
                  r(batch.target_len), [i for i in batch.ids for _ in range(n)],
-                 [s for s in batch.strategies for _ in range(n)], batch.host_max)
+                 [s for s in batch.strategies for _ in range(n)], batch.host_max,
+                 None if batch.decoder_input_ids is None else r(batch.decoder_input_ids))
 
 
 def layer_kv(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -94,10 +95,11 @@ def zfree_pass(backbone, batch: Batch, use_cache: bool = True):
 def decoder_hidden_full(backbone, batch: Batch, latents: Float[torch.Tensor, "batch n d_model"]
                         ) -> Float[torch.Tensor, "batch n seq d_model"]:
     """Reference path: one full pass over (x, y) per latent vector, ``latents[b, s]`` added at the
-    injection positions of row b. Returns hidden states (B, n, T, D)."""
+    injection positions of row b; the decoder reads ``batch.decoder_inputs`` (word dropout).
+    Returns hidden states (B, n, T, D)."""
     B, T = batch.input_ids.shape
     n = latents.shape[1]
-    emb = backbone.get_input_embeddings()(batch.input_ids)  # (B, T, D)
+    emb = backbone.get_input_embeddings()(batch.decoder_inputs)  # (B, T, D)
     inj = injection_mask(batch).to(emb.dtype)  # (B, T)
     x = emb[:, None] + inj[:, None, :, None] * latents[:, :, None, :]  # (B, n, T, D)
     h = hidden_states(backbone, repeat_batch(batch, n), inputs_embeds=x.reshape(B * n, T, -1))
@@ -110,7 +112,8 @@ def decoder_hidden_suffix(backbone, batch: Batch, cache, latents: Float[torch.Te
     pass's key/value cache) for the x-prefix.
 
     Returns (hidden (B, n, L, D) at the positions predicting S, valid (B, L)), L = max |S|. Each
-    row's suffix starts at its separator (position prefix_len - 1) with explicit position ids;
+    row's suffix starts at its separator (position prefix_len - 1) with explicit position ids and
+    reads ``batch.decoder_inputs`` (word dropout; the cached prefix is the same either way);
     cache slots beyond a row's own prefix (its y tokens, or padding) are masked. Equals
     ``decoder_hidden_full`` at those positions (tests/test_models.py, tests/test_architectures.py).
     ``shared_prefix`` (default: the module's ``SHARED_PREFIX``) "auto" takes the full pass (same
@@ -140,7 +143,7 @@ def decoder_hidden_suffix(backbone, batch: Batch, cache, latents: Float[torch.Te
         full = decoder_hidden_full(backbone, batch, latents)  # (B, n, T, D)
         idx = pos.clamp_max(T - 1)[:, None, :, None].expand(B, n, L, full.shape[-1])
         return full.gather(2, idx), valid
-    ids = batch.input_ids.gather(1, pos.clamp_max(T - 1))
+    ids = batch.decoder_inputs.gather(1, pos.clamp_max(T - 1))  # the y-region as the decoder reads it
     x = backbone.get_input_embeddings()(ids)[:, None] + latents[:, :, None, :]  # (B, n, L, D)
     prefix_cache = DynamicCache(ddp_cache_data=[(k[:, :, :Pc].repeat_interleave(n, 0), v[:, :, :Pc].repeat_interleave(n, 0))
                                                 for k, v in layer_kv(cache)])

@@ -1,13 +1,13 @@
 """The symmetry-breaking aids (``AidConfig``; DESIGN §1): from a zero latent injection every latent
 value gives the same loss, so the posterior gets gradient only from the KL. Each aid is a small
-named function the training loop calls:
+named function; the training loop reaches them through its plug-ins (``zfree.train.plugins``):
 
-  hard-EM phase   ``initial_phase``, ``count_usage``, ``restart_dead_values`` (dead-value restarts),
+  hard-EM phase   ``count_usage``, ``restart_dead_values`` (dead-value restarts),
                   ``handover_gate`` / ``check_handover`` (hand over to the true objective);
   beta0 warm-up   ``beta0_warm``;
   frozen decoder  ``frozen_decoder_phase`` and ``FrozenDecoderMask`` (only the posterior side learns);
   aggressive      the lagging-encoder remedy (He et al. 2019): ``aggressive_phase``, the inner loop's
-                  stopping rule ``aggressive_inner_steps``, the outer step's ``trained_side`` and the
+                  stopping rule ``aggressive_inner_steps`` and the
                   phase's end ``check_aggressive_end`` (``posterior_mutual_information`` on the gate rows).
 
 Functions that take a ``state`` mutate its ``phase``, ``handover_step``, ``handover_forced``,
@@ -69,7 +69,7 @@ class FrozenDecoderMask:
             p.grad = None
 
     def drop(self, side: str) -> None:
-        """The mask of ``trained_side``'s answer: ``"posterior"`` (``apply``), ``"decoder"``
+        """The mask of ``zfree.train.plugins.trained_side``'s answer: ``"posterior"`` (``apply``), ``"decoder"``
         (``apply_decoder_only``) or ``"all"`` (nothing dropped). KeyError listing them for another."""
         {"posterior": self.apply, "decoder": self.apply_decoder_only, "all": lambda: None}[side]()
 
@@ -81,16 +81,6 @@ def aggressive_phase(cfg: TrainConfig, state) -> bool:
     """True while the aggressive_encoder aid's aggressive phase lasts (He et al. 2019, "Lagging
     Inference Networks and Posterior Collapse in VAEs", Alg. 1): until ``check_aggressive_end`` ends it."""
     return cfg.aid.aid == "aggressive_encoder" and state.aggressive_end_step is None
-
-
-def trained_side(cfg: TrainConfig, state, step: int) -> str:
-    """Which parameters a step's (outer) update changes: ``"posterior"`` in the frozen-decoder warm
-    phase; ``"decoder"`` in the aggressive phase (He et al. 2019, Alg. 1 and their ``text.py``: the
-    encoder learns in the inner loop only, the joint step updates the decoder, ``if not
-    aggressive_flag: enc_optimizer.step()``); else ``"all"``."""
-    if frozen_decoder_phase(cfg, step):
-        return "posterior"
-    return "decoder" if aggressive_phase(cfg, state) else "all"
 
 
 def aggressive_inner_steps(cfg: TrainConfig, update: Callable[[int], torch.Tensor]) -> int:
@@ -156,11 +146,6 @@ def check_aggressive_end(model, cfg: TrainConfig, state, step: int, gate_rows: S
 
 
 # ---------------------------------------------------------------------------- the hard-EM phase
-
-
-def initial_phase(cfg: TrainConfig) -> Phase:
-    """``Phase.HARD`` for hard_em_then_soft (the hard-EM phase comes first), else ``Phase.SOFT``."""
-    return Phase.HARD if cfg.aid.aid == "hard_em_then_soft" else Phase.SOFT
 
 
 def new_lr(cfg: TrainConfig, phase: Phase) -> float:

@@ -323,9 +323,10 @@ def write_progress(out: Path, step: int, steps: int, phase: str, elapsed_s: floa
                                             "eta_s": round(pace * max(0, steps - step), 1)})
 
 
-def write_summary(out: Path, cfg: TrainConfig, ev, state, wall: float) -> dict:
+def write_summary(out: Path, cfg: TrainConfig, ev, state, wall: float, extra: dict | None = None) -> dict:
     """per_example.parquet and summary.json of a finished run: the final evaluation's metrics, the
-    flat config, the step-0 values (init/*), the use verdicts and the aid's record. Returns the summary."""
+    flat config, the step-0 values (init/*), the use verdicts, the aid's record and ``extra`` (the
+    plug-ins' keys, ``zfree.train.plugins.Plugin.summary``). Returns the summary."""
     atomic_write_parquet(out / "per_example.parquet", ev.per_example)
     if getattr(ev, "samples", None) is not None:  # greedy/sampled y per latent value (no notion of correct y)
         atomic_write_parquet(out / "samples.parquet", ev.samples)
@@ -344,7 +345,8 @@ def write_summary(out: Path, cfg: TrainConfig, ev, state, wall: float) -> dict:
                "aid/gate_first_pass_step": gate_pass[0] if gate_pass else None,
                "aid/gate": state.gate, "aid/restarts": state.restarts,
                "aid/aggressive_end_step": state.aggressive_end_step,
-               "aid/aggressive_inner_steps": state.aggressive_inner_steps, "aid/aggressive_mi": state.aggressive_mi}
+               "aid/aggressive_inner_steps": state.aggressive_inner_steps, "aid/aggressive_mi": state.aggressive_mi,
+               **(extra or {})}
     # training compute (zfree.train.compute): token positions through the decoder body, and the wall
     # time less the evaluations'
     summary["compute/forward_tokens"] = getattr(state, "forward_tokens", None)

@@ -19,7 +19,7 @@ import torch
 from tqdm.auto import tqdm
 
 from zfree.train.run_data import RunData, batch_references, check_inputs, rows_used, setup_data
-from zfree.train import accumulate, aids, multiref_run, run_folder
+from zfree.train import accumulate, aids, multiref_run, plugins, run_folder
 from zfree.config import LatentKind, TrainConfig
 from zfree.data.batching import collate
 from zfree.core.errors import Interrupted
@@ -124,11 +124,15 @@ def set_learning_rates(opt: torch.optim.Optimizer, rates: dict[str, float]) -> N
 OPTIMIZERS = {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
 
 
-def backbone_lr(cfg: TrainConfig, phase: Phase, step: int) -> float:
-    """The backbone rate at ``step``: hard_em_lr_backbone in the hard phase, else lr_backbone, times
-    the linear warm-up min(1, step / warmup_backbone)."""
+def step_rates(cfg: TrainConfig, state, step: int, active: list) -> dict[str, float]:
+    """The learning rates of ``step`` by param-group name: lr_backbone times the linear warm-up
+    min(1, step / warmup_backbone) and lr_new, then as each active plug-in sets them
+    (``plugins.Plugin.rates``: the hard phase's own rates)."""
     warm = min(1.0, step / cfg.optim.warmup_backbone) if cfg.optim.warmup_backbone else 1.0
-    return (cfg.aid.hard_em_lr_backbone if phase == Phase.HARD else cfg.optim.lr_backbone) * warm
+    rates = {BACKBONE_GROUP: cfg.optim.lr_backbone * warm, NEW_GROUP: cfg.optim.lr_new}
+    for p in active:
+        rates = p.rates(cfg, state, step, rates)
+    return rates
 
 
 # ---------------------------------------------------------------------------- setup
@@ -209,6 +213,7 @@ class Run:
     state: TrainState
     t0: float  # wall-clock origin (continued on resume)
     curves: LiveCurves | None = None  # TensorBoard's writer of the run folder (cfg.optim.tensorboard)
+    plugins: list = field(default_factory=list)  # the active training-loop plug-ins (zfree.train.plugins)
 
 
 def _setup_run(cfg: TrainConfig, out: Path, progress: bool) -> Run:
@@ -238,16 +243,18 @@ def _setup_run(cfg: TrainConfig, out: Path, progress: bool) -> Run:
     t0 = time.time() - (done_rows[-1].get("wall_s", 0.0) if done_rows else 0.0)  # wall time continues on resume
     curves = open_curves(out, cfg.optim.tensorboard, None if state is None else state.step, cfg.optim.wandb,
                          cfg.to_flat())
-    return Run(out, model, data, opt, rng, state or TrainState(phase=aids.initial_phase(cfg)), t0, curves)
+    return Run(out, model, data, opt, rng, state or TrainState(phase=plugins.initial_phase(cfg)), t0, curves,
+               plugins.active_plugins(cfg))
 
 
-def _objective_of(run: Run, cfg: TrainConfig, phase, step: int, dev, acc):
+def _objective_of(run: Run, cfg: TrainConfig, phase, step: int, dev, acc, **kw):
     """host batch -> the step's objective breakdown on ``dev`` (b and the base-token matrix with it);
-    ``w_mean``: the whole step's mean reconstruction weight when the host batch is one chunk of it."""
+    ``w_mean``: the whole step's mean reconstruction weight when the host batch is one chunk of it;
+    ``kw``: the plug-ins' keyword arguments of ``step_objective`` (``plugins.Plugin.objective_kw``)."""
     def objective(host, w_mean: float | None = None):
         return step_objective(phase, run.model, host.to(dev), cfg, step, run.data.c_base,
                               *batch_references(run.data, host, cfg.objective.weighting, dev, acc),
-                              warm=aids.beta0_warm(cfg, step), w_mean=w_mean)
+                              w_mean=w_mean, **kw)
     return objective
 
 
@@ -268,7 +275,7 @@ def _step_breakdown(run: Run, cfg: TrainConfig, objective, rows: list):
 
 def _optimizer_step(run: Run, br, cfg: TrainConfig, step: int, mask: aids.FrozenDecoderMask, side: str = "all") -> None:
     """Backward (chunk by chunk under accumulation), the gradients of the side that does not train dropped
-    (``side``: ``aids.trained_side``, or "posterior" for the aggressive inner steps), gradient clipping, the update."""
+    (``side``: ``plugins.trained_side``, or "posterior" for the aggressive inner steps), gradient clipping, the update."""
     if not getattr(br, "backward_done", False):
         run.opt.zero_grad(set_to_none=True)
         br.total.backward()
@@ -278,25 +285,14 @@ def _optimizer_step(run: Run, br, cfg: TrainConfig, step: int, mask: aids.Frozen
     run.opt.step()
 
 
-def _aggressive_inner(run: Run, cfg: TrainConfig, step: int, objective, rows: list, mask: aids.FrozenDecoderMask,
-                      watch: run_folder.FiniteWatch) -> int:
-    """The aggressive encoder's inner loop before step ``step``'s joint update (``aids.aggressive_inner_steps``):
-    posterior-only updates through the model's usual forward pass and the step's objective, the first on
-    the step's own batch ``rows`` (as He et al.'s ``text.py`` does), then on fresh batches drawn with the
-    run's numpy generator, each loss checked by ``watch``. Adds the count to ``state.aggressive_inner_steps``
-    and returns it."""
-    data = run.data
-
-    def update(i: int) -> torch.Tensor:
-        batch = rows if i == 1 else [data.train[j] for j in run.rng.integers(0, len(data.train), cfg.optim.batch_size)]
-        br, host = _step_breakdown(run, cfg, objective, batch)
-        watch.add(br, step, host)
-        _optimizer_step(run, br, cfg, step, mask, "posterior")
-        return br.total
-
-    n = aids.aggressive_inner_steps(cfg, update)
-    run.state.aggressive_inner_steps += n
-    return n
+def _extra_update(ctx: plugins.StepContext, rows: list, side: str) -> torch.Tensor:
+    """One extra update of step ``ctx.step`` on ``rows`` (a plug-in's inner loop: the aggressive
+    encoder's posterior-only steps) through the step's objective, its loss checked by ``ctx.watch``, the
+    gradients of ``side``'s complement dropped; returns the loss (0-dim tensor)."""
+    br, host = _step_breakdown(ctx.run, ctx.cfg, ctx.objective, rows)
+    ctx.watch.add(br, ctx.step, host)
+    _optimizer_step(ctx.run, br, ctx.cfg, ctx.step, ctx.mask, side)
+    return br.total
 
 
 # ---------------------------------------------------------------------------- the loop
@@ -379,21 +375,24 @@ def _train_steps(cfg, out, run, progress, stop_after, saved, gate_rows, mask, de
     while state.step < cfg.optim.steps:
         step = state.step + 1
         t_step = time.time()
-        set_learning_rates(run.opt, {BACKBONE_GROUP: backbone_lr(cfg, state.phase, step),
-                                     NEW_GROUP: aids.new_lr(cfg, state.phase)})
+        set_learning_rates(run.opt, step_rates(cfg, state, step, run.plugins))
         idx = run.rng.integers(0, len(data.train), cfg.optim.batch_size)  # batches drawn with replacement
         rows = [data.train[i] for i in idx]
-        # one objective per step: the hard-EM phase, else the latent kind's true J (beta0 warm-up applied)
+        # one objective per step: the hard-EM phase, else the latent kind's true J (plug-ins' options applied)
         phase = (Phase.HARD if state.phase == Phase.HARD else GIVEN if cfg.model.latent_source != "posterior"
                  else cfg.model.latent_kind)
-        objective = _objective_of(run, cfg, phase, step, dev, acc)
-        if aids.aggressive_phase(cfg, state):  # He et al. 2019: the posterior catches up before the joint step
-            _aggressive_inner(run, cfg, step, objective, rows, mask, watch)
-        br, host = _step_breakdown(run, cfg, objective, rows)
-        if state.phase == Phase.HARD:  # dead-value restarts count the posterior's argmax
-            aids.count_usage(state, br.per_example["q_logits"].argmax(-1), model.n_latent)
+        kw = {k: v for p in run.plugins for k, v in p.objective_kw(cfg, state, step).items()}
+        ctx = plugins.StepContext(run, cfg, step, _objective_of(run, cfg, phase, step, dev, acc, **kw), mask, watch,
+                                  gate_rows, _extra_update)
+        for p in run.plugins:  # the rows as the step trains on them (word dropout)
+            rows = p.rows(ctx, rows)
+        for p in run.plugins:  # before the forward pass (the aggressive encoder's inner loop)
+            p.before_update(ctx, rows)
+        br, host = _step_breakdown(run, cfg, ctx.objective, rows)
+        for p in run.plugins:  # the breakdown before the update (the hard phase's usage counts)
+            p.after_forward(ctx, br)
         watch.add(br, step, host)  # (its row ids) checked now on the CPU, every FINITE_CHECK_EVERY steps elsewhere
-        _optimizer_step(run, br, cfg, step, mask, aids.trained_side(cfg, state, step))
+        _optimizer_step(run, br, cfg, step, mask, plugins.trained_side(run.plugins, cfg, state, step))
         state.step = step
         if step == 1:
             state.first_step_s = time.time() - t_step
@@ -405,10 +404,8 @@ def _train_steps(cfg, out, run, progress, stop_after, saved, gate_rows, mask, de
         bar.update(1)
         if not bar.disable and step % max(10, watch.every) == 0:  # a host read: only with a bar, rarely
             bar.set_postfix({k.split("/")[-1][:6]: f"{float(v.detach()) if hasattr(v, 'detach') else float(v):.3f}" for k, v in br.terms.items()}, refresh=False)
-        if state.phase == Phase.HARD:  # restarts, then the hand-over gate
-            aids.hard_phase_checks(model, cfg, state, step, gate_rows, data.val_b[: len(gate_rows)], data.c_base,
-                                   data.pad_id)
-        aids.check_aggressive_end(model, cfg, state, step, gate_rows, data.pad_id)  # (in the aggressive phase)
+        for p in run.plugins:  # checks after the update (restarts and the hand-over gate; the aggressive phase's end)
+            p.after_update(ctx)
         evaluating = step % cfg.optim.eval_every == 0 or step == cfg.optim.steps
         saving = bool(cfg.optim.checkpoint_every and step % cfg.optim.checkpoint_every == 0)
         stopping = stop_after is not None and stop_after <= step < cfg.optim.steps
@@ -437,4 +434,5 @@ def _train_steps(cfg, out, run, progress, stop_after, saved, gate_rows, mask, de
         write_latent_meaning(out, ev, data.val_pairs, latent_kind=model.latent_kind, tokenizer=data.tokenizer,
                              given=getattr(model, "posterior_kind", "") == "given",
                              strategies=data.eval_kw.get("strategies"), seed=cfg.optim.seed)
-    return run_folder.write_summary(out, cfg, ev, state, time.time() - run.t0)
+    extra = {k: v for p in run.plugins for k, v in p.summary(cfg, state).items()}
+    return run_folder.write_summary(out, cfg, ev, state, time.time() - run.t0, extra)

@@ -1,0 +1,224 @@
+"""Aids and loop-changing remedies as plug-ins of the training loop (``zfree.train.training``).
+
+A plug-in is an object with the hooks of ``Plugin`` (each a no-op by default) and an ``active(cfg)``
+rule; ``PLUGINS`` lists them in the order the loop calls them, and ``active_plugins(cfg)`` picks a
+run's. The loop names no aid: it calls, per step,
+
+  ``rates``            the learning rates of the step (``{"backbone": ..., "new": ...}``), each plug-in
+                       free to change them (the hard phase's own rates);
+  ``objective_kw``     keyword arguments of the step's objective (the beta0 warm-up's ``warm``);
+  ``rows``             the step's encoded rows before they are collated (word dropout);
+  ``before_update``    work before the step's forward pass (the aggressive encoder's inner loop);
+  ``after_forward``    the step's breakdown, before the update (the hard phase's usage counts);
+  ``trained_side``     which side the update changes ("all", "posterior", "decoder"; the first
+                       plug-in that names one other than "all" decides);
+  ``after_update``     checks after the update (dead-value restarts and the hand-over gate; the
+                       aggressive phase's end);
+  ``summary``          the keys a plug-in adds to summary.json (besides ``TrainState``'s aid keys).
+
+Adding a remedy that changes the loop is one module with a ``Plugin`` subclass, its config fields
+and its test, plus one line in ``PLUGINS`` (``zfree.train.word_dropout`` is the example).
+The state a plug-in keeps between steps lives in ``TrainState`` fields it owns (``owns``), so a
+checkpoint holds it and a resumed run continues exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from zfree.config import TrainConfig
+from zfree.objective.objectives import Phase
+from zfree.train import aids
+
+
+@dataclass
+class StepContext:
+    """What a hook sees of the running loop: the run (``training.Run``: model, data, optimizer,
+    numpy RNG, state), the config, the step number (1-based), the step's objective (host batch ->
+    breakdown), the frozen-side mask (``aids.FrozenDecoderMask``), the finite-loss watch and the
+    hand-over gate's validation rows."""
+
+    run: Any
+    cfg: TrainConfig
+    step: int
+    objective: Callable | None = None
+    mask: Any = None
+    watch: Any = None
+    gate_rows: Sequence = ()
+    update: Callable | None = None  # (ctx, rows, side) -> loss: one extra update on rows (inner loops)
+
+
+class Plugin:
+    """A training-loop plug-in; every hook is a no-op until a subclass defines it."""
+
+    #: its name in ``PLUGINS``
+    name: str = ""
+    #: the flat config fields it reads (documentation and the tests' coverage check)
+    fields: tuple[str, ...] = ()
+    #: the ``TrainState`` fields it owns (checkpointed with the state)
+    owns: tuple[str, ...] = ()
+    #: the paper (and equation or section) its rule comes from
+    source: str = ""
+
+    def active(self, cfg: TrainConfig) -> bool:
+        """Whether this run uses the plug-in."""
+        return False
+
+    def initial_phase(self, cfg: TrainConfig) -> Phase | None:
+        """The phase a fresh run starts in, or None to leave it to another plug-in (default soft)."""
+        return None
+
+    def rates(self, cfg: TrainConfig, state, step: int, rates: dict[str, float]) -> dict[str, float]:
+        """The step's learning rates by param-group name; returns ``rates`` (changed or not)."""
+        return rates
+
+    def objective_kw(self, cfg: TrainConfig, state, step: int) -> dict[str, Any]:
+        """Keyword arguments of the step's objective (``objectives.step_objective``)."""
+        return {}
+
+    def rows(self, ctx: StepContext, rows: list) -> list:
+        """The step's encoded rows (``EncodedPair``) as the step trains on them."""
+        return rows
+
+    def before_update(self, ctx: StepContext, rows: list) -> None:
+        """Work before the step's forward pass (extra updates through ``ctx.update``)."""
+
+    def after_forward(self, ctx: StepContext, br) -> None:
+        """Read the step's objective breakdown before the update."""
+
+    def trained_side(self, cfg: TrainConfig, state, step: int) -> str:
+        """Which parameters the step's update changes: "all", "posterior" or "decoder"."""
+        return "all"
+
+    def after_update(self, ctx: StepContext) -> None:
+        """Checks after the step's update (``ctx.run.state.step`` is the step just taken)."""
+
+    def summary(self, cfg: TrainConfig, state) -> dict[str, Any]:
+        """Keys this plug-in adds to summary.json."""
+        return {}
+
+
+class FrozenDecoder(Plugin):
+    """The frozen-decoder warm phase: the first ``frozen_decoder_steps`` steps train only the
+    posterior side (``aids.FrozenDecoderMask``; DESIGN §1's symmetry breaking by the posterior first)."""
+
+    name, fields = "frozen_decoder", ("frozen_decoder_steps",)
+
+    def active(self, cfg):
+        return cfg.optim.frozen_decoder_steps > 0
+
+    def trained_side(self, cfg, state, step):
+        return "posterior" if aids.frozen_decoder_phase(cfg, step) else "all"
+
+
+class HardEM(Plugin):
+    """Hard EM, then the true objective (``aid = "hard_em_then_soft"``; seed notes 000/002; Shen et al.
+    2019, "Mixture models for diverse machine translation", hard-EM training): the hard phase's rates,
+    the posterior's argmax counts, dead-value restarts and the gated hand-over (``zfree.train.aids``)."""
+
+    name = "hard_em"
+    fields = ("aid", "hard_em_decoder", "hard_em_recon_scale", "handover_kl", "handover_margin", "hard_em_max_steps",
+              "hard_em_lr_backbone", "hard_em_lr_new", "hard_em_estep_tokens", "handover_check_every",
+              "handover_rows", "restart_dead_every", "restart_dead_share")
+    owns = ("phase", "handover_step", "handover_forced", "gate", "restarts", "usage")
+    source = "seed notes 000/002 (switch-on); Shen et al. 2019, hard-EM mixture training"
+
+    def active(self, cfg):
+        return cfg.aid.aid == "hard_em_then_soft"
+
+    def initial_phase(self, cfg):
+        return Phase.HARD
+
+    def rates(self, cfg, state, step, rates):
+        if state.phase != Phase.HARD:
+            return rates
+        warm = min(1.0, step / cfg.optim.warmup_backbone) if cfg.optim.warmup_backbone else 1.0
+        return {**rates, "backbone": cfg.aid.hard_em_lr_backbone * warm, "new": aids.new_lr(cfg, Phase.HARD)}
+
+    def after_forward(self, ctx, br):
+        if ctx.run.state.phase == Phase.HARD:  # dead-value restarts count the posterior's argmax
+            aids.count_usage(ctx.run.state, br.per_example["q_logits"].argmax(-1), ctx.run.model.n_latent)
+
+    def after_update(self, ctx):
+        run = ctx.run
+        if run.state.phase == Phase.HARD:  # restarts, then the hand-over gate
+            aids.hard_phase_checks(run.model, ctx.cfg, run.state, ctx.step, ctx.gate_rows,
+                                   run.data.val_b[: len(ctx.gate_rows)], run.data.c_base, run.data.pad_id)
+
+
+class AggressiveEncoder(Plugin):
+    """He et al. 2019, "Lagging Inference Networks and Posterior Collapse in VAEs", Alg. 1: posterior-only
+    inner steps before each joint step, the joint step updating the decoder side, until the mutual
+    information falls (``aid = "aggressive_encoder"``; ``zfree.train.aids``)."""
+
+    name = "aggressive"
+    fields = ("aid", "aggressive_max_inner", "aggressive_inner_check", "aggressive_mi_every", "handover_rows")
+    owns = ("aggressive_end_step", "aggressive_inner_steps", "aggressive_mi")
+    source = "He et al. 2019, Alg. 1 (their text.py)"
+
+    def active(self, cfg):
+        return cfg.aid.aid == "aggressive_encoder"
+
+    def before_update(self, ctx, rows):
+        state = ctx.run.state
+        if not aids.aggressive_phase(ctx.cfg, state):
+            return
+        data, cfg = ctx.run.data, ctx.cfg
+
+        def update(i: int):
+            batch = rows if i == 1 else [data.train[j] for j in
+                                         ctx.run.rng.integers(0, len(data.train), cfg.optim.batch_size)]
+            return ctx.update(ctx, batch, "posterior")
+
+        state.aggressive_inner_steps += aids.aggressive_inner_steps(cfg, update)
+
+    def trained_side(self, cfg, state, step):
+        return "decoder" if aids.aggressive_phase(cfg, state) else "all"
+
+    def after_update(self, ctx):
+        aids.check_aggressive_end(ctx.run.model, ctx.cfg, ctx.run.state, ctx.step, ctx.gate_rows, ctx.run.data.pad_id)
+
+
+class Beta0Warmup(Plugin):
+    """beta = 0 with the router detached for the first ``warmup_aid_steps`` steps (``aid =
+    "beta0_warmup"``; the prototype's warm-up, DESIGN §1)."""
+
+    name, fields = "beta0_warmup", ("aid", "warmup_aid_steps")
+
+    def active(self, cfg):
+        return cfg.aid.aid == "beta0_warmup"
+
+    def objective_kw(self, cfg, state, step):
+        return {"warm": aids.beta0_warm(cfg, step)}
+
+
+def _plugins() -> list[Plugin]:
+    from zfree.train.word_dropout import WordDropout  # its own module: the example of a one-file remedy
+
+    return [FrozenDecoder(), HardEM(), AggressiveEncoder(), Beta0Warmup(), WordDropout()]
+
+
+#: every plug-in, in the order the loop calls their hooks
+PLUGINS: list[Plugin] = _plugins()
+
+
+def active_plugins(cfg: TrainConfig) -> list[Plugin]:
+    """The plug-ins ``cfg`` uses, in ``PLUGINS`` order."""
+    return [p for p in PLUGINS if p.active(cfg)]
+
+
+def initial_phase(cfg: TrainConfig) -> Phase:
+    """The phase a fresh run starts in: the first active plug-in's that names one, else soft."""
+    for p in active_plugins(cfg):
+        if (phase := p.initial_phase(cfg)) is not None:
+            return phase
+    return Phase.SOFT
+
+
+def trained_side(plugins: Sequence[Plugin], cfg: TrainConfig, state, step: int) -> str:
+    """The side a step's update changes: the first plug-in's answer other than "all", else "all"."""
+    for p in plugins:
+        if (side := p.trained_side(cfg, state, step)) != "all":
+            return side
+    return "all"
