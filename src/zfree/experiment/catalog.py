@@ -73,7 +73,9 @@ def read_entry(path: Path) -> PresetEntry:
 
 @functools.cache
 def preset_catalog() -> dict[str, PresetEntry]:
-    """Every preset file's ``PresetEntry``, by name (``preset_files``' order), read once."""
+    """Every preset file's ``PresetEntry``, by name (``preset_files``' order), read once. Raises
+    ConfigError naming the file and the key of a bad catalog or bound (``read_entry``), InputError for
+    a file that is not YAML."""
     return {name: read_entry(path) for name, path in preset_files().items()}
 
 
