@@ -18,7 +18,9 @@ from pathlib import Path
 #: what the wheel ships from the clone's root (MANIFEST.in puts the same files in the sdist, which
 #: ``python -m build`` builds the wheel from): every notebook a run or a report executes, the shipped
 #: data (the synthetic benchmark, its base run, E2E with its base: ~16 MB, ~5 MB compressed), the specs
-SHIPPED = ("notebooks/*.ipynb", "data/**/*", "analysis/sweeps/*.yaml", "analysis/studies/*.yaml")
+#: (sweeps, the own-study example, every `zfree study --preset`)
+SHIPPED = ("notebooks/*.ipynb", "data/**/*", "analysis/sweeps/*.yaml", "analysis/studies/*.yaml",
+           "analysis/studies/presets/*.yaml")
 #: the folder they go to inside the package (``zfree.core.paths.INSTALLED_ROOT``)
 TARGET = ("zfree", "_shipped")
 

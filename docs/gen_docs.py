@@ -7,7 +7,7 @@ replaces it with markdown built here from the code and the shipped results:
 - ``gen:cli``: ``zfree --help`` and every subcommand's help, from ``zfree.cli.build_parser``;
 - ``gen:config``: every ``TrainConfig`` field (type, default, meaning) from the dataclasses of
   ``zfree.config``, the meaning read from the comments at each field;
-- ``gen:presets``: ``zfree study``'s presets from ``zfree.experiment.catalog.PRESET_CATALOG``;
+- ``gen:presets``: ``zfree study``'s presets from their files (``zfree.experiment.catalog.preset_catalog``);
 - ``gen:budget``: ``--budget``'s cuts in order, from ``zfree.experiment.budget.CUTS``;
 - ``gen:layout``: every module of ``src/zfree`` by layer, with the first sentence of its docstring;
 - ``gen:table NAME``: a table of ``analysis/results/`` (``TABLES``), with the command that
@@ -240,14 +240,13 @@ def config_markdown() -> str:
     return "\n\n".join(parts)
 
 
-# --- zfree study's presets (zfree.experiment.catalog) -------------------------------------------
+# --- zfree study's presets (analysis/studies/presets/*.yaml, zfree.experiment.catalog) ----------------
 
 def presets_markdown() -> str:
     use_this_checkout()
-    from zfree.experiment.catalog import PRESET_CATALOG  # plain data
+    from zfree.experiment.catalog import preset_catalog  # plain YAML, no torch
 
-    rows = [[f"`{name}`", str(runs), md_escape(cost), md_escape(what)]
-            for name, (runs, what, cost) in PRESET_CATALOG.items()]
+    rows = [[f"`{name}`", str(e.runs), md_escape(e.cost), md_escape(e.what)] for name, e in preset_catalog().items()]
     return md_table(["preset", "runs", "cost on 2 CPU cores", "what"], rows, ["l", "r", "l", "l"])
 
 

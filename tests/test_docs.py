@@ -117,10 +117,10 @@ def test_metrics_page_explains_every_key_the_evaluation_writes():
 
 
 def test_presets_page_lists_every_preset(gen):
-    from zfree.experiment.catalog import PRESET_CATALOG
+    from zfree.experiment.catalog import preset_catalog
 
     page = gen.expand((DOCS / "howto" / "presets.md").read_text(encoding="utf-8"))
-    assert all(f"| `{name}` | {runs} |" in page for name, (runs, _, _) in PRESET_CATALOG.items())
+    assert all(f"| `{name}` | {e.runs} |" in page for name, e in preset_catalog().items())
 
 
 def _zfree_commands(text: str) -> list[str]:
@@ -186,12 +186,12 @@ def test_mkdocs_build_is_strict_clean(tmp_path, gen):
                         r'|<link[^>]+stylesheet[^>]+href="(?:https?:)?//')
     pages = [p for p in (tmp_path / "site").rglob("*.html") if remote.search(p.read_text(encoding="utf-8"))]
     assert not pages, f"a page loads a script, image or stylesheet from the network: {pages[:3]}"  # offline
-    from zfree.experiment.catalog import PRESET_CATALOG
+    from zfree.experiment.catalog import preset_catalog
 
     # generated cells shown whole (markdown extensions such as attr_list eat some text, e.g. "{a, b}")
     page = (tmp_path / "site" / "howto" / "presets.html").read_text(encoding="utf-8")
     shown = html.unescape(re.sub(r"<[^>]+>", "", page))
-    lost = [name for name, (_, what, cost) in PRESET_CATALOG.items() if what not in shown or cost not in shown]
+    lost = [name for name, e in preset_catalog().items() if e.what not in shown or e.cost not in shown]
     assert not lost, f"presets whose text the rendered table does not show whole: {lost}"  # e.g. {...} eaten
     page = (tmp_path / "site" / "reference" / "config.html").read_text(encoding="utf-8")
     shown = " ".join(html.unescape(re.sub(r"<[^>]+>", "", page)).split())

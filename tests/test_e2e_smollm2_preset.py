@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from zfree.core.paths import SHIPPED_E2E
-from zfree.experiment.own_study import E2E_SMOLLM2
+from zfree.experiment.own_study import OWN_PRESETS
 
 pytestmark = pytest.mark.slow
 
@@ -65,7 +65,7 @@ def test_the_e2e_smollm2_preset_runs_end_to_end_on_a_49k_vocabulary(tiny_49k, tm
     summary = pd.read_csv(out / "summary.csv").set_index("run_id")
     assert {run, control, oracle} <= set(summary.index)
     assert summary.loc[run, "aid"] == "hard_em_then_soft" and summary.loc[run, "weighting"] == "distribution"
-    assert summary.loc[run, "n_latent"] == E2E_SMOLLM2.boundary.aided_train["n_latent"] == 4
+    assert summary.loc[run, "n_latent"] == OWN_PRESETS["e2e-smollm2"].boundary.aided["n_latent"] == 4
     for key in ("baseline_normalized_reconstruction_loss", "kl_prior_loss", "measured_use_fraction", "c_base"):
         assert pd.notna(summary.loc[run, key]), key
     # the run and its control share the c_base of this model's own zero-shot scoring

@@ -16,7 +16,7 @@ import torch
 from zfree.config import TrainConfig
 from zfree.core.errors import ConfigError
 from zfree.experiment import estimate as est
-from zfree.experiment.catalog import PRESET_CATALOG, preset_help
+from zfree.experiment.catalog import preset_catalog, preset_help
 from zfree.experiment.controls import control_params
 from zfree.experiment.memory_watch import died_message
 from zfree.experiment.own_study import OWN_PRESETS
@@ -340,12 +340,13 @@ def test_died_message_names_memory():
 
 def test_catalog_lists_every_preset_with_its_runs():
     names = {**PRESETS, **OWN_PRESETS}
-    assert set(PRESET_CATALOG) == set(names)
+    catalog = preset_catalog()
+    assert set(catalog) == set(names)
     for name, spec in PRESETS.items():
-        assert PRESET_CATALOG[name][0] == len(spec.points()), name
+        assert catalog[name].runs == len(spec.points()), name
     for name, spec in OWN_PRESETS.items():
         g = spec.boundary
-        assert PRESET_CATALOG[name][0] == len(g.weightings) * len(g.beta_factors) * len(g.aids), name
+        assert catalog[name].runs == len(g.weightings) * len(g.beta_factors) * len(g.aids), name
     assert all(n in preset_help() for n in names)
 
 

@@ -200,7 +200,8 @@ def _no_study(monkeypatch) -> list:
 @pytest.mark.parametrize("aids", ["[hard_em_then_soft]", "[none, hard_emm]", "[none, 3]"])
 def test_unknown_grid_aid_is_refused_listing_the_valid_ones(tmp_path, capsys, monkeypatch, aids):
     from zfree.experiment.own_study import load_own_spec
-    from zfree.experiment.spec import BoundaryGrid, spec_from_dict
+    from zfree.experiment.spec import BoundaryGrid
+    from zfree.experiment.spec_file import spec_from_dict
 
     spec = _own_spec(tmp_path, f"weightings: [distribution]\naids: {aids}\n")
     out = tmp_path / "study"

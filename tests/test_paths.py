@@ -18,10 +18,11 @@ def test_in_a_clone_root_is_the_clone():
 
 def test_the_wheel_ships_every_file_read_from_root():
     """setup.py's list covers the notebooks runs and reports execute, the shipped benchmark and base
-    runs (synthetic and E2E) file by file, and the sweep specs."""
+    runs (synthetic and E2E) file by file, the sweep specs and the presets."""
     shipped = set(runpy.run_path(str(paths.ROOT / "setup.py"), run_name="setup")["shipped_files"](paths.ROOT))
     notebooks = ["train_cvae", "labels_and_samples", *REPORT_NOTEBOOKS]
     needed = [paths.NOTEBOOKS / f"{n}.ipynb" for n in notebooks] + sorted(paths.SPECS.glob("*.yaml"))
+    needed += sorted(paths.PRESET_SPECS.glob("*.yaml"))  # every `zfree study --preset`
     for folder in (paths.SHIPPED_DATA, paths.SHIPPED_BASE, paths.SHIPPED_E2E):
         needed += [p for p in folder.rglob("*") if p.is_file()]
     missing = [str(p.relative_to(paths.ROOT)) for p in needed if p.relative_to(paths.ROOT) not in shipped]

@@ -13,11 +13,13 @@ import zfree.experiment.pipeline as pipeline
 import zfree.report.widgets as widgets
 from tests.tiny_sweep import make_tiny_sweep
 from zfree.core.paths import SPECS
-from zfree.experiment.own_study import OWN_AID, OWN_PRESETS, load_own_spec, run_own_study
+from zfree.experiment.own_study import OWN_PRESETS, load_own_spec, run_own_study
 from zfree.experiment.pipeline import ExperimentResult
-from zfree.experiment.spec import BoundaryGrid, ExperimentSpec, expand_grid, spec_from_dict
-from zfree.experiment.study import HARD_EM_RECIPE, PRESETS, run_study
+from zfree.experiment.spec import BoundaryGrid, ExperimentSpec, expand_grid
+from zfree.experiment.spec_file import spec_from_dict
+from zfree.experiment.study import PRESETS, run_study
 from zfree.experiment.sweeps import load_spec, run_sweep
+from zfree.objective.remedies import HARD_EM_RECIPE, OWN_AID
 
 SHIPPED = sorted(SPECS.glob("*.yaml"))
 

@@ -30,13 +30,13 @@ def test_every_reader_derives_from_the_registry():
     from zfree.config import TokenOuter, Weighting
     from zfree.experiment.estimate import KEEP_WEIGHTINGS
     from zfree.experiment.spec import WEIGHTINGS as GRID
-    from zfree.experiment.study import _WEIGHTINGS
+    from zfree.experiment.study import PRESETS
     from zfree.objective.losses import RECONSTRUCTION_WEIGHTINGS
     from zfree.report.figstyle import WEIGHTING_COLORS, WEIGHTING_FILLS
 
     assert get_args(Weighting) == WEIGHTING_NAMES == ("plain", "distribution", "example", "token")
     assert get_args(TokenOuter) == TOKEN_OUTER_NAMES and RECONSTRUCTION_WEIGHTINGS == OUTER_WEIGHTINGS
-    assert list(GRID) == list(WEIGHTINGS) and [g["weighting"] for g in _WEIGHTINGS] == list(WEIGHTINGS)
+    assert list(GRID) == list(WEIGHTINGS) and PRESETS["full"].grid["weighting"] == [w.grid_fields for w in WEIGHTINGS.values()]
     assert GRID["example"] == {"weighting": "example", "epsilon": 0.05}
     assert set(WEIGHTING_COLORS) == set(WEIGHTING_FILLS) == set(WEIGHTINGS)
     assert len(set(WEIGHTING_COLORS.values())) == len(WEIGHTINGS)  # each weighting its own colour

@@ -1,6 +1,6 @@
 """Switch-on speed (issue 15, part 1): steps and wall time until alignment NMI (m = 1) >= 0.9 and
 rho_recon <= 0.3 for distribution weighting at beta = 0.3 on one core, for the old recipe
-(``study.HARD_EM_RECIPE``) and the new one (``study.SWITCH_ON_RECIPE``), each seed, side by side.
+(``remedies.HARD_EM_RECIPE``) and the new one (``remedies.SWITCH_ON_RECIPE``), each seed, side by side.
 
 Every recipe x seed runs ``training.train_cvae`` unchanged in its own process (one torch thread,
 ``--jobs`` at a time, all started together, so the recipes share the machine's load). The
@@ -89,7 +89,7 @@ def _child(name: str, overrides: dict, seed: int, a: argparse.Namespace, q) -> N
 
 
 def main() -> None:
-    from zfree.experiment.study import HARD_EM_RECIPE, SWITCH_ON_RECIPE
+    from zfree.objective.remedies import HARD_EM_RECIPE, SWITCH_ON_RECIPE
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--recipes", nargs="*", default=["old", "new"])

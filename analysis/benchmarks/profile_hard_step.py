@@ -7,7 +7,7 @@ import time, tempfile, torch
 from pathlib import Path
 from zfree.train import training, aids
 from zfree.config import TrainConfig
-from zfree.experiment.study import HARD_EM_RECIPE
+from zfree.objective.remedies import HARD_EM_RECIPE
 from zfree.data.batching import collate
 from zfree.models.nll import masked_mean_token_nll
 from zfree.models.base import target_logprobs_from_hidden

@@ -1,7 +1,8 @@
 """Writes analysis/sweeps/leaderboard_full_slurm.yaml: the full remedies leaderboard (issue 23) as a
 submitit/SLURM sweep. Every remedy entry of ``zfree.objective.remedies`` x every weighting at ~beta*/3
 (inside the predicted boundary) and ~3 beta* (outside) x 3 seeds, at the CPU tier's equal compute
-(``zfree.experiment.study._LB_TRAIN``: steps, batch, rates), every validation row evaluated.
+(the ``leaderboard`` preset's train and seeds, analysis/studies/presets/leaderboard.yaml: steps, batch,
+rates), every validation row evaluated.
 Regenerate after changing a remedy entry: ``.venv/bin/python analysis/sweeps/make_leaderboard_spec.py``
 (tests/test_spec.py checks the file is what this script writes)."""
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from zfree.experiment.study import LEADERBOARD_SEEDS, _LB_TRAIN
+from zfree.experiment.study import PRESETS
 from zfree.objective.remedies import REMEDIES, remedy_fields
 
 OUT = Path(__file__).with_name("leaderboard_full_slurm.yaml")
@@ -32,14 +33,15 @@ HEADER = """\
 
 
 def spec() -> dict:
+    train, seeds = PRESETS["leaderboard"].train, PRESETS["leaderboard"].seeds
     cells = [{**w, "beta": float(f"{f * BETA_STAR[name]:.3g}")} for name, w in WEIGHTINGS.items() for f in (1 / 3, 3.0)]
-    steps = _LB_TRAIN["steps"]
+    steps = train["steps"]
     remedies = [remedy_fields(r, steps=steps) for r in REMEDIES]
-    base = {"data_dir": "data/synth/default", "base_dir": "data/base/default", **_LB_TRAIN, "eval_rows": 0,
+    base = {"data_dir": "data/synth/default", "base_dir": "data/base/default", **train, "eval_rows": 0,
             "device": "auto", "threads": 2}
     return {"name": "leaderboard_full_slurm",
-            "description": f"{len(REMEDIES)} remedies x {len(cells)} weighting/beta cells x {len(LEADERBOARD_SEEDS)} seeds",
-            "base": base, "grid": {"cell": cells, "remedy_fields": remedies}, "seeds": list(LEADERBOARD_SEEDS),
+            "description": f"{len(REMEDIES)} remedies x {len(cells)} weighting/beta cells x {len(seeds)} seeds",
+            "base": base, "grid": {"cell": cells, "remedy_fields": remedies}, "seeds": list(seeds),
             "executor": "submitit",
             "executor_options": {"cluster": "slurm", "slurm_partition": "cpu", "cpus_per_task": 2, "mem_gb": 8,
                                  "timeout_min": 60}}

@@ -342,12 +342,11 @@ def _add_train(sub) -> None:
 
 def _add_study(sub) -> None:
     from zfree.experiment.budget import budget_help  # no torch: the help stays fast
-    from zfree.experiment.catalog import preset_help  # plain data: the help stays fast
+    from zfree.experiment.catalog import preset_help, preset_option_help  # plain YAML: the help stays fast
 
     st = sub.add_parser("study", help="the main job: base run, CVAE grid, report", epilog=preset_help(),
                         formatter_class=argparse.RawDescriptionHelpFormatter)
-    st.add_argument("--preset", default=None, help="smoke | default | aided | full | e2e | leaderboard | leaderboard-e2e | e2e-smollm2 (fetches "
-                    "its model); with --model: own | own_smoke")
+    st.add_argument("--preset", default=None, help=preset_option_help())
     st.add_argument("--budget", default=None, help="own data: size the grid to fit this wall time of the whole study, e.g. 15m, "
                     "1h (default for --preset own: 20m; none: the whole grid); cuts in order: " + budget_help())
     st.add_argument("--no-estimate", action="store_true",

@@ -18,6 +18,7 @@ IN_CLONE = not INSTALLED_ROOT.is_dir()
 ROOT = _PACKAGE.parents[1] if IN_CLONE else INSTALLED_ROOT
 NOTEBOOKS = ROOT / "notebooks"
 SPECS = ROOT / "analysis" / "sweeps"
+PRESET_SPECS = ROOT / "analysis" / "studies" / "presets"  # one YAML file per `zfree study --preset`
 SHIPPED_DATA = ROOT / "data" / "synth" / "default"
 SHIPPED_BASE = ROOT / "data" / "base" / "default"
 SHIPPED_E2E = ROOT / "data" / "e2e"  # the E2E real-text benchmark (CC BY-SA 4.0) and its base in base/

