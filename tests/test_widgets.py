@@ -33,6 +33,21 @@ def test_explorer_redraws_every_figure_and_filters(sweep):
     assert "distribution" in labels and "plain" not in labels
 
 
+def test_the_figure_reaches_the_output_as_a_png_under_any_backend(sweep):
+    """The tests run under MPLBACKEND=Agg, where display(fig) would show only "<Figure size ...>"."""
+    import matplotlib
+
+    from IPython.core.interactiveshell import InteractiveShell
+    from IPython.utils.capture import capture_output
+
+    assert matplotlib.get_backend().lower() == "agg"
+    InteractiveShell.instance()  # display() publishes rich outputs (without a shell it prints reprs)
+    with capture_output() as cap:
+        SweepExplorer(sweep)
+    (out,) = cap.outputs
+    assert "image/png" in out.data and out.data["image/png"], out.data.get("text/plain")
+
+
 def test_sliders_select_the_runs_drawn(sweep):
     e = SweepExplorer(sweep, figure="dynamics")
     e.beta.value = 1.0

@@ -21,7 +21,6 @@ import ipywidgets as W
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-from IPython.display import display
 
 from zfree.config import Aid
 from zfree.core.weightings import WEIGHTING_NAMES
@@ -32,7 +31,7 @@ from zfree.experiment.spec import Point, expand_grid
 from zfree.experiment.study import HARD_EM_RECIPE, SWITCH_ON_RECIPE
 from zfree.report import plotting as P
 from zfree.report.figstyle import FACETS
-from zfree.report.report import nearest, runs_at_beta
+from zfree.report.report import nearest, runs_at_beta, show
 
 ALL, WIDE = "all", {"style": {"description_width": "initial"}}  # the no-filter value; wide descriptions
 
@@ -193,9 +192,8 @@ class SweepExplorer:
         self.out.clear_output(wait=True)
         if self.figure is not None:
             wrap_panels(self.figure)
-            with self.out:
-                display(self.figure)
-            plt.close(self.figure)  # shown once, in the output area; its artists stay readable
+            with self.out:  # a PNG rendered here: shown under any backend (MPLBACKEND=Agg too), closed
+                show(self.figure)  # after, its artists still readable
 
     def _at_beta(self, runs: pd.DataFrame) -> pd.DataFrame:
         """Per weighting (and facet), the runs at the beta nearest the slider."""
