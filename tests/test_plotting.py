@@ -378,4 +378,41 @@ def test_rate_distortion_labels_each_place_once():
                                     "rate": 0.0, "distortion": 1.491}]
     fig = P.plot_rate_distortion(pd.DataFrame(rows))
     labels = sorted(t.get_text() for t in fig.axes[0].texts)
-    assert labels == ["β=0.03, 1", "β=0.3"]
+    # the markers there hide each other: the label names whose they are (their shared aid once)
+    assert labels == ["β=0.03: plain none\nβ=1: plain hard_em_then_soft",
+                      "β=0.3: distribution, example, token (hard_em_then_soft)"], labels
+
+
+def test_rate_distortion_labels_close_together_are_stacked_not_overprinted():
+    """Runs at separate places a few pixels apart (a collapsed study: every run near the z-free
+    point) get one label each, moved apart on the drawn figure, each in its run's color."""
+    from zfree.report.figstyle import label_box
+
+    rows = [{"weighting": w, "latent_kind": "discrete", "aid": "none", "beta": b, "rate": r, "distortion": d}
+            for w, b, r, d in (("plain", 0.01, 0.0, 78.0), ("example", 0.02, 0.06, 78.15), ("token", 0.03, 0.12, 78.3),
+                               ("plain", 1.0, 1.0, 70.0))]
+    fig = P.plot_rate_distortion(pd.DataFrame(rows), z_free=78.0)
+    ax = fig.axes[0]
+    renderer = fig.canvas.get_renderer()
+    boxes = {t.get_text(): label_box(t, renderer) for t in ax.texts}  # the text, without its line
+    assert set(boxes) == {"β=0.01", "β=1", "β=0.02", "β=0.03"}, set(boxes)
+    names = sorted(boxes)
+    assert not any(boxes[a].overlaps(boxes[b]) for i, a in enumerate(names) for b in names[i + 1:]), boxes
+    moved = [t for t in ax.texts if t.xyann[1] > 8]
+    assert moved and all(t.arrow_patch.get_visible() for t in moved)  # a moved label keeps a line to its point
+    assert {t.get_text(): t.get_color() for t in ax.texts}["β=0.02"] == P.color_of("example")
+    runs_z = {ln.get_zorder() for ln in ax.lines if ln.get_label() in ("plain", "example", "token")}
+    star = [c for c in ax.collections if c.get_label().startswith("z-free")][0]
+    assert min(runs_z) > star.get_zorder()  # a run on the z-free point is drawn over it, not hidden
+
+
+def test_no_figure_text_uses_a_combining_character():
+    """matplotlib draws a combining mark (ℓ̄ as ℓ + U+0304) through the letter before it, not over it."""
+    import inspect
+    import unicodedata
+
+    for module in (P,):
+        bad = [line.strip() for line in inspect.getsource(module).splitlines()
+               if any(unicodedata.combining(ch) for ch in line) and not line.strip().startswith(('"""', '``'))
+               and ("label" in line or "title" in line or "annotate" in line or "text(" in line)]
+        assert not bad, bad

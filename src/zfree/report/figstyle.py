@@ -170,3 +170,37 @@ def groups(df: pd.DataFrame):
         key = key if isinstance(key, tuple) else (key,)
         yield (" ".join(map(str, [*key, *shared])), color_of(key[0]), LINESTYLES[others.index(tuple(key[1:])) % 4],
                rows)
+
+
+def label_box(t, renderer):
+    """The display box (pixels) of annotation ``t``'s text at its current place, without its line."""
+    from matplotlib.text import Text
+
+    t.update_positions(renderer)  # an annotation places its text when drawn: before, the box is stale
+    return Text.get_window_extent(t, renderer)
+
+
+def keep_labels_apart(ax, texts, marks=(), pad_px: float = 1.0) -> None:
+    """Move annotations (``ax.annotate`` with ``textcoords="offset points"``) that overlap another
+    label or a marker on the drawn figure upward, each just above what it would cover, so no label
+    is printed over another or hides a run; a moved label keeps a thin gray line to its point (its
+    ``arrow_patch``, hidden while unmoved). ``marks``: (x, y, radius in points) of the markers, in
+    data coordinates. Call it once the figure is laid out (pixel positions come from its renderer)."""
+    from matplotlib.transforms import Bbox
+
+    renderer = ax.figure.canvas.get_renderer()
+    box = lambda t: label_box(t, renderer)  # noqa: E731
+    px = ax.figure.dpi / 72
+    placed = [Bbox.from_bounds(x - r * px, y - r * px, 2 * r * px, 2 * r * px)
+              for (x, y), r in ((ax.transData.transform((mx, my)), r) for mx, my, r in marks)]
+    for t in sorted(texts, key=lambda t: tuple(ax.transData.transform(t.xy))[::-1]):
+        for _ in range(len(placed) + 1):
+            bb = box(t)
+            hit = next((p for p in placed if bb.overlaps(p)), None)
+            if hit is None:
+                break
+            x, y = t.xyann
+            t.xyann = (x, y + (hit.y1 - bb.y0 + pad_px) / px)
+        if t.arrow_patch is not None:
+            t.arrow_patch.set_visible(t.xyann[1] > 8)
+        placed.append(box(t))
