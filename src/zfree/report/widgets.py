@@ -236,6 +236,11 @@ def aid_choices() -> dict[str, dict[str, Any]]:
             "hard_em_then_soft: HARD_EM_RECIPE": dict(HARD_EM_RECIPE)}
 
 
+def _clip(text: str, n: int) -> str:
+    """``text`` cut to ``n`` characters, "…" saying so (the status line wraps: paths are kept whole)."""
+    return text if len(text) <= n else text[:n - 1] + "…"
+
+
 def _fmt(v: Any) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
@@ -421,7 +426,7 @@ class LaunchPanel:
             if failed:  # never "done" for a failure: how many, the first one's reason and where to look
                 first = failed[0]
                 reason = str(first.get("error", "")).strip().splitlines()[-1:] or ["no reason recorded"]
-                why = (f"; {len(failed)} failed, first {first['run_id']}: {reason[0][:200]} "
+                why = (f"; {len(failed)} failed, first {first['run_id']}: {_clip(reason[0], 600)} "
                        f"(see {self.sweep_dir / 'runs' / first['run_id'] / 'error.json'})")
             done = "finished" if state == "stopped" else "ok"
             note = f"; {self._stop_note}" if state == "stopped" and self._stop_note else ""
