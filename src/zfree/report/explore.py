@@ -48,7 +48,9 @@ def launch_log_beta(sweep: SweepResults) -> tuple[float, float]:
 
 
 def _table_html(df: pd.DataFrame) -> str:
-    """A table that scrolls inside its box (both ways) rather than widening the output area."""
+    """A table that fits the output's width: its long column names may break after "_" (a
+    zero-width space there), and what is still too wide or long scrolls inside its own box."""
+    df = df.rename(columns=lambda c: str(c).replace("_", "_\u200b"))
     return ("<div style='max-height:260px;overflow:auto;max-width:100%'>"
             f"{df.to_html(index=False, border=0, classes='jp-RenderedHTMLCommon')}</div>")
 
