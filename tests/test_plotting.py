@@ -272,6 +272,31 @@ def test_log_ticks_at_nearby_betas_are_thinned_so_labels_do_not_overprint():
     plt.close(fig)
 
 
+def test_a_log_axis_over_less_than_a_decade_labels_the_data():
+    """β_eff from 2.6 to 4.5 (one weighting at one β): 1-2-5 ticks left the data with no label
+    inside it; within a decade the ticks are 1-1.5-2-3-5-7."""
+    fig, ax = plt.subplots()
+    ax.plot([1, 2], [2.6, 4.5], "o")
+    ax.axhline(1.0)
+    log_axis(ax, "y")
+    fig.canvas.draw()
+    lo, hi = 2.6, 4.5
+    inside = [float(t.get_text()) for t in ax.get_yticklabels() if t.get_text() and lo <= float(t.get_text()) <= hi]
+    assert inside == [3.0], [t.get_text() for t in ax.get_yticklabels()]
+    plt.close(fig)
+
+
+def test_training_curves_name_the_collapse_marks_and_count_whole_steps():
+    df = pd.DataFrame({"step": [0, 2, 4], "loss/val/kl_prior_loss": [0.2, 0.01, 0.01],
+                       "loss/val/baseline_normalized_reconstruction_loss": [1.0, 0.99, 1.0]})
+    fig = P.plot_training_curves({"run": df}, collapse_kl=0.05)
+    fig.canvas.draw()
+    texts = [t.get_text() for lg in fig.legends for t in lg.get_texts()]
+    assert "KL = 0.05: collapsed below (KL panel)" in texts and "a run's first evaluation below it (KL panel)" in texts
+    ticks = [float(t.get_text().replace("−", "-")) for t in fig.axes[1].get_xticklabels() if t.get_text()]
+    assert ticks and all(v == int(v) for v in ticks), ticks
+
+
 def test_training_curves_leave_the_nmi_panel_out_without_strategies():
     """Real data (no strategy labels): no empty NMI panel is drawn (the notebook says why in one line)."""
     df = pd.DataFrame({"step": [0, 50], "loss/val/kl_prior_loss": [0.01, 0.02],

@@ -83,7 +83,8 @@ def thin_log_ticks(vals, min_gap_decades: float = 0.1, share: float = 1 / 6) -> 
 def log_axis(ax, axis: str = "x", values=None) -> None:
     """Log scale with readable major ticks only: at ``values`` (the data's few distinct values,
     e.g. the betas a sweep ran, thinned where neighbours would overprint: ``thin_log_ticks``) when there are at most 8, else at 1-2-5 per decade (one a decade
-    beyond 1.5 decades, 1-1.5-2-3-5-7 within half a decade); plain-number labels ("0.03", not "3×10⁻²"), no minor labels."""
+    beyond 1.5 decades, 1-1.5-2-3-5-7 within one decade, where 1-2-5 left data from 2.5 to 4.5
+    with the one label 2 below it); plain-number labels ("0.03", not "3×10⁻²"), no minor labels."""
     getattr(ax, f"set_{axis}scale")("log")
     a = ax.xaxis if axis == "x" else ax.yaxis
     vals = np.unique(np.round(np.asarray([] if values is None else values, float), 12))
@@ -93,7 +94,7 @@ def log_axis(ax, axis: str = "x", values=None) -> None:
     else:
         lo, hi = (vals.min(), vals.max()) if len(vals) else getattr(ax, f"get_{axis}lim")()
         span = hi / max(lo, 1e-300)
-        subs = (1.0,) if span > 10 ** 1.5 else (1.0, 2.0, 5.0) if span > 10 ** 0.5 else (1.0, 1.5, 2.0, 3.0, 5.0, 7.0)
+        subs = (1.0,) if span > 10 ** 1.5 else (1.0, 2.0, 5.0) if span > 10 else (1.0, 1.5, 2.0, 3.0, 5.0, 7.0)
         a.set_major_locator(LogLocator(base=10, subs=subs))
     a.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     a.set_minor_formatter(NullFormatter())

@@ -63,16 +63,19 @@ def plot_training_curves(metrics: dict[str, pd.DataFrame], collapse_kl: float = 
         axes[3].set_visible(False)  # no strategy labels: no empty panel (the notebook says why in one line)
     for ax in axes:
         ax.set_xlabel("step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole: no "step 2.5"
     fig.tight_layout()
-    # two legends below the panels, outside the data: runs by color, terms by line style
+    # two legends below the panels, outside the data: runs by color, terms (and the KL panel's marks) by line style
     runs = [Line2D([], [], color=f"C{i % 10}", marker=".", label=label) for i, label in enumerate(metrics)]
     terms = list(dict.fromkeys(c.rsplit("/", 1)[-1] for df in metrics.values() for c in df.columns
                                if c.startswith("loss_contrib/fraction_abs/")))
-    styles_h = [Line2D([], [], color="k", ls=styles[j % 4], label=t) for j, t in enumerate(terms)]
+    styles_h = [Line2D([], [], color="k", ls=styles[j % 4], label=f"{t} (top left)") for j, t in enumerate(terms)]
+    styles_h += [Line2D([], [], color="gray", lw=0.6, ls="--", label=f"KL = {collapse_kl:g}: collapsed below (KL panel)"),
+                 Line2D([], [], color="k", lw=1, ls=":", label="a run's first evaluation below it (KL panel)")]
     first = fig.legend(handles=runs, loc="upper right", bbox_to_anchor=(0.62, 0.0), ncol=2, fontsize=7,
                        frameon=False, title="run (color)", title_fontsize=7)
     fig.legend(handles=styles_h, loc="upper left", bbox_to_anchor=(0.64, 0.0), ncol=1, fontsize=7, frameon=False,
-               title="term (line style, top-left panel)", title_fontsize=7)
+               title="line style", title_fontsize=7)
     fig.add_artist(first)
     return fig
 
