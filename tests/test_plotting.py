@@ -429,15 +429,3 @@ def test_rate_distortion_labels_close_together_are_stacked_not_overprinted():
     runs_z = {ln.get_zorder() for ln in ax.lines if ln.get_label() in ("plain", "example", "token")}
     star = [c for c in ax.collections if c.get_label().startswith("z-free")][0]
     assert min(runs_z) > star.get_zorder()  # a run on the z-free point is drawn over it, not hidden
-
-
-def test_no_figure_text_uses_a_combining_character():
-    """matplotlib draws a combining mark (ℓ̄ as ℓ + U+0304) through the letter before it, not over it."""
-    import inspect
-    import unicodedata
-
-    for module in (P,):
-        bad = [line.strip() for line in inspect.getsource(module).splitlines()
-               if any(unicodedata.combining(ch) for ch in line) and not line.strip().startswith(('"""', '``'))
-               and ("label" in line or "title" in line or "annotate" in line or "text(" in line)]
-        assert not bad, bad

@@ -48,6 +48,25 @@ def test_the_figure_reaches_the_output_as_a_png_under_any_backend(sweep):
     assert "image/png" in out.data and out.data["image/png"], out.data.get("text/plain")
 
 
+def test_every_explorer_figure_draws_each_glyph(sweep):
+    """No text of an explorer figure holds a combining mark (matplotlib draws ℓ + U+0304 with the bar
+    through the ℓ: mathtext's \\bar is used instead) or a character its font lacks."""
+    import io
+    import unicodedata
+    import warnings
+
+    from matplotlib.text import Text
+
+    e = SweepExplorer(sweep)
+    for kind in e.FIGURES:
+        e.figure_kind.value = kind
+        texts = [t.get_text() for t in e.figure.findobj(Text)]
+        assert not [t for t in texts if any(unicodedata.combining(ch) for ch in t)], kind
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message=".*missing from font.*")
+            e.figure.savefig(io.BytesIO(), format="png")
+
+
 def test_sliders_select_the_runs_drawn(sweep):
     e = SweepExplorer(sweep, figure="dynamics")
     e.beta.value = 1.0
