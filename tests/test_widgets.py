@@ -12,7 +12,8 @@ import pytest
 
 from tests.tiny_sweep import make_tiny_sweep
 from zfree.core.io import atomic_write_json, read_json
-from zfree.report.widgets import LaunchPanel, SweepExplorer, wrap_panels
+from zfree.report.figstyle import wrap_panels
+from zfree.report.widgets import LaunchPanel, SweepExplorer
 
 
 @pytest.fixture(scope="module")

@@ -205,3 +205,21 @@ def keep_labels_apart(ax, texts, marks=(), pad_px: float = 1.0) -> None:
         if t.arrow_patch is not None:
             t.arrow_patch.set_visible(t.xyann[1] > 8)
         placed.append(box(t))
+
+
+def wrap_panels(fig: plt.Figure, ncols: int = 4, panel: tuple[float, float] = (4.4, 3.8)) -> plt.Figure:
+    """Re-lay a figure whose axes stand in one row into rows of at most ``ncols`` panels, each
+    ``panel`` inches (width, height); a figure of ``ncols`` panels or fewer is returned as is."""
+    axes = [ax for ax in fig.axes if ax.get_subplotspec() is not None]
+    if len(axes) <= ncols or len(axes) != len(fig.axes) or any(ax.get_subplotspec().get_gridspec().nrows != 1
+                                                               for ax in axes):
+        return fig  # few panels, colorbars or several rows already: laid out by its plotting function
+    nrows = -(-len(axes) // ncols)
+    gs = fig.add_gridspec(nrows, ncols)
+    for i, ax in enumerate(axes):
+        ax.set_subplotspec(gs[i // ncols, i % ncols])
+        if i % ncols == 0:
+            ax.tick_params(labelleft=True)  # shared y: the first panel of each row keeps its labels
+    fig.set_size_inches(panel[0] * ncols, panel[1] * nrows)
+    fig.tight_layout()
+    return fig

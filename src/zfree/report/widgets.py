@@ -30,28 +30,10 @@ from zfree.experiment.results import SweepResults, load_sweep
 from zfree.experiment.spec import Point, expand_grid
 from zfree.experiment.study import HARD_EM_RECIPE, SWITCH_ON_RECIPE
 from zfree.report import plotting as P
-from zfree.report.figstyle import FACETS
+from zfree.report.figstyle import FACETS, wrap_panels
 from zfree.report.report import nearest, runs_at_beta, show
 
 ALL, WIDE = "all", {"style": {"description_width": "initial"}}  # the no-filter value; wide descriptions
-
-
-def wrap_panels(fig: plt.Figure, ncols: int = 4, panel: tuple[float, float] = (4.4, 3.8)) -> plt.Figure:
-    """Re-lay a figure whose axes stand in one row into rows of at most ``ncols`` panels, each
-    ``panel`` inches (width, height); a figure of ``ncols`` panels or fewer is returned as is."""
-    axes = [ax for ax in fig.axes if ax.get_subplotspec() is not None]
-    if len(axes) <= ncols or len(axes) != len(fig.axes) or any(ax.get_subplotspec().get_gridspec().nrows != 1
-                                                               for ax in axes):
-        return fig  # few panels, colorbars or several rows already: laid out by its plotting function
-    nrows = -(-len(axes) // ncols)
-    gs = fig.add_gridspec(nrows, ncols)
-    for i, ax in enumerate(axes):
-        ax.set_subplotspec(gs[i // ncols, i % ncols])
-        if i % ncols == 0:
-            ax.tick_params(labelleft=True)  # shared y: the first panel of each row keeps its labels
-    fig.set_size_inches(panel[0] * ncols, panel[1] * nrows)
-    fig.tight_layout()
-    return fig
 
 
 def load_sweeps(sweep_dirs: Sequence[Path | str]) -> SweepResults:
