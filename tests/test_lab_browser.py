@@ -1,17 +1,24 @@
-"""JupyterLab in a real browser (slow tier): in a fresh clone with the notebook filter, start
-JupyterLab from the project's environment, open explore.ipynb, run all cells, change the
-weighting and β widgets and check the figure changed, launch a one-run sweep from the panel and
-wait for "done", save, stop the server; ``git status`` is clean afterwards.
+"""JupyterLab in a real browser (slow tier), as a researcher drives explore.ipynb: in a fresh clone
+with the notebook filter, JupyterLab starts from the project's environment (autosave every few
+seconds) and the notebook is opened (``git status`` stays clean) and run. Then, each a test on
+the same page: the figures redraw as the widgets change; a study is chosen in the dropdown, no
+tracked file changing; a launch finishes with numbers in its summary.json; a launch that must
+fail says failed, with its reason and run folder, and the explorer counts it; stop ends the
+workers and launch works again; saving (autosave and Ctrl+S) leaves ``git status`` clean.
 
 Needs Playwright for Python (the test extra) and a system Chromium at ``$ZFREE_CHROMIUM`` or
-/usr/bin/chromium (Debian package ``chromium``; ``playwright install`` is not used). Set
-``ZFREE_SCREENSHOTS=DIR`` to keep a screenshot of each explorer figure and of the launch panel.
+/usr/bin/chromium (Debian package ``chromium``; ``playwright install`` is not used): ``make
+test-lab`` installs both where it can. Set ``ZFREE_SCREENSHOTS=DIR`` to keep a screenshot of each
+explorer figure, of the launch panel and of the page at the end of each test.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -25,7 +32,9 @@ from tests.test_lab import _git, make_lab_clone
 from tests.tiny_sweep import make_tiny_sweep
 
 CHROMIUM = os.environ.get("ZFREE_CHROMIUM", "/usr/bin/chromium")
+AUTOSAVE_S = 3  # JupyterLab's autosave interval here (120 s by default)
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+FIGURES = ("phase", "rate_distortion", "effective_beta", "rho", "dynamics")
 
 
 def _free_port() -> int:
@@ -34,13 +43,26 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start_lab(clone: Path, port: int, token: str) -> subprocess.Popen:
+def _lab_settings(folder: Path) -> Path:
+    """JupyterLab user settings for the test: autosave every AUTOSAVE_S seconds, no news prompt."""
+    for plugin, settings in (("docmanager-extension/plugin", {"autosave": True, "autosaveInterval": AUTOSAVE_S}),
+                             ("apputils-extension/notification", {"fetchNews": "false"})):
+        f = folder / "@jupyterlab" / f"{plugin}.jupyterlab-settings"
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(json.dumps(settings))
+    return folder
+
+
+def _start_lab(clone: Path, port: int, token: str, settings: Path) -> subprocess.Popen:
     args = [str(Path(sys.prefix) / "bin" / "jupyter"), "lab", "--ServerApp.root_dir=notebooks", "--no-browser",
             "--ip=127.0.0.1", f"--port={port}", f"--IdentityProvider.token={token}"]
     if os.geteuid() == 0:
         args.append("--allow-root")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
-           "JUPYTER_CONFIG_PATH": str(clone / "etc" / "jupyter")}  # as `make lab` sets it
+    # the clone's own package (its runs/ is where the notebook looks for studies), not the one the
+    # environment's editable install points at; JUPYTER_CONFIG_PATH as `make lab` sets it
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(clone / "src"),
+           "JUPYTER_CONFIG_PATH": str(clone / "etc" / "jupyter"), "JUPYTERLAB_SETTINGS_DIR": str(settings)}
+    env.pop("ZFREE_STUDY", None)
     proc = subprocess.Popen(args, cwd=clone, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     for _ in range(120):
         try:
@@ -54,16 +76,130 @@ def _start_lab(clone: Path, port: int, token: str) -> subprocess.Popen:
     raise RuntimeError("jupyter lab did not answer within 120 s")
 
 
-def test_explore_notebook_in_jupyterlab(tmp_path_factory, tmp_path):
+def _break_study(study: Path) -> None:
+    """A study whose data folder has gone (moved, deleted): every launch from it must fail."""
+    for cfg in study.glob("runs/*/config.json"):
+        cfg.write_text(json.dumps({**json.loads(cfg.read_text()), "data_dir": str(study / "data that was deleted")}))
+
+
+def _kernel_children(lab_pid: int) -> list:
+    """The processes the notebook's kernel started, alive now: the launch panel's pool workers,
+    then (their children) the runs' notebook kernels."""
+    import psutil
+
+    kernels = [p for p in psutil.Process(lab_pid).children() if "ipykernel_launcher" in " ".join(p.cmdline())]
+    alive = []
+    for c in (c for k in kernels for c in k.children(recursive=True)):
+        try:
+            if c.status() != psutil.STATUS_ZOMBIE:
+                alive.append(c)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+def _run_kernels(lab_pid: int) -> int:
+    """How many runs' notebook kernels (the pool workers' children) are alive."""
+    import psutil
+
+    workers = {p.pid for p in _kernel_children(lab_pid) if p.ppid() in
+               {k.pid for k in psutil.Process(lab_pid).children()}}
+    return sum(p.ppid() in workers for p in _kernel_children(lab_pid))
+
+
+class Lab:
+    """The page with explore.ipynb run, and what the tests read on it."""
+
+    def __init__(self, page, clone: Path, proc: subprocess.Popen, shots: Path | None, timeout_error):
+        self.page, self.clone, self.proc, self.shots, self.TimeoutError = page, clone, proc, shots, timeout_error
+        self.chooser = page.locator(".zfree-chooser")
+        self.explorer = page.locator(".zfree-explorer")
+        self.panel = page.locator(".zfree-launch")
+        self.status = self.panel.locator(".zfree-launch-status")
+        self.figure = self.explorer.locator(".widget-output img").first
+        self.runs = clone / "runs"
+        self.status_after_open: str | None = None  # git status once opened (kernel up, autosaves passed)
+        self.mtime_before_run: int | None = None  # the notebook file's, before Run All (an autosave changes it)
+
+    def text(self, pattern: str, timeout_s: float = 60):
+        """Wait for an element whose whole text matches ``pattern``; returns its text."""
+        el = self.page.get_by_text(re.compile(pattern)).first
+        el.wait_for(state="attached", timeout=timeout_s * 1000)
+        return el.text_content()
+
+    def dropdown(self, label: str):
+        return self.explorer.locator(".widget-dropdown").filter(
+            has=self.page.get_by_text(label, exact=True)).locator("select")
+
+    def choose_study(self, name: str, n_runs: int) -> None:
+        """The chooser's dropdown set to runs/<name>; waits for the table to show it."""
+        self.chooser.locator("select").select_option(label=f"runs/{name} ({n_runs} run{'s' * (n_runs != 1)})")
+        self.text(rf"^study {re.escape(str((self.runs / name).resolve()))}: \d+ finished runs?, \d+ failed$")
+
+    def changed_after(self, action) -> bool:
+        """Whether the explorer's figure is redrawn (another image) after ``action``."""
+        before = self.figure.get_attribute("src")
+        action()
+        try:
+            self.page.wait_for_function("([el, s]) => !el.isConnected || el.src !== s",
+                                        arg=[self.figure.element_handle(), before], timeout=60_000)
+        except self.TimeoutError:
+            return False
+        self.figure.wait_for(state="attached", timeout=60_000)
+        return self.figure.get_attribute("src") != before
+
+    def field(self, label: str):
+        return self.panel.locator(".widget-text").filter(has=self.page.get_by_text(label, exact=True)).locator("input")
+
+    def set_launch(self, n_beta: int, steps: int, weightings=("plain",)) -> None:
+        """The panel's # β (one: the template's β), weightings and steps; waits for the plan to
+        count the runs."""
+        self.field("# β").fill(str(n_beta))
+        self.field("# β").press("Enter")
+        self.panel.locator("select[multiple]").select_option(list(weightings))
+        self.field("steps").fill(str(steps))
+        self.field("steps").press("Enter")
+        self.text(rf"^{n_beta * len(weightings)} run\(s\) into")
+
+    def launch(self, until: str = r"(done|failed|stopped): .*", timeout_s: float = 600) -> str:
+        """Click launch; wait for a new status line that matches ``until`` (whole); returns it."""
+        before = self.status.text_content()
+        self.panel.get_by_role("button", name="launch").click()
+        return self.wait_status(until, timeout_s, other_than=before)
+
+    def wait_status(self, until: str, timeout_s: float, other_than: str | None = None) -> str:
+        """The panel's status line once it matches ``until`` (whole) and differs from ``other_than``."""
+        t0 = time.time()
+        while time.time() - t0 < timeout_s:
+            text = self.status.text_content()
+            if text != other_than and re.fullmatch(until, text):
+                return text
+            time.sleep(0.5)
+        raise AssertionError(f"the status line is {self.status.text_content()!r} after {timeout_s:.0f} s, not {until!r}")
+
+    def shot(self, name: str, locator=None) -> None:
+        if self.shots:
+            (locator or self.page).screenshot(path=str(self.shots / f"{name}.png"))
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """explore.ipynb opened in JupyterLab (git status checked after open and autosave) and run."""
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e .[test])")
     if not Path(CHROMIUM).exists():
         pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium, or set ZFREE_CHROMIUM)")
     shots = Path(os.environ["ZFREE_SCREENSHOTS"]) if os.environ.get("ZFREE_SCREENSHOTS") else None
     if shots:
         shots.mkdir(parents=True, exist_ok=True)
-    clone = make_lab_clone(tmp_path, make_tiny_sweep(tmp_path_factory))
+    tmp = tmp_path_factory.mktemp("lab")
+    sweep = make_tiny_sweep(tmp_path_factory)
+    clone = make_lab_clone(tmp, sweep)
+    shutil.copytree(sweep, clone / "runs" / "study-moved")  # ignored by git: runs/ is not tracked
+    _break_study(clone / "runs" / "study-moved")
+    os.utime(next((clone / "runs" / "study-aided" / "runs").glob("*/summary.json")))  # the newest study
+    nb = clone / "notebooks" / "explore.ipynb"
     port, token = _free_port(), "zfree-test"
-    lab = _start_lab(clone, port, token)
+    proc = _start_lab(clone, port, token, _lab_settings(tmp / "lab-settings"))
     try:
         with sync_api.sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
@@ -71,59 +207,117 @@ def test_explore_notebook_in_jupyterlab(tmp_path_factory, tmp_path):
             page.goto(f"http://127.0.0.1:{port}/lab/tree/explore.ipynb?token={token}")
             page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=120_000)
             page.get_by_text(re.compile(r"\| Idle$")).first.wait_for(timeout=120_000)  # the kernel is up
-            news = page.get_by_role("button", name="No", exact=True)  # JupyterLab's news prompt
-            if news.count():
-                news.first.click()
+            page.wait_for_timeout(3 * AUTOSAVE_S * 1000)
+            lab = Lab(page, clone, proc, shots, sync_api.TimeoutError)
+            lab.status_after_open = _git(clone, "status", "--porcelain")
+            lab.mtime_before_run = nb.stat().st_mtime_ns
             page.get_by_role("menuitem", name="Run", exact=True).click()
             page.locator(".lm-Menu-itemLabel").filter(has_text=re.compile(r"^Run All Cells$")).click()
-            explorer = page.locator(".widget-vbox").filter(has=page.locator(".widget-output")).first
-            figure = explorer.locator(".widget-output img").first
-            figure.wait_for(timeout=180_000)
-
-            def changed_after(action) -> bool:
-                before = figure.get_attribute("src")
-                action()
-                try:
-                    page.wait_for_function("([el, s]) => el.isConnected && el.src !== s || !el.isConnected",
-                                           arg=[figure.element_handle(), before], timeout=60_000)
-                except sync_api.TimeoutError:
-                    return False
-                figure.wait_for(timeout=60_000)
-                return figure.get_attribute("src") != before
-
-            def dropdown(label):
-                return explorer.locator(".widget-dropdown").filter(has=page.get_by_text(label, exact=True)).locator("select")
-
-            if shots:
-                for kind in ("phase", "rate_distortion", "effective_beta", "rho", "dynamics"):
-                    changed_after(lambda: dropdown("figure").select_option(kind))
-                    explorer.screenshot(path=str(shots / f"explorer_{kind}.png"))
-            dropdown("figure").select_option("effective_beta")
-            assert changed_after(lambda: dropdown("weighting").select_option("distribution")), "weighting: no redraw"
-            beta = explorer.locator(".widget-hslider").filter(has=page.get_by_text("β", exact=True))
-            handle = beta.locator(".noUi-handle").first
-            assert changed_after(lambda: (handle.focus(), page.keyboard.press("ArrowLeft"))) or \
-                changed_after(lambda: (handle.focus(), page.keyboard.press("ArrowRight"))), "β slider: no redraw"
-
-            panel = page.locator(".widget-vbox").filter(has=page.get_by_role("button", name="launch")).last
-            panel.locator(".widget-text").filter(has=page.get_by_text("# β", exact=True)).locator("input").fill("1")
-            panel.locator("select[multiple]").select_option(["plain"])
-            steps = panel.locator(".widget-text").filter(has=page.get_by_text("steps", exact=True)).locator("input")
-            steps.fill("4")
-            steps.press("Enter")
-            page.get_by_text(re.compile(r"^1 run\(s\) into")).wait_for(timeout=30_000)
-            if shots:
-                panel.screenshot(path=str(shots / "launch_panel.png"))
-            panel.get_by_role("button", name="launch").click()
-            page.get_by_text(re.compile(r"^done: 1/1 ok$")).wait_for(timeout=600_000)
-            if shots:
-                page.screenshot(path=str(shots / "after_launch.png"), full_page=True)
-            page.keyboard.press("Control+s")
-            page.wait_for_timeout(3000)
+            lab.figure.wait_for(state="attached", timeout=300_000)
+            lab.panel.wait_for(state="attached", timeout=120_000)
+            yield lab
             browser.close()
     finally:
-        lab.terminate()
-        lab.wait(timeout=60)
-    launched = list((clone / "runs" / "study-default" / "launched" / "runs").glob("*/summary.json"))
-    assert len(launched) == 1, launched
-    assert _git(clone, "status", "--porcelain") == "", _git(clone, "status")
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+@pytest.fixture(autouse=True)
+def _end_shot(request):
+    yield
+    lab = request.node.funcargs.get("lab")
+    if lab is not None:
+        lab.shot(f"end_{request.node.name}")
+
+
+def test_opening_the_notebook_changes_no_tracked_file(lab):
+    """Open, kernel started, several autosave intervals: nothing written to tracked files."""
+    assert lab.status_after_open == "", lab.status_after_open
+
+
+def test_the_explorer_opens_the_newest_study_and_redraws(lab):
+    chosen = lab.chooser.locator("select").evaluate("el => el.options[el.selectedIndex].text")
+    assert chosen.replace("\u00a0", " ") == "runs/study-aided (6 runs)", chosen  # ipywidgets: no-break spaces
+    lab.text(rf"^study {re.escape(str((lab.runs / 'study-aided').resolve()))}: 6 finished runs, 0 failed$")
+    for kind in FIGURES:
+        lab.changed_after(lambda: lab.dropdown("figure").select_option(kind))
+        lab.figure.scroll_into_view_if_needed()
+        lab.shot(f"explorer_{kind}", lab.explorer)
+    lab.dropdown("figure").select_option("effective_beta")
+    assert lab.changed_after(lambda: lab.dropdown("weighting").select_option("distribution")), "weighting: no redraw"
+    handle = lab.explorer.locator(".widget-hslider").filter(has=lab.page.get_by_text("β", exact=True)) \
+        .locator(".noUi-handle").first
+    assert lab.changed_after(lambda: (handle.focus(), lab.page.keyboard.press("ArrowLeft"))) or \
+        lab.changed_after(lambda: (handle.focus(), lab.page.keyboard.press("ArrowRight"))), "β slider: no redraw"
+
+
+def test_a_study_chosen_in_the_dropdown_changes_no_tracked_file(lab):
+    lab.choose_study("study-default", 6)
+    assert "study-default/launched/runs" in lab.panel.text_content()  # the panel follows the study
+    lab.page.wait_for_timeout(3 * AUTOSAVE_S * 1000)  # the notebook is dirty (run): autosaved by now
+    assert lab.clone.joinpath("notebooks", "explore.ipynb").stat().st_mtime_ns > lab.mtime_before_run, "no autosave"
+    assert _git(lab.clone, "status", "--porcelain") == "", _git(lab.clone, "diff")[:3000]
+
+
+def test_a_launch_finishes_with_numbers_in_its_summary(lab):
+    lab.choose_study("study-default", 6)
+    lab.set_launch(n_beta=1, steps=4)
+    lab.shot("launch_panel", lab.panel)
+    label = lab.launch()
+    assert label == "done: 1/1 ok", label
+    (summary,) = (lab.runs / "study-default" / "launched" / "runs").glob("*/summary.json")
+    s = json.loads(summary.read_text())
+    metrics = ("loss/val/kl_prior_loss", "loss/val/baseline_normalized_reconstruction_loss",
+               "latent/mutual_information", "steps")
+    assert all(isinstance(s.get(k), (int, float)) and math.isfinite(s[k]) for k in metrics), {k: s.get(k) for k in metrics}
+    assert s["steps"] == 4 and "done" not in summary.read_text()
+    lab.text(r"^7 finished runs, 0 failed; showing \d+$")  # the explorer counts it
+    lab.shot("after_launch")
+
+
+def test_a_launch_that_fails_says_why_and_where_and_the_explorer_counts_it(lab):
+    lab.choose_study("study-moved", 6)
+    lab.set_launch(n_beta=1, steps=4)
+    label = lab.launch()
+    m = re.fullmatch(r"failed: 0/1 ok; 1 failed, first (\S+): (.+?) \(see (.+/error\.json)\)", label)
+    assert m and "done" not in label, label
+    run_id, reason, error_file = m.groups()
+    assert "data that was deleted" in reason and "does not exist" in reason and "…" not in reason, reason
+    assert Path(error_file) == (lab.runs / "study-moved" / "launched" / "runs" / run_id / "error.json").resolve()
+    assert Path(error_file).is_file() and not Path(error_file).with_name("summary.json").exists()
+    lab.text(r"^6 finished runs, 1 failed; showing \d+$")
+    assert lab.panel.get_by_role("button", name="launch").is_enabled()
+    lab.shot("failed_launch", lab.panel)
+
+
+def test_stop_ends_the_workers_and_launch_works_again(lab):
+    lab.choose_study("study-default", 6)  # the chooser counts a study's own runs, not its launched ones
+    lab.set_launch(n_beta=2, steps=100_000)  # two β of the range, runs that would take hours
+    lab.panel.get_by_role("button", name="launch").click()
+    runs = lab.runs / "study-default" / "launched" / "runs"
+    for _ in range(360):  # both workers have started their run's kernel
+        if _run_kernels(lab.proc.pid) >= 2:
+            break
+        time.sleep(0.5)
+    assert _run_kernels(lab.proc.pid) == 2, [p.cmdline() for p in _kernel_children(lab.proc.pid)]
+    assert lab.panel.get_by_role("button", name="launch").is_disabled()
+    t0 = time.time()
+    lab.panel.get_by_role("button", name="stop").click()
+    label = lab.wait_status(r"(done|failed|stopped): .*", timeout_s=60)
+    assert label == "stopped: 0/2 finished" and time.time() - t0 < 60, label
+    assert lab.panel.get_by_role("button", name="launch").is_enabled()
+    assert lab.panel.get_by_role("button", name="stop").is_disabled()
+    for _ in range(60):
+        if not _kernel_children(lab.proc.pid):
+            break
+        time.sleep(0.5)
+    assert not _kernel_children(lab.proc.pid), [p.cmdline() for p in _kernel_children(lab.proc.pid)]
+    assert len(list(runs.glob("*/summary.json"))) == 1  # the first test's run; the stopped ones unfinished
+    lab.set_launch(n_beta=1, steps=4)  # launch works again (the first launch's point: skipped, finished)
+    assert lab.launch() == "done: 1/1 ok"
+
+
+def test_saving_leaves_git_clean(lab):
+    lab.page.keyboard.press("Control+s")
+    lab.page.wait_for_timeout(3000)
+    assert _git(lab.clone, "status", "--porcelain") == "", _git(lab.clone, "diff")[:3000]

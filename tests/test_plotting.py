@@ -272,6 +272,31 @@ def test_log_ticks_at_nearby_betas_are_thinned_so_labels_do_not_overprint():
     plt.close(fig)
 
 
+def test_a_log_axis_over_less_than_a_decade_labels_the_data():
+    """β_eff from 2.6 to 4.5 (one weighting at one β): 1-2-5 ticks left the data with no label
+    inside it; within a decade the ticks are 1-1.5-2-3-5-7."""
+    fig, ax = plt.subplots()
+    ax.plot([1, 2], [2.6, 4.5], "o")
+    ax.axhline(1.0)
+    log_axis(ax, "y")
+    fig.canvas.draw()
+    lo, hi = 2.6, 4.5
+    inside = [float(t.get_text()) for t in ax.get_yticklabels() if t.get_text() and lo <= float(t.get_text()) <= hi]
+    assert inside == [3.0], [t.get_text() for t in ax.get_yticklabels()]
+    plt.close(fig)
+
+
+def test_training_curves_name_the_collapse_marks_and_count_whole_steps():
+    df = pd.DataFrame({"step": [0, 2, 4], "loss/val/kl_prior_loss": [0.2, 0.01, 0.01],
+                       "loss/val/baseline_normalized_reconstruction_loss": [1.0, 0.99, 1.0]})
+    fig = P.plot_training_curves({"run": df}, collapse_kl=0.05)
+    fig.canvas.draw()
+    texts = [t.get_text() for lg in fig.legends for t in lg.get_texts()]
+    assert "KL = 0.05: collapsed below (KL panel)" in texts and "a run's first evaluation below it (KL panel)" in texts
+    ticks = [float(t.get_text().replace("−", "-")) for t in fig.axes[1].get_xticklabels() if t.get_text()]
+    assert ticks and all(v == int(v) for v in ticks), ticks
+
+
 def test_training_curves_leave_the_nmi_panel_out_without_strategies():
     """Real data (no strategy labels): no empty NMI panel is drawn (the notebook says why in one line)."""
     df = pd.DataFrame({"step": [0, 50], "loss/val/kl_prior_loss": [0.01, 0.02],
@@ -378,4 +403,29 @@ def test_rate_distortion_labels_each_place_once():
                                     "rate": 0.0, "distortion": 1.491}]
     fig = P.plot_rate_distortion(pd.DataFrame(rows))
     labels = sorted(t.get_text() for t in fig.axes[0].texts)
-    assert labels == ["β=0.03, 1", "β=0.3"]
+    # the markers there hide each other: the label names whose they are (their shared aid once)
+    assert labels == ["β=0.03: plain none\nβ=1: plain hard_em_then_soft",
+                      "β=0.3: distribution, example, token (hard_em_then_soft)"], labels
+
+
+def test_rate_distortion_labels_close_together_are_stacked_not_overprinted():
+    """Runs at separate places a few pixels apart (a collapsed study: every run near the z-free
+    point) get one label each, moved apart on the drawn figure, each in its run's color."""
+    from zfree.report.figstyle import label_box
+
+    rows = [{"weighting": w, "latent_kind": "discrete", "aid": "none", "beta": b, "rate": r, "distortion": d}
+            for w, b, r, d in (("plain", 0.01, 0.0, 78.0), ("example", 0.02, 0.06, 78.15), ("token", 0.03, 0.12, 78.3),
+                               ("plain", 1.0, 1.0, 70.0))]
+    fig = P.plot_rate_distortion(pd.DataFrame(rows), z_free=78.0)
+    ax = fig.axes[0]
+    renderer = fig.canvas.get_renderer()
+    boxes = {t.get_text(): label_box(t, renderer) for t in ax.texts}  # the text, without its line
+    assert set(boxes) == {"β=0.01", "β=1", "β=0.02", "β=0.03"}, set(boxes)
+    names = sorted(boxes)
+    assert not any(boxes[a].overlaps(boxes[b]) for i, a in enumerate(names) for b in names[i + 1:]), boxes
+    moved = [t for t in ax.texts if t.xyann[1] > 8]
+    assert moved and all(t.arrow_patch.get_visible() for t in moved)  # a moved label keeps a line to its point
+    assert {t.get_text(): t.get_color() for t in ax.texts}["β=0.02"] == P.color_of("example")
+    runs_z = {ln.get_zorder() for ln in ax.lines if ln.get_label() in ("plain", "example", "token")}
+    star = [c for c in ax.collections if c.get_label().startswith("z-free")][0]
+    assert min(runs_z) > star.get_zorder()  # a run on the z-free point is drawn over it, not hidden

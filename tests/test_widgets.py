@@ -12,7 +12,8 @@ import pytest
 
 from tests.tiny_sweep import make_tiny_sweep
 from zfree.core.io import atomic_write_json, read_json
-from zfree.report.widgets import LaunchPanel, SweepExplorer, wrap_panels
+from zfree.report.figstyle import wrap_panels
+from zfree.report.widgets import LaunchPanel, SweepExplorer
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +32,40 @@ def test_explorer_redraws_every_figure_and_filters(sweep):
     assert set(e.selected["weighting"]) == {"distribution"}
     labels = [ln.get_label() for ln in e.figure.axes[0].lines if not ln.get_label().startswith("_")]
     assert "distribution" in labels and "plain" not in labels
+
+
+def test_the_figure_reaches_the_output_as_a_png_under_any_backend(sweep):
+    """The tests run under MPLBACKEND=Agg, where display(fig) would show only "<Figure size ...>"."""
+    import matplotlib
+
+    from IPython.core.interactiveshell import InteractiveShell
+    from IPython.utils.capture import capture_output
+
+    assert matplotlib.get_backend().lower() == "agg"
+    InteractiveShell.instance()  # display() publishes rich outputs (without a shell it prints reprs)
+    with capture_output() as cap:
+        SweepExplorer(sweep)
+    (out,) = cap.outputs
+    assert "image/png" in out.data and out.data["image/png"], out.data.get("text/plain")
+
+
+def test_every_explorer_figure_draws_each_glyph(sweep):
+    """No text of an explorer figure holds a combining mark (matplotlib draws ℓ + U+0304 with the bar
+    through the ℓ: mathtext's \\bar is used instead) or a character its font lacks."""
+    import io
+    import unicodedata
+    import warnings
+
+    from matplotlib.text import Text
+
+    e = SweepExplorer(sweep)
+    for kind in e.FIGURES:
+        e.figure_kind.value = kind
+        texts = [t.get_text() for t in e.figure.findobj(Text)]
+        assert not [t for t in texts if any(unicodedata.combining(ch) for ch in t)], kind
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message=".*missing from font.*")
+            e.figure.savefig(io.BytesIO(), format="png")
 
 
 def test_sliders_select_the_runs_drawn(sweep):

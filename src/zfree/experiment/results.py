@@ -75,13 +75,14 @@ def check_folder(folder: Path | str) -> Path:
 
 
 def find_studies(root: Path | str) -> list[Path]:
-    """The study and sweep folders directly under ``root`` (those whose ``runs/`` holds a finished
-    run), the most recently finished first."""
+    """The finished study and sweep folders directly under ``root``: those holding ``summary.csv``
+    (a finished study) or a finished run (``runs/*/summary.json``), the most recently finished first
+    (by the newest of those files' modification times). A missing ``root`` has none."""
     found = []
-    for d in Path(root).glob("*/runs"):
-        done = [s.stat().st_mtime for s in d.glob("*/summary.json")]
+    for d in (p for p in Path(root).glob("*") if p.is_dir()):
+        done = [f.stat().st_mtime for f in [d / "summary.csv", *d.glob("runs/*/summary.json")] if f.is_file()]
         if done:
-            found.append((max(done), d.parent))
+            found.append((max(done), d))
     return [p for _, p in sorted(found, reverse=True)]
 
 

@@ -83,7 +83,8 @@ def thin_log_ticks(vals, min_gap_decades: float = 0.1, share: float = 1 / 6) -> 
 def log_axis(ax, axis: str = "x", values=None) -> None:
     """Log scale with readable major ticks only: at ``values`` (the data's few distinct values,
     e.g. the betas a sweep ran, thinned where neighbours would overprint: ``thin_log_ticks``) when there are at most 8, else at 1-2-5 per decade (one a decade
-    beyond 1.5 decades, 1-1.5-2-3-5-7 within half a decade); plain-number labels ("0.03", not "3×10⁻²"), no minor labels."""
+    beyond 1.5 decades, 1-1.5-2-3-5-7 within one decade, where 1-2-5 left data from 2.5 to 4.5
+    with the one label 2 below it); plain-number labels ("0.03", not "3×10⁻²"), no minor labels."""
     getattr(ax, f"set_{axis}scale")("log")
     a = ax.xaxis if axis == "x" else ax.yaxis
     vals = np.unique(np.round(np.asarray([] if values is None else values, float), 12))
@@ -93,7 +94,7 @@ def log_axis(ax, axis: str = "x", values=None) -> None:
     else:
         lo, hi = (vals.min(), vals.max()) if len(vals) else getattr(ax, f"get_{axis}lim")()
         span = hi / max(lo, 1e-300)
-        subs = (1.0,) if span > 10 ** 1.5 else (1.0, 2.0, 5.0) if span > 10 ** 0.5 else (1.0, 1.5, 2.0, 3.0, 5.0, 7.0)
+        subs = (1.0,) if span > 10 ** 1.5 else (1.0, 2.0, 5.0) if span > 10 else (1.0, 1.5, 2.0, 3.0, 5.0, 7.0)
         a.set_major_locator(LogLocator(base=10, subs=subs))
     a.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     a.set_minor_formatter(NullFormatter())
@@ -170,3 +171,55 @@ def groups(df: pd.DataFrame):
         key = key if isinstance(key, tuple) else (key,)
         yield (" ".join(map(str, [*key, *shared])), color_of(key[0]), LINESTYLES[others.index(tuple(key[1:])) % 4],
                rows)
+
+
+def label_box(t, renderer):
+    """The display box (pixels) of annotation ``t``'s text at its current place, without its line."""
+    from matplotlib.text import Text
+
+    t.update_positions(renderer)  # an annotation places its text when drawn: before, the box is stale
+    return Text.get_window_extent(t, renderer)
+
+
+def keep_labels_apart(ax, texts, marks=(), pad_px: float = 1.0) -> None:
+    """Move annotations (``ax.annotate`` with ``textcoords="offset points"``) that overlap another
+    label or a marker on the drawn figure upward, each just above what it would cover, so no label
+    is printed over another or hides a run; a moved label keeps a thin gray line to its point (its
+    ``arrow_patch``, hidden while unmoved). ``marks``: (x, y, radius in points) of the markers, in
+    data coordinates. Call it once the figure is laid out (pixel positions come from its renderer)."""
+    from matplotlib.transforms import Bbox
+
+    renderer = ax.figure.canvas.get_renderer()
+    box = lambda t: label_box(t, renderer)  # noqa: E731
+    px = ax.figure.dpi / 72
+    placed = [Bbox.from_bounds(x - r * px, y - r * px, 2 * r * px, 2 * r * px)
+              for (x, y), r in ((ax.transData.transform((mx, my)), r) for mx, my, r in marks)]
+    for t in sorted(texts, key=lambda t: tuple(ax.transData.transform(t.xy))[::-1]):
+        for _ in range(len(placed) + 1):
+            bb = box(t)
+            hit = next((p for p in placed if bb.overlaps(p)), None)
+            if hit is None:
+                break
+            x, y = t.xyann
+            t.xyann = (x, y + (hit.y1 - bb.y0 + pad_px) / px)
+        if t.arrow_patch is not None:
+            t.arrow_patch.set_visible(t.xyann[1] > 8)
+        placed.append(box(t))
+
+
+def wrap_panels(fig: plt.Figure, ncols: int = 4, panel: tuple[float, float] = (4.4, 3.8)) -> plt.Figure:
+    """Re-lay a figure whose axes stand in one row into rows of at most ``ncols`` panels, each
+    ``panel`` inches (width, height); a figure of ``ncols`` panels or fewer is returned as is."""
+    axes = [ax for ax in fig.axes if ax.get_subplotspec() is not None]
+    if len(axes) <= ncols or len(axes) != len(fig.axes) or any(ax.get_subplotspec().get_gridspec().nrows != 1
+                                                               for ax in axes):
+        return fig  # few panels, colorbars or several rows already: laid out by its plotting function
+    nrows = -(-len(axes) // ncols)
+    gs = fig.add_gridspec(nrows, ncols)
+    for i, ax in enumerate(axes):
+        ax.set_subplotspec(gs[i // ncols, i % ncols])
+        if i % ncols == 0:
+            ax.tick_params(labelleft=True)  # shared y: the first panel of each row keeps its labels
+    fig.set_size_inches(panel[0] * ncols, panel[1] * nrows)
+    fig.tight_layout()
+    return fig

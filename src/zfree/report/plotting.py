@@ -14,12 +14,16 @@ import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from zfree.report.figstyle import FACET_MARKERS, FACETS, color_of, finish_with_legend_right, literal_texts  # noqa: E402
+from zfree.report.figstyle import FACET_MARKERS, FACETS, color_of, finish_with_legend_right, keep_labels_apart  # noqa: E402
+from zfree.report.figstyle import literal_texts  # noqa: E402
 from zfree.report.figstyle import groups as _groups  # noqa: E402
 from zfree.report.figstyle import legend_below as _legend_below  # noqa: E402
 from zfree.report.figstyle import log_axis as _log_axis  # noqa: E402
 from zfree.report.figstyle import paper as _paper  # noqa: E402
 from zfree.report.figstyle import rho_limits as _rho_limits  # noqa: E402
+
+#: ℓ̄ (mean token loss) in mathtext: matplotlib draws the combining macron (U+0304) through the ℓ
+LBAR, LBAR_I = r"$\bar{\ell}$", r"$\bar{\ell}_i$"
 
 
 @_paper
@@ -59,16 +63,19 @@ def plot_training_curves(metrics: dict[str, pd.DataFrame], collapse_kl: float = 
         axes[3].set_visible(False)  # no strategy labels: no empty panel (the notebook says why in one line)
     for ax in axes:
         ax.set_xlabel("step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole: no "step 2.5"
     fig.tight_layout()
-    # two legends below the panels, outside the data: runs by color, terms by line style
+    # two legends below the panels, outside the data: runs by color, terms (and the KL panel's marks) by line style
     runs = [Line2D([], [], color=f"C{i % 10}", marker=".", label=label) for i, label in enumerate(metrics)]
     terms = list(dict.fromkeys(c.rsplit("/", 1)[-1] for df in metrics.values() for c in df.columns
                                if c.startswith("loss_contrib/fraction_abs/")))
-    styles_h = [Line2D([], [], color="k", ls=styles[j % 4], label=t) for j, t in enumerate(terms)]
+    styles_h = [Line2D([], [], color="k", ls=styles[j % 4], label=f"{t} (top left)") for j, t in enumerate(terms)]
+    styles_h += [Line2D([], [], color="gray", lw=0.6, ls="--", label=f"KL = {collapse_kl:g}: collapsed below (KL panel)"),
+                 Line2D([], [], color="k", lw=1, ls=":", label="a run's first evaluation below it (KL panel)")]
     first = fig.legend(handles=runs, loc="upper right", bbox_to_anchor=(0.62, 0.0), ncol=2, fontsize=7,
                        frameon=False, title="run (color)", title_fontsize=7)
     fig.legend(handles=styles_h, loc="upper left", bbox_to_anchor=(0.64, 0.0), ncol=1, fontsize=7, frameon=False,
-               title="term (line style, top-left panel)", title_fontsize=7)
+               title="line style", title_fontsize=7)
     fig.add_artist(first)
     return fig
 
@@ -183,18 +190,39 @@ def _row_labels(runs: pd.DataFrame, factor: float = 1.25) -> list[tuple[float, l
     return out
 
 
-def _label_clusters(points, tol: float = 0.04) -> dict[tuple[float, float], list[float]]:
-    """Points (rate, distortion, beta) that lie within ``tol`` of the data's range of each other
-    share one label: (x, y) of the cluster's first point -> its sorted distinct betas."""
-    span_r = max(1e-9, float(np.ptp([p[0] for p in points]))) if points else 1.0
-    span_d = max(1e-9, float(np.ptp([p[1] for p in points]))) if points else 1.0
-    out: dict[tuple[float, float], list[float]] = {}
-    for x, y, b in points:
-        home = next((k for k in out if abs(k[0] - x) / span_r < tol and abs(k[1] - y) / span_d < tol), (x, y))
-        out.setdefault(home, [])
-        if b not in out[home]:
-            out[home].append(b)
-    return {k: sorted(v) for k, v in out.items()}
+def _label_clusters(points, spans: tuple[float, float], tol: float = 0.03) -> dict[tuple[float, float], tuple[str, str]]:
+    """Points (rate, distortion, beta, group, color) drawn within ``tol`` of the axes' ``spans``
+    (rate, distortion) of each other, i.e. on top of each other, share one label: (x, y) of the
+    cluster's first point -> (text, color). One group there: "β=0.3, 1" in the group's color;
+    several: a line per beta naming the groups drawn at it ("β=0.3: distribution, example
+    (hard_em_then_soft)"), in black, as their markers hide each other."""
+    span_r, span_d = (max(1e-12, float(v)) for v in spans)
+    found: dict[tuple[float, float], dict[float, list[str]]] = {}
+    colors = {g: c for *_, g, c in points}
+    for x, y, b, g, _ in points:
+        home = next((k for k in found if abs(k[0] - x) / span_r < tol and abs(k[1] - y) / span_d < tol), (x, y))
+        at = found.setdefault(home, {}).setdefault(b, [])
+        if g not in at:
+            at.append(g)
+    out = {}
+    for home, by_beta in found.items():
+        betas = sorted(by_beta)
+        names = {g for gs in by_beta.values() for g in gs}
+        if len(names) == 1:
+            out[home] = ("β=" + ", ".join(f"{b:g}" for b in betas), colors[names.pop()])
+        else:
+            out[home] = ("\n".join(f"β={b:g}: {_name_groups(by_beta[b])}" for b in betas), "k")
+    return out
+
+
+def _name_groups(labels: list[str]) -> str:
+    """Group labels in one line, their shared trailing facets once: "distribution, example (hard_em_then_soft)"."""
+    words = [lb.split(" ") for lb in labels]
+    n = 0
+    while len(labels) > 1 and all(len(w) > n + 1 for w in words) and len({w[-1 - n] for w in words}) == 1:
+        n += 1
+    heads = ", ".join(" ".join(w[:len(w) - n]) for w in words)
+    return heads + (f" ({' '.join(words[0][len(words[0]) - n:])})" if n else "")
 
 
 @_paper
@@ -219,13 +247,10 @@ def plot_rate_distortion(runs: pd.DataFrame, z_free: float | None = None, bayes_
     links = (controls.dropna(subset=["D_control"]) if controls is not None else pd.DataFrame(columns=["D_control"]))
     fig, ax = plt.subplots(figsize=(6.2, 4.8))
     points = []
-    for label, color, ls, rows in _groups(runs):
+    for label, color, ls, rows in _groups(runs):  # the runs over the reference points (zorder 4): both stay seen
         rows = rows.groupby("beta", as_index=False)[["rate", "distortion"]].mean().sort_values("beta")
-        ax.plot(rows["rate"], rows["distortion"], ls, marker=FACET_MARKERS[ls], color=color, label=label)
-        points += [(r["rate"], r["distortion"], r["beta"]) for _, r in rows.iterrows()]
-    for (x, y), betas in _label_clusters(points).items():  # one label per place: no overprint
-        ax.annotate("β=" + ", ".join(f"{b:g}" for b in betas), (x, y), fontsize=6, xytext=(3, 3),
-                    textcoords="offset points")
+        ax.plot(rows["rate"], rows["distortion"], ls, marker=FACET_MARKERS[ls], color=color, label=label, zorder=5)
+        points += [(r["rate"], r["distortion"], r["beta"], label, color) for _, r in rows.iterrows()]
     pts_r = [*runs["rate"], 0.0] + ([bayes_rate] if bayes_rate else [])
     pts_d = [*runs["distortion"].dropna(), *links["D_control"]] + ([z_free] if z_free is not None else []) + (
         [0.0, bayes_rate] if bayes_rate else [])
@@ -246,10 +271,15 @@ def plot_rate_distortion(runs: pd.DataFrame, z_free: float | None = None, bayes_
                    label="analytic optimum (log K/m, 0): z names the strategy")
     ax.set_xlim(-0.02 * r_hi, r_hi)
     ax.set_ylim(d_lo - pad, d_hi + pad)
+    labels = [ax.annotate(text, (x, y), fontsize=6, xytext=(4, 3), textcoords="offset points", zorder=6, color=color,
+                          arrowprops={"arrowstyle": "-", "color": "gray", "lw": 0.5, "shrinkA": 0, "shrinkB": 3})
+              for (x, y), (text, color) in _label_clusters(points, (1.02 * r_hi, d_hi - d_lo + 2 * pad)).items()]
     fig = finish_with_legend_right(fig, ax, "rate R = KL(q‖p) [nats / sequence]",
-                                   "distortion D = |S|·ℓ̄ [nats / sequence]",
+                                   f"distortion D = |S|·{LBAR} [nats / sequence]",
                                    "Rate-distortion plane (dotted: iso-ELBO D + R = const)")
     literal_texts(ax.get_legend())  # the controls' entries name runs
+    marks = [(x, y, 3.2) for x, y, *_ in points] + [(0.0, z_free, 6.5)] * (z_free is not None)  # radii: ms 6, s 160
+    keep_labels_apart(ax, labels, marks)  # one label per place; none over another or over a run
     return fig
 
 
@@ -347,13 +377,13 @@ def plot_rho_distributions(per_example: pd.DataFrame) -> plt.Figure:
         summ = rho_summaries(rows, ["beta"]).set_index("beta").loc[betas]
         ax.plot(range(len(betas)), summ["mean_of_ratios"], "o", mfc="none", color="k", label="mean of ratios  mean ρ_i")
         ax.plot(range(len(betas)), summ["ratio_of_means"], "D", color="tab:red", ms=5,
-                label="ratio of means  ρ_recon = mean ℓ̄ / mean b")
+                label=f"ratio of means  ρ_recon = mean {LBAR} / mean b")
         ax.axhline(1.0, color="gray", lw=0.8)
         ax.set_xticks(range(len(betas)), [f"{b:g}" for b in betas])
         ax.set_xlabel("β")
         ax.set_title(label, fontsize=9)
     for ax in axes[:, 0]:
-        ax.set_ylabel("ρ_i = ℓ̄_i / b_i (per example)")
+        ax.set_ylabel(f"ρ_i = {LBAR_I} / b_i (per example)")
     fig.tight_layout()
     _legend_below(fig, axes[0, 0], ncol=2)
     return fig

@@ -21,7 +21,6 @@ import ipywidgets as W
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-from IPython.display import display
 
 from zfree.config import Aid
 from zfree.core.weightings import WEIGHTING_NAMES
@@ -31,28 +30,10 @@ from zfree.experiment.results import SweepResults, load_sweep
 from zfree.experiment.spec import Point, expand_grid
 from zfree.objective.remedies import HARD_EM_RECIPE, SWITCH_ON_RECIPE
 from zfree.report import plotting as P
-from zfree.report.figstyle import FACETS
-from zfree.report.report import nearest, runs_at_beta
+from zfree.report.figstyle import FACETS, wrap_panels
+from zfree.report.report import nearest, runs_at_beta, show
 
 ALL, WIDE = "all", {"style": {"description_width": "initial"}}  # the no-filter value; wide descriptions
-
-
-def wrap_panels(fig: plt.Figure, ncols: int = 4, panel: tuple[float, float] = (4.4, 3.8)) -> plt.Figure:
-    """Re-lay a figure whose axes stand in one row into rows of at most ``ncols`` panels, each
-    ``panel`` inches (width, height); a figure of ``ncols`` panels or fewer is returned as is."""
-    axes = [ax for ax in fig.axes if ax.get_subplotspec() is not None]
-    if len(axes) <= ncols or len(axes) != len(fig.axes) or any(ax.get_subplotspec().get_gridspec().nrows != 1
-                                                               for ax in axes):
-        return fig  # few panels, colorbars or several rows already: laid out by its plotting function
-    nrows = -(-len(axes) // ncols)
-    gs = fig.add_gridspec(nrows, ncols)
-    for i, ax in enumerate(axes):
-        ax.set_subplotspec(gs[i // ncols, i % ncols])
-        if i % ncols == 0:
-            ax.tick_params(labelleft=True)  # shared y: the first panel of each row keeps its labels
-    fig.set_size_inches(panel[0] * ncols, panel[1] * nrows)
-    fig.tight_layout()
-    return fig
 
 
 def load_sweeps(sweep_dirs: Sequence[Path | str]) -> SweepResults:
@@ -110,7 +91,7 @@ class SweepExplorer:
             sl.observe(lambda _: self.redraw(), names="value")
         self.widget = W.VBox([W.HBox([self.figure_kind, *self.filters.values()]),
                               W.HBox([self.beta, self.beta_note]), W.HBox([self.weight, self.weight_note]),
-                              self.note, self.status, self.out])
+                              self.note, self.status, self.out]).add_class("zfree-explorer")
         self.redraw()
 
     def _set_options(self) -> None:
@@ -165,6 +146,16 @@ class SweepExplorer:
         self._set_options()
         self.redraw()
 
+    def open(self, sweep_dir: Path | str | Sequence[Path | str]) -> None:
+        """Show other sweep folders (one, or a list whose first is the study), as the constructor
+        takes them; the filters keep a value the new runs have. Errors of ``load_sweep`` (e.g.
+        NoStudyError for a missing folder) leave the explorer on its current folders."""
+        dirs = [Path(sweep_dir)] if isinstance(sweep_dir, (str, Path)) else [Path(d) for d in sweep_dir]
+        results = load_sweeps(dirs)
+        self.sweep_dirs, self.sweep_dir, self.results = dirs, dirs[0], results
+        self._set_options()
+        self.redraw()
+
     def filtered(self) -> pd.DataFrame:
         runs = self.results.runs
         for col, dd in self.filters.items():
@@ -183,9 +174,8 @@ class SweepExplorer:
         self.out.clear_output(wait=True)
         if self.figure is not None:
             wrap_panels(self.figure)
-            with self.out:
-                display(self.figure)
-            plt.close(self.figure)  # shown once, in the output area; its artists stay readable
+            with self.out:  # a PNG rendered here: shown under any backend (MPLBACKEND=Agg too), closed
+                show(self.figure)  # after, its artists still readable
 
     def _at_beta(self, runs: pd.DataFrame) -> pd.DataFrame:
         """Per weighting (and facet), the runs at the beta nearest the slider."""
@@ -228,6 +218,11 @@ def aid_choices() -> dict[str, dict[str, Any]]:
             "hard_em_then_soft: HARD_EM_RECIPE": dict(HARD_EM_RECIPE)}
 
 
+def _clip(text: str, n: int) -> str:
+    """``text`` cut to ``n`` characters, "…" saying so (the status line wraps: paths are kept whole)."""
+    return text if len(text) <= n else text[:n - 1] + "…"
+
+
 def _fmt(v: Any) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
@@ -266,7 +261,9 @@ class LaunchPanel:
         self.plan = W.HTML()
         self.button = W.Button(description="launch", button_style="primary")
         self.stop_button = W.Button(description="stop", button_style="danger", disabled=True)
-        self.progress, self.label = W.IntProgress(value=0, min=0, max=1, description="runs"), W.Label()
+        # the status line: plain text (``label.value`` reads as written; HTML-escaped, no quoting
+        # needed) in an HTML widget of its own row, so a failure's reason and folder wrap, never cut
+        self.progress, self.label = W.IntProgress(value=0, min=0, max=1, description="runs"), W.HTML()
         self.statuses: list[dict] = []
         self.thread: threading.Thread | None = None
         self._ex: Executor | None = None
@@ -279,7 +276,27 @@ class LaunchPanel:
             w.observe(lambda _: self.describe(), names="value")
         self.widget = W.VBox([W.HBox([self.log_beta, self.beta_readout, self.n_beta, self.seeds]),
                               W.HBox([self.weightings, W.VBox([self.epsilon, self.aid, self.steps])]),
-                              self.plan, W.HBox([self.button, self.stop_button, self.progress, self.label])])
+                              self.plan, W.HBox([self.button, self.stop_button, self.progress]),
+                              self.label.add_class("zfree-launch-status")]).add_class("zfree-launch")
+        self.describe()
+
+    def _say(self, text: str) -> None:
+        """The status line: ``text`` as plain text (only &, <, > escaped, so it reads back as written)."""
+        self.label.value = html.escape(text, quote=False)
+
+    def set_template(self, base: dict[str, Any], sweep_dir: Path | str,
+                     log_beta: tuple[float, float] | None = None) -> None:
+        """Launch from another template into another folder (a study chosen in the explore
+        notebook); ``log_beta`` re-centres the β range. The other choices (weightings, seeds, aid,
+        steps) stay. RuntimeError, naming the folder, while a launch is running."""
+        if self.thread is not None and self.thread.is_alive():
+            raise RuntimeError(f"a launch is running into {self.sweep_dir / 'runs'}: stop it, or let it finish, first")
+        self.base, self.sweep_dir = dict(base), Path(sweep_dir)
+        if log_beta is not None:
+            self.log_beta.min, self.log_beta.max = min(-4.0, log_beta[0] - 1), max(1.0, log_beta[1] + 1)
+            self.log_beta.value = log_beta
+        self.statuses, self.progress.value = [], 0
+        self._say("")
         self.describe()
 
     def betas(self) -> list[float]:
@@ -341,22 +358,22 @@ class LaunchPanel:
     def _on_done(self, status: dict) -> None:
         self.statuses.append(status)
         self.progress.value += 1
-        self.label.value = f"{len(self.statuses)}/{self.progress.max}: {status['run_id']} {status['status']}"
+        self._say(f"{len(self.statuses)}/{self.progress.max}: {status['run_id']} {status['status']}")
         if self.explorer is not None and status["status"] in ("finished", "failed"):  # failures count at once
             self.explorer.refresh()
 
     def launch(self, wait: bool = False) -> threading.Thread | None:
         """Start the sweep in a background thread (one at a time); ``wait`` joins it."""
         if self.thread is not None and self.thread.is_alive():
-            self.label.value = "a sweep is already running"
+            self._say("a sweep is already running")
             return self.thread
         try:
             points = self.points()
         except ValueError as e:
-            self.label.value = f"invalid: {e}"
+            self._say(f"invalid: {e}")
             return None
         self.statuses, self.progress.value, self.progress.max = [], 0, max(1, len(points))
-        self.label.value = f"running: 0/{len(points)}"
+        self._say(f"running: 0/{len(points)}")
         self.button.disabled, self.stop_button.disabled = True, False
         self._stopping.clear()
         self._stop_note = None
@@ -391,11 +408,11 @@ class LaunchPanel:
             if failed:  # never "done" for a failure: how many, the first one's reason and where to look
                 first = failed[0]
                 reason = str(first.get("error", "")).strip().splitlines()[-1:] or ["no reason recorded"]
-                why = (f"; {len(failed)} failed, first {first['run_id']}: {reason[0][:200]} "
+                why = (f"; {len(failed)} failed, first {first['run_id']}: {_clip(reason[0], 600)} "
                        f"(see {self.sweep_dir / 'runs' / first['run_id'] / 'error.json'})")
             done = "finished" if state == "stopped" else "ok"
             note = f"; {self._stop_note}" if state == "stopped" and self._stop_note else ""
-            self.label.value = f"{state}: {ok}/{len(points)} {done}{why}{broken}{note}"
+            self._say(f"{state}: {ok}/{len(points)} {done}{why}{broken}{note}")
 
     def stop(self, timeout: float = 30.0) -> None:
         """Cancel the runs not yet started and end the running workers (the local process pool's
@@ -404,7 +421,7 @@ class LaunchPanel:
         if self.thread is None or not self.thread.is_alive():
             return
         self._stopping.set()
-        self.label.value = "stopping…"
+        self._say("stopping…")
         # the one stop path of studies and sweeps: the pool's workers (and their kernels) end first, the
         # points not started are cancelled after (cancelled before, CPython's pool manager thread died on
         # them and the launch thread waited in as_completed forever)

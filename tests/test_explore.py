@@ -1,0 +1,115 @@
+"""The explore notebook's study chooser, driven headlessly: the dropdown lists the finished studies,
+a choice (dropdown or path box) re-points the table, explorer and launch panel and writes nothing;
+a folder that cannot be opened is one line and changes nothing."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+
+from tests.tiny_sweep import make_tiny_sweep
+from zfree.experiment.results import find_studies
+from zfree.report.explore import ExploreLab, StudyChooser
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    return make_tiny_sweep(tmp_path_factory)
+
+
+def _files(root: Path) -> dict[str, int]:
+    return {str(p): p.stat().st_mtime_ns for p in root.rglob("*")}
+
+
+def test_find_studies_lists_finished_folders_newest_first(tmp_path):
+    """A finished study is a folder with summary.csv or a finished run (runs/*/summary.json)."""
+    for name, files, when in (("runs-only", ["runs/r1/summary.json"], 3_000_000),
+                              ("csv-only", ["summary.csv"], 2_000_000),
+                              ("both", ["summary.csv", "runs/r1/summary.json"], 1_000_000),
+                              ("unfinished", ["runs/r1/config.json"], 4_000_000)):
+        for f in files:
+            p = tmp_path / name / f
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text("{}")
+            os.utime(p, (when, when))
+    (tmp_path / "summary.csv").write_text("")  # a file beside the studies is not one
+    assert find_studies(tmp_path) == [tmp_path / n for n in ("runs-only", "csv-only", "both")]
+    assert find_studies(tmp_path / "missing") == []
+
+
+@pytest.fixture
+def two_studies(sweep, tmp_path):
+    """runs/study-all (the tiny sweep's six runs) and runs/study-two (two of them, finished later)."""
+    root = tmp_path / "runs"
+    shutil.copytree(sweep, root / "study-all")
+    two = root / "study-two" / "runs"
+    for rid in sorted(p.name for p in (sweep / "runs").iterdir())[:2]:
+        shutil.copytree(sweep / "runs" / rid, two / rid)
+        os.utime(two / rid / "summary.json")  # now: the newest
+    return root
+
+
+def test_choosing_a_study_repoints_the_lab_and_writes_nothing(two_studies):
+    root = two_studies
+    lab = ExploreLab(root / "study-all", steps=3, workers=1, root=root)
+    labels = [label for label, _ in lab.chooser.dropdown.options]
+    assert labels == ["runs/study-two (2 runs)", "runs/study-all (6 runs)"], labels
+    assert lab.chooser.dropdown.value == str((root / "study-all").resolve())
+    assert len(lab.explorer.results.runs) == 6 and "6 finished runs" in lab.table.value
+    before = _files(root)
+    lab.chooser.dropdown.value = str((root / "study-two").resolve())
+    two = (root / "study-two").resolve()
+    assert lab.explorer.sweep_dirs == [two, two / "launched"] and len(lab.explorer.results.runs) == 2
+    assert lab.panel.sweep_dir == two / "launched" and str(two / "launched" / "runs") in lab.panel.plan.value
+    template_run = lab.explorer.results.runs["run_id"].iloc[0]
+    assert lab.panel.base == lab.explorer.results.config(template_run)  # the chosen study's own run
+    assert str(two) in lab.table.value and "2 finished runs" in lab.table.value and lab.chooser.error.value == ""
+    assert int(lab.panel.steps.value) == 3  # the researcher's choices stay
+    lab.chooser.path.value = str(root / "study-all")  # the path box opens a folder too (Enter)
+    assert lab.explorer.sweep_dir == (root / "study-all").resolve() and lab.chooser.path.value == ""
+    assert lab.chooser.dropdown.value == str((root / "study-all").resolve())
+    assert _files(root) == before  # nothing written, nothing touched
+
+
+@pytest.mark.parametrize("what, error", [("missing", "NoStudyError: no such folder"),
+                                         ("not a study", "InputError: "),
+                                         ("a launch running", "RuntimeError: a launch is running into")])
+def test_a_folder_that_cannot_be_opened_is_one_line_and_changes_nothing(two_studies, what, error):
+    root = two_studies
+    lab = ExploreLab(root / "study-all", root=root)
+    folder = root / "study-two"
+    if what == "missing":
+        folder = root / "no such study"
+    elif what == "not a study":
+        folder = root.parent / "plain folder"
+        folder.mkdir()
+    else:  # a launch in progress: the panel would write into the study the researcher left
+        release = threading.Event()
+        lab.panel.thread = threading.Thread(target=release.wait, daemon=True)
+        lab.panel.thread.start()
+    try:
+        assert lab.chooser.choose(folder) is None
+    finally:
+        if what == "a launch running":
+            release.set()
+    assert f"cannot open {folder.resolve()}: {error}" in lab.chooser.error.value, lab.chooser.error.value
+    if what == "not a study":
+        assert "no runs/ inside" in lab.chooser.error.value
+    assert "\n" not in lab.chooser.error.value
+    assert lab.explorer.sweep_dir == (root / "study-all").resolve() and len(lab.explorer.results.runs) == 6
+    assert lab.panel.sweep_dir == (root / "study-all" / "launched").resolve()
+    assert lab.chooser.dropdown.value == str((root / "study-all").resolve())
+
+
+def test_a_study_outside_runs_is_listed_first(two_studies, tmp_path_factory):
+    """Named from the repository (the folder above runs/) when inside it, else in full."""
+    inside, outside = two_studies.parent / "elsewhere" / "my study", tmp_path_factory.mktemp("outside") / "study"
+    for folder, label in ((inside, "elsewhere/my study (2 runs)"), (outside, f"{outside.resolve()} (2 runs)")):
+        shutil.copytree(two_studies / "study-two", folder)
+        chooser = StudyChooser(folder, on_choose=lambda folder: None, root=two_studies)
+        assert chooser.dropdown.options[0] == (label, str(folder.resolve()))
+        assert len(chooser.dropdown.options) == 3 and chooser.dropdown.value == str(folder.resolve())
