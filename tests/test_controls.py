@@ -253,3 +253,26 @@ def test_every_train_config_field_is_classified_for_the_control_exactly_once():
     assert not set(_RESET) & set(SHARED), set(_RESET) & set(SHARED)
     assert flat - set(_RESET) - set(SHARED) == set(), "classify these fields in zfree.experiment.controls"
     assert set(_RESET) | set(SHARED) <= flat, (set(_RESET) | set(SHARED)) - flat
+
+
+def test_a_run_trained_into_the_study_later_is_paired_with_its_recipes_control(tmp_path):
+    """A variant not in controls.json (``zfree train --config <run>/config.json --set ... --out
+    <study>/runs/variant-...``) gets the finished control whose config is its recipe's control; a
+    control of another recipe (another backbone rate) is not taken, and a control written before a
+    later field existed (no ``word_dropout`` key) still matches."""
+    runs = tmp_path / "runs"
+    n = 40
+    flat = {**TrainConfig().to_flat(), "beta": 0.1, "aid": "hard_em_then_soft", "n_latent": 4}
+    variant = {**flat, "handover_margin": 0.9}
+    old_control = {k: v for k, v in control_params(flat).items() if k != "word_dropout"}
+    other = {**control_params(flat), "lr_backbone": flat["lr_backbone"] * 3}
+    _fake_run(runs, "a_control_of_another_recipe", np.full(n, 0.5), np.zeros(n), {"latent_source": "control"})
+    _fake_run(runs, "control_plain_1", np.full(n, 0.9), np.zeros(n), {"latent_source": "control"})
+    _fake_run(runs, "variant-late", np.full(n, 0.8), np.full(n, 0.5), {"latent_used": True})
+    for rid, cfg in (("a_control_of_another_recipe", other), ("control_plain_1", old_control), ("variant-late", variant)):
+        (runs / rid / "config.json").write_text(json.dumps(cfg))
+    from zfree.experiment.results import collect_runs
+
+    g = run_gains(tmp_path, collect_runs(runs), pd.DataFrame()).iloc[0]
+    assert g["run_id"] == "variant-late" and g["control_run_id"] == "control_plain_1"
+    assert g["z_gain"] == pytest.approx(10 * (0.9 - 0.8))

@@ -27,11 +27,12 @@ import numpy as np
 import pandas as pd
 from scipy.stats import bootstrap
 
+from zfree.config import without_log_only
 from zfree.core.io import read_json, read_table
 from zfree.data.labels import label_value, label_values
 from zfree.data.pairs import load_pairs
 from zfree.train.run_folder import read_run_config
-from zfree.experiment.controls import LINKS_FILE
+from zfree.experiment.controls import LINKS_FILE, control_params
 from zfree.objective.theory import predicted_use
 
 N_RESAMPLES = 2000
@@ -127,15 +128,18 @@ def run_gains(study_dir: Path | str, runs: pd.DataFrame, oracles: pd.DataFrame |
     """One row per CVAE run: run_id, control_run_id, rows, D, D_control, D_base, z_gain (+ _lo,
     _hi), finetune_gain (+ _lo, _hi), rate (mean KL), the best label's delta_R (available_gain) and
     the share z got (gain_share = z_gain / available_gain), and ``z_gain_positive`` (its interval
-    above 0). ``runs``: the CVAE runs (``zfree.experiment.results.collect_runs``). Runs whose control
-    has not finished get NaN gains."""
+    above 0). ``runs``: the CVAE runs (``zfree.experiment.results.collect_runs``). A run the study
+    did not plan (one trained into its ``runs/`` later, e.g. ``zfree train --config <run>/config.json
+    --set handover_margin=0.9 --out <study>/runs/variant-...``) is paired with the finished control
+    whose config is its recipe's control (``_recipe_control``). Runs whose control has not finished
+    get NaN gains."""
     runs_dir = Path(study_dir) / "runs"
     oracles = oracle_table(study_dir) if oracles is None else oracles
     best = best_label(oracles)
     controls = links_of(study_dir)["controls"]
     rows = []
     for _, r in runs.iterrows():
-        cid = controls.get(r["run_id"])
+        cid = controls.get(r["run_id"]) or _recipe_control(Path(r["run_dir"]), runs_dir)
         row = {"run_id": r["run_id"], "control_run_id": cid}
         if cid is not None and (runs_dir / cid / "per_example.parquet").exists():
             pr, pc = _paired(_per_example(r["run_dir"]), _per_example(str(runs_dir / cid)))
@@ -153,6 +157,23 @@ def run_gains(study_dir: Path | str, runs: pd.DataFrame, oracles: pd.DataFrame |
         rows.append(row)
     return pd.DataFrame(rows, columns=list(dict.fromkeys(["run_id", "control_run_id", *GAIN_COLUMNS,
                                                           *(k for r in rows for k in r)])))
+
+
+def _recipe_control(run_dir: Path, runs_dir: Path) -> str | None:
+    """The folder name of the finished z-free control in ``runs_dir`` whose config equals
+    ``zfree.experiment.controls.control_params`` of the run in ``run_dir`` (both read with their paths
+    resolved; log-only fields and later fields at their default left out, ``zfree.config.without_log_only``,
+    so a control written before a field existed still matches), or None."""
+    if not (run_dir / "config.json").exists():
+        return None
+    want = without_log_only(control_params(read_run_config(run_dir / "config.json")))
+    for c in sorted(runs_dir.iterdir()) if runs_dir.is_dir() else []:
+        f = c / "config.json"
+        if c != run_dir and (c / "per_example.parquet").exists() and f.exists():
+            have = read_run_config(f)
+            if have.get("latent_source") == "control" and without_log_only(have) == want:
+                return c.name
+    return None
 
 
 def _eta_prediction(run_dir: str, best: pd.Series) -> dict:

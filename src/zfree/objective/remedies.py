@@ -26,6 +26,12 @@ Each paper's own defaults, adapted only where the latent differs (said per entry
   aggressive    He et al. 2019, "Lagging inference networks": inner posterior-only updates before
                 each joint step until the loss stops improving (at most 100, checked every 15), while
                 the mutual information keeps rising (``aid="aggressive_encoder"``).
+  word_dropout  Bowman et al. 2016, "Generating sentences from a continuous space", section 3.2: each
+                decoder-input token of y is replaced by the unknown (else the padding) token with
+                probability 0.25 during training (keep rate 0.75: our choice; the paper sweeps the keep rate
+                and we could not check a default of theirs offline), targets, scoring and evaluation clean
+                (``zfree.train.word_dropout``). Its z-free control is trained with the same dropout
+                (``zfree.experiment.controls``), so the gain counts only what z adds to the weakened decoder.
   switch_on     zfree's symmetry-breaking aid (seed notes 000/002, the aids issue): hard EM with a
                 gated hand-over to the true objective, the optimal posterior, dead-value restarts
                 (``SWITCH_ON_RECIPE`` without its batch size: equal compute keeps the grid's batch).
@@ -100,6 +106,8 @@ def recipe_fields(names: str | list[str]) -> dict[str, Any]:
         out.update(RECIPES[n])
     return out
 
+#: word dropout's drop probability (1 - Bowman et al.'s keep rate; module docstring)
+WORD_DROPOUT_P = 0.25
 #: Li et al. 2019's free-bits target: 8 nats for the whole latent
 FREE_BITS_TOTAL = 8.0
 #: Optimus's ``dim_target_kl``
@@ -139,6 +147,7 @@ _ENTRIES = {
                                        "beta_ratio_zero": 0.5, "beta_ratio_increase": 0.25,
                                        "free_bits_mode": "threshold", "free_bits": OPTIMUS_DIM_TARGET_KL},
     "aggressive": lambda steps, kind, d: {"aid": "aggressive_encoder"},
+    "word_dropout": lambda steps, kind, d: {"word_dropout": WORD_DROPOUT_P},
     "switch_on": _switch_on,
     "switch_on_e2e": lambda steps, kind, d: {**_switch_on(steps, kind, d), **SWITCH_ON_E2E},
     "gaussian": lambda steps, kind, d: {"latent_kind": "continuous", "prior": "standard"},
