@@ -68,6 +68,7 @@ lora_targets = 'auto'
 micro_batch = 0
 keep_prev_checkpoint = False
 tensorboard = True
+wandb = 'off'
 aid = 'none'
 hard_em_decoder = 'posterior_argmax'
 hard_em_recon_scale = 'c_base'
@@ -86,6 +87,7 @@ latent_init_std = 0.0
 aggressive_max_inner = 100
 aggressive_inner_check = 15
 aggressive_mi_every = 50
+word_dropout = 0.0
 remedy = 'none'
 
 # %%
