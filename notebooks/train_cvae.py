@@ -74,6 +74,7 @@ hard_em_decoder = 'posterior_argmax'
 hard_em_recon_scale = 'c_base'
 handover_kl = 'log_k'
 handover_margin = 0.0
+handover_reference = 'base'
 hard_em_max_steps = 600
 hard_em_lr_backbone = 0.0001
 hard_em_lr_new = 0.0

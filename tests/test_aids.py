@@ -114,3 +114,38 @@ def test_handover_gate_at_step_0_is_the_closed_form(step0):
     assert [r["step"] for r in state.gate] == [2] and state.phase == "hard"
     check_handover(model, hard, state, 4, enc, b, c_base, tok.pad_token_id)  # the budget: forced
     assert (state.phase, state.handover_step, state.handover_forced) == ("soft", 4, True)
+
+
+class _FixedNLL(torch.nn.Module):
+    """A stand-in decoder whose per-token NLL of value k on row i is ``nll[i, k]`` at every position."""
+
+    def __init__(self, nll):
+        super().__init__()
+        self.nll = torch.as_tensor(nll, dtype=torch.float32)
+        self.n_latent = self.nll.shape[1]
+        self.p = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, batch):
+        rows, t = batch.target_mask.shape
+        lp = -self.nll[:rows, :, None].expand(rows, self.n_latent, t)
+        return SimpleNamespace(target_logprobs=lp, prior_logits=torch.zeros(rows, self.n_latent))
+
+
+@pytest.mark.parametrize("reference", ["base", "single_value"])
+def test_the_gate_against_the_decoders_own_single_value_ignores_what_fine_tuning_alone_bought(step0, reference):
+    """A decoder fine-tuned so that every value reconstructs at 1 nat/token (nothing depends on z) beats
+    the base's collapse at b = 5 nats/token: the ``base`` gate passes, the ``single_value`` gate does
+    not. Values that split the rows (1 vs 3 nats) pass both."""
+    _, tok, enc, _ = step0
+    n = len(enc)
+    b = np.full(n, 5.0)
+    cfg = _cfg(weighting="plain", beta=0.0, handover_margin=0.3, handover_reference=reference)
+    same = handover_gate(_FixedNLL(np.ones((n, 2))), enc, b, cfg, 5.0, tok.pad_token_id)
+    assert same["best_objective"] == pytest.approx(1.0) and same["single_value_objective"] == pytest.approx(1.0)
+    assert same["collapsed_objective"] == pytest.approx(5.0 if reference == "base" else 1.0)
+    assert same["pass"] is (reference == "base")
+    split = np.array([[1.0, 3.0] if i % 2 else [3.0, 1.0] for i in range(n)])
+    g = handover_gate(_FixedNLL(split), enc, b, cfg, 5.0, tok.pad_token_id)
+    single = min(split[:, 0].mean(), split[:, 1].mean())  # 2 for an even n
+    assert g["best_objective"] == pytest.approx(1.0) and g["single_value_objective"] == pytest.approx(single)
+    assert g["pass"] is True  # 1 < 0.7 * 5 and 1 < 0.7 * single

@@ -52,7 +52,7 @@ LOG_ONLY_FIELDS = frozenset({"tensorboard", "wandb"})
 #: versions before them: at that default a field is left out of a run's identity (its id, the
 #: same-config check), so finished runs recorded without it keep their ids and are reused; set to
 #: anything else it is part of the identity like every other field
-LATER_FIELD_DEFAULTS: dict[str, Any] = {"word_dropout": 0.0}
+LATER_FIELD_DEFAULTS: dict[str, Any] = {"word_dropout": 0.0, "handover_reference": "base"}
 
 
 def without_log_only(flat: dict[str, Any]) -> dict[str, Any]:
@@ -387,6 +387,11 @@ class AidConfig:
     # hand over once best < (1 - handover_margin) * collapsed: a margin starts the soft phase
     # deeper in the z-on basin (at margin 0 a run that barely passed switched off again)
     handover_margin: float = 0.0
+    # what the gate's best-of-K state must beat: ``base`` = the base model's collapsed loss mean(w * b),
+    # fixed at the start (seed note 000's switch-on test); ``single_value`` = the current decoder with
+    # its best single value for every row, min_k mean(w * nll_k) at rate 0, so fine-tuning the decoder
+    # alone cannot pass the gate (on a zero-shot real base it did: analysis/results/e2e-smollm2)
+    handover_reference: Literal["base", "single_value"] = "base"
     hard_em_max_steps: int = 600  # the hand-over to the soft objective is forced at this step
     hard_em_lr_backbone: float = 1e-4  # the prototype's hard phase rate (soft phase: lr_backbone)
     # the hard phase's rate of the heads and latent embeddings; 0 = lr_new as in the soft phase
@@ -423,6 +428,7 @@ class AidConfig:
         _check_choice("aid", self.aid, Aid)
         _check_choice("hard_em_decoder", self.hard_em_decoder, Literal["posterior_argmax", "best"])
         _check_choice("handover_kl", self.handover_kl, Literal["log_k", "router"])
+        _check_choice("handover_reference", self.handover_reference, Literal["base", "single_value"])
         _check_choice("hard_em_recon_scale", self.hard_em_recon_scale, Literal["c_base", "weighting"])
         for name in ("hard_em_max_steps", "hard_em_estep_tokens", "handover_check_every", "handover_rows",
                      "restart_dead_every", "warmup_aid_steps"):

@@ -17,13 +17,42 @@ from pathlib import Path
 
 import pandas as pd
 
-from zfree.experiment.gains import oracle_table, run_gains
+from zfree.config import without_log_only
+from zfree.core.io import read_table
+from zfree.experiment.gains import interval, oracle_table, run_gains
 from zfree.experiment.results import collect_runs
+from zfree.train.run_folder import read_run_config
 
 HERE = Path(__file__).resolve().parent
 KEYS = ["run_id", "weighting", "beta", "aid", "n_latent", "steps", "reference/c_base",
         "loss/val/baseline_normalized_reconstruction_loss", "loss/val/kl_prior_loss", "latent/measured_use_fraction",
         "latent/predicted_use_fraction", "latent/codes_used", "latent_used", "aid/handover_step", "wall_s"]
+
+
+def control_seed_spread(runs_dir: Path) -> pd.DataFrame:
+    """Pairs of finished z-free controls whose configs differ in the seed only: the difference of their
+    D (nats/example, y and its end token) on the rows both evaluated, with a 95 % bootstrap interval over
+    rows. The training noise a z gain must beat: the row bootstrap of a gain does not contain it."""
+    ctl = {}
+    for d in sorted(runs_dir.iterdir()):
+        if (d / "per_example.parquet").exists() and (d / "config.json").exists():
+            cfg = without_log_only(read_run_config(d / "config.json"))
+            if cfg.get("latent_source") == "control":
+                ctl[d.name] = cfg
+    out = []
+    names = list(ctl)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            ca, cb = dict(ctl[a]), dict(ctl[b])
+            if ca.pop("seed") != cb.pop("seed") and ca == cb:
+                pa, pb = (read_table(runs_dir / n / "per_example.parquet", columns=["id", "n_tokens", "lbar"])
+                          .assign(D=lambda t: t["n_tokens"] * t["lbar"]).set_index("id") for n in (a, b))
+                ids = pa.index.intersection(pb.index)
+                est, lo, hi = interval(pb.loc[ids, "D"].to_numpy() - pa.loc[ids, "D"].to_numpy())
+                out.append({"control_a": a, "seed_a": ctl[a]["seed"], "control_b": b, "seed_b": ctl[b]["seed"],
+                            "rows": len(ids), "D_a": float(pa.loc[ids, "D"].mean()), "D_b": float(pb.loc[ids, "D"].mean()),
+                            "D_b_minus_D_a": est, "lo": lo, "hi": hi})
+    return pd.DataFrame(out)
 
 
 def main(study: Path) -> None:
@@ -54,6 +83,12 @@ def main(study: Path) -> None:
               f"nats/example, H {o['H']:.3f} ({o['H_source']}), eta {o['eta']:.3f} [{o['eta_lo']:.3f}, {o['eta_hi']:.3f}]")
     if oracles.empty:
         print("\noracle: not finished (no available gain, no eta yet)")
+    spread = control_seed_spread(study / "runs")
+    spread.to_csv(HERE / "control_seeds.csv", index=False)
+    for _, c in spread.iterrows():
+        print(f"\ncontrol seed {c['seed_b']} - seed {c['seed_a']}: D {c['D_b']:.3f} - {c['D_a']:.3f} = "
+              f"{c['D_b_minus_D_a']:.3f} [{c['lo']:.3f}, {c['hi']:.3f}] nats/example on {c['rows']} rows "
+              f"(training noise between two identical recipes)")
 
 
 if __name__ == "__main__":

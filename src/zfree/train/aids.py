@@ -193,28 +193,36 @@ def handover_gate(model, encoded: Sequence[EncodedPair], b: np.ndarray, cfg: Tra
     with KL = log K (a confident posterior against a uniform router; ``handover_kl='log_k'``) or
     the router's current cost mean_i -log p(k*_i | x_i) (``'router'``). ``b`` (rows,): base
     surprisal, nats per token. For distribution weighting and log K this is
-    oracle_rho + beta * log K < 1 (issue: switch-on). Returns oracle_rho, best_objective,
-    collapsed_objective, kl_estimate and pass (best < (1 - handover_margin) * collapsed)."""
+    oracle_rho + beta * log K < 1 (seed note 000, the switch-on test). With
+    ``handover_reference='single_value'`` collapsed is instead the current decoder's best single value
+    for every row, min_k mean_i(w_i * nll_k(i)) (a collapsed posterior pays no rate), so what passes
+    is what the values add, not what fine-tuning the decoder added. Returns oracle_rho, best_objective,
+    collapsed_objective, single_value_objective, kl_estimate and pass
+    (best < (1 - handover_margin) * collapsed); objectives in nats per token times w."""
     was = model.training
     model.eval()
     dev = next(model.parameters()).device
-    oracle, router_cost = [], []
+    per_value, router_cost = [], []
     for i in range(0, len(encoded), 128):
         batch = collate(encoded[i : i + 128], pad_id=pad_id).to(dev)
         o = model(batch)
-        best = masked_mean_token_nll(-o.target_logprobs, batch.target_mask).min(-1)
-        oracle.append(best.values)
+        nll = masked_mean_token_nll(-o.target_logprobs, batch.target_mask)  # (rows, K)
+        best = nll.min(-1)
+        per_value.append(nll)
         router_cost.append(-torch.log_softmax(o.prior_logits, -1).gather(1, best.indices[:, None]).squeeze(1))
     model.train(was)
-    oracle_nll = torch.cat(oracle).double().cpu()
+    nll_k = torch.cat(per_value).double().cpu()
+    oracle_nll = nll_k.min(-1).values
     kl = math.log(model.n_latent) if cfg.aid.handover_kl == "log_k" else float(torch.cat(router_cost).mean())
     bb = torch.as_tensor(b, dtype=torch.float64)
     w = reconstruction_weight(outer_weighting(cfg.objective), batch_size=len(bb), c_base=c_base, b=bb,
                               epsilon=cfg.objective.epsilon, dtype=torch.float64)
     best = float((w * oracle_nll).mean()) + cfg.objective.beta * kl
-    collapsed = float((w * bb).mean())
+    single = float(((w.reshape(-1, 1) if w.dim() == 1 else w) * nll_k).mean(0).min())
+    collapsed = single if cfg.aid.handover_reference == "single_value" else float((w * bb).mean())
     return {"oracle_rho": float(oracle_nll.mean()) / c_base, "best_objective": best, "collapsed_objective": collapsed,
-            "kl_estimate": kl, "pass": best < (1.0 - cfg.aid.handover_margin) * collapsed}
+            "single_value_objective": single, "kl_estimate": kl,
+            "pass": best < (1.0 - cfg.aid.handover_margin) * collapsed}
 
 
 def check_handover(model, cfg: TrainConfig, state, step: int, gate_rows: Sequence[EncodedPair], gate_b: np.ndarray,

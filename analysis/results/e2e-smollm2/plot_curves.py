@@ -1,0 +1,56 @@
+"""The training curves of the e2e-smollm2 study's runs that wrote one (``curve.jsonl``: window means of
+the training terms every 10 steps, 80 rows a window at batch 8): the reconstruction loss in nats per
+token and, for the CVAE runs, the rate (KL to the prior, nats per example). Writes curves.png beside
+this file.
+
+    .venv/bin/python analysis/results/e2e-smollm2/plot_curves.py runs/e2e-smollm2
+
+Runs written before curves existed (the first control and the first aided run) have none and are
+named as missing.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+
+
+def main(study: Path) -> None:
+    runs = sorted(d for d in (study / "runs").iterdir() if d.is_dir())
+    fig, (ax, ax_kl) = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
+    missing = []
+    for d in runs:
+        f = d / "curve.jsonl"
+        if not f.exists() or f.stat().st_size == 0:
+            missing.append(d.name)
+            continue
+        c = pd.read_json(f, lines=True)
+        control = "control" in d.name
+        style = {"ls": "--" if control else "-", "lw": 1.6}
+        ax.plot(c["step"], c["loss/train/reconstruction_loss"], label=d.name, **style)
+        if not control and "oracle" not in d.name:
+            ax_kl.plot(c["step"], c["loss/train/kl_prior_loss"], label=d.name, **style)
+    ax.set(xlabel="training step", ylabel="reconstruction, nats/token (train)",
+           title="reconstruction (dashed: z-free control)")
+    ax_kl.set(xlabel="training step", ylabel="rate: KL(q || prior), nats/example (train)",
+              title="rate of the CVAE runs")
+    for a in (ax, ax_kl):
+        a.grid(alpha=0.3)
+        a.legend(fontsize=7)
+    if missing:
+        fig.suptitle("10-step window means of the training batches; no curve (run before curve.jsonl existed): "
+                     + ", ".join(missing), fontsize=8)
+    fig.savefig(HERE / "curves.png", dpi=110)
+    print(f"wrote {HERE / 'curves.png'}; no curve: {missing}")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1] if len(sys.argv) > 1 else "runs/e2e-smollm2").resolve())
