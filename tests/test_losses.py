@@ -596,3 +596,14 @@ def test_optimal_posterior_at_beta_zero_is_the_argmin_and_negative_beta_raises()
     assert q.argmax(-1).tolist() == [1, 0] and (q.max(-1).values > 0.999).all()
     with pytest.raises(ValueError, match="beta"):
         optimal_posterior_logits(r, torch.zeros(2, 3), torch.ones(2), -0.1)
+
+
+def test_every_beta_schedule_the_config_accepts_has_a_formula_and_no_other():
+    """config.BetaSchedule (what validation accepts) and losses._SCHEDULES (what beta_at_step computes)
+    name the same schedules: a name in only one would pass validation and fail at the first step."""
+    from typing import get_args
+
+    from zfree.config import BetaSchedule
+    from zfree.objective.losses import _SCHEDULES
+
+    assert set(get_args(BetaSchedule)) == set(_SCHEDULES)

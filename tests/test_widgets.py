@@ -36,17 +36,31 @@ def test_explorer_redraws_every_figure_and_filters(sweep):
 
 def test_the_figure_reaches_the_output_as_a_png_under_any_backend(sweep):
     """The tests run under MPLBACKEND=Agg, where display(fig) would show only "<Figure size ...>"."""
+    import base64
+
     import matplotlib
 
-    from IPython.core.interactiveshell import InteractiveShell
-    from IPython.utils.capture import capture_output
-
     assert matplotlib.get_backend().lower() == "agg"
-    InteractiveShell.instance()  # display() publishes rich outputs (without a shell it prints reprs)
-    with capture_output() as cap:
-        SweepExplorer(sweep)
-    (out,) = cap.outputs
-    assert "image/png" in out.data and out.data["image/png"], out.data.get("text/plain")
+    e = SweepExplorer(sweep)
+    (out,) = e.out.outputs
+    assert base64.b64decode(out["data"]["image/png"]).startswith(b"\x89PNG"), out["data"].get("text/plain")
+
+
+def test_a_redraw_from_another_thread_replaces_the_figure(sweep):
+    """The launch panel refreshes the explorer from its own thread: the new figure must reach the
+    Output there too (capturing with `with out:` works on the kernel's main thread only)."""
+    import threading
+
+    e = SweepExplorer(sweep, figure="dynamics")
+    before = e.out.outputs[0]["data"]["image/png"]
+    e._hold = True
+    e.figure_kind.value = "rate_distortion"
+    e._hold = False
+    t = threading.Thread(target=e.refresh)
+    t.start()
+    t.join()
+    (out,) = e.out.outputs
+    assert out["data"]["image/png"] != before
 
 
 def test_every_explorer_figure_draws_each_glyph(sweep):

@@ -20,7 +20,7 @@ REMEDY_STYLES = {"none": ("tab:gray", "o"), "free_bits": ("tab:blue", "s"), "ae"
                  "ae+free_bits": ("tab:green", "^"), "kl_threshold": ("tab:olive", "<"),
                  "cyclical": ("tab:purple", ">"), "optimus": ("tab:pink", "D"), "aggressive": ("tab:brown", "P"),
                  "switch_on": ("tab:red", "*"), "switch_on_e2e": ("darkred", "*"), "gaussian": ("tab:orange", "h"), "bn_vae": ("black", "d"),
-                 "delta_vae": ("goldenrod", "p")}
+                 "delta_vae": ("goldenrod", "p"), "word_dropout": ("teal", "8")}
 #: the fill of a remedy's marker per weighting (the color and marker already name the remedy)
 WEIGHTING_FILLS = {name: w.fill for name, w in WEIGHTINGS.items()}
 

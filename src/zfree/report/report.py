@@ -70,10 +70,15 @@ def show(fig, dpi: int = 110) -> None:
     """
     from IPython.display import Image, display  # lazy: ~0.25 s, only where a figure is shown
 
+    display(Image(data=figure_png(fig, dpi), format="png"))
+
+
+def figure_png(fig, dpi: int = 110) -> bytes:
+    """``fig`` (a matplotlib Figure) as PNG bytes (tight bounding box), the figure closed."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
     plt.close(fig)
-    display(Image(data=buf.getvalue(), format="png"))
+    return buf.getvalue()
 
 
 def nearest(values, v: float) -> float:

@@ -12,6 +12,7 @@ refreshes an explorer as each finishes, and can be stopped. Both keep their stat
 
 from __future__ import annotations
 
+import base64
 import html
 import threading
 from pathlib import Path
@@ -22,8 +23,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from zfree.config import Aid
-from zfree.core.weightings import WEIGHTING_NAMES
+from zfree.config import Aid, TrainConfig
+from zfree.core.weightings import WEIGHTING_NAMES, WEIGHTINGS
 from zfree.core.io import read_jsonl
 from zfree.experiment.executor import Executor, local_executor, run_point, run_points, stop_workers
 from zfree.experiment.results import SweepResults, load_sweep
@@ -31,7 +32,7 @@ from zfree.experiment.spec import Point, expand_grid
 from zfree.objective.remedies import HARD_EM_RECIPE, SWITCH_ON_RECIPE
 from zfree.report import plotting as P
 from zfree.report.figstyle import FACETS, wrap_panels
-from zfree.report.report import nearest, runs_at_beta, show
+from zfree.report.report import figure_png, nearest, runs_at_beta
 
 ALL, WIDE = "all", {"style": {"description_width": "initial"}}  # the no-filter value; wide descriptions
 
@@ -171,11 +172,17 @@ class SweepExplorer:
         n_err = len(self.results.errors)
         self.status.value = (f"{len(self.results.runs)} finished runs, {n_err} failed; showing {len(self.selected)}"
                              if len(self.results.runs) else "no finished runs yet")
-        self.out.clear_output(wait=True)
-        if self.figure is not None:
-            wrap_panels(self.figure)
-            with self.out:  # a PNG rendered here: shown under any backend (MPLBACKEND=Agg too), closed
-                show(self.figure)  # after, its artists still readable
+        if self.figure is None:
+            self.out.outputs = ()
+            return
+        wrap_panels(self.figure)
+        # a PNG rendered here: shown under any backend (MPLBACKEND=Agg too); the figure is closed after,
+        # its artists still readable. Set as the Output's outputs rather than captured with `with
+        # self.out`: capture works only on the kernel's main thread, and the launch panel refreshes
+        # the explorer from its own thread (the figure then stayed the old one)
+        png = base64.b64encode(figure_png(self.figure)).decode("ascii")
+        self.out.outputs = ({"output_type": "display_data", "metadata": {},
+                             "data": {"image/png": png, "text/plain": "<zfree explorer figure>"}},)
 
     def _at_beta(self, runs: pd.DataFrame) -> pd.DataFrame:
         """Per weighting (and facet), the runs at the beta nearest the slider."""
@@ -310,17 +317,20 @@ class LaunchPanel:
     def points(self) -> list[Point]:
         """The grid the widgets describe, validated (ValueError names a bad field)."""
         betas = self.betas()
-        objective = [{"weighting": w, **({"epsilon": self.epsilon.value} if w == "example" else {})}
+        objective = [{"weighting": w, **({"epsilon": self.epsilon.value} if WEIGHTINGS[w].needs_epsilon else {})}
                      for w in self.weightings.value]
         base = {**self.base, **self.aids[self.aid.value], "steps": int(self.steps.value)}
         return expand_grid(base, {"objective": objective, "beta": betas, "seed": list(range(self.seeds.value))})
 
     def diff(self, points: list[Point]) -> pd.DataFrame:
         """Every field whose launched value differs from the template: field, template, launched
-        (the sorted distinct values over the points)."""
+        (the sorted distinct values over the points). A field the template's config predates counts
+        at its default (the run that wrote it trained so), so it is not listed as a change."""
         rows = []
+        defaults = TrainConfig().to_flat()
         for k in sorted({k for p in points for k in p.params}):
-            vals, template = sorted({_fmt(p.params[k]) for p in points}), _fmt(self.base.get(k, "—"))
+            vals = sorted({_fmt(p.params[k]) for p in points})
+            template = _fmt(self.base.get(k, defaults.get(k, "—")))
             if vals != [template]:
                 rows.append({"field": k, "template": template, "launched": ", ".join(vals)})
         return pd.DataFrame(rows, columns=["field", "template", "launched"])
@@ -337,7 +347,7 @@ class LaunchPanel:
 
     def describe(self) -> str:
         """Fill ``plan`` (the run count, the target folder, the diff table, warnings); returns its HTML."""
-        self.beta_readout.value = "β = " + ", ".join(f"{b:.3g}" for b in self.betas()) + (
+        self.beta_readout.value = "β = " + ", ".join(f"{b:.4g}" for b in self.betas()) + (
             " (the template's)" if self.n_beta.value <= 1 else "")
         try:
             points = self.points()
