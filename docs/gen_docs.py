@@ -459,6 +459,25 @@ def table_markdown(name: str) -> str:
             f"From {files}; reproduced by:\n\n```bash\n{t.command}\n```")
 
 
+def _inline_images(text: str, path: Path, arg: str) -> str:
+    """Images an included note links relative to itself (``![alt](curves.png)``) as data URIs: the
+    page that includes it lives elsewhere in docs/, and the site stays offline and self-contained.
+    Raises ValueError naming the note and the link when the image is missing."""
+    import base64
+
+    def one(m: re.Match) -> str:
+        alt, link = m.group(1), m.group(2)
+        if re.match(r"^[a-z]+:", link) or link.startswith("/"):
+            return m.group(0)
+        img = (path.parent / link).resolve()
+        if not img.is_file() or ROOT not in img.parents:
+            raise ValueError(f"gen:include {arg!r}: image {link!r} not found beside the note")
+        kind = {".png": "png", ".svg": "svg+xml", ".jpg": "jpeg", ".jpeg": "jpeg"}.get(img.suffix.lower(), "png")
+        return f"![{alt}](data:image/{kind};base64,{base64.b64encode(img.read_bytes()).decode('ascii')})"
+
+    return re.sub(r"!\[([^\]]*)\]\(([^)\s]+)\)", one, text)
+
+
 def include_markdown(arg: str) -> str:
     """A file of the repository (``arg`` relative to its root) as it is: markdown inline, its
     headings one level down; YAML and anything else in a code block."""
@@ -467,7 +486,7 @@ def include_markdown(arg: str) -> str:
         raise ValueError(f"gen:include {arg!r}: not a file of the repository")
     text = path.read_text(encoding="utf-8").rstrip()
     if path.suffix == ".md":
-        return re.sub(r"^(#+) ", r"#\1 ", text, flags=re.M)
+        return _inline_images(re.sub(r"^(#+) ", r"#\1 ", text, flags=re.M), path, arg)
     lang = {".yaml": "yaml", ".yml": "yaml", ".py": "python"}.get(path.suffix, "text")
     return f"```{lang}\n{text}\n```"
 
