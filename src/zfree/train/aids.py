@@ -197,7 +197,7 @@ def handover_gate(model, encoded: Sequence[EncodedPair], b: np.ndarray, cfg: Tra
     ``handover_reference='single_value'`` collapsed is instead the current decoder's best single value
     for every row, min_k mean_i(w_i * nll_k(i)) (a collapsed posterior pays no rate), so what passes
     is what the values add, not what fine-tuning the decoder added. Returns oracle_rho, best_objective,
-    collapsed_objective, single_value_objective, kl_estimate and pass
+    collapsed_objective, kl_estimate, pass and (``single_value`` only) single_value_objective
     (best < (1 - handover_margin) * collapsed); objectives in nats per token times w."""
     was = model.training
     model.eval()
@@ -220,9 +220,10 @@ def handover_gate(model, encoded: Sequence[EncodedPair], b: np.ndarray, cfg: Tra
     best = float((w * oracle_nll).mean()) + cfg.objective.beta * kl
     single = float(((w.reshape(-1, 1) if w.dim() == 1 else w) * nll_k).mean(0).min())
     collapsed = single if cfg.aid.handover_reference == "single_value" else float((w * bb).mean())
-    return {"oracle_rho": float(oracle_nll.mean()) / c_base, "best_objective": best, "collapsed_objective": collapsed,
-            "single_value_objective": single, "kl_estimate": kl,
-            "pass": best < (1.0 - cfg.aid.handover_margin) * collapsed}
+    out = {"oracle_rho": float(oracle_nll.mean()) / c_base, "best_objective": best, "collapsed_objective": collapsed,
+           "kl_estimate": kl, "pass": best < (1.0 - cfg.aid.handover_margin) * collapsed}
+    # the base gate's record keeps its keys (runs written before the option replay unchanged)
+    return {**out, "single_value_objective": single} if cfg.aid.handover_reference == "single_value" else out
 
 
 def check_handover(model, cfg: TrainConfig, state, step: int, gate_rows: Sequence[EncodedPair], gate_b: np.ndarray,
