@@ -313,6 +313,19 @@ def spec_from_dict(d: dict[str, Any], where: Path | str | None = None, *, check:
         raise ConfigError(f"{where}: {e}" if where is not None else str(e)) from None
 
 
+def read_spec_mapping(path: Path, kind: str, keys: list[str]) -> dict:
+    """The YAML mapping of the ``kind`` spec file ``path`` (a study "spec" or a "sweep spec"). Raises
+    FileNotFoundError when the file does not exist, InputError for text that is not YAML
+    (``zfree.core.io.read_yaml``), ConfigError naming the file and the valid ``keys`` when the text is
+    not a mapping."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{kind} {path} does not exist")
+    raw = read_yaml(path)
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: a {kind} is a mapping with keys among {keys}")
+    return raw
+
+
 def load_spec(path: Path | str, *, check: bool = True) -> ExperimentSpec:
     """The ``ExperimentSpec`` of a spec file (module docstring): its ``FILE_KEYS`` skipped, its
     name the file's stem unless it names one; ``check``: as ``spec_from_dict``'s. Raises
@@ -320,11 +333,7 @@ def load_spec(path: Path | str, *, check: bool = True) -> ExperimentSpec:
     (``zfree.core.io.read_yaml``), ConfigError naming the file and the key for anything
     ``spec_from_dict`` refuses."""
     p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"spec {p} does not exist")
-    raw = read_yaml(p)
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{p}: a spec file is a mapping with keys among {list(SPEC_KEYS + FILE_KEYS)}")
+    raw = read_spec_mapping(p, "spec", list(SPEC_KEYS + FILE_KEYS))
     d = {k: v for k, v in raw.items() if k not in FILE_KEYS}
     return spec_from_dict({**d, "name": d.get("name") or p.stem}, where=p, check=check)
 

@@ -33,13 +33,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from zfree.core.errors import ConfigError
-from zfree.core.io import atomic_write_json, read_yaml
+from zfree.core.io import atomic_write_json
 from zfree.core.locks import run_folder_lock
 from zfree.core.paths import check_name_length
 from zfree.experiment.executor import Executor
 from zfree.experiment.pipeline import run_experiment
 from zfree.experiment.spec import ExperimentSpec
-from zfree.experiment.spec_file import spec_from_dict
+from zfree.experiment.spec_file import read_spec_mapping, spec_from_dict
 
 _SPEC_KEYS = {"name", "description", "base", "grid", "executor", "workers", "executor_options", "controls", "oracles",
               "seeds"}
@@ -53,11 +53,7 @@ def load_spec(path: Path | str, check_paths: bool = True) -> ExperimentSpec:
     ``check_paths`` a missing data_dir/base_dir raises FileNotFoundError. Every point is expanded
     (and validated) here."""
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"sweep spec {path} does not exist")
-    raw = read_yaml(path)
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: a sweep spec is a mapping with keys {sorted(_SPEC_KEYS)}")
+    raw = read_spec_mapping(path, "sweep spec", sorted(_SPEC_KEYS))
     unknown = sorted(set(raw) - _SPEC_KEYS)
     if unknown:
         raise ConfigError(f"{path}: unknown key(s) {unknown}; valid: {sorted(_SPEC_KEYS)}")
