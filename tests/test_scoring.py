@@ -18,6 +18,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
 from zfree.cli import main as cli_main
+from zfree.core.io import sha256_file
 from zfree.data.batching import EncodedPair, encode_pair, encode_pairs
 from zfree.data.pairs import Pair, load_pairs
 from zfree.reference.scoring import ScoreResult, ScoringPolicy, load_scoring_model, plan_batches, score_encoded, score_pairs
@@ -394,3 +395,20 @@ def test_damaged_cache_entry_is_dropped_and_rescored_with_a_warning(world, tmp_p
     (entry / "per_example.parquet").write_bytes(b"PAR1 truncated")
     with pytest.warns(UserWarning, match="damaged"):
         assert not score_pairs(world["m1"], tok, pairs, cache_dir=tmp_path).cache_hit
+
+
+def test_a_cache_entry_cut_short_with_its_checksums_rewritten_is_rescored(world, tmp_path):
+    """A hand-edited entry (the last rows dropped, checksums.json rewritten to match) is not used as
+    is: the rows it lacks are not silently missing from c_base."""
+    pairs, tok = world["pairs"], world["tok"]
+    first = score_pairs(world["m1"], tok, pairs, cache_dir=tmp_path)
+    entry = next(tmp_path.glob("*/*/per_token.parquet")).parent
+    kept = first.per_example.iloc[:-1]
+    kept.to_parquet(entry / "per_example.parquet", index=False)
+    first.per_token[first.per_token["id"].isin(kept["id"])].to_parquet(entry / "per_token.parquet", index=False)
+    (entry / "checksums.json").write_text(json.dumps({f: sha256_file(entry / f)
+                                                      for f in ("per_example.parquet", "per_token.parquet")}))
+    with pytest.warns(UserWarning, match=f"damaged.*holds {len(pairs) - 1} rows, not the {len(pairs)} rows"):
+        again = score_pairs(world["m1"], tok, pairs, cache_dir=tmp_path)
+    assert not again.cache_hit and len(again.per_example) == len(pairs)
+    pd.testing.assert_frame_equal(again.per_example, first.per_example, check_exact=True)

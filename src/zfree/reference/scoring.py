@@ -324,7 +324,7 @@ def score_pairs(model, tokenizer, pairs: Sequence[Pair], *, policy: ScoringPolic
         key_src = {k: settings[k] for k in CACHE_KEY_FIELDS}
         key = sha256_json(key_src)
         key_dir = Path(cache_dir or default_cache_dir()) / key[:2] / key
-        hit = _load_entry(key_dir)
+        hit = _load_entry(key_dir, [e.id for e in encoded], sum(len(e.target_ids) for e in encoded))
         if hit is not None:
             # an entry stored before the key was recorded: it is a function of the tokenizer and the policy,
             # both in the cache key
@@ -341,10 +341,12 @@ def score_pairs(model, tokenizer, pairs: Sequence[Pair], *, policy: ScoringPolic
 _ENTRY_FILES = ("per_example.parquet", "per_token.parquet")
 
 
-def _load_entry(key_dir: Path) -> ScoreResult | None:
-    """The cache entry in ``key_dir``, or None when there is none. An entry whose files do not
-    match the checksums stored in its ``checksums.json`` (or cannot be read) is removed with a
-    warning, and None is returned so that the rows are scored again."""
+def _load_entry(key_dir: Path, ids: Sequence[str], n_tokens: int) -> ScoreResult | None:
+    """The cache entry in ``key_dir`` for the rows ``ids`` (in order) holding ``n_tokens`` y tokens in
+    all, or None when there is none. An entry whose files do not match the checksums stored in its
+    ``checksums.json``, cannot be read, or do not hold exactly those rows and tokens (an entry cut
+    short or edited by hand, its checksums rewritten) is removed with a warning, and None is returned
+    so that the rows are scored again."""
     if not (key_dir / "settings.json").exists():
         return None
     try:
@@ -352,9 +354,13 @@ def _load_entry(key_dir: Path) -> ScoreResult | None:
         bad = [f for f in _ENTRY_FILES if sha256_file(key_dir / f) != sums.get(f)]
         if bad:
             raise ValueError(f"checksum mismatch in {', '.join(bad)}")
-        return ScoreResult(pd.read_parquet(key_dir / "per_example.parquet"),
-                           pd.read_parquet(key_dir / "per_token.parquet"), read_json(key_dir / "settings.json"),
-                           cache_hit=True)
+        per_example = pd.read_parquet(key_dir / "per_example.parquet")
+        per_token = pd.read_parquet(key_dir / "per_token.parquet")
+        if len(per_example) != len(ids) or per_example["id"].astype(str).tolist() != [str(i) for i in ids]:
+            raise ValueError(f"per_example.parquet holds {len(per_example)} rows, not the {len(ids)} rows scored")
+        if len(per_token) != n_tokens or int(per_example["n_tokens"].sum()) != n_tokens:
+            raise ValueError(f"per_token.parquet holds {len(per_token)} tokens, not the {n_tokens} y tokens scored")
+        return ScoreResult(per_example, per_token, read_json(key_dir / "settings.json"), cache_hit=True)
     except (OSError, ValueError, KeyError) as e:
         warnings.warn(f"score cache entry {key_dir} is damaged ({type(e).__name__}: {str(e).splitlines()[0]}); "
                       f"dropping it and scoring again")
