@@ -76,3 +76,24 @@ def test_summary_csv_has_one_writer():
     write = re.compile(r"atomic_write_text\([^)]*summary\.csv")
     writers = sorted(p.relative_to(src).as_posix() for p in src.rglob("*.py") if write.search(p.read_text()))
     assert writers == ["experiment/tables.py"]
+
+
+def test_a_label_some_training_row_lacks_is_noted_as_getting_no_oracle(tmp_path):
+    """A key on every val row but one training row only: ``oracle_labels`` trains no oracle for it,
+    and the study's notes say so (before, it was dropped without a word)."""
+    from zfree.experiment.controls import oracle_labels
+
+    train = [{"id": f"t{i}", "x": str(i), "y": str(i), "labels": {"colour": "red" if i % 2 else "blue",
+                                                                   **({"mood": "glad"} if i == 0 else {})}}
+             for i in range(6)]
+    val = [Pair(f"v{i}", str(i), str(i), labels={"colour": "red" if i % 2 else "blue", "mood": "glad" if i else "sad"})
+           for i in range(4)]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in train))
+    (tmp_path / "val.jsonl").write_text("".join(json.dumps({"id": p.id, "x": p.x, "y": p.y, "labels": p.labels}) + "\n"
+                                                for p in val))
+    assert oracle_labels(tmp_path) == {"colour": 2}  # mood: no oracle
+    notes = label_notes(val, tmp_path, oracles=True)
+    assert ("label 'mood': on 1 of 6 train rows and 4 of 4 val rows; no label oracle for it (an oracle needs the "
+            "label on every row)") in notes
+    assert not any("'colour'" in n and "no label oracle" in n for n in notes)
+    assert not any("no label oracle" in n for n in label_notes(val, tmp_path))  # a study without oracles

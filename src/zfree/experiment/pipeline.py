@@ -58,7 +58,7 @@ def _notes(spec: ExperimentSpec, out: Path, prep: Prepared, table: list[dict] | 
     benchmark."""
     if prep.val_pairs is None:
         return None
-    notes = label_notes(prep.val_pairs, prep.data_dir)
+    notes = label_notes(prep.val_pairs, prep.data_dir, oracles=spec.controls and spec.oracles is None)
     if prep.shared_x:
         notes.insert(0, f"val file {spec.data.val}: {prep.shared_x} distinct x also in the train data")
     source = prep.base_dir / "source.json"

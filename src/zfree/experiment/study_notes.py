@@ -7,16 +7,25 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from zfree.data.labels import LABEL_VALUE_CAP, OTHER
-from zfree.data.pairs import Pair
+from zfree.data.labels import LABEL_VALUE_CAP, OTHER, label_keys_of
+from zfree.data.pairs import Pair, load_pairs
 from zfree.core.io import read_json
 
 
-def label_notes(pairs: list[Pair], data_dir: Path) -> list[str]:
+def label_notes(pairs: list[Pair], data_dir: Path, *, oracles: bool = False) -> list[str]:
     """Visible notes for what the structure and task metrics cannot measure on ``pairs``: the
     strategy label and each ``labels`` key absent (or present on only some rows), and task
-    correctness without ``data_dir/metadata.json``."""
+    correctness without ``data_dir/metadata.json``. ``oracles`` (the study trains a label oracle
+    per key every row carries, ``zfree.experiment.controls.oracle_labels``): also a note for each key
+    some row of ``data_dir/train.jsonl`` or ``pairs`` lacks, which gets no oracle."""
     notes = []
+    if oracles and (data_dir / "train.jsonl").exists():
+        train = load_pairs(data_dir / "train.jsonl")
+        every = set(label_keys_of([*train, *pairs]))
+        for k in sorted({k for p in (*train, *pairs) for k in (p.labels or {})} - every):
+            on = [sum(k in (p.labels or {}) for p in rows) for rows in (train, pairs)]
+            notes.append(f"label '{k}': on {on[0]} of {len(train)} train rows and {on[1]} of {len(pairs)} val rows; "
+                         "no label oracle for it (an oracle needs the label on every row)")
     n = len(pairs)
     n_strat = sum(p.strategy is not None for p in pairs)
     if n_strat < n:
