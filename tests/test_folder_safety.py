@@ -197,3 +197,60 @@ def test_a_missing_or_torn_run_table_is_one_line_naming_it(tmp_path):
     assert list(read_table(missing, columns=["kl"]).columns) == ["kl"]
     with pytest.raises(InputError, match="unreadable"):
         read_table(missing, columns=["beta_eff"])
+
+
+#: every file a run writes in its folder whose name is known before it runs (TensorBoard's event file
+#: and W&B's folder carry a time stamp in their names: they can only be new files)
+#: and that a run does not read first (config.json, summary.json and checkpoint/ say whether and
+#: where a run resumes: a planted one is read, ``test_a_planted_run_config_that_is_not_json_is_one_line``)
+RUN_FILES = (".zfree.lock", "metrics.jsonl", "curve.jsonl", "progress.json", "per_example.parquet", "samples.parquet",
+             "multiref.parquet", "latent_meaning.json", "latent_meaning.parquet", "error.json")
+
+
+def test_no_file_a_run_writes_follows_a_symlink_out_of_its_folder(tiny_run, tmp_path):
+    """Every file of a run folder planted as a symlink to a file elsewhere: the run trains to its
+    end, every target keeps its text, and every file it wrote is a regular file. ``checkpoint/`` as a
+    symlink to a folder elsewhere is refused in one line, nothing written into it."""
+    from zfree.core.errors import CheckpointError
+    from zfree.train.training import train_cvae
+
+    data, base = tiny_run
+    cfg = TrainConfig.from_flat(tiny_flat(data, base, steps=2, eval_every=1, device="cpu"))
+    run_dir = tmp_path / "run"
+    targets = {}
+    for name in RUN_FILES:
+        targets[name] = outside_target(tmp_path, name.replace("/", "_"))
+        (run_dir / name).parent.mkdir(parents=True, exist_ok=True)
+        (run_dir / name).symlink_to(targets[name])
+    summary = train_cvae(cfg, run_dir, progress=False)
+    assert (run_dir / "summary.json").is_file() and summary
+    assert {n: t.read_text() for n, t in targets.items() if t.read_text() != "precious"} == {}
+    written = [p for p in run_dir.rglob("*") if not p.is_dir()]
+    assert {"summary.json", "metrics.jsonl", "per_example.parquet"} <= {p.name for p in written}
+    # what this run did not write (here: no failure, no multi-reference data) stays as planted, untouched
+    links = {str(p.relative_to(run_dir)) for p in written if p.is_symlink()}
+    assert links <= set(RUN_FILES) - {"metrics.jsonl", "curve.jsonl", "progress.json", "per_example.parquet"}
+
+    outside_dir = tmp_path / "outside_checkpoint"
+    outside_dir.mkdir()
+    (outside_dir / "precious.txt").write_text("precious")
+    run2 = tmp_path / "run2"
+    run2.mkdir()
+    (run2 / "checkpoint").symlink_to(outside_dir, target_is_directory=True)
+    with pytest.raises(CheckpointError, match="checkpoint is not a complete checkpoint"):  # refused, in one line
+        train_cvae(cfg, run2, progress=False)
+    assert sorted(p.name for p in outside_dir.iterdir()) == ["precious.txt"]
+
+
+def test_a_planted_run_config_that_is_not_json_is_one_line(tiny_run, tmp_path):
+    from zfree.core.errors import InputError
+    from zfree.train.training import train_cvae
+
+    data, base = tiny_run
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.json").symlink_to(outside_target(tmp_path, "victim.txt"))
+    (run_dir / "summary.json").write_text("{}")
+    with pytest.raises(InputError, match=r"^\S*config.json: not a run config \(not JSON: .*\); move it away"):
+        train_cvae(TrainConfig.from_flat(tiny_flat(data, base, steps=2, device="cpu")), run_dir, progress=False)
+    assert (tmp_path / "outside" / "victim.txt").read_text() == "precious"

@@ -64,10 +64,14 @@ def atomic_write_json(path: Path | str, obj: Any) -> Path:
 
 
 def append_jsonl(path: Path | str, row: dict) -> None:
-    """Append one JSON row and fsync it (metrics.jsonl grows by whole lines only)."""
+    """Append one JSON row and fsync it (metrics.jsonl grows by whole lines only). A symlink at
+    ``path`` is never written through: it is replaced by a new regular file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
+    if path.is_symlink():
+        path.unlink()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    with open(fd, "a") as f:
         f.write(json.dumps(_finite(row), sort_keys=True) + "\n")
         f.flush()
         os.fsync(f.fileno())

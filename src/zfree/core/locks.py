@@ -11,6 +11,7 @@ Linux and macOS only (``fcntl``); on NFS, Linux emulates flock with POSIX byte-r
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -39,6 +40,19 @@ def _holder(lock_file: Path) -> str:
     return "an unknown process"
 
 
+def _open_no_link(lock_file: Path) -> int:
+    """The lock file opened for writing without following a link: zfree never makes it a symlink,
+    so one found there was planted and is replaced by a regular file (its target is never written)."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+    try:
+        return os.open(lock_file, flags, 0o644)
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+        lock_file.unlink()
+        return os.open(lock_file, flags | os.O_EXCL, 0o644)
+
+
 @contextmanager
 def run_folder_lock(path: Path | str, what: str = "run folder") -> Iterator[Path]:
     """Hold the exclusive lock on folder ``path`` (created if missing) for the ``with`` block.
@@ -50,7 +64,7 @@ def run_folder_lock(path: Path | str, what: str = "run folder") -> Iterator[Path
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
     lock_file = folder / LOCK_NAME
-    fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = _open_no_link(lock_file)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -39,7 +39,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from zfree.config import TrainConfig, without_log_only
-from zfree.core.errors import CheckpointError, CheckpointWriteError, NonFiniteMetricError, ResumeRefusedError, ZfreeError
+from zfree.core.errors import (CheckpointError, CheckpointWriteError, InputError, NonFiniteMetricError,
+                               ResumeRefusedError, ZfreeError)
 from zfree.core.io import (append_jsonl, atomic_write_json, atomic_write_parquet, atomic_write_text,
                            load_checkpoint_dir, load_plain_state, nonfinite_keys, read_json, read_jsonl,
                            safe_torch_load, save_plain_state, sha256_file, sha256_state_dict, write_checkpoint_dir)
@@ -74,9 +75,16 @@ PATH_BASE = "_paths_relative_to"  # the config.json key that marks portable path
 def read_run_config(config_file: Path | str) -> dict:
     """A run folder's config.json as a flat config ("_" keys dropped) with absolute paths: relative
     path fields resolve against the run folder (written so since ``PATH_BASE``; older records
-    hold absolute paths). Also valid for a plain config file (relative paths stay as written)."""
+    hold absolute paths). Also valid for a plain config file (relative paths stay as written).
+    Raises FileNotFoundError when it is missing, InputError in one line naming the file when it is
+    not a JSON object."""
     f = Path(config_file)
-    raw = read_json(f)
+    try:
+        raw = read_json(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InputError(f"{f}: not a run config (not JSON: {e}); move it away or train into another folder") from None
+    if not isinstance(raw, dict):
+        raise InputError(f"{f}: not a run config (a JSON object expected, got {type(raw).__name__})")
     flat = {k: v for k, v in raw.items() if not str(k).startswith("_")}
     return resolved_flat(flat, f.parent) if raw.get(PATH_BASE) == "run folder" else flat
 
