@@ -59,8 +59,14 @@ def test_a_run_in_a_hostile_folder_runs_nothing_of_it_and_writes_through_no_link
     assert not (tmp_path / "st_0").exists()  # the braces were not formatted into another folder
 
 
+#: every file a study (re)writes at its top level (a rerun of a finished study writes each again)
+STUDY_FILES = (".zfree.lock", "controls.json", "summary.csv", "runs.csv", "runs.parquet", "timings.json", "gains.csv",
+               "available_gain.csv", "per_example.parquet")
+
+
 def test_a_report_of_a_hostile_study_runs_nothing_of_it_and_writes_through_no_link(smoke_study, tmp_path):
-    from zfree.experiment.render import render_report
+    from tests.smoke_study import agg_backend
+    from zfree.experiment.study import run_study
 
     study = tmp_path / "study{x}"
     shutil.copytree(smoke_study, study)
@@ -68,15 +74,17 @@ def test_a_report_of_a_hostile_study_runs_nothing_of_it_and_writes_through_no_li
     marks.mkdir()
     plant(study, marks)
     targets = {}
-    for name in ("report.ipynb", "report.html", ".report.src.ipynb", ".report.tmp.ipynb"):
+    for name in ("report.ipynb", "report.html", ".report.src.ipynb", ".report.tmp.ipynb", *STUDY_FILES):
         (study / name).unlink(missing_ok=True)
         targets[name] = outside_target(tmp_path, name)
         (study / name).symlink_to(targets[name])
-    html = render_report(study)
+    with agg_backend(), pytest.warns(UserWarning, match=r"controls.json: unreadable .*written anew") as seen:
+        html = run_study("smoke", study, progress=False)  # a rerun: every run is reused, every study file rewritten
+    assert any("timings.json: unreadable" in str(w.message) for w in seen)
     assert not list(marks.iterdir()), f"planted modules ran: {sorted(p.name for p in marks.iterdir())}"
-    assert all(t.read_text() == "precious" for t in targets.values())
-    for name in ("report.ipynb", "report.html"):
-        assert (study / name).is_file() and not (study / name).is_symlink()
+    assert {n: t.read_text() for n, t in targets.items() if t.read_text() != "precious"} == {}
+    for name in ("report.ipynb", "report.html", *STUDY_FILES):
+        assert (study / name).is_file() and not (study / name).is_symlink(), name
     assert "<html" in html.read_text()[:2000].lower()
 
 

@@ -82,6 +82,27 @@ def atomic_write_parquet(path: Path | str, df) -> Path:
     return _atomic_replace(Path(path), lambda p: df.to_parquet(p, index=False))
 
 
+def read_record(path: Path | str) -> dict:
+    """A JSON object zfree keeps as a record it can rebuild (timings.json, controls.json): {} when
+    the file is missing, and {} with a warning naming the file when it is not a JSON object (a hand
+    edit, a torn copy, a planted link); the caller then writes a new one over it."""
+    p = Path(path)
+    if not p.exists():
+        return {}
+    try:
+        obj = json.loads(p.read_text())
+    except (OSError, ValueError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        obj = e
+    if isinstance(obj, dict):
+        return obj
+    import warnings
+
+    why = f"{type(obj).__name__}: {str(obj).splitlines()[0][:120]}" if isinstance(obj, Exception) else \
+        f"a JSON object expected, got {type(obj).__name__}"
+    warnings.warn(f"{p}: unreadable ({why}); it is written anew", stacklevel=2)
+    return {}
+
+
 def read_json(path: Path | str) -> Any:
     """The parsed JSON of ``path`` (FileNotFoundError naming it when missing)."""
     return json.loads(Path(path).read_text())

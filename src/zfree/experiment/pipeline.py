@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from zfree.config import TrainConfig
-from zfree.core.io import atomic_write_json, read_json
+from zfree.core.io import atomic_write_json, read_json, read_record
 from zfree.core.locks import run_folder_lock
 from zfree.core.paths import check_out_dir
 from zfree.experiment.controls import LINKS_FILE, oracle_labels, with_controls
@@ -111,7 +111,7 @@ def _points(spec: ExperimentSpec, prep: Prepared, out: Path | None = None) -> li
     if spec.controls and points:
         points, links = with_controls(points, oracle_labels(points[0].params["data_dir"], spec.oracles))
         if out is not None:  # links added, never dropped: a run trained by an earlier plan keeps its control
-            old = read_json(out / LINKS_FILE) if (out / LINKS_FILE).exists() else {}
+            old = read_record(out / LINKS_FILE)
             links = {k: {**old.get(k, {}), **links[k]} for k in links}
             atomic_write_json(out / LINKS_FILE, links)
     return points

@@ -18,7 +18,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from zfree.core.io import atomic_write_json, read_json
+from zfree.core.io import atomic_write_json, read_record
 
 TIMINGS_FILE = "timings.json"
 #: the phases of a study, in order (``PhaseClock.done`` names one of them)
@@ -27,11 +27,9 @@ PHASES = ("preparation", "probes", "grid", "report")
 
 def read_timings(study_dir: Path | str) -> list[dict]:
     """The sessions of ``study_dir/timings.json``, oldest first; [] when the file is absent or holds
-    no session list (a study run before it was written)."""
-    f = Path(study_dir) / TIMINGS_FILE
-    if not f.exists():
-        return []
-    sessions = read_json(f).get("sessions")
+    no session list (a study run before it was written; an unreadable file is warned about and
+    written anew, ``zfree.core.io.read_record``)."""
+    sessions = read_record(Path(study_dir) / TIMINGS_FILE).get("sessions")
     return [s for s in sessions if isinstance(s, dict)] if isinstance(sessions, list) else []
 
 
