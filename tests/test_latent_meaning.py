@@ -13,7 +13,8 @@ from sklearn.metrics import mutual_info_score, normalized_mutual_info_score
 from zfree.data.pairs import Pair
 from zfree.data.synth import STRATEGIES
 from zfree.evaluate.latent_meaning import (MeaningRows, _quartile_bins, exemplars, latent_meaning, ngram_lifts,
-                                           property_alignment, text_properties, token_lifts, value_sentences)
+                                           per_value_alignment, posterior_mi, property_alignment, text_properties,
+                                           token_lifts, value_sentences)
 
 
 def test_token_lifts_equal_the_formula_row_by_row_in_float64():
@@ -94,6 +95,45 @@ def test_a_collapsed_run_passes_nothing():
     from zfree.evaluate.latent_meaning import per_value_alignment
 
     assert not any(t["passes"].any() for t in per_value_alignment(props, np.zeros(100, dtype=int), 4).values())
+
+
+def test_posterior_mi_is_the_argmax_mi_for_a_certain_posterior_and_zero_for_a_constant_one():
+    rng = np.random.default_rng(3)
+    assign, b = rng.integers(0, 4, 400), rng.integers(0, 3, 400)
+    b = np.where(rng.random(400) < 0.5, assign % 3, b)  # dependent
+    assert posterior_mi(b, np.eye(4)[assign]) == pytest.approx(mutual_info_score(b, assign), rel=1e-12)
+    assert posterior_mi(b, np.full((400, 4), 0.25)) == pytest.approx(0.0, abs=1e-15)
+    # the joint of the soft assignment, in float64 by hand
+    q = rng.dirichlet(np.ones(4), 400)
+    joint = np.array([[q[b == i, k].sum() for k in range(4)] for i in range(3)]) / 400
+    ref = float(np.nansum(joint * np.log(joint / joint.sum(1, keepdims=True) / joint.sum(0, keepdims=True))))
+    assert posterior_mi(b, q) == pytest.approx(ref, rel=1e-12)
+
+
+def test_an_unused_zs_argmax_that_follows_y_passes_nothing_with_its_posterior():
+    """The collapsed runs of the default study: a near-uniform posterior (z unused, rate ~ 1e-5 nats)
+    whose argmax still follows y. The argmax alone passes its permutation test; the posterior carries
+    ~1e-9 nats of it, so nothing passes. A confident posterior with the same argmax passes."""
+    rng = np.random.default_rng(4)
+    n, K = 300, 4
+    first = rng.choice(["The", "A", "In"], n)
+    tilt = np.zeros((n, K))
+    tilt[np.arange(n), pd.factorize(first)[0]] = 1e-4  # the argmax follows the first word
+    near_uniform = np.exp(tilt + 1e-6 * rng.standard_normal((n, K)))
+    near_uniform /= near_uniform.sum(1, keepdims=True)
+    assign = near_uniform.argmax(1)
+    props = pd.DataFrame({"first word": first, "noise": rng.choice(list("ab"), n)})
+    bare, _ = property_alignment(props, assign, seed=0)
+    assert bool(bare.set_index("property").loc["first word", "passes"])  # what the argmax alone says
+    tab, notes = property_alignment(props, assign, seed=0, q=near_uniform)
+    t = tab.set_index("property")
+    assert not tab["passes"].any() and t.loc["first word", "mi_posterior"] < 1e-6 < t.loc["first word", "mi"]
+    assert any("'first word'" in n and "not passed, z carries too little" in n for n in notes)
+    assert not any(v["passes"].any() for v in per_value_alignment(props, assign, K, q=near_uniform).values())
+    confident = np.full((n, K), 0.01)
+    confident[np.arange(n), assign] = 0.97
+    assert bool(property_alignment(props, assign, seed=0, q=confident)[0].set_index("property").loc["first word",
+                                                                                                     "passes"])
 
 
 def test_property_alignment_refuses_mismatched_lengths_and_notes_too_few_rows():

@@ -18,8 +18,11 @@ Three descriptions, each computed on the rows of one evaluation and none needing
    strategies), the relation "y = s(x)" for each listed s. Each is ranked by its mutual information
    with the posterior argmax (nats; NMI with arithmetic normalisation as scikit-learn), against a
    permutation null of the argmax (``N_PERMUTATIONS`` shuffles): p = (1 + #{null >= MI}) / (1 + n),
-   and a property *passes* when p < 0.05 / (number of properties) (Bonferroni). A collapsed run
-   (one argmax value) has MI = 0 and nothing passes. Per value (``per_value_alignment``): the same
+   and a property *passes* when p < 0.05 / (number of properties) (Bonferroni) and the posterior
+   itself carries the alignment: its MI under the soft assignment q (``posterior_mi``, at most what
+   z carries, so bounded by I(x, y; z)) is at least ``POSTERIOR_SHARE`` of the argmax's and
+   ``MIN_POSTERIOR_MI`` nats. A collapsed run (one argmax value) has MI = 0; a run whose near-uniform
+   posterior's argmax still follows y (z unused, rate ~ 0) fails the second test: nothing passes. Per value (``per_value_alignment``): the same
    test of the indicator [argmax = k], at 0.05 / (properties x values), so each value has its own
    top-ranked property.
 3. **Exemplars** (``exemplars``): the rows with the highest q(z = k | x, y), x and y at full length.
@@ -54,6 +57,10 @@ TOP = 10
 N_PERMUTATIONS = 1000
 #: family-wise level of the permutation test (Bonferroni over the properties tested)
 ALPHA = 0.05
+#: a property passes only when the posterior's soft assignment carries at least this share of the
+#: argmax's mutual information with it, and at least ``MIN_POSTERIOR_MI`` nats (``property_alignment``)
+POSTERIOR_SHARE = 0.1
+MIN_POSTERIOR_MI = 1e-3
 #: first words beyond the most common ones are pooled as "other"
 FIRST_WORDS = 8
 #: rows shown per value
@@ -218,17 +225,36 @@ def _entropy(codes: np.ndarray) -> float:
     return float(-(p * np.log(p)).sum())
 
 
+def posterior_mi(codes: np.ndarray, q: np.ndarray) -> float:
+    """I(b; z) in nats under the posterior's own soft assignment: the joint p(b, k) = (1/N) sum_i
+    [b_i = b] q(z = k | x_i, y_i) of a property's level codes ``codes`` ((N,) ints) and ``q`` ((N, K)
+    probabilities, rows summing to 1). What z carries about b: at most I(x, y; z) under q, so about 0
+    for a posterior that barely moves from row to row, whatever its argmax does (module docstring)."""
+    codes = np.asarray(codes)
+    joint = np.zeros((int(codes.max()) + 1, q.shape[1]))
+    np.add.at(joint, codes, np.asarray(q, float))
+    return float(max(_mi_from_counts(joint[None])[0], 0.0))
+
+
 def property_alignment(props: pd.DataFrame, assign: np.ndarray, *, n_perm: int = N_PERMUTATIONS, seed: int = 0,
-                       alpha: float = ALPHA) -> tuple[pd.DataFrame, list[str]]:
+                       alpha: float = ALPHA, q: np.ndarray | None = None) -> tuple[pd.DataFrame, list[str]]:
     """Each property's mutual information with ``assign`` (the posterior argmax, (N,) ints) against a
     permutation null (module docstring, item 2). Returns (table sorted by MI, notes): columns
-    property, levels, mi (nats), nmi, null95 (the null's 95th percentile, nats), p_value, passes.
-    Properties with one level are skipped with a note; fewer than 2 rows: an empty table and a note.
-    Raises ValueError when ``props`` and ``assign`` differ in length."""
+    property, levels, mi (nats), nmi, null95 (the null's 95th percentile, nats), p_value,
+    mi_posterior (``posterior_mi`` under ``q``, NaN without it), passes.
+
+    With ``q`` ((N, K) posterior probabilities whose argmax is ``assign``), a property passes only
+    when the posterior itself carries its alignment too: mi_posterior >= max(``POSTERIOR_SHARE`` x
+    mi, ``MIN_POSTERIOR_MI``). The argmax of a near-uniform posterior (a run that does not use z) can
+    follow y systematically, so it passes a permutation test while z carries nothing (its rate bounds
+    what it can carry); this guard rejects it. Properties with one level are skipped with a note;
+    fewer than 2 rows: an empty table and a note. Raises ValueError when ``props``, ``assign`` and
+    ``q`` differ in length."""
     assign = np.asarray(assign)
-    if len(props) != len(assign):
-        raise ValueError(f"{len(props)} property rows but {len(assign)} posterior assignments")
-    cols = ["property", "levels", "mi", "nmi", "null95", "p_value", "passes"]
+    if len(props) != len(assign) or (q is not None and len(q) != len(assign)):
+        raise ValueError(f"{len(props)} property rows but {len(assign)} posterior assignments"
+                         + ("" if q is None else f" and {len(q)} posterior rows"))
+    cols = ["property", "levels", "mi", "nmi", "null95", "p_value", "mi_posterior", "passes"]
     if len(assign) < 2:
         return pd.DataFrame(columns=cols), [f"{len(assign)} evaluated row(s): no property is tested"]
     a = pd.factorize(assign)[0]
@@ -247,21 +273,33 @@ def property_alignment(props: pd.DataFrame, assign: np.ndarray, *, n_perm: int =
         h = _entropy(a) + _entropy(b)
         rows.append({"property": c, "levels": kb, "mi": float(max(obs, 0.0)), "nmi": float(2 * obs / h) if h > 0 else 0.0,
                      "null95": float(np.quantile(null, 0.95)),
-                     "p_value": float((1 + np.sum(null >= obs - 1e-12)) / (1 + n_perm))})
+                     "p_value": float((1 + np.sum(null >= obs - 1e-12)) / (1 + n_perm)),
+                     "mi_posterior": math.nan if q is None else posterior_mi(b, q)})
     tab = pd.DataFrame(rows, columns=cols[:-1])
     tab["passes"] = (tab["p_value"] < alpha / max(len(kept), 1)) & (tab["mi"] > 1e-12)
+    if q is not None and len(tab):
+        carried = tab["mi_posterior"] >= np.maximum(POSTERIOR_SHARE * tab["mi"], MIN_POSTERIOR_MI)
+        dropped = tab["passes"] & ~carried
+        if dropped.any():
+            notes.append(f"{int(dropped.sum())} propert{'y' if dropped.sum() == 1 else 'ies'} aligned with the "
+                         f"argmax but not with the posterior itself (mi_posterior below "
+                         f"max({POSTERIOR_SHARE:g} x mi, {MIN_POSTERIOR_MI:g} nats)): not passed, z carries too "
+                         f"little ({', '.join(repr(p) for p in tab.loc[dropped, 'property'])})")
+        tab["passes"] &= carried
     return tab.sort_values("mi", ascending=False, ignore_index=True), notes
 
 
 def per_value_alignment(props: pd.DataFrame, assign: np.ndarray, K: int, *, n_perm: int = N_PERMUTATIONS,
-                        seed: int = 0) -> dict[int, pd.DataFrame]:
+                        seed: int = 0, q: np.ndarray | None = None) -> dict[int, pd.DataFrame]:
     """For each value k with rows: ``property_alignment`` of the indicator [argmax = k] (what sets
     value k's rows apart from the others'), at level ``ALPHA`` / (number of values with rows): the
-    Bonferroni correction over the properties and the values. value -> its table (sorted by MI)."""
+    Bonferroni correction over the properties and the values; with ``q`` ((N, K)), the posterior's
+    soft indicator (q_k, 1 - q_k) is the one that must carry it. value -> its table (sorted by MI)."""
     assign = np.asarray(assign)
     present = [k for k in range(K) if (assign == k).any()]
+    soft = (lambda k: None) if q is None else (lambda k: np.stack([1 - q[:, k], q[:, k]], axis=1))
     return {k: property_alignment(props, (assign == k).astype(int), n_perm=n_perm, seed=seed + k,
-                                  alpha=ALPHA / max(1, len(present)))[0] for k in present}
+                                  alpha=ALPHA / max(1, len(present)), q=soft(k))[0] for k in present}
 
 
 def exemplars(q: np.ndarray, pairs: Sequence[Pair], n: int = N_EXEMPLARS) -> pd.DataFrame:
@@ -322,8 +360,8 @@ def latent_meaning(assign: np.ndarray, pairs: Sequence[Pair], *, q: np.ndarray |
     assign = np.asarray(assign)
     K = int(q.shape[1]) if q is not None else int(assign.max()) + 1 if len(assign) else 0
     props = text_properties(pairs, n_tokens, strategies)
-    align, notes = property_alignment(props, assign, seed=seed)
-    per_value = per_value_alignment(props, assign, K, seed=seed)
+    align, notes = property_alignment(props, assign, seed=seed, q=q)
+    per_value = per_value_alignment(props, assign, K, seed=seed, q=q)
     ngrams = ngram_lifts(rows, decode) if rows is not None and rows.lifts else ngram_lifts(MeaningRows())
     sentences = value_sentences(assign, props, align, ngrams, n_tokens, K, per_value)
     ex = exemplars(q, pairs) if q is not None else pd.DataFrame()
@@ -339,7 +377,9 @@ def latent_meaning(assign: np.ndarray, pairs: Sequence[Pair], *, q: np.ndarray |
                        "exemplars": ex[ex["value"] == k].to_dict("records") if len(ex) else []})
     doc = {"source": source, "rows": int(len(assign)), "K": K, "descriptive": True,
            "rule": f"a property passes when its permutation p < {ALPHA} / {max(len(align), 1)} (Bonferroni, "
-                   f"{N_PERMUTATIONS} shuffles of the {source})",
+                   f"{N_PERMUTATIONS} shuffles of the {source})"
+                   + ("" if q is None else f" and the posterior q carries it (MI under q >= max({POSTERIOR_SHARE:g} "
+                                           f"x the argmax's MI, {MIN_POSTERIOR_MI:g} nats))"),
            "properties": align.to_dict("records"), "values": values, "notes": notes}
     tidy = pd.concat([ngrams.assign(kind="ngram"), align.assign(kind="property")], ignore_index=True)
     return doc, tidy

@@ -32,7 +32,8 @@ def meaning_markdown(doc: dict) -> str:
              ""]
     passing = [p for p in doc.get("properties", []) if p.get("passes")]
     if not passing:
-        lines.append("No derived property of y passes its permutation baseline: nothing here says what z carries.")
+        lines.append("No derived property of y passes its permutation baseline with the posterior itself carrying it: "
+                     "nothing here says what z carries.")
         lines.append("")
     lines += [f"- {md_text(v.get('sentence', ''))}" for v in doc["values"]]
     lines += [f"- note: {md_text(n)}" for n in doc.get("notes", [])]
@@ -41,10 +42,12 @@ def meaning_markdown(doc: dict) -> str:
 
 def property_table(doc: dict, digits: int = 3) -> pd.DataFrame:
     """The properties ranked by mutual information with the values: MI and the permutation null's
-    95th percentile (nats), NMI, p-value, passes."""
+    95th percentile (nats), NMI, p-value, the MI under the posterior's soft assignment (nats; NaN in
+    a file written before it was recorded), passes."""
     tab = pd.DataFrame(doc.get("properties", []), columns=["property", "levels", "mi", "null95", "nmi", "p_value",
-                                                              "passes"])
-    return tab.rename(columns={"mi": "MI (nats)", "null95": "null 95 % (nats)", "nmi": "NMI", "p_value": "p"}
+                                                              "mi_posterior", "passes"])
+    return tab.rename(columns={"mi": "MI (nats)", "null95": "null 95 % (nats)", "nmi": "NMI", "p_value": "p",
+                               "mi_posterior": "MI under q (nats)"}
                       ).round(digits).set_index("property")
 
 
