@@ -97,3 +97,16 @@ def test_a_label_some_training_row_lacks_is_noted_as_getting_no_oracle(tmp_path)
             "label on every row)") in notes
     assert not any("'colour'" in n and "no label oracle" in n for n in notes)
     assert not any("no label oracle" in n for n in label_notes(val, tmp_path))  # a study without oracles
+
+
+def test_a_label_capped_for_its_oracle_is_noted_when_only_train_holds_its_many_values(tmp_path):
+    """5,000 distinct values over train + val, 4 on the few val rows: the oracle is capped
+    (``capped_values`` counts train + val), so the note must count there too."""
+    from zfree.data.labels import LABEL_VALUE_CAP
+
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps({"id": f"t{i}", "x": "x", "y": "y",
+                                                              "labels": {"many": f"u{i}"}}) + "\n" for i in range(4996)))
+    val = [Pair(f"v{i}", "x", "y", labels={"many": f"w{i}"}) for i in range(4)]
+    notes = label_notes(val, tmp_path)
+    assert (f"label 'many': 5000 values on the train and val rows; its oracle distinguishes the {LABEL_VALUE_CAP - 1} "
+            "most frequent over train + val and pools the rest as '<other>'") in notes

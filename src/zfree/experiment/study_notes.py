@@ -15,12 +15,13 @@ from zfree.core.io import read_json
 def label_notes(pairs: list[Pair], data_dir: Path, *, oracles: bool = False) -> list[str]:
     """Visible notes for what the structure and task metrics cannot measure on ``pairs``: the
     strategy label and each ``labels`` key absent (or present on only some rows), and task
-    correctness without ``data_dir/metadata.json``. ``oracles`` (the study trains a label oracle
+    correctness without ``data_dir/metadata.json``; a label of more values over ``data_dir/train.jsonl``
+    and ``pairs`` than ``LABEL_VALUE_CAP`` is noted as capped for its oracle. ``oracles`` (the study trains a label oracle
     per key every row carries, ``zfree.experiment.controls.oracle_labels``): also a note for each key
     some row of ``data_dir/train.jsonl`` or ``pairs`` lacks, which gets no oracle."""
     notes = []
-    if oracles and (data_dir / "train.jsonl").exists():
-        train = load_pairs(data_dir / "train.jsonl")
+    train = load_pairs(data_dir / "train.jsonl") if (data_dir / "train.jsonl").exists() else []
+    if oracles and train:
         every = set(label_keys_of([*train, *pairs]))
         for k in sorted({k for p in (*train, *pairs) for k in (p.labels or {})} - every):
             on = [sum(k in (p.labels or {}) for p in rows) for rows in (train, pairs)]
@@ -42,11 +43,12 @@ def label_notes(pairs: list[Pair], data_dir: Path, *, oracles: bool = False) -> 
     else:
         notes.append(f"labels {keys}: structure/<metric>/<label> computed (NMI, Hungarian accuracy, probe, "
                      "confusion); z-control per label is skipped (it needs the label of a decoded y)")
-    for k in keys:
-        values = {str(p.labels[k]) for p in pairs if k in (p.labels or {})}
+    for k in keys:  # the oracle's values are counted over train + val (zfree.data.labels.capped_values)
+        values = {str(p.labels[k]) for p in (*train, *pairs) if k in (p.labels or {})}
         if len(values) > LABEL_VALUE_CAP:
-            notes.append(f"label '{k}': {len(values)} values on the val rows; its oracle distinguishes the "
-                         f"{LABEL_VALUE_CAP - 1} most frequent over train + val and pools the rest as '{OTHER}'")
+            notes.append(f"label '{k}': {len(values)} values on the {'train and ' if train else ''}val rows; its "
+                         f"oracle distinguishes the {LABEL_VALUE_CAP - 1} most frequent over train + val and pools "
+                         f"the rest as '{OTHER}'")
     meta = read_json(data_dir / "metadata.json") if (data_dir / "metadata.json").exists() else {}
     if not meta.get("parameters", {}).get("strategies"):
         notes.append("task correctness: skipped (no metadata.json with strategies: no notion of a correct y); instead the "
