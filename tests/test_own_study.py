@@ -392,3 +392,26 @@ def test_unconditional_pieces_split_reference_notes_and_one_run(tiny_model, tmp_
     assert (ref["scoring"]["bos_id"], ref["scoring"]["sep_id"], ref["scoring"]["empty_x_id"]) == (None, None, 0)
     first = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
     assert first["loss/val/baseline_normalized_reconstruction_loss"] == pytest.approx(1.0, abs=1e-5)
+
+
+@pytest.mark.slow  # an own_smoke study to its report, ~2-3 min on one thread
+def test_a_label_of_hundreds_of_values_is_capped_for_its_oracle_and_noted(tiny_model, tmp_path, monkeypatch, capsys):
+    """Issue 34 case 8: a label with a distinct value on every row (384 values here; 5,000 in the
+    issue) gets an oracle of ``LABEL_VALUE_CAP`` values, its per-value samples are bounded by that K,
+    and the study says so; before the cap its oracle decoded samples under every value."""
+    from zfree.data.labels import LABEL_VALUE_CAP
+
+    monkeypatch.setenv("ZFREE_CACHE_DIR", str(tmp_path / "cache"))
+    model, _ = tiny_model
+    rows = [{**r, "labels": {**r["labels"], "row": f"u{i}"}} for i, r in enumerate(_rows(n_x=96))]
+    data = _write(tmp_path / "many.jsonl", rows)
+    out = tmp_path / "study"
+    assert main(["study", "--model", str(model), "--data", str(data), "--out", str(out), "--preset", "own_smoke"]) == 0
+    oracle = [r for r in (out / "runs").iterdir() if r.name.startswith("oracle-row_")]
+    assert len(oracle) == 1
+    assert json.loads((oracle[0] / "config.json").read_text())["n_latent"] == LABEL_VALUE_CAP
+    assert pd.read_parquet(oracle[0] / "samples.parquet")["latent"].nunique() <= LABEL_VALUE_CAP
+    notes = json.loads((out / "notes.json").read_text())["notes"]
+    assert any(n.startswith(f"label 'row': {len(rows)} values on the train and val rows; its oracle distinguishes "
+                            f"the {LABEL_VALUE_CAP - 1} most frequent") for n in notes)
+    assert f"label 'row': {len(rows)} values" in capsys.readouterr().out
