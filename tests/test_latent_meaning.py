@@ -225,7 +225,11 @@ def test_a_run_folder_gets_its_meaning_after_the_final_evaluation(tiny_run, tmp_
     train_cvae(TrainConfig.from_flat(tiny_flat(data, base, steps=4, eval_every=4, device="cpu")), run, progress=False)
     doc = json.loads((run / "latent_meaning.json").read_text())
     assert doc["source"] == "posterior argmax" and doc["rows"] == 24 and len(doc["values"]) == doc["K"] >= 2
-    assert "y = s(x)" in {p["property"] for p in doc["properties"]} | set(n.split("'")[1] for n in doc["notes"])
+    assert "y = s(x)" in {p["property"] for p in doc["properties"]} | set(n.split("'")[1] for n in doc["notes"]
+                                                                          if "'" in n)
+    # whether the decoder uses z is the summary's own verdict, and a run that does not use it says so first
+    assert doc["decoder_uses_z"] == json.loads((run / "summary.json").read_text())["latent_used"]
+    assert doc["decoder_uses_z"] or doc["notes"][0].startswith("the decoder does not use z on these rows")
     tidy = pd.read_parquet(run / "latent_meaning.parquet")
     assert set(tidy["kind"]) <= {"ngram", "property"} and (tidy["kind"] == "property").any()
     control = tmp_path / "control"

@@ -391,12 +391,16 @@ MEANING_TABLE = "latent_meaning.parquet"
 
 
 def write_latent_meaning(out, ev, pairs: Sequence[Pair], *, latent_kind: str, given: bool, tokenizer=None,
-                         strategies: Sequence[str] | None = None, seed: int = 0) -> float | None:
+                         strategies: Sequence[str] | None = None, seed: int = 0,
+                         use_threshold: float | None = None) -> float | None:
     """``out/latent_meaning.json`` and ``out/latent_meaning.parquet`` (``latent_meaning``) for the final
     evaluation ``ev`` (a ``zfree.evaluate.metrics.Evaluation`` over ``pairs``, same order): a discrete
     run with a learned or optimal posterior gets all three descriptions; a Gaussian run the properties
     of the k-means clusters of its posterior means, stated as such; a given z (the z-free control, a
-    label oracle) nothing. Written atomically; returns the wall seconds spent (None: nothing written)."""
+    label oracle) nothing. ``use_threshold`` (the summary's rule, ``zfree.train.run_folder.USE_THRESHOLD``):
+    when the evaluation's ``latent/measured_use_fraction`` is not above it, the document says so
+    (``decoder_uses_z`` false and a note): its properties then describe the posterior, not what z
+    changes in y. Written atomically; returns the wall seconds spent (None: nothing written)."""
     import time
     from pathlib import Path
 
@@ -413,6 +417,13 @@ def write_latent_meaning(out, ev, pairs: Sequence[Pair], *, latent_kind: str, gi
                                rows=ev.meaning if discrete else None, n_tokens=ev.per_example["n_tokens"].to_numpy(),
                                decode=decode, strategies=strategies, seed=seed,
                                source="posterior argmax" if discrete else "k-means clusters of the posterior means")
+    use = ev.metrics.get("latent/measured_use_fraction")
+    if use_threshold is not None and use is not None and math.isfinite(use):
+        doc["decoder_uses_z"] = bool(use > use_threshold)
+        if not doc["decoder_uses_z"]:
+            doc["notes"].insert(0, f"the decoder does not use z on these rows (measured use {use:.0%}, not above "
+                                   f"{use_threshold:.0%}): what passes here describes the posterior q, not a change "
+                                   "z makes in y")
     doc["wall_s"] = time.time() - t0
     atomic_write_parquet(Path(out) / MEANING_TABLE, tidy)
     atomic_write_json(Path(out) / MEANING_FILE, doc)

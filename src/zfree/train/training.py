@@ -433,6 +433,7 @@ def _train_steps(cfg, out, run, progress, stop_after, saved, gate_rows, mask, de
         ev.metrics.update(multiref_run.write_multiref(out, model, data, cfg))  # after the final evaluation only
         write_latent_meaning(out, ev, data.val_pairs, latent_kind=model.latent_kind, tokenizer=data.tokenizer,
                              given=getattr(model, "posterior_kind", "") == "given",
-                             strategies=data.eval_kw.get("strategies"), seed=cfg.optim.seed)
+                             strategies=data.eval_kw.get("strategies"), seed=cfg.optim.seed,
+                             use_threshold=run_folder.USE_THRESHOLD)
     extra = {k: v for p in run.plugins for k, v in p.summary(cfg, state).items()}
     return run_folder.write_summary(out, cfg, ev, state, time.time() - run.t0, extra)
