@@ -262,3 +262,31 @@ def test_a_planted_run_config_that_is_not_json_is_one_line(tiny_run, tmp_path):
     with pytest.raises(InputError, match=r"^\S*config.json: not a run config \(not JSON: .*\); move it away"):
         train_cvae(TrainConfig.from_flat(tiny_flat(data, base, steps=2, device="cpu")), run_dir, progress=False)
     assert (tmp_path / "outside" / "victim.txt").read_text() == "precious"
+
+
+def test_a_full_disk_during_zfree_report_is_one_line_and_keeps_the_last_report(tmp_path_factory, tmp_path,
+                                                                                  monkeypatch, capsys):
+    """``zfree report`` on a study whose disk fills while the report notebook is written: exit 2 with
+    one line naming the error and the file, the earlier report.html untouched, no torn notebook."""
+    import errno
+
+    import papermill as pm
+
+    from tests.tiny_sweep import make_tiny_sweep
+    from zfree.cli import main
+
+    study = tmp_path / "study"
+    shutil.copytree(make_tiny_sweep(tmp_path_factory), study)
+    (study / "report.html").write_text("<html>the last report</html>")
+
+    def full(nb, out, **kw):
+        Path(out).write_text('{"cells": [')
+        raise OSError(errno.ENOSPC, "No space left on device", str(out))
+
+    monkeypatch.setattr(pm, "execute_notebook", full)
+    capsys.readouterr()  # what building the sweep printed
+    code = main(["report", str(study)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("zfree: error:") and "No space left on device" in err[0]
+    assert (study / "report.html").read_text() == "<html>the last report</html>"
+    assert not [p.name for p in study.iterdir() if p.suffix == ".ipynb" or ".tmp" in p.name]

@@ -13,7 +13,6 @@ of the SmolLM2 study. Run it on an otherwise idle machine: the ratios, not the s
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
 import tempfile
@@ -30,13 +29,10 @@ def main() -> None:
     from zfree.config import TrainConfig
     from zfree.evaluate import latent_meaning as lm
     from zfree.evaluate.metrics import evaluate
+    from zfree.train.run_folder import read_run_config
     from zfree.train.training import _setup_run
 
-    raw = json.loads((Path(a.run) / "config.json").read_text())
-    flat = {k: v for k, v in raw.items() if not k.startswith("_")}
-    for k in ("data_dir", "base_dir"):  # a run record's paths are relative to its folder
-        if flat.get(k) and not Path(flat[k]).is_absolute():
-            flat[k] = str((Path(a.run) / flat[k]).resolve())
+    flat = read_run_config(Path(a.run) / "config.json")  # portable and zfree: paths resolved as a run does
     cfg = TrainConfig.from_flat(flat)
     tmp = Path(tempfile.mkdtemp())
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+import errno
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -405,13 +406,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 EXPECTED = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, KeyError)
+#: errnos of the machine, not of zfree: a full disk or quota, a read-only file system, no permission
+EXPECTED_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES)
 
 
 def is_expected(e: BaseException) -> bool:
     """An error of the user's input or of a refusal (one line, exit 2), not a bug (traceback):
     any ``zfree.core.errors.ZfreeError`` (the trainer's ``NonFiniteLossError`` is one) and the
-    builtin errors of bad values and paths."""
-    return isinstance(e, (ZfreeError, *EXPECTED))
+    builtin errors of bad values and paths, and an OSError of the disk or its permissions
+    (``EXPECTED_ERRNOS``: its line names the file)."""
+    return isinstance(e, (ZfreeError, *EXPECTED)) or (isinstance(e, OSError) and e.errno in EXPECTED_ERRNOS)
 
 
 def _end_open_bar() -> None:
