@@ -62,15 +62,6 @@ def literal(s) -> str:
     return str(s).replace("$", r"\$")
 
 
-def literal_texts(legend):
-    """The legend's entries drawn as the characters they are (no mathtext): run and label names come
-    from data, where "$x_$" would stop the figure with a ParseSyntaxException. Returns ``legend``.
-    zfree's own axis labels are Unicode; log-axis tick labels keep their mathtext."""
-    for t in legend.get_texts() if legend is not None else ():
-        t.set_parse_math(False)
-    return legend
-
-
 def color_of(w: str) -> str:
     """The color of weighting ``w`` (gray for one not in ``WEIGHTING_COLORS``)."""
     return WEIGHTING_COLORS.get(w, "tab:gray")
