@@ -1,6 +1,7 @@
 """The look of zfree's figures, shared by ``zfree.report.plotting`` and ``zfree.report.plotting_aids``: paper
 rcParams, log axes with readable major ticks only, legends outside the data, one color per
-weighting and one line style per other facet."""
+weighting and one line style per other facet, and every name from data drawn as the characters it is
+(``literal``: no mathtext)."""
 
 from __future__ import annotations
 
@@ -45,13 +46,20 @@ def paper(fn):
     return wrapped
 
 
-def literal_texts(legend):
-    """The legend's entries drawn as the characters they are (no mathtext): run and label names come
-    from data, where "$x_$" would stop the figure with a ParseSyntaxException. Returns ``legend``.
-    zfree's own axis labels are Unicode; log-axis tick labels keep their mathtext."""
-    for t in legend.get_texts() if legend is not None else ():
-        t.set_parse_math(False)
-    return legend
+def literal(s) -> str:
+    r"""``s`` (any object, as ``str``) escaped so matplotlib draws it as the characters it is: every
+    ``$`` becomes ``\$``. Why: a run, spec, label, oracle or remedy name, a label value or a word
+    from the user's text reaches a figure as a tick label, legend entry, title or annotation, and
+    matplotlib reads a string with an even number of unescaped ``$`` as mathtext: "$x_$" stopped the
+    report with a ParseSyntaxException, "$\frac{a}{b}$" was typeset as a fraction. The rule is
+    matplotlib's (``matplotlib.text.Text._preprocess_math`` with ``matplotlib.cbook.is_math_text``): a
+    string is mathtext iff its count of ``$`` minus its count of ``\$`` is even and above 0, and a
+    string that is not has each ``\$`` drawn as ``$``. Escaping every ``$`` makes that difference 0
+    and brings back exactly ``s`` (a ``\$`` already in ``s`` becomes ``\\$``, drawn as ``\$``).
+    Not for a Text with ``parse_math=False`` (it would show the backslashes). zfree's own strings
+    (``LBAR``, log-axis ticks' ``$\mathdefault{10^{-3}}$``) keep their mathtext: only a string from
+    data goes through here, so no global ``text.parse_math``."""
+    return str(s).replace("$", r"\$")
 
 
 def color_of(w: str) -> str:

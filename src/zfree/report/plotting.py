@@ -15,7 +15,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from zfree.report.figstyle import FACET_MARKERS, FACETS, color_of, finish_with_legend_right, keep_labels_apart  # noqa: E402
-from zfree.report.figstyle import literal_texts  # noqa: E402
+from zfree.report.figstyle import literal  # noqa: E402
 from zfree.report.figstyle import groups as _groups  # noqa: E402
 from zfree.report.figstyle import legend_below as _legend_below  # noqa: E402
 from zfree.report.figstyle import log_axis as _log_axis  # noqa: E402
@@ -44,10 +44,10 @@ def plot_training_curves(metrics: dict[str, pd.DataFrame], collapse_kl: float = 
         terms = [c for c in df.columns if c.startswith("loss_contrib/fraction_abs/")]
         for j, t in enumerate(terms):
             axes[0].plot(df["step"], df[t], styles[j % 4], color=color, marker=".",
-                         label=f"{label}: {t.rsplit('/', 1)[-1]}")
+                         label=literal(f"{label}: {t.rsplit('/', 1)[-1]}"))
         for ax, (k, name) in zip(axes[1:], keys):
             if k in df:
-                ax.plot(df["step"], df[k], marker=".", color=color, label=label)
+                ax.plot(df["step"], df[k], marker=".", color=color, label=literal(label))
         if "loss/val/kl_prior_loss" in df:
             late = df[(df["step"] > 0) & (df["loss/val/kl_prior_loss"] < collapse_kl)]
             if len(late):
@@ -66,10 +66,10 @@ def plot_training_curves(metrics: dict[str, pd.DataFrame], collapse_kl: float = 
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole: no "step 2.5"
     fig.tight_layout()
     # two legends below the panels, outside the data: runs by color, terms (and the KL panel's marks) by line style
-    runs = [Line2D([], [], color=f"C{i % 10}", marker=".", label=label) for i, label in enumerate(metrics)]
+    runs = [Line2D([], [], color=f"C{i % 10}", marker=".", label=literal(label)) for i, label in enumerate(metrics)]
     terms = list(dict.fromkeys(c.rsplit("/", 1)[-1] for df in metrics.values() for c in df.columns
                                if c.startswith("loss_contrib/fraction_abs/")))
-    styles_h = [Line2D([], [], color="k", ls=styles[j % 4], label=f"{t} (top left)") for j, t in enumerate(terms)]
+    styles_h = [Line2D([], [], color="k", ls=styles[j % 4], label=literal(f"{t} (top left)")) for j, t in enumerate(terms)]
     styles_h += [Line2D([], [], color="gray", lw=0.6, ls="--", label=f"KL = {collapse_kl:g}: collapsed below (KL panel)"),
                  Line2D([], [], color="k", lw=1, ls=":", label="a run's first evaluation below it (KL panel)")]
     first = fig.legend(handles=runs, loc="upper right", bbox_to_anchor=(0.62, 0.0), ncol=2, fontsize=7,
@@ -134,7 +134,8 @@ def plot_phase_diagram(runs: pd.DataFrame, c_base: float | None = None, beta_ove
         # the rows named on the w axis, weightings on (nearly) one row under one tick (their names
         # would otherwise print over each other)
         rows = _row_labels(runs)
-        ax.set_yticks([y for y, _ in rows], [" / ".join(n) + "\n" + _w_range(runs, n) for _, n in rows], fontsize=7)
+        ax.set_yticks([y for y, _ in rows], [literal(" / ".join(n)) + "\n" + _w_range(runs, n) for _, n in rows],
+                      fontsize=7)
         if i % ncol:  # the row names once per figure row: the right panel's would meet the left colorbar
             ax.tick_params(axis="y", labelleft=False)
         ax.set_xlabel("β")
@@ -142,7 +143,7 @@ def plot_phase_diagram(runs: pd.DataFrame, c_base: float | None = None, beta_ove
         ax.set_title(name, fontsize=9)
     for ax in list(axes.flat)[len(metrics):]:
         ax.set_visible(False)
-    fig.suptitle("Phase diagram β × w" + (f": {variant}" if variant else "")
+    fig.suptitle("Phase diagram β × w" + (f": {literal(variant)}" if variant else "")
                  + " (dotted: constant β/w, identical training under Adam)")
     fig.tight_layout()
     _legend_below(fig, axes.flat[0], ncol=3)
@@ -249,7 +250,8 @@ def plot_rate_distortion(runs: pd.DataFrame, z_free: float | None = None, bayes_
     points = []
     for label, color, ls, rows in _groups(runs):  # the runs over the reference points (zorder 4): both stay seen
         rows = rows.groupby("beta", as_index=False)[["rate", "distortion"]].mean().sort_values("beta")
-        ax.plot(rows["rate"], rows["distortion"], ls, marker=FACET_MARKERS[ls], color=color, label=label, zorder=5)
+        ax.plot(rows["rate"], rows["distortion"], ls, marker=FACET_MARKERS[ls], color=color, label=literal(label),
+                zorder=5)
         points += [(r["rate"], r["distortion"], r["beta"], label, color) for _, r in rows.iterrows()]
     pts_r = [*runs["rate"], 0.0] + ([bayes_rate] if bayes_rate else [])
     pts_d = [*runs["distortion"].dropna(), *links["D_control"]] + ([z_free] if z_free is not None else []) + (
@@ -271,13 +273,12 @@ def plot_rate_distortion(runs: pd.DataFrame, z_free: float | None = None, bayes_
                    label="analytic optimum (log K/m, 0): z names the strategy")
     ax.set_xlim(-0.02 * r_hi, r_hi)
     ax.set_ylim(d_lo - pad, d_hi + pad)
-    labels = [ax.annotate(text, (x, y), fontsize=6, xytext=(4, 3), textcoords="offset points", zorder=6, color=color,
+    labels = [ax.annotate(literal(text), (x, y), fontsize=6, xytext=(4, 3), textcoords="offset points", zorder=6, color=color,
                           arrowprops={"arrowstyle": "-", "color": "gray", "lw": 0.5, "shrinkA": 0, "shrinkB": 3})
               for (x, y), (text, color) in _label_clusters(points, (1.02 * r_hi, d_hi - d_lo + 2 * pad)).items()]
     fig = finish_with_legend_right(fig, ax, "rate R = KL(q‖p) [nats / sequence]",
                                    f"distortion D = |S|·{LBAR} [nats / sequence]",
                                    "Rate-distortion plane (dotted: iso-ELBO D + R = const)")
-    literal_texts(ax.get_legend())  # the controls' entries name runs
     marks = [(x, y, 3.2) for x, y, *_ in points] + [(0.0, z_free, 6.5)] * (z_free is not None)  # radii: ms 6, s 160
     keep_labels_apart(ax, labels, marks)  # one label per place; none over another or over a run
     return fig
@@ -295,7 +296,7 @@ def _draw_controls(ax, links: pd.DataFrame, max_named: int = 3) -> None:
         for _, r in own.iterrows():
             ax.plot([0.0, r["rate"]], [d, r["distortion"]], ls=(0, (4, 2)), lw=0.7, alpha=0.6,
                     color=color_of(str(r.get("weighting"))), zorder=1, gid=f"control-link {cid} {r['run_id']}")
-        names = list(dict.fromkeys(own["label"]))  # seeds of one recipe share a name
+        names = [literal(n) for n in dict.fromkeys(own["label"])]  # seeds of one recipe share a name
         named = ",\n  ".join(names[:max_named]) + (f" +{len(names) - max_named}" if len(names) > max_named else "")
         tag = f"C{i}" if len(order) > 1 else ""
         ax.scatter([0.0], [d], marker="X", s=110, color="tab:gray", edgecolors="k", linewidths=0.4, zorder=4,
@@ -318,7 +319,7 @@ def plot_effective_beta(per_example: pd.DataFrame, eta: float | None = None) -> 
         # at one beta and weighting share every beta_eff, and an open marker shows over a filled one
         style = (dict(s=8, alpha=0.6, color=color) if ls == "-" else
                  dict(s=22, alpha=0.9, facecolors="none", edgecolors=color, linewidths=0.8))
-        style.update(marker=FACET_MARKERS[ls], label=label)
+        style.update(marker=FACET_MARKERS[ls], label=literal(label))
         axes[0].scatter(rows["b"], rows["beta_eff"], **style)
         axes[1].scatter(rows["n_tokens"], rows["beta_eff"], **style)
         axes[2].scatter(rows["beta_eff"], rows["kl"], **style)
@@ -381,7 +382,7 @@ def plot_rho_distributions(per_example: pd.DataFrame) -> plt.Figure:
         ax.axhline(1.0, color="gray", lw=0.8)
         ax.set_xticks(range(len(betas)), [f"{b:g}" for b in betas])
         ax.set_xlabel("β")
-        ax.set_title(label, fontsize=9)
+        ax.set_title(literal(label), fontsize=9)
     for ax in axes[:, 0]:
         ax.set_ylabel(f"ρ_i = {LBAR_I} / b_i (per example)")
     fig.tight_layout()

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.ticker import MaxNLocator
 
-from zfree.report.figstyle import color_of, finish_with_legend_right, groups, log_axis, paper
+from zfree.report.figstyle import color_of, finish_with_legend_right, groups, literal, log_axis, paper
 
 
 @paper
@@ -25,7 +25,7 @@ def plot_phase_boundary(runs: pd.DataFrame, curves: pd.DataFrame | None, boundar
     for ax, w in zip(axes[0], ws):
         for label, color, ls, s in groups(runs[runs["weighting"] == w]):
             s = s.groupby("beta", as_index=False)["kl_prior_loss"].mean().sort_values("beta")
-            ax.plot(s["beta"], s["kl_prior_loss"], ls, marker="o", color=color, label=f"measured {label}")
+            ax.plot(s["beta"], s["kl_prior_loss"], ls, marker="o", color=color, label=f"measured {literal(label)}")
         if curves is not None and (curves["weighting"] == w).any():
             c = curves[curves["weighting"] == w].sort_values("beta")
             lo, hi = runs.loc[runs["weighting"] == w, "beta"].agg(["min", "max"])
@@ -38,12 +38,12 @@ def plot_phase_boundary(runs: pd.DataFrame, curves: pd.DataFrame | None, boundar
                 ax.axvspan(bp * 0.75, bp * 1.25, color="gray", alpha=0.12, lw=0)
             if np.isfinite(r["beta_half_measured"]):
                 ax.axvline(r["beta_half_measured"], color=color_of(w), lw=1.2,
-                           label=f"measured β½ {r['beta_half_measured']:.3g} ({r['aid']}; "
+                           label=f"measured β½ {r['beta_half_measured']:.3g} ({literal(r['aid'])}; "
                                  f"{r['ratio']:.2f}× predicted)" if np.isfinite(r["ratio"]) else "measured β½")
         log_axis(ax, "x", runs.loc[runs["weighting"] == w, "beta"])
         ax.set_xlabel("β")
         ax.set_ylabel("rate KL(q‖p) [nats / example]")
-        ax.set_title(w)
+        ax.set_title(literal(w))
         ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False)
     fig.suptitle("Phase boundary: where the rate falls to half its plateau (band: predicted ±25%)")
     fig.tight_layout()
@@ -62,7 +62,7 @@ def plot_use_by_length(use: pd.DataFrame) -> plt.Figure:
         for j, (aid, g) in enumerate(use[use["beta"] == beta].groupby("aid", sort=False)):
             g = g.sort_values("n_tokens")
             ax.plot(g["n_tokens"], g["measured_use"], "-", marker="osD^v"[j % 5], color=cmap(i),
-                    label=f"β={beta:g} {aid} measured")
+                    label=f"β={beta:g} {literal(aid)} measured")
             if j == 0:  # the prediction depends on beta and |S| only: one line per beta, not per aid
                 ax.plot(g["n_tokens"], g["predicted_use"], "--", color=cmap(i), alpha=0.7, label=f"β={beta:g} predicted")
     ax.set_xlabel("|S| (y tokens + end token)")
@@ -82,7 +82,7 @@ def plot_handover_gate(traces: pd.DataFrame) -> plt.Figure:
     prefers z. ``traces``: ``zfree.report.report.gate_traces`` (label, step, ratio)."""
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
     for label, g in traces.groupby("label", sort=False):
-        ax.plot(g["step"], g["ratio"], marker=".", label=label)
+        ax.plot(g["step"], g["ratio"], marker=".", label=literal(label))
     ax.axhline(1.0, color="gray", lw=0.8)
     r = traces["ratio"].to_numpy(float)
     r = r[np.isfinite(r) & (r > 0)]
@@ -103,7 +103,7 @@ def plot_train_distortion(curves: dict[str, pd.DataFrame], key: str = "loss/trai
         if key not in df or df.empty:
             continue
         ls = "--" if label.startswith("control") else ":" if label.startswith("oracle") else "-"
-        ax.plot(df["step"], df[key], ls=ls, lw=1.2, label=label)
+        ax.plot(df["step"], df[key], ls=ls, lw=1.2, label=literal(label))
     ax.set_xlabel("step")
     ax.set_ylabel("D on training batches (nats/token)")
     ax.set_title("Training distortion (window means): has D flattened?")

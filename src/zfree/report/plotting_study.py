@@ -14,7 +14,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
-from zfree.report.figstyle import FACET_MARKERS, FACETS, WEIGHTING_FILLS, literal_texts, remedy_style  # noqa: E402
+from zfree.report.figstyle import FACET_MARKERS, FACETS, WEIGHTING_FILLS, literal, remedy_style  # noqa: E402
 from zfree.report.figstyle import groups as _groups  # noqa: E402
 from zfree.report.figstyle import log_axis as _log_axis  # noqa: E402
 from zfree.report.figstyle import paper as _paper  # noqa: E402
@@ -39,7 +39,7 @@ def plot_rate_and_rho_vs_beta(summary: pd.DataFrame, curves: pd.DataFrame | None
         ax_k, ax_r = axes[0, j], axes[1, j]
         for label, color, ls, s in _groups(summary[summary["weighting"] == w]):
             s = s.groupby("beta", as_index=False).mean(numeric_only=True).sort_values("beta")
-            tag = label.removeprefix(w).strip()
+            tag = literal(label.removeprefix(w).strip())
             mk = FACET_MARKERS[ls]  # a run of one beta draws no line: the marker names the facet too
             ax_k.plot(s["beta"], s["kl_prior_loss"], ls, marker=mk, color=color, label=f"measured KL {tag}".strip())
             ax_r.plot(s["beta"], s["baseline_normalized_reconstruction_loss"], ls, marker=mk, color=color,
@@ -53,7 +53,7 @@ def plot_rate_and_rho_vs_beta(summary: pd.DataFrame, curves: pd.DataFrame | None
             use = c["predicted_use_fraction"].to_numpy() > 0.5
             for ax in (ax_k, ax_r):
                 shade(ax, c["beta"].to_numpy(), use)
-        ax_k.set_title(f"{w}")
+        ax_k.set_title(literal(w))
         ax_k.set_ylabel("rate KL(q‖p) [nats / example]")
         ax_r.set_ylabel("ρ_recon")
         ax_r.axhline(1.0, color="gray", lw=0.8)
@@ -80,7 +80,8 @@ def plot_rate_and_rho_vs_beta(summary: pd.DataFrame, curves: pd.DataFrame | None
     tags = {}
     for label, _, ls, _ in _groups(summary):
         tags.setdefault(" ".join(label.split(" ")[1:]), ls)
-    handles += [Line2D([], [], color="k", ls=ls, marker=FACET_MARKERS[ls], label=tag) for tag, ls in tags.items() if tag]
+    handles += [Line2D([], [], color="k", ls=ls, marker=FACET_MARKERS[ls], label=literal(tag))
+                for tag, ls in tags.items() if tag]
     fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(len(handles), 4),
                fontsize=8, frameon=False)
     return fig
@@ -99,7 +100,7 @@ def plot_loss_fractions(summary: pd.DataFrame) -> plt.Figure:
     cols = [c for c in summary.columns if c.startswith("loss_contrib/fraction_abs/")]
     facets = [f for f in FACETS if f in summary and (f == "weighting" or summary[f].nunique() > 1)]
     s = summary.sort_values([*facets, "beta"])
-    labels = [run_label(r, s) for _, r in s.iterrows()]  # the run's name in every table of the report
+    labels = [literal(run_label(r, s)) for _, r in s.iterrows()]  # the run's name in every table of the report
     fig, ax = plt.subplots(figsize=(7.5, 1.2 + 0.32 * len(s)))
     y = np.arange(len(s))
     vals = s[cols].to_numpy(float) if cols else np.zeros((len(s), 0))
@@ -109,7 +110,7 @@ def plot_loss_fractions(summary: pd.DataFrame) -> plt.Figure:
         v = vals[:, j]
         ok = np.isfinite(v) & (v > 0)
         ax.scatter(v[ok], y[ok], marker=TERM_MARKERS[j % len(TERM_MARKERS)], color=f"C{j}", zorder=3,
-                   label=c.split("/")[-1])
+                   label=literal(c.split("/")[-1]))
         for vi, yi in zip(v[ok], y[ok]):
             ax.annotate(f"{100 * vi:.3g}%", (vi, yi), fontsize=6, xytext=(0, 5), textcoords="offset points",
                         ha="center")
@@ -151,7 +152,7 @@ def plot_predicted_vs_measured(summary: pd.DataFrame, measured: str = "measured_
             ax.scatter(r["predicted_use_fraction"], r[measured], s=size[r["beta"]], color=color,
                        marker=FACET_MARKERS[ls], alpha=0.75, edgecolors="k", linewidths=0.3)
             pts.append((float(r["predicted_use_fraction"]), float(r[measured])))
-        handles.append(Line2D([], [], ls="none", marker=FACET_MARKERS[ls], color=color, label=label))
+        handles.append(Line2D([], [], ls="none", marker=FACET_MARKERS[ls], color=color, label=literal(label)))
     for (x, y), n in _same_spot([p for p in pts if np.isfinite(p).all()]).items():
         if n > 1:
             ax.annotate(f"×{n}", (x, y), fontsize=8, xytext=(7, -10 if y > 0.5 else 7), textcoords="offset points")
@@ -181,7 +182,7 @@ def plot_gains(runs: pd.DataFrame, oracles: pd.DataFrame, eta: float | None = No
     for label, color, ls, s in _groups(runs.dropna(subset=["z_gain"])):
         err = np.vstack([s["z_gain"] - s["z_gain_lo"], s["z_gain_hi"] - s["z_gain"]]).clip(min=0)
         ax.errorbar(s["rate"], s["z_gain"], yerr=err, ls="none", marker=FACET_MARKERS[ls], color=color, capsize=3,
-                    label=label)
+                    label=literal(label))
     r_hi = max([1e-3, *runs.get("rate", pd.Series(dtype=float)).dropna()]) * 1.15
     xs = np.array([0.0, r_hi])
     ax.axhline(0.0, color="gray", lw=0.8)
@@ -192,7 +193,7 @@ def plot_gains(runs: pd.DataFrame, oracles: pd.DataFrame, eta: float | None = No
     ax.set_xlabel("rate KL(q‖p) [nats / example]")
     ax.set_ylabel("z gain D_control − D_run [nats / example]")
     ax.set_title("What each run's z bought (bars: 95% interval over rows)", fontsize=9)
-    literal_texts(ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0.0, -0.15), frameon=False, ncol=2))
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0.0, -0.15), frameon=False, ncol=2)
     for _, o in oracles.iterrows():
         ax_o.errorbar([o["H"]], [o["delta_R"]], xerr=[[max(o["H"] - o["H_lo"], 0)], [max(o["H_hi"] - o["H"], 0)]],
                       yerr=[[max(o["delta_R"] - o["delta_R_lo"], 0)], [max(o["delta_R_hi"] - o["delta_R"], 0)]],
@@ -241,16 +242,16 @@ def plot_leaderboard(board: pd.DataFrame) -> plt.Figure:
                             fillstyle=WEIGHTING_FILLS.get(str(r["weighting"]), "full"), capsize=2.5, lw=0.9)
             ax.axhline(0.0, color="gray", lw=0.8)
             where = f"{side} the predicted boundary" if side != "unknown" else "no predicted boundary"
-            ax.set_title(("" if ds is None else f"{ds}: ") + where, fontsize=9)
+            ax.set_title(("" if ds is None else f"{literal(ds)}: ") + where, fontsize=9)
             ax.set_xlabel("rate KL(q‖p) [nats / example]")
             if j == 0:
                 ax.set_ylabel("z gain D_control − D_run [nats / example]")
             if s.empty:
                 ax.text(0.5, 0.5, "no z gain (no z-free control)", transform=ax.transAxes, ha="center", fontsize=8)
-    handles = [Line2D([], [], ls="none", marker=remedy_style(m)[1], color=remedy_style(m)[0], label=str(m))
+    handles = [Line2D([], [], ls="none", marker=remedy_style(m)[1], color=remedy_style(m)[0], label=literal(m))
                for m in dict.fromkeys(board["remedy"])]
     handles += [Line2D([], [], ls="none", marker="o", color="k", fillstyle=WEIGHTING_FILLS.get(str(w), "full"),
-                       label=f"weighting {w}") for w in dict.fromkeys(board["weighting"])]
+                       label=f"weighting {literal(w)}") for w in dict.fromkeys(board["weighting"])]
     fig.suptitle("Remedies: z's gain against its rate (bars: 95% interval over seeds)", fontsize=10)
     fig.tight_layout()
     fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(len(handles), 5),
@@ -272,7 +273,7 @@ def plot_label_confusion(table: pd.DataFrame, max_chars: int = 40) -> plt.Figure
     n_val, n_lat = share.shape
     fig, ax = plt.subplots(figsize=(min(3.5 + 0.45 * n_lat, 12.0), 1.4 + 0.2 * n_val))
     im = ax.imshow(share, aspect="auto", cmap="Blues", vmin=0.0, vmax=1.0, interpolation="nearest")
-    ax.set_xticks(range(n_lat), [str(c) for c in t.columns])
+    ax.set_xticks(range(n_lat), [literal(c) for c in t.columns])
     names = [str(v) if len(str(v)) <= max_chars else str(v)[: max_chars - 1] + "…" for v in t.index]
     ax.set_yticks(range(n_val), names, fontsize=7)
     for lab in ax.get_yticklabels():
@@ -283,7 +284,7 @@ def plot_label_confusion(table: pd.DataFrame, max_chars: int = 40) -> plt.Figure
                 if counts[i, j]:
                     ax.text(j, i, f"{counts[i, j]:.0f}", ha="center", va="center", fontsize=6,
                             color="white" if share[i, j] > 0.6 else "black")
-    ax.set_xlabel(f"{table.index.name or 'latent value'} (posterior argmax)")
+    ax.set_xlabel(f"{literal(table.index.name or 'latent value')} (posterior argmax)")
     ax.set_ylabel(str(t.index.name or "label value"))
     ax.yaxis.label.set_parse_math(False)
     fig.colorbar(im, ax=ax, label="share of the label value's rows", fraction=0.04, pad=0.02)
