@@ -136,6 +136,24 @@ def test_an_unused_zs_argmax_that_follows_y_passes_nothing_with_its_posterior():
                                                                                                      "passes"])
 
 
+def test_per_value_tables_from_the_shared_shuffles_equal_the_indicators_own():
+    """Each value's table is collapsed from the assignment's counts; its MI and NMI are those of the
+    indicator [argmax = k] itself (scikit-learn), and a planted value-specific property passes."""
+    rng = np.random.default_rng(5)
+    assign = rng.integers(0, 4, 400)
+    props = pd.DataFrame({"is two": np.where(assign == 2, "yes", "no"), "noise": rng.choice(list("abc"), 400)})
+    per_value = per_value_alignment(props, assign, 5)
+    assert sorted(per_value) == [0, 1, 2, 3]  # value 4 has no rows
+    for k, tab in per_value.items():
+        t = tab.set_index("property")
+        for c in props:
+            assert t.loc[c, "mi"] == pytest.approx(mutual_info_score(assign == k, props[c]), rel=1e-9, abs=1e-15)
+            assert t.loc[c, "nmi"] == pytest.approx(normalized_mutual_info_score(assign == k, props[c]), rel=1e-9,
+                                                    abs=1e-15)
+    assert per_value[2]["property"].iloc[0] == "is two" and bool(per_value[2]["passes"].iloc[0])
+    assert not per_value[0].set_index("property").loc["noise", "passes"]
+
+
 def test_property_alignment_refuses_mismatched_lengths_and_notes_too_few_rows():
     with pytest.raises(ValueError, match="3 property rows but 2 posterior assignments"):
         property_alignment(pd.DataFrame({"p": list("abc")}), np.array([0, 1]))

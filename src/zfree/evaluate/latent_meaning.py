@@ -219,12 +219,6 @@ def _mi_from_counts(c: np.ndarray) -> np.ndarray:
     return t.sum((-1, -2))
 
 
-def _entropy(codes: np.ndarray) -> float:
-    p = np.bincount(codes) / len(codes)
-    p = p[p > 0]
-    return float(-(p * np.log(p)).sum())
-
-
 def posterior_mi(codes: np.ndarray, q: np.ndarray) -> float:
     """I(b; z) in nats under the posterior's own soft assignment: the joint p(b, k) = (1/N) sum_i
     [b_i = b] q(z = k | x_i, y_i) of a property's level codes ``codes`` ((N,) ints) and ``q`` ((N, K)
@@ -254,29 +248,61 @@ def property_alignment(props: pd.DataFrame, assign: np.ndarray, *, n_perm: int =
     if len(props) != len(assign) or (q is not None and len(q) != len(assign)):
         raise ValueError(f"{len(props)} property rows but {len(assign)} posterior assignments"
                          + ("" if q is None else f" and {len(q)} posterior rows"))
-    cols = ["property", "levels", "mi", "nmi", "null95", "p_value", "mi_posterior", "passes"]
     if len(assign) < 2:
-        return pd.DataFrame(columns=cols), [f"{len(assign)} evaluated row(s): no property is tested"]
-    a = pd.factorize(assign)[0]
+        return pd.DataFrame(columns=_COLUMNS), [f"{len(assign)} evaluated row(s): no property is tested"]
+    levels, tables, notes = _count_tables(props, assign, n_perm, seed)
+    return _ranked(tables, None, alpha, q, notes)
+
+
+#: the columns of a property table (``property_alignment``)
+_COLUMNS = ["property", "levels", "mi", "nmi", "null95", "p_value", "mi_posterior", "passes"]
+
+
+def _count_tables(props: pd.DataFrame, assign: np.ndarray, n_perm: int, seed: int):
+    """(the values of ``assign`` in code order, per property with 2+ levels: (name, level codes b (N,),
+    the joint counts (A, B) of (assign, b), the same counts under each of ``n_perm`` shuffles of
+    assign (n_perm, A, B)), the notes of the skipped properties). One set of shuffles serves every
+    property and, collapsed to [assign = k], every value (``per_value_alignment``)."""
+    codes, levels = pd.factorize(assign)
     rng = np.random.default_rng(seed)
-    perms = rng.permuted(np.tile(a, (n_perm, 1)), axis=1)  # (n_perm, N), shared by every property
-    ka, N = a.max() + 1, len(a)
+    perms = rng.permuted(np.tile(codes, (n_perm, 1)), axis=1)  # (n_perm, N)
+    ka = len(levels)
     kept = [c for c in props.columns if props[c].nunique() >= 2]
     notes = [f"property {c!r} has a single value on these rows: skipped" for c in props.columns if c not in kept]
-    rows = []
+    tables = []
     for c in kept:
         b = pd.factorize(props[c].astype(str))[0]
-        kb = b.max() + 1
-        obs = _mi_from_counts(np.bincount(a * kb + b, minlength=ka * kb).reshape(1, ka, kb).astype(float))[0]
+        kb = int(b.max()) + 1
+        obs = np.bincount(codes * kb + b, minlength=ka * kb).reshape(ka, kb).astype(float)
         flat = (np.arange(n_perm)[:, None] * ka * kb + perms * kb + b[None, :]).ravel()
-        null = _mi_from_counts(np.bincount(flat, minlength=n_perm * ka * kb).reshape(n_perm, ka, kb).astype(float))
-        h = _entropy(a) + _entropy(b)
-        rows.append({"property": c, "levels": kb, "mi": float(max(obs, 0.0)), "nmi": float(2 * obs / h) if h > 0 else 0.0,
-                     "null95": float(np.quantile(null, 0.95)),
-                     "p_value": float((1 + np.sum(null >= obs - 1e-12)) / (1 + n_perm)),
+        null = np.bincount(flat, minlength=n_perm * ka * kb).reshape(n_perm, ka, kb).astype(float)
+        tables.append((c, b, obs, null))
+    return np.asarray(levels), tables, notes
+
+
+def _entropy_of_counts(c: np.ndarray) -> float:
+    p = c[c > 0] / c.sum()
+    return float(-(p * np.log(p)).sum())
+
+
+def _ranked(tables, value_index: int | None, alpha: float, q: np.ndarray | None, notes: list[str]):
+    """The property table of ``_count_tables``' tables: of the assignment itself (``value_index``
+    None), or of the indicator [assign = the value at ``value_index``] (its rows collapsed to
+    "others" and "it"); ``q``: the matching soft assignment ((N, A) or (N, 2)), or None."""
+    rows = []
+    for c, b, obs, null in tables:
+        if value_index is not None:
+            obs = np.stack([obs.sum(0) - obs[value_index], obs[value_index]])
+            null = np.stack([null.sum(1) - null[:, value_index], null[:, value_index]], axis=1)
+        mi = float(_mi_from_counts(obs[None])[0])
+        nulls = _mi_from_counts(null)
+        h = _entropy_of_counts(obs.sum(1)) + _entropy_of_counts(obs.sum(0))
+        rows.append({"property": c, "levels": obs.shape[1], "mi": max(mi, 0.0), "nmi": 2 * mi / h if h > 0 else 0.0,
+                     "null95": float(np.quantile(nulls, 0.95)),
+                     "p_value": float((1 + np.sum(nulls >= mi - 1e-12)) / (1 + len(nulls))),
                      "mi_posterior": math.nan if q is None else posterior_mi(b, q)})
-    tab = pd.DataFrame(rows, columns=cols[:-1])
-    tab["passes"] = (tab["p_value"] < alpha / max(len(kept), 1)) & (tab["mi"] > 1e-12)
+    tab = pd.DataFrame(rows, columns=_COLUMNS[:-1])
+    tab["passes"] = (tab["p_value"] < alpha / max(len(tables), 1)) & (tab["mi"] > 1e-12)
     if q is not None and len(tab):
         carried = tab["mi_posterior"] >= np.maximum(POSTERIOR_SHARE * tab["mi"], MIN_POSTERIOR_MI)
         dropped = tab["passes"] & ~carried
@@ -294,12 +320,16 @@ def per_value_alignment(props: pd.DataFrame, assign: np.ndarray, K: int, *, n_pe
     """For each value k with rows: ``property_alignment`` of the indicator [argmax = k] (what sets
     value k's rows apart from the others'), at level ``ALPHA`` / (number of values with rows): the
     Bonferroni correction over the properties and the values; with ``q`` ((N, K)), the posterior's
-    soft indicator (q_k, 1 - q_k) is the one that must carry it. value -> its table (sorted by MI)."""
+    soft indicator (1 - q_k, q_k) is the one that must carry it. The shuffles of the argmax are
+    shared with every value (the indicator of a shuffled argmax is the shuffled indicator), so this
+    costs one count per property, not one per value. value -> its table (sorted by MI)."""
     assign = np.asarray(assign)
-    present = [k for k in range(K) if (assign == k).any()]
-    soft = (lambda k: None) if q is None else (lambda k: np.stack([1 - q[:, k], q[:, k]], axis=1))
-    return {k: property_alignment(props, (assign == k).astype(int), n_perm=n_perm, seed=seed + k,
-                                  alpha=ALPHA / max(1, len(present)), q=soft(k))[0] for k in present}
+    if len(assign) < 2:
+        return {}
+    levels, tables, _ = _count_tables(props, assign, n_perm, seed)
+    present = [k for k in range(K) if (levels == k).any()]
+    return {k: _ranked(tables, int(np.flatnonzero(levels == k)[0]), ALPHA / max(1, len(present)),
+                       None if q is None else np.stack([1 - q[:, k], q[:, k]], axis=1), [])[0] for k in present}
 
 
 def exemplars(q: np.ndarray, pairs: Sequence[Pair], n: int = N_EXEMPLARS) -> pd.DataFrame:
