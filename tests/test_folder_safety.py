@@ -36,13 +36,13 @@ def outside_target(tmp_path: Path, name: str) -> Path:
 
 
 def test_a_run_in_a_hostile_folder_runs_nothing_of_it_and_writes_through_no_link(tiny_run, tmp_path):
-    """A run folder whose name holds braces, %, $ and a quote, with planted modules and its executed
+    """A run folder whose name holds braces, %, $, quotes and a newline, with planted modules and its executed
     notebook a symlink to a file elsewhere: the run finishes, nothing planted ran, the file elsewhere
     is untouched and the notebook is a whole regular file in the run folder."""
     data, base = tiny_run
     marks = tmp_path / "marks"
     marks.mkdir()
-    runs = tmp_path / "st_{seed}_{a}%s$HOME'q" / "runs"
+    runs = tmp_path / "st_{seed}_{a}%s$HOME'q\n\"z" / "runs"
     flat = TrainConfig.from_flat(tiny_flat(data, base, steps=2, eval_every=2, device="cpu")).to_flat()
     point = Point(run_id(flat), flat)
     run_dir = runs / point.run_id
