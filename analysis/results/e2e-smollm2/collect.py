@@ -45,13 +45,47 @@ def control_seed_spread(runs_dir: Path) -> pd.DataFrame:
         for b in names[i + 1:]:
             ca, cb = dict(ctl[a]), dict(ctl[b])
             if ca.pop("seed") != cb.pop("seed") and ca == cb:
-                pa, pb = (read_table(runs_dir / n / "per_example.parquet", columns=["id", "n_tokens", "lbar"])
-                          .assign(D=lambda t: t["n_tokens"] * t["lbar"]).set_index("id") for n in (a, b))
+                pa, pb = _D(runs_dir / a), _D(runs_dir / b)
                 ids = pa.index.intersection(pb.index)
                 est, lo, hi = interval(pb.loc[ids, "D"].to_numpy() - pa.loc[ids, "D"].to_numpy())
                 out.append({"control_a": a, "seed_a": ctl[a]["seed"], "control_b": b, "seed_b": ctl[b]["seed"],
                             "rows": len(ids), "D_a": float(pa.loc[ids, "D"].mean()), "D_b": float(pb.loc[ids, "D"].mean()),
                             "D_b_minus_D_a": est, "lo": lo, "hi": hi})
+    return pd.DataFrame(out)
+
+
+def _D(run: Path) -> pd.DataFrame:
+    """Per row: D = n_tokens x lbar (nats/example, y and its end token), indexed by id."""
+    return (read_table(run / "per_example.parquet", columns=["id", "n_tokens", "lbar"])
+            .assign(D=lambda t: t["n_tokens"] * t["lbar"]).set_index("id"))
+
+
+def oracle_pairs(runs_dir: Path) -> pd.DataFrame:
+    """Every finished label oracle (``latent_source`` "label:<key>"), planned or trained later with
+    other shared fields (e.g. a LoRA variant), against the finished z-free control of its own recipe
+    (``zfree.experiment.controls.control_params`` of the oracle's config): delta_R = D_control - D_oracle
+    (nats/example) on the rows both evaluated, 95 % bootstrap over rows. An oracle whose control has
+    not finished is listed with NaN."""
+    from zfree.experiment.controls import control_params
+
+    cfgs = {d.name: without_log_only(read_run_config(d / "config.json")) for d in sorted(runs_dir.iterdir())
+            if (d / "summary.json").exists() and (d / "config.json").exists()}
+    controls = {n: c for n, c in cfgs.items() if c.get("latent_source") == "control"}
+    out = []
+    for n, c in cfgs.items():
+        if not str(c.get("latent_source", "")).startswith("label:"):
+            continue
+        want = without_log_only(control_params(c))
+        match = [m for m, cc in controls.items() if cc == want]
+        row = {"oracle": n, "label": c["latent_source"][6:], "K": c["n_latent"], "lora_rank": c.get("lora_rank"),
+               "lora_targets": c.get("lora_targets"), "control": match[0] if match else None}
+        if match:
+            po, pc = _D(runs_dir / n), _D(runs_dir / match[0])
+            ids = po.index.intersection(pc.index)
+            est, lo, hi = interval(pc.loc[ids, "D"].to_numpy() - po.loc[ids, "D"].to_numpy())
+            row.update(rows=len(ids), D_control=float(pc.loc[ids, "D"].mean()), D_oracle=float(po.loc[ids, "D"].mean()),
+                       delta_R=est, delta_R_lo=lo, delta_R_hi=hi)
+        out.append(row)
     return pd.DataFrame(out)
 
 
@@ -83,6 +117,15 @@ def main(study: Path) -> None:
               f"nats/example, H {o['H']:.3f} ({o['H_source']}), eta {o['eta']:.3f} [{o['eta_lo']:.3f}, {o['eta_hi']:.3f}]")
     if oracles.empty:
         print("\noracle: not finished (no available gain, no eta yet)")
+    pairs = oracle_pairs(study / "runs")
+    pairs.to_csv(HERE / "oracle_pairs.csv", index=False)
+    for _, o in pairs.iterrows():
+        if pd.notna(o.get("delta_R")):
+            print(f"\noracle run {o['oracle']} (LoRA rank {o['lora_rank']}, {o['lora_targets']}) vs {o['control']}: "
+                  f"D {o['D_oracle']:.3f} vs {o['D_control']:.3f}, delta_R {o['delta_R']:.3f} "
+                  f"[{o['delta_R_lo']:.3f}, {o['delta_R_hi']:.3f}] nats/example on {o['rows']} rows")
+        else:
+            print(f"\noracle run {o['oracle']}: its control has not finished")
     spread = control_seed_spread(study / "runs")
     spread.to_csv(HERE / "control_seeds.csv", index=False)
     for _, c in spread.iterrows():
