@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from tests.tiny_sweep import make_tiny_sweep
-from zfree.experiment.results import find_studies
+from zfree.core.io import atomic_write_json, read_json
+from zfree.experiment.results import collect_runs, count_runs, find_studies
 from zfree.report.explore import ExploreLab, StudyChooser
 
 
@@ -113,3 +114,19 @@ def test_a_study_outside_runs_is_listed_first(two_studies, tmp_path_factory):
         chooser = StudyChooser(folder, on_choose=lambda folder: None, root=two_studies)
         assert chooser.dropdown.options[0] == (label, str(folder.resolve()))
         assert len(chooser.dropdown.options) == 3 and chooser.dropdown.value == str(folder.resolve())
+
+
+def test_the_dropdown_counts_the_runs_the_table_shows_and_names_the_controls_and_oracles(two_studies):
+    """A study's z-free controls and label oracles are runs/*/summary.json too, but its run table and
+    the explorer show only the CVAE runs: the dropdown's count is theirs, the others named beside it."""
+    study = two_studies / "study-all"
+    for rid, source in zip(sorted(p.name for p in (study / "runs").iterdir()), ("control", "control", "label:strategy")):
+        s = study / "runs" / rid / "summary.json"
+        atomic_write_json(s, {**read_json(s), "latent_source": source})
+    assert count_runs(study / "runs") == {"cvae": 3, "control": 2, "oracle": 1, "given": 0}
+    assert len(collect_runs(study / "runs")) == 3  # what the table and the explorer show
+    chooser = StudyChooser(study, on_choose=lambda folder: None, root=two_studies)
+    labels = sorted(label for label, _ in chooser.dropdown.options)  # (study-all is the newest now)
+    assert labels == ["runs/study-all (3 runs; +2 controls, 1 oracle)", "runs/study-two (2 runs)"], labels
+    assert count_runs(two_studies / "missing" / "runs")["cvae"] == 0
+
