@@ -9,12 +9,14 @@ import shutil
 import threading
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 
 from tests.tiny_sweep import make_tiny_sweep
 from zfree.core.io import atomic_write_json, read_json
-from zfree.experiment.results import collect_runs, count_runs, find_studies
-from zfree.report.explore import ExploreLab, StudyChooser
+from zfree.experiment.results import SweepResults, collect_runs, count_runs, find_studies
+from zfree.report.explore import ExploreLab, StudyChooser, runs_overview
 
 
 @pytest.fixture(scope="module")
@@ -130,3 +132,25 @@ def test_the_dropdown_counts_the_runs_the_table_shows_and_names_the_controls_and
     assert labels == ["runs/study-all (3 runs; +2 controls, 1 oracle)", "runs/study-two (2 runs)"], labels
     assert count_runs(two_studies / "missing" / "runs")["cvae"] == 0
 
+
+def test_the_run_table_shows_a_missing_value_as_a_dash(tmp_path):
+    """NaN and None (a metric a run did not write, an aid an old run predates) read "–", as in the
+    report's tables; the other values are shown as they are, rounded to 4 digits."""
+    runs = pd.DataFrame({"run_id": ["a", "b"], "aid": ["none", None], "beta": [0.3, 1.0],
+                         "alignment_nmi": [0.123456, np.nan], "task_correctness": [None, 0.5]})
+    table = runs_overview(SweepResults(tmp_path, runs, [], None, None))
+    assert table.to_dict("records") == [
+        {"run_id": "a", "aid": "none", "beta": 0.3, "alignment_nmi": 0.1235, "task_correctness": "–"},
+        {"run_id": "b", "aid": "–", "beta": 1.0, "alignment_nmi": "–", "task_correctness": 0.5}]
+    html = table.to_html()
+    assert "NaN" not in html and "None" not in html and html.count("–") == 3
+
+
+def test_the_lab_table_writes_no_none_or_nan(two_studies):
+    """A run whose summary.json lacks a metric its study's other runs have: "–" in the lab's table."""
+    study = two_studies / "study-all"
+    s = next((study / "runs").glob("*/summary.json"))
+    atomic_write_json(s, {k: v for k, v in read_json(s).items() if k != "task/correctness"})
+    lab = ExploreLab(study, root=two_studies)
+    assert "task_\u200bcorrectness" in lab.table.value and "–" in lab.table.value
+    assert "NaN" not in lab.table.value and "None" not in lab.table.value

@@ -18,6 +18,7 @@ from zfree.core.errors import InputError, one_line
 from zfree.core.paths import runs_home
 from zfree.experiment.results import SweepResults, check_folder, count_runs, find_studies, load_sweep
 from zfree.experiment.study_notes import study_notes
+from zfree.report.labels_report import dashes
 from zfree.report.report import launch_beta_range
 from zfree.report.widgets import WIDE, LaunchPanel, SweepExplorer
 
@@ -29,8 +30,10 @@ LAUNCHED = "launched"
 
 
 def runs_overview(sweep: SweepResults) -> pd.DataFrame:
-    """The study's finished runs, one row each: ``RUN_COLUMNS`` (those present), rounded to 4 digits."""
-    return sweep.runs[[c for c in RUN_COLUMNS if c in sweep.runs]].round(4)
+    """The study's finished runs, one row each, for display: ``RUN_COLUMNS`` (those present), rounded
+    to 4 digits, a missing value (NaN, None: e.g. a metric a run did not write) shown as "–" as in the
+    report's tables (``labels_report.dashes``; the columns are then of object dtype)."""
+    return dashes(sweep.runs[[c for c in RUN_COLUMNS if c in sweep.runs]].round(4))
 
 
 def launch_template(sweep: SweepResults) -> dict[str, Any]:
