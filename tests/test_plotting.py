@@ -475,3 +475,16 @@ def test_rate_distortion_many_labels_near_the_origin_stay_apart_inside_the_axes(
                for x, y in (ax.transData.transform((r["rate"], r["distortion"])) for r in rows)]
     assert not [b for b in boxes for m in markers if b.overlaps(m)]
     assert all(t.arrow_patch.get_visible() for t in ax.texts if np.hypot(t.xyann[0] - 4, t.xyann[1] - 3) > 5)
+
+
+def test_rate_distortion_controls_piled_at_one_place_share_one_tag():
+    """Controls whose Xs pile up at R = 0 (a study's eight controls within a few pixels) get one tag
+    per pile, not C1 ... C8 printed over each other and over the D axis' tick labels."""
+    tags = [(1.40, "C1"), (1.41, "C2"), (1.42, "C3"), (1.60, "C4"), (1.61, "C5"), (1.90, "C6")]
+    assert P._control_tags(tags, span_d=1.0) == {1.41: "C1–C3", 1.61: "C4, C5", 1.90: "C6"}
+    runs = pd.DataFrame({"run_id": list("abcd"), "weighting": "plain", "aid": "none", "latent_kind": "discrete",
+                         "beta": [0.01, 0.1, 1.0, 3.0], "rate": [0.0, 0.0, 0.0, 1.2], "distortion": [1.4, 1.41, 1.42, 0.1]})
+    links = runs.assign(control_run_id=[f"c{i}" for i in range(4)], D_control=[1.401, 1.405, 1.41, 1.43], label=runs["run_id"])
+    ax = P.plot_rate_distortion(runs, controls=links).axes[0]
+    assert sorted(t.get_text() for t in ax.texts if t.get_text().startswith("C")) == ["C1–C4"]
+    plt.close("all")

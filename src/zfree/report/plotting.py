@@ -299,7 +299,7 @@ def plot_rate_distortion(runs: pd.DataFrame, z_free: float | None = None, bayes_
         ax.plot([0, r_hi], [c, c - r_hi], color="gray", lw=0.6, ls=":", zorder=0)
     if z_free is not None:
         ax.scatter([0.0], [z_free], marker="*", s=160, color="k", zorder=4, label="z-free (R = 0, D = mean |S|·b)")
-    _draw_controls(ax, links)
+    tags = _draw_controls(ax, links)
     if bayes_rate:
         ax.plot([0, bayes_rate], [bayes_rate, 0], color="k", lw=0.8, ls="--", zorder=0,
                 label="iso-ELBO through the Bayes-optimal points")
@@ -313,6 +313,10 @@ def plot_rate_distortion(runs: pd.DataFrame, z_free: float | None = None, bayes_
                           arrowprops={"arrowstyle": "-", "color": "gray", "lw": 0.5, "shrinkA": 0, "shrinkB": 3},
                           bbox={"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8})  # over iso lines
               for (x, y), (text, color) in _label_clusters(points, (1.02 * r_hi, d_hi - d_lo + 2 * pad)).items()]
+    labels += [ax.annotate(tag, (0.0, d), fontsize=7, xytext=(4, 3), textcoords="offset points", zorder=6,
+                           arrowprops={"arrowstyle": "-", "color": "gray", "lw": 0.5, "shrinkA": 0, "shrinkB": 5},
+                           bbox={"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8})
+               for d, tag in _control_tags(tags, d_hi - d_lo + 2 * pad).items()]  # the controls' piles: one tag each
     fig = finish_with_legend_right(fig, ax, "rate R = KL(q‖p) [nats / sequence]",
                                    f"distortion D = |S|·{LBAR} [nats / sequence]",
                                    "Rate-distortion plane (dotted: iso-ELBO D + R = const)")
@@ -324,12 +328,14 @@ def plot_rate_distortion(runs: pd.DataFrame, z_free: float | None = None, bayes_
     return fig
 
 
-def _draw_controls(ax, links: pd.DataFrame, max_named: int = 3) -> None:
+def _draw_controls(ax, links: pd.DataFrame, max_named: int = 3) -> list[tuple[float, str]]:
     """``plot_rate_distortion``'s controls: one X per distinct control at (0, D_control), named C1,
     C2, ... (by D) where there are several, each joined to its runs (the run's weighting color) by a
-    thin dashed line; one legend entry per control naming up to ``max_named`` of its runs."""
+    thin dashed line; one legend entry per control naming up to ``max_named`` of its runs. Returns
+    (D_control, tag) of the named ones, by D (tagged on the figure by ``_control_tags``)."""
     if links.empty:
-        return
+        return []
+    tags = []
     order = links.groupby("control_run_id", sort=False)["D_control"].first().sort_values()
     for i, (cid, d) in enumerate(order.items(), 1):
         own = links[links["control_run_id"] == cid]
@@ -342,7 +348,22 @@ def _draw_controls(ax, links: pd.DataFrame, max_named: int = 3) -> None:
         ax.scatter([0.0], [d], marker="X", s=110, color="tab:gray", edgecolors="k", linewidths=0.4, zorder=4,
                    label="z-free control" + (f" {tag}" if tag else "") + f" (R = 0, same training) of:\n  {named}")
         if tag:
-            ax.annotate(tag, (0.0, d), fontsize=7, xytext=(-14, -3), textcoords="offset points")
+            tags.append((float(d), tag))
+    return tags
+
+
+def _control_tags(tags: list[tuple[float, str]], span_d: float, tol: float = 0.03) -> dict[float, str]:
+    """The controls' tags (``_draw_controls``: (D, "C<i>") by D) of the Xs drawn in one pile at R = 0
+    (each within ``tol`` of ``span_d`` of the next) as one tag: D of the pile's middle X -> "C1–C4"
+    (consecutive), "C1, C2" (two) or "C5" (alone)."""
+    piles: list[list[tuple[float, str]]] = []
+    for d, tag in tags:
+        if piles and abs(d - piles[-1][-1][0]) / max(1e-12, span_d) < tol:
+            piles[-1].append((d, tag))
+        else:
+            piles.append([(d, tag)])
+    return {pile[len(pile) // 2][0]: (f"{pile[0][1]}–{pile[-1][1]}" if len(pile) > 2 else ", ".join(t for _, t in pile))
+            for pile in piles}
 
 
 @_paper
