@@ -9,11 +9,14 @@ import shutil
 import threading
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 
 from tests.tiny_sweep import make_tiny_sweep
-from zfree.experiment.results import find_studies
-from zfree.report.explore import ExploreLab, StudyChooser
+from zfree.core.io import atomic_write_json, read_json
+from zfree.experiment.results import SweepResults, collect_runs, count_runs, find_studies
+from zfree.report.explore import ExploreLab, StudyChooser, runs_overview
 
 
 @pytest.fixture(scope="module")
@@ -113,3 +116,41 @@ def test_a_study_outside_runs_is_listed_first(two_studies, tmp_path_factory):
         chooser = StudyChooser(folder, on_choose=lambda folder: None, root=two_studies)
         assert chooser.dropdown.options[0] == (label, str(folder.resolve()))
         assert len(chooser.dropdown.options) == 3 and chooser.dropdown.value == str(folder.resolve())
+
+
+def test_the_dropdown_counts_the_runs_the_table_shows_and_names_the_controls_and_oracles(two_studies):
+    """A study's z-free controls and label oracles are runs/*/summary.json too, but its run table and
+    the explorer show only the CVAE runs: the dropdown's count is theirs, the others named beside it."""
+    study = two_studies / "study-all"
+    for rid, source in zip(sorted(p.name for p in (study / "runs").iterdir()), ("control", "control", "label:strategy")):
+        s = study / "runs" / rid / "summary.json"
+        atomic_write_json(s, {**read_json(s), "latent_source": source})
+    assert count_runs(study / "runs") == {"cvae": 3, "control": 2, "oracle": 1, "given": 0}
+    assert len(collect_runs(study / "runs")) == 3  # what the table and the explorer show
+    chooser = StudyChooser(study, on_choose=lambda folder: None, root=two_studies)
+    labels = sorted(label for label, _ in chooser.dropdown.options)  # (study-all is the newest now)
+    assert labels == ["runs/study-all (3 runs; +2 controls, 1 oracle)", "runs/study-two (2 runs)"], labels
+    assert count_runs(two_studies / "missing" / "runs")["cvae"] == 0
+
+
+def test_the_run_table_shows_a_missing_value_as_a_dash(tmp_path):
+    """NaN and None (a metric a run did not write, an aid an old run predates) read "–", as in the
+    report's tables; the other values are shown as they are, rounded to 4 digits."""
+    runs = pd.DataFrame({"run_id": ["a", "b"], "aid": ["none", None], "beta": [0.3, 1.0],
+                         "alignment_nmi": [0.123456, np.nan], "task_correctness": [None, 0.5]})
+    table = runs_overview(SweepResults(tmp_path, runs, [], None, None))
+    assert table.to_dict("records") == [
+        {"run_id": "a", "aid": "none", "beta": 0.3, "alignment_nmi": 0.1235, "task_correctness": "–"},
+        {"run_id": "b", "aid": "–", "beta": 1.0, "alignment_nmi": "–", "task_correctness": 0.5}]
+    html = table.to_html()
+    assert "NaN" not in html and "None" not in html and html.count("–") == 3
+
+
+def test_the_lab_table_writes_no_none_or_nan(two_studies):
+    """A run whose summary.json lacks a metric its study's other runs have: "–" in the lab's table."""
+    study = two_studies / "study-all"
+    s = next((study / "runs").glob("*/summary.json"))
+    atomic_write_json(s, {k: v for k, v in read_json(s).items() if k != "task/correctness"})
+    lab = ExploreLab(study, root=two_studies)
+    assert "task_\u200bcorrectness" in lab.table.value and "–" in lab.table.value
+    assert "NaN" not in lab.table.value and "None" not in lab.table.value

@@ -139,10 +139,17 @@ class Lab:
     def changed_after(self, action) -> bool:
         """Whether the explorer's figure is redrawn (another image) after ``action``."""
         before = self.figure.get_attribute("src")
+        handle = self.figure.element_handle()
         action()
+        return self.changed_from(before, handle)
+
+    def changed_from(self, before: str, handle=None, timeout_s: float = 60) -> bool:
+        """Whether the explorer's figure shows another image than ``before`` (its ``src``, a data
+        URI) within ``timeout_s``; ``handle``: the img element that showed it (replaced, or its src
+        changed, on a redraw)."""
         try:
             self.page.wait_for_function("([el, s]) => !el.isConnected || el.src !== s",
-                                        arg=[self.figure.element_handle(), before], timeout=60_000)
+                                        arg=[handle or self.figure.element_handle(), before], timeout=timeout_s * 1000)
         except self.TimeoutError:
             return False
         self.figure.wait_for(state="attached", timeout=60_000)
@@ -261,8 +268,18 @@ def test_a_study_chosen_in_the_dropdown_changes_no_tracked_file(lab):
 
 def test_a_launch_finishes_with_numbers_in_its_summary(lab):
     lab.choose_study("study-default", 6)
-    lab.set_launch(n_beta=1, steps=4)
+    # every run a point (the launched one adds one); each choice's redraw has reached the page before
+    # the figure is read (a choice the explorer already shows changes nothing: a wait, no failure)
+    lab.changed_after(lambda: lab.dropdown("figure").select_option("rate_distortion"))
+    lab.changed_after(lambda: lab.dropdown("weighting").select_option("all"))
+    lab.text(r"^6 finished runs, 0 failed; showing 6$")
+    before, handle = lab.figure.get_attribute("src"), lab.figure.element_handle()
+    # a weighting the study has no run of: a curve of its own, so the figure must change (a plain run
+    # at the template's β and seed repeats the study's own plain run exactly: the same figure)
+    lab.set_launch(n_beta=1, steps=4, weightings=("token",))
     lab.shot("launch_panel", lab.panel)
+    lab.figure.scroll_into_view_if_needed()
+    lab.shot("explorer_before_launch", lab.explorer)
     label = lab.launch()
     assert label == "done: 1/1 ok", label
     (summary,) = (lab.runs / "study-default" / "launched" / "runs").glob("*/summary.json")
@@ -271,7 +288,12 @@ def test_a_launch_finishes_with_numbers_in_its_summary(lab):
                "latent/mutual_information", "steps")
     assert all(isinstance(s.get(k), (int, float)) and math.isfinite(s[k]) for k in metrics), {k: s.get(k) for k in metrics}
     assert s["steps"] == 4 and "done" not in summary.read_text()
-    lab.text(r"^7 finished runs, 0 failed; showing \d+$")  # the explorer counts it
+    lab.text(r"^7 finished runs, 0 failed; showing 7$")  # the explorer counts it and draws it
+    # the explorer is refreshed from the launch thread: its new figure must reach the page (an
+    # Output captured with `with out:` there kept showing the old one)
+    assert lab.changed_from(before, handle), "the explorer's figure was not redrawn after the launch"
+    lab.figure.scroll_into_view_if_needed()
+    lab.shot("explorer_after_launch", lab.explorer)
     lab.shot("after_launch")
 
 
@@ -313,7 +335,7 @@ def test_stop_ends_the_workers_and_launch_works_again(lab):
         time.sleep(0.5)
     assert not _kernel_children(lab.proc.pid), [p.cmdline() for p in _kernel_children(lab.proc.pid)]
     assert len(list(runs.glob("*/summary.json"))) == 1  # the first test's run; the stopped ones unfinished
-    lab.set_launch(n_beta=1, steps=4)  # launch works again (the first launch's point: skipped, finished)
+    lab.set_launch(n_beta=1, steps=4)  # launch works again (a plain run at the template's β, 4 steps)
     assert lab.launch() == "done: 1/1 ok"
 
 

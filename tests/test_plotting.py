@@ -405,7 +405,7 @@ def test_rate_distortion_labels_each_place_once():
     labels = sorted(t.get_text() for t in fig.axes[0].texts)
     # the markers there hide each other: the label names whose they are (their shared aid once)
     assert labels == ["β=0.03: plain none\nβ=1: plain hard_em_then_soft",
-                      "β=0.3: distribution, example, token (hard_em_then_soft)"], labels
+                      "β=0.3: distribution, example,\n    token (hard_em_then_soft)"], labels  # wrapped between names
 
 
 def test_rate_distortion_labels_close_together_are_stacked_not_overprinted():
@@ -429,3 +429,62 @@ def test_rate_distortion_labels_close_together_are_stacked_not_overprinted():
     runs_z = {ln.get_zorder() for ln in ax.lines if ln.get_label() in ("plain", "example", "token")}
     star = [c for c in ax.collections if c.get_label().startswith("z-free")][0]
     assert min(runs_z) > star.get_zorder()  # a run on the z-free point is drawn over it, not hidden
+
+
+def test_rate_distortion_one_label_per_pile_whatever_the_order():
+    """Markers that touch, chained (a collapsed study's runs piled at R = 0), share one label, the
+    same whichever run comes first; the groups drawn at the same betas are named on one line."""
+    pts = [(0.0, 1.40 + 0.01 * i, b, g, "k") for i, (b, g) in enumerate(
+        [(0.01, "plain none"), (0.1, "plain none"), (0.01, "token none"), (0.1, "token none"), (1.0, "plain aided")])]
+    pts.append((1.4, 0.05, 0.3, "plain none", "k"))
+    for order in (pts, pts[::-1]):
+        labels = sorted(text for text, _ in P._label_clusters(order, (1.5, 1.6)).values())
+        assert labels == ["β=0.01, 0.1: plain, token (none)\nβ=1: plain aided", "β=0.3"], labels
+
+
+def test_rate_distortion_label_lines_break_between_names():
+    text = P._wrap_items("β=0.01, 0.03, 0.1, 0.3, 1:", ["distribution hard_em_then_soft", "distribution none",
+                                                         "example hard_em_then_soft", "plain none"], 44)
+    assert text == ("β=0.01, 0.03, 0.1, 0.3, 1:\n    distribution hard_em_then_soft,\n    distribution none,"
+                    "\n    example hard_em_then_soft, plain none")
+    assert P._wrap_items("β=0.3:", ["plain none"], 44) == "β=0.3: plain none"
+
+
+def test_rate_distortion_many_labels_near_the_origin_stay_apart_inside_the_axes():
+    """Ten piles of three runs a few pixels apart at R = 0 (a collapsed study): each pile's label is
+    placed apart from every other label, every marker and the legend, within the axes' height (not
+    over the title) and the figure, a moved one joined to its pile by a line."""
+    from zfree.report.figstyle import label_box
+
+    rows = [{"weighting": w, "latent_kind": "discrete", "aid": "none", "beta": k * (i + 1), "rate": 0.0,
+             "distortion": 10 + 0.6 * i} for i in range(10) for w, k in (("plain", 0.01), ("distribution", 0.02),
+                                                                         ("example", 0.03))]
+    rows.append({"weighting": "plain", "latent_kind": "discrete", "aid": "none", "beta": 5.0, "rate": 3.0,
+                 "distortion": 0.0})
+    fig = P.plot_rate_distortion(pd.DataFrame(rows), z_free=12.0)
+    ax = fig.axes[0]
+    renderer = fig.canvas.get_renderer()
+    boxes = [label_box(t, renderer) for t in ax.texts]
+    assert len(boxes) == 11 and sum(t.get_text().count("\n") == 2 for t in ax.texts) == 10
+    assert not [(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1:] if a.overlaps(b)]
+    frame, legend = ax.get_window_extent(renderer), ax.get_legend().get_window_extent(renderer)
+    assert all(frame.y0 <= b.y0 and b.y1 <= frame.y1 and frame.x0 <= b.x0 and b.x1 <= fig.bbox.x1 for b in boxes)
+    assert not [b for b in boxes if b.overlaps(legend)]
+    px = fig.dpi / 72
+    markers = [type(boxes[0]).from_bounds(x - 3 * px, y - 3 * px, 6 * px, 6 * px)
+               for x, y in (ax.transData.transform((r["rate"], r["distortion"])) for r in rows)]
+    assert not [b for b in boxes for m in markers if b.overlaps(m)]
+    assert all(t.arrow_patch.get_visible() for t in ax.texts if np.hypot(t.xyann[0] - 4, t.xyann[1] - 3) > 5)
+
+
+def test_rate_distortion_controls_piled_at_one_place_share_one_tag():
+    """Controls whose Xs pile up at R = 0 (a study's eight controls within a few pixels) get one tag
+    per pile, not C1 ... C8 printed over each other and over the D axis' tick labels."""
+    tags = [(1.40, "C1"), (1.41, "C2"), (1.42, "C3"), (1.60, "C4"), (1.61, "C5"), (1.90, "C6")]
+    assert P._control_tags(tags, span_d=1.0) == {1.41: "C1–C3", 1.61: "C4, C5", 1.90: "C6"}
+    runs = pd.DataFrame({"run_id": list("abcd"), "weighting": "plain", "aid": "none", "latent_kind": "discrete",
+                         "beta": [0.01, 0.1, 1.0, 3.0], "rate": [0.0, 0.0, 0.0, 1.2], "distortion": [1.4, 1.41, 1.42, 0.1]})
+    links = runs.assign(control_run_id=[f"c{i}" for i in range(4)], D_control=[1.401, 1.405, 1.41, 1.43], label=runs["run_id"])
+    ax = P.plot_rate_distortion(runs, controls=links).axes[0]
+    assert sorted(t.get_text() for t in ax.texts if t.get_text().startswith("C")) == ["C1–C4"]
+    plt.close("all")

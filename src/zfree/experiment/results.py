@@ -133,6 +133,30 @@ def _summary_of(path: Path) -> dict:
     return d
 
 
+def given_kind(summary: dict) -> str | None:
+    """What a run's summary (its ``summary.json``) trains, when z is given rather than inferred:
+    "control" (a z-free control), "oracle" (a label oracle: ``latent_source`` "label:<key>"),
+    "given" (another given z); None for a CVAE run (``latent_source`` "posterior" or absent)."""
+    src = str(summary.get("latent_source", "posterior"))
+    return None if src == "posterior" else "control" if src == "control" else \
+        "oracle" if src.startswith("label:") else "given"
+
+
+def count_runs(runs_dir: Path | str) -> dict[str, int]:
+    """How many finished runs (``*/summary.json``) ``runs_dir`` holds: {"cvae": the CVAE runs, those
+    every table and figure shows (``collect_runs``' default), "control", "oracle", "given": the
+    given-z runs of each ``given_kind``}. A summary.json that is not a JSON object counts as a CVAE
+    run (opening the study names it: ``collect_runs``). A missing folder has none."""
+    counts = {"cvae": 0, "control": 0, "oracle": 0, "given": 0}
+    for s in Path(runs_dir).glob("*/summary.json"):
+        try:
+            d = read_json(s)
+        except (OSError, ValueError):
+            d = None
+        counts[(given_kind(d) if isinstance(d, dict) else None) or "cvae"] += 1
+    return counts
+
+
 def collect_runs(runs_dir: Path | str, kind: str = "cvae") -> pd.DataFrame:
     """One row per finished run folder of ``kind`` (``RUN_KINDS``; its ``summary.json``,
     data_dir/base_dir resolved to absolute paths: ``zfree.core.paths.resolve_path``), plus
@@ -143,7 +167,7 @@ def collect_runs(runs_dir: Path | str, kind: str = "cvae") -> pd.DataFrame:
     rows = []
     for s in sorted(Path(runs_dir).glob("*/summary.json")):
         d = _summary_of(s)
-        given = d.get("latent_source", "posterior") != "posterior"
+        given = given_kind(d) is not None
         if (kind == "cvae" and given) or (kind == "given" and not given):
             continue
         for k in PATH_FIELDS:  # stored relative to the run folder (or zfree:...): absolute here

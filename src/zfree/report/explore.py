@@ -16,8 +16,9 @@ import pandas as pd
 from zfree.config import TrainConfig
 from zfree.core.errors import InputError, one_line
 from zfree.core.paths import runs_home
-from zfree.experiment.results import SweepResults, check_folder, find_studies, load_sweep
+from zfree.experiment.results import SweepResults, check_folder, count_runs, find_studies, load_sweep
 from zfree.experiment.study_notes import study_notes
+from zfree.report.labels_report import dashes
 from zfree.report.report import launch_beta_range
 from zfree.report.widgets import WIDE, LaunchPanel, SweepExplorer
 
@@ -29,8 +30,10 @@ LAUNCHED = "launched"
 
 
 def runs_overview(sweep: SweepResults) -> pd.DataFrame:
-    """The study's finished runs, one row each: ``RUN_COLUMNS`` (those present), rounded to 4 digits."""
-    return sweep.runs[[c for c in RUN_COLUMNS if c in sweep.runs]].round(4)
+    """The study's finished runs, one row each, for display: ``RUN_COLUMNS`` (those present), rounded
+    to 4 digits, a missing value (NaN, None: e.g. a metric a run did not write) shown as "–" as in the
+    report's tables (``labels_report.dashes``; the columns are then of object dtype)."""
+    return dashes(sweep.runs[[c for c in RUN_COLUMNS if c in sweep.runs]].round(4))
 
 
 def launch_template(sweep: SweepResults) -> dict[str, Any]:
@@ -81,9 +84,14 @@ class StudyChooser:
         self.widget = W.VBox([W.HBox([self.dropdown, self.path, self.rescan]), self.error]).add_class("zfree-chooser")
 
     def _label(self, d: Path) -> str:
-        n = sum(1 for _ in d.glob("runs/*/summary.json"))
+        """"runs/NAME (N runs)": N the study's finished CVAE runs, those its run table and the
+        explorer show; its z-free controls and label oracles are named beside them, e.g.
+        "(8 runs; +8 controls, 1 oracle)" (``count_runs``)."""
+        c = count_runs(d / "runs")
         where = d.relative_to(self.root.parent) if d.is_relative_to(self.root.parent) else d
-        return f"{where} ({n} run{'s' * (n != 1)})"
+        given = [f"{c[k]} {name}{'s' * (c[k] != 1)}" for k, name in (("control", "control"), ("oracle", "oracle"),
+                                                                       ("given", "other given-z run")) if c[k]]
+        return f"{where} ({c['cvae']} run{'s' * (c['cvae'] != 1)}" + (f"; +{', '.join(given)})" if given else ")")
 
     def scan(self) -> list[Path]:
         """List the finished studies under ``root`` in the dropdown (the current study first when

@@ -189,30 +189,48 @@ def label_box(t, renderer):
     return Text.get_window_extent(t, renderer)
 
 
-def keep_labels_apart(ax, texts, marks=(), pad_px: float = 1.0) -> None:
-    """Move annotations (``ax.annotate`` with ``textcoords="offset points"``) that overlap another
-    label or a marker on the drawn figure upward, each just above what it would cover, so no label
-    is printed over another or hides a run; a moved label keeps a thin gray line to its point (its
-    ``arrow_patch``, hidden while unmoved). ``marks``: (x, y, radius in points) of the markers, in
-    data coordinates. Call it once the figure is laid out (pixel positions come from its renderer)."""
-    from matplotlib.transforms import Bbox
-
-    renderer = ax.figure.canvas.get_renderer()
-    box = lambda t: label_box(t, renderer)  # noqa: E731
-    px = ax.figure.dpi / 72
-    placed = [Bbox.from_bounds(x - r * px, y - r * px, 2 * r * px, 2 * r * px)
+def keep_labels_apart(ax, texts, marks=(), pad_px: float = 1.0, step_pt: float = 2.0) -> None:
+    """Place annotations (``ax.annotate`` with ``textcoords="offset points"``, left-aligned) so that
+    none is printed over another label, a marker or the legend, nor over the title or past the
+    axes' bottom or left edge (right of the axes is allowed, up to the figure's edge, where the
+    legend leaves room): each, in turn from the lowest point up, takes the free place nearest its
+    own (its ``xyann``; a step of ``step_pt`` points up, down or right costs 1, the point's left
+    side 6), up to the axes' height away vertically and half its width to the right; a label that
+    cannot be placed free goes where it overlaps least. A moved label keeps a thin gray line to its
+    point (its ``arrow_patch``, hidden while within 5 points of its place). ``marks``: (x, y, radius
+    in points) of the markers, in data coordinates; ``pad_px``: the gap kept around each label, in
+    pixels. Call it once the figure is laid out (pixel positions come from its renderer)."""
+    fig = ax.figure
+    renderer = fig.canvas.get_renderer()
+    px = fig.dpi / 72
+    placed = [[x - r * px, y - r * px, x + r * px, y + r * px]
               for (x, y), r in ((ax.transData.transform((mx, my)), r) for mx, my, r in marks)]
+    legend = ax.get_legend()
+    if legend is not None:
+        placed.append(list(legend.get_window_extent(renderer).extents))
+    frame = ax.get_window_extent(renderer)
+    lo_x, lo_y, hi_x, hi_y = frame.x0, frame.y0, fig.bbox.x1, frame.y1
+    ks = np.arange(-int(frame.height / (step_pt * px)) - 1, int(frame.height / (step_pt * px)) + 2)
+    rights = np.arange(0, int(frame.width / (2 * step_pt * px)) + 1)
     for t in sorted(texts, key=lambda t: tuple(ax.transData.transform(t.xy))[::-1]):
-        for _ in range(len(placed) + 1):
-            bb = box(t)
-            hit = next((p for p in placed if bb.overlaps(p)), None)
-            if hit is None:
-                break
-            x, y = t.xyann
-            t.xyann = (x, y + (hit.y1 - bb.y0 + pad_px) / px)
+        x0, y0 = t.xyann
+        bb = label_box(t, renderer).padded(pad_px)
+        left = -2 * x0 - bb.width / px  # the text's right edge as far left of the point as its left edge was right
+        # the places tried (offsets in points) and what each costs: steps away from its own place
+        dx = np.concatenate([np.repeat(rights * step_pt, len(ks)), np.full(len(ks), left)])
+        dy = np.concatenate([np.tile(ks * step_pt, len(rights)), ks * step_pt])
+        rank = np.abs(dy) / step_pt + np.where(dx >= 0, dx / step_pt, 6.0)
+        boxes = np.stack([bb.x0 + dx * px, bb.y0 + dy * px, bb.x1 + dx * px, bb.y1 + dy * px], axis=1)
+        b, p = boxes[:, None, :], np.asarray(placed, float).reshape(1, -1, 4)  # every try against every placed box
+        w = np.clip(np.minimum(b[..., 2], p[..., 2]) - np.maximum(b[..., 0], p[..., 0]), 0, None)
+        h = np.clip(np.minimum(b[..., 3], p[..., 3]) - np.maximum(b[..., 1], p[..., 1]), 0, None)
+        outside = (bb.width * np.clip(np.maximum(lo_y - boxes[:, 1], boxes[:, 3] - hi_y), 0, None)
+                   + bb.height * np.clip(np.maximum(lo_x - boxes[:, 0], boxes[:, 2] - hi_x), 0, None))
+        best = np.lexsort((rank, (w * h).sum(axis=1) + outside))[0]  # least overlap, then nearest
+        t.xyann = (float(x0 + dx[best]), float(y0 + dy[best]))
         if t.arrow_patch is not None:
-            t.arrow_patch.set_visible(t.xyann[1] > 8)
-        placed.append(box(t))
+            t.arrow_patch.set_visible(bool(np.hypot(dx[best], dy[best]) > 5))
+        placed.append(list(label_box(t, renderer).padded(pad_px).extents))
 
 
 def wrap_panels(fig: plt.Figure, ncols: int = 4, panel: tuple[float, float] = (4.4, 3.8)) -> plt.Figure:
