@@ -398,6 +398,9 @@ def _add_report_and_sweep(sub) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``zfree`` argument parser: one sub-command per ``_add_*`` builder, each setting ``func``,
+    the function ``main`` calls with the parsed arguments. Light: no torch (the commands import
+    their heavy modules when they run), so ``zfree --help`` and the docs' CLI reference are fast."""
     p = argparse.ArgumentParser(prog="zfree", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     for add in (_add_data, _add_base, _add_score, _add_train, _add_study, _add_model, _add_report_and_sweep):

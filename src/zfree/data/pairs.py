@@ -18,6 +18,11 @@ from zfree.core.errors import InputError
 
 @dataclass(frozen=True)
 class Pair:
+    """One (x, y) row as read by ``load_pairs``: its id, the texts x (``""`` for unconditional
+    text) and y, and the optional fields of a row: ``strategy`` and ``labels`` (named categorical
+    factors), and on the synthetic benchmark ``bayes_nll`` (the Bayes-optimal z-free loss
+    -log p*(y|x), nats per sequence) and ``n_consistent`` (the number of strategies that map x to y)."""
+
     id: str
     x: str
     y: str
