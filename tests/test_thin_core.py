@@ -22,10 +22,7 @@ KNOWN_LONG_MODULES = {
     "reference/scoring.py",  # z-free scoring
 }
 #: functions over the limit (module path, qualified name), not shortened yet
-KNOWN_LONG_FUNCTIONS = {
-    ("data/pairs.py", "load_pairs"), ("experiment/estimate.py", "plan"), ("models/loading.py", "load_causal_lm"),
-    ("report/plotting_study.py", "plot_rate_and_rho_vs_beta"), ("train/training.py", "_train_steps"),
-}
+KNOWN_LONG_FUNCTIONS = {("train/training.py", "_train_steps")}
 #: public names without a docstring (module path, qualified name), in the modules above
 KNOWN_UNDOCUMENTED = {
     ("reference/scoring.py", "ScoreResult.n_valid"),
