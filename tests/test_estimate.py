@@ -25,7 +25,8 @@ from zfree.experiment.study import PRESETS
 from zfree.models.base import load_base
 from zfree.models.lora import apply_lora, base_state_dict, trainable_tensors
 from zfree.train.accumulate import accumulation_problem, check_accumulation
-from zfree.train.training import build_cvae, train_cvae
+from zfree.train.run_setup import build_cvae
+from zfree.train.training import train_cvae
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = {"data_dir": str(ROOT / "data/synth/default"), "base_dir": str(ROOT / "data/base/default"), "steps": 2,
