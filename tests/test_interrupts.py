@@ -230,7 +230,7 @@ def test_disk_full_checkpoint_is_one_line_and_error_json(tiny_run, tmp_path, cap
     err = json.loads((run / "error.json").read_text())
     assert err["step"] == 2 and err["errno"] == errno.ENOSPC
     assert not list(run.glob(".checkpoint.tmp-*")) and not (run / "summary.json").exists()
-    from zfree.core.io import load_plain_state, verify_checkpoint_dir
+    from zfree.core.checkpoint_io import load_plain_state, verify_checkpoint_dir
 
     verify_checkpoint_dir(run / "checkpoint")  # the last good one, complete
     assert load_plain_state(run / "checkpoint")["state"]["step"] == 1

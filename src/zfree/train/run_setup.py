@@ -24,7 +24,7 @@ from zfree.models.precision import WEIGHT_DTYPES, default_dtype
 from zfree.objective.objectives import Phase
 from zfree.objective.remedies import check_remedy_fields
 from zfree.reference.reference import resolve_reference
-from zfree.train import accumulate, plugins, run_folder
+from zfree.train import accumulate, checkpoint, plugins, run_folder
 from zfree.train.given import given_index
 from zfree.train.live_curves import LiveCurves, open_curves
 from zfree.train.run_data import RunData, check_inputs, rows_used, setup_data
@@ -160,7 +160,7 @@ def setup_run(cfg: TrainConfig, out: Path, progress: bool) -> Run:
     run_folder.write_config_record(out, cfg, data.c_base, ref, data_dir, backbone, rows_used=rows_used(cfg, data))
     opt = build_optimizer(model, cfg, log=print if progress else None)
     rng = np.random.default_rng(cfg.optim.seed)
-    state = run_folder.load_checkpoint(out, model, opt, rng, TrainState)
+    state = checkpoint.load_checkpoint(out, model, opt, rng, TrainState)
     done_rows = run_folder.reset_metrics(out, None if state is None else state.step)
     t0 = time.time() - (done_rows[-1].get("wall_s", 0.0) if done_rows else 0.0)  # wall time continues on resume
     curves = open_curves(out, cfg.optim.tensorboard, None if state is None else state.step, cfg.optim.wandb,

@@ -29,7 +29,7 @@ from zfree.evaluate.metrics import evaluate
 from zfree.models.precision import acc_dtype
 from zfree.objective.objectives import GIVEN, Phase, step_objective
 from zfree.reference.reference import check_step0_rho
-from zfree.train import accumulate, aids, multiref_run, plugins, run_folder
+from zfree.train import accumulate, aids, checkpoint, multiref_run, plugins, run_folder
 from zfree.train.compute import TokenCounter, decoder_body
 from zfree.train.curve import TrainCurve
 from zfree.train.live_curves import LiveCurves
@@ -63,7 +63,7 @@ def _record_evaluation(out: Path, model, data: RunData, state: TrainState, opt, 
     run_folder.append_metrics(out, row)
     if curves is not None:
         curves.log(state.step, row)
-    run_folder.save_checkpoint(out, model, opt, rng, state)
+    checkpoint.save_checkpoint(out, model, opt, rng, state)
     top = ev.metrics.get("latent/max_usage")
     if top is not None and top >= INDEX_COLLAPSE_SHARE and state.step > 0 and cfg_given(model) is False:
         print(f"warning: step {state.step}: one latent value is the posterior's argmax on {top:.0%} of the "
@@ -97,7 +97,7 @@ def _host_state(state: TrainState) -> TrainState:
 
 
 def _save_checkpoint(run: "Run", state: TrainState) -> None:
-    run_folder.save_checkpoint(run.out, run.model, run.opt, run.rng, _host_state(state))
+    checkpoint.save_checkpoint(run.out, run.model, run.opt, run.rng, _host_state(state))
 
 
 # ---------------------------------------------------------------------------- one step
