@@ -358,7 +358,7 @@ def test_a_notebook_chooses_its_study_without_an_edit(tmp_path, monkeypatch):
     import os
 
     import zfree.core.paths as paths
-    from zfree.experiment.results import NoStudyError, choose_study
+    from zfree.experiment.study_folders import NoStudyError, choose_study
 
     root = tmp_path / "repo"
     for name, when in (("study-old", 1_000_000), ("study-new", 2_000_000), ("empty", None)):
