@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from zfree.cli import build_parser
+from zfree.cli.parser import build_parser
 from zfree.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -462,7 +462,7 @@ def test_train_scoring_seconds_from_the_preparations_rate(tmp_path):
 
 def test_the_budget_help_is_the_cut_table():
     """--budget's help lists the cuts of zfree.experiment.budget.CUTS in their order (generated)."""
-    from zfree.cli import build_parser
+    from zfree.cli.parser import build_parser
     from zfree.experiment.budget import CUTS, budget_help
 
     names = budget_help().split(", ")
