@@ -252,7 +252,7 @@ def presets_markdown() -> str:
 
 # --- the package layout (src/zfree, read without importing it) -------------------------------------
 
-LAYERS = ("config.py", "core", "data", "models", "objective", "reference", "evaluate", "train", "experiment",
+LAYERS = ("config", "core", "data", "models", "objective", "reference", "evaluate", "train", "experiment",
           "report", "cli")  # bottom to top (tests/test_layers.py)
 
 

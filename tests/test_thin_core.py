@@ -14,9 +14,8 @@ PKG = Path(__file__).resolve().parents[1] / "src" / "zfree"
 MODULE_LINES = 400
 FUNCTION_LINES = 60
 
-#: modules over the limit, not split yet
+#: modules over the limit, left as they are for now (being edited elsewhere when this list was written)
 KNOWN_LONG_MODULES = {
-    "config.py",
     "report/widgets.py",  # ipywidgets explorer
     "evaluate/latent_meaning.py",  # what z learned
     "reference/scoring.py",  # z-free scoring
