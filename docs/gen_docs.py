@@ -4,7 +4,7 @@ mkdocs loads this file as a hook (``hooks:`` in mkdocs.yml). A page asks for a g
 with an HTML comment on a line of its own, e.g. ``<!-- gen:cli -->``; ``on_page_markdown``
 replaces it with markdown built here from the code and the shipped results:
 
-- ``gen:cli``: ``zfree --help`` and every subcommand's help, from ``zfree.cli.build_parser``;
+- ``gen:cli``: ``zfree --help`` and every subcommand's help, from ``zfree.cli.parser.build_parser``;
 - ``gen:config``: every ``TrainConfig`` field (type, default, meaning) from the dataclasses of
   ``zfree.config``, the meaning read from the comments at each field;
 - ``gen:presets``: ``zfree study``'s presets from their files (``zfree.experiment.catalog.preset_catalog``);
@@ -76,7 +76,7 @@ def md_table(header: list[str], rows: list[list[str]], align: list[str] | None =
     return "\n".join(lines)
 
 
-# --- the CLI reference (zfree.cli.build_parser) -------------------------------------------------
+# --- the CLI reference (zfree.cli.parser.build_parser) ------------------------------------------
 
 HELP_COLUMNS = 100  # argparse wraps help to the terminal: fixed here, so the page is the same everywhere
 
@@ -101,7 +101,7 @@ def cli_commands(parser: argparse.ArgumentParser | None = None, prefix: str = "z
     parser's own order (``zfree data synth`` after ``zfree data``)."""
     if parser is None:
         use_this_checkout()
-        from zfree.cli import build_parser  # light: no torch (the commands import it lazily)
+        from zfree.cli.parser import build_parser  # light: no torch (the commands import it lazily)
 
         with _columns():
             parser = build_parser()
@@ -252,8 +252,8 @@ def presets_markdown() -> str:
 
 # --- the package layout (src/zfree, read without importing it) -------------------------------------
 
-LAYERS = ("config.py", "core", "data", "models", "objective", "reference", "evaluate", "train", "experiment",
-          "report", "cli.py")  # bottom to top (tests/test_layers.py)
+LAYERS = ("config", "core", "data", "models", "objective", "reference", "evaluate", "train", "experiment",
+          "report", "cli")  # bottom to top (tests/test_layers.py)
 
 
 def rst_to_md(text: str) -> str:

@@ -31,7 +31,8 @@ steps = 50  # for runs launched from the panel
 workers = 2
 
 # %%
-from zfree.experiment.results import choose_study, load_sweep
+from zfree.experiment.results import load_sweep
+from zfree.experiment.study_folders import choose_study
 from zfree.report.explore import ExploreLab, runs_overview
 
 sweep_dir = choose_study(sweep_dir)  # one line, offering `make smoke`, when there is none

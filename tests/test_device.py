@@ -157,9 +157,10 @@ def test_train_terms_are_device_tensors_until_evaluation(tiny):
     the floats ``log_dict`` would have summed, bit for bit."""
     import zfree.train.training as tr
     from zfree.objective.objectives import assemble
+    from zfree.train.run_setup import TrainState
 
     g = torch.Generator().manual_seed(0)
-    state = tr.TrainState()
+    state = TrainState()
     want: dict = {}
     for _ in range(3):
         br = assemble("discrete", TrainConfig().objective, recon=torch.rand(5, 3, generator=g) + 1,
@@ -242,7 +243,7 @@ def test_bf16_autocast_runs_the_body_in_bf16_and_the_head_and_losses_in_fp32(tin
     from zfree.data.pairs import load_pairs
     from zfree.models.base import load_base
     from zfree.models.precision import body_autocast, model_outputs_fp32
-    from zfree.train.training import build_cvae
+    from zfree.train.run_setup import build_cvae
 
     data, base = tiny
     backbone, tok = load_base(base / "model", device="cpu")
@@ -287,7 +288,7 @@ def test_fp64_reference_mode_runs_weights_heads_and_log_probs_in_float64(tiny):
     from zfree.data.pairs import load_pairs
     from zfree.models.base import load_base
     from zfree.models.precision import WEIGHT_DTYPES, acc_dtype
-    from zfree.train.training import build_cvae
+    from zfree.train.run_setup import build_cvae
 
     assert acc_dtype(torch.float64) == torch.float64 and acc_dtype(torch.bfloat16) == acc_dtype(torch.float32) == torch.float32
     data, base = tiny
@@ -316,7 +317,7 @@ def test_shared_prefix_config_reaches_the_decoder(tiny, monkeypatch):
     from zfree.data.batching import collate, encode_pairs
     from zfree.data.pairs import load_pairs
     from zfree.models.base import load_base
-    from zfree.train.training import build_cvae
+    from zfree.train.run_setup import build_cvae
 
     data, base = tiny
     backbone, tok = load_base(base / "model", device="cpu")
@@ -348,7 +349,7 @@ def test_shared_prefix_on_refuses_a_sliding_window_model(tmp_path):
 
     from zfree.data.batching import collate, encode_pairs
     from zfree.models.loading import load_causal_lm
-    from zfree.train.training import build_cvae
+    from zfree.train.run_setup import build_cvae
 
     model, tok = load_causal_lm(build("mistral-window8", tmp_path / "m"), device="cpu", dtype="float32")
     batch = collate(encode_pairs(tok, make_pairs()), pad_id=0)

@@ -25,7 +25,8 @@ from zfree.experiment.study import PRESETS
 from zfree.models.base import load_base
 from zfree.models.lora import apply_lora, base_state_dict, trainable_tensors
 from zfree.train.accumulate import accumulation_problem, check_accumulation
-from zfree.train.training import build_cvae, train_cvae
+from zfree.train.run_setup import build_cvae
+from zfree.train.training import train_cvae
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = {"data_dir": str(ROOT / "data/synth/default"), "base_dir": str(ROOT / "data/base/default"), "steps": 2,
@@ -461,7 +462,7 @@ def test_train_scoring_seconds_from_the_preparations_rate(tmp_path):
 
 def test_the_budget_help_is_the_cut_table():
     """--budget's help lists the cuts of zfree.experiment.budget.CUTS in their order (generated)."""
-    from zfree.cli import build_parser
+    from zfree.cli.parser import build_parser
     from zfree.experiment.budget import CUTS, budget_help
 
     names = budget_help().split(", ")

@@ -538,7 +538,7 @@ def test_old_layout_state_pt_is_read_as_plain_tensors_only(tiny, tmp_path, capsy
     """A run folder of an older version (checkpoint/state.pt + COMPLETE "ok") still resumes, through
     torch.load(weights_only=True), to the uninterrupted summary; a crafted one there is refused
     naming the file, with nothing executed."""
-    from zfree.core.io import load_plain_state
+    from zfree.core.checkpoint_io import load_plain_state
     from zfree.train.run_folder import TIMING_KEYS
     from zfree.train.training import train_cvae
 

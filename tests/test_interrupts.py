@@ -230,7 +230,7 @@ def test_disk_full_checkpoint_is_one_line_and_error_json(tiny_run, tmp_path, cap
     err = json.loads((run / "error.json").read_text())
     assert err["step"] == 2 and err["errno"] == errno.ENOSPC
     assert not list(run.glob(".checkpoint.tmp-*")) and not (run / "summary.json").exists()
-    from zfree.core.io import load_plain_state, verify_checkpoint_dir
+    from zfree.core.checkpoint_io import load_plain_state, verify_checkpoint_dir
 
     verify_checkpoint_dir(run / "checkpoint")  # the last good one, complete
     assert load_plain_state(run / "checkpoint")["state"]["step"] == 1
@@ -358,7 +358,7 @@ def test_a_notebook_chooses_its_study_without_an_edit(tmp_path, monkeypatch):
     import os
 
     import zfree.core.paths as paths
-    from zfree.experiment.results import NoStudyError, choose_study
+    from zfree.experiment.study_folders import NoStudyError, choose_study
 
     root = tmp_path / "repo"
     for name, when in (("study-old", 1_000_000), ("study-new", 2_000_000), ("empty", None)):

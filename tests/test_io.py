@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from zfree.core.errors import CheckpointError
-from zfree.core.io import (load_checkpoint_dir, load_plain_state, nonfinite_keys, safe_torch_load, save_plain_state,
-                           verify_checkpoint_dir, write_checkpoint_dir)
+from zfree.core.checkpoint_io import (load_checkpoint_dir, load_plain_state, safe_torch_load, save_plain_state,
+                                      verify_checkpoint_dir, write_checkpoint_dir)
+from zfree.core.io import nonfinite_keys
 
 
 class _Evil:

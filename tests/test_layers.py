@@ -5,10 +5,11 @@ modules of its own layer or of a layer below it. Bottom to top:
     core -> data -> models -> objective -> reference -> evaluate -> train -> experiment -> report -> cli
 
 Exceptions, on purpose:
-  * ``zfree.config`` (the frozen dataclasses, the contract every layer reads) may be imported from
-    any layer. Its own imports are checked as if it sat on top of ``data``: it builds on core's
-    field checks, and its deprecated ``zfree.config.DataConfig`` path reads ``zfree.data.synth``.
-  * ``zfree.cli`` (the ``zfree`` command) is the top and may import anything.
+  * ``zfree.config`` (the frozen dataclasses, the contract every layer reads; a package whose
+    modules hold its sections) may be imported from any layer. Its own imports are checked as if it
+    sat on top of ``data``: it builds on core's field checks, and its deprecated
+    ``zfree.config.DataConfig`` path reads ``zfree.data.synth``.
+  * ``zfree.cli`` (the ``zfree`` command: its parser, its commands) is the top and may import anything.
   * ``zfree`` itself (``__init__``: the version only) counts as core.
 
 ``models`` sits below ``objective`` because the objective runs the model's forward pass
@@ -29,7 +30,7 @@ LAYERS = ["core", "data", "models", "objective", "reference", "evaluate", "train
 RANK = {layer: i for i, layer in enumerate(LAYERS)}
 #: top-level modules that are no sub-package: module -> the layer its own imports are checked at
 TOP_LEVEL = {"zfree": "core", "zfree.config": "data", "zfree.cli": "cli"}
-#: importable from every layer
+#: importable from every layer (with the modules of that package)
 ANYWHERE = {"zfree.config"}
 
 
@@ -37,6 +38,8 @@ def layer_of(module: str) -> str | None:
     """The layer of a zfree module name (``zfree.train.training`` -> ``train``), None if it has none."""
     if module in TOP_LEVEL:
         return TOP_LEVEL[module]
+    if module.startswith("zfree.config."):  # a section of the config package
+        return TOP_LEVEL["zfree.config"]
     parts = module.split(".")
     return parts[1] if len(parts) > 1 and parts[1] in RANK else None
 
@@ -78,7 +81,7 @@ def upward_imports(module: str, source: str, filename: str, is_package: bool = F
         return [f"{filename}:1: {module} is in no layer (LAYERS = {LAYERS})"]
     bad = []
     for line, target in imported_modules(module, source, is_package):
-        if target in ANYWHERE or own == "cli":
+        if target in ANYWHERE or target.rpartition(".")[0] in ANYWHERE or own == "cli":
             continue
         layer = layer_of(target)
         if layer is None:
@@ -122,12 +125,15 @@ def test_the_checker_catches_a_planted_upward_import():
     assert upward_imports("zfree.core.io", "from zfree.core.errors import E\nfrom zfree.config import C\n", "io.py") == []
     assert upward_imports("zfree.cli", "from zfree.report.widgets import W\n", "cli.py") == []
     assert upward_imports("zfree.config", "from zfree.models.base import x\n", "config.py") != []
+    # the config package's sections: importable from anywhere, and checked as the package is
+    assert upward_imports("zfree.core.io", "from zfree.config.aid import AidConfig\n", "io.py") == []
+    assert upward_imports("zfree.config.aid", "from zfree.train.aids import x\n", "aid.py") != []
 
 
 def test_the_sub_packages_are_the_layers():
     dirs = sorted(p.name for p in PKG.iterdir() if p.is_dir() and not p.name.startswith("__"))
-    assert dirs == sorted(LAYERS[:-1])  # the cli is the module cli.py
-    assert sorted(p.name for p in PKG.glob("*.py")) == ["__init__.py", "cli.py", "config.py"]
-    for layer in LAYERS[:-1]:
+    assert dirs == sorted([*LAYERS, "config"])  # config: the contract, no layer (module docstring)
+    assert sorted(p.name for p in PKG.glob("*.py")) == ["__init__.py"]
+    for layer in LAYERS:
         doc = ast.get_docstring(ast.parse((PKG / layer / "__init__.py").read_text()))
         assert doc, f"{layer}/__init__.py has no docstring"

@@ -29,8 +29,8 @@ from zfree.objective.remedies import (FREE_BITS_TOTAL, REMEDIES, apply_remedy, c
                                       remedy_parts)
 from zfree.train import aids, plugins
 from zfree.train.run_folder import TIMING_KEYS, FiniteWatch
-from zfree.train.training import (_extra_update, _objective_of, _optimizer_step, _setup_run, _step_breakdown,
-                                  build_optimizer, train_cvae)
+from zfree.train.run_setup import build_optimizer, setup_run
+from zfree.train.training import _extra_update, _objective_of, _optimizer_step, _step_breakdown, train_cvae
 
 
 # ---------------------------------------------------------------------------- references (their published code)
@@ -256,7 +256,7 @@ def _snapshot(model):
 def test_inner_steps_train_only_the_posterior_and_the_outer_step_only_the_rest(tiny, tmp_path, kind):
     data, base = tiny
     cfg = _aggressive_cfg(data, base, **(CONTINUOUS if kind == "continuous" else {}), aggressive_max_inner=1, lr_new=0.05)
-    run = _setup_run(cfg, tmp_path / "run", progress=False)
+    run = setup_run(cfg, tmp_path / "run", progress=False)
     model, dev = run.model, next(run.model.parameters()).device
     mask, watch = aids.FrozenDecoderMask(model), FiniteWatch(tmp_path / "run", dev)
     rows = [run.data.train[i] for i in range(cfg.optim.batch_size)]
@@ -327,7 +327,7 @@ def test_posterior_mutual_information_is_the_evaluation_s(tiny, tmp_path):
     data, base = tiny
     for kw in ({}, CONTINUOUS):
         cfg = _aggressive_cfg(data, base, **kw)
-        run = _setup_run(cfg, tmp_path / f"mi{len(kw)}", progress=False)
+        run = setup_run(cfg, tmp_path / f"mi{len(kw)}", progress=False)
         with torch.no_grad():  # a posterior that is not uniform
             run.model.posterior_head.weight.normal_(std=0.5)
         ev = evaluate(run.model, run.data.val, run.data.val_pairs, step=0, **run.data.eval_kw)

@@ -167,9 +167,9 @@ def test_sigint_cancels_the_sweeps_slurm_jobs_and_a_rerun_resumes(slurm, tiny_ru
         time.sleep(1)
     assert set(_squeue(ids).values()) <= {"CANCELLED"}, _squeue(ids)
     assert not list(out.glob("runs/*/summary.json"))
-    from zfree.core.io import load_plain_state
+    from zfree.core.checkpoint_io import load_plain_state
 
-    step = load_plain_state(run / "checkpoint")["state"]["step"]  # the TrainState's step (run_folder.save_checkpoint)
+    step = load_plain_state(run / "checkpoint")["state"]["step"]  # the TrainState's step (checkpoint.save_checkpoint)
     assert 0 < step < STEPS
     kept = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["step"] <= step]
 

@@ -371,7 +371,7 @@ def test_evaluation_uses_the_optimal_posterior_of_the_evaluated_decoders(tiny):
 
 def test_hard_phase_rate_of_the_heads_applies_until_the_handover(tiny, tmp_path, monkeypatch):
     """hard_em_lr_new (issue 15) sets the ``new`` group's rate in the hard phase only; 0 keeps lr_new."""
-    from zfree.train import aids, training
+    from zfree.train import aids, run_setup
 
     seen = []
 
@@ -380,7 +380,7 @@ def test_hard_phase_rate_of_the_heads_applies_until_the_handover(tiny, tmp_path,
             seen.append(self.param_groups[1]["lr"])
             return super().step(closure)
 
-    monkeypatch.setitem(training.OPTIMIZERS, "adamw", Recording)
+    monkeypatch.setitem(run_setup.OPTIMIZERS, "adamw", Recording)
     cfg = _cfg(data := tiny[0], tiny[1], steps=6, aid="hard_em_then_soft", handover_check_every=4,
                hard_em_max_steps=4, handover_rows=16, weighting="distribution", beta=0.3, lr_new=1e-3,
                hard_em_lr_new=5e-3)

@@ -45,7 +45,7 @@ from zfree.data.pairs import load_pairs
 from zfree.models.loading import load_causal_lm
 from zfree.objective.objectives import step_objective
 from zfree.reference.scoring import score_pairs
-from zfree.train.training import build_cvae
+from zfree.train.run_setup import build_cvae
 
 #: dense peak TFLOP/s by a substring of torch.cuda.get_device_name and dtype (vendor data sheets,
 #: SXM parts; fp32 = non-tensor-core fp32, as TF32 is off)

@@ -30,13 +30,13 @@ def main() -> None:
     from zfree.evaluate import latent_meaning as lm
     from zfree.evaluate.metrics import evaluate
     from zfree.train.run_folder import read_run_config
-    from zfree.train.training import _setup_run
+    from zfree.train.run_setup import setup_run
 
     flat = read_run_config(Path(a.run) / "config.json")  # portable and zfree: paths resolved as a run does
     cfg = TrainConfig.from_flat(flat)
     tmp = Path(tempfile.mkdtemp())
     try:
-        run = _setup_run(cfg, tmp / "run", progress=False)
+        run = setup_run(cfg, tmp / "run", progress=False)
         data = run.data
         val, pairs = data.val[: a.rows], data.val_pairs[: a.rows]
         kw = {**data.eval_kw, "b": data.eval_kw["b"][: a.rows], "decode_rows": 0}

@@ -5,7 +5,7 @@ Usage: OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 .venv/bin/python analysis/benchmarks/p
 Results: analysis/results/switch_on_variants.md."""
 import time, tempfile, torch
 from pathlib import Path
-from zfree.train import training, aids
+from zfree.train import training, aids, run_setup
 from zfree.config import TrainConfig
 from zfree.objective.remedies import HARD_EM_RECIPE
 from zfree.data.batching import collate
@@ -18,7 +18,7 @@ torch.set_num_threads(1)
 flat = {**TrainConfig().to_flat(), **HARD_EM_RECIPE, "weighting": "distribution", "beta": 0.3, "batch_size": 64,
         "steps": 1200, "eval_rows": 500, "decode_rows": 200, "data_dir": "data/synth/default", "base_dir": "data/base/default"}
 cfg = TrainConfig.from_flat(flat)
-run = training._setup_run(cfg, Path(tempfile.mkdtemp()) / "r", False)
+run = run_setup.setup_run(cfg, Path(tempfile.mkdtemp()) / "r", False)
 m, data, opt = run.model, run.data, run.opt
 T = {}
 def tic(k, t): T[k] = T.get(k, 0) + time.perf_counter() - t; return time.perf_counter()

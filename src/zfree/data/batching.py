@@ -53,6 +53,10 @@ SepPolicy = Literal["auto", "never"]
 
 @dataclass(frozen=True)
 class EncodedPair:
+    """One pair as token ids (``encode_pair``; the convention in the module docstring): the z-free
+    prefix [bos] + x + [sep] and the supervised region S = y + [eos], each a tuple of token ids;
+    ``collate`` right-pads rows into a ``Batch``."""
+
     id: str
     prefix_ids: tuple[int, ...]  # [bos] + x + [sep]
     target_ids: tuple[int, ...]  # y + [eos]: the supervised region S, |S| = len(target_ids)

@@ -18,6 +18,11 @@ from zfree.core.errors import InputError
 
 @dataclass(frozen=True)
 class Pair:
+    """One (x, y) row as read by ``load_pairs``: its id, the texts x (``""`` for unconditional
+    text) and y, and the optional fields of a row: ``strategy`` and ``labels`` (named categorical
+    factors), and on the synthetic benchmark ``bayes_nll`` (the Bayes-optimal z-free loss
+    -log p*(y|x), nats per sequence) and ``n_consistent`` (the number of strategies that map x to y)."""
+
     id: str
     x: str
     y: str
@@ -64,6 +69,38 @@ def _check_unicode(row: dict, where: str) -> None:
                              f"{m.start()} (an unpaired \\u{ord(m.group()):04x} escape: not Unicode text); fix that row")
 
 
+def _parse_line(line: str, where: str) -> dict:
+    """One JSONL line as a row object; InputError naming ``where`` for a line that is not JSON, not
+    a usable JSON value, or not an object with a ``y``."""
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise InputError(f"{where}: not valid JSON ({e.msg}); the data file must be JSONL") from None
+    except (ValueError, RecursionError) as e:  # an integer of > 4300 digits, nesting too deep
+        raise InputError(f"{where}: not a usable JSON row ({type(e).__name__}: {str(e)[:200]})") from None
+    if not isinstance(row, dict):
+        raise InputError(f"{where}: each row must be a JSON object with fields x and y")
+    if "y" not in row:
+        raise InputError(f"{where}: missing field 'y'")
+    return row
+
+
+def _check_texts(row: dict, where: str, x_first: tuple[bool, str]) -> None:
+    """InputError naming ``where`` unless x is given here exactly when it was in the first row
+    (``x_first``: x given?, where), x and y are strings, y is not blank and no field holds a lone
+    surrogate."""
+    if ("x" in row) != x_first[0]:
+        what = (f"missing field 'x' (given at {x_first[1]})" if x_first[0] else
+                f"field 'x' given, but missing at {x_first[1]}")
+        raise InputError(f"{where}: {what}; give x in every row, or in none for unconditional text")
+    for key in ("x", "y"):
+        if key in row and not isinstance(row[key], str):
+            raise InputError(f"{where}: field {key!r} must be a string, got {type(row[key]).__name__}")
+    if not row["y"].strip():
+        raise InputError(f"{where}: field 'y' is empty")
+    _check_unicode(row, where)
+
+
 def load_pairs(path: Path | str, limit: int | None = None) -> list[Pair]:
     """Read and validate a JSONL file of pairs.
 
@@ -93,27 +130,9 @@ def load_pairs(path: Path | str, limit: int | None = None) -> list[Pair]:
         if not line.strip():
             continue
         where = f"{path}:{lineno}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise InputError(f"{where}: not valid JSON ({e.msg}); the data file must be JSONL") from None
-        except (ValueError, RecursionError) as e:  # an integer of > 4300 digits, nesting too deep
-            raise InputError(f"{where}: not a usable JSON row ({type(e).__name__}: {str(e)[:200]})") from None
-        if not isinstance(row, dict):
-            raise InputError(f"{where}: each row must be a JSON object with fields x and y")
-        if "y" not in row:
-            raise InputError(f"{where}: missing field 'y'")
+        row = _parse_line(line, where)
         x_first = x_first or ("x" in row, where)
-        if ("x" in row) != x_first[0]:
-            what = (f"missing field 'x' (given at {x_first[1]})" if x_first[0] else
-                    f"field 'x' given, but missing at {x_first[1]}")
-            raise InputError(f"{where}: {what}; give x in every row, or in none for unconditional text")
-        for key in ("x", "y"):
-            if key in row and not isinstance(row[key], str):
-                raise InputError(f"{where}: field {key!r} must be a string, got {type(row[key]).__name__}")
-        if not row["y"].strip():
-            raise InputError(f"{where}: field 'y' is empty")
-        _check_unicode(row, where)
+        _check_texts(row, where, x_first)
         rid = str(row.get("id", f"{path.stem}-{lineno}"))
         if rid in seen:
             raise InputError(f"{where}: duplicated id {rid!r}")

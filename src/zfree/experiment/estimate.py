@@ -91,6 +91,62 @@ def fit_memory(points: list[Point], pr: Probe, workers: int, limit: int, parent:
                       "use a smaller model or batch_size")
 
 
+def _with_control(pr: Probe, points: list[Point], work: Path, mb: int, ceiling: int) -> Probe:
+    """``pr`` with the one-pass step and evaluation of the grid's first z-free control or label
+    oracle (its probe: a third to a half of a study's runs), ``pr`` itself when the grid has none.
+    ConfigError when that probe was stopped at the memory ``ceiling`` (bytes)."""
+    control = next((p for p in points if p.params.get("latent_source", "posterior") != "posterior"), None)
+    if control is None:
+        return pr
+    g = probe(control, work / "control", mb, ceiling)
+    if g.over:
+        raise ConfigError(f"the z-free control {control.run_id} needs more than {g.peak_rss / GB:.1f} GB "
+                          f"(its probe was stopped there) but {ceiling / GB:.1f} GB are free to plan with; "
+                          "use a smaller model or batch_size")
+    return dataclasses.replace(pr, given_step_s=g.step_s * pr.batch_size / g.batch_size,
+                               given_eval_row_s=g.eval_row_s, wall_s=pr.wall_s + g.wall_s,
+                               given_samples_s=g.samples_s, given_decode_s=g.decode_s)
+
+
+def _spent_line(budget: float, spent: float) -> str:
+    """The start of a budget refusal: the budget, the ``spent`` seconds and the report's share."""
+    return (f"--budget {budget / 60:.0f} min: the split, reference and probes took {spent / 60:.1f} min "
+            f"and the report needs about {REPORT_S / 60:.0f}")
+
+
+def _cut_to_budget(spec: ExperimentSpec, seconds: Callable[[ExperimentSpec], float], grid_budget: float,
+                   points: list[Point], why: str, measured: Callable[[], list[str]]
+                   ) -> tuple[ExperimentSpec, list[str]]:
+    """``fit_budget`` of ``spec`` to ``grid_budget`` seconds (the label oracles of ``points`` kept in
+    the cut): the cut spec and the cuts. A refusal of an own-data grid prints ``measured()`` (what it
+    was computed from) and raises ConfigError starting with ``why``; a preset's grid re-raises as is."""
+    labels = [str(p.params["latent_source"])[len("label:"):] for p in points
+              if str(p.params.get("latent_source", "")).startswith("label:")]
+    try:
+        return fit_budget(spec, seconds, grid_budget, labels)
+    except ConfigError as e:
+        if spec.boundary is None:  # a preset's grid: the budget does not apply
+            raise
+        for line in measured():
+            print(line, flush=True)
+        raise ConfigError(f"{why}; {e}; give a larger budget") from None
+
+
+def _workers_after_cut(cut: Point, full: Point, pr: Probe, w: int, workers: int, work: Path, ceiling: int,
+                       room: float, lines: list[str]) -> tuple[int, Probe]:
+    """The budget cut the batch after memory fixed the workers at the full batch's peak: probe the
+    cut point and take the workers its peak leaves room for (``room``: bytes free to plan with).
+    Returns (workers, probe), ``(w, pr)`` unchanged when the cut batch leaves no room for more; a
+    change appends its line to ``lines``."""
+    small = probe(cut, work, ceiling=ceiling)
+    w2 = 0 if small.over else min(workers, int(room // max(1, small.peak_rss)))
+    if w2 <= w:
+        return w, pr
+    lines.append(f"memory: {w2} worker(s) after the cut to batch {cut.params['batch_size']} (each run "
+                 f"peaks at {small.peak_rss / GB:.1f} GB there; {w} at batch {full.params['batch_size']})")
+    return w2, dataclasses.replace(pr, peak_rss=small.peak_rss, wall_s=pr.wall_s + small.wall_s)
+
+
 def plan(spec: ExperimentSpec, make_points: Callable[[ExperimentSpec], list[Point]], out: Path, workers: int,
          budget: float | None = None, started: float | None = None) -> Plan:
     """Probe one point (and a z-free control), fit the grid to memory (``fit_memory``) and to the
@@ -108,49 +164,23 @@ def plan(spec: ExperimentSpec, make_points: Callable[[ExperimentSpec], list[Poin
     ceiling = max(1, int(MEMORY_SHARE * limit - parent))  # a probe past it is stopped (``probe``)
     pr = probe(points[0], work, ceiling=ceiling)
     w, mb, pr, lines = fit_memory(points, pr, workers, limit, parent, lambda m: probe(points[0], work, m, ceiling))
-    control = next((p for p in points if p.params.get("latent_source", "posterior") != "posterior"), None)
     pr = dataclasses.replace(pr, train_scoring_s=train_scoring_seconds(points))
-    if control is not None:  # its one-pass step and evaluation: a third to a half of a study's runs
-        g = probe(control, work / "control", mb, ceiling)
-        if g.over:
-            raise ConfigError(f"the z-free control {control.run_id} needs more than {g.peak_rss / GB:.1f} GB "
-                              f"(its probe was stopped there) but {ceiling / GB:.1f} GB are free to plan with; "
-                              "use a smaller model or batch_size")
-        pr = dataclasses.replace(pr, given_step_s=g.step_s * pr.batch_size / g.batch_size,
-                                 given_eval_row_s=g.eval_row_s, wall_s=pr.wall_s + g.wall_s,
-                                 given_samples_s=g.samples_s, given_decode_s=g.decode_s)
+    pr = _with_control(pr, points, work, mb, ceiling)
     if mb:
         spec = dataclasses.replace(spec, train={**spec.train, "micro_batch": mb})
     cuts: list[str] = []
     grid_budget = None
     if budget is not None:
         spent = 0.0 if started is None else time.time() - started
-        grid_budget = budget - spent - REPORT_S
+        why, grid_budget = _spent_line(budget, spent), budget - spent - REPORT_S
         if grid_budget <= 0:
-            raise ConfigError(f"--budget {budget / 60:.0f} min: the split, reference and probes took {spent / 60:.1f} min "
-                              f"and the report needs about {REPORT_S / 60:.0f}; give a larger budget")
-        labels = [str(p.params["latent_source"])[len("label:"):] for p in points
-                  if str(p.params.get("latent_source", "")).startswith("label:")]
-        try:
-            spec, cuts = fit_budget(spec, lambda s: grid_seconds(make_points(s), pr, n_val, w), grid_budget, labels)
-        except ConfigError as e:
-            if spec.boundary is None:  # a preset's grid: the budget does not apply
-                raise
-            for line in [_measured(pr, w), *lines]:  # what the refusal was computed from
-                print(line, flush=True)
-            raise ConfigError(f"--budget {budget / 60:.0f} min: the split, reference and probes took {spent / 60:.1f} min "
-                              f"and the report needs about {REPORT_S / 60:.0f}; {e}; give a larger budget") from None
+            raise ConfigError(f"{why}; give a larger budget")
+        spec, cuts = _cut_to_budget(spec, lambda s: grid_seconds(make_points(s), pr, n_val, w), grid_budget, points,
+                                    why, lambda: [_measured(pr, w), *lines])
     final = make_points(spec)
     if w < workers and final and final[0].params["batch_size"] < points[0].params["batch_size"]:
-        # the budget cut the batch after memory fixed the workers at the full batch's peak:
-        # probe the cut batch and take the workers its peak leaves room for
-        small = probe(final[0], work / "cut", ceiling=ceiling)
-        w2 = 0 if small.over else min(workers, int((MEMORY_SHARE * limit - parent) // max(1, small.peak_rss)))
-        if w2 > w:
-            lines.append(f"memory: {w2} worker(s) after the cut to batch {final[0].params['batch_size']} (each run "
-                         f"peaks at {small.peak_rss / GB:.1f} GB there; {w} at batch {points[0].params['batch_size']})")
-            pr = dataclasses.replace(pr, peak_rss=small.peak_rss, wall_s=pr.wall_s + small.wall_s)
-            w = w2
+        w, pr = _workers_after_cut(final[0], points[0], pr, w, workers, work / "cut", ceiling,
+                                   MEMORY_SHARE * limit - parent, lines)
     secs, peak = grid_seconds(final, pr, n_val, w), w * pr.peak_rss + parent
     head = (f"estimate: {len(final)} runs on {w} worker(s): about {secs / 60:.1f} min, peak memory {peak / GB:.1f} GB "
             f"({w} x {pr.peak_rss / GB:.2f} GB a run + {parent / GB:.2f} GB this process; {limit / GB:.1f} GB available). "

@@ -14,11 +14,12 @@ import pandas as pd
 
 from zfree.core.errors import InputError
 from zfree.core.io import atomic_write_text, read_json, read_jsonl, read_table
-from zfree.core.paths import IN_CLONE, PATH_FIELDS, ROOT, resolve_path
+from zfree.core.paths import PATH_FIELDS, ROOT, resolve_path
 from zfree.data.pairs import load_pairs
 from zfree.evaluate.latent_stats import label_warnings
 from zfree.experiment.controls import LINKS_FILE
 from zfree.experiment.gains import GAIN_COLUMNS, oracle_table, run_gains
+from zfree.experiment.study_folders import check_folder, given_kind
 from zfree.objective.theory import predict_curve
 
 FACETS = ("weighting", "latent_kind", "aid")  # what tells runs of one sweep apart, besides beta
@@ -51,61 +52,6 @@ SUMMARY_COLUMNS = {  # summary.csv column -> key in a run's summary.json
 }
 
 
-#: what a notebook without a study offers (one line, the one-minute study one command away)
-SMOKE_OFFER = ("`make smoke` (about a minute) writes runs/study-smoke" if IN_CLONE else
-               "`zfree study --preset smoke --out runs/study-smoke` (about a minute) writes it")
-
-
-class NoStudyError(FileNotFoundError):
-    """No study or sweep folder to open: shown in a notebook as its one line (IPython's
-    ``_render_traceback_``), not a traceback whose last line is the helpful one."""
-
-    def _render_traceback_(self) -> list[str]:
-        return [f"{type(self).__name__}: {self}"]
-
-
-def check_folder(folder: Path | str) -> Path:
-    """``folder`` when it exists; else NoStudyError (a FileNotFoundError) "no such folder: ..." (a
-    notebook's ``sweep_dir`` that names no study or sweep, e.g. a fresh clone's)."""
-    d = Path(folder)
-    if not d.is_dir():
-        raise NoStudyError(f"no such folder: {d.resolve()} (set sweep_dir to a folder written by `zfree study` or "
-                           f"`zfree sweep`; {SMOKE_OFFER})" if not d.exists() else f"{d} is not a folder")
-    return d
-
-
-def find_studies(root: Path | str) -> list[Path]:
-    """The finished study and sweep folders directly under ``root``: those holding ``summary.csv``
-    (a finished study) or a finished run (``runs/*/summary.json``), the most recently finished first
-    (by the newest of those files' modification times). A missing ``root`` has none."""
-    found = []
-    for d in (p for p in Path(root).glob("*") if p.is_dir()):
-        done = [f.stat().st_mtime for f in [d / "summary.csv", *d.glob("runs/*/summary.json")] if f.is_file()]
-        if done:
-            found.append((max(done), d))
-    return [p for _, p in sorted(found, reverse=True)]
-
-
-def choose_study(sweep_dir: Path | str | None = None) -> Path:
-    """The folder a notebook opens, chosen without editing the notebook: ``sweep_dir`` when
-    given; else ``$ZFREE_STUDY`` (``make lab STUDY=runs/study-smoke``); else the most recently finished
-    study under ``zfree.core.paths.runs_home()``. NoStudyError in one line naming where it looked and
-    offering the smoke study when there is none."""
-    import os
-
-    from zfree.core.paths import runs_home
-
-    if sweep_dir not in (None, ""):
-        return check_folder(sweep_dir)
-    if os.environ.get("ZFREE_STUDY"):
-        return check_folder(os.environ["ZFREE_STUDY"])
-    found = find_studies(runs_home())
-    if not found:
-        raise NoStudyError(f"no study found under {runs_home()}: {SMOKE_OFFER}; or give sweep_dir, or "
-                           "ZFREE_STUDY (make lab STUDY=DIR)")
-    return found[0]
-
-
 #: collect_runs' selections: the CVAE runs (the default: every table, figure and verdict), the
 #: given-z runs (the z-free controls and label oracles, ``zfree.experiment.controls``), or all
 RUN_KINDS = ("cvae", "given", "all")
@@ -131,30 +77,6 @@ def _summary_of(path: Path) -> dict:
             raise InputError(f"{path}: not a run summary ({key!r} is {v!r}; expected a "
                              f"{' or '.join(t.__name__ for t in types)}); move the run folder away or rerun it")
     return d
-
-
-def given_kind(summary: dict) -> str | None:
-    """What a run's summary (its ``summary.json``) trains, when z is given rather than inferred:
-    "control" (a z-free control), "oracle" (a label oracle: ``latent_source`` "label:<key>"),
-    "given" (another given z); None for a CVAE run (``latent_source`` "posterior" or absent)."""
-    src = str(summary.get("latent_source", "posterior"))
-    return None if src == "posterior" else "control" if src == "control" else \
-        "oracle" if src.startswith("label:") else "given"
-
-
-def count_runs(runs_dir: Path | str) -> dict[str, int]:
-    """How many finished runs (``*/summary.json``) ``runs_dir`` holds: {"cvae": the CVAE runs, those
-    every table and figure shows (``collect_runs``' default), "control", "oracle", "given": the
-    given-z runs of each ``given_kind``}. A summary.json that is not a JSON object counts as a CVAE
-    run (opening the study names it: ``collect_runs``). A missing folder has none."""
-    counts = {"cvae": 0, "control": 0, "oracle": 0, "given": 0}
-    for s in Path(runs_dir).glob("*/summary.json"):
-        try:
-            d = read_json(s)
-        except (OSError, ValueError):
-            d = None
-        counts[(given_kind(d) if isinstance(d, dict) else None) or "cvae"] += 1
-    return counts
 
 
 def collect_runs(runs_dir: Path | str, kind: str = "cvae") -> pd.DataFrame:

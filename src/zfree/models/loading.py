@@ -89,6 +89,47 @@ def check_vocab_size(tok, model, name: str) -> None:
                              f"vocab/merges files it did not load?); save the model's own with tokenizer.save_pretrained")
 
 
+def _load_config(path: str, kind: str, name: str, kw: dict):
+    """The transformers config of a causal LM at ``path`` (``kind``: folder, gguf or hub; ``name``
+    for messages). ModelLoadError when it cannot be loaded or is an encoder-decoder config."""
+    try:
+        config = AutoConfig.from_pretrained(path, **kw)
+    except (OSError, ValueError, KeyError) as e:
+        what = "is neither an existing path nor a loadable hub id" if kind == "hub" else "has no loadable config"
+        raise ModelLoadError(f"model {name} {what} ({type(e).__name__}: {(str(e).splitlines() or [''])[0]})") from None
+    if getattr(config, "is_encoder_decoder", False):
+        raise ModelLoadError(f"model {name}: {type(config).__name__} is an encoder-decoder model, not a causal LM "
+                             f"(zfree needs a decoder-only AutoModelForCausalLM)")
+    return config
+
+
+def _load_weights(path: str, config, dtype: torch.dtype, name: str, kw: dict) -> torch.nn.Module:
+    """The ``AutoModelForCausalLM`` at ``path`` with ``config``, its weights in ``dtype``.
+    ModelLoadError for a config without a causal-LM head, weights that do not match the config or
+    cannot be read, and weights missing or newly initialized on load (naming them)."""
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=dtype,
+                                                           output_loading_info=True, **kw)
+    except ValueError as e:
+        if "Unrecognized configuration class" in str(e):
+            raise ModelLoadError(f"model {name}: {type(config).__name__} has no causal-LM head in transformers "
+                                 f"(not an AutoModelForCausalLM)") from None
+        raise
+    except (SafetensorError, OSError, EOFError, RuntimeError) as e:  # a weights file cut short or foreign
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        if "mismatch" in str(e):  # config.json (e.g. vocab_size, hidden size) against the weights' shapes
+            raise ModelLoadError(f"model {name}: the weights' shapes do not match its config.json (e.g. vocab_size "
+                                 f"{getattr(config, 'vocab_size', '?')}); the config belongs to another model") from None
+        raise ModelLoadError(f"model {name}: its weights cannot be read ({type(e).__name__}: {first}); a file cut "
+                             "short by a download or copy? fetch or copy it again") from None
+    bad = _loading_problems(info)
+    if bad:
+        shown = ", ".join(bad[:8]) + (f" and {len(bad) - 8} more" if len(bad) > 8 else "")
+        raise ModelLoadError(f"model {name}: weights missing or newly initialized on load: {shown} "
+                             f"(they would be random; not a complete {type(model).__name__})")
+    return model
+
+
 def load_causal_lm(source: Path | str, *, device: str | torch.device = "auto", dtype: str = "auto",
                    trust_remote_code: bool = False, verify: bool = True):
     """Load ``(model, tokenizer)`` of a causal LM for zfree, model in eval mode on ``device``.
@@ -118,39 +159,13 @@ def load_causal_lm(source: Path | str, *, device: str | torch.device = "auto", d
     if gguf_file is not None:
         kw["gguf_file"] = gguf_file
     name = f"{path}/{gguf_file}" if gguf_file else path
-    try:
-        config = AutoConfig.from_pretrained(path, **kw)
-    except (OSError, ValueError, KeyError) as e:
-        what = "is neither an existing path nor a loadable hub id" if kind == "hub" else "has no loadable config"
-        raise ModelLoadError(f"model {name} {what} ({type(e).__name__}: {(str(e).splitlines() or [''])[0]})") from None
-    if getattr(config, "is_encoder_decoder", False):
-        raise ModelLoadError(f"model {name}: {type(config).__name__} is an encoder-decoder model, not a causal LM "
-                             f"(zfree needs a decoder-only AutoModelForCausalLM)")
+    config = _load_config(path, kind, name, kw)
     try:
         tok = AutoTokenizer.from_pretrained(path, **kw)
     except (OSError, ValueError, TypeError) as e:
         raise ModelLoadError(f"model folder {path}: no loadable tokenizer ({type(e).__name__}: "
                              f"{str(e).splitlines()[0] if str(e) else ''})") from None
-    try:
-        model, info = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=DTYPES[dtype],
-                                                           output_loading_info=True, **kw)
-    except ValueError as e:
-        if "Unrecognized configuration class" in str(e):
-            raise ModelLoadError(f"model {name}: {type(config).__name__} has no causal-LM head in transformers "
-                                 f"(not an AutoModelForCausalLM)") from None
-        raise
-    except (SafetensorError, OSError, EOFError, RuntimeError) as e:  # a weights file cut short or foreign
-        first = (str(e).strip().splitlines() or [""])[0][:200]
-        if "mismatch" in str(e):  # config.json (e.g. vocab_size, hidden size) against the weights' shapes
-            raise ModelLoadError(f"model {name}: the weights' shapes do not match its config.json (e.g. vocab_size "
-                                 f"{getattr(config, 'vocab_size', '?')}); the config belongs to another model") from None
-        raise ModelLoadError(f"model {name}: its weights cannot be read ({type(e).__name__}: {first}); a file cut "
-                             "short by a download or copy? fetch or copy it again") from None
-    bad = _loading_problems(info)
-    if bad:
-        shown = ", ".join(bad[:8]) + (f" and {len(bad) - 8} more" if len(bad) > 8 else "")
-        raise ModelLoadError(f"model {name}: weights missing or newly initialized on load: {shown} "
-                             f"(they would be random; not a complete {type(model).__name__})")
+    model = _load_weights(path, config, DTYPES[dtype], name, kw)
     check_vocab_size(tok, model, name)
     model = model.to(dev).eval()
     if verify:

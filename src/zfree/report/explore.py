@@ -16,7 +16,8 @@ import pandas as pd
 from zfree.config import TrainConfig
 from zfree.core.errors import InputError, one_line
 from zfree.core.paths import runs_home
-from zfree.experiment.results import SweepResults, check_folder, count_runs, find_studies, load_sweep
+from zfree.experiment.results import SweepResults, load_sweep
+from zfree.experiment.study_folders import check_folder, count_runs, find_studies
 from zfree.experiment.study_notes import study_notes
 from zfree.report.labels_report import dashes
 from zfree.report.report import launch_beta_range

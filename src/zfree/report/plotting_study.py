@@ -71,11 +71,17 @@ def plot_rate_and_rho_vs_beta(summary: pd.DataFrame, curves: pd.DataFrame | None
         ax.set_ylim(-0.03 * top, top)
     fig.suptitle("Rate and ρ_recon against β (shaded: theory predicts most examples use z, β_eff < 1)")
     fig.tight_layout()
-    # the legend names what the panel titles and colors do not: the quantity (marker) and the
-    # facet (line style), in black; color = weighting is in each panel's title
+    _rate_rho_legend(fig, summary, with_curves=curves is not None)
+    return fig
+
+
+def _rate_rho_legend(fig: plt.Figure, summary: pd.DataFrame, with_curves: bool) -> None:
+    """The legend below ``plot_rate_and_rho_vs_beta``'s panels. It names what the panel titles and
+    colors do not: the quantity (marker) and the facet (line style), in black; color = weighting
+    is in each panel's title."""
     handles = [Line2D([], [], color="k", marker="o", ls="none", label="measured KL (top) / ρ_recon = R_val / c_base"),
                Line2D([], [], color="k", marker="s", ls="none", alpha=0.5, label="oracle ρ (best z per example)")]
-    if curves is not None:
+    if with_curves:
         handles.append(Line2D([], [], color="k", lw=2.5, alpha=0.3, label="predicted rate"))
     tags = {}
     for label, _, ls, _ in _groups(summary):
@@ -84,7 +90,6 @@ def plot_rate_and_rho_vs_beta(summary: pd.DataFrame, curves: pd.DataFrame | None
                 for tag, ls in tags.items() if tag]
     fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(len(handles), 4),
                fontsize=8, frameon=False)
-    return fig
 
 
 #: the marker of each objective term in the share figure

@@ -47,6 +47,7 @@ class TokenCounter:
             self.active = before
 
     def remove(self) -> None:
+        """Take the forward pre-hook off ``body``; ``total`` keeps its count."""
         self._handle.remove()
 
 

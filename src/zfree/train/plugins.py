@@ -40,9 +40,11 @@ class FrozenDecoder(Plugin):
     name, fields = "frozen_decoder", ("frozen_decoder_steps",)
 
     def active(self, cfg):
+        """On when ``frozen_decoder_steps`` > 0."""
         return cfg.optim.frozen_decoder_steps > 0
 
     def trained_side(self, cfg, state, step):
+        """The "posterior" side through step ``frozen_decoder_steps`` (1-based), "all" after it."""
         return "posterior" if aids.frozen_decoder_phase(cfg, step) else "all"
 
 
@@ -59,22 +61,33 @@ class HardEM(Plugin):
     source = "seed notes 000/002 (switch-on); Shen et al. 2019, hard-EM mixture training"
 
     def active(self, cfg):
+        """On when ``aid == "hard_em_then_soft"``."""
         return cfg.aid.aid == "hard_em_then_soft"
 
     def initial_phase(self, cfg):
+        """A fresh run starts in the hard phase (``Phase.HARD``)."""
         return Phase.HARD
 
     def rates(self, cfg, state, step, rates):
+        """In the hard phase: the backbone at ``hard_em_lr_backbone`` (times the linear warm-up
+        ``min(1, step / warmup_backbone)`` while ``warmup_backbone`` > 0) and the new group at
+        ``aids.new_lr`` (``hard_em_lr_new`` when > 0, else ``lr_new``); in the soft phase ``rates``
+        unchanged."""
         if state.phase != Phase.HARD:
             return rates
         warm = min(1.0, step / cfg.optim.warmup_backbone) if cfg.optim.warmup_backbone else 1.0
         return {**rates, "backbone": cfg.aid.hard_em_lr_backbone * warm, "new": aids.new_lr(cfg, Phase.HARD)}
 
     def after_forward(self, ctx, br):
+        """In the hard phase: add the posterior's argmax over ``br.per_example["q_logits"]``
+        (batch, K) to the usage counts ``state.usage`` (K,) that the dead-value restarts read."""
         if ctx.run.state.phase == Phase.HARD:  # dead-value restarts count the posterior's argmax
             aids.count_usage(ctx.run.state, br.per_example["q_logits"].argmax(-1), ctx.run.model.n_latent)
 
     def after_update(self, ctx):
+        """In the hard phase: dead-value restarts, then the hand-over gate on ``ctx.gate_rows``
+        with their base surprisal b and c_base (nats per token) (``aids.hard_phase_checks``); may
+        switch ``state.phase`` to soft and record ``handover_step``/``gate``."""
         run = ctx.run
         if run.state.phase == Phase.HARD:  # restarts, then the hand-over gate
             aids.hard_phase_checks(run.model, ctx.cfg, run.state, ctx.step, ctx.gate_rows,
@@ -92,9 +105,14 @@ class AggressiveEncoder(Plugin):
     source = "He et al. 2019, Alg. 1 (their text.py)"
 
     def active(self, cfg):
+        """On when ``aid == "aggressive_encoder"``."""
         return cfg.aid.aid == "aggressive_encoder"
 
     def before_update(self, ctx, rows):
+        """While the aggressive phase lasts: posterior-only inner updates through ``ctx.update``,
+        the first on the step's ``rows``, the next on fresh batches of ``batch_size`` training rows
+        drawn with the run's RNG, stopped by ``aids.aggressive_inner_steps``' rule; adds their number
+        to ``state.aggressive_inner_steps``."""
         state = ctx.run.state
         if not aids.aggressive_phase(ctx.cfg, state):
             return
@@ -108,9 +126,12 @@ class AggressiveEncoder(Plugin):
         state.aggressive_inner_steps += aids.aggressive_inner_steps(cfg, update)
 
     def trained_side(self, cfg, state, step):
+        """The "decoder" side (all but the posterior) while the aggressive phase lasts, then "all"."""
         return "decoder" if aids.aggressive_phase(cfg, state) else "all"
 
     def after_update(self, ctx):
+        """Every ``aggressive_mi_every`` steps of the aggressive phase: I(x; z) in nats on the gate
+        rows; ends the phase (``state.aggressive_end_step``) once it falls (``aids.check_aggressive_end``)."""
         aids.check_aggressive_end(ctx.run.model, ctx.cfg, ctx.run.state, ctx.step, ctx.gate_rows, ctx.run.data.pad_id)
 
 
@@ -121,9 +142,12 @@ class Beta0Warmup(Plugin):
     name, fields = "beta0_warmup", ("aid", "warmup_aid_steps")
 
     def active(self, cfg):
+        """On when ``aid == "beta0_warmup"``."""
         return cfg.aid.aid == "beta0_warmup"
 
     def objective_kw(self, cfg, state, step):
+        """``{"warm": True}`` through step ``warmup_aid_steps`` (beta = 0, router detached in the
+        objective), ``{"warm": False}`` after it."""
         return {"warm": aids.beta0_warm(cfg, step)}
 
 

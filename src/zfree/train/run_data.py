@@ -54,6 +54,12 @@ def _encode(tok, pairs: list[Pair], max_len: int, split: str) -> list[EncodedPai
 
 def setup_data(cfg: TrainConfig, backbone, tok, ref: Reference, train_ref: Reference | None,
                 data_dir: Path) -> RunData:
+    """Read, sample and encode a run's rows: ``train.jsonl`` in full, ``val.jsonl`` as the seeded
+    spread sample of ``eval_rows`` rows (all of them when 0 or more than there are), both encoded
+    with x cut from the left to ``backbone``'s context length; the validation rows' b (nats per
+    token; per-token b_t too under the token weighting) from ``ref`` and the evaluation arguments.
+    Raises FileNotFoundError or InputError from ``load_pairs``, ValueError for a y that does not fit
+    the context, KeyError when ``ref`` lacks a validation row."""
     train_pairs = load_pairs(data_dir / "train.jsonl")
     val_pairs = load_pairs(data_dir / "val.jsonl")
     if cfg.optim.eval_rows:

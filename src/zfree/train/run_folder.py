@@ -1,4 +1,5 @@
-"""Everything a CVAE run folder holds (DESIGN §5), read and written in one place:
+"""Everything a CVAE run folder holds (DESIGN §5), read and written here (its checkpoints in
+``zfree.train.checkpoint``):
 
   config.json           the flat config (as given) plus "_" metadata (versions, c_base, data and base-model
                         hashes, ``_rows_used``: the validation rows evaluated and decoded, at most the rows
@@ -6,8 +7,8 @@
   metrics.jsonl         one row per evaluation
   events.out.tfevents.* the same rows as TensorBoard scalars (``zfree.train.live_curves``; field ``tensorboard``)
   checkpoint/           model.safetensors + state.safetensors/state.json (plain state, no pickle) + COMPLETE
-                        (a manifest); the previous one kept as checkpoint.prev/ (``save_checkpoint`` /
-                        ``load_checkpoint``, ``zfree.core.io.write_checkpoint_dir``)
+                        (a manifest); the previous one kept as checkpoint.prev/ (``zfree.train.checkpoint``,
+                        ``zfree.core.checkpoint_io.write_checkpoint_dir``)
   error.json            the step, batch ids and non-finite terms of a run that stopped
   summary.json          the final metrics; its presence marks the run finished (never rewritten)
   per_example.parquet   the final evaluation's per-example table
@@ -26,27 +27,20 @@ folders the paths name, so every form of one folder is equal.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.metadata as md
 import json
-import os
-import re
 from pathlib import Path
 
-import numpy as np
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file
 
 from zfree.config import TrainConfig, without_log_only
-from zfree.core.errors import (CheckpointError, CheckpointWriteError, InputError, NonFiniteMetricError,
-                               ResumeRefusedError, ZfreeError)
-from zfree.core.io import (append_jsonl, atomic_write_json, atomic_write_parquet, atomic_write_text,
-                           load_checkpoint_dir, load_plain_state, nonfinite_keys, read_json, read_jsonl,
-                           safe_torch_load, save_plain_state, sha256_file, sha256_state_dict, write_checkpoint_dir)
+from zfree.core.errors import InputError, NonFiniteMetricError, ResumeRefusedError, ZfreeError
+from zfree.core.io import (append_jsonl, atomic_write_json, atomic_write_parquet, atomic_write_text, nonfinite_keys,
+                           read_json, read_jsonl, sha256_file, sha256_state_dict)
 from zfree.core.paths import PATH_FIELDS, portable_path, resolve_path
 from zfree.models.lora import base_state_dict
-from zfree.train.checkpoint_parts import load_model_tensors, prune_finished, save_model_tensors
+from zfree.train.checkpoint import disk_write_error
+from zfree.train.checkpoint_parts import prune_finished
 
 #: a run "uses z" (summary ``latent_used``) when more than this fraction of its validation rows
 #: does; ``predicted_latent_used`` applies it to the predicted fraction (zfree.report.report reads it)
@@ -166,106 +160,6 @@ def write_config_record(out: Path, cfg: TrainConfig, c_base: float, ref, data_di
         "_base_model_sha256_loaded": loaded_base_sha(backbone), **({"_rows_used": rows_used} if rows_used else {})})
 
 
-# ---------------------------------------------------------------------------- checkpoints
-
-
-def _plain(obj):
-    """numpy scalars and arrays in a TrainState (usage counts, gate values) as Python values."""
-    if isinstance(obj, dict):
-        return {k: _plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_plain(v) for v in obj]
-    if isinstance(obj, (np.generic, np.ndarray)):
-        return obj.tolist()
-    return obj
-
-
-def save_checkpoint(out: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, rng: np.random.Generator,
-                    state) -> None:
-    """checkpoint/ = model.safetensors (under LoRA only what trains, ``checkpoint_parts``) +
-    state.safetensors/state.json (optimizer, numpy and torch RNG states, the TrainState as a dict;
-    ``io.save_plain_state``, no pickle) + COMPLETE, written
-    beside the last good one and switched in by renames; the previous one is kept as
-    checkpoint.prev/ (``io.write_checkpoint_dir``)."""
-    def write(d: Path) -> None:
-        try:
-            partial = save_model_tensors(model, d / "model.safetensors")
-            save_plain_state(d, {"optimizer": opt.state_dict(), "rng": rng.bit_generator.state, **partial,
-                                 "torch_rng": torch.get_rng_state(), "state": _plain(dataclasses.asdict(state))})
-        except SafetensorError as e:  # its I/O errors (disk full) name no file and are no OSError
-            raise _as_os_error(e, d) from None
-
-    try:
-        write_checkpoint_dir(out / "checkpoint", write)
-    except OSError as e:  # disk full, quota, read-only: nothing existing was touched
-        raise _disk_error(out, getattr(state, "step", None), "the checkpoint", e) from None
-
-
-def _as_os_error(e: Exception, path: Path) -> Exception:
-    """safetensors' ``IoError(Os { code: 28, ... })`` as the OSError it was (ENOSPC ...); other errors as they are."""
-    m = re.search(r"IoError\(Os \{ code: (\d+)", str(e))
-    return OSError(int(m.group(1)), os.strerror(int(m.group(1))), str(path)) if m else e
-
-
-def _disk_error(out: Path, step: int | None, what: str, e: OSError) -> CheckpointWriteError:
-    """error.json (when it still fits) and the one-line error of ``what`` (the checkpoint, the
-    metrics row) that could not be written at ``step``."""
-    why = e.strerror or str(e) or type(e).__name__
-    kept = [d.name for d in (out / "checkpoint", out / "checkpoint.prev") if (d / "COMPLETE").is_file()]
-    keep = f"the last good checkpoint is kept ({', '.join(kept)})" if kept else "no earlier checkpoint exists"
-    msg = (f"cannot write {what} of step {step} in {out} ({why}"
-           f"{f': {e.filename}' if e.filename else ''}); {keep}; free space and resume with "
-           f"`zfree train --resume {out}`")
-    try:
-        atomic_write_json(out / "error.json", {"step": step, "error": msg, "errno": e.errno})
-        msg += f" (see {out / 'error.json'})"
-    except OSError:  # the disk is too full for error.json too: the message alone says it
-        pass
-    return CheckpointWriteError(msg)
-
-
-def _read_checkpoint(d: Path) -> tuple[dict, dict]:
-    """(model tensors, plain state) of checkpoint folder ``d``, read only (nothing is filled yet),
-    so a damaged file fails here and the previous checkpoint is tried.
-    The plain-state layout, else the state.pt of older run folders (``weights_only=True``)."""
-    f = d / "model.safetensors"
-    if not f.is_file() or f.stat().st_size == 0:
-        raise CheckpointError(f"{f} is {'missing' if not f.is_file() else 'empty'}")
-    try:
-        tensors = load_file(str(f))
-    except Exception as e:  # noqa: BLE001 - SafetensorError names no file
-        raise CheckpointError(f"{f} is damaged ({type(e).__name__}: {e})") from None
-    old_layout = (d / "state.pt").exists() and not (d / "state.json").exists()
-    ck = safe_torch_load(d / "state.pt") if old_layout else load_plain_state(d)
-    if not isinstance(ck, dict) or not {"optimizer", "rng", "torch_rng", "state"} <= set(ck):
-        raise CheckpointError(f"{d}: the checkpoint state lacks optimizer, rng, torch_rng or state")
-    return tensors, ck
-
-
-def load_checkpoint(out: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, rng: np.random.Generator,
-                    state_cls, warn=None) -> object | None:
-    """Restore the newest usable checkpoint (checkpoint/, else checkpoint.prev/, else the
-    .checkpoint.old/ an older version could leave mid-swap) into ``model``, ``opt``, ``rng`` and
-    torch's RNG; returns ``state_cls(**saved state)``, or None without one. A checkpoint that
-    fails to load (missing, empty, truncated, altered, or not plain data) is reported through
-    ``warn`` (default: a UserWarning) naming the file, and the previous one is used; raises
-    CheckpointError listing the files when none loads."""
-    found = load_checkpoint_dir([out / "checkpoint", out / "checkpoint.prev", out / ".checkpoint.old"],
-                                _read_checkpoint, warn=warn)
-    if found is None:
-        return None
-    d, (_, ck) = found
-    try:
-        load_model_tensors(model, d / "model.safetensors", ck)  # verified and read above; tied weights as saved
-        opt.load_state_dict(ck["optimizer"])
-        rng.bit_generator.state = ck["rng"]
-        torch.set_rng_state(ck["torch_rng"])
-        return state_cls(**ck["state"])
-    except (RuntimeError, KeyError, TypeError, ValueError) as e:
-        raise CheckpointError(f"{d} does not fit this run ({type(e).__name__}: {str(e)[:300]}); "
-                              "delete the checkpoint folders to restart the run from step 0") from None
-
-
 # ---------------------------------------------------------------------------- metrics, errors, summary
 
 
@@ -289,7 +183,7 @@ def append_metrics(out: Path, row: dict) -> None:
     try:
         append_jsonl(out / "metrics.jsonl", row)
     except OSError as e:
-        raise _disk_error(out, row.get("step"), "the metrics row", e) from None
+        raise disk_write_error(out, row.get("step"), "the metrics row", e) from None
 
 
 #: metrics that must be finite in every evaluation: the losses (validation reconstruction, KL,

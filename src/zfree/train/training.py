@@ -1,6 +1,8 @@
-"""CVAE training: build from the base run (``build_cvae``, ``build_optimizer``), then a short loop
-under the objective (``zfree.objective.objectives``), with the symmetry-breaking aids (``zfree.train.aids``),
-evaluations (``zfree.evaluate.metrics``) and the run folder of DESIGN §5 (``zfree.train.run_folder``).
+"""CVAE training: the run built from the base run (``zfree.train.run_setup``: ``build_cvae``,
+``build_optimizer``, ``setup_run``), then a short loop under the objective
+(``zfree.objective.objectives``), with the training-loop plug-ins (``zfree.train.plugins``: the
+symmetry-breaking aids and loop-changing remedies), evaluations (``zfree.evaluate.metrics``) and the
+run folder of DESIGN §5 (``zfree.train.run_folder``).
 
 A run folder is locked while a process trains it. A run folder with ``summary.json`` is finished
 and never rewritten (returned only for the same config). A run folder with a ``checkpoint/``
@@ -11,131 +13,31 @@ an uninterrupted run, timing keys aside).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from zfree.train.run_data import RunData, batch_references, check_inputs, rows_used, setup_data
-from zfree.train import accumulate, aids, multiref_run, plugins, run_folder
-from zfree.config import LatentKind, TrainConfig
-from zfree.data.batching import collate
+from zfree.config import TrainConfig
 from zfree.core.errors import Interrupted
 from zfree.core.locks import run_folder_lock
 from zfree.core.paths import check_out_dir
-from zfree.evaluate.latent_meaning import write_latent_meaning
-from zfree.train.curve import TrainCurve
-from zfree.evaluate.metrics import evaluate
-from zfree.models.base import load_base
-from zfree.models.continuous import ContinuousCVAE
-from zfree.models.discrete import DiscreteCVAE
-from zfree.models.loading import pick_device
-from zfree.models.lora import apply_lora
-from zfree.models.precision import WEIGHT_DTYPES, acc_dtype, default_dtype
-from zfree.objective.objectives import GIVEN, Phase, step_objective
-from zfree.objective.remedies import check_remedy_fields
-from zfree.train.compute import TokenCounter, decoder_body
-from zfree.train.given import given_index
-from zfree.train.live_curves import LiveCurves, open_curves
-from zfree.reference.reference import check_step0_rho, resolve_reference
 from zfree.core.values import check_device
+from zfree.data.batching import collate
+from zfree.evaluate.latent_meaning import write_latent_meaning
+from zfree.evaluate.metrics import evaluate
+from zfree.models.precision import acc_dtype
+from zfree.objective.objectives import GIVEN, Phase, step_objective
+from zfree.reference.reference import check_step0_rho
+from zfree.train import accumulate, aids, checkpoint, multiref_run, plugins, run_folder
+from zfree.train.compute import TokenCounter, decoder_body
+from zfree.train.curve import TrainCurve
+from zfree.train.live_curves import LiveCurves
+from zfree.train.run_data import RunData, batch_references
+from zfree.train.run_setup import Run, TrainState, set_learning_rates, setup_run, step_rates
 
 #: warn when one latent value is the posterior's argmax on at least this share of validation rows
 INDEX_COLLAPSE_SHARE = 0.9
-#: the optimizer's two param groups, by name (``build_optimizer``; rates set by ``set_learning_rates``)
-BACKBONE_GROUP, NEW_GROUP = "backbone", "new"
-
-
-@dataclass
-class TrainState:
-    """Everything besides weights and optimizer moments that a resumed run needs."""
-
-    step: int = 0
-    phase: Phase = Phase.SOFT  # HARD during the hard-EM phase of hard_em_then_soft
-    handover_step: int | None = None
-    handover_forced: bool = False
-    gate: list = field(default_factory=list)  # hand-over diagnostics over training
-    restarts: list = field(default_factory=list)
-    usage: list = field(default_factory=list)  # posterior-argmax counts since the last restart check
-    train_log: dict = field(default_factory=dict)  # running sums of training terms since the last eval
-    forward_tokens: int = 0  # token positions forwarded through the decoder body in training (zfree.train.compute)
-    eval_wall_s: float = 0.0  # wall time spent evaluating (the training wall time is the rest)
-    first_step_s: float | None = None  # wall seconds of step 1 (no evaluation): its warm-up, for the estimate
-    # aggressive_encoder (He et al. 2019): the step its aggressive phase ended (None: not (yet)), the
-    # posterior-only inner steps in all, and the mutual-information checks ({step, mutual_information, inner_steps})
-    aggressive_end_step: int | None = None
-    aggressive_inner_steps: int = 0
-    aggressive_mi: list = field(default_factory=list)
-
-    def __post_init__(self):
-        self.phase = Phase(self.phase)  # a checkpoint stores the value ("hard", "soft")
-
-
-def build_cvae(cfg: TrainConfig, backbone: torch.nn.Module) -> DiscreteCVAE | ContinuousCVAE:
-    """The CVAE of ``cfg.model.latent_kind`` on ``backbone`` (the latent embeddings start at 0, or
-    at N(0, latent_init_std^2) under the random_init_jsd aid), moved to ``cfg.optim.device``
-    ("auto": cuda when present) in train mode, its decoder passes under ``cfg.model.shared_prefix``
-    (auto / on / off; off also skips the z-free pass's key/value cache); LoRA adapters only with lora_rank > 0."""
-    m = cfg.model
-    with default_dtype(next(backbone.parameters()).dtype):  # new heads in the backbone's dtype
-        if m.latent_kind == LatentKind.CONTINUOUS:
-            model = ContinuousCVAE(backbone, m.d_latent, m.posterior_features, prior=m.prior, n_samples=m.n_samples,
-                                   bn_gamma=m.bn_gamma, delta_rate=m.delta_rate)
-        else:
-            model = DiscreteCVAE(backbone, m.n_latent, m.posterior_features,
-                                 latent_init_std=cfg.aid.latent_init_std if cfg.aid.aid == "random_init_jsd" else 0.0,
-                                 latent_source=m.latent_source)
-        if cfg.optim.lora_rank:  # LoRA over the frozen base: B = 0, still exact at step 0
-            apply_lora(model.backbone, cfg.optim.lora_rank, cfg.optim.lora_alpha, cfg.optim.lora_targets)
-    model.shared_prefix_mode = m.shared_prefix
-    model.shared_prefix = m.shared_prefix != "off"
-    return model.to(pick_device(cfg.optim.device)).train()
-
-
-def build_optimizer(model: DiscreteCVAE, cfg: TrainConfig, log=print) -> torch.optim.Optimizer:
-    """AdamW (or SGD) with every trainable parameter in exactly one of two groups (checked at start):
-    ``backbone`` (lr_backbone, warmed up) and ``new`` (heads and latent embeddings, lr_new).
-    Raises RuntimeError if the groups do not partition the trainable parameters."""
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    backbone = [p for n, p in named if n.startswith("backbone.")]
-    new = [p for n, p in named if not n.startswith("backbone.")]
-    ids = [id(p) for p in backbone + new]
-    if len(ids) != len(set(ids)) or len(ids) != len(named):
-        raise RuntimeError("optimizer groups do not partition the trainable parameters")
-    frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
-    if log:
-        log(f"parameters: backbone {sum(p.numel() for p in backbone):,} (from the base model), "
-            f"new {sum(p.numel() for p in new):,} ({', '.join(model.new_parameter_names())}), frozen {frozen:,}")
-    groups = [{"params": backbone, "lr": cfg.optim.lr_backbone, "name": BACKBONE_GROUP},
-              {"params": new, "lr": cfg.optim.lr_new, "name": NEW_GROUP}]
-    return OPTIMIZERS[cfg.optim.optimizer](groups, weight_decay=cfg.optim.weight_decay)
-
-
-def set_learning_rates(opt: torch.optim.Optimizer, rates: dict[str, float]) -> None:
-    """Set each param group's rate by its name (``BACKBONE_GROUP``, ``NEW_GROUP``); KeyError for a
-    group ``rates`` does not name."""
-    for group in opt.param_groups:
-        group["lr"] = rates[group["name"]]
-
-
-#: optim.optimizer -> the torch optimizer class
-OPTIMIZERS = {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
-
-
-def step_rates(cfg: TrainConfig, state, step: int, active: list) -> dict[str, float]:
-    """The learning rates of ``step`` by param-group name: lr_backbone times the linear warm-up
-    min(1, step / warmup_backbone) and lr_new, then as each active plug-in sets them
-    (``plugins.Plugin.rates``: the hard phase's own rates)."""
-    warm = min(1.0, step / cfg.optim.warmup_backbone) if cfg.optim.warmup_backbone else 1.0
-    rates = {BACKBONE_GROUP: cfg.optim.lr_backbone * warm, NEW_GROUP: cfg.optim.lr_new}
-    for p in active:
-        rates = p.rates(cfg, state, step, rates)
-    return rates
-
-
-# ---------------------------------------------------------------------------- setup
 
 
 # ---------------------------------------------------------------------------- evaluation records
@@ -161,7 +63,7 @@ def _record_evaluation(out: Path, model, data: RunData, state: TrainState, opt, 
     run_folder.append_metrics(out, row)
     if curves is not None:
         curves.log(state.step, row)
-    run_folder.save_checkpoint(out, model, opt, rng, state)
+    checkpoint.save_checkpoint(out, model, opt, rng, state)
     top = ev.metrics.get("latent/max_usage")
     if top is not None and top >= INDEX_COLLAPSE_SHARE and state.step > 0 and cfg_given(model) is False:
         print(f"warning: step {state.step}: one latent value is the posterior's argmax on {top:.0%} of the "
@@ -195,56 +97,10 @@ def _host_state(state: TrainState) -> TrainState:
 
 
 def _save_checkpoint(run: "Run", state: TrainState) -> None:
-    run_folder.save_checkpoint(run.out, run.model, run.opt, run.rng, _host_state(state))
+    checkpoint.save_checkpoint(run.out, run.model, run.opt, run.rng, _host_state(state))
 
 
-# ---------------------------------------------------------------------------- setup and one step
-
-
-@dataclass
-class Run:
-    """A run ready to train: its folder, model, data, optimizer, numpy RNG (batch draws), state and clock."""
-
-    out: Path
-    model: DiscreteCVAE | ContinuousCVAE
-    data: RunData
-    opt: torch.optim.Optimizer
-    rng: np.random.Generator
-    state: TrainState
-    t0: float  # wall-clock origin (continued on resume)
-    curves: LiveCurves | None = None  # TensorBoard's writer of the run folder (cfg.optim.tensorboard)
-    plugins: list = field(default_factory=list)  # the active training-loop plug-ins (zfree.train.plugins)
-
-
-def _setup_run(cfg: TrainConfig, out: Path, progress: bool) -> Run:
-    """Check the inputs and the folder (same config, same base model), load the base and the
-    reference, build model, data and optimizer, write config.json, and resume from a checkpoint."""
-    torch.set_num_threads(cfg.optim.threads)
-    torch.manual_seed(cfg.optim.seed)
-    accumulate.check_accumulation(cfg)
-    check_remedy_fields(cfg)  # a remedy's name is a record of its fields
-    data_dir, base_dir = check_inputs(cfg)
-    run_folder.check_same_config(out, cfg)
-    backbone, tok = load_base(base_dir / "model", device=cfg.optim.device, dtype=WEIGHT_DTYPES[cfg.optim.precision])
-    ref = resolve_reference(cfg.objective.c_base_source, base_dir, data_dir, "val", model=backbone, tokenizer=tok)
-    run_folder.check_same_base(out, backbone, base_dir)
-    train_ref = (resolve_reference("pretrained_source", base_dir, data_dir, "train", model=backbone, tokenizer=tok)
-                 if cfg.objective.needs_example_b else None)  # b (and b_t) on training rows, scored once and cached
-    model = build_cvae(cfg, backbone)
-    data = setup_data(cfg, backbone, tok, ref, train_ref, data_dir)
-    if model.latent_kind == LatentKind.DISCRETE and model.posterior_kind == "given":
-        model.set_given(given_index(cfg, data_dir))  # the control's 0 / each row's label value
-    out.mkdir(parents=True, exist_ok=True)
-    run_folder.write_config_record(out, cfg, data.c_base, ref, data_dir, backbone, rows_used=rows_used(cfg, data))
-    opt = build_optimizer(model, cfg, log=print if progress else None)
-    rng = np.random.default_rng(cfg.optim.seed)
-    state = run_folder.load_checkpoint(out, model, opt, rng, TrainState)
-    done_rows = run_folder.reset_metrics(out, None if state is None else state.step)
-    t0 = time.time() - (done_rows[-1].get("wall_s", 0.0) if done_rows else 0.0)  # wall time continues on resume
-    curves = open_curves(out, cfg.optim.tensorboard, None if state is None else state.step, cfg.optim.wandb,
-                         cfg.to_flat())
-    return Run(out, model, data, opt, rng, state or TrainState(phase=plugins.initial_phase(cfg)), t0, curves,
-               plugins.active_plugins(cfg))
+# ---------------------------------------------------------------------------- one step
 
 
 def _objective_of(run: Run, cfg: TrainConfig, phase, step: int, dev, acc, **kw):
@@ -323,7 +179,7 @@ def train_cvae(cfg: TrainConfig, out_dir: Path | str, progress: bool = True, sto
 def _train_locked(cfg: TrainConfig, out: Path, progress: bool, stop_after: int | None) -> dict:
     if (done := run_folder.finished_summary(out, cfg)) is not None:
         return done
-    run = _setup_run(cfg, out, progress)
+    run = setup_run(cfg, out, progress)
     saved = {"step": run.state.step if (out / "checkpoint").is_dir() or (out / "checkpoint.prev").is_dir() else None}
     try:
         return _train_loop(cfg, out, run, progress, stop_after, saved)
@@ -364,9 +220,11 @@ def _evaluate_paused(counter: TokenCounter, state: TrainState, fn):
 def _train_steps(cfg, out, run, progress, stop_after, saved, gate_rows, mask, dev, acc, watch, counter) -> dict:
     """The loop of ``_train_loop`` with its helpers built (``counter``: the training compute)."""
     model, data, state = run.model, run.data, run.state
-    ev = (_evaluate_paused(counter, state, lambda: _record_evaluation(out, model, data, state, run.opt, run.rng, run.t0,
-                                                                      run.curves))
-          if state.step == 0 else None)
+
+    def record():
+        return _evaluate_paused(counter, state, lambda: _record_evaluation(out, model, data, state, run.opt, run.rng,
+                                                                           run.t0, run.curves))
+    ev = record() if state.step == 0 else None
     saved["step"] = 0 if ev is not None else saved["step"]
     bar = tqdm(total=cfg.optim.steps, initial=state.step, disable=not progress, mininterval=5,
                desc=f"{cfg.objective.weighting} β={cfg.objective.beta:g}" + ("" if cfg.aid.aid == "none" else f" {cfg.aid.aid}"))
@@ -375,24 +233,7 @@ def _train_steps(cfg, out, run, progress, stop_after, saved, gate_rows, mask, de
     while state.step < cfg.optim.steps:
         step = state.step + 1
         t_step = time.time()
-        set_learning_rates(run.opt, step_rates(cfg, state, step, run.plugins))
-        idx = run.rng.integers(0, len(data.train), cfg.optim.batch_size)  # batches drawn with replacement
-        rows = [data.train[i] for i in idx]
-        # one objective per step: the hard-EM phase, else the latent kind's true J (plug-ins' options applied)
-        phase = (Phase.HARD if state.phase == Phase.HARD else GIVEN if cfg.model.latent_source != "posterior"
-                 else cfg.model.latent_kind)
-        kw = {k: v for p in run.plugins for k, v in p.objective_kw(cfg, state, step).items()}
-        ctx = plugins.StepContext(run, cfg, step, _objective_of(run, cfg, phase, step, dev, acc, **kw), mask, watch,
-                                  gate_rows, _extra_update)
-        for p in run.plugins:  # the rows as the step trains on them (word dropout)
-            rows = p.rows(ctx, rows)
-        for p in run.plugins:  # before the forward pass (the aggressive encoder's inner loop)
-            p.before_update(ctx, rows)
-        br, host = _step_breakdown(run, cfg, ctx.objective, rows)
-        for p in run.plugins:  # the breakdown before the update (the hard phase's usage counts)
-            p.after_forward(ctx, br)
-        watch.add(br, step, host)  # (its row ids) checked now on the CPU, every FINITE_CHECK_EVERY steps elsewhere
-        _optimizer_step(run, br, cfg, step, mask, plugins.trained_side(run.plugins, cfg, state, step))
+        ctx, br = _take_step(run, cfg, step, gate_rows, mask, dev, acc, watch)
         state.step = step
         if step == 1:
             state.first_step_s = time.time() - t_step
@@ -401,9 +242,7 @@ def _train_steps(cfg, out, run, progress, stop_after, saved, gate_rows, mask, de
                                       time.time() - run.t0)
             last_progress = time.time()
         curve.add(step, _log_train_terms(state, br), last=step == cfg.optim.steps)
-        bar.update(1)
-        if not bar.disable and step % max(10, watch.every) == 0:  # a host read: only with a bar, rarely
-            bar.set_postfix({k.split("/")[-1][:6]: f"{float(v.detach()) if hasattr(v, 'detach') else float(v):.3f}" for k, v in br.terms.items()}, refresh=False)
+        _show_step(bar, br, step, watch.every)
         for p in run.plugins:  # checks after the update (restarts and the hand-over gate; the aggressive phase's end)
             p.after_update(ctx)
         evaluating = step % cfg.optim.eval_every == 0 or step == cfg.optim.steps
@@ -413,8 +252,7 @@ def _train_steps(cfg, out, run, progress, stop_after, saved, gate_rows, mask, de
             watch.check()  # before anything is written: weights updated from a non-finite loss are never saved
         state.forward_tokens = counter.total
         if evaluating:
-            ev = _evaluate_paused(counter, state, lambda: _record_evaluation(out, model, data, state, run.opt,
-                                                                             run.rng, run.t0, run.curves))
+            ev = record()
         elif saving:
             _save_checkpoint(run, state)
         if evaluating or saving:
@@ -425,6 +263,50 @@ def _train_steps(cfg, out, run, progress, stop_after, saved, gate_rows, mask, de
             bar.close()
             return {"stopped_at": step}
     bar.close()
+    return _finish(cfg, out, run, ev, counter)
+
+
+def _take_step(run: Run, cfg: TrainConfig, step: int, gate_rows, mask: aids.FrozenDecoderMask, dev, acc,
+               watch: run_folder.FiniteWatch) -> tuple[plugins.StepContext, object]:
+    """One optimizer step ``step`` (1-based): its rates, a batch of ``batch_size`` training rows drawn
+    with replacement, the step's objective (the hard-EM phase, else the latent kind's true J, the
+    plug-ins' options applied), the plug-ins' hooks around the forward pass, the finite-loss watch
+    and the update of the side the plug-ins train. Returns (the hooks' context, the breakdown)."""
+    state, data = run.state, run.data
+    set_learning_rates(run.opt, step_rates(cfg, state, step, run.plugins))
+    idx = run.rng.integers(0, len(data.train), cfg.optim.batch_size)  # batches drawn with replacement
+    rows = [data.train[i] for i in idx]
+    phase = (Phase.HARD if state.phase == Phase.HARD else GIVEN if cfg.model.latent_source != "posterior"
+             else cfg.model.latent_kind)
+    kw = {k: v for p in run.plugins for k, v in p.objective_kw(cfg, state, step).items()}
+    ctx = plugins.StepContext(run, cfg, step, _objective_of(run, cfg, phase, step, dev, acc, **kw), mask, watch,
+                              gate_rows, _extra_update)
+    for p in run.plugins:  # the rows as the step trains on them (word dropout)
+        rows = p.rows(ctx, rows)
+    for p in run.plugins:  # before the forward pass (the aggressive encoder's inner loop)
+        p.before_update(ctx, rows)
+    br, host = _step_breakdown(run, cfg, ctx.objective, rows)
+    for p in run.plugins:  # the breakdown before the update (the hard phase's usage counts)
+        p.after_forward(ctx, br)
+    watch.add(br, step, host)  # (its row ids) checked now on the CPU, every FINITE_CHECK_EVERY steps elsewhere
+    _optimizer_step(run, br, cfg, step, mask, plugins.trained_side(run.plugins, cfg, state, step))
+    return ctx, br
+
+
+def _show_step(bar, br, step: int, every: int) -> None:
+    """Advance the progress bar by one step; every ``max(10, every)`` steps, and only with a bar
+    shown, its postfix shows the step's terms (a host read)."""
+    bar.update(1)
+    if not bar.disable and step % max(10, every) == 0:
+        bar.set_postfix({k.split("/")[-1][:6]: f"{float(v.detach()) if hasattr(v, 'detach') else float(v):.3f}"
+                         for k, v in br.terms.items()}, refresh=False)
+
+
+def _finish(cfg: TrainConfig, out: Path, run: Run, ev, counter: TokenCounter) -> dict:
+    """After the last step: the final evaluation (``ev``, or made now when the run resumed exactly at
+    the end), the multi-reference outputs and what z learned (uncounted compute), then summary.json
+    with the plug-ins' keys; returns the summary."""
+    model, data, state = run.model, run.data, run.state
     if ev is None:  # resumed exactly at the end
         ev = _evaluate_paused(counter, state, lambda: evaluate(model, data.val, data.val_pairs, step=state.step,
                                                                **data.eval_kw))

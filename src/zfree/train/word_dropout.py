@@ -51,18 +51,23 @@ def drop_words(rows: Sequence[EncodedPair], p: float, replace_id: int, seed: int
 
 class WordDropout(Plugin):
     """The plug-in: ``rows`` replaces the step's rows by ``drop_words``' (config ``word_dropout`` > 0);
-    the summary records the rate and the replacement token."""
+    the summary records the rate."""
 
     name, fields = "word_dropout", ("word_dropout",)
     source = "Bowman et al. 2016, Generating Sentences from a Continuous Space, sec. 3.2"
 
     def active(self, cfg):
+        """On when ``word_dropout`` > 0."""
         return cfg.aid.word_dropout > 0
 
     def rows(self, ctx: StepContext, rows: list) -> list:
+        """The step's ``EncodedPair`` rows with ``y_input_ids`` set by ``drop_words`` at rate
+        ``word_dropout``, seeded by (``seed``, ``ctx.step``, row index); the replacement token from
+        ``replacement_id``. Targets unchanged."""
         data = ctx.run.data
         return drop_words(rows, ctx.cfg.aid.word_dropout, replacement_id(data.tokenizer, data.pad_id),
                           ctx.cfg.optim.seed, ctx.step)
 
     def summary(self, cfg, state):
+        """``{"aid/word_dropout": p}``, the drop probability of one y input token."""
         return {"aid/word_dropout": cfg.aid.word_dropout}

@@ -2,11 +2,13 @@
 
 Every field name is unique across the sub-configs of ``TrainConfig`` so the flat dict is just
 ``{field: value}``; ``TrainConfig.from_flat(TrainConfig.to_flat(cfg)) == cfg``. Each
-``__post_init__`` raises ``ValueError`` naming the offending field.
+``__post_init__`` raises ``ValueError`` naming the offending field. The objective and model
+sections are here; the optimizer (``zfree.config.optim``), the aids (``zfree.config.aid``) and the
+base model's config (``zfree.config.base``) are in their own modules; every name is imported from
+``zfree.config``, the contract every layer reads.
 """
 
 from __future__ import annotations
-
 
 import math
 from dataclasses import asdict, dataclass, field, fields
@@ -14,11 +16,13 @@ from enum import Enum, StrEnum
 from pathlib import Path
 from typing import Any, Literal
 
+from zfree.config.aid import Aid, AidConfig  # noqa: F401 (zfree.config.Aid)
+from zfree.config.base import BaseTrainConfig  # noqa: F401 (zfree.config.BaseTrainConfig)
+from zfree.config.optim import OptimConfig
 from zfree.core.errors import ConfigError
 from zfree.core.validation import check_choice, check_int, check_range
 from zfree.core.values import coerce_value, field_types, typed_fields
-
-from zfree.core.weightings import TOKEN_OUTER_NAMES, WEIGHTING_NAMES, WEIGHTINGS  # noqa: E402 (the registry: zfree.core.weightings)
+from zfree.core.weightings import TOKEN_OUTER_NAMES, WEIGHTING_NAMES, WEIGHTINGS  # the registry
 
 Weighting = Literal[WEIGHTING_NAMES]  # plain, distribution, example, token
 TokenOuter = Literal[TOKEN_OUTER_NAMES]  # none, distribution, example
@@ -28,7 +32,6 @@ BetaSchedule = Literal["constant", "linear", "cyclical"]
 FreeBitsMode = Literal["none", "per_example", "batch_mean", "per_dim", "threshold"]
 CBaseSource = Literal["entangled_run", "pretrained_source"]
 PosteriorFeatures = Literal["mean_y", "last", "mean_first", "attention", "encoder", "optimal"]
-Aid = Literal["none", "hard_em_then_soft", "beta0_warmup", "random_init_jsd", "aggressive_encoder"]
 
 
 class LatentKind(StrEnum):
@@ -103,41 +106,6 @@ def parse_assignment(text: str) -> tuple[str, Any]:
     if not eq or not name.strip():
         raise ConfigError(f"--set {text!r}: expected FIELD=VALUE")
     return name.strip(), parse_field_value(name.strip(), value)
-
-
-
-
-@dataclass(frozen=True)
-class BaseTrainConfig:
-    """The z-free (entangled) base model p_theta(y | x): a small GPT-2 trained on the y-region."""
-
-    n_layer: int = 2  # transformer blocks of the base GPT-2
-    n_embd: int = 128  # model width (divisible by n_head)
-    n_head: int = 4  # attention heads
-    lr: float = 1.5e-3  # AdamW peak rate: linear warm-up over warmup_steps, then cosine to 0.1x at max_steps
-    batch_size: int = 64  # rows a step
-    max_steps: int = 26_000  # the shipped run: 16 000 steps + 10 000 on a fresh stream (~8 steps/s, 1 thread)
-    max_minutes: float = 60.0  # wall-clock budget; training stops at whichever comes first
-    target_ratio: float = 1.05  # stop once val c_base <= target_ratio * analytic c_base
-    # fresh: every batch is sampled anew from the generator's distribution (seed offset 1000 + seed);
-    # split: the fixed train split. On the default benchmark the 50k-row split was memorized (train
-    # loss fell below the Bayes floor while val stalled at 1.25x the analytic c_base).
-    data_source: Literal["fresh", "split"] = "fresh"
-    warmup_steps: int = 200  # linear learning-rate warm-up
-    eval_every: int = 500  # steps between validation c_base measurements (the stopping rule reads them)
-    seed: int = 0  # seeds the model's initialization and the batches
-
-    def __post_init__(self):
-        typed_fields(self)
-        for name in ("n_layer", "n_embd", "n_head", "batch_size", "max_steps", "eval_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
-        if self.n_embd % self.n_head:
-            raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
-        _check_range("lr", self.lr, 0, lo_open=True)
-        _check_range("max_minutes", self.max_minutes, 0, lo_open=True)
-        _check_range("target_ratio", self.target_ratio, 1.0)
-        _check_choice("data_source", self.data_source, Literal["fresh", "split"])
 
 
 @dataclass(frozen=True)
@@ -280,171 +248,6 @@ class ModelConfig:
             raise ValueError("posterior_features='optimal' needs latent_kind='discrete' (it enumerates the K values)")
         if self.latent_source != "control" and (not isinstance(self.n_latent, int) or self.n_latent < 2):
             raise ValueError(f"n_latent={self.n_latent!r} must be an integer >= 2")
-
-
-@dataclass(frozen=True)
-class OptimConfig:
-    """AdamW with two groups: backbone (low rate, warm-up) and new heads (DESIGN §3 contract)."""
-
-    steps: int = 300  # optimizer steps
-    batch_size: int = 64  # rows a step
-    lr_backbone: float = 3e-5  # one rate of 3e-4 for all damaged the backbone (rho_recon ~ 1.1)
-    lr_new: float = 1e-3  # rate of the new parameters: posterior and router heads, latent embeddings
-    warmup_backbone: int = 100  # linear warm-up of the backbone rate
-    # frozen-decoder warm phase: for the first frozen_decoder_steps steps only the posterior side
-    # (posterior head, attention query, separate encoder) is updated; backbone, router and latent
-    # embeddings stay as they are
-    frozen_decoder_steps: int = 0
-    weight_decay: float = 0.0  # AdamW decoupled weight decay
-    grad_clip: float = 1.0  # clip the global gradient norm to this (0 = no clipping)
-    eval_every: int = 100  # steps between evaluations (also at step 0 and at the end)
-    eval_rows: int = 500  # validation rows used by evaluation (0 = all)
-    decode_rows: int = 200  # rows greedily decoded for task/correctness (0 = skip)
-    seed: int = 0  # seeds initialization, batches and sampling
-    threads: int = 1  # torch threads; one per worker when runs go in parallel
-    device: str = "auto"  # "auto": cuda when available, else cpu (zfree.models.loading.pick_device)
-    # fp32: everything in float32; bf16: the backbone body under bfloat16 autocast on CUDA, the
-    # output head, log-softmax and the losses in float32 (as zfree.reference.scoring does). Allowed on CPU
-    # (slower there), hence not the default. fp64: weights, optimizer, head and losses in float64,
-    # a reference mode (several times slower; CPU kernels then differ by ~1e-16, so the golden runs
-    # of tests/golden_runs.py replay portably on any CPU)
-    precision: Literal["fp32", "bf16", "fp64"] = "fp32"
-    checkpoint_every: int = 0  # steps between resumable checkpoints (0 = only at evaluations)
-    # adamw is invariant to the scale of the loss, so `distribution` at beta trains like `plain` at
-    # beta * c_base; sgd is not (kept to show the difference)
-    optimizer: Literal["adamw", "sgd"] = "adamw"
-    # what trains in the backbone: 0 = all of it; r >= 1 = LoRA adapters of rank r over the
-    # frozen base (zfree.models.lora; lr_backbone is their rate; exact at step 0), checkpoints then hold
-    # only what trains; lora_targets "auto" = peft's default modules for the architecture
-    lora_rank: int = 0
-    lora_alpha: float = 16.0  # LoRA scaling alpha (the update is scaled by alpha / rank)
-    lora_targets: str = "auto"  # "auto" or comma-separated module names that get adapters
-    # gradient accumulation: each step's batch in chunks of micro_batch rows (0 = all at once), the same
-    # objective (a batch mean; zfree.train.accumulate), set by a study whose grid would not fit in memory
-    micro_batch: int = 0
-    keep_prev_checkpoint: bool = False  # a finished run keeps checkpoint.prev/ too (default: checkpoint/ only)
-    # live curves: every metrics.jsonl row also as TensorBoard scalars beside it (zfree.train.live_curves;
-    # nothing written without the tensorboard package). What a run writes, not what it computes: not
-    # part of a run's identity (LOG_ONLY_FIELDS)
-    tensorboard: bool = True
-    # the same rows logged to Weights & Biases in offline mode ("offline": a wandb/ folder in the run
-    # folder, uploaded later with `wandb sync`; needs the optional package: pip install zfree[wandb]);
-    # log-only, like tensorboard
-    wandb: Literal["off", "offline"] = "off"
-
-    def __post_init__(self):
-        typed_fields(self)
-        _check_int("checkpoint_every", self.checkpoint_every, 0)
-        _check_int("lora_rank", self.lora_rank, 0)
-        _check_int("micro_batch", self.micro_batch, 0)
-        _check_range("lora_alpha", self.lora_alpha, 0.0, lo_open=True)
-        if not isinstance(self.lora_targets, str) or not self.lora_targets.strip():
-            raise ValueError(f"lora_targets={self.lora_targets!r} must be 'auto' or comma-separated module names")
-        _check_choice("optimizer", self.optimizer, Literal["adamw", "sgd"])
-        _check_choice("wandb", self.wandb, Literal["off", "offline"])
-        _check_choice("precision", self.precision, Literal["fp32", "bf16", "fp64"])
-        if not isinstance(self.device, str) or not self.device:
-            raise ValueError(f"device={self.device!r} must be a device name ('auto', 'cpu', 'cuda', 'cuda:N')")
-        for name in ("steps", "batch_size", "eval_every", "threads"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)!r} must be an integer >= 1")
-        for name in ("warmup_backbone", "eval_rows", "decode_rows", "frozen_decoder_steps"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name}={getattr(self, name)!r} must be >= 0")
-        for name in ("lr_backbone", "lr_new", "weight_decay", "grad_clip"):
-            _check_range(name, getattr(self, name), 0.0)
-
-
-@dataclass(frozen=True)
-class AidConfig:
-    """Symmetry-breaking aids (off by default). From a zero latent injection every latent value
-    gives the same loss, so the posterior gets gradient only from the KL (DESIGN §1).
-
-    hard_em_then_soft: reconstruct with the posterior's argmax only and train the posterior by
-      cross-entropy toward the best-reconstructing value (hard EM, as in mixture-model translation,
-      Shen et al. 2019); hand over to the true soft objective once, on ``handover_rows`` validation
-      rows, mean(w * oracle_nll) + beta * log K < mean(w * b) (the best-z state beats the collapsed
-      one), checked every ``handover_check_every`` steps; forced at ``hard_em_max_steps``.
-    beta0_warmup: ``warmup_aid_steps`` steps at beta = 0 with the router detached (failed in the prototype).
-    random_init_jsd: latent embeddings start at N(0, latent_init_std^2) instead of 0, plus lambda_jsd
-      (failed in the prototype; breaks the step-0 equivalence on purpose).
-    """
-
-    aid: Aid = "none"  # the symmetry-breaking aid (each value in the class docstring above)
-    # which latent value the decoder reconstructs with in the hard phase: the posterior's argmax
-    # (the prototype) or the best-reconstructing value k* (winner-take-all, classic hard EM)
-    hard_em_decoder: Literal["posterior_argmax", "best"] = "posterior_argmax"
-    # the hard phase's reconstruction weight: ``c_base`` = w_i / mean_batch(w) / c_base for every
-    # weighting (the distribution scale, each weighting's relative per-example weights kept), so
-    # Adam's balance between reconstruction and the posterior/router cross-entropies, and with it
-    # the hard phase, does not depend on the weighting's global scale (plain's w = 1 left the
-    # decoders at oracle rho 0.54-0.79 after 450 steps where distribution reached 0.29);
-    # ``weighting`` = w_i as the true objective has it
-    hard_em_recon_scale: Literal["c_base", "weighting"] = "c_base"
-    # the KL of a confident posterior in the gate: log K (the issue's bound) or the router's
-    # actual cost -log p(k*|x) (tighter when K exceeds the number of strategies)
-    handover_kl: Literal["log_k", "router"] = "log_k"
-    # hand over once best < (1 - handover_margin) * collapsed: a margin starts the soft phase
-    # deeper in the z-on basin (at margin 0 a run that barely passed switched off again)
-    handover_margin: float = 0.0
-    # what the gate's best-of-K state must beat: ``base`` = the base model's collapsed loss mean(w * b),
-    # fixed at the start (seed note 000's switch-on test); ``single_value`` = the current decoder with
-    # its best single value for every row, min_k mean(w * nll_k) at rate 0, so fine-tuning the decoder
-    # alone cannot pass the gate (on a zero-shot real base it did: analysis/results/e2e-smollm2)
-    handover_reference: Literal["base", "single_value"] = "base"
-    hard_em_max_steps: int = 600  # the hand-over to the soft objective is forced at this step
-    hard_em_lr_backbone: float = 1e-4  # the prototype's hard phase rate (soft phase: lr_backbone)
-    # the hard phase's rate of the heads and latent embeddings; 0 = lr_new as in the soft phase
-    hard_em_lr_new: float = 0.0
-    # the hard phase's E-step (k* = argmin_k nll_k) over the first ``hard_em_estep_tokens`` tokens
-    # of S only (0 = all of S); the decoded value's reconstruction still covers all of S
-    hard_em_estep_tokens: int = 0
-    handover_check_every: int = 50  # steps between checks of the hand-over gate
-    handover_rows: int = 500  # validation rows the gate (and the aggressive encoder's I(x; z)) is measured on
-    restart_dead_every: int = 0  # hard phase: restart values unused for this many steps (0 = off)
-    restart_dead_share: float = 0.25  # a value is dead below this fraction of the uniform share 1/K
-    warmup_aid_steps: int = 100  # beta0_warmup: steps at beta = 0 with the router detached
-    latent_init_std: float = 0.0  # random_init_jsd: std of the latent embeddings' random start
-    # aggressive_encoder (He et al. 2019, "Lagging inference networks"): before each joint step, up to
-    # aggressive_max_inner posterior-only steps (the first on the step's batch, then fresh ones), stopped once
-    # the summed loss of the last aggressive_inner_check of them is higher than of the ones before; the joint
-    # step then updates all but the posterior side. The aggressive phase ends when the mutual information
-    # I(x; z) on the gate rows (handover_rows) falls, checked every aggressive_mi_every steps (zfree.train.aids)
-    aggressive_max_inner: int = 100
-    aggressive_inner_check: int = 15  # inner steps compared to decide the inner loop stopped improving
-    aggressive_mi_every: int = 50  # steps between the checks of I(x; z) that end the aggressive phase
-    # word dropout on the decoder input (Bowman et al. 2016, "Generating Sentences from a Continuous
-    # Space", sec. 3.2): in training, each y token the decoder reads is replaced by the tokenizer's
-    # unknown token (its pad token without one) with this probability; targets, the posterior's view
-    # and evaluation stay clean (zfree.train.word_dropout). 0 = off
-    word_dropout: float = 0.0
-    # the named remedy whose fields this config carries (zfree.objective.remedies; "a+b" composes): a
-    # record that the fields were set by that entry, checked against it when a grid is expanded and a
-    # run starts (zfree.objective.remedies.check_remedy_fields; "none": fields set by hand)
-    remedy: str = "none"
-
-    def __post_init__(self):
-        typed_fields(self)
-        _check_choice("aid", self.aid, Aid)
-        _check_choice("hard_em_decoder", self.hard_em_decoder, Literal["posterior_argmax", "best"])
-        _check_choice("handover_kl", self.handover_kl, Literal["log_k", "router"])
-        _check_choice("handover_reference", self.handover_reference, Literal["base", "single_value"])
-        _check_choice("hard_em_recon_scale", self.hard_em_recon_scale, Literal["c_base", "weighting"])
-        for name in ("hard_em_max_steps", "hard_em_estep_tokens", "handover_check_every", "handover_rows",
-                     "restart_dead_every", "warmup_aid_steps"):
-            _check_int(name, getattr(self, name), 0)
-        _check_range("hard_em_lr_backbone", self.hard_em_lr_backbone, 0.0)
-        _check_range("hard_em_lr_new", self.hard_em_lr_new, 0.0)
-        _check_range("handover_margin", self.handover_margin, 0.0, 0.99)
-        _check_range("restart_dead_share", self.restart_dead_share, 0.0, 1.0)
-        _check_range("latent_init_std", self.latent_init_std, 0.0)
-        _check_range("word_dropout", self.word_dropout, 0.0, 0.99)
-        for name in ("aggressive_max_inner", "aggressive_inner_check", "aggressive_mi_every"):
-            _check_int(name, getattr(self, name), 1)
-        if not isinstance(self.remedy, str) or not self.remedy.strip():
-            raise ValueError(f"remedy={self.remedy!r} must be a remedy name (zfree.objective.remedies) or 'none'")
-        if self.aid == "hard_em_then_soft" and self.handover_check_every < 1:
-            raise ValueError("handover_check_every must be >= 1 for aid='hard_em_then_soft'")
 
 
 @dataclass(frozen=True)

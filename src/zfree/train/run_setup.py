@@ -1,0 +1,169 @@
+"""Building a CVAE run before its first step (``zfree.train.training`` runs the loop): the CVAE on
+the base model (``build_cvae``), the optimizer's two param groups and their per-step rates
+(``build_optimizer``, ``step_rates``), the resumable ``TrainState``, and ``setup_run``, which checks
+the inputs and the run folder, loads the base and the reference, writes config.json and resumes
+from a checkpoint.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from zfree.config import LatentKind, TrainConfig
+from zfree.models.base import load_base
+from zfree.models.continuous import ContinuousCVAE
+from zfree.models.discrete import DiscreteCVAE
+from zfree.models.loading import pick_device
+from zfree.models.lora import apply_lora
+from zfree.models.precision import WEIGHT_DTYPES, default_dtype
+from zfree.objective.objectives import Phase
+from zfree.objective.remedies import check_remedy_fields
+from zfree.reference.reference import resolve_reference
+from zfree.train import accumulate, checkpoint, plugins, run_folder
+from zfree.train.given import given_index
+from zfree.train.live_curves import LiveCurves, open_curves
+from zfree.train.run_data import RunData, check_inputs, rows_used, setup_data
+
+#: the optimizer's two param groups, by name (``build_optimizer``; rates set by ``set_learning_rates``)
+BACKBONE_GROUP, NEW_GROUP = "backbone", "new"
+
+
+@dataclass
+class TrainState:
+    """Everything besides weights and optimizer moments that a resumed run needs."""
+
+    step: int = 0
+    phase: Phase = Phase.SOFT  # HARD during the hard-EM phase of hard_em_then_soft
+    handover_step: int | None = None
+    handover_forced: bool = False
+    gate: list = field(default_factory=list)  # hand-over diagnostics over training
+    restarts: list = field(default_factory=list)
+    usage: list = field(default_factory=list)  # posterior-argmax counts since the last restart check
+    train_log: dict = field(default_factory=dict)  # running sums of training terms since the last eval
+    forward_tokens: int = 0  # token positions forwarded through the decoder body in training (zfree.train.compute)
+    eval_wall_s: float = 0.0  # wall time spent evaluating (the training wall time is the rest)
+    first_step_s: float | None = None  # wall seconds of step 1 (no evaluation): its warm-up, for the estimate
+    # aggressive_encoder (He et al. 2019): the step its aggressive phase ended (None: not (yet)), the
+    # posterior-only inner steps in all, and the mutual-information checks ({step, mutual_information, inner_steps})
+    aggressive_end_step: int | None = None
+    aggressive_inner_steps: int = 0
+    aggressive_mi: list = field(default_factory=list)
+
+    def __post_init__(self):
+        self.phase = Phase(self.phase)  # a checkpoint stores the value ("hard", "soft")
+
+
+def build_cvae(cfg: TrainConfig, backbone: torch.nn.Module) -> DiscreteCVAE | ContinuousCVAE:
+    """The CVAE of ``cfg.model.latent_kind`` on ``backbone`` (the latent embeddings start at 0, or
+    at N(0, latent_init_std^2) under the random_init_jsd aid), moved to ``cfg.optim.device``
+    ("auto": cuda when present) in train mode, its decoder passes under ``cfg.model.shared_prefix``
+    (auto / on / off; off also skips the z-free pass's key/value cache); LoRA adapters only with lora_rank > 0."""
+    m = cfg.model
+    with default_dtype(next(backbone.parameters()).dtype):  # new heads in the backbone's dtype
+        if m.latent_kind == LatentKind.CONTINUOUS:
+            model = ContinuousCVAE(backbone, m.d_latent, m.posterior_features, prior=m.prior, n_samples=m.n_samples,
+                                   bn_gamma=m.bn_gamma, delta_rate=m.delta_rate)
+        else:
+            model = DiscreteCVAE(backbone, m.n_latent, m.posterior_features,
+                                 latent_init_std=cfg.aid.latent_init_std if cfg.aid.aid == "random_init_jsd" else 0.0,
+                                 latent_source=m.latent_source)
+        if cfg.optim.lora_rank:  # LoRA over the frozen base: B = 0, still exact at step 0
+            apply_lora(model.backbone, cfg.optim.lora_rank, cfg.optim.lora_alpha, cfg.optim.lora_targets)
+    model.shared_prefix_mode = m.shared_prefix
+    model.shared_prefix = m.shared_prefix != "off"
+    return model.to(pick_device(cfg.optim.device)).train()
+
+
+def build_optimizer(model: DiscreteCVAE, cfg: TrainConfig, log=print) -> torch.optim.Optimizer:
+    """AdamW (or SGD) with every trainable parameter in exactly one of two groups (checked at start):
+    ``backbone`` (lr_backbone, warmed up) and ``new`` (heads and latent embeddings, lr_new).
+    Raises RuntimeError if the groups do not partition the trainable parameters."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    backbone = [p for n, p in named if n.startswith("backbone.")]
+    new = [p for n, p in named if not n.startswith("backbone.")]
+    ids = [id(p) for p in backbone + new]
+    if len(ids) != len(set(ids)) or len(ids) != len(named):
+        raise RuntimeError("optimizer groups do not partition the trainable parameters")
+    frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
+    if log:
+        log(f"parameters: backbone {sum(p.numel() for p in backbone):,} (from the base model), "
+            f"new {sum(p.numel() for p in new):,} ({', '.join(model.new_parameter_names())}), frozen {frozen:,}")
+    groups = [{"params": backbone, "lr": cfg.optim.lr_backbone, "name": BACKBONE_GROUP},
+              {"params": new, "lr": cfg.optim.lr_new, "name": NEW_GROUP}]
+    return OPTIMIZERS[cfg.optim.optimizer](groups, weight_decay=cfg.optim.weight_decay)
+
+
+def set_learning_rates(opt: torch.optim.Optimizer, rates: dict[str, float]) -> None:
+    """Set each param group's rate by its name (``BACKBONE_GROUP``, ``NEW_GROUP``); KeyError for a
+    group ``rates`` does not name."""
+    for group in opt.param_groups:
+        group["lr"] = rates[group["name"]]
+
+
+#: optim.optimizer -> the torch optimizer class
+OPTIMIZERS = {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
+
+
+def step_rates(cfg: TrainConfig, state, step: int, active: list) -> dict[str, float]:
+    """The learning rates of ``step`` by param-group name: lr_backbone times the linear warm-up
+    min(1, step / warmup_backbone) and lr_new, then as each active plug-in sets them
+    (``plugins.Plugin.rates``: the hard phase's own rates)."""
+    warm = min(1.0, step / cfg.optim.warmup_backbone) if cfg.optim.warmup_backbone else 1.0
+    rates = {BACKBONE_GROUP: cfg.optim.lr_backbone * warm, NEW_GROUP: cfg.optim.lr_new}
+    for p in active:
+        rates = p.rates(cfg, state, step, rates)
+    return rates
+
+
+# ---------------------------------------------------------------------------- the run
+
+
+@dataclass
+class Run:
+    """A run ready to train: its folder, model, data, optimizer, numpy RNG (batch draws), state and clock."""
+
+    out: Path
+    model: DiscreteCVAE | ContinuousCVAE
+    data: RunData
+    opt: torch.optim.Optimizer
+    rng: np.random.Generator
+    state: TrainState
+    t0: float  # wall-clock origin (continued on resume)
+    curves: LiveCurves | None = None  # TensorBoard's writer of the run folder (cfg.optim.tensorboard)
+    plugins: list = field(default_factory=list)  # the active training-loop plug-ins (zfree.train.plugins)
+
+
+def setup_run(cfg: TrainConfig, out: Path, progress: bool) -> Run:
+    """Check the inputs and the folder (same config, same base model), load the base and the
+    reference, build model, data and optimizer, write config.json, and resume from a checkpoint."""
+    torch.set_num_threads(cfg.optim.threads)
+    torch.manual_seed(cfg.optim.seed)
+    accumulate.check_accumulation(cfg)
+    check_remedy_fields(cfg)  # a remedy's name is a record of its fields
+    data_dir, base_dir = check_inputs(cfg)
+    run_folder.check_same_config(out, cfg)
+    backbone, tok = load_base(base_dir / "model", device=cfg.optim.device, dtype=WEIGHT_DTYPES[cfg.optim.precision])
+    ref = resolve_reference(cfg.objective.c_base_source, base_dir, data_dir, "val", model=backbone, tokenizer=tok)
+    run_folder.check_same_base(out, backbone, base_dir)
+    train_ref = (resolve_reference("pretrained_source", base_dir, data_dir, "train", model=backbone, tokenizer=tok)
+                 if cfg.objective.needs_example_b else None)  # b (and b_t) on training rows, scored once and cached
+    model = build_cvae(cfg, backbone)
+    data = setup_data(cfg, backbone, tok, ref, train_ref, data_dir)
+    if model.latent_kind == LatentKind.DISCRETE and model.posterior_kind == "given":
+        model.set_given(given_index(cfg, data_dir))  # the control's 0 / each row's label value
+    out.mkdir(parents=True, exist_ok=True)
+    run_folder.write_config_record(out, cfg, data.c_base, ref, data_dir, backbone, rows_used=rows_used(cfg, data))
+    opt = build_optimizer(model, cfg, log=print if progress else None)
+    rng = np.random.default_rng(cfg.optim.seed)
+    state = checkpoint.load_checkpoint(out, model, opt, rng, TrainState)
+    done_rows = run_folder.reset_metrics(out, None if state is None else state.step)
+    t0 = time.time() - (done_rows[-1].get("wall_s", 0.0) if done_rows else 0.0)  # wall time continues on resume
+    curves = open_curves(out, cfg.optim.tensorboard, None if state is None else state.step, cfg.optim.wandb,
+                         cfg.to_flat())
+    return Run(out, model, data, opt, rng, state or TrainState(phase=plugins.initial_phase(cfg)), t0, curves,
+               plugins.active_plugins(cfg))
