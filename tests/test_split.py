@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from zfree.data.pairs import Pair, load_pairs
-from zfree.data.split import is_unconditional, shared_x_count, split_by_row, split_by_x, split_pairs, write_pairs
+from zfree.data.split import (MIN_X_PER_SIDE, is_unconditional, shared_x_count, split_by_row, split_by_x, split_pairs,
+                              write_pairs)
 
 
 def make(groups: list[int]) -> list[Pair]:
@@ -138,3 +139,21 @@ def test_rows_without_x_read_as_empty_and_a_file_mixing_them_is_refused(tmp_path
     f.write_text('{"y": "one"}\n{"x": "p", "y": "two"}\n')
     with pytest.raises(ValueError, match=r"u\.jsonl:2: field 'x' given, but missing at .*u\.jsonl:1"):
         load_pairs(f)
+
+
+def test_three_prompts_are_split_by_row_not_one_prompt_in_val():
+    """Issue 35: 3 distinct x of many rows each and a 300-row validation set: a split by x would put
+    one prompt's rows in val (the evaluation reading one x); split by row instead, each x on both sides."""
+    pairs = [Pair(f"{x}{i}", x, f"{x} text {i}") for x in ("Define:", "Explain:", "Describe:") for i in range(555)]
+    assert len({p.x for p in split_by_x(pairs, val_size=300, seed=0)[1]}) == 1  # what a split by x would do here
+    s = split_pairs(pairs, val_size=300, seed=0, source="mine.jsonl")
+    assert s.by == "row" and not s.unconditional and len(s.val) == 300
+    assert {p.x for p in s.val} == {p.x for p in s.train} == {"Define:", "Explain:", "Describe:"}
+    (note,) = s.notes
+    assert "1665 rows over 3 distinct x" in note and "would hold 1 x and train 2, fewer than 3 on a side" in note
+
+
+def test_enough_prompts_on_each_side_keep_the_split_by_x():
+    pairs = make([4] * 30)  # 30 x of 4 rows: val of 20 rows holds 5 x, train 25
+    s = split_pairs(pairs, val_size=20, seed=1, source="mine.jsonl")
+    assert s.by == "x" and len({p.x for p in s.val}) >= MIN_X_PER_SIDE and not {p.x for p in s.val} & {p.x for p in s.train}

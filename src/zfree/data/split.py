@@ -9,8 +9,9 @@ Unconditional text (x empty, absent or one constant prompt in every row, ``is_un
 no x to split by: its x is dropped (the LM scores y alone after its beginning token, as Bowman et
 al.'s sentence VAE and Optimus warm-start p(y | z) from an unconditional LM) and the rows are split
 by row, rows repeating a y kept together, so no y is on both sides (``split_by_row``). Conditional
-data whose few distinct x cannot fill a validation set and leave one for train is split by row as
-well, with a note (``split_pairs`` decides and says why).
+data whose few distinct x cannot give each side ``MIN_X_PER_SIDE`` of them (a validation set of one
+or two prompts measures those prompts, not the data) is split by row as well, with a note
+(``split_pairs`` decides and says why).
 """
 
 from __future__ import annotations
@@ -25,6 +26,11 @@ import numpy as np
 
 from zfree.data.pairs import Pair
 from zfree.core.io import atomic_write_text
+
+#: distinct x a split by x must leave on each side (``split_pairs``): with 3 distinct x and a
+#: 300-row validation set, a split by x put one prompt's rows in val (issue 35): the evaluation then
+#: reads one x. Fewer on either side: split by row, with a note.
+MIN_X_PER_SIDE = 3
 
 
 def _target_rows(n: int, val_fraction: float | None, val_size: int | None, source) -> int:
@@ -146,9 +152,10 @@ def split_pairs(pairs: Sequence[Pair], *, val_size: int, seed: int = 0, source: 
 
     - unconditional rows (one x, ``is_unconditional``): x dropped (``without_x``), split by row
       (``split_by_row``: no y on both sides), ``unconditional=True`` and its note;
-    - conditional rows: by x (``split_by_x``); when their distinct x cannot fill the validation set
-      and leave one x for train, by row instead, with a note saying so (the same x then sits on both
-      sides: the validation loss partly measures seen inputs).
+    - conditional rows: by x (``split_by_x``); when a split by x would leave fewer than
+      ``MIN_X_PER_SIDE`` distinct x on either side (one x filling the validation set, say), by row
+      instead, with a note saying so (the same x then sits on both sides: the validation loss partly
+      measures seen inputs).
 
     Deterministic given ``seed``. Raises ValueError naming ``source`` for ``val_size`` < 1 or rows
     too few for a split by row.
@@ -162,12 +169,14 @@ def split_pairs(pairs: Sequence[Pair], *, val_size: int, seed: int = 0, source: 
         return Split(train, val, "row", True, (f"{unconditional_note(pairs, f'all {n} rows')}; {how}",))
     target = _target_rows(n, None, val_size, source)
     xs, val_x = _val_groups(pairs, lambda p: p.x, target, seed)
-    if len(val_x) < len(xs):  # split_by_x succeeds (2 or more x here): its split, unchanged
+    if min(len(val_x), len(xs) - len(val_x)) >= MIN_X_PER_SIDE:  # split_by_x's split, unchanged
         return Split(*split_by_x(pairs, val_size=val_size, seed=seed, source=source), "x")
     train, val = split_by_row(pairs, val_size=val_size, seed=seed, source=source)
     shared = len({p.x for p in train} & {p.x for p in val})
+    why = ("would leave no x for train" if len(val_x) == len(xs) else
+           f"would hold {len(val_x)} x and train {len(xs) - len(val_x)}, fewer than {MIN_X_PER_SIDE} on a side")
     note = (f"{source}: {n} rows over {len(xs)} distinct x, too few for a split by x (a validation set of "
-            f"{val_size} rows would leave no x for train); split by row instead (seeded): {shared} x on both sides, "
+            f"{val_size} rows {why}); split by row instead (seeded): {shared} x on both sides, "
             "so the validation loss partly measures seen inputs")
     return Split(train, val, "row", False, (note,))
 
