@@ -5,6 +5,9 @@ printed as markdown with the preregistered rule applied (PREREGISTRATION.md: z i
 measured use is >= 50 % of the rows and the z-gain interval lies above 0).
 
     .venv/bin/python analysis/results/e2e-smollm2/collect.py runs/e2e-smollm2
+    # only oracle_pairs.csv (every oracle against its own recipe's control), leaving the other tables:
+    # for a folder that holds a later variant's runs but not the study's first ones
+    .venv/bin/python analysis/results/e2e-smollm2/collect.py runs/e2e-smollm2 --oracle-pairs
 
 Reads only; works on a study still running (runs not finished are left out, and say so).
 """
@@ -89,6 +92,19 @@ def oracle_pairs(runs_dir: Path) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def write_oracle_pairs(study: Path) -> None:
+    """oracle_pairs.csv beside this file (``oracle_pairs``), each pair printed."""
+    pairs = oracle_pairs(study / "runs")
+    pairs.to_csv(HERE / "oracle_pairs.csv", index=False)
+    for _, o in pairs.iterrows():
+        if pd.notna(o.get("delta_R")):
+            print(f"\noracle run {o['oracle']} (LoRA rank {o['lora_rank']}, {o['lora_targets']}) vs {o['control']}: "
+                  f"D {o['D_oracle']:.3f} vs {o['D_control']:.3f}, delta_R {o['delta_R']:.3f} "
+                  f"[{o['delta_R_lo']:.3f}, {o['delta_R_hi']:.3f}] nats/example on {o['rows']} rows")
+        else:
+            print(f"\noracle run {o['oracle']}: its control has not finished")
+
+
 def main(study: Path) -> None:
     runs = collect_runs(study / "runs")
     given = collect_runs(study / "runs", kind="given")
@@ -117,15 +133,7 @@ def main(study: Path) -> None:
               f"nats/example, H {o['H']:.3f} ({o['H_source']}), eta {o['eta']:.3f} [{o['eta_lo']:.3f}, {o['eta_hi']:.3f}]")
     if oracles.empty:
         print("\noracle: not finished (no available gain, no eta yet)")
-    pairs = oracle_pairs(study / "runs")
-    pairs.to_csv(HERE / "oracle_pairs.csv", index=False)
-    for _, o in pairs.iterrows():
-        if pd.notna(o.get("delta_R")):
-            print(f"\noracle run {o['oracle']} (LoRA rank {o['lora_rank']}, {o['lora_targets']}) vs {o['control']}: "
-                  f"D {o['D_oracle']:.3f} vs {o['D_control']:.3f}, delta_R {o['delta_R']:.3f} "
-                  f"[{o['delta_R_lo']:.3f}, {o['delta_R_hi']:.3f}] nats/example on {o['rows']} rows")
-        else:
-            print(f"\noracle run {o['oracle']}: its control has not finished")
+    write_oracle_pairs(study)
     spread = control_seed_spread(study / "runs")
     spread.to_csv(HERE / "control_seeds.csv", index=False)
     for _, c in spread.iterrows():
@@ -135,4 +143,6 @@ def main(study: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1] if len(sys.argv) > 1 else "runs/e2e-smollm2").resolve())
+    args = [a for a in sys.argv[1:] if a != "--oracle-pairs"]
+    folder = Path(args[0] if args else "runs/e2e-smollm2").resolve()
+    (write_oracle_pairs if "--oracle-pairs" in sys.argv[1:] else main)(folder)

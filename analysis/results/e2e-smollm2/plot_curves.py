@@ -4,6 +4,8 @@ token and, for the CVAE runs, the rate (KL to the prior, nats per example). Writ
 this file.
 
     .venv/bin/python analysis/results/e2e-smollm2/plot_curves.py runs/e2e-smollm2
+    # another file name (e.g. a later variant's runs in a folder without the study's first ones)
+    .venv/bin/python analysis/results/e2e-smollm2/plot_curves.py runs/e2e-smollm2 curves-variant3.png
 
 Runs written before curves existed (the first control and the first aided run) have none and are
 named as missing.
@@ -23,7 +25,7 @@ import pandas as pd  # noqa: E402
 HERE = Path(__file__).resolve().parent
 
 
-def main(study: Path) -> None:
+def main(study: Path, name: str = "curves.png") -> None:
     runs = sorted(d for d in (study / "runs").iterdir() if d.is_dir())
     fig, (ax, ax_kl) = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
     missing = []
@@ -48,9 +50,9 @@ def main(study: Path) -> None:
     if missing:
         fig.suptitle("10-step window means of the training batches; no curve (run before curve.jsonl existed): "
                      + ", ".join(missing), fontsize=8)
-    fig.savefig(HERE / "curves.png", dpi=110)
-    print(f"wrote {HERE / 'curves.png'}; no curve: {missing}")
+    fig.savefig(HERE / name, dpi=110)
+    print(f"wrote {HERE / name}; no curve: {missing}")
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1] if len(sys.argv) > 1 else "runs/e2e-smollm2").resolve())
+    main(Path(sys.argv[1] if len(sys.argv) > 1 else "runs/e2e-smollm2").resolve(), *sys.argv[2:3])
