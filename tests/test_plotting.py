@@ -12,6 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.collections import PathCollection  # noqa: E402
 
 from zfree.report import plotting as P  # noqa: E402
+from zfree.report import rate_distortion as RD  # noqa: E402
 from zfree.report import plotting_aids as PA  # noqa: E402
 from zfree.report import plotting_study as PS  # noqa: E402
 from zfree.report.figstyle import log_axis  # noqa: E402
@@ -425,7 +426,7 @@ def test_rate_distortion_labels_close_together_are_stacked_not_overprinted():
     assert not any(boxes[a].overlaps(boxes[b]) for i, a in enumerate(names) for b in names[i + 1:]), boxes
     moved = [t for t in ax.texts if t.xyann[1] > 8]
     assert moved and all(t.arrow_patch.get_visible() for t in moved)  # a moved label keeps a line to its point
-    assert {t.get_text(): t.get_color() for t in ax.texts}["β=0.02"] == P.color_of("example")
+    assert {t.get_text(): t.get_color() for t in ax.texts}["β=0.02"] == RD.color_of("example")
     runs_z = {ln.get_zorder() for ln in ax.lines if ln.get_label() in ("plain", "example", "token")}
     star = [c for c in ax.collections if c.get_label().startswith("z-free")][0]
     assert min(runs_z) > star.get_zorder()  # a run on the z-free point is drawn over it, not hidden
@@ -438,16 +439,16 @@ def test_rate_distortion_one_label_per_pile_whatever_the_order():
         [(0.01, "plain none"), (0.1, "plain none"), (0.01, "token none"), (0.1, "token none"), (1.0, "plain aided")])]
     pts.append((1.4, 0.05, 0.3, "plain none", "k"))
     for order in (pts, pts[::-1]):
-        labels = sorted(text for text, _ in P._label_clusters(order, (1.5, 1.6)).values())
+        labels = sorted(text for text, _ in RD._label_clusters(order, (1.5, 1.6)).values())
         assert labels == ["β=0.01, 0.1: plain, token (none)\nβ=1: plain aided", "β=0.3"], labels
 
 
 def test_rate_distortion_label_lines_break_between_names():
-    text = P._wrap_items("β=0.01, 0.03, 0.1, 0.3, 1:", ["distribution hard_em_then_soft", "distribution none",
+    text = RD._wrap_items("β=0.01, 0.03, 0.1, 0.3, 1:", ["distribution hard_em_then_soft", "distribution none",
                                                          "example hard_em_then_soft", "plain none"], 44)
     assert text == ("β=0.01, 0.03, 0.1, 0.3, 1:\n    distribution hard_em_then_soft,\n    distribution none,"
                     "\n    example hard_em_then_soft, plain none")
-    assert P._wrap_items("β=0.3:", ["plain none"], 44) == "β=0.3: plain none"
+    assert RD._wrap_items("β=0.3:", ["plain none"], 44) == "β=0.3: plain none"
 
 
 def test_rate_distortion_many_labels_near_the_origin_stay_apart_inside_the_axes():
@@ -481,7 +482,7 @@ def test_rate_distortion_controls_piled_at_one_place_share_one_tag():
     """Controls whose Xs pile up at R = 0 (a study's eight controls within a few pixels) get one tag
     per pile, not C1 ... C8 printed over each other and over the D axis' tick labels."""
     tags = [(1.40, "C1"), (1.41, "C2"), (1.42, "C3"), (1.60, "C4"), (1.61, "C5"), (1.90, "C6")]
-    assert P._control_tags(tags, span_d=1.0) == {1.41: "C1–C3", 1.61: "C4, C5", 1.90: "C6"}
+    assert RD._control_tags(tags, span_d=1.0) == {1.41: "C1–C3", 1.61: "C4, C5", 1.90: "C6"}
     runs = pd.DataFrame({"run_id": list("abcd"), "weighting": "plain", "aid": "none", "latent_kind": "discrete",
                          "beta": [0.01, 0.1, 1.0, 3.0], "rate": [0.0, 0.0, 0.0, 1.2], "distortion": [1.4, 1.41, 1.42, 0.1]})
     links = runs.assign(control_run_id=[f"c{i}" for i in range(4)], D_control=[1.401, 1.405, 1.41, 1.43], label=runs["run_id"])

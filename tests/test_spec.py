@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 import zfree.experiment.pipeline as pipeline
+import zfree.report.launch_panel as launch_panel
 import zfree.report.widgets as widgets
 from tests.tiny_sweep import make_tiny_sweep
 from zfree.core.paths import SPECS
@@ -100,7 +101,7 @@ def test_the_launch_panel_runs_through_the_shared_executor_loop(tmp_path_factory
             kw["on_done"]({"run_id": p.run_id, "status": "finished"})
         return []
 
-    monkeypatch.setattr(widgets, "run_points", fake_run_points)
+    monkeypatch.setattr(launch_panel, "run_points", fake_run_points)
     e = widgets.SweepExplorer(sweep)
     panel = widgets.LaunchPanel(e.results.config(e.results.runs["run_id"].iloc[0]), tmp_path / "launched",
                                 make_executor=lambda: FakeExecutor())

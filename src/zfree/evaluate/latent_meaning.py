@@ -46,6 +46,8 @@ from jaxtyping import Bool, Float
 from numpy.typing import ArrayLike
 
 from zfree.data.pairs import Pair
+from zfree.evaluate.property_alignment import (ALPHA, MIN_POSTERIOR_MI, N_PERMUTATIONS,  # noqa: F401 - re-exported
+                                               POSTERIOR_SHARE, per_value_alignment, posterior_mi, property_alignment)
 
 #: an n-gram is ranked only with at least this many occurrences over the evaluation rows
 MIN_COUNT = 3
@@ -53,14 +55,6 @@ MIN_COUNT = 3
 MAX_N = 3
 #: n-grams kept per value and length in the tidy table (the JSON keeps the first few of them)
 TOP = 10
-#: shuffles of the posterior argmax in the permutation null
-N_PERMUTATIONS = 1000
-#: family-wise level of the permutation test (Bonferroni over the properties tested)
-ALPHA = 0.05
-#: a property passes only when the posterior's soft assignment carries at least this share of the
-#: argmax's mutual information with it, and at least ``MIN_POSTERIOR_MI`` nats (``property_alignment``)
-POSTERIOR_SHARE = 0.1
-MIN_POSTERIOR_MI = 1e-3
 #: first words beyond the most common ones are pooled as "other"
 FIRST_WORDS = 8
 #: rows shown per value
@@ -207,129 +201,6 @@ def _relations(pairs: Sequence[Pair], strategies: Sequence[str]) -> list[str]:
             continue
         out.append("|".join(s for s, f in fns.items() if f(x) == y) or "none")
     return out
-
-
-def _mi_from_counts(c: np.ndarray) -> np.ndarray:
-    """Mutual information (nats) of joint counts (..., A, B)."""
-    n = c.sum((-1, -2), keepdims=True)
-    p = c / n
-    pa, pb = p.sum(-1, keepdims=True), p.sum(-2, keepdims=True)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        t = np.where(p > 0, p * np.log(p / (pa * pb)), 0.0)
-    return t.sum((-1, -2))
-
-
-def posterior_mi(codes: np.ndarray, q: np.ndarray) -> float:
-    """I(b; z) in nats under the posterior's own soft assignment: the joint p(b, k) = (1/N) sum_i
-    [b_i = b] q(z = k | x_i, y_i) of a property's level codes ``codes`` ((N,) ints) and ``q`` ((N, K)
-    probabilities, rows summing to 1). What z carries about b: at most I(x, y; z) under q, so about 0
-    for a posterior that barely moves from row to row, whatever its argmax does (module docstring)."""
-    codes = np.asarray(codes)
-    joint = np.zeros((int(codes.max()) + 1, q.shape[1]))
-    np.add.at(joint, codes, np.asarray(q, float))
-    return float(max(_mi_from_counts(joint[None])[0], 0.0))
-
-
-def property_alignment(props: pd.DataFrame, assign: np.ndarray, *, n_perm: int = N_PERMUTATIONS, seed: int = 0,
-                       alpha: float = ALPHA, q: np.ndarray | None = None) -> tuple[pd.DataFrame, list[str]]:
-    """Each property's mutual information with ``assign`` (the posterior argmax, (N,) ints) against a
-    permutation null (module docstring, item 2). Returns (table sorted by MI, notes): columns
-    property, levels, mi (nats), nmi, null95 (the null's 95th percentile, nats), p_value,
-    mi_posterior (``posterior_mi`` under ``q``, NaN without it), passes.
-
-    With ``q`` ((N, K) posterior probabilities whose argmax is ``assign``), a property passes only
-    when the posterior itself carries its alignment too: mi_posterior >= max(``POSTERIOR_SHARE`` x
-    mi, ``MIN_POSTERIOR_MI``). The argmax of a near-uniform posterior (a run that does not use z) can
-    follow y systematically, so it passes a permutation test while z carries nothing (its rate bounds
-    what it can carry); this guard rejects it. Properties with one level are skipped with a note;
-    fewer than 2 rows: an empty table and a note. Raises ValueError when ``props``, ``assign`` and
-    ``q`` differ in length."""
-    assign = np.asarray(assign)
-    if len(props) != len(assign) or (q is not None and len(q) != len(assign)):
-        raise ValueError(f"{len(props)} property rows but {len(assign)} posterior assignments"
-                         + ("" if q is None else f" and {len(q)} posterior rows"))
-    if len(assign) < 2:
-        return pd.DataFrame(columns=_COLUMNS), [f"{len(assign)} evaluated row(s): no property is tested"]
-    levels, tables, notes = _count_tables(props, assign, n_perm, seed)
-    return _ranked(tables, None, alpha, q, notes)
-
-
-#: the columns of a property table (``property_alignment``)
-_COLUMNS = ["property", "levels", "mi", "nmi", "null95", "p_value", "mi_posterior", "passes"]
-
-
-def _count_tables(props: pd.DataFrame, assign: np.ndarray, n_perm: int, seed: int):
-    """(the values of ``assign`` in code order, per property with 2+ levels: (name, level codes b (N,),
-    the joint counts (A, B) of (assign, b), the same counts under each of ``n_perm`` shuffles of
-    assign (n_perm, A, B)), the notes of the skipped properties). One set of shuffles serves every
-    property and, collapsed to [assign = k], every value (``per_value_alignment``)."""
-    codes, levels = pd.factorize(assign)
-    rng = np.random.default_rng(seed)
-    perms = rng.permuted(np.tile(codes, (n_perm, 1)), axis=1)  # (n_perm, N)
-    ka = len(levels)
-    kept = [c for c in props.columns if props[c].nunique() >= 2]
-    notes = [f"property {c!r} has a single value on these rows: skipped" for c in props.columns if c not in kept]
-    tables = []
-    for c in kept:
-        b = pd.factorize(props[c].astype(str))[0]
-        kb = int(b.max()) + 1
-        obs = np.bincount(codes * kb + b, minlength=ka * kb).reshape(ka, kb).astype(float)
-        flat = (np.arange(n_perm)[:, None] * ka * kb + perms * kb + b[None, :]).ravel()
-        null = np.bincount(flat, minlength=n_perm * ka * kb).reshape(n_perm, ka, kb).astype(float)
-        tables.append((c, b, obs, null))
-    return np.asarray(levels), tables, notes
-
-
-def _entropy_of_counts(c: np.ndarray) -> float:
-    p = c[c > 0] / c.sum()
-    return float(-(p * np.log(p)).sum())
-
-
-def _ranked(tables, value_index: int | None, alpha: float, q: np.ndarray | None, notes: list[str]):
-    """The property table of ``_count_tables``' tables: of the assignment itself (``value_index``
-    None), or of the indicator [assign = the value at ``value_index``] (its rows collapsed to
-    "others" and "it"); ``q``: the matching soft assignment ((N, A) or (N, 2)), or None."""
-    rows = []
-    for c, b, obs, null in tables:
-        if value_index is not None:
-            obs = np.stack([obs.sum(0) - obs[value_index], obs[value_index]])
-            null = np.stack([null.sum(1) - null[:, value_index], null[:, value_index]], axis=1)
-        mi = float(_mi_from_counts(obs[None])[0])
-        nulls = _mi_from_counts(null)
-        h = _entropy_of_counts(obs.sum(1)) + _entropy_of_counts(obs.sum(0))
-        rows.append({"property": c, "levels": obs.shape[1], "mi": max(mi, 0.0), "nmi": 2 * mi / h if h > 0 else 0.0,
-                     "null95": float(np.quantile(nulls, 0.95)),
-                     "p_value": float((1 + np.sum(nulls >= mi - 1e-12)) / (1 + len(nulls))),
-                     "mi_posterior": math.nan if q is None else posterior_mi(b, q)})
-    tab = pd.DataFrame(rows, columns=_COLUMNS[:-1])
-    tab["passes"] = (tab["p_value"] < alpha / max(len(tables), 1)) & (tab["mi"] > 1e-12)
-    if q is not None and len(tab):
-        carried = tab["mi_posterior"] >= np.maximum(POSTERIOR_SHARE * tab["mi"], MIN_POSTERIOR_MI)
-        dropped = tab["passes"] & ~carried
-        if dropped.any():
-            notes.append(f"{int(dropped.sum())} propert{'y' if dropped.sum() == 1 else 'ies'} aligned with the "
-                         f"argmax but not with the posterior itself (mi_posterior below "
-                         f"max({POSTERIOR_SHARE:g} x mi, {MIN_POSTERIOR_MI:g} nats)): not passed, z carries too "
-                         f"little ({', '.join(repr(p) for p in tab.loc[dropped, 'property'])})")
-        tab["passes"] &= carried
-    return tab.sort_values("mi", ascending=False, ignore_index=True), notes
-
-
-def per_value_alignment(props: pd.DataFrame, assign: np.ndarray, K: int, *, n_perm: int = N_PERMUTATIONS,
-                        seed: int = 0, q: np.ndarray | None = None) -> dict[int, pd.DataFrame]:
-    """For each value k with rows: ``property_alignment`` of the indicator [argmax = k] (what sets
-    value k's rows apart from the others'), at level ``ALPHA`` / (number of values with rows): the
-    Bonferroni correction over the properties and the values; with ``q`` ((N, K)), the posterior's
-    soft indicator (1 - q_k, q_k) is the one that must carry it. The shuffles of the argmax are
-    shared with every value (the indicator of a shuffled argmax is the shuffled indicator), so this
-    costs one count per property, not one per value. value -> its table (sorted by MI)."""
-    assign = np.asarray(assign)
-    if len(assign) < 2:
-        return {}
-    levels, tables, _ = _count_tables(props, assign, n_perm, seed)
-    present = [k for k in range(K) if (levels == k).any()]
-    return {k: _ranked(tables, int(np.flatnonzero(levels == k)[0]), ALPHA / max(1, len(present)),
-                       None if q is None else np.stack([1 - q[:, k], q[:, k]], axis=1), [])[0] for k in present}
 
 
 def exemplars(q: np.ndarray, pairs: Sequence[Pair], n: int = N_EXEMPLARS) -> pd.DataFrame:

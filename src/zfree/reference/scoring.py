@@ -24,10 +24,7 @@ batches need no padding), and returned in the input order; ``torch.inference_mod
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-import shutil
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -40,12 +37,13 @@ from tqdm.auto import tqdm
 
 from zfree.data.batching import BosPolicy, EncodedPair, SepPolicy, encode_pairs, pad_id_of, special_convention
 from zfree.data.pairs import Pair, load_pairs
-from zfree.core.io import (atomic_write_dir, atomic_write_json, atomic_write_parquet, read_json, sha256_file,
-                          sha256_json, sha256_state_dict)
+from zfree.core.io import atomic_write_json, atomic_write_parquet, sha256_json, sha256_state_dict
 from zfree.models.base import context_length  # noqa: F401 - scoring's context length, re-exported
 from zfree.models.head import head_is_exact, logits_from_hidden
 from zfree.models.loading import load_causal_lm
 from zfree.models.precision import acc_dtype
+from zfree.reference.score_cache import (config_sha256, default_cache_dir, load_entry, rows_sha256,  # noqa: F401
+                                         store_entry, tokenizer_sha256)
 
 SCORER_VERSION = "3"  # bump whenever a change can move a number: it is part of the cache key
 # everything in a score's settings that enters its cache key (the batch budget does not: it moves
@@ -94,6 +92,7 @@ class ScoreResult:
 
     @property
     def n_valid(self) -> int:
+        """Rows scored (``valid``: y fitted the context and tokenized to at least one token)."""
         return int(self.per_example["valid"].sum())
 
     def token_shares(self) -> pd.DataFrame:
@@ -103,6 +102,8 @@ class ScoreResult:
         return pt
 
     def summary(self) -> dict:
+        """summary.json's record: c_base (nats/token), row and token counts, the first 50 invalid ids,
+        the x tokens cut, the units and every setting (the cache key's fields among them)."""
         bad = self.per_example.loc[~self.per_example["valid"], "id"].tolist()
         return {"c_base": self.c_base, "n_rows": len(self.per_example), "n_valid": self.n_valid,
                 "invalid_ids": bad[:50], "n_tokens": int(self.per_example["n_tokens"].sum()),
@@ -250,46 +251,6 @@ def _result(encoded: Sequence[EncodedPair], surp: np.ndarray, token_ids: np.ndar
     return ScoreResult(per_example, per_token)
 
 
-def default_cache_dir() -> Path:
-    """``$ZFREE_CACHE_DIR``, else ``~/.cache/zfree/scores``."""
-    return Path(os.environ.get("ZFREE_CACHE_DIR") or Path.home() / ".cache" / "zfree" / "scores")
-
-
-def tokenizer_sha256(tokenizer) -> str:
-    """Hash of a tokenizer: class, full serialized pipeline (vocabulary, merges, normalizer,
-    pre-tokenizer, added tokens) when it is a fast tokenizer, else its vocabulary, and special tokens."""
-    h = hashlib.sha256(type(tokenizer).__name__.encode())
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    h.update(backend.to_str().encode() if backend is not None else
-             json.dumps(sorted(tokenizer.get_vocab().items())).encode())
-    h.update(json.dumps({k: str(v) for k, v in tokenizer.special_tokens_map.items()}, sort_keys=True).encode())
-    return h.hexdigest()
-
-
-_CONFIG_NOISE = ("_name_or_path", "transformers_version", "_commit_hash", "torch_dtype", "dtype", "_attn_implementation_autoset")
-
-
-def config_sha256(model) -> str:
-    """Hash of everything in the model's config.json and generation config that can change the
-    numbers (sliding window, soft-capping, scaling constants, rope, ...); the folder name, the
-    transformers version and the dtype (keyed separately) are left out."""
-    def clean(d):
-        return {k: v for k, v in sorted(d.items()) if k not in _CONFIG_NOISE}
-    src = {"config": clean(model.config.to_dict()), "class": type(model).__name__}
-    gen = getattr(model, "generation_config", None)
-    if gen is not None:
-        src["generation"] = clean(gen.to_dict())
-    return sha256_json(src, default=str)
-
-
-def rows_sha256(pairs: Sequence[Pair]) -> str:
-    """Hash of the data rows as scored: (id, x, y) of every row, in order."""
-    h = hashlib.sha256()
-    for p in pairs:
-        h.update(json.dumps([p.id, p.x, p.y]).encode() + b"\n")
-    return h.hexdigest()
-
-
 def score_pairs(model, tokenizer, pairs: Sequence[Pair], *, policy: ScoringPolicy | None = None,
                 cache: bool | None = None, cache_dir: Path | str | None = None, max_batch_tokens: int = 8192,
                 max_batch_rows: int | None = None, progress: bool = False) -> ScoreResult:
@@ -324,8 +285,9 @@ def score_pairs(model, tokenizer, pairs: Sequence[Pair], *, policy: ScoringPolic
         key_src = {k: settings[k] for k in CACHE_KEY_FIELDS}
         key = sha256_json(key_src)
         key_dir = Path(cache_dir or default_cache_dir()) / key[:2] / key
-        hit = _load_entry(key_dir, [e.id for e in encoded], sum(len(e.target_ids) for e in encoded))
-        if hit is not None:
+        entry = load_entry(key_dir, [e.id for e in encoded], sum(len(e.target_ids) for e in encoded))
+        if entry is not None:
+            hit = ScoreResult(*entry, cache_hit=True)
             # an entry stored before the key was recorded: it is a function of the tokenizer and the policy,
             # both in the cache key
             hit.settings.setdefault("empty_x_id", conv.empty_x_id)
@@ -334,53 +296,8 @@ def score_pairs(model, tokenizer, pairs: Sequence[Pair], *, policy: ScoringPolic
                         max_batch_rows=max_batch_rows, progress=progress)
     res.settings = {**res.settings, **settings}
     if key_dir is not None:
-        _store(key_dir, res)
+        store_entry(key_dir, res.per_example, res.per_token, res.settings)
     return res
-
-
-_ENTRY_FILES = ("per_example.parquet", "per_token.parquet")
-
-
-def _load_entry(key_dir: Path, ids: Sequence[str], n_tokens: int) -> ScoreResult | None:
-    """The cache entry in ``key_dir`` for the rows ``ids`` (in order) holding ``n_tokens`` y tokens in
-    all, or None when there is none. An entry whose files do not match the checksums stored in its
-    ``checksums.json``, cannot be read, or do not hold exactly those rows and tokens (an entry cut
-    short or edited by hand, its checksums rewritten) is removed with a warning, and None is returned
-    so that the rows are scored again."""
-    if not (key_dir / "settings.json").exists():
-        return None
-    try:
-        sums = read_json(key_dir / "checksums.json")
-        bad = [f for f in _ENTRY_FILES if sha256_file(key_dir / f) != sums.get(f)]
-        if bad:
-            raise ValueError(f"checksum mismatch in {', '.join(bad)}")
-        per_example = pd.read_parquet(key_dir / "per_example.parquet")
-        per_token = pd.read_parquet(key_dir / "per_token.parquet")
-        if len(per_example) != len(ids) or per_example["id"].astype(str).tolist() != [str(i) for i in ids]:
-            raise ValueError(f"per_example.parquet holds {len(per_example)} rows, not the {len(ids)} rows scored")
-        if len(per_token) != n_tokens or int(per_example["n_tokens"].sum()) != n_tokens:
-            raise ValueError(f"per_token.parquet holds {len(per_token)} tokens, not the {n_tokens} y tokens scored")
-        return ScoreResult(per_example, per_token, read_json(key_dir / "settings.json"), cache_hit=True)
-    except (OSError, ValueError, KeyError) as e:
-        warnings.warn(f"score cache entry {key_dir} is damaged ({type(e).__name__}: {str(e).splitlines()[0]}); "
-                      f"dropping it and scoring again")
-        shutil.rmtree(key_dir, ignore_errors=True)
-        return None
-
-
-def _store(key_dir: Path, res: ScoreResult) -> None:
-    """Write a cache entry (two parquet files, their sha256 in checksums.json, settings.json) into
-    a temp folder, then rename it into place (readers never see half)."""
-    def write(tmp: Path) -> None:
-        res.per_example.to_parquet(tmp / "per_example.parquet", index=False)
-        res.per_token.to_parquet(tmp / "per_token.parquet", index=False)
-        (tmp / "checksums.json").write_text(json.dumps({f: sha256_file(tmp / f) for f in _ENTRY_FILES}))
-        (tmp / "settings.json").write_text(json.dumps(res.settings, sort_keys=True))
-
-    try:
-        atomic_write_dir(key_dir, write)
-    except OSError:
-        pass  # another process stored the same key first, or the cache is not writable: not an error
 
 
 def score_file(model_dir: Path | str, data_file: Path | str, *, device: str = "auto", dtype: str = "auto",
