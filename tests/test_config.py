@@ -144,3 +144,37 @@ def test_from_flat_validates_and_replace_updates():
     cfg = TrainConfig().replace(beta=0.25, weighting="distribution", n_latent=8)
     assert (cfg.objective.beta, cfg.objective.weighting, cfg.model.n_latent) == (0.25, "distribution", 8)
     assert cfg.optim == OptimConfig()
+
+
+# --- latent_source: one typed parser (zfree.config.LatentSource) behind the stored text form
+
+
+@given(st.text(min_size=1).filter(lambda k: k.strip()))
+def test_latent_source_round_trips_every_label_key(key):
+    from zfree.config import LatentSource
+
+    src = LatentSource.oracle(key)
+    assert (src.kind, src.label, src.given) == ("label", key, True)
+    assert LatentSource.parse(str(src)) == src
+    assert str(src) == "label:" + key  # the stored text form, unchanged (run ids hash it)
+
+
+def test_latent_source_reads_the_posterior_the_control_and_rejects_the_rest():
+    from zfree.config import LatentSource
+
+    assert LatentSource.parse("posterior") == LatentSource.parse(None) == LatentSource("posterior")
+    assert not LatentSource.parse("posterior").given
+    assert LatentSource.parse("control") == LatentSource("control") and LatentSource.parse("control").given
+    for bad in ("label:", "label:  ", "Control", "oracle:complete", 3, ""):
+        with pytest.raises(ValueError, match="latent_source="):
+            LatentSource.parse(bad)
+    with pytest.raises(ValueError, match="latent_source="):
+        ModelConfig(latent_source="label:")
+
+
+def test_given_kind_and_run_names_read_the_source_through_the_parser():
+    from zfree.experiment.study_folders import given_kind
+
+    assert [given_kind({"latent_source": s}) for s in ("posterior", "control", "label:first_slot", "weird")] \
+        == [None, "control", "oracle", "given"]
+    assert given_kind({}) is None

@@ -69,6 +69,7 @@ def oracle_pairs(runs_dir: Path) -> pd.DataFrame:
     (``zfree.experiment.controls.control_params`` of the oracle's config): delta_R = D_control - D_oracle
     (nats/example) on the rows both evaluated, 95 % bootstrap over rows. An oracle whose control has
     not finished is listed with NaN."""
+    from zfree.config import LatentSource
     from zfree.experiment.controls import control_params
 
     cfgs = {d.name: without_log_only(read_run_config(d / "config.json")) for d in sorted(runs_dir.iterdir())
@@ -76,11 +77,12 @@ def oracle_pairs(runs_dir: Path) -> pd.DataFrame:
     controls = {n: c for n, c in cfgs.items() if c.get("latent_source") == "control"}
     out = []
     for n, c in cfgs.items():
-        if not str(c.get("latent_source", "")).startswith("label:"):
+        source = LatentSource.parse(c.get("latent_source"))
+        if source.kind != "label":
             continue
         want = without_log_only(control_params(c))
         match = [m for m, cc in controls.items() if cc == want]
-        row = {"oracle": n, "label": c["latent_source"][6:], "K": c["n_latent"], "lora_rank": c.get("lora_rank"),
+        row = {"oracle": n, "label": source.label, "K": c["n_latent"], "lora_rank": c.get("lora_rank"),
                "lora_targets": c.get("lora_targets"), "control": match[0] if match else None}
         if match:
             po, pc = _D(runs_dir / n), _D(runs_dir / match[0])

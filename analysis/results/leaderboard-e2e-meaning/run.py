@@ -3,6 +3,7 @@ first_slot oracle, through the study pipeline (zfree.experiment.pipeline.run_exp
 filtered), so the report reads what z carries on those runs."""
 import sys
 from pathlib import Path
+from zfree.config import LatentSource
 from zfree.experiment import pipeline
 from zfree.experiment.controls import control_params, given_run_id
 from zfree.experiment.spec_file import shipped_presets
@@ -14,7 +15,7 @@ def switch_on_only(spec, prep, out=None):
     pts = orig(spec, prep, out)
     runs = [p for p in pts if p.params.get("remedy") == "switch_on_e2e" and p.params["latent_source"] == "posterior"]
     keep = {p.run_id for p in runs} | {given_run_id(control_params(p.params)) for p in runs}
-    keep |= {p.run_id for p in pts if str(p.params["latent_source"]).startswith("label:")}
+    keep |= {p.run_id for p in pts if LatentSource.parse(p.params["latent_source"]).kind == "label"}
     return [p for p in pts if p.run_id in keep]
 
 

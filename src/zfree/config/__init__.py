@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from zfree.config.aid import Aid, AidConfig  # noqa: F401 (zfree.config.Aid)
 from zfree.config.base import BaseTrainConfig  # noqa: F401 (zfree.config.BaseTrainConfig)
+from zfree.config.latent_source import LatentSource  # noqa: F401 (zfree.config.LatentSource)
 from zfree.config.optim import OptimConfig
 from zfree.core.errors import ConfigError
 from zfree.core.validation import check_choice, check_int, check_range
@@ -181,10 +182,10 @@ class ObjectiveConfig:
 
 def check_latent_source(source: str, latent_kind: str, n_latent: int) -> None:
     """ValueError naming ``latent_source`` unless it is "posterior", "control" (with n_latent = 1)
-    or "label:<key>" (a non-empty key), the last two on the discrete latent only."""
-    if not isinstance(source, str) or not (source in ("posterior", "control")
-                                           or (source.startswith("label:") and source[6:].strip())):
-        raise ValueError(f"latent_source={source!r}: expected 'posterior', 'control' or 'label:<key>'")
+    or "label:<key>" (a non-empty key), the last two on the discrete latent only (``LatentSource.parse``)."""
+    if source is None:
+        raise ValueError("latent_source=None: expected 'posterior', 'control' or 'label:<key>'")
+    LatentSource.parse(source)
     if source != "posterior" and latent_kind != "discrete":
         raise ValueError(f"latent_source={source!r} needs latent_kind='discrete'")
     if source == "control" and n_latent != 1:

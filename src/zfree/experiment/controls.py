@@ -21,7 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
-from zfree.config import AidConfig, TrainConfig
+from zfree.config import AidConfig, LatentSource, TrainConfig
 from zfree.data.labels import capped_values, label_keys_of
 from zfree.data.pairs import load_pairs
 from zfree.experiment.spec import Point, run_id
@@ -64,7 +64,7 @@ def control_params(flat: dict[str, Any]) -> dict[str, Any]:
 def oracle_params(flat: dict[str, Any], key: str, n_values: int) -> dict[str, Any]:
     """The flat config of the label oracle of ``key`` (z := the row's value, K = ``n_values``) on
     the control recipe of ``flat``."""
-    out = {**control_params(flat), "n_latent": n_values, "latent_source": f"label:{key}"}
+    out = {**control_params(flat), "n_latent": n_values, "latent_source": str(LatentSource.oracle(key))}
     return TrainConfig.from_flat(out).to_flat()
 
 

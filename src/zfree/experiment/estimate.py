@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from zfree.config import TrainConfig
+from zfree.config import LatentSource, TrainConfig
 from zfree.core.errors import ConfigError
 from zfree.core.io import atomic_write_json
 from zfree.experiment.budget import (CUTS, KEEP_WEIGHTINGS, REPORT_S, SMALL_BATCH, STEP_FLOOR,  # noqa: F401 (re-exported)
@@ -120,8 +120,8 @@ def _cut_to_budget(spec: ExperimentSpec, seconds: Callable[[ExperimentSpec], flo
     """``fit_budget`` of ``spec`` to ``grid_budget`` seconds (the label oracles of ``points`` kept in
     the cut): the cut spec and the cuts. A refusal of an own-data grid prints ``measured()`` (what it
     was computed from) and raises ConfigError starting with ``why``; a preset's grid re-raises as is."""
-    labels = [str(p.params["latent_source"])[len("label:"):] for p in points
-              if str(p.params.get("latent_source", "")).startswith("label:")]
+    sources = [LatentSource.parse(p.params.get("latent_source")) for p in points]
+    labels = [s.label for s in sources if s.kind == "label"]
     try:
         return fit_budget(spec, seconds, grid_budget, labels)
     except ConfigError as e:

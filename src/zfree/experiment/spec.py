@@ -25,7 +25,7 @@ from typing import Any, Iterable, Literal
 
 import numpy as np
 
-from zfree.config import BaseTrainConfig, TrainConfig, without_log_only
+from zfree.config import BaseTrainConfig, LatentSource, TrainConfig, without_log_only
 from zfree.core.errors import ConfigError
 from zfree.core.io import sha256_file
 from zfree.data.synth import DataConfig
@@ -84,10 +84,10 @@ def run_id(flat: dict[str, Any]) -> str:
     (its data and base folders by what they hold: ``portable``); a given-z run (``latent_source``):
     ``control_<weighting>_<hash>`` or ``oracle-<key>_<weighting>_<hash>`` (a joint key's ``*`` written ``x``)."""
     h = hashlib.sha256(json.dumps(without_log_only(portable(flat)), sort_keys=True).encode()).hexdigest()[:8]
-    src = flat.get("latent_source", "posterior")
-    if src != "posterior":
-        key = re.sub(r"[^A-Za-z0-9_.-]", "-", src.partition(":")[2].replace("*", "x"))
-        name = "control" if src == "control" else f"oracle-{key}"
+    src = LatentSource.parse(flat.get("latent_source"))
+    if src.given:
+        name = "control" if src.kind == "control" else \
+            "oracle-" + re.sub(r"[^A-Za-z0-9_.-]", "-", src.label.replace("*", "x"))
         return f"{name}_{flat['weighting']}_{h}"
     aid = flat.get("aid", "none")
     prefix = f"{flat['weighting']}_beta{flat['beta']:g}" + ("" if aid in (None, "none") else f"_{aid}")

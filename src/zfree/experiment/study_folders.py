@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from zfree.config import LatentSource
 from zfree.core.io import read_json
 from zfree.core.paths import IN_CLONE
 
@@ -71,9 +72,11 @@ def given_kind(summary: dict) -> str | None:
     """What a run's summary (its ``summary.json``) trains, when z is given rather than inferred:
     "control" (a z-free control), "oracle" (a label oracle: ``latent_source`` "label:<key>"),
     "given" (another given z); None for a CVAE run (``latent_source`` "posterior" or absent)."""
-    src = str(summary.get("latent_source", "posterior"))
-    return None if src == "posterior" else "control" if src == "control" else \
-        "oracle" if src.startswith("label:") else "given"
+    try:
+        kind = LatentSource.parse(summary.get("latent_source")).kind
+    except ValueError:  # a summary written by another version: z given, of an unknown kind
+        return "given"
+    return {"posterior": None, "control": "control", "label": "oracle"}[kind]
 
 
 def count_runs(runs_dir: Path | str) -> dict[str, int]:

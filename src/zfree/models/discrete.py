@@ -31,7 +31,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import nn
 
-from zfree.config import LatentKind
+from zfree.config import LatentKind, LatentSource
 from zfree.data.batching import Batch
 from zfree.models.nll import masked_mean_token_nll
 from zfree.models.base import hidden_states, target_logprobs_from_hidden
@@ -110,7 +110,7 @@ GIVEN_LOGIT = -1e4
 
 def is_given(latent_source: str) -> bool:
     """True for the sources that fix z per row (``control``, ``label:<key>``), not learned by q."""
-    return latent_source != "posterior"
+    return LatentSource.parse(latent_source).given
 
 
 #: hard_em_decoder -> the decoded value from (output, batch, k*)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from zfree.config import TrainConfig
+from zfree.config import LatentSource, TrainConfig
 from zfree.core.errors import ConfigError
 from zfree.data.labels import LABEL_VALUE_CAP, capped_values, label_value, label_values, value_index
 from zfree.data.pairs import load_pairs
@@ -20,10 +20,10 @@ def given_index(cfg: TrainConfig, data_dir: Path) -> dict[str, int]:
     values."""
     pairs = {s: load_pairs(Path(data_dir) / f"{s}.jsonl") for s in ("train", "val")}
     rows = pairs["train"] + pairs["val"]
-    source = cfg.model.latent_source
-    if source == "control":
+    source = LatentSource.parse(cfg.model.latent_source)
+    if source.kind == "control":
         return {p.id: 0 for p in rows}
-    key = source.split(":", 1)[1]
+    key = source.label
     for split, ps in pairs.items():
         label_values(ps, key, source=str(Path(data_dir) / f"{split}.jsonl"))
     values, n_all = capped_values(rows, key)

@@ -1,0 +1,53 @@
+"""Where a run's z comes from, as a typed value: the CVAE's posterior, the z-free control's single
+value, or a label oracle's label. ``ModelConfig.latent_source`` keeps its text form ("posterior",
+"control", "label:<key>") in every stored config and summary, so run ids and existing run folders
+read as before; every reader parses it here, in one place, instead of slicing the text.
+
+The control and the oracles are the given-z runs of DESIGN §4 (the z-free control and the label oracle
+of the distribution-level comparison; seed note "ref-scaled VAE", "controls").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+LatentSourceKind = Literal["posterior", "control", "label"]
+_PREFIX = "label:"
+
+
+@dataclass(frozen=True)
+class LatentSource:
+    """A parsed ``latent_source``: ``kind`` "posterior" (q(z|x,y) learned), "control" (z held at one
+    value: K = 1) or "label" (z := the row's value of ``label``, a key of the rows' labels or
+    "strategy"); ``label`` is None unless kind is "label"."""
+
+    kind: LatentSourceKind
+    label: str | None = None
+
+    @classmethod
+    def parse(cls, text: Any) -> LatentSource:
+        """The typed form of ``text`` ("posterior", "control" or "label:<key>" with a non-empty key;
+        None reads as "posterior", the default of a summary that predates the field). Raises ValueError
+        naming ``latent_source`` and the text otherwise."""
+        if text is None or text == "posterior":
+            return cls("posterior")
+        if text == "control":
+            return cls("control")
+        if isinstance(text, str) and text.startswith(_PREFIX) and text[len(_PREFIX):].strip():
+            return cls("label", text[len(_PREFIX):])
+        raise ValueError(f"latent_source={text!r}: expected 'posterior', 'control' or 'label:<key>'")
+
+    @classmethod
+    def oracle(cls, key: str) -> LatentSource:
+        """The label oracle of ``key``."""
+        return cls.parse(_PREFIX + key)
+
+    @property
+    def given(self) -> bool:
+        """True for the control and the oracles: z is given, not inferred (no posterior, no rate)."""
+        return self.kind != "posterior"
+
+    def __str__(self) -> str:
+        """The text form stored in configs and summaries."""
+        return _PREFIX + self.label if self.kind == "label" else self.kind
