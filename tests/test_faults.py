@@ -640,6 +640,11 @@ def test_study_with_a_failed_point_exits_1_naming_it(tmp_path, capsys, monkeypat
         err = Path(out) / "runs" / "plain_beta1_abcd" / "error.json"
         err.parent.mkdir(parents=True)
         err.write_text(json.dumps({"error": "FileNotFoundError: base_dir/model does not exist\nsecond line"}))
+        # a run whose training finished (summary.json) but whose notebook failed at a later cell
+        late = Path(out) / "runs" / "plain_beta3_ef01"
+        late.mkdir(parents=True)
+        (late / "summary.json").write_text("{}")
+        (late / "error.json").write_text(json.dumps({"error": "ImportError: a figure cell"}))
         return Path(out) / "report.html"
 
     monkeypatch.setattr(study, "run_study", one_fails)
@@ -647,6 +652,7 @@ def test_study_with_a_failed_point_exits_1_naming_it(tmp_path, capsys, monkeypat
     err = capsys.readouterr().err
     assert "FAILED plain_beta1_abcd: FileNotFoundError: base_dir/model does not exist\nsecond line" in err
     assert str(tmp_path.resolve() / "runs" / "plain_beta1_abcd" / "error.json") in err and "old_point" not in err
+    assert "FAILED plain_beta3_ef01: ImportError: a figure cell" in err and "2 run(s) failed" in err
 
 
 def test_a_gpt2_tokenizer_built_from_vocab_files_is_refused(tmp_path):

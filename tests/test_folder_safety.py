@@ -97,6 +97,9 @@ def test_a_torn_executed_notebook_is_not_a_finished_run(tmp_path):
     assert not is_finished(run)
     (run / RUN_NOTEBOOK).write_text(json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
     assert is_finished(run)
+    # a notebook that failed after training wrote summary.json (a figure cell): run again, not skipped
+    (run / "error.json").write_text(json.dumps({"error": "ImportError: cannot import name 'x'"}))
+    assert not is_finished(run)
 
 
 def test_a_failed_execution_leaves_no_torn_notebook(tmp_path, monkeypatch):

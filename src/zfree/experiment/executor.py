@@ -37,11 +37,13 @@ RUN_NOTEBOOK = "train_cvae.ipynb"
 
 
 def is_finished(run_dir: Path) -> bool:
-    """A run is finished when its summary.json exists and its executed notebook, if any, reads back
-    whole (a notebook torn by an earlier fault, e.g. a full disk, makes the run run again: training
-    then reuses the finished run folder and only the notebook is executed anew)."""
+    """A run is finished when its summary.json exists, no error.json says its notebook failed, and
+    its executed notebook, if any, reads back whole. A notebook torn by an earlier fault (e.g. a full
+    disk) or one that failed after training wrote summary.json (a figure cell) makes the run run
+    again: training then reuses the finished run folder and only the notebook is executed anew."""
     nb = run_dir / RUN_NOTEBOOK
-    return (run_dir / "summary.json").exists() and (not nb.exists() or is_whole(nb))
+    return ((run_dir / "summary.json").exists() and not (run_dir / "error.json").exists()
+            and (not nb.exists() or is_whole(nb)))
 
 
 def _kernel_params(params: dict[str, Any], run_dir: Path) -> dict[str, Any]:
