@@ -10,6 +10,8 @@ import json
 import pandas as pd
 import pytest
 
+from zfree.core.errors import ConfigError
+
 from zfree.experiment import timings as T
 from zfree.report import plan_report as P
 
@@ -71,6 +73,16 @@ def test_run_experiment_records_every_phase_and_the_grid_even_when_interrupted(t
         PL.run_experiment(PRESETS["smoke"], tmp_path / "s", progress=False)
     last = T.read_timings(tmp_path / "s")[-1]
     assert "grid_s" in last and "probes_s" not in last and "report_s" not in last and "finished" not in last
+
+    # a refused budget: the probes' time and the refusal are kept, the session ends there
+    def refuse(*a, **kw):
+        raise ConfigError("--budget 30 min: the split, reference and probes took 11.1 min; give a larger budget")
+    monkeypatch.setattr(PL, "plan", refuse)
+    with pytest.raises(ConfigError):
+        PL.run_experiment(PRESETS["smoke"], tmp_path / "r", estimate=True, progress=False)
+    (r,) = T.read_timings(tmp_path / "r")
+    assert "preparation_s" in r and "probes_s" in r and "grid_s" not in r and "finished" not in r
+    assert r["refused"].startswith("--budget 30 min: the split, reference and probes took 11.1 min")
 
 
 def _sessions():

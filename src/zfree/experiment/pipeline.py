@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from zfree.config import TrainConfig
+from zfree.core.errors import ConfigError
 from zfree.core.io import atomic_write_json, read_json, read_record
 from zfree.core.locks import run_folder_lock
 from zfree.core.paths import check_out_dir
@@ -148,7 +149,11 @@ def run_experiment(spec: ExperimentSpec, out_dir: Path | str, *, retrain_base: b
             print(f"plan: {out / PLAN_FILE} (made {saved.get('made', '?')}) reused: no probe, the same "
                   f"{len(saved.get('run_ids', []))} runs; finished ones are skipped", flush=True)
     elif estimate or budget_s is not None:  # measure, fit memory and budget, say so, then go on
-        fitted = plan(spec, lambda s: _points(s, prep), out, workers or spec.workers, budget_s, started=t0)
+        try:
+            fitted = plan(spec, lambda s: _points(s, prep), out, workers or spec.workers, budget_s, started=t0)
+        except ConfigError as e:  # a refused budget: timings.json keeps what the probes took, and why
+            clock.done("probes", refused=str(e).splitlines()[0])
+            raise
         spec, workers, record = fitted.spec, fitted.workers, fitted.record
         clock.done("probes")
     grid, table = _grid(spec, prep)

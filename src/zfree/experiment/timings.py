@@ -8,7 +8,8 @@ rewrites an earlier one. The report's opening section reads it beside ``estimate
 
 ``timings.json``: ``{"sessions": [{"id", "started" (ISO 8601, UTC), "<phase>_s" for each phase
 done, "total_s" (since the session started), "points" ({status: count} of the grid), "finished"
-(true once its last phase is written)}, ...]}``, oldest first.
+(true once its last phase is written), "refused" (the budget's one-line refusal, when the probes found
+that the grid cannot fit: the session ends there)}, ...]}``, oldest first.
 """
 
 from __future__ import annotations
