@@ -118,6 +118,18 @@ def _points(spec: ExperimentSpec, prep: Prepared, out: Path | None = None) -> li
     return points
 
 
+def _fit(spec: ExperimentSpec, prep, out: Path, workers: int, budget_s, t0: float, clock: PhaseClock):
+    """``zfree.experiment.estimate.plan`` of ``spec``, its probes' time recorded in ``clock``; a refused
+    budget (ConfigError) is recorded with its first line (``refused``) and raised again."""
+    try:
+        fitted = plan(spec, lambda s: _points(s, prep), out, workers, budget_s, started=t0)
+    except ConfigError as e:
+        clock.done("probes", refused=str(e).splitlines()[0])
+        raise
+    clock.done("probes")
+    return fitted
+
+
 def run_experiment(spec: ExperimentSpec, out_dir: Path | str, *, retrain_base: bool = False,
                    workers: int | None = None, executor: Executor | None = None, progress: bool = True,
                    render: bool = True, estimate: bool = False, budget_s: float | None = None) -> ExperimentResult:
@@ -149,13 +161,8 @@ def run_experiment(spec: ExperimentSpec, out_dir: Path | str, *, retrain_base: b
             print(f"plan: {out / PLAN_FILE} (made {saved.get('made', '?')}) reused: no probe, the same "
                   f"{len(saved.get('run_ids', []))} runs; finished ones are skipped", flush=True)
     elif estimate or budget_s is not None:  # measure, fit memory and budget, say so, then go on
-        try:
-            fitted = plan(spec, lambda s: _points(s, prep), out, workers or spec.workers, budget_s, started=t0)
-        except ConfigError as e:  # a refused budget: timings.json keeps what the probes took, and why
-            clock.done("probes", refused=str(e).splitlines()[0])
-            raise
+        fitted = _fit(spec, prep, out, workers or spec.workers, budget_s, t0, clock)
         spec, workers, record = fitted.spec, fitted.workers, fitted.record
-        clock.done("probes")
     grid, table = _grid(spec, prep)
     notes = _notes(spec, out, prep, table)
     points = _points(spec, prep, out)
