@@ -130,6 +130,7 @@ class DiscreteCVAE(nn.Module):
         if n_latent < (1 if latent_source == "control" else 2):
             raise ValueError(f"n_latent={n_latent} must be >= 2")
         self.latent_source = latent_source
+        self.given = is_given(latent_source)  # parsed once, not per step
         self.given_index: dict[str, int] = {}  # row id -> its value (set_given), a given source only
         if posterior_features not in self.FEATURES:
             raise ValueError(f"posterior_features={posterior_features!r} is not one of {list(self.FEATURES)}")
@@ -143,7 +144,7 @@ class DiscreteCVAE(nn.Module):
             self.encoder = build_posterior_encoder(backbone)
         # optimal: no head (posterior_logits are zeros; the objective computes q from the decoders,
         # losses.optimal_posterior_logits); ``features`` are mean_y, for the probe metrics
-        self.posterior_head = (None if posterior_features == "optimal" or is_given(latent_source) else
+        self.posterior_head = (None if posterior_features == "optimal" or self.given else
                                nn.Linear(2 * d if posterior_features == "mean_first" else d, n_latent))
         self.router_head = nn.Linear(d, n_latent)
         self.latent_embedding = nn.Embedding(n_latent, d)
@@ -179,7 +180,7 @@ class DiscreteCVAE(nn.Module):
         """Which posterior q(z | x, y) is in use: ``amortized`` (a head; ``posterior_logits`` set),
         ``optimal`` (no head; ``posterior_logits`` is None and the objective computes q from the
         decoders) or ``given`` (one-hot on each row's given value: the control or a label oracle)."""
-        if is_given(self.latent_source):
+        if self.given:
             return "given"
         return "optimal" if self.posterior_head is None else "amortized"
 
@@ -214,7 +215,7 @@ class DiscreteCVAE(nn.Module):
         and the posterior features, from the z-free hidden states ``h`` (B, T, D)."""
         rows = torch.arange(h.shape[0], device=h.device)
         sep = h[rows, batch.prefix_len - 1]
-        if is_given(self.latent_source):  # q one-hot on the given value; the router a probe of x
+        if self.given:  # q one-hot on the given value; the router a probe of x
             router = self.router_head(sep.detach())
             return DiscreteHeads(self._given_logits(self.given_values(batch), router), router,
                                  pool_posterior_features(self, "mean_y", h, batch))
