@@ -215,7 +215,9 @@ def write_reference(base: Path, data_dir: Path) -> Reference:
     t0 = time.time()
     # cached as well: every run of the study scores these rows again in the pretrained-source setting
     # (a SmolLM2-135M probe spent 3.5 min re-scoring 502 rows the preparation had just scored)
-    ref = build_reference(base, data_dir, "val", device="cpu", cache=None)
+    # on the runs' device ("auto"): the score cache is keyed by device, so scoring on the CPU of a GPU
+    # machine cost 58 s there and every run scored the rows again on CUDA (issue 37's GPU run)
+    ref = build_reference(base, data_dir, "val", device="auto", cache=None)
     # the source model, not trained on these pairs; scoring_s: its wall seconds (the estimate's scoring rate)
     ref.meta = {**ref.meta, "estimator": "pretrained_source", "scoring_s": time.time() - t0}
     atomic_write_json(rj, ref.meta)
