@@ -84,10 +84,36 @@ SHARED_MODULE = {"evil_report": "evil_report", "runs_fp64": "golden", "fp64_root
                  "real": "real", "finished": "finished"}
 
 
+#: the slowest tests that share no fixture group (``make test``'s --durations, 2 cores), started first:
+#: pytest-xdist's loadgroup queue takes the groups by size, then single tests in collection order, and
+#: hands one unit to whichever worker is free, so a 100-s test collected late ran alone at the end while
+#: the other worker sat idle (issue 33: the default tier took 298-366 s in three fresh clones)
+SLOW_FIRST = ("test_own_study.py::test_one_command_from_model_and_jsonl_to_report",
+              "test_interrupts.py::test_signal_during_sweep_stops_workers_and_kernels",
+              "test_faults.py::test_failing_point_exits_1_with_full_message_and_path",
+              "test_interrupts.py::test_signal_during_train_is_one_line_and_resumes",
+              "test_faults.py::test_sigkill_of_a_sweep_leaves_no_process_behind",
+              "test_folder_safety.py::test_a_run_in_a_hostile_folder_runs_nothing_of_it_and_writes_through_no_link",
+              "test_leaderboard.py::test_the_report_section_renders_for_a_seeded_remedies_study",
+              "test_imports.py::test_every_module_imports_on_its_own",
+              "test_sweeps.py::test_failing_point_is_recorded_others_finish_and_rerun_resumes",
+              "test_interrupts.py::test_explore_notebook_on_a_missing_folder_says_so")
+
+
+def _slow_rank(item) -> int:
+    """The item's place in ``SLOW_FIRST`` (len(SLOW_FIRST) for every other test)."""
+    node = item.nodeid.split("/")[-1].split("[")[0]
+    return next((i for i, n in enumerate(SLOW_FIRST) if node == n), len(SLOW_FIRST))
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
     """``@pytest.mark.gpu`` tests are skipped when CUDA is not available; tests sharing an expensive
-    fixture are grouped for pytest-xdist (``SHARED_SESSION``, ``SHARED_MODULE``)."""
+    fixture are grouped for pytest-xdist (``SHARED_SESSION``, ``SHARED_MODULE``); the slowest single
+    tests are moved to the front under pytest-xdist (``SLOW_FIRST``; a stable sort, so every other
+    order stays)."""
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker (a serial run keeps each module's tests together)
+        items.sort(key=_slow_rank)
     for item in items:
         names = getattr(item, "fixturenames", ())
         group = next((g for f, g in SHARED_SESSION.items() if f in names), None) or next(
