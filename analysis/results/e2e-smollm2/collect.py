@@ -8,6 +8,8 @@ measured use is >= 50 % of the rows and the z-gain interval lies above 0).
     # only oracle_pairs.csv (every oracle against its own recipe's control), leaving the other tables:
     # for a folder that holds a later variant's runs but not the study's first ones
     .venv/bin/python analysis/results/e2e-smollm2/collect.py runs/e2e-smollm2 --oracle-pairs
+    # the tables into another folder (a later study of the preset, the GPU run), leaving these alone
+    .venv/bin/python analysis/results/e2e-smollm2/collect.py runs/e2e-smollm2 --into analysis/results/e2e-smollm2/preset-lrnew1e-3
 
 Reads only; works on a study still running (runs not finished are left out, and say so).
 """
@@ -145,6 +147,12 @@ def main(study: Path) -> None:
 
 
 if __name__ == "__main__":
-    args = [a for a in sys.argv[1:] if a != "--oracle-pairs"]
+    argv = sys.argv[1:]
+    if "--into" in argv:  # the tables go there instead of beside this file
+        i = argv.index("--into")
+        HERE = Path(argv[i + 1]).resolve()
+        HERE.mkdir(parents=True, exist_ok=True)
+        argv = argv[:i] + argv[i + 2:]
+    args = [a for a in argv if a != "--oracle-pairs"]
     folder = Path(args[0] if args else "runs/e2e-smollm2").resolve()
-    (write_oracle_pairs if "--oracle-pairs" in sys.argv[1:] else main)(folder)
+    (write_oracle_pairs if "--oracle-pairs" in argv else main)(folder)
