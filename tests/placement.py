@@ -35,6 +35,23 @@ def _in_package(filename: str) -> bool:
     return os.path.commonpath([real, _PACKAGE]) == _PACKAGE
 
 
+#: torch.optim's own folder: AdamW keeps each parameter's step count as a host scalar
+#: (``torch.tensor(0.0)`` in ``_init_group``, updated in place) unless ``capturable`` or ``fused`` is set, by
+#: design (the update reads it on the host); the lent H200 showed it as the only "host tensor" of a CUDA
+#: step (tests/test_gpu.py, 2026-12-04). Calls made from there are torch's placement, not zfree's.
+_TORCH_OPTIM = os.path.dirname(os.path.realpath(torch.optim.__file__))
+
+
+def _from_torch_optim() -> bool:
+    """True when the innermost Python frame outside this file is in torch.optim."""
+    import sys
+
+    f = sys._getframe(1)
+    while f is not None and os.path.realpath(f.f_code.co_filename) == os.path.realpath(__file__):
+        f = f.f_back
+    return f is not None and os.path.realpath(f.f_code.co_filename).startswith(_TORCH_OPTIM + os.sep)
+
+
 def _where() -> str:
     """The zfree frames of the current stack, innermost first: ``file:line qualname`` joined by
     " < ", the innermost with its source line."""
@@ -72,6 +89,8 @@ class FactoryRecorder(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if _from_torch_optim():  # the optimizer's host-side step counts (``_TORCH_OPTIM``)
+            return func(*args, **kwargs)
         if func in FACTORIES:
             self.n_factories += 1
             dev = kwargs.get("device")

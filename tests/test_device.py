@@ -356,3 +356,18 @@ def test_shared_prefix_on_refuses_a_sliding_window_model(tmp_path):
     cvae = build_cvae(TrainConfig().replace(device="cpu", shared_prefix="on", n_latent=2), model)
     with pytest.raises(ValueError, match="shared_prefix='on'"), torch.no_grad():
         cvae(batch)
+
+
+def test_the_optimizers_host_step_counts_are_torchs_placement_not_zfrees():
+    """AdamW keeps its step counts on the host by design (``placement._TORCH_OPTIM``); on the H200 they
+    were the only "host tensors" of a CUDA step. Recorded as if the model were on CUDA (this machine's
+    CPU tensors are then all "elsewhere"), the optimizer's own calls pass and a call outside it does not."""
+    p = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.AdamW([p], lr=0.1)
+    p.grad = torch.ones(3)
+    with FactoryRecorder("cuda") as rec:
+        opt.step()
+    assert rec.bad_factories == [] and rec.bad_outputs == [] and opt.state[p]["step"].item() == 1.0
+    with FactoryRecorder("cuda") as rec:
+        torch.zeros(2)
+    assert [f for f, _, _ in rec.bad_factories] == ["zeros"]
