@@ -28,7 +28,7 @@ from zfree.data.pairs import Pair
 from zfree.core.io import atomic_write_text
 
 #: distinct x a split by x must leave on each side (``split_pairs``): with 3 distinct x and a
-#: 300-row validation set, a split by x put one prompt's rows in val (issue 35): the evaluation then
+#: 300-row validation set, a split by x put one prompt's rows in val: the evaluation then
 #: reads one x. Fewer on either side: split by row, with a note.
 MIN_X_PER_SIDE = 3
 

@@ -216,7 +216,7 @@ def write_reference(base: Path, data_dir: Path) -> Reference:
     # cached as well: every run of the study scores these rows again in the pretrained-source setting
     # (a SmolLM2-135M probe spent 3.5 min re-scoring 502 rows the preparation had just scored)
     # on the runs' device ("auto"): the score cache is keyed by device, so scoring on the CPU of a GPU
-    # machine cost 58 s there and every run scored the rows again on CUDA (issue 37's GPU run)
+    # machine cost 58 s there and every run scored the rows again on CUDA (SmolLM2 on an H200)
     ref = build_reference(base, data_dir, "val", device="auto", cache=None)
     # the source model, not trained on these pairs; scoring_s: its wall seconds (the estimate's scoring rate)
     ref.meta = {**ref.meta, "estimator": "pretrained_source", "scoring_s": time.time() - t0}
