@@ -138,7 +138,8 @@ GGUF_SPECIAL_TOKENS = {"tokenizer.ggml.bos_token_id": "bos_token", "tokenizer.gg
 
 def gguf_special_token_ids(gguf_path: Path | str) -> dict[str, int]:
     """The special tokens a GGUF file declares: ``{"eos_token": id, ...}`` (attribute names of
-    ``GGUF_SPECIAL_TOKENS``; a key the file lacks is left out). Reads the metadata only (memory-mapped)."""
+    ``GGUF_SPECIAL_TOKENS``; a key the file lacks is left out). Reads the metadata only (memory-mapped).
+    Raises FileNotFoundError for a missing file, ValueError (gguf's reader) for a file that is not GGUF."""
     from gguf import GGUFReader
 
     fields = GGUFReader(str(gguf_path)).fields
