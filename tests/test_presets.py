@@ -108,3 +108,15 @@ def test_a_preset_file_without_its_catalog_line_is_named(tmp_path):
     f.write_text("grid: {beta: [0.3]}\ncatalog: {runs: 1, what: x}\n")
     with pytest.raises(ConfigError, match=rf"{f}: catalog must be a mapping with keys cost, runs and what"):
         read_entry(f)
+
+
+def test_an_unknown_preset_on_the_command_line_lists_every_preset(tmp_path, capsys):
+    """`zfree study --preset NAME` with a name no preset has: one line naming all of them, the own-data and
+    the fetched-model presets too, and no study folder made."""
+    from zfree.cli import main
+
+    assert main(["study", "--preset", "nope", "--out", str(tmp_path / "s")]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("zfree: error: --preset 'nope' is not one of")
+    assert all(name in line for name in ("'default'", "'smoke'", "'own'", "'own_smoke'", "'e2e-smollm2'"))
+    assert not (tmp_path / "s").exists()

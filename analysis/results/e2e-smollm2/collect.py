@@ -147,6 +147,9 @@ def main(study: Path) -> None:
 
 
 if __name__ == "__main__":
+    if {"-h", "--help"} & set(sys.argv[1:]):  # the usage is the module docstring
+        print(__doc__)
+        sys.exit(0)
     argv = sys.argv[1:]
     if "--into" in argv:  # the tables go there instead of beside this file
         i = argv.index("--into")

@@ -80,4 +80,7 @@ def _oracle_gaps(ax, curves: dict) -> None:
 
 
 if __name__ == "__main__":
+    if {"-h", "--help"} & set(sys.argv[1:]):  # the usage is the module docstring
+        print(__doc__)
+        sys.exit(0)
     main(Path(sys.argv[1] if len(sys.argv) > 1 else "runs/e2e-smollm2").resolve(), *sys.argv[2:3])

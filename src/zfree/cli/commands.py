@@ -174,8 +174,13 @@ def cmd_study(a):
     if a.preset is not None and a.spec is not None:
         raise ConfigError(f"--preset {a.preset!r} and --spec {a.spec}: give one (the spec is the whole grid, "
                           f"a preset another)")
-    from zfree.experiment.own_study import BOUND_PRESETS
+    from zfree.experiment.own_study import BOUND_PRESETS, OWN_PRESETS
+    from zfree.experiment.study import PRESETS
 
+    if a.preset is not None and a.preset not in {**PRESETS, **OWN_PRESETS}:
+        raise ValueError(f"--preset {a.preset!r} is not one of {sorted(PRESETS)} (the shipped base), "
+                         f"{sorted(set(OWN_PRESETS) - set(BOUND_PRESETS))} (with --model and --data) or "
+                         f"{sorted(BOUND_PRESETS)} (a model zfree fetches)")
     if a.preset in BOUND_PRESETS and not (a.model or a.data or a.spec):  # its model fetched, the shipped data
         from zfree.models.fetch import fetch_model
 
