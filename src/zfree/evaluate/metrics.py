@@ -243,11 +243,12 @@ class DiscreteEvaluator:
 
 class GaussianEvaluator:
     """The continuous CVAE: ``model.n_samples`` posterior samples from a generator seeded by ``seed``
-    (torch's global generator is left alone); assignments are k-means clusters of the posterior means."""
+    (torch's global generator is left alone; the generator lives on the model's device, so the draws stay
+    there); assignments are k-means clusters of the posterior means."""
 
     def __init__(self, model, seed: int):
         self.model, self.seed = model, seed
-        self.gen = torch.Generator().manual_seed(seed)
+        self.gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
         self.mus, self.logvars, self.prior_mus, self.prior_logvars = [], [], [], []
 
     def batch(self, batch, objective, step, c_base, b, base_tok):

@@ -246,9 +246,10 @@ class ContinuousCVAE(nn.Module):
 
     def sample_posterior(self, mu: torch.Tensor, logvar: torch.Tensor, n_samples: int,
                          generator: torch.Generator | None = None) -> Float[torch.Tensor, "batch n_samples d_latent"]:
-        """Reparameterized samples z = mu + exp(logvar / 2) * eps (Kingma & Welling 2014, eq. 10)."""
+        """Reparameterized samples z = mu + exp(logvar / 2) * eps (Kingma & Welling 2014, eq. 10), eps drawn
+        on ``generator``'s device (mu's without one) and moved to mu's: (B, n_samples, d_latent)."""
         eps = torch.randn((mu.shape[0], n_samples, mu.shape[1]), generator=generator, dtype=mu.dtype,
-                          device="cpu" if generator is not None else mu.device).to(mu.device)
+                          device=generator.device if generator is not None else mu.device).to(mu.device)
         return mu[:, None] + torch.exp(0.5 * logvar)[:, None] * eps
 
     def forward(self, batch: Batch, z: Float[torch.Tensor, "batch n_samples d_latent"] | None = None,
