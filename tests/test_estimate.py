@@ -471,3 +471,86 @@ def test_the_budget_help_is_the_cut_table():
     study = build_parser()._subparsers._group_actions[0].choices["study"]
     budget = next(a for a in study._actions if "--budget" in a.option_strings)
     assert budget.help.endswith("cuts in order: " + budget_help())
+
+
+def _with_a_control(**train):
+    pts = _points(**train)
+    return [pts[0], Point("control_x", control_params(pts[0].params))]
+
+
+def test_a_micro_batch_is_probed_beside_its_control(tmp_path, monkeypatch):
+    """The full batch's probe passed its ceiling: the K-way point at the micro-batch and the z-free
+    control are probed side by side, each within half the ceiling, and the control is not probed
+    again; where one passes its half, the K-way point alone with the whole ceiling, then the control."""
+    alone, pairs = [], []
+
+    def probe(point, work, micro_batch=None, ceiling=None):
+        alone.append((point.run_id, micro_batch, ceiling))
+        b = point.params["batch_size"] if not micro_batch else micro_batch
+        return dataclasses.replace(PROBE, over=b == 32, peak_rss=(30 if b == 32 else 3) * est.GB, batch_size=b,
+                                   wall_s=100.0)
+
+    def side_by_side(jobs, ceiling, over=False):
+        pairs.append(([(p.run_id, mb) for p, _, mb in jobs], ceiling))
+        return [dataclasses.replace(PROBE, peak_rss=3 * est.GB, batch_size=mb, micro_batch=mb, over=over,
+                                    given_step_s=None, step_s=s, wall_s=60.0) for (_, _, mb), s in zip(jobs, (4.0, 2.0))]
+    monkeypatch.setattr(est, "probe", probe)
+    monkeypatch.setattr(est, "probe_side_by_side", side_by_side)
+    monkeypatch.setattr(est, "memory_limit", lambda: 24 * est.GB)
+    monkeypatch.setattr(est.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    pts = _with_a_control(batch_size=32)
+    plan = est.plan(OWN_PRESETS["own"], lambda s: pts, tmp_path, workers=2)
+    (ceiling,) = {c for _, _, c in alone}
+    assert [a[:2] for a in alone] == [(pts[0].run_id, None)]  # the full batch alone, nothing probed after the pair
+    assert pairs and pairs[0] == ([(pts[0].run_id, 8), ("control_x", 8)], ceiling // 2)
+    assert plan.record["probe"]["given_step_s"] == pytest.approx(2.0) and plan.record["micro_batch"] == 8
+    # the probes' time: the one stopped at its ceiling (100 s) + the pair's elapsed time once (not 60 + 60 s)
+    assert 100.0 <= plan.record["probe"]["wall_s"] < 110.0
+    # one of the pair passed its half: each alone, with the whole ceiling
+    alone.clear()
+    monkeypatch.setattr(est, "probe_side_by_side", lambda jobs, c: side_by_side(jobs, c, over=True))
+    est.plan(OWN_PRESETS["own"], lambda s: pts, tmp_path, workers=2)
+    assert [a[:2] for a in alone] == [(pts[0].run_id, None), (pts[0].run_id, 8), ("control_x", 8)]
+    assert {c for _, _, c in alone} == {ceiling}
+    # one worker asked for: no pair
+    alone.clear(), pairs.clear()
+    monkeypatch.setattr(est, "probe_side_by_side", side_by_side)
+    est.plan(OWN_PRESETS["own"], lambda s: pts, tmp_path, workers=1)
+    assert not pairs and [a[:2] for a in alone] == [(pts[0].run_id, None), (pts[0].run_id, 8), ("control_x", 8)]
+
+
+def test_probes_side_by_side_run_at_once_and_an_interrupt_takes_both_children(tmp_path, monkeypatch):
+    """Two real probes: both children are alive at the same time (each waits at a barrier the other
+    must reach), both finish with their own measurements; an interrupt of the main thread while they
+    run kills both children."""
+    import _thread
+    import subprocess
+    import threading
+
+    import psutil
+
+    from zfree.experiment import probe as probe_mod
+
+    pts = _with_a_control()
+    barrier, original = threading.Barrier(2, timeout=60), subprocess.Popen.communicate
+
+    def together(self, *a, **k):
+        barrier.wait()  # a BrokenBarrierError (the test fails) unless the other child has started too
+        return original(self, *a, **k)
+    monkeypatch.setattr(subprocess.Popen, "communicate", together)
+    k, g = est.probe_side_by_side([(pts[0], tmp_path, None), (pts[1], tmp_path / "control", None)], 8 * est.GB)
+    assert not k.over and not g.over and k.step_s > 0 and g.step_s > 0 and not probe_mod._LIVE
+    assert (tmp_path / "probe-mb0" / "summary.json").exists() and (tmp_path / "control" / "probe-mb0" / "summary.json").exists()
+
+    seen = []
+
+    def stuck(self, *a, **k):
+        seen.append(self.pid)
+        if len(seen) == 2:
+            threading.Timer(0.5, _thread.interrupt_main).start()
+        return original(self, *a, **k)
+    monkeypatch.setattr(subprocess.Popen, "communicate", stuck)
+    with pytest.raises(KeyboardInterrupt):
+        est.probe_side_by_side([(pts[0], tmp_path / "i", None), (pts[1], tmp_path / "i" / "control", None)], 8 * est.GB)
+    assert len(seen) == 2 and not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                                      for p in seen)

@@ -27,6 +27,7 @@ does).
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +41,8 @@ from zfree.experiment.budget import (CUTS, KEEP_WEIGHTINGS, REPORT_S, SMALL_BATC
 from zfree.experiment.cost import (AGGRESSIVE_STEP_FACTOR, KERNEL_START_S, _n_evals, grid_seconds,  # noqa: F401
                                    run_seconds, train_scoring_seconds)
 from zfree.experiment.probe import (GB, MEMORY_SHARE, PROBE_ROWS, PROBE_STEPS, Probe, _kill_tree,  # noqa: F401
-                                    _poll_peak, memory_limit, probe, probe_params, probed_step_seconds)
+                                    _poll_peak, memory_limit, probe, probe_params, probe_side_by_side,
+                                    probed_step_seconds)
 from zfree.experiment.spec import ExperimentSpec, Point
 from zfree.train.accumulate import accumulation_problem
 
@@ -74,6 +76,7 @@ def fit_memory(points: list[Point], pr: Probe, workers: int, limit: int, parent:
     mb = max(1, pr.batch_size // 4)
     if not problems and pr.batch_size > 1:
         small = reprobe(mb)
+        small = dataclasses.replace(small, wall_s=small.wall_s + pr.wall_s)  # the probe stopped at its ceiling too
         if not small.over and small.peak_rss <= room:
             full = (f"over {pr.peak_rss / GB:.1f} GB a run (its probe stopped there)" if pr.over
                     else f"{pr.peak_rss / GB:.1f} GB a run")
@@ -91,14 +94,21 @@ def fit_memory(points: list[Point], pr: Probe, workers: int, limit: int, parent:
                       "use a smaller model or batch_size")
 
 
-def _with_control(pr: Probe, points: list[Point], work: Path, mb: int, ceiling: int) -> Probe:
+def _first_control(points: list[Point]) -> Point | None:
+    """The grid's first z-free control or label oracle (a one-pass run), None when it has none."""
+    return next((p for p in points if p.params.get("latent_source", "posterior") != "posterior"), None)
+
+
+def _with_control(pr: Probe, points: list[Point], work: Path, mb: int, ceiling: int, probed: Probe | None = None
+                  ) -> Probe:
     """``pr`` with the one-pass step and evaluation of the grid's first z-free control or label
-    oracle (its probe: a third to a half of a study's runs), ``pr`` itself when the grid has none.
-    ConfigError when that probe was stopped at the memory ``ceiling`` (bytes)."""
-    control = next((p for p in points if p.params.get("latent_source", "posterior") != "posterior"), None)
+    oracle (its probe: a third to a half of a study's runs; ``probed``: already measured beside the
+    K-way probe, ``_reprobe``), ``pr`` itself when the grid has none. ConfigError when that probe
+    was stopped at the memory ``ceiling`` (bytes)."""
+    control = _first_control(points)
     if control is None:
         return pr
-    g = probe(control, work / "control", mb, ceiling)
+    g = probed if probed is not None else probe(control, work / "control", mb, ceiling)
     if g.over:
         raise ConfigError(f"the z-free control {control.run_id} needs more than {g.peak_rss / GB:.1f} GB "
                           f"(its probe was stopped there) but {ceiling / GB:.1f} GB are free to plan with; "
@@ -147,6 +157,28 @@ def _workers_after_cut(cut: Point, full: Point, pr: Probe, w: int, workers: int,
     return w2, dataclasses.replace(pr, peak_rss=small.peak_rss, wall_s=pr.wall_s + small.wall_s)
 
 
+def _reprobe(points: list[Point], work: Path, ceiling: int, workers: int, stash: dict[int, Probe]
+             ) -> Callable[[int], Probe]:
+    """``fit_memory``'s probe at a micro-batch ``m``: where the grid has a z-free control, 2 or more
+    workers were asked for and this machine has 2 or more cores, the K-way point and the control are
+    probed side by side (``probe_side_by_side``), each within half the ``ceiling``, and the control's
+    Probe is kept in ``stash[m]`` (the pair's wall time counted once, on the K-way Probe); where one
+    of them passes its half, the K-way point alone with the whole ``ceiling``, as otherwise."""
+    control = _first_control(points)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+    def again(m: int) -> Probe:
+        if control is None or workers < 2 or cores < 2:
+            return probe(points[0], work, m, ceiling)
+        t0 = time.time()
+        k, g = probe_side_by_side([(points[0], work, m), (control, work / "control", m)], ceiling // 2)
+        if k.over or g.over:
+            return probe(points[0], work, m, ceiling)
+        stash[m] = dataclasses.replace(g, wall_s=0.0)
+        return dataclasses.replace(k, wall_s=time.time() - t0)
+    return again
+
+
 def plan(spec: ExperimentSpec, make_points: Callable[[ExperimentSpec], list[Point]], out: Path, workers: int,
          budget: float | None = None, started: float | None = None) -> Plan:
     """Probe one point (and a z-free control), fit the grid to memory (``fit_memory``) and to the
@@ -162,10 +194,10 @@ def plan(spec: ExperimentSpec, make_points: Callable[[ExperimentSpec], list[Poin
     work = out / "estimate"
     parent, limit = psutil.Process().memory_info().rss, memory_limit()
     ceiling = max(1, int(MEMORY_SHARE * limit - parent))  # a probe past it is stopped (``probe``)
-    pr = probe(points[0], work, ceiling=ceiling)
-    w, mb, pr, lines = fit_memory(points, pr, workers, limit, parent, lambda m: probe(points[0], work, m, ceiling))
+    pr, stash = probe(points[0], work, ceiling=ceiling), {}
+    w, mb, pr, lines = fit_memory(points, pr, workers, limit, parent, _reprobe(points, work, ceiling, workers, stash))
     pr = dataclasses.replace(pr, train_scoring_s=train_scoring_seconds(points))
-    pr = _with_control(pr, points, work, mb, ceiling)
+    pr = _with_control(pr, points, work, mb, ceiling, stash.get(mb))
     if mb:
         spec = dataclasses.replace(spec, train={**spec.train, "micro_batch": mb})
     cuts: list[str] = []

@@ -153,6 +153,7 @@ def probe(point: Point, work: Path, micro_batch: int | None = None, ceiling: int
     t0, peak, stop, over = time.time(), [0], threading.Event(), threading.Event()
     proc = subprocess.Popen([sys.executable, "-m", "zfree.cli", "train", "--config", str(run.parent / f"{run.name}.json"),
                              "--out", str(run)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    _LIVE.add(proc.pid)
     poller = threading.Thread(target=_poll_peak, args=(proc.pid, stop, peak, ceiling, over), daemon=True)
     poller.start()
     try:
@@ -164,6 +165,7 @@ def probe(point: Point, work: Path, micro_batch: int | None = None, ceiling: int
     finally:
         stop.set()
         poller.join()
+        _LIVE.discard(proc.pid)
     wall = time.time() - t0
     if over.is_set() or proc.returncode == -signal.SIGKILL:
         for ckpt in run.glob("checkpoint*"):
@@ -185,6 +187,32 @@ def probe(point: Point, work: Path, micro_batch: int | None = None, ceiling: int
     return Probe(setup_s=max(0.0, wall - end - decode) + warm, step_s=step_s,
                  eval_row_s=max(0.0, ev0 - samples) / PROBE_ROWS, peak_rss=peak[0], batch_size=n_batch,
                  micro_batch=mb, wall_s=wall, samples_s=samples, decode_s=decode)
+
+
+#: pids of the probes' ``zfree train`` children still running (``probe_side_by_side`` kills them on an
+#: interrupt, which reaches the main thread, not the threads that wait on them)
+_LIVE: set[int] = set()
+
+
+def probe_side_by_side(jobs: list[tuple[Point, Path, int | None]], ceiling: int) -> list[Probe]:
+    """``probe(point, work, micro_batch, ceiling)`` of each job at the same time, one thread (and one
+    ``zfree train`` child of one torch thread) each: on a machine of as many cores the probes take
+    the time of the longest instead of their sum, and their times are measured as the grid's runs
+    will go, side by side. ``ceiling``: bytes each child may reach (the caller's share). Returns the
+    Probes in the jobs' order; an interrupt kills every child and is raised again; a probe's
+    ConfigError is raised after the others finish."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(max_workers=len(jobs), thread_name_prefix="zfree-probe")
+    try:
+        futures = [pool.submit(probe, point, work, mb, ceiling) for point, work, mb in jobs]
+        return [f.result() for f in futures]
+    except BaseException:
+        for pid in list(_LIVE):
+            _kill_tree(pid)
+        raise
+    finally:
+        pool.shutdown(wait=True)
 
 
 def probed_step_seconds(summary: dict, ev0: float, end: float) -> tuple[float, float]:
