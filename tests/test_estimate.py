@@ -241,7 +241,7 @@ def test_fit_budget_cuts_and_refuses():
 
 def test_fit_budget_cuts_the_oracles_then_the_rows_before_refusing():
     """Past distribution alone at 10 steps: the label oracles to the first label, then 50 evaluated
-    rows, then a refusal naming the time the smallest grid needs and the runs' share of the budget."""
+    rows, then no oracle, then a refusal naming the time the smallest grid needs and the runs' share of the budget."""
     spec = OWN_PRESETS["own"]
 
     def seconds(s):  # 1 s a step, 0.1 s an evaluated row; the CVAE runs and one run per oracle
@@ -256,6 +256,10 @@ def test_fit_budget_cuts_the_oracles_then_the_rows_before_refusing():
     cut, lines = est.fit_budget(spec, seconds, budget=80, labels=labels)
     assert lines[-2:-1] == ["evaluated rows 100 -> 50"] and cut.train["eval_rows"] == 50 and seconds(cut) <= 80
     assert cut.train["steps"] >= 10
+    # then no oracle at all (each run keeps its control): 2 runs x 25 s
+    cut, lines = est.fit_budget(spec, seconds, budget=60, labels=labels)
+    assert lines[-2] == "label oracles ['n_sentences'] -> none" and lines[-1].startswith("steps x"), lines
+    assert cut.oracles == () and seconds(cut) <= 60 and cut.controls and cut.train["steps"] >= 10
     with pytest.raises(ConfigError, match=r"even 10 steps a run need about 1 min on this machine, 0\.5 min are left"):
         est.fit_budget(spec, seconds, budget=30, labels=labels)
     uncut, _ = est.fit_budget(spec, seconds, budget=1e9, labels=labels)
@@ -554,3 +558,50 @@ def test_probes_side_by_side_run_at_once_and_an_interrupt_takes_both_children(tm
         est.probe_side_by_side([(pts[0], tmp_path / "i", None), (pts[1], tmp_path / "i" / "control", None)], 8 * est.GB)
     assert len(seen) == 2 and not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
                                       for p in seen)
+
+
+def test_a_probe_of_the_same_config_on_this_machine_is_kept_not_run_again(tmp_path, monkeypatch):
+    """A study refused by its budget and run again with a larger one re-probes nothing: each probe's
+    measurement is kept beside it (``probe-mb<m>.measured.json``) and reused for the same config on
+    the same machine while it answers for the new ceiling; another config, machine or an older
+    record is measured again."""
+    import subprocess
+
+    from zfree.experiment import probe as probe_mod
+
+    started = []
+
+    class NoChild:
+        def __init__(self, *a, **k):
+            started.append(a)
+            raise RuntimeError("a child was started")
+    p = Point("probe", TrainConfig.from_flat({**TrainConfig().to_flat(), **SMALL}).to_flat())
+    run, flat = tmp_path / "probe-mb0", est.probe_params(p.params, 0)
+    fitted = dataclasses.replace(PROBE, peak_rss=2 * est.GB, wall_s=30.0, given_step_s=None)
+    probe_mod._keep_measured(run, flat, 8 * est.GB, fitted)
+    monkeypatch.setattr(subprocess, "Popen", NoChild)
+    kept = est.probe(p, tmp_path, ceiling=4 * est.GB)
+    assert kept.reused and dataclasses.replace(kept, reused=False) == fitted and kept.given_step_s is None
+    with pytest.raises(RuntimeError, match="a child was started"):  # its peak (2 GB) is over the new ceiling
+        est.probe(p, tmp_path, ceiling=1 * est.GB)
+    other = Point("probe", {**p.params, "lr_new": 3e-3})
+    with pytest.raises(RuntimeError, match="a child was started"):  # another config
+        est.probe(other, tmp_path, ceiling=4 * est.GB)
+    # a probe stopped at 8 GB answers for any ceiling up to 8 GB, not above
+    over = est.Probe(setup_s=math.nan, step_s=math.nan, eval_row_s=math.nan, peak_rss=8 * est.GB, batch_size=8,
+                     over=True)
+    probe_mod._keep_measured(run, flat, 8 * est.GB, over)
+    again = est.probe(p, tmp_path, ceiling=6 * est.GB)
+    assert again.over and again.reused and math.isnan(again.step_s)
+    with pytest.raises(RuntimeError, match="a child was started"):
+        est.probe(p, tmp_path, ceiling=12 * est.GB)
+    # another machine (or zfree version), or a record older than a day: measured again
+    monkeypatch.setattr(probe_mod, "_machine", lambda: {"host": "elsewhere"})
+    with pytest.raises(RuntimeError, match="a child was started"):
+        est.probe(p, tmp_path, ceiling=6 * est.GB)
+    monkeypatch.undo()
+    monkeypatch.setattr(subprocess, "Popen", NoChild)
+    monkeypatch.setattr(probe_mod.time, "time", lambda: 1e12)
+    with pytest.raises(RuntimeError, match="a child was started"):
+        est.probe(p, tmp_path, ceiling=6 * est.GB)
+    assert len(started) == 5

@@ -76,7 +76,8 @@ def fit_memory(points: list[Point], pr: Probe, workers: int, limit: int, parent:
     mb = max(1, pr.batch_size // 4)
     if not problems and pr.batch_size > 1:
         small = reprobe(mb)
-        small = dataclasses.replace(small, wall_s=small.wall_s + pr.wall_s)  # the probe stopped at its ceiling too
+        small = dataclasses.replace(small, wall_s=small.wall_s + pr.wall_s,  # the probe stopped at its ceiling too
+                                    reused=small.reused and pr.reused)
         if not small.over and small.peak_rss <= room:
             full = (f"over {pr.peak_rss / GB:.1f} GB a run (its probe stopped there)" if pr.over
                     else f"{pr.peak_rss / GB:.1f} GB a run")
@@ -115,7 +116,7 @@ def _with_control(pr: Probe, points: list[Point], work: Path, mb: int, ceiling: 
                           "use a smaller model or batch_size")
     return dataclasses.replace(pr, given_step_s=g.step_s * pr.batch_size / g.batch_size,
                                given_eval_row_s=g.eval_row_s, wall_s=pr.wall_s + g.wall_s,
-                               given_samples_s=g.samples_s, given_decode_s=g.decode_s)
+                               given_samples_s=g.samples_s, given_decode_s=g.decode_s, reused=pr.reused and g.reused)
 
 
 def _spent_line(budget: float, spent: float) -> str:
@@ -234,7 +235,9 @@ def plan(spec: ExperimentSpec, make_points: Callable[[ExperimentSpec], list[Poin
 def _measured(pr: Probe, workers: int | None) -> str:
     """The estimate's line of what the probes measured (``workers``: named where no estimate precedes it)."""
     return ((f"estimate: {workers} worker(s). " if workers is not None else "")
-            + f"Measured by {PROBE_STEPS}-step probes ({pr.wall_s:.0f} s, peak {pr.peak_rss / GB:.2f} GB a run): "
+            + f"Measured by {PROBE_STEPS}-step probes ({pr.wall_s:.0f} s"
+            + (", kept from an earlier probe of the same configs on this machine" if pr.reused else "")
+            + f", peak {pr.peak_rss / GB:.2f} GB a run): "
             f"{pr.step_s:.2f} s a K-way step at batch "
             f"{pr.batch_size}, {pr.eval_row_s:.3f} s an evaluated row"
             + (f"; z-free control {pr.given_step_s:.2f} s a step, {pr.given_eval_row_s:.3f} s a row"

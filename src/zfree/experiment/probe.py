@@ -55,6 +55,8 @@ class Probe:
     #: the probe was stopped when its memory passed the ceiling it was given (or killed by the
     #: system, SIGKILL): ``peak_rss`` is a lower bound and the times were not measured (NaN)
     over: bool = False
+    #: measured by an earlier probe of the same config on this machine (``probe``: its kept record)
+    reused: bool = False
 
 
 def memory_limit() -> int:
@@ -144,6 +146,71 @@ def probe(point: Point, work: Path, micro_batch: int | None = None, ceiling: int
     flat = probe_params(point.params, mb)
     n_batch = int(flat["batch_size"])
     run = work / f"probe-mb{mb}"
+    kept = _measured_before(run, flat, ceiling)
+    if kept is not None:
+        return kept
+    pr = _probe_child(point, run, flat, mb, n_batch, ceiling)
+    _keep_measured(run, flat, ceiling, pr)
+    return pr
+
+
+#: what a probe's measurement is kept with (``_keep_measured``): a later probe of the same config on
+#: the same machine and zfree within ``MEASURED_MAX_AGE_S`` reuses it (a study refused by its budget,
+#: run again with a larger one, re-probes nothing)
+MEASURED_MAX_AGE_S = 24 * 3600
+
+
+def _machine() -> dict:
+    """What a probe's times depend on beyond its config: host, cores, memory, zfree's version."""
+    import platform
+
+    import psutil
+
+    import zfree
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"host": platform.node(), "cores": cores, "memory_bytes": psutil.virtual_memory().total,
+            "zfree": zfree.__version__}
+
+
+def _keep_measured(run: Path, flat: dict, ceiling: int | None, pr: Probe) -> None:
+    """Write ``run``.measured.json: the probe's config, ceiling, machine, time and Probe (atomic)."""
+    import dataclasses
+
+    from zfree.core.io import atomic_write_json
+
+    if pr.reused:
+        return
+    atomic_write_json(run.parent / f"{run.name}.measured.json", {
+        "config": flat, "ceiling": ceiling, "machine": _machine(), "time": time.time(),
+        "probe": dataclasses.asdict(pr)})
+
+
+def _measured_before(run: Path, flat: dict, ceiling: int | None) -> Probe | None:
+    """The Probe kept by an earlier probe of the same ``flat`` config in ``run``'s folder (same
+    machine and zfree, at most ``MEASURED_MAX_AGE_S`` old) when it still answers for ``ceiling``: a
+    finished probe whose peak is under it, or one stopped at a ceiling at least as high; None
+    otherwise (an unreadable record too: it is measured again)."""
+    f = run.parent / f"{run.name}.measured.json"
+    try:
+        rec = json.loads(f.read_text())
+        if rec["config"] != json.loads(json.dumps(flat)) or rec["machine"] != _machine() \
+                or time.time() - float(rec["time"]) > MEASURED_MAX_AGE_S:
+            return None
+        kept = Probe(**{**rec["probe"], **{k: float("nan") for k in ("setup_s", "step_s", "eval_row_s")
+                                           if rec["probe"][k] is None}, "reused": True})
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    old = rec["ceiling"]
+    if kept.over:
+        fits = old is not None and (ceiling is None or ceiling <= old)
+    else:
+        fits = ceiling is None or kept.peak_rss <= ceiling
+    return kept if fits else None
+
+
+def _probe_child(point: Point, run: Path, flat: dict, mb: int, n_batch: int, ceiling: int | None) -> Probe:
+    """``probe``'s measurement: the child ``zfree train`` of ``flat`` in ``run``, its peak polled."""
     import shutil
 
     shutil.rmtree(run, ignore_errors=True)
