@@ -524,10 +524,12 @@ def test_a_micro_batch_is_probed_beside_its_control(tmp_path, monkeypatch):
 
 
 def test_probes_side_by_side_run_at_once_and_an_interrupt_takes_both_children(tmp_path, monkeypatch):
-    """Two real probes: both children are alive at the same time (each waits at a barrier the other
-    must reach), both finish with their own measurements; an interrupt of the main thread while they
-    run kills both children."""
-    import _thread
+    """Both probes run at the same time (each waits at a barrier the other must reach: run one after
+    the other, the barrier breaks and the test fails) and come back in the jobs' order; an interrupt
+    of the main thread while they run kills both children (here ``sleep`` processes standing in for
+    ``zfree train``, registered as a probe registers its child) and is raised again."""
+    import os
+    import signal
     import subprocess
     import threading
 
@@ -536,28 +538,65 @@ def test_probes_side_by_side_run_at_once_and_an_interrupt_takes_both_children(tm
     from zfree.experiment import probe as probe_mod
 
     pts = _with_a_control()
+    barrier = threading.Barrier(2, timeout=30)
+
+    def meeting(point, work, micro_batch=None, ceiling=None):
+        barrier.wait()
+        return dataclasses.replace(PROBE, wall_s=float(len(point.run_id)), peak_rss=ceiling)
+    monkeypatch.setattr(probe_mod, "probe", meeting)
+    k, g = est.probe_side_by_side([(pts[0], tmp_path, None), (pts[1], tmp_path / "control", None)], est.GB)
+    assert (k.wall_s, g.wall_s, k.peak_rss) == (len(pts[0].run_id), len("control_x"), est.GB)
+
+    children, started = [], threading.Barrier(3, timeout=30)
+
+    def sleeping(point, work, micro_batch=None, ceiling=None):
+        proc = subprocess.Popen(["sleep", "600"])
+        probe_mod._LIVE.add(proc.pid)
+        children.append(proc)
+        started.wait()
+        try:
+            proc.wait(timeout=20)  # returns at once when the interrupt killed it
+        except subprocess.TimeoutExpired:
+            pass  # not killed: still running, and the assertion below fails
+        probe_mod._LIVE.discard(proc.pid)
+        return PROBE
+    monkeypatch.setattr(probe_mod, "probe", sleeping)
+
+    def interrupt_once_both_run():  # a real SIGINT, as Ctrl-C sends: it wakes the main thread's wait
+        started.wait()
+        os.kill(os.getpid(), signal.SIGINT)
+    threading.Thread(target=interrupt_once_both_run, daemon=True).start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            est.probe_side_by_side([(pts[0], tmp_path, None), (pts[1], tmp_path / "control", None)], est.GB)
+        assert len(children) == 2 and all(c.poll() is not None for c in children) and not probe_mod._LIVE
+    finally:
+        for c in children:
+            c.kill()
+    assert not any(psutil.pid_exists(c.pid) and psutil.Process(c.pid).status() != psutil.STATUS_ZOMBIE
+                   for c in children)
+
+
+@pytest.mark.slow
+def test_two_real_probes_side_by_side_each_measure_their_own_run(tmp_path, monkeypatch):
+    """Two real ``zfree train`` probes, both children alive at once (each waits at a barrier in
+    ``communicate`` the other must reach), each with its own measurements and run folder."""
+    import subprocess
+    import threading
+
+    from zfree.experiment import probe as probe_mod
+
+    pts = _with_a_control()
     barrier, original = threading.Barrier(2, timeout=60), subprocess.Popen.communicate
 
     def together(self, *a, **k):
-        barrier.wait()  # a BrokenBarrierError (the test fails) unless the other child has started too
+        barrier.wait()
         return original(self, *a, **k)
     monkeypatch.setattr(subprocess.Popen, "communicate", together)
     k, g = est.probe_side_by_side([(pts[0], tmp_path, None), (pts[1], tmp_path / "control", None)], 8 * est.GB)
     assert not k.over and not g.over and k.step_s > 0 and g.step_s > 0 and not probe_mod._LIVE
-    assert (tmp_path / "probe-mb0" / "summary.json").exists() and (tmp_path / "control" / "probe-mb0" / "summary.json").exists()
-
-    seen = []
-
-    def stuck(self, *a, **k):
-        seen.append(self.pid)
-        if len(seen) == 2:
-            threading.Timer(0.5, _thread.interrupt_main).start()
-        return original(self, *a, **k)
-    monkeypatch.setattr(subprocess.Popen, "communicate", stuck)
-    with pytest.raises(KeyboardInterrupt):
-        est.probe_side_by_side([(pts[0], tmp_path / "i", None), (pts[1], tmp_path / "i" / "control", None)], 8 * est.GB)
-    assert len(seen) == 2 and not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
-                                      for p in seen)
+    assert (tmp_path / "probe-mb0" / "summary.json").exists()
+    assert (tmp_path / "control" / "probe-mb0" / "summary.json").exists()
 
 
 def test_a_probe_of_the_same_config_on_this_machine_is_kept_not_run_again(tmp_path, monkeypatch):

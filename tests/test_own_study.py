@@ -415,3 +415,34 @@ def test_a_label_of_hundreds_of_values_is_capped_for_its_oracle_and_noted(tiny_m
     assert any(n.startswith(f"label 'row': {len(rows)} values on the train and val rows; its oracle distinguishes "
                             f"the {LABEL_VALUE_CAP - 1} most frequent") for n in notes)
     assert f"label 'row': {len(rows)} values" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_a_study_refused_by_its_budget_reprobes_nothing_when_run_with_a_larger_one(tiny_model, tmp_path, monkeypatch,
+                                                                                  capsys):
+    """--budget too small: the probes run, then a one-line refusal (exit 2). The same study with a
+    larger budget reuses every probe measurement (``probe-mb<m>.measured.json``): no probe child is
+    started again, and the estimate line says its probes were kept."""
+    import zfree.experiment.pipeline as pipeline
+
+    monkeypatch.setenv("ZFREE_CACHE_DIR", str(tmp_path / "cache"))
+    model, data = tiny_model
+    out = tmp_path / "study"
+    cmd = ["study", "--model", str(model), "--data", str(data), "--out", str(out), "--preset", "own_smoke"]
+    assert main([*cmd, "--budget", "0.1"]) == 2  # 6 s: nothing is left for the runs after the probes
+    assert "give a larger budget" in _err(capsys)
+    kept = sorted(out.glob("estimate/**/*.measured.json"))
+    assert len(kept) == 2 and not (out / "plan.json").exists()  # the CVAE point's probe and its control's
+    stamps = {p: p.stat().st_mtime_ns for p in kept}
+
+    class Planned(Exception):
+        pass
+
+    def stop(*a, **k):
+        raise Planned
+    monkeypatch.setattr(pipeline, "run_points", stop)  # the second study stops once it has planned
+    with pytest.raises(Planned):
+        main([*cmd, "--budget", "30m"])
+    printed = capsys.readouterr().out
+    assert "kept from an earlier probe of the same configs on this machine" in printed, printed
+    assert {p: p.stat().st_mtime_ns for p in kept} == stamps
