@@ -249,3 +249,30 @@ def test_report_opens_in_chromium_with_no_request_and_no_script_dialog(evil_repo
         finally:
             browser.close()
     assert requests == [] and dialogs == [] and errors == [], (requests, dialogs, errors)
+
+
+def test_a_missing_nbconvert_template_is_one_line_saying_the_runs_are_complete(tmp_path, monkeypatch):
+    """An environment without nbconvert's data files (wheels installed with ``pip install --target``,
+    as on a lent GPU machine): rendering stops in one line that says the runs and tables are complete
+    and how to render again, instead of nbconvert's multi-line ValueError; other errors pass through."""
+    import nbformat
+
+    from zfree.core.errors import InputError
+    from zfree.experiment import render
+
+    class Exporter:
+        def __init__(self, message):
+            self.message = message
+
+        def from_notebook_node(self, nb):
+            raise ValueError(self.message)
+    missing = "No template sub-directory with name 'lab' found in the following paths:\n\t/a/share/jupyter\n\t/b"
+    monkeypatch.setattr(render, "offline_exporter", lambda: Exporter(missing))
+    with pytest.raises(InputError) as e:
+        render.html_of(nbformat.v4.new_notebook(), tmp_path)
+    line = str(e.value)
+    assert "\n" not in line and line.startswith("report.html: nbconvert found no 'lab' template")
+    assert f"the runs and tables in {tmp_path} are complete" in line and f"zfree report {tmp_path}" in line
+    monkeypatch.setattr(render, "offline_exporter", lambda: Exporter("something else"))
+    with pytest.raises(ValueError, match="something else"):
+        render.html_of(nbformat.v4.new_notebook(), tmp_path)

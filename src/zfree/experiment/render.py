@@ -51,6 +51,22 @@ def offline_exporter():
                         exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True)
 
 
+def html_of(nb, study_dir: Path) -> str:
+    """report.html's text of the executed notebook ``nb`` (``offline_exporter``). Raises InputError in
+    one line where nbconvert finds no 'lab' template (an environment whose Jupyter data files were
+    not installed, e.g. ``pip install --target``): the runs and tables of ``study_dir`` are complete."""
+    try:
+        body, _ = offline_exporter().from_notebook_node(nb)
+    except ValueError as e:
+        if "No template sub-directory" not in str(e):
+            raise
+        raise InputError(f"report.html: nbconvert found no 'lab' template (its data files are missing from this "
+                         f"environment); the runs and tables in {study_dir} are complete: "
+                         f"reinstall nbconvert (pip install --force-reinstall --no-deps nbconvert), then "
+                         f"zfree report {study_dir}") from None
+    return body
+
+
 def _combined_report(study_dir: Path, parts: list[Path]):
     """One notebook made of ``parts``: each part's parameters cell (untagged, its defaults kept)
     is followed by an injected ``sweep_dir = ...`` cell, so all sections run in one kernel."""
@@ -115,6 +131,5 @@ def render_report(study_dir: Path | str, notebook: Path | str | None = None, pro
     elif notebook is None and any((study_dir / "runs").glob(f"*/{MEANING_FILE}")):
         parts.append(NOTEBOOKS / "what_z_learned.ipynb")
     out_nb = execute(_combined_report(study_dir, parts), study_dir / "report.ipynb", progress=progress)
-    body, _ = offline_exporter().from_notebook_node(nbformat.read(out_nb, as_version=4))
-    atomic_write_text(study_dir / "report.html", body)
+    atomic_write_text(study_dir / "report.html", html_of(nbformat.read(out_nb, as_version=4), study_dir))
     return study_dir / "report.html"
