@@ -52,7 +52,8 @@ if given:
     display(Markdown("## What z could gain: the label oracles\n\n"
                      "Each oracle is the z-free control's recipe with z := the row's label: ΔR = D_control − D_oracle "
                      "(nats per example) is what a latent carrying that label could buy, H(label | x) what it costs in "
-                     "rate, η = ΔR/H the exchange rate theory needs.\n\n" + available_gain_markdown(given[0])))
+                     "rate, η = ΔR/H the exchange rate theory needs; the fine-tuning gain D_base − D_control is what the "
+                     "control's own training bought over the frozen base model on the same rows.\n\n" + available_gain_markdown(given[0])))
     if len(given[0]):
         display(available_gain_table(given[0]))
     verdicts = gain_verdicts(summary, given[1], eta)

@@ -209,9 +209,12 @@ def test_an_interrupt_during_a_probe_takes_its_child_along(tmp_path, monkeypatch
 def test_fit_budget_cuts_and_refuses():
     spec = OWN_PRESETS["own"]
 
-    def seconds(s):  # 1 s a step, 0.1 s an evaluated row, 2 betas x 4 weightings x 2 aids
+    def evals(s):  # 3 evaluations, 2 once the intermediate ones are cut
+        return 2 if s.train.get("eval_every", 1) >= s.train["steps"] else 3
+
+    def seconds(s):  # 1 s a step, 0.15 s an evaluated row an evaluation, 2 betas x 4 weightings x 2 aids
         g = s.boundary
-        per = s.train["steps"] + 0.1 * s.train["eval_rows"] * 3
+        per = s.train["steps"] + 0.15 * s.train["eval_rows"] * evals(s)
         return len(g.weightings) * len(g.beta_factors) * len(g.aids) * per
     cut, lines = est.fit_budget(spec, seconds, budget=600)
     assert seconds(cut) <= 600 and lines[0].startswith("evaluated rows 300 -> 100")
@@ -225,7 +228,7 @@ def test_fit_budget_cuts_and_refuses():
 
     def batched(s):  # the same grid, a step's time proportional to the batch
         g = s.boundary
-        per = s.train["steps"] * s.train.get("batch_size", 32) / 32 + 0.1 * s.train["eval_rows"] * 3
+        per = s.train["steps"] * s.train.get("batch_size", 32) / 32 + 0.15 * s.train["eval_rows"] * evals(s)
         return len(g.weightings) * len(g.beta_factors) * len(g.aids) * per
     small, lines = est.fit_budget(spec, batched, budget=300)  # 4 runs x (50 + 30) > 300 at batch 32
     assert "batch 32 -> 8 rows a step" in lines and small.train["batch_size"] == 8 and batched(small) <= 300
@@ -233,8 +236,13 @@ def test_fit_budget_cuts_and_refuses():
     assert cut.boundary.weightings != roomy.boundary.weightings and not any("weightings" in l for l in lines)
     uncut, none = est.fit_budget(spec, seconds, budget=1e9)
     assert none == [] and uncut == spec
-    with pytest.raises(ConfigError, match="even 10 steps"):
+    with pytest.raises(ConfigError, match="even 10 steps") as refused:
         est.fit_budget(spec, seconds, budget=1)
+    assert refused.value.smallest_s > 1  # the smallest grid's seconds, for the budget the refusal names
+    # a cut that saves nothing is not made: 80 validation rows, so "evaluated rows 300 -> 100" evaluates as many
+    few, lines = est.fit_budget(spec, lambda s: seconds(dataclasses.replace(
+        s, train={**s.train, "eval_rows": min(80, s.train["eval_rows"])})), budget=600)
+    assert not any(l.startswith("evaluated rows") for l in lines) and lines[0] == "evaluations at step 0 and the end only"
     with pytest.raises(ConfigError, match="own-data grid"):
         est.fit_budget(PRESETS["smoke"], seconds, budget=60)
 
@@ -276,7 +284,9 @@ def test_plan_gives_the_grid_what_is_left_of_the_budget(tmp_path, monkeypatch):
     def fit(s, seconds, budget, labels=()):
         seen.append(budget)
         if budget < 600:
-            raise ConfigError("even 10 steps a run need about 30 min on this machine, 8.3 min are left for the runs")
+            refusal = ConfigError("even 10 steps a run need about 30 min on this machine, 8.3 min are left for the runs")
+            refusal.smallest_s = 1790.0
+            raise refusal
         return s, []
     monkeypatch.setattr(est, "fit_budget", fit)
     now = time.time()
@@ -294,9 +304,10 @@ def test_plan_gives_the_grid_what_is_left_of_the_budget(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="--budget 2 min: the split, reference and probes took"):
         est.plan(spec, lambda s: _points(), tmp_path, workers=1, budget=120, started=t0)
     # the grid's refusal names the whole budget, what the preparation took and the runs' share
+    # ... and the budget that would hold the smallest grid: 100 s + 60 s for the report + 1790 s, rounded up
     with pytest.raises(ConfigError, match=r"^--budget 11 min: the split, reference and probes took 1\.7 min and the "
                                           r"report needs about 1; even 10 steps .* 8\.3 min are left for the runs; "
-                                          r"give a larger budget$"):
+                                          r"give a budget of at least 33 min$"):
         est.plan(spec, lambda s: _points(), tmp_path, workers=1, budget=660, started=t0)
 
 

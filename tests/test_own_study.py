@@ -430,7 +430,7 @@ def test_a_study_refused_by_its_budget_reprobes_nothing_when_run_with_a_larger_o
     out = tmp_path / "study"
     cmd = ["study", "--model", str(model), "--data", str(data), "--out", str(out), "--preset", "own_smoke"]
     assert main([*cmd, "--budget", "0.1"]) == 2  # 6 s: nothing is left for the runs after the probes
-    assert "give a larger budget" in _err(capsys)
+    assert "give a budget of at least" in _err(capsys)
     kept = sorted(out.glob("estimate/**/*.measured.json"))
     assert len(kept) == 2 and not (out / "plan.json").exists()  # the CVAE point's probe and its control's
     stamps = {p: p.stat().st_mtime_ns for p in kept}

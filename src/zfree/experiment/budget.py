@@ -223,8 +223,10 @@ def fit_budget(spec: "ExperimentSpec", seconds: Callable[["ExperimentSpec"], flo
                labels: Sequence[str] = ()) -> tuple["ExperimentSpec", list[str]]:
     """Cut an own-data grid (``spec.boundary`` set) with ``CUTS``, in order, each only while
     ``seconds(spec)`` > ``budget``; ``labels``: the grid's oracle labels, in order. Returns the cut
-    spec and one line per cut. Raises ConfigError naming the time the smallest grid needs (for the
-    runs: ``budget`` is their share), or when ``spec`` is not an own-data grid."""
+    spec and one line per cut; a cut that would save nothing (fewer evaluated rows than the
+    validation set has, say) is not made. Raises ConfigError naming the time the smallest grid needs
+    (for the runs: ``budget`` is their share; its seconds in the error's ``smallest_s``), or when
+    ``spec`` is not an own-data grid."""
     if spec.boundary is None:
         raise ConfigError("--budget sizes an own-data grid (zfree study --model M --data F); a preset's grid is fixed")
     lines: list[str] = []
@@ -237,12 +239,14 @@ def fit_budget(spec: "ExperimentSpec", seconds: Callable[["ExperimentSpec"], flo
                 return fitted[0], lines + [fitted[1]]
             continue
         done = cut.apply(spec, labels)
-        if done is not None:
+        if done is not None and seconds(done[0]) < seconds(spec):
             spec, line = done
             lines.append(line)
     if seconds(spec) <= budget:
         return spec, lines
     steps = int(spec.train.get("steps", TrainConfig().optim.steps))
     smallest = seconds(_with(spec, _scaled(spec.train, MIN_STEPS / steps), _scaled(spec.boundary.aided, MIN_STEPS / steps)))
-    raise ConfigError(f"even {MIN_STEPS} steps a run need about {smallest / 60:.0f} min on this machine, "
-                      f"{budget / 60:.1f} min are left for the runs")
+    refusal = ConfigError(f"even {MIN_STEPS} steps a run need about {smallest / 60:.0f} min on this machine, "
+                          f"{max(0.0, budget) / 60:.1f} min are left for the runs")
+    refusal.smallest_s = smallest  # the smallest grid's seconds: the caller names the budget it needs
+    raise refusal

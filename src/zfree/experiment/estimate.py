@@ -27,6 +27,7 @@ does).
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -126,11 +127,14 @@ def _spent_line(budget: float, spent: float) -> str:
 
 
 def _cut_to_budget(spec: ExperimentSpec, seconds: Callable[[ExperimentSpec], float], grid_budget: float,
-                   points: list[Point], why: str, measured: Callable[[], list[str]]
+                   points: list[Point], why: str, measured: Callable[[], list[str]], before_grid: float = 0.0
                    ) -> tuple[ExperimentSpec, list[str]]:
     """``fit_budget`` of ``spec`` to ``grid_budget`` seconds (the label oracles of ``points`` kept in
     the cut): the cut spec and the cuts. A refusal of an own-data grid prints ``measured()`` (what it
-    was computed from) and raises ConfigError starting with ``why``; a preset's grid re-raises as is."""
+    was computed from) and raises ConfigError starting with ``why`` and ending with the budget that
+    would hold the smallest grid (``before_grid``: the seconds the study spends outside the grid, the
+    preparation, probes and report, + the smallest grid, in whole minutes rounded up); a preset's grid
+    re-raises as is."""
     sources = [LatentSource.parse(p.params.get("latent_source")) for p in points]
     labels = [s.label for s in sources if s.kind == "label"]
     try:
@@ -140,7 +144,10 @@ def _cut_to_budget(spec: ExperimentSpec, seconds: Callable[[ExperimentSpec], flo
             raise
         for line in measured():
             print(line, flush=True)
-        raise ConfigError(f"{why}; {e}; give a larger budget") from None
+        smallest = getattr(e, "smallest_s", None)
+        ask = ("give a larger budget" if smallest is None else
+               f"give a budget of at least {math.ceil((before_grid + smallest) / 60)} min")
+        raise ConfigError(f"{why}; {e}; {ask}") from None
 
 
 def _workers_after_cut(cut: Point, full: Point, pr: Probe, w: int, workers: int, work: Path, ceiling: int,
@@ -205,11 +212,9 @@ def plan(spec: ExperimentSpec, make_points: Callable[[ExperimentSpec], list[Poin
     grid_budget = None
     if budget is not None:
         spent = 0.0 if started is None else time.time() - started
-        why, grid_budget = _spent_line(budget, spent), budget - spent - REPORT_S
-        if grid_budget <= 0:
-            raise ConfigError(f"{why}; give a larger budget")
+        why, grid_budget = _spent_line(budget, spent), max(0.0, budget - spent - REPORT_S)  # 0: refused below
         spec, cuts = _cut_to_budget(spec, lambda s: grid_seconds(make_points(s), pr, n_val, w), grid_budget, points,
-                                    why, lambda: [_measured(pr, w), *lines])
+                                    why, lambda: [_measured(pr, w), *lines], before_grid=spent + REPORT_S)
     final = make_points(spec)
     if w < workers and final and final[0].params["batch_size"] < points[0].params["batch_size"]:
         w, pr = _workers_after_cut(final[0], points[0], pr, w, workers, work / "cut", ceiling,
