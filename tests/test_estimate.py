@@ -512,7 +512,7 @@ def test_a_micro_batch_is_probed_beside_its_control(tmp_path, monkeypatch):
     monkeypatch.setattr(est, "probe", probe)
     monkeypatch.setattr(est, "probe_side_by_side", side_by_side)
     monkeypatch.setattr(est, "memory_limit", lambda: 24 * est.GB)
-    monkeypatch.setattr(est.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(est, "usable_cores", lambda: 2)
     pts = _with_a_control(batch_size=32)
     plan = est.plan(OWN_PRESETS["own"], lambda s: pts, tmp_path, workers=2)
     (ceiling,) = {c for _, _, c in alone}

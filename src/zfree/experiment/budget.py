@@ -230,8 +230,9 @@ def fit_budget(spec: "ExperimentSpec", seconds: Callable[["ExperimentSpec"], flo
     if spec.boundary is None:
         raise ConfigError("--budget sizes an own-data grid (zfree study --model M --data F); a preset's grid is fixed")
     lines: list[str] = []
+    now = seconds(spec)  # the current grid's seconds (each call expands its points)
     for cut in CUTS:
-        if seconds(spec) <= budget:
+        if now <= budget:
             return spec, lines
         if cut.apply is None:
             fitted = _fit_steps(spec, seconds, budget, cut.floor)
@@ -239,10 +240,11 @@ def fit_budget(spec: "ExperimentSpec", seconds: Callable[["ExperimentSpec"], flo
                 return fitted[0], lines + [fitted[1]]
             continue
         done = cut.apply(spec, labels)
-        if done is not None and seconds(done[0]) < seconds(spec):
-            spec, line = done
+        after = None if done is None else seconds(done[0])
+        if after is not None and after < now:
+            (spec, line), now = done, after
             lines.append(line)
-    if seconds(spec) <= budget:
+    if now <= budget:
         return spec, lines
     steps = int(spec.train.get("steps", TrainConfig().optim.steps))
     smallest = seconds(_with(spec, _scaled(spec.train, MIN_STEPS / steps), _scaled(spec.boundary.aided, MIN_STEPS / steps)))

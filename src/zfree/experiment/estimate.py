@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +42,7 @@ from zfree.experiment.cost import (AGGRESSIVE_STEP_FACTOR, KERNEL_START_S, _n_ev
                                    run_seconds, train_scoring_seconds)
 from zfree.experiment.probe import (GB, MEMORY_SHARE, PROBE_ROWS, PROBE_STEPS, Probe, _kill_tree,  # noqa: F401
                                     _poll_peak, memory_limit, probe, probe_params, probe_side_by_side,
-                                    probed_step_seconds)
+                                    probed_step_seconds, usable_cores)
 from zfree.experiment.spec import ExperimentSpec, Point
 from zfree.train.accumulate import accumulation_problem
 
@@ -173,7 +172,7 @@ def _reprobe(points: list[Point], work: Path, ceiling: int, workers: int, stash:
     Probe is kept in ``stash[m]`` (the pair's wall time counted once, on the K-way Probe); where one
     of them passes its half, the K-way point alone with the whole ``ceiling``, as otherwise."""
     control = _first_control(points)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = usable_cores()
 
     def again(m: int) -> Probe:
         if control is None or workers < 2 or cores < 2:

@@ -160,6 +160,11 @@ def probe(point: Point, work: Path, micro_batch: int | None = None, ceiling: int
 MEASURED_MAX_AGE_S = 24 * 3600
 
 
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity where the system tells it, else the count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def _machine() -> dict:
     """What a probe's times depend on beyond its config: host, cores, memory, zfree's version."""
     import platform
@@ -168,8 +173,7 @@ def _machine() -> dict:
 
     import zfree
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {"host": platform.node(), "cores": cores, "memory_bytes": psutil.virtual_memory().total,
+    return {"host": platform.node(), "cores": usable_cores(), "memory_bytes": psutil.virtual_memory().total,
             "zfree": zfree.__version__}
 
 
