@@ -390,7 +390,3 @@ def evaluate(model, encoded: Sequence[EncodedPair], pairs: Sequence[Pair], *, b:
     return Evaluation(m, df, samples, meaning=meaning,
                       q=np.concatenate(kind.q) if meaning is not None and meaning.ids else None)
 
-
-def evaluate_continuous(model, encoded, pairs, **kw) -> Evaluation:
-    """``evaluate`` (kept for callers of the former continuous-only entry point)."""
-    return evaluate(model, encoded, pairs, **kw)

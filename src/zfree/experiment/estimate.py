@@ -100,23 +100,28 @@ def _first_control(points: list[Point]) -> Point | None:
     return next((p for p in points if p.params.get("latent_source", "posterior") != "posterior"), None)
 
 
-def _with_control(pr: Probe, points: list[Point], work: Path, mb: int, ceiling: int, probed: Probe | None = None
-                  ) -> Probe:
+def _with_control_probe(pr: Probe, g: Probe) -> Probe:
+    """``pr`` with the one-pass step and evaluation measured by ``g``, a z-free control's or label
+    oracle's probe (its step time scaled to ``pr``'s batch); the wall times add up."""
+    return dataclasses.replace(pr, given_step_s=g.step_s * pr.batch_size / g.batch_size,
+                               given_eval_row_s=g.eval_row_s, wall_s=pr.wall_s + g.wall_s,
+                               given_samples_s=g.samples_s, given_decode_s=g.decode_s, reused=pr.reused and g.reused)
+
+
+def _with_control(pr: Probe, points: list[Point], work: Path, mb: int, ceiling: int) -> Probe:
     """``pr`` with the one-pass step and evaluation of the grid's first z-free control or label
-    oracle (its probe: a third to a half of a study's runs; ``probed``: already measured beside the
-    K-way probe, ``_reprobe``), ``pr`` itself when the grid has none. ConfigError when that probe
-    was stopped at the memory ``ceiling`` (bytes)."""
+    oracle (its probe: a third to a half of a study's runs), ``pr`` itself when the grid has none or
+    ``pr`` already carries it (measured beside the K-way probe, ``_reprobe``). ConfigError when that
+    probe was stopped at the memory ``ceiling`` (bytes)."""
     control = _first_control(points)
-    if control is None:
+    if control is None or pr.given_step_s is not None:
         return pr
-    g = probed if probed is not None else probe(control, work / "control", mb, ceiling)
+    g = probe(control, work / "control", mb, ceiling)
     if g.over:
         raise ConfigError(f"the z-free control {control.run_id} needs more than {g.peak_rss / GB:.1f} GB "
                           f"(its probe was stopped there) but {ceiling / GB:.1f} GB are free to plan with; "
                           "use a smaller model or batch_size")
-    return dataclasses.replace(pr, given_step_s=g.step_s * pr.batch_size / g.batch_size,
-                               given_eval_row_s=g.eval_row_s, wall_s=pr.wall_s + g.wall_s,
-                               given_samples_s=g.samples_s, given_decode_s=g.decode_s, reused=pr.reused and g.reused)
+    return _with_control_probe(pr, g)
 
 
 def _spent_line(budget: float, spent: float) -> str:
@@ -164,12 +169,11 @@ def _workers_after_cut(cut: Point, full: Point, pr: Probe, w: int, workers: int,
     return w2, dataclasses.replace(pr, peak_rss=small.peak_rss, wall_s=pr.wall_s + small.wall_s)
 
 
-def _reprobe(points: list[Point], work: Path, ceiling: int, workers: int, stash: dict[int, Probe]
-             ) -> Callable[[int], Probe]:
+def _reprobe(points: list[Point], work: Path, ceiling: int, workers: int) -> Callable[[int], Probe]:
     """``fit_memory``'s probe at a micro-batch ``m``: where the grid has a z-free control, 2 or more
     workers were asked for and this machine has 2 or more cores, the K-way point and the control are
-    probed side by side (``probe_side_by_side``), each within half the ``ceiling``, and the control's
-    Probe is kept in ``stash[m]`` (the pair's wall time counted once, on the K-way Probe); where one
+    probed side by side (``probe_side_by_side``), each within half the ``ceiling``, and the K-way
+    Probe carries the control's measurements (``_with_control_probe``; the pair's wall time counted once); where one
     of them passes its half, the K-way point alone with the whole ``ceiling``, as otherwise."""
     control = _first_control(points)
     cores = usable_cores()
@@ -181,8 +185,7 @@ def _reprobe(points: list[Point], work: Path, ceiling: int, workers: int, stash:
         k, g = probe_side_by_side([(points[0], work, m), (control, work / "control", m)], ceiling // 2)
         if k.over or g.over:
             return probe(points[0], work, m, ceiling)
-        stash[m] = dataclasses.replace(g, wall_s=0.0)
-        return dataclasses.replace(k, wall_s=time.time() - t0)
+        return _with_control_probe(dataclasses.replace(k, wall_s=time.time() - t0), dataclasses.replace(g, wall_s=0.0))
     return again
 
 
@@ -201,10 +204,10 @@ def plan(spec: ExperimentSpec, make_points: Callable[[ExperimentSpec], list[Poin
     work = out / "estimate"
     parent, limit = psutil.Process().memory_info().rss, memory_limit()
     ceiling = max(1, int(MEMORY_SHARE * limit - parent))  # a probe past it is stopped (``probe``)
-    pr, stash = probe(points[0], work, ceiling=ceiling), {}
-    w, mb, pr, lines = fit_memory(points, pr, workers, limit, parent, _reprobe(points, work, ceiling, workers, stash))
+    pr = probe(points[0], work, ceiling=ceiling)
+    w, mb, pr, lines = fit_memory(points, pr, workers, limit, parent, _reprobe(points, work, ceiling, workers))
     pr = dataclasses.replace(pr, train_scoring_s=train_scoring_seconds(points))
-    pr = _with_control(pr, points, work, mb, ceiling, stash.get(mb))
+    pr = _with_control(pr, points, work, mb, ceiling)
     if mb:
         spec = dataclasses.replace(spec, train={**spec.train, "micro_batch": mb})
     cuts: list[str] = []

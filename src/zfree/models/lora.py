@@ -83,12 +83,6 @@ def trainable_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def frozen_names(model: torch.nn.Module) -> set[str]:
-    """Names of the model's state entries that do not train (the frozen base and its buffers)."""
-    trains = {n for n, p in model.named_parameters() if p.requires_grad}
-    return set(model.state_dict()) - trains
-
-
 def load_trainable(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
     """Load a partial checkpoint (``trainable_tensors``) into ``model``. Raises RuntimeError when
     it names a tensor the model lacks, or leaves a trainable parameter unset (another run's file)."""
