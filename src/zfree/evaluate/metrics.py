@@ -389,4 +389,3 @@ def evaluate(model, encoded: Sequence[EncodedPair], pairs: Sequence[Pair], *, b:
     meaning = getattr(kind, "meaning", None)
     return Evaluation(m, df, samples, meaning=meaning,
                       q=np.concatenate(kind.q) if meaning is not None and meaning.ids else None)
-
