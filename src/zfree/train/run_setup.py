@@ -136,6 +136,7 @@ class Run:
     t0: float  # wall-clock origin (continued on resume)
     curves: LiveCurves | None = None  # TensorBoard's writer of the run folder (cfg.optim.tensorboard)
     plugins: list = field(default_factory=list)  # the active training-loop plug-ins (zfree.train.plugins)
+    saved_step: int | None = None  # the step of the last checkpoint written (None: none yet)
 
 
 def setup_run(cfg: TrainConfig, out: Path, progress: bool) -> Run:
@@ -166,4 +167,4 @@ def setup_run(cfg: TrainConfig, out: Path, progress: bool) -> Run:
     curves = open_curves(out, cfg.optim.tensorboard, None if state is None else state.step, cfg.optim.wandb,
                          cfg.to_flat())
     return Run(out, model, data, opt, rng, state or TrainState(phase=plugins.initial_phase(cfg)), t0, curves,
-               plugins.active_plugins(cfg))
+               plugins.active_plugins(cfg), saved_step=None if state is None else state.step)

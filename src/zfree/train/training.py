@@ -13,6 +13,7 @@ an uninterrupted run, timing keys aside).
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -180,11 +181,10 @@ def _train_locked(cfg: TrainConfig, out: Path, progress: bool, stop_after: int |
     if (done := run_folder.finished_summary(out, cfg)) is not None:
         return done
     run = setup_run(cfg, out, progress)
-    saved = {"step": run.state.step if (out / "checkpoint").is_dir() or (out / "checkpoint.prev").is_dir() else None}
     try:
-        return _train_loop(cfg, out, run, progress, stop_after, saved)
+        return _train_loop(cfg, out, run, progress, stop_after)
     except KeyboardInterrupt as e:  # Ctrl-C, SIGINT, SIGTERM (zfree.cli): the last checkpoint is kept
-        kept = "no checkpoint yet" if saved["step"] is None else f"the checkpoint of step {saved['step']} is kept"
+        kept = "no checkpoint yet" if run.saved_step is None else f"the checkpoint of step {run.saved_step} is kept"
         raise Interrupted(getattr(e, "signum", 2), f"interrupted at step {run.state.step} ({kept}); "
                                                    f"resume with `zfree train --resume {out}`") from None
     finally:
@@ -192,16 +192,34 @@ def _train_locked(cfg: TrainConfig, out: Path, progress: bool, stop_after: int |
             run.curves.close()
 
 
-def _train_loop(cfg: TrainConfig, out: Path, run: Run, progress: bool, stop_after: int | None, saved: dict) -> dict:
-    """The steps of ``_train_locked``; ``saved["step"]``: the step of the last checkpoint written."""
-    model, data, state = run.model, run.data, run.state
-    gate_rows = data.val[: cfg.aid.handover_rows] if cfg.aid.handover_rows else data.val
-    mask = aids.FrozenDecoderMask(model)
-    dev, acc = next(model.parameters()).device, acc_dtype(next(model.parameters()).dtype)
-    watch = run_folder.FiniteWatch(out, dev)
-    counter = TokenCounter(decoder_body(model), start=state.forward_tokens)
+@dataclass
+class _Loop:
+    """What every step of one run uses, built once (``_train_loop``): the config, run folder and run,
+    the hand-over gate's validation rows, the frozen-side mask, the model's device and accumulation
+    dtype, the finite-loss watch and the training compute's token counter."""
+
+    cfg: TrainConfig
+    out: Path
+    run: Run
+    gate_rows: list
+    mask: aids.FrozenDecoderMask
+    dev: torch.device
+    acc: torch.dtype
+    watch: run_folder.FiniteWatch
+    counter: TokenCounter
+
+
+def _train_loop(cfg: TrainConfig, out: Path, run: Run, progress: bool, stop_after: int | None) -> dict:
+    """The steps of ``_train_locked``, with the loop's parts built (``_Loop``); ``run.saved_step``
+    follows the checkpoints written."""
+    model, data = run.model, run.data
+    dev = next(model.parameters()).device
+    counter = TokenCounter(decoder_body(model), start=run.state.forward_tokens)
+    loop = _Loop(cfg, out, run, data.val[: cfg.aid.handover_rows] if cfg.aid.handover_rows else data.val,
+                 aids.FrozenDecoderMask(model), dev, acc_dtype(next(model.parameters()).dtype),
+                 run_folder.FiniteWatch(out, dev), counter)
     try:
-        return _train_steps(cfg, out, run, progress, stop_after, saved, gate_rows, mask, dev, acc, watch, counter)
+        return _train_steps(loop, progress, stop_after)
     finally:
         counter.remove()
 
@@ -217,15 +235,16 @@ def _evaluate_paused(counter: TokenCounter, state: TrainState, fn):
     return out
 
 
-def _train_steps(cfg, out, run, progress, stop_after, saved, gate_rows, mask, dev, acc, watch, counter) -> dict:
-    """The loop of ``_train_loop`` with its helpers built (``counter``: the training compute)."""
+def _train_steps(loop: _Loop, progress: bool, stop_after: int | None) -> dict:
+    """The loop of ``_train_loop``: steps, progress, evaluations and checkpoints."""
+    cfg, out, run, watch, counter = loop.cfg, loop.out, loop.run, loop.watch, loop.counter
     model, data, state = run.model, run.data, run.state
 
     def record():
         return _evaluate_paused(counter, state, lambda: _record_evaluation(out, model, data, state, run.opt, run.rng,
                                                                            run.t0, run.curves))
     ev = record() if state.step == 0 else None
-    saved["step"] = 0 if ev is not None else saved["step"]
+    run.saved_step = 0 if ev is not None else run.saved_step
     bar = tqdm(total=cfg.optim.steps, initial=state.step, disable=not progress, mininterval=5,
                desc=f"{cfg.objective.weighting} β={cfg.objective.beta:g}" + ("" if cfg.aid.aid == "none" else f" {cfg.aid.aid}"))
     last_progress = time.time()
@@ -233,7 +252,7 @@ def _train_steps(cfg, out, run, progress, stop_after, saved, gate_rows, mask, de
     while state.step < cfg.optim.steps:
         step = state.step + 1
         t_step = time.time()
-        ctx, br = _take_step(run, cfg, step, gate_rows, mask, dev, acc, watch)
+        ctx, br = _take_step(loop, step)
         state.step = step
         if step == 1:
             state.first_step_s = time.time() - t_step
@@ -256,7 +275,7 @@ def _train_steps(cfg, out, run, progress, stop_after, saved, gate_rows, mask, de
         elif saving:
             _save_checkpoint(run, state)
         if evaluating or saving:
-            saved["step"] = step
+            run.saved_step = step
         if stopping:  # tests of resume
             if not (evaluating or saving):  # (saving twice would leave checkpoint.prev equal to checkpoint)
                 _save_checkpoint(run, state)
@@ -266,12 +285,12 @@ def _train_steps(cfg, out, run, progress, stop_after, saved, gate_rows, mask, de
     return _finish(cfg, out, run, ev, counter)
 
 
-def _take_step(run: Run, cfg: TrainConfig, step: int, gate_rows, mask: aids.FrozenDecoderMask, dev, acc,
-               watch: run_folder.FiniteWatch) -> tuple[plugins.StepContext, object]:
+def _take_step(loop: _Loop, step: int) -> tuple[plugins.StepContext, object]:
     """One optimizer step ``step`` (1-based): its rates, a batch of ``batch_size`` training rows drawn
     with replacement, the step's objective (the hard-EM phase, else the latent kind's true J, the
     plug-ins' options applied), the plug-ins' hooks around the forward pass, the finite-loss watch
     and the update of the side the plug-ins train. Returns (the hooks' context, the breakdown)."""
+    run, cfg, watch = loop.run, loop.cfg, loop.watch
     state, data = run.state, run.data
     set_learning_rates(run.opt, step_rates(cfg, state, step, run.plugins))
     idx = run.rng.integers(0, len(data.train), cfg.optim.batch_size)  # batches drawn with replacement
@@ -279,8 +298,8 @@ def _take_step(run: Run, cfg: TrainConfig, step: int, gate_rows, mask: aids.Froz
     phase = (Phase.HARD if state.phase == Phase.HARD else GIVEN if cfg.model.latent_source != "posterior"
              else cfg.model.latent_kind)
     kw = {k: v for p in run.plugins for k, v in p.objective_kw(cfg, state, step).items()}
-    ctx = plugins.StepContext(run, cfg, step, _objective_of(run, cfg, phase, step, dev, acc, **kw), mask, watch,
-                              gate_rows, _extra_update)
+    ctx = plugins.StepContext(run, cfg, step, _objective_of(run, cfg, phase, step, loop.dev, loop.acc, **kw), loop.mask,
+                              watch, loop.gate_rows, _extra_update)
     for p in run.plugins:  # the rows as the step trains on them (word dropout)
         rows = p.rows(ctx, rows)
     for p in run.plugins:  # before the forward pass (the aggressive encoder's inner loop)
@@ -289,7 +308,7 @@ def _take_step(run: Run, cfg: TrainConfig, step: int, gate_rows, mask: aids.Froz
     for p in run.plugins:  # the breakdown before the update (the hard phase's usage counts)
         p.after_forward(ctx, br)
     watch.add(br, step, host)  # (its row ids) checked now on the CPU, every FINITE_CHECK_EVERY steps elsewhere
-    _optimizer_step(run, br, cfg, step, mask, plugins.trained_side(run.plugins, cfg, state, step))
+    _optimizer_step(run, br, cfg, step, loop.mask, plugins.trained_side(run.plugins, cfg, state, step))
     return ctx, br
 
 
