@@ -32,8 +32,10 @@ COLLAPSED_BELOW = 0.1
 
 
 #: every ASCII punctuation character as a numeric character reference: markdown cannot build
-#: emphasis, code, links, headings, lists, tables, math or raw HTML out of text escaped with it
-_MD_ESCAPES = {c: f"&#{ord(c)};" for c in string.punctuation}
+#: emphasis, code, links, headings, lists, tables, math or raw HTML out of text escaped with it;
+#: control characters and lone surrogates as U+FFFD (a ``str.translate`` table)
+_MD_ESCAPES = {**{ord(c): f"&#{ord(c)};" for c in string.punctuation},
+               **dict.fromkeys([*range(32), *range(0x7F, 0xA0), *range(0xD800, 0xE000)], "\ufffd")}
 
 
 def md_text(text) -> str:
@@ -42,15 +44,7 @@ def md_text(text) -> str:
     ``&#42;``), so no element, attribute, heading or emphasis comes from it; runs of whitespace,
     line breaks included, as one space (a line break would end a list item or start a heading);
     control characters and lone surrogates, which HTML cannot carry, as U+FFFD."""
-    out = []
-    for c in " ".join(str(text).split()):
-        if c in _MD_ESCAPES:
-            out.append(_MD_ESCAPES[c])
-        elif (ord(c) < 32 or 0x7F <= ord(c) < 0xA0) or 0xD800 <= ord(c) <= 0xDFFF:
-            out.append("\ufffd")
-        else:
-            out.append(c)
-    return "".join(out)
+    return " ".join(str(text).split()).translate(_MD_ESCAPES)
 
 
 def md_code(text) -> str:
