@@ -118,6 +118,17 @@ def run_label(row, runs: pd.DataFrame | None = None) -> str:
     return " ".join(parts)
 
 
+def use_side(fraction, threshold: float = USE_THRESHOLD) -> str:
+    """"use" when ``fraction`` (of a run's rows) exceeds ``threshold``, else "no use"; "unknown" when
+    it is NaN."""
+    return "unknown" if pd.isna(fraction) else ("use" if fraction > threshold else "no use")
+
+
+def percent(fraction) -> str:
+    """``fraction`` as a whole percentage ("25%"); "–" when it is NaN."""
+    return "–" if pd.isna(fraction) else f"{100 * fraction:.0f}%"
+
+
 def run_verdicts(summary: pd.DataFrame, threshold: float = USE_THRESHOLD) -> pd.DataFrame:
     """One verdict per run: does z get used where theory says it pays?
 
@@ -133,13 +144,9 @@ def run_verdicts(summary: pd.DataFrame, threshold: float = USE_THRESHOLD) -> pd.
     for c in ("weighting", "beta", "predicted_use_fraction", "measured_use_fraction"):
         if c not in summary:
             raise KeyError(f"run_verdicts: summary has no column {c!r}")
-
-    def side(x):
-        return "unknown" if pd.isna(x) else ("use" if x > threshold else "no use")
-
     rows = []
     for _, r in summary.iterrows():
-        p, m = side(r["predicted_use_fraction"]), side(r["measured_use_fraction"])
+        p, m = use_side(r["predicted_use_fraction"], threshold), use_side(r["measured_use_fraction"], threshold)
         agree = np.nan if "unknown" in (p, m) else p == m
         collapsed = m == "no use" and r["measured_use_fraction"] < COLLAPSED_BELOW
         verdict = {("use", "use"): "agree: z used, as predicted",
@@ -162,12 +169,8 @@ def verdict_markdown(verdicts: pd.DataFrame) -> str:
     known = verdicts["agree"].dropna()
     head = f"**{int(known.sum())} of {len(verdicts)} runs agree with theory**" + (
         f" ({len(verdicts) - len(known)} without a prediction or a measurement)." if len(known) < len(verdicts) else ".")
-
-    def pct(x):
-        return "–" if pd.isna(x) else f"{100 * x:.0f}%"
-
-    lines = [f"- {md_code(r['run'])}: predicted use {pct(r['predicted use'])} of rows, "
-             f"measured {pct(r['measured use'])}"
+    lines = [f"- {md_code(r['run'])}: predicted use {percent(r['predicted use'])} of rows, "
+             f"measured {percent(r['measured use'])}"
              f" — {r['verdict']}" for _, r in verdicts.iterrows()]
     return "\n".join([head, "", *lines])
 
