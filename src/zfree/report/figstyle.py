@@ -143,10 +143,8 @@ def shade(ax, x: np.ndarray, mask: np.ndarray) -> None:
     """Shade the x-intervals where ``mask`` holds (log-spaced x: edges at geometric midpoints)."""
     if not mask.any():
         return
-    edges = np.sqrt(x[1:] * x[:-1])
-    lo_edges = np.concatenate([[x[0]], edges])
-    hi_edges = np.concatenate([edges, [x[-1]]])
-    for lo, hi, m in zip(lo_edges, hi_edges, mask):
+    edges = np.concatenate([[x[0]], np.sqrt(x[1:] * x[:-1]), [x[-1]]])
+    for lo, hi, m in zip(edges[:-1], edges[1:], mask):
         if m:
             ax.axvspan(lo, hi, color="gold", alpha=0.15, lw=0)
 
@@ -162,8 +160,8 @@ def variants(df: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     facets = [f for f in FACETS[1:] if f in df and df[f].nunique() > 1]
     if not facets:
         return [("", df)]
-    return [(", ".join(f"{f}={k}" for f, k in zip(facets, key if isinstance(key, tuple) else (key,))), rows)
-            for key, rows in df.groupby(facets, sort=False)]
+    return [(", ".join(f"{f}={k}" for f, k in zip(facets, key)), rows)
+            for key, rows in df.groupby(facets, sort=False)]  # grouped by a list: every key is a tuple
 
 
 def groups(df: pd.DataFrame):
@@ -175,9 +173,8 @@ def groups(df: pd.DataFrame):
     shared = [str(df[f].iloc[0]) for f in FACETS[1:] if f in df and f not in facets and len(df)
               and str(df[f].iloc[0]) not in ("none", "discrete", "nan", "None")]
     others = list(dict.fromkeys(tuple(r) for r in df[facets[1:]].itertuples(index=False))) if facets[1:] else [()]
-    for key, rows in df.groupby(facets, sort=False):
-        key = key if isinstance(key, tuple) else (key,)
-        yield (" ".join(map(str, [*key, *shared])), color_of(key[0]), LINESTYLES[others.index(tuple(key[1:])) % 4],
+    for key, rows in df.groupby(facets, sort=False):  # grouped by a list: every key is a tuple
+        yield (" ".join(map(str, [*key, *shared])), color_of(key[0]), LINESTYLES[others.index(key[1:]) % 4],
                rows)
 
 

@@ -24,7 +24,7 @@ import pandas as pd
 from zfree.experiment.controls import LINKS_FILE
 from zfree.experiment.gains import best_label, oracle_table, run_gains
 from zfree.objective.theory import predicted_use
-from zfree.report.report import md_code, md_text, run_label
+from zfree.report.report import md_code, md_text, percent, run_label, use_side
 from zfree.train.run_folder import USE_THRESHOLD
 
 #: a label metric resting on fewer evaluated rows than this is flagged (item 4)
@@ -116,7 +116,7 @@ def available_gain_table(oracles: pd.DataFrame, digits: int = 3) -> pd.DataFrame
     index label: values, rows, ΔR over the control and its interval, H(label | x) and its interval,
     η = ΔR/H and its interval, where ΔR's interval lies (``interval_side``: above 0, below 0, holds 0),
     and the fine-tuning gain."""
-    t = pd.DataFrame({
+    return pd.DataFrame({
         "values": oracles["n_values"].astype(int).to_numpy(), "rows": oracles["rows"].astype(int).to_numpy(),
         "ΔR [nats/ex]": oracles["delta_R"].round(digits).to_numpy(),
         "ΔR 95% CI": [_ci(a, b, digits) for a, b in zip(oracles["delta_R_lo"], oracles["delta_R_hi"])],
@@ -127,7 +127,6 @@ def available_gain_table(oracles: pd.DataFrame, digits: int = 3) -> pd.DataFrame
         "ΔR interval": [interval_side(a, b) for a, b in zip(oracles["delta_R_lo"], oracles["delta_R_hi"])],
         "fine-tuning gain [nats/ex]": oracles["finetune_gain"].round(digits).to_numpy()},
         index=pd.Index(oracles["label"].astype(str), name="label"))
-    return t
 
 
 def measured_eta(oracles: pd.DataFrame) -> tuple[float, str] | None:
@@ -184,10 +183,6 @@ def predicted_use_at(run_dir: Path | str, eta: float) -> float:
     return float(np.mean(predicted_use(pe["beta_eff"].to_numpy(float), bn, ex, exchange_rate=eta)))
 
 
-def _side(x, threshold: float) -> str:
-    return "unknown" if pd.isna(x) else ("use" if x > threshold else "no use")
-
-
 def _gain_verdict(measured: str, gain_lo, gain_hi=np.nan) -> str:
     """The verdict of one run from its measured use and where its z-gain interval lies against its
     own control (``interval_side``): a gain below 0 is named (D worse than the control's)."""
@@ -214,7 +209,7 @@ def gain_verdicts(runs: pd.DataFrame, gains: pd.DataFrame, eta: tuple[float, str
     rows = []
     for _, r in runs.iterrows():
         x = g.loc[r["run_id"]] if r["run_id"] in g.index else pd.Series(dtype=object)
-        m = _side(r["measured_use_fraction"], threshold)
+        m = use_side(r["measured_use_fraction"], threshold)
         lo = x.get("z_gain_lo", np.nan)
         used = np.nan if pd.isna(lo) or m == "unknown" else bool(m == "use" and lo > 0)
         p1 = r["predicted_use_fraction"]
@@ -241,18 +236,14 @@ def gain_verdict_markdown(verdicts: pd.DataFrame, eta: tuple[float, str] | None)
             f"interval above 0 over the run's own z-free control). Theory: z pays where β_eff < η; with η = 1, "
             f"{int(verdicts['η = 1 agrees'].dropna().astype(bool).sum())} runs agree; with {rule}"
             + (f", {int(verdicts['η measured agrees'].dropna().astype(bool).sum())} agree." if eta else "."))
-
-    def pct(v):
-        return "–" if pd.isna(v) else f"{100 * v:.0f}%"
-
     several = "control" in verdicts and verdicts["control"].nunique() > 1  # name each run's own control
 
     def against(r):
         return f" over its control {md_code(r['control'])}" if several and not pd.isna(r["control"]) else ""
 
     lines = [f"- {md_code(r['run'])}: z gain {r['z gain [nats/ex]']:.3g} nats/ex {r['z gain 95% CI']}{against(r)} "
-             f"at rate {r['rate [nats/ex]']:.3g}; measured use {pct(r['measured use'])}, predicted "
-             f"{pct(r['predicted use (η = 1)'])} (η = 1)" + (f" / {pct(r['predicted use (η measured)'])} (η measured)"
+             f"at rate {r['rate [nats/ex]']:.3g}; measured use {percent(r['measured use'])}, predicted "
+             f"{percent(r['predicted use (η = 1)'])} (η = 1)" + (f" / {percent(r['predicted use (η measured)'])} (η measured)"
                                                              if eta else "") + f" — {md_text(r['verdict'])}"
              for _, r in verdicts.iterrows()]
     return "\n".join([head, "", *lines])

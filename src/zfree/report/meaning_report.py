@@ -32,9 +32,8 @@ def meaning_markdown(doc: dict) -> str:
              ""]
     passing = [p for p in doc.get("properties", []) if p.get("passes")]
     if not passing:
-        lines.append("No derived property of y passes its permutation baseline with the posterior itself carrying it: "
-                     "nothing here says what z carries.")
-        lines.append("")
+        lines += ["No derived property of y passes its permutation baseline with the posterior itself carrying it: "
+                  "nothing here says what z carries.", ""]
     lines += [f"- {md_text(v.get('sentence', ''))}" for v in doc["values"]]
     lines += [f"- note: {md_text(n)}" for n in doc.get("notes", [])]
     return "\n".join(lines)

@@ -6,23 +6,20 @@ rate-distortion plane in ``zfree.report.rate_distortion`` (re-exported here)."""
 
 from __future__ import annotations
 
-import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.lines import Line2D
+from matplotlib.ticker import MaxNLocator
 
-matplotlib.use("Agg") if matplotlib.get_backend().lower() in ("", "agg") else None
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-from matplotlib.lines import Line2D  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
-
-from zfree.report.figstyle import FACET_MARKERS, FACETS  # noqa: E402
-from zfree.report.figstyle import literal  # noqa: E402
-from zfree.report.figstyle import groups as _groups  # noqa: E402
-from zfree.report.figstyle import legend_below as _legend_below  # noqa: E402
-from zfree.report.figstyle import log_axis as _log_axis  # noqa: E402
-from zfree.report.figstyle import paper as _paper  # noqa: E402
-from zfree.report.figstyle import rho_limits as _rho_limits  # noqa: E402
-from zfree.report.rate_distortion import LBAR, plot_rate_distortion  # noqa: E402,F401 - the notebooks' import
+from zfree.report.figstyle import FACET_MARKERS, FACETS, LINESTYLES
+from zfree.report.figstyle import literal
+from zfree.report.figstyle import groups as _groups
+from zfree.report.figstyle import legend_below as _legend_below
+from zfree.report.figstyle import log_axis as _log_axis
+from zfree.report.figstyle import paper as _paper
+from zfree.report.figstyle import rho_limits as _rho_limits
+from zfree.report.rate_distortion import LBAR, plot_rate_distortion  # noqa: F401 - the notebooks' import
 
 #: ℓ̄_i (a row's mean token loss) in mathtext, as ``LBAR``
 LBAR_I = r"$\bar{\ell}_i$"
@@ -40,12 +37,11 @@ def plot_training_curves(metrics: dict[str, pd.DataFrame], collapse_kl: float = 
             ("structure/alignment_nmi", "alignment NMI (argmax z vs strategy)")]
     fig, axes = plt.subplots(2, 2, figsize=(10, 6.4))  # 2 × 2: readable at the report's width
     axes = axes.flatten()
-    styles = ["-", "--", ":", "-."]
     for i, (label, df) in enumerate(metrics.items()):
         color = f"C{i % 10}"
         terms = [c for c in df.columns if c.startswith("loss_contrib/fraction_abs/")]
         for j, t in enumerate(terms):
-            axes[0].plot(df["step"], df[t], styles[j % 4], color=color, marker=".",
+            axes[0].plot(df["step"], df[t], LINESTYLES[j % 4], color=color, marker=".",
                          label=literal(f"{label}: {t.rsplit('/', 1)[-1]}"))
         for ax, (k, name) in zip(axes[1:], keys):
             if k in df:
@@ -71,7 +67,7 @@ def plot_training_curves(metrics: dict[str, pd.DataFrame], collapse_kl: float = 
     runs = [Line2D([], [], color=f"C{i % 10}", marker=".", label=literal(label)) for i, label in enumerate(metrics)]
     terms = list(dict.fromkeys(c.rsplit("/", 1)[-1] for df in metrics.values() for c in df.columns
                                if c.startswith("loss_contrib/fraction_abs/")))
-    styles_h = [Line2D([], [], color="k", ls=styles[j % 4], label=literal(f"{t} (top left)")) for j, t in enumerate(terms)]
+    styles_h = [Line2D([], [], color="k", ls=LINESTYLES[j % 4], label=literal(f"{t} (top left)")) for j, t in enumerate(terms)]
     styles_h += [Line2D([], [], color="gray", lw=0.6, ls="--", label=f"KL = {collapse_kl:g}: collapsed below (KL panel)"),
                  Line2D([], [], color="k", lw=1, ls=":", label="a run's first evaluation below it (KL panel)")]
     first = fig.legend(handles=runs, loc="upper right", bbox_to_anchor=(0.62, 0.0), ncol=2, fontsize=7,
@@ -115,7 +111,7 @@ def plot_phase_diagram(runs: pd.DataFrame, c_base: float | None = None, beta_ove
     metrics = [m for m in metrics if m[0] in runs and runs[m[0]].notna().any()]
     n = max(1, len(metrics))
     ncol = min(2, n)
-    fig, axes = plt.subplots((n + 1) // 2 if n > 1 else 1, ncol, figsize=(5.4 * ncol, 4.2 * ((n + 1) // 2)),
+    fig, axes = plt.subplots((n + 1) // 2, ncol, figsize=(5.4 * ncol, 4.2 * ((n + 1) // 2)),
                              squeeze=False)
     cells = runs.groupby(["beta", "recon_weight"], as_index=False)[[m[0] for m in metrics]].mean()
     shown = [*runs["beta"], *(critical_betas or {}).values()]

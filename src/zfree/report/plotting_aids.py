@@ -65,14 +65,11 @@ def plot_use_by_length(use: pd.DataFrame) -> plt.Figure:
                     label=f"β={beta:g} {literal(aid)} measured")
             if j == 0:  # the prediction depends on beta and |S| only: one line per beta, not per aid
                 ax.plot(g["n_tokens"], g["predicted_use"], "--", color=cmap(i), alpha=0.7, label=f"β={beta:g} predicted")
-    ax.set_xlabel("|S| (y tokens + end token)")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_ylabel("fraction of rows using z")
     ax.set_ylim(-0.05, 1.05)
-    ax.set_title("Use per length (theory: short examples switch on first, β* = 1/(|S| c_base))")
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    fig.tight_layout()
-    return fig
+    return finish_with_legend_right(fig, ax, "|S| (y tokens + end token)", "fraction of rows using z",
+                                    "Use per length (theory: short examples switch on first, β* = 1/(|S| c_base))",
+                                    title_size=10)
 
 
 @paper

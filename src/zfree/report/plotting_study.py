@@ -6,21 +6,18 @@ the data drawn)."""
 
 from __future__ import annotations
 
-import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.lines import Line2D
 
-matplotlib.use("Agg") if matplotlib.get_backend().lower() in ("", "agg") else None
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-from matplotlib.lines import Line2D  # noqa: E402
-
-from zfree.report.figstyle import FACET_MARKERS, FACETS, WEIGHTING_FILLS, literal, remedy_style  # noqa: E402
-from zfree.report.figstyle import groups as _groups  # noqa: E402
-from zfree.report.figstyle import log_axis as _log_axis  # noqa: E402
-from zfree.report.figstyle import paper as _paper  # noqa: E402
-from zfree.report.figstyle import rho_limits as _rho_limits  # noqa: E402
-from zfree.report.figstyle import shade  # noqa: E402
-from zfree.report.report import run_label  # noqa: E402
+from zfree.report.figstyle import FACET_MARKERS, FACETS, WEIGHTING_FILLS, literal, remedy_style
+from zfree.report.figstyle import groups as _groups
+from zfree.report.figstyle import log_axis as _log_axis
+from zfree.report.figstyle import paper as _paper
+from zfree.report.figstyle import rho_limits as _rho_limits
+from zfree.report.figstyle import shade
+from zfree.report.report import run_label
 
 
 @_paper

@@ -5,17 +5,14 @@ once. Re-exported by ``zfree.report.plotting``."""
 
 from __future__ import annotations
 
-import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
 
-matplotlib.use("Agg") if matplotlib.get_backend().lower() in ("", "agg") else None
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from zfree.report.figstyle import FACET_MARKERS, color_of, finish_with_legend_right, keep_labels_apart  # noqa: E402
-from zfree.report.figstyle import literal  # noqa: E402
-from zfree.report.figstyle import groups as _groups  # noqa: E402
-from zfree.report.figstyle import paper as _paper  # noqa: E402
+from zfree.report.figstyle import FACET_MARKERS, color_of, finish_with_legend_right, keep_labels_apart
+from zfree.report.figstyle import literal
+from zfree.report.figstyle import groups as _groups
+from zfree.report.figstyle import paper as _paper
 
 #: ℓ̄ (mean token loss) in mathtext: matplotlib draws the combining macron (U+0304) through the ℓ
 LBAR = r"$\bar{\ell}$"

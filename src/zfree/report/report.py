@@ -32,8 +32,10 @@ COLLAPSED_BELOW = 0.1
 
 
 #: every ASCII punctuation character as a numeric character reference: markdown cannot build
-#: emphasis, code, links, headings, lists, tables, math or raw HTML out of text escaped with it
-_MD_ESCAPES = {c: f"&#{ord(c)};" for c in string.punctuation}
+#: emphasis, code, links, headings, lists, tables, math or raw HTML out of text escaped with it;
+#: control characters and lone surrogates as U+FFFD (a ``str.translate`` table)
+_MD_ESCAPES = {**{ord(c): f"&#{ord(c)};" for c in string.punctuation},
+               **dict.fromkeys([*range(32), *range(0x7F, 0xA0), *range(0xD800, 0xE000)], "\ufffd")}
 
 
 def md_text(text) -> str:
@@ -42,15 +44,7 @@ def md_text(text) -> str:
     ``&#42;``), so no element, attribute, heading or emphasis comes from it; runs of whitespace,
     line breaks included, as one space (a line break would end a list item or start a heading);
     control characters and lone surrogates, which HTML cannot carry, as U+FFFD."""
-    out = []
-    for c in " ".join(str(text).split()):
-        if c in _MD_ESCAPES:
-            out.append(_MD_ESCAPES[c])
-        elif (ord(c) < 32 or 0x7F <= ord(c) < 0xA0) or 0xD800 <= ord(c) <= 0xDFFF:
-            out.append("\ufffd")
-        else:
-            out.append(c)
-    return "".join(out)
+    return " ".join(str(text).split()).translate(_MD_ESCAPES)
 
 
 def md_code(text) -> str:
@@ -124,6 +118,17 @@ def run_label(row, runs: pd.DataFrame | None = None) -> str:
     return " ".join(parts)
 
 
+def use_side(fraction, threshold: float = USE_THRESHOLD) -> str:
+    """"use" when ``fraction`` (of a run's rows) exceeds ``threshold``, else "no use"; "unknown" when
+    it is NaN."""
+    return "unknown" if pd.isna(fraction) else ("use" if fraction > threshold else "no use")
+
+
+def percent(fraction) -> str:
+    """``fraction`` as a whole percentage ("25%"); "–" when it is NaN."""
+    return "–" if pd.isna(fraction) else f"{100 * fraction:.0f}%"
+
+
 def run_verdicts(summary: pd.DataFrame, threshold: float = USE_THRESHOLD) -> pd.DataFrame:
     """One verdict per run: does z get used where theory says it pays?
 
@@ -139,13 +144,9 @@ def run_verdicts(summary: pd.DataFrame, threshold: float = USE_THRESHOLD) -> pd.
     for c in ("weighting", "beta", "predicted_use_fraction", "measured_use_fraction"):
         if c not in summary:
             raise KeyError(f"run_verdicts: summary has no column {c!r}")
-
-    def side(x):
-        return "unknown" if pd.isna(x) else ("use" if x > threshold else "no use")
-
     rows = []
     for _, r in summary.iterrows():
-        p, m = side(r["predicted_use_fraction"]), side(r["measured_use_fraction"])
+        p, m = use_side(r["predicted_use_fraction"], threshold), use_side(r["measured_use_fraction"], threshold)
         agree = np.nan if "unknown" in (p, m) else p == m
         collapsed = m == "no use" and r["measured_use_fraction"] < COLLAPSED_BELOW
         verdict = {("use", "use"): "agree: z used, as predicted",
@@ -168,12 +169,8 @@ def verdict_markdown(verdicts: pd.DataFrame) -> str:
     known = verdicts["agree"].dropna()
     head = f"**{int(known.sum())} of {len(verdicts)} runs agree with theory**" + (
         f" ({len(verdicts) - len(known)} without a prediction or a measurement)." if len(known) < len(verdicts) else ".")
-
-    def pct(x):
-        return "–" if pd.isna(x) else f"{100 * x:.0f}%"
-
-    lines = [f"- {md_code(r['run'])}: predicted use {pct(r['predicted use'])} of rows, "
-             f"measured {pct(r['measured use'])}"
+    lines = [f"- {md_code(r['run'])}: predicted use {percent(r['predicted use'])} of rows, "
+             f"measured {percent(r['measured use'])}"
              f" — {r['verdict']}" for _, r in verdicts.iterrows()]
     return "\n".join([head, "", *lines])
 

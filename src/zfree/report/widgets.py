@@ -139,9 +139,7 @@ class SweepExplorer:
 
     def refresh(self) -> None:
         """Reload the sweep folders (new runs finished) and redraw."""
-        self.results = load_sweeps(self.sweep_dirs)
-        self._set_options()
-        self.redraw()
+        self.open(self.sweep_dirs)
 
     def open(self, sweep_dir: Path | str | Sequence[Path | str]) -> None:
         """Show other sweep folders (one, or a list whose first is the study), as the constructor
@@ -183,10 +181,6 @@ class SweepExplorer:
         self.out.outputs = ({"output_type": "display_data", "metadata": {},
                              "data": {"image/png": png, "text/plain": "<zfree explorer figure>"}},)
 
-    def _at_beta(self, runs: pd.DataFrame) -> pd.DataFrame:
-        """Per weighting (and facet), the runs at the beta nearest the slider."""
-        return runs_at_beta(runs, self.beta.value)
-
     def _phase(self, runs):
         r = self.results
         return P.plot_phase_diagram(runs, c_base=(r.reference or {}).get("c_base"), beta_over_w=r.critical_beta_over_w(),
@@ -196,14 +190,10 @@ class SweepExplorer:
         return P.plot_rate_distortion(runs, z_free=float(runs["zfree_distortion"].mean()),
                                       bayes_rate=float(runs["bayes_rate"].mean())), runs
 
-    def _per_example(self, runs):
-        sel = self._at_beta(runs)
-        pe = self.results.per_example
-        return sel, pe[pe["run_id"].isin(sel["run_id"])]
-
     def _effective_beta(self, runs):
-        sel, pe = self._per_example(runs)
-        return P.plot_effective_beta(pe), sel
+        sel = runs_at_beta(runs, self.beta.value)  # per weighting (and facet), the runs at the slider's beta
+        pe = self.results.per_example
+        return P.plot_effective_beta(pe[pe["run_id"].isin(sel["run_id"])]), sel
 
     def _rho(self, runs):
         pe = self.results.per_example
@@ -211,6 +201,6 @@ class SweepExplorer:
 
     def _dynamics(self, runs):
         sel = runs[np.isclose(runs["beta"], self.beta.value) & np.isclose(runs["recon_weight"], self.weight.value)]
-        sel = sel if len(sel) else self._at_beta(runs)
+        sel = sel if len(sel) else runs_at_beta(runs, self.beta.value)
         return P.plot_training_curves({self.results.label(r): pd.DataFrame(read_jsonl(Path(r["run_dir"]) / "metrics.jsonl"))
                                        for _, r in sel.iterrows()}), sel
