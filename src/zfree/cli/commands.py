@@ -167,16 +167,13 @@ def cmd_study(a):
     # lazy: the experiment layer imports torch, transformers and the training stack (seconds); `zfree --help` need not
     from zfree.experiment.catalog import DEFAULT_OWN_BUDGET
     from zfree.experiment.estimate import parse_budget
-    from zfree.experiment.own_study import run_own_study
-    from zfree.experiment.study import run_study
+    from zfree.experiment.own_study import BOUND_PRESETS, OWN_PRESETS, run_own_study
+    from zfree.experiment.study import PRESETS, run_study
 
     t0 = time.time() - 1.0
     if a.preset is not None and a.spec is not None:
         raise ConfigError(f"--preset {a.preset!r} and --spec {a.spec}: give one (the spec is the whole grid, "
                           f"a preset another)")
-    from zfree.experiment.own_study import BOUND_PRESETS, OWN_PRESETS
-    from zfree.experiment.study import PRESETS
-
     if a.preset is not None and a.preset not in {**PRESETS, **OWN_PRESETS}:
         raise ValueError(f"--preset {a.preset!r} is not one of {sorted(PRESETS)} (the shipped base), "
                          f"{sorted(set(OWN_PRESETS) - set(BOUND_PRESETS))} (with --model and --data) or "

@@ -17,6 +17,7 @@ import socket
 import subprocess
 import threading
 from concurrent.futures import Future, InvalidStateError
+from contextlib import suppress
 from pathlib import Path
 from typing import Any, Callable
 
@@ -161,18 +162,16 @@ class SubmititExecutor:
             r = job.result()
             if isinstance(r, dict):
                 r = {**r, "job_id": str(job.job_id), "log": self._log(job)}
-            fut.set_result(r)
-        except InvalidStateError:
-            pass
         except Exception as e:  # noqa: BLE001 - the job's own failure, reported by the sweep
             lines = [ln.strip() for ln in str(e).splitlines() if ln.strip().strip("-")]
             why = " ".join(lines[:2]) or type(e).__name__  # submitit's: "Job N ... (state: TIMEOUT)"
             err = JobFailed(f"{self._kind()} job {job.job_id} (log {self._log(job)}) ended without a result: "
                             f"{why[:300]}", self._log(job))
-            try:
+            with suppress(InvalidStateError):
                 fut.set_exception(err)
-            except InvalidStateError:
-                pass
+            return
+        with suppress(InvalidStateError):
+            fut.set_result(r)
 
     def _kind(self) -> str:
         return "SLURM" if self.cluster == "slurm" else f"submitit {self.cluster}"
@@ -205,10 +204,8 @@ class SubmititExecutor:
             with self._lock:
                 futs = [f for _, f in self._jobs]
             for f in futs:
-                try:
+                with suppress(BaseException):  # CancelledError; waiting only
                     f.exception()  # waits; a cancelled Future raises CancelledError at once
-                except BaseException:  # noqa: BLE001 - CancelledError; waiting only
-                    pass
         self._closed.set()
 
 

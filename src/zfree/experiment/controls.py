@@ -44,15 +44,11 @@ SHARED = ("data_dir", "base_dir", "weighting", "epsilon", "token_alpha", "token_
           "keep_prev_checkpoint", "tensorboard", "wandb", "word_dropout")
 
 
-def _defaults() -> dict[str, Any]:
-    return TrainConfig().to_flat()
-
-
 def control_params(flat: dict[str, Any]) -> dict[str, Any]:
     """The flat config of the z-free control of the run ``flat`` (module docstring): K = 1,
     ``latent_source = "control"``, beta 0 (a given z pays no rate), the fields in ``_RESET`` at their
     defaults, evaluated at step 0 and the end only; everything that shapes the decoder's training kept."""
-    d = _defaults()
+    d = TrainConfig().to_flat()
     out = {**flat, **{k: d[k] for k in _RESET}}
     # evaluated at step 0 and at the end only (the same rows): evaluation draws from its own seeded
     # generator, so this does not change a step of training, and the gains read the final one
@@ -114,10 +110,3 @@ def with_controls(points: list[Point], labels: dict[str, int] | None) -> tuple[l
                                                  "control": links["controls"][cvae[0].run_id]}
     seen = {p.run_id for p in points}
     return list(points) + [Point(i, f) for i, f in extra.items() if i not in seen], links
-
-
-def is_given_run(row: dict | Any) -> bool:
-    """True for a control or oracle run (a summary row or flat config)."""
-    src = row.get("latent_source", "posterior") if hasattr(row, "get") else "posterior"
-    return isinstance(src, str) and src != "posterior"
-

@@ -18,6 +18,7 @@ import sys
 import threading
 import traceback
 from concurrent.futures import CancelledError, Future, ProcessPoolExecutor, as_completed
+from contextlib import suppress
 from pathlib import Path
 from typing import Any, Callable, Protocol, runtime_checkable
 
@@ -114,11 +115,9 @@ def die_with_parent(parent_pid: int) -> None:
     papermill starts poll their parent (ipykernel's ParentPollerUnix, via JPY_PARENT_PID) and
     exit within a second of the worker's death, so a killed sweep leaves no process behind."""
     if sys.platform.startswith("linux"):
-        try:
+        with suppress(OSError, AttributeError):
             libc = ctypes.CDLL(None, use_errno=True)
             libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        except (OSError, AttributeError):
-            pass
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os._exit(1)
 
@@ -144,27 +143,19 @@ def local_executor(workers: int = 2) -> ProcessPoolExecutor:
 EXECUTORS = {"local": "a process pool on this machine", "submitit": "submitit (SLURM, local or debug)"}
 
 
-def _submitit_executor(workers: int, folder: Path | str | None, **options):
-    """``zfree.experiment.cluster.SubmititExecutor(folder, **options)`` (submitit imported lazily)."""
-    if folder is None:
-        raise ValueError("executor 'submitit' needs a folder for its job logs")
-    from zfree.experiment.cluster import SubmititExecutor
-
-    return SubmititExecutor(folder, **options)
-
-
-#: executor name (``EXECUTORS``) -> its factory (workers, folder, **options)
-_EXECUTOR_FACTORIES = {"local": lambda workers, folder, **options: local_executor(workers),
-                       "submitit": _submitit_executor}
-
-
 def make_executor(kind: str = "local", workers: int = 2, folder: Path | str | None = None, **options) -> Executor:
     """``local``: ``local_executor(workers)``; ``submitit``: ``zfree.experiment.cluster.SubmititExecutor(folder,
     **options)``.
     Raises ValueError for an unknown kind (listing the valid ones) or submitit without a folder."""
-    if kind not in _EXECUTOR_FACTORIES:
+    if kind not in EXECUTORS:
         raise ValueError(f"executor={kind!r} is not one of {sorted(EXECUTORS)}")
-    return _EXECUTOR_FACTORIES[kind](workers, folder, **options)
+    if kind == "local":
+        return local_executor(workers)
+    if folder is None:
+        raise ValueError("executor 'submitit' needs a folder for its job logs")
+    from zfree.experiment.cluster import SubmititExecutor  # lazy: submitit
+
+    return SubmititExecutor(folder, **options)
 
 
 def run_points(points: list[Point], runs_dir: Path | str, *, workers: int = 2, executor: Executor | None = None,
@@ -236,16 +227,12 @@ def terminate_tree(pid: int, timeout: float = 10.0, *, join: Callable[[float], A
     except psutil.NoSuchProcess:
         return
     for p in procs:
-        try:
+        with suppress(psutil.NoSuchProcess):
             p.kill() if p is root else p.terminate()
-        except psutil.NoSuchProcess:
-            pass
     _, alive = psutil.wait_procs(procs if join is None else procs[1:], timeout=timeout)
     for p in alive:
-        try:
+        with suppress(psutil.NoSuchProcess):
             p.kill()
-        except psutil.NoSuchProcess:
-            pass
     if join is not None:
         join(timeout)
 

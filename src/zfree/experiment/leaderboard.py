@@ -98,8 +98,6 @@ def cell_key(summary: pd.DataFrame) -> list[str]:
 def wants_leaderboard(summary: pd.DataFrame) -> bool:
     """True when ``summary`` (summary.csv rows) has more than one remedy, or a cell run with more
     than one seed: the studies that get a leaderboard.csv. Every other study's outputs stay as they were."""
-    if summary.empty:
-        return False
     s = _prepared(summary)
     if s.empty:
         return False

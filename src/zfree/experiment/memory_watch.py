@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import threading
+from contextlib import suppress
 
 GB = 2**30
 
@@ -24,10 +25,8 @@ class KernelWatch:
 
         me = psutil.Process(os.getpid())
         while not self._stop.is_set():
-            try:
+            with suppress(psutil.Error):
                 self.peak = max(self.peak, sum(p.memory_info().rss for p in me.children(recursive=True)))
-            except psutil.Error:
-                pass
             self._stop.wait(self.every)
 
     def __enter__(self) -> "KernelWatch":

@@ -12,15 +12,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from zfree.core.io import atomic_write_text, read_json
+from zfree.core.io import atomic_write_text
 from zfree.evaluate.multiref import multiref_metrics
-from zfree.experiment.controls import LINKS_FILE
+from zfree.experiment.gains import links_of
 from zfree.experiment.results import collect_runs
 from zfree.train.multiref_run import MULTIREF_FILE, outputs_and_references
 
 MULTIREF_CSV = "multiref.csv"
 MULTIREF_CSV_COLUMNS = ["run_id", "latent_source", "weighting", "beta", "aid", "k", "pairwise_bleu", "refs_covered",
                         "n_mrs", "control_id", "control_pairwise_bleu", "control_refs_covered", "control_n_mrs"]
+#: the multi-reference metrics of a run and of its control (``multiref/<name>`` of ``multiref_metrics``)
+_METRICS = ("pairwise_bleu", "refs_covered", "n_mrs")
 
 
 def scored(table: pd.DataFrame, k: int | None = None, ids=None) -> dict[str, float]:
@@ -35,10 +37,8 @@ def scored(table: pd.DataFrame, k: int | None = None, ids=None) -> dict[str, flo
 
 
 def _control_of(run_id: str, links: dict) -> str | None:
-    """The control linked to a CVAE run or a label oracle in ``controls.json``."""
-    if run_id in links.get("controls", {}):
-        return links["controls"][run_id]
-    return links.get("oracles", {}).get(run_id, {}).get("control")
+    """The control linked to a CVAE run or a label oracle in ``controls.json`` (``links_of``)."""
+    return links["controls"].get(run_id) or links["oracles"].get(run_id, {}).get("control")
 
 
 def multiref_table(study_dir: Path | str) -> pd.DataFrame:
@@ -47,7 +47,7 @@ def multiref_table(study_dir: Path | str) -> pd.DataFrame:
     control's (``controls.json``) over the control's first k samples on the MRs both decoded (NaN
     without a linked control, its parquet or k samples). Empty (with the columns) when no run has one."""
     d = Path(study_dir)
-    links = read_json(d / LINKS_FILE) if (d / LINKS_FILE).exists() else {}
+    links = links_of(d)
     runs = collect_runs(d / "runs", kind="all")
     rows = []
     for r in runs.to_dict("records") if not runs.empty else []:
@@ -64,11 +64,8 @@ def multiref_table(study_dir: Path | str) -> pd.DataFrame:
         ctrl = scored(pd.read_parquet(cpath), k, ids=tab["id"]) if cid and cpath.exists() else {}
         rows.append({"run_id": r["run_id"], "latent_source": r.get("latent_source", "posterior"),
                      "weighting": r.get("weighting"), "beta": r.get("beta"), "aid": r.get("aid", "none"), "k": k,
-                     "pairwise_bleu": own["multiref/pairwise_bleu"], "refs_covered": own["multiref/refs_covered"],
-                     "n_mrs": own["multiref/n_mrs"], "control_id": cid,
-                     "control_pairwise_bleu": ctrl.get("multiref/pairwise_bleu", np.nan),
-                     "control_refs_covered": ctrl.get("multiref/refs_covered", np.nan),
-                     "control_n_mrs": ctrl.get("multiref/n_mrs", np.nan)})
+                     **{m: own[f"multiref/{m}"] for m in _METRICS}, "control_id": cid,
+                     **{f"control_{m}": ctrl.get(f"multiref/{m}", np.nan) for m in _METRICS}})
     return pd.DataFrame(rows, columns=MULTIREF_CSV_COLUMNS)
 
 

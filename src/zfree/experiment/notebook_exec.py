@@ -77,7 +77,7 @@ def execute(notebook, output: Path | str, parameters: dict[str, Any] | None = No
                             progress_bar=progress, log_output=False, cwd=workdir,
                             kernel_manager_class=_ipc_kernel_manager())
     except BaseException:
-        if _whole(tmp):
+        if is_whole(tmp):
             os.chmod(tmp, 0o644)
             os.replace(tmp, output)
         raise
@@ -90,18 +90,15 @@ def execute(notebook, output: Path | str, parameters: dict[str, Any] | None = No
     return output
 
 
-def _whole(path: Path | str) -> bool:
-    """True when ``path`` holds a notebook that reads back (not a write torn by a full disk)."""
-    import nbformat
-
-    try:
-        nbformat.read(str(path), as_version=4)
-        return True
-    except Exception:  # noqa: BLE001 - any reason it does not read back: not whole
-        return False
-
-
 def is_whole(path: Path | str) -> bool:
     """True when the notebook at ``path`` exists and reads back whole (a run counts as finished only
     then: a torn one from an earlier fault makes it rerun)."""
-    return Path(path).is_file() and _whole(path)
+    import nbformat  # lazy: as papermill
+
+    if not Path(path).is_file():
+        return False
+    try:
+        nbformat.read(str(path), as_version=4)
+        return True
+    except Exception:  # noqa: BLE001 - any reason it does not read back (a write torn by a full disk): not whole
+        return False

@@ -21,6 +21,7 @@ from zfree.experiment.controls import LINKS_FILE
 from zfree.experiment.gains import GAIN_COLUMNS, oracle_table, run_gains
 from zfree.experiment.study_folders import check_folder, given_kind
 from zfree.objective.theory import predict_curve
+from zfree.train.run_folder import resolved_flat
 
 FACETS = ("weighting", "latent_kind", "aid")  # what tells runs of one sweep apart, besides beta
 
@@ -92,9 +93,7 @@ def collect_runs(runs_dir: Path | str, kind: str = "cvae") -> pd.DataFrame:
         given = given_kind(d) is not None
         if (kind == "cvae" and given) or (kind == "given" and not given):
             continue
-        for k in PATH_FIELDS:  # stored relative to the run folder (or zfree:...): absolute here
-            if isinstance(d.get(k), str):
-                d[k] = resolve_path(d[k], s.parent)
+        d = resolved_flat(d, s.parent)  # stored relative to the run folder (or zfree:...): absolute here
         d["run_id"], d["run_dir"] = s.parent.name, str(s.parent)
         rows.append(d)
     return pd.DataFrame(rows)
@@ -169,11 +168,10 @@ def runs_table(sweep_dir: Path | str) -> pd.DataFrame:
         f = Path(d) / "per_example.parquet"
         pe = pd.read_parquet(f) if f.exists() else pd.DataFrame()
         col = lambda c: pe[c].to_numpy(float) if c in pe else np.full(len(pe), np.nan)  # noqa: E731
-        extra.append({"rate": float(np.mean(col("kl"))) if len(pe) else np.nan,
-                      "distortion": float(np.mean(col("n_tokens") * col("lbar"))) if len(pe) else np.nan,
-                      "zfree_distortion": float(np.mean(col("n_tokens") * col("b"))) if len(pe) else np.nan,
-                      "bayes_rate": float(np.mean(col("bayes_nll"))) if len(pe) else np.nan,
-                      "mean_rho_i": float(np.mean(col("rho_i"))) if len(pe) else np.nan})
+        means = {"rate": col("kl"), "distortion": col("n_tokens") * col("lbar"),
+                 "zfree_distortion": col("n_tokens") * col("b"), "bayes_rate": col("bayes_nll"),
+                 "mean_rho_i": col("rho_i")}
+        extra.append({k: float(np.mean(v)) if len(pe) else np.nan for k, v in means.items()})
     runs = pd.concat([runs, pd.DataFrame(extra, index=runs.index)], axis=1)
     return runs.sort_values([*FACETS, "beta", "run_id"]).reset_index(drop=True)
 
@@ -292,14 +290,12 @@ class SweepResults:
             if len(m) < min_betas:
                 continue
             bm, note = _half_crossing(m.index.to_numpy(float), m.to_numpy(float))
-            bp, pplat = float("nan"), float("nan")
+            bp, pplat, pnote = float("nan"), float("nan"), "no prediction (reference or Bayes losses missing)"
             if curves is not None and (curves["weighting"] == w).any():
                 c = curves[curves["weighting"] == w]
                 bp, pnote = _half_crossing(c["beta"].to_numpy(float), c["predicted_rate"].to_numpy(float))
-                pplat = float(c["predicted_rate"].max())
-                note = "; ".join(x for x in (note, pnote and f"prediction: {pnote}") if x)
-            else:
-                note = "; ".join(x for x in (note, "no prediction (reference or Bayes losses missing)") if x)
+                pplat, pnote = float(c["predicted_rate"].max()), pnote and f"prediction: {pnote}"
+            note = "; ".join(x for x in (note, pnote) if x)
             ratio = bm / bp if np.isfinite(bm) and np.isfinite(bp) and bp > 0 else float("nan")
             rows.append({"weighting": w, "latent_kind": lk, "aid": aid, "n_betas": len(m),
                          "plateau_rate": float(m.max()), "predicted_plateau_rate": pplat,

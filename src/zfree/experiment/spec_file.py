@@ -242,9 +242,7 @@ def _run_keys(d: dict[str, Any]) -> dict[str, Any]:
     ex = d.get("executor", "local")
     if not isinstance(ex, str) or ex not in EXECUTORS:
         raise ConfigError(f"executor={ex!r} is not one of {sorted(EXECUTORS)}")
-    workers = coerce_value("workers", d.get("workers", 2), int)
-    if workers < 1:
-        raise ConfigError(f"workers={workers} must be an integer >= 1")
+    workers = _count("workers", d.get("workers", 2), 1)
     opts = d.get("executor_options") or {}
     if not isinstance(opts, dict):
         raise ConfigError(f"executor_options must be a mapping, got {opts!r}")

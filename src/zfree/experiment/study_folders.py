@@ -6,11 +6,12 @@ the one-minute smoke study, when there is none; and what a folder holds, its run
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from zfree.config import LatentSource
 from zfree.core.io import read_json
-from zfree.core.paths import IN_CLONE
+from zfree.core.paths import IN_CLONE, runs_home
 
 
 #: what a notebook without a study offers (one line, the one-minute study one command away)
@@ -53,10 +54,6 @@ def choose_study(sweep_dir: Path | str | None = None) -> Path:
     given; else ``$ZFREE_STUDY`` (``make lab STUDY=runs/study-smoke``); else the most recently finished
     study under ``zfree.core.paths.runs_home()``. NoStudyError in one line naming where it looked and
     offering the smoke study when there is none."""
-    import os
-
-    from zfree.core.paths import runs_home
-
     if sweep_dir not in (None, ""):
         return check_folder(sweep_dir)
     if os.environ.get("ZFREE_STUDY"):
