@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Hashable, Literal, Sequence
@@ -51,10 +52,8 @@ def _val_groups(pairs: Sequence[Pair], key: Callable[[Pair], Hashable], target: 
                 ) -> tuple[list, set]:
     """``(groups, val_groups)``: the distinct keys in first-seen order and the ones moved, whole, to
     val: the keys shuffled by ``numpy.random.default_rng(seed)`` and taken until val holds >= ``target`` rows."""
-    groups = list(dict.fromkeys(key(p) for p in pairs))
-    counts: dict = {}
-    for p in pairs:
-        counts[key(p)] = counts.get(key(p), 0) + 1
+    counts = Counter(key(p) for p in pairs)  # first-seen order
+    groups = list(counts)
     val: set = set()
     got = 0
     for i in np.random.default_rng(seed).permutation(len(groups)):
