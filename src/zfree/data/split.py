@@ -118,15 +118,11 @@ def without_x(pairs: Sequence[Pair]) -> list[Pair]:
     return [p if p.x == "" else replace(p, x="") for p in pairs]
 
 
-def _quoted(x: str, width: int = 60) -> str:
-    return repr(x if len(x) <= width else x[: width - 3] + "...")
-
-
 def unconditional_note(pairs: Sequence[Pair], what: str) -> str:
     """The note of unconditional ``pairs`` (one x, ``is_unconditional``) as given, before ``without_x``:
     what x was and that it was dropped. ``what``: the rows' description (``"all 1664 rows"``)."""
     x = pairs[0].x
-    given = "empty or absent" if x == "" else f"one constant prompt {_quoted(x)}"
+    given = "empty or absent" if x == "" else f"one constant prompt {x if len(x) <= 60 else x[:57] + '...'!r}"
     return (f"unconditional: x is {given} in {what}{'' if x == '' else ' (dropped)'}, so the study models y alone: "
             "p(y | z) warm-started from the LM's p(y), c_base being the LM's loss on y after its beginning token")
 
