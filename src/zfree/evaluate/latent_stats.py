@@ -191,14 +191,12 @@ def label_structure_metrics(df: pd.DataFrame, features: np.ndarray, assignment: 
         out[f"structure/n_rows/{key}"] = float(len(lab))
         out[f"structure/n_values/{key}"] = float(len(counts))
         out[f"structure/majority_baseline/{key}"] = float(counts.iloc[0] / len(lab)) if len(lab) else nan
-        if assignment is not None:
-            z = np.asarray(assignment)[have]
-        elif n_clusters_of is not None and len(counts) >= 2:
-            z = n_clusters_of(key, have, len(counts))
-        else:
-            z = None
         if len(counts) < 2:  # constant (or absent) on these rows: nothing to align, match or probe
             z = None
+        elif assignment is not None:
+            z = np.asarray(assignment)[have]
+        else:
+            z = None if n_clusters_of is None else n_clusters_of(key, have, len(counts))
         out[f"structure/alignment_nmi/{key}"] = float(normalized_mutual_info_score(lab, z)) if z is not None else nan
         out[f"structure/hungarian_accuracy/{key}"] = hungarian_accuracy(lab, z) if z is not None else nan
         out[f"structure/probe_accuracy/{key}"] = probe_accuracy(features[have], lab, seed=seed) if len(counts) >= 2 \

@@ -292,9 +292,7 @@ class GaussianEvaluator:
              "latent/posterior_sigma_mean": float(df["posterior_sigma_mean"].mean())}
         m.update(_structure_metrics(df, mu, self.seed, assigned=centroids is not None))
 
-        def clusters(key, rows, k):  # the label's own number of clusters when there are no strategies
-            if k < 2:
-                return np.zeros(int(rows.sum()), int)
+        def clusters(key, rows, k):  # the label's own number (>= 2) of clusters when there are no strategies
             return KMeans(n_clusters=k, n_init=10, random_state=self.seed).fit(mu[rows]).labels_
         m.update(label_structure_metrics(df, mu, df["posterior_argmax"].to_numpy() if centroids is not None else None,
                                          self.seed, n_clusters_of=clusters))
