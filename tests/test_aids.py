@@ -89,7 +89,7 @@ def test_frozen_decoder_mask_keeps_only_the_posterior_side(step0):
 
     out = model(collate(enc, pad_id=tok.pad_token_id))
     (out.posterior_logits.sum() + out.prior_logits.sum() + out.target_logprobs.sum()).backward()
-    FrozenDecoderMask(model).apply()
+    FrozenDecoderMask(model).drop("posterior")
     for name, p in model.named_parameters():
         if name.split(".")[0] not in POSTERIOR_SIDE:
             assert p.grad is None, name

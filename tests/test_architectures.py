@@ -24,7 +24,7 @@ from zfree.data.batching import collate, encode_pairs
 from zfree.data.pairs import Pair
 from zfree.data.tokenizer import build_digit_tokenizer
 from zfree.models import injection
-from zfree.models.base import greedy_decode_with_latents
+from zfree.models.base import decode_with_latents
 from zfree.models.injection import (decoder_hidden_full, decoder_hidden_suffix, full_target_logprobs,
                                     shared_prefix_problem, suffix_target_logprobs, zfree_pass)
 from zfree.core.errors import ModelLoadError
@@ -149,7 +149,7 @@ def test_greedy_decoding_follows_the_models_own_logits(arch):
     model, enc = arch["model"], arch["enc"][:3]
     prefixes = [list(e.prefix_ids) for e in enc]
     D = model.get_input_embeddings().weight.shape[1]
-    got = greedy_decode_with_latents(model, prefixes, torch.zeros(len(enc), D), eos_id=3, max_new_tokens=5)
+    got = decode_with_latents(model, prefixes, torch.zeros(len(enc), D), eos_id=3, max_new_tokens=5)
     for p, g in zip(prefixes, got):
         ids, want, tie = list(p), [], False
         with torch.no_grad():

@@ -18,7 +18,7 @@ from zfree.core.io import read_json, read_jsonl
 from zfree.objective.losses import free_bits_per_dim, gaussian_kl
 from zfree.evaluate.latent_stats import active_units, gaussian_mutual_information
 from zfree.models.base import target_logprobs
-from zfree.objective.objectives import assemble_gaussian_objective  # moved from zfree.objective.losses (issue 12)
+from zfree.objective.objectives import assemble
 from zfree.models.continuous import ContinuousCVAE
 from zfree.models.injection import injection_mask
 from zfree.train.run_folder import TIMING_KEYS
@@ -105,8 +105,8 @@ def test_gaussian_objective_breakdown():
     recon = torch.rand(3, 4, generator=g) + 1
     mq, lq = torch.randn(3, 5, generator=g), torch.randn(3, 5, generator=g)
     cfg = ObjectiveConfig(weighting="distribution", beta=0.5)
-    br = assemble_gaussian_objective(cfg, recon_per_sample=recon, mu_q=mq, logvar_q=lq, mu_p=None, logvar_p=None,
-                                     target_len=torch.tensor([3, 4, 5]), c_base=2.0)
+    br = assemble("continuous", cfg, recon=recon, mu_q=mq, logvar_q=lq, mu_p=None, logvar_p=None,
+                  target_len=torch.tensor([3, 4, 5]), c_base=2.0)
     torch.testing.assert_close(br.per_example["lbar"], recon.mean(-1))
     torch.testing.assert_close(br.terms["kl_prior_loss"], gaussian_kl(mq, lq).mean())
     torch.testing.assert_close(br.total, recon.mean() / 2.0 + 0.5 * gaussian_kl(mq, lq).mean())

@@ -21,9 +21,9 @@ from zfree.data.pairs import Pair
 from zfree.evaluate.latent_stats import (ACTIVE_UNIT_THRESHOLD, active_units, confusion, decode_metrics,
                                          gaussian_mutual_information, greedy_decode, hungarian_accuracy,
                                          label_confusion, label_keys, label_structure_metrics, label_warnings,
-                                         latent_samples, MIN_LABEL_ROWS, cached_decode_with_latents,
+                                         latent_samples, MIN_LABEL_ROWS,
                                          multiref_outputs, first_distinct_x,
-                                         matched_share, probe_accuracy, sample_decode_with_latents,
+                                         matched_share, probe_accuracy,
                                          strategy_outputs, z_control_metrics)
 
 finite = st.floats(-10, 10, allow_nan=False, width=64)
@@ -238,12 +238,13 @@ def test_every_latent_value_greedy_decodes_as_the_base_model_at_step_0(cvae):
 
 def test_sampled_decodes_are_reproducible_and_bounded(cvae):
     from tests.tiny import PAIRS
+    from zfree.models.base import decode_with_latents
 
     model, base, tok = cvae
     prefixes = [encode_pair(tok, p).prefix_ids for p in PAIRS]
     lat = torch.zeros(len(prefixes), 32)
-    runs = [sample_decode_with_latents(base, prefixes, lat, eos_id=tok.eos_token_id, max_new_tokens=4,
-                                       generator=torch.Generator().manual_seed(7)) for _ in range(2)]
+    runs = [decode_with_latents(base, prefixes, lat, eos_id=tok.eos_token_id, max_new_tokens=4,
+                                generator=torch.Generator().manual_seed(7)) for _ in range(2)]
     assert runs[0] == runs[1]
     assert all(len(g) <= 4 and tok.eos_token_id not in g for g in runs[0])
     tab = latent_samples(model, [encode_pair(tok, p) for p in PAIRS], PAIRS, tok, n_x=2)
@@ -251,8 +252,6 @@ def test_sampled_decodes_are_reproducible_and_bounded(cvae):
     assert len(tab) == 2 * 3 and tab.groupby("id")["greedy"].nunique().eq(1).all()  # step 0: z changes nothing
     assert latent_samples(model, [], [], tok).empty
     # decoded together (all x and values at once), each cell is what its row alone decodes to
-    from zfree.models.base import decode_with_latents
-
     trained = copy.deepcopy(model)
     with torch.no_grad():
         trained.latent_embedding.weight.normal_(std=2.0, generator=torch.Generator().manual_seed(0))
@@ -279,28 +278,23 @@ def test_cached_decoder_equals_the_uncached_one_greedy_and_sampled(cvae):
     lat = torch.randn(len(prefixes), 32, generator=torch.Generator().manual_seed(0))
     kw = dict(eos_id=tok.eos_token_id, max_new_tokens=6)
     uncached = decode_with_latents(base, prefixes, lat, cache=False, **kw)
-    assert cached_decode_with_latents(base, prefixes, lat, **kw) == uncached
+    assert decode_with_latents(base, prefixes, lat, cache=True, **kw) == uncached
     assert decode_with_latents(base, prefixes, lat, **kw) == uncached  # the default is the cached path
-    a = cached_decode_with_latents(base, prefixes, lat, generator=torch.Generator().manual_seed(3), **kw)
+    a = decode_with_latents(base, prefixes, lat, cache=True, generator=torch.Generator().manual_seed(3), **kw)
     b = decode_with_latents(base, prefixes, lat, generator=torch.Generator().manual_seed(3), cache=False, **kw)
     assert a == b and len({tuple(g) for g in a}) > 1
-    # the per-row sampler (each evaluation's samples table): the uncached draws, row after row
-    g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
-    rows = sample_decode_with_latents(base, prefixes, lat, generator=g1, **kw)
-    assert rows == [decode_with_latents(base, [p], lat[r : r + 1], generator=g2, cache=False, **kw)[0]
-                    for r, p in enumerate(prefixes)]
 
 
 def test_sampling_draws_the_first_token_from_the_softmax(cvae):
     from tests.tiny import PAIRS
-    from zfree.models.base import next_token_probs
+    from zfree.models.base import decode_with_latents, next_token_probs
 
     model, base, tok = cvae
     prefix = encode_pair(tok, PAIRS[0]).prefix_ids
     n = 4000
     lat = torch.zeros(n, 32)
-    got = cached_decode_with_latents(base, [prefix] * n, lat, eos_id=-1, max_new_tokens=1,
-                                     generator=torch.Generator().manual_seed(1))
+    got = decode_with_latents(base, [prefix] * n, lat, eos_id=-1, max_new_tokens=1, cache=True,
+                              generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         p = next_token_probs(base(input_ids=torch.tensor([prefix])).logits[0, -1:])[0].numpy()
     freq = np.bincount([g[0] for g in got], minlength=len(p)) / n

@@ -98,8 +98,6 @@ def read_record(path: Path | str) -> dict:
         obj = e
     if isinstance(obj, dict):
         return obj
-    import warnings
-
     why = f"{type(obj).__name__}: {str(obj).splitlines()[0][:120]}" if isinstance(obj, Exception) else \
         f"a JSON object expected, got {type(obj).__name__}"
     warnings.warn(f"{p}: unreadable ({why}); it is written anew", stacklevel=2)

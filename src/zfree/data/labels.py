@@ -8,6 +8,7 @@ values, written ``"va*vb"``.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Callable, Sequence
 
 from zfree.data.pairs import Pair
@@ -49,10 +50,7 @@ def label_keys_of(pairs: Sequence[Pair]) -> list[str]:
     """The label keys every row carries: ``strategy`` when all rows have one, then the labels keys
     present on all rows, in first-seen order."""
     keys = ["strategy"] if pairs and all(p.strategy is not None for p in pairs) else []
-    seen: dict[str, None] = {}
-    for p in pairs:
-        for k in p.labels or {}:
-            seen.setdefault(k, None)
+    seen = dict.fromkeys(k for p in pairs for k in p.labels or {})  # first-seen order
     return keys + [k for k in seen if all(p.labels is not None and k in p.labels for p in pairs)]
 
 
@@ -64,10 +62,7 @@ def capped_values(pairs: Sequence[Pair], key: str, cap: int = LABEL_VALUE_CAP, *
     values = label_values(pairs, key, source=source)
     if len(values) <= cap:
         return values, len(values)
-    counts: dict[str, int] = {}
-    for p in pairs:
-        v = label_value(p, key)
-        counts[v] = counts.get(v, 0) + 1
+    counts = Counter(label_value(p, key) for p in pairs)
     kept = sorted(sorted(counts, key=lambda v: (-counts[v], v))[: cap - 1])
     return kept + [OTHER], len(values)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Hashable, Literal, Sequence
@@ -51,10 +52,8 @@ def _val_groups(pairs: Sequence[Pair], key: Callable[[Pair], Hashable], target: 
                 ) -> tuple[list, set]:
     """``(groups, val_groups)``: the distinct keys in first-seen order and the ones moved, whole, to
     val: the keys shuffled by ``numpy.random.default_rng(seed)`` and taken until val holds >= ``target`` rows."""
-    groups = list(dict.fromkeys(key(p) for p in pairs))
-    counts: dict = {}
-    for p in pairs:
-        counts[key(p)] = counts.get(key(p), 0) + 1
+    counts = Counter(key(p) for p in pairs)  # first-seen order
+    groups = list(counts)
     val: set = set()
     got = 0
     for i in np.random.default_rng(seed).permutation(len(groups)):
@@ -119,15 +118,11 @@ def without_x(pairs: Sequence[Pair]) -> list[Pair]:
     return [p if p.x == "" else replace(p, x="") for p in pairs]
 
 
-def _quoted(x: str, width: int = 60) -> str:
-    return repr(x if len(x) <= width else x[: width - 3] + "...")
-
-
 def unconditional_note(pairs: Sequence[Pair], what: str) -> str:
     """The note of unconditional ``pairs`` (one x, ``is_unconditional``) as given, before ``without_x``:
     what x was and that it was dropped. ``what``: the rows' description (``"all 1664 rows"``)."""
     x = pairs[0].x
-    given = "empty or absent" if x == "" else f"one constant prompt {_quoted(x)}"
+    given = "empty or absent" if x == "" else f"one constant prompt {x if len(x) <= 60 else x[:57] + '...'!r}"
     return (f"unconditional: x is {given} in {what}{'' if x == '' else ' (dropped)'}, so the study models y alone: "
             "p(y | z) warm-started from the LM's p(y), c_base being the LM's loss on y after its beginning token")
 

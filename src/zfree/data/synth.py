@@ -67,25 +67,18 @@ class DataConfig:
         if isinstance(self.strategies, str):
             raise ValueError(f"strategies={self.strategies!r} must be a sequence of names, not one string")
         object.__setattr__(self, "strategies", tuple(self.strategies))
-        for name in ("vocab_size", "n_min", "n_max", "n_train", "n_val", "n_test"):
-            check_int(name, getattr(self, name))
+        for name, lo in (("vocab_size", 2), ("n_min", 1), ("n_max", None), ("n_train", 1), ("n_val", 1), ("n_test", 1)):
+            check_int(name, getattr(self, name), lo)
         check_int("seed", self.seed, 0)  # numpy's SeedSequence rejects negative entropy
         for s in self.strategies:
             if s not in STRATEGIES:
                 raise ValueError(f"strategies: unknown strategy {s!r}; valid: {sorted(STRATEGIES)}")
         if len(set(self.strategies)) != len(self.strategies) or len(self.strategies) < 1:
             raise ValueError(f"strategies={self.strategies!r} must be non-empty and distinct")
-        if self.vocab_size < 2:
-            raise ValueError(f"vocab_size={self.vocab_size} must be >= 2")
-        if self.n_min < 1:
-            raise ValueError(f"n_min={self.n_min} must be >= 1")
         if self.n_min > self.n_max:
             raise ValueError(f"n_min={self.n_min} > n_max={self.n_max}: n_min must be <= n_max")
         check_choice("prior", self.prior, Literal["uniform", "x_dependent"])
         check_range("prior_strength", self.prior_strength, 0, lo_open=True)
-        for name in ("n_train", "n_val", "n_test"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
 
 
 def strategy_prior(x: Digits, strategies: Sequence[str], prior: str, prior_strength: float) -> np.ndarray:

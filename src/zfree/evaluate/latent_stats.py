@@ -17,7 +17,7 @@ from sklearn.metrics import normalized_mutual_info_score
 from zfree.data.batching import EncodedPair
 from zfree.data.pairs import Pair
 from zfree.data.synth import STRATEGIES, text_to_digits
-from zfree.models.base import decode_with_latents, greedy_decode_with_latents
+from zfree.models.base import decode_with_latents
 
 ACTIVE_UNIT_THRESHOLD = 0.01  # Burda et al. 2016: a dimension is active if Var_x(E_q[z_d]) > 0.01
 
@@ -65,7 +65,7 @@ def greedy_decode(model, prefixes: Sequence[Sequence[int]], z: Sequence[int], *,
     grouped by prefix length so no padding is needed. Returns the generated ids without the end token."""
     dev = next(model.parameters()).device
     latents = model.latent_embedding(torch.as_tensor(list(z), device=dev))  # (N, D)
-    return greedy_decode_with_latents(model.backbone, prefixes, latents, eos_id=eos_id, max_new_tokens=max_new_tokens)
+    return decode_with_latents(model.backbone, prefixes, latents, eos_id=eos_id, max_new_tokens=max_new_tokens)
 
 
 def strategy_outputs(pairs: Sequence[Pair], strategies: Sequence[str]) -> list[list[str]]:
@@ -191,14 +191,12 @@ def label_structure_metrics(df: pd.DataFrame, features: np.ndarray, assignment: 
         out[f"structure/n_rows/{key}"] = float(len(lab))
         out[f"structure/n_values/{key}"] = float(len(counts))
         out[f"structure/majority_baseline/{key}"] = float(counts.iloc[0] / len(lab)) if len(lab) else nan
-        if assignment is not None:
-            z = np.asarray(assignment)[have]
-        elif n_clusters_of is not None and len(counts) >= 2:
-            z = n_clusters_of(key, have, len(counts))
-        else:
-            z = None
         if len(counts) < 2:  # constant (or absent) on these rows: nothing to align, match or probe
             z = None
+        elif assignment is not None:
+            z = np.asarray(assignment)[have]
+        else:
+            z = None if n_clusters_of is None else n_clusters_of(key, have, len(counts))
         out[f"structure/alignment_nmi/{key}"] = float(normalized_mutual_info_score(lab, z)) if z is not None else nan
         out[f"structure/hungarian_accuracy/{key}"] = hungarian_accuracy(lab, z) if z is not None else nan
         out[f"structure/probe_accuracy/{key}"] = probe_accuracy(features[have], lab, seed=seed) if len(counts) >= 2 \
@@ -231,18 +229,6 @@ def label_confusion(per_example: pd.DataFrame, key: str) -> pd.DataFrame:
     rows holding it (the m = 1 confusion of the synthetic benchmark, for a general label)."""
     df = per_example[per_example[f"label/{key}"].notna()]
     return pd.crosstab(df["posterior_argmax"], df[f"label/{key}"]).rename_axis(index="latent value", columns=key)
-
-
-@torch.no_grad()
-def sample_decode_with_latents(backbone, prefixes, latents: torch.Tensor, *, eos_id: int, max_new_tokens: int,
-                               generator: torch.Generator) -> list[list[int]]:
-    """As ``zfree.models.base.greedy_decode_with_latents`` but each next token drawn from the model's
-    softmax (temperature 1) with ``generator`` (CPU), one row after another (so a row's draws do not
-    depend on the rows decoded with it), each with the key/value cache
-    (``zfree.models.base.decode_with_latents``). prefixes: list of id lists; latents (rows, d_model).
-    Returns the generated ids without the end token."""
-    return [decode_with_latents(backbone, [p], latents[r : r + 1], eos_id=eos_id, max_new_tokens=max_new_tokens,
-                                generator=generator)[0] for r, p in enumerate(prefixes)]
 
 
 #: distinct validation x whose y under every latent value are decoded (``latent_samples``)
@@ -285,14 +271,6 @@ def first_distinct_x(pairs: Sequence[Pair], n_x: int) -> list[int]:
     return list(first.values())
 
 
-def cached_decode_with_latents(backbone, prefixes, latents: torch.Tensor, *, eos_id: int, max_new_tokens: int,
-                               generator: torch.Generator | None = None) -> list[list[int]]:
-    """``zfree.models.base.decode_with_latents`` with its key/value cache (kept for callers of the
-    name: every decoder now takes the cached path)."""
-    return decode_with_latents(backbone, prefixes, latents, eos_id=eos_id, max_new_tokens=max_new_tokens,
-                               generator=generator, cache=True)
-
-
 MULTIREF_COLUMNS = ["id", "x", "kind", "index", "output", "references"]
 
 
@@ -316,7 +294,7 @@ def multiref_outputs(model, encoded: Sequence[EncodedPair], pairs: Sequence[Pair
     rows = [i for i in idx for _ in range(n_out)]  # MR-major: (MR, output) pairs
     z = torch.tensor([j if kind == "greedy" else 0 for _ in idx for j in range(n_out)], device=dev)
     gen = torch.Generator().manual_seed(seed) if kind == "sampled" else None
-    ids = cached_decode_with_latents(model.backbone, [encoded[i].prefix_ids for i in rows], model.latent_embedding(z),
+    ids = decode_with_latents(model.backbone, [encoded[i].prefix_ids for i in rows], model.latent_embedding(z),
                               eos_id=tokenizer.eos_token_id, generator=gen,
                               max_new_tokens=max(len(encoded[i].target_ids) for i in idx) + 8)
     out = [{"id": pairs[i].id, "x": pairs[i].x, "kind": kind, "index": r % n_out,

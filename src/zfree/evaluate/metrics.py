@@ -187,10 +187,7 @@ class DiscreteEvaluator:
         br = assemble(LatentKind.DISCRETE, objective, recon=recon, target_len=batch.target_len, step=step,
                       c_base=c_base, b=b, q_logits=out.posterior_logits, p_logits=out.prior_logits,
                       jsd=jsd)  # None: the optimal q
-        q = torch.softmax(br.per_example["q_logits"], -1)
-        self.feats.append(out.features.cpu().numpy())
-        self.q.append(q.cpu().numpy())
-        self.p.append(torch.softmax(out.prior_logits, -1).cpu().numpy())
+        q = self._keep(out, br)
         if self.meaning is not None:  # what each value promotes in the rows' own y (latent_meaning)
             self.meaning.add(batch.ids, batch.input_ids, batch.target_mask,
                              token_lifts(out.target_logprobs, q, batch.target_mask))
@@ -204,15 +201,19 @@ class DiscreteEvaluator:
         sel = self.model.forward_given(batch)
         nll = masked_mean_token_nll(-sel.selected_logprobs, batch.target_mask)  # (B,)
         recon = reconstruction_per_value(-sel.selected_logprobs[:, None], batch.target_mask, objective, base_tok)[:, 0]
-        out = sel
         br = assemble(GIVEN, objective, recon=recon, target_len=batch.target_len, step=step, c_base=c_base, b=b,
-                      q_logits=out.posterior_logits, p_logits=out.prior_logits)
+                      q_logits=sel.posterior_logits, p_logits=sel.prior_logits)
+        q = self._keep(sel, br)
+        return _frame(batch, br, nll, sel, posterior_argmax=sel.z, q_max=q.max(-1).values, oracle_nll=nll,
+                      oracle_latent=sel.z, decoder_jsd=torch.zeros_like(nll)), br
+
+    def _keep(self, out, br) -> torch.Tensor:
+        """The batch's posterior q (B, K) from ``br``; its features, q and router kept for ``finish``."""
         q = torch.softmax(br.per_example["q_logits"], -1)
         self.feats.append(out.features.cpu().numpy())
         self.q.append(q.cpu().numpy())
         self.p.append(torch.softmax(out.prior_logits, -1).cpu().numpy())
-        return _frame(batch, br, nll, out, posterior_argmax=sel.z, q_max=q.max(-1).values, oracle_nll=nll,
-                      oracle_latent=sel.z, decoder_jsd=torch.zeros_like(nll)), br
+        return q
 
     def finish(self, df, bayes, ctx: EvalContext) -> dict[str, float]:
         """The kind's latent/*, structure/* and decode metrics; adds its columns (measured_use, ...) to ``df``."""
@@ -291,9 +292,7 @@ class GaussianEvaluator:
              "latent/posterior_sigma_mean": float(df["posterior_sigma_mean"].mean())}
         m.update(_structure_metrics(df, mu, self.seed, assigned=centroids is not None))
 
-        def clusters(key, rows, k):  # the label's own number of clusters when there are no strategies
-            if k < 2:
-                return np.zeros(int(rows.sum()), int)
+        def clusters(key, rows, k):  # the label's own number (>= 2) of clusters when there are no strategies
             return KMeans(n_clusters=k, n_init=10, random_state=self.seed).fit(mu[rows]).labels_
         m.update(label_structure_metrics(df, mu, df["posterior_argmax"].to_numpy() if centroids is not None else None,
                                          self.seed, n_clusters_of=clusters))

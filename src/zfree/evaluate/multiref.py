@@ -24,6 +24,7 @@ are detokenised text; fairseq scored pre-tokenised text with ``tokenize='none'``
 from __future__ import annotations
 
 import math
+from itertools import permutations
 from typing import Sequence
 
 import numpy as np
@@ -56,16 +57,10 @@ def pairwise_bleu(outputs: Sequence[Sequence[str]]) -> float:
     ks = {len(o) for o in outputs}
     if len(ks) > 1:
         raise ValueError(f"every MR needs the same number of outputs; got {sorted(ks)}")
-    hyp, ref = [], []
-    for o in outputs:
-        for i in range(len(o)):
-            for j in range(len(o)):
-                if i != j:
-                    ref.append(o[i])
-                    hyp.append(o[j])
-    if not hyp:
+    pairs = [(o[i], o[j]) for o in outputs for i, j in permutations(range(len(o)), 2)]  # (reference, hypothesis)
+    if not pairs:
         return float("nan")
-    return float(_corpus_bleu().corpus_score(hyp, [ref]).score)
+    return float(_corpus_bleu().corpus_score([h for _, h in pairs], [[r for r, _ in pairs]]).score)
 
 
 def best_reference(output: str, references: Sequence[str]) -> int:

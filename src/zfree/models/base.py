@@ -81,17 +81,6 @@ def prefix_groups(prefixes, latents: Float[torch.Tensor, "rows d_model"]):
             for P, idx in groups.items()]
 
 
-@torch.no_grad()
-def greedy_decode_with_latents(backbone, prefixes, latents: Float[torch.Tensor, "rows d_model"], *, eos_id: int,
-                               max_new_tokens: int) -> list[list[int]]:
-    """Greedy decoding of y after each prefix ([bos] + x + [sep]) with one latent vector per row
-    added to the input embeddings at the separator and every generated position (as in training).
-    Rows are grouped by prefix length, so no padding is needed. Returns the generated ids without
-    the end token; the next token is the argmax of the model's own logits (``zfree.models.head``).
-    Shared by the discrete (latent = e_z) and continuous (latent = W z) CVAEs."""
-    return decode_with_latents(backbone, prefixes, latents, eos_id=eos_id, max_new_tokens=max_new_tokens)
-
-
 def context_length(model) -> int | None:
     """The model's maximum sequence length from its config (``max_position_embeddings``, GPT-2's
     ``n_positions`` under that name too), or None if it does not say."""
@@ -110,7 +99,11 @@ def new_token_room(prefix_len: int, max_new_tokens: int, context: int | None) ->
 def decode_with_latents(backbone, prefixes, latents: Float[torch.Tensor, "rows d_model"], *, eos_id: int,
                         max_new_tokens: int, generator: torch.Generator | None = None,
                         cache: bool = True) -> list[list[int]]:
-    """``greedy_decode_with_latents`` (``generator`` None), or ancestral sampling at temperature 1:
+    """Decoding of y after each prefix ([bos] + x + [sep]) with one latent vector per row added to
+    the input embeddings at the separator and every generated position (as in training); shared by
+    the discrete (latent = e_z) and continuous (latent = W z) CVAEs. Rows are grouped by prefix
+    length, so no padding is needed. ``generator`` None: greedy, the next token the argmax of the
+    model's own logits (``zfree.models.head``); else ancestral sampling at temperature 1:
     each next token drawn from the softmax of the model's own logits with ``generator`` (a CPU
     generator; the probabilities are copied to the host, float32 or the model's float64), rows of one
     prefix length drawn together. The same rows and generator state give the same ids.
@@ -130,30 +123,13 @@ def decode_with_latents(backbone, prefixes, latents: Float[torch.Tensor, "rows d
     if cut:
         print(f"note: {cut} of {len(prefixes)} decoded rows were cut at the model's context of {context} tokens "
               f"(prefix + up to {max_new_tokens} new tokens did not fit)", flush=True)
-    if cache and (window is None or longest <= window):
-        return _decode_cached(backbone, prefixes, latents, eos_id=eos_id, max_new_tokens=max_new_tokens,
-                              generator=generator)
-    dev = latents.device
+    group = _group_cached if cache and (window is None or longest <= window) else _group_uncached
     out: list[list[int]] = [[] for _ in prefixes]
     emb_layer = backbone.get_input_embeddings()
-    context = context_length(backbone)
     for P, idx, ids, lat in prefix_groups(prefixes, latents):
-        done = torch.zeros(len(idx), dtype=torch.bool, device=dev)
-        for _ in range(new_token_room(P, max_new_tokens, context)):
-            T = ids.shape[1]
-            inj = (torch.arange(T, device=dev) >= P - 1).to(lat.dtype)  # separator and y positions
-            emb = emb_layer(ids) + inj[None, :, None] * lat[:, None, :]
-            h_last = backbone.base_model(inputs_embeds=emb, use_cache=False).last_hidden_state[:, -1]
-            logits = exact_logits_from_hidden(backbone, h_last)  # the model's own logits (G, V)
-            nxt = _next_token(logits, generator)
-            nxt = torch.where(done, torch.full_like(nxt, eos_id), nxt)
-            ids = torch.cat([ids, nxt[:, None]], 1)
-            done |= nxt == eos_id
-            if done.all():
-                break
-        for r, i in enumerate(idx):
-            gen = ids[r, P:].tolist()
-            out[i] = gen[: gen.index(eos_id)] if eos_id in gen else gen
+        rows = group(backbone, emb_layer, P, ids, lat, new_token_room(P, max_new_tokens, context), eos_id, generator)
+        for i, r in zip(idx, rows):
+            out[i] = r[: r.index(eos_id)] if eos_id in r else r
     return out
 
 
@@ -164,33 +140,46 @@ def _next_token(logits: torch.Tensor, generator: torch.Generator | None) -> torc
     return torch.multinomial(next_token_probs(logits).cpu(), 1, generator=generator)[:, 0].to(logits.device)
 
 
-def _decode_cached(backbone, prefixes, latents: torch.Tensor, *, eos_id: int, max_new_tokens: int,
-                   generator: torch.Generator | None) -> list[list[int]]:
-    """``decode_with_latents`` with the key/value cache (its docstring)."""
-    dev = latents.device
-    out: list[list[int]] = [[] for _ in prefixes]
-    emb_layer = backbone.get_input_embeddings()
-    context = context_length(backbone)
-    for P, idx, ids, lat in prefix_groups(prefixes, latents):
-        room = new_token_room(P, max_new_tokens, context)
-        if room == 0:  # the prefix fills the context: nothing can follow it
-            continue
-        inj = (torch.arange(P, device=dev) >= P - 1).to(lat.dtype)  # the separator
-        res = backbone.base_model(inputs_embeds=emb_layer(ids) + inj[None, :, None] * lat[:, None, :], use_cache=True)
-        gen, done = [], torch.zeros(len(idx), dtype=torch.bool, device=dev)
-        for t in range(room):
-            logits = exact_logits_from_hidden(backbone, res.last_hidden_state[:, -1])  # (G, V)
-            nxt = torch.where(done, torch.full_like(logits[:, 0], eos_id, dtype=torch.long), _next_token(logits, generator))
-            gen.append(nxt)
-            done |= nxt == eos_id
-            if done.all() or t == room - 1:  # the last token's own pass would sit past the context
-                break
-            past = getattr(res, "cache", None) or res.past_key_values
-            res = backbone.base_model(inputs_embeds=(emb_layer(nxt) + lat)[:, None], use_cache=True, **{CACHE_KW: past})
-        rows = torch.stack(gen, 1).tolist() if gen else [[] for _ in idx]
-        for r, i in enumerate(idx):
-            out[i] = rows[r][: rows[r].index(eos_id)] if eos_id in rows[r] else rows[r]
-    return out
+def _group_uncached(backbone, emb_layer, P: int, ids: torch.Tensor, lat: torch.Tensor, room: int, eos_id: int,
+                    generator: torch.Generator | None) -> list[list[int]]:
+    """The ids after the prefixes ``ids`` (G, P) of one group, up to ``room`` of them (the end token
+    kept), every token re-reading the whole sequence (``decode_with_latents``' docstring)."""
+    dev = lat.device
+    done = torch.zeros(len(ids), dtype=torch.bool, device=dev)
+    for _ in range(room):
+        T = ids.shape[1]
+        inj = (torch.arange(T, device=dev) >= P - 1).to(lat.dtype)  # separator and y positions
+        emb = emb_layer(ids) + inj[None, :, None] * lat[:, None, :]
+        h_last = backbone.base_model(inputs_embeds=emb, use_cache=False).last_hidden_state[:, -1]
+        logits = exact_logits_from_hidden(backbone, h_last)  # the model's own logits (G, V)
+        nxt = _next_token(logits, generator)
+        nxt = torch.where(done, torch.full_like(nxt, eos_id), nxt)
+        ids = torch.cat([ids, nxt[:, None]], 1)
+        done |= nxt == eos_id
+        if done.all():
+            break
+    return ids[:, P:].tolist()
+
+
+def _group_cached(backbone, emb_layer, P: int, ids: torch.Tensor, lat: torch.Tensor, room: int, eos_id: int,
+                  generator: torch.Generator | None) -> list[list[int]]:
+    """``_group_uncached`` with the key/value cache: one pass over the prefixes, then one position per new token."""
+    if room == 0:  # the prefix fills the context: nothing can follow it
+        return [[] for _ in ids]
+    dev = lat.device
+    inj = (torch.arange(P, device=dev) >= P - 1).to(lat.dtype)  # the separator
+    res = backbone.base_model(inputs_embeds=emb_layer(ids) + inj[None, :, None] * lat[:, None, :], use_cache=True)
+    gen, done = [], torch.zeros(len(ids), dtype=torch.bool, device=dev)
+    for t in range(room):
+        logits = exact_logits_from_hidden(backbone, res.last_hidden_state[:, -1])  # (G, V)
+        nxt = torch.where(done, torch.full_like(logits[:, 0], eos_id, dtype=torch.long), _next_token(logits, generator))
+        gen.append(nxt)
+        done |= nxt == eos_id
+        if done.all() or t == room - 1:  # the last token's own pass would sit past the context
+            break
+        past = getattr(res, "cache", None) or res.past_key_values
+        res = backbone.base_model(inputs_embeds=(emb_layer(nxt) + lat)[:, None], use_cache=True, **{CACHE_KW: past})
+    return torch.stack(gen, 1).tolist()
 
 
 def next_token_probs(logits: Float[torch.Tensor, "rows vocab"]) -> Float[torch.Tensor, "rows vocab"]:

@@ -59,7 +59,7 @@ from torch.nn import functional as F
 
 from zfree.config import LatentKind
 from zfree.data.batching import Batch
-from zfree.models.base import greedy_decode_with_latents, target_logprobs_from_hidden
+from zfree.models.base import decode_with_latents, target_logprobs_from_hidden
 from zfree.models.encoder import build_posterior_encoder, pool_posterior_features
 from zfree.models.injection import (decoder_hidden_full, decoder_hidden_suffix, full_target_logprobs,
                                     suffix_target_logprobs, zfree_pass)
@@ -277,5 +277,5 @@ class ContinuousCVAE(nn.Module):
         """Greedy decoding of y given each prefix ([bos] + x + [sep]) and one latent vector per row;
         rows are grouped by prefix length (no padding). Returns generated ids without the end token."""
         dev = next(self.parameters()).device
-        return greedy_decode_with_latents(self.backbone, prefixes, self.latent_proj(z.to(dev)), eos_id=eos_id,
-                                          max_new_tokens=max_new_tokens)
+        return decode_with_latents(self.backbone, prefixes, self.latent_proj(z.to(dev)), eos_id=eos_id,
+                                   max_new_tokens=max_new_tokens)

@@ -239,6 +239,12 @@ class DiscreteCVAE(nn.Module):
         when ``shared_prefix`` is off, and the decoder then takes the full pass)."""
         return zfree_pass(self.backbone, batch, use_cache=self.shared_prefix)
 
+    def _zfree_heads(self, batch: Batch):
+        """(the heads, log p(y_t) of the current backbone without z (B, T), the key/value cache or None)
+        of the z-free pass (``_encode_with_cache``)."""
+        h0, cache = self._encode_with_cache(batch)
+        return self.heads_from_hidden(h0, batch), target_logprobs_from_hidden(self.backbone, h0, batch), cache
+
     def decoder_suffix_shared_prefix(self, batch: Batch, cache, z: Int[torch.Tensor, "batch n"] | None = None
                                      ) -> tuple[torch.Tensor, torch.Tensor]:
         """Decoder hidden states over the y-region for latent values ``z`` (B, n) (default: all K),
@@ -250,12 +256,7 @@ class DiscreteCVAE(nn.Module):
 
     def forward(self, batch: Batch, with_distributions: bool = False) -> DiscreteCVAEOutput:
         """Posterior and router logits and the decoder's per-token log-probs for all K values."""
-        if self.shared_prefix:
-            h0, cache = self._encode_with_cache(batch)
-        else:
-            h0, cache = hidden_states(self.backbone, batch), None
-        heads = self.heads_from_hidden(h0, batch)
-        t0 = target_logprobs_from_hidden(self.backbone, h0, batch)  # the current backbone without z
+        heads, t0, cache = self._zfree_heads(batch)
         if self.shared_prefix:
             hz, valid = self.decoder_suffix_shared_prefix(batch, cache)  # (B, K, L, D), (B, L)
             tlp, dist = suffix_target_logprobs(self.backbone, batch, hz, valid, with_distributions)
@@ -279,9 +280,7 @@ class DiscreteCVAE(nn.Module):
         Raises KeyError listing the keys."""
         if isinstance(choose, str) and choose not in DECODED_VALUE:
             raise KeyError(f"choose={choose!r} is not one of {sorted(DECODED_VALUE)}")
-        h0, cache = self._encode_with_cache(batch)
-        heads = self.heads_from_hidden(h0, batch)
-        t0 = target_logprobs_from_hidden(self.backbone, h0, batch)
+        heads, t0, cache = self._zfree_heads(batch)
         e_batch = batch.first_targets(estep_tokens)
         with torch.no_grad():
             hz, valid = self.decoder_suffix_shared_prefix(e_batch, cache)
@@ -298,9 +297,7 @@ class DiscreteCVAE(nn.Module):
         with the row's given value, with gradient (no other value is decoded). Costs the z-free pass
         plus one suffix pass."""
         z = self.given_values(batch)
-        h0, cache = self._encode_with_cache(batch)
-        heads = self.heads_from_hidden(h0, batch)
-        t0 = target_logprobs_from_hidden(self.backbone, h0, batch)
+        heads, t0, cache = self._zfree_heads(batch)
         hz, valid = self.decoder_suffix_shared_prefix(batch, cache, z[:, None])
         tlp, _ = suffix_target_logprobs(self.backbone, batch, hz, valid)
         return GivenOutput(heads.posterior_logits, heads.prior_logits, tlp[:, 0], z, heads.features, t0)

@@ -125,8 +125,7 @@ def head_is_exact(model, *, refresh: bool = False) -> bool:
             h = model.base_model(input_ids=ids, use_cache=False).last_hidden_state
             got = logits_from_hidden(model, h)
         scale = float(want.abs().max())
-        tol = 1e-4 * max(1.0, scale) if param.dtype == torch.float32 or param.dtype == torch.float64 \
-            else 0.1 + 0.02 * scale
+        tol = 1e-4 * max(1.0, scale) if param.dtype in (torch.float32, torch.float64) else 0.1 + 0.02 * scale
         ok = got.shape == want.shape and bool(torch.allclose(got, want, atol=tol, rtol=0))
     except (ValueError, TypeError, AttributeError, RuntimeError):
         ok = False

@@ -202,7 +202,6 @@ def kl_threshold(kl: Float[torch.Tensor, "batch *d_latent"], threshold: float) -
 #: free_bits_mode -> the penalized KL (per_dim, continuous only, is ``free_bits_per_dim``)
 _FREE_BITS = {"none": lambda kl, free_bits: kl, "per_example": lambda kl, free_bits: kl.clamp_min(free_bits),
               "batch_mean": _batch_mean_free_bits, "threshold": kl_threshold}
-_FREE_BITS_MODES = tuple(_FREE_BITS)
 
 
 def apply_free_bits(kl: Float[torch.Tensor, "batch"], free_bits: float, mode: str) -> Float[torch.Tensor, "batch"]:
@@ -215,7 +214,7 @@ def apply_free_bits(kl: Float[torch.Tensor, "batch"], free_bits: float, mode: st
     Shapes (batch,) -> (batch,), nats per example. Raises ValueError for an unknown mode.
     """
     if mode not in _FREE_BITS:
-        raise ValueError(f"free_bits_mode={mode!r} is not one of {list(_FREE_BITS_MODES)}")
+        raise ValueError(f"free_bits_mode={mode!r} is not one of {list(_FREE_BITS)}")
     if free_bits <= 0:
         return kl
     return _FREE_BITS[mode](kl, free_bits)

@@ -228,22 +228,6 @@ def assemble_objective(cfg: ObjectiveConfig, *, recon_per_latent: Float[torch.Te
                     q_logits=q_logits, p_logits=p_logits, jsd=jsd)
 
 
-def assemble_gaussian_objective(cfg: ObjectiveConfig, *, recon_per_sample: Float[torch.Tensor, "batch n_samples"],
-                                mu_q: Float[torch.Tensor, "batch d_latent"], logvar_q: Float[torch.Tensor, "batch d_latent"],
-                                mu_p: Float[torch.Tensor, "batch d_latent"] | None,
-                                logvar_p: Float[torch.Tensor, "batch d_latent"] | None,
-                                target_len: Int[torch.Tensor, "batch"], step: int = 0, c_base: float | None = None,
-                                b: Float[torch.Tensor, "batch"] | None = None) -> ObjectiveBreakdown:
-    """J = mean_i [ w_i * lbar_i + beta * K_i ] of the continuous CVAE (``assemble('continuous', ...)``).
-
-    lbar_i = (1/S) sum_s recon_per_sample[i, s] (reparameterized Monte Carlo); K_i = ``gaussian_kl``
-    (analytic; N(0, I) when mu_p, logvar_p are None) after free bits (``per_dim``:
-    ``free_bits_per_dim``). Raises ValueError when ``cfg.lambda_jsd > 0`` and as
-    ``reconstruction_weight`` does."""
-    return assemble(LatentKind.CONTINUOUS, cfg, recon=recon_per_sample, target_len=target_len, step=step, c_base=c_base, b=b,
-                    mu_q=mu_q, logvar_q=logvar_q, mu_p=mu_p, logvar_p=logvar_p)
-
-
 # ---------------------------------------------------------------------------- one training step's J
 
 

@@ -282,8 +282,7 @@ def score_pairs(model, tokenizer, pairs: Sequence[Pair], *, policy: ScoringPolic
     use_cache = cache if cache is not None else os.environ.get("ZFREE_NO_CACHE", "").lower() not in ("1", "true")
     key_dir = None
     if use_cache:
-        key_src = {k: settings[k] for k in CACHE_KEY_FIELDS}
-        key = sha256_json(key_src)
+        key = sha256_json({k: settings[k] for k in CACHE_KEY_FIELDS})
         key_dir = Path(cache_dir or default_cache_dir()) / key[:2] / key
         entry = load_entry(key_dir, [e.id for e in encoded], sum(len(e.target_ids) for e in encoded))
         if entry is not None:

@@ -51,27 +51,21 @@ def frozen_decoder_phase(cfg: TrainConfig, step: int) -> bool:
 class FrozenDecoderMask:
     """Drops the gradient of every parameter outside ``POSTERIOR_SIDE`` (backbone, router, latent
     embeddings), so AdamW skips them: no moments, no decay, the values stay as they are
-    (``apply``); or, the other way round, of the posterior side (``apply_decoder_only``)."""
+    (``drop("posterior")``); or, the other way round, of the posterior side (``drop("decoder")``)."""
 
     def __init__(self, model: nn.Module):
         named = list(model.named_parameters())
-        self.frozen = [p for n, p in named if n.split(".")[0] not in POSTERIOR_SIDE]
-        self.posterior = [p for n, p in named if n.split(".")[0] in POSTERIOR_SIDE]
-
-    def apply(self) -> None:
-        """Only the posterior side keeps its gradient. Call between ``backward`` and ``optimizer.step``."""
-        for p in self.frozen:
-            p.grad = None
-
-    def apply_decoder_only(self) -> None:
-        """Every parameter but the posterior side's keeps its gradient (the aggressive phase's outer step)."""
-        for p in self.posterior:
-            p.grad = None
+        #: the trained side -> the parameters whose gradient it drops
+        self.dropped = {"posterior": [p for n, p in named if n.split(".")[0] not in POSTERIOR_SIDE],
+                        "decoder": [p for n, p in named if n.split(".")[0] in POSTERIOR_SIDE], "all": []}
 
     def drop(self, side: str) -> None:
-        """The mask of ``zfree.train.plugins.trained_side``'s answer: ``"posterior"`` (``apply``), ``"decoder"``
-        (``apply_decoder_only``) or ``"all"`` (nothing dropped). KeyError listing them for another."""
-        {"posterior": self.apply, "decoder": self.apply_decoder_only, "all": lambda: None}[side]()
+        """The mask of ``zfree.train.plugins.trained_side``'s answer: ``"posterior"`` (only the posterior
+        side keeps its gradient), ``"decoder"`` (every parameter but the posterior side's keeps it: the
+        aggressive phase's outer step) or ``"all"`` (nothing dropped). Call between ``backward`` and
+        ``optimizer.step``. KeyError listing them for another."""
+        for p in self.dropped[side]:
+            p.grad = None
 
 
 # ---------------------------------------------------------------------------- the aggressive encoder
@@ -237,8 +231,3 @@ def check_handover(model, cfg: TrainConfig, state, step: int, gate_rows: Sequenc
     if g["pass"] or step >= cfg.aid.hard_em_max_steps:
         state.phase, state.handover_step, state.handover_forced = Phase.SOFT, step, not g["pass"]
 
-
-def hard_phase_checks(model, cfg: TrainConfig, state, step: int, gate_rows, gate_b, c_base: float, pad_id: int) -> None:
-    """After a hard-phase step: dead-value restarts, then the hand-over gate (in that order)."""
-    restart_dead_values(model, cfg, state, step)
-    check_handover(model, cfg, state, step, gate_rows, gate_b, c_base, pad_id)

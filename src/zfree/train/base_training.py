@@ -241,18 +241,14 @@ def _text_model(train_pairs, val_pairs, cfg: BaseTrainConfig, vocab_size: int, i
     """``(tokenizer, model, encoded train, encoded val, context length)`` of ``train_text_base``: a
     new BPE tokenizer and GPT-2 (context: the longest row + 48, in multiples of 32), or those of
     ``init_from``; the model's dropout modules set to ``TEXT_DROPOUT`` (its config keeps 0)."""
-    if init_from is not None:
-        tok = AutoTokenizer.from_pretrained(init_from, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(init_from, local_files_only=True, dtype=DTYPES[dtype])
-        train, val = encode_pairs(tok, train_pairs), encode_pairs(tok, val_pairs)
+    tok = (AutoTokenizer.from_pretrained(init_from, local_files_only=True) if init_from is not None
+           else train_bpe_tokenizer((t for p in train_pairs for t in (p.x, p.y)), vocab_size))
+    train, val = encode_pairs(tok, train_pairs), encode_pairs(tok, val_pairs)
+    max_len = max(len(e.prefix_ids) + len(e.target_ids) for e in train + val)
+    n_positions = 32 * math.ceil((max_len + 48) / 32)  # room for longer (augmented) rows and user data
+    model = _new_or_continued(len(tok), n_positions, cfg, init_from, dtype)
+    if init_from is not None:  # the finished model's own context
         n_positions = getattr(model.config, "n_positions", None) or model.config.max_position_embeddings
-    else:
-        tok = train_bpe_tokenizer((t for p in train_pairs for t in (p.x, p.y)), vocab_size)
-        train, val = encode_pairs(tok, train_pairs), encode_pairs(tok, val_pairs)
-        max_len = max(len(e.prefix_ids) + len(e.target_ids) for e in train + val)
-        n_positions = 32 * math.ceil((max_len + 48) / 32)  # room for longer (augmented) rows and user data
-        model = build_synthetic_gpt2(len(tok), n_positions=n_positions, n_layer=cfg.n_layer, n_embd=cfg.n_embd,
-                                     n_head=cfg.n_head, seed=cfg.seed, dtype=DTYPES[dtype])
     for m in model.modules():  # dropout during training only (the saved config keeps 0)
         if isinstance(m, torch.nn.Dropout):
             m.p = TEXT_DROPOUT

@@ -86,12 +86,13 @@ class HardEM(Plugin):
 
     def after_update(self, ctx):
         """In the hard phase: dead-value restarts, then the hand-over gate on ``ctx.gate_rows``
-        with their base surprisal b and c_base (nats per token) (``aids.hard_phase_checks``); may
+        with their base surprisal b and c_base (nats per token) (``aids.check_handover``); may
         switch ``state.phase`` to soft and record ``handover_step``/``gate``."""
         run = ctx.run
-        if run.state.phase == Phase.HARD:  # restarts, then the hand-over gate
-            aids.hard_phase_checks(run.model, ctx.cfg, run.state, ctx.step, ctx.gate_rows,
-                                   run.data.val_b[: len(ctx.gate_rows)], run.data.c_base, run.data.pad_id)
+        if run.state.phase == Phase.HARD:  # restarts, then the hand-over gate (in that order)
+            aids.restart_dead_values(run.model, ctx.cfg, run.state, ctx.step)
+            aids.check_handover(run.model, ctx.cfg, run.state, ctx.step, ctx.gate_rows,
+                                run.data.val_b[: len(ctx.gate_rows)], run.data.c_base, run.data.pad_id)
 
 
 class AggressiveEncoder(Plugin):

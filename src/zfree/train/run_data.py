@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from zfree.config import TrainConfig, check_run_inputs
+from zfree.config import TrainConfig
 from zfree.core.io import read_json
 from zfree.data.batching import EncodedPair, encode_pairs, pad_id_of
 from zfree.data.pairs import Pair, load_pairs
@@ -36,11 +36,6 @@ class RunData:
     reference_file: Path | None = None  # a stored (entangled-run) reference, checked at step 0
 
 
-def check_inputs(cfg: TrainConfig) -> tuple[Path, Path]:
-    """``zfree.config.check_run_inputs`` of the config's data and base folders."""
-    return check_run_inputs(cfg.data_dir, cfg.base_dir)
-
-
 def _encode(tok, pairs: list[Pair], max_len: int, split: str) -> list[EncodedPair]:
     """x cut from the left to the context length (as the reference scorer does), y never cut:
     ValueError names a row whose y does not fit."""
@@ -62,10 +57,9 @@ def setup_data(cfg: TrainConfig, backbone, tok, ref: Reference, train_ref: Refer
     the context, KeyError when ``ref`` lacks a validation row."""
     train_pairs = load_pairs(data_dir / "train.jsonl")
     val_pairs = load_pairs(data_dir / "val.jsonl")
-    if cfg.optim.eval_rows:
-        if cfg.optim.eval_rows > len(val_pairs):
-            print(f"note: eval_rows={cfg.optim.eval_rows} but {data_dir / 'val.jsonl'} has {len(val_pairs)} rows: "
-                  f"all {len(val_pairs)} evaluated (config.json records _rows_used)", flush=True)
+    if cfg.optim.eval_rows > len(val_pairs):  # (0 = all: never more than there are)
+        print(f"note: eval_rows={cfg.optim.eval_rows} but {data_dir / 'val.jsonl'} has {len(val_pairs)} rows: "
+              f"all {len(val_pairs)} evaluated (config.json records _rows_used)", flush=True)
     val_pairs = spread_sample(val_pairs, cfg.optim.eval_rows)  # seeded, spread over all x, the same for every run
     max_len = context_length(backbone)
     train, val = _encode(tok, train_pairs, max_len, "train"), _encode(tok, val_pairs, max_len, "val")

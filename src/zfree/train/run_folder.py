@@ -204,11 +204,6 @@ def check_finite_metrics(out: Path, step: int, row: dict) -> None:
                                    "the last good checkpoint is kept")
 
 
-def write_error(out: Path, step: int, batch_ids: list[str], bad_terms: list[str]) -> Path:
-    """error.json of a non-finite loss: the step, the batch's row ids and the non-finite term names."""
-    return atomic_write_json(out / "error.json", {"step": step, "batch_ids": batch_ids, "non_finite_terms": bad_terms})
-
-
 #: seconds between two writes of a run's ``progress.json``
 PROGRESS_EVERY_S = 30.0
 PROGRESS_FILE = "progress.json"
@@ -302,5 +297,6 @@ class FiniteWatch:
         step, ids, names, flags = pending[int((~ok).nonzero()[0, 0])]
         flags = flags.cpu()
         bad = sorted({k for k, f in zip(names, flags[1:].tolist()) if not f})
-        write_error(self.out, step, ids, bad)
+        # error.json of a non-finite loss: the step, the batch's row ids and the non-finite term names
+        atomic_write_json(self.out / "error.json", {"step": step, "batch_ids": ids, "non_finite_terms": bad})
         raise NonFiniteLossError(f"non-finite loss at step {step}: terms {bad} (see {self.out / 'error.json'})")

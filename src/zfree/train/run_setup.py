@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from zfree.config import LatentKind, TrainConfig
+from zfree.config import LatentKind, TrainConfig, check_run_inputs
 from zfree.models.base import load_base
 from zfree.models.continuous import ContinuousCVAE
 from zfree.models.discrete import DiscreteCVAE
@@ -27,7 +27,7 @@ from zfree.reference.reference import resolve_reference
 from zfree.train import accumulate, checkpoint, plugins, run_folder
 from zfree.train.given import given_index
 from zfree.train.live_curves import LiveCurves, open_curves
-from zfree.train.run_data import RunData, check_inputs, rows_used, setup_data
+from zfree.train.run_data import RunData, rows_used, setup_data
 
 #: the optimizer's two param groups, by name (``build_optimizer``; rates set by ``set_learning_rates``)
 BACKBONE_GROUP, NEW_GROUP = "backbone", "new"
@@ -146,7 +146,7 @@ def setup_run(cfg: TrainConfig, out: Path, progress: bool) -> Run:
     torch.manual_seed(cfg.optim.seed)
     accumulate.check_accumulation(cfg)
     check_remedy_fields(cfg)  # a remedy's name is a record of its fields
-    data_dir, base_dir = check_inputs(cfg)
+    data_dir, base_dir = check_run_inputs(cfg.data_dir, cfg.base_dir)
     run_folder.check_same_config(out, cfg)
     backbone, tok = load_base(base_dir / "model", device=cfg.optim.device, dtype=WEIGHT_DTYPES[cfg.optim.precision])
     ref = resolve_reference(cfg.objective.c_base_source, base_dir, data_dir, "val", model=backbone, tokenizer=tok)
