@@ -559,6 +559,7 @@ def test_probes_side_by_side_run_at_once_and_an_interrupt_takes_both_children(tm
     assert (k.wall_s, g.wall_s, k.peak_rss) == (len(pts[0].run_id), len("control_x"), est.GB)
 
     children, started = [], threading.Barrier(3, timeout=30)
+    before = set(probe_mod._LIVE)  # pids another test of this process left listed are not this test's
 
     def sleeping(point, work, micro_batch=None, ceiling=None):
         proc = subprocess.Popen(["sleep", "600"])
@@ -580,7 +581,7 @@ def test_probes_side_by_side_run_at_once_and_an_interrupt_takes_both_children(tm
     try:
         with pytest.raises(KeyboardInterrupt):
             est.probe_side_by_side([(pts[0], tmp_path, None), (pts[1], tmp_path / "control", None)], est.GB)
-        assert len(children) == 2 and all(c.poll() is not None for c in children) and not probe_mod._LIVE
+        assert len(children) == 2 and all(c.poll() is not None for c in children) and not probe_mod._LIVE - before
     finally:
         for c in children:
             c.kill()
