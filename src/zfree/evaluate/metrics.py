@@ -26,6 +26,7 @@ from zfree.data.batching import EncodedPair, collate
 from zfree.data.pairs import Pair
 from zfree.evaluate import latent_meaning
 from zfree.evaluate.latent_meaning import MeaningRows, token_lifts
+from zfree.evaluate.readouts import IW_SAMPLES, READOUT_COLUMNS, discrete_readouts, gaussian_readouts, shuffle_permutation
 from zfree.evaluate.latent_stats import (active_units, categorical_mutual_information, continuous_decode_metrics,
                                          decode_metrics, gaussian_mutual_information, hungarian_accuracy, label_keys,
                                          label_structure_metrics, latent_samples, probe_accuracy)
@@ -145,6 +146,17 @@ def _structure_metrics(df: pd.DataFrame, features: np.ndarray, seed: int, assign
     }
 
 
+def readout_metrics(df: pd.DataFrame) -> dict[str, float]:
+    """readout/* means over the evaluated rows (``zfree.evaluate.readouts``; nats per example): the five
+    readouts, within-model use (D_shuffled - D_q, D_prior - D_q), the rate and the negative ELBO
+    (D_q + KL, beta = 1) beside the marginal NLL."""
+    m = {f"readout/{k}": float(df[k].mean()) for k in READOUT_COLUMNS}
+    m["readout/use_shuffled"] = float((df["d_shuffled"] - df["d_q"]).mean())
+    m["readout/use_prior"] = float((df["d_prior"] - df["d_q"]).mean())
+    m["readout/neg_elbo"] = float((df["d_q"] + df["kl"]).mean())
+    return m
+
+
 @dataclass
 class EvalContext:
     """What the kinds' ``finish`` reads besides the per-example table: c_base and the rows to decode."""
@@ -171,7 +183,7 @@ class DiscreteEvaluator:
 
     def __init__(self, model, seed: int):
         self.model, self.seed = model, seed
-        self.feats, self.q, self.p = [], [], []
+        self.feats, self.q, self.p, self.seq_nll = [], [], [], []  # seq_nll: (B, K) nats/example per value
         self.meaning = (MeaningRows() if latent_meaning.COLLECT_LIFTS and model.posterior_kind != "given"
                         and model.n_latent >= 2 else None)
 
@@ -188,6 +200,7 @@ class DiscreteEvaluator:
                       c_base=c_base, b=b, q_logits=out.posterior_logits, p_logits=out.prior_logits,
                       jsd=jsd)  # None: the optimal q
         q = self._keep(out, br)
+        self.seq_nll.append((nll_k * batch.target_len[:, None].to(nll_k.dtype)).cpu().numpy())
         if self.meaning is not None:  # what each value promotes in the rows' own y (latent_meaning)
             self.meaning.add(batch.ids, batch.input_ids, batch.target_mask,
                              token_lifts(out.target_logprobs, q, batch.target_mask))
@@ -204,6 +217,10 @@ class DiscreteEvaluator:
         br = assemble(GIVEN, objective, recon=recon, target_len=batch.target_len, step=step, c_base=c_base, b=b,
                       q_logits=sel.posterior_logits, p_logits=sel.prior_logits)
         q = self._keep(sel, br)
+        # every value decoded for the readouts (the router's marginal); one value: the given pass itself
+        nll_all = (masked_mean_token_nll(-self.model(batch).target_logprobs, batch.target_mask)
+                   if self.model.n_latent >= 2 else nll[:, None])
+        self.seq_nll.append((nll_all * batch.target_len[:, None].to(nll_all.dtype)).cpu().numpy())
         return _frame(batch, br, nll, sel, posterior_argmax=sel.z, q_max=q.max(-1).values, oracle_nll=nll,
                       oracle_latent=sel.z, decoder_jsd=torch.zeros_like(nll)), br
 
@@ -233,6 +250,11 @@ class DiscreteEvaluator:
             "latent/decoder_jsd": float(df["decoder_jsd"].mean()),
         }
         m["latent/mutual_information"] = categorical_mutual_information(qa)  # H(mean q) - mean H(q), exact
+        r = discrete_readouts(np.concatenate(self.seq_nll), qa, np.concatenate(self.p),
+                              shuffle_permutation(len(df), self.seed))
+        for k in READOUT_COLUMNS:
+            df[k] = r[k]
+        m["readout/iw_samples"] = 0.0  # the marginal is exact (a sum over the K values)
         m.update(_structure_metrics(df, np.concatenate(self.feats), self.seed))
         m.update(label_structure_metrics(df, np.concatenate(self.feats), df["posterior_argmax"].to_numpy(), self.seed))
         if ctx.n_decode:
@@ -251,6 +273,9 @@ class GaussianEvaluator:
         self.model, self.seed = model, seed
         self.gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
         self.mus, self.logvars, self.prior_mus, self.prior_logvars = [], [], [], []
+        # the readouts draw from their own generators, so the evaluation's posterior samples stay as they were
+        self.perm_gen = np.random.default_rng(seed)  # D_shuffled's within-batch permutations
+        self.readout_gen = torch.Generator(device=self.gen.device).manual_seed(seed + 1)
 
     def batch(self, batch, objective, step, c_base, b, base_tok):
         """One batch under no_grad: the per-example frame and the objective's breakdown (``assemble``)."""
@@ -266,8 +291,12 @@ class GaussianEvaluator:
         self.logvars.append(out.posterior_logvar.cpu().numpy())
         self.prior_mus.append(out.prior_mean.cpu().numpy())
         self.prior_logvars.append(out.prior_logvar.cpu().numpy())
-        return _frame(batch, br, nll_s.mean(-1), out,
-                      posterior_sigma_mean=torch.exp(0.5 * out.posterior_logvar).mean(-1)), br
+        perm = torch.as_tensor(shuffle_permutation(len(batch), int(self.perm_gen.integers(2**31))),
+                               device=out.posterior_mean.device)
+        r = gaussian_readouts(self.model, batch, out, self.readout_gen, perm)
+        d_q = nll_s.mean(-1) * batch.target_len.to(nll_s.dtype)
+        return _frame(batch, br, nll_s.mean(-1), out, posterior_sigma_mean=torch.exp(0.5 * out.posterior_logvar).mean(-1),
+                      d_q=d_q, **r), br
 
     def finish(self, df, bayes, ctx: EvalContext) -> dict[str, float]:
         """The kind's latent/*, structure/* and decode metrics; adds its columns (measured_use, ...) to ``df``."""
@@ -289,7 +318,8 @@ class GaussianEvaluator:
              "latent/max_usage": nan, "latent/decoder_jsd": nan,  # need a finite set of values: not faked
              "latent/active_units": active_units(mu),
              "latent/mutual_information": gaussian_mutual_information(mu, logvar, seed=self.seed),
-             "latent/posterior_sigma_mean": float(df["posterior_sigma_mean"].mean())}
+             "latent/posterior_sigma_mean": float(df["posterior_sigma_mean"].mean()),
+             "readout/iw_samples": float(IW_SAMPLES)}  # the marginal is the IWAE bound
         m.update(_structure_metrics(df, mu, self.seed, assigned=centroids is not None))
 
         def clusters(key, rows, k):  # the label's own number (>= 2) of clusters when there are no strategies
@@ -374,6 +404,7 @@ def evaluate(model, encoded: Sequence[EncodedPair], pairs: Sequence[Pair], *, b:
     n_decode = min(decode_rows, len(encoded)) if decode_rows and tokenizer is not None and strategies is not None else 0
     ctx = EvalContext(c_eval, n_decode, encoded, pairs, tokenizer, strategies)
     m: dict[str, float] = {**_loss_metrics(df, fr, c_eval, step), **kind.finish(df, bayes, ctx)}
+    m.update(readout_metrics(df))
     m["latent/measured_use_fraction"] = float(df["measured_use"].mean())
     m["latent/predicted_use_fraction"] = float(df["predicted_use"].mean())
     m.update(_objective_metrics(df, c_base, objective))
