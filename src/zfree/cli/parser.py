@@ -17,6 +17,21 @@ from zfree.core.values import field_types
 from zfree.data.synth import DataConfig
 
 
+def parse_seeds(text: str) -> tuple[int, ...]:
+    """``--seeds``: "0-2" -> (0, 1, 2); "0,3,5" -> (0, 3, 5); ranges and lists combine ("0-2,7").
+    argparse.ArgumentTypeError naming the text for anything else or a repeated seed."""
+    out: list[int] = []
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.strip().partition("-")
+            out += list(range(int(lo), int(hi) + 1)) if hi else [int(lo)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: seeds are integers >= 0, a range 0-2 or a list 0,3,5") from None
+    if not out or min(out) < 0 or len(set(out)) != len(out):
+        raise argparse.ArgumentTypeError(f"{text!r}: seeds must be distinct integers >= 0")
+    return tuple(out)
+
+
 def _positive_int(text: str) -> int:
     """argparse type of a count such as ``--workers``: an integer >= 1, refused at once with the value
     (argparse prints it on one line and exits 2) instead of after the preparation."""
@@ -136,6 +151,9 @@ def _add_study(sub) -> None:
                     help="own-model grid YAML (keys of zfree.experiment.own_study.OWN_SPEC_KEYS) instead of a preset")
     st.add_argument("--out", required=True, help="the study folder (base/, runs/, summary.csv, report.html)")
     st.add_argument("--retrain-base", action="store_true", help="train a new base model instead of the shipped one")
+    st.add_argument("--seeds", type=parse_seeds, default=None, metavar="0-2",
+                    help="train every run, its control and each oracle once per seed (a range 0-2 or a list 0,3,5); "
+                         "gains are then tested over seeds (seed_gains.csv); default: the preset's own")
     st.add_argument("--workers", type=_positive_int, default=None, help="parallel runs (one torch thread each)")
     st.add_argument("--set", action="append", metavar="FIELD=VALUE",
                     help="set a config field on every run of the study (typed as in zfree train; repeatable)")

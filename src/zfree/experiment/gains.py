@@ -14,6 +14,17 @@ over the evaluated validation rows (the same seeded rows for every run of a stud
                     state) and the label's train marginal (add-one smoothed); ``H_source`` names it
   eta               Delta R_label / H(label | x): reconstruction nats bought per nat of rate
 
+Within one run and net of its rate (``zfree.evaluate.readouts``; NaN for runs written before the readouts):
+
+  use_shuffled      D_shuffled - D_q          nats of y the decoder reads from z (another row's posterior)
+  use_prior         D_prior - D_q             the same against z drawn from the prior/router
+  net_gain          D_control - marginal NLL  the CVAE against its control as a model of y given x, rate paid
+  gain_minus_rate   z_gain - rate             the same net of the rate through the ELBO (<= net_gain)
+  exchange_rate     z_gain / rate             nats of distortion bought per nat of rate
+
+  z_switched_on     use_shuffled's interval above 0 and >= 2 codes: z carries y that the decoder uses
+  z_better_model    net_gain's interval above 0: the CVAE models y given x better than its control
+
 Intervals: the 95 % percentile bootstrap over evaluated rows (``scipy.stats.bootstrap``, 2000
 resamples, rows resampled jointly for every paired quantity, seed 0). A label's gain counts as
 distinguishable from zero when its interval lies above 0 (``delta_R_lo > 0``).
@@ -39,6 +50,8 @@ N_RESAMPLES = 2000
 CONFIDENCE = 0.95
 #: the per-example columns a gain reads
 _COLS = ["id", "n_tokens", "lbar", "kl", "b", "beta_eff"]
+#: the readout columns a gain reads where the run wrote them (``zfree.evaluate.readouts``)
+_READOUTS = ["d_prior", "d_shuffled", "marginal_nll"]
 
 
 def interval(*columns: np.ndarray, statistic=None, seed: int = 0) -> tuple[float, float, float]:
@@ -57,8 +70,30 @@ def interval(*columns: np.ndarray, statistic=None, seed: int = 0) -> tuple[float
 
 
 def _per_example(run_dir: str) -> pd.DataFrame:
-    pe = read_table(Path(run_dir) / "per_example.parquet", columns=_COLS)
+    """The run's per-row D = |S| lbar, D_base = |S| b, KL and the readouts (NaN where the run did not write them)."""
+    import pyarrow.parquet as pq
+
+    f = Path(run_dir) / "per_example.parquet"
+    have = set(pq.read_schema(f).names) if f.is_file() else set()
+    pe = read_table(f, columns=_COLS + [c for c in _READOUTS if c in have])
+    pe = pe.assign(**{c: np.nan for c in _READOUTS if c not in pe})
     return pe.assign(D=pe["n_tokens"] * pe["lbar"], D_base=pe["n_tokens"] * pe["b"]).set_index("id")
+
+
+def readout_gains(pr: pd.DataFrame, pc: pd.DataFrame) -> dict[str, float]:
+    """The within-run and net columns of the module docstring for a run's rows ``pr`` paired with its
+    control's ``pc`` (``_per_example`` frames in one row order), each with its row-bootstrap interval
+    (``_lo``/``_hi``, the within-seed interval); NaN where the run has no readouts."""
+    out: dict[str, float] = {}
+    D, Dc, kl = pr["D"].to_numpy(), pc["D"].to_numpy(), pr["kl"].to_numpy(float)
+    pieces = {"use_shuffled": pr["d_shuffled"].to_numpy() - D, "use_prior": pr["d_prior"].to_numpy() - D,
+              "net_gain": Dc - pr["marginal_nll"].to_numpy(), "gain_minus_rate": Dc - D - kl}
+    for name, v in pieces.items():
+        est = interval(v) if np.isfinite(v).all() else (np.nan, np.nan, np.nan)
+        out.update({name: est[0], f"{name}_lo": est[1], f"{name}_hi": est[2]})
+    rate = float(kl.mean())
+    out["exchange_rate"] = float((Dc - D).mean()) / rate if rate > 1e-9 else np.nan
+    return out
 
 
 def _paired(a: pd.DataFrame, b: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -148,12 +183,15 @@ def run_gains(study_dir: Path | str, runs: pd.DataFrame, oracles: pd.DataFrame |
             row.update(rows=len(pr), D=float(pr["D"].mean()), D_control=float(pc["D"].mean()),
                        D_base=float(pc["D_base"].mean()), z_gain=g[0], z_gain_lo=g[1], z_gain_hi=g[2],
                        finetune_gain=f[0], finetune_gain_lo=f[1], finetune_gain_hi=f[2], rate=float(pr["kl"].mean()),
-                       z_gain_positive=bool(g[1] > 0))
+                       z_gain_positive=bool(g[1] > 0), **readout_gains(pr, pc))
         if best is not None:
             row.update(best_label=best["label"], available_gain=float(best["delta_R"]),
                        gain_share=row.get("z_gain", np.nan) / best["delta_R"] if best["delta_R"] > 0 else np.nan)
             row.update(_eta_prediction(r["run_dir"], best))
         row["z_used"] = bool(r.get("latent_used", False)) and bool(row.get("z_gain_positive", False))
+        codes = r.get("codes_used", np.nan)
+        row["z_switched_on"] = bool(row.get("use_shuffled_lo", np.nan) > 0 and not (pd.notna(codes) and codes < 2))
+        row["z_better_model"] = bool(row.get("net_gain_lo", np.nan) > 0)
         rows.append(row)
     return pd.DataFrame(rows, columns=list(dict.fromkeys(["run_id", "control_run_id", *GAIN_COLUMNS,
                                                           *(k for r in rows for k in r)])))
@@ -190,8 +228,10 @@ def _eta_prediction(run_dir: str, best: pd.Series) -> dict:
 #: the gain columns summary.csv carries (beside each run's own metrics); ``z_used``: measured use
 #: (rate and >= 2 codes, ``zfree.evaluate.metrics.measured_use``) *and* a z gain whose interval lies above 0
 GAIN_COLUMNS = ["D", "D_control", "D_base", "z_gain", "z_gain_lo", "z_gain_hi", "finetune_gain", "rate",
-                "z_gain_positive", "z_used", "best_label", "available_gain", "gain_share", "eta",
-                "predicted_use_fraction_eta"]
+                "z_gain_positive", "z_used", "use_shuffled", "use_shuffled_lo", "use_shuffled_hi", "use_prior",
+                "use_prior_lo", "use_prior_hi", "net_gain", "net_gain_lo", "net_gain_hi", "gain_minus_rate",
+                "gain_minus_rate_lo", "gain_minus_rate_hi", "exchange_rate", "z_switched_on", "z_better_model",
+                "best_label", "available_gain", "gain_share", "eta", "predicted_use_fraction_eta"]
 
 
 def links_of(study_dir: Path | str) -> dict:

@@ -108,7 +108,7 @@ def run_own_study(model: str, data: Path | str, out_dir: Path | str, *, val: Pat
                   preset: str | ExperimentSpec = "own", spec: Path | str | None = None, workers: int | None = None,
                   progress: bool = True, render: bool = True, finetune: bool = False,
                   finetune_steps: int = 300, estimate: bool = False, budget_s: float | None = None,
-                  overrides: dict | None = None) -> Path:
+                  overrides: dict | None = None, seeds: tuple[int, ...] | None = None) -> Path:
     """Run the own-model study into ``out_dir`` (module docstring): the pipeline on ``preset`` (or
     the YAML ``spec``) with ``data`` (+ ``val``) and ``model`` as its sources; returns report.html
     (or the study folder when ``render`` is False); ``estimate``/``budget_s``: as
@@ -118,6 +118,8 @@ def run_own_study(model: str, data: Path | str, out_dir: Path | str, *, val: Pat
     p = _own_spec(preset, spec)
     if overrides:
         p = dataclasses.replace(p, overrides={**p.overrides, **overrides})
+    if seeds is not None:  # zfree study --seeds: every run once per seed
+        p = dataclasses.replace(p, seeds=tuple(seeds))
     p = dataclasses.replace(p, data=dataclasses.replace(p.data, kind="jsonl", path=Path(data),
                                                         val=None if val is None else Path(val)),
                             base=BaseSource("pretrained", path=str(model), finetune_steps=finetune_steps if finetune else 0))

@@ -30,7 +30,8 @@ PRESETS: dict[str, ExperimentSpec] = {n: s for n, s in shipped_presets().items()
 
 
 def run_study(preset: str, out_dir: Path | str, *, retrain_base: bool = False, workers: int | None = None,
-              progress: bool = True, estimate: bool = False, overrides: dict | None = None) -> Path:
+              progress: bool = True, estimate: bool = False, overrides: dict | None = None,
+              seeds: tuple[int, ...] | None = None) -> Path:
     """Run a preset end to end into ``out_dir`` (``zfree.experiment.pipeline.run_experiment``);
     returns the path of ``report.html``.
 
@@ -39,10 +40,13 @@ def run_study(preset: str, out_dir: Path | str, *, retrain_base: bool = False, w
     Raises ValueError for an unknown preset (listing the valid ones); LockHeldError when another
     process is preparing the same study folder. ``estimate``: measure and print the grid's cost first
     (``zfree.experiment.estimate.plan``). ``overrides``: flat TrainConfig fields set on every run
-    (``zfree study --set``).
+    (``zfree study --set``). ``seeds``: every run, control and oracle once per seed (``zfree study
+    --seeds``; replaces the preset's own), paired by seed in ``seed_gains.csv``.
     """
     if preset not in PRESETS:
         raise ValueError(f"preset={preset!r} is not one of {sorted(PRESETS)}")
     spec = PRESETS[preset] if not overrides else dataclasses.replace(PRESETS[preset], overrides=dict(overrides))
+    if seeds is not None:
+        spec = dataclasses.replace(spec, seeds=tuple(seeds))
     return run_experiment(spec, out_dir, retrain_base=retrain_base, workers=workers,
                           progress=progress, estimate=estimate).html

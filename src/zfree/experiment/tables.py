@@ -15,6 +15,7 @@ from zfree.core.io import atomic_write_parquet, atomic_write_text
 from zfree.experiment.leaderboard import write_leaderboard
 from zfree.experiment.multiref_table import write_multiref_csv
 from zfree.experiment.results import per_example_table, runs_table, study_summary
+from zfree.experiment.seed_stats import write_seed_gains
 
 
 def write_summary_csv(out: Path | str) -> pd.DataFrame:
@@ -26,6 +27,7 @@ def write_summary_csv(out: Path | str) -> pd.DataFrame:
     atomic_write_text(out / "summary.csv", tab.to_csv(index=False))
     write_multiref_csv(out)
     write_leaderboard(out, tab)
+    write_seed_gains(out, tab)
     return tab
 
 

@@ -220,8 +220,45 @@ def gain_verdicts(runs: pd.DataFrame, gains: pd.DataFrame, eta: tuple[float, str
                      "z gain [nats/ex]": x.get("z_gain", np.nan), "z gain 95% CI": _ci(lo, x.get("z_gain_hi", np.nan)),
                      "share of available": x.get("gain_share", np.nan), "measured use": r["measured_use_fraction"],
                      "predicted use (η = 1)": p1, "predicted use (η measured)": pe, "z used": used,
-                     "verdict": _gain_verdict(m, lo, x.get("z_gain_hi", np.nan)), "η = 1 agrees": agree(p1), "η measured agrees": agree(pe)})
+                     "verdict": _gain_verdict(m, lo, x.get("z_gain_hi", np.nan)), "η = 1 agrees": agree(p1), "η measured agrees": agree(pe),
+                     **_readout_cells(x)})
     return pd.DataFrame(rows)
+
+
+def _readout_cells(x: pd.Series) -> dict:
+    """The within-model and net columns of a verdict row (``zfree.experiment.gains`` docstring); row
+    intervals are the within-seed bootstrap over evaluated rows."""
+    def ci(k):
+        return _ci(x.get(f"{k}_lo", np.nan), x.get(f"{k}_hi", np.nan))
+
+    return {"use in the model [nats/ex]": x.get("use_shuffled", np.nan), "use 95% CI": ci("use_shuffled"),
+            "net gain [nats/ex]": x.get("net_gain", np.nan), "net gain 95% CI": ci("net_gain"),
+            "gain − rate [nats/ex]": x.get("gain_minus_rate", np.nan),
+            "z switched on": x.get("z_switched_on", np.nan), "better model": x.get("z_better_model", np.nan)}
+
+
+def _net_sentence(r: pd.Series) -> str:
+    """What the readouts support for one run: z switched on (within-model use) and, separately, a better
+    model of y given x (net gain, rate paid); empty for runs written before the readouts."""
+    use, net = r.get("use in the model [nats/ex]", np.nan), r.get("net gain [nats/ex]", np.nan)
+    if pd.isna(use) or pd.isna(net):
+        return ""
+    on = (f"z is switched on: the decoder reads {use:.3g} nats/ex {r['use 95% CI']} from it (another row's z costs that much)"
+          if r.get("z switched on") is True else f"z is not shown switched on (use in the model {use:.3g} {r['use 95% CI']})")
+    better = ("the CVAE models y given x better than its control" if r.get("better model") is True
+              else "the CVAE is not shown to model y given x better than its control")
+    return f"; {on}; {better}: net gain {net:.3g} nats/ex {r['net gain 95% CI']} (marginal NLL, rate paid)"
+
+
+def _on_and_better(verdicts: pd.DataFrame) -> str:
+    """The head's counts of the two readout claims, which a z gain alone does not make (empty without readouts)."""
+    if "z switched on" not in verdicts or verdicts["use in the model [nats/ex]"].isna().all():
+        return ""
+    on = int((verdicts["z switched on"] == True).sum())  # noqa: E712 - NaN-safe count of True
+    better = int((verdicts["better model"] == True).sum())  # noqa: E712
+    return (f"**z switched on in {on}** (the decoder reads y from z: another row's z costs nats, interval above 0, "
+            f">= 2 codes); **a better model of y given x than its control in {better}** (net gain: the control's D "
+            f"minus the CVAE's marginal NLL, the rate paid, interval above 0). ")
 
 
 def gain_verdict_markdown(verdicts: pd.DataFrame, eta: tuple[float, str] | None) -> str:
@@ -233,7 +270,8 @@ def gain_verdict_markdown(verdicts: pd.DataFrame, eta: tuple[float, str] | None)
     rule = (f"η = {eta[0]:.3f} (label {md_code(eta[1])})" if eta else
             "no measured η (no label's ΔR interval lies above 0)")
     head = (f"**{int(known.astype(bool).sum())} of {len(verdicts)} runs used z** (measured use and a z-gain "
-            f"interval above 0 over the run's own z-free control). Theory: z pays where β_eff < η; with η = 1, "
+            f"interval above 0 over the run's own z-free control; intervals are over the evaluated rows of one seed). "
+            + _on_and_better(verdicts) + "Theory: z pays where β_eff < η; with η = 1, "
             f"{int(verdicts['η = 1 agrees'].dropna().astype(bool).sum())} runs agree; with {rule}"
             + (f", {int(verdicts['η measured agrees'].dropna().astype(bool).sum())} agree." if eta else "."))
     several = "control" in verdicts and verdicts["control"].nunique() > 1  # name each run's own control
@@ -245,7 +283,7 @@ def gain_verdict_markdown(verdicts: pd.DataFrame, eta: tuple[float, str] | None)
              f"at rate {r['rate [nats/ex]']:.3g}; measured use {percent(r['measured use'])}, predicted "
              f"{percent(r['predicted use (η = 1)'])} (η = 1)" + (f" / {percent(r['predicted use (η measured)'])} (η measured)"
                                                              if eta else "") + f" — {md_text(r['verdict'])}"
-             for _, r in verdicts.iterrows()]
+             + _net_sentence(r) for _, r in verdicts.iterrows()]
     return "\n".join([head, "", *lines])
 
 
