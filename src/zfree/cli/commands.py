@@ -207,10 +207,15 @@ def cmd_study(a):
 
 
 def cmd_model_fetch(a):
-    """``zfree model fetch``: download a known model and convert it to a transformers folder; prints the folder."""
+    """``zfree model fetch``: download a known model and convert it to a transformers folder; prints the folder,
+    and only it, on stdout (``M="$(zfree model fetch NAME)"``): progress, a library's prints included, goes to stderr."""
+    from contextlib import redirect_stdout
+
     from zfree.models.fetch import fetch_model  # lazy: torch and transformers convert the weights
 
-    print(fetch_model(a.name, a.root))
+    with redirect_stdout(sys.stderr):
+        folder = fetch_model(a.name, a.root)
+    print(folder)
 
 
 def cmd_report(a):
