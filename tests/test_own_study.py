@@ -233,6 +233,20 @@ def test_zfree_train_runs_one_cvae_from_model_and_jsonl(tiny_model, tmp_path, mo
     assert json.loads((run / "config.json").read_text())["c_base_source"] == "pretrained_source"
 
 
+def test_the_tutorials_example_weighting_command_runs_with_the_studies_epsilon(tiny_model, tmp_path, monkeypatch):
+    """Issue 60: docs/tutorials/own-model.md's ``zfree train --model MODEL --data pairs.jsonl --out RUN --set
+    beta=0.01 --set weighting=example`` stopped at ``epsilon=0.0 must be > 0``; a weighting chosen with --set
+    now runs as every study grid runs it (epsilon 0.05, WEIGHTINGS["example"].grid), recorded in config.json."""
+    monkeypatch.setenv("ZFREE_CACHE_DIR", str(tmp_path / "cache"))
+    model, data = tiny_model
+    run = tmp_path / "one-run"
+    short = ["steps=1", "eval_every=1", "eval_rows=0", "decode_rows=1", "batch_size=4", "warmup_backbone=1"]
+    assert main(["train", "--model", str(model), "--data", str(data), "--out", str(run),
+                 *[a for s in short for a in ("--set", s)], "--set", "beta=0.01", "--set", "weighting=example"]) == 0
+    cfg = json.loads((run / "config.json").read_text())
+    assert (cfg["weighting"], cfg["epsilon"], cfg["beta"]) == ("example", 0.05, 0.01)
+
+
 @pytest.mark.slow
 def test_own_model_notebook_runs_under_papermill(tiny_model, tmp_path, monkeypatch):
     import papermill as pm

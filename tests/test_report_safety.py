@@ -276,3 +276,21 @@ def test_a_missing_nbconvert_template_is_one_line_saying_the_runs_are_complete(t
     monkeypatch.setattr(render, "offline_exporter", lambda: Exporter("something else"))
     with pytest.raises(ValueError, match="something else"):
         render.html_of(nbformat.v4.new_notebook(), tmp_path)
+
+
+def test_the_report_is_titled_with_the_study_not_notebook(tmp_path):
+    """Issue 60: report.html's <title> was nbconvert's "Notebook". It names the study: the folder, or a
+    sweep's spec name; a name with markup stays text."""
+    import nbformat
+
+    from zfree.experiment import render
+
+    def title(folder):
+        nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# report")])
+        return re.findall(r"<title>(.*?)</title>", render.html_of(nb, folder), flags=re.S)
+
+    study = tmp_path / "study-default"
+    study.mkdir()
+    assert title(study) == ["study-default · zfree report"]
+    (study / "spec.json").write_text(json.dumps({"name": f"<b>{EVIL}</b>"}))
+    assert title(study) == [f"&lt;b&gt;{EVIL}&lt;/b&gt; · zfree report"]

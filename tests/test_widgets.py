@@ -283,3 +283,20 @@ def test_a_failed_launch_says_failed_with_its_reason_and_folder(sweep, tmp_path)
     label = panel.label.value
     assert label.startswith("failed: 0/1 ok; 1 failed, first ") and "does not exist" in label, label
     assert "error.json" in label and "done" not in label
+
+
+def test_an_empty_grid_plans_0_runs_and_is_not_launched(sweep, tmp_path):
+    """Issue 60: with every weighting deselected the plan kept "1 run(s)" (describe died on an IndexError in
+    warnings, seen only in the server log) and launch ended "done: 0/0 ok". Now the plan says 0 runs and why,
+    the button is disabled, and launch refuses in the status line without starting an executor."""
+    e = SweepExplorer(sweep)
+    panel = LaunchPanel(e.results.config(e.results.runs["run_id"].iloc[0]), tmp_path,
+                        make_executor=lambda: pytest.fail("must not run"))
+    assert not panel.button.disabled
+    panel.weightings.value = ()
+    assert panel.plan.value == "<b>0 runs:</b> no weighting is selected; select at least one to launch"
+    assert panel.button.disabled
+    assert panel.launch() is None and panel.thread is None
+    assert panel.label.value == "nothing to launch: 0 runs (no weighting is selected; select at least one to launch)"
+    panel.weightings.value = ("plain",)
+    assert panel.plan.value.startswith("<div>3 run(s) into") and not panel.button.disabled

@@ -57,7 +57,11 @@ def main(argv=None) -> int:
     (the others finished), 2 an expected error (printed as one line ``zfree: error: ...``),
     130 / 143 interrupted by SIGINT (Ctrl-C) / SIGTERM (one line saying how to resume; the
     workers stopped, the locks released, the last checkpoint kept)."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.cmd is None:  # bare `zfree`: the help, as `zfree --help` prints it
+        parser.print_help()
+        return 0
     try:
         check_path_args(args)
         with interruptible():

@@ -11,7 +11,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-from zfree.config import BaseTrainConfig, TrainConfig, parse_assignment
+from zfree.config import BaseTrainConfig, TrainConfig, parse_assignment, with_default_epsilon
 from zfree.core.errors import ConfigError, InputError
 from zfree.core.io import read_json
 from zfree.core.paths import PATH_FIELDS, resolve_given
@@ -97,9 +97,7 @@ def cmd_train(a):
     field's declaration) into ``--out``, or ``--resume RUN_DIR`` from its own config.json; with
     ``--model``/``--data`` an own-model run (``cmd_train_own``). Prints the summary's metrics. Raises
     ValueError for missing or conflicting options, FileNotFoundError for a missing config, ConfigError
-    naming the config for a bad field or an unavailable device."""
-    from zfree.train.training import train_cvae  # lazy: torch and transformers (zfree --help stays fast)
-
+    naming the config for a bad field or an unavailable device, each before torch is imported."""
     if a.model or a.data:
         return cmd_train_own(a)
     if a.resume:
@@ -110,10 +108,9 @@ def cmd_train(a):
             raise FileNotFoundError(f"{a.config} does not exist: {a.resume} is not a run folder")
     if not a.config or not a.out:
         raise ValueError("give --config CONFIG.json --out RUN_DIR, or --resume RUN_DIR")
+    overrides = _set_overrides(a.set)
     flat = _read_flat_config(a.config)
-    for kv in a.set or []:
-        k, v = parse_assignment(kv)  # typed by the field's declaration: steps=true is refused
-        flat[k] = v
+    flat.update(with_default_epsilon(overrides, flat))
     defaults = TrainConfig().to_flat()
     for k in PATH_FIELDS:  # a relative folder not in the working directory, or the default, names ROOT's
         v = flat.get(k, defaults[k])
@@ -123,18 +120,33 @@ def cmd_train(a):
     except ValueError as e:
         raise ConfigError(f"config {a.config}{' with --set' if a.set else ''}: {e}") from None
     check_device(cfg.optim.device)
+    from zfree.train.training import train_cvae  # lazy: torch and transformers (zfree --help stays fast)
+
     summary = train_cvae(cfg, a.out)
     print(json.dumps({k: v for k, v in summary.items() if "/" in k}, indent=2))
 
 
-def cmd_train_own(a):
-    """``zfree train --model M --data F.jsonl --out RUN``: split, base link and reference in RUN, one CVAE there."""
-    from zfree.experiment.own_study import own_train_config  # lazy: torch, transformers (as above)
-    from zfree.train.training import train_cvae  # lazy: as above
+def _set_overrides(assignments: list[str] | None) -> dict:
+    """The ``--set FIELD=VALUE`` options as ``{field: typed value}`` (typed by each field's declaration:
+    steps=true is refused); ConfigError naming an unknown field with the closest known one. Light: no torch."""
+    return dict(parse_assignment(kv) for kv in assignments or [])
 
+
+def cmd_train_own(a):
+    """``zfree train --model M --data F.jsonl --out RUN``: split, base link and reference in RUN, one CVAE there.
+    The config (defaults, ``--set``) is validated first: a bad one is refused before torch is imported, the
+    model loaded or RUN created."""
     if not (a.model and a.data and a.out) or a.config or a.resume:
         raise ValueError("give --model MODEL --data FILE.jsonl --out RUN_DIR (without --config/--resume)")
-    overrides = dict(parse_assignment(kv) for kv in a.set or [])
+    overrides = with_default_epsilon(_set_overrides(a.set))
+    try:  # the paths are placeholders: own_train_config sets RUN's, and checks the data and model itself
+        TrainConfig.from_flat({**TrainConfig().to_flat(), "data_dir": a.out, "base_dir": a.out,
+                               "c_base_source": "pretrained_source", **overrides})
+    except ValueError as e:
+        raise ConfigError(f"--set {' '.join(a.set or [])}: {e}") from None
+    from zfree.experiment.own_study import own_train_config  # lazy: torch, transformers (zfree --help stays fast)
+    from zfree.train.training import train_cvae  # lazy: as above
+
     cfg = own_train_config(a.model, a.data, a.out, val=a.val, overrides=overrides)
     check_device(cfg.optim.device)
     summary = train_cvae(cfg, a.out)
@@ -164,6 +176,7 @@ def cmd_study(a):
     ``--data`` or for ``--val``/``--budget`` without one."""
     import time
 
+    overrides = with_default_epsilon(_set_overrides(a.set))  # an unknown field is refused before the imports below
     # lazy: the experiment layer imports torch, transformers and the training stack (seconds); `zfree --help` need not
     from zfree.experiment.catalog import DEFAULT_OWN_BUDGET
     from zfree.experiment.estimate import parse_budget
@@ -183,7 +196,6 @@ def cmd_study(a):
 
         name, a.data, shipped_val = BOUND_PRESETS[a.preset]
         a.model, a.val = str(fetch_model(name)), a.val or shipped_val
-    overrides = dict(parse_assignment(kv) for kv in a.set or [])  # typed as zfree train's --set
     if a.model or a.data or a.spec:
         if not (a.model and a.data):
             raise ValueError("an own-model study needs --model MODEL and --data FILE.jsonl (--spec/--val optional)")
@@ -207,10 +219,15 @@ def cmd_study(a):
 
 
 def cmd_model_fetch(a):
-    """``zfree model fetch``: download a known model and convert it to a transformers folder; prints the folder."""
+    """``zfree model fetch``: download a known model and convert it to a transformers folder; prints the folder,
+    and only it, on stdout (``M="$(zfree model fetch NAME)"``): progress, a library's prints included, goes to stderr."""
+    from contextlib import redirect_stdout
+
     from zfree.models.fetch import fetch_model  # lazy: torch and transformers convert the weights
 
-    print(fetch_model(a.name, a.root))
+    with redirect_stdout(sys.stderr):
+        folder = fetch_model(a.name, a.root)
+    print(folder)
 
 
 def cmd_report(a):

@@ -9,6 +9,7 @@ import argparse
 from dataclasses import fields
 from typing import Literal, get_args, get_origin
 
+from zfree import __version__
 # light modules only (config and the benchmark's DataConfig import no torch), so `zfree --help` stays fast
 from zfree.cli.commands import (cmd_base_reference, cmd_base_train, cmd_data_e2e, cmd_data_synth, cmd_model_fetch,
                                 cmd_report, cmd_score, cmd_study, cmd_sweep, cmd_train)
@@ -194,7 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
     the function ``main`` calls with the parsed arguments. Light: no torch (the commands import
     their heavy modules when they run), so ``zfree --help`` and the docs' CLI reference are fast."""
     p = argparse.ArgumentParser(prog="zfree", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="cmd", required=True)
+    p.add_argument("--version", action="version", version=f"zfree {__version__}")
+    sub = p.add_subparsers(dest="cmd")  # none given: zfree.cli.main prints this help (exit 0)
     for add in (_add_data, _add_base, _add_score, _add_train, _add_study, _add_model, _add_report_and_sweep):
         add(sub)
     return p

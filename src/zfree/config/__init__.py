@@ -10,6 +10,7 @@ base model's config (``zfree.config.base``) are in their own modules; every name
 
 from __future__ import annotations
 
+import difflib
 import math
 from dataclasses import asdict, dataclass, field, fields
 from enum import Enum, StrEnum
@@ -82,12 +83,38 @@ def flat_field_types() -> dict[str, Any]:
 
 def parse_field_value(name: str, value: Any) -> Any:
     """``value`` for the flat ``TrainConfig`` field ``name``, typed by its declaration
-    (``coerce_value``). Raises ``ConfigError`` for an unknown field (listing the valid ones) or
+    (``coerce_value``). Raises ``ConfigError`` for an unknown field (suggesting the closest) or
     a value of the wrong type (naming the field)."""
     types = flat_field_types()
     if name not in types:
-        raise ConfigError(f"unknown config field {name!r}; valid fields: {sorted(types)}")
+        raise ConfigError(unknown_fields_message([name], types))
     return coerce_value(name, value, types[name])
+
+
+def unknown_fields_message(unknown: list[str], known) -> str:
+    """One line for config field names that do not exist: the closest known name of each
+    (``difflib.get_close_matches``), not the whole list of ``known``."""
+    def guess(name: str) -> str:
+        close = difflib.get_close_matches(name, list(known), n=1)
+        return f"{name!r} (did you mean {close[0]!r}?)" if close else f"{name!r} (no field has a close name)"
+
+    return (f"unknown config field{'s' if len(unknown) > 1 else ''} {', '.join(guess(n) for n in unknown)}; "
+            f"the {len(known)} fields are listed in the config reference (docs/reference/config.md)")
+
+
+def with_default_epsilon(overrides: dict[str, Any], base: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``overrides`` (``--set``) with ``epsilon`` at the example weighting's study value (0.05,
+    ``WEIGHTINGS["example"].grid``) when they choose a weighting that needs epsilon > 0 (example, or
+    token with example outside) without giving epsilon, and ``base`` (the config they override)
+    has none > 0: ``--set weighting=example`` then runs the weighting as every study grid and the
+    launch panel run it, instead of stopping at ``epsilon=0.0 must be > 0``."""
+    merged = {**(base or {}), **overrides}
+    chosen = (merged.get("weighting"), merged.get("token_outer"))
+    if ("epsilon" in overrides or not {"weighting", "token_outer"} & set(overrides)
+            or not any(w in WEIGHTINGS and WEIGHTINGS[w].needs_epsilon for w in chosen)
+            or float(merged.get("epsilon") or 0.0) > 0):
+        return overrides
+    return {**overrides, "epsilon": WEIGHTINGS["example"].grid["epsilon"]}
 
 
 def check_run_inputs(data_dir: str | Path, base_dir: str | Path) -> tuple[Path, Path]:
@@ -115,7 +142,7 @@ class ObjectiveConfig:
 
     weighting: Weighting = "plain"  # reconstruction weight w: 1, 1/c_base, 1/(b + epsilon), or token surprisal shares
     beta: float = 1.0  # KL weight; beta < 1 is InfoVAE-style beta reduction
-    epsilon: float = 0.0  # example weighting: w = 1/(b + epsilon); must be > 0 there
+    epsilon: float = 0.0  # example weighting: w = 1/(b + epsilon); must be > 0 there (--set weighting=example: 0.05)
     token_alpha: float = 1.0  # token weighting: mix of surprisal share (alpha) and uniform (1 - alpha)
     token_outer: TokenOuter = "none"  # token weighting composes with distribution or example
     lambda_jsd: float = 0.0  # weight of the (maximized) inter-latent JSD
@@ -306,7 +333,7 @@ class TrainConfig:
         known = set(cls.flat_fields())
         unknown = sorted(set(flat) - known)
         if unknown:
-            raise ValueError(f"unknown config field(s) {unknown}; valid fields: {sorted(known)}")
+            raise ValueError(unknown_fields_message(unknown, known))
         subs = {}
         for sub, sub_cls in cls._SUB.items():
             names = {f.name for f in fields(sub_cls)}

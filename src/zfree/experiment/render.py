@@ -5,6 +5,7 @@ inline, no script or stylesheet from a CDN (``OFFLINE_TEMPLATE``), so it opens t
 from __future__ import annotations
 
 import errno
+import json
 import os
 from pathlib import Path
 
@@ -51,10 +52,22 @@ def offline_exporter():
                         exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True)
 
 
+def report_title(study_dir: Path) -> str:
+    """report.html's ``<title>``: the study's name (a sweep's spec name from its ``spec.json``, else the
+    folder's name), so a browser's tab and history say which study it is (nbconvert's is "Notebook")."""
+    try:
+        name = json.loads((study_dir / "spec.json").read_text(encoding="utf-8")).get("name")
+    except (OSError, ValueError, AttributeError):
+        name = None
+    return f"{name if isinstance(name, str) and name.strip() else Path(study_dir).resolve().name} · zfree report"
+
+
 def html_of(nb, study_dir: Path) -> str:
-    """report.html's text of the executed notebook ``nb`` (``offline_exporter``). Raises InputError in
+    """report.html's text of the executed notebook ``nb`` (``offline_exporter``), titled with the study's
+    name (``report_title``; the template escapes it). Raises InputError in
     one line where nbconvert finds no 'lab' template (an environment whose Jupyter data files were
     not installed, e.g. ``pip install --target``): the runs and tables of ``study_dir`` are complete."""
+    nb.metadata["title"] = report_title(study_dir)  # the lab template's <title>, before resources' "Notebook"
     try:
         body, _ = offline_exporter().from_notebook_node(nb)
     except ValueError as e:

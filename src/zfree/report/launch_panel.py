@@ -23,6 +23,8 @@ from zfree.experiment.executor import Executor, local_executor, run_point, run_p
 from zfree.experiment.spec import Point, expand_grid
 from zfree.objective.remedies import HARD_EM_RECIPE, SWITCH_ON_RECIPE
 
+#: why a plan has no run: every weighting deselected (the grid's product is empty)
+NO_WEIGHTING = "no weighting is selected; select at least one to launch"
 #: wide widget descriptions (the explorer's too)
 WIDE = {"style": {"description_width": "initial"}}
 
@@ -88,6 +90,7 @@ class LaunchPanel:
         self._futures: list = []  # the running launch's futures (run_points' on_submit), cancelled by stop
         self._stopping = threading.Event()
         self._stop_note: str | None = None  # what stop cancelled (stop_workers), for the label
+        self._launchable = False  # the plan has at least one valid run (describe): the launch button's state
         self.button.on_click(lambda _: self.launch())
         self.stop_button.on_click(lambda _: self.stop(timeout=0))  # never block the kernel
         for w in (self.log_beta, self.n_beta, self.weightings, self.epsilon, self.seeds, self.steps, self.aid):
@@ -148,6 +151,8 @@ class LaunchPanel:
 
     def warnings(self, points: list[Point]) -> list[str]:
         """Plain-language consequences of the choices (e.g. a hard EM phase that outlasts the run)."""
+        if not points:
+            return []
         p = points[0].params
         out = []
         if p.get("aid") == "hard_em_then_soft" and p["hard_em_max_steps"] >= p["steps"]:
@@ -157,13 +162,19 @@ class LaunchPanel:
         return out
 
     def describe(self) -> str:
-        """Fill ``plan`` (the run count, the target folder, the diff table, warnings); returns its HTML."""
+        """Fill ``plan`` (the run count, the target folder, the diff table, warnings); returns its HTML.
+        The launch button is enabled only for a plan of at least one valid run (and not while one runs)."""
         self.beta_readout.value = "β = " + ", ".join(f"{b:.4g}" for b in self.betas()) + (
             " (the template's)" if self.n_beta.value <= 1 else "")
         try:
             points = self.points()
         except ValueError as e:
-            self.plan.value = f"<b>invalid:</b> {html.escape(str(e))}"
+            points, self.plan.value = [], f"<b>invalid:</b> {html.escape(str(e))}"
+        self._launchable = bool(points)
+        self.button.disabled = not self._launchable or not self.stop_button.disabled  # stop is enabled while running
+        if not points:
+            if not self.weightings.value:
+                self.plan.value = f"<b>0 runs:</b> {html.escape(NO_WEIGHTING)}"
             return self.plan.value
         d = self.diff(points)
         td = "<td style='padding:0 12px 0 0'>"
@@ -193,6 +204,9 @@ class LaunchPanel:
         except ValueError as e:
             self._say(f"invalid: {e}")
             return None
+        if not points:
+            self._say(f"nothing to launch: 0 runs ({NO_WEIGHTING})")
+            return None
         self.statuses, self.progress.value, self.progress.max = [], 0, max(1, len(points))
         self._say(f"running: 0/{len(points)}")
         self.button.disabled, self.stop_button.disabled = True, False
@@ -221,7 +235,7 @@ class LaunchPanel:
                     ex.shutdown(wait=True)    # and left the panel's buttons and label as they were
                 except OSError:
                     pass
-            self.button.disabled, self.stop_button.disabled = False, True
+            self.button.disabled, self.stop_button.disabled = not self._launchable, True
             ok = sum(s["status"] in ("finished", "skipped") for s in self.statuses)
             failed = [s for s in self.statuses if s["status"] == "failed"]
             state = "stopped" if self._stopping.is_set() else "failed" if broken or failed else "done"
