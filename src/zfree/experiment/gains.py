@@ -22,7 +22,9 @@ Within one run and net of its rate (``zfree.evaluate.readouts``; NaN for runs wr
   gain_minus_rate   z_gain - rate             the same net of the rate through the ELBO (<= net_gain)
   exchange_rate     z_gain / rate             nats of distortion bought per nat of rate
 
-  z_switched_on     use_shuffled's interval above 0 and >= 2 codes: z carries y that the decoder uses
+  z_switched_on     use_shuffled's interval above 0, its estimate >= USE_FLOOR and >= 2 codes: z carries y
+                    that the decoder uses (a collapsed run's decoders differ by ~1e-5 nats/example, which
+                    thousands of rows can put above 0 without z carrying anything worth the name)
   z_better_model    net_gain's interval above 0: the CVAE models y given x better than its control
 
 Intervals: the 95 % percentile bootstrap over evaluated rows (``scipy.stats.bootstrap``, 2000
@@ -47,6 +49,8 @@ from zfree.experiment.controls import LINKS_FILE, control_params
 from zfree.objective.theory import predicted_use
 
 N_RESAMPLES = 2000
+#: the least within-model use (nats/example) that reads as "z switched on" (module docstring)
+USE_FLOOR = 0.01
 CONFIDENCE = 0.95
 #: the per-example columns a gain reads
 _COLS = ["id", "n_tokens", "lbar", "kl", "b", "beta_eff"]
@@ -190,7 +194,8 @@ def run_gains(study_dir: Path | str, runs: pd.DataFrame, oracles: pd.DataFrame |
             row.update(_eta_prediction(r["run_dir"], best))
         row["z_used"] = bool(r.get("latent_used", False)) and bool(row.get("z_gain_positive", False))
         codes = r.get("codes_used", np.nan)
-        row["z_switched_on"] = bool(row.get("use_shuffled_lo", np.nan) > 0 and not (pd.notna(codes) and codes < 2))
+        row["z_switched_on"] = bool(row.get("use_shuffled_lo", np.nan) > 0 and row.get("use_shuffled", np.nan) >= USE_FLOOR
+                                    and not (pd.notna(codes) and codes < 2))
         row["z_better_model"] = bool(row.get("net_gain_lo", np.nan) > 0)
         rows.append(row)
     return pd.DataFrame(rows, columns=list(dict.fromkeys(["run_id", "control_run_id", *GAIN_COLUMNS,
