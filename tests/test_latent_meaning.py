@@ -220,7 +220,8 @@ def test_a_z_that_is_a_function_of_x_passes_nothing_however_strongly_it_aligns()
     tab, notes = property_alignment(props, assign, seed=0, groups=x)
     assert tab["p_value"].iloc[0] == 1.0 and not tab["passes"].any()
     assert tab["mi"].iloc[0] == pytest.approx(plain["mi"], rel=1e-12)  # MI stays that of all rows
-    assert notes[0].startswith("the argmax is shuffled only among rows of equal x: 400 of the 400 rows")
+    assert notes[0].startswith("the argmax is shuffled only among rows of equal x (what z carries beyond x): 400 of "
+                               "the 400 rows share their x with another row (100 x)")
     assert not any(t["passes"].any() for t in per_value_alignment(props, assign, 3, groups=x).values())
 
 
