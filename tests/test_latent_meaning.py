@@ -161,6 +161,105 @@ def test_property_alignment_refuses_mismatched_lengths_and_notes_too_few_rows():
     assert tab.empty and notes == ["1 evaluated row(s): no property is tested"]
 
 
+def test_shuffles_within_groups_permute_each_x_uniformly_and_leave_single_rows_alone():
+    """``permute_within_groups``: every shuffle keeps each x's codes on that x's rows, a row alone in its
+    x keeps its code, and the 3! orders of a 3-row x are equally likely (chi-square on 6000 shuffles,
+    5 degrees of freedom: a uniform sampler exceeds the 1e-4 critical value with probability 1e-4)."""
+    from scipy.stats import chi2
+
+    from zfree.evaluate.property_alignment import permute_within_groups
+
+    codes = np.array([0, 7, 1, 2, 5, 5, 9])
+    groups = np.array(["a", "solo", "a", "a", "b", "b", "other"], dtype=object)
+    perms = permute_within_groups(codes, groups, 6000, np.random.default_rng(0))
+    assert perms.shape == (6000, 7)
+    assert (perms[:, [1, 6]] == [7, 9]).all() and (perms[:, [4, 5]] == 5).all()
+    triples = perms[:, [0, 2, 3]]
+    assert (np.sort(triples, axis=1) == [0, 1, 2]).all()
+    counts = pd.Series([tuple(t) for t in triples]).value_counts()
+    assert len(counts) == 6
+    stat = float(((counts - 1000) ** 2 / 1000).sum())
+    assert stat < chi2.isf(1e-4, 5), counts.to_dict()
+
+
+def _x_confounded_rows(rng, n_x: int = 100, per_x: int = 4, beyond: float = 0.0, noise: float = 0.3):
+    """Rows where a property follows x (x mod 3 with probability 0.6, else uniform over 3) and the
+    argmax follows x (x mod 3, replaced with probability ``noise`` by a uniform draw independent of the
+    property); with probability ``beyond`` the argmax is the row's property instead: z then carries the
+    property beyond x. Returns (props, assign, x)."""
+    x = np.repeat(np.arange(n_x), per_x)
+    prop = np.where(rng.random(len(x)) < 0.6, x % 3, rng.integers(0, 3, len(x)))
+    assign = np.where(rng.random(len(x)) < noise, rng.integers(0, 3, len(x)), x % 3)
+    assign = np.where(rng.random(len(x)) < beyond, prop, assign)
+    return pd.DataFrame({"property": prop.astype(str)}), assign, x
+
+
+def test_a_z_that_follows_x_alone_passes_nothing_and_one_that_carries_the_property_beyond_x_passes():
+    """Issue 54, item 8, on 200 seeded data sets of 100 x with 4 rows each (199 shuffles each). Under H0
+    (the argmax follows x, plus noise independent of the property) the shuffles within x reject at most
+    21 of 200 (a valid level-0.05 test does so with probability >= 1 - 1.2e-3; Binomial(200, 0.05)); the
+    shuffles across all rows reject nearly all of them (the confound this fixes). With the argmax equal
+    to the property on half the rows, the within-x test passes at least 190 of 200 (a test of power
+    0.99 falls below 190 with probability 7e-6)."""
+    null_within = null_plain = power = 0
+    for seed in range(200):
+        props, assign, x = _x_confounded_rows(np.random.default_rng(seed))
+        null_within += bool(property_alignment(props, assign, seed=seed, groups=x, n_perm=199)[0]["passes"].iloc[0])
+        null_plain += bool(property_alignment(props, assign, seed=seed, n_perm=199)[0]["passes"].iloc[0])
+        props, assign, x = _x_confounded_rows(np.random.default_rng(1000 + seed), beyond=0.5)
+        power += bool(property_alignment(props, assign, seed=seed, groups=x, n_perm=199)[0]["passes"].iloc[0])
+    assert null_within <= 21 and null_plain >= 190 and power >= 190, (null_within, null_plain, power)
+
+
+def test_a_z_that_is_a_function_of_x_passes_nothing_however_strongly_it_aligns():
+    """The argmax a deterministic function of x: every shuffle within x leaves it as it is, so p = 1;
+    across all rows it passed at p = 1/1001. Per value too."""
+    props, assign, x = _x_confounded_rows(np.random.default_rng(7), noise=0.0)
+    plain = property_alignment(props, assign, seed=0)[0].iloc[0]
+    assert bool(plain["passes"]) and plain["p_value"] == pytest.approx(1 / 1001)
+    tab, notes = property_alignment(props, assign, seed=0, groups=x)
+    assert tab["p_value"].iloc[0] == 1.0 and not tab["passes"].any()
+    assert tab["mi"].iloc[0] == pytest.approx(plain["mi"], rel=1e-12)  # MI stays that of all rows
+    assert notes[0].startswith("the argmax is shuffled only among rows of equal x (what z carries beyond x): 400 of "
+                               "the 400 rows share their x with another row (100 x)")
+    assert not any(t["passes"].any() for t in per_value_alignment(props, assign, 3, groups=x).values())
+
+
+def test_with_every_x_distinct_nothing_can_be_tested():
+    """No x on two rows: no shuffle within x moves a row, so the table says it could not test (p NaN)
+    and nothing passes, even a property the argmax equals."""
+    assign = np.arange(60) % 3
+    props = pd.DataFrame({"same as z": assign.astype(str)})
+    tab, notes = property_alignment(props, assign, seed=0, groups=np.arange(60))
+    assert np.isnan(tab["p_value"]).all() and np.isnan(tab["null95"]).all() and not tab["passes"].any()
+    assert notes[0].startswith("could not test what z carries beyond x: no x has 2 or more of the 60 rows")
+    assert all(np.isnan(t["p_value"]).all() and not t["passes"].any()
+               for t in per_value_alignment(props, assign, 3, groups=np.arange(60)).values())
+    with pytest.raises(ValueError, match="and 59 x"):
+        property_alignment(props, assign, groups=np.arange(59))
+
+
+def test_latent_meaning_tests_what_z_carries_beyond_x():
+    """The default study's case (issue 54): y's first word follows x and a confident argmax follows x
+    alone; across all rows 'first word' passed. ``latent_meaning`` shuffles within x: nothing passes."""
+    rng = np.random.default_rng(11)
+    words = ["The", "A", "In", "Near", "At"]
+    pairs, assign = [], []
+    for i in range(50):  # 50 x, 4 rows each
+        for j in range(4):
+            w = words[i % 5] if rng.random() < 0.8 else words[int(rng.integers(0, 5))]
+            pairs.append(Pair(f"{i}-{j}", f"name[N{i}] area[A{i % 5}]", f"{w} place {i} serves food."))
+            assign.append(i % 5 % 3)
+    assign = np.array(assign)
+    q = np.full((200, 3), 0.01)
+    q[np.arange(200), assign] = 0.98
+    props = text_properties(pairs)
+    assert bool(property_alignment(props, assign, seed=0, q=q)[0].set_index("property").loc["first word", "passes"])
+    doc, _ = latent_meaning(assign, pairs, q=q)
+    assert not any(p["passes"] for p in doc["properties"]) and "equal x" in doc["rule"]
+    assert next(p for p in doc["properties"] if p["property"] == "first word")["p_value"] == 1.0
+
+
 def test_quartile_bins_cover_every_value_with_ordered_names():
     v = np.arange(1, 21, dtype=float)
     bins = _quartile_bins(v)

@@ -1,5 +1,6 @@
 """zfree.data.split: a split by x keeps every row and puts no x on both sides; unconditional text (one x)
-and too few x split by row; errors and warnings name the file."""
+and too few x split by row; errors and warnings name the file; the hand-over gate's rows are never
+evaluation rows (``gate_sample``)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from zfree.data.pairs import Pair, load_pairs
-from zfree.data.split import (MIN_X_PER_SIDE, is_unconditional, shared_x_count, split_by_row, split_by_x, split_pairs,
-                              write_pairs)
+from zfree.data.split import (MIN_X_PER_SIDE, gate_sample, is_unconditional, shared_x_count, split_by_row,
+                              split_by_x, split_pairs, spread_sample, write_pairs)
 
 
 def make(groups: list[int]) -> list[Pair]:
@@ -157,3 +158,41 @@ def test_enough_prompts_on_each_side_keep_the_split_by_x():
     pairs = make([4] * 30)  # 30 x of 4 rows: val of 20 rows holds 5 x, train 25
     s = split_pairs(pairs, val_size=20, seed=1, source="mine.jsonl")
     assert s.by == "x" and len({p.x for p in s.val}) >= MIN_X_PER_SIDE and not {p.x for p in s.val} & {p.x for p in s.train}
+
+
+@settings(max_examples=40, deadline=None)
+@given(groups=st.lists(st.integers(1, 5), min_size=1, max_size=20), n_eval=st.integers(0, 60), n=st.integers(0, 40))
+def test_gate_rows_are_never_evaluation_rows(groups, n_eval, n):
+    """The gate split (issue 54, item 4): validation rows outside the evaluation sample when there are
+    ``n`` of them (``n`` = 0: all of them), else ``n`` training rows; never an evaluation row, the same
+    rows every call, a spread sample of its source."""
+    val, train = make(groups), [Pair(f"t{i}", f"x{i % 7}", f"y{i}") for i in range(30)]
+    evaluated = spread_sample(val, n_eval)
+    spare = [p for p in val if p not in evaluated]
+    if n == 0 and not spare:
+        with pytest.raises(ValueError, match="handover_rows=0"):
+            gate_sample(val, evaluated, train, n)
+        return
+    gate = gate_sample(val, evaluated, train, n)
+    ids = [p.id for p in gate.pairs]
+    assert not set(ids) & {p.id for p in evaluated}
+    assert ids == [p.id for p in gate_sample(val, evaluated, train, n).pairs]  # deterministic
+    if n == 0 or len(spare) >= n:
+        assert gate.split == "val" and not gate.note
+        assert ids == [p.id for p in spread_sample(spare, n, seed=1)]
+    else:
+        assert gate.split == "train" and "handover_rows" in gate.note
+        assert ids == [p.id for p in spread_sample(train, n, seed=1)]
+
+
+def test_gate_rows_on_the_shipped_benchmark_leave_the_evaluation_rows_alone():
+    """The default study's aided runs (eval_rows 500, handover_rows 500) on data/synth/default: the 500
+    gate rows are the other 500 validation rows. Before issue 54 they were the first 500 evaluation
+    rows: ``spread_sample(val, 500)[:500]``, all of them evaluated."""
+    from pathlib import Path
+
+    val = load_pairs(Path(__file__).parents[1] / "data" / "synth" / "default" / "val.jsonl")
+    evaluated = spread_sample(val, 500)
+    gate = gate_sample(val, evaluated, [], 500)
+    assert gate.split == "val" and len(gate.pairs) == 500
+    assert {p.id for p in gate.pairs} == {p.id for p in val} - {p.id for p in evaluated}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import shutil
@@ -165,6 +166,38 @@ def test_hard_em_records_the_gate_and_hands_over(tiny, tmp_path):
     assert s["aid/handover_step"] is not None and s["aid/handover_step"] <= 4
     rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     assert rows[-1]["aid/phase_soft"] == 1.0  # the final evaluation is under the true objective, after hand-over
+
+
+@pytest.mark.parametrize("eval_rows, split", [(24, "val"), (48, "train")])
+def test_the_gate_reads_rows_that_are_never_evaluated(tiny, tmp_path, monkeypatch, eval_rows, split):
+    """Issue 54, item 4: the rows the hand-over gate actually reads (recorded at each call) and no
+    evaluation row (per_example.parquet's ids) are disjoint; config.json lists them and summary.json
+    their split, count and sha256. The tiny benchmark has 48 validation rows: 24 evaluated leave 24
+    for 16 gate rows; 48 evaluated leave none, so the gate reads 16 training rows. Before the gate
+    split, it read the first 16 evaluation rows."""
+    from zfree.train import aids
+
+    seen, gate = [], aids.handover_gate
+
+    def recording_gate(model, encoded, b, *a, **k):
+        seen.append([e.id for e in encoded])
+        assert len(b) == len(encoded)
+        return gate(model, encoded, b, *a, **k)
+
+    monkeypatch.setattr(aids, "handover_gate", recording_gate)
+    data, base = tiny
+    run = tmp_path / "run"
+    s = train_cvae(_cfg(data, base, steps=4, eval_every=2, eval_rows=eval_rows, aid="hard_em_then_soft",
+                        handover_check_every=2, hard_em_max_steps=4, handover_rows=16, weighting="distribution",
+                        beta=0.3), run, progress=False)
+    evaluated = set(pd.read_parquet(run / "per_example.parquet")["id"])
+    assert len(evaluated) == eval_rows and seen
+    for ids in seen:
+        assert len(ids) == 16 and not set(ids) & evaluated
+        assert all(i.startswith(split) for i in ids)  # the benchmark's ids: val-000000, train-000000
+    sha = hashlib.sha256("\n".join(seen[0]).encode()).hexdigest()  # the ids in gate order, one a line
+    assert read_json(run / "config.json")["_gate_rows"] == {"split": split, "rows": 16, "ids": seen[0], "ids_sha256": sha}
+    assert (s["aid/gate_split"], s["aid/gate_rows"], s["aid/gate_ids_sha256"]) == (split, 16, sha)
 
 
 def test_non_finite_loss_stops_with_step_and_batch(tiny, tmp_path, monkeypatch):

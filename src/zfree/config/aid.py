@@ -12,6 +12,9 @@ from zfree.core.values import typed_fields
 
 
 Aid = Literal["none", "hard_em_then_soft", "beta0_warmup", "random_init_jsd", "aggressive_encoder"]
+#: the aids that read the gate rows (``handover_rows``; ``zfree.data.split.gate_sample``): the hand-over
+#: gate and the aggressive encoder's I(x; z); a run under another aid draws no gate rows
+GATE_AIDS = ("hard_em_then_soft", "aggressive_encoder")
 
 
 @dataclass(frozen=True)
@@ -21,8 +24,9 @@ class AidConfig:
 
     hard_em_then_soft: reconstruct with the posterior's argmax only and train the posterior by
       cross-entropy toward the best-reconstructing value (hard EM, as in mixture-model translation,
-      Shen et al. 2019); hand over to the true soft objective once, on ``handover_rows`` validation
-      rows, mean(w * oracle_nll) + beta * log K < mean(w * b) (the best-z state beats the collapsed
+      Shen et al. 2019); hand over to the true soft objective once, on ``handover_rows`` gate rows
+      (validation rows outside the evaluation rows, else training rows: ``zfree.data.split.gate_sample``),
+      mean(w * oracle_nll) + beta * log K < mean(w * b) (the best-z state beats the collapsed
       one), checked every ``handover_check_every`` steps; forced at ``hard_em_max_steps``.
     beta0_warmup: ``warmup_aid_steps`` steps at beta = 0 with the router detached (failed in the prototype).
     random_init_jsd: latent embeddings start at N(0, latent_init_std^2) instead of 0, plus lambda_jsd
@@ -59,7 +63,10 @@ class AidConfig:
     # of S only (0 = all of S); the decoded value's reconstruction still covers all of S
     hard_em_estep_tokens: int = 0
     handover_check_every: int = 50  # steps between checks of the hand-over gate
-    handover_rows: int = 500  # validation rows the gate (and the aggressive encoder's I(x; z)) is measured on
+    # the gate rows the hand-over gate (and the aggressive encoder's I(x; z)) is measured on: validation
+    # rows that are not evaluation rows (0 = all of them), or training rows when validation has fewer
+    # than this outside the evaluation rows (zfree.data.split.gate_sample; config.json lists their ids)
+    handover_rows: int = 500
     restart_dead_every: int = 0  # hard phase: restart values unused for this many steps (0 = off)
     restart_dead_share: float = 0.25  # a value is dead below this fraction of the uniform share 1/K
     warmup_aid_steps: int = 100  # beta0_warmup: steps at beta = 0 with the router detached

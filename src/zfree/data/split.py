@@ -16,6 +16,7 @@ or two prompts measures those prompts, not the data) is split by row as well, wi
 
 from __future__ import annotations
 
+import hashlib
 import json
 import warnings
 from collections import Counter
@@ -234,3 +235,58 @@ def spread_sample(pairs: Sequence[Pair], n: int, *, seed: int = EVAL_SAMPLE_SEED
         picked.extend(g[depth] for g in order if depth < len(g))
         depth += 1
     return [pairs[i] for i in picked[:total]]
+
+
+#: the seed of the hand-over gate's sample (``gate_sample``): fixed, like ``EVAL_SAMPLE_SEED``, so every
+#: run that reads the same files gates on the same rows
+GATE_SAMPLE_SEED = 1
+
+
+@dataclass(frozen=True)
+class GateRows:
+    """The rows the hand-over gate reads (``gate_sample``). ``split``: ``"val"`` (validation rows outside
+    the evaluation rows) or ``"train"`` (training rows, when validation has too few of those);
+    ``note``: the line a reader must see when the gate reads training rows, else ``""``."""
+
+    pairs: list[Pair]
+    split: Literal["val", "train"]
+    note: str = ""
+
+
+def gate_sample(val: Sequence[Pair], evaluated: Sequence[Pair], train: Sequence[Pair], n: int, *,
+                seed: int = GATE_SAMPLE_SEED) -> GateRows:
+    """The gate split: the rows of the hand-over gate (and of the aggressive encoder's I(x; z)), none of
+    them an evaluation row, so the step at which a run hands over is chosen on rows its evaluation
+    never reads (issue 54, item 4; before, the gate read the first ``n`` evaluation rows).
+
+    ``val``: every row of the validation file; ``evaluated``: the evaluation rows (``spread_sample``
+    of ``val``); ``train``: the training rows; ``n``: ``handover_rows``. The spare validation rows (ids
+    not in ``evaluated``, file order) give the gate ``spread_sample(spare, n, seed=seed)`` when there
+    are at least ``n`` of them (``n`` = 0: all of them). With fewer than ``n`` spare rows the gate reads
+    ``spread_sample(train, n, seed=seed)`` instead, one source, never a mix, with a note: those rows are
+    trained on too, so the gate then reads training fit (as the hard phase's own loss does), still
+    never an evaluation row. The x of a validation gate row may be an evaluation row's x (the
+    evaluation sample spreads over every x); only the rows are disjoint.
+
+    Deterministic: the same rows and order for every run that reads the same files. Raises
+    ValueError naming ``handover_rows`` for ``n`` < 0, or for ``n`` = 0 when every validation row
+    is an evaluation row (no spare row to take "all" of).
+    """
+    if n < 0:
+        raise ValueError(f"handover_rows={n} must be >= 0")
+    taken = {p.id for p in evaluated}
+    spare = [p for p in val if p.id not in taken]
+    if n == 0 and not spare:
+        raise ValueError(f"handover_rows=0 (every validation row outside the evaluation rows) finds none: all "
+                         f"{len(val)} validation rows are evaluated; set handover_rows > 0 to gate on training rows")
+    if n == 0 or len(spare) >= n:
+        return GateRows(spread_sample(spare, n, seed=seed), "val")
+    note = (f"note: handover_rows={n} but only {len(spare)} validation rows lie outside the {len(taken)} evaluation "
+            f"rows: the hand-over gate reads {min(n, len(train))} training rows (seeded; the run trains on them too)")
+    return GateRows(spread_sample(train, n, seed=seed), "train", note)
+
+
+def ids_sha256(ids: Sequence[str]) -> str:
+    """sha256 (hex) of ``ids`` joined by newlines, in the given order: the gate rows' fingerprint in
+    summary.json (config.json lists the ids themselves)."""
+    return hashlib.sha256("\n".join(ids).encode("utf-8")).hexdigest()

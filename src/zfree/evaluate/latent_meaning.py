@@ -17,7 +17,9 @@ Three descriptions, each computed on the rows of one evaluation and none needing
    carry, and, on the synthetic benchmark only (the generator's ``metadata.json`` lists its
    strategies), the relation "y = s(x)" for each listed s. Each is ranked by its mutual information
    with the posterior argmax (nats; NMI with arithmetic normalisation as scikit-learn), against a
-   permutation null of the argmax (``N_PERMUTATIONS`` shuffles): p = (1 + #{null >= MI}) / (1 + n),
+   permutation null of the argmax (``N_PERMUTATIONS`` shuffles, each among the rows of equal x only:
+   what z carries beyond x, ``zfree.evaluate.property_alignment``; with no x on two rows nothing is
+   tested and the notes say so): p = (1 + #{null >= MI}) / (1 + n),
    and a property *passes* when p < 0.05 / (number of properties) (Bonferroni) and the posterior
    itself carries the alignment: its MI under the soft assignment q (``posterior_mi``, at most what
    z carries, so bounded by I(x, y; z)) is at least ``POSTERIOR_SHARE`` of the argmax's and
@@ -261,8 +263,9 @@ def latent_meaning(assign: np.ndarray, pairs: Sequence[Pair], *, q: np.ndarray |
     assign = np.asarray(assign)
     K = int(q.shape[1]) if q is not None else int(assign.max()) + 1 if len(assign) else 0
     props = text_properties(pairs, n_tokens, strategies)
-    align, notes = property_alignment(props, assign, seed=seed, q=q)
-    per_value = per_value_alignment(props, assign, K, seed=seed, q=q)
+    xs = np.array([p.x for p in pairs], dtype=object)  # shuffles within equal x: what z carries beyond x
+    align, notes = property_alignment(props, assign, seed=seed, q=q, groups=xs)
+    per_value = per_value_alignment(props, assign, K, seed=seed, q=q, groups=xs)
     ngrams = ngram_lifts(rows, decode) if rows is not None and rows.lifts else ngram_lifts(MeaningRows())
     sentences = value_sentences(assign, props, align, ngrams, n_tokens, K, per_value)
     ex = exemplars(q, pairs) if q is not None else pd.DataFrame()
@@ -278,7 +281,7 @@ def latent_meaning(assign: np.ndarray, pairs: Sequence[Pair], *, q: np.ndarray |
                        "exemplars": ex[ex["value"] == k].to_dict("records") if len(ex) else []})
     doc = {"source": source, "rows": int(len(assign)), "K": K, "descriptive": True,
            "rule": f"a property passes when its permutation p < {ALPHA} / {max(len(align), 1)} (Bonferroni, "
-                   f"{N_PERMUTATIONS} shuffles of the {source})"
+                   f"{N_PERMUTATIONS} shuffles of the {source} among rows of equal x: what z carries beyond x)"
                    + ("" if q is None else f" and the posterior q carries it (MI under q >= max({POSTERIOR_SHARE:g} "
                                            f"x the argmax's MI, {MIN_POSTERIOR_MI:g} nats))"),
            "properties": align.to_dict("records"), "values": values, "notes": notes}

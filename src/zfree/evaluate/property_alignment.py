@@ -8,6 +8,19 @@ p < ``ALPHA`` / (number of properties) (Bonferroni) and its MI under the soft as
 (``posterior_mi``, bounded by I(x, y; z), so by the rate) is at least max(``POSTERIOR_SHARE`` x the
 argmax's MI, ``MIN_POSTERIOR_MI``). Per value (``per_value_alignment``): the same test of the indicator
 [argmax = k] at ``ALPHA`` / (properties x values).
+
+**Beyond x** (issue 54, item 8). Given the rows' x (``groups``), the argmax is shuffled only among rows
+of equal x (``permute_within_groups``): the null is H0 "given x, the argmax is independent of the
+property", a stratified permutation test, exact under H0 (there the argmax is exchangeable within
+each x, so p keeps its level). A posterior whose
+argmax follows x alone, while the property follows x too (y's first word follows x's), then passes
+nothing; across all rows it passed (the default study's plain beta = 1 aided run, decoder not using z:
+'first word' at p 0.011). A row whose x no other row shares keeps its value in every shuffle and
+adds nothing to the null; when no x has two rows nothing can be tested (p NaN, nothing passes, a note
+says so): with every x distinct, no test can tell z carrying y beyond x from z following x without
+assumptions on how z depends on x (Shah & Peters 2020, "The hardness of conditional independence
+testing and the generalised covariance measure", their no-free-lunch theorem). MI and NMI stay those
+of all rows.
 """
 
 from __future__ import annotations
@@ -48,42 +61,91 @@ def posterior_mi(codes: np.ndarray, q: np.ndarray) -> float:
     return float(max(_mi_from_counts(joint[None])[0], 0.0))
 
 
+def permute_within_groups(codes: np.ndarray, groups: np.ndarray, n_perm: int, rng: np.random.Generator
+                          ) -> np.ndarray:
+    """``n_perm`` independent uniform shuffles of ``codes`` ((N,)) among rows of equal ``groups``
+    ((N,) hashable: the rows' x), as an (n_perm, N) array: each row of it holds, within every group,
+    a uniformly drawn permutation of that group's codes (rows sorted by (group, uniform key),
+    ``numpy.lexsort``); a group of one row keeps its code. Raises ValueError when the lengths differ."""
+    codes, gid = np.asarray(codes), pd.factorize(np.asarray(groups, dtype=object))[0]
+    if len(gid) != len(codes):
+        raise ValueError(f"{len(codes)} codes but {len(gid)} group labels")
+    keys = rng.random((n_perm, len(codes)))
+    drawn = np.lexsort((keys, np.broadcast_to(gid, keys.shape)), axis=-1)  # (n_perm, N): rows by group, random within
+    out = np.empty((n_perm, len(codes)), dtype=codes.dtype)
+    out[:, np.argsort(gid, kind="stable")] = codes[drawn]  # the group's slots, in order, take its drawn rows' codes
+    return out
+
+
 def property_alignment(props: pd.DataFrame, assign: np.ndarray, *, n_perm: int = N_PERMUTATIONS, seed: int = 0,
-                       alpha: float = ALPHA, q: np.ndarray | None = None) -> tuple[pd.DataFrame, list[str]]:
+                       alpha: float = ALPHA, q: np.ndarray | None = None, groups: np.ndarray | None = None
+                       ) -> tuple[pd.DataFrame, list[str]]:
     """Each property's mutual information with ``assign`` (the posterior argmax, (N,) ints) against a
     permutation null (module docstring, item 2). Returns (table sorted by MI, notes): columns
     property, levels, mi (nats), nmi, null95 (the null's 95th percentile, nats), p_value,
     mi_posterior (``posterior_mi`` under ``q``, NaN without it), passes.
+
+    With ``groups`` ((N,) hashable, the rows' x) the argmax is shuffled only within groups of equal x
+    (module docstring, "beyond x"): what passes, z carries beyond x. When no x has two rows nothing
+    is tested: p_value and null95 NaN, nothing passes, and a note says the test could not be run;
+    otherwise a note gives the rows that can move (rows in an x of two or more). ``groups`` None:
+    shuffles across all rows (the null "independent of the property" that a z following x passes).
 
     With ``q`` ((N, K) posterior probabilities whose argmax is ``assign``), a property passes only
     when the posterior itself carries its alignment too: mi_posterior >= max(``POSTERIOR_SHARE`` x
     mi, ``MIN_POSTERIOR_MI``). The argmax of a near-uniform posterior (a run that does not use z) can
     follow y systematically, so it passes a permutation test while z carries nothing (its rate bounds
     what it can carry); this guard rejects it. Properties with one level are skipped with a note;
-    fewer than 2 rows: an empty table and a note. Raises ValueError when ``props``, ``assign`` and
-    ``q`` differ in length."""
+    fewer than 2 rows: an empty table and a note. Raises ValueError when ``props``, ``assign``, ``q``
+    and ``groups`` differ in length."""
     assign = np.asarray(assign)
-    if len(props) != len(assign) or (q is not None and len(q) != len(assign)):
+    if len(props) != len(assign) or (q is not None and len(q) != len(assign)) or (
+            groups is not None and len(groups) != len(assign)):
         raise ValueError(f"{len(props)} property rows but {len(assign)} posterior assignments"
-                         + ("" if q is None else f" and {len(q)} posterior rows"))
+                         + ("" if q is None else f" and {len(q)} posterior rows")
+                         + ("" if groups is None else f" and {len(groups)} x"))
     if len(assign) < 2:
         return pd.DataFrame(columns=_COLUMNS), [f"{len(assign)} evaluated row(s): no property is tested"]
-    levels, tables, notes = _count_tables(props, assign, n_perm, seed)
-    return _ranked(tables, None, alpha, q, notes)
+    levels, tables, notes = _count_tables(props, assign, n_perm, seed, groups)
+    testable = _testable_rows(groups, len(assign))
+    if groups is not None:
+        notes.insert(0, _groups_note(groups, testable))
+    return _ranked(tables, None, alpha, q, notes, tested=testable > 0)
+
+
+def _testable_rows(groups: np.ndarray | None, n: int) -> int:
+    """Rows a shuffle can move: all ``n`` without groups, else the rows of groups of two or more."""
+    if groups is None:
+        return n
+    sizes = pd.Series(pd.factorize(np.asarray(groups, dtype=object))[0]).value_counts()
+    return int(sizes[sizes >= 2].sum())
+
+
+def _groups_note(groups: np.ndarray, testable: int) -> str:
+    """The note of a test within groups of equal x: how many rows could move, or that none could."""
+    n = len(groups)
+    shared = int(pd.Series(pd.factorize(np.asarray(groups, dtype=object))[0]).value_counts().ge(2).sum())
+    if not testable:
+        return (f"could not test what z carries beyond x: no x has 2 or more of the {n} rows (the argmax is shuffled "
+                "only among rows of equal x), so no property is tested and none passes")
+    return (f"the argmax is shuffled only among rows of equal x (what z carries beyond x): {testable} of the {n} rows "
+            f"share their x with another row ({shared} x); the other rows add nothing to the null")
 
 
 #: the columns of a property table (``property_alignment``)
 _COLUMNS = ["property", "levels", "mi", "nmi", "null95", "p_value", "mi_posterior", "passes"]
 
 
-def _count_tables(props: pd.DataFrame, assign: np.ndarray, n_perm: int, seed: int):
+def _count_tables(props: pd.DataFrame, assign: np.ndarray, n_perm: int, seed: int, groups: np.ndarray | None = None):
     """(the values of ``assign`` in code order, per property with 2+ levels: (name, level codes b (N,),
     the joint counts (A, B) of (assign, b), the same counts under each of ``n_perm`` shuffles of
     assign (n_perm, A, B)), the notes of the skipped properties). One set of shuffles serves every
-    property and, collapsed to [assign = k], every value (``per_value_alignment``)."""
+    property and, collapsed to [assign = k], every value (``per_value_alignment``). ``groups``: shuffle
+    within groups of equal x (``permute_within_groups``); None: across all rows."""
     codes, levels = pd.factorize(assign)
     rng = np.random.default_rng(seed)
-    perms = rng.permuted(np.tile(codes, (n_perm, 1)), axis=1)  # (n_perm, N)
+    perms = (rng.permuted(np.tile(codes, (n_perm, 1)), axis=1) if groups is None  # (n_perm, N)
+             else permute_within_groups(codes, groups, n_perm, rng))
     ka = len(levels)
     kept = [c for c in props.columns if props[c].nunique() >= 2]
     notes = [f"property {c!r} has a single value on these rows: skipped" for c in props.columns if c not in kept]
@@ -103,10 +165,12 @@ def _entropy_of_counts(c: np.ndarray) -> float:
     return float(-(p * np.log(p)).sum())
 
 
-def _ranked(tables, value_index: int | None, alpha: float, q: np.ndarray | None, notes: list[str]):
+def _ranked(tables, value_index: int | None, alpha: float, q: np.ndarray | None, notes: list[str],
+            tested: bool = True):
     """The property table of ``_count_tables``' tables: of the assignment itself (``value_index``
     None), or of the indicator [assign = the value at ``value_index``] (its rows collapsed to
-    "others" and "it"); ``q``: the matching soft assignment ((N, A) or (N, 2)), or None."""
+    "others" and "it"); ``q``: the matching soft assignment ((N, A) or (N, 2)), or None. ``tested``
+    False (no row could be shuffled): p_value and null95 NaN and nothing passes."""
     rows = []
     for c, b, obs, null in tables:
         if value_index is not None:
@@ -116,11 +180,11 @@ def _ranked(tables, value_index: int | None, alpha: float, q: np.ndarray | None,
         nulls = _mi_from_counts(null)
         h = _entropy_of_counts(obs.sum(1)) + _entropy_of_counts(obs.sum(0))
         rows.append({"property": c, "levels": obs.shape[1], "mi": max(mi, 0.0), "nmi": 2 * mi / h if h > 0 else 0.0,
-                     "null95": float(np.quantile(nulls, 0.95)),
-                     "p_value": float((1 + np.sum(nulls >= mi - 1e-12)) / (1 + len(nulls))),
+                     "null95": float(np.quantile(nulls, 0.95)) if tested else math.nan,
+                     "p_value": float((1 + np.sum(nulls >= mi - 1e-12)) / (1 + len(nulls))) if tested else math.nan,
                      "mi_posterior": math.nan if q is None else posterior_mi(b, q)})
     tab = pd.DataFrame(rows, columns=_COLUMNS[:-1])
-    tab["passes"] = (tab["p_value"] < alpha / max(len(tables), 1)) & (tab["mi"] > 1e-12)
+    tab["passes"] = (tab["p_value"] < alpha / max(len(tables), 1)) & (tab["mi"] > 1e-12)  # NaN p: False
     if q is not None and len(tab):
         carried = tab["mi_posterior"] >= np.maximum(POSTERIOR_SHARE * tab["mi"], MIN_POSTERIOR_MI)
         dropped = tab["passes"] & ~carried
@@ -134,17 +198,21 @@ def _ranked(tables, value_index: int | None, alpha: float, q: np.ndarray | None,
 
 
 def per_value_alignment(props: pd.DataFrame, assign: np.ndarray, K: int, *, n_perm: int = N_PERMUTATIONS,
-                        seed: int = 0, q: np.ndarray | None = None) -> dict[int, pd.DataFrame]:
+                        seed: int = 0, q: np.ndarray | None = None, groups: np.ndarray | None = None
+                        ) -> dict[int, pd.DataFrame]:
     """For each value k with rows: ``property_alignment`` of the indicator [argmax = k] (what sets
     value k's rows apart from the others'), at level ``ALPHA`` / (number of values with rows): the
     Bonferroni correction over the properties and the values; with ``q`` ((N, K)), the posterior's
     soft indicator (1 - q_k, q_k) is the one that must carry it. The shuffles of the argmax are
     shared with every value (the indicator of a shuffled argmax is the shuffled indicator), so this
-    costs one count per property, not one per value. value -> its table (sorted by MI)."""
+    costs one count per property, not one per value. ``groups``: shuffles within groups of equal x, as
+    ``property_alignment``'s. value -> its table (sorted by MI)."""
     assign = np.asarray(assign)
     if len(assign) < 2:
         return {}
-    levels, tables, _ = _count_tables(props, assign, n_perm, seed)
+    levels, tables, _ = _count_tables(props, assign, n_perm, seed, groups)
+    tested = _testable_rows(groups, len(assign)) > 0
     present = [k for k in range(K) if (levels == k).any()]
     return {k: _ranked(tables, int(np.flatnonzero(levels == k)[0]), ALPHA / max(1, len(present)),
-                       None if q is None else np.stack([1 - q[:, k], q[:, k]], axis=1), [])[0] for k in present}
+                       None if q is None else np.stack([1 - q[:, k], q[:, k]], axis=1), [], tested)[0]
+            for k in present}

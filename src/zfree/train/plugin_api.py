@@ -17,7 +17,7 @@ class StepContext:
     """What a hook sees of the running loop: the run (``zfree.train.run_setup.Run``: model, data, optimizer,
     numpy RNG, state), the config, the step number (1-based), the step's objective (host batch ->
     breakdown), the frozen-side mask (``aids.FrozenDecoderMask``), the finite-loss watch and the
-    hand-over gate's validation rows."""
+    gate rows (``zfree.train.run_data.RunData.gate``: never evaluation rows)."""
 
     run: Any
     cfg: TrainConfig

@@ -92,7 +92,7 @@ class HardEM(Plugin):
         if run.state.phase == Phase.HARD:  # restarts, then the hand-over gate (in that order)
             aids.restart_dead_values(run.model, ctx.cfg, run.state, ctx.step)
             aids.check_handover(run.model, ctx.cfg, run.state, ctx.step, ctx.gate_rows,
-                                run.data.val_b[: len(ctx.gate_rows)], run.data.c_base, run.data.pad_id)
+                                run.data.gate_b, run.data.c_base, run.data.pad_id)
 
 
 class AggressiveEncoder(Plugin):

@@ -3,7 +3,8 @@
 
   config.json           the flat config (as given) plus "_" metadata (versions, c_base, data and base-model
                         hashes, ``_rows_used``: the validation rows evaluated and decoded, at most the rows
-                        there are); data_dir/base_dir in their portable form (``portable_path``)
+                        there are; ``_gate_rows``: the ids of the hand-over gate's rows, where an aid reads
+                        them); data_dir/base_dir in their portable form (``portable_path``)
   metrics.jsonl         one row per evaluation
   events.out.tfevents.* the same rows as TensorBoard scalars (``zfree.train.live_curves``; field ``tensorboard``)
   checkpoint/           model.safetensors + state.safetensors/state.json (plain state, no pickle) + COMPLETE
@@ -144,11 +145,13 @@ def check_same_base(out: Path, backbone: torch.nn.Module, base_dir: Path) -> Non
 
 
 def write_config_record(out: Path, cfg: TrainConfig, c_base: float, ref, data_dir: Path,
-                        backbone: torch.nn.Module, rows_used: dict[str, int] | None = None) -> None:
+                        backbone: torch.nn.Module, rows_used: dict[str, int] | None = None,
+                        gate_rows: dict | None = None) -> None:
     """config.json (once): the flat config (as given), versions, c_base, train/val sha256, the base
-    model's hashes (recorded and loaded), the reference's metadata and ``_rows_used`` (the
-    validation rows evaluated and decoded, as used: at most the rows there are); paths in their
-    portable form."""
+    model's hashes (recorded and loaded), the reference's metadata, ``_rows_used`` (the
+    validation rows evaluated and decoded, as used: at most the rows there are) and, for a run with
+    gate rows, ``_gate_rows`` (``zfree.train.run_data.gate_record``: split, rows, ids, ids_sha256);
+    paths in their portable form."""
     if (out / "config.json").exists():
         return
     atomic_write_json(out / "config.json", {
@@ -157,7 +160,8 @@ def write_config_record(out: Path, cfg: TrainConfig, c_base: float, ref, data_di
         "_base_model_sha256": ref.meta.get("model_sha256"),
         "_reference": {**ref.meta, **({"data_file": portable_path(ref.meta["data_file"], out)}
                                       if isinstance(ref.meta.get("data_file"), str) else {})},
-        "_base_model_sha256_loaded": loaded_base_sha(backbone), **({"_rows_used": rows_used} if rows_used else {})})
+        "_base_model_sha256_loaded": loaded_base_sha(backbone), **({"_rows_used": rows_used} if rows_used else {}),
+        **({"_gate_rows": gate_rows} if gate_rows else {})})
 
 
 # ---------------------------------------------------------------------------- metrics, errors, summary

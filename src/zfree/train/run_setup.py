@@ -27,7 +27,7 @@ from zfree.reference.reference import resolve_reference
 from zfree.train import accumulate, checkpoint, plugins, run_folder
 from zfree.train.given import given_index
 from zfree.train.live_curves import LiveCurves, open_curves
-from zfree.train.run_data import RunData, rows_used, setup_data
+from zfree.train.run_data import RunData, gate_record, rows_used, setup_data
 
 #: the optimizer's two param groups, by name (``build_optimizer``; rates set by ``set_learning_rates``)
 BACKBONE_GROUP, NEW_GROUP = "backbone", "new"
@@ -158,7 +158,8 @@ def setup_run(cfg: TrainConfig, out: Path, progress: bool) -> Run:
     if model.latent_kind == LatentKind.DISCRETE and model.posterior_kind == "given":
         model.set_given(given_index(cfg, data_dir))  # the control's 0 / each row's label value
     out.mkdir(parents=True, exist_ok=True)
-    run_folder.write_config_record(out, cfg, data.c_base, ref, data_dir, backbone, rows_used=rows_used(cfg, data))
+    run_folder.write_config_record(out, cfg, data.c_base, ref, data_dir, backbone, rows_used=rows_used(cfg, data),
+                                   gate_rows=gate_record(data, with_ids=True))
     opt = build_optimizer(model, cfg, log=print if progress else None)
     rng = np.random.default_rng(cfg.optim.seed)
     state = checkpoint.load_checkpoint(out, model, opt, rng, TrainState)

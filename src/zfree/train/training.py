@@ -34,7 +34,7 @@ from zfree.train import accumulate, aids, checkpoint, multiref_run, plugins, run
 from zfree.train.compute import TokenCounter, decoder_body
 from zfree.train.curve import TrainCurve
 from zfree.train.live_curves import LiveCurves
-from zfree.train.run_data import RunData, batch_references
+from zfree.train.run_data import RunData, batch_references, gate_record
 from zfree.train.run_setup import Run, TrainState, set_learning_rates, setup_run, step_rates
 
 #: warn when one latent value is the posterior's argmax on at least this share of validation rows
@@ -195,8 +195,8 @@ def _train_locked(cfg: TrainConfig, out: Path, progress: bool, stop_after: int |
 @dataclass
 class _Loop:
     """What every step of one run uses, built once (``_train_loop``): the config, run folder and run,
-    the hand-over gate's validation rows, the frozen-side mask, the model's device and accumulation
-    dtype, the finite-loss watch and the training compute's token counter."""
+    the gate rows (``RunData.gate``: never evaluation rows), the frozen-side mask, the model's device
+    and accumulation dtype, the finite-loss watch and the training compute's token counter."""
 
     cfg: TrainConfig
     out: Path
@@ -215,7 +215,7 @@ def _train_loop(cfg: TrainConfig, out: Path, run: Run, progress: bool, stop_afte
     model, data = run.model, run.data
     dev = next(model.parameters()).device
     counter = TokenCounter(decoder_body(model), start=run.state.forward_tokens)
-    loop = _Loop(cfg, out, run, data.val[: cfg.aid.handover_rows] if cfg.aid.handover_rows else data.val,
+    loop = _Loop(cfg, out, run, data.gate,
                  aids.FrozenDecoderMask(model), dev, acc_dtype(next(model.parameters()).dtype),
                  run_folder.FiniteWatch(out, dev), counter)
     try:
@@ -337,4 +337,5 @@ def _finish(cfg: TrainConfig, out: Path, run: Run, ev, counter: TokenCounter) ->
                              strategies=data.eval_kw.get("strategies"), seed=cfg.optim.seed,
                              use_threshold=run_folder.USE_THRESHOLD)
     extra = {k: v for p in run.plugins for k, v in p.summary(cfg, state).items()}
+    extra.update({f"aid/gate_{k}": v for k, v in gate_record(data, with_ids=False).items()})  # {} without gate rows
     return run_folder.write_summary(out, cfg, ev, state, time.time() - run.t0, extra)
