@@ -375,3 +375,35 @@ def test_the_report_part_keeps_text_from_data_as_text(tmp_path):
     assert read_meaning(tmp_path) is None and read_meaning(tmp_path / "absent") is None
     none_pass = {**doc, "properties": [{**doc["properties"][0], "passes": False}]}
     assert "nothing here says what z carries" in meaning_markdown(none_pass)
+
+
+def test_conditioning_on_the_router_rejects_a_z_read_from_x_and_keeps_one_beyond_it():
+    """The shipped presets evaluate one row per x, so shuffles within equal x can move nothing; the run's
+    own router (z read from x alone) is the strata ``write_latent_meaning`` passes. A collapsed posterior
+    (q ~ p: the argmax is the router's) passes nothing; a planted relation that x cannot predict (the router
+    one stratum, the argmax the strategy) still passes."""
+    from zfree.evaluate.latent_meaning import tied_router_argmax
+
+    rng = np.random.default_rng(5)
+    words = ["The", "A", "In", "Near", "At"]
+    n = 300
+    xs = rng.integers(0, 5, n)  # every x distinct, its class known to the router
+    strategy = rng.integers(0, 3, n)  # what x cannot predict
+    pairs = [Pair(str(i), f"name[N{i}] area[A{xs[i]}]", f"{words[xs[i]] if rng.random() < 0.8 else 'The'} place "
+                  f"{i}" + (" serves food." if strategy[i] == 0 else " is nice!" if strategy[i] == 1 else " ok"))
+             for i in range(n)]
+    router = np.full((n, 3), 0.1)
+    router[np.arange(n), xs % 3] = 0.8
+    collapsed = tied_router_argmax(router)  # q ~ p: the argmax follows x
+    q = np.full((n, 3), 0.01)
+    q[np.arange(n), collapsed] = 0.98
+    doc, _ = latent_meaning(collapsed, pairs, q=q, strata=tied_router_argmax(router), strata_name="router argmax")
+    assert not any(p["passes"] for p in doc["properties"]) and "router argmax" in doc["rule"]
+    plain, _ = latent_meaning(collapsed, pairs, q=q, strata=np.zeros(n))  # no conditioning: the x-confound passes
+    assert any(p["passes"] for p in plain["properties"])
+    q2 = np.full((n, 3), 0.01)
+    q2[np.arange(n), strategy] = 0.98
+    doc2, _ = latent_meaning(strategy, pairs, q=q2, strata=tied_router_argmax(np.full((n, 3), 1 / 3)),
+                             strata_name="router argmax")
+    assert next(p for p in doc2["properties"] if p["property"] == "last punctuation")["passes"]
+    assert tied_router_argmax(np.array([[0.5, 0.5], [0.2, 0.8]])).tolist() == [0, 1]

@@ -254,16 +254,19 @@ def value_sentences(assign: np.ndarray, props: pd.DataFrame, alignment: pd.DataF
 def latent_meaning(assign: np.ndarray, pairs: Sequence[Pair], *, q: np.ndarray | None = None,
                    rows: MeaningRows | None = None, n_tokens: "ArrayLike | None" = None, decode=None,
                    strategies: Sequence[str] | None = None, source: str = "posterior argmax",
-                   seed: int = 0) -> tuple[dict, pd.DataFrame]:
+                   seed: int = 0, strata: np.ndarray | None = None, strata_name: str = "x") -> tuple[dict, pd.DataFrame]:
     """All of the module's descriptions for one evaluation: (the JSON-ready dict, the tidy table).
     ``assign``: (N,) value per row (the posterior argmax, or k-means clusters of a Gaussian run's
     posterior means, named by ``source``); ``q``: (N, K) posterior (exemplars; None for clusters);
-    ``rows``: the lifts (None: no token description). The tidy table has one row per n-gram
-    (kind "ngram") and per property (kind "property")."""
+    ``rows``: the lifts (None: no token description). ``strata`` (N,): what the permutation null
+    conditions on, named ``strata_name`` (default: the rows' x; ``write_latent_meaning`` passes the
+    router's argmax, z as read from x alone). The tidy table has one row per n-gram (kind "ngram")
+    and per property (kind "property")."""
     assign = np.asarray(assign)
     K = int(q.shape[1]) if q is not None else int(assign.max()) + 1 if len(assign) else 0
     props = text_properties(pairs, n_tokens, strategies)
-    xs = np.array([p.x for p in pairs], dtype=object)  # shuffles within equal x: what z carries beyond x
+    xs = (np.array([p.x for p in pairs], dtype=object) if strata is None  # shuffles within equal x: beyond x
+          else np.asarray(strata))
     align, notes = property_alignment(props, assign, seed=seed, q=q, groups=xs)
     per_value = per_value_alignment(props, assign, K, seed=seed, q=q, groups=xs)
     ngrams = ngram_lifts(rows, decode) if rows is not None and rows.lifts else ngram_lifts(MeaningRows())
@@ -281,7 +284,7 @@ def latent_meaning(assign: np.ndarray, pairs: Sequence[Pair], *, q: np.ndarray |
                        "exemplars": ex[ex["value"] == k].to_dict("records") if len(ex) else []})
     doc = {"source": source, "rows": int(len(assign)), "K": K, "descriptive": True,
            "rule": f"a property passes when its permutation p < {ALPHA} / {max(len(align), 1)} (Bonferroni, "
-                   f"{N_PERMUTATIONS} shuffles of the {source} among rows of equal x: what z carries beyond x)"
+                   f"{N_PERMUTATIONS} shuffles of the {source} among rows of equal {strata_name}: what z carries beyond x)"
                    + ("" if q is None else f" and the posterior q carries it (MI under q >= max({POSTERIOR_SHARE:g} "
                                            f"x the argmax's MI, {MIN_POSTERIOR_MI:g} nats))"),
            "properties": align.to_dict("records"), "values": values, "notes": notes}
@@ -292,6 +295,13 @@ def latent_meaning(assign: np.ndarray, pairs: Sequence[Pair], *, q: np.ndarray |
 #: a run folder's files (written after the final evaluation; ``write_latent_meaning``)
 MEANING_FILE = "latent_meaning.json"
 MEANING_TABLE = "latent_meaning.parquet"
+
+
+def tied_router_argmax(p: np.ndarray, tie: float = 1e-6) -> np.ndarray:
+    """The router's argmax per row, (N, K) -> (N,), the lowest index among values within ``tie`` of the
+    maximum (as ``zfree.evaluate.metrics.tied_argmax``: a uniform router is one stratum, not a coin toss)."""
+    p = np.asarray(p)
+    return (p >= p.max(-1, keepdims=True) - tie).argmax(-1)
 
 
 def write_latent_meaning(out, ev, pairs: Sequence[Pair], *, latent_kind: str, given: bool, tokenizer=None,
@@ -317,9 +327,14 @@ def write_latent_meaning(out, ev, pairs: Sequence[Pair], *, latent_kind: str, gi
     if discrete and ev.meaning is None:
         return None
     decode = (lambda ids: tokenizer.decode(ids)) if tokenizer is not None else None
+    # the null conditions on z as read from x alone: the router's argmax where the model has one (a z that
+    # follows x, as a collapsed posterior q ~ p does, then never moves inside a stratum), else x itself
+    router = getattr(ev, "p", None) if discrete else None
+    strata = tied_router_argmax(router) if router is not None else None
     doc, tidy = latent_meaning(ev.per_example["posterior_argmax"].to_numpy(), pairs, q=ev.q if discrete else None,
                                rows=ev.meaning if discrete else None, n_tokens=ev.per_example["n_tokens"].to_numpy(),
-                               decode=decode, strategies=strategies, seed=seed,
+                               decode=decode, strategies=strategies, seed=seed, strata=strata,
+                               strata_name="router argmax (z read from x alone)" if strata is not None else "x",
                                source="posterior argmax" if discrete else "k-means clusters of the posterior means")
     use = ev.metrics.get("latent/measured_use_fraction")
     if use_threshold is not None and use is not None and math.isfinite(use):

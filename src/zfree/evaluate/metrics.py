@@ -50,6 +50,7 @@ class Evaluation:
     #: posterior (N, K); None for a given z (control, oracle) and for Gaussian runs
     meaning: MeaningRows | None = None
     q: np.ndarray | None = None
+    p: np.ndarray | None = None  # the prior/router p(z | x) (N, K), where q is kept
 
 
 #: values within this of the maximum are tied and the lowest index wins (``tied_argmax``): in
@@ -417,5 +418,6 @@ def evaluate(model, encoded: Sequence[EncodedPair], pairs: Sequence[Pair], *, b:
     if was_training:
         model.train()
     meaning = getattr(kind, "meaning", None)
-    return Evaluation(m, df, samples, meaning=meaning,
-                      q=np.concatenate(kind.q) if meaning is not None and meaning.ids else None)
+    kept = meaning is not None and meaning.ids
+    return Evaluation(m, df, samples, meaning=meaning, q=np.concatenate(kind.q) if kept else None,
+                      p=np.concatenate(kind.p) if kept else None)
