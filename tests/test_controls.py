@@ -149,6 +149,22 @@ def test_controls_share_one_recipe_and_reset_what_a_given_z_cannot_see():
     assert other != c  # the weighting shapes the decoder's training: its own control
 
 
+def test_every_seed_gets_its_control_and_its_oracles_seed_by_seed():
+    """Seeds as the unit of evidence (issue 54): each seed trains the run, its own control and each
+    oracle, linked within the seed, and the plan runs seed by seed."""
+    base = {**TrainConfig().to_flat(), "steps": 50}
+    pts = expand_grid(base, {"beta": [0.1, 0.3], "seed": [0, 1, 2]})
+    out, links = with_controls(pts, {"strategy": 4})
+    assert [p.params["seed"] for p in out] == [0] * 4 + [1] * 4 + [2] * 4  # 2 runs, control, oracle per seed
+    oracles = {o: link for o, link in links["oracles"].items()}
+    assert len(oracles) == 3
+    by_id = {p.run_id: p.params for p in out}
+    for o, link in oracles.items():
+        assert by_id[o]["seed"] == by_id[link["control"]]["seed"]  # the oracle's control is its own seed's
+    for run, control in links["controls"].items():
+        assert by_id[run]["seed"] == by_id[control]["seed"]
+
+
 # ---------------------------------------------------------------------------- gains
 
 

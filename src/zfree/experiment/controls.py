@@ -90,11 +90,12 @@ LINKS_FILE = "controls.json"
 
 def with_controls(points: list[Point], labels: dict[str, int] | None) -> tuple[list[Point], dict]:
     """``points`` followed by the control of every CVAE point (one per distinct recipe) and, when
-    ``labels`` is given, one oracle per label on the first point's recipe (its control included
-    above); and the links ``{"controls": {run_id: control_id}, "oracles": {oracle_id: {"label",
-    "n_values", "control"}}}`` (written to ``LINKS_FILE`` by the pipeline; ``zfree.experiment.gains``
-    reads them). Given-z points already in ``points`` are kept as they are. Order: the CVAE runs
-    first (the longest), then controls, then oracles."""
+    ``labels`` is given, one oracle per label on the recipe of the first point of each seed (its control
+    included above: the oracle's gain is paired with the same seed's control); and the links
+    ``{"controls": {run_id: control_id}, "oracles": {oracle_id: {"label", "n_values", "control"}}}``
+    (written to ``LINKS_FILE`` by the pipeline; ``zfree.experiment.gains`` reads them). Given-z points
+    already in ``points`` are kept as they are. Order: seed by seed (a study stopped part-way holds whole
+    seeds), and within a seed the CVAE runs first (the longest), then controls, then oracles."""
     cvae = [p for p in points if p.params.get("latent_source", "posterior") == "posterior"]
     extra: dict[str, dict] = {}
     links: dict = {"controls": {}, "oracles": {}}
@@ -102,11 +103,15 @@ def with_controls(points: list[Point], labels: dict[str, int] | None) -> tuple[l
         c = control_params(p.params)
         links["controls"][p.run_id] = given_run_id(c)
         extra.setdefault(given_run_id(c), c)
-    if cvae and labels:
+    first_of_seed = {}
+    for p in cvae:
+        first_of_seed.setdefault(p.params.get("seed"), p)
+    for p in first_of_seed.values() if labels else ():
         for key, n in labels.items():
-            o = oracle_params(cvae[0].params, key, n)
+            o = oracle_params(p.params, key, n)
             extra.setdefault(given_run_id(o), o)
-            links["oracles"][given_run_id(o)] = {"label": key, "n_values": n,
-                                                 "control": links["controls"][cvae[0].run_id]}
+            links["oracles"][given_run_id(o)] = {"label": key, "n_values": n, "control": links["controls"][p.run_id]}
     seen = {p.run_id for p in points}
-    return list(points) + [Point(i, f) for i, f in extra.items() if i not in seen], links
+    out = list(points) + [Point(i, f) for i, f in extra.items() if i not in seen]
+    seeds = list(dict.fromkeys(p.params.get("seed") for p in out))
+    return sorted(out, key=lambda p: seeds.index(p.params.get("seed"))), links
