@@ -39,6 +39,34 @@ def test_smoke_study_writes_every_artifact(smoke):
     assert "predicted" in html.lower() and "<img" in html and "import pandas" not in html  # code hidden
 
 
+def test_a_study_of_one_seed_says_1_seed_and_reads_its_readouts(smoke):
+    """The smoke study trains one seed: seed_gains.csv has one seed per cell and the report says "1 seed"
+    (no interval over seeds); every run carries the readouts and the gains their net columns (issue 54)."""
+    seeds = pd.read_csv(smoke / "seed_gains.csv")
+    assert (seeds["n_seeds"] == 1).all() and seeds["z_gain_t_lo"].isna().all()
+    html = (smoke / "report.html").read_text()
+    assert "<strong>1 seed</strong>" in html and "Over seeds: the paired test" in html
+    gains = pd.read_csv(smoke / "gains.csv")
+    assert gains[["net_gain", "use_shuffled", "gain_minus_rate"]].notna().all().all()
+    assert (gains["gain_minus_rate"] <= gains["net_gain"] + 1e-9).all()  # marginal NLL <= negative ELBO
+    for rid in gains["run_id"]:
+        pe = pd.read_parquet(smoke / "runs" / rid / "per_example.parquet")
+        assert (pe["marginal_nll"] <= pe["d_q"] + pe["kl"] + 1e-6).all()
+
+
+@pytest.mark.slow
+def test_smoke_at_three_seeds_shows_the_seed_level_interval(tmp_path):
+    """``zfree study --preset smoke --seeds 0-2`` (about 3 min on 2 cores): each cell three seeds, each seed its
+    own control; the report's gains section shows the t-interval over seeds."""
+    from zfree.cli import main
+
+    with agg_backend():
+        assert main(["study", "--preset", "smoke", "--seeds", "0-2", "--out", str(tmp_path / "s"), "--no-estimate"]) == 0
+    seeds = pd.read_csv(tmp_path / "s" / "seed_gains.csv")
+    assert (seeds["n_seeds"] == 3).all() and seeds["z_gain_t_lo"].notna().all()
+    assert "3 seeds" in (tmp_path / "s" / "report.html").read_text()
+
+
 def test_rerun_of_a_copied_study_skips_every_finished_run(smoke, tmp_path):
     """The same command on a copy of a finished study (issue 34 case 10: run ids used to hash the
     absolute base folder, so the copy retrained every run under new ids and its report listed both
