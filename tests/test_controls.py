@@ -20,7 +20,7 @@ from zfree.data.labels import label_keys_of, label_value, label_values
 from zfree.data.pairs import Pair
 from zfree.data.split import spread_sample
 from zfree.evaluate.metrics import measured_use
-from zfree.experiment.controls import LINKS_FILE, control_params, oracle_params, with_controls
+from zfree.experiment.controls import LINKS_FILE, control_params, null_params, oracle_labels, oracle_params, with_controls
 from zfree.experiment.gains import interval, oracle_table, run_gains
 from zfree.experiment.spec import expand_grid
 from zfree.models.discrete import DiscreteCVAE
@@ -139,11 +139,15 @@ def test_controls_share_one_recipe_and_reset_what_a_given_z_cannot_see():
     pts = expand_grid(base, {"beta": [0.1, 0.3], "variant": [{"aid": "none"}, {"aid": "hard_em_then_soft", "n_latent": 6}]})
     out, links = with_controls(pts, {"strategy": 4})
     given = out[len(pts):]
-    assert [p.run_id.split("_")[0] for p in given] == ["control", "oracle-strategy"]  # one control for all four
+    assert [p.run_id.split("_")[0] for p in given] == ["control", "oracle-strategy", "null-strategy"]  # one control
     c = given[0].params
     assert (c["latent_source"], c["n_latent"], c["beta"], c["aid"], c["steps"]) == ("control", 1, 0.0, "none", 50)
     assert set(links["controls"].values()) == {given[0].run_id}
     assert links["oracles"] == {given[1].run_id: {"label": "strategy", "n_values": 4, "control": given[0].run_id}}
+    assert links["nulls"] == {given[1].run_id: given[2].run_id}
+    assert given[2].params["latent_source"] == "null:strategy" and given[2].params["n_latent"] == 4
+    assert {k: v for k, v in given[2].params.items() if k != "latent_source"} == \
+        {k: v for k, v in given[1].params.items() if k != "latent_source"}  # the oracle's recipe, z permuted
     assert oracle_params(pts[0].params, "a*b", 6)["latent_source"] == "label:a*b"
     other = control_params({**pts[0].params, "weighting": "example", "epsilon": 0.05})
     assert other != c  # the weighting shapes the decoder's training: its own control
@@ -155,7 +159,7 @@ def test_every_seed_gets_its_control_and_its_oracles_seed_by_seed():
     base = {**TrainConfig().to_flat(), "steps": 50}
     pts = expand_grid(base, {"beta": [0.1, 0.3], "seed": [0, 1, 2]})
     out, links = with_controls(pts, {"strategy": 4})
-    assert [p.params["seed"] for p in out] == [0] * 4 + [1] * 4 + [2] * 4  # 2 runs, control, oracle per seed
+    assert [p.params["seed"] for p in out] == [0] * 5 + [1] * 5 + [2] * 5  # 2 runs, control, oracle, null per seed
     oracles = {o: link for o, link in links["oracles"].items()}
     assert len(oracles) == 3
     by_id = {p.run_id: p.params for p in out}
@@ -163,6 +167,25 @@ def test_every_seed_gets_its_control_and_its_oracles_seed_by_seed():
         assert by_id[o]["seed"] == by_id[link["control"]]["seed"]  # the oracle's control is its own seed's
     for run, control in links["controls"].items():
         assert by_id[run]["seed"] == by_id[control]["seed"]
+
+
+def test_the_null_oracle_permutes_the_label_over_the_rows(tiny_run):
+    """z := another row's value: the same marginal (a permutation of the true values), seeded by the run's
+    seed, and independent of the row (most rows get another value than their own)."""
+    from collections import Counter
+
+    from zfree.train.given import given_index
+
+    data, base = tiny_run
+    flat = {**TrainConfig().to_flat(), "data_dir": str(data), "base_dir": str(base)}
+    n = oracle_labels(data)["strategy"]
+    true = given_index(TrainConfig.from_flat(oracle_params(flat, "strategy", n)), data)
+    null = given_index(TrainConfig.from_flat(null_params(flat, "strategy", n)), data)
+    assert null.keys() == true.keys() and Counter(null.values()) == Counter(true.values())
+    assert np.mean([null[i] == true[i] for i in true]) < 0.5
+    again = given_index(TrainConfig.from_flat(null_params(flat, "strategy", n)), data)
+    other = given_index(TrainConfig.from_flat({**null_params(flat, "strategy", n), "seed": 1}), data)
+    assert again == null and other != null
 
 
 # ---------------------------------------------------------------------------- gains

@@ -12,15 +12,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-LatentSourceKind = Literal["posterior", "control", "label"]
+LatentSourceKind = Literal["posterior", "control", "label", "null"]
 _PREFIX = "label:"
+#: the null oracle of a label: z := the label of another row (a seeded permutation of the rows' values),
+#: so z has the label's K and marginal but carries nothing about its own row's y
+_NULL = "null:"
 
 
 @dataclass(frozen=True)
 class LatentSource:
     """A parsed ``latent_source``: ``kind`` "posterior" (q(z|x,y) learned), "control" (z held at one
-    value: K = 1) or "label" (z := the row's value of ``label``, a key of the rows' labels or
-    "strategy"); ``label`` is None unless kind is "label"."""
+    value: K = 1), "label" (z := the row's value of ``label``, a key of the rows' labels or
+    "strategy") or "null" (z := that label's value on another row: a seeded permutation of the values
+    over the rows, the same K and marginal, independent of the row's y); ``label`` is None unless kind is
+    "label" or "null"."""
 
     kind: LatentSourceKind
     label: str | None = None
@@ -36,12 +41,19 @@ class LatentSource:
             return cls("control")
         if isinstance(text, str) and text.startswith(_PREFIX) and text[len(_PREFIX):].strip():
             return cls("label", text[len(_PREFIX):])
-        raise ValueError(f"latent_source={text!r}: expected 'posterior', 'control' or 'label:<key>'")
+        if isinstance(text, str) and text.startswith(_NULL) and text[len(_NULL):].strip():
+            return cls("null", text[len(_NULL):])
+        raise ValueError(f"latent_source={text!r}: expected 'posterior', 'control', 'label:<key>' or 'null:<key>'")
 
     @classmethod
     def oracle(cls, key: str) -> LatentSource:
         """The label oracle of ``key``."""
         return cls.parse(_PREFIX + key)
+
+    @classmethod
+    def null_oracle(cls, key: str) -> LatentSource:
+        """The null oracle of ``key`` (its values permuted over the rows)."""
+        return cls.parse(_NULL + key)
 
     @property
     def given(self) -> bool:
@@ -50,4 +62,4 @@ class LatentSource:
 
     def __str__(self) -> str:
         """The text form stored in configs and summaries."""
-        return _PREFIX + self.label if self.kind == "label" else self.kind
+        return {"label": _PREFIX, "null": _NULL}.get(self.kind, "") + self.label if self.label else self.kind

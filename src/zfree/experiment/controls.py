@@ -64,6 +64,15 @@ def oracle_params(flat: dict[str, Any], key: str, n_values: int) -> dict[str, An
     return TrainConfig.from_flat(out).to_flat()
 
 
+def null_params(flat: dict[str, Any], key: str, n_values: int) -> dict[str, Any]:
+    """The flat config of the null oracle of ``key``: the oracle's recipe with z := another row's value
+    (``LatentSource`` "null:<key>"): the same K and marginal, nothing about the row's own y. Its gain over
+    the control is what K given vectors buy without information (shared bias, capacity); a label's value
+    is D_null - D_oracle."""
+    out = {**control_params(flat), "n_latent": n_values, "latent_source": str(LatentSource.null_oracle(key))}
+    return TrainConfig.from_flat(out).to_flat()
+
+
 given_run_id = run_id  # names a control or an oracle by its source (``zfree.experiment.spec.run_id``)
 
 
@@ -88,17 +97,19 @@ def oracle_labels(data_dir: Path | str, wanted: Sequence[str] | None = None) -> 
 LINKS_FILE = "controls.json"
 
 
-def with_controls(points: list[Point], labels: dict[str, int] | None) -> tuple[list[Point], dict]:
+def with_controls(points: list[Point], labels: dict[str, int] | None, null: bool = True) -> tuple[list[Point], dict]:
     """``points`` followed by the control of every CVAE point (one per distinct recipe) and, when
     ``labels`` is given, one oracle per label on the recipe of the first point of each seed (its control
-    included above: the oracle's gain is paired with the same seed's control); and the links
-    ``{"controls": {run_id: control_id}, "oracles": {oracle_id: {"label", "n_values", "control"}}}``
+    included above: the oracle's gain is paired with the same seed's control) and, with ``null``, beside
+    each its null oracle (``null_params``: the label permuted over the rows); and the links
+    ``{"controls": {run_id: control_id}, "oracles": {oracle_id: {"label", "n_values", "control"}},
+    "nulls": {oracle_id: null_oracle_id}}``
     (written to ``LINKS_FILE`` by the pipeline; ``zfree.experiment.gains`` reads them). Given-z points
     already in ``points`` are kept as they are. Order: seed by seed (a study stopped part-way holds whole
     seeds), and within a seed the CVAE runs first (the longest), then controls, then oracles."""
     cvae = [p for p in points if p.params.get("latent_source", "posterior") == "posterior"]
     extra: dict[str, dict] = {}
-    links: dict = {"controls": {}, "oracles": {}}
+    links: dict = {"controls": {}, "oracles": {}, "nulls": {}}
     for p in cvae:
         c = control_params(p.params)
         links["controls"][p.run_id] = given_run_id(c)
@@ -111,6 +122,10 @@ def with_controls(points: list[Point], labels: dict[str, int] | None) -> tuple[l
             o = oracle_params(p.params, key, n)
             extra.setdefault(given_run_id(o), o)
             links["oracles"][given_run_id(o)] = {"label": key, "n_values": n, "control": links["controls"][p.run_id]}
+            if null:
+                z = null_params(p.params, key, n)
+                extra.setdefault(given_run_id(z), z)
+                links["nulls"][given_run_id(o)] = given_run_id(z)
     seen = {p.run_id for p in points}
     out = list(points) + [Point(i, f) for i, f in extra.items() if i not in seen]
     seeds = list(dict.fromkeys(p.params.get("seed") for p in out))

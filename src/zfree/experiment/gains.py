@@ -13,6 +13,13 @@ over the evaluated validation rows (the same seeded rows for every run of a stud
                     the oracle's trained router -log p(label | x) (a linear probe of the separator
                     state) and the label's train marginal (add-one smoothed); ``H_source`` names it
   eta               Delta R_label / H(label | x): reconstruction nats bought per nat of rate
+  Delta R_null      D_control - D_null         the null oracle (the label permuted over the rows: the
+                                               same K and marginal, nothing about y): what K given
+                                               vectors buy without information; 0 for a clean arm
+  label_value       D_null - D_oracle          what the label itself is worth, capacity aside
+  flipped           D_flipped - D_oracle       the trained oracle evaluated with another row's label
+                                               (its D_shuffled): how much its decoder reads the label
+  oracle_net        D_control - marginal NLL   the oracle's z summed out under its router (rate paid)
 
 Within one run and net of its rate (``zfree.evaluate.readouts``; NaN for runs written before the readouts):
 
@@ -115,10 +122,12 @@ def oracle_table(study_dir: Path | str) -> pd.DataFrame:
     _hi), H (+ _lo, _hi), eta (+ _lo, _hi), distinguishable (delta_R_lo > 0), finetune_gain, and the
     run ids. Empty (with the columns) when the study has no oracle or its control is missing."""
     cols = ["label", "n_values", "rows", "D_control", "delta_R", "delta_R_lo", "delta_R_hi", "H", "H_lo", "H_hi",
-            "H_source", "eta", "eta_lo", "eta_hi", "distinguishable", "finetune_gain", "oracle_run_id", "control_run_id"]
+            "H_source", "eta", "eta_lo", "eta_hi", "distinguishable", "finetune_gain", *_NULL_COLUMNS,
+            "oracle_run_id", "control_run_id", "null_run_id"]
     runs_dir = Path(study_dir) / "runs"
     rows = []
-    for oid, link in links_of(study_dir)["oracles"].items():
+    links = links_of(study_dir)
+    for oid, link in links["oracles"].items():
         cid = link["control"]
         if not all((runs_dir / i / "per_example.parquet").exists() for i in (oid, cid)):
             continue
@@ -133,8 +142,33 @@ def oracle_table(study_dir: Path | str) -> pd.DataFrame:
                      "H": hh, "H_lo": hlo, "H_hi": hhi, "H_source": h_source, "eta": e, "eta_lo": elo, "eta_hi": ehi,
                      "distinguishable": bool(dlo > 0),
                      "finetune_gain": float((pc["D_base"] - pc["D"]).mean()),
-                     "oracle_run_id": oid, "control_run_id": cid})
+                     **_null_and_flipped(runs_dir, links["nulls"].get(oid), po, pc),
+                     "oracle_run_id": oid, "control_run_id": cid, "null_run_id": links["nulls"].get(oid)})
     return pd.DataFrame(rows, columns=cols).sort_values("delta_R", ascending=False).reset_index(drop=True)
+
+
+#: the oracle table's null, flipped-label and net columns (module docstring), each with _lo / _hi
+_NULL_COLUMNS = [f"{c}{s}" for c in ("delta_R_null", "label_value", "flipped", "oracle_net") for s in ("", "_lo", "_hi")]
+
+
+def _null_and_flipped(runs_dir: Path, null_id: str | None, po: pd.DataFrame, pc: pd.DataFrame) -> dict:
+    """The oracle's flipped-label loss and net gain (its own readouts) and, when its null oracle has
+    finished, Delta R_null and the label's value, each (estimate, _lo, _hi) over the rows all three
+    evaluated; NaN where missing."""
+    out = dict.fromkeys(_NULL_COLUMNS, np.nan)
+
+    def put(name, v):
+        if np.isfinite(v).all() and len(v):
+            out[name], out[f"{name}_lo"], out[f"{name}_hi"] = interval(v)
+
+    put("flipped", po["d_shuffled"].to_numpy() - po["D"].to_numpy())
+    put("oracle_net", pc["D"].to_numpy() - po["marginal_nll"].to_numpy())
+    if null_id is not None and (runs_dir / null_id / "per_example.parquet").exists():
+        pn = _per_example(str(runs_dir / null_id))
+        ids = po.index.intersection(pn.index)
+        put("delta_R_null", pc.loc[ids, "D"].to_numpy() - pn.loc[ids, "D"].to_numpy())
+        put("label_value", pn.loc[ids, "D"].to_numpy() - po.loc[ids, "D"].to_numpy())
+    return out
 
 
 def _label_entropy(oracle_dir: Path, key: str, po: pd.DataFrame) -> tuple[np.ndarray, str]:
@@ -244,4 +278,4 @@ def links_of(study_dir: Path | str) -> dict:
     links when the study trained no control."""
     f = Path(study_dir) / LINKS_FILE
     links = read_json(f) if f.exists() else {}
-    return {"controls": links.get("controls", {}), "oracles": links.get("oracles", {})}
+    return {"controls": links.get("controls", {}), "oracles": links.get("oracles", {}), "nulls": links.get("nulls", {})}

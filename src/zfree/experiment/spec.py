@@ -87,7 +87,7 @@ def run_id(flat: dict[str, Any]) -> str:
     src = LatentSource.parse(flat.get("latent_source"))
     if src.given:
         name = "control" if src.kind == "control" else \
-            "oracle-" + re.sub(r"[^A-Za-z0-9_.-]", "-", src.label.replace("*", "x"))
+            ("oracle-" if src.kind == "label" else "null-") + re.sub(r"[^A-Za-z0-9_.-]", "-", src.label.replace("*", "x"))
         return f"{name}_{flat['weighting']}_{h}"
     aid = flat.get("aid", "none")
     prefix = f"{flat['weighting']}_beta{flat['beta']:g}" + ("" if aid in (None, "none") else f"_{aid}")

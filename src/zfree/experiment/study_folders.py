@@ -73,7 +73,7 @@ def given_kind(summary: dict) -> str | None:
         kind = LatentSource.parse(summary.get("latent_source")).kind
     except ValueError:  # a summary written by another version: z given, of an unknown kind
         return "given"
-    return {"posterior": None, "control": "control", "label": "oracle"}[kind]
+    return {"posterior": None, "control": "control", "label": "oracle", "null": "oracle"}[kind]
 
 
 def count_runs(runs_dir: Path | str) -> dict[str, int]:

@@ -125,8 +125,26 @@ def available_gain_table(oracles: pd.DataFrame, digits: int = 3) -> pd.DataFrame
         "η = ΔR/H": oracles["eta"].round(digits).to_numpy(),
         "η 95% CI": [_ci(a, b, digits) for a, b in zip(oracles["eta_lo"], oracles["eta_hi"])],
         "ΔR interval": [interval_side(a, b) for a, b in zip(oracles["delta_R_lo"], oracles["delta_R_hi"])],
-        "fine-tuning gain [nats/ex]": oracles["finetune_gain"].round(digits).to_numpy()},
+        "fine-tuning gain [nats/ex]": oracles["finetune_gain"].round(digits).to_numpy(),
+        **_null_cells(oracles, digits)},
         index=pd.Index(oracles["label"].astype(str), name="label"))
+
+
+#: the oracle table's null, flipped-label and net columns as the report names them
+_NULL_NAMES = {"delta_R_null": "null oracle ΔR (permuted label)", "label_value": "label value D_null − D_oracle",
+               "flipped": "flipped label D_flipped − D_oracle", "oracle_net": "oracle net gain (marginal NLL)"}
+
+
+def _null_cells(oracles: pd.DataFrame, digits: int) -> dict:
+    """The null oracle's ΔR, the label's value net of it, the flipped-label loss and the oracle's net gain,
+    each with its row interval (``zfree.experiment.gains`` docstring); columns absent from older tables
+    are left out."""
+    out = {}
+    for k, name in _NULL_NAMES.items():
+        if k in oracles and oracles[k].notna().any():
+            out[f"{name} [nats/ex]"] = oracles[k].round(digits).to_numpy()
+            out[f"{name} 95% CI"] = [_ci(a, b, digits) for a, b in zip(oracles[f"{k}_lo"], oracles[f"{k}_hi"])]
+    return out
 
 
 def measured_eta(oracles: pd.DataFrame) -> tuple[float, str] | None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from zfree.config import LatentSource, TrainConfig
 from zfree.core.errors import ConfigError
 from zfree.data.labels import LABEL_VALUE_CAP, capped_values, label_value, label_values, value_index
@@ -33,4 +35,9 @@ def given_index(cfg: TrainConfig, data_dir: Path) -> dict[str, int]:
                           + (f" (its {LABEL_VALUE_CAP - 1} most frequent of {n_all} and the rest pooled)"
                              if n_all > len(values) else "") + f": set n_latent={len(values)}")
     index = value_index(values)
-    return {p.id: index(label_value(p, key)) for p in rows}
+    given = {p.id: index(label_value(p, key)) for p in rows}
+    if source.kind == "null":  # another row's value: a seeded permutation over train + val (the run's seed)
+        ids = list(given)
+        shuffled = np.random.default_rng(cfg.optim.seed).permutation(len(ids))
+        given = {i: given[ids[j]] for i, j in zip(ids, shuffled)}
+    return given
