@@ -434,10 +434,12 @@ def _decoder_after_training(cfg, out, monkeypatch, probe_trained: bool) -> dict[
 
 
 #: float64 runs of 5 steps whose decoder must not see the router: a label oracle (the router a probe of
-#: detached features, its cross-entropy in J at weight 1) under a clip that binds, and the hard phase of
+#: detached features, its cross-entropy in J at weight 1) under a clip that binds, with the whole backbone
+#: or LoRA adapters over the frozen base training, and the hard phase of
 #: the aided run under the optimal posterior (the router's cross-entropy toward k* at weight 1)
 _DECOUPLED_ARMS = {
     "oracle": {"latent_source": "label:strategy", "n_latent": 4, "beta": 0.0, "weighting": "example", "epsilon": 0.05},
+    "oracle_lora": {"latent_source": "label:strategy", "n_latent": 4, "beta": 0.0, "lora_rank": 4, "lr_backbone": 1e-3},
     "hard_phase": {"aid": "hard_em_then_soft", "posterior_features": "optimal", "hard_em_decoder": "best",
                    "n_latent": 4, "weighting": "distribution", "beta": 0.3, "hard_em_max_steps": 50,
                    "handover_check_every": 50, "handover_rows": 16},
