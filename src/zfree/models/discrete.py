@@ -252,8 +252,8 @@ class DiscreteCVAE(nn.Module):
         """(the heads, log p(y_t) of the current backbone without z (B, T), the key/value cache or None)
         of the z-free pass (``_encode_with_cache``); ``router_detached`` as ``heads_from_hidden``."""
         h0, cache = self._encode_with_cache(batch)
-        return (self.heads_from_hidden(h0, batch, router_detached), target_logprobs_from_hidden(self.backbone, h0, batch),
-                cache)
+        heads = self.heads_from_hidden(h0, batch, router_detached)
+        return heads, target_logprobs_from_hidden(self.backbone, h0, batch), cache
 
     def decoder_suffix_shared_prefix(self, batch: Batch, cache, z: Int[torch.Tensor, "batch n"] | None = None
                                      ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -304,17 +304,18 @@ def hard_em_objective(model, batch: Batch, cfg: TrainConfig, step: int, c_base: 
     by cross-entropy toward k*; the router by cross-entropy toward the (detached) posterior. Only the
     decoded value's pass is differentiated (``DiscreteCVAE.forward_selected``). The reconstruction
     weight is the weighting's w_i, rescaled to mean ``hard_em_recon_factor`` (max(1, 1/c_base) by
-    default) over the batch when ``hard_em_recon_scale`` is not ``weighting`` (``w_mean``: the whole step's mean w when ``batch`` is one chunk
-    of it under gradient accumulation, so the chunks sum to the full batch's J). With
-    ``posterior_features='optimal'`` (no head) the posterior
-    is one-hot on k* and its cross-entropy is 0. Under ``hard_em_router_features='detached'`` (the
+    default) over the batch when ``hard_em_recon_scale`` is not ``weighting`` (``w_mean``: the whole
+    step's mean w when ``batch`` is one chunk of it under gradient accumulation, so the chunks sum to
+    the full batch's J). With ``posterior_features='optimal'`` (no head) the posterior is one-hot on
+    k* and its cross-entropy is 0. Under ``hard_em_router_features='detached'`` (the
     default) the router reads the separator state detached: its cross-entropy trains the router's head
     alone, never the body or LoRA. ``per_example["q_logits"]`` holds the posterior's
     log-probs (its argmax: the value counted by dead-value restarts); ``base_tok`` and ``warm`` are
     unused (the hard phase reconstructs with the plain per-token mean)."""
     detached = cfg.aid.hard_em_router_features == "detached"
+    # only the decoded value's passes carry gradient
     sel = _forward(model, cfg, lambda: model.forward_selected(batch, cfg.aid.hard_em_decoder, cfg.aid.hard_em_estep_tokens,
-                                                              router_detached=detached))  # only the decoded value's passes carry gradient
+                                                              router_detached=detached))
     rec = masked_mean_token_nll(-sel.selected_logprobs, batch.target_mask)  # (B,)
     return assemble(HARD_EM, cfg.objective, recon=rec, target_len=batch.target_len, step=step, c_base=c_base, b=b,
                     q_logits=sel.out.posterior_logits, p_logits=sel.out.prior_logits, k_star=sel.k_star,

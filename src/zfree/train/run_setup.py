@@ -1,8 +1,8 @@
 """Building a CVAE run before its first step (``zfree.train.training`` runs the loop): the CVAE on
 the base model (``build_cvae``), the optimizer's param groups, their per-step rates and their
-gradient clipping (``build_optimizer``, ``step_rates``, ``clip_gradients``), the resumable ``TrainState``, and ``setup_run``, which checks
-the inputs and the run folder, loads the base and the reference, writes config.json and resumes
-from a checkpoint.
+gradient clipping (``build_optimizer``, ``step_rates``, ``clip_gradients``), the resumable
+``TrainState``, and ``setup_run``, which checks the inputs and the run folder, loads the base and
+the reference, writes config.json and resumes from a checkpoint.
 """
 
 from __future__ import annotations
@@ -97,8 +97,10 @@ def build_optimizer(model: DiscreteCVAE, cfg: TrainConfig, log=print) -> torch.o
         raise RuntimeError("optimizer groups do not partition the trainable parameters")
     frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
     if log:
+        new_names = [n for n in model.new_parameter_names() if n.split(".")[0] not in routers]
         log(f"parameters: backbone {sum(p.numel() for p in backbone):,} (from the base model), "
-            f"new {sum(p.numel() for p in new):,} ({', '.join(model.new_parameter_names())}), frozen {frozen:,}")
+            f"new {sum(p.numel() for p in new):,} ({', '.join(new_names)}), router {sum(p.numel() for p in router):,}, "
+            f"frozen {frozen:,}")
     groups = [{"params": backbone, "lr": cfg.optim.lr_backbone, "name": BACKBONE_GROUP},
               {"params": new, "lr": cfg.optim.lr_new, "name": NEW_GROUP},
               {"params": router, "lr": cfg.optim.lr_new, "name": ROUTER_GROUP}]
@@ -127,8 +129,8 @@ CLIP_SETS = {"own": ({BACKBONE_GROUP, NEW_GROUP}, {ROUTER_GROUP}),
 
 
 def set_learning_rates(opt: torch.optim.Optimizer, rates: dict[str, float]) -> None:
-    """Set each param group's rate by its name (``BACKBONE_GROUP``, ``NEW_GROUP``); KeyError for a
-    group ``rates`` does not name."""
+    """Set each param group's rate by its name (``BACKBONE_GROUP``, ``NEW_GROUP``, ``ROUTER_GROUP``);
+    KeyError for a group ``rates`` does not name."""
     for group in opt.param_groups:
         group["lr"] = rates[group["name"]]
 
