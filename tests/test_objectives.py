@@ -144,3 +144,48 @@ def test_hard_em_in_chunks_with_the_step_weight_mean_is_the_full_batch_gradient(
     m = batch_weight_mean(cfg, c_base, b, n)
     torch.testing.assert_close(grads(halves, m), full, rtol=1e-9, atol=1e-12)
     assert not torch.allclose(grads(halves, None), full, rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("c_base", [0.17, 0.8, 1.0, 2.97])
+def test_hard_phase_reconstruction_weight_never_falls_below_plains(c_base):
+    """Issue 55: the default ``hard_em_recon_scale`` (``at_least_plain``) gives the hard phase's
+    reconstruction weight the batch mean max(1, 1/c_base): 1/c_base (the distribution scale) for the
+    synthetic c_base 0.17, plain's 1 for SmolLM2's 2.97 (1/c_base would be 0.34); ``c_base`` keeps
+    1/c_base. Each example's weight relative to the batch mean is the weighting's (example: 1/(b + eps))."""
+    from zfree.objective.objectives import HARD_EM
+
+    b = torch.tensor([0.2, 1.0, 3.0, 5.5], dtype=F64)
+    w_rel = (1 / (b + 0.05)) / (1 / (b + 0.05)).mean()
+    cfg = _cfg(weighting="example", epsilon=0.05, aid="hard_em_then_soft")
+    for scale, want in ((cfg.aid.hard_em_recon_scale, max(1.0, 1 / c_base)), ("c_base", 1 / c_base)):
+        br = assemble(HARD_EM, cfg.objective, recon=torch.ones(4, dtype=F64), target_len=torch.full((4,), 5),
+                      c_base=c_base, b=b, q_logits=None, p_logits=torch.zeros(4, 3, dtype=F64),
+                      k_star=torch.tensor([0, 1, 2, 0]), recon_scale=scale)
+        torch.testing.assert_close(br.recon_weight.mean(), torch.tensor(want, dtype=F64), rtol=1e-14, atol=0)
+        torch.testing.assert_close(br.recon_weight, want * w_rel, rtol=1e-14, atol=0)
+    from zfree.objective.objectives import hard_em_recon_factor
+
+    assert hard_em_recon_factor("weighting", c_base) is None
+    with pytest.raises(KeyError, match="at_least_plain.*c_base.*weighting"):
+        hard_em_recon_factor("mean", c_base)
+
+
+def test_hard_phase_router_cross_entropy_reaches_the_router_head_only(setup):
+    """Issue 55: under the optimal posterior the hard phase's router cross-entropy (weight 1) trains
+    the router's head alone by default (``hard_em_router_features='detached'``); ``attached`` lets it
+    reach the body through the separator state, as before."""
+    base, batch = setup
+    for features in ("detached", "attached"):
+        torch.manual_seed(0)
+        model = DiscreteCVAE(copy.deepcopy(base), 3, posterior_features="optimal").double()
+        torch.nn.init.normal_(model.router_head.weight)  # a trained router (zero at init passes no gradient back)
+        cfg = _cfg(aid="hard_em_then_soft", posterior_features="optimal", hard_em_decoder="best",
+                   **({} if features == "detached" else {"hard_em_router_features": features}))  # the default
+        br = hard_em_objective(model, batch, cfg, 1, 0.8, None)
+        br.contributions["router_ce"].backward()
+        body = [p.grad for n, p in model.named_parameters() if n.startswith("backbone.")]
+        assert model.router_head.weight.grad.abs().sum() > 0
+        if features == "detached":
+            assert all(g is None or not g.any() for g in body)
+        else:
+            assert any(g is not None and g.abs().sum() > 0 for g in body)

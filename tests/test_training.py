@@ -443,3 +443,67 @@ def test_the_training_curve_has_a_row_every_ten_steps_and_survives_resume(tiny, 
     mean = sum(r[key] * r["n"] for r in rows) / 25
     last = read_jsonl(run / "metrics.jsonl")[-1]
     assert last[key] == pytest.approx(mean, rel=1e-9)
+
+
+# ---------------------------------------------------------------------------- no hidden coupling (issue 55)
+
+
+def _decoder_after_training(cfg, out, monkeypatch, probe_trained: bool) -> dict[str, torch.Tensor]:
+    """Every parameter but the router's after ``train_cvae(cfg, out)``, the router/probe trained
+    (``probe_trained``) or frozen at its zero start (its head built without gradient)."""
+    from zfree.train import run_setup
+
+    built, real = [], run_setup.build_cvae
+
+    def build(cfg, backbone):
+        model = real(cfg, backbone)
+        model.router_head.requires_grad_(probe_trained)
+        built.append(model)
+        return model
+
+    monkeypatch.setattr(run_setup, "build_cvae", build)
+    train_cvae(cfg, out, progress=False)
+    return {n: p.detach().clone() for n, p in built[0].named_parameters() if not n.startswith("router_head.")}
+
+
+#: float64 runs of 5 steps whose decoder must not see the router: a label oracle (the router a probe of
+#: detached features, its cross-entropy in J at weight 1) under a clip that binds, with the whole backbone
+#: or LoRA adapters over the frozen base training, and the hard phase of
+#: the aided run under the optimal posterior (the router's cross-entropy toward k* at weight 1)
+_DECOUPLED_ARMS = {
+    "oracle": {"latent_source": "label:strategy", "n_latent": 4, "beta": 0.0, "weighting": "example", "epsilon": 0.05},
+    "oracle_lora": {"latent_source": "label:strategy", "n_latent": 4, "beta": 0.0, "lora_rank": 4, "lr_backbone": 1e-3},
+    "hard_phase": {"aid": "hard_em_then_soft", "posterior_features": "optimal", "hard_em_decoder": "best",
+                   "n_latent": 4, "weighting": "distribution", "beta": 0.3, "hard_em_max_steps": 50,
+                   "handover_check_every": 50, "handover_rows": 16},
+}
+
+
+@pytest.mark.parametrize("arm", sorted(_DECOUPLED_ARMS))
+def test_the_router_cannot_move_the_decoder(tiny, tmp_path, monkeypatch, arm):
+    """Issue 55's decisive test: in float64, the decoder's parameters (backbone, latent embeddings)
+    after 5 steps are the same whether the router/probe trains or stays frozen: its gradient is
+    clipped on its own (``router_clip='own'``), and the hard phase's router cross-entropy reaches
+    the router head only (``hard_em_router_features='detached'``)."""
+    data, base = tiny
+    cfg = _cfg(data, base, steps=5, eval_every=5, eval_rows=16, decode_rows=0, precision="fp64", lr_new=1e-2,
+               c_base_source="pretrained_source",  # b scored by the float64 model (the stored b are float32)
+               grad_clip=0.05, **_DECOUPLED_ARMS[arm])
+    trained = _decoder_after_training(cfg, tmp_path / "trained", monkeypatch, probe_trained=True)
+    frozen = _decoder_after_training(cfg, tmp_path / "frozen", monkeypatch, probe_trained=False)
+    assert trained.keys() == frozen.keys() and trained["latent_embedding.weight"].dtype == torch.float64
+    moved = [n for n in trained if not torch.equal(trained[n], frozen[n])]
+    torch.testing.assert_close(trained, frozen, rtol=1e-13, atol=1e-15, msg=lambda m: f"{arm}, moved {moved}: {m}")
+
+
+@pytest.mark.parametrize("arm,setting", [("oracle", {"router_clip": "global"}),
+                                         ("hard_phase", {"hard_em_router_features": "attached"})])
+def test_the_settings_before_issue_55_let_the_router_move_the_decoder(tiny, tmp_path, monkeypatch, arm, setting):
+    """The other side of ``test_the_router_cannot_move_the_decoder`` (so it can fail): one global clip
+    norm (the oracle) or the hard phase's router reading the body's separator state moves the decoder."""
+    data, base = tiny
+    cfg = _cfg(data, base, steps=5, eval_every=5, eval_rows=16, decode_rows=0, precision="fp64", lr_new=1e-2,
+               c_base_source="pretrained_source", grad_clip=0.05, **_DECOUPLED_ARMS[arm], **setting)
+    trained = _decoder_after_training(cfg, tmp_path / "trained", monkeypatch, probe_trained=True)
+    frozen = _decoder_after_training(cfg, tmp_path / "frozen", monkeypatch, probe_trained=False)
+    assert max(float((trained[n] - frozen[n]).abs().max()) for n in trained) > 1e-7

@@ -37,13 +37,26 @@ class AidConfig:
     # which latent value the decoder reconstructs with in the hard phase: the posterior's argmax
     # (the prototype) or the best-reconstructing value k* (winner-take-all, classic hard EM)
     hard_em_decoder: Literal["posterior_argmax", "best"] = "posterior_argmax"
-    # the hard phase's reconstruction weight: ``c_base`` = w_i / mean_batch(w) / c_base for every
-    # weighting (the distribution scale, each weighting's relative per-example weights kept), so
-    # Adam's balance between reconstruction and the posterior/router cross-entropies, and with it
-    # the hard phase, does not depend on the weighting's global scale (plain's w = 1 left the
-    # decoders at oracle rho 0.54-0.79 after 450 steps where distribution reached 0.29);
-    # ``weighting`` = w_i as the true objective has it
-    hard_em_recon_scale: Literal["c_base", "weighting"] = "c_base"
+    # the hard phase's reconstruction weight, w_i / mean_batch(w) * s for every weighting (each weighting's
+    # relative per-example weights kept), so Adam's balance between reconstruction and the posterior/router
+    # cross-entropies, and with it the hard phase, does not depend on the weighting's global scale:
+    #   at_least_plain  s = max(1, 1 / c_base) = 1 / min(1, c_base): the distribution scale where c_base < 1,
+    #                   plain's weight 1 where c_base >= 1 (issue 55). Rule: the rescaling exists to keep the
+    #                   cross-entropies from outweighing the reconstruction in the backbone's update: plain's
+    #                   w = 1 left the decoders at oracle rho 0.54-0.79 after 450 steps where 1 / c_base
+    #                   (synthetic c_base 0.17: 5.9x) reached 0.29 (docs/results/aids-and-boundary.md, the
+    #                   phase-boundary sweep's first version). 1 / c_base is an up-weighting only for c_base < 1;
+    #                   for c_base > 1 it down-weights (SmolLM2 on E2E, c_base 2.97: 0.34, a third of plain's),
+    #                   the direction that finding warns against, so the weight never goes below plain's
+    #   c_base          s = 1 / c_base for every c_base (before issue 55; the same as at_least_plain for c_base <= 1)
+    #   weighting       w_i as the true objective has it (no rescaling)
+    hard_em_recon_scale: Literal["at_least_plain", "c_base", "weighting"] = "at_least_plain"
+    # what the hard phase's router cross-entropy toward the posterior (weight 1) trains: ``detached`` = the
+    # router's head only (it reads the separator state detached), so the router cannot move the body or the
+    # LoRA adapters (issue 55: the decoders are trained by the reconstruction, and the posterior's
+    # cross-entropy where there is a head); ``attached`` = also the body and LoRA through the separator
+    # state (before issue 55). The soft phase's KL trains the router through the body either way (J's prior)
+    hard_em_router_features: Literal["detached", "attached"] = "detached"
     # the KL of a confident posterior in the gate: log K (the issue's bound) or the router's
     # actual cost -log p(k*|x) (tighter when K exceeds the number of strategies)
     handover_kl: Literal["log_k", "router"] = "log_k"
@@ -95,7 +108,8 @@ class AidConfig:
         check_choice("hard_em_decoder", self.hard_em_decoder, Literal["posterior_argmax", "best"])
         check_choice("handover_kl", self.handover_kl, Literal["log_k", "router"])
         check_choice("handover_reference", self.handover_reference, Literal["base", "single_value"])
-        check_choice("hard_em_recon_scale", self.hard_em_recon_scale, Literal["c_base", "weighting"])
+        check_choice("hard_em_recon_scale", self.hard_em_recon_scale, Literal["at_least_plain", "c_base", "weighting"])
+        check_choice("hard_em_router_features", self.hard_em_router_features, Literal["detached", "attached"])
         for name in ("hard_em_max_steps", "hard_em_estep_tokens", "handover_check_every", "handover_rows",
                      "restart_dead_every", "warmup_aid_steps"):
             check_int(name, getattr(self, name), 0)

@@ -25,7 +25,13 @@ class OptimConfig:
     # embeddings stay as they are
     frozen_decoder_steps: int = 0
     weight_decay: float = 0.0  # AdamW decoupled weight decay
-    grad_clip: float = 1.0  # clip the global gradient norm to this (0 = no clipping)
+    grad_clip: float = 1.0  # clip the gradient norm to this (0 = no clipping); which norm: router_clip
+    # own: the router p(z | x) (its head: zfree.train.run_setup.ROUTER_GROUP) is clipped on its own at
+    # grad_clip and everything else (backbone or LoRA, latent embeddings, posterior side) jointly, so the
+    # router's gradient never rescales the decoder's update; a given z's probe then cannot change the
+    # decoder's training at all (issue 55: under one global norm the oracle's probe shrank every decoder step,
+    # the control's, whose router has no gradient, never). global: one norm over all parameters (before issue 55)
+    router_clip: Literal["own", "global"] = "own"
     eval_every: int = 100  # steps between evaluations (also at step 0 and at the end)
     eval_rows: int = 500  # validation rows used by evaluation (0 = all)
     decode_rows: int = 200  # rows greedily decoded for task/correctness (0 = skip)
@@ -70,6 +76,7 @@ class OptimConfig:
         if not isinstance(self.lora_targets, str) or not self.lora_targets.strip():
             raise ValueError(f"lora_targets={self.lora_targets!r} must be 'auto' or comma-separated module names")
         check_choice("optimizer", self.optimizer, Literal["adamw", "sgd"])
+        check_choice("router_clip", self.router_clip, Literal["own", "global"])
         check_choice("wandb", self.wandb, Literal["off", "offline"])
         check_choice("precision", self.precision, Literal["fp32", "bf16", "fp64"])
         if not isinstance(self.device, str) or not self.device:

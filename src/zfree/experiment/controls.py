@@ -32,7 +32,9 @@ _RESET = ("beta", "beta_schedule", "beta_warmup_steps", "beta_cycle_steps", "bet
           "free_bits", "free_bits_mode", "ae_steps",
           "lambda_jsd", "latent_kind", "n_latent", "posterior_features", "d_latent", "n_samples", "prior", "bn_gamma",
           "delta_rate",
-          "frozen_decoder_steps", *(f for f in AidConfig.__dataclass_fields__ if f not in ("word_dropout",)))
+          "frozen_decoder_steps",
+          # the router's own clip: a control's router (K = 1) has no gradient, so it cannot change the control
+          "router_clip", *(f for f in AidConfig.__dataclass_fields__ if f not in ("word_dropout",)))
 #: the fields a control keeps from its run (they shape a z-free decoder's training or its evaluation);
 #: ``control_params`` sets latent_source, eval_every and checkpoint_every itself. Every flat
 #: TrainConfig field is in exactly one of ``_RESET`` and ``SHARED`` (tests/test_controls.py): a new

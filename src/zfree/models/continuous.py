@@ -125,6 +125,9 @@ class ContinuousCVAE(nn.Module):
     FEATURES = ("mean_y", "last", "mean_first", "attention", "encoder")
     PRIORS = ("learned", "standard")
     latent_kind = LatentKind.CONTINUOUS
+    #: the modules of the learned prior p(z | x) (the discrete model's router): their own optimizer group
+    #: and clip (``zfree.train.run_setup``); none under the standard prior
+    ROUTER_MODULES = ("prior_head",)
 
     def __init__(self, backbone: nn.Module, d_latent: int, posterior_features: str = "mean_y",
                  prior: str = "learned", n_samples: int = 1, bn_gamma: float = 0.0, delta_rate: float = 0.0):

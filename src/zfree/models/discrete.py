@@ -19,7 +19,9 @@ one-hot q on a value known per row: ``control`` (K = 1, every row value 0: the z
 same decoder and parameters as a collapsed CVAE, z carrying nothing) or ``label:<key>`` (the row's
 label value: a label oracle). The router then reads the separator state *detached*, a probe whose
 cross-entropy -log p(label | x) on validation rows estimates H(label | x) without changing the
-decoder's training, which is the control's plus the label's embedding.
+decoder's training, which is the control's plus the label's embedding: no gradient of it reaches
+the decoder, and training clips the router's gradient on its own (``OptimConfig.router_clip``), so it
+cannot rescale the decoder's update either (issue 55).
 """
 
 from __future__ import annotations
@@ -123,6 +125,8 @@ class DiscreteCVAE(nn.Module):
 
     FEATURES = ("mean_y", "last", "mean_first", "attention", "encoder", "optimal")
     latent_kind = LatentKind.DISCRETE
+    #: the modules of the router p(z | x): their own optimizer group and clip (``zfree.train.run_setup``)
+    ROUTER_MODULES = ("router_head",)
 
     def __init__(self, backbone: nn.Module, n_latent: int, posterior_features: str = "mean_y",
                  latent_init_std: float = 0.0, latent_source: str = "posterior"):
@@ -210,11 +214,16 @@ class DiscreteCVAE(nn.Module):
         heads = self.heads_from_hidden(h, batch)
         return DiscreteEncoding(heads.posterior_logits, heads.prior_logits, heads.features, h)
 
-    def heads_from_hidden(self, h: Float[torch.Tensor, "batch seq d_model"], batch: Batch) -> DiscreteHeads:
+    def heads_from_hidden(self, h: Float[torch.Tensor, "batch seq d_model"], batch: Batch,
+                          router_detached: bool = False) -> DiscreteHeads:
         """Posterior logits (None without a head), router logits at the separator (which sees only x)
-        and the posterior features, from the z-free hidden states ``h`` (B, T, D)."""
+        and the posterior features, from the z-free hidden states ``h`` (B, T, D). The router reads the
+        separator state detached for a given z (a probe) and with ``router_detached`` (the hard phase's
+        ``hard_em_router_features='detached'``): its loss then trains the router's head alone."""
         rows = torch.arange(h.shape[0], device=h.device)
         sep = h[rows, batch.prefix_len - 1]
+        if router_detached:
+            sep = sep.detach()
         if self.given:  # q one-hot on the given value; the router a probe of x
             router = self.router_head(sep.detach())
             return DiscreteHeads(self._given_logits(self.given_values(batch), router), router,
@@ -239,11 +248,12 @@ class DiscreteCVAE(nn.Module):
         when ``shared_prefix`` is off, and the decoder then takes the full pass)."""
         return zfree_pass(self.backbone, batch, use_cache=self.shared_prefix)
 
-    def _zfree_heads(self, batch: Batch):
+    def _zfree_heads(self, batch: Batch, router_detached: bool = False):
         """(the heads, log p(y_t) of the current backbone without z (B, T), the key/value cache or None)
-        of the z-free pass (``_encode_with_cache``)."""
+        of the z-free pass (``_encode_with_cache``); ``router_detached`` as ``heads_from_hidden``."""
         h0, cache = self._encode_with_cache(batch)
-        return self.heads_from_hidden(h0, batch), target_logprobs_from_hidden(self.backbone, h0, batch), cache
+        heads = self.heads_from_hidden(h0, batch, router_detached)
+        return heads, target_logprobs_from_hidden(self.backbone, h0, batch), cache
 
     def decoder_suffix_shared_prefix(self, batch: Batch, cache, z: Int[torch.Tensor, "batch n"] | None = None
                                      ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -268,7 +278,8 @@ class DiscreteCVAE(nn.Module):
             out.next_token_logprobs, out.pos_mask = dist, valid
         return out
 
-    def forward_selected(self, batch: Batch, choose: str | Callable = "best", estep_tokens: int = 0) -> SelectedOutput:
+    def forward_selected(self, batch: Batch, choose: str | Callable = "best", estep_tokens: int = 0,
+                         router_detached: bool = False) -> SelectedOutput:
         """Hard-EM forward: the z-free pass (posterior, router) with gradient; the K decoder passes
         without gradient (``out.target_logprobs`` (B, K, T) is detached); one value z (B,) per row,
         decoded again with gradient. ``choose``: a key of ``DECODED_VALUE`` (``best`` = k*,
@@ -277,10 +288,11 @@ class DiscreteCVAE(nn.Module):
         z (tested), at about a third of its backward cost for K = 6. ``estep_tokens`` > 0: the K
         no-grad passes (and so k* and ``out.target_logprobs``) cover only the first ``estep_tokens``
         tokens of S (``Batch.first_targets``); the decoded value's pass covers all of S.
+        ``router_detached``: the router reads the separator state detached (``heads_from_hidden``).
         Raises KeyError listing the keys."""
         if isinstance(choose, str) and choose not in DECODED_VALUE:
             raise KeyError(f"choose={choose!r} is not one of {sorted(DECODED_VALUE)}")
-        heads, t0, cache = self._zfree_heads(batch)
+        heads, t0, cache = self._zfree_heads(batch, router_detached)
         e_batch = batch.first_targets(estep_tokens)
         with torch.no_grad():
             hz, valid = self.decoder_suffix_shared_prefix(e_batch, cache)

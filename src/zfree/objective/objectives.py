@@ -14,9 +14,11 @@ beta_at_step * |S| / w. The kinds:
             free bits (per_dim: ``losses.free_bits_per_dim``);
   hard_em   the hard-EM aid (Shen et al. 2019): lbar = the decoded value's nll, plus the posterior's
             cross-entropy toward k* and the router's toward the (detached) posterior; no rate term.
+            The reconstruction weight's batch mean is ``hard_em_recon_scale``'s (``hard_em_recon_factor``).
   given     a given z (the z-free control, a label oracle): lbar = the given value's nll; the rate
             KL(one-hot || p(z|x)) = -log p(z|x) is logged as kl_prior_loss and trains the router (a
-            probe on detached features) with weight 1, whatever beta (it cannot reach the decoder).
+            probe on detached features) with weight 1, whatever beta. It cannot reach the decoder: no
+            gradient path, and the router's gradient is clipped on its own (``OptimConfig.router_clip``).
 
 Training (``step_objective``: the model's forward pass, then ``assemble``) and evaluation
 (``zfree.evaluate.metrics``) both call ``assemble``, so they cannot compute different objectives.
@@ -137,17 +139,35 @@ def _gaussian_terms(cfg: ObjectiveConfig, *, recon, w, beta, c_base, mu_q, logva
     return KindTerms(lbar, {"kl_prior_loss": (kl.mean(), beta * kl_pen.mean())}, {"kl": kl})
 
 
+def hard_em_recon_factor(recon_scale: str, c_base: float) -> float | None:
+    """The batch mean of the hard phase's reconstruction weight (``AidConfig.hard_em_recon_scale``,
+    whose comment gives the rule and its source): ``at_least_plain`` max(1, 1 / c_base), ``c_base``
+    1 / c_base; None for ``weighting`` (w_i as the true objective has it). c_base in nats per token
+    (> 0). Raises KeyError listing the choices for another ``recon_scale``."""
+    if recon_scale not in HARD_EM_RECON_FACTORS:
+        raise KeyError(f"recon_scale={recon_scale!r} is not one of {sorted(HARD_EM_RECON_FACTORS)}")
+    return HARD_EM_RECON_FACTORS[recon_scale](c_base)
+
+
+#: hard_em_recon_scale -> c_base -> the mean reconstruction weight of the hard phase (None: w unchanged)
+HARD_EM_RECON_FACTORS: dict[str, Callable[[float], float | None]] = {
+    "at_least_plain": lambda c_base: max(1.0, 1.0 / c_base), "c_base": lambda c_base: 1.0 / c_base,
+    "weighting": lambda c_base: None}
+
+
 def _hard_em_terms(cfg: ObjectiveConfig, *, recon, w, beta, c_base, q_logits, p_logits, k_star,
-                   recon_scale: str = "c_base", w_mean: float | None = None) -> KindTerms:
+                   recon_scale: str = "at_least_plain", w_mean: float | None = None) -> KindTerms:
     """recon (B,): the decoded value's nll; q_logits None = the optimal posterior, one-hot on k*
-    (its cross-entropy is 0); ``recon_scale='c_base'`` rescales w to mean 1/c_base over the step's
-    batch: ``w_mean`` is that batch's mean w where this call sees only a chunk of it (gradient
-    accumulation, ``zfree.train.accumulate``), else w's own mean."""
+    (its cross-entropy is 0); unless ``recon_scale='weighting'``, w is rescaled to mean
+    ``hard_em_recon_factor(recon_scale, c_base)`` over the step's batch: ``w_mean`` is that batch's
+    mean w where this call sees only a chunk of it (gradient accumulation,
+    ``zfree.train.accumulate``), else w's own mean."""
     optimal = q_logits is None
     q_logp = (torch.log(torch.nn.functional.one_hot(k_star, p_logits.shape[-1]).to(recon.dtype).clamp_min(1e-12))
               if optimal else torch.log_softmax(q_logits, -1))
-    if recon_scale == "c_base":  # the distribution scale for every weighting
-        w = w / (w.mean() if w_mean is None else w_mean) / c_base
+    factor = hard_em_recon_factor(recon_scale, c_base)
+    if factor is not None:  # one scale for every weighting, its relative per-example weights kept
+        w = w / (w.mean() if w_mean is None else w_mean) * factor
     ce_q = (torch.zeros_like(recon) if optimal else
             torch.nn.functional.cross_entropy(q_logits, k_star, reduction="none"))
     ce_p = -(q_logp.detach().exp() * torch.log_softmax(p_logits, -1)).sum(-1)
@@ -283,15 +303,19 @@ def hard_em_objective(model, batch: Batch, cfg: TrainConfig, step: int, c_base: 
     winner-take-all; ties: the posterior's argmax) or the posterior's argmax; the posterior is trained
     by cross-entropy toward k*; the router by cross-entropy toward the (detached) posterior. Only the
     decoded value's pass is differentiated (``DiscreteCVAE.forward_selected``). The reconstruction
-    weight is the weighting's w_i, rescaled to mean 1/c_base over the batch when
-    ``hard_em_recon_scale='c_base'`` (``w_mean``: the whole step's mean w when ``batch`` is one chunk
-    of it under gradient accumulation, so the chunks sum to the full batch's J). With
-    ``posterior_features='optimal'`` (no head) the posterior
-    is one-hot on k* and its cross-entropy is 0. ``per_example["q_logits"]`` holds the posterior's
+    weight is the weighting's w_i, rescaled to mean ``hard_em_recon_factor`` (max(1, 1/c_base) by
+    default) over the batch when ``hard_em_recon_scale`` is not ``weighting`` (``w_mean``: the whole
+    step's mean w when ``batch`` is one chunk of it under gradient accumulation, so the chunks sum to
+    the full batch's J). With ``posterior_features='optimal'`` (no head) the posterior is one-hot on
+    k* and its cross-entropy is 0. Under ``hard_em_router_features='detached'`` (the
+    default) the router reads the separator state detached: its cross-entropy trains the router's head
+    alone, never the body or LoRA. ``per_example["q_logits"]`` holds the posterior's
     log-probs (its argmax: the value counted by dead-value restarts); ``base_tok`` and ``warm`` are
     unused (the hard phase reconstructs with the plain per-token mean)."""
-    sel = _forward(model, cfg, lambda: model.forward_selected(batch, cfg.aid.hard_em_decoder,
-                                                                   cfg.aid.hard_em_estep_tokens))  # only the decoded value's passes carry gradient
+    detached = cfg.aid.hard_em_router_features == "detached"
+    # only the decoded value's passes carry gradient
+    sel = _forward(model, cfg, lambda: model.forward_selected(batch, cfg.aid.hard_em_decoder, cfg.aid.hard_em_estep_tokens,
+                                                              router_detached=detached))
     rec = masked_mean_token_nll(-sel.selected_logprobs, batch.target_mask)  # (B,)
     return assemble(HARD_EM, cfg.objective, recon=rec, target_len=batch.target_len, step=step, c_base=c_base, b=b,
                     q_logits=sel.out.posterior_logits, p_logits=sel.out.prior_logits, k_star=sel.k_star,

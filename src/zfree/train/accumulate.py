@@ -36,8 +36,8 @@ def accumulation_problem(cfg) -> str | None:
 def batch_weight_mean(cfg, c_base: float, b: torch.Tensor | None, n_rows: int) -> float:
     """mean_i w_i over a whole step's ``n_rows`` rows (``zfree.objective.losses.reconstruction_weight``
     of the outer weighting, seed 002's 1/(b + eps) for example; b (n_rows,) nats/token or None), the
-    normaliser the hard phase's ``hard_em_recon_scale='c_base'`` divides by, computed once so that
-    every chunk of the step uses the same one. Raises ValueError as ``reconstruction_weight``."""
+    normaliser the hard phase's rescaling (``hard_em_recon_scale`` other than ``weighting``) divides by,
+    computed once so that every chunk of the step uses the same one. Raises ValueError as ``reconstruction_weight``."""
     from zfree.objective.losses import outer_weighting, reconstruction_weight
 
     w = reconstruction_weight(outer_weighting(cfg.objective), batch_size=n_rows, c_base=c_base, b=b,

@@ -1,8 +1,8 @@
 """Building a CVAE run before its first step (``zfree.train.training`` runs the loop): the CVAE on
-the base model (``build_cvae``), the optimizer's two param groups and their per-step rates
-(``build_optimizer``, ``step_rates``), the resumable ``TrainState``, and ``setup_run``, which checks
-the inputs and the run folder, loads the base and the reference, writes config.json and resumes
-from a checkpoint.
+the base model (``build_cvae``), the optimizer's param groups, their per-step rates and their
+gradient clipping (``build_optimizer``, ``step_rates``, ``clip_gradients``), the resumable
+``TrainState``, and ``setup_run``, which checks the inputs and the run folder, loads the base and
+the reference, writes config.json and resumes from a checkpoint.
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ from zfree.train.given import given_index
 from zfree.train.live_curves import LiveCurves, open_curves
 from zfree.train.run_data import RunData, gate_record, rows_used, setup_data
 
-#: the optimizer's two param groups, by name (``build_optimizer``; rates set by ``set_learning_rates``)
-BACKBONE_GROUP, NEW_GROUP = "backbone", "new"
+#: the optimizer's param groups, by name (``build_optimizer``; rates set by ``set_learning_rates``): the
+#: backbone, the new parameters of the decoder and posterior side, and the router p(z | x) (issue 55)
+BACKBONE_GROUP, NEW_GROUP, ROUTER_GROUP = "backbone", "new", "router"
 
 
 @dataclass
@@ -80,27 +81,56 @@ def build_cvae(cfg: TrainConfig, backbone: torch.nn.Module) -> DiscreteCVAE | Co
 
 
 def build_optimizer(model: DiscreteCVAE, cfg: TrainConfig, log=print) -> torch.optim.Optimizer:
-    """AdamW (or SGD) with every trainable parameter in exactly one of two groups (checked at start):
-    ``backbone`` (lr_backbone, warmed up) and ``new`` (heads and latent embeddings, lr_new).
+    """AdamW (or SGD) with every trainable parameter in exactly one of three groups (checked at start):
+    ``backbone`` (lr_backbone, warmed up), ``new`` (posterior side and latent embeddings, lr_new) and
+    ``router`` (the model's ``ROUTER_MODULES``: the router p(z | x), at the new group's rate; its own
+    group so that ``clip_gradients`` clips it on its own, issue 55). Adam's moments are per parameter
+    and the router's rate is the new group's, so the split changes no update by itself.
     Raises RuntimeError if the groups do not partition the trainable parameters."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    routers = getattr(model, "ROUTER_MODULES", ())
     backbone = [p for n, p in named if n.startswith("backbone.")]
-    new = [p for n, p in named if not n.startswith("backbone.")]
-    ids = [id(p) for p in backbone + new]
+    router = [p for n, p in named if n.split(".")[0] in routers]
+    new = [p for n, p in named if not n.startswith("backbone.") and n.split(".")[0] not in routers]
+    ids = [id(p) for p in backbone + new + router]
     if len(ids) != len(set(ids)) or len(ids) != len(named):
         raise RuntimeError("optimizer groups do not partition the trainable parameters")
     frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
     if log:
+        new_names = [n for n in model.new_parameter_names() if n.split(".")[0] not in routers]
         log(f"parameters: backbone {sum(p.numel() for p in backbone):,} (from the base model), "
-            f"new {sum(p.numel() for p in new):,} ({', '.join(model.new_parameter_names())}), frozen {frozen:,}")
+            f"new {sum(p.numel() for p in new):,} ({', '.join(new_names)}), router {sum(p.numel() for p in router):,}, "
+            f"frozen {frozen:,}")
     groups = [{"params": backbone, "lr": cfg.optim.lr_backbone, "name": BACKBONE_GROUP},
-              {"params": new, "lr": cfg.optim.lr_new, "name": NEW_GROUP}]
+              {"params": new, "lr": cfg.optim.lr_new, "name": NEW_GROUP},
+              {"params": router, "lr": cfg.optim.lr_new, "name": ROUTER_GROUP}]
     return OPTIMIZERS[cfg.optim.optimizer](groups, weight_decay=cfg.optim.weight_decay)
 
 
+def clip_gradients(opt: torch.optim.Optimizer, max_norm: float, router_clip: str = "own") -> None:
+    """Clip the gradients of ``opt``'s parameters to L2 norm ``max_norm`` (``OptimConfig.grad_clip``; 0:
+    no clipping) as ``router_clip`` says: ``own`` = the router group's norm on its own and the other
+    groups' (the decoder and posterior side) jointly, so the router's gradient cannot rescale the
+    decoder's update (issue 55); ``global`` = one norm over every group (before issue 55). Call
+    between ``backward`` and ``opt.step()``. Raises KeyError listing the choices for another ``router_clip``."""
+    if router_clip not in CLIP_SETS:
+        raise KeyError(f"router_clip={router_clip!r} is not one of {sorted(CLIP_SETS)}")
+    if max_norm <= 0:
+        return
+    for names in CLIP_SETS[router_clip]:
+        params = [p for g in opt.param_groups if g["name"] in names for p in g["params"]]
+        if params:
+            torch.nn.utils.clip_grad_norm_(params, max_norm)
+
+
+#: router_clip -> the sets of param groups clipped together, each to its own norm
+CLIP_SETS = {"own": ({BACKBONE_GROUP, NEW_GROUP}, {ROUTER_GROUP}),
+             "global": ({BACKBONE_GROUP, NEW_GROUP, ROUTER_GROUP},)}
+
+
 def set_learning_rates(opt: torch.optim.Optimizer, rates: dict[str, float]) -> None:
-    """Set each param group's rate by its name (``BACKBONE_GROUP``, ``NEW_GROUP``); KeyError for a
-    group ``rates`` does not name."""
+    """Set each param group's rate by its name (``BACKBONE_GROUP``, ``NEW_GROUP``, ``ROUTER_GROUP``);
+    KeyError for a group ``rates`` does not name."""
     for group in opt.param_groups:
         group["lr"] = rates[group["name"]]
 
@@ -112,12 +142,12 @@ OPTIMIZERS = {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
 def step_rates(cfg: TrainConfig, state, step: int, active: list) -> dict[str, float]:
     """The learning rates of ``step`` by param-group name: lr_backbone times the linear warm-up
     min(1, step / warmup_backbone) and lr_new, then as each active plug-in sets them
-    (``plugins.Plugin.rates``: the hard phase's own rates)."""
+    (``plugins.Plugin.rates``: the hard phase's own rates); the router's is the new group's."""
     warm = min(1.0, step / cfg.optim.warmup_backbone) if cfg.optim.warmup_backbone else 1.0
     rates = {BACKBONE_GROUP: cfg.optim.lr_backbone * warm, NEW_GROUP: cfg.optim.lr_new}
     for p in active:
         rates = p.rates(cfg, state, step, rates)
-    return rates
+    return {**rates, ROUTER_GROUP: rates[NEW_GROUP]}
 
 
 # ---------------------------------------------------------------------------- the run

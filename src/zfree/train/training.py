@@ -35,7 +35,7 @@ from zfree.train.compute import TokenCounter, decoder_body
 from zfree.train.curve import TrainCurve
 from zfree.train.live_curves import LiveCurves
 from zfree.train.run_data import RunData, batch_references, gate_record
-from zfree.train.run_setup import Run, TrainState, set_learning_rates, setup_run, step_rates
+from zfree.train.run_setup import Run, TrainState, clip_gradients, set_learning_rates, setup_run, step_rates
 
 #: warn when one latent value is the posterior's argmax on at least this share of validation rows
 INDEX_COLLAPSE_SHARE = 0.9
@@ -132,13 +132,13 @@ def _step_breakdown(run: Run, cfg: TrainConfig, objective, rows: list):
 
 def _optimizer_step(run: Run, br, cfg: TrainConfig, step: int, mask: aids.FrozenDecoderMask, side: str = "all") -> None:
     """Backward (chunk by chunk under accumulation), the gradients of the side that does not train dropped
-    (``side``: ``plugins.trained_side``, or "posterior" for the aggressive inner steps), gradient clipping, the update."""
+    (``side``: ``plugins.trained_side``, or "posterior" for the aggressive inner steps), gradient clipping
+    (the router's on its own under ``router_clip='own'``: ``run_setup.clip_gradients``), the update."""
     if not getattr(br, "backward_done", False):
         run.opt.zero_grad(set_to_none=True)
         br.total.backward()
     mask.drop(side)
-    if cfg.optim.grad_clip > 0:
-        torch.nn.utils.clip_grad_norm_(run.model.parameters(), cfg.optim.grad_clip)
+    clip_gradients(run.opt, cfg.optim.grad_clip, cfg.optim.router_clip)
     run.opt.step()
 
 
