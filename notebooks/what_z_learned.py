@@ -14,7 +14,8 @@
 # For each run that wrote `latent_meaning.json` (a discrete run with a learned or optimal posterior, or a
 # Gaussian run's k-means clusters of its posterior means), the runs with the largest rate first: one
 # sentence per latent value, built from the derived properties of y that pass their permutation baseline
-# (mutual information with the posterior argmax against 1000 shuffles, Bonferroni over the properties)
+# (mutual information with the posterior argmax against 1000 shuffles within strata of what x alone
+# predicts, the router's argmax: what z carries beyond x; Bonferroni over the properties)
 # and that the posterior itself carries (their mutual information under q, at least a tenth of the
 # argmax's: the argmax of a posterior that barely moves is not what z carries),
 # the tokens and phrases the value promotes over the other values (teacher-forced on the rows' own y,
