@@ -26,7 +26,8 @@ from zfree.data.batching import EncodedPair, collate
 from zfree.data.pairs import Pair
 from zfree.evaluate import latent_meaning
 from zfree.evaluate.latent_meaning import MeaningRows, token_lifts
-from zfree.evaluate.readouts import IW_SAMPLES, READOUT_COLUMNS, discrete_readouts, gaussian_readouts, shuffle_permutation
+from zfree.evaluate.readouts import (IW_SAMPLES, READOUT_COLUMNS, discrete_readouts, gaussian_readouts, readout_metrics,
+                                    shuffle_permutation)
 from zfree.evaluate.latent_stats import (active_units, categorical_mutual_information, continuous_decode_metrics,
                                          decode_metrics, gaussian_mutual_information, hungarian_accuracy, label_keys,
                                          label_structure_metrics, latent_samples, probe_accuracy)
@@ -35,8 +36,7 @@ from zfree.objective.losses import base_token_matrix, inter_latent_jsd, reconstr
 from zfree.objective.objectives import GIVEN, assemble
 from zfree.models.precision import acc_dtype
 from zfree.objective.theory import predicted_use
-
-CODE_USED_FRACTION = 0.01  # a latent value counts as used if it is the posterior argmax of >= 1% of rows
+from zfree.evaluate.use import ARGMAX_TIE, CODE_USED_FRACTION, measured_use, tied_argmax  # noqa: F401 (re-exported)
 
 
 @dataclass
@@ -51,32 +51,6 @@ class Evaluation:
     meaning: MeaningRows | None = None
     q: np.ndarray | None = None
     p: np.ndarray | None = None  # the prior/router p(z | x) (N, K), where q is kept
-
-
-#: values within this of the maximum are tied and the lowest index wins (``tied_argmax``): in
-#: probability for the posterior's argmax, in nats per token for the oracle's value. From a zero latent
-#: injection the K values start exactly equal and separate slowly; a plain argmax then follows the
-#: last bits of the kernels (AVX-512 and AVX2 picked other values for the same float64 run), and every
-#: count taken from it (usage, codes used, NMI, Hungarian accuracy) with it
-ARGMAX_TIE = 1e-6
-
-
-def tied_argmax(values: torch.Tensor, tie: float = ARGMAX_TIE) -> torch.Tensor:
-    """Argmax over the last axis with a deterministic tie rule: the lowest index among the values
-    within ``tie`` of the maximum. ``values`` (..., K) -> (...) int64. A plain argmax on values that
-    differ by less than the kernels' rounding is a coin toss between machines."""
-    near = values >= values.max(-1, keepdim=True).values - tie
-    return near.to(torch.int8).argmax(-1)  # argmax of a 0/1 mask: its first 1
-
-
-def measured_use(kl: np.ndarray, bayes: np.ndarray, fallback: float, codes_used: int | None = None) -> np.ndarray:
-    """Per row: z is used when its KL (nats) reaches half the Bayes rate log(K/m) (``fallback``
-    where that is unknown), exceeds 1e-3 nats, and — the one definition every report reads
-    — the posterior's argmax takes at least two values
-    over the evaluated rows (``codes_used`` >= 2; None: not checked): a rate paid while every row
-    picks one value is a prior mismatch, not information about y. (rows,) -> bool (rows,)."""
-    used = (kl >= 0.5 * np.where(np.isfinite(bayes), bayes, fallback)) & (kl > 1e-3)
-    return used & (codes_used is None or codes_used >= 2)
 
 
 def _per_example_columns(df: pd.DataFrame, pairs: Sequence[Pair], b: np.ndarray) -> np.ndarray:
@@ -145,17 +119,6 @@ def _structure_metrics(df: pd.DataFrame, features: np.ndarray, seed: int, assign
         "structure/hungarian_accuracy_unambiguous": hungarian_accuracy(labels[un], z[un]),
         "structure/probe_accuracy": probe_accuracy(features, labels.to_numpy(), seed=seed),
     }
-
-
-def readout_metrics(df: pd.DataFrame) -> dict[str, float]:
-    """readout/* means over the evaluated rows (``zfree.evaluate.readouts``; nats per example): the five
-    readouts, within-model use (D_shuffled - D_q, D_prior - D_q), the rate and the negative ELBO
-    (D_q + KL, beta = 1) beside the marginal NLL."""
-    m = {f"readout/{k}": float(df[k].mean()) for k in READOUT_COLUMNS}
-    m["readout/use_shuffled"] = float((df["d_shuffled"] - df["d_q"]).mean())
-    m["readout/use_prior"] = float((df["d_prior"] - df["d_q"]).mean())
-    m["readout/neg_elbo"] = float((df["d_q"] + df["kl"]).mean())
-    return m
 
 
 @dataclass

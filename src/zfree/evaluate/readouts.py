@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pandas as pd
 import torch
 
 from zfree.models.nll import masked_mean_token_nll
@@ -115,3 +116,14 @@ def gaussian_readouts(model, batch, out, generator: torch.Generator, perm: torch
         d_shuffled = torch.full_like(marginal, float("nan"))
     return {"d_prior": d_prior, "d_shuffled": d_shuffled, "d_aggregate": torch.full_like(marginal, float("nan")),
             "marginal_nll": marginal}
+
+
+def readout_metrics(df: pd.DataFrame) -> dict[str, float]:
+    """readout/* means over the evaluated rows (``zfree.evaluate.readouts``; nats per example): the five
+    readouts, within-model use (D_shuffled - D_q, D_prior - D_q), the rate and the negative ELBO
+    (D_q + KL, beta = 1) beside the marginal NLL."""
+    m = {f"readout/{k}": float(df[k].mean()) for k in READOUT_COLUMNS}
+    m["readout/use_shuffled"] = float((df["d_shuffled"] - df["d_q"]).mean())
+    m["readout/use_prior"] = float((df["d_prior"] - df["d_q"]).mean())
+    m["readout/neg_elbo"] = float((df["d_q"] + df["kl"]).mean())
+    return m
