@@ -119,7 +119,7 @@ def main(study: Path) -> None:
     gains.to_csv(HERE / "gains.csv", index=False)
     oracles.to_csv(HERE / "available_gain.csv", index=False)
     est = json.loads((study / "estimate.json").read_text()) if (study / "estimate.json").exists() else {}
-    print(f"study {study}: {len(runs)} CVAE run(s) and {len(given)} control/oracle run(s) finished")
+    print(f"study {study.resolve().name}: {len(runs)} CVAE run(s) and {len(given)} control/oracle run(s) finished")
     print("estimate: " + " ".join(est.get("lines", [])))
     for _, g in gains.iterrows():
         use = float(runs.set_index("run_id").loc[g["run_id"], "latent/measured_use_fraction"])

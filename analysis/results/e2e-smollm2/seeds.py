@@ -3,7 +3,8 @@ other seed, and each seed's z gain and oracle against its own control (PREREGIST
 
     .venv/bin/python analysis/results/e2e-smollm2/seeds.py runs/e2e-smollm2 runs/e2e-smollm2-seed1
 
-Writes seeds.csv beside this file and prints it as markdown. For each role (the aided run, the z-free
+Writes seeds.csv beside this file and prints it as markdown. Runs are named ``STUDY/RUN_ID`` (the study
+folder's name and the run's id), never by a path on the machine that ran them. For each role (the aided run, the z-free
 control, the `complete` oracle): D of each seed (nats/example, y and its end token) on the rows both
 evaluated, and D(second) - D(first) with a 95 % bootstrap over rows (``zfree.experiment.gains.interval``).
 The row bootstrap of one pair's gain does not contain the training noise; the controls' seed difference is
@@ -41,6 +42,12 @@ def roles(study: Path) -> dict[str, Path]:
     return out
 
 
+def run_name(run: Path) -> str:
+    """``STUDY/RUN_ID`` of a run folder ``STUDY/runs/RUN_ID``: no machine path in a shipped table."""
+    run = run.resolve()
+    return f"{run.parent.parent.name}/{run.name}"
+
+
 def pair(a: Path, b: Path) -> dict:
     """D of runs ``a`` and ``b`` on their common rows and D(b) - D(a) with its interval."""
     da, db = _D(a), _D(b)
@@ -55,13 +62,13 @@ def main(first: Path, second: Path) -> pd.DataFrame:
     rows = []
     for role in ("aided", "control", "oracle"):  # the same run, the other seed
         if role in r1 and role in r2:
-            rows.append({"compare": f"{role}: seed b vs seed a", "a": str(r1[role]), "b": str(r2[role]),
+            rows.append({"compare": f"{role}: seed b vs seed a", "a": run_name(r1[role]), "b": run_name(r2[role]),
                          **pair(r1[role], r2[role])})
     for name, r in (("a", r1), ("b", r2)):  # each seed against its own control: -(D_run - D_control)
         for role, what in (("aided", "z gain"), ("oracle", "oracle delta_R")):
             if role in r and "control" in r:
                 p = pair(r[role], r["control"])  # D_control - D_run
-                rows.append({"compare": f"{what}, seed {name}", "a": str(r[role]), "b": str(r["control"]), **p})
+                rows.append({"compare": f"{what}, seed {name}", "a": run_name(r[role]), "b": run_name(r["control"]), **p})
     out = pd.DataFrame(rows)
     out.to_csv(HERE / "seeds.csv", index=False)
     print("| comparison | rows | D_a | D_b | D_b − D_a [95 %] |\n|---|---|---|---|---|")

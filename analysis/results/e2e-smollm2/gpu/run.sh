@@ -7,9 +7,9 @@
 # On the lent machine (no network there) the GGUF file travelled in three parts (../README.md, "On a GPU");
 # GGUF_PARTS names them, in order, and they are joined into ZFREE_MODELS first.
 set -u
-O=${OUT:-/tmp/zfree-gpu-out}; mkdir -p "$O"
+O=${OUT:-${TMPDIR:-/tmp}/zfree-gpu-out}; mkdir -p "$O"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1
-export ZFREE_MODELS=${ZFREE_MODELS:-/tmp/zfree-models} ZFREE_CACHE_DIR=${ZFREE_CACHE_DIR:-/tmp/zfree-scores}
+export ZFREE_MODELS=${ZFREE_MODELS:-${TMPDIR:-/tmp}/zfree-models} ZFREE_CACHE_DIR=${ZFREE_CACHE_DIR:-${TMPDIR:-/tmp}/zfree-scores}
 log() { echo "[$(date -u +%T)] $*" | tee -a "$O/run.log"; }
 if [ -n "${GGUF_PARTS:-}" ]; then
   d="$ZFREE_MODELS/smollm2-135m-instruct-gguf"; mkdir -p "$d"
