@@ -18,9 +18,12 @@ import torch
 import transformers as T
 
 from tests.test_architectures import CONFIGS, make_pairs
+from tests.tiny import tiny_flat
 from zfree.config import LATER_FIELD_DEFAULTS, TrainConfig, without_log_only
+from zfree.core.errors import ConfigError
 from zfree.data.batching import EncodedPair, collate, encode_pairs
 from zfree.data.tokenizer import build_digit_tokenizer
+from zfree.experiment.controls import control_params
 from zfree.models.base import decode_with_latents
 from zfree.models.continuous import ContinuousCVAE
 from zfree.models.discrete import DiscreteCVAE
@@ -216,3 +219,26 @@ def test_config_field_defaults_to_embedding_and_keeps_old_run_ids():
     assert TrainConfig.from_flat(old).model.injection == "embedding"
     assert without_log_only(flat) == without_log_only(old)
     assert "injection" in without_log_only({**flat, "injection": "memory"})
+    assert control_params({**flat, "injection": "memory"})["injection"] == "memory"  # the control's route is its run's
+
+
+def test_prefix_is_refused_for_training_in_one_line_naming_the_field():
+    with pytest.raises(ConfigError, match="injection='prefix' cannot be trained yet") as e:
+        TrainConfig.from_flat({**TrainConfig().to_flat(), "injection": "prefix"})
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("kind", ["discrete", "continuous"])
+@pytest.mark.parametrize("route", ["memory", "mid"])
+def test_a_tiny_run_trains_through_the_route_and_starts_at_rho_1(tiny_run, tmp_path, route, kind):
+    """The run's own step-0 check (rho_recon = 1 against the stored base reference) passes; evaluation
+    (decoding included) runs through the route."""
+    from zfree.train.training import train_cvae
+
+    data, base = tiny_run
+    cfg = TrainConfig.from_flat(tiny_flat(data, base, device="cpu", steps=2, eval_every=2, injection=route,
+                                          latent_kind=kind))
+    s = train_cvae(cfg, tmp_path / "run", progress=False)
+    assert s["injection"] == route
+    assert abs(s["init/loss/val/baseline_normalized_reconstruction_loss"] - 1) < 1e-5
+    assert torch.isfinite(torch.tensor(s["loss/val/reconstruction_loss"]))
