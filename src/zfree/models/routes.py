@@ -4,12 +4,12 @@ Both CVAEs turn a latent value into one vector u in R^d_model (discrete: the emb
 W z) and hand it to a route, chosen by ``ModelConfig.injection``:
 
   embedding  u added to the input embedding at the separator and every position predicting a y token
-             (Optimus's embedding path, Li et al. 2020, sec. 4.2; today's path, ``zfree.models.injection``).
+             (the embedding scheme of Optimus, Li et al. 2020; the original path, ``zfree.models.injection``).
   mid        u added to the residual stream entering decoder layer n_layer // 2 at the same positions
-             (a forward pre-hook on that layer; the Free Transformer injects z at mid-depth,
-             Fleuret 2025).
+             (a forward pre-hook on that layer; the Free Transformer, Fleuret 2025, injects z at
+             mid-depth). With one layer that is layer 0's input: the embedding path again.
   memory     u projected to one key/value per layer that the separator and the y positions attend
-             to (Optimus's memory path, Li et al. 2020, sec. 4.2; LangVAE passes z as past_key_values).
+             to (the memory scheme of Optimus, Li et al. 2020; LangVAE passes z as past_key_values).
   prefix     one soft token s + u inserted before the separator (prompt tuning, Lester et al. 2021):
              s is a latent-independent learned vector, the latent value a delta on it.
 
@@ -267,9 +267,11 @@ class PrefixRoute(InjectionRoute):
     def __init__(self, backbone):
         super().__init__()
         emb = backbone.get_input_embeddings()
+        V, chunk = emb.weight.shape[0], 4096  # chunked: a 256k vocabulary's embeddings at once would be GBs
         with torch.no_grad():
-            ids = torch.arange(emb.weight.shape[0], device=emb.weight.device)
-            self.shared = nn.Parameter(emb(ids).mean(0).detach().clone())  # the model's own embedding scale
+            total = sum(emb(torch.arange(i, min(i + chunk, V), device=emb.weight.device)).sum(0)
+                        for i in range(0, V, chunk))
+        self.shared = nn.Parameter(total / V)  # the module's output: its own scaling (Gemma's sqrt(d)) included
 
     def soft(self, latents: Float[torch.Tensor, "batch n d_model"]) -> Float[torch.Tensor, "batch n d_model"]:
         """The soft token of each latent vector: s + u."""
