@@ -42,6 +42,7 @@ d_latent = 16
 n_samples = 1
 prior = 'learned'
 shared_prefix = 'auto'
+injection = 'embedding'
 latent_source = 'posterior'
 bn_gamma = 0.0
 delta_rate = 0.0

@@ -34,6 +34,7 @@ BetaSchedule = Literal["constant", "linear", "cyclical"]
 FreeBitsMode = Literal["none", "per_example", "batch_mean", "per_dim", "threshold"]
 CBaseSource = Literal["entangled_run", "pretrained_source"]
 PosteriorFeatures = Literal["mean_y", "last", "mean_first", "attention", "encoder", "optimal"]
+Injection = Literal["embedding", "prefix", "memory", "mid"]  # zfree.models.routes.ROUTES
 
 
 class LatentKind(StrEnum):
@@ -57,7 +58,7 @@ LOG_ONLY_FIELDS = frozenset({"tensorboard", "wandb"})
 #: versions before them: at that default a field is left out of a run's identity (its id, the
 #: same-config check), so finished runs recorded without it keep their ids and are reused; set to
 #: anything else it is part of the identity like every other field
-LATER_FIELD_DEFAULTS: dict[str, Any] = {"word_dropout": 0.0, "handover_reference": "base"}
+LATER_FIELD_DEFAULTS: dict[str, Any] = {"word_dropout": 0.0, "handover_reference": "base", "injection": "embedding"}
 
 
 def without_log_only(flat: dict[str, Any]) -> dict[str, Any]:
@@ -240,6 +241,12 @@ class ModelConfig:
     # (else the full pass, warned once), "on" requires it (error where inexact), "off" always runs
     # the full pass per latent value (zfree.models.injection.SHARED_PREFIX_MODES)
     shared_prefix: Literal["auto", "on", "off"] = "auto"
+    # where the latent enters the decoder (zfree.models.routes): embedding = added to the input embedding
+    # at the separator and y positions (Optimus's embedding path); mid = added to the residual stream
+    # entering layer n_layer // 2; memory = one key/value per layer in the first position's place for the
+    # separator and y queries (Optimus's memory path; needs a token before the separator); prefix = a soft
+    # token s + z before the separator (exact at step 0 against the base reading s, not the base itself)
+    injection: Injection = "embedding"
     # where z comes from: "posterior" = the CVAE (q(z|x,y) learned);
     # "control" = the z-free control (K = 1: z carries nothing, the same decoder, optimizer, steps and
     # batches); "label:<key>" = a label oracle (z := the row's label value, K = its number of values;
@@ -269,6 +276,7 @@ class ModelConfig:
         check_latent_source(self.latent_source, self.latent_kind, self.n_latent)
         _check_choice("prior", self.prior, LatentPrior)
         _check_choice("shared_prefix", self.shared_prefix, Literal["auto", "on", "off"])
+        _check_choice("injection", self.injection, Injection)
         _check_int("d_latent", self.d_latent, 1)
         _check_int("n_samples", self.n_samples, 1)
         _check_choice("posterior_features", self.posterior_features, PosteriorFeatures)
@@ -304,6 +312,10 @@ class TrainConfig:
         if self.model.bn_gamma > 0 and self.optim.batch_size < 2:  # batch statistics need two rows
             raise ValueError(f"batch_size={self.optim.batch_size}: bn_gamma={self.model.bn_gamma:g} (BN-VAE) normalizes "
                              "the posterior means by batch statistics, which need batch_size >= 2")
+        if self.model.injection == "prefix":  # the model supports it (zfree.models.routes); the run's check does not
+            raise ConfigError("injection='prefix' cannot be trained yet: its soft token changes the context, so the "
+                              "step-0 decoder equals the base reading that token, not the stored reference the run "
+                              "checks (rho_recon = 1 at step 0); a reference scored through the prefix is not built")
         if self.aid.aid == "aggressive_encoder" and self.model.posterior_features == "optimal":
             raise ValueError("aid='aggressive_encoder' trains an amortized posterior: posterior_features='optimal' has none")
         if self.model.latent_source != "posterior" and (self.aid.aid != "none" or self.objective.lambda_jsd > 0):

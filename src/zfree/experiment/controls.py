@@ -40,6 +40,7 @@ _RESET = ("beta", "beta_schedule", "beta_warmup_steps", "beta_cycle_steps", "bet
 #: TrainConfig field is in exactly one of ``_RESET`` and ``SHARED`` (tests/test_controls.py): a new
 #: field must be classified, or runs differing only in it would silently share or split controls.
 SHARED = ("data_dir", "base_dir", "weighting", "epsilon", "token_alpha", "token_outer", "c_base_source", "shared_prefix",
+          "injection",  # the control's decoder takes z (one value) through the same route
           "latent_source", "steps", "batch_size", "lr_backbone", "lr_new", "warmup_backbone", "weight_decay",
           "grad_clip", "eval_every", "eval_rows", "decode_rows", "seed", "threads", "device", "precision",
           "checkpoint_every", "optimizer", "lora_rank", "lora_alpha", "lora_targets", "micro_batch",

@@ -115,7 +115,9 @@ def decode_with_latents(backbone, prefixes, latents: Float[torch.Tensor, "rows d
     agree up to float rounding (tests/test_latent_stats.py); SmolLM2-135M's samples of 3 E2E MRs x 4
     latent values took 117 s uncached on 2 CPU cores. prefix + new tokens never exceed the model's
     context (``new_token_room``; a note says how many rows were cut). prefixes: list of id lists;
-    latents (rows, d_model). Returns the generated ids without the end token."""
+    latents (rows, d_model). A backbone whose CVAE injects through another route than ``embedding``
+    (``zfree.models.routes.route_of``) decodes through that route's full pass, uncached.
+    Returns the generated ids without the end token."""
     window = sliding_window_of(backbone.config)
     longest = max((len(p) for p in prefixes), default=0) + max_new_tokens
     context = context_length(backbone)
@@ -124,6 +126,9 @@ def decode_with_latents(backbone, prefixes, latents: Float[torch.Tensor, "rows d
         print(f"note: {cut} of {len(prefixes)} decoded rows were cut at the model's context of {context} tokens "
               f"(prefix + up to {max_new_tokens} new tokens did not fit)", flush=True)
     group = _group_cached if cache and (window is None or longest <= window) else _group_uncached
+    route = backbone.__dict__.get("_zfree_route")  # zfree.models.routes.bind_route (no import: routes import us)
+    if route is not None and route.name != "embedding":
+        group = lambda *args: _group_uncached(*args, last_hidden=route.last_hidden)  # noqa: E731
     out: list[list[int]] = [[] for _ in prefixes]
     emb_layer = backbone.get_input_embeddings()
     for P, idx, ids, lat in prefix_groups(prefixes, latents):
@@ -141,16 +146,21 @@ def _next_token(logits: torch.Tensor, generator: torch.Generator | None) -> torc
 
 
 def _group_uncached(backbone, emb_layer, P: int, ids: torch.Tensor, lat: torch.Tensor, room: int, eos_id: int,
-                    generator: torch.Generator | None) -> list[list[int]]:
+                    generator: torch.Generator | None, last_hidden=None) -> list[list[int]]:
     """The ids after the prefixes ``ids`` (G, P) of one group, up to ``room`` of them (the end token
-    kept), every token re-reading the whole sequence (``decode_with_latents``' docstring)."""
+    kept), every token re-reading the whole sequence (``decode_with_latents``' docstring).
+    ``last_hidden(backbone, ids, P, lat)``: the last hidden states of another injection route
+    (default: the latents added to the input embeddings from the separator on)."""
     dev = lat.device
     done = torch.zeros(len(ids), dtype=torch.bool, device=dev)
     for _ in range(room):
         T = ids.shape[1]
-        inj = (torch.arange(T, device=dev) >= P - 1).to(lat.dtype)  # separator and y positions
-        emb = emb_layer(ids) + inj[None, :, None] * lat[:, None, :]
-        h_last = backbone.base_model(inputs_embeds=emb, use_cache=False).last_hidden_state[:, -1]
+        if last_hidden is not None:
+            h_last = last_hidden(backbone, ids, P, lat)
+        else:
+            inj = (torch.arange(T, device=dev) >= P - 1).to(lat.dtype)  # separator and y positions
+            emb = emb_layer(ids) + inj[None, :, None] * lat[:, None, :]
+            h_last = backbone.base_model(inputs_embeds=emb, use_cache=False).last_hidden_state[:, -1]
         logits = exact_logits_from_hidden(backbone, h_last)  # the model's own logits (G, V)
         nxt = _next_token(logits, generator)
         nxt = torch.where(done, torch.full_like(nxt, eos_id), nxt)

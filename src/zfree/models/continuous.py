@@ -4,8 +4,9 @@
                               the y-region (``mean_y`` by default; the same choices as the discrete CVAE);
   prior      p_phi(z | x)   = N(mu_p, diag exp(logvar_p)), a linear head on the separator position
                               (zero-initialized, so N(0, I) at step 0), or N(0, I) fixed (``standard``);
-  decoder    p_psi(y | x, z): the backbone with W z added to the input embeddings at the separator
-                              and y positions; W (d_model x d_latent) is zero-initialized.
+  decoder    p_psi(y | x, z): the backbone with W z entering through the route ``injection``
+                              (``zfree.models.routes``; default: added to the input embeddings at the
+                              separator and y positions); W (d_model x d_latent) is zero-initialized.
 
 BN-VAE (Zhu et al. 2020, "A Batch Normalized Inference Network Keeps the KL Vanishing Away", Sec. 3;
 ``bn_gamma`` > 0, the N(0, I) prior only): the posterior means pass a batch normalization with a
@@ -61,8 +62,8 @@ from zfree.config import LatentKind
 from zfree.data.batching import Batch
 from zfree.models.base import decode_with_latents, target_logprobs_from_hidden
 from zfree.models.encoder import build_posterior_encoder, pool_posterior_features
-from zfree.models.injection import (decoder_hidden_full, decoder_hidden_suffix, full_target_logprobs,
-                                    suffix_target_logprobs, zfree_pass)
+from zfree.models.injection import full_target_logprobs, suffix_target_logprobs, zfree_pass
+from zfree.models.routes import INJECTIONS, build_route
 
 
 def committed_rate(max_logvar: float, d_latent: int) -> float:
@@ -130,12 +131,16 @@ class ContinuousCVAE(nn.Module):
     ROUTER_MODULES = ("prior_head",)
 
     def __init__(self, backbone: nn.Module, d_latent: int, posterior_features: str = "mean_y",
-                 prior: str = "learned", n_samples: int = 1, bn_gamma: float = 0.0, delta_rate: float = 0.0):
+                 prior: str = "learned", n_samples: int = 1, bn_gamma: float = 0.0, delta_rate: float = 0.0,
+                 injection: str = "embedding"):
         """``bn_gamma`` > 0: BN-VAE's fixed scale of the batch-normalized posterior means; ``delta_rate``
         > 0: delta-VAE's committed rate in nats per example (sigma_q <= sigma_u; module docstring); both
-        need ``prior='standard'``. Raises ValueError naming the argument for a bad d_latent, n_samples,
-        posterior_features, prior, bn_gamma or delta_rate."""
+        need ``prior='standard'``. ``injection``: where W z enters the decoder (``zfree.models.routes``).
+        Raises ValueError naming the argument for a bad d_latent, n_samples, posterior_features, prior,
+        bn_gamma, delta_rate or injection."""
         super().__init__()
+        if injection not in INJECTIONS:
+            raise ValueError(f"injection={injection!r} is not one of {list(INJECTIONS)}")
         if not isinstance(d_latent, int) or d_latent < 1:
             raise ValueError(f"d_latent={d_latent!r} must be an integer >= 1")
         if not isinstance(n_samples, int) or n_samples < 1:
@@ -184,6 +189,7 @@ class ContinuousCVAE(nn.Module):
         self.shared_prefix = True  # reuse the x-prefix's key/value cache for the S decoder passes
         # decoder_hidden_suffix's mode (auto / on / off; None: the module default injection.SHARED_PREFIX)
         self.shared_prefix_mode: str | None = None
+        self.injection = build_route(injection, backbone)  # no parameters for embedding and mid
 
     def new_parameter_names(self) -> list[str]:
         """Names of the parameters that are not the backbone's (heads, latent projection, encoder)."""
@@ -236,7 +242,7 @@ class ContinuousCVAE(nn.Module):
     def decoder_hidden_naive(self, batch: Batch, z: Float[torch.Tensor, "batch n_samples d_latent"]
                              ) -> Float[torch.Tensor, "batch n_samples seq d_model"]:
         """Decoder hidden states for each sample by a full pass over the whole sequence (reference path)."""
-        return decoder_hidden_full(self.backbone, batch, self.latent_proj(z))
+        return self.injection.full(self.backbone, batch, self.latent_proj(z))
 
     def decoder_suffix_shared_prefix(self, batch: Batch, cache, z: Float[torch.Tensor, "batch n_samples d_latent"]
                                      ) -> tuple[torch.Tensor, Bool[torch.Tensor, "batch pos"]]:
@@ -244,7 +250,7 @@ class ContinuousCVAE(nn.Module):
         cache of the x-prefix; returns (hidden (B, n, L, D) at the positions predicting S, valid (B, L)).
         Same layout as ``DiscreteCVAE.decoder_suffix_shared_prefix`` with W z_s in place of e_k;
         equals ``decoder_hidden_naive`` (tested)."""
-        return decoder_hidden_suffix(self.backbone, batch, cache, self.latent_proj(z),
+        return self.injection.suffix(self.backbone, batch, cache, self.latent_proj(z),
                                      shared_prefix=self.shared_prefix_mode)
 
     def sample_posterior(self, mu: torch.Tensor, logvar: torch.Tensor, n_samples: int,

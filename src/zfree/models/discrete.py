@@ -7,11 +7,15 @@
                              minimizes it from the K decoders, ``losses.optimal_posterior_logits``);
   router     p_phi(z | x)    a linear head on the separator position (the last prefix position,
                              which predicts the first y token and sees only x);
-  decoder    p_psi(y | x, z) the backbone with a latent embedding e_z added to the input embeddings
-                             at the separator and y positions.
+  decoder    p_psi(y | x, z) the backbone with a latent embedding e_z entering through the route
+                             ``injection`` (``zfree.models.routes``): added to the input embeddings
+                             at the separator and y positions (``embedding``, the default), to the
+                             residual stream at mid-depth (``mid``), as a per-layer key/value
+                             (``memory``) or as a soft token before the separator (``prefix``).
 
 e_z is zero-initialized, so at initialization every latent value decodes exactly like the base
-model (rho_recon = 1 at step 0; tested). The reconstruction expectation is exact: all K values
+model (rho_recon = 1 at step 0; tested), under ``prefix`` like the base model reading the initial
+soft token (its own reference: a soft token changes the context; ``zfree.models.routes``). The reconstruction expectation is exact: all K values
 are decoded.
 
 A *given* z (``latent_source``) replaces the posterior by a fixed
@@ -38,8 +42,8 @@ from zfree.data.batching import Batch
 from zfree.models.nll import masked_mean_token_nll
 from zfree.models.base import hidden_states, target_logprobs_from_hidden
 from zfree.models.encoder import build_posterior_encoder, pool_posterior_features
-from zfree.models.injection import (decoder_hidden_full, decoder_hidden_suffix, full_target_logprobs,
-                                    suffix_target_logprobs, zfree_pass)
+from zfree.models.injection import full_target_logprobs, suffix_target_logprobs, zfree_pass
+from zfree.models.routes import INJECTIONS, build_route
 
 
 @dataclass
@@ -129,8 +133,12 @@ class DiscreteCVAE(nn.Module):
     ROUTER_MODULES = ("router_head",)
 
     def __init__(self, backbone: nn.Module, n_latent: int, posterior_features: str = "mean_y",
-                 latent_init_std: float = 0.0, latent_source: str = "posterior"):
+                 latent_init_std: float = 0.0, latent_source: str = "posterior", injection: str = "embedding"):
+        """``injection``: where e_z enters the decoder (``zfree.models.routes.ROUTES``). Raises ValueError
+        naming the argument for a bad n_latent, posterior_features or injection."""
         super().__init__()
+        if injection not in INJECTIONS:
+            raise ValueError(f"injection={injection!r} is not one of {list(INJECTIONS)}")
         if n_latent < (1 if latent_source == "control" else 2):
             raise ValueError(f"n_latent={n_latent} must be >= 2")
         self.latent_source = latent_source
@@ -163,6 +171,7 @@ class DiscreteCVAE(nn.Module):
         # decoder_hidden_suffix's mode (auto / on / off; None: the module default injection.SHARED_PREFIX)
         self.shared_prefix_mode: str | None = None
         nn.init.zeros_(self.router_head.bias)
+        self.injection = build_route(injection, backbone)  # no parameters for embedding and mid
 
     @torch.no_grad()
     def restart_values(self, dead: list[int], donor: int, noise: float = 0.01) -> None:
@@ -239,9 +248,9 @@ class DiscreteCVAE(nn.Module):
     def decoder_hidden(self, batch: Batch, z: Int[torch.Tensor, "batch n"] | None = None
                        ) -> Float[torch.Tensor, "batch n seq d_model"]:
         """Decoder hidden states (B, n, T, D) for latent values ``z`` (B, n) (default: all K, n = K)
-        by a full pass over (x, y) per value (the reference path)."""
+        by a full pass over (x, y) per value (the reference path), through the injection route."""
         z = self._all_values(batch) if z is None else z
-        return decoder_hidden_full(self.backbone, batch, self.latent_embedding(z))
+        return self.injection.full(self.backbone, batch, self.latent_embedding(z))
 
     def _encode_with_cache(self, batch: Batch):
         """The z-free pass that also returns its key/value cache (reused for the x-prefix; None
@@ -259,9 +268,9 @@ class DiscreteCVAE(nn.Module):
                                      ) -> tuple[torch.Tensor, torch.Tensor]:
         """Decoder hidden states over the y-region for latent values ``z`` (B, n) (default: all K),
         reusing the z-free pass's key/value cache of the x-prefix ([bos] + x, which does not depend
-        on z): (hidden (B, n, L, D), valid (B, L)), L = max |S| (``models.injection``)."""
+        on z): (hidden (B, n, L, D), valid (B, L)), L = max |S| (``models.injection``, ``models.routes``)."""
         z = self._all_values(batch) if z is None else z
-        return decoder_hidden_suffix(self.backbone, batch, cache, self.latent_embedding(z),
+        return self.injection.suffix(self.backbone, batch, cache, self.latent_embedding(z),
                                      shared_prefix=self.shared_prefix_mode)
 
     def forward(self, batch: Batch, with_distributions: bool = False) -> DiscreteCVAEOutput:

@@ -1,4 +1,6 @@
-"""Decoder passes with a latent vector added to the input embeddings, shared by both CVAEs (DESIGN §3).
+"""Decoder passes with a latent vector added to the input embeddings, shared by both CVAEs (DESIGN §3):
+the ``embedding`` injection route, and the suffix-pass pieces every route shares (the other routes,
+``mid``, ``memory`` and ``prefix``, are in ``zfree.models.routes``).
 
 The latent enters as an additive vector ``u`` (discrete: the embedding e_k of value k; continuous:
 the projection W z of a sample) at the separator and at every position that predicts a y token.
@@ -21,7 +23,7 @@ from __future__ import annotations
 import warnings
 
 import torch
-from jaxtyping import Bool, Float
+from jaxtyping import Bool, Float, Int
 from transformers import DynamicCache
 
 from zfree.data.batching import Batch
@@ -106,6 +108,65 @@ def decoder_hidden_full(backbone, batch: Batch, latents: Float[torch.Tensor, "ba
     return h.reshape(B, n, T, -1)
 
 
+def suffix_full_pass_reason(backbone, batch: Batch, cache, extent: int, shared_prefix: str | None = None) -> str | None:
+    """Whether a suffix pass of cache-coordinate ``extent`` must take the full pass instead, under
+    ``shared_prefix`` (default: the module's ``SHARED_PREFIX``): None to take the suffix pass, else
+    the reason ("off", "no cache" or ``shared_prefix_problem``'s). "auto" warns once per model class
+    when the cache is not exactly reusable; "on" raises ValueError then; every mode not in
+    ``SHARED_PREFIX_MODES`` raises ValueError listing them. Shared by every injection route."""
+    mode = SHARED_PREFIX if shared_prefix is None else shared_prefix
+    if mode not in SHARED_PREFIX_MODES:
+        raise ValueError(f"shared_prefix={mode!r}: expected one of {sorted(SHARED_PREFIX_MODES)}")
+    if mode == "off":
+        return "off"
+    if cache is None:
+        return "no cache"
+    problem = shared_prefix_problem(backbone, cache, batch.input_ids.shape[1], extent)
+    if problem and mode == "on":
+        raise ValueError(f"shared_prefix='on' but the prefix cache of {type(backbone).__name__} cannot be reused "
+                         f"exactly: {problem} (use 'auto' or 'off')")
+    if problem and type(backbone).__name__ not in _WARNED:
+        _WARNED.add(type(backbone).__name__)
+        warnings.warn(f"{type(backbone).__name__}: shared-prefix decoding is not exact here ({problem}); "
+                      f"using the full pass per latent (exact, slower)", stacklevel=3)
+    return problem
+
+
+def suffix_layout(batch: Batch) -> tuple[int, int, Int[torch.Tensor, "batch pos"], Bool[torch.Tensor, "batch pos"]]:
+    """(Pc, L, pos, valid) of a suffix pass: Pc = max prefix_len - 1 cached prefix slots (without the
+    separator), L = max |S|, pos (B, L) the positions of sep, y_0 .. y_{|S|-2} per row, valid (B, L)
+    the entries inside each row's S. Host ints from ``batch.max_lengths`` (no device->host copy)."""
+    P_max, L = batch.max_lengths()
+    j = torch.arange(L, device=batch.input_ids.device)[None, :]
+    return P_max - 1, L, (batch.prefix_len - 1)[:, None] + j, j < batch.target_len[:, None]
+
+
+def prefix_cache(cache, Pc: int, n: int, first_slot_delta=None) -> DynamicCache:
+    """A fresh cache of the first ``Pc`` slots of ``cache`` (the z-free pass's), each row repeated
+    ``n`` times consecutively; ``first_slot_delta`` (a (key delta, value delta) per layer, each
+    (B * n, heads, 1, head_dim)) is added to slot 0 (the memory route)."""
+    data = []
+    for i, (k, v) in enumerate(layer_kv(cache)):
+        k, v = k[:, :, :Pc].repeat_interleave(n, 0), v[:, :, :Pc].repeat_interleave(n, 0)
+        if first_slot_delta is not None:
+            dk, dv = first_slot_delta[i]
+            k, v = torch.cat([k[:, :, :1] + dk, k[:, :, 1:]], 2), torch.cat([v[:, :, :1] + dv, v[:, :, 1:]], 2)
+        data.append((k, v))
+    return DynamicCache(ddp_cache_data=data)
+
+
+def prefix_slots_mask(batch: Batch, Pc: int) -> Bool[torch.Tensor, "batch slots"]:
+    """(B, Pc): True at the cached slots of a row's own x-prefix (masks its y tokens and padding)."""
+    return torch.arange(Pc, device=batch.input_ids.device)[None, :] < (batch.prefix_len - 1)[:, None]
+
+
+def gather_suffix(full: Float[torch.Tensor, "batch n seq d_model"], pos: Int[torch.Tensor, "batch pos"]
+                  ) -> Float[torch.Tensor, "batch n pos d_model"]:
+    """The positions ``pos`` (B, L) of each row out of a full pass's hidden states (B, n, T, D)."""
+    B, n, T, D = full.shape
+    return full.gather(2, pos.clamp_max(T - 1)[:, None, :, None].expand(B, n, pos.shape[1], D))
+
+
 def decoder_hidden_suffix(backbone, batch: Batch, cache, latents: Float[torch.Tensor, "batch n d_model"],
                           shared_prefix: str | None = None) -> tuple[Float[torch.Tensor, "batch n pos d_model"], Bool[torch.Tensor, "batch pos"]]:
     """Decoder hidden states over the y-region for each latent vector, reusing ``cache`` (the z-free
@@ -118,40 +179,20 @@ def decoder_hidden_suffix(backbone, batch: Batch, cache, latents: Float[torch.Te
     ``decoder_hidden_full`` at those positions (tests/test_models.py, tests/test_architectures.py).
     ``shared_prefix`` (default: the module's ``SHARED_PREFIX``) "auto" takes the full pass (same
     layout) when ``shared_prefix_problem`` finds the cache not exactly reusable, warning once
-    per model class; "on" raises ValueError then; "off" always takes the full pass.
+    per model class; "on" raises ValueError then; "off" always takes the full pass
+    (``suffix_full_pass_reason``).
     """
     B, T = batch.input_ids.shape
     n = latents.shape[1]
-    P_max, L = batch.max_lengths()  # host ints (no device->host copy)
-    Pc = P_max - 1  # cached prefix slots (without the separator)
-    dev = batch.input_ids.device
-    j = torch.arange(L, device=dev)[None, :]
-    valid = j < batch.target_len[:, None]  # (B, L)
-    pos = (batch.prefix_len - 1)[:, None] + j  # (B, L) positions of sep, y_0 .. y_{|S|-2}
-    mode = SHARED_PREFIX if shared_prefix is None else shared_prefix
-    if mode not in SHARED_PREFIX_MODES:
-        raise ValueError(f"shared_prefix={mode!r}: expected one of {sorted(SHARED_PREFIX_MODES)}")
-    problem = None if mode == "off" or cache is None else shared_prefix_problem(backbone, cache, T, Pc + L)
-    if mode == "on" and problem:
-        raise ValueError(f"shared_prefix='on' but the prefix cache of {type(backbone).__name__} cannot be reused "
-                         f"exactly: {problem} (use 'auto' or 'off')")
-    if mode == "off" or cache is None or problem:
-        if problem and type(backbone).__name__ not in _WARNED:
-            _WARNED.add(type(backbone).__name__)
-            warnings.warn(f"{type(backbone).__name__}: shared-prefix decoding is not exact here ({problem}); "
-                          f"using the full pass per latent (exact, slower)", stacklevel=2)
-        full = decoder_hidden_full(backbone, batch, latents)  # (B, n, T, D)
-        idx = pos.clamp_max(T - 1)[:, None, :, None].expand(B, n, L, full.shape[-1])
-        return full.gather(2, idx), valid
+    Pc, L, pos, valid = suffix_layout(batch)
+    if suffix_full_pass_reason(backbone, batch, cache, Pc + L, shared_prefix):
+        return gather_suffix(decoder_hidden_full(backbone, batch, latents), pos), valid  # (B, n, L, D)
     ids = batch.decoder_inputs.gather(1, pos.clamp_max(T - 1))  # the y-region as the decoder reads it
     x = backbone.get_input_embeddings()(ids)[:, None] + latents[:, :, None, :]  # (B, n, L, D)
-    prefix_cache = DynamicCache(ddp_cache_data=[(k[:, :, :Pc].repeat_interleave(n, 0), v[:, :, :Pc].repeat_interleave(n, 0))
-                                                for k, v in layer_kv(cache)])
-    pre_mask = torch.arange(Pc, device=dev)[None, :] < (batch.prefix_len - 1)[:, None]  # (B, Pc)
-    mask = torch.cat([pre_mask, valid], 1).long().repeat_interleave(n, 0)  # (B*n, Pc + L)
+    mask = torch.cat([prefix_slots_mask(batch, Pc), valid], 1).long().repeat_interleave(n, 0)  # (B*n, Pc + L)
     h = backbone.base_model(inputs_embeds=x.reshape(B * n, L, -1), attention_mask=mask,
                             position_ids=pos.repeat_interleave(n, 0),
-                            use_cache=True, **{CACHE_KW: prefix_cache}).last_hidden_state
+                            use_cache=True, **{CACHE_KW: prefix_cache(cache, Pc, n)}).last_hidden_state
     return h.reshape(B, n, L, -1), valid
 
 
