@@ -192,3 +192,25 @@ def test_the_full_leaderboard_slurm_spec_is_what_its_generator_writes():
     from zfree.objective.remedies import REMEDIES
 
     assert {p.params["remedy"] for p in pts} == set(REMEDIES) and len(pts) == len(REMEDIES) * 8 * 3
+
+
+def test_a_boundary_grid_takes_single_points_beside_its_cross_product():
+    """The factorial's distribution + aid at 3 beta* (issue 58): an ``extra`` point beside weightings x
+    factors x aids, at its own weighting's beta*; a bad triple is refused naming the field."""
+    import pandas as pd
+
+    from zfree.core.errors import ConfigError
+    from zfree.experiment.spec import BoundaryGrid, own_grid
+    from zfree.reference.reference import Reference
+
+    ref = Reference(2.0, pd.DataFrame({"n_tokens": [20.0, 30.0], "b": [1.5, 2.5]}), {})
+    g = BoundaryGrid(weightings=("plain", "distribution"), beta_factors=(1 / 3,), aids=("none", "hard_em"),
+                     aided={"aid": "hard_em_then_soft"}, extra=(("distribution", 3.0, "hard_em"),))
+    variants, table = own_grid(g, ref)
+    assert len(variants) == 5
+    dist = next(t for t in table if t["weighting"] == "distribution")
+    third, three = dist["betas"]
+    assert three == pytest.approx(9 * third, rel=1e-3)  # 3 beta* against beta*/3
+    assert variants[-1]["aid"] == "hard_em_then_soft" and variants[-1]["beta"] == three
+    with pytest.raises(ConfigError, match="extra"):
+        BoundaryGrid(extra=(("distribution", 0, "hard_em"),))

@@ -174,11 +174,14 @@ GRID_AIDS = ("none", "hard_em")
 class BoundaryGrid:
     """Betas relative to the predicted boundary: per weighting (keys of ``WEIGHTINGS``), beta =
     factor x beta* for each of ``beta_factors``, each run unaided (aid "none") and/or with the
-    fields ``aided`` (aid "hard_em")."""
+    fields ``aided`` (aid "hard_em"); ``extra``: single points outside that cross product, each a
+    (weighting, beta factor, aid) triple (e.g. one weighting with the aid at 3 beta*, where theory
+    predicts no use)."""
     weightings: tuple[str, ...] = tuple(WEIGHTINGS)
     beta_factors: tuple[float, ...] = (1 / 3, 3.0)
     aids: tuple[str, ...] = ("none", "hard_em")
     aided: dict[str, Any] = field(default_factory=dict)
+    extra: tuple[tuple[str, float, str], ...] = ()
 
     def __post_init__(self):
         for key, valid in (("weightings", WEIGHTINGS), ("aids", GRID_AIDS)):
@@ -191,6 +194,11 @@ class BoundaryGrid:
                 hint = (" (the hard-EM aid of a grid is 'hard_em': the config aid 'hard_em_then_soft' with the grid's "
                         "aided fields)" if key == "aids" else "")
                 raise ConfigError(f"{key}: {bad} not among {list(valid)}{hint}")
+        for t in self.extra:
+            if not (isinstance(t, tuple) and len(t) == 3 and t[0] in WEIGHTINGS and t[2] in GRID_AIDS
+                    and isinstance(t[1], (int, float)) and not isinstance(t[1], bool) and t[1] > 0):
+                raise ConfigError(f"extra={t!r}: each extra point is (weighting among {list(WEIGHTINGS)}, a beta "
+                                  f"factor > 0, aid among {list(GRID_AIDS)})")
 
 
 @dataclass(frozen=True)
@@ -271,4 +279,13 @@ def own_grid(spec: ExperimentSpec | BoundaryGrid, ref) -> tuple[list[dict], list
         for beta in betas:
             for aid in g.aids:  # each among GRID_AIDS (BoundaryGrid refuses another)
                 variants.append({**wcfg, "beta": beta, **(g.aided if aid == "hard_em" else {})})
+    for name, factor, aid in g.extra:  # the single points beside the cross product
+        wcfg = WEIGHTINGS[name]
+        beta = float(f"{factor * predicted_boundary(name, ref, wcfg.get('epsilon', 0.05)):.4g}")
+        variants.append({**wcfg, "beta": beta, **(g.aided if aid == "hard_em" else {})})
+        row = next((t for t in table if t["weighting"] == name), None)
+        if row is None:
+            table.append({"weighting": name, "beta_star": beta / factor, "betas": [beta]})
+        elif beta not in row["betas"]:
+            row["betas"].append(beta)
     return variants, table

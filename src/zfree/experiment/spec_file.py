@@ -227,6 +227,13 @@ def _boundary(v: Any, train: dict[str, Any]) -> BoundaryGrid | None:
             raise ConfigError(f"boundary.beta_factors={d['beta_factors']!r} must be a list of numbers > 0")
     if "aided" in d:
         kw["aided"] = expand_fields("boundary.aided", d["aided"], train)
+    if "extra" in d:  # [{weighting, beta_factor, aid}, ...] (or [w, f, aid] as to_dict writes them): single points
+        keys = ("weighting", "beta_factor", "aid")
+        ok = isinstance(d["extra"], list) and all(
+            (isinstance(e, dict) and set(e) == set(keys)) or (isinstance(e, list) and len(e) == 3) for e in d["extra"])
+        if not ok:
+            raise ConfigError(f"boundary.extra={d['extra']!r} must be a list of {{weighting, beta_factor, aid}} mappings")
+        kw["extra"] = tuple(tuple(e[k] for k in keys) if isinstance(e, dict) else tuple(e) for e in d["extra"])
     g = BoundaryGrid(**kw)
     if "hard_em" in g.aids and not g.aided:
         raise ConfigError("boundary.aided: the hard_em aid needs its fields (e.g. {recipe: OWN_AID})")

@@ -67,10 +67,13 @@ class InjectionRoute(nn.Module):
 
     def full(self, backbone, batch: Batch, latents: Float[torch.Tensor, "batch n d_model"]
              ) -> Float[torch.Tensor, "batch n seq d_model"]:
+        """The naive reference path: one full pass over (x, y) per latent vector; hidden states (B, n, T, D)."""
         return decoder_hidden_full(backbone, batch, latents)
 
     def suffix(self, backbone, batch: Batch, cache, latents: Float[torch.Tensor, "batch n d_model"],
                shared_prefix: str | None = None) -> tuple[torch.Tensor, Bool[torch.Tensor, "batch pos"]]:
+        """The y-region per latent vector, reusing the z-free pass's x-prefix ``cache``: (hidden (B, n, L, D)
+        at the positions predicting S, valid (B, L)); equals ``full`` on those positions (tested)."""
         return decoder_hidden_suffix(backbone, batch, cache, latents, shared_prefix)
 
     def last_hidden(self, backbone, ids: Int[torch.Tensor, "rows seq"], P: int,
@@ -135,6 +138,8 @@ class MidRoute(InjectionRoute):
         return decoder_layers(backbone)[self.layer_index]
 
     def full(self, backbone, batch, latents):
+        """One full pass per latent vector with u added to the residual stream entering the middle layer
+        at the separator and y positions: hidden states (B, n, T, D)."""
         B, T = batch.input_ids.shape
         n = latents.shape[1]
         emb = backbone.get_input_embeddings()(batch.decoder_inputs)  # (B, T, D)
@@ -145,6 +150,8 @@ class MidRoute(InjectionRoute):
         return h.reshape(B, n, T, -1)
 
     def suffix(self, backbone, batch, cache, latents, shared_prefix=None):
+        """The y-region per latent vector over the shared x-prefix cache, u added at the middle layer:
+        (hidden (B, n, L, D), valid (B, L)), as ``InjectionRoute.suffix``."""
         B, T = batch.input_ids.shape
         n = latents.shape[1]
         Pc, L, pos, valid = suffix_layout(batch)
@@ -188,6 +195,8 @@ class MemoryRoute(InjectionRoute):
         return out
 
     def suffix(self, backbone, batch, cache, latents, shared_prefix=None):
+        """The y-region per latent vector over the shared x-prefix cache with slot 0 of every layer's
+        cache replaced by its z-shifted memory entry: (hidden (B, n, L, D), valid (B, L))."""
         B, T = batch.input_ids.shape
         n = latents.shape[1]
         Pc, L, pos, valid = suffix_layout(batch)
@@ -295,6 +304,8 @@ class PrefixRoute(InjectionRoute):
         return h.gather(2, back[:, None, :, None].expand(B, n, T, h.shape[-1]))
 
     def suffix(self, backbone, batch, cache, latents, shared_prefix=None):
+        """The y-region per latent vector after the soft token over the shared x-prefix cache:
+        (hidden (B, n, L, D), valid (B, L)), in the layout of (x, y)."""
         B, T = batch.input_ids.shape
         n = latents.shape[1]
         Pc, L, pos, valid = suffix_layout(batch)
