@@ -36,7 +36,7 @@ def test_every_shipped_preset_loads_expands_and_counts_its_runs(name):
     assert spec.name == name and spec == shipped_presets()[name] == {**PRESETS, **OWN_PRESETS}[name]
     assert spec_from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
     b = spec.boundary
-    runs = len(spec.points()) if b is None else len(b.weightings) * len(b.beta_factors) * len(b.aids)
+    runs = len(spec.points()) if b is None else len(b.weightings) * len(b.beta_factors) * len(b.aids) + len(b.extra)
     assert entry.runs == runs
     assert entry.own == (spec.base.kind == "pretrained") and (name in OWN_PRESETS) == entry.own
     assert all(f.is_file() for f in (entry.bound or ())[1:])
