@@ -31,8 +31,8 @@ def _ci(lo: float, hi: float) -> str:
 
 
 def seed_gains_frame(tab: pd.DataFrame) -> pd.DataFrame:
-    """The table the report shows: per cell its seeds, then per quantity the mean over seeds, the 95 %
-    t-interval over seeds and the two-stage bootstrap interval (nats per example)."""
+    """The table the report shows: per cell its seeds, then per quantity the mean over seeds with its 95 %
+    t-interval over seeds in one cell, and the two-stage bootstrap interval (nats per example, 3 digits)."""
     key = [c for c in ("weighting", "beta", "aid", "remedy") if c in tab]
     rows = []
     for _, r in tab.iterrows():
@@ -41,8 +41,7 @@ def seed_gains_frame(tab: pd.DataFrame) -> pd.DataFrame:
         for q, name in NAMES.items():
             if q not in r or pd.isna(r[q]):
                 continue
-            row[f"{name} [nats/ex]"] = r[q]
-            row[f"{name}: t 95% CI over seeds"] = _ci(r[f"{q}_t_lo"], r[f"{q}_t_hi"])
+            row[f"{name} [nats/ex], t 95% CI over seeds"] = f"{r[q]:.3g} {_ci(r[f'{q}_t_lo'], r[f'{q}_t_hi'])}"
             row[f"{name}: two-stage bootstrap"] = _ci(r[f"{q}_boot_lo"], r[f"{q}_boot_hi"])
         rows.append(row)
     return pd.DataFrame(rows)

@@ -1,0 +1,39 @@
+"""The report's seed-level section (zfree.report.seed_report): "1 seed" where a cell has one, the
+t-interval over seeds where it has several."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from zfree.report.seed_report import seed_gains_frame, seed_gains_markdown
+
+
+def _row(n, **kw):
+    base = {"weighting": "distribution", "beta": 0.3, "aid": "hard_em_then_soft", "remedy": "none", "n_seeds": n,
+            "seeds": " ".join(map(str, range(n)))}
+    for q in ("z_gain", "net_gain", "use_shuffled", "gain_minus_rate"):
+        base.update({q: 1.0, f"{q}_t_lo": np.nan if n < 2 else 0.5, f"{q}_t_hi": np.nan if n < 2 else 1.5,
+                     f"{q}_p": np.nan if n < 2 else 0.01, f"{q}_boot_lo": np.nan if n < 2 else 0.6,
+                     f"{q}_boot_hi": np.nan if n < 2 else 1.4})
+    base["net_gain_tost_p"] = np.nan if n < 2 else 0.9
+    return {**base, **kw}
+
+
+def test_one_seed_says_so_and_shows_no_interval_over_seeds():
+    tab = pd.DataFrame([_row(1)])
+    md = seed_gains_markdown(tab)
+    assert "**1 seed**" in md and "no interval over seeds" in md
+    frame = seed_gains_frame(tab)
+    assert frame.loc[0, "seeds"] == "1 seed (0)"
+    assert frame.loc[0, "z gain (D) [nats/ex], t 95% CI over seeds"] == "1 —"
+
+
+def test_three_seeds_show_the_t_interval_and_the_test():
+    tab = pd.DataFrame([_row(3, z_gain_t_lo=0.2, z_gain_t_hi=1.8)])
+    md = seed_gains_markdown(tab)
+    assert "3 seeds: z gain 1 [0.2, 1.8] (t over seeds, above 0; one-sided p 0.01)" in md
+    assert "TOST p 0.9" in md
+    frame = seed_gains_frame(tab)
+    assert frame.loc[0, "seeds"] == "3 seeds (0 1 2)"
+    assert frame.loc[0, "z gain (D): two-stage bootstrap"] == "[0.6, 1.4]"
