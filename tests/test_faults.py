@@ -674,3 +674,27 @@ def test_a_gpt2_tokenizer_built_from_vocab_files_is_refused(tmp_path):
         pytest.skip(f"GPT2TokenizerFast built {n_tok} tokens here")
     with pytest.raises(ModelLoadError, match=f"tokenizer has {n_tok} tokens but the embedding table {len(vocab) + 1} rows"):
         load_causal_lm(tmp_path / "m", device="cpu")
+
+
+# --- issue 61: bad inputs nobody tried ---------------------------------------------------------
+
+@pytest.mark.parametrize("argv", [["train", "--data", "{dir}"], ["train", "--data", "{file}", "--val", "{dir}"],
+                                  ["study", "--data", "{dir}"], ["study", "--data", "{file}", "--val", "{dir}"],
+                                  ["score", "--data", "{dir}"]])
+def test_data_given_as_a_folder_is_one_line_naming_it(tiny, tmp_path, capsys, argv):
+    """``--data``/``--val`` a folder: an IsADirectoryError traceback in train, study and score before;
+    now one line naming the option and the folder, exit 2, before any output folder is made."""
+    from zfree.core.errors import InputError
+    from zfree.data.pairs import load_pairs
+
+    data, base = tiny
+    folder = tmp_path / "pairs"
+    folder.mkdir()
+    out = tmp_path / "out"
+    argv = [a.format(dir=folder, file=data / "train.jsonl") for a in argv]
+    assert main([*argv, "--model", str(base / "model"), "--out", str(out)]) == 2
+    flag = argv[argv.index(str(folder)) - 1]
+    assert one_error_line(capsys) == f"zfree: error: {flag} {folder}: a folder, not a file: give one JSONL file of pairs"
+    assert not out.exists()
+    with pytest.raises(InputError, match=rf"^{re.escape(str(folder))}: a folder, not a JSONL file of pairs$"):
+        load_pairs(folder)  # the reader every command uses, for the Python API
