@@ -698,3 +698,45 @@ def test_data_given_as_a_folder_is_one_line_naming_it(tiny, tmp_path, capsys, ar
     assert not out.exists()
     with pytest.raises(InputError, match=rf"^{re.escape(str(folder))}: a folder, not a JSONL file of pairs$"):
         load_pairs(folder)  # the reader every command uses, for the Python API
+
+
+def _no_eos_model(folder: Path) -> Path:
+    """A tiny GPT-2 (``tests.tiny.tiny_gpt2``'s) saved with the digit tokenizer less its eos token."""
+    from transformers import PreTrainedTokenizerFast
+
+    from tests.tiny import tiny_gpt2
+
+    model, tok = tiny_gpt2()
+    kept = {k: v for k, v in tok.special_tokens_map.items() if k != "eos_token"}
+    no_eos = PreTrainedTokenizerFast(tokenizer_object=tok.backend_tokenizer, model_max_length=1024, **kept)
+    assert no_eos.eos_token_id is None and no_eos.pad_token_id == tok.pad_token_id
+    model.save_pretrained(folder)
+    no_eos.save_pretrained(folder)
+    return folder
+
+
+def test_a_tokenizer_without_eos_is_refused_in_one_line_before_training(tiny, tmp_path, capsys):
+    """issue 61: ``zfree train`` on a model whose tokenizer has no eos token died with a TypeError
+    traceback (``full_like(): ... fill_value NoneType``) at the step-0 sample decoding, every study run the
+    same way; now one line naming the model, exit 2, before the reference is scored or a step is trained."""
+    data, base = tiny
+    model = _no_eos_model(tmp_path / "model")
+    out = tmp_path / "run"
+    assert main(["train", "--model", str(model), "--data", str(data / "train.jsonl"), "--out", str(out),
+                 "--set", "steps=2", "--set", "eval_every=2", "--set", "device=cpu"]) == 2
+    line = one_error_line(capsys)
+    assert line == (f"zfree: error: {model}: its tokenizer has no eos token; zfree ends every y with it (where "
+                    "the CVAE learns y stops, and decoding stops): set eos_token in its tokenizer_config.json "
+                    "to a token of its vocabulary"), line
+    assert not (out / "base").exists() and not (out / "config.json").exists()
+    from zfree.train.training import train_cvae  # the Python API on a base folder holding that model
+
+    (tmp_path / "b").mkdir()
+    shutil.copytree(base, tmp_path / "b" / "base")
+    shutil.rmtree(tmp_path / "b" / "base" / "model")
+    shutil.copytree(model, tmp_path / "b" / "base" / "model")
+    with pytest.raises(Exception, match="its tokenizer has no eos token") as e:
+        train_cvae(TrainConfig.from_flat(tiny_base_flat(data, tmp_path / "b" / "base")), tmp_path / "run2",
+                   progress=False)
+    assert type(e.value).__name__ == "ModelLoadError"
+    assert [f.name for f in (tmp_path / "run2").iterdir()] == [".zfree.lock"]  # no config.json, checkpoint, metrics
