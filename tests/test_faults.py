@@ -39,6 +39,18 @@ Issue 22, item 3 (refusals with one line naming the field):
 | eval_rows/decode_rows: 1e9 on a few rows         | test_eval_and_decode_rows_beyond_the_data_are_recorded_...  |
 | a 45-token tokenizer on a 1000-row embedding     | test_a_tokenizer_far_smaller_than_the_embedding_is_refused |
 | GPT2TokenizerFast(vocab_file=, merges_file=)     | test_a_gpt2_tokenizer_built_from_vocab_files_is_refused   |
+
+Issue 61 (bad inputs nobody tried; the other cases' tests are named beside them):
+
+| case                                             | test                                                      |
+|--------------------------------------------------|-----------------------------------------------------------|
+| --data / --val a folder (train, study, score)    | test_data_given_as_a_folder_is_one_line_naming_it         |
+| a tokenizer without an eos token                 | test_a_tokenizer_without_eos_is_refused_in_one_line_...   |
+| --budget 0                                       | tests/test_estimate.py::test_a_zero_budget_is_refused_... |
+| a damaged notes.json                             | tests/test_study_notes.py::test_a_damaged_notes_json_...  |
+| a 300-character or non-ASCII label key           | tests/test_controls.py::test_an_oracles_folder_name_...   |
+| --out someone else's (non-empty) folder          | tests/test_folder_safety.py::test_zfree_train_refuses_... |
+| W&B offline file read while still being written  | tests/test_live_curves.py::test_wandb_file_is_complete_...|
 """
 
 from __future__ import annotations
