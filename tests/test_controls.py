@@ -188,6 +188,28 @@ def test_the_null_oracle_permutes_the_label_over_the_rows(tiny_run):
     assert again == null and other != null
 
 
+def test_an_oracles_folder_name_is_safe_for_any_label_and_short_ascii_ones_keep_todays(tmp_path):
+    """issue 61: a 300-character label key made the oracle's run folder name 300+ bytes ("File name too
+    long"). Short ASCII labels keep today's names (existing studies resume); a long or non-ASCII label is
+    named by its hash, ASCII and short; the label itself stays in the config (``latent_source``)."""
+    from zfree.experiment.spec import run_id
+
+    base = TrainConfig().to_flat()
+
+    def today(label: str) -> str:  # the oracle's folder name less its "_<weighting>_<hash>"
+        return run_id(oracle_params(base, label, 3)).rsplit("_", 2)[0]
+
+    assert [today(k) for k in ("strategy", "first slot", "a*b", "n_sentences.v2")] == \
+        ["oracle-strategy", "oracle-first-slot", "oracle-axb", "oracle-n_sentences.v2"]
+    labels = ["k" * 300, "k" * 299 + "j", "größe", "groesse", "первая_метка" * 7, "中文标签" * 20, "ラベル"]
+    names = [run_id(oracle_params(base, k, 3)) for k in labels]
+    assert len(set(names)) == len(names) and all(n.isascii() and n.startswith("oracle-") for n in names), names
+    assert max(len(n) for n in names) <= 100, names
+    for k, n in zip(labels, names):
+        (tmp_path / "runs" / n).mkdir(parents=True)  # the file system takes it
+        assert TrainConfig.from_flat(oracle_params(base, k, 3)).model.latent_source == f"label:{k}"
+
+
 # ---------------------------------------------------------------------------- gains
 
 

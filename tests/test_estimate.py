@@ -346,6 +346,21 @@ def test_parse_budget_refuses():
         est.parse_budget("soon")
 
 
+@pytest.mark.parametrize("text", ["0", "0m", "0h0m", "0.0", " 0 "])
+def test_a_zero_budget_is_refused_in_one_line_however_written(text, tmp_path, capsys):
+    """``--budget 0`` was "no budget" (a whole grid started without a word) while ``0m`` was refused:
+    every zero is refused up front, before the model or data are read (issue 61); none means no budget."""
+    with pytest.raises(ConfigError, match=r"^--budget '[^']*': a zero budget fits no run; give a duration such as "
+                                          r"15m, 1h.* or none \(no budget\)$"):
+        est.parse_budget(text)
+    from zfree.cli import main
+
+    assert main(["study", "--model", str(tmp_path / "no-model"), "--data", str(tmp_path / "no.jsonl"),
+                 "--out", str(tmp_path / "out"), "--budget", text]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("zfree: error: --budget") and not (tmp_path / "out").exists(), err
+
+
 def test_died_message_names_memory():
     class DeadKernelError(RuntimeError):
         pass

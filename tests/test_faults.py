@@ -39,6 +39,18 @@ Issue 22, item 3 (refusals with one line naming the field):
 | eval_rows/decode_rows: 1e9 on a few rows         | test_eval_and_decode_rows_beyond_the_data_are_recorded_...  |
 | a 45-token tokenizer on a 1000-row embedding     | test_a_tokenizer_far_smaller_than_the_embedding_is_refused |
 | GPT2TokenizerFast(vocab_file=, merges_file=)     | test_a_gpt2_tokenizer_built_from_vocab_files_is_refused   |
+
+Issue 61 (bad inputs nobody tried; the other cases' tests are named beside them):
+
+| case                                             | test                                                      |
+|--------------------------------------------------|-----------------------------------------------------------|
+| --data / --val a folder (train, study, score)    | test_data_given_as_a_folder_is_one_line_naming_it         |
+| a tokenizer without an eos token                 | test_a_tokenizer_without_eos_is_refused_in_one_line_...   |
+| --budget 0                                       | tests/test_estimate.py::test_a_zero_budget_is_refused_... |
+| a damaged notes.json                             | tests/test_study_notes.py::test_a_damaged_notes_json_...  |
+| a 300-character or non-ASCII label key           | tests/test_controls.py::test_an_oracles_folder_name_...   |
+| --out someone else's (non-empty) folder          | tests/test_folder_safety.py::test_zfree_train_refuses_... |
+| W&B offline file read while still being written  | tests/test_live_curves.py::test_wandb_file_is_complete_...|
 """
 
 from __future__ import annotations
@@ -674,3 +686,69 @@ def test_a_gpt2_tokenizer_built_from_vocab_files_is_refused(tmp_path):
         pytest.skip(f"GPT2TokenizerFast built {n_tok} tokens here")
     with pytest.raises(ModelLoadError, match=f"tokenizer has {n_tok} tokens but the embedding table {len(vocab) + 1} rows"):
         load_causal_lm(tmp_path / "m", device="cpu")
+
+
+# --- issue 61: bad inputs nobody tried ---------------------------------------------------------
+
+@pytest.mark.parametrize("argv", [["train", "--data", "{dir}"], ["train", "--data", "{file}", "--val", "{dir}"],
+                                  ["study", "--data", "{dir}"], ["study", "--data", "{file}", "--val", "{dir}"],
+                                  ["score", "--data", "{dir}"]])
+def test_data_given_as_a_folder_is_one_line_naming_it(tiny, tmp_path, capsys, argv):
+    """``--data``/``--val`` a folder: an IsADirectoryError traceback in train, study and score before;
+    now one line naming the option and the folder, exit 2, before any output folder is made."""
+    from zfree.core.errors import InputError
+    from zfree.data.pairs import load_pairs
+
+    data, base = tiny
+    folder = tmp_path / "pairs"
+    folder.mkdir()
+    out = tmp_path / "out"
+    argv = [a.format(dir=folder, file=data / "train.jsonl") for a in argv]
+    assert main([*argv, "--model", str(base / "model"), "--out", str(out)]) == 2
+    flag = argv[argv.index(str(folder)) - 1]
+    assert one_error_line(capsys) == f"zfree: error: {flag} {folder}: a folder, not a file: give one JSONL file of pairs"
+    assert not out.exists()
+    with pytest.raises(InputError, match=rf"^{re.escape(str(folder))}: a folder, not a JSONL file of pairs$"):
+        load_pairs(folder)  # the reader every command uses, for the Python API
+
+
+def _no_eos_model(folder: Path) -> Path:
+    """A tiny GPT-2 (``tests.tiny.tiny_gpt2``'s) saved with the digit tokenizer less its eos token."""
+    from transformers import PreTrainedTokenizerFast
+
+    from tests.tiny import tiny_gpt2
+
+    model, tok = tiny_gpt2()
+    kept = {k: v for k, v in tok.special_tokens_map.items() if k != "eos_token"}
+    no_eos = PreTrainedTokenizerFast(tokenizer_object=tok.backend_tokenizer, model_max_length=1024, **kept)
+    assert no_eos.eos_token_id is None and no_eos.pad_token_id == tok.pad_token_id
+    model.save_pretrained(folder)
+    no_eos.save_pretrained(folder)
+    return folder
+
+
+def test_a_tokenizer_without_eos_is_refused_in_one_line_before_training(tiny, tmp_path, capsys):
+    """issue 61: ``zfree train`` on a model whose tokenizer has no eos token died with a TypeError
+    traceback (``full_like(): ... fill_value NoneType``) at the step-0 sample decoding, every study run the
+    same way; now one line naming the model, exit 2, before the reference is scored or a step is trained."""
+    data, base = tiny
+    model = _no_eos_model(tmp_path / "model")
+    out = tmp_path / "run"
+    assert main(["train", "--model", str(model), "--data", str(data / "train.jsonl"), "--out", str(out),
+                 "--set", "steps=2", "--set", "eval_every=2", "--set", "device=cpu"]) == 2
+    line = one_error_line(capsys)
+    assert line == (f"zfree: error: {model}: its tokenizer has no eos token; zfree ends every y with it (where "
+                    "the CVAE learns y stops, and decoding stops): set eos_token in its tokenizer_config.json "
+                    "to a token of its vocabulary"), line
+    assert not (out / "base").exists() and not (out / "config.json").exists()
+    from zfree.train.training import train_cvae  # the Python API on a base folder holding that model
+
+    (tmp_path / "b").mkdir()
+    shutil.copytree(base, tmp_path / "b" / "base")
+    shutil.rmtree(tmp_path / "b" / "base" / "model")
+    shutil.copytree(model, tmp_path / "b" / "base" / "model")
+    with pytest.raises(Exception, match="its tokenizer has no eos token") as e:
+        train_cvae(TrainConfig.from_flat(tiny_base_flat(data, tmp_path / "b" / "base")), tmp_path / "run2",
+                   progress=False)
+    assert type(e.value).__name__ == "ModelLoadError"
+    assert [f.name for f in (tmp_path / "run2").iterdir()] == [".zfree.lock"]  # no config.json, checkpoint, metrics

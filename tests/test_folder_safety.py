@@ -13,6 +13,7 @@ import pytest
 
 from tests.tiny import tiny_flat
 from zfree.config import TrainConfig
+from zfree.core.locks import LOCK_NAME
 from zfree.core.paths import NOTEBOOKS
 from zfree.experiment.executor import RUN_NOTEBOOK, is_finished, run_point
 from zfree.experiment.spec import Point, run_id
@@ -47,6 +48,7 @@ def test_a_run_in_a_hostile_folder_runs_nothing_of_it_and_writes_through_no_link
     point = Point(run_id(flat), flat)
     run_dir = runs / point.run_id
     plant(run_dir, marks)
+    (run_dir / LOCK_NAME).touch()  # planted into a run folder zfree owns (a foreign one is refused, issue 61)
     target = outside_target(tmp_path, "victim.ipynb")
     (run_dir / RUN_NOTEBOOK).symlink_to(target)
     res = run_point(point, str(runs), str(NOTEBOOKS / "train_cvae.ipynb"))
@@ -247,6 +249,7 @@ def test_no_file_a_run_writes_follows_a_symlink_out_of_its_folder(tiny_run, tmp_
     (outside_dir / "precious.txt").write_text("precious")
     run2 = tmp_path / "run2"
     run2.mkdir()
+    (run2 / LOCK_NAME).touch()  # a run folder zfree owns (a foreign one is refused, issue 61)
     (run2 / "checkpoint").symlink_to(outside_dir, target_is_directory=True)
     with pytest.raises(CheckpointError, match="checkpoint is not a complete checkpoint"):  # refused, in one line
         train_cvae(cfg, run2, progress=False)
@@ -293,3 +296,56 @@ def test_a_full_disk_during_zfree_report_is_one_line_and_keeps_the_last_report(t
     assert code == 2 and len(err) == 1 and err[0].startswith("zfree: error:") and "No space left on device" in err[0]
     assert (study / "report.html").read_text() == "<html>the last report</html>"
     assert not [p.name for p in study.iterdir() if p.suffix == ".ipynb" or ".tmp" in p.name]
+
+
+# ---------------------------------------------------------------------------- issue 61: folders zfree does not own
+
+#: a folder of someone else's, with the names of files a run writes
+FOREIGN = {"summary.json": '{"accuracy": 0.93}\n', "metrics.jsonl": '{"step": 1, "loss": 2.0}\n',
+           "curve.jsonl": "{}\n", "progress.json": '{"epoch": 3}\n', "samples.parquet": "not parquet", "notes.txt": "mine"}
+
+
+@pytest.mark.parametrize("files", [{"summary.json": FOREIGN["summary.json"]}, FOREIGN], ids=["summary", "run-files"])
+def test_zfree_train_refuses_a_non_empty_folder_it_does_not_own(tiny_run, tmp_path, capsys, files):
+    """``--out`` a folder holding someone else's summary.json: `zfree train` exited 0 printing ``{}`` and
+    trained nothing; a folder of someone else's metrics.jsonl, curve.jsonl, ...: overwritten without a
+    word. Now one line naming the folder, exit 2, and every file byte-identical, nothing added."""
+    from zfree.cli import main
+
+    data, base = tiny_run
+    out = tmp_path / "theirs"
+    out.mkdir()
+    for name, text in files.items():
+        (out / name).write_text(text)
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(tiny_flat(data, base, steps=2, eval_every=2, device="cpu")))
+    assert main(["train", "--config", str(config), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"zfree: error: {out} is not empty and not a zfree run folder ("), err
+    assert {p.name: p.read_text() for p in out.iterdir()} == files
+
+
+def test_own_folders_still_train_resume_and_are_reused(tiny_run, tmp_path):
+    """What zfree owns keeps working: an empty folder trains; a stopped run resumes, also as a run
+    folder from before the lock file (config.json, no .zfree.lock); a finished run is returned as it is;
+    `zfree train --model/--data` trains in the folder it split the data into, and its rerun reuses it."""
+    from zfree.cli import main
+    from zfree.core.locks import LOCK_NAME
+    from zfree.train.training import train_cvae
+
+    data, base = tiny_run
+    cfg = TrainConfig.from_flat(tiny_flat(data, base, steps=4, eval_every=2, device="cpu"))
+    run = tmp_path / "empty"
+    run.mkdir()
+    train_cvae(cfg, run, progress=False, stop_after=2)
+    assert not (run / "summary.json").exists() and (run / "config.json").exists()
+    (run / LOCK_NAME).unlink()  # as a run folder of an older zfree
+    done = train_cvae(cfg, run, progress=False)
+    assert [r["step"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())] == [0, 2, 4]
+    assert train_cvae(cfg, run, progress=False) == done
+    own = tmp_path / "own"
+    argv = ["train", "--model", str(base / "model"), "--data", str(data / "train.jsonl"), "--out", str(own),
+            "--set", "steps=2", "--set", "eval_every=2", "--set", "device=cpu"]
+    assert main(argv) == 0 and (own / "summary.json").exists() and (own / "train.jsonl").exists()
+    stamp = (own / "summary.json").stat().st_mtime_ns
+    assert main(argv) == 0 and (own / "summary.json").stat().st_mtime_ns == stamp

@@ -4,8 +4,10 @@ summary.csv with its per-label columns and notes, and notes.json read back."""
 from __future__ import annotations
 
 import json
+import re
 
 import pandas as pd
+import pytest
 
 from zfree.data.pairs import Pair
 from zfree.experiment.study_notes import label_notes, study_notes
@@ -110,3 +112,24 @@ def test_a_label_capped_for_its_oracle_is_noted_when_only_train_holds_its_many_v
     notes = label_notes(val, tmp_path)
     assert (f"label 'many': 5000 values on the train and val rows; its oracle distinguishes the {LABEL_VALUE_CAP - 1} "
             "most frequent over train + val and pools the rest as '<other>'") in notes
+
+
+@pytest.mark.parametrize("damage", [b"", b'{"notes": ["cut', b"[1, 2]", b"\xff\xfe{}"])
+def test_a_damaged_notes_json_is_one_line_naming_the_file(tmp_path, capsys, damage):
+    """issue 61: ``zfree report`` on a study whose notes.json is torn, not an object or not UTF-8 said
+    ``zfree: error: Expecting value: line 1 column 1 (char 0)`` (or a traceback), naming no file."""
+    from zfree.cli import main
+    from zfree.core.errors import InputError
+
+    run = tmp_path / "runs" / "r1"
+    run.mkdir(parents=True)
+    (run / "summary.json").write_text(json.dumps({"weighting": "plain", "beta": 0.3}))
+    notes = tmp_path / "notes.json"
+    notes.write_bytes(damage)
+    with pytest.raises(InputError, match=rf"^{re.escape(str(notes))}: not a study's notes \(.+\); rerun the "
+                                         r"study's command to write it anew, or move it away$"):
+        study_notes(tmp_path)
+    assert main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"zfree: error: {notes}: not a study's notes ("), err
+    assert notes.read_bytes() == damage

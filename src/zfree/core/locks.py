@@ -82,3 +82,36 @@ def run_folder_lock(path: Path | str, what: str = "run folder") -> Iterator[Path
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+#: what marks a folder as zfree's own: the lock file every run, study and runs folder gets on its first
+#: use (it stays after release), or the config.json of a run folder older than the lock (a config.json
+#: of something else is then refused by the config check, ``zfree.train.run_folder.check_same_config``)
+OWNER_MARKS = (LOCK_NAME, "config.json")
+
+
+def check_own_folder(path: Path | str, what: str = "run folder") -> None:
+    """Refuse, in one line naming the folder and a few of its entries, to write into ``path`` when it
+    is a non-empty folder that is not zfree's own (none of ``OWNER_MARKS``): zfree would write its run
+    files (summary.json, metrics.jsonl, ...) over the user's, or take a foreign summary.json for a
+    finished run (issue 61). A missing or empty folder, or one of zfree's, passes. ConfigError."""
+    from zfree.core.errors import ConfigError
+
+    folder = Path(path)
+    if not folder.is_dir() or any(os.path.lexists(folder / m) for m in OWNER_MARKS):
+        return
+    names = sorted(p.name for p in folder.iterdir())
+    if names:
+        shown = ", ".join(names[:4]) + (f", ... ({len(names)} entries)" if len(names) > 4 else "")
+        raise ConfigError(f"{folder} is not empty and not a zfree {what} ({shown}; no {LOCK_NAME} or config.json): "
+                          f"zfree would write its files over these; give a new or empty folder")
+
+
+def claim_folder(path: Path | str, what: str = "run folder") -> Path:
+    """``check_own_folder``, then mark ``path`` as zfree's own (created if missing) by taking and
+    releasing its lock: for a caller that writes into the folder before the code that locks it
+    (the split of ``zfree train --data``, a notebook executed into a study's run folder)."""
+    check_own_folder(path, what)
+    with run_folder_lock(path, what):
+        pass
+    return Path(path)

@@ -111,11 +111,14 @@ def runs_home() -> Path:
 #: the options (argparse dests) that name a file, folder or model; positional ones print bare
 PATH_ARGS = ("out", "data", "val", "model", "spec", "config", "resume", "src", "base", "init_from", "cache_dir", "study_dir")
 POSITIONAL = {("sweep", "spec"), ("report", "study_dir")}
+#: the (command, option) pairs that name one JSONL file of pairs (never a folder)
+JSONL_ARGS = {("train", "data"), ("train", "val"), ("study", "data"), ("study", "val"), ("score", "data")}
 
 
 def check_path_args(args) -> None:
     """Refuse, naming the option, a path given empty (``--out ""``, as an unset ``$OUT`` gives:
-    it would write into the current folder) or with a name longer than the file system takes."""
+    it would write into the current folder) or with a name longer than the file system takes, and a
+    folder given where a JSONL file of pairs is read (``JSONL_ARGS``), before any output folder is made."""
     for dest in PATH_ARGS:
         value = getattr(args, dest, None)
         if value is None:
@@ -126,3 +129,5 @@ def check_path_args(args) -> None:
                               f"{'folder' if dest in ('out', 'resume', 'study_dir', 'cache_dir') else 'path'}"
                               f"{'; it would write into the current folder' if dest == 'out' else ''}")
         check_name_length(value, flag)
+        if (args.cmd, dest) in JSONL_ARGS and Path(value).is_dir():
+            raise ConfigError(f"{flag} {value}: a folder, not a file: give one JSONL file of pairs")

@@ -113,11 +113,13 @@ def load_pairs(path: Path | str, limit: int | None = None) -> list[Pair]:
     surrogate (an unpaired ``\\ud800``-style escape) in any string field, or a duplicated id. Rows without
     ``id`` get ``"<file stem>-<line>"``; ``labels``, when present, must be a flat object of strings
     or integers with one type per key across the file (ValueError naming file, line and
-    ``labels.<key>`` otherwise). FileNotFoundError if the file is missing.
+    ``labels.<key>`` otherwise) or a folder given as the file. FileNotFoundError if the file is missing.
     """
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"data file {path} does not exist")
+    if path.is_dir():
+        raise InputError(f"{path}: a folder, not a JSONL file of pairs")
     pairs: list[Pair] = []
     seen: set[str] = set()
     label_types: dict[str, tuple[type, str]] = {}

@@ -36,18 +36,25 @@ MIN_STEPS = 10
 
 def parse_budget(text: str | None) -> float | None:
     """``--budget`` text -> seconds: ``15m``, ``1h``, ``90s``, ``1h30m`` or a bare number of minutes;
-    ``none``/``0`` -> None (no budget). Raises ConfigError naming ``--budget`` otherwise."""
+    ``none``/``off`` -> None (no budget). Raises ConfigError naming ``--budget`` otherwise, and for a
+    zero however written (``0``, ``0m``, ``0h0m``): it would fit no run, and ``0`` read as "no budget"
+    would start the whole grid without a word (issue 61)."""
     import re
 
-    if text is None or str(text).strip().lower() in ("none", "0", "off"):
+    if text is None or str(text).strip().lower() in ("none", "off"):
         return None
     t = str(text).strip().lower()
     if re.fullmatch(r"\d+(\.\d+)?", t):
-        return float(t) * 60
-    parts = re.findall(r"(\d+(?:\.\d+)?)([hms])", t)
-    if not parts or "".join(a + b for a, b in parts) != t:
-        raise ConfigError(f"--budget {text!r}: give a duration such as 15m, 1h, 1h30m, 900s (or none)")
-    return sum(float(a) * {"h": 3600, "m": 60, "s": 1}[b] for a, b in parts)
+        seconds = float(t) * 60
+    else:
+        parts = re.findall(r"(\d+(?:\.\d+)?)([hms])", t)
+        if not parts or "".join(a + b for a, b in parts) != t:
+            raise ConfigError(f"--budget {text!r}: give a duration such as 15m, 1h, 1h30m, 900s (or none)")
+        seconds = sum(float(a) * {"h": 3600, "m": 60, "s": 1}[b] for a, b in parts)
+    if seconds == 0:
+        raise ConfigError(f"--budget {text!r}: a zero budget fits no run; give a duration such as 15m, 1h, "
+                          f"1h30m, 900s or none (no budget)")
+    return seconds
 
 
 def _scaled(d: dict, f: float, floor: int = 10) -> dict:

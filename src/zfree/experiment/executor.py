@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 from zfree.config import check_run_inputs
 from zfree.core.io import atomic_write_json
-from zfree.core.locks import run_folder_lock
+from zfree.core.locks import claim_folder, run_folder_lock
 from zfree.core.paths import NOTEBOOKS, PATH_FIELDS, resolve_path
 from zfree.experiment.memory_watch import KernelWatch, died_message
 from zfree.experiment.notebook_exec import execute, is_whole
@@ -69,10 +69,10 @@ def run_point(point: Point, runs_dir: str, notebook: str) -> dict[str, Any]:
     run_dir = Path(runs_dir) / point.run_id
     if is_finished(run_dir):
         return {"run_id": point.run_id, "status": "skipped"}
-    run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "error.json").unlink(missing_ok=True)
     watch = KernelWatch()
     try:
+        claim_folder(run_dir)  # zfree's own before the notebook is written there (train_cvae checks the folder)
         if os.environ.get("SUBMITIT_EXECUTOR"):  # a cluster job: its id and log in the run folder (job.json)
             from zfree.experiment.cluster import record_job
 

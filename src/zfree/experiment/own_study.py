@@ -37,6 +37,7 @@ from typing import Any
 from zfree.config import TrainConfig
 from zfree.core.errors import ConfigError
 from zfree.core.io import read_yaml
+from zfree.core.locks import claim_folder
 from zfree.experiment.catalog import preset_catalog
 from zfree.experiment.pipeline import run_experiment
 from zfree.experiment.sources import link_model, split_data, write_reference
@@ -133,8 +134,7 @@ def own_train_config(model: str, data: Path | str, out_dir: Path | str, *, val: 
     """``zfree train --model M --data F --out RUN``: steps 1-3 of the study into ``RUN/`` (split,
     base link, reference), then the ``TrainConfig`` of one CVAE there (``RUN`` is also the run folder);
     the split's notes (unconditional text, a split by row) are printed."""
-    out = Path(out_dir).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    out = claim_folder(Path(out_dir).resolve())  # made zfree's own before the split is written into it
     for note in split_data(data, out, val=val).notes:
         print(f"note: {note}", flush=True)
     base = link_model(model, out)

@@ -20,6 +20,7 @@ from zfree.evaluate.latent_stats import label_warnings
 from zfree.experiment.controls import LINKS_FILE
 from zfree.experiment.gains import GAIN_COLUMNS, oracle_table, run_gains
 from zfree.experiment.study_folders import check_folder, given_kind
+from zfree.experiment.study_notes import study_notes
 from zfree.objective.theory import predict_curve
 from zfree.train.run_folder import resolved_flat
 
@@ -130,7 +131,7 @@ def study_summary(study_dir: Path | str) -> pd.DataFrame:
     d = Path(study_dir)
     runs = collect_runs(d / "runs")
     if (d / "notes.json").exists():  # the study's notes, then the label warnings of its (shared) evaluated rows
-        notes = [*read_json(d / "notes.json").get("notes", []), *label_warnings(runs.iloc[0] if len(runs) else {})]
+        notes = [*study_notes(d).get("notes", []), *label_warnings(runs.iloc[0] if len(runs) else {})]
         tab = summary_with_labels(runs, notes)
     else:
         tab = summary_table(runs)

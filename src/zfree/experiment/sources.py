@@ -34,7 +34,7 @@ from zfree.data.split import (Split, is_unconditional, shared_x_count, split_pai
                               unconditional_note, without_x, write_pairs)
 from zfree.data.synth import write_benchmark
 from zfree.experiment.spec import BaseSource, DataSource
-from zfree.models.loading import load_causal_lm, resolve_source
+from zfree.models.loading import check_eos, load_causal_lm, resolve_source
 from zfree.reference.reference import Reference, build_reference, load_reference
 from zfree.train.base_training import train_base, train_text_base
 
@@ -191,7 +191,7 @@ def link_model(model: str, out: Path) -> Path:
             raise InputError(f"{link} exists and points to {rec.get('target', link.resolve())}, not {target}; "
                              "use a new --out")
         return base
-    load_causal_lm(target, device="cpu", dtype="float32")  # refuse a bad model before writing
+    check_eos(load_causal_lm(target, device="cpu", dtype="float32")[1], model)  # refuse a bad model before writing
     base.mkdir(parents=True, exist_ok=True)
     if target.suffix == ".gguf":
         link.mkdir()

@@ -78,16 +78,36 @@ def portable(flat: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+#: the longest label a run id names as it is (ASCII only); a longer or non-ASCII one is named by its hash.
+#: Every ASCII label of an existing study keeps its folder: up to 226 characters fit a 255-byte name
+#: with "oracle-" and "_distribution_<8 hex>", and none longer ever trained
+LABEL_NAME_MAX = 200
+
+
+def label_name(label: str) -> str:
+    """The label's part of an oracle's run id: an ASCII label of at most ``LABEL_NAME_MAX`` characters as
+    it always was (``*`` written ``x``, any other character but ``A-Za-z0-9_.-`` as ``-``), so existing
+    studies resume; a longer or non-ASCII one as its first ASCII characters (at most 24) and 10 hex of
+    the sha256 of its UTF-8, a name every file system takes (a 300-character key was "File name too
+    long", issue 61). The label itself is kept in the config (``latent_source``)."""
+    text = label.replace("*", "x")
+    if text.isascii() and len(text) <= LABEL_NAME_MAX:
+        return re.sub(r"[^A-Za-z0-9_.-]", "-", text)
+    digest = hashlib.sha256(label.encode("utf-8", "surrogatepass")).hexdigest()[:10]
+    head = re.sub(r"[^A-Za-z0-9_.-]+", "-", text)[:24].strip("-")
+    return f"{head}-{digest}" if head else digest
+
+
 def run_id(flat: dict[str, Any]) -> str:
     """Stable id: ``<weighting>_beta<beta>[_<aid>]_<8 hex of the sha256 of the sorted flat config>``
     (without ``zfree.config.LOG_ONLY_FIELDS``)
     (its data and base folders by what they hold: ``portable``); a given-z run (``latent_source``):
-    ``control_<weighting>_<hash>`` or ``oracle-<key>_<weighting>_<hash>`` (a joint key's ``*`` written ``x``)."""
+    ``control_<weighting>_<hash>`` or ``oracle-<label_name(key)>_<weighting>_<hash>``."""
     h = hashlib.sha256(json.dumps(without_log_only(portable(flat)), sort_keys=True).encode()).hexdigest()[:8]
     src = LatentSource.parse(flat.get("latent_source"))
     if src.given:
         name = "control" if src.kind == "control" else \
-            ("oracle-" if src.kind == "label" else "null-") + re.sub(r"[^A-Za-z0-9_.-]", "-", src.label.replace("*", "x"))
+            ("oracle-" if src.kind == "label" else "null-") + label_name(src.label)
         return f"{name}_{flat['weighting']}_{h}"
     aid = flat.get("aid", "none")
     prefix = f"{flat['weighting']}_beta{flat['beta']:g}" + ("" if aid in (None, "none") else f"_{aid}")

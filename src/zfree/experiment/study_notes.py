@@ -9,6 +9,7 @@ from pathlib import Path
 
 from zfree.data.labels import LABEL_VALUE_CAP, OTHER, label_keys_of
 from zfree.data.pairs import Pair, load_pairs
+from zfree.core.errors import InputError
 from zfree.core.io import read_json
 
 
@@ -72,6 +73,19 @@ def context_of_y(ref_meta: dict) -> str:
 
 
 def study_notes(study_dir: Path | str) -> dict:
-    """``notes.json`` of a study folder ({} when absent), for the report."""
+    """``notes.json`` of a study folder ({} when absent), for the report and summary.csv. InputError in
+    one line naming the file when it is not a JSON object (torn, hand-edited, not UTF-8): each run of
+    the study's command writes it anew (``zfree.experiment.pipeline``)."""
     p = Path(study_dir) / "notes.json"
-    return json.loads(p.read_text()) if p.exists() else {}
+    if not p.exists():
+        return {}
+    try:
+        obj = json.loads(p.read_text(encoding="utf-8"))
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
+        obj = e
+    if not isinstance(obj, dict):
+        why = f"{type(obj).__name__}: {str(obj).splitlines()[0][:120]}" if isinstance(obj, Exception) else \
+            f"a JSON object expected, got {type(obj).__name__}"
+        raise InputError(f"{p}: not a study's notes ({why}); rerun the study's command to write it anew, "
+                         f"or move it away")
+    return obj

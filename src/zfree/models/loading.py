@@ -176,6 +176,17 @@ def align_gguf_special_tokens(tok, gguf_path: Path | str, log=print) -> list[str
     return changes
 
 
+def check_eos(tokenizer, name: Path | str) -> None:
+    """ModelLoadError naming the model ``name`` when ``tokenizer`` has no eos token. zfree ends every y
+    with it (``zfree.data.batching``: the supervised region S = y + [eos]), so the CVAE learns where y
+    stops and decoding stops there; a model without one is refused before anything is scored or trained
+    rather than given a made-up token (a new vocabulary entry the frozen model never saw)."""
+    if tokenizer.eos_token_id is None:
+        raise ModelLoadError(f"{name}: its tokenizer has no eos token; zfree ends every y with it (where the CVAE "
+                             "learns y stops, and decoding stops): set eos_token in its tokenizer_config.json "
+                             "to a token of its vocabulary")
+
+
 def load_causal_lm(source: Path | str, *, device: str | torch.device = "auto", dtype: str = "auto",
                    trust_remote_code: bool = False, verify: bool = True):
     """Load ``(model, tokenizer)`` of a causal LM for zfree, model in eval mode on ``device``.

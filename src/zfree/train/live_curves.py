@@ -55,11 +55,25 @@ class LiveCurves:
             self._wandb.log(values, step=step)
 
     def close(self) -> None:
-        """Flush and close the event file; finish the W&B run (its offline files complete)."""
+        """Flush and close the event file; finish the W&B run and wait until its offline files are complete
+        (``_join_wandb_service``)."""
         if self._w is not None:
             self._w.close()
         if self._wandb is not None:
             self._wandb.finish()
+            _join_wandb_service()
+
+
+def _join_wandb_service() -> None:
+    """Wait until W&B's service process has written and closed every file of the finished run:
+    ``finish()`` only sends the service a close message that has no reply, so the offline ``.wandb``
+    file could still lack its records when it returns (issue 61). ``wandb.teardown()`` joins the
+    service (a later run starts a new one). Skipped while another W&B run of this process is still
+    open (teardown would finish it too): that file then completes when the service gets to it."""
+    import wandb
+
+    if getattr(wandb.setup(), "most_recent_active_run", "unknown") is None:
+        wandb.teardown()
 
 
 def wandb_id(out: Path) -> str:

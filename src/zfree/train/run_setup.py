@@ -18,7 +18,7 @@ from zfree.config import LatentKind, TrainConfig, check_run_inputs
 from zfree.models.base import load_base
 from zfree.models.continuous import ContinuousCVAE
 from zfree.models.discrete import DiscreteCVAE
-from zfree.models.loading import pick_device
+from zfree.models.loading import check_eos, pick_device
 from zfree.models.lora import apply_lora
 from zfree.models.precision import WEIGHT_DTYPES, default_dtype
 from zfree.objective.objectives import Phase
@@ -180,6 +180,7 @@ def setup_run(cfg: TrainConfig, out: Path, progress: bool) -> Run:
     data_dir, base_dir = check_run_inputs(cfg.data_dir, cfg.base_dir)
     run_folder.check_same_config(out, cfg)
     backbone, tok = load_base(base_dir / "model", device=cfg.optim.device, dtype=WEIGHT_DTYPES[cfg.optim.precision])
+    check_eos(tok, base_dir / "model")  # every y ends with it, and decoding stops there
     ref = resolve_reference(cfg.objective.c_base_source, base_dir, data_dir, "val", model=backbone, tokenizer=tok)
     run_folder.check_same_base(out, backbone, base_dir)
     train_ref = (resolve_reference("pretrained_source", base_dir, data_dir, "train", model=backbone, tokenizer=tok)

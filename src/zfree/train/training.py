@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from zfree.config import TrainConfig
 from zfree.core.errors import Interrupted
-from zfree.core.locks import run_folder_lock
+from zfree.core.locks import check_own_folder, run_folder_lock
 from zfree.core.paths import check_out_dir
 from zfree.core.values import check_device
 from zfree.data.batching import collate
@@ -164,7 +164,8 @@ def train_cvae(cfg: TrainConfig, out_dir: Path | str, progress: bool = True, sto
     A finished run folder is returned as is only when it holds this config. Raises
     FileNotFoundError / ValueError naming the file or field for a bad base run or data folder;
     ResumeRefusedError (a ValueError) for a folder of another config, finished or not;
-    LockHeldError when another process owns the folder; ConfigError for an unavailable device;
+    LockHeldError when another process owns the folder; ConfigError for an unavailable device, or
+    for a non-empty folder that is not zfree's (``zfree.core.locks.check_own_folder``: nothing written);
     CheckpointError when no checkpoint of the folder loads (a damaged one falls back to the
     previous one with a warning naming the file); NonFiniteLossError / NonFiniteMetricError
     (after saving ``error.json``, the last good checkpoint kept) if the loss or an evaluation
@@ -173,6 +174,7 @@ def train_cvae(cfg: TrainConfig, out_dir: Path | str, progress: bool = True, sto
     check_device(cfg.optim.device)
     check_out_dir(out_dir)
     out = Path(out_dir)
+    check_own_folder(out)  # a non-empty folder of someone else's is never written into
     with run_folder_lock(out, "run folder"):
         return _train_locked(cfg, out, progress, stop_after)
 
