@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+
 import pandas as pd
 
 from zfree.experiment.gains import GAIN_COLUMNS
@@ -42,8 +44,14 @@ def test_smoke_study_writes_every_artifact(smoke):
 def test_a_study_of_one_seed_says_1_seed_and_reads_its_readouts(smoke):
     """The smoke study trains one seed: seed_gains.csv has one seed per cell and the report says "1 seed"
     (no interval over seeds); every run carries the readouts and the gains their net columns (issue 54)."""
+    from zfree.experiment.leaderboard import cell_key
+    from zfree.experiment.seed_stats import seed_gains_from_rows
+
     seeds = pd.read_csv(smoke / "seed_gains.csv")
     assert (seeds["n_seeds"] == 1).all() and seeds["z_gain_t_lo"].isna().all()
+    rows = pd.read_parquet(smoke / "seed_rows.parquet")  # the per-row table it is computed from, recomputed
+    again = seed_gains_from_rows(rows, [c for c in cell_key(rows) if c in rows])
+    pd.testing.assert_frame_equal(pd.read_csv(io.StringIO(again.to_csv(index=False))), seeds, atol=1e-12)
     html = (smoke / "report.html").read_text()
     assert "<strong>1 seed</strong>" in html and "Over seeds: the paired test" in html
     gains = pd.read_csv(smoke / "gains.csv")

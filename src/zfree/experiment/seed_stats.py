@@ -29,6 +29,8 @@ from scipy import stats
 from zfree.core.io import atomic_write_text
 
 SEED_GAINS_FILE = "seed_gains.csv"
+#: the per-row paired table seed_gains.csv is computed from (``paired_rows``), written beside it
+SEED_ROWS_FILE = "seed_rows.parquet"
 CONFIDENCE = 0.95
 N_BOOT = 2000
 #: the equivalence margin of the net gain's TOST, nats per example
@@ -85,44 +87,61 @@ def two_stage_bootstrap(row_values: list[np.ndarray], n_boot: int = N_BOOT, seed
     return float(np.quantile(means, a)), float(np.quantile(means, 1 - a))
 
 
-def _row_values(study_dir: Path, run_id: str, control_id: str) -> dict[str, np.ndarray]:
-    """Per evaluated row, the paired differences behind each of ``QUANTITIES`` (module docstring)."""
+def _row_values(study_dir: Path, run_id: str, control_id: str) -> pd.DataFrame:
+    """Per evaluated row (index id), the paired differences behind each of ``QUANTITIES`` (module docstring)."""
     from zfree.experiment.gains import _paired, _per_example
 
     runs = Path(study_dir) / "runs"
     pr, pc = _paired(_per_example(str(runs / run_id)), _per_example(str(runs / control_id)))
     D, Dc = pr["D"].to_numpy(), pc["D"].to_numpy()
-    return {"z_gain": Dc - D, "net_gain": Dc - pr["marginal_nll"].to_numpy(),
-            "use_shuffled": pr["d_shuffled"].to_numpy() - D, "gain_minus_rate": Dc - D - pr["kl"].to_numpy(float)}
+    return pd.DataFrame({"z_gain": Dc - D, "net_gain": Dc - pr["marginal_nll"].to_numpy(),
+                         "use_shuffled": pr["d_shuffled"].to_numpy() - D,
+                         "gain_minus_rate": Dc - D - pr["kl"].to_numpy(float)}, index=pr.index.rename("id"))
 
 
-def seed_gains_table(study_dir: Path | str, summary: pd.DataFrame) -> pd.DataFrame:
-    """One row per cell of the study's CVAE runs (``summary``: summary.csv's rows, with the gain
-    columns): the key, ``n_seeds``, ``seeds``, and per quantity its mean over seeds with the t-interval
-    (``<q>_t_lo``, ``<q>_t_hi``), one-sided p (``<q>_p``) and the two-stage bootstrap interval
-    (``<q>_boot_lo``, ``<q>_boot_hi``); ``net_gain_tost_p``. Empty without controls."""
+def paired_rows(study_dir: Path | str, summary: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """The long per-row table the seed-level analysis reads (and a study ships as ``SEED_ROWS_FILE``: no
+    machine path): one row per (CVAE run, evaluated row) with the cell key, seed, run and control ids and
+    the paired per-row differences of ``QUANTITIES``; and the cell key's columns. Empty without controls."""
     from zfree.experiment.leaderboard import _prepared, cell_key
 
     s = _prepared(summary)
     if s.empty or "control_run_id" not in s or s["control_run_id"].isna().all():
-        return pd.DataFrame()
+        return pd.DataFrame(), []
+    s = s[s["control_run_id"].notna()]
     key = cell_key(s)
-    rows = []
-    for k, g in s[s["control_run_id"].notna()].groupby(key, dropna=False, sort=False):
-        g = g.sort_values("seed")
+    parts = [_row_values(Path(study_dir), r["run_id"], r["control_run_id"]).reset_index().assign(
+        **{k: r[k] for k in key}, seed=int(r["seed"]), run_id=r["run_id"], control_run_id=r["control_run_id"])
+        for _, r in s.iterrows()]
+    return pd.concat(parts, ignore_index=True), key
+
+
+def seed_gains_from_rows(rows: pd.DataFrame, key: list[str]) -> pd.DataFrame:
+    """One row per cell of ``rows`` (``paired_rows``): the key, ``n_seeds``, ``seeds``, and per quantity its
+    mean over seeds with the t-interval (``<q>_t_lo``, ``<q>_t_hi``), one-sided p (``<q>_p``), the two-stage
+    bootstrap interval (``<q>_boot_lo``, ``<q>_boot_hi``) and the per-seed values; ``net_gain_tost_p``."""
+    out = []
+    for k, g in rows.groupby(key, dropna=False, sort=False):
         row = dict(zip(key, k if isinstance(k, tuple) else (k,)))
-        row.update(n_seeds=int(g["seed"].nunique()), seeds=" ".join(str(int(x)) for x in g["seed"]),
-                   run_ids=" ".join(g["run_id"]))
-        per_row = [_row_values(Path(study_dir), r["run_id"], r["control_run_id"]) for _, r in g.iterrows()]
+        by_seed = [(seed, gs) for seed, gs in g.groupby("seed", sort=True)]
+        row.update(n_seeds=len(by_seed), seeds=" ".join(str(int(x)) for x, _ in by_seed),
+                   run_ids=" ".join(gs["run_id"].iloc[0] for _, gs in by_seed))
         for q in QUANTITIES:
-            per_seed = [float(np.mean(v[q])) for v in per_row]
+            per_seed = [float(gs[q].mean()) for _, gs in by_seed]
             t = t_interval(per_seed)
-            lo, hi = two_stage_bootstrap([v[q] for v in per_row if np.isfinite(v[q]).all()])
+            lo, hi = two_stage_bootstrap([gs[q].to_numpy() for _, gs in by_seed if np.isfinite(gs[q]).all()])
             row.update({q: t["mean"], f"{q}_t_lo": t["lo"], f"{q}_t_hi": t["hi"], f"{q}_p": t["p"],
                         f"{q}_boot_lo": lo, f"{q}_boot_hi": hi, f"{q}_per_seed": " ".join(f"{x:.4f}" for x in per_seed)})
-        row["net_gain_tost_p"] = tost_p([float(np.mean(v["net_gain"])) for v in per_row])
-        rows.append(row)
-    return pd.DataFrame(rows)
+        row["net_gain_tost_p"] = tost_p([float(gs["net_gain"].mean()) for _, gs in by_seed])
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def seed_gains_table(study_dir: Path | str, summary: pd.DataFrame) -> pd.DataFrame:
+    """``seed_gains_from_rows`` of the study's ``paired_rows`` (``summary``: summary.csv's rows with the
+    gain columns). Empty without controls."""
+    rows, key = paired_rows(study_dir, summary)
+    return seed_gains_from_rows(rows, key) if len(rows) else pd.DataFrame()
 
 
 def seeds_text(n_seeds: int) -> str:
@@ -131,8 +150,14 @@ def seeds_text(n_seeds: int) -> str:
 
 
 def write_seed_gains(study_dir: Path | str, summary: pd.DataFrame) -> pd.DataFrame:
-    """``study_dir/seed_gains.csv`` (``seed_gains_table``), written when the study has controls; returns it."""
-    tab = seed_gains_table(study_dir, summary)
-    if not tab.empty:
-        atomic_write_text(Path(study_dir) / SEED_GAINS_FILE, tab.to_csv(index=False))
+    """``study_dir/seed_gains.csv`` (``seed_gains_from_rows``) and the per-row table it is computed from,
+    ``seed_rows.parquet`` (``paired_rows``), written when the study has controls; returns the table."""
+    from zfree.core.io import atomic_write_parquet
+
+    rows, key = paired_rows(study_dir, summary)
+    if not len(rows):
+        return pd.DataFrame()
+    tab = seed_gains_from_rows(rows, key)
+    atomic_write_parquet(Path(study_dir) / SEED_ROWS_FILE, rows)
+    atomic_write_text(Path(study_dir) / SEED_GAINS_FILE, tab.to_csv(index=False))
     return tab
