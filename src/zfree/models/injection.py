@@ -1,4 +1,5 @@
-"""Decoder passes with a latent vector added to the input embeddings, shared by both CVAEs (DESIGN §3).
+"""Decoder passes with a latent vector added to the input embeddings, shared by both CVAEs
+(docs/concepts/problem.md#models).
 
 The latent enters as an additive vector ``u`` (discrete: the embedding e_k of value k; continuous:
 the projection W z of a sample) at the separator and at every position that predicts a y token.
