@@ -6,6 +6,8 @@ whitespace collapsed), with how it is checked:
 
 - ``make -n``: the default tier runs ``make -n`` with the same arguments (make's own dry run: the
   recipe is printed, not run), and the ``zfree`` commands it would run parse with the real parser;
+- ``print-only``: the default tier runs it with ``--print-only`` (``zfree lab``: the notebooks
+  copied, the command printed, no server started), from a folder holding the study it names;
 - ``tiny``: the default tier runs it, in process, on a tiny GPT-2 saved as a transformers folder,
   the shipped benchmark's validation rows as the pairs, and the cost fields of ``TINY_SET`` appended
   (``--set``: the command's own options are kept);
@@ -55,6 +57,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "make lab STUDY=runs/study-default": ("make -n", ""),
     'make lab LAB_ARGS="--port=9999"': ("make -n", ""),
     "ssh -N -L 8888:127.0.0.1:8888 USER@HOST": ("skip", "an SSH tunnel to the reader's own remote host"),
+    "zfree lab runs/study-smoke --no-browser": ("print-only", ""),
     # docs/tutorials/own-model.md
     ".venv/bin/zfree study --model MODEL --data pairs.jsonl --out runs/own":
         ("skip", "the own grid sized to its 20-minute budget; the own_smoke and spec studies run the same pipeline"),
@@ -119,7 +122,7 @@ def test_every_documented_command_is_marked():
     stale = sorted(set(COMMANDS) - shown)
     assert not stale, f"COMMANDS entries no page shows any more: {stale}"
     for command, (how, why) in COMMANDS.items():
-        assert how in ("make -n", "tiny", "slow", "skip"), command
+        assert how in ("make -n", "print-only", "tiny", "slow", "skip"), command
         assert how not in ("slow", "skip") or why, f"{command}: a slow or skipped command says why"
 
 
@@ -161,6 +164,22 @@ def test_a_make_command_dry_runs(command):
         assert f"ZFREE_STUDY={ROOT / study}" in recipe, recipe
     if "LAB_ARGS=" in command:
         assert "--port=9999" in recipe
+
+
+def test_a_print_only_command_runs(tmp_path, monkeypatch, capsys):
+    """``zfree lab STUDY``, as shown plus ``--print-only``, from a folder holding that study: the
+    notebooks are copied to its lab folder, and the command names the study."""
+    from zfree.cli import main
+
+    commands = [c for c, (how, _) in COMMANDS.items() if how == "print-only"]
+    assert commands
+    monkeypatch.chdir(tmp_path)
+    for command in commands:
+        args = _zfree_args(command)
+        (tmp_path / args[1] / "runs").mkdir(parents=True)  # the study it names
+        assert main(args + ["--print-only"]) == 0, command
+        assert f"ZFREE_STUDY={tmp_path / args[1]}" in capsys.readouterr().out
+        assert (tmp_path / "zfree-lab" / "explore.ipynb").is_file()
 
 
 def test_the_own_model_train_command_runs_on_a_tiny_model(tmp_path, monkeypatch):
