@@ -137,6 +137,22 @@ def test_docs_and_docstrings_cite_only_what_the_project_holds():
     assert cites and all((DOCS / c).is_file() for c in cites), cites
 
 
+def test_the_live_how_to_and_the_results_loaders_are_in_the_site():
+    """Issue 60: TensorBoard and W&B were documented only in the SLURM tutorial, and the API reference
+    skipped the results loaders. The how-to names the config fields the code reads; the API page
+    renders load_sweep and ExploreLab; both are in the navigation."""
+    from zfree.config.optim import OptimConfig
+
+    nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    assert "howto/live.md" in nav and "reference/api/results.md" in nav
+    live = (DOCS / "howto" / "live.md").read_text(encoding="utf-8")
+    assert {"tensorboard", "wandb"} <= {f.name for f in fields(OptimConfig)}
+    assert "--set tensorboard=false" in live and "--set wandb=offline" in live and "wandb sync" in live
+    assert "pip install 'zfree[wandb]'" in live and "live.md" in (DOCS / "howto" / "index.md").read_text(encoding="utf-8")
+    api = (DOCS / "reference" / "api" / "results.md").read_text(encoding="utf-8")
+    assert "::: zfree.experiment.results.load_sweep" in api and "::: zfree.report.explore.ExploreLab" in api
+
+
 def test_presets_page_lists_every_preset(gen):
     from zfree.experiment.catalog import preset_catalog
 
@@ -203,6 +219,8 @@ def test_mkdocs_build_is_strict_clean(tmp_path, gen):
     log = res.stdout + res.stderr
     assert res.returncode == 0 and "WARNING" not in log, log[-4000:]
     assert (tmp_path / "site" / "reference" / "config.html").is_file()
+    api = (tmp_path / "site" / "reference" / "api" / "results.html").read_text(encoding="utf-8")
+    assert 'id="zfree.experiment.results.load_sweep"' in api and 'id="zfree.report.explore.ExploreLab"' in api
     remote = re.compile(r'<(?:script|img)[^>]+src="(?:https?:)?//|<link[^>]+href="(?:https?:)?//[^"]*"[^>]*stylesheet'
                         r'|<link[^>]+stylesheet[^>]+href="(?:https?:)?//')
     pages = [p for p in (tmp_path / "site").rglob("*.html") if remote.search(p.read_text(encoding="utf-8"))]
