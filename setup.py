@@ -5,7 +5,7 @@ installed wheel and the repository root in a clone, so every path derived from i
 ``zfree:<path>`` (``zfree:data/synth/default``), names the same file in both. The metadata and the
 package list are in pyproject.toml; this file only adds the step.
 
-Why copied at build time rather than notebooks/ and data/ moved under src/zfree: DESIGN §4 keeps the
+Why copied at build time rather than notebooks/ and data/ moved under src/zfree: the layout (docs/reference/layout.md) keeps the
 recipes (notebooks, specs, data) beside the package, not in it; ``zfree:`` paths stored in existing run
 folders are written from the clone root; src/zfree/data is already the data-pipeline subpackage; and
 the Makefile, JupyterLab's root, the nbstripout filter, the tests and the docs all name notebooks/ and

@@ -11,7 +11,7 @@
 # %% [markdown]
 # # Effective β per example
 #
-# Dividing the objective by w·|S| gives β_eff(x, y) = β·|S|/w (DESIGN §1): plain β·|S|,
+# Dividing the objective by w·|S| gives β_eff(x, y) = β·|S|/w (docs/concepts/theory.md): plain β·|S|,
 # distribution β·|S|·c_base (seed 000), example β·|S|·(b + ε) (seed 002). Theory: z is worth
 # using on an example iff β_eff < η, η = 1 on the synthetic benchmark; where a label oracle measured
 # an exchange rate η (the available-gain table), the dotted red line is that rule. Left and middle: how β_eff spreads against the z-free

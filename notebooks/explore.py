@@ -21,7 +21,7 @@
 # range × weightings × seeds) into `<study>/launched` on the local process pool, so the study's own
 # runs and report stay as they were; the explorer shows both folders (source: study, launched) and
 # refreshes as each run finishes. `stop` ends the workers and keeps the finished runs. Open with
-# `make lab` (`make lab STUDY=DIR` opens on DIR). Papermill runs this notebook with
+# `make lab` (`make lab STUDY=DIR` opens on DIR), or `zfree lab [DIR]` from an install. Papermill runs this notebook with
 # `interactive = False`, which shows the study's runs and skips the widgets.
 
 # %% tags=["parameters"]

@@ -11,7 +11,7 @@
 # %% [markdown]
 # # The phase diagram: β against the reconstruction weight w
 #
-# One square per run at (β, w), w the mean reconstruction weight of its objective (DESIGN §1):
+# One square per run at (β, w), w the mean reconstruction weight of its objective (docs/concepts/weightings.md):
 # `plain` is the row w = 1, `distribution` the row w = 1/c_base (marked on the axis), `example`
 # (w = 1/(b + ε) per example, placed at its mean) a reference row. Theory (`zfree.objective.theory`)
 # predicts z is used where β_eff = β·|S|/w < 1; for a scalar w that boundary is the solid line

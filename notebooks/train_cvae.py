@@ -11,9 +11,9 @@
 # %% [markdown]
 # # Train one CVAE
 #
-# One run of the shared discrete CVAE (DESIGN §3) under the objective of DESIGN §1.
+# One run of the shared discrete CVAE (docs/concepts/problem.md) under the objective of docs/concepts/weightings.md.
 # The parameters cell maps one to one onto the flat `zfree.config.TrainConfig`; papermill
-# overrides it. The run folder (DESIGN §5) is the output; this notebook only shows it.
+# overrides it. The run folder (docs/reference/artifacts.md) is the output; this notebook only shows it.
 
 # %% tags=["parameters"]
 out_dir = "runs/train_cvae_example"  # the run folder

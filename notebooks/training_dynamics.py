@@ -13,7 +13,7 @@
 #
 # For the chosen runs: the share of the objective of each term, KL, ρ_recon and alignment over
 # the evaluation steps. From a zero latent injection every latent value gives the same loss, so
-# the posterior gets gradient only from the KL (DESIGN §1): the KL typically falls below the
+# the posterior gets gradient only from the KL (docs/concepts/aids.md): the KL typically falls below the
 # collapse line (0.05 nats, dotted vertical per run) within the first evaluations.
 
 # %% tags=["parameters"]

@@ -34,7 +34,7 @@ os.environ.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_
                    "JUPYTER_DATA_DIR": os.path.join(_SCRATCH, "jupyter-data"),
                    "JUPYTER_RUNTIME_DIR": os.path.join(_SCRATCH, "jupyter-runtime"),
                    "JUPYTER_CONFIG_DIR": os.path.join(_SCRATCH, "jupyter-config")})
-for _var in ("ZFREE_NO_CACHE", "JUPYTER_PATH", "JUPYTER_CONFIG_PATH", "PYTHONSAFEPATH"):
+for _var in ("ZFREE_NO_CACHE", "ZFREE_RUNS", "JUPYTER_PATH", "JUPYTER_CONFIG_PATH", "PYTHONSAFEPATH"):
     os.environ.pop(_var, None)
 
 _SRC = Path(__file__).resolve().parents[1] / "src" / "zfree"

@@ -50,3 +50,93 @@ def test_an_invalid_own_train_config_is_refused_before_torch_and_before_the_run_
     assert r.stderr == ("zfree: error: --set weighting=example epsilon=0: epsilon=0.0 must be > 0 for example "
                         "weighting (seed 002)\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pairs.jsonl"]
+
+
+@pytest.fixture
+def lab_home(tmp_path, monkeypatch):
+    """A working folder with a study written by ``zfree study --out runs/my-study`` (its runs/ only)."""
+    (tmp_path / "runs" / "my-study" / "runs").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("ZFREE_STUDY", raising=False)
+    monkeypatch.delenv("ZFREE_RUNS", raising=False)
+    return tmp_path
+
+
+def test_zfree_lab_copies_the_notebooks_chooses_the_study_and_prints_the_command(lab_home, monkeypatch, capsys):
+    """Issue 60: from a wheel there was no way to explore (the notebooks in site-packages, the explorer
+    looking in the lab folder's runs/). ``zfree lab STUDY --print-only``: the shipped notebooks copied to
+    ./zfree-lab, JupyterLab's command on that folder with the project's contents manager, the study and
+    the runs/ it was typed beside in the environment the explorer reads; no server started."""
+    import shlex
+    import sys
+
+    from zfree.core.paths import NOTEBOOKS, runs_home
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")  # set for the suite; zfree lab sets it as make lab does, unless set
+    assert main(["lab", "runs/my-study", "--print-only", "--no-browser", "--port", "9999"]) == 0
+    out, err = capsys.readouterr()
+    lab = lab_home / "zfree-lab"
+    shipped = sorted(p.name for p in NOTEBOOKS.glob("*.ipynb"))
+    assert "explore.ipynb" in shipped and all((lab / n).read_bytes() == (NOTEBOOKS / n).read_bytes() for n in shipped)
+    assert err == f"notebooks in {lab}: {len(list(lab.iterdir()))} copied\n"
+    words = shlex.split(out)
+    env = dict(w.split("=", 1) for w in words[:3])
+    assert env == {"ZFREE_STUDY": str(lab_home / "runs" / "my-study"), "ZFREE_RUNS": str(runs_home().resolve()),
+                   "HF_HUB_OFFLINE": "1"}
+    assert words[3:6] == [sys.executable, "-m", "jupyterlab"]
+    assert {f"--ServerApp.root_dir={lab}", "--ServerApp.contents_manager_class=zfree.report.lab_contents.LabContentsManager",
+            "--no-browser", "--port=9999"} <= set(words[6:])
+    (lab / "explore.ipynb").write_text("my edits")  # a second time: the user's notebook is kept
+    assert main(["lab", "--print-only"]) == 0
+    out, err = capsys.readouterr()
+    assert (lab / "explore.ipynb").read_text() == "my edits"
+    assert err == f"notebooks in {lab}: 0 copied, {len(list(lab.iterdir()))} kept (already there: yours)\n"
+    assert "ZFREE_STUDY" not in out  # no STUDY: the explorer opens the newest under ZFREE_RUNS
+
+
+def test_the_explorer_reads_the_study_and_the_runs_zfree_lab_sets(lab_home, monkeypatch):
+    """What the kernel of explore.ipynb sees in the lab folder: the study given, else the newest study
+    of the runs/ zfree lab was typed beside (not of the lab folder, its working directory)."""
+    from zfree.core.paths import runs_home
+    from zfree.experiment.study_folders import choose_study
+    from zfree.report.lab_launch import lab_plan
+
+    (lab_home / "runs" / "my-study" / "runs" / "r1").mkdir()
+    (lab_home / "runs" / "my-study" / "runs" / "r1" / "summary.json").write_text("{}")
+    plan = lab_plan("runs/my-study", copy=False)
+    monkeypatch.chdir(plan.folder.parent)
+    for k, v in plan.env.items():
+        monkeypatch.setenv(k, v)
+    assert choose_study(None) == lab_home / "runs" / "my-study"
+    monkeypatch.delenv("ZFREE_STUDY")
+    monkeypatch.setenv("ZFREE_RUNS", str(lab_home / "runs"))  # as a wheel's zfree lab sets it: ./runs
+    (lab_home / "zfree-lab").mkdir()
+    monkeypatch.chdir(lab_home / "zfree-lab")
+    assert runs_home() == lab_home / "runs" and choose_study(None) == lab_home / "runs" / "my-study"
+
+
+def test_zfree_lab_without_jupyterlab_is_one_line_naming_the_lab_extra(lab_home, monkeypatch, capsys):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "jupyterlab" else real(name, *a))
+    assert main(["lab", "runs/my-study"]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines() == [err.strip()] and "JupyterLab is not installed" in err
+    assert "pip install 'zfree[lab]'" in err and not (lab_home / "zfree-lab").exists()  # nothing copied
+
+
+@pytest.mark.parametrize("where", ["the shipped notebooks", "the package", "a missing study", "not a study"])
+def test_zfree_lab_refuses_a_folder_inside_the_installation_and_a_study_that_is_none(where, lab_home, capsys):
+    from pathlib import Path
+
+    from zfree.core.paths import NOTEBOOKS
+
+    args = {"the shipped notebooks": ["--dir", str(NOTEBOOKS)],
+            "the package": ["--dir", str(Path(zfree.__file__).parent / "lab")],
+            "a missing study": ["runs/no-such-study"], "not a study": ["zfree-lab-not-a-study"]}[where]
+    (lab_home / "zfree-lab-not-a-study").mkdir()
+    assert main(["lab", *args, "--print-only"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("zfree: error: ") and err.count("\n") == 1, err
+    assert not (Path(zfree.__file__).parent / "lab").exists() and not (lab_home / "zfree-lab").exists()

@@ -283,7 +283,7 @@ def test_bf16_training_on_cpu_is_finite_and_recorded(tiny, tmp_path):
 def test_fp64_reference_mode_runs_weights_heads_and_log_probs_in_float64(tiny):
     """``precision: fp64``: the base loads in float64, the new heads are built in float64, and the
     decoder's log-probs equal the float64 model's own log_softmax(logits) at float64 rounding (the
-    step-0 contract, DESIGN §3, held 1e9 times tighter than in float32)."""
+    step-0 contract, docs/concepts/problem.md#models, held 1e9 times tighter than in float32)."""
     from zfree.data.batching import collate, encode_pairs
     from zfree.data.pairs import load_pairs
     from zfree.models.base import load_base

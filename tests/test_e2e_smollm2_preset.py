@@ -4,7 +4,7 @@ smollm2-135m-instruct`` (``tests/smollm2.py``; skipped when the wheel cannot be 
 2-layer random Llama of width 64, saved with ``save_pretrained`` (the real loading path). Checked: the
 study runs on the shipped E2E data with the preset's own evaluation rows (300, spread over the
 validation MRs), its plan and estimate come first, and the aided run, its z-free control (linked
-in controls.json) and the ``complete`` oracle each finish with the DESIGN §5 keys."""
+in controls.json) and the ``complete`` oracle each finish with the keys of docs/concepts/metrics.md."""
 
 from __future__ import annotations
 

@@ -155,3 +155,25 @@ def test_the_lab_table_writes_no_none_or_nan(two_studies):
     lab = ExploreLab(study, root=two_studies)
     assert "task_\u200bcorrectness" in lab.table.value and "–" in lab.table.value
     assert "NaN" not in lab.table.value and "None" not in lab.table.value
+
+
+def test_the_run_table_follows_a_launch(two_studies):
+    """Issue 60: after a launch the explorer showed the launched run (7) and the table above it still
+    the study's 6. The table shows the runs the explorer shows, the launched ones marked by source,
+    refreshed as each launched run ends."""
+    from tests.test_widgets import CopyExecutor
+
+    study = two_studies / "study-all"
+    lab = ExploreLab(study, steps=3, workers=1, root=two_studies)
+    template = lab.explorer.results.runs["run_dir"].iloc[0]
+    lab.panel.make_executor = lambda: CopyExecutor(template)
+    assert "6 finished runs, 0 failed" in lab.table.value and "launched" not in lab.table.value
+    lab.panel.n_beta.value, lab.panel.weightings.value = 1, ("token",)
+    lab.panel.launch(wait=True)
+    assert lab.panel.label.value == "done: 1/1 ok", lab.panel.label.value
+    (launched,) = [p.parent.name for p in (study / "launched" / "runs").glob("*/summary.json")]
+    assert len(lab.explorer.results.runs) == 7
+    assert "7 finished runs (1 launched), 0 failed" in lab.table.value and launched in lab.table.value
+    assert ">launched<" in lab.table.value and ">study<" in lab.table.value  # the source column
+    lab.open(two_studies / "study-two")  # another study: its own runs only, no source column
+    assert "2 finished runs, 0 failed" in lab.table.value and "source" not in lab.table.value

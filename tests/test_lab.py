@@ -81,6 +81,49 @@ def test_running_the_explorer_in_the_lab_leaves_git_clean(tmp_path_factory, tmp_
     _check_clean_after_running(tmp_path_factory, tmp_path, monkeypatch, ["explore.ipynb", "rate_distortion.ipynb"])
 
 
+def _lab_contents_manager(notebooks_dir: Path):
+    """The contents manager the lab server builds from etc/jupyter (as `make lab` and `zfree lab` load
+    it): the configured class, else the one jupytext's server extension makes of the default."""
+    from jupyter_server.services.contents.largefilemanager import AsyncLargeFileManager
+    from jupytext.async_contentsmanager import build_async_jupytext_contents_manager_class
+    from traitlets.config import PyFileConfigLoader
+    from traitlets.utils.importstring import import_item
+
+    config = PyFileConfigLoader("jupyter_server_config.py", path=str(ROOT / "etc" / "jupyter")).load_config()
+    name = config.ServerApp.get("contents_manager_class")
+    cls = import_item(name) if name else build_async_jupytext_contents_manager_class(AsyncLargeFileManager)
+    return cls(config=config, root_dir=str(notebooks_dir))
+
+
+def test_a_notebook_opens_with_the_language_info_its_kernel_reports(tmp_path):
+    """Issue 60: opening explore.ipynb in JupyterLab marked it unsaved before anything ran: the kernel,
+    on connecting, wrote its language_info into a notebook stored without one. The lab's contents
+    manager hands the notebook over with exactly what a python3 kernel reports, so nothing changes on
+    connect; saving it back writes the file as it was (the save hook strips it again)."""
+    from jupyter_client.manager import start_new_kernel
+
+    nbs = tmp_path / "notebooks"
+    nbs.mkdir()
+    for name in ("explore.ipynb", "explore.py", "jupytext.toml"):
+        shutil.copy(ROOT / "notebooks" / name, nbs / name)
+    stored = (nbs / "explore.ipynb").read_text(encoding="utf-8")
+    assert "language_info" not in nbformat.reads(stored, as_version=4).metadata
+    cm = _lab_contents_manager(nbs)
+    model = asyncio.run(cm.get("explore.ipynb"))
+    km, kc = start_new_kernel(kernel_name=model["content"]["metadata"]["kernelspec"]["name"])
+    try:
+        kc.kernel_info()
+        reply = kc.get_shell_msg(timeout=60)
+        while reply["msg_type"] != "kernel_info_reply":
+            reply = kc.get_shell_msg(timeout=60)
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+    assert model["content"]["metadata"].get("language_info") == reply["content"]["language_info"]
+    asyncio.run(cm.save({"type": "notebook", "format": "json", "content": model["content"]}, "explore.ipynb"))
+    assert (nbs / "explore.ipynb").read_text(encoding="utf-8") == stored
+
+
 def test_the_save_hook_strips_what_a_session_adds():
     from zfree.report.lab import strip_on_save
 

@@ -119,6 +119,7 @@ class Lab:
         self.figure = self.explorer.locator(".widget-output img").first
         self.runs = clone / "runs"
         self.status_after_open: str | None = None  # git status once opened (kernel up, autosaves passed)
+        self.dirty_after_open: int | None = None  # notebook tabs marked unsaved then (issue 60: 1, by language_info)
         self.mtime_before_run: int | None = None  # the notebook file's, before Run All (an autosave changes it)
 
     def text(self, pattern: str, timeout_s: float = 60):
@@ -134,7 +135,8 @@ class Lab:
     def choose_study(self, name: str, n_runs: int) -> None:
         """The chooser's dropdown set to runs/<name>; waits for the table to show it."""
         self.chooser.locator("select").select_option(label=f"runs/{name} ({n_runs} run{'s' * (n_runs != 1)})")
-        self.text(rf"^study {re.escape(str((self.runs / name).resolve()))}: \d+ finished runs?, \d+ failed$")
+        self.text(rf"^study {re.escape(str((self.runs / name).resolve()))}: \d+ finished runs?"
+                  rf"( \(\d+ launched\))?, \d+ failed$")
 
     def changed_after(self, action) -> bool:
         """Whether the explorer's figure is redrawn (another image) after ``action``."""
@@ -217,6 +219,7 @@ def lab(tmp_path_factory):
             page.wait_for_timeout(3 * AUTOSAVE_S * 1000)
             lab = Lab(page, clone, proc, shots, sync_api.TimeoutError)
             lab.status_after_open = _git(clone, "status", "--porcelain")
+            lab.dirty_after_open = page.locator(".lm-TabBar-tab.jp-mod-dirty").count()
             lab.mtime_before_run = nb.stat().st_mtime_ns
             page.get_by_role("menuitem", name="Run", exact=True).click()
             page.locator(".lm-Menu-itemLabel").filter(has_text=re.compile(r"^Run All Cells$")).click()
@@ -238,8 +241,10 @@ def _end_shot(request):
 
 
 def test_opening_the_notebook_changes_no_tracked_file(lab):
-    """Open, kernel started, several autosave intervals: nothing written to tracked files."""
+    """Open, kernel started, several autosave intervals: nothing written to tracked files, and the
+    notebook not marked unsaved (the kernel's language_info was already in it)."""
     assert lab.status_after_open == "", lab.status_after_open
+    assert lab.dirty_after_open == 0
 
 
 def test_the_explorer_opens_the_newest_study_and_redraws(lab):

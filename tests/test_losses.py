@@ -428,7 +428,7 @@ def test_token_weighting_outer_weight_follows_token_outer():
 
 @given(seed=seeds, beta=st.floats(0.0, 10.0), c_base=st.floats(0.01, 5.0), eps=st.floats(1e-3, 1.0))
 def test_effective_beta_closed_forms(seed, beta, c_base, eps):
-    """DESIGN §1: beta_eff = beta |S| / w: plain beta|S|, distribution beta|S|c_base, example beta|S|(b+eps)."""
+    """docs/concepts/theory.md: beta_eff = beta |S| / w: plain beta|S|, distribution beta|S|c_base, example beta|S|(b+eps)."""
     d = fake_batch(seed)
     n = d["target_len"].to(F64)
     args = _assemble_args(d)

@@ -1,5 +1,5 @@
 """zfree.data.synth: determinism, the Bayes-optimal z-free loss against brute force, row
-correctness, metadata checksums and the no-overwrite contract (DESIGN §2)."""
+correctness, metadata checksums and the no-overwrite contract (docs/concepts/problem.md#benchmark)."""
 
 from __future__ import annotations
 

@@ -99,7 +99,7 @@ def test_predict_curve_matches_per_example_thresholds(seed, c_base, eps):
 
 @given(seed=st.integers(0, 10_000), c_base=st.floats(0.05, 1.0))
 def test_distribution_at_beta_predicts_like_plain_at_beta_times_c_base(seed, c_base):
-    """DESIGN §1: the global rescaling moves the optimum (beta / w), nothing else."""
+    """docs/concepts/weightings.md: the global rescaling moves the optimum (beta / w), nothing else."""
     target_len, bayes, _ = _examples(seed)
     betas = np.geomspace(1e-3, 10, 9)
     dist = predict_curve("distribution", betas, target_len, bayes, c_base=c_base)

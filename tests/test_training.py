@@ -54,7 +54,7 @@ def test_run_folder_contract_and_step0_equivalence(tiny, tmp_path):
     pe = pd.read_parquet(run / "per_example.parquet")
     for col in ("id", "strategy", "n_tokens", "b", "lbar", "rho_i", "kl", "beta_eff", "weight", "posterior_argmax"):
         assert col in pe, col
-    # beta_eff = beta * |S| / w with w = 1 / c_base (DESIGN §1)
+    # beta_eff = beta * |S| / w with w = 1 / c_base (docs/concepts/theory.md)
     assert (pe["beta_eff"] - 0.3 * pe["n_tokens"] * ref["c_base"]).abs().max() < 1e-4
     cfg = read_json(run / "config.json")
     assert TrainConfig.from_flat({k: v for k, v in cfg.items() if not k.startswith("_")}).objective.beta == 0.3
@@ -221,7 +221,7 @@ def test_non_finite_loss_stops_with_step_and_batch(tiny, tmp_path, monkeypatch):
 
 
 def _same_beta_over_w(tiny, tmp_path, optimizer, lr_new):
-    """plain at beta * c_base against distribution at beta: the same beta/w (DESIGN §1)."""
+    """plain at beta * c_base against distribution at beta: the same beta/w (docs/concepts/weightings.md)."""
     data, base = tiny
     c_base = read_json(base / "reference" / "reference.json")["c_base"]
     kw = dict(steps=6, eval_every=6, grad_clip=0.0, weight_decay=0.0, decode_rows=0, optimizer=optimizer,

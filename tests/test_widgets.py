@@ -211,6 +211,7 @@ def test_stop_ends_the_workers_and_keeps_the_finished_runs(sweep, tmp_path):
     assert not panel.thread.is_alive() and time.time() - t0 < 20
     assert not any(p.is_alive() for p in procs)
     assert panel.label.value == "stopped: 2/6 finished", panel.label.value
+    assert _bar(panel) == (2, 6, "warning", "stopped")  # the finished share, not every status
     assert sorted(s["status"] for s in panel.statuses) == ["finished"] * 2 + ["stopped"] * 4  # started or not
     assert len(list((tmp_path / "runs").glob("*/summary.json"))) == 2
     assert not panel.button.disabled and panel.stop_button.disabled
@@ -300,3 +301,73 @@ def test_an_empty_grid_plans_0_runs_and_is_not_launched(sweep, tmp_path):
     assert panel.label.value == "nothing to launch: 0 runs (no weighting is selected; select at least one to launch)"
     panel.weightings.value = ("plain",)
     assert panel.plan.value.startswith("<div>3 run(s) into") and not panel.button.disabled
+
+
+class HangExecutor:
+    """Stands in for an executor whose runs never end: every future pending until ``stop`` (the
+    executor's own stop, as a SLURM executor's ``scancel``: ``stop_workers`` calls it) cancels them."""
+
+    def __init__(self):
+        self.submitted = []
+
+    def submit(self, fn, point, runs_dir, notebook):
+        self.submitted.append(Future())
+        return self.submitted[-1]
+
+    def stop(self):
+        for f in self.submitted:
+            f.cancel()
+            f.set_running_or_notify_cancel()  # as an executor does: as_completed then sees it
+
+    def shutdown(self, wait=True):
+        pass
+
+
+class FailExecutor:
+    """Stands in for a pool whose every run fails (as run_point records a failure)."""
+
+    def submit(self, fn, point, runs_dir, notebook):
+        f = Future()
+        f.set_result({"run_id": point.run_id, "status": "failed", "error": "ValueError: boom"})
+        return f
+
+    def shutdown(self, wait=True):
+        pass
+
+
+def _bar(panel):
+    return panel.progress.value, panel.progress.max, panel.progress.bar_style, panel.progress.description
+
+
+def test_the_bar_shows_the_finished_share_and_the_state_after_a_stop(sweep, tmp_path):
+    """Issue 60: stopped with 0/6 finished, the bar was full (it counted every status, cancelled ones
+    too). It shows 0 of 6 now, coloured and labelled "stopped"; a new launch starts it plain again."""
+    e = SweepExplorer(sweep)
+    ex = HangExecutor()
+    panel = LaunchPanel(e.results.config(e.results.runs["run_id"].iloc[0]), tmp_path, make_executor=lambda: ex)
+    panel.log_beta.value, panel.n_beta.value, panel.weightings.value = (-2.0, 0.0), 6, ("plain",)
+    panel.launch()
+    for _ in range(200):
+        if len(panel._futures) == 6:
+            break
+        time.sleep(0.05)
+    assert _bar(panel) == (0, 6, "", "runs")
+    panel.stop(timeout=20)
+    assert not panel.thread.is_alive() and panel.label.value == "stopped: 0/6 finished", panel.label.value
+    assert sorted(s["status"] for s in panel.statuses) == ["cancelled"] * 6
+    assert _bar(panel) == (0, 6, "warning", "stopped")
+    panel.make_executor = lambda: CopyExecutor(e.results.runs["run_dir"].iloc[0])
+    panel.launch(wait=True)
+    assert panel.label.value == "done: 6/6 ok" and _bar(panel) == (6, 6, "success", "done")
+
+
+def test_the_bar_shows_the_finished_share_and_the_state_after_a_failure(sweep, tmp_path):
+    """Issue 60: after a failure the bar was full as after a success; it shows what finished (none
+    here) and the state, red."""
+    e = SweepExplorer(sweep)
+    panel = LaunchPanel(e.results.config(e.results.runs["run_id"].iloc[0]), tmp_path,
+                        make_executor=FailExecutor)
+    panel.log_beta.value, panel.n_beta.value, panel.weightings.value = (-2.0, 0.0), 2, ("plain",)
+    panel.launch(wait=True)
+    assert panel.label.value.startswith("failed: 0/2 ok; 2 failed, first "), panel.label.value
+    assert _bar(panel) == (0, 2, "danger", "failed")

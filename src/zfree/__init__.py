@@ -1,6 +1,7 @@
 """zfree: keep the latent of a warm-started conditional VAE from collapsing, and measure it.
 
-See DESIGN.md of the project for the math (section 1) and the artifact contract (section 5).
+The math, with its published sources: docs/concepts/ (problem, weightings, theory, controls, metrics,
+readouts, aids); the files a run writes and their contract: docs/reference/artifacts.md.
 """
 
 __version__ = "0.1.0"

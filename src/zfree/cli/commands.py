@@ -282,3 +282,25 @@ def _sbatch_check(options: dict, folder: Path) -> int:
         raise ConfigError(f"sbatch --test-only refused {folder / 'check.sbatch'}: {r.stderr.strip() or r.returncode}")
     print(r.stderr.strip() or r.stdout.strip())
     return 0
+
+
+def cmd_lab(a):
+    """``zfree lab [STUDY]``: the shipped notebooks copied to ``--dir`` (``zfree.report.lab_launch``),
+    then JupyterLab started there in place of this process, the explorer on STUDY; with
+    ``--print-only`` the command is printed instead. InputError naming the ``lab`` extra when
+    JupyterLab is not installed (checked first, before anything is copied)."""
+    import os
+
+    from zfree.report.lab_launch import check_jupyterlab, lab_plan
+
+    if not a.print_only:
+        check_jupyterlab()
+    plan = lab_plan(a.study, a.dir, port=a.port, ip=a.ip, no_browser=a.no_browser)
+    kept = f", {len(plan.kept)} kept (already there: yours)" if plan.kept else ""
+    print(f"notebooks in {plan.folder}: {len(plan.copied)} copied{kept}", file=sys.stderr)
+    if a.print_only:
+        print(plan.command_line())
+        return 0
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(plan.argv[0], plan.argv, {**os.environ, **plan.env})  # JupyterLab owns the terminal (Ctrl-C) from here

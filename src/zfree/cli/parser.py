@@ -11,8 +11,8 @@ from typing import Literal, get_args, get_origin
 
 from zfree import __version__
 # light modules only (config and the benchmark's DataConfig import no torch), so `zfree --help` stays fast
-from zfree.cli.commands import (cmd_base_reference, cmd_base_train, cmd_data_e2e, cmd_data_synth, cmd_model_fetch,
-                                cmd_report, cmd_score, cmd_study, cmd_sweep, cmd_train)
+from zfree.cli.commands import (cmd_base_reference, cmd_base_train, cmd_data_e2e, cmd_data_synth, cmd_lab,
+                                cmd_model_fetch, cmd_report, cmd_score, cmd_study, cmd_sweep, cmd_train)
 from zfree.config import BaseTrainConfig
 from zfree.core.values import field_types
 from zfree.data.synth import DataConfig
@@ -190,6 +190,23 @@ def _add_report_and_sweep(sub) -> None:
     sw.set_defaults(func=cmd_sweep)
 
 
+def _add_lab(sub) -> None:
+    lab = sub.add_parser("lab", help="JupyterLab on the notebooks, copied to a folder of yours; the explorer on STUDY",
+                         description="Copy the shipped notebooks to --dir (files already there are kept) and start "
+                                     "JupyterLab there; explore.ipynb opens on STUDY. Needs JupyterLab: "
+                                     "pip install 'zfree[lab]'.")
+    lab.add_argument("study", nargs="?", default=None,
+                     help="a study or sweep folder the explorer opens (default: the newest under runs/: the clone's, "
+                          "or ./runs from an installed wheel)")
+    lab.add_argument("--dir", default=None, help="the folder the notebooks are copied to (default: ./zfree-lab)")
+    lab.add_argument("--port", type=int, default=None, help="JupyterLab's port (default: its own, 8888 or the next free)")
+    lab.add_argument("--ip", default=None, help="the interface JupyterLab listens on (default: localhost)")
+    lab.add_argument("--no-browser", action="store_true", help="do not open a browser (a remote machine: tunnel the port)")
+    lab.add_argument("--print-only", action="store_true",
+                     help="copy the notebooks and print the command JupyterLab would run with, without starting it")
+    lab.set_defaults(func=cmd_lab)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``zfree`` argument parser: one sub-command per ``_add_*`` builder, each setting ``func``,
     the function ``main`` calls with the parsed arguments. Light: no torch (the commands import
@@ -197,6 +214,6 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="zfree", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"zfree {__version__}")
     sub = p.add_subparsers(dest="cmd")  # none given: zfree.cli.main prints this help (exit 0)
-    for add in (_add_data, _add_base, _add_score, _add_train, _add_study, _add_model, _add_report_and_sweep):
+    for add in (_add_data, _add_base, _add_score, _add_train, _add_study, _add_model, _add_report_and_sweep, _add_lab):
         add(sub)
     return p

@@ -139,7 +139,7 @@ def parse_assignment(text: str) -> tuple[str, Any]:
 
 @dataclass(frozen=True)
 class ObjectiveConfig:
-    """J = w(x,y) * lbar(x,y) + beta * K(x,y) + L_aux (DESIGN §1; seeds 000 and 002)."""
+    """J = w(x,y) * lbar(x,y) + beta * K(x,y) + L_aux (docs/concepts/weightings.md)."""
 
     weighting: Weighting = "plain"  # reconstruction weight w: 1, 1/c_base, 1/(b + epsilon), or token surprisal shares
     beta: float = 1.0  # KL weight; beta < 1 is InfoVAE-style beta reduction
@@ -159,7 +159,7 @@ class ObjectiveConfig:
     beta_ratio_increase: float = 0.5  # cyclical: the fraction of each period over which beta rises 0 -> beta
     ae_steps: int = 0  # AE phase: beta = 0 for the first ae_steps steps (then the schedule above)
     # where c_base comes from: the base run's stored reference (hash-checked) or the source model
-    # scoring the validation rows now (DESIGN §1: the two estimators)
+    # scoring the validation rows now (docs/concepts/problem.md: the two estimators)
     c_base_source: CBaseSource = "entangled_run"
 
     def __post_init__(self):
@@ -222,7 +222,7 @@ def check_latent_source(source: str, latent_kind: str, n_latent: int) -> None:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Shared discrete CVAE (DESIGN §3)."""
+    """The CVAE: latent kind, K, posterior features (docs/concepts/problem.md#models)."""
 
     latent_kind: LatentKind = LatentKind.DISCRETE  # K discrete values (exact expectation) or a diagonal Gaussian
     n_latent: int = 4  # K latent values; at least the number of strategies to be able to separate them

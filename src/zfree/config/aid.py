@@ -20,7 +20,7 @@ GATE_AIDS = ("hard_em_then_soft", "aggressive_encoder")
 @dataclass(frozen=True)
 class AidConfig:
     """Symmetry-breaking aids (off by default). From a zero latent injection every latent value
-    gives the same loss, so the posterior gets gradient only from the KL (DESIGN §1).
+    gives the same loss, so the posterior gets gradient only from the KL (docs/concepts/aids.md).
 
     hard_em_then_soft: reconstruct with the posterior's argmax only and train the posterior by
       cross-entropy toward the best-reconstructing value (hard EM, as in mixture-model translation,

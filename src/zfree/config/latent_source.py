@@ -3,8 +3,8 @@ value, or a label oracle's label. ``ModelConfig.latent_source`` keeps its text f
 "control", "label:<key>") in every stored config and summary, so run ids and existing run folders
 read as before; every reader parses it here, in one place, instead of slicing the text.
 
-The control and the oracles are the given-z runs of DESIGN §4 (the z-free control and the label oracle
-of the distribution-level comparison; seed note "ref-scaled VAE", "controls").
+The control and the oracles are the given-z runs of docs/concepts/controls.md (the z-free control,
+the label oracles and their null oracles).
 """
 
 from __future__ import annotations

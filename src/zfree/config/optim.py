@@ -13,7 +13,8 @@ from zfree.core.values import typed_fields
 
 @dataclass(frozen=True)
 class OptimConfig:
-    """AdamW with two groups: backbone (low rate, warm-up) and new heads (DESIGN §3 contract)."""
+    """AdamW with two groups: backbone (low rate, warm-up) and new heads (the step-0 contract:
+    docs/concepts/problem.md#models)."""
 
     steps: int = 300  # optimizer steps
     batch_size: int = 64  # rows a step

@@ -1,5 +1,5 @@
-"""Checkpoint primitives (DESIGN §5; nothing executable is ever loaded from a run folder): a plain
-state (tensors in safetensors, the rest as JSON, no pickle: ``save_plain_state`` /
+"""Checkpoint primitives (docs/reference/artifacts.md; nothing executable is ever loaded from a run
+folder): a plain state (tensors in safetensors, the rest as JSON, no pickle: ``save_plain_state`` /
 ``load_plain_state``), the state.pt of older run folders read with ``weights_only=True``
 (``safe_torch_load``), and a checkpoint folder written beside the last good one with a ``COMPLETE``
 manifest of sizes and sha256 and swapped in by renames (``write_checkpoint_dir``), checked

@@ -1,5 +1,6 @@
-"""Atomic artifact writes, readers of the records and tables, content hashes (DESIGN §5: writes are
-atomic, temp file then rename). The checkpoint primitives are in ``zfree.core.checkpoint_io``."""
+"""Atomic artifact writes, readers of the records and tables, content hashes
+(docs/reference/artifacts.md: writes are atomic, temp file then rename). The checkpoint primitives are
+in ``zfree.core.checkpoint_io``."""
 
 from __future__ import annotations
 

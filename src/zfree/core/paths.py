@@ -103,14 +103,19 @@ def resolve_given(value: str) -> str:
 
 
 def runs_home() -> Path:
-    """The ``runs/`` folder a notebook looks in for the latest study: the clone's (``make smoke``
-    writes there); with a wheel the working directory's, as ROOT is then inside the installation."""
+    """The ``runs/`` folder a notebook looks in for the latest study: ``$ZFREE_RUNS`` when set (``zfree
+    lab`` sets it to the ``runs/`` of the folder it was started from, not of the lab folder its kernels
+    run in); else the clone's (``make smoke`` writes there); with a wheel the working directory's, as
+    ROOT is then inside the installation."""
+    if os.environ.get("ZFREE_RUNS"):
+        return Path(os.environ["ZFREE_RUNS"])
     return (ROOT if IN_CLONE else Path.cwd()) / "runs"
 
 
 #: the options (argparse dests) that name a file, folder or model; positional ones print bare
-PATH_ARGS = ("out", "data", "val", "model", "spec", "config", "resume", "src", "base", "init_from", "cache_dir", "study_dir")
-POSITIONAL = {("sweep", "spec"), ("report", "study_dir")}
+PATH_ARGS = ("out", "data", "val", "model", "spec", "config", "resume", "src", "base", "init_from", "cache_dir", "study_dir",
+             "study", "dir")
+POSITIONAL = {("sweep", "spec"), ("report", "study_dir"), ("lab", "study")}
 #: the (command, option) pairs that name one JSONL file of pairs (never a folder)
 JSONL_ARGS = {("train", "data"), ("train", "val"), ("study", "data"), ("study", "val"), ("score", "data")}
 
@@ -126,7 +131,7 @@ def check_path_args(args) -> None:
         flag = dest if (args.cmd, dest) in POSITIONAL else "--" + dest.replace("_", "-")
         if not str(value).strip():
             raise ConfigError(f"{flag} is empty{' (an unset $OUT?)' if dest == 'out' else ''}: give a "
-                              f"{'folder' if dest in ('out', 'resume', 'study_dir', 'cache_dir') else 'path'}"
+                              f"{'folder' if dest in ('out', 'resume', 'study_dir', 'cache_dir', 'study', 'dir') else 'path'}"
                               f"{'; it would write into the current folder' if dest == 'out' else ''}")
         check_name_length(value, flag)
         if (args.cmd, dest) in JSONL_ARGS and Path(value).is_dir():

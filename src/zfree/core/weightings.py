@@ -1,7 +1,7 @@
-"""The reconstruction weightings, one registry (DESIGN §1): each entry names its weight w(x, y), the
-source of its formula, the fields a study grid sets with it, and how figures draw it. Config
-validation (``zfree.config``), the loss (``zfree.objective.losses.reconstruction_weight``), the
-boundary theory, the study grids and presets, the launch panel, the figures and the budget's cuts all
+"""The reconstruction weightings, one registry (docs/concepts/weightings.md): each entry names its
+weight w(x, y), the source of its formula, the fields a study grid sets with it, and how figures draw
+it. Config validation (``zfree.config``), the loss (``zfree.objective.losses.reconstruction_weight``),
+the boundary theory, the study grids and presets, the launch panel, the figures and the budget's cuts all
 read this table; adding a weighting is one ``Weighting`` entry (and its test).
 
 The weight of a row, shape (batch,), a constant (no gradient), per entry:

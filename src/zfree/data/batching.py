@@ -1,8 +1,8 @@
 """Tokenize pairs and collate right-padded batches with explicit y-region masks.
 
-Convention (DESIGN §2): x and y are tokenized *separately* (``add_special_tokens=False``) and
-concatenated, so no token straddles the boundary; nothing is added to the vocabulary.
-Sequence = [bos] + x + [sep] + y + [eos]:
+Convention (docs/concepts/problem.md#models, tokenisation): x and y are tokenized *separately*
+(``add_special_tokens=False``) and concatenated, so no token straddles the boundary; nothing is added to
+the vocabulary. Sequence = [bos] + x + [sep] + y + [eos]:
 
 - **bos** follows the tokenizer's own convention and appears exactly once: ``bos="auto"`` (the
   default) prepends it iff the tokenizer itself does (``add_special_tokens=True`` puts its bos

@@ -1,4 +1,4 @@
-"""Synthetic strategy benchmark (DESIGN §2).
+"""Synthetic strategy benchmark (docs/concepts/problem.md#benchmark).
 
 Each x is a sequence of digits over a vocabulary of V symbols with length in [n_min, n_max]; a
 hidden strategy s (a named function) produces y = s(x). Because the generator knows the strategy
@@ -49,7 +49,7 @@ STRATEGIES: dict[str, Callable[[Digits], Digits]] = {
 
 @dataclass(frozen=True)
 class DataConfig:
-    """Synthetic strategy benchmark (DESIGN §2)."""
+    """Synthetic strategy benchmark (docs/concepts/problem.md#benchmark)."""
 
     vocab_size: int = 10  # digits 0..V-1
     n_min: int = 4  # shortest x

@@ -1,4 +1,4 @@
-"""What z explains: evaluation of a CVAE on the validation rows (DESIGN §5 metric keys).
+"""What z explains: evaluation of a CVAE on the validation rows (the keys of docs/concepts/metrics.md).
 
 One evaluation path for both latent kinds (``evaluate``): per batch, the model's forward pass and
 the objective from ``zfree.objective.objectives.assemble`` (the same assembler training uses, under no_grad);
@@ -41,7 +41,8 @@ from zfree.evaluate.use import ARGMAX_TIE, CODE_USED_FRACTION, measured_use, tie
 
 @dataclass
 class Evaluation:
-    """DESIGN §5 metric keys and the per-example table (one row per validation row)."""
+    """The metric keys (docs/concepts/metrics.md) and the per-example table (one row per validation
+    row)."""
 
     metrics: dict[str, float]
     per_example: pd.DataFrame
@@ -337,8 +338,8 @@ def evaluate(model, encoded: Sequence[EncodedPair], pairs: Sequence[Pair], *, b:
     ``rho_denominator``, by default the evaluated rows' own mean b (``reference/c_eval``), so a
     decoder equal to the base reads exactly 1 on any sample of rows.
 
-    Returns DESIGN §5 keys: loss/val/*, loss_contrib/fraction_abs/*, structure/*, latent/*,
-    task/correctness, reference/c_base, objective/*. Metrics that need strategy labels are NaN when
+    Returns the keys of docs/concepts/metrics.md: loss/val/*, loss_contrib/fraction_abs/*, structure/*,
+    latent/*, task/correctness, reference/c_base, objective/*. Metrics that need strategy labels are NaN when
     labels are missing, never faked. Continuous latent: ``posterior_argmax`` is the k-means cluster
     of the posterior means (k = the number of strategies), used by structure/* and z_control (each
     centroid forced); task/correctness decodes with z from the prior; latent/active_units (Burda et

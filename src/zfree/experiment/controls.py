@@ -1,5 +1,5 @@
 """The z-free control and the label oracles every CVAE study trains beside its runs
-(DESIGN §5).
+(docs/concepts/controls.md).
 
 A run's **control** (``control_params``) is the run with z held at one value (``latent_source =
 "control"``, K = 1): the same data, base, weighting, optimizer, rates, warm-up, steps, batch size,

@@ -214,8 +214,8 @@ class SweepResults:
     def config(self, run_id: str) -> dict:
         """The flat TrainConfig of a run (its config.json without the "_" metadata keys), its paths
         (``PATH_FIELDS``) absolute: config.json stores them relative to the run folder or as
-        ``zfree:<path>`` (DESIGN §5), which means nothing to a run launched from it in another folder
-        (the launch panel's template)."""
+        ``zfree:<path>`` (docs/reference/artifacts.md), which means nothing to a run launched from it in
+        another folder (the launch panel's template)."""
         run_dir = self.sweep_dir / "runs" / run_id
         flat = {k: v for k, v in read_json(run_dir / "config.json").items() if not k.startswith("_")}
         return {k: resolve_path(v, run_dir) if k in PATH_FIELDS and isinstance(v, str) and v else v
@@ -277,7 +277,8 @@ class SweepResults:
         beta_half = the first downward crossing of plateau/2 (linear in rate, geometric in beta).
         Predicted: the same on ``theory_curves``' predicted rate (a fine grid). ``ratio`` =
         measured / predicted; ``within`` = |ratio − 1| <= ``tolerance`` (the aids issue: ±25%).
-        A missing crossing gives NaN and says why in ``note``. Source: DESIGN §1; Alemi et al. 2018."""
+        A missing crossing gives NaN and says why in ``note``. Source: docs/concepts/theory.md; Alemi et
+        al. 2018."""
         cols = ["weighting", "latent_kind", "aid", "n_betas", "plateau_rate", "predicted_plateau_rate",
                 "beta_half_measured", "beta_half_predicted", "ratio", "within", "note"]
         r = self.runs

@@ -1,4 +1,5 @@
-"""Shared continuous CVAE (DESIGN §3): the discrete CVAE's backbone sharing with a Gaussian latent.
+"""Shared continuous CVAE (docs/concepts/problem.md#models): the discrete CVAE's backbone sharing with a
+Gaussian latent.
 
   posterior  q_xi(z | x, y) = N(mu_q, diag exp(logvar_q)), a linear head on the z-free features of
                               the y-region (``mean_y`` by default; the same choices as the discrete CVAE);
@@ -185,7 +186,8 @@ class ContinuousCVAE(nn.Module):
             nn.init.zeros_(self.prior_head.weight)  # N(0, I) at step 0
             nn.init.zeros_(self.prior_head.bias)
         self.latent_proj = nn.Linear(d_latent, d, bias=False)
-        nn.init.zeros_(self.latent_proj.weight)  # decoder == base model at step 0 (DESIGN §3)
+        # decoder == base model at step 0 (docs/concepts/problem.md#models)
+        nn.init.zeros_(self.latent_proj.weight)
         self.shared_prefix = True  # reuse the x-prefix's key/value cache for the S decoder passes
         # decoder_hidden_suffix's mode (auto / on / off; None: the module default injection.SHARED_PREFIX)
         self.shared_prefix_mode: str | None = None

@@ -1,4 +1,5 @@
-"""Shared discrete CVAE (DESIGN §3): one backbone, initialized from the z-free base model, serves
+"""Shared discrete CVAE (docs/concepts/problem.md#models): one backbone, initialized from the z-free
+base model, serves
 
   posterior  q_xi(z | x, y)  a linear head on the mean of the z-free hidden states over the y-region
                              (``mean_y``, default), the last position (``last``), the mean joined with
@@ -160,7 +161,8 @@ class DiscreteCVAE(nn.Module):
                                nn.Linear(2 * d if posterior_features == "mean_first" else d, n_latent))
         self.router_head = nn.Linear(d, n_latent)
         self.latent_embedding = nn.Embedding(n_latent, d)
-        nn.init.zeros_(self.latent_embedding.weight)  # decoder == base model at step 0 (DESIGN §3)
+        # decoder == base model at step 0 (docs/concepts/problem.md#models)
+        nn.init.zeros_(self.latent_embedding.weight)
         if latent_init_std > 0:  # an aid that deliberately breaks the step-0 equivalence
             nn.init.normal_(self.latent_embedding.weight, std=latent_init_std)
         if self.posterior_head is not None:

@@ -1,6 +1,6 @@
-"""Decoder passes with a latent vector added to the input embeddings, shared by both CVAEs (DESIGN §3):
-the ``embedding`` injection route, and the suffix-pass pieces every route shares (the other routes,
-``mid``, ``memory`` and ``prefix``, are in ``zfree.models.routes``).
+"""Decoder passes with a latent vector added to the input embeddings, shared by both CVAEs
+(docs/concepts/problem.md#models): the ``embedding`` injection route, and the suffix-pass pieces every
+route shares (the other routes, ``mid``, ``memory`` and ``prefix``, are in ``zfree.models.routes``).
 
 The latent enters as an additive vector ``u`` (discrete: the embedding e_k of value k; continuous:
 the projection W z of a sample) at the separator and at every position that predicts a y token.

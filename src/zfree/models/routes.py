@@ -1,4 +1,4 @@
-"""Injection routes: where the latent vector u enters the decoder p(y | x, z) (DESIGN §3; issue 55).
+"""Injection routes: where the latent vector u enters the decoder p(y | x, z) (docs/concepts/problem.md#models; issue 55).
 
 Both CVAEs turn a latent value into one vector u in R^d_model (discrete: the embedding e_k; continuous:
 W z) and hand it to a route, chosen by ``ModelConfig.injection``:

@@ -1,10 +1,10 @@
-"""Pure objective terms (DESIGN §1): one function per math term, per-example tensors, no
-reduction to J and no model (``zfree.objective.objectives`` assembles J from these terms).
+"""Pure objective terms (docs/concepts/weightings.md): one function per math term, per-example tensors,
+no reduction to J and no model (``zfree.objective.objectives`` assembles J from these terms).
 
 Vocabulary of axis names: batch, seq, vocab, n_latent, d_model, d_latent, pos (flattened
 supervised positions). All NLLs are in nats. Sources:
-  seed 000 = ../shared/seeds/000_c0dcb230ee7e6368.txt (distribution-level rescaling, w = 1/c_base)
-  seed 002 = ../shared/seeds/002_456af910ac8bddc4.txt (example-level weighting, w = 1/(b + eps))
+  seed 000 = the project's distribution-level rescaling, w = 1/c_base (docs/concepts/weightings.md)
+  seed 002 = the project's example-level weighting, w = 1/(b + eps) (docs/concepts/weightings.md)
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ def token_weights(base_token_nll: Float[torch.Tensor, "batch seq"], target_mask:
     """Token-level surprisal-share weights omega_t = (1 - alpha) + alpha * |S| * s_t on S, 0 elsewhere.
 
     They sum to |S| per example, like uniform weights, so only the distribution inside the example
-    changes (DESIGN §1, token). alpha = 0 gives uniform weights (plain). Raises ValueError if alpha
-    is outside [0, 1].
+    changes (docs/concepts/weightings.md, token level). alpha = 0 gives uniform weights (plain). Raises
+    ValueError if alpha is outside [0, 1].
     """
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"token_alpha={alpha} must be in [0, 1]")
@@ -90,7 +90,7 @@ def reconstruction_weight(weighting: str, *, batch_size: int, c_base: float | No
 
 def outer_weighting(cfg: ObjectiveConfig) -> str:
     """The weighting that sets w(x, y): ``cfg.weighting``, or under ``token`` (which reweights
-    inside lbar) its outer weighting ``cfg.token_outer`` (DESIGN §1, token)."""
+    inside lbar) its outer weighting ``cfg.token_outer`` (docs/concepts/weightings.md, token level)."""
     return cfg.token_outer if cfg.weighting == "token" else cfg.weighting
 
 
@@ -269,7 +269,7 @@ def beta_at_step(cfg: ObjectiveConfig, step: int) -> float:
 
 def effective_beta(beta: float, target_len: Int[torch.Tensor, "batch"], w: Float[torch.Tensor, "batch"]
                    ) -> Float[torch.Tensor, "batch"]:
-    """beta_eff(x, y) = beta * |S(x, y)| / w(x, y), exact in sequence nats (DESIGN §1).
+    """beta_eff(x, y) = beta * |S(x, y)| / w(x, y), exact in sequence nats (docs/concepts/theory.md).
 
     Dividing J = w * lbar + beta * K by w/|S| gives |S| * lbar + beta_eff * K: z pays for itself on
     an example iff beta_eff < 1. Seed 002 states the proportional form beta_eff ∝ beta * (b + eps).

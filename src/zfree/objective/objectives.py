@@ -1,4 +1,4 @@
-"""The objective J (DESIGN §1) for every latent kind and phase, from one assembler.
+"""The objective J (docs/concepts/weightings.md) for every latent kind and phase, from one assembler.
 
     J = mean_i [ w_i * lbar_i ] + sum_terms contribution_term
 
@@ -204,7 +204,7 @@ KINDS: dict[str, Callable[..., KindTerms]] = {LatentKind.DISCRETE: _discrete_ter
 def assemble(kind: str, cfg: ObjectiveConfig, *, recon: Float[torch.Tensor, "batch *n"],
              target_len: Int[torch.Tensor, "batch"], step: int = 0, c_base: float | None = None,
              b: Float[torch.Tensor, "batch"] | None = None, **inputs) -> ObjectiveBreakdown:
-    """The one assembler of J (DESIGN §1) for ``kind`` in ``KINDS``.
+    """The one assembler of J (docs/concepts/weightings.md) for ``kind`` in ``KINDS``.
 
     ``recon``: the per-token reconstruction NLL (nats), (batch, K) per value (discrete), (batch, S)
     per sample (gaussian) or (batch,) of the decoded value (hard_em), token-weighted for ``token``.
@@ -235,7 +235,7 @@ def assemble_objective(cfg: ObjectiveConfig, *, recon_per_latent: Float[torch.Te
                        b: Float[torch.Tensor, "batch"] | None = None, jsd: Float[torch.Tensor, "batch"] | None = None
                        ) -> ObjectiveBreakdown:
     """J = mean_i [ w_i * lbar_i + beta * K_i ] - lambda_jsd * mean_i JSD_i of the discrete CVAE
-    (``assemble('discrete', ...)``, DESIGN §1).
+    (``assemble('discrete', ...)``, docs/concepts/weightings.md).
 
     lbar_i = sum_k q(k | x_i, y_i) * recon_per_latent[i, k] is the exact expectation over the K
     latent values; K_i is the categorical KL to the router after free bits. Shapes:

@@ -1,4 +1,4 @@
-"""What information-preference theory predicts (DESIGN §1).
+"""What information-preference theory predicts (docs/concepts/theory.md).
 
 Sources: Chen et al. 2017, "Variational Lossy Autoencoder" (information preference: a decoder
 that can model the data alone leaves z unused unless using it lowers the objective); Alemi et
@@ -41,7 +41,8 @@ def analytic_c_base(pairs: Sequence) -> float:
     """Exact c_base of the Bayes-optimal z-free model: mean_i bayes_nll_i / |S_i|, nats per token,
     with |S_i| = len(y_i) + 1 (digits plus the end token). ``pairs`` are ``zfree.data.pairs.Pair``
     rows (fields ``id``, ``y``, ``bayes_nll``). Raises ValueError if there are no rows or a row
-    lacks ``bayes_nll``. Source: DESIGN §2 (the generator knows -log p*(y|x))."""
+    lacks ``bayes_nll``. Source: docs/concepts/problem.md#benchmark (the generator
+    knows -log p*(y|x))."""
     vals = []
     for p in pairs:
         if p.bayes_nll is None:
@@ -64,7 +65,7 @@ def predicted_use(beta_eff: ArrayLike, bayes_nll: ArrayLike | None = None, exces
     ``beta_eff`` is dimensionless (``zfree.objective.losses.effective_beta``); ``bayes_nll`` and
     ``excess_seq`` (= |S| * (b - analytic), the base model's excess) are nats per sequence.
     Examples with bayes_nll == 0 (every strategy agrees) have nothing to explain: False.
-    Source: Chen et al. 2017 (information preference); DESIGN §1.
+    Source: Chen et al. 2017 (information preference); docs/concepts/theory.md.
     """
     if not exchange_rate > 0:
         raise ValueError(f"exchange_rate={exchange_rate!r} must be > 0")

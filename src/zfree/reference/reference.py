@@ -256,20 +256,20 @@ def check_convention(meta: dict, tokenizer, json_path: Path) -> None:
                              "with `zfree base reference`")
 
 
-#: |rho_recon - 1| allowed at step 0, where the decoder equals the base model (DESIGN §3): a float32
-#: or float64 run differs from the reference's float32 scoring only by batching and rounding; a
-#: bf16/fp16 body (GPU) moves single tokens by ~1e-2, their mean over the rows far less. The stale
-#: E2E reference this guards against read 1.0196.
+#: |rho_recon - 1| allowed at step 0, where the decoder equals the base model
+#: (docs/concepts/problem.md#models): a float32 or float64 run differs from the reference's float32
+#: scoring only by batching and rounding; a bf16/fp16 body (GPU) moves single tokens by ~1e-2, their
+#: mean over the rows far less. The stale E2E reference this guards against read 1.0196.
 RHO0_TOL = 1e-3
 RHO0_TOL_LOW_PRECISION = 1e-2
 
 
 def check_step0_rho(rho0: float, ref_file: Path, low_precision: bool = False) -> None:
     """An entangled-run reference checked, not trusted: at step 0 the CVAE's decoder is the base
-    model (zero latent injection, DESIGN §3), so rho_recon = R_val / mean(b over the same rows) must be
-    1 within ``RHO0_TOL`` (``RHO0_TOL_LOW_PRECISION`` for a bf16/fp16 model). Raises ``InputError``
-    naming ``ref_file`` and the difference: the stored b were computed by other code or conventions
-    than the run's."""
+    model (zero latent injection, docs/concepts/problem.md#models), so rho_recon = R_val / mean(b over
+    the same rows) must be 1 within ``RHO0_TOL`` (``RHO0_TOL_LOW_PRECISION`` for a bf16/fp16 model).
+    Raises ``InputError`` naming ``ref_file`` and the difference: the stored b were computed by other
+    code or conventions than the run's."""
     tol = RHO0_TOL_LOW_PRECISION if low_precision else RHO0_TOL
     if not (math.isfinite(rho0) and abs(rho0 - 1.0) <= tol):
         raise InputError(f"{ref_file}: step-0 rho_recon is {rho0:.6f}, not 1 within {tol:g}: the base model now scores "

@@ -23,18 +23,21 @@ from zfree.report.labels_report import dashes
 from zfree.report.report import launch_beta_range
 from zfree.report.widgets import WIDE, LaunchPanel, SweepExplorer
 
-#: the columns of the chosen study's run table (those it has)
-RUN_COLUMNS = ("run_id", "weighting", "latent_kind", "aid", "beta", "recon_weight", "kl_prior_loss",
+#: the columns of the chosen study's run table (those it has; ``source`` where runs were launched)
+RUN_COLUMNS = ("run_id", "source", "weighting", "latent_kind", "aid", "beta", "recon_weight", "kl_prior_loss",
                "baseline_normalized_reconstruction_loss", "alignment_nmi", "task_correctness")
 #: the launched runs' folder inside a study: the study's own runs and report stay as they were
 LAUNCHED = "launched"
 
 
 def runs_overview(sweep: SweepResults) -> pd.DataFrame:
-    """The study's finished runs, one row each, for display: ``RUN_COLUMNS`` (those present), rounded
-    to 4 digits, a missing value (NaN, None: e.g. a metric a run did not write) shown as "–" as in the
-    report's tables (``labels_report.dashes``; the columns are then of object dtype)."""
-    return dashes(sweep.runs[[c for c in RUN_COLUMNS if c in sweep.runs]].round(4))
+    """The study's finished runs, one row each, for display: ``RUN_COLUMNS`` (those present; ``source``
+    only where it tells runs apart: the study's and its launched ones), rounded to 4 digits, a missing
+    value (NaN, None: e.g. a metric a run did not write) shown as "–" as in the report's tables
+    (``labels_report.dashes``; the columns are then of object dtype)."""
+    runs = sweep.runs
+    cols = [c for c in RUN_COLUMNS if c in runs and (c != "source" or runs[c].nunique() > 1)]
+    return dashes(runs[cols].round(4))
 
 
 def launch_template(sweep: SweepResults) -> dict[str, Any]:
@@ -130,7 +133,9 @@ class ExploreLab:
     table (``table``), ``explorer`` (``SweepExplorer`` over the study and its ``launched/`` runs) and
     ``panel`` (``LaunchPanel`` from the study's first run into ``<study>/launched``). ``open`` (a
     study chosen in the dropdown or path box) re-points all of them; ``widget`` is the chooser,
-    table and explorer (the panel is displayed on its own: ``panel.widget``).
+    table and explorer (the panel is displayed on its own: ``panel.widget``). The table shows the
+    runs the explorer shows (the study's and its launched ones, a ``source`` column telling them
+    apart): the panel refreshes both as each launched run ends (``refresh``).
 
     ``steps``, ``workers``, ``make_executor``: the panel's (``LaunchPanel``). ``root``: where the
     chooser looks for studies. NoStudyError (one line) when ``study_dir`` is missing.
@@ -142,17 +147,28 @@ class ExploreLab:
         sweep = load_sweep(study_dir)
         self.study_dir, self.table = study_dir, W.HTML()
         self.explorer = SweepExplorer([study_dir, study_dir / LAUNCHED])
-        self.panel = LaunchPanel(launch_template(sweep), study_dir / LAUNCHED, explorer=self.explorer,
+        self.panel = LaunchPanel(launch_template(sweep), study_dir / LAUNCHED, explorer=self,
                                  workers=workers, steps=steps, make_executor=make_executor,
                                  log_beta=launch_log_beta(sweep))
-        self._show(sweep)
+        self._show()
         self.chooser = StudyChooser(study_dir, self.open, root=root)
         self.widget = W.VBox([self.chooser.widget, self.table, self.explorer.widget])
 
-    def _show(self, sweep: SweepResults) -> None:
-        n, failed = len(sweep.runs), len(sweep.errors)
+    def _show(self) -> None:
+        """The run table from the explorer's runs: the study's and its launched ones."""
+        results = self.explorer.results
+        runs, failed = results.runs, len(results.errors)
+        n = len(runs)
+        launched = int((runs["source"] == LAUNCHED).sum()) if n and "source" in runs else 0
         self.table.value = (f"<div>study <code>{html.escape(str(self.study_dir))}</code>: {n} finished run"
-                            f"{'s' * (n != 1)}, {failed} failed</div>" + (_table_html(runs_overview(sweep)) if n else ""))
+                            f"{'s' * (n != 1)}{f' ({launched} launched)' if launched else ''}, {failed} failed</div>"
+                            + (_table_html(runs_overview(results)) if n else ""))
+
+    def refresh(self) -> None:
+        """Reload the study and its launched runs into the explorer and the run table (the launch
+        panel calls it as each run it launched ends)."""
+        self.explorer.refresh()
+        self._show()
 
     def open(self, study_dir: Path | str) -> None:
         """Show ``study_dir`` and launch from it: its runs, the explorer on it and its launched runs,
@@ -169,4 +185,4 @@ class ExploreLab:
         self.explorer.open([study_dir, study_dir / LAUNCHED])
         self.panel.set_template(launch_template(sweep), study_dir / LAUNCHED, log_beta=launch_log_beta(sweep))
         self.study_dir = study_dir
-        self._show(sweep)
+        self._show()

@@ -27,6 +27,10 @@ from zfree.objective.remedies import HARD_EM_RECIPE, SWITCH_ON_RECIPE
 NO_WEIGHTING = "no weighting is selected; select at least one to launch"
 #: wide widget descriptions (the explorer's too)
 WIDE = {"style": {"description_width": "initial"}}
+#: the progress bar's colour and label once a launch has ended, per state (running: no colour, "runs")
+BAR_STATES = {"done": "success", "failed": "danger", "stopped": "warning"}
+#: the statuses that count as finished on the progress bar (a run finished before is skipped, not rerun)
+FINISHED = ("finished", "skipped")
 
 
 def aid_choices() -> dict[str, dict[str, Any]]:
@@ -54,10 +58,14 @@ class LaunchPanel:
 
     ``plan`` shows, before launching, every field a launched run changes against the template.
     ``make_executor``: a callable returning an ``Executor`` (default: the local process pool with
-    ``workers``). ``explorer`` (a ``zfree.report.widgets.SweepExplorer``, or None) is refreshed as each
-    run finishes. ``stop`` cancels the runs not
+    ``workers``). ``explorer`` (anything with a ``refresh()``: a ``zfree.report.widgets.SweepExplorer``,
+    or ``zfree.report.explore.ExploreLab``, whose run table follows too; or None) is refreshed as each
+    run finishes or fails. ``stop`` cancels the runs not
     started, ends the local pool's workers (a run cut short leaves a folder without summary.json,
     rerun by the next launch) and keeps the finished runs.
+
+    The progress bar shows the finished share (``FINISHED``: a failed, stopped or cancelled run does
+    not fill it) and, once the launch ends, its state: the bar's colour and label (``BAR_STATES``).
     """
 
     def __init__(self, base: dict[str, Any], sweep_dir: Path | str, explorer: Any = None,
@@ -116,7 +124,8 @@ class LaunchPanel:
         if log_beta is not None:
             self.log_beta.min, self.log_beta.max = min(-4.0, log_beta[0] - 1), max(1.0, log_beta[1] + 1)
             self.log_beta.value = log_beta
-        self.statuses, self.progress.value = [], 0
+        self.statuses = []
+        self._bar("runs", 0)
         self._say("")
         self.describe()
 
@@ -187,9 +196,21 @@ class LaunchPanel:
                            f"<th align=left>launched</th></tr>{rows}</table>{warn}")
         return self.plan.value
 
+    def _bar(self, state: str, finished: int, total: int | None = None) -> None:
+        """The progress bar: ``finished`` of ``total`` runs, coloured and labelled by ``state`` ("runs"
+        while running, else a key of ``BAR_STATES``)."""
+        if total is not None:
+            self.progress.max = max(1, total)
+        self.progress.value = finished
+        self.progress.bar_style = BAR_STATES.get(state, "")
+        self.progress.description = state
+
+    def _finished(self) -> int:
+        return sum(s["status"] in FINISHED for s in self.statuses)
+
     def _on_done(self, status: dict) -> None:
         self.statuses.append(status)
-        self.progress.value += 1
+        self.progress.value = self._finished()
         self._say(f"{len(self.statuses)}/{self.progress.max}: {status['run_id']} {status['status']}")
         if self.explorer is not None and status["status"] in ("finished", "failed"):  # failures count at once
             self.explorer.refresh()
@@ -207,7 +228,8 @@ class LaunchPanel:
         if not points:
             self._say(f"nothing to launch: 0 runs ({NO_WEIGHTING})")
             return None
-        self.statuses, self.progress.value, self.progress.max = [], 0, max(1, len(points))
+        self.statuses = []
+        self._bar("runs", 0, len(points))
         self._say(f"running: 0/{len(points)}")
         self.button.disabled, self.stop_button.disabled = True, False
         self._stopping.clear()
@@ -236,7 +258,7 @@ class LaunchPanel:
                 except OSError:
                     pass
             self.button.disabled, self.stop_button.disabled = not self._launchable, True
-            ok = sum(s["status"] in ("finished", "skipped") for s in self.statuses)
+            ok = self._finished()
             failed = [s for s in self.statuses if s["status"] == "failed"]
             state = "stopped" if self._stopping.is_set() else "failed" if broken or failed else "done"
             why = ""
@@ -247,6 +269,7 @@ class LaunchPanel:
                        f"(see {self.sweep_dir / 'runs' / first['run_id'] / 'error.json'})")
             done = "finished" if state == "stopped" else "ok"
             note = f"; {self._stop_note}" if state == "stopped" and self._stop_note else ""
+            self._bar(state, ok)
             self._say(f"{state}: {ok}/{len(points)} {done}{why}{broken}{note}")
 
     def stop(self, timeout: float = 30.0) -> None:

@@ -103,8 +103,8 @@ def plot_phase_diagram(runs: pd.DataFrame, c_base: float | None = None, beta_ove
     boundary beta = ``beta_over_w`` · w of theory (beta_eff = beta·|S|/w < 1 for half of the
     examples; solid black) — itself a line of constant beta/w; thin dotted lines of constant
     beta/w through the grid (along them a scale-invariant optimizer such as Adam trains
-    identically, DESIGN §1); and ``critical_betas`` (weighting -> predicted beta*) as a black ×
-    on each weighting's row (the ``example`` row is not a scalar weight, so its beta* is off
+    identically, docs/concepts/weightings.md); and ``critical_betas`` (weighting -> predicted beta*) as
+    a black × on each weighting's row (the ``example`` row is not a scalar weight, so its beta* is off
     the line). ``highlight``: a (beta, w) cell outlined in red (the widgets' selection).
     ``variant``: named in the title (one diagram per aid / latent kind: ``figstyle.variants``).
     """
@@ -191,7 +191,7 @@ def _row_labels(runs: pd.DataFrame, factor: float = 1.25) -> list[tuple[float, l
 
 @_paper
 def plot_effective_beta(per_example: pd.DataFrame, eta: float | None = None) -> plt.Figure:
-    """Per-example beta_eff = beta·|S|/w (DESIGN §1; seeds 000, 002) per weighting: against b
+    """Per-example beta_eff = beta·|S|/w (docs/concepts/theory.md) per weighting: against b
     (nats per token), against |S|, and per-example KL (nats per sequence) against beta_eff —
     which examples use z. The line beta_eff = 1 is drawn in every panel (theory: z is worth
     using iff beta_eff < 1). ``per_example``: rows of the runs' per_example tables tagged with

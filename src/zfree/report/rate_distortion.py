@@ -95,8 +95,8 @@ def plot_rate_distortion(runs: pd.DataFrame, z_free: float | None = None, bayes_
     D = mean |S|·ℓ̄, both nats per sequence; one curve per weighting (and facet) across beta.
 
     ``z_free``: the measured z-free point (R = 0, D = mean |S|·b of the base model, i.e.
-    |S|·c_base per sequence). ``bayes_rate``: mean log(K/m) (DESIGN §2), which places the
-    analytic optimum (R = log(K/m), D = 0: z names the strategy, y is then determined) and the
+    |S|·c_base per sequence). ``bayes_rate``: mean log(K/m) (docs/concepts/problem.md#benchmark), which
+    places the analytic optimum (R = log(K/m), D = 0: z names the strategy, y is then determined) and the
     Bayes-optimal z-free point (0, log(K/m)) on one iso-ELBO line D + R = const (dashed): at
     beta = 1 nothing prefers using z. Dotted: more iso-ELBO lines (slope -1). ``controls``: each run's
     own z-free control (``zfree.report.gains_report.control_links`` rows: run_id, control_run_id,

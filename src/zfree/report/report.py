@@ -263,10 +263,10 @@ def switch_on_targets(aided: pd.DataFrame, threshold: float = USE_THRESHOLD, syn
     rho is still judged); where it predicts no use, whether z ended unused (measured_use_fraction
     <= ``threshold``). Columns: run, predicted, the targets, "z unused", all met. Targets of issue
     15: NMI (m = 1) >= 0.9, rho_recon <= 0.3, KL within 20% of the analytic I(z; y | x)
-    (``bayes_rate``, DESIGN §2) and task correctness within 1 point of the base model's; plus, where
-    ``aided`` has ``z_gain_lo`` (a control's gain), ``GAIN_TARGET``. ``synthetic=False`` (real data:
-    targets are judged on z's rate and gain, never on rho against the step-0 base): use measured and
-    ``GAIN_TARGET``, the verdict's rule (``zfree.report.gains_report``).
+    (``bayes_rate``, docs/concepts/problem.md#benchmark) and task correctness within 1 point of the base
+    model's; plus, where ``aided`` has ``z_gain_lo`` (a control's gain), ``GAIN_TARGET``.
+    ``synthetic=False`` (real data: targets are judged on z's rate and gain, never on rho against the
+    step-0 base): use measured and ``GAIN_TARGET``, the verdict's rule (``zfree.report.gains_report``).
     Raises KeyError naming a missing column."""
     need = ("weighting", "beta", "predicted_use_fraction", "measured_use_fraction", "alignment_nmi_unambiguous",
             "baseline_normalized_reconstruction_loss", "kl_prior_loss", "bayes_rate", "task_correctness",

@@ -1,5 +1,5 @@
-"""The symmetry-breaking aids (``AidConfig``; DESIGN §1): from a zero latent injection every latent
-value gives the same loss, so the posterior gets gradient only from the KL. Each aid is a small
+"""The symmetry-breaking aids (``AidConfig``; docs/concepts/aids.md): from a zero latent injection every
+latent value gives the same loss, so the posterior gets gradient only from the KL. Each aid is a small
 named function; the training loop reaches them through its plug-ins (``zfree.train.plugins``):
 
   hard-EM phase   ``count_usage``, ``restart_dead_values`` (dead-value restarts),

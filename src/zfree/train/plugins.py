@@ -35,7 +35,8 @@ from zfree.train.word_dropout import WordDropout
 
 class FrozenDecoder(Plugin):
     """The frozen-decoder warm phase: the first ``frozen_decoder_steps`` steps train only the
-    posterior side (``aids.FrozenDecoderMask``; DESIGN §1's symmetry breaking by the posterior first)."""
+    posterior side (``aids.FrozenDecoderMask``; docs/concepts/aids.md: symmetry breaking by the
+    posterior first)."""
 
     name, fields = "frozen_decoder", ("frozen_decoder_steps",)
 
@@ -138,7 +139,7 @@ class AggressiveEncoder(Plugin):
 
 class Beta0Warmup(Plugin):
     """beta = 0 with the router detached for the first ``warmup_aid_steps`` steps (``aid =
-    "beta0_warmup"``; the prototype's warm-up, DESIGN §1)."""
+    "beta0_warmup"``; the prototype's warm-up, docs/concepts/aids.md)."""
 
     name, fields = "beta0_warmup", ("aid", "warmup_aid_steps")
 

@@ -1,5 +1,5 @@
-"""Everything a CVAE run folder holds (DESIGN §5), read and written here (its checkpoints in
-``zfree.train.checkpoint``):
+"""Everything a CVAE run folder holds (docs/reference/artifacts.md), read and written here (its
+checkpoints in ``zfree.train.checkpoint``):
 
   config.json           the flat config (as given) plus "_" metadata (versions, c_base, data and base-model
                         hashes, ``_rows_used``: the validation rows evaluated and decoded, at most the rows

@@ -2,7 +2,7 @@
 ``build_optimizer``, ``setup_run``), then a short loop under the objective
 (``zfree.objective.objectives``), with the training-loop plug-ins (``zfree.train.plugins``: the
 symmetry-breaking aids and loop-changing remedies), evaluations (``zfree.evaluate.metrics``) and the
-run folder of DESIGN §5 (``zfree.train.run_folder``).
+run folder of docs/reference/artifacts.md (``zfree.train.run_folder``).
 
 A run folder is locked while a process trains it. A run folder with ``summary.json`` is finished
 and never rewritten (returned only for the same config). A run folder with a ``checkpoint/``
