@@ -186,8 +186,7 @@ class ContinuousCVAE(nn.Module):
             nn.init.zeros_(self.prior_head.weight)  # N(0, I) at step 0
             nn.init.zeros_(self.prior_head.bias)
         self.latent_proj = nn.Linear(d_latent, d, bias=False)
-        # decoder == base model at step 0 (docs/concepts/problem.md#models)
-        nn.init.zeros_(self.latent_proj.weight)
+        nn.init.zeros_(self.latent_proj.weight)  # decoder == base model at step 0 (docs/concepts/problem.md#models)
         self.shared_prefix = True  # reuse the x-prefix's key/value cache for the S decoder passes
         # decoder_hidden_suffix's mode (auto / on / off; None: the module default injection.SHARED_PREFIX)
         self.shared_prefix_mode: str | None = None
