@@ -277,7 +277,7 @@ def test_fit_budget_cuts_the_oracles_then_the_rows_before_refusing():
 def test_plan_gives_the_grid_what_is_left_of_the_budget(tmp_path, monkeypatch):
     """The budget is the whole study's: the grid gets it minus the time since the study began (split,
     reference, probes) and the report's REPORT_S; nothing left is a one-line refusal."""
-    monkeypatch.setattr(est, "probe", lambda point, work, micro_batch=None, ceiling=None: PROBE)
+    monkeypatch.setattr(est, "probe", lambda point, work, micro_batch=None, ceiling=None, deadline=None: PROBE)
     monkeypatch.setattr(est, "memory_limit", lambda: 64 * est.GB)
     spec, seen = OWN_PRESETS["own"], []
 
@@ -304,10 +304,10 @@ def test_plan_gives_the_grid_what_is_left_of_the_budget(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="--budget 2 min: the split, reference and probes took"):
         est.plan(spec, lambda s: _points(), tmp_path, workers=1, budget=120, started=t0)
     # the grid's refusal names the whole budget, what the preparation took and the runs' share
-    # ... and the budget that would hold the smallest grid: 100 s + 60 s for the report + 1790 s, rounded up
+    # ... and the budget that would hold the smallest grid: 100 s + PLAN_S + 60 s for the report + 1790 s, rounded up
     with pytest.raises(ConfigError, match=r"^--budget 11 min: the split, reference and probes took 1\.7 min and the "
                                           r"report needs about 1; even 10 steps .* 8\.3 min are left for the runs; "
-                                          r"give a budget of at least 33 min$"):
+                                          r"give a budget of at least 33 min \(the probes are kept"):
         est.plan(spec, lambda s: _points(), tmp_path, workers=1, budget=660, started=t0)
 
 
@@ -316,7 +316,7 @@ def test_workers_are_planned_again_after_the_budget_cuts_the_batch(tmp_path, mon
     whose probe leaves room for 2: the grid runs on 2 workers (a core no longer idles)."""
     probed = []
 
-    def probe(point, work, micro_batch=None, ceiling=None):
+    def probe(point, work, micro_batch=None, ceiling=None, deadline=None):
         b = point.params["batch_size"]
         probed.append(b)
         return dataclasses.replace(PROBE, peak_rss=(12 if b == 32 else 3) * est.GB, batch_size=b)
@@ -499,13 +499,13 @@ def test_a_micro_batch_is_probed_beside_its_control(tmp_path, monkeypatch):
     again; where one passes its half, the K-way point alone with the whole ceiling, then the control."""
     alone, pairs = [], []
 
-    def probe(point, work, micro_batch=None, ceiling=None):
+    def probe(point, work, micro_batch=None, ceiling=None, deadline=None):
         alone.append((point.run_id, micro_batch, ceiling))
         b = point.params["batch_size"] if not micro_batch else micro_batch
         return dataclasses.replace(PROBE, over=b == 32, peak_rss=(30 if b == 32 else 3) * est.GB, batch_size=b,
                                    wall_s=100.0)
 
-    def side_by_side(jobs, ceiling, over=False):
+    def side_by_side(jobs, ceiling, deadline=None, over=False):
         pairs.append(([(p.run_id, mb) for p, _, mb in jobs], ceiling))
         return [dataclasses.replace(PROBE, peak_rss=3 * est.GB, batch_size=mb, micro_batch=mb, over=over,
                                     given_step_s=None, step_s=s, wall_s=60.0) for (_, _, mb), s in zip(jobs, (4.0, 2.0))]
@@ -523,7 +523,7 @@ def test_a_micro_batch_is_probed_beside_its_control(tmp_path, monkeypatch):
     assert 100.0 <= plan.record["probe"]["wall_s"] < 110.0
     # one of the pair passed its half: each alone, with the whole ceiling
     alone.clear()
-    monkeypatch.setattr(est, "probe_side_by_side", lambda jobs, c: side_by_side(jobs, c, over=True))
+    monkeypatch.setattr(est, "probe_side_by_side", lambda jobs, c, d=None: side_by_side(jobs, c, over=True))
     est.plan(OWN_PRESETS["own"], lambda s: pts, tmp_path, workers=2)
     assert [a[:2] for a in alone] == [(pts[0].run_id, None), (pts[0].run_id, 8), ("control_x", 8)]
     assert len({c for _, _, c in alone}) == 1  # this plan's ceiling (its parent's RSS may differ by a page)
@@ -551,7 +551,7 @@ def test_probes_side_by_side_run_at_once_and_an_interrupt_takes_both_children(tm
     pts = _with_a_control()
     barrier = threading.Barrier(2, timeout=30)
 
-    def meeting(point, work, micro_batch=None, ceiling=None):
+    def meeting(point, work, micro_batch=None, ceiling=None, deadline=None):
         barrier.wait()
         return dataclasses.replace(PROBE, wall_s=float(len(point.run_id)), peak_rss=ceiling)
     monkeypatch.setattr(probe_mod, "probe", meeting)
@@ -561,7 +561,7 @@ def test_probes_side_by_side_run_at_once_and_an_interrupt_takes_both_children(tm
     children, started = [], threading.Barrier(3, timeout=30)
     before = set(probe_mod._LIVE)  # pids another test of this process left listed are not this test's
 
-    def sleeping(point, work, micro_batch=None, ceiling=None):
+    def sleeping(point, work, micro_batch=None, ceiling=None, deadline=None):
         proc = subprocess.Popen(["sleep", "600"])
         probe_mod._LIVE.add(proc.pid)
         children.append(proc)
@@ -656,3 +656,155 @@ def test_a_probe_of_the_same_config_on_this_machine_is_kept_not_run_again(tmp_pa
     with pytest.raises(RuntimeError, match="a child was started"):
         est.probe(p, tmp_path, ceiling=6 * est.GB)
     assert len(started) == 5
+
+
+def test_a_probe_the_models_size_rules_out_is_skipped(tmp_path, monkeypatch):
+    """Issue 59 item 2: a probe whose step the model's size alone puts over its ceiling (weights,
+    gradients and Adam's moments of the body, the residual stream and MLP activation of B x K x T
+    tokens, the logits B x K x T x vocab up to the evaluation's chunk) is not run: it comes back
+    skipped, at that floor, in no time; fit_memory then goes to the micro-batch, which is checked too."""
+    import subprocess
+
+    from zfree.experiment import cost
+    from zfree.evaluate.metrics import EVAL_LOGIT_ELEMENTS
+
+    class NoChild:
+        def __init__(self, *a, **k):
+            raise RuntimeError("a child was started")
+    monkeypatch.setattr(subprocess, "Popen", NoChild)
+    p = Point("probe", TrainConfig.from_flat({**TrainConfig().to_flat(), **SMALL, "batch_size": 32}).to_flat())
+    size = cost.model_size(ROOT / "data/base/default/model")
+    assert (size.vocab, size.d_model, size.n_layer, size.d_mlp) == (15, 128, 2, 512)
+    from safetensors.torch import load_file
+    weights = load_file(str(ROOT / "data/base/default/model/model.safetensors"))
+    assert size.n_params == sum(t.numel() for t in weights.values())
+    t = cost.mean_target_tokens(ROOT / "data/base/default")
+    floor = cost.step_memory_floor(est.probe_params(p.params))
+    tokens = 32 * 4 * t  # batch x K x mean y tokens
+    assert floor == int(4 * size.n_params + 12 * size.n_params + 4 * tokens * (128 + 512) * 2
+                        + 4 * min(tokens * 15, EVAL_LOGIT_ELEMENTS))
+    t0 = time.time()
+    skipped = est.probe(p, tmp_path, ceiling=floor - 1)
+    assert skipped.skipped and skipped.over and skipped.peak_rss == floor and time.time() - t0 < 5
+    assert not (tmp_path / "probe-mb0.measured.json").exists()  # nothing measured, nothing kept
+    # the micro-batch of 8 rows needs less: its floor is under the same ceiling, so it would run
+    small = cost.step_memory_floor(est.probe_params(p.params, 8))
+    assert small < floor - 1
+    with pytest.raises(RuntimeError, match="a child was started"):
+        est.probe(p, tmp_path, micro_batch=8, ceiling=floor - 1)
+    # a model whose size cannot be read without loading it (no config.json: a GGUF file): never skipped
+    assert cost.model_size(tmp_path) is None
+    assert cost.step_memory_floor({**p.params, "base_dir": str(tmp_path)}) is None
+    # in a plan: the full batch is skipped, the micro-batch probed, and the line says why
+    seen = []
+
+    def probe(point, work, micro_batch=None, ceiling=None, deadline=None):
+        seen.append(micro_batch)
+        if micro_batch is None:
+            return dataclasses.replace(PROBE, peak_rss=floor, batch_size=32, over=True, skipped=True, wall_s=0.0,
+                                       step_s=math.nan, setup_s=math.nan, eval_row_s=math.nan)
+        return dataclasses.replace(PROBE, peak_rss=est.GB, batch_size=micro_batch, micro_batch=micro_batch)
+    monkeypatch.setattr(est, "probe", probe)
+    w, mb, pr, lines = est.fit_memory(_points(batch_size=32), probe(p, tmp_path), 2,
+                                      limit=int(2.5 * est.GB / est.MEMORY_SHARE), parent=0,
+                                      reprobe=lambda m: probe(p, tmp_path, m))
+    assert (w, mb) == (2, 8) and f"at least {floor / est.GB:.1f} GB a run by the model's size (not probed)" in lines[0]
+
+
+class _Clock:
+    """A clock the stand-in probes move: ``time.time()`` of estimate.plan reads it."""
+
+    def __init__(self):
+        self.now = 1e9
+
+    def __call__(self):
+        return self.now
+
+
+def _timed_probe(clock, took: dict, kept: set):
+    """A stand-in ``probe``: a point first probed takes ``took[kind]`` seconds of the clock (stopped at
+    its deadline, as ``_poll_peak`` stops a child), a point probed before is kept (no time)."""
+    def probe(point, work, micro_batch=None, ceiling=None, deadline=None):
+        kind = _kind(point)
+        if kind in kept:
+            return dataclasses.replace(PROBE, wall_s=took[kind], reused=True)
+        if deadline is not None and clock.now + took[kind] > deadline:
+            wall, clock.now = deadline - clock.now, deadline
+            return dataclasses.replace(PROBE, wall_s=wall, over_time=True, step_s=math.nan, setup_s=math.nan,
+                                       eval_row_s=math.nan)
+        clock.now += took[kind]
+        kept.add(kind)
+        return dataclasses.replace(PROBE, wall_s=took[kind])
+    return probe
+
+
+def _kind(point):
+    return "control" if point.params.get("latent_source", "posterior") != "posterior" else "k-way"
+
+
+def test_probes_take_at_most_their_share_of_the_budget(tmp_path, monkeypatch):
+    """Issue 59 item 2: the probes get PROBE_SHARE of the budget. The z-free control's probe, which
+    the estimate can do without (its steps counted at the K-way times, an overestimate), is not
+    started where the K-way probe's time would pass that share; a K-way probe still running at it is
+    stopped and the study refused in one line naming the share."""
+    clock = _Clock()
+    monkeypatch.setattr(est.time, "time", clock)
+    monkeypatch.setattr(est, "memory_limit", lambda: 64 * est.GB)
+    monkeypatch.setattr(est, "usable_cores", lambda: 1)
+    spec = OWN_PRESETS["own"]
+    pts = _with_a_control(steps=10, eval_every=10, eval_rows=20)
+    probe = _timed_probe(clock, {"k-way": 300.0, "control": 200.0}, set())
+    monkeypatch.setattr(est, "probe", probe)
+    t0 = clock.now - 60
+    plan = est.plan(spec, lambda s: pts, tmp_path, workers=1, budget=1800, started=t0)  # share: 450 s
+    assert clock.now - t0 - 60 <= est.PROBE_SHARE * 1800
+    assert any(l.startswith("z-free control not probed (the probes' share of the budget, 25 %") for l in plan.lines)
+    assert plan.record["probe"]["given_step_s"] is None  # counted as K-way steps
+    assert [r["probe"] for r in plan.record["probes"]] == ["K-way at batch 8"]
+    # with a budget whose share holds both, both run
+    clock.now += 1000
+    monkeypatch.setattr(est, "probe", _timed_probe(clock, {"k-way": 300.0, "control": 200.0}, set()))
+    both = est.plan(spec, lambda s: pts, tmp_path, workers=1, budget=3600, started=clock.now - 60)
+    assert both.record["probe"]["given_step_s"] is not None and len(both.record["probes"]) == 2
+    # a K-way probe longer than the share is stopped there and the study refused
+    monkeypatch.setattr(est, "probe", _timed_probe(clock, {"k-way": 600.0, "control": 200.0}, set()))
+    start = clock.now
+    with pytest.raises(ConfigError, match=r"^--budget 30 min: the probes may take 25 % of it \(7\.5 min\) and were "
+                                          r"stopped there"):
+        est.plan(spec, lambda s: pts, tmp_path, workers=1, budget=1800, started=start - 60)
+    assert clock.now - start == pytest.approx(450.0)
+
+
+def test_a_refusals_budget_is_the_smallest_the_same_command_accepts(tmp_path, monkeypatch):
+    """Issue 59 item 2: a refusal asks for the budget that holds the preparation, the planning with
+    its probes kept (they are not run again), the report and the smallest grid; the same command with
+    exactly that budget is accepted, with a minute less refused."""
+    clock = _Clock()
+    monkeypatch.setattr(est.time, "time", clock)
+    monkeypatch.setattr(est, "memory_limit", lambda: 64 * est.GB)
+    kept: set = set()
+    slow = dataclasses.replace(PROBE, setup_s=500.0)  # a large model's start: the smallest grid is 3 x 525 s
+    monkeypatch.setattr(est, "PROBE", slow, raising=False)
+
+    def probe(point, work, micro_batch=None, ceiling=None, deadline=None):
+        pr = _timed_probe(clock, {"k-way": 300.0}, kept)(point, work, micro_batch, ceiling, deadline)
+        return dataclasses.replace(pr, setup_s=slow.setup_s)
+    monkeypatch.setattr(est, "probe", probe)
+    spec = OWN_PRESETS["own"]
+
+    def points(s):
+        return _points(**{k: s.train[k] for k in ("steps", "eval_every", "eval_rows", "batch_size")})
+
+    def attempt(minutes):
+        return est.plan(spec, points, tmp_path, workers=1, budget=minutes * 60, started=clock.now - 120)  # 2 min prep
+    with pytest.raises(ConfigError) as refused:
+        attempt(25)
+    import re
+    asked = int(re.search(r"give a budget of at least (\d+) min", str(refused.value)).group(1))
+    assert kept == {"k-way"}
+    with pytest.raises(ConfigError, match="give a budget of at least"):
+        attempt(asked - 1)
+    plan = attempt(asked)  # accepted, the probe kept
+    assert plan.seconds <= plan.record["grid_budget_s"] and plan.record["probes"][0]["status"] == "kept"
+    # the advice does not count the probes the first attempt ran: asked again, it is the same
+    assert asked == 30

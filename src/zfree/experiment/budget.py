@@ -32,6 +32,14 @@ SMALL_BATCH = 8
 KEEP_WEIGHTINGS = tuple(n for n, w in WEIGHTINGS.items() if w.kept_by_budget)
 #: the fewest steps a run keeps under any budget
 MIN_STEPS = 10
+#: the share of a budget the probes may take (``zfree.experiment.estimate.plan``): a probe still
+#: running past it is stopped, and a probe that is not needed (a z-free control's, counted at the
+#: K-way probe's times instead) is not started where it would pass it (SmolLM2-135M: one probe took
+#: 14.4 min of a 30 min budget, then the study was refused with nothing trained)
+PROBE_SHARE = 0.25
+#: seconds a rerun spends planning beyond its preparation when its probes are kept (reading the kept
+#: records, expanding the grid): counted in the budget a refusal asks for
+PLAN_S = 10.0
 
 
 def parse_budget(text: str | None) -> float | None:
@@ -247,7 +255,12 @@ def fit_budget(spec: "ExperimentSpec", seconds: Callable[["ExperimentSpec"], flo
     if now <= budget:
         return spec, lines
     steps = int(spec.train.get("steps", TrainConfig().optim.steps))
-    smallest = seconds(_with(spec, _scaled(spec.train, MIN_STEPS / steps), _scaled(spec.boundary.aided, MIN_STEPS / steps)))
+    least = _with(spec, _scaled(spec.train, MIN_STEPS / steps), _scaled(spec.boundary.aided, MIN_STEPS / steps))
+    smallest = seconds(least)
+    if smallest <= budget:  # the budget a refusal asked for: the linear steps fit may round below the floor
+        return least, lines + [f"steps x {MIN_STEPS / steps:.2f} (unaided {steps} -> {least.train['steps']}, aided "
+                               f"{spec.boundary.aided.get('steps', steps)} -> "
+                               f"{least.boundary.aided.get('steps', least.train['steps'])})"]
     refusal = ConfigError(f"even {MIN_STEPS} steps a run need about {smallest / 60:.0f} min on this machine, "
                           f"{max(0.0, budget) / 60:.1f} min are left for the runs")
     refusal.smallest_s = smallest  # the smallest grid's seconds: the caller names the budget it needs
