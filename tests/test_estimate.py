@@ -808,3 +808,14 @@ def test_a_refusals_budget_is_the_smallest_the_same_command_accepts(tmp_path, mo
     assert plan.seconds <= plan.record["grid_budget_s"] and plan.record["probes"][0]["status"] == "kept"
     # the advice does not count the probes the first attempt ran: asked again, it is the same
     assert asked == 30
+
+
+def test_a_probe_past_its_deadline_is_stopped_and_not_kept(tmp_path):
+    """The deadline of the probes' share: the child ``zfree train`` (its imports alone take more than
+    the second it is given) is killed there; the Probe says so, its times unmeasured, and no record
+    is kept (a longer deadline probes it again)."""
+    p = Point("probe", TrainConfig.from_flat({**TrainConfig().to_flat(), **SMALL}).to_flat())
+    t0 = time.time()
+    pr = est.probe(p, tmp_path, ceiling=8 * est.GB, deadline=t0 + 1.0)
+    assert pr.over_time and not pr.over and not pr.measured and math.isnan(pr.step_s) and time.time() - t0 < 30
+    assert not (tmp_path / "probe-mb0.measured.json").exists()
