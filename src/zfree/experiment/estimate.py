@@ -36,8 +36,9 @@ from typing import Callable
 from zfree.config import LatentSource, TrainConfig
 from zfree.core.errors import ConfigError
 from zfree.core.io import atomic_write_json
-from zfree.experiment.budget import (CUTS, KEEP_WEIGHTINGS, PLAN_S, PROBE_SHARE, REPORT_S, SMALL_BATCH,  # noqa: F401
-                                     STEP_FLOOR, _fit_steps, _scaled, _with, budget_help, fit_budget, parse_budget)
+from zfree.experiment.budget import (CUTS, FILL, KEEP_WEIGHTINGS, MIN_STEPS, PLAN_S, PROBE_SHARE, REPORT_S,  # noqa: F401
+                                     SMALL_BATCH, STEP_FLOOR, _fit_steps, _scaled, _with, budget_help, fit_budget,
+                                     parse_budget)
 from zfree.experiment.cost import (AGGRESSIVE_STEP_FACTOR, KERNEL_START_S, _n_evals, grid_seconds,  # noqa: F401
                                    run_seconds, train_scoring_seconds)
 from zfree.experiment.probe import (GB, MEMORY_SHARE, PROBE_ROWS, PROBE_STEPS, Probe, _kill_tree,  # noqa: F401
