@@ -905,3 +905,36 @@ def test_a_probe_past_its_deadline_is_stopped_and_not_kept(tmp_path):
     pr = est.probe(p, tmp_path, ceiling=8 * est.GB, deadline=t0 + 1.0)
     assert pr.over_time and not pr.over and not pr.measured and math.isnan(pr.step_s) and time.time() - t0 < 30
     assert not (tmp_path / "probe-mb0.measured.json").exists()
+
+
+def test_the_estimate_names_the_probes_it_ran_and_kept_and_times_at_the_grids_batch(tmp_path, monkeypatch):
+    """Issue 59 item 4: the K-way probe at batch 32 kept from an earlier attempt, the probe of the
+    batch the budget cut to run now: the line says which ran (with this session's seconds) and which
+    was kept ("kept" alone would be false), and quotes the step at the grid's batch of 8."""
+    clock = _Clock()
+    monkeypatch.setattr(est.time, "time", clock)
+
+    def probe(point, work, micro_batch=None, ceiling=None, deadline=None):
+        b = point.params["batch_size"]
+        if b == 32:  # kept: no time now
+            return dataclasses.replace(PROBE, step_s=4.0, peak_rss=12 * est.GB, batch_size=32, wall_s=900.0,
+                                       reused=True)
+        clock.now += 120.0
+        return dataclasses.replace(PROBE, peak_rss=3 * est.GB, batch_size=b, wall_s=120.0)
+    monkeypatch.setattr(est, "probe", probe)
+    monkeypatch.setattr(est, "memory_limit", lambda: 24 * est.GB)
+    monkeypatch.setattr(est, "fit_budget", lambda s, seconds, budget, labels=(): (
+        dataclasses.replace(s, train={**s.train, "batch_size": 8}), ["batch 32 -> 8 rows a step"]))
+    plan = est.plan(OWN_PRESETS["own"], lambda s: _points(batch_size=s.train.get("batch_size", 32)), tmp_path,
+                    workers=2, budget=7200, started=clock.now)
+    head = plan.lines[0]
+    assert "4-step probes ran now (120 s): K-way at batch 8; kept from an earlier probe of the same config on this " \
+           "machine: K-way at batch 32." in head, head
+    assert "Measured at the grid's batch of 8 rows (scaled from the probe's 32): 1.00 s a K-way step" in head
+    assert plan.record["probes_s"] == 120.0 and [r["status"] for r in plan.record["probes"]] == ["kept", "ran"]
+    # nothing run now: said so, and every probe kept
+    monkeypatch.setattr(est, "fit_budget", lambda s, seconds, budget, labels=(): (s, []))
+    kept = est.plan(OWN_PRESETS["own"], lambda s: _points(batch_size=32), tmp_path, workers=1, budget=7200,
+                    started=clock.now)
+    assert "4-step probes none ran now; kept from an earlier probe" in kept.lines[0]
+    assert "Measured at the grid's batch of 32 rows: 4.00 s a K-way step" in kept.lines[0]

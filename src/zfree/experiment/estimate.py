@@ -124,6 +124,7 @@ class Probing:
 
     def __init__(self, work: Path, ceiling: int, deadline: float | None = None):
         self.work, self.ceiling, self.deadline, self.t0 = work, ceiling, deadline, time.time()
+        self.t_end = self.t0  # when the last probe run now ended
         self.log: list[dict] = []
 
     def one(self, point: Point, sub: str = "", mb: int | None = None, ceiling: int | None = None) -> Probe:
@@ -143,7 +144,13 @@ class Probing:
                   "stopped at its memory ceiling" if pr.over else "kept" if pr.reused else "ran")
         self.log.append({"probe": f"{_kind(point)} at batch {pr.batch_size}{how}", "status": status,
                          "wall_s": 0.0 if pr.reused or pr.skipped else pr.wall_s, "peak_bytes": pr.peak_rss})
+        if status not in ("kept", "skipped"):
+            self.t_end = time.time()
         return pr
+
+    def spent(self) -> float:
+        """Seconds this session's probes took (the kept ones none)."""
+        return self.t_end - self.t0
 
     def left(self) -> float:
         """Seconds left before the deadline (inf without one)."""
@@ -298,7 +305,8 @@ def plan(spec: ExperimentSpec, make_points: Callable[[ExperimentSpec], list[Poin
         spent = 0.0 if started is None else time.time() - started
         why, grid_budget = _spent_line(budget, spent), max(0.0, budget - spent - REPORT_S)  # 0: refused below
         spec, cuts = _cut_to_budget(spec, lambda s: grid_seconds(make_points(s), pr, n_val, w), grid_budget, points,
-                                    why, lambda: [_measured(pr, w), *lines],
+                                    why, lambda: [_measured(pr, w, probing.log, probing.spent(),
+                                                            points[0].params["batch_size"]), *lines],
                                     before_grid=prep_s + PLAN_S + REPORT_S + unprobed)
     final = make_points(spec)
     if w < workers and final and final[0].params["batch_size"] < points[0].params["batch_size"]:
@@ -309,30 +317,52 @@ def plan(spec: ExperimentSpec, make_points: Callable[[ExperimentSpec], list[Poin
     head = (f"estimate: {len(final)} runs on {w} worker(s): about {secs / 60:.1f} min, peak memory {peak / GB:.1f} GB "
             f"({w} x {pr.peak_rss / GB:.2f} GB a run + {parent / GB:.2f} GB this process; {limit / GB:.1f} GB available). "
             + _measured(pr if any(TrainConfig.from_flat(p.params).objective.needs_example_b for p in final)
-                        else dataclasses.replace(pr, train_scoring_s=0.0), None))  # the cut grid may need no b
+                        else dataclasses.replace(pr, train_scoring_s=0.0), None,  # the cut grid may need no b
+                        probing.log, probing.spent(), final[0].params["batch_size"] if final else None))
     room = (f"budget {budget / 60:.0f} min ({grid_budget / 60:.1f} for the runs after the preparation and probes, "
             f"{REPORT_S:.0f} s kept for the report)" if budget is not None else "")
     lines = [head, *lines, *([f"{room}: cut " + "; ".join(cuts)] if cuts else
                              [f"{room}: the grid fits uncut"] if budget is not None else [])]
     rec = {"runs": len(final), "workers": w, "estimated_s": secs, "estimated_peak_bytes": peak, "budget_s": budget,
            "grid_budget_s": grid_budget, "cuts": cuts, "micro_batch": mb, "probe": dataclasses.asdict(pr),
-           "probes": probing.log, "memory_limit_bytes": limit, "lines": lines, "train": spec.train}
+           "probes": probing.log, "probes_s": probing.spent(), "memory_limit_bytes": limit, "lines": lines, "train": spec.train}
     atomic_write_json(out / "estimate.json", rec)
     for line in lines:
         print(line, flush=True)
     return Plan(spec, w, secs, peak, lines, rec)
 
 
-def _measured(pr: Probe, workers: int | None) -> str:
-    """The estimate's line of what the probes measured (``workers``: named where no estimate precedes it)."""
+def probes_said(probes: list[dict], spent: float) -> str:
+    """What the probes of a plan did (``Probing.log``): the ones run now with this session's
+    ``spent`` seconds, those kept from an earlier probe of the same config on this machine (named
+    "kept" only where nothing was run for them now), and those skipped or stopped."""
+    groups: dict[str, list[str]] = {}
+    for r in probes:
+        groups.setdefault(r["status"], []).append(r["probe"])
+    said = {"ran": f"ran now ({spent:.0f} s)", "kept": "kept from an earlier probe of the same config on this machine",
+            "skipped": "skipped (the model's size alone needs more memory than there is)",
+            "stopped at its memory ceiling": "stopped at their memory ceiling",
+            "stopped at the deadline": "stopped at the probes' share of the budget"}
+    parts = [f"{v}: {', '.join(groups[k])}" for k, v in said.items() if k in groups]
+    if "ran" not in groups:
+        parts.insert(0, "none ran now")
+    return f"{PROBE_STEPS}-step probes " + "; ".join(parts)
+
+
+def _measured(pr: Probe, workers: int | None, probes: list[dict] | None = None, spent: float = 0.0,
+              batch: int | None = None) -> str:
+    """The estimate's line of what the probes measured (``workers``: named where no estimate
+    precedes it): which probes ran and which were kept (``probes_said``), then the times at the
+    grid's ``batch`` (a step's time scaled from the probe's batch, as ``run_seconds`` does)."""
+    b = pr.batch_size if batch is None else batch
+    at = (f"at the grid's batch of {b} rows" + (f" (scaled from the probe's {pr.batch_size})" if b != pr.batch_size
+                                                else ""))
+    scale = b / pr.batch_size
     return ((f"estimate: {workers} worker(s). " if workers is not None else "")
-            + f"Measured by {PROBE_STEPS}-step probes ({pr.wall_s:.0f} s"
-            + (", kept from an earlier probe of the same configs on this machine" if pr.reused else "")
-            + f", peak {pr.peak_rss / GB:.2f} GB a run): "
-            f"{pr.step_s:.2f} s a K-way step at batch "
-            f"{pr.batch_size}, {pr.eval_row_s:.3f} s an evaluated row"
-            + (f"; z-free control {pr.given_step_s:.2f} s a step, {pr.given_eval_row_s:.3f} s a row"
-               if pr.given_step_s is not None else "") + f"; {pr.setup_s:.0f} s setup"
+            + (probes_said(probes, spent) + ". " if probes is not None else "")
+            + f"Measured {at}: {pr.step_s * scale:.2f} s a K-way step, {pr.eval_row_s:.3f} s an evaluated row"
+            + (f"; z-free control {pr.given_step_s * scale:.2f} s a step, {pr.given_eval_row_s:.3f} s a row"
+               if pr.given_step_s is not None else "") + f"; {pr.setup_s:.0f} s setup; peak {pr.peak_rss / GB:.2f} GB a run"
             + (f"; scoring the training rows once {pr.train_scoring_s:.0f} s" if pr.train_scoring_s else "")
             + (f"; decoding {pr.samples_s:.0f} s an evaluation + {pr.decode_s:.0f} s a run"
                + (f" (control {pr.given_samples_s or 0:.0f} + {pr.given_decode_s or 0:.0f} s)"
