@@ -74,6 +74,30 @@ def test_lora_run_checkpoint_is_partial_and_resumes(tmp_path, tiny_run):
     resumed = train_cvae(cfg, part, progress=False)
     assert resumed["loss/val/reconstruction_loss"] == full["loss/val/reconstruction_loss"]
     assert not (part / "checkpoint.prev").exists() and (part / "checkpoint" / "COMPLETE").exists()
+    # issue 59 item 5: the finished run keeps only what trains and what is new (adapters, latent
+    # embedding, router, posterior), no optimizer moments, no RNG state, no frozen base weight: in
+    # every file of its checkpoint; equal, tensor for tensor, to the uninterrupted run's
+    from zfree.core.checkpoint_io import load_plain_state, verify_checkpoint_dir
+    from zfree.train.checkpoint import load_checkpoint
+    from zfree.train.checkpoint_parts import FINISHED_KEY
+
+    own = set(trainable_tensors(model))
+    for run in (part, tmp_path / "whole"):
+        ck = run / "checkpoint"
+        verify_checkpoint_dir(ck)
+        tensors = {}
+        for f in ck.glob("*.safetensors"):
+            tensors.update({f"{f.stem}/{k}": v for k, v in load_file(str(f)).items()})
+        assert {k.split("/", 1)[1] for k in tensors if k.startswith("model/")} == own
+        assert not [k for k in tensors if not k.startswith("model/")]  # no optimizer or RNG tensor
+        state = load_plain_state(ck)
+        assert state[FINISHED_KEY]["body"] == "the base's" and "optimizer" not in state and "rng" not in state
+    whole = load_file(str(tmp_path / "whole" / "checkpoint" / "model.safetensors"))
+    assert all(torch.equal(v, whole[k]) for k, v in load_file(str(part / "checkpoint" / "model.safetensors")).items())
+    assert train_cvae(cfg, part, progress=False) == resumed  # a finished run: its summary, nothing trained
+    said = []  # its summary.json gone, a finished run's record is no point to resume from: from step 0
+    assert load_checkpoint(part, model, torch.optim.SGD(model.parameters(), lr=0.1), np.random.default_rng(0), dict,
+                           warn=said.append) is None and "trains again from step 0" in said[0]
 
 
 @pytest.mark.slow  # a real run (tens of seconds on 2 cores)
