@@ -775,7 +775,7 @@ def test_a_probe_the_models_size_rules_out_is_skipped(tmp_path, monkeypatch):
     skipped, at that floor, in no time; fit_memory then goes to the micro-batch, which is checked too."""
     import subprocess
 
-    from zfree.experiment import cost
+    from zfree.experiment import memory_floor as cost
     from zfree.evaluate.metrics import EVAL_LOGIT_ELEMENTS
 
     class NoChild:

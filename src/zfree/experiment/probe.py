@@ -18,6 +18,7 @@ from pathlib import Path
 from zfree.config import TrainConfig
 from zfree.core.errors import ConfigError
 from zfree.core.io import read_jsonl
+from zfree.experiment.memory_floor import step_memory_floor
 from zfree.experiment.spec import Point
 
 GB = 2**30
@@ -163,7 +164,6 @@ def probe(point: Point, work: Path, micro_batch: int | None = None, ceiling: int
     SmolLM2-135M probe at batch 32 took 14.4 min of a 30 min budget). ``deadline`` (``time.time()``
     seconds): past it the child is killed and the Probe comes back ``over_time`` (its times NaN).
     Raises ConfigError with the child's last lines when it fails otherwise (a point that cannot run)."""
-    from zfree.experiment.cost import step_memory_floor  # lazy: cost imports this module
 
     cfg = TrainConfig.from_flat(point.params)
     mb = cfg.optim.micro_batch if micro_batch is None else micro_batch
