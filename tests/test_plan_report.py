@@ -151,7 +151,8 @@ def test_a_missing_oracle_says_which_cut_removed_it():
     (not "no label with two or more values"); where it cut some, it names the labels that lost theirs."""
     est = {**ESTIMATE, "cuts": ["evaluated rows 300 -> 100", "label oracles ['category', 'length'] -> ['category'] "
                                 "(at 10 steps the grid needs 30.1 min, 20.0 are left)",
-                                "label oracles ['category'] -> none", "steps x 0.40 (unaided 50 -> 20, aided 100 -> 40)"]}
+                                "label oracles ['category'] -> none",
+                                "steps x 0.40 (unaided 50 -> 20, aided 100 -> 40)"]}
     md = P.oracle_cut_markdown(est, pd.DataFrame())
     assert md.startswith("**No label oracle in this study: the budget cut them** (cut 2 of 4, <code>")
     assert "cut 3 of 4, <code>label oracles" in md and "two or more values" not in md

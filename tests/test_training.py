@@ -362,10 +362,11 @@ def test_a_finished_run_keeps_its_own_tensors_not_the_trained_body_nor_the_optim
     assert _strip_timing(uninterrupted) == _strip_timing(s)
     kept_once = load_file(str(tmp_path / "once" / "checkpoint" / "model.safetensors"))
     assert all(torch.equal(kept_once[k], v) for k, v in kept.items())
-    both = train_cvae(_cfg(data, base, weighting="distribution", beta=0.3, keep_prev_checkpoint=True), tmp_path / "both",
+    both = tmp_path / "both"
+    assert train_cvae(_cfg(data, base, weighting="distribution", beta=0.3, keep_prev_checkpoint=True), both,
                       progress=False)
-    assert both and "optimizer" in load_plain_state(tmp_path / "both" / "checkpoint")
-    assert any(k.startswith("backbone.") for k in load_file(str(tmp_path / "both" / "checkpoint" / "model.safetensors")))
+    assert "optimizer" in load_plain_state(both / "checkpoint") and (both / "checkpoint.prev").is_dir()
+    assert any(k.startswith("backbone.") for k in load_file(str(both / "checkpoint" / "model.safetensors")))
 
 
 def test_index_collapse_is_warned(tiny, tmp_path, capsys, monkeypatch):

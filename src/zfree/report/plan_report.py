@@ -187,8 +187,8 @@ def oracle_cut_markdown(estimate: dict | None, oracles: pd.DataFrame) -> str:
         return (f"**No label oracle in this study: the budget cut them** ({which}; the cuts are listed in the "
                 f"opening section). What z could gain from {', '.join(md_code(x) for x in gone)} went unmeasured; "
                 "the oracles are the last thing a budget cuts, so a larger budget keeps them.")
-    return (f"⚠ The budget cut the label oracle of {', '.join(md_code(x) for x in gone)} ({which}): what z could gain "
-            "from that label went unmeasured.")
+    return (f"⚠ The budget cut the label oracle of {', '.join(md_code(x) for x in gone)} ({which}): what z "
+            "could gain from that label went unmeasured.")
 
 
 def conditioning_markdown(study_dir: Path | str) -> str:
