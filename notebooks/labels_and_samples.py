@@ -16,7 +16,8 @@
 # posterior's argmax and the label, and a held-out linear probe of the label from the posterior
 # features, beside the majority-class baseline they must beat; ρ_recon and the rate beside them;
 # a warning where a label rests on fewer than 50 rows or one value. Where the study measured it
-# (`multiref.csv`), the multi-reference evidence per run, beside its z-free control's. Then the notes (what
+# (`multiref.csv`) and the data has multiple references (conditional, some x with two or more y), the
+# multi-reference evidence per run, beside its z-free control's. Then the notes (what
 # could not be measured), the confusion of latent values against each label for the run that uses z most
 # (a heatmap where a label has more values than a table shows), and, for a few validation x, the greedy and
 # one sampled y under each latent value.
@@ -32,8 +33,8 @@ import pandas as pd
 from IPython.display import Markdown, display
 
 from zfree.evaluate.latent_stats import label_confusion
-from zfree.report.labels_report import (confusion_is_wide, dashes, label_table, multiref_note, multiref_table,
-                                        notes_markdown, samples_table)
+from zfree.report.labels_report import (confusion_is_wide, dashes, label_table, multiple_references, multiref_note,
+                                        multiref_table, notes_markdown, samples_table)
 from zfree.report.meaning_report import show_meaning
 from zfree.report.plotting_study import plot_label_confusion
 from zfree.report.report import md_text, run_label, show
@@ -54,7 +55,7 @@ if not runs.empty:
         display(label_table(runs))
 
 # %%
-multiref = multiref_table(sweep_dir)
+multiref = multiref_table(sweep_dir) if multiple_references(sweep_dir) else None  # none: no MR has two references
 if multiref is not None:
     display(Markdown("### Multi-reference evidence\n\nPer run: the pairwise BLEU among the latent values' "
                      "outputs for one MR (low: the values write different texts) and how many of the MR's human "

@@ -33,7 +33,7 @@ from zfree.report.gains_report import (available_gain_markdown, available_gain_t
                                        gain_verdict_markdown, gain_verdicts, has_generator_truth, measured_eta,
                                        runs_c_base_markdown, study_gains)
 from zfree.report.leaderboard_report import leaderboard_table, method_markdown, winner_markdown
-from zfree.report.plan_report import PHASE_NOTE, plan_section
+from zfree.report.plan_report import PHASE_NOTE, oracle_cut_markdown, plan_section, read_plan
 from zfree.report.seed_report import read_seed_gains, seed_gains_frame, seed_gains_markdown
 from zfree.report.plotting_study import (plot_gains, plot_leaderboard, plot_loss_fractions, plot_predicted_vs_measured,
                                          plot_rate_and_rho_vs_beta)
@@ -54,11 +54,14 @@ if phases is not None:
 given = study_gains(sweep_dir, summary)  # (oracles, gains) against the z-free control; None without controls
 eta = measured_eta(given[0]) if given else None
 if given:
+    cut = oracle_cut_markdown(read_plan(sweep_dir)[0], given[0])  # where the budget cut label oracles: which cut
     display(Markdown("## What z could gain: the label oracles\n\n"
                      "Each oracle is the z-free control's recipe with z := the row's label: ΔR = D_control − D_oracle "
                      "(nats per example) is what a latent carrying that label could buy, H(label | x) what it costs in "
                      "rate, η = ΔR/H the exchange rate theory needs; the fine-tuning gain D_base − D_control is what the "
-                     "control's own training bought over the frozen base model on the same rows.\n\n" + available_gain_markdown(given[0])))
+                     "control's own training bought over the frozen base model on the same rows.\n\n"
+                     + (cut if cut and given[0].empty else
+                        available_gain_markdown(given[0]) + ("\n\n" + cut if cut else ""))))
     if len(given[0]):
         display(available_gain_table(given[0]))
     verdicts = gain_verdicts(summary, given[1], eta)

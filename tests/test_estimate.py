@@ -10,6 +10,7 @@ import math
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -73,6 +74,30 @@ def test_lora_run_checkpoint_is_partial_and_resumes(tmp_path, tiny_run):
     resumed = train_cvae(cfg, part, progress=False)
     assert resumed["loss/val/reconstruction_loss"] == full["loss/val/reconstruction_loss"]
     assert not (part / "checkpoint.prev").exists() and (part / "checkpoint" / "COMPLETE").exists()
+    # issue 59 item 5: the finished run keeps only what trains and what is new (adapters, latent
+    # embedding, router, posterior), no optimizer moments, no RNG state, no frozen base weight: in
+    # every file of its checkpoint; equal, tensor for tensor, to the uninterrupted run's
+    from zfree.core.checkpoint_io import load_plain_state, verify_checkpoint_dir
+    from zfree.train.checkpoint import load_checkpoint
+    from zfree.train.checkpoint_parts import FINISHED_KEY
+
+    own = set(trainable_tensors(model))
+    for run in (part, tmp_path / "whole"):
+        ck = run / "checkpoint"
+        verify_checkpoint_dir(ck)
+        tensors = {}
+        for f in ck.glob("*.safetensors"):
+            tensors.update({f"{f.stem}/{k}": v for k, v in load_file(str(f)).items()})
+        assert {k.split("/", 1)[1] for k in tensors if k.startswith("model/")} == own
+        assert not [k for k in tensors if not k.startswith("model/")]  # no optimizer or RNG tensor
+        state = load_plain_state(ck)
+        assert state[FINISHED_KEY]["body"] == "the base's" and "optimizer" not in state and "rng" not in state
+    whole = load_file(str(tmp_path / "whole" / "checkpoint" / "model.safetensors"))
+    assert all(torch.equal(v, whole[k]) for k, v in load_file(str(part / "checkpoint" / "model.safetensors")).items())
+    assert train_cvae(cfg, part, progress=False) == resumed  # a finished run: its summary, nothing trained
+    said = []  # its summary.json gone, a finished run's record is no point to resume from: from step 0
+    assert load_checkpoint(part, model, torch.optim.SGD(model.parameters(), lr=0.1), np.random.default_rng(0), dict,
+                           warn=said.append) is None and "trains again from step 0" in said[0]
 
 
 @pytest.mark.slow  # a real run (tens of seconds on 2 cores)
@@ -222,7 +247,8 @@ def test_fit_budget_cuts_and_refuses():
     assert cut.train["eval_every"] == cut.train["steps"] and cut.boundary.aided["eval_every"] == cut.boundary.aided["steps"]
     assert any("beta points" in l for l in lines) and any(l.startswith("steps x") for l in lines)
     # 8 runs x (200 f + 30) <= 600 needs 200 f = 45 < STEP_FLOOR: the weightings go first, then steps
-    assert "weightings ['plain', 'distribution', 'example', 'token'] -> ['distribution', 'example']" in lines
+    assert lines[3] == ("weightings ['plain', 'distribution', 'example', 'token'] -> ['distribution', 'example'] "
+                        "(at 50 steps the grid needs 10.7 min, 10.0 are left)")
     assert cut.boundary.weightings == ("distribution", "example") and cut.train["steps"] >= est.STEP_FLOOR
     assert not any(l.startswith("batch") for l in lines)  # 50 steps fit at batch 32
 
@@ -231,9 +257,11 @@ def test_fit_budget_cuts_and_refuses():
         per = s.train["steps"] * s.train.get("batch_size", 32) / 32 + 0.15 * s.train["eval_rows"] * evals(s)
         return len(g.weightings) * len(g.beta_factors) * len(g.aids) * per
     small, lines = est.fit_budget(spec, batched, budget=300)  # 4 runs x (50 + 30) > 300 at batch 32
-    assert "batch 32 -> 8 rows a step" in lines and small.train["batch_size"] == 8 and batched(small) <= 300
-    roomy, lines = est.fit_budget(spec, seconds, budget=2000)  # 8 runs x 230 s fit after the beta cut
+    assert any(l.startswith("batch 32 -> 8 rows a step") for l in lines) and small.train["batch_size"] == 8
+    assert batched(small) <= 300
+    roomy, lines = est.fit_budget(spec, seconds, budget=2000)  # 16 runs x (95 + 30) s: steps before the beta cut
     assert cut.boundary.weightings != roomy.boundary.weightings and not any("weightings" in l for l in lines)
+    assert roomy.boundary.beta_factors == spec.boundary.beta_factors and lines[-1].startswith("steps x 0.47")
     uncut, none = est.fit_budget(spec, seconds, budget=1e9)
     assert none == [] and uncut == spec
     with pytest.raises(ConfigError, match="even 10 steps") as refused:
@@ -247,9 +275,10 @@ def test_fit_budget_cuts_and_refuses():
         est.fit_budget(PRESETS["smoke"], seconds, budget=60)
 
 
-def test_fit_budget_cuts_the_oracles_then_the_rows_before_refusing():
-    """Past distribution alone at 10 steps: the label oracles to the first label, then 50 evaluated
-    rows, then no oracle, then a refusal naming the time the smallest grid needs and the runs' share of the budget."""
+def test_fit_budget_cuts_the_label_oracles_last():
+    """Issue 59 item 3: past distribution alone, 50 evaluated rows and steps under the floor come
+    before any label oracle; then the oracles to the first label, then none, then a refusal naming
+    the time the smallest grid needs and the runs' share of the budget."""
     spec = OWN_PRESETS["own"]
 
     def seconds(s):  # 1 s a step, 0.1 s an evaluated row; the CVAE runs and one run per oracle
@@ -258,15 +287,21 @@ def test_fit_budget_cuts_the_oracles_then_the_rows_before_refusing():
         per = s.train["steps"] + 0.1 * s.train["eval_rows"] * 3
         return (len(g.weightings) * len(g.beta_factors) * len(g.aids) + oracles) * per
     labels = ["n_sentences", "first_slot", "complete"]
+    # 2 runs + 3 oracles at 50 rows: 5 x (11 + 15) <= 130, every oracle kept at 11 steps
     cut, lines = est.fit_budget(spec, seconds, budget=130, labels=labels)
-    assert "label oracles ['n_sentences', 'first_slot', 'complete'] -> ['n_sentences']" in lines
-    assert cut.oracles == ("n_sentences",) and seconds(cut) <= 130 and cut.train["eval_rows"] == 100
+    assert cut.oracles is None and cut.train["eval_rows"] == 50 and cut.train["steps"] == 11 and seconds(cut) <= 130
+    assert [l.split(" (at ")[0] for l in lines] == [
+        "evaluated rows 300 -> 100", "beta points [0.333, 3.0] x beta* -> [0.333] x beta*",
+        "weightings ['plain', 'distribution', 'example', 'token'] -> ['distribution', 'example']",
+        "weightings ['distribution', 'example'] -> ['distribution']", "evaluated rows 100 -> 50",
+        "steps x 0.06 (unaided 200 -> 11, aided 400 -> 22; under the 50-step floor)"]
     cut, lines = est.fit_budget(spec, seconds, budget=80, labels=labels)
-    assert lines[-2:-1] == ["evaluated rows 100 -> 50"] and cut.train["eval_rows"] == 50 and seconds(cut) <= 80
-    assert cut.train["steps"] >= 10
-    # then no oracle at all (each run keeps its control): 2 runs x 25 s
+    assert lines[-2] == ("label oracles ['n_sentences', 'first_slot', 'complete'] -> ['n_sentences'] (at 10 steps the "
+                         "grid needs 2.1 min, 1.3 are left)") and lines[-1].startswith("steps x")
+    assert cut.oracles == ("n_sentences",) and seconds(cut) <= 80 and cut.train["steps"] >= 10
+    # then no oracle at all (each run keeps its control): 2 runs x (15 + 15) s
     cut, lines = est.fit_budget(spec, seconds, budget=60, labels=labels)
-    assert lines[-2] == "label oracles ['n_sentences'] -> none" and lines[-1].startswith("steps x"), lines
+    assert lines[-2].startswith("label oracles ['n_sentences'] -> none") and lines[-1].startswith("steps x"), lines
     assert cut.oracles == () and seconds(cut) <= 60 and cut.controls and cut.train["steps"] >= 10
     with pytest.raises(ConfigError, match=r"even 10 steps a run need about 1 min on this machine, 0\.5 min are left"):
         est.fit_budget(spec, seconds, budget=30, labels=labels)
@@ -274,10 +309,84 @@ def test_fit_budget_cuts_the_oracles_then_the_rows_before_refusing():
     assert uncut.oracles is None  # nothing cut where it fits
 
 
+def _cost_model(setup, per_row_step, eval_row):
+    """A stand-in grid cost: per run setup + steps x (0.3 + per_row_step x batch) + evaluated rows x
+    evaluations x eval_row; CVAE runs unaided and aided (its own steps), one control each, and one
+    oracle per label (3 unless cut)."""
+    def seconds(s):
+        g = s.boundary
+        oracles = 3 if s.oracles is None else len(s.oracles)
+        evals = 2 if s.train.get("eval_every", 1) >= s.train["steps"] else 3
+
+        def run(steps):
+            return setup + steps * (0.3 + per_row_step * s.train.get("batch_size", 32)) + \
+                eval_row * s.train["eval_rows"] * evals
+        cvae = len(g.weightings) * len(g.beta_factors)
+        return cvae * (run(s.train["steps"]) + run(g.aided.get("steps", s.train["steps"]))) + \
+            (cvae + oracles) * run(s.train["steps"])
+    return seconds
+
+
+def _table_row(line: str, labels) -> int:
+    """The index in CUTS of the cut that wrote ``line`` (a steps fit: -1)."""
+    from zfree.experiment.budget import CUTS, KEEP_WEIGHTINGS
+
+    names = [c.name for c in CUTS]
+    head = line.split(" (at ")[0]
+    if head.startswith("steps x"):
+        return -1
+    if head.startswith("evaluated rows"):
+        return names.index("50 evaluated rows" if head.endswith("-> 50") else "evaluated rows")
+    if head.startswith("evaluations"):
+        return names.index("intermediate evaluations")
+    if head.startswith("beta points"):
+        return names.index("beta points")
+    if head.startswith("weightings"):
+        return names.index("weightings" if head.endswith(str(list(KEEP_WEIGHTINGS))) else "distribution alone")
+    if head.startswith("batch"):
+        return names.index("batch")
+    if head.startswith("label oracles"):
+        return names.index("no label oracle" if head.endswith("-> none") else "one label oracle")
+    raise AssertionError(f"no table row wrote {line!r}")
+
+
+@pytest.mark.parametrize("cost", [(60, 0.05, 0.1), (600, 0.05, 0.1), (30, 0.5, 1.0), (300, 0.2, 0.02)],
+                         ids=["balanced", "setup-heavy", "step-heavy", "large-model"])
+def test_the_cut_order_follows_the_table_and_the_grid_fills_the_budget(cost):
+    """Issue 59 item 3, over budgets from the smallest grid's to the whole grid's (stand-in costs):
+    the cuts come in the table's order (a steps fit last); the grid fills at least FILL (85 %) of
+    the budget unless it runs at its asked steps and rows (nothing left to buy); steps go under the
+    floor only with one beta point and the kept weightings; and a label oracle is cut only where
+    the grid with every oracle does not fit even at MIN_STEPS."""
+    from zfree.experiment.budget import FILL, KEEP_WEIGHTINGS, MIN_STEPS, _at_steps
+
+    spec, labels = OWN_PRESETS["own"], ["n_sentences", "first_slot", "complete"]
+    seconds = _cost_model(*cost)
+    fitted = 0
+    for budget in np.geomspace(seconds(spec) / 200, seconds(spec), 80):
+        try:
+            cut, lines = est.fit_budget(spec, seconds, budget, labels)
+        except ConfigError:
+            continue
+        fitted += 1
+        rows = [_table_row(l, labels) for l in lines]
+        discrete = [r for r in rows if r >= 0]
+        assert discrete == sorted(set(discrete)) and -1 not in rows[:-1], lines
+        used = seconds(cut) / budget
+        asked = cut.train["steps"] == spec.train["steps"] and cut.train["eval_rows"] == spec.train["eval_rows"]
+        assert used <= 1 and (used >= FILL or asked), (budget, used, lines)
+        if cut.train["steps"] < est.STEP_FLOOR:
+            assert len(cut.boundary.beta_factors) == 1 and set(cut.boundary.weightings) <= set(KEEP_WEIGHTINGS), lines
+        if cut.oracles is not None:
+            every = dataclasses.replace(cut, oracles=None)
+            assert seconds(_at_steps(every, MIN_STEPS) or every) > budget, lines
+    assert fitted > 40
+
+
 def test_plan_gives_the_grid_what_is_left_of_the_budget(tmp_path, monkeypatch):
     """The budget is the whole study's: the grid gets it minus the time since the study began (split,
     reference, probes) and the report's REPORT_S; nothing left is a one-line refusal."""
-    monkeypatch.setattr(est, "probe", lambda point, work, micro_batch=None, ceiling=None: PROBE)
+    monkeypatch.setattr(est, "probe", lambda point, work, micro_batch=None, ceiling=None, deadline=None: PROBE)
     monkeypatch.setattr(est, "memory_limit", lambda: 64 * est.GB)
     spec, seen = OWN_PRESETS["own"], []
 
@@ -304,10 +413,10 @@ def test_plan_gives_the_grid_what_is_left_of_the_budget(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="--budget 2 min: the split, reference and probes took"):
         est.plan(spec, lambda s: _points(), tmp_path, workers=1, budget=120, started=t0)
     # the grid's refusal names the whole budget, what the preparation took and the runs' share
-    # ... and the budget that would hold the smallest grid: 100 s + 60 s for the report + 1790 s, rounded up
+    # ... and the budget that would hold the smallest grid: 100 s + PLAN_S + 60 s for the report + 1790 s, rounded up
     with pytest.raises(ConfigError, match=r"^--budget 11 min: the split, reference and probes took 1\.7 min and the "
                                           r"report needs about 1; even 10 steps .* 8\.3 min are left for the runs; "
-                                          r"give a budget of at least 33 min$"):
+                                          r"give a budget of at least 33 min \(the probes are kept"):
         est.plan(spec, lambda s: _points(), tmp_path, workers=1, budget=660, started=t0)
 
 
@@ -316,7 +425,7 @@ def test_workers_are_planned_again_after_the_budget_cuts_the_batch(tmp_path, mon
     whose probe leaves room for 2: the grid runs on 2 workers (a core no longer idles)."""
     probed = []
 
-    def probe(point, work, micro_batch=None, ceiling=None):
+    def probe(point, work, micro_batch=None, ceiling=None, deadline=None):
         b = point.params["batch_size"]
         probed.append(b)
         return dataclasses.replace(PROBE, peak_rss=(12 if b == 32 else 3) * est.GB, batch_size=b)
@@ -455,7 +564,7 @@ def test_fit_budget_drops_example_when_its_fixed_cost_does_not_fit():
         return len(g.weightings) * len(g.beta_factors) * len(g.aids) * per + one_off * ("example" in g.weightings)
     one_off = 900
     cut, lines = est.fit_budget(spec, seconds, budget=600)
-    assert "weightings ['distribution', 'example'] -> ['distribution']" in lines
+    assert any(l.startswith("weightings ['distribution', 'example'] -> ['distribution']") for l in lines)
     assert cut.boundary.weightings == ("distribution",) and seconds(cut) <= 600
     # a small one-off where 10 steps still fit with both: both kept, at fewer steps
     one_off = 20
@@ -496,7 +605,8 @@ def test_the_budget_help_is_the_cut_table():
     from zfree.experiment.budget import CUTS, budget_help
 
     names = budget_help().split(", ")
-    assert names[:4] == ["evaluated rows", "intermediate evaluations", "beta points", f"steps (>= {est.STEP_FLOOR})"]
+    assert names[:4] == ["evaluated rows", "intermediate evaluations", f"steps (>= {est.STEP_FLOOR})", "beta points"]
+    assert names[-3:] == [f"steps (>= {est.MIN_STEPS})", "one label oracle", "no label oracle"]  # the oracles last
     assert [n for n in names if not n.startswith("steps")] == [c.name for c in CUTS if c.apply is not None]
     study = build_parser()._subparsers._group_actions[0].choices["study"]
     budget = next(a for a in study._actions if "--budget" in a.option_strings)
@@ -514,13 +624,13 @@ def test_a_micro_batch_is_probed_beside_its_control(tmp_path, monkeypatch):
     again; where one passes its half, the K-way point alone with the whole ceiling, then the control."""
     alone, pairs = [], []
 
-    def probe(point, work, micro_batch=None, ceiling=None):
+    def probe(point, work, micro_batch=None, ceiling=None, deadline=None):
         alone.append((point.run_id, micro_batch, ceiling))
         b = point.params["batch_size"] if not micro_batch else micro_batch
         return dataclasses.replace(PROBE, over=b == 32, peak_rss=(30 if b == 32 else 3) * est.GB, batch_size=b,
                                    wall_s=100.0)
 
-    def side_by_side(jobs, ceiling, over=False):
+    def side_by_side(jobs, ceiling, deadline=None, over=False):
         pairs.append(([(p.run_id, mb) for p, _, mb in jobs], ceiling))
         return [dataclasses.replace(PROBE, peak_rss=3 * est.GB, batch_size=mb, micro_batch=mb, over=over,
                                     given_step_s=None, step_s=s, wall_s=60.0) for (_, _, mb), s in zip(jobs, (4.0, 2.0))]
@@ -538,7 +648,7 @@ def test_a_micro_batch_is_probed_beside_its_control(tmp_path, monkeypatch):
     assert 100.0 <= plan.record["probe"]["wall_s"] < 110.0
     # one of the pair passed its half: each alone, with the whole ceiling
     alone.clear()
-    monkeypatch.setattr(est, "probe_side_by_side", lambda jobs, c: side_by_side(jobs, c, over=True))
+    monkeypatch.setattr(est, "probe_side_by_side", lambda jobs, c, d=None: side_by_side(jobs, c, over=True))
     est.plan(OWN_PRESETS["own"], lambda s: pts, tmp_path, workers=2)
     assert [a[:2] for a in alone] == [(pts[0].run_id, None), (pts[0].run_id, 8), ("control_x", 8)]
     assert len({c for _, _, c in alone}) == 1  # this plan's ceiling (its parent's RSS may differ by a page)
@@ -566,7 +676,7 @@ def test_probes_side_by_side_run_at_once_and_an_interrupt_takes_both_children(tm
     pts = _with_a_control()
     barrier = threading.Barrier(2, timeout=30)
 
-    def meeting(point, work, micro_batch=None, ceiling=None):
+    def meeting(point, work, micro_batch=None, ceiling=None, deadline=None):
         barrier.wait()
         return dataclasses.replace(PROBE, wall_s=float(len(point.run_id)), peak_rss=ceiling)
     monkeypatch.setattr(probe_mod, "probe", meeting)
@@ -576,7 +686,7 @@ def test_probes_side_by_side_run_at_once_and_an_interrupt_takes_both_children(tm
     children, started = [], threading.Barrier(3, timeout=30)
     before = set(probe_mod._LIVE)  # pids another test of this process left listed are not this test's
 
-    def sleeping(point, work, micro_batch=None, ceiling=None):
+    def sleeping(point, work, micro_batch=None, ceiling=None, deadline=None):
         proc = subprocess.Popen(["sleep", "600"])
         probe_mod._LIVE.add(proc.pid)
         children.append(proc)
@@ -671,3 +781,199 @@ def test_a_probe_of_the_same_config_on_this_machine_is_kept_not_run_again(tmp_pa
     with pytest.raises(RuntimeError, match="a child was started"):
         est.probe(p, tmp_path, ceiling=6 * est.GB)
     assert len(started) == 5
+
+
+def test_a_probe_the_models_size_rules_out_is_skipped(tmp_path, monkeypatch):
+    """Issue 59 item 2: a probe whose step the model's size alone puts over its ceiling (weights,
+    gradients and Adam's moments of the body, the residual stream and MLP activation of B x K x T
+    tokens, the logits B x K x T x vocab up to the evaluation's chunk) is not run: it comes back
+    skipped, at that floor, in no time; fit_memory then goes to the micro-batch, which is checked too."""
+    import subprocess
+
+    from zfree.experiment import memory_floor as cost
+    from zfree.evaluate.metrics import EVAL_LOGIT_ELEMENTS
+
+    class NoChild:
+        def __init__(self, *a, **k):
+            raise RuntimeError("a child was started")
+    monkeypatch.setattr(subprocess, "Popen", NoChild)
+    p = Point("probe", TrainConfig.from_flat({**TrainConfig().to_flat(), **SMALL, "batch_size": 32}).to_flat())
+    size = cost.model_size(ROOT / "data/base/default/model")
+    assert (size.vocab, size.d_model, size.n_layer, size.d_mlp) == (15, 128, 2, 512)
+    from safetensors.torch import load_file
+    weights = load_file(str(ROOT / "data/base/default/model/model.safetensors"))
+    assert size.n_params == sum(t.numel() for t in weights.values())
+    t = cost.mean_target_tokens(ROOT / "data/base/default")
+    floor = cost.step_memory_floor(est.probe_params(p.params))
+    tokens = 32 * 4 * t  # batch x K x mean y tokens
+    assert floor == int(4 * size.n_params + 12 * size.n_params + 4 * tokens * (128 + 512) * 2
+                        + 4 * min(tokens * 15, EVAL_LOGIT_ELEMENTS))
+    t0 = time.time()
+    skipped = est.probe(p, tmp_path, ceiling=floor - 1)
+    assert skipped.skipped and skipped.over and skipped.peak_rss == floor and time.time() - t0 < 5
+    assert not (tmp_path / "probe-mb0.measured.json").exists()  # nothing measured, nothing kept
+    # the micro-batch of 8 rows needs less: its floor is under the same ceiling, so it would run
+    small = cost.step_memory_floor(est.probe_params(p.params, 8))
+    assert small < floor - 1
+    with pytest.raises(RuntimeError, match="a child was started"):
+        est.probe(p, tmp_path, micro_batch=8, ceiling=floor - 1)
+    # a model whose size cannot be read without loading it (no config.json: a GGUF file): never skipped
+    assert cost.model_size(tmp_path) is None
+    assert cost.step_memory_floor({**p.params, "base_dir": str(tmp_path)}) is None
+    # in a plan: the full batch is skipped, the micro-batch probed, and the line says why
+    seen = []
+
+    def probe(point, work, micro_batch=None, ceiling=None, deadline=None):
+        seen.append(micro_batch)
+        if micro_batch is None:
+            return dataclasses.replace(PROBE, peak_rss=floor, batch_size=32, over=True, skipped=True, wall_s=0.0,
+                                       step_s=math.nan, setup_s=math.nan, eval_row_s=math.nan)
+        return dataclasses.replace(PROBE, peak_rss=est.GB, batch_size=micro_batch, micro_batch=micro_batch)
+    monkeypatch.setattr(est, "probe", probe)
+    w, mb, pr, lines = est.fit_memory(_points(batch_size=32), probe(p, tmp_path), 2,
+                                      limit=int(2.5 * est.GB / est.MEMORY_SHARE), parent=0,
+                                      reprobe=lambda m: probe(p, tmp_path, m))
+    assert (w, mb) == (2, 8) and f"at least {floor / est.GB:.1f} GB a run by the model's size (not probed)" in lines[0]
+
+
+class _Clock:
+    """A clock the stand-in probes move: ``time.time()`` of estimate.plan reads it."""
+
+    def __init__(self):
+        self.now = 1e9
+
+    def __call__(self):
+        return self.now
+
+
+def _timed_probe(clock, took: dict, kept: set):
+    """A stand-in ``probe``: a point first probed takes ``took[kind]`` seconds of the clock (stopped at
+    its deadline, as ``_poll_peak`` stops a child), a point probed before is kept (no time)."""
+    def probe(point, work, micro_batch=None, ceiling=None, deadline=None):
+        kind = _kind(point)
+        if kind in kept:
+            return dataclasses.replace(PROBE, wall_s=took[kind], reused=True)
+        if deadline is not None and clock.now + took[kind] > deadline:
+            wall, clock.now = deadline - clock.now, deadline
+            return dataclasses.replace(PROBE, wall_s=wall, over_time=True, step_s=math.nan, setup_s=math.nan,
+                                       eval_row_s=math.nan)
+        clock.now += took[kind]
+        kept.add(kind)
+        return dataclasses.replace(PROBE, wall_s=took[kind])
+    return probe
+
+
+def _kind(point):
+    return "control" if point.params.get("latent_source", "posterior") != "posterior" else "k-way"
+
+
+def test_probes_take_at_most_their_share_of_the_budget(tmp_path, monkeypatch):
+    """Issue 59 item 2: the probes get PROBE_SHARE of the budget. The z-free control's probe, which
+    the estimate can do without (its steps counted at the K-way times, an overestimate), is not
+    started where the K-way probe's time would pass that share; a K-way probe still running at it is
+    stopped and the study refused in one line naming the share."""
+    clock = _Clock()
+    monkeypatch.setattr(est.time, "time", clock)
+    monkeypatch.setattr(est, "memory_limit", lambda: 64 * est.GB)
+    monkeypatch.setattr(est, "usable_cores", lambda: 1)
+    spec = OWN_PRESETS["own"]
+    pts = _with_a_control(steps=10, eval_every=10, eval_rows=20)
+    probe = _timed_probe(clock, {"k-way": 300.0, "control": 200.0}, set())
+    monkeypatch.setattr(est, "probe", probe)
+    t0 = clock.now - 60
+    plan = est.plan(spec, lambda s: pts, tmp_path, workers=1, budget=1800, started=t0)  # share: 450 s
+    assert clock.now - t0 - 60 <= est.PROBE_SHARE * 1800
+    assert any(l.startswith("z-free control not probed (the probes' share of the budget, 25 %") for l in plan.lines)
+    assert plan.record["probe"]["given_step_s"] is None  # counted as K-way steps
+    assert [r["probe"] for r in plan.record["probes"]] == ["K-way at batch 8"]
+    # with a budget whose share holds both, both run
+    clock.now += 1000
+    monkeypatch.setattr(est, "probe", _timed_probe(clock, {"k-way": 300.0, "control": 200.0}, set()))
+    both = est.plan(spec, lambda s: pts, tmp_path, workers=1, budget=3600, started=clock.now - 60)
+    assert both.record["probe"]["given_step_s"] is not None and len(both.record["probes"]) == 2
+    # a K-way probe longer than the share is stopped there and the study refused
+    monkeypatch.setattr(est, "probe", _timed_probe(clock, {"k-way": 600.0, "control": 200.0}, set()))
+    start = clock.now
+    with pytest.raises(ConfigError, match=r"^--budget 30 min: the probes may take 25 % of it \(7\.5 min\) and were "
+                                          r"stopped there"):
+        est.plan(spec, lambda s: pts, tmp_path, workers=1, budget=1800, started=start - 60)
+    assert clock.now - start == pytest.approx(450.0)
+
+
+def test_a_refusals_budget_is_the_smallest_the_same_command_accepts(tmp_path, monkeypatch):
+    """Issue 59 item 2: a refusal asks for the budget that holds the preparation, the planning with
+    its probes kept (they are not run again), the report and the smallest grid; the same command with
+    exactly that budget is accepted, with a minute less refused."""
+    clock = _Clock()
+    monkeypatch.setattr(est.time, "time", clock)
+    monkeypatch.setattr(est, "memory_limit", lambda: 64 * est.GB)
+    kept: set = set()
+    slow = dataclasses.replace(PROBE, setup_s=500.0)  # a large model's start: the smallest grid is 3 x 525 s
+    monkeypatch.setattr(est, "PROBE", slow, raising=False)
+
+    def probe(point, work, micro_batch=None, ceiling=None, deadline=None):
+        pr = _timed_probe(clock, {"k-way": 300.0}, kept)(point, work, micro_batch, ceiling, deadline)
+        return dataclasses.replace(pr, setup_s=slow.setup_s)
+    monkeypatch.setattr(est, "probe", probe)
+    spec = OWN_PRESETS["own"]
+
+    def points(s):
+        return _points(**{k: s.train[k] for k in ("steps", "eval_every", "eval_rows", "batch_size")})
+
+    def attempt(minutes):
+        return est.plan(spec, points, tmp_path, workers=1, budget=minutes * 60, started=clock.now - 120)  # 2 min prep
+    with pytest.raises(ConfigError) as refused:
+        attempt(25)
+    import re
+    asked = int(re.search(r"give a budget of at least (\d+) min", str(refused.value)).group(1))
+    assert kept == {"k-way"}
+    with pytest.raises(ConfigError, match="give a budget of at least"):
+        attempt(asked - 1)
+    plan = attempt(asked)  # accepted, the probe kept
+    assert plan.seconds <= plan.record["grid_budget_s"] and plan.record["probes"][0]["status"] == "kept"
+    # the advice does not count the probes the first attempt ran: asked again, it is the same
+    assert asked == 30
+
+
+def test_a_probe_past_its_deadline_is_stopped_and_not_kept(tmp_path):
+    """The deadline of the probes' share: the child ``zfree train`` (its imports alone take more than
+    the second it is given) is killed there; the Probe says so, its times unmeasured, and no record
+    is kept (a longer deadline probes it again)."""
+    p = Point("probe", TrainConfig.from_flat({**TrainConfig().to_flat(), **SMALL}).to_flat())
+    t0 = time.time()
+    pr = est.probe(p, tmp_path, ceiling=8 * est.GB, deadline=t0 + 1.0)
+    assert pr.over_time and not pr.over and not pr.measured and math.isnan(pr.step_s) and time.time() - t0 < 30
+    assert not (tmp_path / "probe-mb0.measured.json").exists()
+
+
+def test_the_estimate_names_the_probes_it_ran_and_kept_and_times_at_the_grids_batch(tmp_path, monkeypatch):
+    """Issue 59 item 4: the K-way probe at batch 32 kept from an earlier attempt, the probe of the
+    batch the budget cut to run now: the line says which ran (with this session's seconds) and which
+    was kept ("kept" alone would be false), and quotes the step at the grid's batch of 8."""
+    clock = _Clock()
+    monkeypatch.setattr(est.time, "time", clock)
+
+    def probe(point, work, micro_batch=None, ceiling=None, deadline=None):
+        b = point.params["batch_size"]
+        if b == 32:  # kept: no time now
+            return dataclasses.replace(PROBE, step_s=4.0, peak_rss=12 * est.GB, batch_size=32, wall_s=900.0,
+                                       reused=True)
+        clock.now += 120.0
+        return dataclasses.replace(PROBE, peak_rss=3 * est.GB, batch_size=b, wall_s=120.0)
+    monkeypatch.setattr(est, "probe", probe)
+    monkeypatch.setattr(est, "memory_limit", lambda: 24 * est.GB)
+    monkeypatch.setattr(est, "fit_budget", lambda s, seconds, budget, labels=(): (
+        dataclasses.replace(s, train={**s.train, "batch_size": 8}), ["batch 32 -> 8 rows a step"]))
+    plan = est.plan(OWN_PRESETS["own"], lambda s: _points(batch_size=s.train.get("batch_size", 32)), tmp_path,
+                    workers=2, budget=7200, started=clock.now)
+    head = plan.lines[0]
+    assert "4-step probes ran now (120 s): K-way at batch 8; kept from an earlier probe of the same config on this " \
+           "machine: K-way at batch 32." in head, head
+    assert "Measured at the grid's batch of 8 rows (scaled from the probe's 32): 1.00 s a K-way step" in head
+    assert plan.record["probes_s"] == 120.0 and [r["status"] for r in plan.record["probes"]] == ["kept", "ran"]
+    # nothing run now: said so, and every probe kept
+    monkeypatch.setattr(est, "fit_budget", lambda s, seconds, budget, labels=(): (s, []))
+    kept = est.plan(OWN_PRESETS["own"], lambda s: _points(batch_size=32), tmp_path, workers=1, budget=7200,
+                    started=clock.now)
+    assert "4-step probes none ran now; kept from an earlier probe" in kept.lines[0]
+    assert "Measured at the grid's batch of 32 rows: 4.00 s a K-way step" in kept.lines[0]

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+import re
 import shutil
 
 import pandas as pd
 import pytest
+from safetensors.torch import load_file
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from zfree.cli import main
@@ -69,11 +71,15 @@ def test_one_command_from_model_and_jsonl_to_report(tiny_model, tmp_path, monkey
     ref = json.loads((out / "base" / "reference" / "reference.json").read_text())
     assert ref["estimator"] == "pretrained_source" and ref["n_rows"] == len(val)
     every = sorted(p for p in (out / "runs").iterdir() if p.is_dir())
-    given = [r for r in every if r.name.startswith(("control_", "oracle-"))]
+    given = [r for r in every if r.name.startswith(("control_", "oracle-", "null-"))]
     runs = [r for r in every if r not in given]
     assert len(runs) == 2 and all((r / "summary.json").exists() for r in every)
-    # the z-free control of the recipe and the oracle of the rows' one label
-    assert sorted(r.name.split("_")[0] for r in given) == ["control", "control", "oracle-style"]
+    # the z-free control of the recipe, the oracle of the rows' one label and its null oracle (issue 55)
+    assert sorted(r.name.split("_")[0] for r in given) == ["control", "control", "null-style", "oracle-style"]
+    # issue 59 item 5: the finished runs keep their own tensors, not the body; the study says its disk use
+    assert all(not [k for k in load_file(str(r / "checkpoint" / "model.safetensors")) if k.startswith("backbone.")]
+               for r in every)
+    assert re.search(r"^disk: [0-9.]+ MiB in .* \([0-9.]+ MiB of it in checkpoints", printed, re.M)
     gains = pd.read_csv(out / "available_gain.csv")
     assert list(gains["label"]) == ["style"] and gains["H"].gt(0).all()
     html = (out / "report.html").read_text()

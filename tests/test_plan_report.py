@@ -130,3 +130,86 @@ def test_plan_section_reads_the_study_folder(tmp_path):
     md, table = P.plan_section(tmp_path, pd.DataFrame({"steps": [14]}))
     assert md.startswith("## What was run against what was asked") and "A smoke test, not a result" in md
     assert "Cut to fit the budget, in this order" in md and list(table.columns) == ["budget [min]", "estimate [min]"]
+
+
+def test_the_budget_line_counts_only_this_runs_sessions():
+    """Issue 59 item 4: two attempts refused by their budget (each ended at its probes) are not what
+    the plan that ran spent: the measured total against the budget is this run's sessions alone,
+    the refused ones named apart, and their columns marked."""
+    refused = [{"id": f"r{i}", "started": f"t{i}", "preparation_s": 60.0, "probes_s": 400.0, "total_s": 460.0,
+                "refused": "--budget 30 min: ..."} for i in (1, 2)]
+    ran = {**_sessions()[0], "total_s": 1692.0}  # 28.2 min
+    md = P.plan_markdown({**ESTIMATE, "budget_s": 39 * 60.0}, [*refused, ran], pd.DataFrame({"wall_s": [155.0] * 9}))
+    assert "**Measured**: 28.2 min in all against the 39.0 min budget (-28 %)" in md
+    assert "not counted: 2 earlier attempt(s) the budget refused before this plan (15.3 min, their probes kept)" in md
+    t = P.phase_table(ESTIMATE, [*refused, ran])
+    assert t.columns[2].endswith(", refused by its budget") and not t.columns[-1].endswith("refused by its budget")
+
+
+def test_a_missing_oracle_says_which_cut_removed_it():
+    """Issue 59 item 4: where the budget cut every label oracle, the oracle section names that cut
+    (not "no label with two or more values"); where it cut some, it names the labels that lost theirs."""
+    est = {**ESTIMATE, "cuts": ["evaluated rows 300 -> 100", "label oracles ['category', 'length'] -> ['category'] "
+                                "(at 10 steps the grid needs 30.1 min, 20.0 are left)",
+                                "label oracles ['category'] -> none",
+                                "steps x 0.40 (unaided 50 -> 20, aided 100 -> 40)"]}
+    md = P.oracle_cut_markdown(est, pd.DataFrame())
+    assert md.startswith("**No label oracle in this study: the budget cut them** (cut 2 of 4, <code>")
+    assert "cut 3 of 4, <code>label oracles" in md and "two or more values" not in md
+    assert "What z could gain from <code>category</code>, <code>length</code> went unmeasured" in md
+    partial = {**est, "cuts": est["cuts"][:2]}
+    some = P.oracle_cut_markdown(partial, pd.DataFrame({"label": ["category"]}))
+    assert some.startswith("⚠ The budget cut the label oracle of <code>length</code> (cut 2 of 2")
+    assert P.oracle_cut_markdown(ESTIMATE, pd.DataFrame()).startswith("⚠ The budget cut the label oracle of "
+                                                                      "<code>lexfile</code> (cut 7 of 7")
+    assert P.oracle_cut_markdown({"cuts": ["batch 32 -> 8 rows a step"]}, pd.DataFrame()) == ""
+    assert P.oracle_cut_markdown(None, pd.DataFrame()) == ""
+
+
+def test_multi_reference_bleu_only_where_the_data_has_multiple_references(tmp_path):
+    """Issue 59 item 4: the multi-reference section needs an x with two or more y among the
+    validation rows, on conditional data; unconditional rows (one empty x) have none."""
+    from zfree.report.labels_report import multiple_references
+
+    def study(name, xs, conditioning="conditional"):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "val.jsonl").write_text("".join(json.dumps({"x": x, "y": f"y{i}"}) + "\n" for i, x in enumerate(xs)))
+        (d / "notes.json").write_text(json.dumps({"notes": [], "conditioning": conditioning}))
+        return d
+    assert multiple_references(study("e2e", ["mr1", "mr1", "mr2"]))
+    assert not multiple_references(study("unique", ["a", "b", "c"]))
+    assert not multiple_references(study("uncond", ["", "", ""], "unconditional"))
+    assert multiple_references(tmp_path / "nothing")  # cannot tell: the section stays
+
+
+def test_rate_mi_and_codes_used_stand_together():
+    """Issue 59 item 4: the run tables show the rate (KL), the mutual information and the codes
+    used side by side (a rate on one code carries nothing)."""
+    from zfree.report import report as R
+
+    summary = pd.DataFrame({"run_id": ["a"], "weighting": ["plain"], "aid": ["hard_em_then_soft"], "beta": [1.0],
+                            "kl_prior_loss": [1.22], "mutual_information": [0.026], "codes_used": [1],
+                            "measured_use_fraction": [0.0]})
+    cols = list(R.run_table(summary, R.USE_COLUMNS).columns)
+    i = cols.index("KL [nats]")
+    assert cols[i:i + 3] == ["KL [nats]", "MI [nats]", "codes used"]
+    assert "codes used" not in R.QUALITY_COLUMNS.values()
+    outcome = R.aided_tables(summary)[1]
+    j = list(outcome.columns).index("KL [nats]")
+    assert list(outcome.columns)[j:j + 3] == ["KL [nats]", "MI [nats]", "codes used"]
+
+
+def test_unconditional_data_is_said_at_the_top(tmp_path):
+    """Issue 59 item 4: on unconditional data the report's first lines say so (the split's note:
+    x dropped, y modelled alone), above the plan section; conditional data says nothing there."""
+    (tmp_path / "runs").mkdir()
+    note = "unconditional: x is one constant prompt in every row (dropped), so the study models y alone"
+    (tmp_path / "notes.json").write_text(json.dumps({"notes": [note, "labels ['category']: ..."],
+                                                     "conditioning": "unconditional"}))
+    (tmp_path / "estimate.json").write_text(json.dumps(ESTIMATE))
+    md, _ = P.plan_section(tmp_path, pd.DataFrame({"steps": [500]}))
+    assert md.startswith("**Unconditional data.** unconditional&#58; x is one constant prompt")
+    assert md.index("**Unconditional data.**") < md.index("## What was run against what was asked")
+    (tmp_path / "notes.json").write_text(json.dumps({"notes": [], "conditioning": "conditional"}))
+    assert P.plan_section(tmp_path, pd.DataFrame({"steps": [500]}))[0].startswith("## What was run")

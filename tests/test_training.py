@@ -321,10 +321,52 @@ def test_frozen_decoder_phase_updates_only_the_posterior_side(tiny, tmp_path):
              and float(after[k].abs().max()) > 0 and k.endswith("bias")}
     assert moved == {"posterior_head.bias"}  # router and latent embedding stay at their zero init
     assert float(after["latent_embedding.weight"].abs().max()) == 0.0
-    for k, v in base_w.items():  # the backbone is untouched
-        key = "backbone." + k
-        if key in after:
-            assert torch.equal(after[key], v), key
+    # the backbone is untouched: the finished run's record compared every body weight with the base's
+    # (and, the base's, the body is not kept: issue 59 item 5)
+    from zfree.core.checkpoint_io import load_plain_state
+
+    assert load_plain_state(tmp_path / "frozen" / "checkpoint")["finished"]["body"] == "the base's"
+    assert base_w and not [k for k in after if k.startswith("backbone.")]
+
+
+def test_a_finished_run_keeps_its_own_tensors_not_the_trained_body_nor_the_optimizer(tiny, tmp_path):
+    """Issue 59 item 5: a finished full fine-tune is never resumed (its summary is returned), so its
+    checkpoint keeps the run's own tensors (latent embedding, router, posterior) and its TrainState,
+    and drops the trained body, the optimizer's moments and the RNG states, saying so; an
+    interrupted run keeps its whole last checkpoint and resumes to the uninterrupted summary;
+    keep_prev_checkpoint keeps both whole."""
+    from safetensors.torch import load_file
+
+    from zfree.core.checkpoint_io import load_plain_state
+    from zfree.train.checkpoint_parts import disk_use
+
+    data, base = tiny
+    cfg = _cfg(data, base, weighting="distribution", beta=0.3)
+    assert train_cvae(cfg, tmp_path / "run", progress=False, stop_after=3) == {"stopped_at": 3}
+    ck = tmp_path / "run" / "checkpoint"
+    whole = load_file(str(ck / "model.safetensors"))
+    assert any(k.startswith("backbone.") for k in whole) and "optimizer" in load_plain_state(ck)  # resumable
+    interrupted = disk_use(tmp_path / "run")[1]
+    s = train_cvae(cfg, tmp_path / "run", progress=False)
+    kept = load_file(str(ck / "model.safetensors"))
+    assert kept and not [k for k in kept if k.startswith("backbone.")] and "latent_embedding.weight" in kept
+    assert set(kept) == {k for k in whole if not k.startswith("backbone.")}
+    state = load_plain_state(ck)
+    assert set(state) == {"state", "finished"} and state["state"]["step"] == 6
+    assert state["finished"]["body"] == "trained" and "the trained body" in state["finished"]["dropped"]
+    assert not load_file(str(ck / "state.safetensors")) and not (tmp_path / "run" / "checkpoint.prev").exists()
+    total, ckpt = disk_use(tmp_path / "run")
+    assert 0 < ckpt < interrupted / 10 and total > ckpt
+    assert train_cvae(cfg, tmp_path / "run", progress=False) == s  # finished: nothing to resume, the summary
+    uninterrupted = train_cvae(cfg, tmp_path / "once", progress=False)
+    assert _strip_timing(uninterrupted) == _strip_timing(s)
+    kept_once = load_file(str(tmp_path / "once" / "checkpoint" / "model.safetensors"))
+    assert all(torch.equal(kept_once[k], v) for k, v in kept.items())
+    both = tmp_path / "both"
+    assert train_cvae(_cfg(data, base, weighting="distribution", beta=0.3, keep_prev_checkpoint=True), both,
+                      progress=False)
+    assert "optimizer" in load_plain_state(both / "checkpoint") and (both / "checkpoint.prev").is_dir()
+    assert any(k.startswith("backbone.") for k in load_file(str(both / "checkpoint" / "model.safetensors")))
 
 
 def test_index_collapse_is_warned(tiny, tmp_path, capsys, monkeypatch):

@@ -1,9 +1,11 @@
 """The budget of an own-data study (``--budget``): the grid is cut, one ordered cut at a time, until
-the cost model says it fits (``fit_budget``). The cuts are one table, ``CUTS``: each entry either
-changes the grid (fewer evaluated rows, evaluations, beta points, weightings, a smaller batch, one
-label oracle) or scales every run's steps by one factor down to a floor (a *steps fit*, which ends
-the search when it succeeds). ``--budget``'s help (``budget_help``) and the docs are generated from
-the table. Light: no torch (the CLI's help reads it).
+the cost model says it fits (``fit_budget``). The cuts are one table, ``CUTS``, ordered by what
+they cost the result per minute saved (the label oracles last): each entry either changes the grid
+(fewer evaluated rows, evaluations, beta points, weightings, a smaller batch, fewer label oracles)
+or scales every run's steps by one factor down to a floor (a *steps fit*, which ends the search
+when it succeeds). The fitted grid fills the budget (``FILL``). ``--budget``'s help
+(``budget_help``) and the docs are generated from the table. Light: no torch (the CLI's help reads
+it).
 """
 
 from __future__ import annotations
@@ -32,6 +34,18 @@ SMALL_BATCH = 8
 KEEP_WEIGHTINGS = tuple(n for n, w in WEIGHTINGS.items() if w.kept_by_budget)
 #: the fewest steps a run keeps under any budget
 MIN_STEPS = 10
+#: the share of its budget a fitted grid fills at the least, by the estimate (``fit_budget``): a
+#: steps fit fills it (to the rounding of the steps); a grid that a cut left under it at its asked
+#: steps (one beta point of two halves a grid) gets evaluated rows back
+FILL = 0.85
+#: the share of a budget the probes may take (``zfree.experiment.estimate.plan``): a probe still
+#: running past it is stopped, and a probe that is not needed (a z-free control's, counted at the
+#: K-way probe's times instead) is not started where it would pass it (SmolLM2-135M: one probe took
+#: 14.4 min of a 30 min budget, then the study was refused with nothing trained)
+PROBE_SHARE = 0.25
+#: seconds a rerun spends planning beyond its preparation when its probes are kept (reading the kept
+#: records, expanding the grid): counted in the budget a refusal asks for
+PLAN_S = 10.0
 
 
 def parse_budget(text: str | None) -> float | None:
@@ -185,26 +199,33 @@ class Cut:
     floor: int = 0
 
 
-#: the cuts in order (``fit_budget``): each tried only while the grid does not fit; a steps fit that
-#: succeeds ends the search. The weightings are cut to the first kept one (distribution) only where
-#: even ``MIN_STEPS`` steps do not fit with the other's fixed cost (example's scoring of the training
-#: rows with a large model); the last rows are for a large model on a small machine (SmolLM2-135M
-#: on 2 cores, 30 min: its smallest grid with one oracle needed 22 min where 21.2 were left).
+#: the cuts in order (``fit_budget``), what buys the least result per minute first: each tried only
+#: while the grid does not fit; a steps fit that succeeds ends the search. The evaluations go first
+#: (they measure, the runs learn), then steps down to ``STEP_FLOOR`` (the report's smoke-test line),
+#: then the beta points, the weightings, the batch and the last evaluated rows, each followed by a
+#: steps fit at that floor; only then steps below it; and the label oracles last of all: what z could
+#: gain from a named label is the point of a labelled study (SmolLM2-135M on 2 cores, 39 min: the old
+#: order cut every oracle before the steps went under 50). The weightings are cut to the first kept
+#: one (distribution) where even the floor does not fit with the other's fixed cost (example's
+#: scoring of the training rows with a large model).
 CUTS: tuple[Cut, ...] = (
     Cut("evaluated rows", "the evaluated rows to a third (at least 50)", _cut_rows_third),
     Cut("intermediate evaluations", "the evaluations between step 0 and the end (curves only: every number "
         "of the report is read at the end)", _cut_evaluations),
-    Cut("beta points", "one beta point per weighting (the first factor)", _cut_beta_points),
     Cut("steps", f"every run's steps (and intervals) by one factor, down to {STEP_FLOOR}", floor=STEP_FLOOR),
+    Cut("beta points", "one beta point per weighting (the first factor)", _cut_beta_points),
+    Cut("steps", f"the steps again, down to {STEP_FLOOR}", floor=STEP_FLOOR),
     Cut("weightings", f"the weightings to {list(KEEP_WEIGHTINGS)}", _cut_weightings),
     Cut("steps", f"the steps again, down to {STEP_FLOOR}", floor=STEP_FLOOR),
     Cut("batch", f"the batch to {SMALL_BATCH} rows", _cut_batch),
-    Cut("steps", f"the steps again, down to {MIN_STEPS}", floor=MIN_STEPS),
+    Cut("steps", f"the steps again, down to {STEP_FLOOR}", floor=STEP_FLOOR),
     Cut("distribution alone", "the weightings to the first kept one", _cut_first_weighting),
-    Cut("steps", f"the steps again, down to {MIN_STEPS}", floor=MIN_STEPS),
-    Cut("one label oracle", "the label oracles to the first of the grid's labels", _cut_oracles),
-    Cut("steps", f"the steps again, down to {MIN_STEPS}", floor=MIN_STEPS),
+    Cut("steps", f"the steps again, down to {STEP_FLOOR}", floor=STEP_FLOOR),
     Cut("50 evaluated rows", "the evaluated rows to 50", _cut_rows_50),
+    Cut("steps", f"the steps again, down to {STEP_FLOOR}", floor=STEP_FLOOR),
+    Cut("steps", f"the steps below the floor, down to {MIN_STEPS} (the report calls such runs a smoke test)",
+        floor=MIN_STEPS),
+    Cut("one label oracle", "the label oracles to the first of the grid's labels", _cut_oracles),
     Cut("steps", f"the steps again, down to {MIN_STEPS}", floor=MIN_STEPS),
     Cut("no label oracle", "no label oracle (what a label is worth to the decoder goes unmeasured; each run keeps "
         "its z-free control)", _cut_no_oracles),
@@ -226,35 +247,81 @@ def budget_help() -> str:
     return ", ".join(names)
 
 
+def _at_steps(spec: "ExperimentSpec", n: int) -> "ExperimentSpec | None":
+    """``spec`` with every run's steps scaled to ``n`` (None where they are at ``n`` or fewer)."""
+    steps = int(spec.train.get("steps", TrainConfig().optim.steps))
+    if steps <= n:
+        return None
+    return _with(spec, _scaled(spec.train, n / steps), _scaled(spec.boundary.aided, n / steps))
+
+
+def _steps_line(spec: "ExperimentSpec", cut: "ExperimentSpec") -> str:
+    """The line of a steps fit from ``spec`` to ``cut``, naming the floor when it went under it."""
+    steps = int(spec.train.get("steps", TrainConfig().optim.steps))
+    new = int(cut.train["steps"])
+    under = f"; under the {STEP_FLOOR}-step floor" if new < STEP_FLOOR <= steps else ""
+    return (f"steps x {new / steps:.2f} (unaided {steps} -> {new}, aided {spec.boundary.aided.get('steps', steps)} -> "
+            f"{cut.boundary.aided.get('steps', new)}{under})")
+
+
+def _fill_rows(asked: "ExperimentSpec", spec: "ExperimentSpec", seconds: Callable[["ExperimentSpec"], float],
+               budget: float, lines: list[str]) -> tuple["ExperimentSpec", list[str]]:
+    """A grid that a cut left under ``FILL`` of ``budget`` at its asked steps (a beta point or a
+    weighting is a large share of a grid) gets its evaluated rows back, as many as fit up to the
+    asked ones (a bisection), and its rows line says the final number."""
+    rows, want = _rows(spec), _rows(asked)
+    if rows >= want or seconds(spec) >= FILL * budget:
+        return spec, lines
+    lo, hi = rows, want
+    while hi - lo > 1:  # the most rows that fit: seconds grow with the rows
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if seconds(_rows_to(spec, mid)) <= budget else (lo, mid)
+    best = hi if seconds(_rows_to(spec, hi)) <= budget else lo
+    if best == rows:
+        return spec, lines
+    kept = [ln for ln in lines if not ln.startswith("evaluated rows")]
+    return _rows_to(spec, best), ([f"evaluated rows {want} -> {best}"] if best < want else []) + kept
+
+
 def fit_budget(spec: "ExperimentSpec", seconds: Callable[["ExperimentSpec"], float], budget: float,
                labels: Sequence[str] = ()) -> tuple["ExperimentSpec", list[str]]:
     """Cut an own-data grid (``spec.boundary`` set) with ``CUTS``, in order, each only while
     ``seconds(spec)`` > ``budget``; ``labels``: the grid's oracle labels, in order. Returns the cut
-    spec and one line per cut; a cut that would save nothing (fewer evaluated rows than the
-    validation set has, say) is not made. Raises ConfigError naming the time the smallest grid needs
-    (for the runs: ``budget`` is their share; its seconds in the error's ``smallest_s``), or when
-    ``spec`` is not an own-data grid."""
+    spec and one line per cut, in the table's order: a cut made after a steps fit at a floor was not
+    enough says what that floor needed. A cut that would save nothing (fewer evaluated rows than the
+    validation set has, say) is not made. The grid fills the budget: a steps fit takes as many steps
+    as fit, and a grid a cut left under ``FILL`` of it at its asked steps gets evaluated rows back
+    (``_fill_rows``). Raises ConfigError naming the time the smallest grid needs (for the runs:
+    ``budget`` is their share; its seconds in the error's ``smallest_s``; that budget is accepted),
+    or when ``spec`` is not an own-data grid."""
     if spec.boundary is None:
         raise ConfigError("--budget sizes an own-data grid (zfree study --model M --data F); a preset's grid is fixed")
-    lines: list[str] = []
+    asked, lines, short = spec, [], ""
     now = seconds(spec)  # the current grid's seconds (each call expands its points)
     for cut in CUTS:
         if now <= budget:
-            return spec, lines
+            return _fill_rows(asked, spec, seconds, budget, lines)
         if cut.apply is None:
             fitted = _fit_steps(spec, seconds, budget, cut.floor)
             if fitted is not None:
-                return fitted[0], lines + [fitted[1]]
+                return fitted[0], lines + [_steps_line(spec, fitted[0])]
+            at = _at_steps(spec, cut.floor)
+            if at is not None:
+                short = (f" (at {cut.floor} steps the grid needs {seconds(at) / 60:.1f} min, "
+                         f"{max(0.0, budget) / 60:.1f} are left)")
             continue
         done = cut.apply(spec, labels)
         after = None if done is None else seconds(done[0])
         if after is not None and after < now:
             (spec, line), now = done, after
-            lines.append(line)
+            lines.append(line + short)
+            short = ""
     if now <= budget:
-        return spec, lines
-    steps = int(spec.train.get("steps", TrainConfig().optim.steps))
-    smallest = seconds(_with(spec, _scaled(spec.train, MIN_STEPS / steps), _scaled(spec.boundary.aided, MIN_STEPS / steps)))
+        return _fill_rows(asked, spec, seconds, budget, lines)
+    least = _at_steps(spec, MIN_STEPS) or spec
+    smallest = seconds(least)
+    if smallest <= budget:  # the budget a refusal asked for: the linear steps fit may round below the floor
+        return least, lines + [_steps_line(spec, least)]
     refusal = ConfigError(f"even {MIN_STEPS} steps a run need about {smallest / 60:.0f} min on this machine, "
                           f"{max(0.0, budget) / 60:.1f} min are left for the runs")
     refusal.smallest_s = smallest  # the smallest grid's seconds: the caller names the budget it needs

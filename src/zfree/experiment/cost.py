@@ -1,6 +1,7 @@
 """The cost model of an estimate: a run's and a grid's wall seconds from what a probe measured
 (``zfree.experiment.probe.Probe``; the model is described in ``zfree.experiment.estimate``).
-Pure arithmetic on the configs, except ``train_scoring_seconds`` (reads the reference's record)."""
+Pure arithmetic on the configs, except ``train_scoring_seconds`` (reads the reference's record). The
+memory a model's size alone rules out is ``zfree.experiment.memory_floor``."""
 
 from __future__ import annotations
 
@@ -86,3 +87,4 @@ def train_scoring_seconds(points: list[Point]) -> float:
     except (OSError, KeyError, TypeError, ValueError, ZeroDivisionError):
         return 0.0
     return rate * n_train
+

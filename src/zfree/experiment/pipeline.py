@@ -130,6 +130,16 @@ def _fit(spec: ExperimentSpec, prep, out: Path, workers: int, budget_s, t0: floa
     return fitted
 
 
+def disk_line(out: Path) -> str:
+    """The study's disk use, said at its end: the folder's files (the linked model not counted) and
+    the share in the runs' checkpoints (``zfree.train.checkpoint_parts.disk_use``)."""
+    from zfree.train.checkpoint_parts import disk_use  # lazy: it imports torch
+
+    total, ckpt = disk_use(out)
+    return (f"disk: {total / 2**20:.1f} MiB in {out} ({ckpt / 2**20:.1f} MiB of it in checkpoints: a finished run "
+            "keeps its own tensors, an interrupted one its last checkpoint to resume from)")
+
+
 def run_experiment(spec: ExperimentSpec, out_dir: Path | str, *, retrain_base: bool = False,
                    workers: int | None = None, executor: Executor | None = None, progress: bool = True,
                    render: bool = True, estimate: bool = False, budget_s: float | None = None) -> ExperimentResult:
@@ -185,4 +195,6 @@ def run_experiment(spec: ExperimentSpec, out_dir: Path | str, *, retrain_base: b
         extra = len(points) - n
         also = f" (+ {extra} z-free controls and label oracles)" if extra > 0 else ""
         print(f"study {spec.name!r}: {n} runs{also} in {out} ({time.time() - t0:.0f} s); report: {html}")
+    if progress:
+        print(disk_line(out), flush=True)
     return ExperimentResult(out, statuses, html, n)

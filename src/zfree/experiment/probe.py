@@ -18,6 +18,7 @@ from pathlib import Path
 from zfree.config import TrainConfig
 from zfree.core.errors import ConfigError
 from zfree.core.io import read_jsonl
+from zfree.experiment.memory_floor import step_memory_floor
 from zfree.experiment.spec import Point
 
 GB = 2**30
@@ -57,6 +58,16 @@ class Probe:
     over: bool = False
     #: measured by an earlier probe of the same config on this machine (``probe``: its kept record)
     reused: bool = False
+    #: not run: the model's size alone needs more than its ceiling (``peak_rss``: that floor,
+    #: ``zfree.experiment.cost.step_memory_floor``); ``over`` is set too
+    skipped: bool = False
+    #: stopped at its deadline (the probes' share of a budget, ``plan``): the times were not measured
+    over_time: bool = False
+
+    @property
+    def measured(self) -> bool:
+        """Its times were measured (now or by the earlier probe it keeps)."""
+        return not (self.over or self.over_time)
 
 
 def memory_limit() -> int:
@@ -72,10 +83,12 @@ def memory_limit() -> int:
 
 
 def _poll_peak(pid: int, stop: threading.Event, peak: list[int], ceiling: int | None = None,
-               over: threading.Event | None = None) -> None:
+               over: threading.Event | None = None, deadline: float | None = None,
+               late: threading.Event | None = None) -> None:
     """Keep ``peak[0]`` at the largest RSS of process ``pid`` with its descendants, every 0.2 s; where
     it passes ``ceiling`` bytes, kill the whole tree (SIGKILL) and set ``over``: a probe that does
-    not fit stops there instead of pushing the machine into its out-of-memory killer."""
+    not fit stops there instead of pushing the machine into its out-of-memory killer. Past
+    ``deadline`` (``time.time()`` seconds) the same, setting ``late``."""
     import psutil
 
     try:
@@ -90,6 +103,11 @@ def _poll_peak(pid: int, stop: threading.Event, peak: list[int], ceiling: int | 
             if ceiling is not None and rss > ceiling:
                 if over is not None:
                     over.set()
+                _kill_tree(pid)
+                return
+            if deadline is not None and time.time() > deadline:
+                if late is not None:
+                    late.set()
                 _kill_tree(pid)
                 return
         except psutil.Error:
@@ -130,7 +148,8 @@ def probe_params(params: dict, micro_batch: int = 0) -> dict:
             "batch_size": micro_batch if chunked else o.batch_size, "micro_batch": 0 if chunked else micro_batch}
 
 
-def probe(point: Point, work: Path, micro_batch: int | None = None, ceiling: int | None = None) -> Probe:
+def probe(point: Point, work: Path, micro_batch: int | None = None, ceiling: int | None = None,
+          deadline: float | None = None) -> Probe:
     """Train ``point`` unaided for ``PROBE_STEPS`` steps on ``PROBE_ROWS`` evaluated rows (``probe_params``)
     in a child ``zfree train`` (one torch thread) in ``work``, and measure it (``Probe``). ``ceiling``:
     bytes of resident memory the child's process tree may reach; past it the child is killed and the
@@ -140,7 +159,12 @@ def probe(point: Point, work: Path, micro_batch: int | None = None, ceiling: int
     a step: the peak of an accumulated step, its gradient buffers and one chunk's activations, in a
     fraction of the time); ``Probe.batch_size`` is then ``micro_batch`` and ``run_seconds`` scales
     the step to the run's batch (the optimizer update counted once a chunk: a slight overestimate).
+    A probe whose step the model's size alone puts over ``ceiling`` (``step_memory_floor``) is not
+    run: the Probe comes back ``skipped`` and ``over`` with that floor as its peak, in no time (a
+    SmolLM2-135M probe at batch 32 took 14.4 min of a 30 min budget). ``deadline`` (``time.time()``
+    seconds): past it the child is killed and the Probe comes back ``over_time`` (its times NaN).
     Raises ConfigError with the child's last lines when it fails otherwise (a point that cannot run)."""
+
     cfg = TrainConfig.from_flat(point.params)
     mb = cfg.optim.micro_batch if micro_batch is None else micro_batch
     flat = probe_params(point.params, mb)
@@ -149,9 +173,22 @@ def probe(point: Point, work: Path, micro_batch: int | None = None, ceiling: int
     kept = _measured_before(run, flat, ceiling)
     if kept is not None:
         return kept
-    pr = _probe_child(point, run, flat, mb, n_batch, ceiling)
-    _keep_measured(run, flat, ceiling, pr)
+    floor = step_memory_floor(flat) if ceiling is not None else None
+    if floor is not None and floor > ceiling:
+        nan = float("nan")
+        return Probe(setup_s=nan, step_s=nan, eval_row_s=nan, peak_rss=floor, batch_size=n_batch, micro_batch=mb,
+                     over=True, skipped=True)
+    pr = _probe_child(point, run, flat, mb, n_batch, ceiling, deadline)
+    if not pr.over_time:  # a probe stopped by its deadline says nothing about a longer one
+        _keep_measured(run, flat, ceiling, pr)
     return pr
+
+
+def kept_probe(point: Point, work: Path, micro_batch: int | None = None, ceiling: int | None = None) -> Probe | None:
+    """What ``probe`` would return without running anything: the kept record of an earlier probe of
+    the same config (``_measured_before``), None where there is none that answers."""
+    mb = TrainConfig.from_flat(point.params).optim.micro_batch if micro_batch is None else micro_batch
+    return _measured_before(work / f"probe-mb{mb}", probe_params(point.params, mb), ceiling)
 
 
 #: what a probe's measurement is kept with (``_keep_measured``): a later probe of the same config on
@@ -213,7 +250,8 @@ def _measured_before(run: Path, flat: dict, ceiling: int | None) -> Probe | None
     return kept if fits else None
 
 
-def _probe_child(point: Point, run: Path, flat: dict, mb: int, n_batch: int, ceiling: int | None) -> Probe:
+def _probe_child(point: Point, run: Path, flat: dict, mb: int, n_batch: int, ceiling: int | None,
+                 deadline: float | None = None) -> Probe:
     """``probe``'s measurement: the child ``zfree train`` of ``flat`` in ``run``, its peak polled."""
     import shutil
 
@@ -221,11 +259,12 @@ def _probe_child(point: Point, run: Path, flat: dict, mb: int, n_batch: int, cei
     run.mkdir(parents=True)
     (run.parent / f"{run.name}.json").write_text(json.dumps(flat))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    t0, peak, stop, over = time.time(), [0], threading.Event(), threading.Event()
+    t0, peak, stop, over, late = time.time(), [0], threading.Event(), threading.Event(), threading.Event()
     proc = subprocess.Popen([sys.executable, "-m", "zfree.cli", "train", "--config", str(run.parent / f"{run.name}.json"),
                              "--out", str(run)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     _LIVE.add(proc.pid)
-    poller = threading.Thread(target=_poll_peak, args=(proc.pid, stop, peak, ceiling, over), daemon=True)
+    poller = threading.Thread(target=_poll_peak, args=(proc.pid, stop, peak, ceiling, over, deadline, late),
+                              daemon=True)
     poller.start()
     try:
         output, _ = proc.communicate()
@@ -238,12 +277,12 @@ def _probe_child(point: Point, run: Path, flat: dict, mb: int, n_batch: int, cei
         poller.join()
         _LIVE.discard(proc.pid)
     wall = time.time() - t0
-    if over.is_set() or proc.returncode == -signal.SIGKILL:
+    if over.is_set() or late.is_set() or proc.returncode == -signal.SIGKILL:
         for ckpt in run.glob("checkpoint*"):
             shutil.rmtree(ckpt, ignore_errors=True)
         nan = float("nan")
         return Probe(setup_s=nan, step_s=nan, eval_row_s=nan, peak_rss=peak[0], batch_size=n_batch,
-                     micro_batch=mb, wall_s=wall, over=True)
+                     micro_batch=mb, wall_s=wall, over=not late.is_set(), over_time=late.is_set())
     if proc.returncode != 0:
         raise ConfigError(f"the probe of {point.run_id} failed (exit {proc.returncode}): "
                           f"{' | '.join(output.strip().splitlines()[-3:])}")
@@ -265,7 +304,8 @@ def _probe_child(point: Point, run: Path, flat: dict, mb: int, n_batch: int, cei
 _LIVE: set[int] = set()
 
 
-def probe_side_by_side(jobs: list[tuple[Point, Path, int | None]], ceiling: int) -> list[Probe]:
+def probe_side_by_side(jobs: list[tuple[Point, Path, int | None]], ceiling: int, deadline: float | None = None
+                       ) -> list[Probe]:
     """``probe(point, work, micro_batch, ceiling)`` of each job at the same time, one thread (and one
     ``zfree train`` child of one torch thread) each: on a machine of as many cores the probes take
     the time of the longest instead of their sum, and their times are measured as the grid's runs
@@ -276,7 +316,7 @@ def probe_side_by_side(jobs: list[tuple[Point, Path, int | None]], ceiling: int)
 
     pool = ThreadPoolExecutor(max_workers=len(jobs), thread_name_prefix="zfree-probe")
     try:
-        futures = [pool.submit(probe, point, work, mb, ceiling) for point, work, mb in jobs]
+        futures = [pool.submit(probe, point, work, mb, ceiling, deadline) for point, work, mb in jobs]
         return [f.result() for f in futures]
     except BaseException:
         for pid in list(_LIVE):

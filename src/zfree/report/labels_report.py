@@ -135,6 +135,37 @@ def multiref_note(table: pd.DataFrame) -> str:
     return ("*– in the control columns: " + "; ".join(why) + ".*") if why else ""
 
 
+def multiple_references(study_dir: Path | str) -> bool:
+    """Whether the study's data has multiple references, the premise of the multi-reference section:
+    conditional data (``notes.json``'s ``conditioning``; unconditional rows share one empty x, which
+    is no meaning representation) with some x of two or more rows among the validation rows (the
+    study folder's ``val.jsonl``, else that of a run's ``data_dir``). True where it cannot tell."""
+    import json
+
+    d = Path(study_dir)
+    notes = d / "notes.json"
+    try:
+        if notes.exists() and json.loads(notes.read_text()).get("conditioning") == "unconditional":
+            return False
+        val = d / "val.jsonl"
+        if not val.exists():
+            cfg = next(iter(sorted((d / "runs").glob("*/config.json"))), None)
+            if cfg is None:
+                return True
+            val = Path(json.loads(cfg.read_text())["data_dir"]) / "val.jsonl"
+        seen: set[str] = set()
+        with open(val, encoding="utf-8") as f:
+            for line in f:
+                if line.strip():
+                    x = json.loads(line).get("x") or ""
+                    if x in seen:
+                        return True
+                    seen.add(x)
+        return False
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return True
+
+
 def multiref_table(study_dir: Path | str, digits: int = 3) -> pd.DataFrame | None:
     """The study's ``multiref.csv`` (per run: pairwise BLEU among the latent values' outputs per
     MR, the references covered, the MRs), its known columns first and renamed

@@ -19,7 +19,7 @@ from zfree.core.io import read_json
 from zfree.experiment.estimate import REPORT_S, STEP_FLOOR
 from zfree.experiment.results import collect_runs
 from zfree.experiment.timings import PHASES, read_timings
-from zfree.report.report import md_text
+from zfree.report.report import md_code, md_text
 
 #: below this many training steps a run is a smoke test, not a result: the budget's own floor
 #: (``zfree.experiment.estimate.STEP_FLOOR``, where it stops cutting steps before anything else)
@@ -71,9 +71,18 @@ def phase_table(estimate: dict | None, sessions: list[dict]) -> pd.DataFrame | N
         t["estimate [min]"] = ["–", "–", _min(est), _min(REPORT_S), _min(total), f"{estimate.get('runs', '–')} runs"]
     for i, s in enumerate(sessions):
         head = "measured [min]" if len(sessions) == 1 else f"measured [min], session {i + 1} ({s.get('started', '?')})"
+        if s.get("refused"):
+            head += ", refused by its budget"
         points = ", ".join(f"{n} {k}" for k, n in sorted((s.get("points") or {}).items())) or "–"
         t[head] = [*(_min(s.get(f"{p}_s")) for p in PHASES), _min(s.get("total_s")), points]
     return t
+
+
+def this_run(sessions: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(the sessions of this run, the earlier attempts refused by their budget): a session with a
+    ``refused`` record ended at its probes, before any plan, so the budget of the plan that ran does
+    not pay for it (its probes are kept and were not run again)."""
+    return [s for s in sessions if not s.get("refused")], [s for s in sessions if s.get("refused")]
 
 
 def plan_markdown(estimate: dict | None, sessions: list[dict], runs_all: pd.DataFrame) -> str:
@@ -99,15 +108,19 @@ def plan_markdown(estimate: dict | None, sessions: list[dict], runs_all: pd.Data
         elif budget is not None:
             out += ["", "**The grid fits the budget uncut.**"]
     if sessions:
-        total = sum(s.get("total_s") or 0.0 for s in sessions)
-        line = f"**Measured**: {_min(total)} min in all" + (f", over {len(sessions)} sessions (each rerun is one)"
-                                                            if len(sessions) > 1 else "")
+        ran, refused = this_run(sessions)
+        total = sum(s.get("total_s") or 0.0 for s in ran)
+        line = f"**Measured**: {_min(total)} min in all" + (f", over {len(ran)} sessions (each rerun is one)"
+                                                            if len(ran) > 1 else "")
         if budget:
             line += f" against the {_min(budget)} min budget ({100 * (total / budget - 1):+.0f} %)"
+        if refused:
+            line += (f"; not counted: {len(refused)} earlier attempt(s) the budget refused before this plan "
+                     f"({_min(sum(s.get('total_s') or 0.0 for s in refused))} min, their probes kept)")
         out += ["", line + "."]
     if len(runs_all) and "wall_s" in runs_all:
         w = pd.to_numeric(runs_all["wall_s"], errors="coerce")
-        grid, workers = sum(s.get("grid_s") or 0.0 for s in sessions), (estimate or {}).get("workers")
+        grid, workers = sum(s.get("grid_s") or 0.0 for s in this_run(sessions)[0]), (estimate or {}).get("workers")
         line = (f"The runs' own `wall_s` sum to {_min(w.sum())} min over {int(w.notna().sum())} runs (controls and "
                 "oracles included)")
         if grid:
@@ -139,12 +152,65 @@ def smoke_warning(runs: pd.DataFrame, estimate: dict | None = None, min_steps: i
             "a few steps do, not what the recipe does. Give a larger budget (or more steps) for a result.")
 
 
+def oracle_cuts(estimate: dict | None) -> list[tuple[int, str, list[str], list[str]]]:
+    """The budget's cuts of label oracles in ``estimate``'s cut list: (its number in the list, the
+    line, the labels before, the labels kept), e.g. ``(9, "label oracles ['a', 'b'] -> none", ['a',
+    'b'], [])``."""
+    import ast
+
+    out = []
+    for i, c in enumerate((estimate or {}).get("cuts") or [], 1):
+        head = c.split(" (at ")[0]
+        if not head.startswith("label oracles ") or " -> " not in head:
+            continue
+        before, after = head[len("label oracles "):].split(" -> ", 1)
+        try:
+            was, kept = ast.literal_eval(before), [] if after == "none" else ast.literal_eval(after)
+        except (ValueError, SyntaxError):
+            continue
+        out.append((i, c, [str(x) for x in was], [str(x) for x in kept]))
+    return out
+
+
+def oracle_cut_markdown(estimate: dict | None, oracles: pd.DataFrame) -> str:
+    """Why label oracles are missing where the budget cut them: with no oracle left (``oracles``,
+    ``available_gain.csv``'s rows, empty), the opening lines of the oracle section, naming the cut;
+    with some left, a warning naming the labels whose oracle was cut; "" where the budget cut none."""
+    cuts = oracle_cuts(estimate)
+    if not cuts:
+        return ""
+    n = len((estimate or {}).get("cuts") or [])
+    asked, kept = cuts[0][2], cuts[-1][3]
+    gone = [x for x in asked if x not in kept]
+    which = "; ".join(f"cut {i} of {n}, {md_code(c)}" for i, c, _, _ in cuts)
+    if oracles.empty and not kept:
+        return (f"**No label oracle in this study: the budget cut them** ({which}; the cuts are listed in the "
+                f"opening section). What z could gain from {', '.join(md_code(x) for x in gone)} went unmeasured; "
+                "the oracles are the last thing a budget cuts, so a larger budget keeps them.")
+    return (f"⚠ The budget cut the label oracle of {', '.join(md_code(x) for x in gone)} ({which}): what z "
+            "could gain from that label went unmeasured.")
+
+
+def conditioning_markdown(study_dir: Path | str) -> str:
+    """The report's first line on unconditional data (``notes.json``'s ``conditioning``): the split's
+    note (x dropped, y modelled alone, split by row); "" for conditional data or without notes."""
+    f = Path(study_dir) / "notes.json"
+    meta = read_json(f) if f.exists() else {}
+    if meta.get("conditioning") != "unconditional":
+        return ""
+    note = next((n for n in meta.get("notes") or [] if str(n).startswith("unconditional")), "x dropped")
+    return f"**Unconditional data.** {md_text(note)}"
+
+
 def plan_section(study_dir: Path | str, runs: pd.DataFrame) -> tuple[str, pd.DataFrame | None]:
-    """The report's opening section of a study folder: (markdown under the heading "What was run
-    against what was asked": ``plan_markdown`` and ``smoke_warning``, "" when neither has anything to
-    say; ``phase_table``). ``runs``: the CVAE runs (``SweepResults.runs``, with ``steps``)."""
+    """The report's opening section of a study folder: (markdown: on unconditional data its line
+    first (``conditioning_markdown``), then under the heading "What was run against what was asked"
+    ``plan_markdown`` and ``smoke_warning``, "" when none has anything to say; ``phase_table``).
+    ``runs``: the CVAE runs (``SweepResults.runs``, with ``steps``)."""
     estimate, sessions = read_plan(study_dir)
     parts = [plan_markdown(estimate, sessions, collect_runs(Path(study_dir) / "runs", kind="all")),
              smoke_warning(runs, estimate)]
     text = "\n\n".join(p for p in parts if p)
-    return ("## What was run against what was asked\n\n" + text if text else ""), phase_table(estimate, sessions)
+    top = conditioning_markdown(study_dir)
+    section = "## What was run against what was asked\n\n" + text if text else ""
+    return "\n\n".join(p for p in (top, section) if p), phase_table(estimate, sessions)

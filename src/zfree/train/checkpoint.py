@@ -9,8 +9,10 @@ to the previous checkpoint when the newest is damaged. Part of the run folder
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +24,7 @@ from zfree.core.errors import CheckpointError, CheckpointWriteError
 from zfree.core.checkpoint_io import (load_checkpoint_dir, load_plain_state, safe_torch_load, save_plain_state,
                                       write_checkpoint_dir)
 from zfree.core.io import atomic_write_json
-from zfree.train.checkpoint_parts import load_model_tensors, save_model_tensors
+from zfree.train.checkpoint_parts import FINISHED_KEY, load_model_tensors, save_model_tensors
 
 
 def _plain(obj):
@@ -95,19 +97,38 @@ def _read_checkpoint(d: Path) -> tuple[dict, dict]:
         raise CheckpointError(f"{f} is damaged ({type(e).__name__}: {e})") from None
     old_layout = (d / "state.pt").exists() and not (d / "state.json").exists()
     ck = safe_torch_load(d / "state.pt") if old_layout else load_plain_state(d)
+    if isinstance(ck, dict) and FINISHED_KEY in ck:
+        raise CheckpointError(f"{d} is a finished run's record (its own tensors, no optimizer state): a finished run "
+                              "is not resumed")
     if not isinstance(ck, dict) or not {"optimizer", "rng", "torch_rng", "state"} <= set(ck):
         raise CheckpointError(f"{d}: the checkpoint state lacks optimizer, rng, torch_rng or state")
     return tensors, ck
+
+
+def _finished_record(d: Path) -> bool:
+    """Whether checkpoint folder ``d`` is a finished run's record (``checkpoint_parts.slim_finished``)."""
+    try:
+        packed = json.loads((d / "state.json").read_text())  # (``checkpoint_io.save_plain_state``'s nest)
+        return FINISHED_KEY in {k for k, _ in packed.get("__dict__", [])}
+    except (OSError, ValueError, TypeError, AttributeError):
+        return False
 
 
 def load_checkpoint(out: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, rng: np.random.Generator,
                     state_cls, warn=None) -> object | None:
     """Restore the newest usable checkpoint (checkpoint/, else checkpoint.prev/, else the
     .checkpoint.old/ an older version could leave mid-swap) into ``model``, ``opt``, ``rng`` and
-    torch's RNG; returns ``state_cls(**saved state)``, or None without one. A checkpoint that
+    torch's RNG; returns ``state_cls(**saved state)``, or None without one (or with only a finished
+    run's record, ``slim_finished``, whose summary.json was removed: it trains again from step 0,
+    said through ``warn``). A checkpoint that
     fails to load (missing, empty, truncated, altered, or not plain data) is reported through
     ``warn`` (default: a UserWarning) naming the file, and the previous one is used; raises
     CheckpointError listing the files when none loads."""
+    if _finished_record(out / "checkpoint") and not (out / "checkpoint.prev").exists():
+        (warn or (lambda m: warnings.warn(m, stacklevel=2)))(
+            f"{out / 'checkpoint'} is a finished run's record, not a point to resume from (its summary.json is "
+            "gone): the run trains again from step 0")
+        return None
     found = load_checkpoint_dir([out / "checkpoint", out / "checkpoint.prev", out / ".checkpoint.old"],
                                 _read_checkpoint, warn=warn)
     if found is None:

@@ -257,7 +257,8 @@ def write_summary(out: Path, cfg: TrainConfig, ev, state, wall: float, extra: di
     # separates it from the steady steps (zfree.experiment.estimate.probe)
     summary["compute/first_step_s"] = getattr(state, "first_step_s", None)
     atomic_write_json(out / "summary.json", summary)
-    prune_finished(out, keep_prev=cfg.optim.keep_prev_checkpoint)  # one checkpoint per finished run
+    # one checkpoint per finished run, slimmed to its own tensors (nothing resumes a finished run)
+    prune_finished(out, keep_prev=cfg.optim.keep_prev_checkpoint, base_dir=cfg.base_dir)
     return summary
 
 
