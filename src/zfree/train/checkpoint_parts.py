@@ -96,11 +96,13 @@ def slim_finished(out: Path, base_dir: Path | str | None = None) -> None:
     (a finished run is never resumed: ``zfree train --resume`` and a study return its summary.json,
     and the report reads none of its weights): ``model.safetensors`` keeps the run's own tensors
     (latent embedding, router, posterior, LoRA adapters, buffers outside the body:
-    ``analysis/results/e2e-smollm2/latent_scale.py`` reads the latent embedding there), ``state.json``
-    the TrainState and ``FINISHED_KEY`` (what was dropped, and whether the body was the base's:
-    ``_body_record``); the optimizer's moments, the RNG states and the body of a full fine-tune are
-    dropped (SmolLM2-135M: 1.6 GB a run, 11 GB for a 7-run smoke study). Swapped in by renames like
-    any checkpoint; a checkpoint already slimmed, or none, is left as it is."""
+    ``analysis/results/e2e-smollm2/latent_scale.py`` reads the latent embedding there) and, where the
+    body was trained (a full fine-tune: it cannot be rebuilt from the base), the trained body, so the
+    CVAE can still be loaded and decoded; ``state.json`` the TrainState and ``FINISHED_KEY`` (what was
+    dropped, and whether the body was the base's: ``_body_record``). The optimizer's moments (twice the
+    trainable weights) and the RNG states are dropped, and a body equal to the base's is not stored
+    again (SmolLM2-135M: 1.6 GB a run, 11 GB for a 7-run smoke study before). Swapped in by renames
+    like any checkpoint; a checkpoint already slimmed, or none, is left as it is."""
     from zfree.core.checkpoint_io import load_plain_state, save_plain_state, write_checkpoint_dir
 
     d = out / "checkpoint"
@@ -111,10 +113,11 @@ def slim_finished(out: Path, base_dir: Path | str | None = None) -> None:
         return
     tensors = load_file(str(d / "model.safetensors"))
     body = "the base's" if PARTIAL_KEY in ck else _body_record(tensors, base_dir)
-    own = {k: v.contiguous() for k, v in tensors.items() if _own(k)}
-    record = {"kept": "the run's own tensors (not the base model's body) and its TrainState",
-              "dropped": "the optimizer state, the RNG states" + ("" if body == "the base's" else ", the trained body"),
-              "body": body, "resumable": False}
+    keep_body = body != "the base's"  # trained (or not comparable): the only copy of those weights
+    own = {k: v.contiguous() for k, v in tensors.items() if _own(k) or keep_body}
+    record = {"kept": "the run's own tensors" + (", the trained body" if keep_body else " (the body is the base's)")
+                      + " and its TrainState",
+              "dropped": "the optimizer state, the RNG states", "body": body, "resumable": False}
 
     def write(tmp: Path) -> None:
         save_file(own, str(tmp / "model.safetensors"))
