@@ -237,3 +237,27 @@ def test_the_e2e_aided_gains_are_over_controls_worse_than_the_base_as_the_headin
     for r in aided.itertuples():
         assert _ci(r.finetune_gain, r.finetune_gain_lo, r.finetune_gain_hi, 3) in page
         assert f"gain − rate {_num(r.z_gain - r.rate, 2, sign=True)}" in page
+
+
+def test_the_default_studys_readouts_recompute_from_their_per_row_table():
+    """analysis/results/study-default-readouts (issue 54, 1 seed): each run's within-model use, net gain and
+    gain - rate are the means of the shipped per-row paired table, and the README's reading holds: the
+    aided runs inside the boundary use z (> 1 nat/example, interval above 0), the unaided ones do not."""
+    import pandas as pd
+
+    from zfree.experiment.gains import interval
+
+    d = Path(__file__).resolve().parent.parent / "analysis" / "results" / "study-default-readouts"
+    rows, gains = pd.read_parquet(d / "seed_rows.parquet"), pd.read_csv(d / "gains.csv").set_index("run_id")
+    text = (d / "README.md").read_text()
+    for run, g in rows.groupby("run_id"):
+        for q in ("use_shuffled", "net_gain", "gain_minus_rate", "z_gain"):
+            assert g[q].mean() == pytest.approx(gains.loc[run, q], abs=1e-9), (run, q)
+        est, lo, hi = interval(g["use_shuffled"].to_numpy())
+        assert (lo, hi) == pytest.approx((gains.loc[run, "use_shuffled_lo"], gains.loc[run, "use_shuffled_hi"]))
+        aided_inside = "hard_em" in run and not run.startswith("plain")
+        assert (est > 1 and lo > 0) if aided_inside else lo <= 0 <= hi or abs(est) < 0.01, run
+        if aided_inside:
+            assert f"{est:.2f} [{lo:.2f}, {hi:.2f}]" in text, run
+            n = interval(g["net_gain"].to_numpy())
+            assert f"{n[0]:.3f} [{n[1]:.3f}, {n[2]:.3f}]".replace("-", "−") in text, run
