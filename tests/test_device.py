@@ -324,10 +324,9 @@ def test_shared_prefix_config_reaches_the_decoder(tiny, monkeypatch):
     batch = collate(encode_pairs(tok, load_pairs(data / "val.jsonl")[:6]), pad_id=0)
     calls = []
     real_full = inj.decoder_hidden_full
-    import zfree.models.continuous as cont
-    import zfree.models.discrete as disc
+    import zfree.models.routes as routes
 
-    for mod in (inj, disc, cont):  # the fallback inside decoder_hidden_suffix and the models' own full path
+    for mod in (inj, routes):  # the fallback inside decoder_hidden_suffix and the embedding route's own full path
         monkeypatch.setattr(mod, "decoder_hidden_full", lambda *a, **k: calls.append(1) or real_full(*a, **k))
     outs = {}
     for kind in ("discrete", "continuous"):

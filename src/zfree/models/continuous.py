@@ -63,6 +63,7 @@ from zfree.data.batching import Batch
 from zfree.models.base import decode_with_latents, target_logprobs_from_hidden
 from zfree.models.encoder import build_posterior_encoder, pool_posterior_features
 from zfree.models.injection import full_target_logprobs, suffix_target_logprobs, zfree_pass
+from zfree.models.precision import heads_input
 from zfree.models.routes import INJECTIONS, build_route
 
 
@@ -206,6 +207,7 @@ class ContinuousCVAE(nn.Module):
         """Posterior and prior parameters and the posterior features from the z-free hidden states (B, T, D);
         under BN-VAE mu_q is batch-normalized (``posterior_bn``; training mode: this batch's statistics),
         under delta-VAE logvar_q = ln sigma_u^2 + logsigmoid(the head's raw output)."""
+        h = heads_input(h)  # float32 heads over a bfloat16 body's states
         B = h.shape[0]
         rows = torch.arange(B, device=h.device)
         feats = pool_posterior_features(self, self.posterior_features, h, batch)

@@ -43,6 +43,7 @@ from zfree.models.nll import masked_mean_token_nll
 from zfree.models.base import hidden_states, target_logprobs_from_hidden
 from zfree.models.encoder import build_posterior_encoder, pool_posterior_features
 from zfree.models.injection import full_target_logprobs, suffix_target_logprobs, zfree_pass
+from zfree.models.precision import heads_input
 from zfree.models.routes import INJECTIONS, build_route
 
 
@@ -228,7 +229,9 @@ class DiscreteCVAE(nn.Module):
         """Posterior logits (None without a head), router logits at the separator (which sees only x)
         and the posterior features, from the z-free hidden states ``h`` (B, T, D). The router reads the
         separator state detached for a given z (a probe) and with ``router_detached`` (the hard phase's
-        ``hard_em_router_features='detached'``): its loss then trains the router's head alone."""
+        ``hard_em_router_features='detached'``): its loss then trains the router's head alone.
+        The heads read ``h`` in float32 (``heads_input``: a bfloat16 body's cast up)."""
+        h = heads_input(h)
         rows = torch.arange(h.shape[0], device=h.device)
         sep = h[rows, batch.prefix_len - 1]
         if router_detached:

@@ -3,7 +3,9 @@ the ``embedding`` injection route, and the suffix-pass pieces every route shares
 ``mid``, ``memory`` and ``prefix``, are in ``zfree.models.routes``).
 
 The latent enters as an additive vector ``u`` (discrete: the embedding e_k of value k; continuous:
-the projection W z of a sample) at the separator and at every position that predicts a y token.
+the projection W z of a sample) at the separator and at every position that predicts a y token,
+in the body's dtype (a float32 u onto a bfloat16-stored frozen body is rounded to bfloat16 there;
+its parameters and gradient stay float32: ``zfree.models.precision``).
 Because the x-prefix ([bos] + x) does not depend on z, the K (or S) decoder passes reuse the key/value
 cache of one z-free pass over (x, y) and run only over the y-region ("shared prefix"):
 cost |x| + n·|y| instead of n·(|x| + |y|) per example. ``decoder_hidden_full`` is the naive reference
@@ -103,7 +105,7 @@ def decoder_hidden_full(backbone, batch: Batch, latents: Float[torch.Tensor, "ba
     n = latents.shape[1]
     emb = backbone.get_input_embeddings()(batch.decoder_inputs)  # (B, T, D)
     inj = injection_mask(batch).to(emb.dtype)  # (B, T)
-    x = emb[:, None] + inj[:, None, :, None] * latents[:, :, None, :]  # (B, n, T, D)
+    x = emb[:, None] + inj[:, None, :, None] * latents.to(emb.dtype)[:, :, None, :]  # (B, n, T, D), the body's dtype
     h = hidden_states(backbone, repeat_batch(batch, n), inputs_embeds=x.reshape(B * n, T, -1))
     return h.reshape(B, n, T, -1)
 
@@ -150,6 +152,7 @@ def prefix_cache(cache, Pc: int, n: int, first_slot_delta=None) -> DynamicCache:
         k, v = k[:, :, :Pc].repeat_interleave(n, 0), v[:, :, :Pc].repeat_interleave(n, 0)
         if first_slot_delta is not None:
             dk, dv = first_slot_delta[i]
+            dk, dv = dk.to(k.dtype), dv.to(v.dtype)  # the cache's dtype (a bfloat16-stored body's)
             k, v = torch.cat([k[:, :, :1] + dk, k[:, :, 1:]], 2), torch.cat([v[:, :, :1] + dv, v[:, :, 1:]], 2)
         data.append((k, v))
     return DynamicCache(ddp_cache_data=data)
@@ -188,7 +191,8 @@ def decoder_hidden_suffix(backbone, batch: Batch, cache, latents: Float[torch.Te
     if suffix_full_pass_reason(backbone, batch, cache, Pc + L, shared_prefix):
         return gather_suffix(decoder_hidden_full(backbone, batch, latents), pos), valid  # (B, n, L, D)
     ids = batch.decoder_inputs.gather(1, pos.clamp_max(T - 1))  # the y-region as the decoder reads it
-    x = backbone.get_input_embeddings()(ids)[:, None] + latents[:, :, None, :]  # (B, n, L, D)
+    emb = backbone.get_input_embeddings()(ids)  # (B, L, D)
+    x = emb[:, None] + latents.to(emb.dtype)[:, :, None, :]  # (B, n, L, D), the body's dtype
     mask = torch.cat([prefix_slots_mask(batch, Pc), valid], 1).long().repeat_interleave(n, 0)  # (B*n, Pc + L)
     h = backbone.base_model(inputs_embeds=x.reshape(B * n, L, -1), attention_mask=mask,
                             position_ids=pos.repeat_interleave(n, 0),

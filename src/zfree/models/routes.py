@@ -273,9 +273,10 @@ class PrefixRoute(InjectionRoute):
                         for i in range(0, V, chunk))
         self.shared = nn.Parameter(total / V)  # the module's output: its own scaling (Gemma's sqrt(d)) included
 
-    def soft(self, latents: Float[torch.Tensor, "batch n d_model"]) -> Float[torch.Tensor, "batch n d_model"]:
-        """The soft token of each latent vector: s + u."""
-        return self.shared.to(latents.dtype) + latents
+    def soft(self, latents: Float[torch.Tensor, "batch n d_model"], dtype: torch.dtype | None = None
+             ) -> Float[torch.Tensor, "batch n d_model"]:
+        """The soft token of each latent vector: s + u, in ``dtype`` (the body's; default the latents')."""
+        return (self.shared.to(latents.dtype) + latents).to(dtype or latents.dtype)
 
     def full(self, backbone, batch, latents):
         """One pass over [x-prefix, soft token, sep, y] per latent vector (T + 1 positions, the soft
@@ -287,7 +288,7 @@ class PrefixRoute(InjectionRoute):
         src = t - (t > at).long()  # (B, T+1) the token each extended position reads
         emb = backbone.get_input_embeddings()(batch.decoder_inputs.gather(1, src))  # (B, T+1, D)
         soft = (t == at)[:, None, :, None]  # (B, 1, T+1, 1)
-        x = torch.where(soft, self.soft(latents)[:, :, None, :], emb[:, None])  # (B, n, T+1, D)
+        x = torch.where(soft, self.soft(latents, emb.dtype)[:, :, None, :], emb[:, None])  # (B, n, T+1, D)
         mask = torch.where(t == at, 1, batch.attention_mask.gather(1, src)).repeat_interleave(n, 0)
         h = backbone.base_model(inputs_embeds=x.reshape(B * n, T + 1, -1), attention_mask=mask,
                                 use_cache=False).last_hidden_state.reshape(B, n, T + 1, -1)
@@ -301,8 +302,8 @@ class PrefixRoute(InjectionRoute):
         if suffix_full_pass_reason(backbone, batch, cache, Pc + 1 + L, shared_prefix):
             return gather_suffix(self.full(backbone, batch, latents), pos), valid
         ids = batch.decoder_inputs.gather(1, pos.clamp_max(T - 1))
-        x = torch.cat([self.soft(latents)[:, :, None, :],
-                       backbone.get_input_embeddings()(ids)[:, None].expand(B, n, L, -1)], 2)  # (B, n, 1+L, D)
+        emb = backbone.get_input_embeddings()(ids)  # (B, L, D)
+        x = torch.cat([self.soft(latents, emb.dtype)[:, :, None, :], emb[:, None].expand(B, n, L, -1)], 2)  # (B, n, 1+L, D)
         pos1 = torch.cat([pos[:, :1], pos + 1], 1)  # the soft token at prefix_len - 1, sep and y one later
         ones = torch.ones_like(valid[:, :1])
         mask = torch.cat([prefix_slots_mask(batch, Pc), ones, valid], 1).long().repeat_interleave(n, 0)

@@ -27,7 +27,7 @@ from zfree.core.values import check_device
 from zfree.data.batching import collate
 from zfree.evaluate.latent_meaning import write_latent_meaning
 from zfree.evaluate.metrics import evaluate
-from zfree.models.precision import acc_dtype
+from zfree.models.precision import acc_dtype, tf32_matmuls
 from zfree.objective.objectives import GIVEN, Phase, step_objective
 from zfree.reference.reference import check_step0_rho
 from zfree.train import accumulate, aids, checkpoint, multiref_run, plugins, run_folder
@@ -252,7 +252,8 @@ def _train_steps(loop: _Loop, progress: bool, stop_after: int | None) -> dict:
     while state.step < cfg.optim.steps:
         step = state.step + 1
         t_step = time.time()
-        ctx, br = _take_step(loop, step)
+        with tf32_matmuls(loop.dev):  # CUDA: float32 matmuls of the step on TF32 tensor cores (not evaluation's)
+            ctx, br = _take_step(loop, step)
         state.step = step
         if step == 1:
             state.first_step_s = time.time() - t_step
