@@ -90,10 +90,28 @@ def layer_kv(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return list(zip(cache.key_cache, cache.value_cache))
 
 
-def zfree_pass(backbone, batch: Batch, use_cache: bool = True):
-    """The z-free pass over (x, y): (hidden (B, T, D), its key/value cache or None)."""
-    out = backbone.base_model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=use_cache)
-    return out.last_hidden_state, (getattr(out, "cache", None) or out.past_key_values) if use_cache else None
+#: the attribute of a z-free pass's cache that records how many positions the pass fed it
+CACHED_POSITIONS = "zfree_positions"
+
+
+def zfree_pass(backbone, batch: Batch, use_cache: bool = True, prefix_only: bool = False):
+    """The z-free pass: (hidden (B, T', D), its key/value cache or None), over (x, y) (T' = T) or, with
+    ``prefix_only``, over the first T' = max prefix_len columns only: every row's [bos] + x + separator
+    (a row with a shorter prefix also reads its first y tokens there, which none of its prefix positions
+    attends to). Causal attention: the prefix positions' states and cache slots are the full pass's, so
+    the router (the separator state) and the decoder's shared prefix need no more (``DiscreteCVAE``);
+    only the y-region's z-free states (an amortized posterior's features, the z-free NLL) need (x, y).
+    The cache records the positions fed (``CACHED_POSITIONS``; ``shared_prefix_problem`` checks them)."""
+    ids, mask = batch.input_ids, batch.attention_mask
+    if prefix_only:
+        P = batch.max_lengths()[0]  # a host int: no device read
+        ids, mask = ids[:, :P], mask[:, :P]
+    out = backbone.base_model(input_ids=ids, attention_mask=mask, use_cache=use_cache)
+    if not use_cache:
+        return out.last_hidden_state, None
+    cache = getattr(out, "cache", None) or out.past_key_values
+    setattr(cache, CACHED_POSITIONS, ids.shape[1])
+    return out.last_hidden_state, cache
 
 
 def decoder_hidden_full(backbone, batch: Batch, latents: Float[torch.Tensor, "batch n d_model"]
@@ -123,7 +141,7 @@ def suffix_full_pass_reason(backbone, batch: Batch, cache, extent: int, shared_p
         return "off"
     if cache is None:
         return "no cache"
-    problem = shared_prefix_problem(backbone, cache, batch.input_ids.shape[1], extent)
+    problem = shared_prefix_problem(backbone, cache, getattr(cache, CACHED_POSITIONS, batch.input_ids.shape[1]), extent)
     if problem and mode == "on":
         raise ValueError(f"shared_prefix='on' but the prefix cache of {type(backbone).__name__} cannot be reused "
                          f"exactly: {problem} (use 'auto' or 'off')")
