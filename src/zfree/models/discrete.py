@@ -43,7 +43,7 @@ from zfree.models.nll import masked_mean_token_nll
 from zfree.models.base import hidden_states, target_logprobs_from_hidden
 from zfree.models.encoder import build_posterior_encoder, pool_posterior_features
 from zfree.models.injection import full_target_logprobs, suffix_target_logprobs, zfree_pass
-from zfree.models.precision import heads_input
+from zfree.models.precision import heads_input, to_device
 from zfree.models.routes import INJECTIONS, build_route
 
 
@@ -210,11 +210,13 @@ class DiscreteCVAE(nn.Module):
         self.given_index = dict(index)
 
     def given_values(self, batch: Batch) -> Int[torch.Tensor, "batch"]:
-        """The given value of each row of ``batch`` (KeyError naming a row without one)."""
+        """The given value of each row of ``batch`` (KeyError naming a row without one), built on the host
+        from the row ids and copied without blocking (pinned memory on CUDA: a pageable copy would wait
+        for the device's queued work, a host round-trip per step)."""
         missing = [i for i in batch.ids if i not in self.given_index]
         if missing:
             raise KeyError(f"row {missing[0]!r} has no given latent value (latent_source={self.latent_source!r})")
-        return torch.tensor([self.given_index[i] for i in batch.ids], device=batch.input_ids.device)
+        return to_device(torch.tensor([self.given_index[i] for i in batch.ids]), batch.input_ids.device)
 
     def _given_logits(self, z: Int[torch.Tensor, "batch"], like: torch.Tensor) -> Float[torch.Tensor, "batch n_latent"]:
         """One-hot logits: 0 at z, ``GIVEN_LOGIT`` elsewhere, in the dtype of ``like``."""

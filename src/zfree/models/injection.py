@@ -167,7 +167,9 @@ def prefix_cache(cache, Pc: int, n: int, first_slot_delta=None) -> DynamicCache:
     (B * n, heads, 1, head_dim)) is added to slot 0 (the memory route)."""
     data = []
     for i, (k, v) in enumerate(layer_kv(cache)):
-        k, v = k[:, :, :Pc].repeat_interleave(n, 0), v[:, :, :Pc].repeat_interleave(n, 0)
+        k, v = k[:, :, :Pc], v[:, :, :Pc]  # views: the suffix pass's update concatenates into new tensors
+        if n > 1:
+            k, v = k.repeat_interleave(n, 0), v.repeat_interleave(n, 0)
         if first_slot_delta is not None:
             dk, dv = first_slot_delta[i]
             dk, dv = dk.to(k.dtype), dv.to(v.dtype)  # the cache's dtype (a bfloat16-stored body's)

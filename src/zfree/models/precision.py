@@ -107,6 +107,18 @@ def tf32_matmuls(device: torch.device | str):
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = prev
 
 
+def to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """A host tensor on ``device`` without a host round-trip: on CUDA through pinned memory with a
+    non-blocking copy (a copy from pageable memory first waits for the device's queued work); on the
+    CPU ``t`` itself; elsewhere a plain copy."""
+    device = torch.device(device)
+    if device.type == "cpu" or t.device == device:
+        return t
+    if device.type == "cuda" and t.device.type == "cpu":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
 def body_autocast(precision: str, device: torch.device | str):
     """A context manager for the model's forward: nothing for ``fp32``, bfloat16 autocast on
     ``device``'s type for ``bf16`` (CPU allowed, slower there). Raises KeyError listing the precisions."""

@@ -96,6 +96,25 @@ def store_frozen_body(model: torch.nn.Module, cfg: TrainConfig) -> int:
     return store_frozen_weights(model.backbone, dtype)
 
 
+#: torch.compile's backend for ``compile: true`` (tests/test_compile.py uses "aot_eager": dynamo's tracing
+#: and autograd without inductor's code generation, which takes minutes per graph on a loaded CPU)
+COMPILE_BACKEND = "inductor"
+
+
+def compile_body(model: torch.nn.Module, backend: str | None = None) -> torch.nn.Module:
+    """``torch.compile`` the backbone's body in place (``nn.Module.compile``, dynamic shapes: batches
+    differ in length), so every pass through it (the z-free pass, the decoder's passes over the y-region,
+    evaluation's) runs compiled; the output head keeps its eager path (``zfree.models.head`` calls the
+    model with its body swapped out). Returns ``model``. Raises RuntimeError when torch.compile cannot run
+    here (``torch._dynamo.is_dynamo_supported``)."""
+    import torch._dynamo
+
+    if not torch._dynamo.is_dynamo_supported():
+        raise RuntimeError("compile: true, but torch.compile is not supported on this Python / platform")
+    model.backbone.base_model.compile(dynamic=True, backend=backend or COMPILE_BACKEND)
+    return model
+
+
 def build_optimizer(model: DiscreteCVAE, cfg: TrainConfig, log=print) -> torch.optim.Optimizer:
     """AdamW (or SGD) with every trainable parameter in exactly one of three groups (checked at start):
     ``backbone`` (lr_backbone, warmed up), ``new`` (posterior side and latent embeddings, lr_new) and
@@ -207,6 +226,8 @@ def setup_run(cfg: TrainConfig, out: Path, progress: bool) -> Run:
     run_folder.write_config_record(out, cfg, data.c_base, ref, data_dir, backbone, rows_used=rows_used(cfg, data),
                                    gate_rows=gate_record(data, with_ids=True))
     store_frozen_body(model, cfg)  # after the base's hash is recorded (of the weights as loaded)
+    if cfg.optim.compile:
+        compile_body(model)
     opt = build_optimizer(model, cfg, log=print if progress else None)
     rng = np.random.default_rng(cfg.optim.seed)
     state = checkpoint.load_checkpoint(out, model, opt, rng, TrainState)
