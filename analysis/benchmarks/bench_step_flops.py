@@ -39,6 +39,7 @@ import argparse
 import contextlib
 import shlex
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -258,6 +259,8 @@ def main() -> None:
     print(table)
     if a.out:
         cmd = " ".join(shlex.quote(x) for x in [Path(sys.executable).name, *sys.argv])
+        for machine, mark in ((tempfile.gettempdir(), "<tmp>"), (str(Path.home()), "~")):  # no machine paths
+            cmd, table = cmd.replace(machine, mark), table.replace(machine, mark)
         Path(a.out).write_text(f"$ {cmd}\n{table}\n")
 
 
