@@ -67,10 +67,13 @@ class InjectionRoute(nn.Module):
 
     def full(self, backbone, batch: Batch, latents: Float[torch.Tensor, "batch n d_model"]
              ) -> Float[torch.Tensor, "batch n seq d_model"]:
+        """Hidden states (B, n, T, D) of one full pass over (x, y) per latent vector (the reference path)."""
         return decoder_hidden_full(backbone, batch, latents)
 
     def suffix(self, backbone, batch: Batch, cache, latents: Float[torch.Tensor, "batch n d_model"],
                shared_prefix: str | None = None) -> tuple[torch.Tensor, Bool[torch.Tensor, "batch pos"]]:
+        """(hidden (B, n, L, D) at the positions predicting S, valid (B, L)) of the passes over the y-region
+        reusing ``cache``'s x-prefix slots; the full pass where ``shared_prefix`` says so."""
         return decoder_hidden_suffix(backbone, batch, cache, latents, shared_prefix)
 
     def last_hidden(self, backbone, ids: Int[torch.Tensor, "rows seq"], P: int,
@@ -135,6 +138,7 @@ class MidRoute(InjectionRoute):
         return decoder_layers(backbone)[self.layer_index]
 
     def full(self, backbone, batch, latents):
+        """``InjectionRoute.full`` with u added to layer ``layer_index``'s input instead of the embeddings."""
         B, T = batch.input_ids.shape
         n = latents.shape[1]
         emb = backbone.get_input_embeddings()(batch.decoder_inputs)  # (B, T, D)
@@ -145,6 +149,7 @@ class MidRoute(InjectionRoute):
         return h.reshape(B, n, T, -1)
 
     def suffix(self, backbone, batch, cache, latents, shared_prefix=None):
+        """``InjectionRoute.suffix`` with u added to layer ``layer_index``'s input over the y-region."""
         B, T = batch.input_ids.shape
         n = latents.shape[1]
         Pc, L, pos, valid = suffix_layout(batch)
@@ -188,6 +193,7 @@ class MemoryRoute(InjectionRoute):
         return out
 
     def suffix(self, backbone, batch, cache, latents, shared_prefix=None):
+        """``InjectionRoute.suffix`` with the first cached slot's key/value shifted by M u per layer."""
         B, T = batch.input_ids.shape
         n = latents.shape[1]
         Pc, L, pos, valid = suffix_layout(batch)
@@ -296,6 +302,7 @@ class PrefixRoute(InjectionRoute):
         return h.gather(2, back[:, None, :, None].expand(B, n, T, h.shape[-1]))
 
     def suffix(self, backbone, batch, cache, latents, shared_prefix=None):
+        """``InjectionRoute.suffix`` with the soft token s + u before the separator (one more position a pass)."""
         B, T = batch.input_ids.shape
         n = latents.shape[1]
         Pc, L, pos, valid = suffix_layout(batch)
