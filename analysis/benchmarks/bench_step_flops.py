@@ -30,7 +30,10 @@ LoRA run's frozen body has none (its backward is the activation gradients, about
 step can count below that ideal: ``x frozen`` is against the ideal with a 2x step. ``tok/row`` is the
 tokens through the decoder layers per row of the forward (a hook on each layer), against the ideal's and
 the padded layout's (the batch's longest prefix once, its longest y-region per decoded value).
-Prints one table (and writes it with the command to ``--out``).
+``--time N``: also the median seconds of N whole steps (AdamW included) per path, the paths interleaved, and
+new / old (``t n/o``): timings, valid only on an otherwise idle machine (the issue's CPU criteria: control
+<= 0.6x today's step, K = 4 soft <= 1.5x the control's). Prints one table (and writes it with the command
+to ``--out``).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ import contextlib
 import shlex
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -180,6 +184,23 @@ def count_steps(model, cfg, phase, batches, vocab: int) -> tuple[list[dict], str
                       for b in batches[1:]], counter
 
 
+def time_steps(built: dict, phase, batches, n: int) -> dict[str, float]:
+    """Median seconds of a whole step (forward, backward, AdamW) of each path's model over ``n`` rounds, the
+    paths interleaved within a round (so a drift of the machine's speed hits every path alike). Valid on an
+    otherwise idle machine only."""
+    times: dict[str, list[float]] = {p: [] for p in built}
+    for i in range(n):
+        for path, (model, cfg, opt) in built.items():
+            b = batches[i % len(batches)]
+            t = time.perf_counter()
+            loss = step_objective(phase, model, b, cfg, 1, 2.0, None, None).total
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            times[path].append(time.perf_counter() - t)
+    return {p: float(np.median(v)) for p, v in times.items() if v}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="data/base/default/model", help="causal LM folder (or GGUF file)")
@@ -195,6 +216,8 @@ def main() -> None:
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
                     help="bf16: the frozen body stored in bf16 and the step autocast (FLOPs unchanged)")
     ap.add_argument("--rows", type=int, default=2000, help="rows the batches are drawn from")
+    ap.add_argument("--time", type=int, default=0, help="also time this many rounds of whole steps per path, "
+                                                        "interleaved (seconds valid only on an idle machine)")
     ap.add_argument("--out", default="", help="write the table (with this command) here too")
     a = ap.parse_args()
     torch.set_num_threads(1)
@@ -212,6 +235,7 @@ def main() -> None:
     for kind in a.kinds.split(","):
         phase, fields = KINDS[kind]
         K = 1 if kind == "control" else a.k
+        built = {}
         for path in a.paths.split(","):
             cfg = TrainConfig().replace(device="cpu", precision=a.precision, weighting="distribution",
                                         lora_rank=a.lora, batch_size=a.batch,
@@ -237,6 +261,10 @@ def main() -> None:
                          "ideal_tok_row": float(np.mean([i[1] for i in ideal])) / a.batch,
                          "layout_tok_row": float(np.mean([i[2] for i in ideal])) / a.batch, "counter": counter})
             print(rows[-1], flush=True)
+            if a.time:
+                built[path] = (model, cfg, torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4))
+        for path, s in time_steps(built, phase, batches, a.time).items():  # interleaved: new, old, new, old, ...
+            next(r for r in rows if r["kind"] == kind and r["path"] == path)["s_step"] = s
     by = {(r["kind"], r["path"]): r for r in rows}
     lines = [f"model {a.model}: N_body {n_body:,} linear weights, d {d}, V {vocab}; batch {a.batch} of {data} "
              f"(mean of {a.batches} batches), LoRA rank {a.lora}, K {a.k}, E-step tokens {a.estep_tokens}, "
@@ -248,13 +276,16 @@ def main() -> None:
              "with a frozen body's backward (1x forward: activation gradients only, as under LoRA); "
              "tok/row: decoder-layer tokens of the forward per row (counted, ideal, padded layout B (P_max + n L_max))",
              f"{'step':<9} {'path':<5} {'counted':>9} {'body':>8} {'head':>8} {'attn':>6} {'ideal':>8} "
-             f"{'x ideal':>8} {'x frozen':>8} {'tok/row':>8} {'ideal':>6} {'layout':>6} {'new/old':>8}"]
+             f"{'x ideal':>8} {'x frozen':>8} {'tok/row':>8} {'ideal':>6} {'layout':>6} {'new/old':>8}"
+             + (f" {'s/step':>8} {'t n/o':>6}" if a.time else "")]
     for r in rows:
         old = by.get((r["kind"], "old"))
         rel = f"{r['gflop'] / old['gflop']:.3f}" if old is not None and r["path"] == "new" else ""
+        timed = (f" {r['s_step']:>8.3f}" + (f" {r['s_step'] / old['s_step']:>6.3f}" if rel else "")
+                 if "s_step" in r else "")
         lines.append(f"{r['kind']:<9} {r['path']:<5} {r['gflop']:>9.3f} {r['body']:>8.3f} {r['head']:>8.3f} "
                      f"{r['attention']:>6.3f} {r['ideal']:>8.3f} {r['ratio']:>8.3f} {r['ratio_frozen']:>8.3f} "
-                     f"{r['tok_row']:>8.1f} {r['ideal_tok_row']:>6.1f} {r['layout_tok_row']:>6.1f} {rel:>8}")
+                     f"{r['tok_row']:>8.1f} {r['ideal_tok_row']:>6.1f} {r['layout_tok_row']:>6.1f} {rel:>8}{timed}")
     table = "\n".join(lines)
     print(table)
     if a.out:
