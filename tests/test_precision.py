@@ -164,3 +164,18 @@ def test_tf32_is_switched_on_for_cuda_steps_only_and_restored():
         assert torch.backends.cuda.matmul.allow_tf32 is False
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = prev
+
+
+def test_a_bf16_lora_run_stops_and_resumes_over_its_bf16_body(tiny_run, tmp_path):
+    """The partial checkpoint names the base as loaded (fp32 hash), and the resumed run stores its body in
+    bf16 again: it resumes where it stopped and finishes with finite losses."""
+    import math
+
+    from zfree.train.training import train_cvae
+
+    data, base = tiny_run
+    cfg = TrainConfig.from_flat(tiny_flat(data, base, device="cpu", precision="bf16", lora_rank=4, steps=2,
+                                          eval_every=2, eval_rows=8, decode_rows=0, batch_size=4))
+    assert train_cvae(cfg, tmp_path / "run", progress=False, stop_after=1) == {"stopped_at": 1}
+    done = train_cvae(cfg, tmp_path / "run", progress=False)
+    assert done["steps"] == 2 and math.isfinite(done["loss/val/objective"])
