@@ -235,6 +235,53 @@ def test_host_read_check_catches_a_planted_item(tiny, tmp_path, monkeypatch):
     assert reads and {r for r, _ in reads} == {"item"}, reads[:5]
 
 
+def zfree_host_reads(fn, device_type: str = "cpu") -> list[tuple[str, str]]:
+    """Run ``fn()``; return the (method, zfree frames) of every explicit host read (``HOST_READS``) of a
+    ``device_type`` tensor whose caller is zfree's own code (reads inside transformers or torch, e.g. a
+    mask helper under the body's forward, are theirs)."""
+    from placement import _in_package, _where
+    from torch.overrides import TorchFunctionMode
+
+    reads = []
+
+    class Reads(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            name = getattr(func, "__name__", "")
+            if name in HOST_READS and args and isinstance(args[0], torch.Tensor) \
+                    and args[0].device.type == device_type and _in_package(sys._getframe(1).f_code.co_filename):
+                reads.append((name, _where()))
+            return func(*args, **(kwargs or {}))
+
+    with Reads():
+        fn()
+    return reads
+
+
+@pytest.mark.parametrize("name", ["control", "soft-optimal", "hard-optimal", "continuous-mean_y"])
+def test_the_whole_step_forward_included_makes_no_explicit_host_read(name, monkeypatch):
+    """Issue 56 item 4: the step's forward (the models, the objective's reductions) and backward read
+    nothing back to the host in zfree's code; ``test_training_step_makes_no_explicit_host_read`` covers the
+    assembly, the update and the logs. What remains is implicit and listed in ``zfree.train.training``'s
+    module docstring (boolean-mask gathers of the head's rows; transformers' mask helper)."""
+    from test_step_passes import EQUAL, STEPS, _model
+
+    from tests.tiny import tiny_gpt2
+    from zfree.data.batching import collate, encode_pair
+    from zfree.models.head import verify_head
+    from zfree.objective.objectives import step_objective
+
+    import zfree.models.nll as nll
+
+    monkeypatch.setattr(nll, "HOST_CHECK_DEVICES", (), raising=False)  # the accelerator's checks, on the CPU
+    base, tok = tiny_gpt2()
+    batch = collate([encode_pair(tok, p) for p in EQUAL], pad_id=tok.pad_token_id)
+    phase, fields, _ = STEPS[name]
+    model, cfg = _model(base, fields)
+    verify_head(model.backbone)
+    reads = zfree_host_reads(lambda: step_objective(phase, model, batch, cfg, 1, 2.0, None, None).total.backward())
+    assert not reads, reads[:5]
+
+
 # ---------------------------------------------------------------------------- precision
 
 
@@ -324,10 +371,9 @@ def test_shared_prefix_config_reaches_the_decoder(tiny, monkeypatch):
     batch = collate(encode_pairs(tok, load_pairs(data / "val.jsonl")[:6]), pad_id=0)
     calls = []
     real_full = inj.decoder_hidden_full
-    import zfree.models.continuous as cont
-    import zfree.models.discrete as disc
+    import zfree.models.routes as routes
 
-    for mod in (inj, disc, cont):  # the fallback inside decoder_hidden_suffix and the models' own full path
+    for mod in (inj, routes):  # the fallback inside decoder_hidden_suffix and the embedding route's own full path
         monkeypatch.setattr(mod, "decoder_hidden_full", lambda *a, **k: calls.append(1) or real_full(*a, **k))
     outs = {}
     for kind in ("discrete", "continuous"):

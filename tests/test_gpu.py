@@ -17,6 +17,7 @@ from zfree.models.discrete import DiscreteCVAE
 from zfree.models.base import target_logprobs
 from zfree.models.injection import decoder_hidden_suffix, suffix_target_logprobs, zfree_pass
 from zfree.models.loading import load_causal_lm
+from zfree.reference.reference import RHO0_TOL_LOW_PRECISION
 from zfree.reference.scoring import score_pairs
 
 pytestmark = pytest.mark.gpu
@@ -179,8 +180,10 @@ def test_training_step_has_no_explicit_host_read_on_cuda(tiny_run, tmp_path, mon
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_lora_training_run_on_cuda(tiny_run, tmp_path, precision):
     """Issue 24: the LoRA decoder on CUDA under each precision: the step-0 evaluation equals the CPU
-    full-weight run's (B = 0: the same function; evaluation is fp32), the run is finite, only the
-    adapters train in the backbone, and the checkpoint holds what trains (no frozen base weight)."""
+    full-weight run's (B = 0: the same function; evaluation is fp32 over an fp32 body, bf16 over the
+    bf16-stored frozen body of a bf16 LoRA run (issue 56): within the step-0 rho check's low-precision
+    tolerance there), the run is finite, only the adapters train in the backbone, and the checkpoint
+    holds what trains (no frozen base weight)."""
     import math
 
     from safetensors.torch import load_file
@@ -194,7 +197,7 @@ def test_lora_training_run_on_cuda(tiny_run, tmp_path, precision):
     cpu = train_cvae(_train_cfg(data, base, device="cpu", weighting="distribution", beta=0.3, steps=1, eval_every=1),
                      tmp_path / "cpu", progress=False)
     key = "init/loss/val/baseline_normalized_reconstruction_loss"
-    assert gpu[key] == pytest.approx(cpu[key], abs=1e-5)
+    assert gpu[key] == pytest.approx(cpu[key], abs=1e-5 if precision == "fp32" else RHO0_TOL_LOW_PRECISION)
     rows = read_jsonl(tmp_path / "gpu" / "metrics.jsonl")
     assert all(math.isfinite(r["loss/train/total"]) for r in rows[1:])
     tensors = {}

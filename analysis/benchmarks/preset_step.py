@@ -12,8 +12,9 @@ trainable parameters: LoRA adapters, latent embeddings, posterior and router hea
 - FLOPs are counted, not estimated: torch's own FLOP formulas (``torch.utils.flop_counter.flop_registry``,
   what ``FlopCounterMode`` sums; its module tracker fails on the step's no-grad parts) over every op of one
   whole step (forward and backward: matrix products, attention); MFU = counted FLOPs / seconds per step / the chip's
-  dense peak for the precision (``bench_gpu.PEAK_TFLOPS``: fp32 is the non-tensor-core peak, as TF32 stays
-  off; nan on CPU, where no peak is known).
+  dense peak for the precision (``bench_gpu.PEAK_TFLOPS``: fp32 is the non-tensor-core peak; since issue 56
+  the steps run fp32 products on TF32 on CUDA, as the loop does, so an fp32 MFU over 100 % is possible and
+  bench_large_step.py uses the TF32 peak; nan on CPU, where no peak is known).
 - Seconds per step: the mean over ``--steps`` steps after one warm-up step, batches drawn from the train rows.
 - Peak memory: ``torch.cuda.max_memory_allocated`` over the timed steps on CUDA; on CPU the growth of the
   process's peak RSS (a high-water mark, so a lower bound).
@@ -44,7 +45,8 @@ from zfree.data.batching import collate, encode_pairs, pad_id_of  # noqa: E402
 from zfree.data.pairs import load_pairs  # noqa: E402
 from zfree.models.loading import load_causal_lm  # noqa: E402
 from zfree.objective.objectives import GIVEN, Phase, step_objective  # noqa: E402
-from zfree.train.run_setup import build_cvae  # noqa: E402
+from zfree.models.precision import tf32_matmuls  # noqa: E402
+from zfree.train.run_setup import build_cvae, store_frozen_body  # noqa: E402
 
 #: step kind -> (the objective's phase, the preset's config fields for it)
 KINDS = {
@@ -89,6 +91,7 @@ def bench(kind: str, backbone_dir: str, pairs, a, dev: torch.device) -> dict:
     backbone, tok = load_causal_lm(backbone_dir, device=str(dev), dtype="float32")
     torch.manual_seed(0)
     model = build_cvae(cfg, backbone).to(dev).train()
+    store_frozen_body(model, cfg)  # bf16: the frozen LoRA body stored in bf16, as the loop does (issue 56)
     if kind == "control":
         model.set_given({p.id: 0 for p in pairs})  # the control's one value for every row
     params = [p for p in model.parameters() if p.requires_grad]
@@ -99,10 +102,11 @@ def bench(kind: str, backbone_dir: str, pairs, a, dev: torch.device) -> dict:
                for _ in range(a.steps + 2)]
 
     def one(b):
-        loss = step_objective(phase, model, b, cfg, 1, a.c_base, None, None).total
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        with tf32_matmuls(dev):  # as the loop's steps (issue 56): fp32 products on TF32 on CUDA
+            loss = step_objective(phase, model, b, cfg, 1, a.c_base, None, None).total
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
 
     one(batches[0])  # warm-up: allocator, optimizer state
     with CountFlops() as fc:

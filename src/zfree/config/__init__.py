@@ -58,7 +58,8 @@ LOG_ONLY_FIELDS = frozenset({"tensorboard", "wandb"})
 #: versions before them: at that default a field is left out of a run's identity (its id, the
 #: same-config check), so finished runs recorded without it keep their ids and are reused; set to
 #: anything else it is part of the identity like every other field
-LATER_FIELD_DEFAULTS: dict[str, Any] = {"word_dropout": 0.0, "handover_reference": "base", "injection": "embedding"}
+LATER_FIELD_DEFAULTS: dict[str, Any] = {"word_dropout": 0.0, "handover_reference": "base", "injection": "embedding",
+                                        "compile": False}
 
 
 def without_log_only(flat: dict[str, Any]) -> dict[str, Any]:

@@ -59,6 +59,10 @@ class OptimConfig:
     # objective (a batch mean; zfree.train.accumulate), set by a study whose grid would not fit in memory
     micro_batch: int = 0
     keep_prev_checkpoint: bool = False  # a finished run keeps checkpoint.prev/ too (default: checkpoint/ only)
+    # torch.compile the backbone's body (zfree.train.run_setup.compile_body: dynamic shapes), for training and
+    # evaluation; results equal eager's up to float rounding (tests/test_compile.py); the first steps of each
+    # shape pay the compilation (minutes on a CPU), so it pays off on long runs on an accelerator
+    compile: bool = False
     # live curves: every metrics.jsonl row also as TensorBoard scalars beside it (zfree.train.live_curves;
     # nothing written without the tensorboard package). What a run writes, not what it computes: not
     # part of a run's identity (LOG_ONLY_FIELDS)

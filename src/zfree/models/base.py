@@ -131,6 +131,8 @@ def decode_with_latents(backbone, prefixes, latents: Float[torch.Tensor, "rows d
         group = lambda *args: _group_uncached(*args, last_hidden=route.last_hidden)  # noqa: E731
     out: list[list[int]] = [[] for _ in prefixes]
     emb_layer = backbone.get_input_embeddings()
+    if route is None or route.name == "embedding":  # added to the embeddings: in the body's dtype (a bf16 base)
+        latents = latents.to(emb_layer.weight.dtype)
     for P, idx, ids, lat in prefix_groups(prefixes, latents):
         rows = group(backbone, emb_layer, P, ids, lat, new_token_room(P, max_new_tokens, context), eos_id, generator)
         for i, r in zip(idx, rows):

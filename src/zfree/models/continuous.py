@@ -64,6 +64,7 @@ from zfree.data.batching import Batch
 from zfree.models.base import decode_with_latents, target_logprobs_from_hidden
 from zfree.models.encoder import build_posterior_encoder, pool_posterior_features
 from zfree.models.injection import full_target_logprobs, suffix_target_logprobs, zfree_pass
+from zfree.models.precision import heads_input
 from zfree.models.routes import INJECTIONS, build_route
 
 
@@ -118,7 +119,8 @@ class ContinuousCVAEOutput:
     z: Float[torch.Tensor, "batch n_samples d_latent"]  # the decoded latents
     target_logprobs: Float[torch.Tensor, "batch n_samples seq"]  # log p(y_t | x, y_<t, z_s) on S, 0 elsewhere
     features: Float[torch.Tensor, "batch d_feat"]  # the posterior head's input
-    zfree_target_logprobs: Float[torch.Tensor, "batch seq"]  # current backbone without z (the z-free pass)
+    # the current backbone without z on S (the z-free pass; a metric): None under zfree_metrics=False
+    zfree_target_logprobs: Float[torch.Tensor, "batch seq"] | None
 
 
 class ContinuousCVAE(nn.Module):
@@ -207,6 +209,7 @@ class ContinuousCVAE(nn.Module):
         """Posterior and prior parameters and the posterior features from the z-free hidden states (B, T, D);
         under BN-VAE mu_q is batch-normalized (``posterior_bn``; training mode: this batch's statistics),
         under delta-VAE logvar_q = ln sigma_u^2 + logsigmoid(the head's raw output)."""
+        h = heads_input(h)  # float32 heads over a bfloat16 body's states
         B = h.shape[0]
         rows = torch.arange(B, device=h.device)
         feats = pool_posterior_features(self, self.posterior_features, h, batch)
@@ -235,8 +238,8 @@ class ContinuousCVAE(nn.Module):
         h, _ = self._zfree_pass(batch, use_cache=False)
         return self.heads_from_hidden(h, batch)
 
-    def _zfree_pass(self, batch: Batch, use_cache: bool):
-        return zfree_pass(self.backbone, batch, use_cache)
+    def _zfree_pass(self, batch: Batch, use_cache: bool, prefix_only: bool = False):
+        return zfree_pass(self.backbone, batch, use_cache, prefix_only)
 
     # -------------------------------------------------------------------- decoder
 
@@ -263,15 +266,20 @@ class ContinuousCVAE(nn.Module):
         return mu[:, None] + torch.exp(0.5 * logvar)[:, None] * eps
 
     def forward(self, batch: Batch, z: Float[torch.Tensor, "batch n_samples d_latent"] | None = None,
-                n_samples: int | None = None, generator: torch.Generator | None = None) -> ContinuousCVAEOutput:
+                n_samples: int | None = None, generator: torch.Generator | None = None,
+                zfree_metrics: bool = True) -> ContinuousCVAEOutput:
         """Posterior, prior and per-sample decoder log-probs. ``z`` (given) replaces the posterior
         samples; otherwise ``n_samples`` (default ``self.n_samples``) are drawn from q with
-        ``generator`` (default: torch's global generator)."""
-        h0, cache = self._zfree_pass(batch, use_cache=self.shared_prefix)
+        ``generator`` (default: torch's global generator). ``zfree_metrics`` False (the training step):
+        no z-free head on y (``zfree_target_logprobs`` None), and under the separate ``encoder`` the
+        z-free pass covers the x-prefix alone (every other posterior pools the y-region's states)."""
+        full = zfree_metrics or self.posterior_features != "encoder"
+        h0, cache = self._zfree_pass(batch, use_cache=self.shared_prefix, prefix_only=not full)
         hd = self.heads_from_hidden(h0, batch)
         if z is None:
             z = self.sample_posterior(hd.mu_q, hd.logvar_q, n_samples or self.n_samples, generator)
-        t0 = target_logprobs_from_hidden(self.backbone, h0, batch)  # the current backbone without z
+        # the current backbone without z (a metric)
+        t0 = target_logprobs_from_hidden(self.backbone, h0, batch) if zfree_metrics else None
         if self.shared_prefix:
             hz, valid = self.decoder_suffix_shared_prefix(batch, cache, z)  # (B, n, L, D)
             tlp, _ = suffix_target_logprobs(self.backbone, batch, hz, valid)

@@ -44,6 +44,7 @@ from zfree.models.nll import masked_mean_token_nll
 from zfree.models.base import hidden_states, target_logprobs_from_hidden
 from zfree.models.encoder import build_posterior_encoder, pool_posterior_features
 from zfree.models.injection import full_target_logprobs, suffix_target_logprobs, zfree_pass
+from zfree.models.precision import heads_input, to_device
 from zfree.models.routes import INJECTIONS, build_route
 
 
@@ -53,7 +54,9 @@ class DiscreteHeads:
 
     posterior_logits: Float[torch.Tensor, "batch n_latent"] | None  # q(z | x, y); None: no amortized head ('optimal')
     prior_logits: Float[torch.Tensor, "batch n_latent"]  # router p(z | x), unnormalized
-    features: Float[torch.Tensor, "batch d_feat"]  # the posterior head's input (mean_y under 'optimal')
+    # the posterior head's input (mean_y under 'optimal' and a given z, for the probe metrics; None
+    # where the z-free pass covered only the x-prefix: ``zfree_metrics=False`` without a head reading y)
+    features: Float[torch.Tensor, "batch d_feat"] | None
 
 
 @dataclass
@@ -69,8 +72,9 @@ class DiscreteCVAEOutput:
     posterior_logits: Float[torch.Tensor, "batch n_latent"] | None  # q(z | x, y), unnormalized; None: 'optimal'
     prior_logits: Float[torch.Tensor, "batch n_latent"]  # router p(z | x), unnormalized
     target_logprobs: Float[torch.Tensor, "batch n_latent seq"]  # log p(y_t | x, y_<t, z=k) on S, 0 elsewhere
-    features: Float[torch.Tensor, "batch d_feat"]  # the posterior head's input
-    zfree_target_logprobs: Float[torch.Tensor, "batch seq"]  # current backbone without z (the z-free pass)
+    features: Float[torch.Tensor, "batch d_feat"] | None  # the posterior head's input (None: see DiscreteHeads)
+    # the current backbone without z on S (the z-free pass; a metric): None under zfree_metrics=False
+    zfree_target_logprobs: Float[torch.Tensor, "batch seq"] | None
     next_token_logprobs: Float[torch.Tensor, "batch n_latent pos vocab"] | None = None  # with_distributions
     pos_mask: Bool[torch.Tensor, "batch pos"] | None = None  # valid entries of next_token_logprobs
 
@@ -94,8 +98,8 @@ class GivenOutput:
     prior_logits: Float[torch.Tensor, "batch n_latent"]  # router p(z | x) on detached features
     selected_logprobs: Float[torch.Tensor, "batch seq"]  # log p(y_t | x, y_<t, z) on S, 0 elsewhere
     z: Int[torch.Tensor, "batch"]
-    features: Float[torch.Tensor, "batch d_feat"]
-    zfree_target_logprobs: Float[torch.Tensor, "batch seq"]
+    features: Float[torch.Tensor, "batch d_feat"] | None  # None under zfree_metrics=False
+    zfree_target_logprobs: Float[torch.Tensor, "batch seq"] | None  # None under zfree_metrics=False
 
 
 def _best_value(out: DiscreteCVAEOutput, batch: Batch) -> Int[torch.Tensor, "batch"]:
@@ -208,11 +212,13 @@ class DiscreteCVAE(nn.Module):
         self.given_index = dict(index)
 
     def given_values(self, batch: Batch) -> Int[torch.Tensor, "batch"]:
-        """The given value of each row of ``batch`` (KeyError naming a row without one)."""
+        """The given value of each row of ``batch`` (KeyError naming a row without one), built on the host
+        from the row ids and copied without blocking (pinned memory on CUDA: a pageable copy would wait
+        for the device's queued work, a host round-trip per step)."""
         missing = [i for i in batch.ids if i not in self.given_index]
         if missing:
             raise KeyError(f"row {missing[0]!r} has no given latent value (latent_source={self.latent_source!r})")
-        return torch.tensor([self.given_index[i] for i in batch.ids], device=batch.input_ids.device)
+        return to_device(torch.tensor([self.given_index[i] for i in batch.ids]), batch.input_ids.device)
 
     def _given_logits(self, z: Int[torch.Tensor, "batch"], like: torch.Tensor) -> Float[torch.Tensor, "batch n_latent"]:
         """One-hot logits: 0 at z, ``GIVEN_LOGIT`` elsewhere, in the dtype of ``like``."""
@@ -226,23 +232,33 @@ class DiscreteCVAE(nn.Module):
         return DiscreteEncoding(heads.posterior_logits, heads.prior_logits, heads.features, h)
 
     def heads_from_hidden(self, h: Float[torch.Tensor, "batch seq d_model"], batch: Batch,
-                          router_detached: bool = False) -> DiscreteHeads:
+                          router_detached: bool = False, probe_features: bool = True) -> DiscreteHeads:
         """Posterior logits (None without a head), router logits at the separator (which sees only x)
-        and the posterior features, from the z-free hidden states ``h`` (B, T, D). The router reads the
+        and the posterior features, from the z-free hidden states ``h`` (B, T, D), or (B, P_max, D) of a
+        prefix-only pass (``zfree_pass``) when no head reads the y-region. The router reads the
         separator state detached for a given z (a probe) and with ``router_detached`` (the hard phase's
-        ``hard_em_router_features='detached'``): its loss then trains the router's head alone."""
+        ``hard_em_router_features='detached'``): its loss then trains the router's head alone.
+        ``probe_features`` False: no mean_y features where no head needs them (a given z, 'optimal'):
+        ``features`` is None. The heads read ``h`` in float32 (``heads_input``: a bfloat16 body's cast up)."""
+        h = heads_input(h)
         rows = torch.arange(h.shape[0], device=h.device)
         sep = h[rows, batch.prefix_len - 1]
         if router_detached:
             sep = sep.detach()
+        probe = pool_posterior_features(self, "mean_y", h, batch) if probe_features else None
         if self.given:  # q one-hot on the given value; the router a probe of x
             router = self.router_head(sep.detach())
-            return DiscreteHeads(self._given_logits(self.given_values(batch), router), router,
-                                 pool_posterior_features(self, "mean_y", h, batch))
+            return DiscreteHeads(self._given_logits(self.given_values(batch), router), router, probe)
         if self.posterior_head is None:  # optimal: computed by the objective from the decoders
-            return DiscreteHeads(None, self.router_head(sep), pool_posterior_features(self, "mean_y", h, batch))
+            return DiscreteHeads(None, self.router_head(sep), probe)
         feats = pool_posterior_features(self, self.posterior_features, h, batch)
         return DiscreteHeads(self.posterior_head(feats), self.router_head(sep), feats)
+
+    def reads_zfree_y(self) -> bool:
+        """Whether the posterior head reads the z-free states of the y-region (every amortized head but
+        the separate ``encoder``, which reads the tokens): only then does a training step need the
+        z-free pass over (x, y); otherwise the x-prefix is enough (router, shared prefix)."""
+        return self.posterior_head is not None and self.posterior_features != "encoder"
 
     def _all_values(self, batch: Batch) -> Int[torch.Tensor, "batch n_latent"]:
         return torch.arange(self.n_latent, device=batch.input_ids.device).expand(batch.input_ids.shape[0], -1)
@@ -254,17 +270,25 @@ class DiscreteCVAE(nn.Module):
         z = self._all_values(batch) if z is None else z
         return self.injection.full(self.backbone, batch, self.latent_embedding(z))
 
-    def _encode_with_cache(self, batch: Batch):
+    def _encode_with_cache(self, batch: Batch, prefix_only: bool = False):
         """The z-free pass that also returns its key/value cache (reused for the x-prefix; None
-        when ``shared_prefix`` is off, and the decoder then takes the full pass)."""
-        return zfree_pass(self.backbone, batch, use_cache=self.shared_prefix)
+        when ``shared_prefix`` is off, and the decoder then takes the full pass); ``prefix_only``:
+        over the x-prefix columns only (``zfree_pass``)."""
+        return zfree_pass(self.backbone, batch, use_cache=self.shared_prefix, prefix_only=prefix_only)
 
-    def _zfree_heads(self, batch: Batch, router_detached: bool = False):
-        """(the heads, log p(y_t) of the current backbone without z (B, T), the key/value cache or None)
-        of the z-free pass (``_encode_with_cache``); ``router_detached`` as ``heads_from_hidden``."""
-        h0, cache = self._encode_with_cache(batch)
-        heads = self.heads_from_hidden(h0, batch, router_detached)
-        return heads, target_logprobs_from_hidden(self.backbone, h0, batch), cache
+    def _zfree_heads(self, batch: Batch, router_detached: bool = False, zfree_metrics: bool = True):
+        """(the heads, log p(y_t) of the current backbone without z (B, T) or None, the key/value cache or
+        None) of the z-free pass (``_encode_with_cache``); ``router_detached`` as ``heads_from_hidden``.
+
+        ``zfree_metrics`` (evaluation): the pass covers (x, y) and also gives the z-free log-probs and
+        the probe's mean_y features. Without (the training step, which reads neither): the pass covers
+        the x-prefix alone unless the posterior head reads y (``reads_zfree_y``), and no z-free head
+        runs, so a step costs the prefix once plus its decoder passes over the y-region."""
+        full = zfree_metrics or self.reads_zfree_y()
+        h0, cache = self._encode_with_cache(batch, prefix_only=not full)
+        heads = self.heads_from_hidden(h0, batch, router_detached, probe_features=zfree_metrics)
+        t0 = target_logprobs_from_hidden(self.backbone, h0, batch) if zfree_metrics else None
+        return heads, t0, cache
 
     def decoder_suffix_shared_prefix(self, batch: Batch, cache, z: Int[torch.Tensor, "batch n"] | None = None
                                      ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -275,9 +299,11 @@ class DiscreteCVAE(nn.Module):
         return self.injection.suffix(self.backbone, batch, cache, self.latent_embedding(z),
                                      shared_prefix=self.shared_prefix_mode)
 
-    def forward(self, batch: Batch, with_distributions: bool = False) -> DiscreteCVAEOutput:
-        """Posterior and router logits and the decoder's per-token log-probs for all K values."""
-        heads, t0, cache = self._zfree_heads(batch)
+    def forward(self, batch: Batch, with_distributions: bool = False, zfree_metrics: bool = True) -> DiscreteCVAEOutput:
+        """Posterior and router logits and the decoder's per-token log-probs for all K values.
+        ``zfree_metrics`` False (the training step): no z-free log-probs or probe features, and the
+        z-free pass over the x-prefix alone where no head reads y (``_zfree_heads``)."""
+        heads, t0, cache = self._zfree_heads(batch, zfree_metrics=zfree_metrics)
         if self.shared_prefix:
             hz, valid = self.decoder_suffix_shared_prefix(batch, cache)  # (B, K, L, D), (B, L)
             tlp, dist = suffix_target_logprobs(self.backbone, batch, hz, valid, with_distributions)
@@ -290,7 +316,7 @@ class DiscreteCVAE(nn.Module):
         return out
 
     def forward_selected(self, batch: Batch, choose: str | Callable = "best", estep_tokens: int = 0,
-                         router_detached: bool = False) -> SelectedOutput:
+                         router_detached: bool = False, zfree_metrics: bool = True) -> SelectedOutput:
         """Hard-EM forward: the z-free pass (posterior, router) with gradient; the K decoder passes
         without gradient (``out.target_logprobs`` (B, K, T) is detached); one value z (B,) per row,
         decoded again with gradient. ``choose``: a key of ``DECODED_VALUE`` (``best`` = k*,
@@ -299,11 +325,11 @@ class DiscreteCVAE(nn.Module):
         z (tested), at about a third of its backward cost for K = 6. ``estep_tokens`` > 0: the K
         no-grad passes (and so k* and ``out.target_logprobs``) cover only the first ``estep_tokens``
         tokens of S (``Batch.first_targets``); the decoded value's pass covers all of S.
-        ``router_detached``: the router reads the separator state detached (``heads_from_hidden``).
-        Raises KeyError listing the keys."""
+        ``router_detached``: the router reads the separator state detached (``heads_from_hidden``);
+        ``zfree_metrics`` as ``forward``. Raises KeyError listing the keys."""
         if isinstance(choose, str) and choose not in DECODED_VALUE:
             raise KeyError(f"choose={choose!r} is not one of {sorted(DECODED_VALUE)}")
-        heads, t0, cache = self._zfree_heads(batch, router_detached)
+        heads, t0, cache = self._zfree_heads(batch, router_detached, zfree_metrics)
         e_batch = batch.first_targets(estep_tokens)
         with torch.no_grad():
             hz, valid = self.decoder_suffix_shared_prefix(e_batch, cache)
@@ -315,12 +341,13 @@ class DiscreteCVAE(nn.Module):
         tlp_z, _ = suffix_target_logprobs(self.backbone, batch, hz1, valid)
         return SelectedOutput(out, tlp_z[:, 0], z, k_star)
 
-    def forward_given(self, batch: Batch) -> "GivenOutput":
+    def forward_given(self, batch: Batch, zfree_metrics: bool = True) -> "GivenOutput":
         """A given z (control, label oracle): the z-free pass (router, one-hot q) and one decoder pass
         with the row's given value, with gradient (no other value is decoded). Costs the z-free pass
-        plus one suffix pass."""
+        plus one suffix pass; with ``zfree_metrics`` False (the training step) the z-free pass covers
+        the x-prefix alone, so the step is one pass over (x, y): the prefix, then y with z on its cache."""
         z = self.given_values(batch)
-        heads, t0, cache = self._zfree_heads(batch)
+        heads, t0, cache = self._zfree_heads(batch, zfree_metrics=zfree_metrics)
         hz, valid = self.decoder_suffix_shared_prefix(batch, cache, z[:, None])
         tlp, _ = suffix_target_logprobs(self.backbone, batch, hz, valid)
         return GivenOutput(heads.posterior_logits, heads.prior_logits, tlp[:, 0], z, heads.features, t0)

@@ -21,6 +21,7 @@ import weakref
 import torch
 from jaxtyping import Float
 from torch import nn
+from torch.utils.weak import WeakIdKeyDictionary
 from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions as _BodyOutput
 
 from zfree.core.errors import ModelLoadError
@@ -62,13 +63,33 @@ class _HeadStub(nn.Module):
         bias = getattr(real, "bias", None)
         with torch.autocast(device_type=x.device.type, enabled=False):
             acc = acc_dtype(real.weight.dtype)  # float32 (float64 for a float64 model)
-            return torch.nn.functional.linear(x.to(acc), real.weight.to(acc), None if bias is None else bias.to(acc))
+            return torch.nn.functional.linear(x.to(acc), acc_weight(real.weight, acc),
+                                              None if bias is None else bias.to(acc))
 
     def __getattr__(self, name):
         try:
             return super().__getattr__(name)
         except AttributeError:
             return getattr(object.__getattribute__(self, "_zf_real"), name)
+
+
+_ACC_WEIGHTS = WeakIdKeyDictionary()  # frozen half weight -> (its version key, the cast copy); by identity
+
+
+def acc_weight(w: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
+    """``w`` in ``acc`` (float32 for a bfloat16 / float16 weight). A frozen low-precision weight
+    (``requires_grad`` False: a LoRA run's bfloat16 base, ``zfree.models.precision``) is cast once and
+    the copy reused while the weight is unchanged (its in-place version counter and storage): the head over a
+    49k-128k vocabulary is called once per chunk, and a fresh float32 copy per call cost as much
+    memory traffic as the chunk's product. Any other weight: ``w.to(acc)`` (differentiable)."""
+    if w.dtype == acc or w.requires_grad:
+        return w.to(acc)
+    key = (w._version, w.data_ptr(), w.device)  # an in-place update, or new data swapped in, renews it
+    hit = _ACC_WEIGHTS.get(w)
+    if hit is None or hit[0] != key:
+        hit = (key, w.detach().to(acc))
+        _ACC_WEIGHTS[w] = hit
+    return hit[1]
 
 
 def _child_name(parent: nn.Module, child: nn.Module, what: str) -> str:

@@ -3,7 +3,9 @@
 route shares (the other routes, ``mid``, ``memory`` and ``prefix``, are in ``zfree.models.routes``).
 
 The latent enters as an additive vector ``u`` (discrete: the embedding e_k of value k; continuous:
-the projection W z of a sample) at the separator and at every position that predicts a y token.
+the projection W z of a sample) at the separator and at every position that predicts a y token,
+in the body's dtype (a float32 u onto a bfloat16-stored frozen body is rounded to bfloat16 there;
+its parameters and gradient stay float32: ``zfree.models.precision``).
 Because the x-prefix ([bos] + x) does not depend on z, the K (or S) decoder passes reuse the key/value
 cache of one z-free pass over (x, y) and run only over the y-region ("shared prefix"):
 cost |x| + n·|y| instead of n·(|x| + |y|) per example. ``decoder_hidden_full`` is the naive reference
@@ -88,10 +90,28 @@ def layer_kv(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return list(zip(cache.key_cache, cache.value_cache))
 
 
-def zfree_pass(backbone, batch: Batch, use_cache: bool = True):
-    """The z-free pass over (x, y): (hidden (B, T, D), its key/value cache or None)."""
-    out = backbone.base_model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=use_cache)
-    return out.last_hidden_state, (getattr(out, "cache", None) or out.past_key_values) if use_cache else None
+#: the attribute of a z-free pass's cache that records how many positions the pass fed it
+CACHED_POSITIONS = "zfree_positions"
+
+
+def zfree_pass(backbone, batch: Batch, use_cache: bool = True, prefix_only: bool = False):
+    """The z-free pass: (hidden (B, T', D), its key/value cache or None), over (x, y) (T' = T) or, with
+    ``prefix_only``, over the first T' = max prefix_len columns only: every row's [bos] + x + separator
+    (a row with a shorter prefix also reads its first y tokens there, which none of its prefix positions
+    attends to). Causal attention: the prefix positions' states and cache slots are the full pass's, so
+    the router (the separator state) and the decoder's shared prefix need no more (``DiscreteCVAE``);
+    only the y-region's z-free states (an amortized posterior's features, the z-free NLL) need (x, y).
+    The cache records the positions fed (``CACHED_POSITIONS``; ``shared_prefix_problem`` checks them)."""
+    ids, mask = batch.input_ids, batch.attention_mask
+    if prefix_only:
+        P = batch.max_lengths()[0]  # a host int: no device read
+        ids, mask = ids[:, :P], mask[:, :P]
+    out = backbone.base_model(input_ids=ids, attention_mask=mask, use_cache=use_cache)
+    if not use_cache:
+        return out.last_hidden_state, None
+    cache = getattr(out, "cache", None) or out.past_key_values
+    setattr(cache, CACHED_POSITIONS, ids.shape[1])
+    return out.last_hidden_state, cache
 
 
 def decoder_hidden_full(backbone, batch: Batch, latents: Float[torch.Tensor, "batch n d_model"]
@@ -103,7 +123,7 @@ def decoder_hidden_full(backbone, batch: Batch, latents: Float[torch.Tensor, "ba
     n = latents.shape[1]
     emb = backbone.get_input_embeddings()(batch.decoder_inputs)  # (B, T, D)
     inj = injection_mask(batch).to(emb.dtype)  # (B, T)
-    x = emb[:, None] + inj[:, None, :, None] * latents[:, :, None, :]  # (B, n, T, D)
+    x = emb[:, None] + inj[:, None, :, None] * latents.to(emb.dtype)[:, :, None, :]  # (B, n, T, D), the body's dtype
     h = hidden_states(backbone, repeat_batch(batch, n), inputs_embeds=x.reshape(B * n, T, -1))
     return h.reshape(B, n, T, -1)
 
@@ -121,7 +141,7 @@ def suffix_full_pass_reason(backbone, batch: Batch, cache, extent: int, shared_p
         return "off"
     if cache is None:
         return "no cache"
-    problem = shared_prefix_problem(backbone, cache, batch.input_ids.shape[1], extent)
+    problem = shared_prefix_problem(backbone, cache, getattr(cache, CACHED_POSITIONS, batch.input_ids.shape[1]), extent)
     if problem and mode == "on":
         raise ValueError(f"shared_prefix='on' but the prefix cache of {type(backbone).__name__} cannot be reused "
                          f"exactly: {problem} (use 'auto' or 'off')")
@@ -147,9 +167,12 @@ def prefix_cache(cache, Pc: int, n: int, first_slot_delta=None) -> DynamicCache:
     (B * n, heads, 1, head_dim)) is added to slot 0 (the memory route)."""
     data = []
     for i, (k, v) in enumerate(layer_kv(cache)):
-        k, v = k[:, :, :Pc].repeat_interleave(n, 0), v[:, :, :Pc].repeat_interleave(n, 0)
+        k, v = k[:, :, :Pc], v[:, :, :Pc]  # views: the suffix pass's update concatenates into new tensors
+        if n > 1:
+            k, v = k.repeat_interleave(n, 0), v.repeat_interleave(n, 0)
         if first_slot_delta is not None:
             dk, dv = first_slot_delta[i]
+            dk, dv = dk.to(k.dtype), dv.to(v.dtype)  # the cache's dtype (a bfloat16-stored body's)
             k, v = torch.cat([k[:, :, :1] + dk, k[:, :, 1:]], 2), torch.cat([v[:, :, :1] + dv, v[:, :, 1:]], 2)
         data.append((k, v))
     return DynamicCache(ddp_cache_data=data)
@@ -188,7 +211,8 @@ def decoder_hidden_suffix(backbone, batch: Batch, cache, latents: Float[torch.Te
     if suffix_full_pass_reason(backbone, batch, cache, Pc + L, shared_prefix):
         return gather_suffix(decoder_hidden_full(backbone, batch, latents), pos), valid  # (B, n, L, D)
     ids = batch.decoder_inputs.gather(1, pos.clamp_max(T - 1))  # the y-region as the decoder reads it
-    x = backbone.get_input_embeddings()(ids)[:, None] + latents[:, :, None, :]  # (B, n, L, D)
+    emb = backbone.get_input_embeddings()(ids)  # (B, L, D)
+    x = emb[:, None] + latents.to(emb.dtype)[:, :, None, :]  # (B, n, L, D), the body's dtype
     mask = torch.cat([prefix_slots_mask(batch, Pc), valid], 1).long().repeat_interleave(n, 0)  # (B*n, Pc + L)
     h = backbone.base_model(inputs_embeds=x.reshape(B * n, L, -1), attention_mask=mask,
                             position_ids=pos.repeat_interleave(n, 0),

@@ -1,12 +1,31 @@
-"""Mixed precision of the CVAE step (``optim.precision``): the backbone body under bfloat16
-autocast, everything from the output head on in float32.
+"""Mixed precision of the CVAE step (``optim.precision``): the backbone body in bfloat16,
+everything that trains and everything from the output head on in float32.
 
-Under ``bf16`` the transformer body's matmuls run in bfloat16 (``torch.autocast``; the weights and
-the optimizer stay float32), the output head runs in float32 regardless (``zfree.models.head``
-disables autocast there), and ``model_outputs_fp32`` casts every floating output of the model's
-forward (posterior / router logits, Gaussian parameters, features) to float32 before the
-objective is assembled outside autocast, so log-softmax, the KLs and the losses are float32 as in
-``zfree.reference.scoring``. Evaluation is not autocast (its metrics compare with the float32 reference).
+Under ``bf16`` the transformer body's matmuls run in bfloat16 (``torch.autocast`` around the step's
+forward), the output head runs in float32 regardless (``zfree.models.head`` disables autocast there
+and casts a bfloat16 weight up, accumulating in float32), and ``model_outputs_fp32`` casts every
+floating output of the model's forward (posterior / router logits, Gaussian parameters, features)
+to float32 before the objective is assembled outside autocast, so log-softmax, the KLs and the
+losses are float32 as in ``zfree.reference.scoring``. Where the weights live depends on whether the
+body trains:
+
+  frozen body (LoRA: ``lora_rank`` > 0 freezes every base weight, ``zfree.models.lora.apply_lora``)
+      the frozen weights are *stored* in bfloat16 (``store_frozen_weights``, ``FROZEN_DTYPES``): no
+      forward casts them again (under autocast over float32 weights every frozen matmul weight is
+      cast on every call: autocast caches only the casts of leaves that require grad), and they take
+      half the memory. What trains stays float32: the LoRA adapters (peft casts their input to
+      their dtype and the sum back to the body's), the latent embeddings / projection, the route's
+      parameters and the posterior and router heads (their inputs are cast up, ``heads_input``);
+      the latent vector enters the body in the body's dtype (``zfree.models.injection``).
+  trained body (full fine-tuning, ``lora_rank`` = 0)
+      float32 master weights and optimizer state under bfloat16 autocast, as before: AdamW's updates
+      of a 3e-5 rate would round away in bfloat16 weights.
+
+Evaluation is not autocast: a float32 body evaluates in float32 (its metrics compare with the float32
+reference), a bfloat16-stored frozen body in bfloat16 (the step-0 rho check then takes the
+low-precision tolerance, ``zfree.reference.reference.RHO0_TOL_LOW_PRECISION``).
+On CUDA the training step also lets float32 matmuls use TF32 tensor cores (``tf32_matmuls``);
+evaluation keeps true float32.
 """
 
 from __future__ import annotations
@@ -22,6 +41,9 @@ import torch
 PRECISIONS: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp64": None}
 #: optim.precision -> the dtype the weights are loaded in (``zfree.models.loading.DTYPES`` names)
 WEIGHT_DTYPES: dict[str, str] = {"fp32": "float32", "bf16": "float32", "fp64": "float64"}
+#: optim.precision -> the dtype the *frozen* body weights are stored in once the run is built (None:
+#: as loaded); a trained body keeps ``WEIGHT_DTYPES`` (module docstring)
+FROZEN_DTYPES: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp64": None}
 
 
 @contextlib.contextmanager
@@ -43,6 +65,58 @@ def acc_dtype(dtype: torch.dtype) -> torch.dtype:
     float64 for a float64 model (the ``fp64`` reference mode), float32 for every other dtype
     (float32, and the bfloat16 / float16 bodies of mixed precision)."""
     return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def store_frozen_weights(module: torch.nn.Module, dtype: torch.dtype | None) -> int:
+    """Store every parameter of ``module`` that does not require grad in ``dtype``, in place (a tied
+    parameter once: it is one object); parameters that train and every buffer (e.g. rotary
+    frequencies, which stay float32) are left as they are. ``dtype`` None: nothing. Returns the
+    number of elements cast. Call after the trainable parameters are decided (``apply_lora``) and
+    before the optimizer is built."""
+    if dtype is None:
+        return 0
+    n = 0
+    for p in module.parameters():  # parameters() yields a shared (tied) parameter once
+        if not p.requires_grad and p.is_floating_point() and p.dtype != dtype:
+            p.data = p.data.to(dtype)
+            n += p.numel()
+    return n
+
+
+def heads_input(h: torch.Tensor) -> torch.Tensor:
+    """The body's hidden states as the float32 heads read them (``acc_dtype``): a bfloat16 / float16
+    body's cast up; float32 and float64 returned as they are (the same object)."""
+    acc = acc_dtype(h.dtype)
+    return h if h.dtype == acc else h.to(acc)
+
+
+@contextlib.contextmanager
+def tf32_matmuls(device: torch.device | str):
+    """Inside: float32 matrix products and convolutions on CUDA may use TF32 tensor cores
+    (``torch.backends.cuda.matmul.allow_tf32``, ``torch.backends.cudnn.allow_tf32``: a 10-bit
+    mantissa on the products, float32 accumulation); restored on exit. On any other device
+    nothing changes. The training step runs inside (``zfree.train.training``); evaluation does not."""
+    if torch.device(device).type != "cuda":
+        yield
+        return
+    prev = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = prev
+
+
+def to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """A host tensor on ``device`` without a host round-trip: on CUDA through pinned memory with a
+    non-blocking copy (a copy from pageable memory first waits for the device's queued work); on the
+    CPU ``t`` itself; elsewhere a plain copy."""
+    device = torch.device(device)
+    if device.type == "cpu" or t.device == device:
+        return t
+    if device.type == "cuda" and t.device.type == "cpu":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
 
 
 def body_autocast(precision: str, device: torch.device | str):

@@ -67,13 +67,13 @@ class InjectionRoute(nn.Module):
 
     def full(self, backbone, batch: Batch, latents: Float[torch.Tensor, "batch n d_model"]
              ) -> Float[torch.Tensor, "batch n seq d_model"]:
-        """The naive reference path: one full pass over (x, y) per latent vector; hidden states (B, n, T, D)."""
+        """Hidden states (B, n, T, D) of one full pass over (x, y) per latent vector (the reference path)."""
         return decoder_hidden_full(backbone, batch, latents)
 
     def suffix(self, backbone, batch: Batch, cache, latents: Float[torch.Tensor, "batch n d_model"],
                shared_prefix: str | None = None) -> tuple[torch.Tensor, Bool[torch.Tensor, "batch pos"]]:
-        """The y-region per latent vector, reusing the z-free pass's x-prefix ``cache``: (hidden (B, n, L, D)
-        at the positions predicting S, valid (B, L)); equals ``full`` on those positions (tested)."""
+        """(hidden (B, n, L, D) at the positions predicting S, valid (B, L)) of the passes over the y-region
+        reusing ``cache``'s x-prefix slots; the full pass where ``shared_prefix`` says so."""
         return decoder_hidden_suffix(backbone, batch, cache, latents, shared_prefix)
 
     def last_hidden(self, backbone, ids: Int[torch.Tensor, "rows seq"], P: int,
@@ -138,8 +138,7 @@ class MidRoute(InjectionRoute):
         return decoder_layers(backbone)[self.layer_index]
 
     def full(self, backbone, batch, latents):
-        """One full pass per latent vector with u added to the residual stream entering the middle layer
-        at the separator and y positions: hidden states (B, n, T, D)."""
+        """``InjectionRoute.full`` with u added to layer ``layer_index``'s input instead of the embeddings."""
         B, T = batch.input_ids.shape
         n = latents.shape[1]
         emb = backbone.get_input_embeddings()(batch.decoder_inputs)  # (B, T, D)
@@ -150,8 +149,7 @@ class MidRoute(InjectionRoute):
         return h.reshape(B, n, T, -1)
 
     def suffix(self, backbone, batch, cache, latents, shared_prefix=None):
-        """The y-region per latent vector over the shared x-prefix cache, u added at the middle layer:
-        (hidden (B, n, L, D), valid (B, L)), as ``InjectionRoute.suffix``."""
+        """``InjectionRoute.suffix`` with u added to layer ``layer_index``'s input over the y-region."""
         B, T = batch.input_ids.shape
         n = latents.shape[1]
         Pc, L, pos, valid = suffix_layout(batch)
@@ -195,8 +193,7 @@ class MemoryRoute(InjectionRoute):
         return out
 
     def suffix(self, backbone, batch, cache, latents, shared_prefix=None):
-        """The y-region per latent vector over the shared x-prefix cache with slot 0 of every layer's
-        cache replaced by its z-shifted memory entry: (hidden (B, n, L, D), valid (B, L))."""
+        """``InjectionRoute.suffix`` with the first cached slot's key/value shifted by M u per layer."""
         B, T = batch.input_ids.shape
         n = latents.shape[1]
         Pc, L, pos, valid = suffix_layout(batch)
@@ -282,9 +279,10 @@ class PrefixRoute(InjectionRoute):
                         for i in range(0, V, chunk))
         self.shared = nn.Parameter(total / V)  # the module's output: its own scaling (Gemma's sqrt(d)) included
 
-    def soft(self, latents: Float[torch.Tensor, "batch n d_model"]) -> Float[torch.Tensor, "batch n d_model"]:
-        """The soft token of each latent vector: s + u."""
-        return self.shared.to(latents.dtype) + latents
+    def soft(self, latents: Float[torch.Tensor, "batch n d_model"], dtype: torch.dtype | None = None
+             ) -> Float[torch.Tensor, "batch n d_model"]:
+        """The soft token of each latent vector: s + u, in ``dtype`` (the body's; default the latents')."""
+        return (self.shared.to(latents.dtype) + latents).to(dtype or latents.dtype)
 
     def full(self, backbone, batch, latents):
         """One pass over [x-prefix, soft token, sep, y] per latent vector (T + 1 positions, the soft
@@ -296,7 +294,7 @@ class PrefixRoute(InjectionRoute):
         src = t - (t > at).long()  # (B, T+1) the token each extended position reads
         emb = backbone.get_input_embeddings()(batch.decoder_inputs.gather(1, src))  # (B, T+1, D)
         soft = (t == at)[:, None, :, None]  # (B, 1, T+1, 1)
-        x = torch.where(soft, self.soft(latents)[:, :, None, :], emb[:, None])  # (B, n, T+1, D)
+        x = torch.where(soft, self.soft(latents, emb.dtype)[:, :, None, :], emb[:, None])  # (B, n, T+1, D)
         mask = torch.where(t == at, 1, batch.attention_mask.gather(1, src)).repeat_interleave(n, 0)
         h = backbone.base_model(inputs_embeds=x.reshape(B * n, T + 1, -1), attention_mask=mask,
                                 use_cache=False).last_hidden_state.reshape(B, n, T + 1, -1)
@@ -304,16 +302,15 @@ class PrefixRoute(InjectionRoute):
         return h.gather(2, back[:, None, :, None].expand(B, n, T, h.shape[-1]))
 
     def suffix(self, backbone, batch, cache, latents, shared_prefix=None):
-        """The y-region per latent vector after the soft token over the shared x-prefix cache:
-        (hidden (B, n, L, D), valid (B, L)), in the layout of (x, y)."""
+        """``InjectionRoute.suffix`` with the soft token s + u before the separator (one more position a pass)."""
         B, T = batch.input_ids.shape
         n = latents.shape[1]
         Pc, L, pos, valid = suffix_layout(batch)
         if suffix_full_pass_reason(backbone, batch, cache, Pc + 1 + L, shared_prefix):
             return gather_suffix(self.full(backbone, batch, latents), pos), valid
         ids = batch.decoder_inputs.gather(1, pos.clamp_max(T - 1))
-        x = torch.cat([self.soft(latents)[:, :, None, :],
-                       backbone.get_input_embeddings()(ids)[:, None].expand(B, n, L, -1)], 2)  # (B, n, 1+L, D)
+        emb = backbone.get_input_embeddings()(ids)  # (B, L, D)
+        x = torch.cat([self.soft(latents, emb.dtype)[:, :, None, :], emb[:, None].expand(B, n, L, -1)], 2)  # (B, n, 1+L, D)
         pos1 = torch.cat([pos[:, :1], pos + 1], 1)  # the soft token at prefix_len - 1, sep and y one later
         ones = torch.ones_like(valid[:, :1])
         mask = torch.cat([prefix_slots_mask(batch, Pc), ones, valid], 1).long().repeat_interleave(n, 0)

@@ -22,6 +22,9 @@ beta_at_step * |S| / w. The kinds:
 
 Training (``step_objective``: the model's forward pass, then ``assemble``) and evaluation
 (``zfree.evaluate.metrics``) both call ``assemble``, so they cannot compute different objectives.
+The step's forward passes ``zfree_metrics=False``: it reads no z-free quantity of the y-region, so
+the models skip the z-free head on y and, where no posterior head reads y, the z-free pass over it
+(``zfree.models.discrete.DiscreteCVAE._zfree_heads``); evaluation computes them as metrics.
 """
 
 from __future__ import annotations
@@ -270,7 +273,7 @@ def soft_objective(model, batch: Batch, cfg: TrainConfig, step: int, c_base: flo
     """The true objective J of the discrete CVAE on one batch; ``warm``: the beta0_warmup aid
     (beta = 0, the router detached). ``b`` (batch,), ``base_tok`` (batch, seq): base surprisals."""
     obj = cfg.objective
-    o = _forward(model, cfg, lambda: model(batch, with_distributions=obj.lambda_jsd > 0))
+    o = _forward(model, cfg, lambda: model(batch, with_distributions=obj.lambda_jsd > 0, zfree_metrics=False))
     recon = reconstruction_per_value(-o.target_logprobs, batch.target_mask, obj, base_tok)  # (B, K)
     jsd = None
     if obj.lambda_jsd > 0:
@@ -285,7 +288,7 @@ def continuous_objective(model, batch: Batch, cfg: TrainConfig, step: int, c_bas
     """J of the continuous CVAE on one batch: the per-sample reconstruction reduced like the K
     discrete values, the KL analytic; ``warm`` as in ``soft_objective`` (beta = 0, prior detached)."""
     obj = cfg.objective
-    o = _forward(model, cfg, lambda: model(batch))
+    o = _forward(model, cfg, lambda: model(batch, zfree_metrics=False))
     recon = reconstruction_per_value(-o.target_logprobs, batch.target_mask, obj, base_tok)  # (B, S)
     learned = model.prior == "learned"
     mu_p = (o.prior_mean.detach() if warm else o.prior_mean) if learned else None
@@ -315,7 +318,7 @@ def hard_em_objective(model, batch: Batch, cfg: TrainConfig, step: int, c_base: 
     detached = cfg.aid.hard_em_router_features == "detached"
     # only the decoded value's passes carry gradient
     sel = _forward(model, cfg, lambda: model.forward_selected(batch, cfg.aid.hard_em_decoder, cfg.aid.hard_em_estep_tokens,
-                                                              router_detached=detached))
+                                                              router_detached=detached, zfree_metrics=False))
     rec = masked_mean_token_nll(-sel.selected_logprobs, batch.target_mask)  # (B,)
     return assemble(HARD_EM, cfg.objective, recon=rec, target_len=batch.target_len, step=step, c_base=c_base, b=b,
                     q_logits=sel.out.posterior_logits, p_logits=sel.out.prior_logits, k_star=sel.k_star,
@@ -327,7 +330,7 @@ def given_objective(model, batch: Batch, cfg: TrainConfig, step: int, c_base: fl
     """J of a given z (the z-free control, a label oracle; ``KINDS['given']``): w_i * the given
     value's reconstruction (token-weighted under ``token``) + the router's cross-entropy toward it.
     Only the given value is decoded (``DiscreteCVAE.forward_given``); ``warm`` is unused."""
-    sel = _forward(model, cfg, lambda: model.forward_given(batch))
+    sel = _forward(model, cfg, lambda: model.forward_given(batch, zfree_metrics=False))
     recon = reconstruction_per_value(-sel.selected_logprobs[:, None], batch.target_mask, cfg.objective, base_tok)[:, 0]
     return assemble(GIVEN, cfg.objective, recon=recon, target_len=batch.target_len, step=step, c_base=c_base, b=b,
                     q_logits=sel.posterior_logits, p_logits=sel.prior_logits)

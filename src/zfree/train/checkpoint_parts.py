@@ -23,8 +23,9 @@ from zfree.models.lora import LORA_MARK, base_state_dict, has_lora, load_trainab
 PARTIAL_KEY = "partial"
 
 
-def _base_sha(model: torch.nn.Module) -> str:
-    """sha256 of the frozen base's weights (computed once per model: it never changes)."""
+def frozen_base_sha(model: torch.nn.Module) -> str:
+    """sha256 of the frozen base's weights (computed once per model and cached on it: it never changes;
+    a bf16 run computes it before storing the base in bfloat16, ``run_setup.store_frozen_body``)."""
     sha = getattr(model, "_zfree_frozen_base_sha256", None)
     if sha is None:
         sha = sha256_state_dict(base_state_dict(model.backbone))
@@ -41,7 +42,7 @@ def save_model_tensors(model: torch.nn.Module, path: Path) -> dict:
         return {}
     tensors = trainable_tensors(model)
     save_file(tensors, str(path))
-    return {PARTIAL_KEY: {"frozen_base_sha256": _base_sha(model), "n_tensors": len(tensors)}}
+    return {PARTIAL_KEY: {"frozen_base_sha256": frozen_base_sha(model), "n_tensors": len(tensors)}}
 
 
 def load_model_tensors(model: torch.nn.Module, path: Path, state: dict) -> None:
@@ -54,9 +55,9 @@ def load_model_tensors(model: torch.nn.Module, path: Path, state: dict) -> None:
         return
     if not has_lora(model):
         raise RuntimeError(f"{path} holds LoRA adapters but the run's model has none (lora_rank=0)")
-    if part.get("frozen_base_sha256") != _base_sha(model):
+    if part.get("frozen_base_sha256") != frozen_base_sha(model):
         raise RuntimeError(f"{path} was trained over another frozen base (sha256 "
-                           f"{str(part.get('frozen_base_sha256'))[:12]}..., loaded {_base_sha(model)[:12]}...)")
+                           f"{str(part.get('frozen_base_sha256'))[:12]}..., loaded {frozen_base_sha(model)[:12]}...)")
     load_trainable(model, load_file(str(path)))
 
 

@@ -17,6 +17,7 @@ from zfree.core.io import read_json
 from zfree.data.batching import EncodedPair, encode_pairs, pad_id_of
 from zfree.data.pairs import Pair, load_pairs
 from zfree.data.split import GateRows, gate_sample, ids_sha256, spread_sample
+from zfree.models.precision import to_device
 from zfree.objective.losses import base_token_matrix
 from zfree.reference.reference import Reference
 from zfree.reference.scoring import context_length, score_pairs
@@ -134,8 +135,8 @@ def batch_references(data: RunData, batch, weighting: str, device: torch.device,
         return None, None
     b = torch.as_tensor(data.train_ref.b_of(batch.ids), dtype=dtype)
     if weighting != "token":
-        return b.to(device), None
+        return to_device(b, device), None
     tok = base_token_matrix(batch.target_mask, batch.prefix_len, data.train_ref.surprisal_of(batch.ids), dtype=dtype)
-    return b.to(device), tok.to(device)
+    return to_device(b, device), to_device(tok, device)
 
 

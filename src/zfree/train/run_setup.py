@@ -19,12 +19,13 @@ from zfree.models.base import load_base
 from zfree.models.continuous import ContinuousCVAE
 from zfree.models.discrete import DiscreteCVAE
 from zfree.models.loading import check_eos, pick_device
-from zfree.models.lora import apply_lora
-from zfree.models.precision import WEIGHT_DTYPES, default_dtype
+from zfree.models.lora import apply_lora, has_lora
+from zfree.models.precision import FROZEN_DTYPES, WEIGHT_DTYPES, default_dtype, store_frozen_weights
 from zfree.objective.objectives import Phase
 from zfree.objective.remedies import check_remedy_fields
 from zfree.reference.reference import resolve_reference
 from zfree.train import accumulate, checkpoint, plugins, run_folder
+from zfree.train.checkpoint_parts import frozen_base_sha
 from zfree.train.given import given_index
 from zfree.train.live_curves import LiveCurves, open_curves
 from zfree.train.run_data import RunData, gate_record, rows_used, setup_data
@@ -79,6 +80,39 @@ def build_cvae(cfg: TrainConfig, backbone: torch.nn.Module) -> DiscreteCVAE | Co
     model.shared_prefix_mode = m.shared_prefix
     model.shared_prefix = m.shared_prefix != "off"
     return model.to(pick_device(cfg.optim.device)).train()
+
+
+def store_frozen_body(model: torch.nn.Module, cfg: TrainConfig) -> int:
+    """Store the backbone's frozen weights in ``cfg.optim.precision``'s ``FROZEN_DTYPES`` dtype
+    (``bf16``: bfloat16 for every backbone parameter that does not train: a LoRA run's base; nothing
+    for full fine-tuning, whose float32 master weights train under autocast; ``zfree.models.precision``).
+    Returns the number of elements cast. Call after ``build_cvae`` (LoRA decides what trains) and
+    before ``build_optimizer``; the base's hash (config.json, checked on resume) is of the weights as
+    loaded, so record it first; so is a partial checkpoint's frozen-base hash, computed here before the
+    cast (``checkpoint_parts.frozen_base_sha``: checkpoints of fp32 and bf16 runs name the same base)."""
+    dtype = FROZEN_DTYPES[cfg.optim.precision]
+    if dtype is not None and has_lora(model):
+        frozen_base_sha(model)  # cached on the model: of the weights as loaded
+    return store_frozen_weights(model.backbone, dtype)
+
+
+#: torch.compile's backend for ``compile: true`` (tests/test_compile.py uses "aot_eager": dynamo's tracing
+#: and autograd without inductor's code generation, which takes minutes per graph on a loaded CPU)
+COMPILE_BACKEND = "inductor"
+
+
+def compile_body(model: torch.nn.Module, backend: str | None = None) -> torch.nn.Module:
+    """``torch.compile`` the backbone's body in place (``nn.Module.compile``, dynamic shapes: batches
+    differ in length), so every pass through it (the z-free pass, the decoder's passes over the y-region,
+    evaluation's) runs compiled; the output head keeps its eager path (``zfree.models.head`` calls the
+    model with its body swapped out). Returns ``model``. Raises RuntimeError when torch.compile cannot run
+    here (``torch._dynamo.is_dynamo_supported``)."""
+    import torch._dynamo
+
+    if not torch._dynamo.is_dynamo_supported():
+        raise RuntimeError("compile: true, but torch.compile is not supported on this Python / platform")
+    model.backbone.base_model.compile(dynamic=True, backend=backend or COMPILE_BACKEND)
+    return model
 
 
 def build_optimizer(model: DiscreteCVAE, cfg: TrainConfig, log=print) -> torch.optim.Optimizer:
@@ -192,6 +226,9 @@ def setup_run(cfg: TrainConfig, out: Path, progress: bool) -> Run:
     out.mkdir(parents=True, exist_ok=True)
     run_folder.write_config_record(out, cfg, data.c_base, ref, data_dir, backbone, rows_used=rows_used(cfg, data),
                                    gate_rows=gate_record(data, with_ids=True))
+    store_frozen_body(model, cfg)  # after the base's hash is recorded (of the weights as loaded)
+    if cfg.optim.compile:
+        compile_body(model)
     opt = build_optimizer(model, cfg, log=print if progress else None)
     rng = np.random.default_rng(cfg.optim.seed)
     state = checkpoint.load_checkpoint(out, model, opt, rng, TrainState)

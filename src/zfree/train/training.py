@@ -8,10 +8,28 @@ A run folder is locked while a process trains it. A run folder with ``summary.js
 and never rewritten (returned only for the same config). A run folder with a ``checkpoint/``
 (or ``checkpoint.prev/``) from the same config resumes exactly where it stopped (CPU: the same summary as
 an uninterrupted run, timing keys aside).
+
+Host round-trips of a step (issue 56, item 4). The step's own code reads nothing back (tests/test_device.py:
+the assembly, the update, the logs, and the forward with the accelerator's checks): the running sums stay
+device tensors until an evaluation, the finiteness flags are read every ``FINITE_CHECK_EVERY`` steps, the
+empty-row check of ``masked_mean_token_nll`` is a device assertion off the CPU, the batch and the given
+values are copied from pinned memory without blocking (``batch_to_device``,
+``zfree.models.precision.to_device``). What remains, and why:
+  - the boolean-mask gathers of the supervised rows before the chunked head (``zfree.models.injection``,
+    ``zfree.models.base.target_logprobs_from_hidden``): implicit synchronisations, since the number of
+    rows sizes the head's chunks and the batch carries only its maximum lengths on the host;
+  - transformers' mask helpers inside the body's forward (e.g. whether the attention mask is all ones);
+  - one key/value cache object per decoder pass over the y-region (``prefix_cache``: views of the z-free
+    pass's slots, repeated for n > 1 values); a static cache would need fixed shapes per step;
+  - torch's AdamW step counters (host scalars unless ``capturable``), the progress bar's postfix (every
+    ``max(10, FINITE_CHECK_EVERY)`` steps, only when shown), and the plug-ins' periodic checks (the hand-over
+    gate, dead-value restarts), which evaluate;
+  - the batch is drawn and collated on the host (numpy), every step.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +45,7 @@ from zfree.core.values import check_device
 from zfree.data.batching import collate
 from zfree.evaluate.latent_meaning import write_latent_meaning
 from zfree.evaluate.metrics import evaluate
-from zfree.models.precision import acc_dtype
+from zfree.models.precision import acc_dtype, tf32_matmuls
 from zfree.objective.objectives import GIVEN, Phase, step_objective
 from zfree.reference.reference import check_step0_rho
 from zfree.train import accumulate, aids, checkpoint, multiref_run, plugins, run_folder
@@ -109,10 +127,21 @@ def _objective_of(run: Run, cfg: TrainConfig, phase, step: int, dev, acc, **kw):
     ``w_mean``: the whole step's mean reconstruction weight when the host batch is one chunk of it;
     ``kw``: the plug-ins' keyword arguments of ``step_objective`` (``plugins.Plugin.objective_kw``)."""
     def objective(host, w_mean: float | None = None):
-        return step_objective(phase, run.model, host.to(dev), cfg, step, run.data.c_base,
+        return step_objective(phase, run.model, batch_to_device(host, dev), cfg, step, run.data.c_base,
                               *batch_references(run.data, host, cfg.objective.weighting, dev, acc),
                               w_mean=w_mean, **kw)
     return objective
+
+
+def batch_to_device(host, dev: torch.device):
+    """The host batch on ``dev``: on CUDA copied from pinned memory without blocking (a copy from
+    pageable memory first waits for the device's queued work: a host round-trip per step)."""
+    if dev.type != "cuda":
+        return host.to(dev)
+    fields = ("input_ids", "attention_mask", "target_mask", "prefix_len", "target_len", "decoder_input_ids")
+    pinned = dataclasses.replace(host, **{f: getattr(host, f).pin_memory() for f in fields
+                                          if getattr(host, f) is not None})
+    return pinned.to(dev, non_blocking=True)
 
 
 def _step_breakdown(run: Run, cfg: TrainConfig, objective, rows: list):
@@ -254,7 +283,8 @@ def _train_steps(loop: _Loop, progress: bool, stop_after: int | None) -> dict:
     while state.step < cfg.optim.steps:
         step = state.step + 1
         t_step = time.time()
-        ctx, br = _take_step(loop, step)
+        with tf32_matmuls(loop.dev):  # CUDA: float32 matmuls of the step on TF32 tensor cores (not evaluation's)
+            ctx, br = _take_step(loop, step)
         state.step = step
         if step == 1:
             state.first_step_s = time.time() - t_step
