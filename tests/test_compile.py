@@ -31,6 +31,7 @@ def test_compile_is_a_validated_config_field_off_by_default():
         TrainConfig().replace(compile="maybe")
 
 
+@pytest.mark.slow  # ~140 s of compilation on a shared 2-core machine: the slow tier (make test-slow)
 def test_a_compiled_run_equals_the_eager_run(tiny_run, tmp_path, monkeypatch):
     from zfree.core.io import read_jsonl
     from zfree.train import run_setup

@@ -3,6 +3,8 @@ stage runs its steps on tiny random Llama models and writes the tables a lent GP
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import os
 import subprocess
@@ -12,6 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # ~80 s: the slow tier (make test-slow)
 def test_the_gpu_session_script_dry_runs_on_the_cpu(tmp_path):
     env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable, "PYTHONPATH": str(ROOT / "src")}
     res = subprocess.run(["bash", "analysis/benchmarks/gpu_session.sh", "--tiny"], cwd=ROOT, env=env,
