@@ -140,6 +140,8 @@ class Probing:
         return [self.note(p, pr, " (side by side)") for (p, _, _), pr in zip(jobs, done)]
 
     def note(self, point: Point, pr: Probe, how: str = "") -> Probe:
+        """Log ``pr`` (the probe of ``point``; ``how``: a note on the batch) with its status — ran, kept,
+        skipped, stopped at the deadline or at the memory ceiling — and this session's seconds; returns it."""
         status = ("skipped" if pr.skipped else "stopped at the deadline" if pr.over_time else
                   "stopped at its memory ceiling" if pr.over else "kept" if pr.reused else "ran")
         self.log.append({"probe": f"{_kind(point)} at batch {pr.batch_size}{how}", "status": status,
