@@ -161,7 +161,7 @@ def test_a_make_command_dry_runs(command):
             assert (ROOT / "notebooks" / "explore.ipynb").is_file()
     if "STUDY=" in command:  # the explorer reads the chosen study from ZFREE_STUDY
         study = command.split("STUDY=")[1].split()[0]
-        assert f"ZFREE_STUDY={ROOT / study}" in recipe, recipe
+        assert f'ZFREE_STUDY="{ROOT / study}"' in recipe, recipe  # quoted: a clone's path may hold a space
     if "LAB_ARGS=" in command:
         assert "--port=9999" in recipe
 

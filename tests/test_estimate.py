@@ -486,7 +486,7 @@ def test_catalog_lists_every_preset_with_its_runs():
         assert catalog[name].runs == len(spec.points()), name
     for name, spec in OWN_PRESETS.items():
         g = spec.boundary
-        assert catalog[name].runs == len(g.weightings) * len(g.beta_factors) * len(g.aids), name
+        assert catalog[name].runs == len(g.weightings) * len(g.beta_factors) * len(g.aids) + len(g.extra), name
     assert all(n in preset_help() for n in names)
 
 

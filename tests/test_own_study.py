@@ -76,9 +76,15 @@ def test_one_command_from_model_and_jsonl_to_report(tiny_model, tmp_path, monkey
     assert len(runs) == 2 and all((r / "summary.json").exists() for r in every)
     # the z-free control of the recipe, the oracle of the rows' one label and its null oracle (issue 55)
     assert sorted(r.name.split("_")[0] for r in given) == ["control", "control", "null-style", "oracle-style"]
-    # issue 59 item 5: the finished runs keep their own tensors, not the body; the study says its disk use
-    assert all(not [k for k in load_file(str(r / "checkpoint" / "model.safetensors")) if k.startswith("backbone.")]
-               for r in every)
+    # issue 59 item 5: the finished runs keep their own tensors and, where it was trained, the body (its only
+    # copy), never the optimizer's moments; the study says its disk use
+    from zfree.core.checkpoint_io import load_plain_state
+
+    for r in every:
+        state = load_plain_state(r / "checkpoint")
+        assert "finished" in state and "optimizer" not in state, r.name
+        body = [k for k in load_file(str(r / "checkpoint" / "model.safetensors")) if k.startswith("backbone.")]
+        assert bool(body) == (state["finished"]["body"] != "the base's"), r.name
     assert re.search(r"^disk: [0-9.]+ MiB in .* \([0-9.]+ MiB of it in checkpoints", printed, re.M)
     gains = pd.read_csv(out / "available_gain.csv")
     assert list(gains["label"]) == ["style"] and gains["H"].gt(0).all()

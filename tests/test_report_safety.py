@@ -177,7 +177,7 @@ def evil_report(tmp_path_factory):
         one = dataclasses.replace(smoke, boundary=dataclasses.replace(smoke.boundary, aids=("none",)))
         run_own_study(str(root / "model"), root / "pairs.jsonl", out, preset=one, render=False, progress=False)
         every = sorted(p for p in (out / "runs").iterdir() if (p / "summary.json").exists())
-        finished = [p for p in every if not p.name.startswith(("control_", "oracle-"))]
+        finished = [p for p in every if not p.name.startswith(("control_", "oracle-", "null-"))]
         assert len(finished) == 1, [p.name for p in (out / "runs").iterdir()]  # the run trained on the markup
         assert any(p.name.startswith("control_") for p in every)
         assert any(p.name.startswith("oracle-st-b-data") for p in every)  # the markup label's oracle, its name cleaned
