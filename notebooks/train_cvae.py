@@ -69,6 +69,7 @@ lora_alpha = 16.0
 lora_targets = 'auto'
 micro_batch = 0
 keep_prev_checkpoint = False
+compile = False
 tensorboard = True
 wandb = 'off'
 aid = 'none'

@@ -702,12 +702,16 @@ def test_probes_side_by_side_run_at_once_and_an_interrupt_takes_both_children(tm
     def interrupt_once_both_run():  # a real SIGINT, as Ctrl-C sends: it wakes the main thread's wait
         started.wait()
         os.kill(os.getpid(), signal.SIGINT)
+    # Python's own Ctrl-C handler: a shell's background job (`make test &`, a CI runner) starts with SIGINT
+    # ignored, and the signal would then never reach the main thread
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     threading.Thread(target=interrupt_once_both_run, daemon=True).start()
     try:
         with pytest.raises(KeyboardInterrupt):
             est.probe_side_by_side([(pts[0], tmp_path, None), (pts[1], tmp_path / "control", None)], est.GB)
         assert len(children) == 2 and all(c.poll() is not None for c in children) and not probe_mod._LIVE - before
     finally:
+        signal.signal(signal.SIGINT, previous)
         for c in children:
             c.kill()
     assert not any(psutil.pid_exists(c.pid) and psutil.Process(c.pid).status() != psutil.STATUS_ZOMBIE
