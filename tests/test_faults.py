@@ -51,6 +51,8 @@ Issue 61 (bad inputs nobody tried; the other cases' tests are named beside them)
 | a 300-character or non-ASCII label key           | tests/test_controls.py::test_an_oracles_folder_name_...   |
 | --out someone else's (non-empty) folder          | tests/test_folder_safety.py::test_zfree_train_refuses_... |
 | W&B offline file read while still being written  | tests/test_live_curves.py::test_wandb_file_is_complete_...|
+| zfree study --out someone else's (non-empty) folder | tests/test_folder_safety.py::test_zfree_study_refuses_... |
+| --out inside the installed package (train, study) | tests/test_folder_safety.py::test_out_inside_the_installed_...|
 """
 
 from __future__ import annotations
