@@ -53,6 +53,7 @@ Issue 61 (bad inputs nobody tried; the other cases' tests are named beside them)
 | W&B offline file read while still being written  | tests/test_live_curves.py::test_wandb_file_is_complete_...|
 | zfree study --out someone else's (non-empty) folder | tests/test_folder_safety.py::test_zfree_study_refuses_... |
 | --out inside the installed package (train, study) | tests/test_folder_safety.py::test_out_inside_the_installed_...|
+| a model replaced in the same folder (study rerun) | tests/test_own_study.py::test_a_model_replaced_in_its_...    |
 """
 
 from __future__ import annotations
