@@ -54,6 +54,8 @@ Issue 61 (bad inputs nobody tried; the other cases' tests are named beside them)
 | zfree study --out someone else's (non-empty) folder | tests/test_folder_safety.py::test_zfree_study_refuses_... |
 | --out inside the installed package (train, study) | tests/test_folder_safety.py::test_out_inside_the_installed_...|
 | a model replaced in the same folder (study rerun) | tests/test_own_study.py::test_a_model_replaced_in_its_...    |
+| --data /dev/zero (train, study, score)           | tests/test_pairs_labels.py::test_dev_zero_as_data_is_...  |
+| a data file over the stated byte / row limit     | tests/test_pairs_labels.py::test_a_data_file_over_the_... |
 """
 
 from __future__ import annotations

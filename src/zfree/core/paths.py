@@ -130,8 +130,9 @@ JSONL_ARGS = {("train", "data"), ("train", "val"), ("study", "data"), ("study", 
 
 def check_path_args(args) -> None:
     """Refuse, naming the option, a path given empty (``--out ""``, as an unset ``$OUT`` gives:
-    it would write into the current folder) or with a name longer than the file system takes, and a
-    folder given where a JSONL file of pairs is read (``JSONL_ARGS``), before any output folder is made."""
+    it would write into the current folder) or with a name longer than the file system takes, a folder
+    or a device (/dev/zero), pipe or socket given where a JSONL file of pairs is read (``JSONL_ARGS``),
+    and an output folder inside the installed package, before any output folder is made."""
     for dest in PATH_ARGS:
         value = getattr(args, dest, None)
         if value is None:
@@ -146,3 +147,6 @@ def check_path_args(args) -> None:
             check_not_in_package(value, flag)
         if (args.cmd, dest) in JSONL_ARGS and Path(value).is_dir():
             raise ConfigError(f"{flag} {value}: a folder, not a file: give one JSONL file of pairs")
+        if (args.cmd, dest) in JSONL_ARGS and Path(value).exists() and not Path(value).is_file():
+            raise ConfigError(f"{flag} {value}: not a regular file (a device, pipe or socket, read without end): "
+                              f"give one JSONL file of pairs")
