@@ -56,6 +56,7 @@ Issue 61 (bad inputs nobody tried; the other cases' tests are named beside them)
 | a model replaced in the same folder (study rerun) | tests/test_own_study.py::test_a_model_replaced_in_its_...    |
 | --data /dev/zero (train, study, score)           | tests/test_pairs_labels.py::test_dev_zero_as_data_is_...  |
 | a data file over the stated byte / row limit     | tests/test_pairs_labels.py::test_a_data_file_over_the_... |
+| a literal <|endoftext|> / <eos> in y (or x)      | tests/test_conventions.py::test_special_token_text_in_... |
 """
 
 from __future__ import annotations
