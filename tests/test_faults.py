@@ -57,6 +57,9 @@ Issue 61 (bad inputs nobody tried; the other cases' tests are named beside them)
 | --data /dev/zero (train, study, score)           | tests/test_pairs_labels.py::test_dev_zero_as_data_is_...  |
 | a data file over the stated byte / row limit     | tests/test_pairs_labels.py::test_a_data_file_over_the_... |
 | a literal <|endoftext|> / <eos> in y (or x)      | tests/test_conventions.py::test_special_token_text_in_... |
+| SIGTERM (or a failed cell) during zfree report   | tests/test_notebook_exec.py::test_an_interrupted_report...|
+| kill -9 of zfree report: its .partial.ipynb      | tests/test_notebook_exec.py::test_the_partial_file_of_... |
+| kill -9 between a run's summary.json and notebook | tests/test_notebook_exec.py::test_a_run_killed_between_...|
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from zfree.core.errors import InputError
 from zfree.core.io import atomic_write_text
+from zfree.core.locks import run_folder_lock
 from zfree.core.paths import NOTEBOOKS
 from zfree.evaluate.latent_meaning import MEANING_FILE
 from zfree.experiment.notebook_exec import execute
@@ -121,7 +122,10 @@ def render_report(study_dir: Path | str, notebook: Path | str | None = None, pro
     kernel (``REPORT_NOTEBOOKS``, or the one ``notebook``; their parameter ``sweep_dir`` set) and
     render ``report.html`` with nbconvert, code hidden, self-contained (``offline_exporter``).
     report.ipynb and report.html are written atomically (a symlink there is replaced, never written
-    through), the kernel started outside the folder (``zfree.experiment.notebook_exec``); papermill's
+    through) and only by a report executed to its end: an interrupted (SIGTERM, Ctrl-C) or failed one
+    leaves the last complete pair in place, and the partial file of a killed one (``kill -9``) is removed
+    by the next, under the study folder's lock (LockHeldError while another process holds it); the
+    kernel is started outside the folder (``zfree.experiment.notebook_exec``); papermill's
     progress bar with ``progress``; ``aggregated``: the caller has just written the tables (a study,
     after its grid), so they are not written again."""
     import nbformat  # lazy: as in _combined_report
@@ -143,6 +147,9 @@ def render_report(study_dir: Path | str, notebook: Path | str | None = None, pro
         parts.append(NOTEBOOKS / "labels_and_samples.ipynb")  # (with what z learned, above the confusions)
     elif notebook is None and any((study_dir / "runs").glob(f"*/{MEANING_FILE}")):
         parts.append(NOTEBOOKS / "what_z_learned.ipynb")
-    out_nb = execute(_combined_report(study_dir, parts), study_dir / "report.ipynb", progress=progress)
-    atomic_write_text(study_dir / "report.html", html_of(nbformat.read(out_nb, as_version=4), study_dir))
+    with run_folder_lock(study_dir, "study folder"):  # one report at a time: its leftovers are its own to remove
+        # replaced only when whole and executed to the end: an interrupted or failed report keeps the last one
+        out_nb = execute(_combined_report(study_dir, parts), study_dir / "report.ipynb", progress=progress,
+                         keep_failed=False)
+        atomic_write_text(study_dir / "report.html", html_of(nbformat.read(out_nb, as_version=4), study_dir))
     return study_dir / "report.html"
