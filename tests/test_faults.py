@@ -60,6 +60,7 @@ Issue 61 (bad inputs nobody tried; the other cases' tests are named beside them)
 | SIGTERM (or a failed cell) during zfree report   | tests/test_notebook_exec.py::test_an_interrupted_report...|
 | kill -9 of zfree report: its .partial.ipynb      | tests/test_notebook_exec.py::test_the_partial_file_of_... |
 | kill -9 between a run's summary.json and notebook | tests/test_notebook_exec.py::test_a_run_killed_between_...|
+| a dict or string in a summary.json metric field  | tests/test_results.py::test_a_dict_or_string_in_a_metric...|
 """
 
 from __future__ import annotations
