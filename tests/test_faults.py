@@ -61,6 +61,7 @@ Issue 61 (bad inputs nobody tried; the other cases' tests are named beside them)
 | kill -9 of zfree report: its .partial.ipynb      | tests/test_notebook_exec.py::test_the_partial_file_of_... |
 | kill -9 between a run's summary.json and notebook | tests/test_notebook_exec.py::test_a_run_killed_between_...|
 | a dict or string in a summary.json metric field  | tests/test_results.py::test_a_dict_or_string_in_a_metric...|
+| GGUF bytes saved as pytorch_model.bin            | tests/test_fetch.py::test_gguf_bytes_saved_as_pytorch_... |
 """
 
 from __future__ import annotations
