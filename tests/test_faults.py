@@ -62,6 +62,8 @@ Issue 61 (bad inputs nobody tried; the other cases' tests are named beside them)
 | kill -9 between a run's summary.json and notebook | tests/test_notebook_exec.py::test_a_run_killed_between_...|
 | a dict or string in a summary.json metric field  | tests/test_results.py::test_a_dict_or_string_in_a_metric...|
 | GGUF bytes saved as pytorch_model.bin            | tests/test_fetch.py::test_gguf_bytes_saved_as_pytorch_... |
+| disk full at a checkpoint (safetensors 0.8 text) | tests/test_interrupts.py::test_disk_full_checkpoint_is_...|
+| disk full during zfree report (no file named)    | tests/test_folder_safety.py::test_a_full_disk_during_...  |
 """
 
 from __future__ import annotations

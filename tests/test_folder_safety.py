@@ -298,6 +298,37 @@ def test_a_full_disk_during_zfree_report_is_one_line_and_keeps_the_last_report(t
     assert not [p.name for p in study.iterdir() if p.suffix == ".ipynb" or ".tmp" in p.name]
 
 
+@pytest.mark.parametrize("where", ["notebook", "tables"])
+def test_a_full_disk_during_zfree_report_names_the_study_folder(tmp_path_factory, tmp_path, monkeypatch, capsys, where):
+    """Issue 61: a full disk during the report (a write() error names no file: papermill writing the
+    notebook, pandas the tables) was one line without a file or folder; now it names the study folder,
+    says the last complete report is kept and how to go on."""
+    import errno
+
+    import papermill as pm
+
+    import zfree.experiment.render as render
+    from tests.tiny_sweep import make_tiny_sweep
+    from zfree.cli import main
+
+    study = tmp_path / "study"
+    shutil.copytree(make_tiny_sweep(tmp_path_factory), study)
+    (study / "report.html").write_text("<html>the last report</html>")
+
+    def full(*a, **kw):
+        raise OSError(errno.ENOSPC, "No space left on device")  # as write() raises it: no file name
+
+    monkeypatch.setattr(pm, "execute_notebook", full) if where == "notebook" else monkeypatch.setattr(
+        render, "aggregate", full)
+    capsys.readouterr()
+    assert main(["report", str(study)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"zfree: error: cannot write the report in {study.resolve()} (No space "
+                                               f"left on device)"), err
+    assert "the last complete report.html is kept" in err[0] and f"zfree report {study.resolve()}" in err[0]
+    assert (study / "report.html").read_text() == "<html>the last report</html>"
+
+
 # ---------------------------------------------------------------------------- issue 61: folders zfree does not own
 
 #: a folder of someone else's, with the names of files a run writes
