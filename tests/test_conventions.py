@@ -84,3 +84,44 @@ def test_seam_under_sentencepiece_a_separate_y_gets_its_word_start_marker():
     assert len(spaced) == len(joint_y) + 1 and tok.convert_ids_to_tokens(spaced[0]) == "▁"  # the extra "▁"
     e = encode_pair(tok, Pair("s", x, " mat."), add_eos=False)
     assert list(e.target_ids) == spaced  # zfree scores y as given: the caller chooses the spelling
+
+
+# ---------------------------------------------------------------------------- issue 61: special-token text in data
+
+
+def test_special_token_text_in_data_is_encoded_as_text(tmp_path):
+    """A literal "<eos>" (GPT-2's "<|endoftext|>") inside y was parsed into the end token mid-sequence,
+    so S ended early in the model's eyes and the rest of y read as a new document; x's "<bos>" likewise.
+    Data text is now encoded as the characters it is (``special_text="text"``, the default of
+    ``encode_pairs`` and ``ScoringPolicy``): the end token only closes S, the text decodes back, and
+    ``special_text="tokens"`` (documented opt-in) keeps the parse. The score cache keeps the two apart."""
+    from zfree.data.batching import encode_pairs
+    from zfree.data.bpe import train_bpe_tokenizer
+    from zfree.reference.scoring import ScoringPolicy
+
+    tok = train_bpe_tokenizer(["the cat sat on the mat", "a dog ran far away"] * 10, vocab_size=300)
+    specials = set(tok.all_special_ids)
+    pair = Pair("r", "say <bos> it", "the cat <eos> sat")
+    (e,) = encode_pairs(tok, [pair])
+    assert e.target_ids[-1] == tok.eos_token_id and not specials & set(e.target_ids[:-1]), e.target_ids
+    assert not specials & set(e.prefix_ids[1:-1]), e.prefix_ids  # only the convention's bos first and sep last
+    assert tok.decode(e.target_ids[:-1]) == "the cat <eos> sat" and tok.decode(e.prefix_ids[1:-1]) == "say <bos> it"
+    (parsed,) = encode_pairs(tok, [pair], special_text="tokens")
+    assert parsed.target_ids.count(tok.eos_token_id) == 2  # the opt-in: the text's "<eos>" is the token
+    plain = Pair("p", "say it", "the cat sat")  # no special-token text: both choices agree
+    assert encode_pairs(tok, [plain]) == encode_pairs(tok, [plain], special_text="tokens")
+    assert ScoringPolicy().special_text == "text"
+    with pytest.raises(ValueError, match="special_text='parse'"):
+        ScoringPolicy(special_text="parse")
+
+    from zfree.models.base import build_synthetic_gpt2
+
+    model = build_synthetic_gpt2(len(tok), n_layer=1, n_embd=16, n_head=2, seed=0).eval()
+    cache = tmp_path / "cache"
+    as_text = score_pairs(model, tok, [pair], cache=True, cache_dir=cache)
+    as_tokens = score_pairs(model, tok, [pair], policy=ScoringPolicy(special_text="tokens"), cache=True, cache_dir=cache)
+    assert not as_tokens.cache_hit and as_text.per_example["n_tokens"].item() == len(e.target_ids)
+    assert as_tokens.per_example["n_tokens"].item() == len(parsed.target_ids)
+    score_pairs(model, tok, [plain], cache=True, cache_dir=cache)  # no special text: one entry serves both
+    assert score_pairs(model, tok, [plain], policy=ScoringPolicy(special_text="tokens"), cache=True,
+                       cache_dir=cache).cache_hit

@@ -51,6 +51,19 @@ Issue 61 (bad inputs nobody tried; the other cases' tests are named beside them)
 | a 300-character or non-ASCII label key           | tests/test_controls.py::test_an_oracles_folder_name_...   |
 | --out someone else's (non-empty) folder          | tests/test_folder_safety.py::test_zfree_train_refuses_... |
 | W&B offline file read while still being written  | tests/test_live_curves.py::test_wandb_file_is_complete_...|
+| zfree study --out someone else's (non-empty) folder | tests/test_folder_safety.py::test_zfree_study_refuses_... |
+| --out inside the installed package (train, study) | tests/test_folder_safety.py::test_out_inside_the_installed_...|
+| a model replaced in the same folder (study rerun) | tests/test_own_study.py::test_a_model_replaced_in_its_...    |
+| --data /dev/zero (train, study, score)           | tests/test_pairs_labels.py::test_dev_zero_as_data_is_...  |
+| a data file over the stated byte / row limit     | tests/test_pairs_labels.py::test_a_data_file_over_the_... |
+| a literal <|endoftext|> / <eos> in y (or x)      | tests/test_conventions.py::test_special_token_text_in_... |
+| SIGTERM (or a failed cell) during zfree report   | tests/test_notebook_exec.py::test_an_interrupted_report...|
+| kill -9 of zfree report: its .partial.ipynb      | tests/test_notebook_exec.py::test_the_partial_file_of_... |
+| kill -9 between a run's summary.json and notebook | tests/test_notebook_exec.py::test_a_run_killed_between_...|
+| a dict or string in a summary.json metric field  | tests/test_results.py::test_a_dict_or_string_in_a_metric...|
+| GGUF bytes saved as pytorch_model.bin            | tests/test_fetch.py::test_gguf_bytes_saved_as_pytorch_... |
+| disk full at a checkpoint (safetensors 0.8 text) | tests/test_interrupts.py::test_disk_full_checkpoint_is_...|
+| disk full during zfree report (no file named)    | tests/test_folder_safety.py::test_a_full_disk_during_...  |
 """
 
 from __future__ import annotations

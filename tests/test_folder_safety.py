@@ -298,6 +298,37 @@ def test_a_full_disk_during_zfree_report_is_one_line_and_keeps_the_last_report(t
     assert not [p.name for p in study.iterdir() if p.suffix == ".ipynb" or ".tmp" in p.name]
 
 
+@pytest.mark.parametrize("where", ["notebook", "tables"])
+def test_a_full_disk_during_zfree_report_names_the_study_folder(tmp_path_factory, tmp_path, monkeypatch, capsys, where):
+    """Issue 61: a full disk during the report (a write() error names no file: papermill writing the
+    notebook, pandas the tables) was one line without a file or folder; now it names the study folder,
+    says the last complete report is kept and how to go on."""
+    import errno
+
+    import papermill as pm
+
+    import zfree.experiment.render as render
+    from tests.tiny_sweep import make_tiny_sweep
+    from zfree.cli import main
+
+    study = tmp_path / "study"
+    shutil.copytree(make_tiny_sweep(tmp_path_factory), study)
+    (study / "report.html").write_text("<html>the last report</html>")
+
+    def full(*a, **kw):
+        raise OSError(errno.ENOSPC, "No space left on device")  # as write() raises it: no file name
+
+    monkeypatch.setattr(pm, "execute_notebook", full) if where == "notebook" else monkeypatch.setattr(
+        render, "aggregate", full)
+    capsys.readouterr()
+    assert main(["report", str(study)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"zfree: error: cannot write the report in {study.resolve()} (No space "
+                                               f"left on device)"), err
+    assert "the last complete report.html is kept" in err[0] and f"zfree report {study.resolve()}" in err[0]
+    assert (study / "report.html").read_text() == "<html>the last report</html>"
+
+
 # ---------------------------------------------------------------------------- issue 61: folders zfree does not own
 
 #: a folder of someone else's, with the names of files a run writes
@@ -349,3 +380,63 @@ def test_own_folders_still_train_resume_and_are_reused(tiny_run, tmp_path):
     assert main(argv) == 0 and (own / "summary.json").exists() and (own / "train.jsonl").exists()
     stamp = (own / "summary.json").stat().st_mtime_ns
     assert main(argv) == 0 and (own / "summary.json").stat().st_mtime_ns == stamp
+
+
+def test_zfree_study_refuses_a_non_empty_folder_it_does_not_own(tiny_run, tmp_path, capsys):
+    """`zfree study --out` a folder of someone else's (no .zfree.lock, plan.json or spec.json): the study
+    wrote its split, timings.json and base/ among the user's files before failing or finishing; now one
+    line naming the folder, exit 2, every file byte-identical and nothing added."""
+    from zfree.cli import main
+
+    data, _ = tiny_run
+    out = tmp_path / "theirs"
+    out.mkdir()
+    files = {**FOREIGN, "summary.csv": "a,b\n1,2\n", "report.html": "<html>mine</html>"}
+    for name, text in files.items():
+        (out / name).write_text(text)
+    argv = ["study", "--model", str(tmp_path / "no-model"), "--data", str(data / "train.jsonl"), "--out", str(out),
+            "--no-estimate"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"zfree: error: {out} is not empty and not a zfree study folder ("), err
+    assert {p.name: p.read_text() for p in out.iterdir()} == files
+
+
+def test_a_study_folder_of_zfree_passes_the_owner_check(tmp_path):
+    """What marks a study folder as zfree's own (its lock, plan.json, a sweep's spec.json) passes; so do a
+    missing and an empty folder."""
+    from zfree.core.locks import STUDY_MARKS, check_own_folder
+
+    check_own_folder(tmp_path / "missing", "study folder", STUDY_MARKS)
+    check_own_folder(tmp_path, "study folder", STUDY_MARKS)
+    for mark in STUDY_MARKS:
+        own = tmp_path / mark.strip(".")
+        own.mkdir()
+        (own / mark).write_text("{}")
+        (own / "summary.csv").write_text("a\n1\n")
+        check_own_folder(own, "study folder", STUDY_MARKS)
+
+
+@pytest.mark.parametrize("cmd", ["train", "study"])
+def test_out_inside_the_installed_package_is_refused(tiny_run, tmp_path, capsys, cmd):
+    """`--out` inside the package (src/zfree in a clone, site-packages/zfree from a wheel) wrote 15 run
+    files among its modules; now one line naming the folder, exit 2, nothing created there."""
+    import zfree
+    from zfree.cli import main
+
+    data, base = tiny_run
+    out = Path(zfree.__file__).resolve().parent / "data" / "zfree-test-out"
+    assert not out.exists()
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(tiny_flat(data, base, steps=2, eval_every=2, device="cpu")))
+    argv = (["train", "--config", str(config), "--out", str(out)] if cmd == "train" else
+            ["study", "--model", str(tmp_path / "no-model"), "--data", str(data / "train.jsonl"), "--out", str(out),
+             "--no-estimate"])
+    try:
+        code = main(argv)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1, err
+        assert err[0].startswith(f"zfree: error: --out {out}: inside the installed zfree package ("), err
+        assert not out.exists()
+    finally:
+        shutil.rmtree(out, ignore_errors=True)

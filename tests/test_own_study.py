@@ -472,3 +472,39 @@ def test_a_study_refused_by_its_budget_reprobes_nothing_when_run_with_a_larger_o
     printed = capsys.readouterr().out
     assert "kept from an earlier probe of the same configs on this machine" in printed, printed
     assert {p: p.stat().st_mtime_ns for p in kept} == stamps
+
+
+def test_a_model_replaced_in_its_folder_is_refused_naming_both_hashes(tiny_model, tmp_path, monkeypatch, capsys):
+    """Issue 61: a study rerun on a model whose weights were replaced in the same folder skipped every
+    run and reported the old weights' c_base (the study matched its model by path only). Now the
+    preparation compares the model's weights (and tokenizer) with the hashes reference.json stored and
+    refuses, in one line naming the model folder and both hashes; the unchanged model still passes and
+    reuses its reference."""
+    from zfree.experiment.sources import Prepared, prepare_base, split_data
+    from zfree.experiment.spec import BaseSource
+
+    monkeypatch.setenv("ZFREE_CACHE_DIR", str(tmp_path / "cache"))
+    src_model, data = tiny_model
+    model = tmp_path / "model"
+    shutil.copytree(src_model, model)
+    out = tmp_path / "study"
+    split_data(data, out, val_size=12)
+    source = BaseSource("pretrained", path=str(model))
+    first = prepare_base(source, out, Prepared(out)).reference
+    stored = json.loads((out / "base" / "reference" / "reference.json").read_text())["model_sha256"]
+    again = prepare_base(source, out, Prepared(out)).reference  # the same model: its reference reused
+    assert again.c_base == first.c_base and again.meta["model_sha256"] == stored
+
+    import torch
+
+    torch.manual_seed(7)  # other weights of the same shape, saved over the old ones in the same folder
+    GPT2LMHeadModel(GPT2LMHeadModel.config_class.from_pretrained(model)).save_pretrained(model)
+    from zfree.core.io import sha256_state_dict
+
+    now = sha256_state_dict(GPT2LMHeadModel.from_pretrained(model).float().state_dict())
+    assert now != stored
+    with pytest.raises(ValueError) as e:
+        prepare_base(source, out, Prepared(out))
+    msg = str(e.value)
+    assert "\n" not in msg and str(model.resolve()) in msg and stored in msg and now in msg, msg
+    assert json.loads((out / "base" / "reference" / "reference.json").read_text())["model_sha256"] == stored

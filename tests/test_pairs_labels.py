@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -80,3 +82,67 @@ def test_a_label_with_many_values_is_capped_for_its_oracle():
     assert index("common1") == values.index("common1") and index("v4321") == LABEL_VALUE_CAP - 1
     few = [Pair(str(i), "x", "y", labels={"k": "ab"[i % 2]}) for i in range(10)]
     assert capped_values(few, "k") == (["a", "b"], 2) and value_index(["a", "b"])("b") == 1
+
+
+# ---------------------------------------------------------------------------- issue 61: unbounded data
+
+
+def test_a_data_file_over_the_stated_limits_is_refused_in_one_line_naming_it(tmp_path, monkeypatch):
+    """A 1 GB data file took about 30x its size in memory with no warning: a file over the byte limit
+    (``MAX_DATA_BYTES``, here set small by $ZFREE_MAX_DATA_BYTES) is refused before it is read, and one
+    of more rows than the row limit at its first extra row, each in one line naming the file and the
+    limit; at the limits it is read."""
+    from zfree.core.errors import ConfigError, InputError
+
+    f = write(tmp_path / "d.jsonl", [{"x": "x", "y": f"y{i}"} for i in range(8)])
+    size = f.stat().st_size
+    monkeypatch.setenv("ZFREE_MAX_DATA_BYTES", str(size - 1))
+    with pytest.raises(InputError) as e:
+        load_pairs(f)
+    assert str(e.value).startswith(f"{f}: {size:,} bytes, over the data file limit of {size - 1:,} bytes")
+    assert "ZFREE_MAX_DATA_BYTES" in str(e.value) and "\n" not in str(e.value)
+    monkeypatch.setenv("ZFREE_MAX_DATA_BYTES", str(size))
+    assert len(load_pairs(f)) == 8
+    monkeypatch.setenv("ZFREE_MAX_DATA_ROWS", "5")
+    with pytest.raises(InputError, match=rf"^{f}:6: more than 5 rows, the data file limit; .*ZFREE_MAX_DATA_ROWS"):
+        load_pairs(f)
+    assert len(load_pairs(f, max_rows=8)) == 8 and len(load_pairs(f, limit=5)) == 5  # an argument, a sample
+    monkeypatch.setenv("ZFREE_MAX_DATA_ROWS", "lots")
+    with pytest.raises(ConfigError, match="ZFREE_MAX_DATA_ROWS='lots': give a positive integer"):
+        load_pairs(f)
+    from zfree.data.pairs import MAX_DATA_BYTES, MAX_DATA_ROWS
+
+    assert MAX_DATA_BYTES >= 2**20 and MAX_DATA_ROWS >= 50_000  # E2E (1.8 MB, 42k rows) reads as it is
+
+
+def _under_a_memory_limit(code: str, tmp_path) -> subprocess.CompletedProcess:
+    """``code`` run in a Python whose heap is capped at 1 GiB (RLIMIT_DATA): a read of /dev/zero there
+    ends in a MemoryError within seconds rather than filling this machine's memory."""
+    import os
+    import sys
+
+    prelude = "import resource; resource.setrlimit(resource.RLIMIT_DATA, (1 << 30, 1 << 30))\n"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    return subprocess.run([sys.executable, "-c", prelude + code], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path, env=env)
+
+
+@pytest.mark.skipif(not Path("/dev/zero").exists(), reason="needs /dev/zero")
+def test_dev_zero_as_data_is_refused_without_reading_it(tmp_path):
+    """`--data /dev/zero` was read whole into memory (5.3 GB in 11 s, then a MemoryError traceback): a
+    device, pipe or socket is not a regular file and is refused in one line, by `load_pairs` and by
+    `zfree train` / `zfree study` / `zfree score` before any folder is made. Run under a 1 GiB heap cap."""
+    proc = _under_a_memory_limit(
+        "from zfree.core.errors import InputError\nfrom zfree.data.pairs import load_pairs\n"
+        "try:\n    load_pairs('/dev/zero')\nexcept InputError as e:\n    print(e)\n", tmp_path)
+    assert proc.returncode == 0 and proc.stdout.strip() == "/dev/zero: not a regular file (a device, pipe or " \
+        "socket); give a JSONL file of pairs", proc.stderr[-2000:]
+    for argv in (["train", "--model", "m", "--data", "/dev/zero", "--out", "o"],
+                 ["study", "--model", "m", "--data", "/dev/zero", "--out", "o"],
+                 ["score", "--model", "m", "--data", "/dev/zero", "--out", "o"]):
+        proc = _under_a_memory_limit(f"import sys\nfrom zfree.cli import main\nsys.exit(main({argv!r}))\n", tmp_path)
+        err = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(err) == 1, (argv, proc.stderr[-2000:])
+        assert err[0] == "zfree: error: --data /dev/zero: not a regular file (a device, pipe or socket, read " \
+                         "without end): give one JSONL file of pairs", err
+        assert not (tmp_path / "o").exists()

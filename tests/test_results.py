@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -95,3 +96,32 @@ def test_the_references_data_file_is_found_from_any_working_directory(tmp_path, 
     runs = pd.DataFrame({"data_dir": [str(moved)]})
     assert _reference_data_file("/gone/val.jsonl", runs, tmp_path / "ref") == moved / "val.jsonl"
     assert _reference_data_file(None, runs, tmp_path) is None
+
+
+def test_a_dict_or_string_in_a_metric_field_of_a_summary_is_left_out_with_one_warning(tmp_path):
+    """Issue 61: a dict or a string in a non-core field of a run's summary.json (a hand edit, a plug-in)
+    flowed into summary.csv and the report. Metric fields keep numbers, bools and None; strings stay only
+    in the known string fields (the config's, the gate record's), lists only in the aid's traces; the
+    rest is left out, with one warning naming the run and the fields."""
+    from zfree.experiment.results import collect_runs, summary_with_labels
+
+    run = tmp_path / "study" / "runs" / "plain_beta0.3_abcd1234"
+    run.mkdir(parents=True)
+    summary = {"weighting": "plain", "beta": 0.3, "steps": 4, "aid": "none", "remedy": "none",
+               "aid/gate_split": "val", "aid/gate": [{"step": 2, "pass": True}], "latent_used": True,
+               "latent/mutual_information": 0.25, "loss/val/kl_prior_loss": None,
+               "latent/codes_used": {"a": 1}, "structure/probe_accuracy/style": "high", "my_plugin/note": "text",
+               "latent/q_max_mean": [0.5]}
+    (run / "summary.json").write_text(json.dumps(summary))
+    with pytest.warns(UserWarning) as record:
+        runs = collect_runs(tmp_path / "study" / "runs")
+    lines = [str(w.message) for w in record if "left out" in str(w.message)]
+    assert len(lines) == 1 and "\n" not in lines[0] and str(run) in lines[0], lines
+    for field in ("latent/codes_used", "structure/probe_accuracy/style", "my_plugin/note", "latent/q_max_mean"):
+        assert repr(field) in lines[0] and (field not in runs or runs[field].isna().all()), field
+    kept = runs.iloc[0]
+    assert (kept["weighting"], kept["aid/gate_split"], kept["latent_used"], kept["latent/mutual_information"]) == \
+        ("plain", "val", True, 0.25)
+    assert kept["aid/gate"] == [{"step": 2, "pass": True}]
+    tab = summary_with_labels(runs, [])
+    assert tab["codes_used"].isna().all() and "high" not in tab.to_csv() and "{" not in tab.to_csv()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import warnings
 from pathlib import Path
@@ -84,6 +85,21 @@ def _unpack(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
     return obj
 
 
+#: the OS error inside a SafetensorError (no OSError, no file name): before safetensors 0.8 Rust's Debug
+#: form ``IoError(Os { code: 28, ...``, from 0.8 its Display form ``I/O error: ... (os error 28)``
+_SAFETENSORS_OS_ERROR = re.compile(r"IoError\(Os \{ code: (\d+)|\(os error (\d+)\)")
+
+
+def safetensors_os_error(e: Exception, path: Path | str) -> Exception:
+    """A SafetensorError of an I/O failure (a full disk, a quota, a read-only file system) as the
+    OSError it was, naming ``path`` (the error names no file); any other error as it is."""
+    m = _SAFETENSORS_OS_ERROR.search(str(e))
+    if not m:
+        return e
+    code = int(m.group(1) or m.group(2))
+    return OSError(code, os.strerror(code), str(path))
+
+
 def save_plain_state(folder: Path | str, state: Any, name: str = "state") -> None:
     """Store a nest of tensors, dicts (str or int keys), lists, tuples and JSON scalars (an
     optimizer ``state_dict()``, ``np.random.Generator.bit_generator.state``,
@@ -96,7 +112,12 @@ def save_plain_state(folder: Path | str, state: Any, name: str = "state") -> Non
     folder = Path(folder)
     tensors: dict[str, torch.Tensor] = {}
     skeleton = _pack(state, tensors, name)
-    atomic_replace(folder / f"{name}.safetensors", lambda p: save_file(tensors, str(p)))
+    from safetensors import SafetensorError
+
+    try:
+        atomic_replace(folder / f"{name}.safetensors", lambda p: save_file(tensors, str(p)))
+    except SafetensorError as e:  # its I/O errors (disk full) are no OSError and name no file
+        raise safetensors_os_error(e, folder / f"{name}.safetensors") from None
     atomic_write_text(folder / f"{name}.json", json.dumps(skeleton) + "\n")
 
 

@@ -62,3 +62,8 @@ class Interrupted(KeyboardInterrupt):
 class CheckpointWriteError(ZfreeError):
     """A checkpoint or a metrics row could not be written (disk full, read-only, quota); the last
     good checkpoint is kept and ``error.json`` in the run folder says so (when it still fits)."""
+
+
+class FolderWriteError(ZfreeError):
+    """A study folder could not be written (disk full, quota): the message names the folder, what was
+    kept and how to go on (``zfree.experiment.render.render_report``)."""

@@ -88,30 +88,38 @@ def run_folder_lock(path: Path | str, what: str = "run folder") -> Iterator[Path
 #: use (it stays after release), or the config.json of a run folder older than the lock (a config.json
 #: of something else is then refused by the config check, ``zfree.train.run_folder.check_same_config``)
 OWNER_MARKS = (LOCK_NAME, "config.json")
+#: what marks a study or sweep folder as zfree's own: its lock (taken before the study writes anything
+#: else), or, for a folder older than the lock, the plan of a study (``zfree.experiment.study_plan``) or
+#: the spec.json of a sweep (``zfree.experiment.sweeps``)
+STUDY_MARKS = (LOCK_NAME, "plan.json", "spec.json")
 
 
-def check_own_folder(path: Path | str, what: str = "run folder") -> None:
+def check_own_folder(path: Path | str, what: str = "run folder", marks: tuple[str, ...] = OWNER_MARKS) -> None:
     """Refuse, in one line naming the folder and a few of its entries, to write into ``path`` when it
-    is a non-empty folder that is not zfree's own (none of ``OWNER_MARKS``): zfree would write its run
-    files (summary.json, metrics.jsonl, ...) over the user's, or take a foreign summary.json for a
-    finished run (issue 61). A missing or empty folder, or one of zfree's, passes. ConfigError."""
+    lies inside the installed package (``zfree.core.paths.check_not_in_package``) or is a non-empty
+    folder that is not zfree's own (none of ``marks``: ``OWNER_MARKS`` for a run, ``STUDY_MARKS``
+    for a study or sweep): zfree would write its files (summary.json, metrics.jsonl, train.jsonl,
+    report.html, ...) over the user's, or take a foreign summary.json for a finished run (issue 61).
+    A missing or empty folder, or one of zfree's, passes. ConfigError."""
     from zfree.core.errors import ConfigError
+    from zfree.core.paths import check_not_in_package
 
     folder = Path(path)
-    if not folder.is_dir() or any(os.path.lexists(folder / m) for m in OWNER_MARKS):
+    check_not_in_package(folder, what)
+    if not folder.is_dir() or any(os.path.lexists(folder / m) for m in marks):
         return
     names = sorted(p.name for p in folder.iterdir())
     if names:
         shown = ", ".join(names[:4]) + (f", ... ({len(names)} entries)" if len(names) > 4 else "")
-        raise ConfigError(f"{folder} is not empty and not a zfree {what} ({shown}; no {LOCK_NAME} or config.json): "
+        raise ConfigError(f"{folder} is not empty and not a zfree {what} ({shown}; no {' or '.join(marks)}): "
                           f"zfree would write its files over these; give a new or empty folder")
 
 
-def claim_folder(path: Path | str, what: str = "run folder") -> Path:
+def claim_folder(path: Path | str, what: str = "run folder", marks: tuple[str, ...] = OWNER_MARKS) -> Path:
     """``check_own_folder``, then mark ``path`` as zfree's own (created if missing) by taking and
     releasing its lock: for a caller that writes into the folder before the code that locks it
     (the split of ``zfree train --data``, a notebook executed into a study's run folder)."""
-    check_own_folder(path, what)
+    check_own_folder(path, what, marks)
     with run_folder_lock(path, what):
         pass
     return Path(path)

@@ -8,6 +8,9 @@ from pathlib import Path
 from zfree.core.errors import ConfigError
 
 _PACKAGE = Path(__file__).resolve().parents[1]  # src/zfree in a clone, site-packages/zfree in a wheel
+#: the installed package (``src/zfree`` in a clone, ``site-packages/zfree`` from a wheel): no output
+#: folder may lie inside it (``check_not_in_package``)
+PACKAGE = _PACKAGE
 #: in a wheel, the files of the clone's root that runs need (the notebooks they execute, the shipped
 #: benchmarks and base runs, the YAML specs), copied there by the build in the clone's own layout (setup.py)
 INSTALLED_ROOT = _PACKAGE / "_shipped"
@@ -53,6 +56,16 @@ def check_out_dir(out: Path | str, what: str = "out_dir") -> None:
     is the current folder, which zfree would fill (and whose ``runs/`` it would reuse)."""
     if isinstance(out, str) and not out.strip():
         raise ConfigError(f"{what} is empty: give a folder (an empty path would write into the current folder)")
+
+
+def check_not_in_package(out: Path | str, what: str = "out_dir") -> None:
+    """ConfigError naming ``what`` and the folder when output folder ``out`` lies inside the installed
+    package (``PACKAGE``, symlinks resolved): a run or study would write its files among zfree's
+    modules, and a wheel's reinstall or a ``git clean`` would take them (issue 61)."""
+    p = Path(out).expanduser().resolve()
+    if p.is_relative_to(PACKAGE):
+        raise ConfigError(f"{what} {out}: inside the installed zfree package ({PACKAGE}); a run or study "
+                          f"would write its files among zfree's modules: give a folder outside it")
 
 
 # ---------------------------------------------------------------------------- portable paths
@@ -122,8 +135,9 @@ JSONL_ARGS = {("train", "data"), ("train", "val"), ("study", "data"), ("study", 
 
 def check_path_args(args) -> None:
     """Refuse, naming the option, a path given empty (``--out ""``, as an unset ``$OUT`` gives:
-    it would write into the current folder) or with a name longer than the file system takes, and a
-    folder given where a JSONL file of pairs is read (``JSONL_ARGS``), before any output folder is made."""
+    it would write into the current folder) or with a name longer than the file system takes, a folder
+    or a device (/dev/zero), pipe or socket given where a JSONL file of pairs is read (``JSONL_ARGS``),
+    and an output folder inside the installed package, before any output folder is made."""
     for dest in PATH_ARGS:
         value = getattr(args, dest, None)
         if value is None:
@@ -134,5 +148,10 @@ def check_path_args(args) -> None:
                               f"{'folder' if dest in ('out', 'resume', 'study_dir', 'cache_dir', 'study', 'dir') else 'path'}"
                               f"{'; it would write into the current folder' if dest == 'out' else ''}")
         check_name_length(value, flag)
+        if dest in ("out", "resume", "cache_dir"):
+            check_not_in_package(value, flag)
         if (args.cmd, dest) in JSONL_ARGS and Path(value).is_dir():
             raise ConfigError(f"{flag} {value}: a folder, not a file: give one JSONL file of pairs")
+        if (args.cmd, dest) in JSONL_ARGS and Path(value).exists() and not Path(value).is_file():
+            raise ConfigError(f"{flag} {value}: not a regular file (a device, pipe or socket, read without end): "
+                              f"give one JSONL file of pairs")

@@ -13,6 +13,12 @@ the vocabulary. Sequence = [bos] + x + [sep] + y + [eos]:
 - **sep** is appended after x when the tokenizer defines a sep token (``sep="auto"``).
 - **eos** closes the supervised region when ``add_eos`` and the tokenizer has an eos token.
 
+x and y are data, encoded as text: a special token's text inside them (a literal "<|endoftext|>"
+or "<eos>") is encoded as the characters it is (``split_special_tokens=True``), never as that
+token -- else an "<|endoftext|>" in y would end S mid-sequence in the model's eyes (issue 61). The
+documented opt-in ``special_text="tokens"`` (``encode_pairs``, ``zfree.reference.scoring.ScoringPolicy``)
+parses it as the token, for data written in a chat template on purpose.
+
 y is tokenized as given, as a text of its own. The x/y seam: whitespace at y's start is the
 caller's choice and is kept: byte-level BPE (GPT-2, Llama-3, SmolLM2) encodes " mat." as "Ġmat"
 "." — the same tokens a joint encoding of "... the mat." gives, so x="The cat sat on the",
@@ -49,6 +55,9 @@ from zfree.data.pairs import Pair
 
 BosPolicy = Literal["auto", "always", "never"]
 SepPolicy = Literal["auto", "never"]
+#: how special-token text inside x or y is encoded: "text" (the default) as its characters, "tokens" as the token
+SpecialText = Literal["text", "tokens"]
+SPECIAL_TEXT = ("text", "tokens")
 
 
 @dataclass(frozen=True)
@@ -153,26 +162,40 @@ def encode_ids(pair_id: str, x_ids: Sequence[int], y_ids: Sequence[int], conv: C
     return EncodedPair(pair_id, prefix, target, strategy, cut)
 
 
+def holds_special_text(tokenizer, pairs: Sequence[Pair]) -> bool:
+    """Whether some x or y of ``pairs`` holds the text of one of ``tokenizer``'s special tokens (only
+    then do ``special_text="text"`` and ``"tokens"`` encode differently)."""
+    texts = [t for t in getattr(tokenizer, "all_special_tokens", ()) if t]
+    return any(t in p.x or t in p.y for p in pairs for t in texts)
+
+
 def encode_pairs(tokenizer, pairs: Sequence[Pair], *, add_eos: bool = True, bos: BosPolicy = "auto",
-                 sep: SepPolicy = "auto", max_length: int | None = None) -> list[EncodedPair]:
-    """Tokenize many pairs (one batched tokenizer call for all x, one for all y); see ``encode_pair``."""
+                 sep: SepPolicy = "auto", max_length: int | None = None,
+                 special_text: SpecialText = "text") -> list[EncodedPair]:
+    """Tokenize many pairs (one batched tokenizer call for all x, one for all y); see ``encode_pair``.
+    ``special_text``: "text" encodes a special token's text inside x or y as its characters
+    (``split_special_tokens=True``), "tokens" as the special token (module docstring)."""
+    if special_text not in SPECIAL_TEXT:
+        raise ValueError(f"special_text={special_text!r}: expected one of {SPECIAL_TEXT}")
     conv = special_convention(tokenizer, bos=bos, sep=sep, add_eos=add_eos)
     if not pairs:
         return []
-    xs = tokenizer([p.x for p in pairs], add_special_tokens=False)["input_ids"]
-    ys = tokenizer([p.y for p in pairs], add_special_tokens=False)["input_ids"]
+    split = {"split_special_tokens": True} if special_text == "text" else {}
+    xs = tokenizer([p.x for p in pairs], add_special_tokens=False, **split)["input_ids"]
+    ys = tokenizer([p.y for p in pairs], add_special_tokens=False, **split)["input_ids"]
     return [encode_ids(p.id, x if p.x else [], y, conv, strategy=p.strategy, max_length=max_length)
             for p, x, y in zip(pairs, xs, ys)]
 
 
 def encode_pair(tokenizer, pair: Pair, add_eos: bool = True, *, bos: BosPolicy = "auto", sep: SepPolicy = "auto",
-                max_length: int | None = None) -> EncodedPair:
+                max_length: int | None = None, special_text: SpecialText = "text") -> EncodedPair:
     """Tokenize one pair under the convention of the module docstring.
 
     Raises ValueError naming the row if y tokenizes to nothing, if x is empty with nothing to give
     y a context, or if y does not fit in ``max_length``.
     """
-    return encode_pairs(tokenizer, [pair], add_eos=add_eos, bos=bos, sep=sep, max_length=max_length)[0]
+    return encode_pairs(tokenizer, [pair], add_eos=add_eos, bos=bos, sep=sep, max_length=max_length,
+                        special_text=special_text)[0]
 
 
 @dataclass

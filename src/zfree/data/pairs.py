@@ -4,16 +4,82 @@
 e.g. ``{"n_sentences": "2", "first_slot": "name"}``); each key keeps one type across the file.
 ``x`` is given in every row or in none: a file without x is unconditional text (x read as ``""``,
 ``zfree.data.split.is_unconditional``), the setting of Bowman et al.'s sentence VAE and Optimus.
+
+A file is read line by line (never whole), and only a regular file of at most ``MAX_DATA_BYTES``
+bytes and ``MAX_DATA_ROWS`` rows is read: the rows, their tokens and the batches take far more
+memory than the file (issue 61 measured about 30x: a 325 MB file peaked at 10 GB), so a larger file is
+refused up front, in one line naming the file and the limit, instead of failing with a MemoryError
+minutes later; a device or pipe (``/dev/zero``, ``/dev/stdin``) is refused as not a regular file.
+The limits are overridden by the environment variables ``ZFREE_MAX_DATA_BYTES`` and
+``ZFREE_MAX_DATA_ROWS`` (positive integers) or by ``load_pairs``' arguments.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from zfree.core.errors import InputError
+from zfree.core.errors import ConfigError, InputError
+
+#: the largest data file read (bytes): ~4 GB of memory at issue 61's 30x; $ZFREE_MAX_DATA_BYTES overrides
+MAX_DATA_BYTES = 128 * 2**20
+#: the most rows read from one data file (E2E has 42k); $ZFREE_MAX_DATA_ROWS overrides
+MAX_DATA_ROWS = 500_000
+#: the environment variables that override ``MAX_DATA_BYTES`` and ``MAX_DATA_ROWS``
+LIMIT_ENV = {"bytes": "ZFREE_MAX_DATA_BYTES", "rows": "ZFREE_MAX_DATA_ROWS"}
+
+
+def data_limits(max_bytes: int | None = None, max_rows: int | None = None) -> tuple[int, int]:
+    """``(max_bytes, max_rows)``: the arguments when given, else ``$ZFREE_MAX_DATA_BYTES`` /
+    ``$ZFREE_MAX_DATA_ROWS`` when set, else ``MAX_DATA_BYTES`` / ``MAX_DATA_ROWS``. ConfigError naming
+    the variable for a value that is not a positive integer."""
+    out = []
+    for key, given, default in (("bytes", max_bytes, MAX_DATA_BYTES), ("rows", max_rows, MAX_DATA_ROWS)):
+        raw = os.environ.get(LIMIT_ENV[key], "").strip()
+        if given is None and raw:
+            try:
+                given = int(raw.replace("_", ""))
+            except ValueError:
+                given = 0
+            if given <= 0:
+                raise ConfigError(f"{LIMIT_ENV[key]}={raw!r}: give a positive integer (the most {key} of a data file read)")
+        out.append(default if given is None else given)
+    return out[0], out[1]
+
+
+def check_data_file(path: Path, max_bytes: int) -> None:
+    """FileNotFoundError for a missing ``path``; InputError naming it for a folder, a file that is
+    not a regular file (a device such as /dev/zero, a pipe, a socket: endless or unsized) or a file
+    over ``max_bytes`` bytes (``MAX_DATA_BYTES``), before a byte of it is read."""
+    if not path.exists():
+        raise FileNotFoundError(f"data file {path} does not exist")
+    if path.is_dir():
+        raise InputError(f"{path}: a folder, not a JSONL file of pairs")
+    if not path.is_file():
+        raise InputError(f"{path}: not a regular file (a device, pipe or socket); give a JSONL file of pairs")
+    size = path.stat().st_size
+    if size > max_bytes:
+        raise InputError(f"{path}: {size:,} bytes, over the data file limit of {max_bytes:,} bytes (about 30x the "
+                         f"file in memory once tokenized); take a sample of the rows, or raise the limit with "
+                         f"{LIMIT_ENV['bytes']}")
+
+
+def _lines(path: Path):
+    """``(line number, text)`` of each line of ``path``, read as bytes one line at a time and decoded
+    as UTF-8 (a leading byte-order mark dropped); InputError naming the byte offset of text that is
+    not UTF-8. Lines end at "\\n" only, as ``str.split("\\n")`` would cut them."""
+    offset = 0
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                text = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+            except UnicodeDecodeError as e:
+                raise InputError(f"{path}: not UTF-8 text at byte {offset + e.start}; the data file must be JSONL") from None
+            offset += len(raw)
+            yield lineno, text
 
 
 @dataclass(frozen=True)
@@ -101,37 +167,39 @@ def _check_texts(row: dict, where: str, x_first: tuple[bool, str]) -> None:
     _check_unicode(row, where)
 
 
-def load_pairs(path: Path | str, limit: int | None = None) -> list[Pair]:
-    """Read and validate a JSONL file of pairs.
+def load_pairs(path: Path | str, limit: int | None = None, *, max_bytes: int | None = None,
+               max_rows: int | None = None) -> list[Pair]:
+    """Read and validate a JSONL file of pairs, line by line.
 
     A leading UTF-8 byte-order mark is ignored. ``x`` absent from every row: each x is read as ``""``
     (unconditional text); absent from some rows only: an error (a misspelt field is not silently
-    unconditional).
+    unconditional). ``limit``: read only the first ``limit`` rows (the file size is then not checked:
+    no more is read). ``max_bytes`` / ``max_rows``: the file's limits (``data_limits``: default
+    ``MAX_DATA_BYTES`` / ``MAX_DATA_ROWS`` or their environment variables).
     Raises InputError (a ValueError) naming the file and line for: a line that is not JSON, a row that is not an
     object, a missing ``y``, an ``x`` missing here but given in an earlier row (or given here but missing
     in an earlier row; the message names that row too), a non-string x or y, an empty y, a lone
     surrogate (an unpaired ``\\ud800``-style escape) in any string field, or a duplicated id. Rows without
     ``id`` get ``"<file stem>-<line>"``; ``labels``, when present, must be a flat object of strings
     or integers with one type per key across the file (ValueError naming file, line and
-    ``labels.<key>`` otherwise) or a folder given as the file. FileNotFoundError if the file is missing.
+    ``labels.<key>`` otherwise). InputError naming the file and the limit, before reading, for a folder,
+    a file that is not a regular file (/dev/zero) or one over ``max_bytes``; naming the limit at the
+    first row over ``max_rows``. FileNotFoundError if the file is missing.
     """
     path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"data file {path} does not exist")
-    if path.is_dir():
-        raise InputError(f"{path}: a folder, not a JSONL file of pairs")
+    max_bytes, max_rows = data_limits(max_bytes, max_rows)
+    check_data_file(path, max_bytes if limit is None else float("inf"))
     pairs: list[Pair] = []
     seen: set[str] = set()
     label_types: dict[str, tuple[type, str]] = {}
     x_first: tuple[bool, str] | None = None  # (x given?, where) of the first row: every row agrees with it
-    try:
-        text = path.read_text(encoding="utf-8-sig")  # a leading byte-order mark is not part of the data
-    except UnicodeDecodeError as e:
-        raise InputError(f"{path}: not UTF-8 text at byte {e.start}; the data file must be JSONL") from None
-    for lineno, line in enumerate(text.split("\n"), 1):
+    for lineno, line in _lines(path):
         if not line.strip():
             continue
         where = f"{path}:{lineno}"
+        if len(pairs) >= max_rows:
+            raise InputError(f"{where}: more than {max_rows:,} rows, the data file limit; take a sample of the rows, "
+                             f"or raise the limit with {LIMIT_ENV['rows']}")
         row = _parse_line(line, where)
         x_first = x_first or ("x" in row, where)
         _check_texts(row, where, x_first)

@@ -2,8 +2,9 @@
 (``run_point``), on an executor (a local process pool, submitit, anything with ``submit`` and
 ``shutdown``), through one loop (``run_points``) that studies, sweeps and the launch panel share.
 
-Each point runs into its own folder named by its stable id. A folder with ``summary.json`` is
-finished and skipped (never submitted), so a killed sweep resumes; a point that fails leaves
+Each point runs into its own folder named by its stable id. A folder with ``summary.json`` and its
+whole executed notebook is finished and skipped (never submitted: ``is_finished``), so a killed sweep
+resumes; a point that fails leaves
 ``error.json`` and its executed notebook and does not stop the others. Local workers die with the process that started
 them (``die_with_parent``), and their notebook kernels with them; cluster jobs (submitit, SLURM:
 ``zfree.experiment.cluster``) are cancelled by the same stop (``stop_workers``).
@@ -35,16 +36,22 @@ from zfree.experiment.spec import Point
 
 #: the executed notebook a run folder holds (written whole or not at all: ``notebook_exec.execute``)
 RUN_NOTEBOOK = "train_cvae.ipynb"
+#: in a run folder while ``run_point`` executes its notebook (removed once the notebook is written): a
+#: process killed in between (``kill -9`` just after training wrote summary.json) leaves it, and the
+#: run is then not finished (``is_finished``): the next study executes its notebook again
+RUNNING_MARK = ".notebook-running"
 
 
 def is_finished(run_dir: Path) -> bool:
-    """A run is finished when its summary.json exists, no error.json says its notebook failed, and
-    its executed notebook, if any, reads back whole. A notebook torn by an earlier fault (e.g. a full
-    disk) or one that failed after training wrote summary.json (a figure cell) makes the run run
-    again: training then reuses the finished run folder and only the notebook is executed anew."""
+    """A run is finished when its summary.json exists, no error.json says its notebook failed, no
+    ``RUNNING_MARK`` says its notebook's execution never ended, and its executed notebook, if any,
+    reads back whole (a run folder trained outside papermill, ``zfree train``, has none). A notebook
+    torn by an earlier fault (e.g. a full disk), one that failed after training wrote summary.json (a
+    figure cell), or a process killed between summary.json and the notebook makes the run run again:
+    training then reuses the finished run folder and only the notebook is executed anew."""
     nb = run_dir / RUN_NOTEBOOK
     return ((run_dir / "summary.json").exists() and not (run_dir / "error.json").exists()
-            and (not nb.exists() or is_whole(nb)))
+            and not os.path.lexists(run_dir / RUNNING_MARK) and (not nb.exists() or is_whole(nb)))
 
 
 def _kernel_params(params: dict[str, Any], run_dir: Path) -> dict[str, Any]:
@@ -80,8 +87,10 @@ def run_point(point: Point, runs_dir: str, notebook: str) -> dict[str, Any]:
         params = _kernel_params(point.params, run_dir)
         if params.get("data_dir") and params.get("base_dir"):  # a missing folder fails now, not after a
             check_run_inputs(params["data_dir"], params["base_dir"])  # kernel's start (seconds): the same error
+        atomic_write_json(run_dir / RUNNING_MARK, {"pid": os.getpid()})  # until the notebook is written
         with watch:  # the kernel's peak RSS, for the reason of a kernel killed for memory
             execute(notebook, run_dir / RUN_NOTEBOOK, parameters=params)
+        (run_dir / RUNNING_MARK).unlink()
         return {"run_id": point.run_id, "status": "finished"}
     except Exception as e:  # noqa: BLE001 - a failed point is recorded, the sweep goes on
         died = died_message(e, watch.peak)

@@ -7,7 +7,10 @@ A run folder or study folder is the user's (or a colleague's, or a copied archiv
   ``ipykernel_launcher.py`` or ``pandas.py`` left there would run;
 - the executed notebook goes to a new file that only this call created (``mkstemp``: exclusive,
   never through a symlink), renamed over the destination when whole (a symlink there is replaced,
-  not written through; a reader never sees a torn notebook);
+  not written through; a reader never sees a torn notebook); an interrupted execution (Ctrl-C,
+  SIGTERM) never replaces the destination, nor, with ``keep_failed=False`` (the report), a failed
+  one: the last complete notebook stays; the partial file a killed process (``kill -9``) left
+  behind is removed by the next execution to the same destination (its caller owns the folder);
 - the kernel talks to zfree over IPC sockets (files in Jupyter's runtime folder, readable by this
   user only), not TCP on localhost: no port to race for between parallel kernels, nothing another
   local user could connect to, and no "Kernel is running over TCP without encryption" warning on
@@ -20,6 +23,7 @@ A run folder or study folder is the user's (or a colleague's, or a copied archiv
 from __future__ import annotations
 
 import functools
+import glob
 import os
 import shutil
 import tempfile
@@ -57,27 +61,43 @@ def _literal(path: Path | str) -> str:
     return str(path).replace("{", "{{").replace("}", "}}")
 
 
+#: the partial file of an execution to ``output``: ``.<output name>.<random>.partial.ipynb`` beside it
+PARTIAL_SUFFIX = ".partial.ipynb"
+
+
+def leftover_partials(output: Path | str) -> list[Path]:
+    """The partial files of earlier executions to ``output`` still beside it: a process killed
+    (``kill -9``, a dead machine) mid-execution leaves its ``.<name>.<random>.partial.ipynb``."""
+    output = Path(output)
+    return sorted(output.parent.glob(f".{glob.escape(output.name)}.*{PARTIAL_SUFFIX}"))
+
+
 def execute(notebook, output: Path | str, parameters: dict[str, Any] | None = None, *,
-            progress: bool = False) -> Path:
+            progress: bool = False, keep_failed: bool = True) -> Path:
     """Execute ``notebook`` (a path or an ``nbformat`` node) with papermill (kernel ``python3``) and
     write the executed notebook to ``output`` atomically. On a failure inside the notebook the executed
-    part (with the error) still replaces ``output`` when it is a whole notebook, and papermill's
-    exception propagates; a torn partial file (disk full) is removed, never left as ``output``.
-    Returns ``output``."""
+    part (with the error) replaces ``output`` when it is a whole notebook and ``keep_failed`` (a run's
+    notebook shows its error), and papermill's exception propagates; with ``keep_failed=False`` (the
+    report) and after an interrupt (KeyboardInterrupt: Ctrl-C, SIGTERM) ``output`` is left as it was:
+    the last complete notebook. A torn partial file (disk full) is removed, never left as ``output``,
+    and so are the partial files a killed earlier execution to ``output`` left (``leftover_partials``:
+    the caller owns ``output``'s folder, under its lock). Returns ``output``."""
     import nbformat  # lazy: as papermill
     import papermill as pm  # lazy: measured 2.8 s to import (nbclient, jupyter_client)
 
     output = Path(output)
     node = notebook if isinstance(notebook, nbformat.NotebookNode) else nbformat.read(str(notebook), as_version=4)
-    fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".partial.ipynb", dir=output.parent)
+    for old in leftover_partials(output):
+        old.unlink(missing_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=PARTIAL_SUFFIX, dir=output.parent)
     os.close(fd)
     workdir = tempfile.mkdtemp(prefix="zfree-kernel-")
     try:
         pm.execute_notebook(node, _literal(tmp), parameters=parameters, kernel_name="python3",
                             progress_bar=progress, log_output=False, cwd=workdir,
                             kernel_manager_class=_ipc_kernel_manager())
-    except BaseException:
-        if is_whole(tmp):
+    except Exception:  # an interrupt (a BaseException) is no result: output stays as it was
+        if keep_failed and is_whole(tmp):
             os.chmod(tmp, 0o644)
             os.replace(tmp, output)
         raise

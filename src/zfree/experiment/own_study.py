@@ -38,6 +38,7 @@ from zfree.config import TrainConfig
 from zfree.core.errors import ConfigError
 from zfree.core.io import read_yaml
 from zfree.core.locks import claim_folder
+from zfree.data.pairs import check_data_file, data_limits
 from zfree.experiment.catalog import preset_catalog
 from zfree.experiment.pipeline import run_experiment
 from zfree.experiment.sources import link_model, split_data, write_reference
@@ -95,6 +96,14 @@ def _as_list(p: Path, key: str, v: Any) -> list:
     return v
 
 
+def _check_data_files(*files: Path | str | None) -> None:
+    """``zfree.data.pairs.check_data_file`` of each file given (the data and the val file): a folder,
+    a device (/dev/zero), a file over the data limit, refused in one line before anything is written."""
+    for f in files:
+        if f is not None:
+            check_data_file(Path(f), data_limits()[0])
+
+
 def _own_spec(preset: str | ExperimentSpec, spec: Path | str | None) -> ExperimentSpec:
     if spec is not None:
         return load_own_spec(spec)
@@ -124,6 +133,7 @@ def run_own_study(model: str, data: Path | str, out_dir: Path | str, *, val: Pat
     p = dataclasses.replace(p, data=dataclasses.replace(p.data, kind="jsonl", path=Path(data),
                                                         val=None if val is None else Path(val)),
                             base=BaseSource("pretrained", path=str(model), finetune_steps=finetune_steps if finetune else 0))
+    _check_data_files(data, val)  # a device, or a file over the data limits: refused before the folder is made
     res = run_experiment(p, out_dir, workers=workers, progress=progress, render=render, estimate=estimate,
                          budget_s=budget_s)
     return res.html if render else res.out
@@ -134,6 +144,7 @@ def own_train_config(model: str, data: Path | str, out_dir: Path | str, *, val: 
     """``zfree train --model M --data F --out RUN``: steps 1-3 of the study into ``RUN/`` (split,
     base link, reference), then the ``TrainConfig`` of one CVAE there (``RUN`` is also the run folder);
     the split's notes (unconditional text, a split by row) are printed."""
+    _check_data_files(data, val)  # a device, or a file over the data limits: refused before the folder is made
     out = claim_folder(Path(out_dir).resolve())  # made zfree's own before the split is written into it
     for note in split_data(data, out, val=val).notes:
         print(f"note: {note}", flush=True)

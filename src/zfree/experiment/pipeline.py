@@ -18,7 +18,7 @@ from typing import Any
 from zfree.config import TrainConfig
 from zfree.core.errors import ConfigError
 from zfree.core.io import atomic_write_json, read_json, read_record
-from zfree.core.locks import run_folder_lock
+from zfree.core.locks import STUDY_MARKS, check_own_folder, run_folder_lock
 from zfree.core.paths import check_out_dir
 from zfree.experiment.controls import LINKS_FILE, oracle_labels, with_controls
 from zfree.experiment.estimate import plan
@@ -150,9 +150,12 @@ def run_experiment(spec: ExperimentSpec, out_dir: Path | str, *, retrain_base: b
     ``spec.workers``). ``estimate`` (and any ``budget_s``): first measure a probe, print the expected
     wall time and peak memory, fit workers / micro-batch to memory and an own-data grid to the
     budget (``zfree.experiment.estimate.plan``; ConfigError when it cannot fit). Raises
-    LockHeldError when another process prepares or runs the same folder."""
+    LockHeldError when another process prepares or runs the same folder; ConfigError, before anything
+    is written, for a non-empty ``out_dir`` that is not a zfree study or sweep folder, or one inside
+    the installed package (``zfree.core.locks.check_own_folder``)."""
     check_out_dir(out_dir)
     out = Path(out_dir).resolve()
+    check_own_folder(out, "sweep folder" if spec.data.kind == "fields" else "study folder", STUDY_MARKS)
     t0 = time.time()
     # (a YAML sweep, whose points name their own folders, resumes by run id: its grid may grow)
     planned = spec.data.kind != "fields"

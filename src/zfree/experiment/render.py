@@ -9,8 +9,9 @@ import json
 import os
 from pathlib import Path
 
-from zfree.core.errors import InputError
+from zfree.core.errors import FolderWriteError, InputError
 from zfree.core.io import atomic_write_text
+from zfree.core.locks import run_folder_lock
 from zfree.core.paths import NOTEBOOKS
 from zfree.evaluate.latent_meaning import MEANING_FILE
 from zfree.experiment.notebook_exec import execute
@@ -121,7 +122,11 @@ def render_report(study_dir: Path | str, notebook: Path | str | None = None, pro
     kernel (``REPORT_NOTEBOOKS``, or the one ``notebook``; their parameter ``sweep_dir`` set) and
     render ``report.html`` with nbconvert, code hidden, self-contained (``offline_exporter``).
     report.ipynb and report.html are written atomically (a symlink there is replaced, never written
-    through), the kernel started outside the folder (``zfree.experiment.notebook_exec``); papermill's
+    through) and only by a report executed to its end: an interrupted (SIGTERM, Ctrl-C) or failed one
+    leaves the last complete pair in place, and the partial file of a killed one (``kill -9``) is removed
+    by the next, under the study folder's lock (LockHeldError while another process holds it); a full
+    disk is one line naming the folder (``full_disk_error``: FolderWriteError); the
+    kernel is started outside the folder (``zfree.experiment.notebook_exec``); papermill's
     progress bar with ``progress``; ``aggregated``: the caller has just written the tables (a study,
     after its grid), so they are not written again."""
     import nbformat  # lazy: as in _combined_report
@@ -134,6 +139,8 @@ def render_report(study_dir: Path | str, notebook: Path | str | None = None, pro
         if not aggregated:
             aggregate(study_dir)
     except OSError as e:  # a read-only copy, a read-only mount, another owner's folder
+        if e.errno in FULL_DISK:
+            raise full_disk_error(e, study_dir) from None
         if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
             raise
         raise InputError(f"cannot write in {study_dir} ({e.strerror}: {e.filename}): `zfree report` writes its tables "
@@ -143,6 +150,28 @@ def render_report(study_dir: Path | str, notebook: Path | str | None = None, pro
         parts.append(NOTEBOOKS / "labels_and_samples.ipynb")  # (with what z learned, above the confusions)
     elif notebook is None and any((study_dir / "runs").glob(f"*/{MEANING_FILE}")):
         parts.append(NOTEBOOKS / "what_z_learned.ipynb")
-    out_nb = execute(_combined_report(study_dir, parts), study_dir / "report.ipynb", progress=progress)
-    atomic_write_text(study_dir / "report.html", html_of(nbformat.read(out_nb, as_version=4), study_dir))
+    with run_folder_lock(study_dir, "study folder"):  # one report at a time: its leftovers are its own to remove
+        try:  # replaced only when whole and executed to the end: an interrupted or failed report keeps the last one
+            out_nb = execute(_combined_report(study_dir, parts), study_dir / "report.ipynb", progress=progress,
+                             keep_failed=False)
+            atomic_write_text(study_dir / "report.html", html_of(nbformat.read(out_nb, as_version=4), study_dir))
+        except OSError as e:
+            if e.errno not in FULL_DISK:
+                raise
+            raise full_disk_error(e, study_dir) from None
     return study_dir / "report.html"
+
+
+#: the errnos of a disk that takes no more bytes: full, or over the user's quota
+FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
+
+
+def full_disk_error(e: OSError, study_dir: Path) -> FolderWriteError:
+    """The one line of a full disk (``FULL_DISK``) met while the report of ``study_dir`` is written: a
+    write() error names no file, so the study folder is named, with the file when the error has one,
+    what was kept, and how to go on."""
+    kept = ("the last complete report.html is kept" if (study_dir / "report.html").is_file()
+            else "no report.html was written")
+    return FolderWriteError(f"cannot write the report in {study_dir} ({e.strerror or e}"
+                            f"{f': {e.filename}' if e.filename else ''}); {kept}; free space and rerun "
+                            f"`zfree report {study_dir}`")

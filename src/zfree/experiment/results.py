@@ -12,13 +12,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from zfree.core.errors import InputError
 from zfree.core.io import atomic_write_text, read_json, read_jsonl, read_table
 from zfree.core.paths import PATH_FIELDS, ROOT, resolve_path
 from zfree.data.pairs import load_pairs
 from zfree.evaluate.latent_stats import label_warnings
 from zfree.experiment.controls import LINKS_FILE
 from zfree.experiment.gains import GAIN_COLUMNS, oracle_table, run_gains
+from zfree.experiment.run_summary import read_run_summary
 from zfree.experiment.study_folders import check_folder, given_kind
 from zfree.experiment.study_notes import study_notes
 from zfree.objective.theory import predict_curve
@@ -59,28 +59,6 @@ SUMMARY_COLUMNS = {  # summary.csv column -> key in a run's summary.json
 RUN_KINDS = ("cvae", "given", "all")
 
 
-#: keys of a run's summary.json with their JSON types (a hand-made or foreign file is named, not a traceback)
-_SUMMARY_TYPES = {"weighting": (str,), "beta": (int, float), "steps": (int,)}
-
-
-def _summary_of(path: Path) -> dict:
-    """A run's summary.json, checked to be a run summary: InputError in one line naming the file
-    and the key otherwise (a list or a wrong-typed key raised AttributeError/TypeError)."""
-    try:
-        d = read_json(path)
-    except ValueError as e:
-        raise InputError(f"{path}: not JSON ({e}); move the run folder away or rerun it") from None
-    if not isinstance(d, dict):
-        raise InputError(f"{path}: not a run summary (a JSON object expected, got a {type(d).__name__}); "
-                         "move the run folder away or rerun it")
-    for key, types in _SUMMARY_TYPES.items():  # (a key absent reads as NaN downstream)
-        v = d.get(key)
-        if key in d and (not isinstance(v, types) or isinstance(v, bool)):
-            raise InputError(f"{path}: not a run summary ({key!r} is {v!r}; expected a "
-                             f"{' or '.join(t.__name__ for t in types)}); move the run folder away or rerun it")
-    return d
-
-
 def collect_runs(runs_dir: Path | str, kind: str = "cvae") -> pd.DataFrame:
     """One row per finished run folder of ``kind`` (``RUN_KINDS``; its ``summary.json``,
     data_dir/base_dir resolved to absolute paths: ``zfree.core.paths.resolve_path``), plus
@@ -90,7 +68,7 @@ def collect_runs(runs_dir: Path | str, kind: str = "cvae") -> pd.DataFrame:
     check_folder(Path(runs_dir).parent)
     rows = []
     for s in sorted(Path(runs_dir).glob("*/summary.json")):
-        d = _summary_of(s)
+        d = read_run_summary(s)
         given = given_kind(d) is not None
         if (kind == "cvae" and given) or (kind == "given" and not given):
             continue

@@ -27,7 +27,7 @@ from huggingface_hub import snapshot_download
 
 from zfree.config import BaseTrainConfig
 from zfree.core.errors import InputError, ModelLoadError
-from zfree.core.io import atomic_write_json, read_json, sha256_file
+from zfree.core.io import atomic_write_json, read_json, sha256_file, sha256_state_dict
 from zfree.core.paths import SHIPPED_BASE, SHIPPED_DATA
 from zfree.data.pairs import Pair, load_pairs
 from zfree.data.split import (Split, is_unconditional, shared_x_count, split_pairs, spread_sample,
@@ -36,6 +36,7 @@ from zfree.data.synth import write_benchmark
 from zfree.experiment.spec import BaseSource, DataSource
 from zfree.models.loading import check_eos, load_causal_lm, resolve_source
 from zfree.reference.reference import Reference, build_reference, load_reference
+from zfree.reference.score_cache import tokenizer_sha256
 from zfree.train.base_training import train_base, train_text_base
 
 
@@ -208,10 +209,13 @@ def link_model(model: str, out: Path) -> Path:
 
 def write_reference(base: Path, data_dir: Path) -> Reference:
     """The pretrained-source reference on ``data_dir/val.jsonl`` in ``base/reference`` (rebuilt when
-    the val file changed); returns the ``zfree.reference.reference.Reference``."""
+    the val file changed); returns the ``zfree.reference.reference.Reference``. A stored reference is
+    reused only while the linked model is the one it scored (``check_same_model``)."""
     rj = base / "reference" / "reference.json"
     if rj.exists() and read_json(rj).get("data_sha256") == sha256_file(data_dir / "val.jsonl"):
-        return load_reference(base)
+        ref = load_reference(base)
+        check_same_model(base, ref.meta, rj)
+        return ref
     t0 = time.time()
     # cached as well: every run of the study scores these rows again in the pretrained-source setting
     # (a SmolLM2-135M probe spent 3.5 min re-scoring 502 rows the preparation had just scored)
@@ -222,6 +226,26 @@ def write_reference(base: Path, data_dir: Path) -> Reference:
     ref.meta = {**ref.meta, "estimator": "pretrained_source", "scoring_s": time.time() - t0}
     atomic_write_json(rj, ref.meta)
     return ref
+
+
+def check_same_model(base: Path, meta: dict, stored: Path) -> None:
+    """Refuse a study or run folder whose linked model (``base/model``) was replaced since its
+    reference scored it: a rerun would skip every finished run and report the old weights' c_base
+    (issue 61: the link matched by path only). The model is loaded as the reference loaded it (CPU,
+    float32) and its weights' and tokenizer's sha256 compared with ``model_sha256`` and
+    ``tokenizer_sha256`` in ``stored`` (reference.json). Refused rather than rerun: the finished
+    runs and their report are the record of the old model, and retraining would silently replace
+    them; a new ``--out`` studies the new one. InputError in one line naming the model folder and
+    both hashes."""
+    model, tok = load_causal_lm(base / "model", device="cpu", dtype="float32")
+    now = {"weights": ("model_sha256", sha256_state_dict(model.state_dict())),
+           "tokenizer": ("tokenizer_sha256", tokenizer_sha256(tok))}
+    del model
+    for what, (key, sha) in now.items():
+        if meta.get(key) and meta[key] != sha:
+            raise InputError(f"model {(base / 'model').resolve()} changed since this folder's reference scored it: "
+                             f"its {what} sha256 is {sha} now, {meta[key]} in {stored}; the finished runs here were "
+                             f"trained on the old one: use a new --out for this model (or put the old one back)")
 
 
 #: the fine-tuning of ``--finetune-base`` (``zfree.train.base_training.train_text_base`` with ``init_from``)

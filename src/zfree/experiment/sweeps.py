@@ -34,7 +34,7 @@ from pathlib import Path
 
 from zfree.core.errors import ConfigError
 from zfree.core.io import atomic_write_json
-from zfree.core.locks import run_folder_lock
+from zfree.core.locks import STUDY_MARKS, check_own_folder, run_folder_lock
 from zfree.core.paths import check_name_length
 from zfree.experiment.executor import Executor
 from zfree.experiment.pipeline import run_experiment
@@ -81,6 +81,7 @@ def run_sweep(spec: ExperimentSpec | Path | str, out_dir: Path | str, *, executo
     expanded spec. Raises ``LockHeldError`` when another process runs a sweep in ``out_dir``."""
     spec = spec if isinstance(spec, ExperimentSpec) else load_spec(spec)
     out = Path(out_dir).resolve()
+    check_own_folder(out, "sweep folder", STUDY_MARKS)  # before its lock marks it zfree's own
     with run_folder_lock(out, "sweep folder"):  # a second sweep on `out` is refused, naming this pid
         atomic_write_json(out / "spec.json", {"name": spec.name, "description": spec.description,
                                               "base": spec.train, "grid": spec.grid,

@@ -10,6 +10,7 @@ on a short probe row, or the load is refused (``verify_head``).
 from __future__ import annotations
 
 import os
+import pickle
 from pathlib import Path
 
 import torch
@@ -104,10 +105,32 @@ def _load_config(path: str, kind: str, name: str, kw: dict):
     return config
 
 
+#: the first bytes of a GGUF file (llama.cpp's format; its spec's magic number)
+GGUF_MAGIC = b"GGUF"
+#: the names transformers reads weights from in a folder (pytorch_model.bin, model.safetensors, their shards)
+WEIGHT_SUFFIXES = (".bin", ".safetensors", ".pt", ".pth")
+
+
+def check_not_gguf(folder: Path | str, name: str) -> None:
+    """ModelLoadError naming the file when a weights file of ``folder`` (``WEIGHT_SUFFIXES``) holds
+    GGUF bytes (``GGUF_MAGIC``): transformers would hand it to ``torch.load``, whose UnpicklingError
+    advises ``weights_only=False`` (running the file's code). A GGUF model is given as its .gguf file."""
+    for f in sorted(Path(folder).glob("*")):
+        if f.suffix in WEIGHT_SUFFIXES and f.is_file():
+            with open(f, "rb") as fh:
+                if fh.read(len(GGUF_MAGIC)) == GGUF_MAGIC:
+                    raise ModelLoadError(f"model {name}: {f} is a GGUF file, not a PyTorch checkpoint (it begins "
+                                         f"with the GGUF magic); name it {f.stem}.gguf and give that file, or "
+                                         f"its folder, as the model")
+
+
 def _load_weights(path: str, config, dtype: torch.dtype, name: str, kw: dict) -> torch.nn.Module:
     """The ``AutoModelForCausalLM`` at ``path`` with ``config``, its weights in ``dtype``.
     ModelLoadError for a config without a causal-LM head, weights that do not match the config or
-    cannot be read, and weights missing or newly initialized on load (naming them)."""
+    cannot be read (a GGUF file under a checkpoint's name, a pickle that is not plain tensors: never
+    unpickled unsafely), and weights missing or newly initialized on load (naming them)."""
+    if "gguf_file" not in kw and Path(path).is_dir():
+        check_not_gguf(path, name)
     try:
         model, info = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=dtype,
                                                            output_loading_info=True, **kw)
@@ -116,6 +139,9 @@ def _load_weights(path: str, config, dtype: torch.dtype, name: str, kw: dict) ->
             raise ModelLoadError(f"model {name}: {type(config).__name__} has no causal-LM head in transformers "
                                  f"(not an AutoModelForCausalLM)") from None
         raise
+    except pickle.UnpicklingError:  # torch.load's weights-only refusal: its advice (weights_only=False) runs code
+        raise ModelLoadError(f"model {name}: its weights file is not a PyTorch checkpoint of plain tensors (torch's "
+                             f"safe loader refused it); save the model with save_pretrained (safetensors)") from None
     except (SafetensorError, OSError, EOFError, RuntimeError) as e:  # a weights file cut short or foreign
         first = (str(e).strip().splitlines() or [""])[0][:200]
         if "mismatch" in str(e):  # config.json (e.g. vocab_size, hidden size) against the weights' shapes

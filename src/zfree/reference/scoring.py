@@ -35,7 +35,8 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from zfree.data.batching import BosPolicy, EncodedPair, SepPolicy, encode_pairs, pad_id_of, special_convention
+from zfree.data.batching import (SPECIAL_TEXT, BosPolicy, EncodedPair, SepPolicy, SpecialText, encode_pairs,
+                                 holds_special_text, pad_id_of, special_convention)
 from zfree.data.pairs import Pair, load_pairs
 from zfree.core.io import atomic_write_json, atomic_write_parquet, sha256_json, sha256_state_dict
 from zfree.models.base import context_length  # noqa: F401 - scoring's context length, re-exported
@@ -60,8 +61,13 @@ class ScoringPolicy:
     sep: SepPolicy = "auto"  # append the tokenizer's sep token after x when it has one
     add_eos: bool = True  # S includes the end token (the model must learn to stop)
     max_length: int | None = None  # None: the model's context length (config.max_position_embeddings)
+    # a special token's text inside x or y ("<|endoftext|>"): "text" encodes its characters, "tokens" the
+    # token (zfree.data.batching, issue 61); in the cache key only where some row holds such text
+    special_text: SpecialText = "text"
 
     def __post_init__(self):
+        if self.special_text not in SPECIAL_TEXT:
+            raise ValueError(f"ScoringPolicy.special_text={self.special_text!r}: expected one of {SPECIAL_TEXT}")
         if self.bos not in ("auto", "always", "never"):
             raise ValueError(f"ScoringPolicy.bos={self.bos!r}: expected 'auto', 'always' or 'never'")
         if self.sep not in ("auto", "never"):
@@ -270,7 +276,7 @@ def score_pairs(model, tokenizer, pairs: Sequence[Pair], *, policy: ScoringPolic
     policy = policy or ScoringPolicy()
     max_len = policy.max_length or context_length(model)
     encoded = encode_pairs(tokenizer, pairs, add_eos=policy.add_eos, bos=policy.bos, sep=policy.sep,
-                           max_length=max_len)
+                           max_length=max_len, special_text=policy.special_text)
     conv = special_convention(tokenizer, bos=policy.bos, sep=policy.sep, add_eos=policy.add_eos)
     param = next(model.parameters())
     settings = {"policy": asdict(policy), "max_length": max_len, "bos_id": conv.bos_id, "sep_id": conv.sep_id,
@@ -282,7 +288,7 @@ def score_pairs(model, tokenizer, pairs: Sequence[Pair], *, policy: ScoringPolic
     use_cache = cache if cache is not None else os.environ.get("ZFREE_NO_CACHE", "").lower() not in ("1", "true")
     key_dir = None
     if use_cache:
-        key = sha256_json({k: settings[k] for k in CACHE_KEY_FIELDS})
+        key = sha256_json({k: settings[k] for k in CACHE_KEY_FIELDS} | _key_policy(settings["policy"], tokenizer, pairs))
         key_dir = Path(cache_dir or default_cache_dir()) / key[:2] / key
         entry = load_entry(key_dir, [e.id for e in encoded], sum(len(e.target_ids) for e in encoded))
         if entry is not None:
@@ -297,6 +303,15 @@ def score_pairs(model, tokenizer, pairs: Sequence[Pair], *, policy: ScoringPolic
     if key_dir is not None:
         store_entry(key_dir, res.per_example, res.per_token, res.settings)
     return res
+
+
+def _key_policy(policy: dict, tokenizer, pairs) -> dict:
+    """The policy as the cache key holds it: ``special_text`` left out where no row holds a special
+    token's text (both choices then encode the same tokens, and entries stored before the choice
+    existed stay valid); kept where one does, so an entry of the other encoding is never read."""
+    if holds_special_text(tokenizer, pairs):
+        return {"policy": policy}
+    return {"policy": {k: v for k, v in policy.items() if k != "special_text"}}
 
 
 def score_file(model_dir: Path | str, data_file: Path | str, *, device: str = "auto", dtype: str = "auto",

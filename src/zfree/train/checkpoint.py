@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import re
 import warnings
 from pathlib import Path
 
@@ -21,8 +19,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from zfree.core.errors import CheckpointError, CheckpointWriteError
-from zfree.core.checkpoint_io import (load_checkpoint_dir, load_plain_state, safe_torch_load, save_plain_state,
-                                      write_checkpoint_dir)
+from zfree.core.checkpoint_io import (load_checkpoint_dir, load_plain_state, safe_torch_load,
+                                      save_plain_state, safetensors_os_error, write_checkpoint_dir)
 from zfree.core.io import atomic_write_json
 from zfree.train.checkpoint_parts import FINISHED_KEY, load_model_tensors, save_model_tensors
 
@@ -60,9 +58,9 @@ def save_checkpoint(out: Path, model: torch.nn.Module, opt: torch.optim.Optimize
 
 
 def _as_os_error(e: Exception, path: Path) -> Exception:
-    """safetensors' ``IoError(Os { code: 28, ... })`` as the OSError it was (ENOSPC ...); other errors as they are."""
-    m = re.search(r"IoError\(Os \{ code: (\d+)", str(e))
-    return OSError(int(m.group(1)), os.strerror(int(m.group(1))), str(path)) if m else e
+    """safetensors' I/O error (any version's wording) as the OSError it was (ENOSPC ...), naming
+    ``path``; other errors as they are (``zfree.core.checkpoint_io.safetensors_os_error``)."""
+    return safetensors_os_error(e, path)
 
 
 def disk_write_error(out: Path, step: int | None, what: str, e: OSError) -> CheckpointWriteError:
