@@ -157,8 +157,7 @@ def run_experiment(spec: ExperimentSpec, out_dir: Path | str, *, retrain_base: b
     out = Path(out_dir).resolve()
     check_own_folder(out, "sweep folder" if spec.data.kind == "fields" else "study folder", STUDY_MARKS)
     t0 = time.time()
-    # (a YAML sweep, whose points name their own folders, resumes by run id: its grid may grow)
-    planned = spec.data.kind != "fields"
+    planned = spec.data.kind != "fields"  # (a YAML sweep resumes by run id: its grid may grow)
     request, saved = request_of(spec, budget_s), load_plan(out) if planned else None
     if saved is not None:  # the same command again reuses the plan; another one is refused
         check_request(out, saved, request)
