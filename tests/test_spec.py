@@ -76,6 +76,8 @@ def test_study_own_study_and_sweep_all_run_through_the_one_pipeline(tmp_path, mo
         monkeypatch.setattr(f"{mod}.run_experiment", fake)
     assert pipeline.run_experiment is not fake  # the wrappers' own reference is what is replaced
     run_study("smoke", tmp_path / "a", progress=False)
+    for name in ("d.jsonl", "v.jsonl"):  # the data files are checked (regular, within the limits) up front
+        (tmp_path / name).write_text('{"x": "a", "y": "b"}\n')
     run_own_study("some/model", tmp_path / "d.jsonl", tmp_path / "b", val=tmp_path / "v.jsonl", preset="own_smoke",
                   finetune=True, finetune_steps=5)
     f = tmp_path / "s.yaml"
