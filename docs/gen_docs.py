@@ -4,11 +4,11 @@ mkdocs loads this file as a hook (``hooks:`` in mkdocs.yml). A page asks for a g
 with an HTML comment on a line of its own, e.g. ``<!-- gen:cli -->``; ``on_page_markdown``
 replaces it with markdown built here from the code and the shipped results:
 
-- ``gen:cli``: ``zfree --help`` and every subcommand's help, from ``zfree.cli.parser.build_parser``;
+- ``gen:cli``: ``zfree --help`` and every subcommand's help, from ``zfree_lab.cli.parser.build_parser``;
 - ``gen:config``: every ``TrainConfig`` field (type, default, meaning) from the dataclasses of
   ``zfree.config``, the meaning read from the comments at each field;
-- ``gen:presets``: ``zfree study``'s presets from their files (``zfree.experiment.catalog.preset_catalog``);
-- ``gen:budget``: ``--budget``'s cuts in order, from ``zfree.experiment.budget.CUTS``;
+- ``gen:presets``: ``zfree study``'s presets from their files (``zfree_lab.experiment.catalog.preset_catalog``);
+- ``gen:budget``: ``--budget``'s cuts in order, from ``zfree_lab.experiment.budget.CUTS``;
 - ``gen:layout``: every module of ``src/zfree`` by layer, with the first sentence of its docstring;
 - ``gen:table NAME``: a table of ``analysis/results/`` (``TABLES``), with the command that
   reproduces it;
@@ -76,7 +76,7 @@ def md_table(header: list[str], rows: list[list[str]], align: list[str] | None =
     return "\n".join(lines)
 
 
-# --- the CLI reference (zfree.cli.parser.build_parser) ------------------------------------------
+# --- the CLI reference (zfree_lab.cli.parser.build_parser) ------------------------------------------
 
 HELP_COLUMNS = 100  # argparse wraps help to the terminal: fixed here, so the page is the same everywhere
 
@@ -101,7 +101,7 @@ def cli_commands(parser: argparse.ArgumentParser | None = None, prefix: str = "z
     parser's own order (``zfree data synth`` after ``zfree data``)."""
     if parser is None:
         use_this_checkout()
-        from zfree.cli.parser import build_parser  # light: no torch (the commands import it lazily)
+        from zfree_lab.cli.parser import build_parser  # light: no torch (the commands import it lazily)
 
         with _columns():
             parser = build_parser()
@@ -240,11 +240,11 @@ def config_markdown() -> str:
     return "\n\n".join(parts)
 
 
-# --- zfree study's presets (analysis/studies/presets/*.yaml, zfree.experiment.catalog) ----------------
+# --- zfree study's presets (analysis/studies/presets/*.yaml, zfree_lab.experiment.catalog) ----------------
 
 def presets_markdown() -> str:
     use_this_checkout()
-    from zfree.experiment.catalog import preset_catalog  # plain YAML, no torch
+    from zfree_lab.experiment.catalog import preset_catalog  # plain YAML, no torch
 
     rows = [[f"`{name}`", str(e.runs), md_escape(e.cost), md_escape(e.what)] for name, e in preset_catalog().items()]
     return md_table(["preset", "runs", "cost on 2 CPU cores", "what"], rows, ["l", "r", "l", "l"])
@@ -492,9 +492,9 @@ def include_markdown(arg: str) -> str:
 
 
 def budget_markdown() -> str:
-    """``--budget``'s cuts, in order, from ``zfree.experiment.budget.CUTS`` (a steps fit repeated at the
+    """``--budget``'s cuts, in order, from ``zfree_lab.experiment.budget.CUTS`` (a steps fit repeated at the
     same floor after a cut is a retry and is listed with it)."""
-    from zfree.experiment.budget import CUTS
+    from zfree_lab.experiment.budget import CUTS
 
     lines, n, floor = [], 0, None
     for c in CUTS:

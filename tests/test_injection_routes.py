@@ -23,13 +23,13 @@ from zfree.config import LATER_FIELD_DEFAULTS, TrainConfig, without_log_only
 from zfree.core.errors import ConfigError
 from zfree.data.batching import EncodedPair, collate, encode_pairs
 from zfree.data.tokenizer import build_digit_tokenizer
-from zfree.experiment.controls import control_params
 from zfree.models.base import decode_with_latents
 from zfree.models.continuous import ContinuousCVAE
 from zfree.models.discrete import DiscreteCVAE
 from zfree.models.injection import full_target_logprobs
 from zfree.models.routes import (INJECTIONS, ROUTES, InjectionRoute, MemoryRoute, MidRoute, bind_route,
                                  decoder_layers, route_of)
+from zfree_lab.experiment.controls import control_params
 
 ARCHS = ["gpt2", "llama", "gemma3-softcap-sliding"]  # the last: sliding windows and final-logit soft-capping
 SLIDING = {"gemma3-softcap-sliding"}

@@ -1,5 +1,5 @@
-"""The ``zfree`` command: ``main`` parses the arguments (``zfree.cli.parser``), runs the command
-(``zfree.cli.commands``) and turns an expected error or an interrupt into one line and an exit status.
+"""The ``zfree`` command: ``main`` parses the arguments (``zfree_lab.cli.parser``), runs the command
+(``zfree_lab.cli.commands``) and turns an expected error or an interrupt into one line and an exit status.
 """
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import errno
 import signal
 import sys
 
-from zfree.cli.parser import build_parser
 from zfree.core.errors import ZfreeError, one_line
-from zfree.core.interrupts import interruptible
-from zfree.core.paths import check_path_args
+from zfree_lab.cli.interrupts import interruptible
+from zfree_lab.cli.parser import build_parser
+from zfree_lab.cli.path_args import check_path_args
 
 
 EXPECTED = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, KeyError)
@@ -41,7 +41,7 @@ INTERRUPT_HINTS = {"study": _RERUN, "sweep": _RERUN,
 
 def _interrupt_line(e: KeyboardInterrupt, cmd: str) -> tuple[str, int]:
     """The one line and the exit status (128 + signal: 130 SIGINT, 143 SIGTERM) of an interrupt;
-    what the stop cancelled (``e.stopped``, e.g. SLURM jobs: ``zfree.experiment.executor.run_points``)
+    what the stop cancelled (``e.stopped``, e.g. SLURM jobs: ``zfree_lab.experiment.executor.run_points``)
     follows "interrupted"."""
     signum = getattr(e, "signum", signal.SIGINT)
     name = signal.Signals(signum).name

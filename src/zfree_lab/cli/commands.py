@@ -1,5 +1,5 @@
-"""The commands of ``zfree``, one function each (``cmd_<command>_<sub>``), called by ``zfree.cli.main``
-with the parsed arguments (``zfree.cli.parser``). Each imports its heavy modules (torch,
+"""The commands of ``zfree``, one function each (``cmd_<command>_<sub>``), called by ``zfree_lab.cli.main``
+with the parsed arguments (``zfree_lab.cli.parser``). Each imports its heavy modules (torch,
 transformers, pandas, the trainers) when it runs, so ``zfree --help`` stays fast; a command returns
 its exit status (None: 0).
 """
@@ -20,7 +20,7 @@ from zfree.data.synth import DataConfig, write_benchmark
 
 
 def _config_from_args(cls, a):
-    """The config dataclass ``cls`` from the options ``zfree.cli.parser`` added for its fields."""
+    """The config dataclass ``cls`` from the options ``zfree_lab.cli.parser`` added for its fields."""
     return cls(**{f.name: getattr(a, f.name) for f in fields(cls)})
 
 
@@ -144,7 +144,7 @@ def cmd_train_own(a):
                                "c_base_source": "pretrained_source", **overrides})
     except ValueError as e:
         raise ConfigError(f"--set {' '.join(a.set or [])}: {e}") from None
-    from zfree.experiment.own_study import own_train_config  # lazy: torch, transformers (zfree --help stays fast)
+    from zfree_lab.experiment.own_study import own_train_config  # lazy: torch, transformers (zfree --help stays fast)
     from zfree.train.training import train_cvae  # lazy: as above
 
     cfg = own_train_config(a.model, a.data, a.out, val=a.val, overrides=overrides)
@@ -178,10 +178,10 @@ def cmd_study(a):
 
     overrides = with_default_epsilon(_set_overrides(a.set))  # an unknown field is refused before the imports below
     # lazy: the experiment layer imports torch, transformers and the training stack (seconds); `zfree --help` need not
-    from zfree.experiment.catalog import DEFAULT_OWN_BUDGET
-    from zfree.experiment.estimate import parse_budget
-    from zfree.experiment.own_study import BOUND_PRESETS, OWN_PRESETS, run_own_study
-    from zfree.experiment.study import PRESETS, run_study
+    from zfree_lab.experiment.catalog import DEFAULT_OWN_BUDGET
+    from zfree_lab.experiment.estimate import parse_budget
+    from zfree_lab.experiment.own_study import BOUND_PRESETS, OWN_PRESETS, run_own_study
+    from zfree_lab.experiment.study import PRESETS, run_study
 
     t0 = time.time() - 1.0
     if a.preset is not None and a.spec is not None:
@@ -232,7 +232,7 @@ def cmd_model_fetch(a):
 
 def cmd_report(a):
     """``zfree report``: aggregate a study or sweep folder and render its report.html; prints its path."""
-    from zfree.experiment.render import render_report  # lazy: pandas, matplotlib, papermill (zfree --help stays fast)
+    from zfree_lab.experiment.render import render_report  # lazy: pandas, matplotlib, papermill (zfree --help stays fast)
 
     print(render_report(a.study_dir, progress=True))
 
@@ -243,9 +243,9 @@ def cmd_sweep(a):
     unless ``--no-report``. Returns 1 if a point failed (each printed to stderr), else 0. Raises
     ConfigError for a device of a local point that this machine does not have."""
     # lazy: as in cmd_study
-    from zfree.experiment.executor import make_executor
-    from zfree.experiment.render import render_report
-    from zfree.experiment.sweeps import load_spec, run_sweep
+    from zfree_lab.experiment.executor import make_executor
+    from zfree_lab.experiment.render import render_report
+    from zfree_lab.experiment.sweeps import load_spec, run_sweep
 
     spec = load_spec(a.spec)
     out = Path(a.out or Path("runs") / f"sweep-{spec.name}")
@@ -272,9 +272,9 @@ def cmd_sweep(a):
 
 def _sbatch_check(options: dict, folder: Path) -> int:
     """``zfree sweep --sbatch-test-only``: the sbatch script of one job of the spec, checked by the
-    scheduler (``zfree.experiment.cluster.sbatch_test_only``); prints its answer, 0 when accepted,
+    scheduler (``zfree_lab.experiment.cluster.sbatch_test_only``); prints its answer, 0 when accepted,
     ConfigError (exit 2) naming the script and the scheduler's refusal."""
-    from zfree.experiment.cluster import sbatch_script, sbatch_test_only
+    from zfree_lab.experiment.cluster import sbatch_script, sbatch_test_only
 
     script = sbatch_script(folder, options)
     r = sbatch_test_only(script, folder)
@@ -285,13 +285,13 @@ def _sbatch_check(options: dict, folder: Path) -> int:
 
 
 def cmd_lab(a):
-    """``zfree lab [STUDY]``: the shipped notebooks copied to ``--dir`` (``zfree.report.lab_launch``),
+    """``zfree lab [STUDY]``: the shipped notebooks copied to ``--dir`` (``zfree_lab.report.lab_launch``),
     then JupyterLab started there in place of this process, the explorer on STUDY; with
     ``--print-only`` the command is printed instead. InputError naming the ``lab`` extra when
     JupyterLab is not installed (checked first, before anything is copied)."""
     import os
 
-    from zfree.report.lab_launch import check_jupyterlab, lab_plan
+    from zfree_lab.report.lab_launch import check_jupyterlab, lab_plan
 
     if not a.print_only:
         check_jupyterlab()

@@ -1,6 +1,6 @@
 """Signals as exceptions: for the length of a ``with interruptible():`` block, SIGINT (Ctrl-C) and
 SIGTERM raise ``zfree.core.errors.Interrupted`` in the main thread, so ``finally`` blocks release
-the locks, stop the workers and keep the last checkpoint; ``zfree.cli.main`` turns it into one line
+the locks, stop the workers and keep the last checkpoint; ``zfree_lab.cli.main`` turns it into one line
 and exit 128 + signal (130 / 143)."""
 
 from __future__ import annotations

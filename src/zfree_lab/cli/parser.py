@@ -1,5 +1,5 @@
 """The argument parser of ``zfree`` (``build_parser``): one sub-command per ``_add_*`` builder, each
-setting ``func`` to its command in ``zfree.cli.commands``. A config's options come from its
+setting ``func`` to its command in ``zfree_lab.cli.commands``. A config's options come from its
 dataclass declaration (``_add_config_fields``), so each default is stated once. Light: no torch.
 """
 
@@ -11,11 +11,11 @@ from typing import Literal, get_args, get_origin
 
 from zfree import __version__
 # light modules only (config and the benchmark's DataConfig import no torch), so `zfree --help` stays fast
-from zfree.cli.commands import (cmd_base_reference, cmd_base_train, cmd_data_e2e, cmd_data_synth, cmd_lab,
-                                cmd_model_fetch, cmd_report, cmd_score, cmd_study, cmd_sweep, cmd_train)
 from zfree.config import BaseTrainConfig
 from zfree.core.values import field_types
 from zfree.data.synth import DataConfig
+from zfree_lab.cli.commands import (cmd_base_reference, cmd_base_train, cmd_data_e2e, cmd_data_synth, cmd_lab,
+                                cmd_model_fetch, cmd_report, cmd_score, cmd_study, cmd_sweep, cmd_train)
 
 
 def parse_seeds(text: str) -> tuple[int, ...]:
@@ -132,8 +132,8 @@ def _add_train(sub) -> None:
 
 
 def _add_study(sub) -> None:
-    from zfree.experiment.budget import budget_help  # no torch: the help stays fast
-    from zfree.experiment.catalog import preset_help, preset_option_help  # plain YAML: the help stays fast
+    from zfree_lab.experiment.budget import budget_help  # no torch: the help stays fast
+    from zfree_lab.experiment.catalog import preset_help, preset_option_help  # plain YAML: the help stays fast
 
     st = sub.add_parser("study", help="the main job: base run, CVAE grid, report", epilog=preset_help(),
                         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -149,7 +149,7 @@ def _add_study(sub) -> None:
                     help="fine-tune MODEL on the train pairs first (entangled-run setting; a transformers folder)")
     st.add_argument("--finetune-steps", type=int, default=300, help="steps of --finetune-base (default: 300)")
     st.add_argument("--spec",
-                    help="own-model grid YAML (keys of zfree.experiment.own_study.OWN_SPEC_KEYS) instead of a preset")
+                    help="own-model grid YAML (keys of zfree_lab.experiment.own_study.OWN_SPEC_KEYS) instead of a preset")
     st.add_argument("--out", required=True, help="the study folder (base/, runs/, summary.csv, report.html)")
     st.add_argument("--retrain-base", action="store_true", help="train a new base model instead of the shipped one")
     st.add_argument("--seeds", type=parse_seeds, default=None, metavar="0-2",
@@ -213,7 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
     their heavy modules when they run), so ``zfree --help`` and the docs' CLI reference are fast."""
     p = argparse.ArgumentParser(prog="zfree", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"zfree {__version__}")
-    sub = p.add_subparsers(dest="cmd")  # none given: zfree.cli.main prints this help (exit 0)
+    sub = p.add_subparsers(dest="cmd")  # none given: zfree_lab.cli.main prints this help (exit 0)
     for add in (_add_data, _add_base, _add_score, _add_train, _add_study, _add_model, _add_report_and_sweep, _add_lab):
         add(sub)
     return p

@@ -19,7 +19,7 @@ from zfree.core.errors import ConfigError
 from zfree.core.weightings import WEIGHTINGS
 
 if TYPE_CHECKING:
-    from zfree.experiment.spec import ExperimentSpec
+    from zfree_lab.experiment.spec import ExperimentSpec
 
 #: seconds a budget keeps for the report after the runs (an own study of 11 runs on E2E rows with a
 #: 49k-vocabulary model)
@@ -38,7 +38,7 @@ MIN_STEPS = 10
 #: steps fit fills it (to the rounding of the steps); a grid that a cut left under it at its asked
 #: steps (one beta point of two halves a grid) gets evaluated rows back
 FILL = 0.85
-#: the share of a budget the probes may take (``zfree.experiment.estimate.plan``): a probe still
+#: the share of a budget the probes may take (``zfree_lab.experiment.estimate.plan``): a probe still
 #: running past it is stopped, and a probe that is not needed (a z-free control's, counted at the
 #: K-way probe's times instead) is not started where it would pass it (SmolLM2-135M: one probe took
 #: 14.4 min of a 30 min budget, then the study was refused with nothing trained)

@@ -1,6 +1,6 @@
 """Every preset of ``zfree study``: one YAML spec file each in ``analysis/studies/presets/``
-(``zfree.core.paths.PRESET_SPECS``; a new preset is one file there). ``zfree.experiment.spec_file``
-loads their specs (``zfree.experiment.study.PRESETS``, ``zfree.experiment.own_study.OWN_PRESETS``);
+(``zfree.core.paths.PRESET_SPECS``; a new preset is one file there). ``zfree_lab.experiment.spec_file``
+loads their specs (``zfree_lab.experiment.study.PRESETS``, ``zfree_lab.experiment.own_study.OWN_PRESETS``);
 this module reads only their plain YAML, so ``zfree study --help`` stays fast (no torch): each file's
 ``catalog`` (runs, what, cost), whether it needs your model (``base: {kind: pretrained}``) and the
 model and data files of a preset ``bound`` to a model zfree fetches. ``tests/test_presets.py`` checks

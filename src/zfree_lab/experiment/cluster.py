@@ -1,5 +1,5 @@
 """submitit (SLURM, or its local/debug executors for tests) behind the Executor protocol of
-``zfree.experiment.executor``: one Future per job, completed by one poller thread; ``stop`` cancels
+``zfree_lab.experiment.executor``: one Future per job, completed by one poller thread; ``stop`` cancels
 every job not yet finished (one ``scancel`` on SLURM) and settles its Future at once, so an
 interrupted sweep neither waits for its jobs nor leaves them running.
 

@@ -24,7 +24,7 @@ from typing import Any, Sequence
 from zfree.config import AidConfig, LatentSource, TrainConfig
 from zfree.data.labels import capped_values, label_keys_of
 from zfree.data.pairs import load_pairs
-from zfree.experiment.spec import Point, run_id
+from zfree_lab.experiment.spec import Point, run_id
 
 #: the fields of a run that a given-z decoder does not see: reset to their defaults in its control (every
 #: aid field but word dropout, which weakens the decoder itself: its control is trained with it too)
@@ -76,7 +76,7 @@ def null_params(flat: dict[str, Any], key: str, n_values: int) -> dict[str, Any]
     return TrainConfig.from_flat(out).to_flat()
 
 
-given_run_id = run_id  # names a control or an oracle by its source (``zfree.experiment.spec.run_id``)
+given_run_id = run_id  # names a control or an oracle by its source (``zfree_lab.experiment.spec.run_id``)
 
 
 def oracle_labels(data_dir: Path | str, wanted: Sequence[str] | None = None) -> dict[str, int]:
@@ -107,7 +107,7 @@ def with_controls(points: list[Point], labels: dict[str, int] | None, null: bool
     each its null oracle (``null_params``: the label permuted over the rows); and the links
     ``{"controls": {run_id: control_id}, "oracles": {oracle_id: {"label", "n_values", "control"}},
     "nulls": {oracle_id: null_oracle_id}}``
-    (written to ``LINKS_FILE`` by the pipeline; ``zfree.experiment.gains`` reads them). Given-z points
+    (written to ``LINKS_FILE`` by the pipeline; ``zfree_lab.experiment.gains`` reads them). Given-z points
     already in ``points`` are kept as they are. Order: seed by seed (a study stopped part-way holds whole
     seeds), and within a seed the CVAE runs first (the longest), then controls, then oracles."""
     cvae = [p for p in points if p.params.get("latent_source", "posterior") == "posterior"]

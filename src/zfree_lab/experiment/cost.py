@@ -1,7 +1,7 @@
 """The cost model of an estimate: a run's and a grid's wall seconds from what a probe measured
-(``zfree.experiment.probe.Probe``; the model is described in ``zfree.experiment.estimate``).
+(``zfree_lab.experiment.probe.Probe``; the model is described in ``zfree_lab.experiment.estimate``).
 Pure arithmetic on the configs, except ``train_scoring_seconds`` (reads the reference's record). The
-memory a model's size alone rules out is ``zfree.experiment.memory_floor``."""
+memory a model's size alone rules out is ``zfree_lab.experiment.memory_floor``."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import math
 from pathlib import Path
 
 from zfree.config import TrainConfig
-from zfree.experiment.probe import Probe
-from zfree.experiment.spec import Point
+from zfree_lab.experiment.probe import Probe
+from zfree_lab.experiment.spec import Point
 
 #: seconds a study's run spends starting its papermill kernel and notebook beyond what a probe's
 #: ``zfree train`` child measures (leaderboard study: notebook written 4-6 s after the run's own wall_s)
@@ -74,7 +74,7 @@ def grid_seconds(points: list[Point], pr: Probe, n_val: int, workers: int) -> fl
 def train_scoring_seconds(points: list[Point]) -> float:
     """``Probe.train_scoring_s`` for ``points``: the training rows x the seconds a row the
     preparation's validation scoring took (``base_dir/reference/reference.json``: ``scoring_s``
-    over its rows, written by ``zfree.experiment.sources.write_reference``); 0 when no point needs
+    over its rows, written by ``zfree_lab.experiment.sources.write_reference``); 0 when no point needs
     b on training rows or the rate is not recorded."""
     if not any(TrainConfig.from_flat(p.params).objective.needs_example_b for p in points):
         return 0.0

@@ -4,10 +4,10 @@ whole grid's wall time and peak memory on this machine follow from them (``estim
 the grid does not fit in memory, ``fit_memory`` picks fewer workers, else a smaller micro-batch with
 gradient accumulation (``micro_batch``, the same objective: ``zfree.train.accumulate``), else refuses
 in one line naming the memory it needs; under a budget, ``fit_budget`` cuts an own-data grid
-(``zfree.experiment.budget.CUTS``, one ordered table) until it fits and says what it cut. ``plan``
+(``zfree_lab.experiment.budget.CUTS``, one ordered table) until it fits and says what it cut. ``plan``
 does all of it and writes ``estimate.json``. The parts live in their own modules: the probe
-(``zfree.experiment.probe``), the cost model (``zfree.experiment.cost``) and the budget
-(``zfree.experiment.budget``); their names are re-exported here.
+(``zfree_lab.experiment.probe``), the cost model (``zfree_lab.experiment.cost``) and the budget
+(``zfree_lab.experiment.budget``); their names are re-exported here.
 
 The model of a run's wall time: setup (process start, imports, model load, reference, plus
 ``KERNEL_START_S`` for the papermill kernel a study's run gets) + steps x the measured step time
@@ -36,16 +36,16 @@ from typing import Callable
 from zfree.config import LatentSource, TrainConfig
 from zfree.core.errors import ConfigError
 from zfree.core.io import atomic_write_json
-from zfree.experiment.budget import (CUTS, FILL, KEEP_WEIGHTINGS, MIN_STEPS, PLAN_S, PROBE_SHARE, REPORT_S,  # noqa: F401
+from zfree.train.accumulate import accumulation_problem
+from zfree_lab.experiment.budget import (CUTS, FILL, KEEP_WEIGHTINGS, MIN_STEPS, PLAN_S, PROBE_SHARE, REPORT_S,  # noqa: F401
                                      SMALL_BATCH, STEP_FLOOR, _fit_steps, _scaled, _with, budget_help, fit_budget,
                                      parse_budget)
-from zfree.experiment.cost import (AGGRESSIVE_STEP_FACTOR, KERNEL_START_S, _n_evals, grid_seconds,  # noqa: F401
+from zfree_lab.experiment.cost import (AGGRESSIVE_STEP_FACTOR, KERNEL_START_S, _n_evals, grid_seconds,  # noqa: F401
                                    run_seconds, train_scoring_seconds)
-from zfree.experiment.probe import (GB, MEMORY_SHARE, PROBE_ROWS, PROBE_STEPS, Probe, _kill_tree,  # noqa: F401
+from zfree_lab.experiment.probe import (GB, MEMORY_SHARE, PROBE_ROWS, PROBE_STEPS, Probe, _kill_tree,  # noqa: F401
                                     _poll_peak, kept_probe, memory_limit, probe, probe_params, probe_side_by_side,
                                     probed_step_seconds, usable_cores)
-from zfree.experiment.spec import ExperimentSpec, Point
-from zfree.train.accumulate import accumulation_problem
+from zfree_lab.experiment.spec import ExperimentSpec, Point
 
 
 @dataclass

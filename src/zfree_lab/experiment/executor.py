@@ -7,7 +7,7 @@ whole executed notebook is finished and skipped (never submitted: ``is_finished`
 resumes; a point that fails leaves
 ``error.json`` and its executed notebook and does not stop the others. Local workers die with the process that started
 them (``die_with_parent``), and their notebook kernels with them; cluster jobs (submitit, SLURM:
-``zfree.experiment.cluster``) are cancelled by the same stop (``stop_workers``).
+``zfree_lab.experiment.cluster``) are cancelled by the same stop (``stop_workers``).
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from zfree.config import check_run_inputs
 from zfree.core.io import atomic_write_json
 from zfree.core.locks import claim_folder, run_folder_lock
 from zfree.core.paths import NOTEBOOKS, PATH_FIELDS, resolve_path
-from zfree.experiment.memory_watch import KernelWatch, died_message
-from zfree.experiment.notebook_exec import execute, is_whole
-from zfree.experiment.spec import Point
+from zfree_lab.experiment.memory_watch import KernelWatch, died_message
+from zfree_lab.experiment.notebook_exec import execute, is_whole
+from zfree_lab.experiment.spec import Point
 
 
 #: the executed notebook a run folder holds (written whole or not at all: ``notebook_exec.execute``)
@@ -68,7 +68,7 @@ def _kernel_params(params: dict[str, Any], run_dir: Path) -> dict[str, Any]:
 
 def run_point(point: Point, runs_dir: str, notebook: str) -> dict[str, Any]:
     """Execute one point through papermill (kernel ``python3``, started outside the run folder, the
-    executed notebook written whole: ``zfree.experiment.notebook_exec.execute``); never raises.
+    executed notebook written whole: ``zfree_lab.experiment.notebook_exec.execute``); never raises.
 
     Returns ``{"run_id", "status": finished|skipped|failed, "error"?}``.
     """
@@ -81,7 +81,7 @@ def run_point(point: Point, runs_dir: str, notebook: str) -> dict[str, Any]:
     try:
         claim_folder(run_dir)  # zfree's own before the notebook is written there (train_cvae checks the folder)
         if os.environ.get("SUBMITIT_EXECUTOR"):  # a cluster job: its id and log in the run folder (job.json)
-            from zfree.experiment.cluster import record_job
+            from zfree_lab.experiment.cluster import record_job
 
             record_job(run_dir)
         params = _kernel_params(point.params, run_dir)
@@ -153,7 +153,7 @@ EXECUTORS = {"local": "a process pool on this machine", "submitit": "submitit (S
 
 
 def make_executor(kind: str = "local", workers: int = 2, folder: Path | str | None = None, **options) -> Executor:
-    """``local``: ``local_executor(workers)``; ``submitit``: ``zfree.experiment.cluster.SubmititExecutor(folder,
+    """``local``: ``local_executor(workers)``; ``submitit``: ``zfree_lab.experiment.cluster.SubmititExecutor(folder,
     **options)``.
     Raises ValueError for an unknown kind (listing the valid ones) or submitit without a folder."""
     if kind not in EXECUTORS:
@@ -162,7 +162,7 @@ def make_executor(kind: str = "local", workers: int = 2, folder: Path | str | No
         return local_executor(workers)
     if folder is None:
         raise ValueError("executor 'submitit' needs a folder for its job logs")
-    from zfree.experiment.cluster import SubmititExecutor  # lazy: submitit
+    from zfree_lab.experiment.cluster import SubmititExecutor  # lazy: submitit
 
     return SubmititExecutor(folder, **options)
 
@@ -173,7 +173,7 @@ def run_points(points: list[Point], runs_dir: Path | str, *, workers: int = 2, e
                on_submit: Callable[[list[Future]], None] | None = None,
                stopping: threading.Event | None = None) -> list[dict]:
     """Run every point (finished ones are skipped) and return their statuses in input order: the
-    one executor loop of studies, sweeps and the launch panel (``zfree.report.widgets``).
+    one executor loop of studies, sweeps and the launch panel (``zfree_lab.report.widgets``).
 
     ``executor``: where to run (default: ``local_executor(workers)``, shut down at the end; a given
     one is left open). ``run_fn(point, runs_dir, notebook)``: what runs a point (``run_point``).
@@ -199,7 +199,7 @@ def run_points(points: list[Point], runs_dir: Path | str, *, workers: int = 2, e
             statuses = _collect(futs, todo, progress=progress, on_done=on_done, stopping=stopping,
                                 skipped=len(points) - len(todo))
         except KeyboardInterrupt as e:  # Ctrl-C, SIGINT, SIGTERM: end the running points now, keep the finished ones
-            e.stopped = stop_workers(ex, futs)  # zfree.cli's interrupt line says it
+            e.stopped = stop_workers(ex, futs)  # zfree_lab.cli's interrupt line says it
             raise
         finally:
             if executor is None:
@@ -251,7 +251,7 @@ def stop_workers(ex: Executor, futures: list[Future] = ()) -> str | None:
     and the launch panel. A local process pool's workers and their notebook kernels are terminated
     (each run folder keeps its last checkpoint, and the kernel's lock on it is released with the
     process); the pool is shut down without waiting. An executor with a ``stop()`` of its own
-    (``zfree.experiment.cluster.SubmititExecutor``: ``scancel`` of its queued and running jobs) is
+    (``zfree_lab.experiment.cluster.SubmititExecutor``: ``scancel`` of its queued and running jobs) is
     stopped by it. Returns one line saying what was cancelled, or None."""
     if callable(getattr(ex, "stop", None)):
         note = ex.stop()
@@ -303,7 +303,7 @@ def _collect(futs: list[Future], points: list[Point], *, progress: bool, on_done
 
 def print_failures(statuses: list[dict], runs_dir: Path) -> list[dict]:
     """Print one ``FAILED <run_id>: <error>  (see <error.json>[, log <job log>])`` line per failed
-    point (the log of a cluster job, ``zfree.experiment.cluster``); returns them."""
+    point (the log of a cluster job, ``zfree_lab.experiment.cluster``); returns them."""
     failed = [s for s in statuses if s["status"] == "failed"]
     for f in failed:
         log = f", log {f['log']}" if f.get("log") else ""

@@ -51,9 +51,9 @@ from zfree.config import without_log_only
 from zfree.core.io import read_json, read_table
 from zfree.data.labels import label_value, label_values
 from zfree.data.pairs import load_pairs
-from zfree.train.run_folder import read_run_config
-from zfree.experiment.controls import LINKS_FILE, control_params
 from zfree.objective.theory import predicted_use
+from zfree.train.run_folder import read_run_config
+from zfree_lab.experiment.controls import LINKS_FILE, control_params
 
 N_RESAMPLES = 2000
 #: the least within-model use (nats/example) that reads as "z switched on" (module docstring)
@@ -201,7 +201,7 @@ def run_gains(study_dir: Path | str, runs: pd.DataFrame, oracles: pd.DataFrame |
     """One row per CVAE run: run_id, control_run_id, rows, D, D_control, D_base, z_gain (+ _lo,
     _hi), finetune_gain (+ _lo, _hi), rate (mean KL), the best label's delta_R (available_gain) and
     the share z got (gain_share = z_gain / available_gain), and ``z_gain_positive`` (its interval
-    above 0). ``runs``: the CVAE runs (``zfree.experiment.results.collect_runs``). A run the study
+    above 0). ``runs``: the CVAE runs (``zfree_lab.experiment.results.collect_runs``). A run the study
     did not plan (one trained into its ``runs/`` later, e.g. ``zfree train --config <run>/config.json
     --set handover_margin=0.9 --out <study>/runs/variant-...``) is paired with the finished control
     whose config is its recipe's control (``_recipe_control``). Runs whose control has not finished
@@ -238,7 +238,7 @@ def run_gains(study_dir: Path | str, runs: pd.DataFrame, oracles: pd.DataFrame |
 
 def _recipe_control(run_dir: Path, runs_dir: Path) -> str | None:
     """The folder name of the finished z-free control in ``runs_dir`` whose config equals
-    ``zfree.experiment.controls.control_params`` of the run in ``run_dir`` (both read with their paths
+    ``zfree_lab.experiment.controls.control_params`` of the run in ``run_dir`` (both read with their paths
     resolved; log-only fields and later fields at their default left out, ``zfree.config.without_log_only``,
     so a control written before a field existed still matches), or None."""
     if not (run_dir / "config.json").exists():

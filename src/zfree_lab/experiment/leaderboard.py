@@ -51,7 +51,7 @@ def seed_interval(values, n_boot: int = N_BOOT, seed: int = 0) -> tuple[float, f
     """(mean, lo, hi): the mean over seeds of ``values`` ((n_seeds,), NaN entries dropped: a seed
     whose run or control did not finish) and its 95 % percentile bootstrap interval
     (``scipy.stats.bootstrap``, ``method="percentile"``, ``n_boot`` resamples, generator seeded
-    with ``seed``; as ``zfree.experiment.gains.interval`` does over rows). With 3 seeds the
+    with ``seed``; as ``zfree_lab.experiment.gains.interval`` does over rows). With 3 seeds the
     resampled means take at most 10 values, so the interval is coarse (it never leaves [min, max]).
     One value: lo = hi = NaN (no interval from one seed); no value: all three NaN."""
     v = np.asarray(values, float).ravel()

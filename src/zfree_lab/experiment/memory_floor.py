@@ -1,7 +1,7 @@
 """The memory a model's size alone rules out, before any probe runs (``step_memory_floor``): read
 from the model folder's config.json and the JSON headers of its safetensors files (``model_size``:
-no weight is loaded) and the reference's mean y tokens. ``zfree.experiment.probe.probe`` skips a probe
-whose floor is over its ceiling; the cost model of the probes' times is ``zfree.experiment.cost``."""
+no weight is loaded) and the reference's mean y tokens. ``zfree_lab.experiment.probe.probe`` skips a probe
+whose floor is over its ceiling; the cost model of the probes' times is ``zfree_lab.experiment.cost``."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ CVAE or a label oracle on real text), its pairwise-BLEU and #references covered 
 outputs per MR (``zfree.evaluate.multiref``), and its z-free control's values beside them over the
 control's first K *samples* for the same MRs (the control has K = 1: one greedy y per MR has no
 diversity to measure, so it is compared through K draws at temperature 1). Written where
-summary.csv is (``zfree.experiment.tables.write_summary_csv``)."""
+summary.csv is (``zfree_lab.experiment.tables.write_summary_csv``)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import pandas as pd
 
 from zfree.core.io import atomic_write_text
 from zfree.evaluate.multiref import multiref_metrics
-from zfree.experiment.gains import links_of
-from zfree.experiment.results import collect_runs
 from zfree.train.multiref_run import MULTIREF_FILE, outputs_and_references
+from zfree_lab.experiment.gains import links_of
+from zfree_lab.experiment.results import collect_runs
 
 MULTIREF_CSV = "multiref.csv"
 MULTIREF_CSV_COLUMNS = ["run_id", "latent_source", "weighting", "beta", "aid", "k", "pairwise_bleu", "refs_covered",

@@ -1,7 +1,7 @@
 """Your own model and data in one command: ``zfree study --model MODEL --data FILE.jsonl --out DIR``.
 
-Steps (``run_own_study``: the study pipeline ``zfree.experiment.pipeline.run_experiment`` on a JSONL data
-source and a pretrained base source, ``zfree.experiment.sources``), each skipped when its output is
+Steps (``run_own_study``: the study pipeline ``zfree_lab.experiment.pipeline.run_experiment`` on a JSONL data
+source and a pretrained base source, ``zfree_lab.experiment.sources``), each skipped when its output is
 already there and matches:
 
 1. the split (``split_data``): one JSONL file is split *by x* (``zfree.data.split.split_pairs``)
@@ -17,12 +17,12 @@ already there and matches:
 3. the z-free reference, pretrained-source setting (``write_reference``): the validation rows scored
    by the source model, ``DIR/base/reference/`` (reference.json says ``estimator:
    pretrained_source``); the runs recompute it from the same model (cached scores).
-4. the grid (``zfree.experiment.spec.own_grid``): per weighting, the predicted boundary beta* (``zfree.objective.theory.critical_beta``
+4. the grid (``zfree_lab.experiment.spec.own_grid``): per weighting, the predicted boundary beta* (``zfree.objective.theory.critical_beta``
    at the median |S| and b of the validation rows; without a Bayes loss the threshold is 1, the
    z-free model's own loss being the excess), then ``beta_factors`` x beta*, each unaided and with
    the hard-EM aid.
-5. the runs (papermill, ``zfree.experiment.executor.run_points``) and the report
-   (``zfree.experiment.render.render_report``).
+5. the runs (papermill, ``zfree_lab.experiment.executor.run_points``) and the report
+   (``zfree_lab.experiment.render.render_report``).
 
 Notes about what cannot be measured (labels absent, no metadata.json) go to ``DIR/notes.json`` and the
 report (``label_notes``).
@@ -39,11 +39,11 @@ from zfree.core.errors import ConfigError
 from zfree.core.io import read_yaml
 from zfree.core.locks import claim_folder
 from zfree.data.pairs import check_data_file, data_limits
-from zfree.experiment.catalog import preset_catalog
-from zfree.experiment.pipeline import run_experiment
-from zfree.experiment.sources import link_model, split_data, write_reference
-from zfree.experiment.spec import BaseSource, ExperimentSpec
-from zfree.experiment.spec_file import shipped_presets, spec_from_dict
+from zfree_lab.experiment.catalog import preset_catalog
+from zfree_lab.experiment.pipeline import run_experiment
+from zfree_lab.experiment.sources import link_model, split_data, write_reference
+from zfree_lab.experiment.spec import BaseSource, ExperimentSpec
+from zfree_lab.experiment.spec_file import shipped_presets, spec_from_dict
 
 #: the presets of your own model and data (``base: {kind: pretrained}``): name -> its spec
 #: (``analysis/studies/presets/<name>.yaml``: own, own_smoke, e2e-smollm2)
@@ -63,7 +63,7 @@ def load_own_spec(path: Path | str) -> ExperimentSpec:
     """An own-model grid from a YAML file with keys ``OWN_SPEC_KEYS`` (every one optional; the
     defaults are the ``own`` preset's: every weighting at beta*/3 and 3 beta*, unaided and with the
     hard-EM aid ``OWN_AID`` under ``aided_train``), read as the spec of a JSONL data source and a
-    pretrained base (given at run time) by ``zfree.experiment.spec_file.spec_from_dict``. Raises
+    pretrained base (given at run time) by ``zfree_lab.experiment.spec_file.spec_from_dict``. Raises
     FileNotFoundError for a missing file, InputError for text that is not YAML, ConfigError naming
     the file and the key otherwise."""
     p = Path(path)

@@ -2,9 +2,9 @@
 ready, its grid expanded (betas relative to the predicted boundary once the reference is known),
 the points run on an executor, summary.csv, the failures printed, report.html.
 
-The synthetic benchmark (``zfree.experiment.study.run_study``), E2E, a user's model and data
-(``zfree.experiment.own_study.run_own_study``) and a YAML sweep (``zfree.experiment.sweeps.run_sweep``)
-differ only by their spec's data and base sources (``zfree.experiment.spec``).
+The synthetic benchmark (``zfree_lab.experiment.study.run_study``), E2E, a user's model and data
+(``zfree_lab.experiment.own_study.run_own_study``) and a YAML sweep (``zfree_lab.experiment.sweeps.run_sweep``)
+differ only by their spec's data and base sources (``zfree_lab.experiment.spec``).
 """
 
 from __future__ import annotations
@@ -20,17 +20,17 @@ from zfree.core.errors import ConfigError
 from zfree.core.io import atomic_write_json, read_json, read_record
 from zfree.core.locks import STUDY_MARKS, check_own_folder, run_folder_lock
 from zfree.core.paths import check_out_dir
-from zfree.experiment.controls import LINKS_FILE, oracle_labels, with_controls
-from zfree.experiment.estimate import plan
-from zfree.experiment.executor import Executor, make_executor, print_failures, run_points
-from zfree.experiment.render import render_report
-from zfree.experiment.results import collect_runs
-from zfree.experiment.tables import aggregate
-from zfree.experiment.sources import Prepared, prepare_base, prepare_data
-from zfree.experiment.spec import ExperimentSpec, expand_grid, own_grid
-from zfree.experiment.study_notes import context_of_y, label_notes
-from zfree.experiment.study_plan import PLAN_FILE, apply_fitted, check_request, load_plan, request_of, write_plan
-from zfree.experiment.timings import PhaseClock
+from zfree_lab.experiment.controls import LINKS_FILE, oracle_labels, with_controls
+from zfree_lab.experiment.estimate import plan
+from zfree_lab.experiment.executor import Executor, make_executor, print_failures, run_points
+from zfree_lab.experiment.render import render_report
+from zfree_lab.experiment.results import collect_runs
+from zfree_lab.experiment.sources import Prepared, prepare_base, prepare_data
+from zfree_lab.experiment.spec import ExperimentSpec, expand_grid, own_grid
+from zfree_lab.experiment.study_notes import context_of_y, label_notes
+from zfree_lab.experiment.study_plan import PLAN_FILE, apply_fitted, check_request, load_plan, request_of, write_plan
+from zfree_lab.experiment.tables import aggregate
+from zfree_lab.experiment.timings import PhaseClock
 
 
 @dataclass
@@ -95,7 +95,7 @@ def _grid(spec: ExperimentSpec, prep: Prepared) -> tuple[dict[str, list[Any]], l
 
 
 def _summary(out: Path) -> int:
-    """The study's tables, written once (``zfree.experiment.tables.aggregate``: summary.csv with its
+    """The study's tables, written once (``zfree_lab.experiment.tables.aggregate``: summary.csv with its
     label columns and gains, leaderboard.csv where it applies, the tidy tables of a sweep); the
     number of finished CVAE runs."""
     aggregate(out)
@@ -119,7 +119,7 @@ def _points(spec: ExperimentSpec, prep: Prepared, out: Path | None = None) -> li
 
 
 def _fit(spec: ExperimentSpec, prep, out: Path, workers: int, budget_s, t0: float, clock: PhaseClock):
-    """``zfree.experiment.estimate.plan`` of ``spec``, its probes' time recorded in ``clock``; a refused
+    """``zfree_lab.experiment.estimate.plan`` of ``spec``, its probes' time recorded in ``clock``; a refused
     budget (ConfigError) is recorded with its first line (``refused``) and raised again."""
     try:
         fitted = plan(spec, lambda s: _points(s, prep), out, workers, budget_s, started=t0)
@@ -149,7 +149,7 @@ def run_experiment(spec: ExperimentSpec, out_dir: Path | str, *, retrain_base: b
     ``executor``: given, it is used and left open; else ``spec.executor`` with ``workers`` (default
     ``spec.workers``). ``estimate`` (and any ``budget_s``): first measure a probe, print the expected
     wall time and peak memory, fit workers / micro-batch to memory and an own-data grid to the
-    budget (``zfree.experiment.estimate.plan``; ConfigError when it cannot fit). Raises
+    budget (``zfree_lab.experiment.estimate.plan``; ConfigError when it cannot fit). Raises
     LockHeldError when another process prepares or runs the same folder; ConfigError, before anything
     is written, for a non-empty ``out_dir`` that is not a zfree study or sweep folder, or one inside
     the installed package (``zfree.core.locks.check_own_folder``)."""

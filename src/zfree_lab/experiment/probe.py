@@ -1,7 +1,7 @@
 """The probe of an estimate: a few steps of one grid point trained in a child ``zfree train``
 (one torch thread), its wall times and its process tree's peak resident memory measured (``probe``,
 ``Probe``), stopped past a memory ceiling. The cost model that turns a Probe into a grid's wall time
-is ``zfree.experiment.cost``; the plan that runs both is ``zfree.experiment.estimate``."""
+is ``zfree_lab.experiment.cost``; the plan that runs both is ``zfree_lab.experiment.estimate``."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from pathlib import Path
 from zfree.config import TrainConfig
 from zfree.core.errors import ConfigError
 from zfree.core.io import read_jsonl
-from zfree.experiment.memory_floor import step_memory_floor
-from zfree.experiment.spec import Point
+from zfree_lab.experiment.memory_floor import step_memory_floor
+from zfree_lab.experiment.spec import Point
 
 GB = 2**30
 PROBE_STEPS, PROBE_ROWS = 4, 16  # steps and evaluated rows of the probe run (the first step apart)
@@ -59,7 +59,7 @@ class Probe:
     #: measured by an earlier probe of the same config on this machine (``probe``: its kept record)
     reused: bool = False
     #: not run: the model's size alone needs more than its ceiling (``peak_rss``: that floor,
-    #: ``zfree.experiment.cost.step_memory_floor``); ``over`` is set too
+    #: ``zfree_lab.experiment.cost.step_memory_floor``); ``over`` is set too
     skipped: bool = False
     #: stopped at its deadline (the probes' share of a budget, ``plan``): the times were not measured
     over_time: bool = False
@@ -260,7 +260,7 @@ def _probe_child(point: Point, run: Path, flat: dict, mb: int, n_batch: int, cei
     (run.parent / f"{run.name}.json").write_text(json.dumps(flat))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     t0, peak, stop, over, late = time.time(), [0], threading.Event(), threading.Event(), threading.Event()
-    proc = subprocess.Popen([sys.executable, "-m", "zfree.cli", "train", "--config", str(run.parent / f"{run.name}.json"),
+    proc = subprocess.Popen([sys.executable, "-m", "zfree_lab.cli", "train", "--config", str(run.parent / f"{run.name}.json"),
                              "--out", str(run)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     _LIVE.add(proc.pid)
     poller = threading.Thread(target=_poll_peak, args=(proc.pid, stop, peak, ceiling, over, deadline, late),

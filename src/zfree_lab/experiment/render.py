@@ -14,8 +14,8 @@ from zfree.core.io import atomic_write_text
 from zfree.core.locks import run_folder_lock
 from zfree.core.paths import NOTEBOOKS
 from zfree.evaluate.latent_meaning import MEANING_FILE
-from zfree.experiment.notebook_exec import execute
-from zfree.experiment.tables import aggregate
+from zfree_lab.experiment.notebook_exec import execute
+from zfree_lab.experiment.tables import aggregate
 
 REPORT_NOTEBOOKS = ("study_report", "sweep_beta_vs_recon_weight", "rate_distortion", "effective_beta", "rho_recon",
                     "training_dynamics", "switch_on")  # the sections of report.html, in order
@@ -117,7 +117,7 @@ def check_reportable(study_dir: Path) -> None:
 
 def render_report(study_dir: Path | str, notebook: Path | str | None = None, progress: bool = False,
                   aggregated: bool = False) -> Path:
-    """Aggregate a study or sweep folder (``zfree.experiment.tables.aggregate``: runs.parquet, runs.csv,
+    """Aggregate a study or sweep folder (``zfree_lab.experiment.tables.aggregate``: runs.parquet, runs.csv,
     per_example.parquet, summary.csv), execute the report notebooks on it with papermill in one
     kernel (``REPORT_NOTEBOOKS``, or the one ``notebook``; their parameter ``sweep_dir`` set) and
     render ``report.html`` with nbconvert, code hidden, self-contained (``offline_exporter``).
@@ -126,7 +126,7 @@ def render_report(study_dir: Path | str, notebook: Path | str | None = None, pro
     leaves the last complete pair in place, and the partial file of a killed one (``kill -9``) is removed
     by the next, under the study folder's lock (LockHeldError while another process holds it); a full
     disk is one line naming the folder (``full_disk_error``: FolderWriteError); the
-    kernel is started outside the folder (``zfree.experiment.notebook_exec``); papermill's
+    kernel is started outside the folder (``zfree_lab.experiment.notebook_exec``); papermill's
     progress bar with ``progress``; ``aggregated``: the caller has just written the tables (a study,
     after its grid), so they are not written again."""
     import nbformat  # lazy: as in _combined_report

@@ -1,6 +1,6 @@
 """A sweep or study folder, loaded: the tidy tables (``zfree report`` writes them), the failures,
 the z-free reference the runs used, and theory's predictions for the same rows. This is what
-the notebooks and ``zfree.report.widgets`` read; ``zfree.experiment.sweeps`` writes the run folders it reads.
+the notebooks and ``zfree_lab.report.widgets`` read; ``zfree_lab.experiment.sweeps`` writes the run folders it reads.
 The bottom of the experiment layer: sweeps and study build on it, nothing here points back up.
 """
 
@@ -16,13 +16,13 @@ from zfree.core.io import atomic_write_text, read_json, read_jsonl, read_table
 from zfree.core.paths import PATH_FIELDS, ROOT, resolve_path
 from zfree.data.pairs import load_pairs
 from zfree.evaluate.latent_stats import label_warnings
-from zfree.experiment.controls import LINKS_FILE
-from zfree.experiment.gains import GAIN_COLUMNS, oracle_table, run_gains
-from zfree.experiment.run_summary import read_run_summary
-from zfree.experiment.study_folders import check_folder, given_kind
-from zfree.experiment.study_notes import study_notes
 from zfree.objective.theory import predict_curve
 from zfree.train.run_folder import resolved_flat
+from zfree_lab.experiment.controls import LINKS_FILE
+from zfree_lab.experiment.gains import GAIN_COLUMNS, oracle_table, run_gains
+from zfree_lab.experiment.run_summary import read_run_summary
+from zfree_lab.experiment.study_folders import check_folder, given_kind
+from zfree_lab.experiment.study_notes import study_notes
 
 FACETS = ("weighting", "latent_kind", "aid")  # what tells runs of one sweep apart, besides beta
 
@@ -55,7 +55,7 @@ SUMMARY_COLUMNS = {  # summary.csv column -> key in a run's summary.json
 
 
 #: collect_runs' selections: the CVAE runs (the default: every table, figure and verdict), the
-#: given-z runs (the z-free controls and label oracles, ``zfree.experiment.controls``), or all
+#: given-z runs (the z-free controls and label oracles, ``zfree_lab.experiment.controls``), or all
 RUN_KINDS = ("cvae", "given", "all")
 
 
@@ -105,7 +105,7 @@ def summary_with_labels(runs: pd.DataFrame, notes: list[str]) -> pd.DataFrame:
 def study_summary(study_dir: Path | str) -> pd.DataFrame:
     """The summary.csv table of a study or sweep folder: ``summary_with_labels`` when the folder
     has a ``notes.json`` (a labelled-data study), else ``summary_table``; with the z-free control's
-    gain columns (``zfree.experiment.gains.GAIN_COLUMNS``) where the study trained controls."""
+    gain columns (``zfree_lab.experiment.gains.GAIN_COLUMNS``) where the study trained controls."""
     d = Path(study_dir)
     runs = collect_runs(d / "runs")
     if (d / "notes.json").exists():  # the study's notes, then the label warnings of its (shared) evaluated rows

@@ -3,8 +3,8 @@
 A study run at several seeds (``seeds:`` in a spec, ``zfree study --seeds 0-2``) trains every CVAE
 run, its z-free control and each oracle once per seed; a seed moves all arms of a cell together
 (they draw the same batches), so the contrast is paired within a seed and the seeds are the
-replicates. Per cell (``zfree.experiment.leaderboard.cell_key``) and quantity (z gain, net gain,
-within-model use, gain - rate; ``zfree.experiment.gains``):
+replicates. Per cell (``zfree_lab.experiment.leaderboard.cell_key``) and quantity (z gain, net gain,
+within-model use, gain - rate; ``zfree_lab.experiment.gains``):
 
 - per seed, the paired mean over the evaluated rows (the run against its own seed's control);
 - their mean and the two-sided 95 % t-interval over seeds (Student 1908), with the one-sided
@@ -14,7 +14,7 @@ within-model use, gain - rate; ``zfree.experiment.gains``):
   within each drawn seed, the arms of a row kept paired; Davison & Hinkley 1997, section 3.8).
 
 One seed gives no interval over seeds: its columns are NaN and ``n_seeds`` = 1, which the report
-prints as "1 seed". The row bootstrap of ``zfree.experiment.gains.interval`` stays the within-seed
+prints as "1 seed". The row bootstrap of ``zfree_lab.experiment.gains.interval`` stays the within-seed
 interval and is named so wherever it appears.
 """
 
@@ -89,7 +89,7 @@ def two_stage_bootstrap(row_values: list[np.ndarray], n_boot: int = N_BOOT, seed
 
 def _row_values(study_dir: Path, run_id: str, control_id: str) -> pd.DataFrame:
     """Per evaluated row (index id), the paired differences behind each of ``QUANTITIES`` (module docstring)."""
-    from zfree.experiment.gains import _paired, _per_example
+    from zfree_lab.experiment.gains import _paired, _per_example
 
     runs = Path(study_dir) / "runs"
     pr, pc = _paired(_per_example(str(runs / run_id)), _per_example(str(runs / control_id)))
@@ -103,7 +103,7 @@ def paired_rows(study_dir: Path | str, summary: pd.DataFrame) -> tuple[pd.DataFr
     """The long per-row table the seed-level analysis reads (and a study ships as ``SEED_ROWS_FILE``: no
     machine path): one row per (CVAE run, evaluated row) with the cell key, seed, run and control ids and
     the paired per-row differences of ``QUANTITIES``; and the cell key's columns. Empty without controls."""
-    from zfree.experiment.leaderboard import _prepared, cell_key
+    from zfree_lab.experiment.leaderboard import _prepared, cell_key
 
     s = _prepared(summary)
     if s.empty or "control_run_id" not in s or s["control_run_id"].isna().all():

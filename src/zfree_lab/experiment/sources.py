@@ -33,11 +33,11 @@ from zfree.data.pairs import Pair, load_pairs
 from zfree.data.split import (Split, is_unconditional, shared_x_count, split_pairs, spread_sample,
                               unconditional_note, without_x, write_pairs)
 from zfree.data.synth import write_benchmark
-from zfree.experiment.spec import BaseSource, DataSource
 from zfree.models.loading import check_eos, load_causal_lm, resolve_source
 from zfree.reference.reference import Reference, build_reference, load_reference
 from zfree.reference.score_cache import tokenizer_sha256
 from zfree.train.base_training import train_base, train_text_base
+from zfree_lab.experiment.spec import BaseSource, DataSource
 
 
 @dataclass

@@ -5,9 +5,9 @@ An experiment is a grid over flat ``TrainConfig`` fields (``grid``: axis -> valu
 a dict sets several fields together; ``train``: the fields every point shares) run on a data
 source and a base source (``DataSource``, ``BaseSource``). Where the betas are chosen relative to
 the predicted boundary beta* of each weighting (own data), ``boundary`` (``BoundaryGrid``) says
-how; the pipeline (``zfree.experiment.study.run_experiment``) turns it into grid points once the
+how; the pipeline (``zfree_lab.experiment.study.run_experiment``) turns it into grid points once the
 z-free reference is known (``own_grid``). ``to_dict`` writes a spec as JSON-able data;
-``zfree.experiment.spec_file.spec_from_dict``, the one loader of specs, reads it back (and every
+``zfree_lab.experiment.spec_file.spec_from_dict``, the one loader of specs, reads it back (and every
 spec file: the presets, the YAML sweeps, the own-data grids).
 """
 
@@ -28,10 +28,10 @@ import numpy as np
 from zfree.config import BaseTrainConfig, LatentSource, TrainConfig, without_log_only
 from zfree.core.errors import ConfigError
 from zfree.core.io import sha256_file
+from zfree.core.weightings import WEIGHTINGS as WEIGHTING_REGISTRY
 from zfree.data.synth import DataConfig
 from zfree.objective.remedies import check_remedy_fields
 from zfree.objective.theory import critical_beta
-from zfree.core.weightings import WEIGHTINGS as WEIGHTING_REGISTRY
 
 
 @functools.lru_cache(maxsize=256)
@@ -234,7 +234,7 @@ class ExperimentSpec:
     executor: str = "local"
     workers: int = 2
     executor_options: dict[str, Any] = field(default_factory=dict)
-    # the z-free control of every CVAE recipe and the label oracles (``zfree.experiment.controls``):
+    # the z-free control of every CVAE recipe and the label oracles (``zfree_lab.experiment.controls``):
     # ``controls`` False trains neither; ``oracles`` None = every label all rows carry, () = none,
     # else the label keys (a joint ``a*b`` allowed)
     controls: bool = True
@@ -270,7 +270,7 @@ class ExperimentSpec:
         return grid if self.seeds is None else {**grid, "seed": list(self.seeds)}
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-able dict (paths as strings); ``zfree.experiment.spec_file.spec_from_dict`` reads it back."""
+        """A JSON-able dict (paths as strings); ``zfree_lab.experiment.spec_file.spec_from_dict`` reads it back."""
         return json.loads(json.dumps(dataclasses.asdict(self), default=str))
 
 

@@ -12,11 +12,11 @@ file's stem)::
         - {recipe: SWITCH_ON_RECIPE, weighting: distribution, beta: 0.3, steps: 600}
         - {remedy: free_bits, weighting: plain, beta: 0.03}
       beta: [0.03, 0.3]                         # or {geomspace: [lo, hi, n]}, {linspace: [lo, hi, n]}
-    data: {kind: folder, path: zfree:data/e2e}  # zfree.experiment.spec.DataSource (config: DataConfig)
+    data: {kind: folder, path: zfree:data/e2e}  # zfree_lab.experiment.spec.DataSource (config: DataConfig)
     base: {kind: folder, path: zfree:data/e2e/base}  # BaseSource (config: BaseTrainConfig)
     boundary:                                   # BoundaryGrid: betas relative to each weighting's beta*
       {weightings: [distribution], beta_factors: [0.333], aids: [none, hard_em], aided: {recipe: OWN_AID}}
-    executor: local                             # zfree.experiment.executor.EXECUTORS
+    executor: local                             # zfree_lab.experiment.executor.EXECUTORS
     workers: 2
     executor_options: {}
     controls: true                              # the z-free control of every recipe
@@ -24,7 +24,7 @@ file's stem)::
     seeds: null                                 # a list: every point once per seed
     overrides: {}                               # flat fields set on every point last
 
-and beside the spec, what a shipped preset adds (``FILE_KEYS``; read by ``zfree.experiment.catalog``,
+and beside the spec, what a shipped preset adds (``FILE_KEYS``; read by ``zfree_lab.experiment.catalog``,
 skipped here): ``catalog`` (its line of ``zfree study --help``), ``bound`` (the model it fetches and
 its data files) and ``anchors`` (mappings the file reuses with YAML aliases: ``<<: *name``).
 
@@ -54,15 +54,15 @@ from zfree.core.io import read_yaml
 from zfree.core.paths import ROOT, ROOT_PREFIX, check_name_length, resolve_given
 from zfree.core.values import coerce_value
 from zfree.data.synth import DataConfig
-from zfree.experiment.catalog import preset_files
-from zfree.experiment.executor import EXECUTORS
-from zfree.experiment.spec import (WEIGHTINGS, BaseKind, BaseSource, BoundaryGrid, DataKind, DataSource,
-                                   ExperimentSpec, expand_grid)
 from zfree.objective.remedies import recipe_fields, remedy_fields
+from zfree_lab.experiment.catalog import preset_files
+from zfree_lab.experiment.executor import EXECUTORS
+from zfree_lab.experiment.spec import (WEIGHTINGS, BaseKind, BaseSource, BoundaryGrid, DataKind, DataSource,
+                                   ExperimentSpec, expand_grid)
 
 #: the keys of a spec: ExperimentSpec's fields, as ``to_dict`` writes them
 SPEC_KEYS = tuple(f.name for f in dataclasses.fields(ExperimentSpec))
-#: what a spec file may hold beside the spec (a preset's): skipped here, read by ``zfree.experiment.catalog``
+#: what a spec file may hold beside the spec (a preset's): skipped here, read by ``zfree_lab.experiment.catalog``
 FILE_KEYS = ("catalog", "bound", "anchors")
 
 
@@ -345,7 +345,7 @@ def load_spec(path: Path | str, *, check: bool = True) -> ExperimentSpec:
 
 @functools.cache
 def shipped_presets() -> dict[str, ExperimentSpec]:
-    """Every shipped preset (``zfree.experiment.catalog.preset_files``): name -> its spec, loaded once,
+    """Every shipped preset (``zfree_lab.experiment.catalog.preset_files``): name -> its spec, loaded once,
     its points not expanded here (0.4 s on every import; tests/test_presets.py expands every preset's).
     Raises ConfigError naming the file of a preset that does not load, or whose name is not its file's."""
     out = {}

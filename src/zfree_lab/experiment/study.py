@@ -1,7 +1,7 @@
 """The main job: data -> base run -> CVAE grid (papermill) -> summary.csv -> report.html.
 
 The presets are data: one YAML spec each in ``analysis/studies/presets/`` (``zfree study --help``
-lists them, ``zfree.experiment.catalog``), each file commented with what it runs and why:
+lists them, ``zfree_lab.experiment.catalog``), each file commented with what it runs and why:
 
   smoke    tiny data, a tiny base model trained on the spot, two short runs (< 2 minutes; tests).
   default  the shipped benchmark and base run: each weighting without and with the switch-on recipe,
@@ -12,7 +12,7 @@ lists them, ``zfree.experiment.catalog``), each file commented with what it runs
   leaderboard, leaderboard-e2e   the remedies at equal compute, 3 seeds.
 
 ``PRESETS`` holds those whose data and base are ready to run; the presets of your own model and data
-(``base: {kind: pretrained}``) are ``zfree.experiment.own_study.OWN_PRESETS``. Rerunning any preset
+(``base: {kind: pretrained}``) are ``zfree_lab.experiment.own_study.OWN_PRESETS``. Rerunning any preset
 skips finished work.
 """
 
@@ -21,9 +21,9 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from zfree.experiment.pipeline import run_experiment
-from zfree.experiment.spec import ExperimentSpec
-from zfree.experiment.spec_file import shipped_presets
+from zfree_lab.experiment.pipeline import run_experiment
+from zfree_lab.experiment.spec import ExperimentSpec
+from zfree_lab.experiment.spec_file import shipped_presets
 
 #: the presets that run as they are: name -> its spec (``analysis/studies/presets/<name>.yaml``)
 PRESETS: dict[str, ExperimentSpec] = {n: s for n, s in shipped_presets().items() if s.base.kind != "pretrained"}
@@ -32,14 +32,14 @@ PRESETS: dict[str, ExperimentSpec] = {n: s for n, s in shipped_presets().items()
 def run_study(preset: str, out_dir: Path | str, *, retrain_base: bool = False, workers: int | None = None,
               progress: bool = True, estimate: bool = False, overrides: dict | None = None,
               seeds: tuple[int, ...] | None = None) -> Path:
-    """Run a preset end to end into ``out_dir`` (``zfree.experiment.pipeline.run_experiment``);
+    """Run a preset end to end into ``out_dir`` (``zfree_lab.experiment.pipeline.run_experiment``);
     returns the path of ``report.html``.
 
     Writes out_dir/{base/reference/reference.json, runs/<id>/, summary.csv, report.ipynb,
     report.html}. Finished runs are skipped; failed runs are listed and do not stop the others.
     Raises ValueError for an unknown preset (listing the valid ones); LockHeldError when another
     process is preparing the same study folder. ``estimate``: measure and print the grid's cost first
-    (``zfree.experiment.estimate.plan``). ``overrides``: flat TrainConfig fields set on every run
+    (``zfree_lab.experiment.estimate.plan``). ``overrides``: flat TrainConfig fields set on every run
     (``zfree study --set``). ``seeds``: every run, control and oracle once per seed (``zfree study
     --seeds``; replaces the preset's own), paired by seed in ``seed_gains.csv``.
     """

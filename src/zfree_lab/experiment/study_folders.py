@@ -1,7 +1,7 @@
 """Which study or sweep folder a notebook opens: the one it names, ``$ZFREE_STUDY``, else the most
 recently finished one under the runs folder (``choose_study``); ``NoStudyError`` in one line, offering
 the one-minute smoke study, when there is none; and what a folder holds, its runs counted by kind
-(``count_runs``, ``given_kind``). ``zfree.experiment.results.load_sweep`` reads the folder chosen.
+(``count_runs``, ``given_kind``). ``zfree_lab.experiment.results.load_sweep`` reads the folder chosen.
 """
 
 from __future__ import annotations

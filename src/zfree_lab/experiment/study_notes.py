@@ -1,16 +1,16 @@
 """The notes of a study on data without the synthetic benchmark's labels (own data, E2E): what the
 structure and task metrics cannot measure, and summary.csv with the per-label columns. Below both
-``zfree.experiment.study`` and ``zfree.experiment.own_study`` (which import it)."""
+``zfree_lab.experiment.study`` and ``zfree_lab.experiment.own_study`` (which import it)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from zfree.data.labels import LABEL_VALUE_CAP, OTHER, label_keys_of
-from zfree.data.pairs import Pair, load_pairs
 from zfree.core.errors import InputError
 from zfree.core.io import read_json
+from zfree.data.labels import LABEL_VALUE_CAP, OTHER, label_keys_of
+from zfree.data.pairs import Pair, load_pairs
 
 
 def label_notes(pairs: list[Pair], data_dir: Path, *, oracles: bool = False) -> list[str]:
@@ -18,7 +18,7 @@ def label_notes(pairs: list[Pair], data_dir: Path, *, oracles: bool = False) -> 
     strategy label and each ``labels`` key absent (or present on only some rows), and task
     correctness without ``data_dir/metadata.json``; a label of more values over ``data_dir/train.jsonl``
     and ``pairs`` than ``LABEL_VALUE_CAP`` is noted as capped for its oracle. ``oracles`` (the study trains a label oracle
-    per key every row carries, ``zfree.experiment.controls.oracle_labels``): also a note for each key
+    per key every row carries, ``zfree_lab.experiment.controls.oracle_labels``): also a note for each key
     some row of ``data_dir/train.jsonl`` or ``pairs`` lacks, which gets no oracle."""
     notes = []
     train = load_pairs(data_dir / "train.jsonl") if (data_dir / "train.jsonl").exists() else []
@@ -75,7 +75,7 @@ def context_of_y(ref_meta: dict) -> str:
 def study_notes(study_dir: Path | str) -> dict:
     """``notes.json`` of a study folder ({} when absent), for the report and summary.csv. InputError in
     one line naming the file when it is not a JSON object (torn, hand-edited, not UTF-8): each run of
-    the study's command writes it anew (``zfree.experiment.pipeline``)."""
+    the study's command writes it anew (``zfree_lab.experiment.pipeline``)."""
     p = Path(study_dir) / "notes.json"
     if not p.exists():
         return {}

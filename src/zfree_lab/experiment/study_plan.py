@@ -1,7 +1,7 @@
 """A study folder holds its plan: ``plan.json``, what the first run of a command decided.
 
 The first invocation of a study writes ``OUT/plan.json`` once its grid is decided (after the probes
-and the budget's cuts, ``zfree.experiment.estimate.plan``): the *request* (the spec as asked, with
+and the budget's cuts, ``zfree_lab.experiment.estimate.plan``): the *request* (the spec as asked, with
 its ``--set`` overrides, and the budget) and what was *fitted* to it (the steps, batch, evaluated
 rows, betas, weightings and oracles left after the cuts, the micro-batch, the workers) and the run
 ids. The same command again reuses that plan: nothing is re-probed or re-cut, the same run ids are
@@ -20,8 +20,8 @@ from typing import Any
 
 from zfree.core.errors import ConfigError
 from zfree.core.io import atomic_write_json, read_json
-from zfree.experiment.spec import ExperimentSpec
-from zfree.experiment.spec_file import spec_from_dict
+from zfree_lab.experiment.spec import ExperimentSpec
+from zfree_lab.experiment.spec_file import spec_from_dict
 
 PLAN_FILE = "plan.json"
 #: spec fields that change how a study runs, not what it computes: left out of the request
@@ -51,7 +51,7 @@ def request_of(spec: ExperimentSpec, budget_s: float | None) -> dict:
 
 
 def fitted_of(spec: ExperimentSpec) -> dict:
-    """The parts of a spec the estimate may cut (``zfree.experiment.estimate.fit_budget``)."""
+    """The parts of a spec the estimate may cut (``zfree_lab.experiment.estimate.fit_budget``)."""
     return {"train": _jsonable(spec.train), "boundary": None if spec.boundary is None else _jsonable(spec.boundary),
             "oracles": None if spec.oracles is None else list(spec.oracles)}
 

@@ -1,5 +1,5 @@
-"""Sweep spec (YAML) -> a validated ``zfree.experiment.spec.ExperimentSpec`` -> the study pipeline
-(``zfree.experiment.pipeline.run_experiment``: papermill runs on an executor, ``zfree.experiment.executor``)
+"""Sweep spec (YAML) -> a validated ``zfree_lab.experiment.spec.ExperimentSpec`` -> the study pipeline
+(``zfree_lab.experiment.pipeline.run_experiment``: papermill runs on an executor, ``zfree_lab.experiment.executor``)
 -> one tidy pandas table per sweep.
 
 A sweep spec (``analysis/sweeps/*.yaml``)::
@@ -12,7 +12,7 @@ A sweep spec (``analysis/sweeps/*.yaml``)::
       objective:                        # an axis of dicts sets several fields together
         - {weighting: plain}
         - {weighting: example, epsilon: 0.05}
-    executor: local                     # local | submitit (``zfree.experiment.executor.make_executor``)
+    executor: local                     # local | submitit (``zfree_lab.experiment.executor.make_executor``)
     workers: 2
     executor_options: {}                # submitit: cluster, timeout_min, slurm_partition, ...
 
@@ -20,7 +20,7 @@ Relative ``data_dir``/``base_dir`` resolve against the working directory when th
 else against the repository root. ``load_spec`` validates every point before anything runs; each
 value is typed by its field's declaration (``lr_new: 1e-3``, a string in YAML 1.1, is the float
 0.001; ``steps: true`` is refused), and every error names the file and the field. A sweep spec is
-the short form of a spec file (``zfree.experiment.spec_file``, the one loader of every spec): an
+the short form of a spec file (``zfree_lab.experiment.spec_file``, the one loader of every spec): an
 axis of mappings may name recipes there too (``recipe: SWITCH_ON_RECIPE``, ``remedy: free_bits``).
 
 A sweep holds the lock of its folder and of its ``runs/`` (``zfree.core.locks``) while it runs, so
@@ -36,10 +36,10 @@ from zfree.core.errors import ConfigError
 from zfree.core.io import atomic_write_json
 from zfree.core.locks import STUDY_MARKS, check_own_folder, run_folder_lock
 from zfree.core.paths import check_name_length
-from zfree.experiment.executor import Executor
-from zfree.experiment.pipeline import run_experiment
-from zfree.experiment.spec import ExperimentSpec
-from zfree.experiment.spec_file import read_spec_mapping, spec_from_dict
+from zfree_lab.experiment.executor import Executor
+from zfree_lab.experiment.pipeline import run_experiment
+from zfree_lab.experiment.spec import ExperimentSpec
+from zfree_lab.experiment.spec_file import read_spec_mapping, spec_from_dict
 
 _SPEC_KEYS = {"name", "description", "base", "grid", "executor", "workers", "executor_options", "controls", "oracles",
               "seeds"}
@@ -48,7 +48,7 @@ _SPEC_KEYS = {"name", "description", "base", "grid", "executor", "workers", "exe
 def load_spec(path: Path | str, check_paths: bool = True) -> ExperimentSpec:
     """Read and validate a sweep spec into an ``ExperimentSpec`` (data and base sources ``fields``;
     the YAML ``base`` is its ``train``) through the one spec loader,
-    ``zfree.experiment.spec_file.spec_from_dict``: unknown keys, an empty grid, an unknown config
+    ``zfree_lab.experiment.spec_file.spec_from_dict``: unknown keys, an empty grid, an unknown config
     field or a bad value raise ConfigError (a ValueError) naming the file and the field; with
     ``check_paths`` a missing data_dir/base_dir raises FileNotFoundError. Every point is expanded
     (and validated) here."""

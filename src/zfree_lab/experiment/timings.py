@@ -1,10 +1,10 @@
 """A study's measured wall time per phase: ``run_experiment`` records, per
 invocation (a *session*), the seconds of its preparation (split, reference), probes (the estimate,
-``zfree.experiment.estimate.plan``), grid (the runs, controls and oracles, skipped ones included)
+``zfree_lab.experiment.estimate.plan``), grid (the runs, controls and oracles, skipped ones included)
 and report (summary tables and report.html) in ``timings.json``. A phase is written as soon as it
 ends, so an interrupted study keeps the phases it finished; a rerun appends a session and never
 rewrites an earlier one. The report's opening section reads it beside ``estimate.json``
-(``zfree.report.plan_report``).
+(``zfree_lab.report.plan_report``).
 
 ``timings.json``: ``{"sessions": [{"id", "started" (ISO 8601, UTC), "<phase>_s" for each phase
 done, "total_s" (since the session started), "points" ({status: count} of the grid), "finished"

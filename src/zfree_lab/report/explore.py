@@ -1,6 +1,6 @@
 """The explore notebook's widgets over one study at a time, the study chosen in the notebook, not in
 a file: ``StudyChooser`` (a dropdown of the finished studies under ``runs/``, a path box) and
-``ExploreLab``, which re-points the explorer and the launch panel (``zfree.report.widgets``) at the
+``ExploreLab``, which re-points the explorer and the launch panel (``zfree_lab.report.widgets``) at the
 chosen study. Choosing a study writes nothing: the notebook's cells stay as they are, so saving it
 leaves ``git status`` clean."""
 
@@ -16,12 +16,12 @@ import pandas as pd
 from zfree.config import TrainConfig
 from zfree.core.errors import InputError, one_line
 from zfree.core.paths import runs_home
-from zfree.experiment.results import SweepResults, load_sweep
-from zfree.experiment.study_folders import check_folder, count_runs, find_studies
-from zfree.experiment.study_notes import study_notes
-from zfree.report.labels_report import dashes
-from zfree.report.report import launch_beta_range
-from zfree.report.widgets import WIDE, LaunchPanel, SweepExplorer
+from zfree_lab.experiment.results import SweepResults, load_sweep
+from zfree_lab.experiment.study_folders import check_folder, count_runs, find_studies
+from zfree_lab.experiment.study_notes import study_notes
+from zfree_lab.report.labels_report import dashes
+from zfree_lab.report.report import launch_beta_range
+from zfree_lab.report.widgets import WIDE, LaunchPanel, SweepExplorer
 
 #: the columns of the chosen study's run table (those it has; ``source`` where runs were launched)
 RUN_COLUMNS = ("run_id", "source", "weighting", "latent_kind", "aid", "beta", "recon_weight", "kl_prior_loss",

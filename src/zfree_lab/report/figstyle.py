@@ -1,4 +1,4 @@
-"""The look of zfree's figures, shared by ``zfree.report.plotting`` and ``zfree.report.plotting_aids``: paper
+"""The look of zfree's figures, shared by ``zfree_lab.report.plotting`` and ``zfree_lab.report.plotting_aids``: paper
 rcParams, log axes with readable major ticks only, legends outside the data, one color per
 weighting and one line style per other facet, and every name from data drawn as the characters it is
 (``literal``: no mathtext)."""
@@ -12,8 +12,8 @@ import numpy as np
 import pandas as pd
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter
 
-from zfree.experiment.results import FACETS  # noqa: E402 - defined once in zfree.experiment.results
 from zfree.core.weightings import WEIGHTINGS  # noqa: E402
+from zfree_lab.experiment.results import FACETS  # noqa: E402 - defined once in zfree_lab.experiment.results
 WEIGHTING_COLORS = {name: w.color for name, w in WEIGHTINGS.items()}  # the registry's (zfree.core.weightings)
 #: one (color, marker) per remedy (``zfree.objective.remedies.REMEDIES`` and Li et al.'s composed
 #: recipe) in every figure that compares remedies; gray "X" for any other name

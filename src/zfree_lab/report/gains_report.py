@@ -2,7 +2,7 @@
 the label oracles' available-gain table, each run's gain verdict and predicted use under both
 exchange-rate rules, and which sections a dataset without generator truth leaves out.
 
-Inputs are the study folder's tables (``zfree.experiment.gains``: ``available_gain.csv`` rows,
+Inputs are the study folder's tables (``zfree_lab.experiment.gains``: ``available_gain.csv`` rows,
 ``gains.csv`` rows) and ``SweepResults.runs``; outputs are DataFrames and escaped markdown
 (``md_text``), so every function is tested on hand-made rows. Units: D, gains and rates in nats per
 example (sequence); intervals are the 95 % percentile bootstrap over the evaluated rows.
@@ -21,11 +21,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from zfree.experiment.controls import LINKS_FILE
-from zfree.experiment.gains import best_label, oracle_table, run_gains
 from zfree.objective.theory import predicted_use
-from zfree.report.report import md_code, md_text, percent, run_label, use_side
 from zfree.train.run_folder import USE_THRESHOLD
+from zfree_lab.experiment.controls import LINKS_FILE
+from zfree_lab.experiment.gains import best_label, oracle_table, run_gains
+from zfree_lab.report.report import md_code, md_text, percent, run_label, use_side
 
 #: a label metric resting on fewer evaluated rows than this is flagged (item 4)
 MIN_LABEL_ROWS = 50
@@ -112,7 +112,7 @@ def label_warnings(oracles: pd.DataFrame, min_rows: int = MIN_LABEL_ROWS) -> lis
 
 
 def available_gain_table(oracles: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
-    """The available-gain table (``zfree.experiment.gains.oracle_table`` rows), one row per label,
+    """The available-gain table (``zfree_lab.experiment.gains.oracle_table`` rows), one row per label,
     index label: values, rows, ΔR over the control and its interval, H(label | x) and its interval,
     η = ΔR/H and its interval, where ΔR's interval lies (``interval_side``: above 0, below 0, holds 0),
     and the fine-tuning gain."""
@@ -137,7 +137,7 @@ _NULL_NAMES = {"delta_R_null": "null oracle ΔR (permuted label)", "label_value"
 
 def _null_cells(oracles: pd.DataFrame, digits: int) -> dict:
     """The null oracle's ΔR, the label's value net of it, the flipped-label loss and the oracle's net gain,
-    each with its row interval (``zfree.experiment.gains`` docstring); columns absent from older tables
+    each with its row interval (``zfree_lab.experiment.gains`` docstring); columns absent from older tables
     are left out."""
     out = {}
     for k, name in _NULL_NAMES.items():
@@ -244,7 +244,7 @@ def gain_verdicts(runs: pd.DataFrame, gains: pd.DataFrame, eta: tuple[float, str
 
 
 def _readout_cells(x: pd.Series) -> dict:
-    """The within-model and net columns of a verdict row (``zfree.experiment.gains`` docstring); row
+    """The within-model and net columns of a verdict row (``zfree_lab.experiment.gains`` docstring); row
     intervals are the within-seed bootstrap over evaluated rows."""
     def ci(k):
         return _ci(x.get(f"{k}_lo", np.nan), x.get(f"{k}_hi", np.nan))

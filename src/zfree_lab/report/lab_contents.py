@@ -1,6 +1,6 @@
 """JupyterLab's contents manager for this project: a notebook opens without being marked unsaved.
 
-The notebooks are stored without ``metadata.language_info`` (``zfree.report.lab.strip_on_save`` and
+The notebooks are stored without ``metadata.language_info`` (``zfree_lab.report.lab.strip_on_save`` and
 nbstripout drop it: it names the Python patch version of whoever saved). JupyterLab writes the
 kernel's language_info into an open notebook as soon as its kernel connects, so every notebook was
 marked dirty (unsaved) on open, before anything was run (issue 60). ``LabContentsManager``, jupytext's

@@ -3,7 +3,7 @@
 The notebooks are copied into a folder the user owns (``DEFAULT_DIR`` under the working directory,
 never inside the installed package: a wheel's notebooks sit in site-packages), files already there
 kept. JupyterLab starts on that folder with this project's contents manager
-(``zfree.report.lab_contents``: notebooks open without being marked unsaved); the explorer
+(``zfree_lab.report.lab_contents``: notebooks open without being marked unsaved); the explorer
 (``explore.ipynb``) opens on the chosen study through ``$ZFREE_STUDY`` and lists the studies under
 ``$ZFREE_RUNS``, the ``runs/`` of where the command was typed (``zfree.core.paths.runs_home``), not
 of the lab folder its kernel runs in. ``lab_plan`` computes all of it without starting anything.
@@ -27,7 +27,7 @@ DEFAULT_DIR = "zfree-lab"
 #: the extra that installs JupyterLab (pyproject.toml's [project.optional-dependencies] lab)
 LAB_EXTRA = "install zfree's lab extra: pip install 'zfree[lab]' (from a wheel file: pip install 'dist/zfree-….whl[lab]')"
 #: the contents manager JupyterLab runs with (a dotted name, imported by the server)
-CONTENTS_MANAGER = "zfree.report.lab_contents.LabContentsManager"
+CONTENTS_MANAGER = "zfree_lab.report.lab_contents.LabContentsManager"
 
 
 @dataclass

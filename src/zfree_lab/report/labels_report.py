@@ -2,7 +2,7 @@
 accuracies beside the majority-class baseline they must beat, the study's notes, the multi-reference evidence (``multiref.csv``) and the samples each
 latent value writes, at full length.
 
-Functions take ``zfree.experiment.results.collect_runs`` rows (with ``run_dir``) and return
+Functions take ``zfree_lab.experiment.results.collect_runs`` rows (with ``run_dir``) and return
 DataFrames or escaped markdown (``md_text``); tested on hand-made run folders.
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from zfree.report.report import md_code, md_text, run_table
+from zfree_lab.report.report import md_code, md_text, run_table
 
 LABEL_METRICS = ("alignment_nmi", "hungarian_accuracy", "probe_accuracy")
 #: below this many evaluated rows (or with one value) a label metric is flagged in the table
@@ -90,7 +90,7 @@ def samples_table(run_dir, max_chars: int | None = None) -> pd.DataFrame:
     return s.set_index(["x", "latent"])[["greedy", "sampled"]]
 
 
-#: multiref.csv columns shown, when present (written by ``zfree.experiment.multiref_table``), -> header
+#: multiref.csv columns shown, when present (written by ``zfree_lab.experiment.multiref_table``), -> header
 MULTIREF_COLUMNS = {"run_id": "run", "pairwise_bleu": "pairwise BLEU among z values", "refs_covered": "references covered",
                     "n_mrs": "MRs", "k": "outputs per MR", "control_id": "control",
                     "control_pairwise_bleu": "control pairwise BLEU", "control_refs_covered": "control references covered",

@@ -2,9 +2,9 @@
 
 ``LaunchPanel`` expands a beta range × weightings × seeds (with a chosen aid and step budget) into
 points, shows the config diff against its template, runs them through the sweeps' executor loop
-(``zfree.experiment.executor.run_points``) in a background thread into its own folder, refreshes a
-``zfree.report.widgets.SweepExplorer`` as each finishes, and can be stopped (``stop_workers``, the one
-stop path of studies and sweeps). Re-exported by ``zfree.report.widgets``."""
+(``zfree_lab.experiment.executor.run_points``) in a background thread into its own folder, refreshes a
+``zfree_lab.report.widgets.SweepExplorer`` as each finishes, and can be stopped (``stop_workers``, the one
+stop path of studies and sweeps). Re-exported by ``zfree_lab.report.widgets``."""
 
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ import pandas as pd
 
 from zfree.config import Aid, TrainConfig
 from zfree.core.weightings import WEIGHTING_NAMES, WEIGHTINGS
-from zfree.experiment.executor import Executor, local_executor, run_point, run_points, stop_workers
-from zfree.experiment.spec import Point, expand_grid
 from zfree.objective.remedies import HARD_EM_RECIPE, SWITCH_ON_RECIPE
+from zfree_lab.experiment.executor import Executor, local_executor, run_point, run_points, stop_workers
+from zfree_lab.experiment.spec import Point, expand_grid
 
 #: why a plan has no run: every weighting deselected (the grid's product is empty)
 NO_WEIGHTING = "no weighting is selected; select at least one to launch"
@@ -58,8 +58,8 @@ class LaunchPanel:
 
     ``plan`` shows, before launching, every field a launched run changes against the template.
     ``make_executor``: a callable returning an ``Executor`` (default: the local process pool with
-    ``workers``). ``explorer`` (anything with a ``refresh()``: a ``zfree.report.widgets.SweepExplorer``,
-    or ``zfree.report.explore.ExploreLab``, whose run table follows too; or None) is refreshed as each
+    ``workers``). ``explorer`` (anything with a ``refresh()``: a ``zfree_lab.report.widgets.SweepExplorer``,
+    or ``zfree_lab.report.explore.ExploreLab``, whose run table follows too; or None) is refreshed as each
     run finishes or fails. ``stop`` cancels the runs not
     started, ends the local pool's workers (a run cut short leaves a folder without summary.json,
     rerun by the next launch) and keeps the finished runs.

@@ -1,7 +1,7 @@
 """The report's "Remedies leaderboard" section: the method
 line, the ranked table (each value as mean [lo, hi] over seeds) and the winners in words, from the
-rows of ``leaderboard.csv`` (``zfree.experiment.leaderboard.leaderboard``). The figure is
-``zfree.report.plotting_study.plot_leaderboard``. Units: z gain and rate in nats per example;
+rows of ``leaderboard.csv`` (``zfree_lab.experiment.leaderboard.leaderboard``). The figure is
+``zfree_lab.report.plotting_study.plot_leaderboard``. Units: z gain and rate in nats per example;
 intervals are the 95 % percentile bootstrap of the mean over seeds (``seed_interval``).
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from zfree.experiment.leaderboard import DATASET, HIDDEN_AXES, INSIDE, N_BOOT, winners
-from zfree.report.report import md_text
+from zfree_lab.experiment.leaderboard import DATASET, HIDDEN_AXES, INSIDE, N_BOOT, winners
+from zfree_lab.report.report import md_text
 
 
 def _mean_ci(m, lo, hi) -> str:
@@ -87,7 +87,7 @@ def method_markdown(board: pd.DataFrame) -> str:
 
 
 def winner_markdown(board: pd.DataFrame) -> str:
-    """The winners in words (``zfree.experiment.leaderboard.winners``), one escaped bullet per data
+    """The winners in words (``zfree_lab.experiment.leaderboard.winners``), one escaped bullet per data
     set and side, under a bold lead; "" for an empty board."""
     lines = winners(board)
     return "\n".join(["**Winners** (highest mean z gain per side):", "", *(f"- {md_text(w)}" for w in lines)]) \

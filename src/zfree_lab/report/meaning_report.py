@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from zfree.evaluate.latent_meaning import MEANING_FILE
-from zfree.report.report import md_text
+from zfree_lab.report.report import md_text
 
 
 def read_meaning(run_dir: Path | str) -> dict | None:

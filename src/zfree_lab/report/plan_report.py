@@ -1,10 +1,10 @@
 """What was run against what was asked: the report's opening section. It reads
-the study folder's ``estimate.json`` (``zfree.experiment.estimate.plan``: the budget, the estimate,
-the cuts in order) and ``timings.json`` (``zfree.experiment.timings``: the measured wall time per
+the study folder's ``estimate.json`` (``zfree_lab.experiment.estimate.plan``: the budget, the estimate,
+the cuts in order) and ``timings.json`` (``zfree_lab.experiment.timings``: the measured wall time per
 phase, one session per invocation) and the runs' own ``wall_s``, and warns plainly when the runs
 trained fewer than ``SMOKE_STEPS`` steps: a smoke test, not a result.
 
-Functions take the parsed files and ``zfree.experiment.results.collect_runs`` rows and return
+Functions take the parsed files and ``zfree_lab.experiment.results.collect_runs`` rows and return
 escaped markdown (``md_text``) or a display table of strings, so they are tested on hand-made rows.
 Times are shown in minutes.
 """
@@ -16,13 +16,13 @@ from pathlib import Path
 import pandas as pd
 
 from zfree.core.io import read_json
-from zfree.experiment.estimate import REPORT_S, STEP_FLOOR
-from zfree.experiment.results import collect_runs
-from zfree.experiment.timings import PHASES, read_timings
-from zfree.report.report import md_code, md_text
+from zfree_lab.experiment.estimate import REPORT_S, STEP_FLOOR
+from zfree_lab.experiment.results import collect_runs
+from zfree_lab.experiment.timings import PHASES, read_timings
+from zfree_lab.report.report import md_code, md_text
 
 #: below this many training steps a run is a smoke test, not a result: the budget's own floor
-#: (``zfree.experiment.estimate.STEP_FLOOR``, where it stops cutting steps before anything else)
+#: (``zfree_lab.experiment.estimate.STEP_FLOOR``, where it stops cutting steps before anything else)
 SMOKE_STEPS = STEP_FLOOR
 
 #: the phases' row names in the table

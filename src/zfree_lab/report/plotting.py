@@ -1,8 +1,8 @@
 """Figures of the notebook suite: training curves, the phase diagram and rate-distortion plane of a
 sweep, per-example beta_eff and rho distributions. Each function takes tidy pandas data and returns
 a matplotlib Figure (headless-safe; tests check the data drawn, not the pixels). The study report's
-figures against beta are in ``zfree.report.plotting_study``, the aided runs' in ``plotting_aids``; the
-rate-distortion plane in ``zfree.report.rate_distortion`` (re-exported here)."""
+figures against beta are in ``zfree_lab.report.plotting_study``, the aided runs' in ``plotting_aids``; the
+rate-distortion plane in ``zfree_lab.report.rate_distortion`` (re-exported here)."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ import pandas as pd
 from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
-from zfree.report.figstyle import FACET_MARKERS, FACETS, LINESTYLES
-from zfree.report.figstyle import literal
-from zfree.report.figstyle import groups as _groups
-from zfree.report.figstyle import legend_below as _legend_below
-from zfree.report.figstyle import log_axis as _log_axis
-from zfree.report.figstyle import paper as _paper
-from zfree.report.figstyle import rho_limits as _rho_limits
-from zfree.report.rate_distortion import LBAR, plot_rate_distortion  # noqa: F401 - the notebooks' import
+from zfree_lab.report.figstyle import FACET_MARKERS, FACETS, LINESTYLES
+from zfree_lab.report.figstyle import literal
+from zfree_lab.report.figstyle import groups as _groups
+from zfree_lab.report.figstyle import legend_below as _legend_below
+from zfree_lab.report.figstyle import log_axis as _log_axis
+from zfree_lab.report.figstyle import paper as _paper
+from zfree_lab.report.figstyle import rho_limits as _rho_limits
+from zfree_lab.report.rate_distortion import LBAR, plot_rate_distortion  # noqa: F401 - the notebooks' import
 
 #: ℓ̄_i (a row's mean token loss) in mathtext, as ``LBAR``
 LBAR_I = r"$\bar{\ell}_i$"
@@ -196,7 +196,7 @@ def plot_effective_beta(per_example: pd.DataFrame, eta: float | None = None) -> 
     which examples use z. The line beta_eff = 1 is drawn in every panel (theory: z is worth
     using iff beta_eff < 1). ``per_example``: rows of the runs' per_example tables tagged with
     weighting (and facets), one beta per weighting. ``eta``: the measured exchange rate of the best
-    label (``zfree.experiment.gains``), drawn as a second threshold β_eff = η (z pays where β_eff < η)."""
+    label (``zfree_lab.experiment.gains``), drawn as a second threshold β_eff = η (z pays where β_eff < η)."""
     fig, axes = plt.subplots(1, 3, figsize=(12.5, 3.8))
     for label, color, ls, rows in _groups(per_example):
         # facets apart from the weighting by marker, filled for the first and open for the others: runs

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.ticker import MaxNLocator
 
-from zfree.report.figstyle import color_of, finish_with_legend_right, groups, literal, log_axis, paper
+from zfree_lab.report.figstyle import color_of, finish_with_legend_right, groups, literal, log_axis, paper
 
 
 @paper
@@ -76,7 +76,7 @@ def plot_use_by_length(use: pd.DataFrame) -> plt.Figure:
 def plot_handover_gate(traces: pd.DataFrame) -> plt.Figure:
     """The hard phase's hand-over gate per aided run: best-z objective / collapsed objective
     (mean w·min_k nll + β·log K against mean w·b) over the steps; below 1 the soft objective
-    prefers z. ``traces``: ``zfree.report.report.gate_traces`` (label, step, ratio)."""
+    prefers z. ``traces``: ``zfree_lab.report.report.gate_traces`` (label, step, ratio)."""
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
     for label, g in traces.groupby("label", sort=False):
         ax.plot(g["step"], g["ratio"], marker=".", label=literal(label))

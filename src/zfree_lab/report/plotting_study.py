@@ -11,13 +11,13 @@ import numpy as np
 import pandas as pd
 from matplotlib.lines import Line2D
 
-from zfree.report.figstyle import FACET_MARKERS, FACETS, WEIGHTING_FILLS, literal, remedy_style
-from zfree.report.figstyle import groups as _groups
-from zfree.report.figstyle import log_axis as _log_axis
-from zfree.report.figstyle import paper as _paper
-from zfree.report.figstyle import rho_limits as _rho_limits
-from zfree.report.figstyle import shade
-from zfree.report.report import run_label
+from zfree_lab.report.figstyle import FACET_MARKERS, FACETS, WEIGHTING_FILLS, literal, remedy_style
+from zfree_lab.report.figstyle import groups as _groups
+from zfree_lab.report.figstyle import log_axis as _log_axis
+from zfree_lab.report.figstyle import paper as _paper
+from zfree_lab.report.figstyle import rho_limits as _rho_limits
+from zfree_lab.report.figstyle import shade
+from zfree_lab.report.report import run_label
 
 
 @_paper
@@ -179,7 +179,7 @@ def plot_gains(runs: pd.DataFrame, oracles: pd.DataFrame, eta: float | None = No
     H(label | x), both with their intervals, the label named at each point, and ΔR = H (η = 1).
 
     ``runs``: ``SweepResults.runs`` merged with ``gains.csv`` (z_gain, z_gain_lo, z_gain_hi, rate);
-    ``oracles``: ``available_gain.csv`` rows (``zfree.experiment.gains.oracle_table``)."""
+    ``oracles``: ``available_gain.csv`` rows (``zfree_lab.experiment.gains.oracle_table``)."""
     fig, (ax, ax_o) = plt.subplots(1, 2, figsize=(10.5, 4.2))
     for label, color, ls, s in _groups(runs.dropna(subset=["z_gain"])):
         err = np.vstack([s["z_gain"] - s["z_gain_lo"], s["z_gain_hi"] - s["z_gain"]]).clip(min=0)
@@ -221,7 +221,7 @@ def _bar(mid: float, lo: float, hi: float) -> np.ndarray:
 
 @_paper
 def plot_leaderboard(board: pd.DataFrame) -> plt.Figure:
-    """The remedies leaderboard (``zfree.experiment.leaderboard.leaderboard`` rows): each cell's mean
+    """The remedies leaderboard (``zfree_lab.experiment.leaderboard.leaderboard`` rows): each cell's mean
     z gain D_control − D_run (y, nats per example) against its mean rate KL(q‖p) (x, nats per
     example), both with their 95 % percentile-bootstrap interval over seeds as bars (none with one
     seed); one point per remedy × weighting (× β), color and marker per remedy

@@ -1,7 +1,7 @@
 """The rate-distortion plane of a study's runs (Alemi et al. 2018, "Fixing a Broken ELBO", §3: rate
 R = E KL(q(z|x,y) ‖ p(z|x)), distortion D = E -log p(y|x,z), both nats per sequence): one curve per
 weighting across beta, each run joined to its own z-free control, the runs drawn in one pile labelled
-once. Re-exported by ``zfree.report.plotting``."""
+once. Re-exported by ``zfree_lab.report.plotting``."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from zfree.report.figstyle import FACET_MARKERS, color_of, finish_with_legend_right, keep_labels_apart
-from zfree.report.figstyle import literal
-from zfree.report.figstyle import groups as _groups
-from zfree.report.figstyle import paper as _paper
+from zfree_lab.report.figstyle import FACET_MARKERS, color_of, finish_with_legend_right, keep_labels_apart
+from zfree_lab.report.figstyle import literal
+from zfree_lab.report.figstyle import groups as _groups
+from zfree_lab.report.figstyle import paper as _paper
 
 #: ℓ̄ (mean token loss) in mathtext: matplotlib draws the combining macron (U+0304) through the ℓ
 LBAR = r"$\bar{\ell}$"
@@ -99,7 +99,7 @@ def plot_rate_distortion(runs: pd.DataFrame, z_free: float | None = None, bayes_
     places the analytic optimum (R = log(K/m), D = 0: z names the strategy, y is then determined) and the
     Bayes-optimal z-free point (0, log(K/m)) on one iso-ELBO line D + R = const (dashed): at
     beta = 1 nothing prefers using z. Dotted: more iso-ELBO lines (slope -1). ``controls``: each run's
-    own z-free control (``zfree.report.gains_report.control_links`` rows: run_id, control_run_id,
+    own z-free control (``zfree_lab.report.gains_report.control_links`` rows: run_id, control_run_id,
     D_control, rate, distortion, label): every distinct control is drawn at (0, D_control) (same
     training, no latent), named C1, C2, ... where there are several, and joined to each of its runs by
     a thin line, so a run is read against its own control, never against a mean of controls. A NaN

@@ -3,7 +3,7 @@ the per-run verdict (predicted against measured latent use), the tables that fit
 runs at the beta nearest a value, and the aided runs' hand-over gate traces and confusion tables.
 
 Every notebook of the report is a parameters cell, a load cell and calls into this module and
-``zfree.report.plotting``; the functions take the tidy tables of ``zfree.experiment.results`` (``SweepResults.runs``,
+``zfree_lab.report.plotting``; the functions take the tidy tables of ``zfree_lab.experiment.results`` (``SweepResults.runs``,
 ``.per_example``) and return DataFrames or strings, so they are tested on hand-made rows.
 """
 
@@ -19,9 +19,9 @@ import pandas as pd
 
 from zfree.core.io import read_json, read_table
 from zfree.evaluate.latent_stats import confusion
-from zfree.experiment.results import FACETS
-from zfree.report.plotting import rho_summaries
 from zfree.train.run_folder import USE_THRESHOLD
+from zfree_lab.experiment.results import FACETS
+from zfree_lab.report.plotting import rho_summaries
 
 # USE_THRESHOLD (zfree.train.run_folder, where a run's summary sets latent_used and
 # predicted_latent_used): a run "uses z" when more than this fraction of its rows does
@@ -256,7 +256,7 @@ SWITCH_ON_TARGETS = {
                                   lambda r: abs(r["kl_prior_loss"] / r["bayes_rate"] - 1) <= 0.2),
     "task correct ≥ base − 0.01": (("task_correctness", "base_task_correctness"),
                                    lambda r: r["task_correctness"] >= r["base_task_correctness"] - 0.01)}
-#: judged only where the runs carry a z-free control's gain (``zfree.experiment.gains``)
+#: judged only where the runs carry a z-free control's gain (``zfree_lab.experiment.gains``)
 GAIN_TARGET = ("z gain > 0 (95% interval)", (("z_gain_lo",), lambda r: r["z_gain_lo"] > 0))
 
 
@@ -270,7 +270,7 @@ def switch_on_targets(aided: pd.DataFrame, threshold: float = USE_THRESHOLD, syn
     (``bayes_rate``, docs/concepts/problem.md#benchmark) and task correctness within 1 point of the base
     model's; plus, where ``aided`` has ``z_gain_lo`` (a control's gain), ``GAIN_TARGET``.
     ``synthetic=False`` (real data: targets are judged on z's rate and gain, never on rho against the
-    step-0 base): use measured and ``GAIN_TARGET``, the verdict's rule (``zfree.report.gains_report``).
+    step-0 base): use measured and ``GAIN_TARGET``, the verdict's rule (``zfree_lab.report.gains_report``).
     Raises KeyError naming a missing column."""
     need = ("weighting", "beta", "predicted_use_fraction", "measured_use_fraction", "alignment_nmi_unambiguous",
             "baseline_normalized_reconstruction_loss", "kl_prior_loss", "bayes_rate", "task_correctness",
@@ -353,7 +353,7 @@ def errors_markdown(errors: list[dict], width: int = 300) -> str:
 
 def training_metrics(sweep, run_ids: str = "", max_runs: int = 8) -> dict[str, pd.DataFrame]:
     """label -> metrics.jsonl (as a DataFrame) for the runs named in ``run_ids`` (comma-separated)
-    or else the first ``max_runs`` runs; ``sweep``: a ``zfree.experiment.results.SweepResults``.
+    or else the first ``max_runs`` runs; ``sweep``: a ``zfree_lab.experiment.results.SweepResults``.
     Raises KeyError naming an unknown run id."""
     chosen = [r.strip() for r in run_ids.split(",") if r.strip()] or list(sweep.runs["run_id"][:max_runs])
     known = set(sweep.runs["run_id"])

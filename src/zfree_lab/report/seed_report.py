@@ -1,4 +1,4 @@
-"""The report's seed-level section: the paired gains over seeds (``zfree.experiment.seed_stats``).
+"""The report's seed-level section: the paired gains over seeds (``zfree_lab.experiment.seed_stats``).
 
 Seeds are the unit of evidence for a claim about a recipe: a cell run at n >= 2 seeds shows each
 quantity's mean over seeds with its t-interval and the two-stage bootstrap beside it; a cell of one
@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from zfree.experiment.seed_stats import SEED_GAINS_FILE, TOST_MARGIN, seeds_text
-from zfree.report.report import md_code
+from zfree_lab.experiment.seed_stats import SEED_GAINS_FILE, TOST_MARGIN, seeds_text
+from zfree_lab.report.report import md_code
 
 #: quantity -> its name in the report
 NAMES = {"z_gain": "z gain (D)", "net_gain": "net gain (marginal NLL)", "use_shuffled": "use in the model",

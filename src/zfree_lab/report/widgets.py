@@ -1,13 +1,13 @@
 """ipywidgets explorers over finished sweeps, and a panel that launches a small sweep.
 
-``SweepExplorer`` redraws the figures of ``zfree.report.plotting`` from one or more sweep folders (a
+``SweepExplorer`` redraws the figures of ``zfree_lab.report.plotting`` from one or more sweep folders (a
 study and the runs launched beside it) as its dropdowns (figure, source, weighting, latent kind) and
 sliders (beta, reconstruction weight) change, offering only what the data has (a one-value dropdown
 is hidden and named in the note line; a slider that cannot change the figure is disabled, saying
 why). ``LaunchPanel`` expands a beta range × weightings × seeds (with a chosen aid and step budget)
 into points, shows the config diff against its template, runs them through the sweeps' executor
-loop (``zfree.experiment.executor.run_points``) in a background thread into its own folder,
-refreshes an explorer as each finishes, and can be stopped (``zfree.report.launch_panel``, re-exported
+loop (``zfree_lab.experiment.executor.run_points``) in a background thread into its own folder,
+refreshes an explorer as each finishes, and can be stopped (``zfree_lab.report.launch_panel``, re-exported
 here). Both keep their state in plain attributes
 (``figure``, ``selected``, ``statuses``): tests set a widget's ``value``, read the attribute."""
 
@@ -24,11 +24,11 @@ import numpy as np
 import pandas as pd
 
 from zfree.core.io import read_jsonl
-from zfree.experiment.results import SweepResults, load_sweep
-from zfree.report import plotting as P
-from zfree.report.figstyle import FACETS, wrap_panels
-from zfree.report.launch_panel import WIDE, LaunchPanel, aid_choices  # noqa: F401 - the notebooks' import
-from zfree.report.report import figure_png, nearest, runs_at_beta
+from zfree_lab.experiment.results import SweepResults, load_sweep
+from zfree_lab.report import plotting as P
+from zfree_lab.report.figstyle import FACETS, wrap_panels
+from zfree_lab.report.launch_panel import WIDE, LaunchPanel, aid_choices  # noqa: F401 - the notebooks' import
+from zfree_lab.report.report import figure_png, nearest, runs_at_beta
 
 ALL = "all"  # the no-filter value
 
