@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 import zfree
+import zfree_lab
 from zfree_lab.cli import main
 
 
@@ -126,7 +127,8 @@ def test_zfree_lab_without_jupyterlab_is_one_line_naming_the_lab_extra(lab_home,
     assert "pip install 'zfree[lab]'" in err and not (lab_home / "zfree-lab").exists()  # nothing copied
 
 
-@pytest.mark.parametrize("where", ["the shipped notebooks", "the package", "a missing study", "not a study"])
+@pytest.mark.parametrize("where", ["the shipped notebooks", "the package", "the lab's package", "a missing study",
+                                   "not a study"])
 def test_zfree_lab_refuses_a_folder_inside_the_installation_and_a_study_that_is_none(where, lab_home, capsys):
     from pathlib import Path
 
@@ -134,9 +136,11 @@ def test_zfree_lab_refuses_a_folder_inside_the_installation_and_a_study_that_is_
 
     args = {"the shipped notebooks": ["--dir", str(NOTEBOOKS)],
             "the package": ["--dir", str(Path(zfree.__file__).parent / "lab")],
+            "the lab's package": ["--dir", str(Path(zfree_lab.__file__).parent / "lab")],
             "a missing study": ["runs/no-such-study"], "not a study": ["zfree-lab-not-a-study"]}[where]
     (lab_home / "zfree-lab-not-a-study").mkdir()
     assert main(["lab", *args, "--print-only"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("zfree: error: ") and err.count("\n") == 1, err
     assert not (Path(zfree.__file__).parent / "lab").exists() and not (lab_home / "zfree-lab").exists()
+    assert not (Path(zfree_lab.__file__).parent / "lab").exists()

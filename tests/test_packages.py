@@ -154,3 +154,20 @@ def test_the_refusing_interpreter_does_refuse():
                        env={"PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
     assert r.returncode == 1 and "zfree_lab.report.figstyle: ModuleNotFoundError" in r.stdout, r.stdout + r.stderr
     assert "'matplotlib" in r.stdout and "ASKED ['matplotlib']" in r.stdout, r.stdout
+
+
+def test_the_wheel_ships_both_packages_and_the_command_is_the_applications():
+    """pyproject.toml: the ``zfree`` command is ``zfree_lab.cli:main`` (it resolves), and setuptools
+    finds every package under src/ (no include or exclude list that could leave one out); the wheel
+    built from it holds ``zfree`` and ``zfree_lab`` (the slow tier's tests/test_wheel.py installs it)."""
+    import importlib
+    import tomllib
+
+    meta = tomllib.loads((SRC.parent / "pyproject.toml").read_text(encoding="utf-8"))
+    module, _, attr = meta["project"]["scripts"]["zfree"].partition(":")
+    assert module == "zfree_lab.cli" and callable(getattr(importlib.import_module(module), attr))
+    assert meta["tool"]["setuptools"]["packages"]["find"] == {"where": ["src"]}
+    packages = sorted(module_name(p.parent / "__init__.py") for p in SRC.rglob("__init__.py"))
+    assert {"zfree", "zfree_lab", "zfree.train", "zfree_lab.experiment"} <= set(packages)
+    orphans = [p for p in SRC.rglob("*.py") if not (p.parent / "__init__.py").is_file()]
+    assert not orphans, orphans  # a module in a folder without __init__.py would not be in the wheel

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from zfree.core.errors import ConfigError, InputError
-from zfree.core.paths import NOTEBOOKS, runs_home
+from zfree.core.paths import NOTEBOOKS, PACKAGES, runs_home
 
 #: the lab folder under the working directory when none is given
 DEFAULT_DIR = "zfree-lab"
@@ -56,8 +56,9 @@ def check_jupyterlab() -> None:
 
 
 def _installed_places() -> list[Path]:
-    """Folders a lab folder must not be in: the zfree package (a wheel's notebooks) and site-packages."""
-    places = [Path(__file__).resolve().parents[1]]
+    """Folders a lab folder must not be in: the zfree and zfree_lab packages (a wheel's notebooks are in
+    zfree's) and site-packages."""
+    places = [p.resolve() for p in PACKAGES]
     for key in ("purelib", "platlib"):
         if sysconfig.get_paths().get(key):
             places.append(Path(sysconfig.get_paths()[key]).resolve())
