@@ -12,6 +12,7 @@
 #       .gpu/gguf-part-ac' bash analysis/benchmarks/gpu_study.sh")
 #
 #   bash analysis/benchmarks/gpu_study.sh            # on the GPU machine, from the repository root
+#   STUDY_ARGS="--preset oracle-smollm2 --seeds 0-2" WORKERS=12 bash analysis/benchmarks/gpu_study.sh   # another study
 #   bash analysis/benchmarks/gpu_study.sh --tiny     # CPU dry run: the smoke preset, 2 runs at once
 set -u
 TINY=0; [ "${1:-}" = "--tiny" ] && TINY=1
@@ -36,7 +37,7 @@ else
     cat $GGUF_PARTS > "$d/SmolLM2-135M-Instruct.Q4_1.gguf"
     log "gguf $(sha256sum "$d/SmolLM2-135M-Instruct.Q4_1.gguf" | cut -c1-16) $(stat -c %s "$d/SmolLM2-135M-Instruct.Q4_1.gguf") bytes"
   fi
-  PRESET=(--preset e2e-smollm2 --seeds 0-2); WORKERS=9
+  read -r -a PRESET <<< "${STUDY_ARGS:---preset e2e-smollm2 --seeds 0-2}"; WORKERS=${WORKERS:-9}
   nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv -l 2 > "$O/smi.csv" 2>/dev/null & SMI=$!
 fi
 log "start: zfree study ${PRESET[*]} --workers $WORKERS"
