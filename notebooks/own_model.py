@@ -64,10 +64,10 @@ display(pd.DataFrame(boundaries).set_index("weighting"))
 result = run_own_study(model, data, out_dir, val=val, preset=cfg, render=render)
 
 # %%
-from zfree_lab.experiment.results import collect_runs
-from zfree_lab.experiment.study_notes import study_notes
 from zfree_lab.report.labels_report import label_table, notes_markdown, samples_table
 from zfree_lab.report.report import md_text
+from zfree_lab.experiment.results import collect_runs
+from zfree_lab.experiment.study_notes import study_notes
 
 runs = collect_runs(out_dir / "runs")
 display(Markdown(notes_markdown(study_notes(out_dir).get("notes", []))))
