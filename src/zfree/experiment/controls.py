@@ -14,6 +14,11 @@ A **label oracle** (``oracle_params``) is the control's recipe with z := the row
 control, Delta R_label, is what a latent carrying that label could buy; its router's
 cross-entropy on validation rows estimates H(label | x), and eta = Delta R / H is the exchange rate
 theory needs (``zfree.objective.theory.predicted_use``).
+
+A **text oracle** (``text_params``, an option of a study: ``ExperimentSpec.text_oracles``) is the
+control's recipe with the label written into x (``latent_source = "text:<key>"``, K = 1, no parameter
+beyond the control's; ``zfree.data.text_oracle``): its gain over the control, D_control - D_text, is what
+the label is worth given as text rather than through z.
 """
 
 from __future__ import annotations
@@ -76,6 +81,13 @@ def null_params(flat: dict[str, Any], key: str, n_values: int) -> dict[str, Any]
     return TrainConfig.from_flat(out).to_flat()
 
 
+def text_params(flat: dict[str, Any], key: str) -> dict[str, Any]:
+    """The flat config of the text oracle of ``key``: the control's recipe of ``flat`` (K = 1) on rows
+    whose x holds the label (``LatentSource`` "text:<key>"); its reference is scored on that x."""
+    out = {**control_params(flat), "latent_source": str(LatentSource.text_oracle(key))}
+    return TrainConfig.from_flat(out).to_flat()
+
+
 given_run_id = run_id  # names a control or an oracle by its source (``zfree.experiment.spec.run_id``)
 
 
@@ -100,19 +112,21 @@ def oracle_labels(data_dir: Path | str, wanted: Sequence[str] | None = None) -> 
 LINKS_FILE = "controls.json"
 
 
-def with_controls(points: list[Point], labels: dict[str, int] | None, null: bool = True) -> tuple[list[Point], dict]:
+def with_controls(points: list[Point], labels: dict[str, int] | None, null: bool = True,
+                  text: bool = False) -> tuple[list[Point], dict]:
     """``points`` followed by the control of every CVAE point (one per distinct recipe) and, when
     ``labels`` is given, one oracle per label on the recipe of the first point of each seed (its control
     included above: the oracle's gain is paired with the same seed's control) and, with ``null``, beside
-    each its null oracle (``null_params``: the label permuted over the rows); and the links
+    each its null oracle (``null_params``: the label permuted over the rows) and, with ``text``, its text
+    oracle (``text_params``: the label written into x); and the links
     ``{"controls": {run_id: control_id}, "oracles": {oracle_id: {"label", "n_values", "control"}},
-    "nulls": {oracle_id: null_oracle_id}}``
+    "nulls": {oracle_id: null_oracle_id}, "texts": {oracle_id: text_oracle_id}}``
     (written to ``LINKS_FILE`` by the pipeline; ``zfree.experiment.gains`` reads them). Given-z points
     already in ``points`` are kept as they are. Order: seed by seed (a study stopped part-way holds whole
     seeds), and within a seed the CVAE runs first (the longest), then controls, then oracles."""
     cvae = [p for p in points if p.params.get("latent_source", "posterior") == "posterior"]
     extra: dict[str, dict] = {}
-    links: dict = {"controls": {}, "oracles": {}, "nulls": {}}
+    links: dict = {"controls": {}, "oracles": {}, "nulls": {}, "texts": {}}
     for p in cvae:
         c = control_params(p.params)
         links["controls"][p.run_id] = given_run_id(c)
@@ -129,6 +143,10 @@ def with_controls(points: list[Point], labels: dict[str, int] | None, null: bool
                 z = null_params(p.params, key, n)
                 extra.setdefault(given_run_id(z), z)
                 links["nulls"][given_run_id(o)] = given_run_id(z)
+            if text:
+                t = text_params(p.params, key)
+                extra.setdefault(given_run_id(t), t)
+                links["texts"][given_run_id(o)] = given_run_id(t)
     seen = {p.run_id for p in points}
     out = list(points) + [Point(i, f) for i, f in extra.items() if i not in seen]
     seeds = list(dict.fromkeys(p.params.get("seed") for p in out))
