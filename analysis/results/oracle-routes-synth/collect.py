@@ -1,7 +1,8 @@
 """The synthetic oracle check per injection route (issue 55): per-row table and route table from finished
 ``zfree study --preset oracle-routes --set injection=ROUTE`` folders, without machine paths.
 
-    .venv/bin/python analysis/results/oracle-routes-synth/collect.py embedding=STUDY mid=STUDY memory=STUDY
+    .venv/bin/python analysis/results/oracle-routes-synth/collect.py embedding=STUDY mid=STUDY memory=STUDY \
+        [text:embedding=RUN_DIR ...]
 
 Writes rows.csv (one row per route, seed and evaluated row: the control's, the strategy oracle's and
 its null oracle's D = |S| lbar, and the row's strategy information ``info`` = its Bayes z-free loss
@@ -9,6 +10,9 @@ log(K / m), which the strategy reduces to 0: I(s; y | x) on that row; nats per e
 (``route_table``: per route and seed the oracle's gain D_control - D_oracle and the null's
 D_control - D_null, each with its 95 % row-bootstrap interval, the information over the same rows,
 and whether each check passes). ``tests/test_shipped_results.py`` recomputes routes.csv from rows.csv.
+A ``text:ROUTE=RUN_DIR`` argument (a text oracle trained on that route's control recipe, ``zfree train
+--config CONTROL/config.json --set latent_source=text:strategy``) adds text_rows.csv: per evaluated row the
+control's D and the text oracle's D_text (the strategy written into x).
 """
 
 from __future__ import annotations
@@ -69,8 +73,28 @@ def route_table(rows: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def text_rows(route: str, study: Path, run: Path) -> pd.DataFrame:
+    """Per evaluated row of the text oracle ``run``: D of the study's control (the one its oracles are paired
+    with) and the text oracle's D_text."""
+    from zfree.core.io import read_json
+
+    control = next(iter(read_json(study / "controls.json")["oracles"].values()))["control"]
+    d = {k: pd.read_parquet(f / "per_example.parquet").set_index("id") for k, f in
+         (("control", study / "runs" / control), ("text", run))}
+    ids = d["text"].index
+    return pd.DataFrame({"route": route, "id": ids,
+                         "D_control": (d["control"]["n_tokens"] * d["control"]["lbar"]).loc[ids].to_numpy(),
+                         "D_text": (d["text"]["n_tokens"] * d["text"]["lbar"]).to_numpy()})
+
+
 def main(pairs: list[str]) -> None:
-    rows = pd.concat([study_rows(r, Path(s)) for r, s in (p.split("=", 1) for p in pairs)], ignore_index=True)
+    args = dict(p.split("=", 1) for p in pairs)
+    texts = {k[len("text:"):]: Path(v) for k, v in args.items() if k.startswith("text:")}
+    studies = {k: Path(v) for k, v in args.items() if not k.startswith("text:")}
+    if texts:
+        t = pd.concat([text_rows(r, studies[r], f) for r, f in texts.items()], ignore_index=True)
+        t.to_csv(HERE / "text_rows.csv", index=False, float_format="%.9g")
+    rows = pd.concat([study_rows(r, s) for r, s in studies.items()], ignore_index=True)
     rows.to_csv(HERE / "rows.csv", index=False, float_format="%.9g")
     rows = pd.read_csv(HERE / "rows.csv")  # the table from the shipped rows, as the test reads them
     route_table(rows).to_csv(HERE / "routes.csv", index=False)
