@@ -134,6 +134,10 @@ def test_a_study_trains_the_text_oracle_beside_the_oracle_and_its_null_only_when
     assert (t["latent_source"], t["n_latent"]) == ("text:strategy", 1)
     assert {k: v for k, v in t.items() if k != "latent_source"} == {k: v for k, v in c.items() if k != "latent_source"}
     assert text_params(pts[0].params, "strategy") == t
+    arm = expand_grid({**TrainConfig().to_flat(), "steps": 50, "beta": 0.0},  # an oracle arm written in the grid
+                      {"variant": [{"latent_source": "label:strategy", "n_latent": 4}]})
+    out, links = with_controls(arm, None, text=True)
+    assert links["texts"] == {arm[0].run_id: next(p.run_id for p in out if p.run_id.startswith("text-strategy"))}
 
 
 def test_the_spec_field_is_read_validated_in_one_line_and_left_out_of_a_plan_at_its_default():
