@@ -155,7 +155,9 @@ def _add_study(sub) -> None:
     st.add_argument("--seeds", type=parse_seeds, default=None, metavar="0-2",
                     help="train every run, its control and each oracle once per seed (a range 0-2 or a list 0,3,5); "
                          "gains are then tested over seeds (seed_gains.csv); default: the preset's own")
-    st.add_argument("--workers", type=_positive_int, default=None, help="parallel runs (one torch thread each)")
+    st.add_argument("--workers", type=_positive_int, default=None,
+                    help="parallel runs (one torch thread each); on CUDA, runs per device (the estimate holds it to "
+                         "what the device memory fits)")
     st.add_argument("--set", action="append", metavar="FIELD=VALUE",
                     help="set a config field on every run of the study (typed as in zfree train; repeatable)")
     st.set_defaults(func=cmd_study)

@@ -35,6 +35,7 @@ FreeBitsMode = Literal["none", "per_example", "batch_mean", "per_dim", "threshol
 CBaseSource = Literal["entangled_run", "pretrained_source"]
 PosteriorFeatures = Literal["mean_y", "last", "mean_first", "attention", "encoder", "optimal"]
 Injection = Literal["embedding", "prefix", "memory", "mid"]  # zfree.models.routes.ROUTES
+LatentCapacity = Literal["per_value", "shared_delta"]  # ModelConfig.latent_capacity
 
 
 class LatentKind(StrEnum):
@@ -59,7 +60,7 @@ LOG_ONLY_FIELDS = frozenset({"tensorboard", "wandb"})
 #: same-config check), so finished runs recorded without it keep their ids and are reused; set to
 #: anything else it is part of the identity like every other field
 LATER_FIELD_DEFAULTS: dict[str, Any] = {"word_dropout": 0.0, "handover_reference": "base", "injection": "embedding",
-                                        "compile": False}
+                                        "compile": False, "latent_capacity": "per_value"}
 
 
 def without_log_only(flat: dict[str, Any]) -> dict[str, Any]:
@@ -248,6 +249,12 @@ class ModelConfig:
     # separator and y queries (Optimus's memory path; needs a token before the separator); prefix = a soft
     # token s + z before the separator (exact at step 0 against the base reading s, not the base itself)
     injection: Injection = "embedding"
+    # what the latent vector u_z entering the route is (issue 55, equal capacity across arms): per_value =
+    # its own vector e_z per value (K vectors, so the oracle's K learn apart the shared task bias that the
+    # control's one vector learns from every row); shared_delta = s + d_z, one latent-independent vector s
+    # that every arm (the control, oracles and null oracles included) trains on every row, and K deltas d_z,
+    # both zero-initialised (exact at step 0); under injection='prefix' the route's soft token is s
+    latent_capacity: LatentCapacity = "per_value"
     # where z comes from: "posterior" = the CVAE (q(z|x,y) learned);
     # "control" = the z-free control (K = 1: z carries nothing, the same decoder, optimizer, steps and
     # batches); "label:<key>" = a label oracle (z := the row's label value, K = its number of values;
@@ -278,6 +285,7 @@ class ModelConfig:
         _check_choice("prior", self.prior, LatentPrior)
         _check_choice("shared_prefix", self.shared_prefix, Literal["auto", "on", "off"])
         _check_choice("injection", self.injection, Injection)
+        _check_choice("latent_capacity", self.latent_capacity, LatentCapacity)
         _check_int("d_latent", self.d_latent, 1)
         _check_int("n_samples", self.n_samples, 1)
         _check_choice("posterior_features", self.posterior_features, PosteriorFeatures)

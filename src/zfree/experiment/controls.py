@@ -14,6 +14,11 @@ A **label oracle** (``oracle_params``) is the control's recipe with z := the row
 control, Delta R_label, is what a latent carrying that label could buy; its router's
 cross-entropy on validation rows estimates H(label | x), and eta = Delta R / H is the exchange rate
 theory needs (``zfree.objective.theory.predicted_use``).
+
+An oracle may also be a point of the grid itself (``latent_source: label:<key>`` with its K and its own
+fields, e.g. an oracle arm with ``router_clip: global`` beside one with ``own``): it is trained as written,
+linked to the control of its own recipe and, with ``null``, given its null oracle: the same point with
+``latent_source: null:<key>``.
 """
 
 from __future__ import annotations
@@ -41,10 +46,17 @@ _RESET = ("beta", "beta_schedule", "beta_warmup_steps", "beta_cycle_steps", "bet
 #: field must be classified, or runs differing only in it would silently share or split controls.
 SHARED = ("data_dir", "base_dir", "weighting", "epsilon", "token_alpha", "token_outer", "c_base_source", "shared_prefix",
           "injection",  # the control's decoder takes z (one value) through the same route
+          "latent_capacity",  # the control trains the same shared vector (and its one delta) as its run's
           "latent_source", "steps", "batch_size", "lr_backbone", "lr_new", "warmup_backbone", "weight_decay",
           "grad_clip", "eval_every", "eval_rows", "decode_rows", "seed", "threads", "device", "precision",
           "checkpoint_every", "optimizer", "lora_rank", "lora_alpha", "lora_targets", "micro_batch",
           "keep_prev_checkpoint", "tensorboard", "wandb", "word_dropout", "compile")
+
+
+#: fields reset in the control (they cannot change a one-value decoder) that an oracle and its null keep from
+#: the recipe they are built on: a K >= 2 given z has a router probe with a gradient, and these say how
+#: that gradient is clipped (an oracle of a run with ``router_clip=global`` is that run's coupling)
+ORACLE_KEEPS = ("router_clip",)
 
 
 def control_params(flat: dict[str, Any]) -> dict[str, Any]:
@@ -60,11 +72,17 @@ def control_params(flat: dict[str, Any]) -> dict[str, Any]:
     return TrainConfig.from_flat(out).to_flat()
 
 
+def _given_params(flat: dict[str, Any], source: LatentSource, n_values: int) -> dict[str, Any]:
+    """The control recipe of ``flat`` with z from ``source`` (K = ``n_values``), ``ORACLE_KEEPS`` kept from ``flat``."""
+    kept = {k: flat[k] for k in ORACLE_KEEPS if k in flat}
+    out = {**control_params(flat), **kept, "n_latent": n_values, "latent_source": str(source)}
+    return TrainConfig.from_flat(out).to_flat()
+
+
 def oracle_params(flat: dict[str, Any], key: str, n_values: int) -> dict[str, Any]:
     """The flat config of the label oracle of ``key`` (z := the row's value, K = ``n_values``) on
-    the control recipe of ``flat``."""
-    out = {**control_params(flat), "n_latent": n_values, "latent_source": str(LatentSource.oracle(key))}
-    return TrainConfig.from_flat(out).to_flat()
+    the control recipe of ``flat`` (with its ``ORACLE_KEEPS``)."""
+    return _given_params(flat, LatentSource.oracle(key), n_values)
 
 
 def null_params(flat: dict[str, Any], key: str, n_values: int) -> dict[str, Any]:
@@ -72,8 +90,7 @@ def null_params(flat: dict[str, Any], key: str, n_values: int) -> dict[str, Any]
     (``LatentSource`` "null:<key>"): the same K and marginal, nothing about the row's own y. Its gain over
     the control is what K given vectors buy without information (shared bias, capacity); a label's value
     is D_null - D_oracle."""
-    out = {**control_params(flat), "n_latent": n_values, "latent_source": str(LatentSource.null_oracle(key))}
-    return TrainConfig.from_flat(out).to_flat()
+    return _given_params(flat, LatentSource.null_oracle(key), n_values)
 
 
 given_run_id = run_id  # names a control or an oracle by its source (``zfree.experiment.spec.run_id``)
@@ -108,7 +125,9 @@ def with_controls(points: list[Point], labels: dict[str, int] | None, null: bool
     ``{"controls": {run_id: control_id}, "oracles": {oracle_id: {"label", "n_values", "control"}},
     "nulls": {oracle_id: null_oracle_id}}``
     (written to ``LINKS_FILE`` by the pipeline; ``zfree.experiment.gains`` reads them). Given-z points
-    already in ``points`` are kept as they are. Order: seed by seed (a study stopped part-way holds whole
+    already in ``points`` are kept as they are; each label oracle among them (``label:<key>``, K its
+    ``n_latent``) is linked to the control of its own recipe (added) and, with ``null``, given its null
+    oracle: the point with z permuted (module docstring). Order: seed by seed (a study stopped part-way holds whole
     seeds), and within a seed the CVAE runs first (the longest), then controls, then oracles."""
     cvae = [p for p in points if p.params.get("latent_source", "posterior") == "posterior"]
     extra: dict[str, dict] = {}
@@ -129,6 +148,19 @@ def with_controls(points: list[Point], labels: dict[str, int] | None, null: bool
                 z = null_params(p.params, key, n)
                 extra.setdefault(given_run_id(z), z)
                 links["nulls"][given_run_id(o)] = given_run_id(z)
+    for p in points:  # oracle arms written in the grid: their own recipe's control and null
+        source = LatentSource.parse(p.params.get("latent_source"))
+        if source.kind != "label":
+            continue
+        c = control_params(p.params)
+        extra.setdefault(given_run_id(c), c)
+        n = int(p.params["n_latent"])
+        links["oracles"][p.run_id] = {"label": source.label, "n_values": n, "control": given_run_id(c)}
+        if null:  # the oracle as written, z permuted
+            z = TrainConfig.from_flat({**p.params, "latent_source": str(LatentSource.null_oracle(source.label))})
+            z = z.to_flat()
+            extra.setdefault(given_run_id(z), z)
+            links["nulls"][p.run_id] = given_run_id(z)
     seen = {p.run_id for p in points}
     out = list(points) + [Point(i, f) for i, f in extra.items() if i not in seen]
     seeds = list(dict.fromkeys(p.params.get("seed") for p in out))

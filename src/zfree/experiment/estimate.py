@@ -41,6 +41,7 @@ from zfree.experiment.budget import (CUTS, FILL, KEEP_WEIGHTINGS, MIN_STEPS, PLA
                                      parse_budget)
 from zfree.experiment.cost import (AGGRESSIVE_STEP_FACTOR, KERNEL_START_S, _n_evals, grid_seconds,  # noqa: F401
                                    run_seconds, train_scoring_seconds)
+from zfree.experiment.devices import CUDA_CONTEXT_BYTES, device_count, fit_device  # noqa: F401
 from zfree.experiment.probe import (GB, MEMORY_SHARE, PROBE_ROWS, PROBE_STEPS, Probe, _kill_tree,  # noqa: F401
                                     _poll_peak, kept_probe, memory_limit, probe, probe_params, probe_side_by_side,
                                     probed_step_seconds, usable_cores)
@@ -97,6 +98,18 @@ def fit_memory(points: list[Point], pr: Probe, workers: int, limit: int, parent:
             f"{f' at micro_batch={pr.micro_batch}' if pr.micro_batch else ''})")
     raise ConfigError(f"this grid needs {need} but {max(0.0, room) / GB:.1f} GB are free to plan with; "
                       "use a smaller model or batch_size")
+
+
+def fit_workers(points: list[Point], pr: Probe, workers: int, limit: int, parent: int,
+                reprobe: Callable[[int], Probe]) -> tuple[int, int, Probe, list[str]]:
+    """``fit_memory`` for the host and, where the probe ran on CUDA, ``fit_device`` for the devices
+    (``workers`` counts runs per device there): (processes at once, micro_batch, probe, lines)."""
+    n_dev = device_count() if pr.device_peak else 0
+    w, mb, pr, lines = fit_memory(points, pr, workers * max(1, n_dev), limit, parent, reprobe)
+    if not n_dev:
+        return w, mb, pr, lines
+    w_dev, said = fit_device(pr, workers, n_dev)
+    return min(w, w_dev), mb, pr, [*lines, *said]
 
 
 def _first_control(points: list[Point]) -> Point | None:
@@ -295,7 +308,7 @@ def plan(spec: ExperimentSpec, make_points: Callable[[ExperimentSpec], list[Poin
     ceiling = max(1, int(MEMORY_SHARE * limit - parent))  # a probe past it is stopped (``probe``)
     probing = Probing(out / "estimate", ceiling, None if budget is None else t_plan + PROBE_SHARE * budget)
     pr = probing.check(probing.one(points[0]), budget, prep_s)
-    w, mb, pr, lines = fit_memory(points, pr, workers, limit, parent, _reprobe(points, probing, workers))
+    w, mb, pr, lines = fit_workers(points, pr, workers, limit, parent, _reprobe(points, probing, workers))
     pr = probing.check(pr, budget, prep_s)
     pr = dataclasses.replace(pr, train_scoring_s=train_scoring_seconds(points))
     pr, unprobed = _with_control(pr, points, probing, mb, lines)

@@ -29,6 +29,7 @@ from zfree.config import check_run_inputs
 from zfree.core.io import atomic_write_json
 from zfree.core.locks import claim_folder, run_folder_lock
 from zfree.core.paths import NOTEBOOKS, PATH_FIELDS, resolve_path
+from zfree.experiment.devices import cuda_devices, runs_at_once  # noqa: F401
 from zfree.experiment.memory_watch import KernelWatch, died_message
 from zfree.experiment.notebook_exec import execute, is_whole
 from zfree.experiment.spec import Point
@@ -131,9 +132,13 @@ def die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
-def _worker_init(parent_pid: int):
+def _worker_init(parent_pid: int, slot=None, devices: tuple[str, ...] = ()):
     os.environ["OMP_NUM_THREADS"] = "1"
     os.environ["MKL_NUM_THREADS"] = "1"
+    if slot is not None and len(devices) > 1:  # worker i on device i mod n: its kernels see that one only
+        with slot.get_lock():
+            i, slot.value = slot.value, slot.value + 1
+        os.environ["CUDA_VISIBLE_DEVICES"] = devices[i % len(devices)]
     # Ctrl-C reaches the whole foreground process group: the sweep's main process alone decides
     # (``stop_workers``), so a worker prints no KeyboardInterrupt/zmq traceback of its own
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -145,8 +150,14 @@ def local_executor(workers: int = 2) -> ProcessPoolExecutor:
     """A process pool with one torch thread per worker (two workers with two threads each made a
     training step 20x slower on a 2-core machine); the workers die with this process
     (``die_with_parent``). Workers are forked from the submitting thread, whose exit (not the
-    process's) is what Linux's parent-death signal watches: submit from the main thread."""
-    return ProcessPoolExecutor(max_workers=workers, initializer=_worker_init, initargs=(os.getpid(),))
+    process's) is what Linux's parent-death signal watches: submit from the main thread. With several
+    CUDA devices, worker i runs on device i mod n (its ``CUDA_VISIBLE_DEVICES``: the papermill kernels
+    it starts inherit it); with one, every worker shares it (``runs_at_once`` per device)."""
+    import multiprocessing
+
+    devices = tuple(cuda_devices())
+    slot = multiprocessing.Value("i", 0) if len(devices) > 1 else None
+    return ProcessPoolExecutor(max_workers=workers, initializer=_worker_init, initargs=(os.getpid(), slot, devices))
 
 
 EXECUTORS = {"local": "a process pool on this machine", "submitit": "submitit (SLURM, local or debug)"}

@@ -22,7 +22,7 @@ from zfree.core.locks import STUDY_MARKS, check_own_folder, run_folder_lock
 from zfree.core.paths import check_out_dir
 from zfree.experiment.controls import LINKS_FILE, oracle_labels, with_controls
 from zfree.experiment.estimate import plan
-from zfree.experiment.executor import Executor, make_executor, print_failures, run_points
+from zfree.experiment.executor import Executor, make_executor, print_failures, run_points, runs_at_once
 from zfree.experiment.render import render_report
 from zfree.experiment.results import collect_runs
 from zfree.experiment.tables import aggregate
@@ -175,8 +175,9 @@ def run_experiment(spec: ExperimentSpec, out_dir: Path | str, *, retrain_base: b
     elif estimate or budget_s is not None:  # measure, fit memory and budget, say so, then go on
         fitted = _fit(spec, prep, out, workers or spec.workers, budget_s, t0, clock)
         spec, workers, record = fitted.spec, fitted.workers, fitted.record
-    grid, table = _grid(spec, prep)
-    notes = _notes(spec, out, prep, table)
+    elif spec.executor == "local":  # runs per CUDA device (zfree.experiment.executor.runs_at_once)
+        workers = runs_at_once(workers or spec.workers, str(spec.train.get("device", "auto")))
+    _notes(spec, out, prep, _grid(spec, prep)[1])
     points = _points(spec, prep, out)
     if saved is None and planned:
         write_plan(out, request, spec, workers or spec.workers, [p.run_id for p in points], record)
@@ -194,8 +195,7 @@ def run_experiment(spec: ExperimentSpec, out_dir: Path | str, *, retrain_base: b
     html = render_report(out, progress=progress, aggregated=True) if render else None
     clock.done("report", finished=True)
     if progress and render:
-        extra = len(points) - n
-        also = f" (+ {extra} z-free controls and label oracles)" if extra > 0 else ""
+        also = f" (+ {len(points) - n} z-free controls and label oracles)" if len(points) > n else ""
         print(f"study {spec.name!r}: {n} runs{also} in {out} ({time.time() - t0:.0f} s); report: {html}")
     if progress:
         print(disk_line(out), flush=True)

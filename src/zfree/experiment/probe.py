@@ -63,6 +63,10 @@ class Probe:
     skipped: bool = False
     #: stopped at its deadline (the probes' share of a budget, ``plan``): the times were not measured
     over_time: bool = False
+    #: on an accelerator (CUDA): the bytes the run's process reserved on its device at its peak and the
+    #: device's total (``zfree.train.run_folder.device_memory``); 0 on the CPU
+    device_peak: int = 0
+    device_total: int = 0
 
     @property
     def measured(self) -> bool:
@@ -296,7 +300,9 @@ def _probe_child(point: Point, run: Path, flat: dict, mb: int, n_batch: int, cei
     step_s, warm = probed_step_seconds(summary, ev0, end)
     return Probe(setup_s=max(0.0, wall - end - decode) + warm, step_s=step_s,
                  eval_row_s=max(0.0, ev0 - samples) / PROBE_ROWS, peak_rss=peak[0], batch_size=n_batch,
-                 micro_batch=mb, wall_s=wall, samples_s=samples, decode_s=decode)
+                 micro_batch=mb, wall_s=wall, samples_s=samples, decode_s=decode,
+                 device_peak=int(summary.get("compute/device_peak_bytes") or 0),
+                 device_total=int(summary.get("compute/device_total_bytes") or 0))
 
 
 #: pids of the probes' ``zfree train`` children still running (``probe_side_by_side`` kills them on an

@@ -47,7 +47,20 @@ from zfree.train.checkpoint_parts import prune_finished
 #: does; ``predicted_latent_used`` applies it to the predicted fraction (zfree.report.report reads it)
 USE_THRESHOLD = 0.5
 #: the only summary keys that differ between a resumed and an uninterrupted run (wall seconds)
-TIMING_KEYS = ("wall_s", "compute/train_wall_s", "compute/first_step_s", "decode/samples_s", "multiref/decode_s")
+TIMING_KEYS = ("wall_s", "compute/train_wall_s", "compute/first_step_s", "decode/samples_s", "multiref/decode_s",
+               "compute/device_peak_bytes", "compute/device_total_bytes")
+
+
+def device_memory(dev: torch.device) -> dict[str, int]:
+    """On CUDA, the accelerator memory this process's run held at its peak and the device's total, in
+    bytes (``compute/device_peak_bytes``: ``torch.cuda.max_memory_reserved``, the caching allocator's
+    reserved bytes, which is what another process on the same device cannot have;
+    ``compute/device_total_bytes``); {} elsewhere. The study's estimate fits runs per device with them
+    (``zfree.experiment.estimate.fit_device``)."""
+    if dev.type != "cuda":
+        return {}
+    return {"compute/device_peak_bytes": int(torch.cuda.max_memory_reserved(dev)),
+            "compute/device_total_bytes": int(torch.cuda.get_device_properties(dev).total_memory)}
 
 
 class NonFiniteLossError(ZfreeError, RuntimeError):

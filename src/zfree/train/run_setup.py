@@ -65,16 +65,19 @@ def build_cvae(cfg: TrainConfig, backbone: torch.nn.Module) -> DiscreteCVAE | Co
     at N(0, latent_init_std^2) under the random_init_jsd aid), moved to ``cfg.optim.device``
     ("auto": cuda when present) in train mode, its decoder passes under ``cfg.model.shared_prefix``
     (auto / on / off; off also skips the z-free pass's key/value cache), the latent entering through
-    ``cfg.model.injection`` (``zfree.models.routes``); LoRA adapters only with lora_rank > 0."""
+    ``cfg.model.injection`` (``zfree.models.routes``) as ``cfg.model.latent_capacity`` says (its own vector
+    per value, or deltas on one shared vector); LoRA adapters only with lora_rank > 0."""
     m = cfg.model
     with default_dtype(next(backbone.parameters()).dtype):  # new heads in the backbone's dtype
         if m.latent_kind == LatentKind.CONTINUOUS:
             model = ContinuousCVAE(backbone, m.d_latent, m.posterior_features, prior=m.prior, n_samples=m.n_samples,
-                                   bn_gamma=m.bn_gamma, delta_rate=m.delta_rate, injection=m.injection)
+                                   bn_gamma=m.bn_gamma, delta_rate=m.delta_rate, injection=m.injection,
+                                   latent_capacity=m.latent_capacity)
         else:
             model = DiscreteCVAE(backbone, m.n_latent, m.posterior_features,
                                  latent_init_std=cfg.aid.latent_init_std if cfg.aid.aid == "random_init_jsd" else 0.0,
-                                 latent_source=m.latent_source, injection=m.injection)
+                                 latent_source=m.latent_source, injection=m.injection,
+                                 latent_capacity=m.latent_capacity)
         if cfg.optim.lora_rank:  # LoRA over the frozen base: B = 0, still exact at step 0
             apply_lora(model.backbone, cfg.optim.lora_rank, cfg.optim.lora_alpha, cfg.optim.lora_targets)
     model.shared_prefix_mode = m.shared_prefix

@@ -370,4 +370,5 @@ def _finish(cfg: TrainConfig, out: Path, run: Run, ev, counter: TokenCounter) ->
                              use_threshold=run_folder.USE_THRESHOLD)
     extra = {k: v for p in run.plugins for k, v in p.summary(cfg, state).items()}
     extra.update({f"aid/gate_{k}": v for k, v in gate_record(data, with_ids=False).items()})  # {} without gate rows
+    extra.update(run_folder.device_memory(next(model.parameters()).device))
     return run_folder.write_summary(out, cfg, ev, state, time.time() - run.t0, extra)
