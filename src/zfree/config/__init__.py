@@ -211,15 +211,17 @@ class ObjectiveConfig:
 
 
 def check_latent_source(source: str, latent_kind: str, n_latent: int) -> None:
-    """ValueError naming ``latent_source`` unless it is "posterior", "control" (with n_latent = 1)
-    or "label:<key>" (a non-empty key), the last two on the discrete latent only (``LatentSource.parse``)."""
+    """ValueError naming ``latent_source`` unless it is "posterior", "control" or "text:<key>" (each with
+    n_latent = 1), "label:<key>" or "null:<key>" (a non-empty key), all but the first on the discrete latent
+    only (``LatentSource.parse``)."""
     if source is None:
         raise ValueError("latent_source=None: expected 'posterior', 'control' or 'label:<key>'")
-    LatentSource.parse(source)
+    parsed = LatentSource.parse(source)
     if source != "posterior" and latent_kind != "discrete":
         raise ValueError(f"latent_source={source!r} needs latent_kind='discrete'")
-    if source == "control" and n_latent != 1:
-        raise ValueError(f"n_latent={n_latent!r} must be 1 for latent_source='control' (z carries nothing)")
+    if parsed.z_free and n_latent != 1:
+        raise ValueError(f"n_latent={n_latent!r} must be 1 for latent_source={source!r} (z carries nothing"
+                         + (": the label is in x)" if parsed.kind == "text" else ")"))
 
 
 @dataclass(frozen=True)
@@ -258,7 +260,9 @@ class ModelConfig:
     # where z comes from: "posterior" = the CVAE (q(z|x,y) learned);
     # "control" = the z-free control (K = 1: z carries nothing, the same decoder, optimizer, steps and
     # batches); "label:<key>" = a label oracle (z := the row's label value, K = its number of values;
-    # <key> a key of the rows' labels, or "strategy"). Control and oracles: discrete only.
+    # <key> a key of the rows' labels, or "strategy"); "null:<key>" = its null oracle (the label permuted
+    # over the rows); "text:<key>" = its text oracle (K = 1 as the control, the label written into x:
+    # zfree.data.text_oracle). Control and oracles: discrete only.
     latent_source: str = "posterior"
     # BN-VAE (Zhu et al. 2020, continuous latent with the N(0, I) prior): batch normalization of the
     # posterior means with a fixed scale gamma (their 0.7) and a learned shift, so the expected KL is at
@@ -291,7 +295,8 @@ class ModelConfig:
         _check_choice("posterior_features", self.posterior_features, PosteriorFeatures)
         if self.posterior_features == "optimal" and self.latent_kind != LatentKind.DISCRETE:
             raise ValueError("posterior_features='optimal' needs latent_kind='discrete' (it enumerates the K values)")
-        if self.latent_source != "control" and (not isinstance(self.n_latent, int) or self.n_latent < 2):
+        if not LatentSource.parse(self.latent_source).z_free and (not isinstance(self.n_latent, int)
+                                                                  or self.n_latent < 2):
             raise ValueError(f"n_latent={self.n_latent!r} must be an integer >= 2")
 
 

@@ -19,6 +19,11 @@ An oracle may also be a point of the grid itself (``latent_source: label:<key>``
 fields, e.g. an oracle arm with ``router_clip: global`` beside one with ``own``): it is trained as written,
 linked to the control of its own recipe and, with ``null``, given its null oracle: the same point with
 ``latent_source: null:<key>``.
+
+A **text oracle** (``text_params``, an option of a study: ``ExperimentSpec.text_oracles``) is the
+control's recipe with the label written into x (``latent_source = "text:<key>"``, K = 1, no parameter
+beyond the control's; ``zfree.data.text_oracle``): its gain over the control, D_control - D_text, is what
+the label is worth given as text rather than through z.
 """
 
 from __future__ import annotations
@@ -93,6 +98,13 @@ def null_params(flat: dict[str, Any], key: str, n_values: int) -> dict[str, Any]
     return _given_params(flat, LatentSource.null_oracle(key), n_values)
 
 
+def text_params(flat: dict[str, Any], key: str) -> dict[str, Any]:
+    """The flat config of the text oracle of ``key``: the control's recipe of ``flat`` (K = 1) on rows
+    whose x holds the label (``LatentSource`` "text:<key>"); its reference is scored on that x."""
+    out = {**control_params(flat), "latent_source": str(LatentSource.text_oracle(key))}
+    return TrainConfig.from_flat(out).to_flat()
+
+
 given_run_id = run_id  # names a control or an oracle by its source (``zfree.experiment.spec.run_id``)
 
 
@@ -117,13 +129,15 @@ def oracle_labels(data_dir: Path | str, wanted: Sequence[str] | None = None) -> 
 LINKS_FILE = "controls.json"
 
 
-def with_controls(points: list[Point], labels: dict[str, int] | None, null: bool = True) -> tuple[list[Point], dict]:
+def with_controls(points: list[Point], labels: dict[str, int] | None, null: bool = True,
+                  text: bool = False) -> tuple[list[Point], dict]:
     """``points`` followed by the control of every CVAE point (one per distinct recipe) and, when
     ``labels`` is given, one oracle per label on the recipe of the first point of each seed (its control
     included above: the oracle's gain is paired with the same seed's control) and, with ``null``, beside
-    each its null oracle (``null_params``: the label permuted over the rows); and the links
+    each its null oracle (``null_params``: the label permuted over the rows) and, with ``text``, its text
+    oracle (``text_params``: the label written into x); and the links
     ``{"controls": {run_id: control_id}, "oracles": {oracle_id: {"label", "n_values", "control"}},
-    "nulls": {oracle_id: null_oracle_id}}``
+    "nulls": {oracle_id: null_oracle_id}, "texts": {oracle_id: text_oracle_id}}``
     (written to ``LINKS_FILE`` by the pipeline; ``zfree.experiment.gains`` reads them). Given-z points
     already in ``points`` are kept as they are; each label oracle among them (``label:<key>``, K its
     ``n_latent``) is linked to the control of its own recipe (added) and, with ``null``, given its null
@@ -131,7 +145,7 @@ def with_controls(points: list[Point], labels: dict[str, int] | None, null: bool
     seeds), and within a seed the CVAE runs first (the longest), then controls, then oracles."""
     cvae = [p for p in points if p.params.get("latent_source", "posterior") == "posterior"]
     extra: dict[str, dict] = {}
-    links: dict = {"controls": {}, "oracles": {}, "nulls": {}}
+    links: dict = {"controls": {}, "oracles": {}, "nulls": {}, "texts": {}}
     for p in cvae:
         c = control_params(p.params)
         links["controls"][p.run_id] = given_run_id(c)
@@ -148,6 +162,10 @@ def with_controls(points: list[Point], labels: dict[str, int] | None, null: bool
                 z = null_params(p.params, key, n)
                 extra.setdefault(given_run_id(z), z)
                 links["nulls"][given_run_id(o)] = given_run_id(z)
+            if text:
+                t = text_params(p.params, key)
+                extra.setdefault(given_run_id(t), t)
+                links["texts"][given_run_id(o)] = given_run_id(t)
     for p in points:  # oracle arms written in the grid: their own recipe's control and null
         source = LatentSource.parse(p.params.get("latent_source"))
         if source.kind != "label":
@@ -161,6 +179,10 @@ def with_controls(points: list[Point], labels: dict[str, int] | None, null: bool
             z = z.to_flat()
             extra.setdefault(given_run_id(z), z)
             links["nulls"][p.run_id] = given_run_id(z)
+        if text:  # the label written into x, on the oracle's own recipe
+            t = text_params(p.params, source.label)
+            extra.setdefault(given_run_id(t), t)
+            links["texts"][p.run_id] = given_run_id(t)
     seen = {p.run_id for p in points}
     out = list(points) + [Point(i, f) for i, f in extra.items() if i not in seen]
     seeds = list(dict.fromkeys(p.params.get("seed") for p in out))

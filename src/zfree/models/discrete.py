@@ -148,7 +148,7 @@ class DiscreteCVAE(nn.Module):
         super().__init__()
         if injection not in INJECTIONS:
             raise ValueError(f"injection={injection!r} is not one of {list(INJECTIONS)}")
-        if n_latent < (1 if latent_source == "control" else 2):
+        if n_latent < (1 if LatentSource.parse(latent_source).z_free else 2):
             raise ValueError(f"n_latent={n_latent} must be >= 2")
         self.latent_source = latent_source
         self.given = is_given(latent_source)  # parsed once, not per step
