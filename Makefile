@@ -64,18 +64,20 @@ test-kernels: $(STAMP)
 test-slow: $(STAMP)
 	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(BIN)/pytest -q -m slow
 
-## The browser test of the slow tier (tests/test_lab_browser.py): JupyterLab driven through Playwright
-## and the system Chromium, as a researcher drives explore.ipynb (a launch that finishes, one that
-## fails, a stop, a study chosen, git status clean). It installs what it needs where it can: Debian's
-## chromium with apt-get when missing and run as root, Playwright for Python with pip (no browser
-## download: `playwright install` is not used). Without Chromium the test is skipped, saying why (-rs).
+## The browser tests of the slow tier: JupyterLab driven through Playwright and the system Chromium,
+## as a researcher drives explore.ipynb (tests/test_lab_browser.py: a launch that finishes, one that
+## fails, a stop, a study chosen, git status clean; tests/test_lab_wheel.py: `zfree lab DIR` from the
+## wheel installed with its lab extra in a fresh venv, on a study written with --out DIR). It installs
+## what it needs where it can: Debian's chromium with apt-get when missing and run as root, Playwright
+## for Python with pip (no browser download: `playwright install` is not used). Without Chromium the
+## tests are skipped, saying why (-rs).
 CHROMIUM ?= /usr/bin/chromium
 test-lab: $(STAMP)
 	@if [ ! -x "$(CHROMIUM)" ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  echo "installing Debian's chromium (apt-get)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; fi
 	@$(BIN)/python -c "import playwright.sync_api" 2>/dev/null || $(BIN)/pip install -q "playwright>=1.45"
-	ZFREE_CHROMIUM=$(CHROMIUM) OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(BIN)/pytest -q -rs -m slow -p no:xdist tests/test_lab_browser.py
+	ZFREE_CHROMIUM=$(CHROMIUM) OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(BIN)/pytest -q -rs -m slow -p no:xdist tests/test_lab_browser.py tests/test_lab_wheel.py
 
 ## A one-node SLURM on this machine (as root: installs Debian's slurmctld, slurmd and munge when
 ## missing, writes /etc/slurm/slurm.conf, starts the daemons, waits for the node to be idle): then

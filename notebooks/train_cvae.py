@@ -43,6 +43,7 @@ n_samples = 1
 prior = 'learned'
 shared_prefix = 'auto'
 injection = 'embedding'
+latent_capacity = 'per_value'
 latent_source = 'posterior'
 bn_gamma = 0.0
 delta_rate = 0.0

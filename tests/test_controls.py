@@ -169,6 +169,41 @@ def test_every_seed_gets_its_control_and_its_oracles_seed_by_seed():
         assert by_id[run]["seed"] == by_id[control]["seed"]
 
 
+def test_oracle_arms_in_the_grid_get_their_own_recipes_control_and_null():
+    """Issue 55's decisive design: oracle arms written as grid points (as shipped: one global clip, K own
+    vectors; decoupled: the probe clipped on its own, K deltas on one shared vector), each linked to the
+    control of its own recipe and given its null on that recipe; the oracle-only field router_clip is kept
+    by the oracle and its null, reset in the control (a one-value router has no gradient)."""
+    base = {**TrainConfig().to_flat(), "steps": 50}
+    arms = [{"router_clip": "global", "latent_capacity": "per_value"},
+            {"router_clip": "own", "latent_capacity": "shared_delta"}]
+    pts = expand_grid(base, {"arm": [{**a, "latent_source": "label:complete", "n_latent": 2} for a in arms],
+                             "seed": [0, 1]})
+    out, links = with_controls(pts, {})
+    by_id = {p.run_id: p.params for p in out}
+    assert len(out) == 12 and set(links["oracles"]) == set(links["nulls"]) == {p.run_id for p in pts}
+    assert len({link["control"] for link in links["oracles"].values()}) == 4  # one per arm and seed
+    for o, link in links["oracles"].items():
+        oracle, control, null = by_id[o], by_id[link["control"]], by_id[links["nulls"][o]]
+        assert link == {"label": "complete", "n_values": 2, "control": link["control"]}
+        assert (control["latent_source"], control["n_latent"], control["router_clip"]) == ("control", 1, "own")
+        assert control["latent_capacity"] == oracle["latent_capacity"] and control["seed"] == oracle["seed"]
+        assert null == {**oracle, "latent_source": "null:complete"}  # the oracle's own recipe, z permuted
+    assert [p.params["seed"] for p in out] == [0] * 6 + [1] * 6
+    # an oracle built from a run keeps the run's router_clip; its control does not need it
+    run = {**base, "router_clip": "global", "latent_capacity": "shared_delta"}
+    assert oracle_params(run, "complete", 2)["router_clip"] == null_params(run, "complete", 2)["router_clip"] == "global"
+    assert control_params(run)["router_clip"] == "own" and control_params(run)["latent_capacity"] == "shared_delta"
+
+
+def test_y_words_is_a_derived_label_named_only_where_a_study_asks_for_it():
+    rows = [Pair("1", "x", " ".join(["w"] * 20)), Pair("2", "x", " ".join(["w"] * 21), labels={"a": "u"}),
+            Pair("3", "x", " ".join(["w"] * 27), labels={"a": "v"}), Pair("4", "x", "one", labels={"y_words": "own"})]
+    assert [label_value(p, "y_words") for p in rows] == ["1-20", "21-26", "27+", "own"]  # a row's own label wins
+    assert label_value(rows[1], "a*y_words") == "u*21-26"
+    assert "y_words" not in label_keys_of(rows[1:3])  # never among the labels every row carries
+
+
 def test_the_null_oracle_permutes_the_label_over_the_rows(tiny_run):
     """z := another row's value: the same marginal (a permutation of the true values), seeded by the run's
     seed, and independent of the row (most rows get another value than their own)."""

@@ -4,8 +4,9 @@ Per route x architecture (GPT-2, Llama, Gemma 3 with sliding-window layers and s
 logits; tiny and random, ``tests.test_architectures.CONFIGS``): step 0 equals the base model's own
 logits (prefix: the base model reading the initial soft token, its own reference); the K-way
 shared-prefix pass equals K separate full passes once the latent parameters are perturbed; a
-gradient reaches the latent at step 0. Plus: greedy decoding goes through the route, the
-continuous CVAE, and the config field.
+gradient reaches the latent at step 0. Each under both ``latent_capacity`` settings (the K values
+their own vectors, or zero-initialised deltas on one shared vector: issue 55 item 2). Plus: greedy
+decoding goes through the route, the continuous CVAE, and the config field.
 """
 
 from __future__ import annotations
@@ -27,13 +28,14 @@ from zfree.models.base import decode_with_latents
 from zfree.models.continuous import ContinuousCVAE
 from zfree.models.discrete import DiscreteCVAE
 from zfree.models.injection import full_target_logprobs
-from zfree.models.routes import (INJECTIONS, ROUTES, InjectionRoute, MemoryRoute, MidRoute, bind_route,
-                                 decoder_layers, route_of)
+from zfree.models.routes import (INJECTIONS, LATENT_CAPACITIES, ROUTES, InjectionRoute, MemoryRoute, MidRoute,
+                                 bind_route, decoder_layers, route_of)
 from zfree_lab.experiment.controls import control_params
 
 ARCHS = ["gpt2", "llama", "gemma3-softcap-sliding"]  # the last: sliding windows and final-logit soft-capping
 SLIDING = {"gemma3-softcap-sliding"}
 ROUTE_NAMES = list(INJECTIONS)
+CAPACITIES = list(LATENT_CAPACITIES)
 K = 3
 STEP0_ATOL = 1e-6  # nats per token (float64: the paths agree to ~1e-15)
 
@@ -88,12 +90,15 @@ def perturb(model: DiscreteCVAE | ContinuousCVAE, std: float = 0.5) -> None:
         lat.copy_(std * torch.randn(lat.shape, generator=g, dtype=lat.dtype))
         for p in model.injection.parameters():
             p.add_(0.1 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+        if model.latent_shared is not None:
+            model.latent_shared.copy_(std * torch.randn(model.latent_shared.shape, generator=g, dtype=lat.dtype))
 
 
+@pytest.mark.parametrize("capacity", CAPACITIES)
 @pytest.mark.parametrize("shared", [True, False], ids=["shared_prefix", "full"])
 @pytest.mark.parametrize("route", ROUTE_NAMES)
-def test_step0_equals_the_base_models_own_logits(arch, route, shared):
-    model = cvae(arch, route)
+def test_step0_equals_the_base_models_own_logits(arch, route, shared, capacity):
+    model = cvae(arch, route, latent_capacity=capacity)
     model.shared_prefix = shared
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the sliding model's fallback warning
@@ -109,9 +114,10 @@ def test_step0_equals_the_base_models_own_logits(arch, route, shared):
         assert max(float((a - b).abs().max()) for a, b in zip(want, base)) > 1e-3
 
 
+@pytest.mark.parametrize("capacity", CAPACITIES)
 @pytest.mark.parametrize("route", ROUTE_NAMES)
-def test_k_way_shared_prefix_equals_k_separate_full_passes(arch, route):
-    model = cvae(arch, route)
+def test_k_way_shared_prefix_equals_k_separate_full_passes(arch, route, capacity):
+    model = cvae(arch, route, latent_capacity=capacity)
     perturb(model)
     batch = arch["batch"]
     # non-sliding: the shared prefix is taken ("on" raises otherwise); sliding: it must fall back
@@ -131,9 +137,11 @@ def test_k_way_shared_prefix_equals_k_separate_full_passes(arch, route):
             model(batch)
 
 
+@pytest.mark.parametrize("capacity", CAPACITIES)
 @pytest.mark.parametrize("route", ROUTE_NAMES)
-def test_a_gradient_reaches_every_latent_value_at_step_0(arch, route):
-    model = cvae(arch, route)
+def test_a_gradient_reaches_every_latent_value_at_step_0(arch, route, capacity):
+    """Every value's vector (under shared_delta: its delta, and the shared vector) gets a gradient at step 0."""
+    model = cvae(arch, route, latent_capacity=capacity)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         out = model(arch["batch"])
@@ -141,12 +149,18 @@ def test_a_gradient_reaches_every_latent_value_at_step_0(arch, route):
     (-(out.target_logprobs * mask).sum() / mask.sum()).backward()  # the reconstruction loss, all K values
     g = model.latent_embedding.weight.grad
     assert torch.isfinite(g).all() and bool((g.abs().sum(-1) > 0).all()), (arch["name"], route, g.abs().sum(-1))
+    if capacity == "shared_delta" and route != "prefix":  # s gets the sum of the K values' gradients
+        torch.testing.assert_close(model.latent_shared.grad, g.sum(0), rtol=1e-12, atol=1e-15)
+    else:  # per_value, or the prefix route, whose soft token is the shared vector
+        assert model.latent_shared is None
 
 
+@pytest.mark.parametrize("capacity", CAPACITIES)
 @pytest.mark.parametrize("route", ROUTE_NAMES)
-def test_continuous_cvae_step0_and_gradient(llama, route):
+def test_continuous_cvae_step0_and_gradient(llama, route, capacity):
     arch = llama
-    model = ContinuousCVAE(copy.deepcopy(arch["model"]), d_latent=4, injection=route).double()
+    model = ContinuousCVAE(copy.deepcopy(arch["model"]), d_latent=4, injection=route,
+                           latent_capacity=capacity).double()
     out = model(arch["batch"], n_samples=2, generator=torch.Generator().manual_seed(0))
     soft = model.injection.shared.detach() if route == "prefix" else None
     for r, w in enumerate(reference_logprobs(arch["model"], arch["enc"], soft)):
@@ -155,6 +169,8 @@ def test_continuous_cvae_step0_and_gradient(llama, route):
     mask = arch["batch"].target_mask[:, None]
     (-(out.target_logprobs * mask).sum() / mask.sum()).backward()
     assert float(model.latent_proj.weight.grad.abs().sum()) > 0
+    assert (model.latent_shared is None) == (capacity == "per_value" or route == "prefix")
+    assert model.latent_shared is None or float(model.latent_shared.grad.abs().sum()) > 0
 
 
 @pytest.mark.parametrize("route", ROUTE_NAMES)
@@ -242,3 +258,48 @@ def test_a_tiny_run_trains_through_the_route_and_starts_at_rho_1(tiny_run, tmp_p
     assert s["injection"] == route
     assert abs(s["init/loss/val/baseline_normalized_reconstruction_loss"] - 1) < 1e-5
     assert torch.isfinite(torch.tensor(s["loss/val/reconstruction_loss"]))
+
+
+def test_latent_capacity_defaults_to_per_value_and_keeps_old_run_ids():
+    flat = TrainConfig().to_flat()
+    assert flat["latent_capacity"] == "per_value" == LATER_FIELD_DEFAULTS["latent_capacity"]
+    old = {k: v for k, v in flat.items() if k != "latent_capacity"}  # a run recorded before the field
+    assert TrainConfig.from_flat(old).model.latent_capacity == "per_value"
+    assert without_log_only(flat) == without_log_only(old)
+    assert "latent_capacity" in without_log_only({**flat, "latent_capacity": "shared_delta"})
+    with pytest.raises(ValueError, match="latent_capacity"):
+        TrainConfig.from_flat({**flat, "latent_capacity": "shared"})
+
+
+def _latent_independent(model) -> dict[str, int]:
+    """name -> size of every trainable parameter that is neither a latent value's own vector
+    (``latent_embedding``: the deltas) nor the router probe (K outputs): the adaptation every value shares."""
+    skip = ("latent_embedding", *model.ROUTER_MODULES)
+    return {n: p.numel() for n, p in model.named_parameters() if p.requires_grad and n.split(".")[0] not in skip}
+
+
+@pytest.mark.parametrize("route", ["embedding", "mid", "memory"])
+def test_control_oracle_and_null_share_one_latent_independent_adaptation_and_the_deltas_start_at_0(llama, route):
+    """Under ``latent_capacity='shared_delta'`` the z-free control (K = 1), a label oracle and its null
+    oracle built from one recipe (``zfree_lab.experiment.controls``) train the same latent-independent
+    parameters (the body, the route's, and the shared vector s), and their K deltas start at exactly 0
+    (so the decoder is the base model at step 0); under ``per_value`` there is no s."""
+    from zfree_lab.experiment.controls import control_params, null_params, oracle_params
+    from zfree.train.run_setup import build_cvae
+
+    run = {**TrainConfig().to_flat(), "latent_capacity": "shared_delta", "injection": route, "device": "cpu"}
+    arms = {"control": control_params(run), "oracle": oracle_params(run, "complete", 2),
+            "null": null_params(run, "complete", 2)}
+    counts = {}
+    for name, flat in arms.items():
+        model = build_cvae(TrainConfig.from_flat(flat), copy.deepcopy(llama["model"]))
+        counts[name] = _latent_independent(model)
+        d = model.latent_embedding.weight.shape[1]
+        assert model.latent_embedding.weight.shape[0] == flat["n_latent"] == (1 if name == "control" else 2)
+        assert bool((model.latent_embedding.weight == 0).all()) and bool((model.latent_shared == 0).all())
+        assert counts[name]["latent_shared"] == d
+    assert counts["control"] == counts["oracle"] == counts["null"], counts
+    plain = build_cvae(TrainConfig.from_flat(control_params({**run, "latent_capacity": "per_value"})),
+                       copy.deepcopy(llama["model"]))
+    assert plain.latent_shared is None and "latent_shared" not in plain.state_dict()
+    assert set(counts["control"]) - set(_latent_independent(plain)) == {"latent_shared"}

@@ -120,3 +120,43 @@ def test_an_unknown_preset_on_the_command_line_lists_every_preset(tmp_path, caps
     assert line.startswith("zfree: error: --preset 'nope' is not one of")
     assert all(name in line for name in ("'default'", "'smoke'", "'own'", "'own_smoke'", "'e2e-smollm2'"))
     assert not (tmp_path / "s").exists()
+
+
+def test_the_oracle_smollm2_preset_plans_its_arms_controls_and_nulls(tmp_path):
+    """Issue 55's decisive experiment as the pipeline plans it (its data split as the study splits it, its
+    base a stand-in reference): per seed, the ``complete`` oracle as shipped (router_clip global, K own
+    vectors) and decoupled (the probe's own clip, K deltas on a shared vector), and decoupled the
+    ``n_sentences`` and ``y_words`` oracles on the embedding, mid and memory routes; each oracle linked to
+    the control of its own recipe (4 per seed) and to its null oracle (its point, the label permuted)."""
+    spec = OWN_PRESETS["oracle-smollm2"]
+    split_data(SHIPPED_E2E / "train.jsonl", tmp_path, val=SHIPPED_E2E / "val.jsonl", val_rows=spec.data.val_rows)
+    (tmp_path / "base" / "reference").mkdir(parents=True)
+    (tmp_path / "base" / "reference" / "reference.json").write_text(json.dumps({"model_sha256": "m",
+                                                                                "tokenizer_sha256": "t"}))
+    prep = Prepared(tmp_path, tmp_path / "base", "pretrained_source",
+                    reference=Reference(2.97, pd.DataFrame({"n_tokens": [32.0], "b": [3.0]}), {}))
+    points = pipeline._points(spec, prep, tmp_path)
+    links = json.loads((tmp_path / "controls.json").read_text())
+    by_id = {p.run_id: p.params for p in points}
+    assert len(points) == 60 and [p.params["seed"] for p in points] == [0] * 20 + [1] * 20 + [2] * 20
+
+    def arm(q):
+        return (q["latent_source"], q["router_clip"], q["latent_capacity"], q["injection"])
+
+    oracles = sorted(arm(by_id[o]) for o in links["oracles"] if by_id[o]["seed"] == 0)
+    decoupled = [(f"label:{k}", "own", "shared_delta", r) for k in ("n_sentences", "y_words")
+                 for r in ("embedding", "mid", "memory")]
+    assert oracles == sorted([("label:complete", "global", "per_value", "embedding"),
+                              ("label:complete", "own", "shared_delta", "embedding"), *decoupled])
+    for o, link in links["oracles"].items():
+        q, c, z = by_id[o], by_id[link["control"]], by_id[links["nulls"][o]]
+        assert (q["steps"], q["batch_size"], q["eval_rows"], q["lora_rank"], q["n_latent"]) == \
+            (100, 8, 300, 8, 2 if link["label"] == "complete" else 3) and link["n_values"] == q["n_latent"]
+        assert c["latent_source"] == "control" and (c["seed"], c["latent_capacity"], c["injection"]) == \
+            (q["seed"], q["latent_capacity"], q["injection"])
+        assert z == {**q, "latent_source": f"null:{link['label']}"}
+    assert sum(q["latent_source"] == "control" for q in by_id.values()) == 12
+    from zfree_lab.experiment.controls import oracle_labels  # each arm's K is its label's number of values
+
+    assert oracle_labels(tmp_path, ["complete", "n_sentences", "y_words"]) == {"complete": 2, "n_sentences": 3,
+                                                                               "y_words": 3}

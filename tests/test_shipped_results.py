@@ -261,3 +261,80 @@ def test_the_default_studys_readouts_recompute_from_their_per_row_table():
             assert f"{est:.2f} [{lo:.2f}, {hi:.2f}]" in text, run
             n = interval(g["net_gain"].to_numpy())
             assert f"{n[0]:.3f} [{n[1]:.3f}, {n[2]:.3f}]".replace("-", "−") in text, run
+
+
+def test_the_oracle_check_per_route_recomputes_from_its_rows():
+    """analysis/results/oracle-routes-synth (issue 55, 1 seed): per injection route the strategy oracle's gain
+    D_control - D_oracle and its null's D_control - D_null, with their row intervals, and the strategy
+    information (the rows' mean Bayes z-free loss) are those of the shipped per-row table; routes.csv's
+    pass/fail follows from them (the information inside the oracle's interval, 0 inside the null's); and the
+    README's table quotes each number and verdict; so does its text-oracle table (text_rows.csv)."""
+    from zfree_lab.experiment.gains import interval
+
+    d = RESULTS / "oracle-routes-synth"
+    rows, routes = pd.read_csv(d / "rows.csv"), pd.read_csv(d / "routes.csv").set_index("route")
+    text = (d / "README.md").read_text()
+    assert set(rows["route"]) == set(routes.index) >= {"embedding", "mid", "memory"}
+    for route, g in rows.groupby("route"):
+        r, info = routes.loc[route], g["info"].mean()
+        e, lo, hi = interval((g["D_control"] - g["D_oracle"]).to_numpy())
+        n, nlo, nhi = interval((g["D_control"] - g["D_null"]).to_numpy())
+        assert (e, lo, hi, n, nlo, nhi, info) == pytest.approx(
+            tuple(r[["gain", "gain_lo", "gain_hi", "null_gain", "null_gain_lo", "null_gain_hi", "info"]]), abs=1e-9)
+        assert bool(r["oracle_pass"]) == (lo <= info <= hi) and bool(r["null_pass"]) == (nlo <= 0 <= nhi)
+        line = next(x for x in text.splitlines() if x.startswith(f"| {route} |"))
+        fmt = lambda v: f"{v:.3f}".replace("-", "−")  # noqa: E731
+        for v in (e, lo, hi, n, nlo, nhi, info):
+            assert fmt(v) in line, (route, v)
+        assert ("pass" if r["oracle_pass"] else "fail") in line.split("|")[4]
+        assert ("pass" if r["null_pass"] else "fail") in line.split("|")[7]
+    t = pd.read_csv(d / "text_rows.csv")
+    for route, g in t.groupby("route"):
+        e, lo, hi = interval((g["D_control"] - g["D_text"]).to_numpy())
+        line = next(x for x in text.splitlines() if x.startswith(f"| {route} |") and "[" in x and len(x.split("|")) == 5)
+        assert all(f"{v:.3f}".replace("-", "−") in line for v in (e, lo, hi, g["D_text"].mean())), route
+
+
+LB_EXAMPLE = RESULTS / "leaderboard-example"
+
+
+def _lb_example_collect():
+    spec = importlib.util.spec_from_file_location("lb_example_collect", LB_EXAMPLE / "collect.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_example_leaderboard_recomputes_from_its_per_row_tables():
+    """analysis/results/leaderboard-example (issue 58 item 3, preregistered, 3 seeds): every table line of its
+    README is what collect.py's headline computes from the shipped per-row tables; the seed-level gains it
+    shipped are the means of those rows; the decisions the README states follow the preregistered rules
+    (H1: one-sided t over seeds, p < 0.05; the staircase: one-sided t of the slope < 0, p < 0.05)."""
+    m = _lb_example_collect()
+    h = m.headline(LB_EXAMPLE)
+    text = (LB_EXAMPLE / "README.md").read_text(encoding="utf-8")
+    assert (h["arms"]["n_seeds"] == 3).all() and "3 seeds" in text
+    for line in m.markdown(h):
+        assert line in text, line
+    rows, sg = pd.read_parquet(LB_EXAMPLE / "seed_rows.parquet"), pd.read_csv(LB_EXAMPLE / "seed_gains.csv")
+    for _, g in sg.iterrows():
+        r = rows[rows["run_id"].isin(g["run_ids"].split())]
+        per_seed = r.groupby("seed")["use_shuffled"].mean()
+        assert g["use_shuffled"] == pytest.approx(per_seed.mean(), abs=1e-9)
+        assert g["n_seeds"] == 3
+    h1 = h["h1"]
+    assert h1["supported"] == (np.isfinite(h1["p"]) and h1["p"] < 0.05)
+    assert ("H1 is supported" in text) == h1["supported"] and ("H1 is not supported" in text) != h1["supported"]
+    (stair,) = h["staircase"][h["staircase"]["arm"] == "example 0.51, aided"].to_dict("records")
+    supported = bool(np.isfinite(stair["slope_p_negative"]) and stair["slope_p_negative"] < 0.05)
+    assert ("the staircase is supported" in text) == supported
+    assert ("the staircase is not supported" in text) != supported
+    # the README's post-hoc check: the staircase slopes on the rows with one consistent strategy (m = 1)
+    from zfree_lab.experiment.staircase import staircase_slope
+
+    st = pd.read_parquet(LB_EXAMPLE / "staircase_rows.parquet")
+    aided = st[(st["weighting"] == "example") & np.isclose(st["beta"], 0.51)]
+    m1 = aided[np.isclose(aided["bayes_nll"], np.log(4))]
+    slopes = [staircase_slope(g["n_tokens"], g["measured_use"]) for _, g in m1.groupby("seed")]
+    assert f"m = 1, {m1.groupby('seed').size().iloc[0]} of the 300" in " ".join(text.split())
+    assert ", ".join(m._num(x, 4) for x in slopes) in text

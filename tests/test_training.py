@@ -512,7 +512,9 @@ def _decoder_after_training(cfg, out, monkeypatch, probe_trained: bool) -> dict[
 #: float64 runs of 5 steps whose decoder must not see the router: a label oracle (the router a probe of
 #: detached features, its cross-entropy in J at weight 1) under a clip that binds, with the whole backbone
 #: or LoRA adapters over the frozen base training, and the hard phase of
-#: the aided run under the optimal posterior (the router's cross-entropy toward k* at weight 1)
+#: the aided run under the optimal posterior (the router's cross-entropy toward k* at weight 1); and with
+#: equal capacity (issue 55 item 2: the K values deltas on one shared vector) the oracle, the null oracle on
+#: the memory route (its projection shared by every value) and the hard phase
 _DECOUPLED_ARMS = {
     "oracle": {"latent_source": "label:strategy", "n_latent": 4, "beta": 0.0, "weighting": "example", "epsilon": 0.05},
     "oracle_lora": {"latent_source": "label:strategy", "n_latent": 4, "beta": 0.0, "lora_rank": 4, "lr_backbone": 1e-3},
@@ -520,6 +522,12 @@ _DECOUPLED_ARMS = {
                    "n_latent": 4, "weighting": "distribution", "beta": 0.3, "hard_em_max_steps": 50,
                    "handover_check_every": 50, "handover_rows": 16},
 }
+_DECOUPLED_ARMS.update({
+    "oracle_shared_delta": {**_DECOUPLED_ARMS["oracle"], "latent_capacity": "shared_delta"},
+    "null_shared_delta_memory": {**_DECOUPLED_ARMS["oracle"], "latent_source": "null:strategy",
+                                 "latent_capacity": "shared_delta", "injection": "memory"},
+    "hard_phase_shared_delta": {**_DECOUPLED_ARMS["hard_phase"], "latent_capacity": "shared_delta"},
+})
 
 
 @pytest.mark.parametrize("arm", sorted(_DECOUPLED_ARMS))
@@ -537,9 +545,13 @@ def test_the_router_cannot_move_the_decoder(tiny, tmp_path, monkeypatch, arm):
     assert trained.keys() == frozen.keys() and trained["latent_embedding.weight"].dtype == torch.float64
     moved = [n for n in trained if not torch.equal(trained[n], frozen[n])]
     torch.testing.assert_close(trained, frozen, rtol=1e-13, atol=1e-15, msg=lambda m: f"{arm}, moved {moved}: {m}")
+    if "shared_delta" in arm:  # the shared vector is part of the decoder, and it trains (away from its zero start)
+        assert trained["latent_shared"].shape == trained["latent_embedding.weight"].shape[1:]
+        assert float(trained["latent_shared"].abs().max()) > 0
 
 
 @pytest.mark.parametrize("arm,setting", [("oracle", {"router_clip": "global"}),
+                                         ("oracle_shared_delta", {"router_clip": "global"}),
                                          ("hard_phase", {"hard_em_router_features": "attached"})])
 def test_the_settings_before_issue_55_let_the_router_move_the_decoder(tiny, tmp_path, monkeypatch, arm, setting):
     """The other side of ``test_the_router_cannot_move_the_decoder`` (so it can fail): one global clip

@@ -43,11 +43,10 @@ def _clean_env() -> dict:
     return {**env, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 
 
-@pytest.fixture(scope="module")
-def wheel_venv(tmp_path_factory) -> tuple[Path, Path, dict]:
+def install_wheel_venv(tmp: Path, extra: str = "") -> tuple[Path, Path, dict]:
     """(the fresh venv's bin folder, an empty folder outside the clone, the environment to run in):
-    the wheel built from this clone and installed there after torch."""
-    tmp = tmp_path_factory.mktemp("wheel")
+    the wheel built from this clone into ``tmp`` and installed in a venv there after torch, with its
+    ``extra`` (``"lab"``: JupyterLab) when given. Skips the test when torch cannot be installed."""
     env = _clean_env()
     venv = tmp / "venv"
     _check(_run([sys.executable, "-m", "venv", venv], tmp, env), "python -m venv")
@@ -61,7 +60,8 @@ def wheel_venv(tmp_path_factory) -> tuple[Path, Path, dict]:
     _check(_run([tools / "bin" / "python", "-m", "build", "--outdir", dist, ROOT], tmp, env), "python -m build")
     wheels = sorted(dist.glob("zfree-*.whl"))
     assert len(wheels) == 1 and sorted(dist.glob("zfree-*.tar.gz")), sorted(dist.iterdir())
-    _check(_run([venv / "bin" / "pip", "install", "-q", wheels[0]], tmp, env), "pip install the wheel")
+    _check(_run([venv / "bin" / "pip", "install", "-q", f"{wheels[0]}[{extra}]" if extra else wheels[0]], tmp, env),
+           f"pip install the wheel{f' [{extra}]' if extra else ''}")
     elsewhere = tmp / "elsewhere"
     elsewhere.mkdir()
     where = _check(_run([venv / "bin" / "python", "-c", "import zfree.core.paths as p; "
@@ -70,6 +70,12 @@ def wheel_venv(tmp_path_factory) -> tuple[Path, Path, dict]:
     assert in_clone == "False" and Path(root).is_relative_to(venv) and not Path(root).is_relative_to(ROOT)
     assert (Path(notebooks) / "train_cvae.ipynb").is_file()
     return venv / "bin", elsewhere, env
+
+
+@pytest.fixture(scope="module")
+def wheel_venv(tmp_path_factory) -> tuple[Path, Path, dict]:
+    """``install_wheel_venv`` without extras."""
+    return install_wheel_venv(tmp_path_factory.mktemp("wheel"))
 
 
 def _assert_reported(out: Path, proc: subprocess.CompletedProcess) -> None:

@@ -35,6 +35,7 @@ FreeBitsMode = Literal["none", "per_example", "batch_mean", "per_dim", "threshol
 CBaseSource = Literal["entangled_run", "pretrained_source"]
 PosteriorFeatures = Literal["mean_y", "last", "mean_first", "attention", "encoder", "optimal"]
 Injection = Literal["embedding", "prefix", "memory", "mid"]  # zfree.models.routes.ROUTES
+LatentCapacity = Literal["per_value", "shared_delta"]  # ModelConfig.latent_capacity
 
 
 class LatentKind(StrEnum):
@@ -59,7 +60,7 @@ LOG_ONLY_FIELDS = frozenset({"tensorboard", "wandb"})
 #: same-config check), so finished runs recorded without it keep their ids and are reused; set to
 #: anything else it is part of the identity like every other field
 LATER_FIELD_DEFAULTS: dict[str, Any] = {"word_dropout": 0.0, "handover_reference": "base", "injection": "embedding",
-                                        "compile": False}
+                                        "compile": False, "latent_capacity": "per_value"}
 
 
 def without_log_only(flat: dict[str, Any]) -> dict[str, Any]:
@@ -210,15 +211,17 @@ class ObjectiveConfig:
 
 
 def check_latent_source(source: str, latent_kind: str, n_latent: int) -> None:
-    """ValueError naming ``latent_source`` unless it is "posterior", "control" (with n_latent = 1)
-    or "label:<key>" (a non-empty key), the last two on the discrete latent only (``LatentSource.parse``)."""
+    """ValueError naming ``latent_source`` unless it is "posterior", "control" or "text:<key>" (each with
+    n_latent = 1), "label:<key>" or "null:<key>" (a non-empty key), all but the first on the discrete latent
+    only (``LatentSource.parse``)."""
     if source is None:
         raise ValueError("latent_source=None: expected 'posterior', 'control' or 'label:<key>'")
-    LatentSource.parse(source)
+    parsed = LatentSource.parse(source)
     if source != "posterior" and latent_kind != "discrete":
         raise ValueError(f"latent_source={source!r} needs latent_kind='discrete'")
-    if source == "control" and n_latent != 1:
-        raise ValueError(f"n_latent={n_latent!r} must be 1 for latent_source='control' (z carries nothing)")
+    if parsed.z_free and n_latent != 1:
+        raise ValueError(f"n_latent={n_latent!r} must be 1 for latent_source={source!r} (z carries nothing"
+                         + (": the label is in x)" if parsed.kind == "text" else ")"))
 
 
 @dataclass(frozen=True)
@@ -248,10 +251,18 @@ class ModelConfig:
     # separator and y queries (Optimus's memory path; needs a token before the separator); prefix = a soft
     # token s + z before the separator (exact at step 0 against the base reading s, not the base itself)
     injection: Injection = "embedding"
+    # what the latent vector u_z entering the route is (issue 55, equal capacity across arms): per_value =
+    # its own vector e_z per value (K vectors, so the oracle's K learn apart the shared task bias that the
+    # control's one vector learns from every row); shared_delta = s + d_z, one latent-independent vector s
+    # that every arm (the control, oracles and null oracles included) trains on every row, and K deltas d_z,
+    # both zero-initialised (exact at step 0); under injection='prefix' the route's soft token is s
+    latent_capacity: LatentCapacity = "per_value"
     # where z comes from: "posterior" = the CVAE (q(z|x,y) learned);
     # "control" = the z-free control (K = 1: z carries nothing, the same decoder, optimizer, steps and
     # batches); "label:<key>" = a label oracle (z := the row's label value, K = its number of values;
-    # <key> a key of the rows' labels, or "strategy"). Control and oracles: discrete only.
+    # <key> a key of the rows' labels, or "strategy"); "null:<key>" = its null oracle (the label permuted
+    # over the rows); "text:<key>" = its text oracle (K = 1 as the control, the label written into x:
+    # zfree.data.text_oracle). Control and oracles: discrete only.
     latent_source: str = "posterior"
     # BN-VAE (Zhu et al. 2020, continuous latent with the N(0, I) prior): batch normalization of the
     # posterior means with a fixed scale gamma (their 0.7) and a learned shift, so the expected KL is at
@@ -278,12 +289,14 @@ class ModelConfig:
         _check_choice("prior", self.prior, LatentPrior)
         _check_choice("shared_prefix", self.shared_prefix, Literal["auto", "on", "off"])
         _check_choice("injection", self.injection, Injection)
+        _check_choice("latent_capacity", self.latent_capacity, LatentCapacity)
         _check_int("d_latent", self.d_latent, 1)
         _check_int("n_samples", self.n_samples, 1)
         _check_choice("posterior_features", self.posterior_features, PosteriorFeatures)
         if self.posterior_features == "optimal" and self.latent_kind != LatentKind.DISCRETE:
             raise ValueError("posterior_features='optimal' needs latent_kind='discrete' (it enumerates the K values)")
-        if self.latent_source != "control" and (not isinstance(self.n_latent, int) or self.n_latent < 2):
+        if not LatentSource.parse(self.latent_source).z_free and (not isinstance(self.n_latent, int)
+                                                                  or self.n_latent < 2):
             raise ValueError(f"n_latent={self.n_latent!r} must be an integer >= 2")
 
 

@@ -4,6 +4,14 @@ oracle's z is (``ModelConfig.latent_source = "label:<key>"``).
 A label key is ``strategy`` (the synthetic benchmark's hidden strategy) or a key of the rows'
 ``labels`` object; a joint label ``a*b`` (e.g. ``n_sentences*first_slot``) is the pair of both
 values, written ``"va*vb"``.
+
+A *derived* label is computed from the row itself when its ``labels`` lack the key (``DERIVED_LABELS``):
+``y_words``, the length of y in whitespace-separated words, bucketed ``1-20``, ``21-26``, ``27+`` (the
+terciles of the shipped E2E train split's references: 33 %, 32 %, 35 % of its rows). It is read only where
+a study names it (an oracle's ``label:y_words``), never among the labels every row carries
+(``label_keys_of``), so studies that take every label train what they trained before. Words, not tokens:
+a label is a property of the data, the same for every model a study compares, and no tokenizer is at hand
+where labels are read.
 """
 
 from __future__ import annotations
@@ -21,16 +29,27 @@ LABEL_VALUE_CAP = 32
 OTHER = "<other>"
 
 
+def y_words_bucket(y: str) -> str:
+    """``y_words`` (module docstring): the number of whitespace-separated words of ``y`` in buckets
+    "1-20", "21-26", "27+" (an empty y counts as 1-20)."""
+    n = len(y.split())
+    return "1-20" if n <= 20 else "21-26" if n <= 26 else "27+"
+
+
+#: derived label key -> its value from the row (module docstring); a row's own label of that key wins
+DERIVED_LABELS: dict[str, Callable[[Pair], str]] = {"y_words": lambda p: y_words_bucket(p.y)}
+
+
 def label_value(pair: Pair, key: str) -> str | None:
-    """The row's value of ``key`` as a string (``strategy``, a labels key, or a joint ``a*b``);
-    None when the row lacks it (or any part of a joint key)."""
+    """The row's value of ``key`` as a string (``strategy``, a labels key, a derived label of
+    ``DERIVED_LABELS`` or a joint ``a*b``); None when the row lacks it (or any part of a joint key)."""
     if JOINT in key and key != "strategy" and not (pair.labels and key in pair.labels):
         parts = [label_value(pair, k) for k in key.split(JOINT)]
         return None if any(v is None for v in parts) else JOINT.join(parts)
     if key == "strategy":
         return pair.strategy
     if pair.labels is None or key not in pair.labels:
-        return None
+        return DERIVED_LABELS[key](pair) if key in DERIVED_LABELS else None
     return str(pair.labels[key])
 
 

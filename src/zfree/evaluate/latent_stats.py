@@ -64,7 +64,7 @@ def greedy_decode(model, prefixes: Sequence[Sequence[int]], z: Sequence[int], *,
     """Greedy decoding of y by a discrete CVAE given the prefix and a latent value per row; rows are
     grouped by prefix length so no padding is needed. Returns the generated ids without the end token."""
     dev = next(model.parameters()).device
-    latents = model.latent_embedding(torch.as_tensor(list(z), device=dev))  # (N, D)
+    latents = model.latent_vectors(torch.as_tensor(list(z), device=dev))  # (N, D)
     return decode_with_latents(model.backbone, prefixes, latents, eos_id=eos_id, max_new_tokens=max_new_tokens)
 
 
@@ -249,7 +249,7 @@ def latent_samples(model, encoded: Sequence[EncodedPair], pairs: Sequence[Pair],
     dev = next(model.parameters()).device
     cells = [(k, i) for k in range(K) for i in idx]
     prefixes = [encoded[i].prefix_ids for _, i in cells]
-    lat = model.latent_embedding(torch.tensor([k for k, _ in cells], device=dev))
+    lat = model.latent_vectors(torch.tensor([k for k, _ in cells], device=dev))
     kw = dict(eos_id=tokenizer.eos_token_id, max_new_tokens=max(len(encoded[i].target_ids) for i in idx) + 8)
     greedy = decode_with_latents(model.backbone, prefixes, lat, **kw)
     sampled = decode_with_latents(model.backbone, prefixes, lat, generator=torch.Generator().manual_seed(seed), **kw)
@@ -294,7 +294,7 @@ def multiref_outputs(model, encoded: Sequence[EncodedPair], pairs: Sequence[Pair
     rows = [i for i in idx for _ in range(n_out)]  # MR-major: (MR, output) pairs
     z = torch.tensor([j if kind == "greedy" else 0 for _ in idx for j in range(n_out)], device=dev)
     gen = torch.Generator().manual_seed(seed) if kind == "sampled" else None
-    ids = decode_with_latents(model.backbone, [encoded[i].prefix_ids for i in rows], model.latent_embedding(z),
+    ids = decode_with_latents(model.backbone, [encoded[i].prefix_ids for i in rows], model.latent_vectors(z),
                               eos_id=tokenizer.eos_token_id, generator=gen,
                               max_new_tokens=max(len(encoded[i].target_ids) for i in idx) + 8)
     out = [{"id": pairs[i].id, "x": pairs[i].x, "kind": kind, "index": r % n_out,

@@ -7,7 +7,9 @@ Gaussian latent.
                               (zero-initialized, so N(0, I) at step 0), or N(0, I) fixed (``standard``);
   decoder    p_psi(y | x, z): the backbone with W z entering through the route ``injection``
                               (``zfree.models.routes``; default: added to the input embeddings at the
-                              separator and y positions); W (d_model x d_latent) is zero-initialized.
+                              separator and y positions); W (d_model x d_latent) is zero-initialized;
+                              under ``latent_capacity='shared_delta'`` s + W z, s a latent-independent
+                              vector, zero-initialized too (issue 55, equal capacity across arms).
 
 BN-VAE (Zhu et al. 2020, "A Batch Normalized Inference Network Keeps the KL Vanishing Away", Sec. 3;
 ``bn_gamma`` > 0, the N(0, I) prior only): the posterior means pass a batch normalization with a
@@ -65,7 +67,7 @@ from zfree.models.base import decode_with_latents, target_logprobs_from_hidden
 from zfree.models.encoder import build_posterior_encoder, pool_posterior_features
 from zfree.models.injection import full_target_logprobs, suffix_target_logprobs, zfree_pass
 from zfree.models.precision import heads_input
-from zfree.models.routes import INJECTIONS, build_route
+from zfree.models.routes import INJECTIONS, build_route, latent_shared_vector
 
 
 def committed_rate(max_logvar: float, d_latent: int) -> float:
@@ -135,12 +137,12 @@ class ContinuousCVAE(nn.Module):
 
     def __init__(self, backbone: nn.Module, d_latent: int, posterior_features: str = "mean_y",
                  prior: str = "learned", n_samples: int = 1, bn_gamma: float = 0.0, delta_rate: float = 0.0,
-                 injection: str = "embedding"):
+                 injection: str = "embedding", latent_capacity: str = "per_value"):
         """``bn_gamma`` > 0: BN-VAE's fixed scale of the batch-normalized posterior means; ``delta_rate``
         > 0: delta-VAE's committed rate in nats per example (sigma_q <= sigma_u; module docstring); both
-        need ``prior='standard'``. ``injection``: where W z enters the decoder (``zfree.models.routes``).
-        Raises ValueError naming the argument for a bad d_latent, n_samples, posterior_features, prior,
-        bn_gamma, delta_rate or injection."""
+        need ``prior='standard'``. ``injection``: where W z enters the decoder (``zfree.models.routes``);
+        ``latent_capacity``: W z or s + W z (``latent_vectors``). Raises ValueError naming the argument for
+        a bad d_latent, n_samples, posterior_features, prior, bn_gamma, delta_rate, injection or latent_capacity."""
         super().__init__()
         if injection not in INJECTIONS:
             raise ValueError(f"injection={injection!r} is not one of {list(INJECTIONS)}")
@@ -190,9 +192,15 @@ class ContinuousCVAE(nn.Module):
         self.latent_proj = nn.Linear(d_latent, d, bias=False)
         nn.init.zeros_(self.latent_proj.weight)  # decoder == base model at step 0 (docs/concepts/problem.md#models)
         self.shared_prefix = True  # reuse the x-prefix's key/value cache for the S decoder passes
-        # decoder_hidden_suffix's mode (auto / on / off; None: the module default injection.SHARED_PREFIX)
-        self.shared_prefix_mode: str | None = None
+        self.shared_prefix_mode: str | None = None  # decoder_hidden_suffix's mode (None: injection.SHARED_PREFIX)
         self.injection = build_route(injection, backbone)  # no parameters for embedding and mid
+        self.register_parameter("latent_shared", latent_shared_vector(latent_capacity, injection, d))  # s or None
+
+    def latent_vectors(self, z: Float[torch.Tensor, "*rows d_latent"]) -> Float[torch.Tensor, "*rows d_model"]:
+        """The vector the route receives for latents ``z``: W z (``latent_capacity='per_value'``) or
+        s + W z (``shared_delta``: W z a delta on the latent-independent s)."""
+        u = self.latent_proj(z)
+        return u if self.latent_shared is None else u + self.latent_shared
 
     def new_parameter_names(self) -> list[str]:
         """Names of the parameters that are not the backbone's (heads, latent projection, encoder)."""
@@ -246,7 +254,7 @@ class ContinuousCVAE(nn.Module):
     def decoder_hidden_naive(self, batch: Batch, z: Float[torch.Tensor, "batch n_samples d_latent"]
                              ) -> Float[torch.Tensor, "batch n_samples seq d_model"]:
         """Decoder hidden states for each sample by a full pass over the whole sequence (reference path)."""
-        return self.injection.full(self.backbone, batch, self.latent_proj(z))
+        return self.injection.full(self.backbone, batch, self.latent_vectors(z))
 
     def decoder_suffix_shared_prefix(self, batch: Batch, cache, z: Float[torch.Tensor, "batch n_samples d_latent"]
                                      ) -> tuple[torch.Tensor, Bool[torch.Tensor, "batch pos"]]:
@@ -254,7 +262,7 @@ class ContinuousCVAE(nn.Module):
         cache of the x-prefix; returns (hidden (B, n, L, D) at the positions predicting S, valid (B, L)).
         Same layout as ``DiscreteCVAE.decoder_suffix_shared_prefix`` with W z_s in place of e_k;
         equals ``decoder_hidden_naive`` (tested)."""
-        return self.injection.suffix(self.backbone, batch, cache, self.latent_proj(z),
+        return self.injection.suffix(self.backbone, batch, cache, self.latent_vectors(z),
                                      shared_prefix=self.shared_prefix_mode)
 
     def sample_posterior(self, mu: torch.Tensor, logvar: torch.Tensor, n_samples: int,
@@ -295,5 +303,5 @@ class ContinuousCVAE(nn.Module):
         """Greedy decoding of y given each prefix ([bos] + x + [sep]) and one latent vector per row;
         rows are grouped by prefix length (no padding). Returns generated ids without the end token."""
         dev = next(self.parameters()).device
-        return decode_with_latents(self.backbone, prefixes, self.latent_proj(z.to(dev)), eos_id=eos_id,
+        return decode_with_latents(self.backbone, prefixes, self.latent_vectors(z.to(dev)), eos_id=eos_id,
                                    max_new_tokens=max_new_tokens)

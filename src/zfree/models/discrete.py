@@ -17,7 +17,9 @@ base model, serves
 e_z is zero-initialized, so at initialization every latent value decodes exactly like the base
 model (rho_recon = 1 at step 0; tested), under ``prefix`` like the base model reading the initial
 soft token (its own reference: a soft token changes the context; ``zfree.models.routes``). The reconstruction expectation is exact: all K values
-are decoded.
+are decoded. Under ``latent_capacity='shared_delta'`` the vector entering the route is s + e_z, s one
+latent-independent vector (also zero at initialization) that every arm, the z-free control included,
+trains on every row, and e_z the value's delta on it (``latent_vectors``; issue 55, equal capacity).
 
 A *given* z (``latent_source``) replaces the posterior by a fixed
 one-hot q on a value known per row: ``control`` (K = 1, every row value 0: the z-free control, the
@@ -45,7 +47,7 @@ from zfree.models.base import hidden_states, target_logprobs_from_hidden
 from zfree.models.encoder import build_posterior_encoder, pool_posterior_features
 from zfree.models.injection import full_target_logprobs, suffix_target_logprobs, zfree_pass
 from zfree.models.precision import heads_input, to_device
-from zfree.models.routes import INJECTIONS, build_route
+from zfree.models.routes import INJECTIONS, build_route, latent_shared_vector
 
 
 @dataclass
@@ -138,13 +140,15 @@ class DiscreteCVAE(nn.Module):
     ROUTER_MODULES = ("router_head",)
 
     def __init__(self, backbone: nn.Module, n_latent: int, posterior_features: str = "mean_y",
-                 latent_init_std: float = 0.0, latent_source: str = "posterior", injection: str = "embedding"):
-        """``injection``: where e_z enters the decoder (``zfree.models.routes.ROUTES``). Raises ValueError
-        naming the argument for a bad n_latent, posterior_features or injection."""
+                 latent_init_std: float = 0.0, latent_source: str = "posterior", injection: str = "embedding",
+                 latent_capacity: str = "per_value"):
+        """``injection``: where e_z enters the decoder (``zfree.models.routes.ROUTES``); ``latent_capacity``:
+        e_z alone or s + e_z (``latent_vectors``). Raises ValueError naming the argument for a bad n_latent,
+        posterior_features, injection or latent_capacity."""
         super().__init__()
         if injection not in INJECTIONS:
             raise ValueError(f"injection={injection!r} is not one of {list(INJECTIONS)}")
-        if n_latent < (1 if latent_source == "control" else 2):
+        if n_latent < (1 if LatentSource.parse(latent_source).z_free else 2):
             raise ValueError(f"n_latent={n_latent} must be >= 2")
         self.latent_source = latent_source
         self.given = is_given(latent_source)  # parsed once, not per step
@@ -178,6 +182,14 @@ class DiscreteCVAE(nn.Module):
         self.shared_prefix_mode: str | None = None
         nn.init.zeros_(self.router_head.bias)
         self.injection = build_route(injection, backbone)  # no parameters for embedding and mid
+        # s of shared_delta (zeros: exact at step 0), None otherwise (no tensor: per_value checkpoints unchanged)
+        self.register_parameter("latent_shared", latent_shared_vector(latent_capacity, injection, d))
+
+    def latent_vectors(self, z: Int[torch.Tensor, "*rows"]) -> Float[torch.Tensor, "*rows d_model"]:
+        """The vector u_z the route receives for latent values ``z`` (any shape): e_z under
+        ``latent_capacity='per_value'``, s + e_z under ``shared_delta`` (the value's delta on the shared s)."""
+        e = self.latent_embedding(z)
+        return e if self.latent_shared is None else e + self.latent_shared
 
     @torch.no_grad()
     def restart_values(self, dead: list[int], donor: int, noise: float = 0.01) -> None:
@@ -268,7 +280,7 @@ class DiscreteCVAE(nn.Module):
         """Decoder hidden states (B, n, T, D) for latent values ``z`` (B, n) (default: all K, n = K)
         by a full pass over (x, y) per value (the reference path), through the injection route."""
         z = self._all_values(batch) if z is None else z
-        return self.injection.full(self.backbone, batch, self.latent_embedding(z))
+        return self.injection.full(self.backbone, batch, self.latent_vectors(z))
 
     def _encode_with_cache(self, batch: Batch, prefix_only: bool = False):
         """The z-free pass that also returns its key/value cache (reused for the x-prefix; None
@@ -296,7 +308,7 @@ class DiscreteCVAE(nn.Module):
         reusing the z-free pass's key/value cache of the x-prefix ([bos] + x, which does not depend
         on z): (hidden (B, n, L, D), valid (B, L)), L = max |S| (``models.injection``, ``models.routes``)."""
         z = self._all_values(batch) if z is None else z
-        return self.injection.suffix(self.backbone, batch, cache, self.latent_embedding(z),
+        return self.injection.suffix(self.backbone, batch, cache, self.latent_vectors(z),
                                      shared_prefix=self.shared_prefix_mode)
 
     def forward(self, batch: Batch, with_distributions: bool = False, zfree_metrics: bool = True) -> DiscreteCVAEOutput:

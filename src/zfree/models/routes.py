@@ -29,6 +29,13 @@ Step 0 (u = 0 for every value: e_k and W start at zero):
     shared soft token (the mean input embedding of the vocabulary); every value decodes exactly that
     at step 0, and u = 0 is the zero-initialised delta (tests/test_injection_routes.py).
 
+Equal capacity (``ModelConfig.latent_capacity``, issue 55): under ``per_value`` the CVAE hands the route
+its own vector per latent value (e_k; W z); under ``shared_delta`` it hands s + e_k (s + W z), s one
+latent-independent vector (``latent_shared_vector``) that every arm trains on every row, the z-free control
+(K = 1) included, so the K values are deltas on a shared adaptation rather than K copies of it. s and the
+deltas start at zero, so every route's step-0 statement above holds unchanged; the prefix route's soft
+token already is such an s, so it gets no second one.
+
 Every route has a full pass (one forward of the model's own body per latent vector; the reference
 and the fallback) and a suffix pass reusing the z-free pass's x-prefix cache for the n vectors,
 under the same ``shared_prefix`` modes and fallback warning as the embedding route
@@ -318,6 +325,21 @@ class PrefixRoute(InjectionRoute):
                                 position_ids=pos1.repeat_interleave(n, 0),
                                 use_cache=True, **{CACHE_KW: prefix_cache(cache, Pc, n)}).last_hidden_state
         return h.reshape(B, n, 1 + L, -1)[:, :, 1:], valid
+
+
+#: ``ModelConfig.latent_capacity``: the latent vectors as K own vectors, or as deltas on one shared vector
+LATENT_CAPACITIES = ("per_value", "shared_delta")
+
+
+def latent_shared_vector(capacity: str, injection: str, d_model: int) -> nn.Parameter | None:
+    """The latent-independent vector s of ``capacity='shared_delta'`` (module docstring): zeros (d_model,),
+    in the default dtype, so u = s + delta = 0 at step 0; None under ``per_value`` and under the prefix
+    route, whose soft token is s already. Raises ValueError listing ``LATENT_CAPACITIES``."""
+    if capacity not in LATENT_CAPACITIES:
+        raise ValueError(f"latent_capacity={capacity!r} is not one of {list(LATENT_CAPACITIES)}")
+    if capacity == "per_value" or injection == "prefix":
+        return None
+    return nn.Parameter(torch.zeros(d_model))
 
 
 #: injection -> the route's class (``ModelConfig.injection``)

@@ -14,7 +14,8 @@ from zfree.data.pairs import load_pairs
 
 
 def given_index(cfg: TrainConfig, data_dir: Path) -> dict[str, int]:
-    """Row id -> the given value for every train and val row of ``data_dir``: 0 for the control;
+    """Row id -> the given value for every train and val row of ``data_dir``: 0 for the control and the
+    text oracle (its label is in x, not in z);
     under ``label:<key>`` the index of the row's value among the label's sorted values over
     train.jsonl + val.jsonl (``zfree.data.labels.label_values``; a label of more than
     ``LABEL_VALUE_CAP`` values: its most frequent ones and the rest pooled, ``capped_values``). Raises ValueError naming the file
@@ -23,7 +24,7 @@ def given_index(cfg: TrainConfig, data_dir: Path) -> dict[str, int]:
     pairs = {s: load_pairs(Path(data_dir) / f"{s}.jsonl") for s in ("train", "val")}
     rows = pairs["train"] + pairs["val"]
     source = LatentSource.parse(cfg.model.latent_source)
-    if source.kind == "control":
+    if source.z_free:
         return {p.id: 0 for p in rows}
     key = source.label
     for split, ps in pairs.items():

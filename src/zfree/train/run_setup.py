@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from zfree.config import LatentKind, TrainConfig, check_run_inputs
+from zfree.config import LatentKind, LatentSource, TrainConfig, check_run_inputs
+from zfree.data.text_oracle import write_text_data
 from zfree.models.base import load_base
 from zfree.models.continuous import ContinuousCVAE
 from zfree.models.discrete import DiscreteCVAE
@@ -33,6 +34,8 @@ from zfree.train.run_data import RunData, gate_record, rows_used, setup_data
 #: the optimizer's param groups, by name (``build_optimizer``; rates set by ``set_learning_rates``): the
 #: backbone, the new parameters of the decoder and posterior side, and the router p(z | x) (issue 55)
 BACKBONE_GROUP, NEW_GROUP, ROUTER_GROUP = "backbone", "new", "router"
+#: a text oracle's data folder inside its run folder: the run's rows with the label written into x
+TEXT_DATA_DIR = "text_data"
 
 
 @dataclass
@@ -65,16 +68,19 @@ def build_cvae(cfg: TrainConfig, backbone: torch.nn.Module) -> DiscreteCVAE | Co
     at N(0, latent_init_std^2) under the random_init_jsd aid), moved to ``cfg.optim.device``
     ("auto": cuda when present) in train mode, its decoder passes under ``cfg.model.shared_prefix``
     (auto / on / off; off also skips the z-free pass's key/value cache), the latent entering through
-    ``cfg.model.injection`` (``zfree.models.routes``); LoRA adapters only with lora_rank > 0."""
+    ``cfg.model.injection`` (``zfree.models.routes``) as ``cfg.model.latent_capacity`` says (its own vector
+    per value, or deltas on one shared vector); LoRA adapters only with lora_rank > 0."""
     m = cfg.model
     with default_dtype(next(backbone.parameters()).dtype):  # new heads in the backbone's dtype
         if m.latent_kind == LatentKind.CONTINUOUS:
             model = ContinuousCVAE(backbone, m.d_latent, m.posterior_features, prior=m.prior, n_samples=m.n_samples,
-                                   bn_gamma=m.bn_gamma, delta_rate=m.delta_rate, injection=m.injection)
+                                   bn_gamma=m.bn_gamma, delta_rate=m.delta_rate, injection=m.injection,
+                                   latent_capacity=m.latent_capacity)
         else:
             model = DiscreteCVAE(backbone, m.n_latent, m.posterior_features,
                                  latent_init_std=cfg.aid.latent_init_std if cfg.aid.aid == "random_init_jsd" else 0.0,
-                                 latent_source=m.latent_source, injection=m.injection)
+                                 latent_source=m.latent_source, injection=m.injection,
+                                 latent_capacity=m.latent_capacity)
         if cfg.optim.lora_rank:  # LoRA over the frozen base: B = 0, still exact at step 0
             apply_lora(model.backbone, cfg.optim.lora_rank, cfg.optim.lora_alpha, cfg.optim.lora_targets)
     model.shared_prefix_mode = m.shared_prefix
@@ -206,7 +212,11 @@ class Run:
 
 def setup_run(cfg: TrainConfig, out: Path, progress: bool) -> Run:
     """Check the inputs and the folder (same config, same base model), load the base and the
-    reference, build model, data and optimizer, write config.json, and resume from a checkpoint."""
+    reference, build model, data and optimizer, write config.json, and resume from a checkpoint.
+    A text oracle (``latent_source`` "text:<key>") first writes its rows with the label in x to
+    ``out/TEXT_DATA_DIR`` (``zfree.data.text_oracle``) and reads them in place of ``data_dir``: its
+    reference (b, c_base) is scored by the base on that x (``pretrained_source``), whatever
+    ``c_base_source`` says, since a stored reference is of the x without the label."""
     torch.set_num_threads(cfg.optim.threads)
     torch.manual_seed(cfg.optim.seed)
     accumulate.check_accumulation(cfg)
@@ -215,7 +225,11 @@ def setup_run(cfg: TrainConfig, out: Path, progress: bool) -> Run:
     run_folder.check_same_config(out, cfg)
     backbone, tok = load_base(base_dir / "model", device=cfg.optim.device, dtype=WEIGHT_DTYPES[cfg.optim.precision])
     check_eos(tok, base_dir / "model")  # every y ends with it, and decoding stops there
-    ref = resolve_reference(cfg.objective.c_base_source, base_dir, data_dir, "val", model=backbone, tokenizer=tok)
+    source, ref_source = LatentSource.parse(cfg.model.latent_source), cfg.objective.c_base_source
+    if source.kind == "text":  # the label written into x: every row, b and c_base read that x
+        data_dir, _ = write_text_data(data_dir, out / TEXT_DATA_DIR, source.label, tok)
+        ref_source = "pretrained_source"
+    ref = resolve_reference(ref_source, base_dir, data_dir, "val", model=backbone, tokenizer=tok)
     run_folder.check_same_base(out, backbone, base_dir)
     train_ref = (resolve_reference("pretrained_source", base_dir, data_dir, "train", model=backbone, tokenizer=tok)
                  if cfg.objective.needs_example_b else None)  # b (and b_t) on training rows, scored once and cached

@@ -20,6 +20,9 @@ over the evaluated validation rows (the same seeded rows for every run of a stud
   flipped           D_flipped - D_oracle       the trained oracle evaluated with another row's label
                                                (its D_shuffled): how much its decoder reads the label
   oracle_net        D_control - marginal NLL   the oracle's z summed out under its router (rate paid)
+  delta_R_text      D_control - D_text         the text oracle (a study's option: the label written into x,
+                                               K = 1, no new parameter): what the label is worth as text;
+                                               beside Delta R_label, whether the latent route delivers it
 
 Within one run and net of its rate (``zfree.evaluate.readouts``; NaN for runs written before the readouts):
 
@@ -123,7 +126,7 @@ def oracle_table(study_dir: Path | str) -> pd.DataFrame:
     run ids. Empty (with the columns) when the study has no oracle or its control is missing."""
     cols = ["label", "n_values", "rows", "D_control", "delta_R", "delta_R_lo", "delta_R_hi", "H", "H_lo", "H_hi",
             "H_source", "eta", "eta_lo", "eta_hi", "distinguishable", "finetune_gain", *_NULL_COLUMNS,
-            "oracle_run_id", "control_run_id", "null_run_id"]
+            "oracle_run_id", "control_run_id", "null_run_id", "text_run_id"]
     runs_dir = Path(study_dir) / "runs"
     rows = []
     links = links_of(study_dir)
@@ -142,19 +145,23 @@ def oracle_table(study_dir: Path | str) -> pd.DataFrame:
                      "H": hh, "H_lo": hlo, "H_hi": hhi, "H_source": h_source, "eta": e, "eta_lo": elo, "eta_hi": ehi,
                      "distinguishable": bool(dlo > 0),
                      "finetune_gain": float((pc["D_base"] - pc["D"]).mean()),
-                     **_null_and_flipped(runs_dir, links["nulls"].get(oid), po, pc),
-                     "oracle_run_id": oid, "control_run_id": cid, "null_run_id": links["nulls"].get(oid)})
+                     **_null_and_flipped(runs_dir, links["nulls"].get(oid), po, pc, links["texts"].get(oid)),
+                     "oracle_run_id": oid, "control_run_id": cid, "null_run_id": links["nulls"].get(oid),
+                     "text_run_id": links["texts"].get(oid)})
     return pd.DataFrame(rows, columns=cols).sort_values("delta_R", ascending=False).reset_index(drop=True)
 
 
-#: the oracle table's null, flipped-label and net columns (module docstring), each with _lo / _hi
-_NULL_COLUMNS = [f"{c}{s}" for c in ("delta_R_null", "label_value", "flipped", "oracle_net") for s in ("", "_lo", "_hi")]
+#: the oracle table's null, flipped-label, net and text-oracle columns (module docstring), each with _lo / _hi
+_NULL_COLUMNS = [f"{c}{s}" for c in ("delta_R_null", "label_value", "flipped", "oracle_net", "delta_R_text")
+                 for s in ("", "_lo", "_hi")]
 
 
-def _null_and_flipped(runs_dir: Path, null_id: str | None, po: pd.DataFrame, pc: pd.DataFrame) -> dict:
+def _null_and_flipped(runs_dir: Path, null_id: str | None, po: pd.DataFrame, pc: pd.DataFrame,
+                      text_id: str | None = None) -> dict:
     """The oracle's flipped-label loss and net gain (its own readouts) and, when its null oracle has
     finished, Delta R_null and the label's value, each (estimate, _lo, _hi) over the rows all three
-    evaluated; NaN where missing."""
+    evaluated; when its text oracle has finished, Delta R_text over the rows it and the control evaluated
+    (the same ids: its x differs, its rows do not); NaN where missing."""
     out = dict.fromkeys(_NULL_COLUMNS, np.nan)
 
     def put(name, v):
@@ -168,6 +175,10 @@ def _null_and_flipped(runs_dir: Path, null_id: str | None, po: pd.DataFrame, pc:
         ids = po.index.intersection(pn.index)
         put("delta_R_null", pc.loc[ids, "D"].to_numpy() - pn.loc[ids, "D"].to_numpy())
         put("label_value", pn.loc[ids, "D"].to_numpy() - po.loc[ids, "D"].to_numpy())
+    if text_id is not None and (runs_dir / text_id / "per_example.parquet").exists():
+        pt = _per_example(str(runs_dir / text_id))
+        ids = pc.index.intersection(pt.index)
+        put("delta_R_text", pc.loc[ids, "D"].to_numpy() - pt.loc[ids, "D"].to_numpy())
     return out
 
 
@@ -278,4 +289,5 @@ def links_of(study_dir: Path | str) -> dict:
     links when the study trained no control."""
     f = Path(study_dir) / LINKS_FILE
     links = read_json(f) if f.exists() else {}
-    return {"controls": links.get("controls", {}), "oracles": links.get("oracles", {}), "nulls": links.get("nulls", {})}
+    return {"controls": links.get("controls", {}), "oracles": links.get("oracles", {}), "nulls": links.get("nulls", {}),
+            "texts": links.get("texts", {})}

@@ -110,7 +110,8 @@ def _points(spec: ExperimentSpec, prep: Prepared, out: Path | None = None) -> li
                                                      "c_base_source": prep.c_base_source}
     points = expand_grid({**TrainConfig().to_flat(), **spec.train, **folders}, _grid(spec, prep)[0], spec.overrides)
     if spec.controls and points:
-        points, links = with_controls(points, oracle_labels(points[0].params["data_dir"], spec.oracles))
+        points, links = with_controls(points, oracle_labels(points[0].params["data_dir"], spec.oracles),
+                                      text=spec.text_oracles)
         if out is not None:  # links added, never dropped: a run trained by an earlier plan keeps its control
             old = read_record(out / LINKS_FILE)
             links = {k: {**old.get(k, {}), **links[k]} for k in links}

@@ -69,6 +69,23 @@ def tost_p(values, margin: float = TOST_MARGIN) -> float:
     return float(max(lower, upper))
 
 
+def holm_adjusted(pvalues) -> np.ndarray:
+    """Holm's step-down adjusted p-values of a family of tests (Holm 1979): sorted ascending, the i-th
+    (from 0) of m is multiplied by m - i, made non-decreasing and capped at 1; returned in the input
+    order. A hypothesis is rejected at level alpha iff its adjusted p < alpha. NaN entries (a test with no
+    t) stay NaN and count in m (they are tests of the family that could not reject)."""
+    p = np.asarray(pvalues, float)
+    m = len(p)
+    out = np.full(m, np.nan)
+    finite = np.flatnonzero(np.isfinite(p))
+    order = finite[np.argsort(p[finite], kind="stable")]
+    running = 0.0
+    for i, j in enumerate(order):
+        running = max(running, min(1.0, (m - i) * p[j]))
+        out[j] = running
+    return out
+
+
 def two_stage_bootstrap(row_values: list[np.ndarray], n_boot: int = N_BOOT, seed: int = 0,
                         confidence: float = CONFIDENCE) -> tuple[float, float]:
     """(lo, hi): the percentile interval of the mean over seeds of the per-seed row means, seeds drawn

@@ -102,12 +102,13 @@ def run_id(flat: dict[str, Any]) -> str:
     """Stable id: ``<weighting>_beta<beta>[_<aid>]_<8 hex of the sha256 of the sorted flat config>``
     (without ``zfree.config.LOG_ONLY_FIELDS``)
     (its data and base folders by what they hold: ``portable``); a given-z run (``latent_source``):
-    ``control_<weighting>_<hash>`` or ``oracle-<label_name(key)>_<weighting>_<hash>``."""
+    ``control_<weighting>_<hash>`` or ``oracle-<label_name(key)>_<weighting>_<hash>`` (``null-`` and
+    ``text-`` for a null or text oracle)."""
     h = hashlib.sha256(json.dumps(without_log_only(portable(flat)), sort_keys=True).encode()).hexdigest()[:8]
     src = LatentSource.parse(flat.get("latent_source"))
     if src.given:
         name = "control" if src.kind == "control" else \
-            ("oracle-" if src.kind == "label" else "null-") + label_name(src.label)
+            {"label": "oracle-", "null": "null-", "text": "text-"}[src.kind] + label_name(src.label)
         return f"{name}_{flat['weighting']}_{h}"
     aid = flat.get("aid", "none")
     prefix = f"{flat['weighting']}_beta{flat['beta']:g}" + ("" if aid in (None, "none") else f"_{aid}")
@@ -239,6 +240,9 @@ class ExperimentSpec:
     # else the label keys (a joint ``a*b`` allowed)
     controls: bool = True
     oracles: tuple[str, ...] | None = None
+    # beside each label oracle, its text oracle (the label written into x, K = 1: ``zfree.data.text_oracle``);
+    # off by default: it trains one more z-free arm per label and seed
+    text_oracles: bool = False
     # flat TrainConfig fields set on every point after the grid (``zfree study --set FIELD=VALUE``)
     overrides: dict[str, Any] = field(default_factory=dict)
     # training seeds: every point runs once per seed (``optim.seed``: batches and the new

@@ -21,6 +21,7 @@ file's stem)::
     executor_options: {}
     controls: true                              # the z-free control of every recipe
     oracles: null                               # null: every label; [] none; or label keys
+    text_oracles: false                         # true: beside each label oracle, the label written into x
     seeds: null                                 # a list: every point once per seed
     overrides: {}                               # flat fields set on every point last
 
@@ -260,18 +261,21 @@ def _run_keys(d: dict[str, Any]) -> dict[str, Any]:
 
 def _control_keys(d: dict[str, Any]) -> dict[str, Any]:
     """``controls`` (true: the z-free control of every recipe), ``oracles`` (null: every label all
-    rows carry; a list of label keys; [] none) and ``seeds`` (null: the points' own; a list: every
-    point once per seed), validated."""
+    rows carry; a list of label keys; [] none), ``text_oracles`` (true: each oracle's text oracle too) and
+    ``seeds`` (null: the points' own; a list: every point once per seed), validated."""
     controls, oracles, seeds = d.get("controls", True), d.get("oracles"), d.get("seeds")
+    text = d.get("text_oracles", False)
     if not isinstance(controls, bool):
         raise ConfigError(f"controls={controls!r} must be true or false")
+    if not isinstance(text, bool):
+        raise ConfigError(f"text_oracles={text!r} must be true or false")
     if oracles is not None and (not isinstance(oracles, (list, tuple))
                                 or not all(isinstance(k, str) and k for k in oracles)):
         raise ConfigError(f"oracles={oracles!r} must be a list of label keys (or null: every label)")
     if seeds is not None and (not isinstance(seeds, (list, tuple)) or not seeds
                               or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in seeds)):
         raise ConfigError(f"seeds={seeds!r} must be a list of integers >= 0 (each point runs once per seed)")
-    return {"controls": controls, "oracles": None if oracles is None else tuple(oracles),
+    return {"controls": controls, "oracles": None if oracles is None else tuple(oracles), "text_oracles": text,
             "seeds": None if seeds is None else tuple(seeds)}
 
 

@@ -67,13 +67,14 @@ def choose_study(sweep_dir: Path | str | None = None) -> Path:
 
 def given_kind(summary: dict) -> str | None:
     """What a run's summary (its ``summary.json``) trains, when z is given rather than inferred:
-    "control" (a z-free control), "oracle" (a label oracle: ``latent_source`` "label:<key>"),
+    "control" (a z-free control), "oracle" (a label oracle: ``latent_source`` "label:<key>", its null
+    "null:<key>" or its text oracle "text:<key>"),
     "given" (another given z); None for a CVAE run (``latent_source`` "posterior" or absent)."""
     try:
         kind = LatentSource.parse(summary.get("latent_source")).kind
     except ValueError:  # a summary written by another version: z given, of an unknown kind
         return "given"
-    return {"posterior": None, "control": "control", "label": "oracle", "null": "oracle"}[kind]
+    return {"posterior": None, "control": "control", "label": "oracle", "null": "oracle", "text": "oracle"}[kind]
 
 
 def count_runs(runs_dir: Path | str) -> dict[str, int]:

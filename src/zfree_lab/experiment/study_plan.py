@@ -26,6 +26,8 @@ from zfree_lab.experiment.spec_file import spec_from_dict
 PLAN_FILE = "plan.json"
 #: spec fields that change how a study runs, not what it computes: left out of the request
 _NOT_REQUESTED = ("workers",)
+#: spec fields added later, left out of the request at their default (a plan written before them still matches)
+_LATER_DEFAULTS = {"text_oracles": False}
 
 
 def _jsonable(v: Any) -> Any:
@@ -46,7 +48,8 @@ def _jsonable(v: Any) -> Any:
 
 def request_of(spec: ExperimentSpec, budget_s: float | None) -> dict:
     """What a command asks for: the spec as given (``--set`` included) and the budget in seconds."""
-    asked = {k: v for k, v in _jsonable(spec).items() if k not in _NOT_REQUESTED}
+    asked = {k: v for k, v in _jsonable(spec).items() if k not in _NOT_REQUESTED
+             and not (k in _LATER_DEFAULTS and v == _LATER_DEFAULTS[k])}
     return {"spec": asked, "budget_s": budget_s}
 
 

@@ -132,12 +132,13 @@ def available_gain_table(oracles: pd.DataFrame, digits: int = 3) -> pd.DataFrame
 
 #: the oracle table's null, flipped-label and net columns as the report names them
 _NULL_NAMES = {"delta_R_null": "null oracle ΔR (permuted label)", "label_value": "label value D_null − D_oracle",
-               "flipped": "flipped label D_flipped − D_oracle", "oracle_net": "oracle net gain (marginal NLL)"}
+               "flipped": "flipped label D_flipped − D_oracle", "oracle_net": "oracle net gain (marginal NLL)",
+               "delta_R_text": "text oracle ΔR (label written into x)"}
 
 
 def _null_cells(oracles: pd.DataFrame, digits: int) -> dict:
-    """The null oracle's ΔR, the label's value net of it, the flipped-label loss and the oracle's net gain,
-    each with its row interval (``zfree_lab.experiment.gains`` docstring); columns absent from older tables
+    """The null oracle's ΔR, the label's value net of it, the flipped-label loss, the oracle's net gain and
+    the text oracle's ΔR (a study's option), each with its row interval (``zfree_lab.experiment.gains`` docstring); columns absent from older tables
     are left out."""
     out = {}
     for k, name in _NULL_NAMES.items():
