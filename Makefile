@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.zfree-installed
 OUT    ?= runs/study-default
 # notebook metadata a kernel or JupyterLab adds on save, stripped with the outputs (nbstripout;
-# the same keys as zfree.report.lab.EXTRA_KEYS, JupyterLab's save hook)
+# the same keys as zfree_lab.report.lab.EXTRA_KEYS, JupyterLab's save hook)
 NBSTRIP_KEYS := metadata.language_info metadata.widgets metadata.papermill cell.metadata.papermill cell.metadata.execution cell.metadata.jupyter cell.metadata.editable cell.metadata.slideshow
 
 .PHONY: install git-filter study smoke smollm2 test test-kernels test-slow test-lab test-gpu docs slurm slurm-stop test-slurm lab notebooks clean-venv
@@ -108,7 +108,7 @@ docs: $(DOCS_STAMP)
 	NO_MKDOCS_2_WARNING=1 HF_HUB_OFFLINE=1 $(BIN)/mkdocs build --strict
 
 ## JupyterLab in the project's environment (ipywidgets and jupytext pairing work there); it
-## saves notebooks without outputs (etc/jupyter/jupyter_server_config.py, zfree.report.lab).
+## saves notebooks without outputs (etc/jupyter/jupyter_server_config.py, zfree_lab.report.lab).
 ## Headless by default (no browser, local interface only: reach it through an SSH tunnel);
 ## --allow-root is added when run as root (a container). Override: make lab LAB_ARGS="--port=9999".
 LAB_ARGS ?= --no-browser --ip=127.0.0.1 --port=8888

@@ -4,12 +4,12 @@ mkdocs loads this file as a hook (``hooks:`` in mkdocs.yml). A page asks for a g
 with an HTML comment on a line of its own, e.g. ``<!-- gen:cli -->``; ``on_page_markdown``
 replaces it with markdown built here from the code and the shipped results:
 
-- ``gen:cli``: ``zfree --help`` and every subcommand's help, from ``zfree.cli.parser.build_parser``;
+- ``gen:cli``: ``zfree --help`` and every subcommand's help, from ``zfree_lab.cli.parser.build_parser``;
 - ``gen:config``: every ``TrainConfig`` field (type, default, meaning) from the dataclasses of
   ``zfree.config``, the meaning read from the comments at each field;
-- ``gen:presets``: ``zfree study``'s presets from their files (``zfree.experiment.catalog.preset_catalog``);
-- ``gen:budget``: ``--budget``'s cuts in order, from ``zfree.experiment.budget.CUTS``;
-- ``gen:layout``: every module of ``src/zfree`` by layer, with the first sentence of its docstring;
+- ``gen:presets``: ``zfree study``'s presets from their files (``zfree_lab.experiment.catalog.preset_catalog``);
+- ``gen:budget``: ``--budget``'s cuts in order, from ``zfree_lab.experiment.budget.CUTS``;
+- ``gen:layout``: every module of ``src/zfree`` and ``src/zfree_lab`` by layer, with the first sentence of its docstring;
 - ``gen:table NAME``: a table of ``analysis/results/`` (``TABLES``), with the command that
   reproduces it;
 - ``gen:include PATH``: a file of the repository as it is (a results note, a spec).
@@ -76,7 +76,7 @@ def md_table(header: list[str], rows: list[list[str]], align: list[str] | None =
     return "\n".join(lines)
 
 
-# --- the CLI reference (zfree.cli.parser.build_parser) ------------------------------------------
+# --- the CLI reference (zfree_lab.cli.parser.build_parser) ------------------------------------------
 
 HELP_COLUMNS = 100  # argparse wraps help to the terminal: fixed here, so the page is the same everywhere
 
@@ -101,7 +101,7 @@ def cli_commands(parser: argparse.ArgumentParser | None = None, prefix: str = "z
     parser's own order (``zfree data synth`` after ``zfree data``)."""
     if parser is None:
         use_this_checkout()
-        from zfree.cli.parser import build_parser  # light: no torch (the commands import it lazily)
+        from zfree_lab.cli.parser import build_parser  # light: no torch (the commands import it lazily)
 
         with _columns():
             parser = build_parser()
@@ -240,20 +240,22 @@ def config_markdown() -> str:
     return "\n\n".join(parts)
 
 
-# --- zfree study's presets (analysis/studies/presets/*.yaml, zfree.experiment.catalog) ----------------
+# --- zfree study's presets (analysis/studies/presets/*.yaml, zfree_lab.experiment.catalog) ----------------
 
 def presets_markdown() -> str:
     use_this_checkout()
-    from zfree.experiment.catalog import preset_catalog  # plain YAML, no torch
+    from zfree_lab.experiment.catalog import preset_catalog  # plain YAML, no torch
 
     rows = [[f"`{name}`", str(e.runs), md_escape(e.cost), md_escape(e.what)] for name, e in preset_catalog().items()]
     return md_table(["preset", "runs", "cost on 2 CPU cores", "what"], rows, ["l", "r", "l", "l"])
 
 
-# --- the package layout (src/zfree, read without importing it) -------------------------------------
+# --- the package layout (src/zfree and src/zfree_lab, read without importing them) -----------------
 
-LAYERS = ("config", "core", "data", "models", "objective", "reference", "evaluate", "train", "experiment",
-          "report", "cli")  # bottom to top (tests/test_layers.py)
+#: (package, layer), bottom to top (tests/test_layers.py): the library, then the application on it
+LAYERS = (*(("zfree", layer) for layer in ("config", "core", "data", "models", "objective", "reference",
+                                          "evaluate", "train")),
+          *(("zfree_lab", layer) for layer in ("experiment", "report", "cli")))
 
 
 def rst_to_md(text: str) -> str:
@@ -271,9 +273,9 @@ def first_sentence(doc: str | None, limit: int = 220) -> str:
     return text if not text or text[-1] in ".!?)" else text + " …"
 
 
-def module_docs(layer: str) -> list[tuple[str, str]]:
-    """``[(module file, first sentence of its docstring)]`` of a layer (a sub-package or a module)."""
-    pkg = ROOT / "src" / "zfree"
+def module_docs(layer: str, package: str = "zfree") -> list[tuple[str, str]]:
+    """``[(module file, first sentence of its docstring)]`` of a layer (a sub-package or a module) of ``package``."""
+    pkg = ROOT / "src" / package
     paths = [pkg / layer] if layer.endswith(".py") else sorted((pkg / layer).glob("*.py"))
     return [(p.name, first_sentence(ast.get_docstring(ast.parse(p.read_text(encoding="utf-8")))))
             for p in paths if p.name != "__init__.py"]
@@ -282,12 +284,12 @@ def module_docs(layer: str) -> list[tuple[str, str]]:
 def layout_markdown() -> str:
     """One table per layer: its modules and what each is, from the module docstrings."""
     parts = []
-    for layer in LAYERS:
-        pkg = ROOT / "src" / "zfree" / layer
-        title = f"`{layer}`" if layer.endswith(".py") else f"`{layer}/`"
+    for package, layer in LAYERS:
+        pkg = ROOT / "src" / package / layer
+        title = f"`{package}/{layer}`" if layer.endswith(".py") else f"`{package}/{layer}/`"
         intro = "" if layer.endswith(".py") else rst_to_md(first_sentence(ast.get_docstring(
             ast.parse((pkg / "__init__.py").read_text(encoding="utf-8"))))) + "\n\n"
-        rows = [[f"`{name}`", rst_to_md(doc) or "—"] for name, doc in module_docs(layer)]
+        rows = [[f"`{name}`", rst_to_md(doc) or "—"] for name, doc in module_docs(layer, package)]
         parts.append(f"### {title}\n\n{intro}" + md_table(["module", "what"], rows))
     return "\n\n".join(parts)
 
@@ -492,9 +494,9 @@ def include_markdown(arg: str) -> str:
 
 
 def budget_markdown() -> str:
-    """``--budget``'s cuts, in order, from ``zfree.experiment.budget.CUTS`` (a steps fit repeated at the
+    """``--budget``'s cuts, in order, from ``zfree_lab.experiment.budget.CUTS`` (a steps fit repeated at the
     same floor after a cut is a retry and is listed with it)."""
-    from zfree.experiment.budget import CUTS
+    from zfree_lab.experiment.budget import CUTS
 
     lines, n, floor = [], 0, None
     for c in CUTS:

@@ -24,10 +24,10 @@ sweep_dir = "../runs/study-default"  # a folder written by `zfree sweep` or `zfr
 beta = 0.1  # per weighting, the run with the nearest β is shown
 
 # %%
-from zfree.report.gains_report import measured_eta, study_gains
-from zfree.report.plotting import plot_effective_beta
-from zfree.report.report import runs_at_beta, show
-from zfree.experiment.results import load_sweep
+from zfree_lab.report.gains_report import measured_eta, study_gains
+from zfree_lab.report.plotting import plot_effective_beta
+from zfree_lab.report.report import runs_at_beta, show
+from zfree_lab.experiment.results import load_sweep
 
 sweep = load_sweep(sweep_dir)
 chosen = runs_at_beta(sweep.runs, beta)

@@ -31,9 +31,9 @@ steps = 50  # for runs launched from the panel
 workers = 2
 
 # %%
-from zfree.experiment.results import load_sweep
-from zfree.experiment.study_folders import choose_study
-from zfree.report.explore import ExploreLab, runs_overview
+from zfree_lab.experiment.results import load_sweep
+from zfree_lab.experiment.study_folders import choose_study
+from zfree_lab.report.explore import ExploreLab, runs_overview
 
 sweep_dir = choose_study(sweep_dir)  # one line, offering `make smoke`, when there is none
 if interactive:  # another study: the dropdown or the path box below, not this cell

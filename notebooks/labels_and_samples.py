@@ -33,12 +33,12 @@ import pandas as pd
 from IPython.display import Markdown, display
 
 from zfree.evaluate.latent_stats import label_confusion
-from zfree.report.labels_report import (confusion_is_wide, dashes, label_table, multiple_references, multiref_note,
+from zfree_lab.report.labels_report import (confusion_is_wide, dashes, label_table, multiple_references, multiref_note,
                                         multiref_table, notes_markdown, samples_table)
-from zfree.report.meaning_report import show_meaning
-from zfree.report.plotting_study import plot_label_confusion
-from zfree.report.report import md_text, run_label, show
-from zfree.experiment.results import collect_runs
+from zfree_lab.report.meaning_report import show_meaning
+from zfree_lab.report.plotting_study import plot_label_confusion
+from zfree_lab.report.report import md_text, run_label, show
+from zfree_lab.experiment.results import collect_runs
 
 runs = collect_runs(Path(sweep_dir) / "runs")
 notes_file = Path(sweep_dir) / "notes.json"

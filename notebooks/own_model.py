@@ -12,7 +12,7 @@
 # # Your own model and data
 #
 # The interactive form of `zfree study --model MODEL --data FILE.jsonl --out DIR`
-# (`zfree.experiment.own_study`): split the pairs by x, link the model as the base (no copy), score the
+# (`zfree_lab.experiment.own_study`): split the pairs by x, link the model as the base (no copy), score the
 # z-free reference with it (pretrained-source setting), place β around each weighting's predicted
 # boundary, train the grid, and show the report's tables here. Papermill parameters: `model`,
 # `data`, `out` (and `val`, `preset`).
@@ -22,7 +22,7 @@ model = "../data/e2e/base/model"  # a transformers folder, a .gguf file (or a fo
 data = "../data/e2e/val.jsonl"  # one JSONL file of {id?, x, y, strategy?, labels?}
 val = None  # a separate validation JSONL (None: split from data by x)
 out = "../runs/own_model"  # the study folder
-preset = "own"  # zfree.experiment.own_study.OWN_PRESETS: own | own_smoke
+preset = "own"  # zfree_lab.experiment.own_study.OWN_PRESETS: own | own_smoke
 render = False  # also render report.html (papermill of the report notebooks; slower)
 
 # %% [markdown]
@@ -35,9 +35,9 @@ from pathlib import Path
 import pandas as pd
 from IPython.display import Markdown, display
 
-from zfree.experiment.own_study import OWN_PRESETS, run_own_study
-from zfree.experiment.sources import link_model, prepare_split, write_reference
-from zfree.experiment.spec import own_grid
+from zfree_lab.experiment.own_study import OWN_PRESETS, run_own_study
+from zfree_lab.experiment.sources import link_model, prepare_split, write_reference
+from zfree_lab.experiment.spec import own_grid
 
 cfg = OWN_PRESETS[preset]
 # e.g. cfg = dataclasses.replace(cfg, weightings=("plain", "distribution"), beta_factors=(1 / 3,))
@@ -64,10 +64,10 @@ display(pd.DataFrame(boundaries).set_index("weighting"))
 result = run_own_study(model, data, out_dir, val=val, preset=cfg, render=render)
 
 # %%
-from zfree.report.labels_report import label_table, notes_markdown, samples_table
-from zfree.report.report import md_text
-from zfree.experiment.results import collect_runs
-from zfree.experiment.study_notes import study_notes
+from zfree_lab.report.labels_report import label_table, notes_markdown, samples_table
+from zfree_lab.report.report import md_text
+from zfree_lab.experiment.results import collect_runs
+from zfree_lab.experiment.study_notes import study_notes
 
 runs = collect_runs(out_dir / "runs")
 display(Markdown(notes_markdown(study_notes(out_dir).get("notes", []))))

@@ -26,10 +26,10 @@ sweep_dir = "../runs/study-default"  # a folder written by `zfree sweep` or `zfr
 # %%
 from IPython.display import Markdown, display
 
-from zfree.report.gains_report import control_links, drop_empty, dropped_markdown, study_gains
-from zfree.report.plotting import plot_rate_distortion
-from zfree.report.report import run_table, show
-from zfree.experiment.results import load_sweep
+from zfree_lab.report.gains_report import control_links, drop_empty, dropped_markdown, study_gains
+from zfree_lab.report.plotting import plot_rate_distortion
+from zfree_lab.report.report import run_table, show
+from zfree_lab.experiment.results import load_sweep
 
 sweep = load_sweep(sweep_dir)
 runs = sweep.runs

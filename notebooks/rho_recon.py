@@ -22,9 +22,9 @@
 sweep_dir = "../runs/study-default"  # a folder written by `zfree sweep` or `zfree study`
 
 # %%
-from zfree.report.plotting import plot_rho_distributions
-from zfree.report.report import rho_table, show
-from zfree.experiment.results import load_sweep
+from zfree_lab.report.plotting import plot_rho_distributions
+from zfree_lab.report.report import rho_table, show
+from zfree_lab.experiment.results import load_sweep
 
 sweep = load_sweep(sweep_dir)
 show(plot_rho_distributions(sweep.per_example))

@@ -29,18 +29,18 @@ sweep_dir = "../runs/study-default"  # a folder written by `zfree study` or `zfr
 # %%
 from IPython.display import Markdown, display
 
-from zfree.report.gains_report import (available_gain_markdown, available_gain_table, drop_empty, dropped_markdown,
+from zfree_lab.report.gains_report import (available_gain_markdown, available_gain_table, drop_empty, dropped_markdown,
                                        gain_verdict_markdown, gain_verdicts, has_generator_truth, measured_eta,
                                        runs_c_base_markdown, study_gains)
-from zfree.report.leaderboard_report import leaderboard_table, method_markdown, winner_markdown
-from zfree.report.plan_report import PHASE_NOTE, oracle_cut_markdown, plan_section, read_plan
-from zfree.report.seed_report import read_seed_gains, seed_gains_frame, seed_gains_markdown
-from zfree.report.plotting_study import (plot_gains, plot_leaderboard, plot_loss_fractions, plot_predicted_vs_measured,
+from zfree_lab.report.leaderboard_report import leaderboard_table, method_markdown, winner_markdown
+from zfree_lab.report.plan_report import PHASE_NOTE, oracle_cut_markdown, plan_section, read_plan
+from zfree_lab.report.seed_report import read_seed_gains, seed_gains_frame, seed_gains_markdown
+from zfree_lab.report.plotting_study import (plot_gains, plot_leaderboard, plot_loss_fractions, plot_predicted_vs_measured,
                                          plot_rate_and_rho_vs_beta)
-from zfree.report.report import (QUALITY_COLUMNS, USE_COLUMNS, errors_markdown, reference_markdown, run_table,
+from zfree_lab.report.report import (QUALITY_COLUMNS, USE_COLUMNS, errors_markdown, reference_markdown, run_table,
                                  run_verdicts, show, verdict_markdown)
-from zfree.experiment.leaderboard import read_leaderboard
-from zfree.experiment.results import load_sweep
+from zfree_lab.experiment.leaderboard import read_leaderboard
+from zfree_lab.experiment.results import load_sweep
 
 sweep = load_sweep(sweep_dir)
 summary = sweep.runs

@@ -25,11 +25,11 @@ sweep_dir = "../runs/sweep-beta-vs-recon-weight"  # a folder written by `zfree s
 # %%
 from IPython.display import Markdown, display
 
-from zfree.report.figstyle import variants
-from zfree.report.gains_report import left_out, runs_c_base
-from zfree.report.plotting import plot_phase_diagram
-from zfree.report.report import md_text, show
-from zfree.experiment.results import load_sweep
+from zfree_lab.report.figstyle import variants
+from zfree_lab.report.gains_report import left_out, runs_c_base
+from zfree_lab.report.plotting import plot_phase_diagram
+from zfree_lab.report.report import md_text, show
+from zfree_lab.experiment.results import load_sweep
 
 sweep = load_sweep(sweep_dir)
 crit = sweep.critical_betas()

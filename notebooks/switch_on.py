@@ -28,12 +28,12 @@ sweep_dir = "../runs/study-aided"  # a folder written by `zfree study` or `zfree
 # %%
 from IPython.display import Markdown, display
 
-from zfree.report.gains_report import (NO_STRATEGY, NO_TRUTH, drop_empty, dropped_markdown, has_generator_truth, left_out,
+from zfree_lab.report.gains_report import (NO_STRATEGY, NO_TRUTH, drop_empty, dropped_markdown, has_generator_truth, left_out,
                                        study_gains)
-from zfree.report.plotting_aids import plot_handover_gate, plot_phase_boundary, plot_use_by_length
-from zfree.report.report import (aided_runs, aided_tables, boundary_table, checkmarks, confusion_tables, gate_traces,
+from zfree_lab.report.plotting_aids import plot_handover_gate, plot_phase_boundary, plot_use_by_length
+from zfree_lab.report.report import (aided_runs, aided_tables, boundary_table, checkmarks, confusion_tables, gate_traces,
                                  show, switch_on_targets)
-from zfree.experiment.results import load_sweep
+from zfree_lab.experiment.results import load_sweep
 
 sweep = load_sweep(sweep_dir)
 runs = sweep.runs

@@ -112,8 +112,8 @@ summary = train_cvae(cfg, out_dir, progress=progress)
 import pandas as pd
 
 from zfree.core.io import read_jsonl
-from zfree.report.plotting import plot_training_curves
-from zfree.report.report import show
+from zfree_lab.report.plotting import plot_training_curves
+from zfree_lab.report.report import show
 
 metrics = pd.DataFrame(read_jsonl(f"{out_dir}/metrics.jsonl"))
 show(plot_training_curves({f"{cfg.objective.weighting} β={cfg.objective.beta:g}": metrics}))

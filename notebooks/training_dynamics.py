@@ -24,10 +24,10 @@ max_runs = 8
 # %%
 from IPython.display import Markdown, display
 
-from zfree.report.gains_report import NO_STRATEGY, left_out
-from zfree.report.plotting import plot_training_curves
-from zfree.report.report import show, training_metrics
-from zfree.experiment.results import load_sweep
+from zfree_lab.report.gains_report import NO_STRATEGY, left_out
+from zfree_lab.report.plotting import plot_training_curves
+from zfree_lab.report.report import show, training_metrics
+from zfree_lab.experiment.results import load_sweep
 
 sweep = load_sweep(sweep_dir)
 curves = training_metrics(sweep, run_ids, max_runs)
@@ -45,7 +45,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from zfree.report.plotting_aids import plot_train_distortion
+from zfree_lab.report.plotting_aids import plot_train_distortion
 from zfree.train.curve import read_curve
 
 run_curves = {d.name: pd.DataFrame(read_curve(d)) for d in sorted(Path(sweep_dir, "runs").iterdir())

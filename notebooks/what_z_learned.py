@@ -31,9 +31,9 @@ from pathlib import Path
 
 from IPython.display import Markdown, display
 
-from zfree.experiment.results import collect_runs
-from zfree.report.meaning_report import show_meaning
-from zfree.report.report import md_text, run_label
+from zfree_lab.experiment.results import collect_runs
+from zfree_lab.report.meaning_report import show_meaning
+from zfree_lab.report.report import md_text, run_label
 
 runs = collect_runs(Path(sweep_dir) / "runs")
 shown = 0

@@ -4,7 +4,7 @@ Runtime checking (STYLE §2): every ``zfree`` module that uses jaxtyping annotat
 imports jaxtyping) is imported through ``jaxtyping.install_import_hook`` with beartype, so a
 tensor whose shape or dtype contradicts its annotation fails the test that passes it. Modules
 without tensor annotations are left alone: beartype would otherwise also enforce unrelated hints
-(a non-runtime-checkable Protocol in ``zfree.experiment.executor`` cannot be checked at all), and
+(a non-runtime-checkable Protocol in ``zfree_lab.experiment.executor`` cannot be checked at all), and
 ``zfree.config`` validates itself in ``__post_init__`` with a ``ValueError`` naming the field,
 a contract the hook would pre-empt with a ``TypeError``. ``is_pep484_tower`` lets an int stand
 for a float, as Python itself does. Set ZFREE_TYPECHECK=0 to run without the hook.
@@ -37,14 +37,14 @@ os.environ.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_
 for _var in ("ZFREE_NO_CACHE", "ZFREE_RUNS", "JUPYTER_PATH", "JUPYTER_CONFIG_PATH", "PYTHONSAFEPATH"):
     os.environ.pop(_var, None)
 
-_SRC = Path(__file__).resolve().parents[1] / "src" / "zfree"
+_SRC = Path(__file__).resolve().parents[1] / "src"
 _UNCHECKED = {"zfree", "zfree.config"}
 
 
 def _checked_modules() -> list[str]:
     mods = []
-    for path in _SRC.rglob("*.py"):
-        parts = ("zfree",) + path.relative_to(_SRC).with_suffix("").parts
+    for path in [*(_SRC / "zfree").rglob("*.py"), *(_SRC / "zfree_lab").rglob("*.py")]:
+        parts = path.relative_to(_SRC).with_suffix("").parts
         name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
         text = path.read_text()
         if name not in _UNCHECKED and ("from jaxtyping import" in text or "import jaxtyping" in text):
@@ -53,7 +53,7 @@ def _checked_modules() -> list[str]:
 
 
 if os.environ.get("ZFREE_TYPECHECK", "1") != "0":
-    if any(m.startswith("zfree.") for m in sys.modules):
+    if any(m.startswith(("zfree.", "zfree_lab.")) for m in sys.modules):
         import warnings
 
         warnings.warn("zfree was imported before tests/conftest.py: runtime shape checks are off", stacklevel=1)

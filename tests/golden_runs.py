@@ -76,8 +76,8 @@ def generate(root: Path, precision: str = "fp64", only: set[str] | None = None, 
     from zfree.config import TrainConfig
     from zfree.data.synth import write_benchmark
     from zfree.core.io import read_jsonl
-    from zfree.experiment.study import PRESETS
-    from zfree.experiment.spec import expand_grid
+    from zfree_lab.experiment.study import PRESETS
+    from zfree_lab.experiment.spec import expand_grid
     from zfree.train.training import train_cvae
 
     p = PRESETS["smoke"]

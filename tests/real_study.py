@@ -101,7 +101,7 @@ LEXFILES = [f"noun.{w}" for w in ("Tops act animal artifact attribute body cogni
            [f"verb.{w}" for w in ("body change cognition communication competition consumption contact creation "
                                    "emotion motion perception possession social stative weather").split()] + \
            ["adj.all", "adj.pert", "adj.$ppl_"]
-#: estimate.json of a 30 min budget that cut the grid to 10 steps (``zfree.experiment.estimate.plan``'s keys)
+#: estimate.json of a 30 min budget that cut the grid to 10 steps (``zfree_lab.experiment.estimate.plan``'s keys)
 ESTIMATE = {"runs": 7, "workers": 1, "estimated_s": 1320.0, "estimated_peak_bytes": 10.6 * 2**30, "budget_s": 1800.0,
             "grid_budget_s": 1355.0, "micro_batch": 0, "memory_limit_bytes": 16 * 2**30,
             "cuts": ["evaluated rows 300 -> 100", "evaluations at step 0 and the end only",

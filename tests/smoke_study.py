@@ -12,7 +12,7 @@ import os
 from contextlib import contextmanager
 from pathlib import Path
 
-from zfree.experiment.study import run_study
+from zfree_lab.experiment.study import run_study
 
 
 @contextmanager

@@ -1,4 +1,4 @@
-"""The ``zfree`` command itself (``zfree.cli.main``, ``zfree.cli.parser``): what it answers before any
+"""The ``zfree`` command itself (``zfree_lab.cli.main``, ``zfree_lab.cli.parser``): what it answers before any
 sub-command runs."""
 
 from __future__ import annotations
@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 import zfree
-from zfree.cli import main
+import zfree_lab
+from zfree_lab.cli import main
 
 
 def test_version_prints_the_package_version(capsys):
@@ -41,7 +42,7 @@ def test_an_invalid_own_train_config_is_refused_before_torch_and_before_the_run_
     import sys
 
     (tmp_path / "pairs.jsonl").write_text('{"x": "a", "y": "b"}\n')
-    code = ("import sys\nfrom zfree.cli import main\n"
+    code = ("import sys\nfrom zfree_lab.cli import main\n"
             "rc = main(['train', '--model', 'no-such-model', '--data', 'pairs.jsonl', '--out', 'run',"
             " '--set', 'weighting=example', '--set', 'epsilon=0'])\n"
             "print(rc, sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n")
@@ -84,7 +85,7 @@ def test_zfree_lab_copies_the_notebooks_chooses_the_study_and_prints_the_command
     assert env == {"ZFREE_STUDY": str(lab_home / "runs" / "my-study"), "ZFREE_RUNS": str(runs_home().resolve()),
                    "HF_HUB_OFFLINE": "1"}
     assert words[3:6] == [sys.executable, "-m", "jupyterlab"]
-    assert {f"--ServerApp.root_dir={lab}", "--ServerApp.contents_manager_class=zfree.report.lab_contents.LabContentsManager",
+    assert {f"--ServerApp.root_dir={lab}", "--ServerApp.contents_manager_class=zfree_lab.report.lab_contents.LabContentsManager",
             "--no-browser", "--port=9999"} <= set(words[6:])
     (lab / "explore.ipynb").write_text("my edits")  # a second time: the user's notebook is kept
     assert main(["lab", "--print-only"]) == 0
@@ -98,8 +99,8 @@ def test_the_explorer_reads_the_study_and_the_runs_zfree_lab_sets(lab_home, monk
     """What the kernel of explore.ipynb sees in the lab folder: the study given, else the newest study
     of the runs/ zfree lab was typed beside (not of the lab folder, its working directory)."""
     from zfree.core.paths import runs_home
-    from zfree.experiment.study_folders import choose_study
-    from zfree.report.lab_launch import lab_plan
+    from zfree_lab.experiment.study_folders import choose_study
+    from zfree_lab.report.lab_launch import lab_plan
 
     (lab_home / "runs" / "my-study" / "runs" / "r1").mkdir()
     (lab_home / "runs" / "my-study" / "runs" / "r1" / "summary.json").write_text("{}")
@@ -126,7 +127,8 @@ def test_zfree_lab_without_jupyterlab_is_one_line_naming_the_lab_extra(lab_home,
     assert "pip install 'zfree[lab]'" in err and not (lab_home / "zfree-lab").exists()  # nothing copied
 
 
-@pytest.mark.parametrize("where", ["the shipped notebooks", "the package", "a missing study", "not a study"])
+@pytest.mark.parametrize("where", ["the shipped notebooks", "the package", "the lab's package", "a missing study",
+                                   "not a study"])
 def test_zfree_lab_refuses_a_folder_inside_the_installation_and_a_study_that_is_none(where, lab_home, capsys):
     from pathlib import Path
 
@@ -134,9 +136,11 @@ def test_zfree_lab_refuses_a_folder_inside_the_installation_and_a_study_that_is_
 
     args = {"the shipped notebooks": ["--dir", str(NOTEBOOKS)],
             "the package": ["--dir", str(Path(zfree.__file__).parent / "lab")],
+            "the lab's package": ["--dir", str(Path(zfree_lab.__file__).parent / "lab")],
             "a missing study": ["runs/no-such-study"], "not a study": ["zfree-lab-not-a-study"]}[where]
     (lab_home / "zfree-lab-not-a-study").mkdir()
     assert main(["lab", *args, "--print-only"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("zfree: error: ") and err.count("\n") == 1, err
     assert not (Path(zfree.__file__).parent / "lab").exists() and not (lab_home / "zfree-lab").exists()
+    assert not (Path(zfree_lab.__file__).parent / "lab").exists()

@@ -7,11 +7,11 @@ from __future__ import annotations
 import signal
 from concurrent.futures import Future
 
-from zfree.cli import _interrupt_line
 from zfree.core.errors import Interrupted
-from zfree.experiment.cluster import ENDED_UNLISTED, SqueueWatcher, _id_list
-from zfree.experiment.executor import run_points, stop_workers
-from zfree.experiment.spec import expand_grid
+from zfree_lab.cli import _interrupt_line
+from zfree_lab.experiment.cluster import ENDED_UNLISTED, SqueueWatcher, _id_list
+from zfree_lab.experiment.executor import run_points, stop_workers
+from zfree_lab.experiment.spec import expand_grid
 from tests.tiny import tiny_flat
 
 

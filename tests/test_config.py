@@ -173,7 +173,7 @@ def test_latent_source_reads_the_posterior_the_control_and_rejects_the_rest():
 
 
 def test_given_kind_and_run_names_read_the_source_through_the_parser():
-    from zfree.experiment.study_folders import given_kind
+    from zfree_lab.experiment.study_folders import given_kind
 
     assert [given_kind({"latent_source": s}) for s in ("posterior", "control", "label:first_slot", "weird")] \
         == [None, "control", "oracle", "given"]

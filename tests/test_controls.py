@@ -1,7 +1,7 @@
 """The z-free control, the label oracles, the spread evaluation sample and the gains against the
 control (issue "Real data, true numbers"): zfree.config (latent_source), zfree.models.discrete
 (given z), zfree.objective.objectives (GIVEN), zfree.data.split.spread_sample,
-zfree.experiment.controls, zfree.experiment.gains."""
+zfree_lab.experiment.controls, zfree_lab.experiment.gains."""
 
 from __future__ import annotations
 
@@ -20,13 +20,13 @@ from zfree.data.labels import label_keys_of, label_value, label_values
 from zfree.data.pairs import Pair
 from zfree.data.split import spread_sample
 from zfree.evaluate.metrics import measured_use
-from zfree.experiment.controls import LINKS_FILE, control_params, null_params, oracle_labels, oracle_params, with_controls
-from zfree.experiment.gains import interval, oracle_table, run_gains
-from zfree.experiment.spec import expand_grid
 from zfree.models.discrete import DiscreteCVAE
-from zfree.objective.objectives import GIVEN, assemble
 from zfree.objective.losses import reconstruction_per_value
+from zfree.objective.objectives import GIVEN, assemble
 from zfree.train.training import train_cvae
+from zfree_lab.experiment.controls import LINKS_FILE, control_params, null_params, oracle_labels, oracle_params, with_controls
+from zfree_lab.experiment.gains import interval, oracle_table, run_gains
+from zfree_lab.experiment.spec import expand_grid
 
 
 # ---------------------------------------------------------------------------- config
@@ -227,7 +227,7 @@ def test_an_oracles_folder_name_is_safe_for_any_label_and_short_ascii_ones_keep_
     """issue 61: a 300-character label key made the oracle's run folder name 300+ bytes ("File name too
     long"). Short ASCII labels keep today's names (existing studies resume); a long or non-ASCII label is
     named by its hash, ASCII and short; the label itself stays in the config (``latent_source``)."""
-    from zfree.experiment.spec import run_id
+    from zfree_lab.experiment.spec import run_id
 
     base = TrainConfig().to_flat()
 
@@ -286,7 +286,7 @@ def test_gains_against_the_control_and_the_oracle(tmp_path):
     assert o.loc[0, "eta"] == pytest.approx(2.0) and bool(o.loc[0, "distinguishable"])
     assert o.loc[0, "H_source"] == "router"  # 1.0 nats beats the marginal's log 3 (add-one smoothed: the same)
     assert o.loc[0, "finetune_gain"] == pytest.approx(1.0)  # 10 * (1.0 - 0.9)
-    from zfree.experiment.results import collect_runs
+    from zfree_lab.experiment.results import collect_runs
 
     g = run_gains(tmp_path, collect_runs(runs), o).iloc[0]
     assert g["z_gain"] == pytest.approx(10 * (0.9 - 0.8)) and g["z_gain_lo"] > 0 and bool(g["z_used"])
@@ -343,11 +343,11 @@ def test_every_train_config_field_is_classified_for_the_control_exactly_once():
     """A TrainConfig field that is neither reset nor shared by a run's z-free control fails here
     (a new aid field left out of _RESET would give each run its own control, silently)."""
     from zfree.config import TrainConfig
-    from zfree.experiment.controls import _RESET, SHARED
+    from zfree_lab.experiment.controls import _RESET, SHARED
 
     flat = set(TrainConfig().to_flat())
     assert not set(_RESET) & set(SHARED), set(_RESET) & set(SHARED)
-    assert flat - set(_RESET) - set(SHARED) == set(), "classify these fields in zfree.experiment.controls"
+    assert flat - set(_RESET) - set(SHARED) == set(), "classify these fields in zfree_lab.experiment.controls"
     assert set(_RESET) | set(SHARED) <= flat, (set(_RESET) | set(SHARED)) - flat
 
 
@@ -367,7 +367,7 @@ def test_a_run_trained_into_the_study_later_is_paired_with_its_recipes_control(t
     _fake_run(runs, "variant-late", np.full(n, 0.8), np.full(n, 0.5), {"latent_used": True})
     for rid, cfg in (("a_control_of_another_recipe", other), ("control_plain_1", old_control), ("variant-late", variant)):
         (runs / rid / "config.json").write_text(json.dumps(cfg))
-    from zfree.experiment.results import collect_runs
+    from zfree_lab.experiment.results import collect_runs
 
     g = run_gains(tmp_path, collect_runs(runs), pd.DataFrame()).iloc[0]
     assert g["run_id"] == "variant-late" and g["control_run_id"] == "control_plain_1"

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from zfree.cli.parser import build_parser
+from zfree_lab.cli.parser import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -169,7 +169,7 @@ def test_a_make_command_dry_runs(command):
 def test_a_print_only_command_runs(tmp_path, monkeypatch, capsys):
     """``zfree lab STUDY``, as shown plus ``--print-only``, from a folder holding that study: the
     notebooks are copied to its lab folder, and the command names the study."""
-    from zfree.cli import main
+    from zfree_lab.cli import main
 
     commands = [c for c, (how, _) in COMMANDS.items() if how == "print-only"]
     assert commands
@@ -186,7 +186,7 @@ def test_the_own_model_train_command_runs_on_a_tiny_model(tmp_path, monkeypatch)
     """own-model.md's one-CVAE command (it once stopped after loading with ``epsilon=0.0 must be > 0``,
     leaving a half-written run folder): run as shown, on a tiny model, for two steps."""
     from tests.tiny import tiny_gpt2
-    from zfree.cli import main
+    from zfree_lab.cli import main
 
     tiny = [c for c, (how, _) in COMMANDS.items() if how == "tiny"]
     assert len(tiny) == 1 and "--set weighting=example" in tiny[0]
@@ -204,8 +204,8 @@ def test_the_own_model_train_command_runs_on_a_tiny_model(tmp_path, monkeypatch)
 def test_a_skipped_command_names_files_that_exist_and_a_spec_that_loads():
     """What can be checked without running: each repository path a skipped or slow command names
     exists, and each sweep or study spec it names loads (a YAML error would show only at run time)."""
-    from zfree.experiment.own_study import load_own_spec
-    from zfree.experiment.sweeps import load_spec
+    from zfree_lab.experiment.own_study import load_own_spec
+    from zfree_lab.experiment.sweeps import load_spec
 
     for command, (how, _) in COMMANDS.items():
         if how not in ("skip", "slow") or "zfree" not in command or "model fetch" in command:
@@ -226,7 +226,7 @@ def test_the_own_study_spec_command_runs_on_a_tiny_model(tmp_path, monkeypatch):
     """own-model.md's ``--spec analysis/studies/own-study-example.yaml`` study, as shown, on a tiny
     GPT-2 and the benchmark's validation rows, every run cut to two steps (``--set``), no estimate."""
     from tests.tiny import tiny_gpt2
-    from zfree.cli import main
+    from zfree_lab.cli import main
 
     command = next(c for c, (_, test) in COMMANDS.items() if test == SPEC_STUDY)
     model = tmp_path / "model"

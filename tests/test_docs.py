@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from zfree.cli.parser import build_parser
 from zfree.config import TrainConfig
+from zfree_lab.cli.parser import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -132,7 +132,7 @@ def test_docs_and_docstrings_cite_only_what_the_project_holds():
     problem = (DOCS / "concepts" / "problem.md").read_text(encoding="utf-8")
     assert "{ #models }" in problem and "{ #benchmark }" in problem
     cites = set()
-    for path in (ROOT / "src" / "zfree").rglob("*.py"):
+    for path in (ROOT / "src").rglob("*.py"):
         cites |= set(re.findall(r"docs/((?:concepts|reference)/[a-z_-]+\.md)", path.read_text(encoding="utf-8")))
     assert cites and all((DOCS / c).is_file() for c in cites), cites
 
@@ -150,11 +150,11 @@ def test_the_live_how_to_and_the_results_loaders_are_in_the_site():
     assert "--set tensorboard=false" in live and "--set wandb=offline" in live and "wandb sync" in live
     assert "pip install 'zfree[wandb]'" in live and "live.md" in (DOCS / "howto" / "index.md").read_text(encoding="utf-8")
     api = (DOCS / "reference" / "api" / "results.md").read_text(encoding="utf-8")
-    assert "::: zfree.experiment.results.load_sweep" in api and "::: zfree.report.explore.ExploreLab" in api
+    assert "::: zfree_lab.experiment.results.load_sweep" in api and "::: zfree_lab.report.explore.ExploreLab" in api
 
 
 def test_presets_page_lists_every_preset(gen):
-    from zfree.experiment.catalog import preset_catalog
+    from zfree_lab.experiment.catalog import preset_catalog
 
     page = gen.expand((DOCS / "howto" / "presets.md").read_text(encoding="utf-8"))
     assert all(f"| `{name}` | {e.runs} |" in page for name, e in preset_catalog().items())
@@ -220,12 +220,12 @@ def test_mkdocs_build_is_strict_clean(tmp_path, gen):
     assert res.returncode == 0 and "WARNING" not in log, log[-4000:]
     assert (tmp_path / "site" / "reference" / "config.html").is_file()
     api = (tmp_path / "site" / "reference" / "api" / "results.html").read_text(encoding="utf-8")
-    assert 'id="zfree.experiment.results.load_sweep"' in api and 'id="zfree.report.explore.ExploreLab"' in api
+    assert 'id="zfree_lab.experiment.results.load_sweep"' in api and 'id="zfree_lab.report.explore.ExploreLab"' in api
     remote = re.compile(r'<(?:script|img)[^>]+src="(?:https?:)?//|<link[^>]+href="(?:https?:)?//[^"]*"[^>]*stylesheet'
                         r'|<link[^>]+stylesheet[^>]+href="(?:https?:)?//')
     pages = [p for p in (tmp_path / "site").rglob("*.html") if remote.search(p.read_text(encoding="utf-8"))]
     assert not pages, f"a page loads a script, image or stylesheet from the network: {pages[:3]}"  # offline
-    from zfree.experiment.catalog import preset_catalog
+    from zfree_lab.experiment.catalog import preset_catalog
 
     # generated cells shown whole (markdown extensions such as attr_list eat some text, e.g. "{a, b}")
     page = (tmp_path / "site" / "howto" / "presets.html").read_text(encoding="utf-8")
@@ -239,7 +239,7 @@ def test_mkdocs_build_is_strict_clean(tmp_path, gen):
 
 
 def _runnable(command: str, out_dir: Path, subs: dict[str, str] | None = None) -> list[str]:
-    """A page's command as ``zfree.cli.main`` arguments: placeholders replaced by ``subs`` and its
+    """A page's command as ``zfree_lab.cli.main`` arguments: placeholders replaced by ``subs`` and its
     ``--out`` moved into ``out_dir`` (same folder name)."""
     args = [(subs or {}).get(a, a) for a in shlex.split(command)]
     i = args.index("--out") + 1
@@ -251,7 +251,7 @@ def _runnable(command: str, out_dir: Path, subs: dict[str, str] | None = None) -
 def test_the_slurm_tutorials_commands_without_a_cluster_run(tmp_path, monkeypatch):
     """The SLURM tutorial's "trying it without a cluster" commands, as the page shows them: submitit's
     local executor and the local pool, on the shipped benchmark and base."""
-    from zfree.cli import main
+    from zfree_lab.cli import main
 
     commands = [c for c in _zfree_commands((DOCS / "tutorials" / "slurm.md").read_text(encoding="utf-8"))
                 if c.startswith("sweep analysis/sweeps/smoke.yaml ")]
@@ -272,7 +272,7 @@ def test_the_own_model_smoke_command_of_the_readme_and_the_tutorial_runs(tmp_pat
     """README's and the own-model tutorial's ``--preset own_smoke`` command, with a tiny GPT-2 saved
     as a transformers folder for the model and the shipped benchmark's validation rows for the pairs."""
     from tests.tiny import tiny_gpt2
-    from zfree.cli import main
+    from zfree_lab.cli import main
 
     readme = [c for c in _zfree_commands(README.read_text(encoding="utf-8")) if "--preset own_smoke" in c]
     page = [c for c in _zfree_commands((DOCS / "tutorials" / "own-model.md").read_text(encoding="utf-8"))

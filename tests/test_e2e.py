@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from zfree.core.io import read_json, sha256_file
 from zfree.data.e2e import (count_sentences, convert_e2e, first_slot, parse_mr, read_e2e_csv, row_labels,
                             sentence_bucket)
 from zfree.data.pairs import Pair, load_pairs
-from zfree.core.io import read_json, sha256_file
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT.parent / "shared" / "data" / "e2e"
@@ -160,7 +160,7 @@ def test_shipped_metadata_keeps_attribution():
 
 
 def test_cli_data_e2e(tmp_path, capsys):
-    from zfree.cli import main
+    from zfree_lab.cli import main
 
     if not (SRC / "test-fixed.csv").exists():
         assert main(["data", "e2e", "--src", str(tmp_path / "none"), "--out", str(tmp_path / "o")]) == 2

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from zfree.core.paths import SHIPPED_E2E
-from zfree.experiment.own_study import OWN_PRESETS
+from zfree_lab.experiment.own_study import OWN_PRESETS
 
 pytestmark = pytest.mark.slow
 
@@ -47,7 +47,7 @@ def tiny_49k(tmp_path_factory) -> Path:
 
 
 def test_the_e2e_smollm2_preset_runs_end_to_end_on_a_49k_vocabulary(tiny_49k, tmp_path, monkeypatch, capsys):
-    from zfree.cli import main
+    from zfree_lab.cli import main
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     out = tmp_path / "study"

@@ -16,18 +16,18 @@ import torch
 
 from zfree.config import TrainConfig
 from zfree.core.errors import ConfigError
-from zfree.experiment import estimate as est
-from zfree.experiment.catalog import preset_catalog, preset_help
-from zfree.experiment.controls import control_params
-from zfree.experiment.memory_watch import died_message
-from zfree.experiment.own_study import OWN_PRESETS
-from zfree.experiment.spec import Point, expand_grid
-from zfree.experiment.study import PRESETS
 from zfree.models.base import load_base
 from zfree.models.lora import apply_lora, base_state_dict, trainable_tensors
 from zfree.train.accumulate import accumulation_problem, check_accumulation
 from zfree.train.run_setup import build_cvae
 from zfree.train.training import train_cvae
+from zfree_lab.experiment import estimate as est
+from zfree_lab.experiment.catalog import preset_catalog, preset_help
+from zfree_lab.experiment.controls import control_params
+from zfree_lab.experiment.memory_watch import died_message
+from zfree_lab.experiment.own_study import OWN_PRESETS
+from zfree_lab.experiment.spec import Point, expand_grid
+from zfree_lab.experiment.study import PRESETS
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = {"data_dir": str(ROOT / "data/synth/default"), "base_dir": str(ROOT / "data/base/default"), "steps": 2,
@@ -329,7 +329,7 @@ def _cost_model(setup, per_row_step, eval_row):
 
 def _table_row(line: str, labels) -> int:
     """The index in CUTS of the cut that wrote ``line`` (a steps fit: -1)."""
-    from zfree.experiment.budget import CUTS, KEEP_WEIGHTINGS
+    from zfree_lab.experiment.budget import CUTS, KEEP_WEIGHTINGS
 
     names = [c.name for c in CUTS]
     head = line.split(" (at ")[0]
@@ -358,7 +358,7 @@ def test_the_cut_order_follows_the_table_and_the_grid_fills_the_budget(cost):
     the budget unless it runs at its asked steps and rows (nothing left to buy); steps go under the
     floor only with one beta point and the kept weightings; and a label oracle is cut only where
     the grid with every oracle does not fit even at MIN_STEPS."""
-    from zfree.experiment.budget import FILL, KEEP_WEIGHTINGS, MIN_STEPS, _at_steps
+    from zfree_lab.experiment.budget import FILL, KEEP_WEIGHTINGS, MIN_STEPS, _at_steps
 
     spec, labels = OWN_PRESETS["own"], ["n_sentences", "first_slot", "complete"]
     seconds = _cost_model(*cost)
@@ -462,7 +462,7 @@ def test_a_zero_budget_is_refused_in_one_line_however_written(text, tmp_path, ca
     with pytest.raises(ConfigError, match=r"^--budget '[^']*': a zero budget fits no run; give a duration such as "
                                           r"15m, 1h.* or none \(no budget\)$"):
         est.parse_budget(text)
-    from zfree.cli import main
+    from zfree_lab.cli import main
 
     assert main(["study", "--model", str(tmp_path / "no-model"), "--data", str(tmp_path / "no.jsonl"),
                  "--out", str(tmp_path / "out"), "--budget", text]) == 2
@@ -600,9 +600,9 @@ def test_train_scoring_seconds_from_the_preparations_rate(tmp_path):
 
 
 def test_the_budget_help_is_the_cut_table():
-    """--budget's help lists the cuts of zfree.experiment.budget.CUTS in their order (generated)."""
-    from zfree.cli.parser import build_parser
-    from zfree.experiment.budget import CUTS, budget_help
+    """--budget's help lists the cuts of zfree_lab.experiment.budget.CUTS in their order (generated)."""
+    from zfree_lab.cli.parser import build_parser
+    from zfree_lab.experiment.budget import CUTS, budget_help
 
     names = budget_help().split(", ")
     assert names[:4] == ["evaluated rows", "intermediate evaluations", f"steps (>= {est.STEP_FLOOR})", "beta points"]
@@ -671,7 +671,7 @@ def test_probes_side_by_side_run_at_once_and_an_interrupt_takes_both_children(tm
 
     import psutil
 
-    from zfree.experiment import probe as probe_mod
+    from zfree_lab.experiment import probe as probe_mod
 
     pts = _with_a_control()
     barrier = threading.Barrier(2, timeout=30)
@@ -725,7 +725,7 @@ def test_two_real_probes_side_by_side_each_measure_their_own_run(tmp_path, monke
     import subprocess
     import threading
 
-    from zfree.experiment import probe as probe_mod
+    from zfree_lab.experiment import probe as probe_mod
 
     pts = _with_a_control()
     barrier, original = threading.Barrier(2, timeout=60), subprocess.Popen.communicate
@@ -747,7 +747,7 @@ def test_a_probe_of_the_same_config_on_this_machine_is_kept_not_run_again(tmp_pa
     record is measured again."""
     import subprocess
 
-    from zfree.experiment import probe as probe_mod
+    from zfree_lab.experiment import probe as probe_mod
 
     started = []
 
@@ -794,7 +794,7 @@ def test_a_probe_the_models_size_rules_out_is_skipped(tmp_path, monkeypatch):
     skipped, at that floor, in no time; fit_memory then goes to the micro-batch, which is checked too."""
     import subprocess
 
-    from zfree.experiment import memory_floor as cost
+    from zfree_lab.experiment import memory_floor as cost
     from zfree.evaluate.metrics import EVAL_LOGIT_ELEMENTS
 
     class NoChild:

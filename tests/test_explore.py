@@ -15,9 +15,9 @@ import pytest
 
 from tests.tiny_sweep import make_tiny_sweep
 from zfree.core.io import atomic_write_json, read_json
-from zfree.experiment.results import SweepResults, collect_runs
-from zfree.experiment.study_folders import count_runs, find_studies
-from zfree.report.explore import ExploreLab, StudyChooser, runs_overview
+from zfree_lab.experiment.results import SweepResults, collect_runs
+from zfree_lab.experiment.study_folders import count_runs, find_studies
+from zfree_lab.report.explore import ExploreLab, StudyChooser, runs_overview
 
 
 @pytest.fixture(scope="module")

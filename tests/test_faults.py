@@ -87,10 +87,10 @@ import yaml
 from tests.test_io import _Evil
 from tests.test_locks import hold_lock
 from tests.tiny_sweep import tiny_base_flat
-from zfree.cli import main
 from zfree.config import TrainConfig
 from zfree.core.errors import ConfigError
 from zfree.core.locks import run_folder_lock
+from zfree_lab.cli import main
 
 SPEC_KEYS = ("data_dir", "base_dir", "steps", "batch_size", "eval_every", "eval_rows", "decode_rows", "warmup_backbone")
 
@@ -188,7 +188,7 @@ def test_bad_yaml_is_one_error_naming_file_and_field(tmp_path, capsys, text, mat
 
 
 def test_yaml_1e_minus_3_is_a_float(tmp_path):
-    from zfree.experiment.sweeps import load_spec
+    from zfree_lab.experiment.sweeps import load_spec
 
     f = tmp_path / "spec.yaml"
     f.write_text("base: {lr_new: 1e-3}\ngrid: {lr_backbone: [1e-5, 3.0e-5]}\n")  # YAML 1.1: '1e-3' is a string
@@ -212,8 +212,8 @@ def _no_study(monkeypatch) -> list:
     before its pipeline runs); the calls made."""
     from types import SimpleNamespace
 
-    import zfree.experiment.own_study as own_study
-    import zfree.experiment.study as study
+    import zfree_lab.experiment.own_study as own_study
+    import zfree_lab.experiment.study as study
 
     calls: list = []
     monkeypatch.setattr(own_study, "run_experiment", lambda *a, **kw: calls.append(("own", a, kw))
@@ -224,9 +224,9 @@ def _no_study(monkeypatch) -> list:
 
 @pytest.mark.parametrize("aids", ["[hard_em_then_soft]", "[none, hard_emm]", "[none, 3]"])
 def test_unknown_grid_aid_is_refused_listing_the_valid_ones(tmp_path, capsys, monkeypatch, aids):
-    from zfree.experiment.own_study import load_own_spec
-    from zfree.experiment.spec import BoundaryGrid
-    from zfree.experiment.spec_file import spec_from_dict
+    from zfree_lab.experiment.own_study import load_own_spec
+    from zfree_lab.experiment.spec import BoundaryGrid
+    from zfree_lab.experiment.spec_file import spec_from_dict
 
     spec = _own_spec(tmp_path, f"weightings: [distribution]\naids: {aids}\n")
     out = tmp_path / "study"
@@ -263,8 +263,8 @@ def test_empty_out_or_path_is_refused_naming_the_option(tmp_path, capsys, monkey
 
 
 def test_empty_out_dir_is_refused_by_the_python_api_too(tiny, tmp_path, monkeypatch):
-    from zfree.experiment.pipeline import run_experiment
-    from zfree.experiment.study import PRESETS
+    from zfree_lab.experiment.pipeline import run_experiment
+    from zfree_lab.experiment.study import PRESETS
     from zfree.train.training import train_cvae
 
     data, base = tiny
@@ -465,8 +465,8 @@ def test_failing_point_exits_1_with_full_message_and_path(tiny, tmp_path, capsys
 
 def test_second_sweep_on_a_folder_is_refused_naming_the_pid(tiny, tmp_path):
     from zfree.core.errors import LockHeldError
-    from zfree.experiment.executor import run_points
-    from zfree.experiment.sweeps import load_spec, run_sweep
+    from zfree_lab.experiment.executor import run_points
+    from zfree_lab.experiment.sweeps import load_spec, run_sweep
 
     data, base = tiny
     spec = load_spec(write_spec(tmp_path, {"base": _spec_base(data, base), "grid": {"beta": [0.3]}}))
@@ -505,7 +505,7 @@ def test_sigkill_of_a_sweep_leaves_no_process_behind(tiny, tmp_path):
                                  "grid": {"beta": [0.3]}, "workers": 1})  # one worker, one kernel: enough
     out, mark = tmp_path / "sweep", uuid.uuid4().hex
     env = {**os.environ, "ZFREE_FAULT_MARK": mark, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    sweep = subprocess.Popen([sys.executable, "-m", "zfree.cli", "sweep", str(spec), "--out", str(out), "--no-report"],
+    sweep = subprocess.Popen([sys.executable, "-m", "zfree_lab.cli", "sweep", str(spec), "--out", str(out), "--no-report"],
                              env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 300
@@ -654,7 +654,7 @@ def test_nonfinite_evaluation_stops_before_replacing_the_checkpoint(tiny, finish
 
 
 def test_study_with_a_failed_point_exits_1_naming_it(tmp_path, capsys, monkeypatch):
-    import zfree.experiment.study as study
+    import zfree_lab.experiment.study as study
 
     stale = tmp_path / "runs" / "old_point" / "error.json"  # from an earlier invocation: not reported
     stale.parent.mkdir(parents=True)

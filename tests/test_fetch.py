@@ -9,8 +9,8 @@ import zipfile
 
 import pytest
 
-from zfree.cli import main
 from zfree.models import fetch as F
+from zfree_lab.cli import main
 
 NAME = "smollm2-135m-instruct"
 
@@ -67,7 +67,7 @@ def test_a_study_on_a_fetched_model_notes_its_quantised_weights(tmp_path):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from zfree.data.bpe import train_bpe_tokenizer
-    from zfree.experiment.sources import link_model
+    from zfree_lab.experiment.sources import link_model
 
     model = tmp_path / "models" / NAME
     tok = train_bpe_tokenizer(["a cat sat", "on the mat"], vocab_size=300)

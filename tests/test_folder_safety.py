@@ -1,6 +1,6 @@
 """Study and run folders cannot be turned against their user: nothing in them is imported or
 executed, no write follows a symlink out of them, their names are never format strings, and a
-torn executed notebook does not count as a finished run (``zfree.experiment.notebook_exec``)."""
+torn executed notebook does not count as a finished run (``zfree_lab.experiment.notebook_exec``)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from tests.tiny import tiny_flat
 from zfree.config import TrainConfig
 from zfree.core.locks import LOCK_NAME
 from zfree.core.paths import NOTEBOOKS
-from zfree.experiment.executor import RUN_NOTEBOOK, is_finished, run_point
-from zfree.experiment.spec import Point, run_id
+from zfree_lab.experiment.executor import RUN_NOTEBOOK, is_finished, run_point
+from zfree_lab.experiment.spec import Point, run_id
 
 #: module names a kernel or a notebook imports, planted in a folder zfree writes to
 PLANTED = ("ipykernel_launcher", "pandas", "zfree")
@@ -68,7 +68,7 @@ STUDY_FILES = (".zfree.lock", "controls.json", "summary.csv", "runs.csv", "runs.
 
 def test_a_report_of_a_hostile_study_runs_nothing_of_it_and_writes_through_no_link(smoke_study, tmp_path):
     from tests.smoke_study import agg_backend
-    from zfree.experiment.study import run_study
+    from zfree_lab.experiment.study import run_study
 
     study = tmp_path / "study{x}"
     shutil.copytree(smoke_study, study)
@@ -108,7 +108,7 @@ def test_a_failed_execution_leaves_no_torn_notebook(tmp_path, monkeypatch):
     """papermill dying while it writes (disk full) leaves neither a torn notebook nor its partial file."""
     import papermill as pm
 
-    from zfree.experiment import notebook_exec
+    from zfree_lab.experiment import notebook_exec
 
     def torn(nb, out, **kw):
         Path(out).write_text('{"cells": [')
@@ -127,7 +127,7 @@ def test_label_names_from_data_reach_the_gains_figure_as_literal_text(tmp_path):
     import matplotlib.pyplot as plt
     import pandas as pd
 
-    from zfree.report.plotting_study import plot_gains
+    from zfree_lab.report.plotting_study import plot_gains
 
     names = ["$x_$", r"$\alpha^$", r"$\frac{a}{b}$"]
     oracles = pd.DataFrame([{"label": n, "H": 1.0 + i, "H_lo": 0.9 + i, "H_hi": 1.1 + i, "delta_R": 0.5, "delta_R_lo": 0.4,
@@ -146,8 +146,8 @@ def test_label_keys_with_slashes_keep_their_metric_columns():
     per-label table and summary.csv (they were dropped where the key held a slash)."""
     import pandas as pd
 
-    from zfree.experiment.results import summary_with_labels
-    from zfree.report.labels_report import label_metric_of, label_table
+    from zfree_lab.experiment.results import summary_with_labels
+    from zfree_lab.report.labels_report import label_metric_of, label_table
 
     assert label_metric_of("structure/alignment_nmi/a/b") == ("alignment_nmi", "a/b")
     assert label_metric_of("structure/probe_accuracy/../../x") == ("probe_accuracy", "../../x")
@@ -164,7 +164,7 @@ def test_label_keys_with_slashes_keep_their_metric_columns():
 
 @pytest.mark.parametrize("value", ["0", "-3", "two"])
 def test_workers_below_one_are_refused_before_any_work(value, tmp_path, capsys):
-    from zfree.cli import main
+    from zfree_lab.cli import main
 
     with pytest.raises(SystemExit) as e:
         main(["study", "--preset", "smoke", f"--workers={value}", "--out", str(tmp_path / "o")])
@@ -183,7 +183,7 @@ def test_a_hand_made_summary_of_the_wrong_shape_is_one_line_naming_it(tmp_path, 
     """Issue 34 (weak cases): a summary.json that is not a run's (a list, a key of the wrong type) was an
     AttributeError / TypeError traceback in every reader; now one line naming the file and the key."""
     from zfree.core.errors import InputError
-    from zfree.experiment.results import collect_runs
+    from zfree_lab.experiment.results import collect_runs
 
     run = tmp_path / "study" / "runs" / "plain_beta0.3_abcd1234"
     run.mkdir(parents=True)
@@ -279,7 +279,7 @@ def test_a_full_disk_during_zfree_report_is_one_line_and_keeps_the_last_report(t
     import papermill as pm
 
     from tests.tiny_sweep import make_tiny_sweep
-    from zfree.cli import main
+    from zfree_lab.cli import main
 
     study = tmp_path / "study"
     shutil.copytree(make_tiny_sweep(tmp_path_factory), study)
@@ -307,9 +307,9 @@ def test_a_full_disk_during_zfree_report_names_the_study_folder(tmp_path_factory
 
     import papermill as pm
 
-    import zfree.experiment.render as render
+    import zfree_lab.experiment.render as render
     from tests.tiny_sweep import make_tiny_sweep
-    from zfree.cli import main
+    from zfree_lab.cli import main
 
     study = tmp_path / "study"
     shutil.copytree(make_tiny_sweep(tmp_path_factory), study)
@@ -341,7 +341,7 @@ def test_zfree_train_refuses_a_non_empty_folder_it_does_not_own(tiny_run, tmp_pa
     """``--out`` a folder holding someone else's summary.json: `zfree train` exited 0 printing ``{}`` and
     trained nothing; a folder of someone else's metrics.jsonl, curve.jsonl, ...: overwritten without a
     word. Now one line naming the folder, exit 2, and every file byte-identical, nothing added."""
-    from zfree.cli import main
+    from zfree_lab.cli import main
 
     data, base = tiny_run
     out = tmp_path / "theirs"
@@ -360,7 +360,7 @@ def test_own_folders_still_train_resume_and_are_reused(tiny_run, tmp_path):
     """What zfree owns keeps working: an empty folder trains; a stopped run resumes, also as a run
     folder from before the lock file (config.json, no .zfree.lock); a finished run is returned as it is;
     `zfree train --model/--data` trains in the folder it split the data into, and its rerun reuses it."""
-    from zfree.cli import main
+    from zfree_lab.cli import main
     from zfree.core.locks import LOCK_NAME
     from zfree.train.training import train_cvae
 
@@ -386,7 +386,7 @@ def test_zfree_study_refuses_a_non_empty_folder_it_does_not_own(tiny_run, tmp_pa
     """`zfree study --out` a folder of someone else's (no .zfree.lock, plan.json or spec.json): the study
     wrote its split, timings.json and base/ among the user's files before failing or finishing; now one
     line naming the folder, exit 2, every file byte-identical and nothing added."""
-    from zfree.cli import main
+    from zfree_lab.cli import main
 
     data, _ = tiny_run
     out = tmp_path / "theirs"
@@ -417,15 +417,17 @@ def test_a_study_folder_of_zfree_passes_the_owner_check(tmp_path):
         check_own_folder(own, "study folder", STUDY_MARKS)
 
 
-@pytest.mark.parametrize("cmd", ["train", "study"])
-def test_out_inside_the_installed_package_is_refused(tiny_run, tmp_path, capsys, cmd):
+@pytest.mark.parametrize("cmd,package", [("train", "zfree"), ("study", "zfree"), ("train", "zfree_lab")])
+def test_out_inside_the_installed_package_is_refused(tiny_run, tmp_path, capsys, cmd, package):
     """`--out` inside the package (src/zfree in a clone, site-packages/zfree from a wheel) wrote 15 run
-    files among its modules; now one line naming the folder, exit 2, nothing created there."""
-    import zfree
-    from zfree.cli import main
+    files among its modules; now one line naming the folder, exit 2, nothing created there. The same
+    inside the application's package (zfree_lab), which the library does not name."""
+    import importlib
+
+    from zfree_lab.cli import main
 
     data, base = tiny_run
-    out = Path(zfree.__file__).resolve().parent / "data" / "zfree-test-out"
+    out = Path(importlib.import_module(package).__file__).resolve().parent / "data" / "zfree-test-out"
     assert not out.exists()
     config = tmp_path / "config.json"
     config.write_text(json.dumps(tiny_flat(data, base, steps=2, eval_every=2, device="cpu")))
@@ -436,7 +438,7 @@ def test_out_inside_the_installed_package_is_refused(tiny_run, tmp_path, capsys,
         code = main(argv)
         err = capsys.readouterr().err.strip().splitlines()
         assert code == 2 and len(err) == 1, err
-        assert err[0].startswith(f"zfree: error: --out {out}: inside the installed zfree package ("), err
+        assert err[0].startswith(f"zfree: error: --out {out}: inside the installed {package} package ("), err
         assert not out.exists()
     finally:
         shutil.rmtree(out, ignore_errors=True)

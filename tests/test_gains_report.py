@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 
 from tests.real_study import LONG_Y, make_real_study
-from zfree.report import gains_report as G
-from zfree.report import labels_report as L
-from zfree.report import report as R
+from zfree_lab.report import gains_report as G
+from zfree_lab.report import labels_report as L
+from zfree_lab.report import report as R
 
 
 def _oracles(lo=(0.08, -0.09), rows=(60, 60)) -> pd.DataFrame:
@@ -99,7 +99,7 @@ def test_predicted_use_at_eta_one_is_the_beta_eff_below_one_rule(tmp_path):
 
 
 def test_gain_figure_draws_each_run_with_its_interval_and_each_oracle():
-    from zfree.report.plotting_study import plot_gains
+    from zfree_lab.report.plotting_study import plot_gains
 
     runs = pd.DataFrame({"run_id": ["a", "b"], "weighting": ["plain", "distribution"], "aid": ["none", "none"],
                          "beta": [0.01, 0.004], "rate": [0.03, 0.006], "z_gain": [0.12, 0.0],
@@ -160,7 +160,7 @@ def real(tmp_path_factory):
 
 
 def test_label_table_puts_the_majority_baseline_beside_each_label(real):
-    from zfree.experiment.results import collect_runs
+    from zfree_lab.experiment.results import collect_runs
 
     t = L.label_table(collect_runs(real / "runs"))
     cols = list(t.columns)
@@ -184,7 +184,7 @@ def test_a_many_valued_label_is_drawn_as_a_heatmap_and_missing_control_values_ar
     """Issue 35: a 44-value label's confusion ran off the page as a table pandas cut to "…"; the
     44-value oracle's multi-reference control columns showed NaN with no word why."""
     from zfree.evaluate.latent_stats import label_confusion
-    from zfree.report.plotting_study import plot_label_confusion
+    from zfree_lab.report.plotting_study import plot_label_confusion
     from tests.real_study import LEXFILES
 
     pe = pd.DataFrame({"posterior_argmax": np.arange(88) % 3, "label/lexfile": LEXFILES * 2})
@@ -208,7 +208,7 @@ def test_a_many_valued_label_is_drawn_as_a_heatmap_and_missing_control_values_ar
 @pytest.mark.timeout(600)
 def test_a_real_data_report_leaves_out_the_synthetic_sections_with_one_line_each(real):
     from tests.smoke_study import agg_backend
-    from zfree.experiment.render import render_report
+    from zfree_lab.experiment.render import render_report
 
     with agg_backend():
         html = render_report(real).read_text()

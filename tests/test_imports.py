@@ -1,4 +1,4 @@
-"""The import graph of src/zfree: every module imports on its own, and no module imports (at the
+"""The import graph of src/zfree and src/zfree_lab: every module imports on its own, and no module imports (at the
 top or inside a function) one that imports it back, directly or through others (issue 12)."""
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ PKG = SRC / "zfree"
 
 def _modules() -> dict[str, Path]:
     out = {}
-    for path in sorted(PKG.rglob("*.py")):
+    for path in sorted([*PKG.rglob("*.py"), *(SRC / "zfree_lab").rglob("*.py")]):
         parts = path.relative_to(SRC).with_suffix("").parts
         out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return out
 
 
 def import_graph() -> dict[str, set[str]]:
-    """module -> the zfree modules it imports anywhere in its source (function-level imports included)."""
+    """module -> the zfree and zfree_lab modules it imports anywhere in its source (function-level imports included)."""
     mods = _modules()
     graph = {m: set() for m in mods}
     for m, path in mods.items():
@@ -33,7 +33,7 @@ def import_graph() -> dict[str, set[str]]:
                            for a in node.names]
             else:
                 continue
-            graph[m] |= {t for t in targets if t in mods and t != m and t != "zfree"}
+            graph[m] |= {t for t in targets if t in mods and t != m and t not in ("zfree", "zfree_lab")}
     return graph
 
 
@@ -67,28 +67,28 @@ def test_find_cycle_finds_a_planted_cycle():
 
 def test_the_import_graph_has_no_cycle():
     graph = import_graph()
-    assert {"zfree.objective.objectives", "zfree.train.training", "zfree.experiment.results"} <= set(graph)
+    assert {"zfree.objective.objectives", "zfree.train.training", "zfree_lab.experiment.results"} <= set(graph)
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
 
 
 def test_the_experiment_layer_points_down_only():
     graph = import_graph()
-    assert not graph["zfree.experiment.results"] & {"zfree.experiment.study", "zfree.experiment.sweeps",
-                                                     "zfree.report.widgets", "zfree.report.plotting"}
-    assert "zfree.experiment.study" not in graph["zfree.experiment.sweeps"]
+    assert not graph["zfree_lab.experiment.results"] & {"zfree_lab.experiment.study", "zfree_lab.experiment.sweeps",
+                                                     "zfree_lab.report.widgets", "zfree_lab.report.plotting"}
+    assert "zfree_lab.experiment.study" not in graph["zfree_lab.experiment.sweeps"]
     assert not graph["zfree.objective.losses"] & {"zfree.objective.objectives", "zfree.train.training",
                                                    "zfree.evaluate.metrics"}
 
 
 def test_every_module_imports_on_its_own():
-    """In a fresh interpreter (no test hooks), each module is imported with every zfree module removed
+    """In a fresh interpreter (no test hooks), each module is imported with every zfree and zfree_lab module removed
     from sys.modules first, so none relies on another having been imported before it."""
     script = (
         "import importlib, sys\n"
         f"mods = {sorted(_modules())!r}\n"
         "bad = []\n"
         "for m in mods:\n"
-        "    for k in [k for k in sys.modules if k == 'zfree' or k.startswith('zfree.')]:\n"
+        "    for k in [k for k in sys.modules if k.split('.')[0] in ('zfree', 'zfree_lab')]:\n"
         "        del sys.modules[k]\n"
         "    try:\n"
         "        importlib.import_module(m)\n"

@@ -24,13 +24,13 @@ from zfree.config import LATER_FIELD_DEFAULTS, TrainConfig, without_log_only
 from zfree.core.errors import ConfigError
 from zfree.data.batching import EncodedPair, collate, encode_pairs
 from zfree.data.tokenizer import build_digit_tokenizer
-from zfree.experiment.controls import control_params
 from zfree.models.base import decode_with_latents
 from zfree.models.continuous import ContinuousCVAE
 from zfree.models.discrete import DiscreteCVAE
 from zfree.models.injection import full_target_logprobs
 from zfree.models.routes import (INJECTIONS, LATENT_CAPACITIES, ROUTES, InjectionRoute, MemoryRoute, MidRoute,
                                  bind_route, decoder_layers, route_of)
+from zfree_lab.experiment.controls import control_params
 
 ARCHS = ["gpt2", "llama", "gemma3-softcap-sliding"]  # the last: sliding windows and final-logit soft-capping
 SLIDING = {"gemma3-softcap-sliding"}
@@ -281,10 +281,10 @@ def _latent_independent(model) -> dict[str, int]:
 @pytest.mark.parametrize("route", ["embedding", "mid", "memory"])
 def test_control_oracle_and_null_share_one_latent_independent_adaptation_and_the_deltas_start_at_0(llama, route):
     """Under ``latent_capacity='shared_delta'`` the z-free control (K = 1), a label oracle and its null
-    oracle built from one recipe (``zfree.experiment.controls``) train the same latent-independent
+    oracle built from one recipe (``zfree_lab.experiment.controls``) train the same latent-independent
     parameters (the body, the route's, and the shared vector s), and their K deltas start at exactly 0
     (so the decoder is the base model at step 0); under ``per_value`` there is no s."""
-    from zfree.experiment.controls import control_params, null_params, oracle_params
+    from zfree_lab.experiment.controls import control_params, null_params, oracle_params
     from zfree.train.run_setup import build_cvae
 
     run = {**TrainConfig().to_flat(), "latent_capacity": "shared_delta", "injection": route, "device": "cpu"}

@@ -8,9 +8,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from zfree.cli import is_expected
 from zfree.config import TrainConfig, flat_field_types, parse_assignment, parse_field_value
 from zfree.core.errors import ConfigError, ZfreeError, one_line
+from zfree_lab.cli import is_expected
 
 FIELDS = sorted(flat_field_types())
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -93,7 +93,7 @@ def test_jsonl_loader_on_arbitrary_json_rows(tmp_path_factory, rows):
 
 
 def _load(tmp_path_factory, text: str):
-    from zfree.experiment.sweeps import load_spec
+    from zfree_lab.experiment.sweeps import load_spec
 
     f = tmp_path_factory.mktemp("spec") / "spec.yaml"
     f.write_text(text)

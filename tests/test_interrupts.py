@@ -36,15 +36,15 @@ import pytest
 
 from tests.test_faults import _marked, _spec_base, one_error_line, snapshot, write_spec
 from tests.tiny_sweep import tiny_base_flat
-from zfree.cli import main
 from zfree.core.locks import run_folder_lock
+from zfree_lab.cli import main
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
 CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
 
 def _zfree(*args, env=None, **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "zfree.cli", *map(str, args)], env=env or ENV,
+    return subprocess.Popen([sys.executable, "-m", "zfree_lab.cli", *map(str, args)], env=env or ENV,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
 
 
@@ -62,7 +62,7 @@ def _stderr_lines(err: str) -> list[str]:
     return [line for line in re.split(r"[\r\n]", err) if line.startswith("zfree: ")]
 
 
-# SIGTERM goes through the very handler SIGINT does (zfree.core.interrupts): its end-to-end variants
+# SIGTERM goes through the very handler SIGINT does (zfree_lab.cli.interrupts): its end-to-end variants
 # are in the slow tier, keeping the default tier within its 6 minutes
 @pytest.mark.parametrize("sig", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)],
                          ids=["SIGINT", "SIGTERM"])
@@ -142,7 +142,7 @@ def test_signal_during_sweep_stops_workers_and_kernels(tiny_run, tmp_path, sig, 
 #: ``terminate_tree`` has waited for the worker (what a loaded machine does now and then)
 _FULL_QUEUE_STOP = """
 import multiprocessing, os, signal, sys, time
-from zfree.experiment.executor import local_executor, stop_workers
+from zfree_lab.experiment.executor import local_executor, stop_workers
 
 def point(started):
     if os.fork() == 0:
@@ -329,7 +329,7 @@ def test_report_on_a_read_only_folder_is_one_line(finished_sweep, capsys, monkey
 def test_missing_sweep_dir_says_no_such_folder(tmp_path, notebook):
     """What each notebook's first code cell calls with its ``sweep_dir`` (the shipped default does
     not exist in a fresh clone): "no such folder", not an AttributeError deep in pandas."""
-    from zfree.experiment.results import collect_runs, load_sweep
+    from zfree_lab.experiment.results import collect_runs, load_sweep
 
     src = (Path(__file__).parents[1] / "notebooks" / f"{notebook}.py").read_text()
     (default,) = re.findall(r'^sweep_dir = "([^"]+)"', src, flags=re.M)
@@ -365,7 +365,7 @@ def test_a_notebook_chooses_its_study_without_an_edit(tmp_path, monkeypatch):
     import os
 
     import zfree.core.paths as paths
-    from zfree.experiment.study_folders import NoStudyError, choose_study
+    from zfree_lab.experiment.study_folders import NoStudyError, choose_study
 
     root = tmp_path / "repo"
     for name, when in (("study-old", 1_000_000), ("study-new", 2_000_000), ("empty", None)):
@@ -389,7 +389,7 @@ def test_a_notebook_chooses_its_study_without_an_edit(tmp_path, monkeypatch):
 @pytest.mark.parametrize("raised, code", [(KeyboardInterrupt(), 130), ("SIGTERM", 143)], ids=["ctrl-c", "SIGTERM"])
 def test_interrupted_study_is_one_line(tmp_path, capsys, monkeypatch, raised, code):
     """`zfree study` interrupted anywhere (here: in place of the whole study) says how to go on."""
-    import zfree.experiment.study as study
+    import zfree_lab.experiment.study as study
     from zfree.core.errors import Interrupted
 
     def interrupted(*a, **kw):

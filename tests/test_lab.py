@@ -2,7 +2,7 @@
 of ``make install`` (nbstripout, ``.gitattributes``), notebooks are opened, executed in a kernel
 and saved through the contents manager JupyterLab saves with (jupytext's, paired with the
 py:percent twin by ``notebooks/jupytext.toml``, configured by ``make lab``'s
-``etc/jupyter/jupyter_server_config.py``: ``zfree.report.lab.strip_on_save``); ``git status`` is then
+``etc/jupyter/jupyter_server_config.py``: ``zfree_lab.report.lab.strip_on_save``); ``git status`` is then
 empty. The default tier runs the explorer (widgets) and one figure notebook, the slow tier every
 notebook."""
 
@@ -125,7 +125,7 @@ def test_a_notebook_opens_with_the_language_info_its_kernel_reports(tmp_path):
 
 
 def test_the_save_hook_strips_what_a_session_adds():
-    from zfree.report.lab import strip_on_save
+    from zfree_lab.report.lab import strip_on_save
 
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1 + 1", id="abc", execution_count=3, outputs=[
         nbformat.v4.new_output("execute_result", {"text/plain": "2"}, execution_count=3)],

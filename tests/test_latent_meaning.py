@@ -358,7 +358,7 @@ def test_a_run_folder_gets_its_meaning_after_the_final_evaluation(tiny_run, tmp_
 def test_the_report_part_keeps_text_from_data_as_text(tmp_path):
     import json
 
-    from zfree.report.meaning_report import meaning_markdown, promoted_table, property_table, read_meaning
+    from zfree_lab.report.meaning_report import meaning_markdown, promoted_table, property_table, read_meaning
 
     doc = {"source": "posterior argmax", "rows": 10, "rule": "p < 0.05 / 2", "notes": ["property 'x' skipped"],
            "properties": [{"property": "first word", "levels": 3, "mi": 0.2, "nmi": 0.5, "null95": 0.05,

@@ -1,16 +1,19 @@
-"""The layers of src/zfree ("Layers you can see", docs/reference/layout.md): each sub-package is one
-layer, and a module imports (at the top, inside a function, or under ``if TYPE_CHECKING``) only
-modules of its own layer or of a layer below it. Bottom to top:
+"""The layers of src/zfree and src/zfree_lab ("Layers you can see", docs/reference/layout.md): each
+sub-package is one layer, and a module imports (at the top, inside a function, or under ``if
+TYPE_CHECKING``) only modules of its own layer or of a layer below it. Bottom to top, the library
+``zfree`` first, then the application ``zfree_lab`` on top of it:
 
-    core -> data -> models -> objective -> reference -> evaluate -> train -> experiment -> report -> cli
+    zfree:     core -> data -> models -> objective -> reference -> evaluate -> train
+    zfree_lab: experiment -> report -> cli
 
 Exceptions, on purpose:
   * ``zfree.config`` (the frozen dataclasses, the contract every layer reads; a package whose
     modules hold its sections) may be imported from any layer. Its own imports are checked as if it
     sat on top of ``data``: it builds on core's field checks, and its deprecated
     ``zfree.config.DataConfig`` path reads ``zfree.data.synth``.
-  * ``zfree.cli`` (the ``zfree`` command: its parser, its commands) is the top and may import anything.
-  * ``zfree`` itself (``__init__``: the version only) counts as core.
+  * ``zfree_lab.cli`` (the ``zfree`` command: its parser, its commands) is the top and may import anything.
+  * ``zfree`` itself (``__init__``: the version only) counts as core; ``zfree_lab`` itself (its
+    ``__init__``: the version, and its folder added to the folders no output may lie in) as experiment.
 
 ``models`` sits below ``objective`` because the objective runs the model's forward pass
 (``zfree.objective.objectives.step_objective`` under ``zfree.models.precision``'s autocast), and the
@@ -24,24 +27,35 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 PKG = SRC / "zfree"
+LAB = SRC / "zfree_lab"
 
-#: the layers, bottom to top; a module may import its own layer and those before it
-LAYERS = ["core", "data", "models", "objective", "reference", "evaluate", "train", "experiment", "report", "cli"]
+#: the library's layers and the application's, bottom to top; a module may import its own layer and those before it
+LIBRARY_LAYERS = ["core", "data", "models", "objective", "reference", "evaluate", "train"]
+LAB_LAYERS = ["experiment", "report", "cli"]
+LAYERS = LIBRARY_LAYERS + LAB_LAYERS
 RANK = {layer: i for i, layer in enumerate(LAYERS)}
+#: the package each layer lives in
+PACKAGE_OF = {**{layer: "zfree" for layer in LIBRARY_LAYERS}, **{layer: "zfree_lab" for layer in LAB_LAYERS}}
 #: top-level modules that are no sub-package: module -> the layer its own imports are checked at
-TOP_LEVEL = {"zfree": "core", "zfree.config": "data", "zfree.cli": "cli"}
+TOP_LEVEL = {"zfree": "core", "zfree.config": "data", "zfree_lab": "experiment", "zfree_lab.cli": "cli"}
 #: importable from every layer (with the modules of that package)
 ANYWHERE = {"zfree.config"}
 
 
+def _ours(name: str) -> bool:
+    """True for a module name of the library or the application."""
+    return name.split(".")[0] in ("zfree", "zfree_lab")
+
+
 def layer_of(module: str) -> str | None:
-    """The layer of a zfree module name (``zfree.train.training`` -> ``train``), None if it has none."""
+    """The layer of a zfree or zfree_lab module name (``zfree.train.training`` -> ``train``,
+    ``zfree_lab.experiment.spec`` -> ``experiment``), None if it has none (or is in the wrong package)."""
     if module in TOP_LEVEL:
         return TOP_LEVEL[module]
     if module.startswith("zfree.config."):  # a section of the config package
         return TOP_LEVEL["zfree.config"]
     parts = module.split(".")
-    return parts[1] if len(parts) > 1 and parts[1] in RANK else None
+    return parts[1] if len(parts) > 1 and PACKAGE_OF.get(parts[1]) == parts[0] else None
 
 
 def module_name(path: Path) -> str:
@@ -50,24 +64,25 @@ def module_name(path: Path) -> str:
 
 
 def imported_modules(module: str, source: str, is_package: bool = False) -> list[tuple[int, str]]:
-    """(line, zfree module) for every zfree import anywhere in ``source`` (the module ``module``):
+    """(line, module) for every zfree or zfree_lab import anywhere in ``source`` (the module ``module``):
     ``import zfree.a.b``, ``from zfree.a.b import x``, ``from zfree.a import b`` (-> ``zfree.a.b``),
     relative imports resolved against ``module``'s package."""
     out = []
     package = module if is_package else module.rpartition(".")[0]
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
-            out += [(node.lineno, a.name) for a in node.names if a.name == "zfree" or a.name.startswith("zfree.")]
+            out += [(node.lineno, a.name) for a in node.names if _ours(a.name)]
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
-            if target != "zfree" and not target.startswith("zfree."):
+            if not _ours(target):
                 continue
-            if target == "zfree":  # from zfree import train, config: each name is a module
-                out += [(node.lineno, f"zfree.{a.name}") for a in node.names]
+            if target in ("zfree", "zfree_lab"):  # from zfree import train, config: each name a module
+                out += [(node.lineno, f"{target}.{a.name}" if not a.name.startswith("__") else target)
+                        for a in node.names]  # (from zfree import __version__: the package itself)
             else:
                 out.append((node.lineno, target))
     return out
@@ -93,11 +108,11 @@ def upward_imports(module: str, source: str, filename: str, is_package: bool = F
 
 def test_every_import_points_down_or_stays_in_its_layer():
     bad, n = [], 0
-    for path in sorted(PKG.rglob("*.py")):
+    for path in sorted([*PKG.rglob("*.py"), *LAB.rglob("*.py")]):
         n += 1
         bad += upward_imports(module_name(path), path.read_text(), str(path.relative_to(SRC.parent)),
                               is_package=path.name == "__init__.py")
-    assert n > 40, n
+    assert n > 100, n
     assert not bad, "\n".join(bad)
 
 
@@ -110,20 +125,25 @@ def test_the_checker_catches_a_planted_upward_import():
                   "    from zfree.evaluate.metrics import evaluate\n"
                   "def f():\n"
                   "    from zfree.train.training import x\n"
-                  "    import zfree.report.plotting as P\n"
+                  "    import zfree_lab.report.plotting as P\n"
                   "    from zfree.models import base\n")
     bad = upward_imports("zfree.models.planted", models_src, "src/zfree/models/planted.py")
     assert len(bad) == 3, bad
     assert bad[0].startswith("src/zfree/models/planted.py:6: ") and "zfree.evaluate.metrics (layer evaluate" in bad[0]
     assert bad[1].startswith("src/zfree/models/planted.py:8: ") and "zfree.train.training (layer train" in bad[1]
-    assert bad[2].startswith("src/zfree/models/planted.py:9: ") and "zfree.report.plotting" in bad[2]
+    assert bad[2].startswith("src/zfree/models/planted.py:9: ") and "zfree_lab.report.plotting" in bad[2]
     # the same through `from zfree import ...`, a relative import, and into a module of no layer
     assert upward_imports("zfree.core.io", "from zfree import train\n", "io.py") != []
     assert upward_imports("zfree.objective.losses", "from ..train import aids\n", "losses.py") != []
     assert upward_imports("zfree.core.io", "from zfree.nowhere import x\n", "io.py") != []
     # allowed: same layer, below, the config contract from anywhere, anything from the cli
     assert upward_imports("zfree.core.io", "from zfree.core.errors import E\nfrom zfree.config import C\n", "io.py") == []
-    assert upward_imports("zfree.cli", "from zfree.report.widgets import W\n", "cli.py") == []
+    assert upward_imports("zfree_lab.cli", "from zfree_lab.report.widgets import W\n", "cli.py") == []
+    # the application may import any library layer; the library no layer of the application
+    assert upward_imports("zfree_lab.experiment.spec", "from zfree.train.training import t\nimport zfree.core.io\n", "s.py") == []
+    assert upward_imports("zfree_lab", "from zfree import __version__\nfrom zfree.core.paths import P\n", "i.py") == []
+    assert len(upward_imports("zfree.train.training", "from zfree_lab.experiment import spec\nimport zfree_lab\n", "t.py")) == 2
+    assert upward_imports("zfree.core.io", "from zfree.experiment.spec import x\n", "io.py") != []  # the old path: no layer
     assert upward_imports("zfree.config", "from zfree.models.base import x\n", "config.py") != []
     # the config package's sections: importable from anywhere, and checked as the package is
     assert upward_imports("zfree.core.io", "from zfree.config.aid import AidConfig\n", "io.py") == []
@@ -132,8 +152,10 @@ def test_the_checker_catches_a_planted_upward_import():
 
 def test_the_sub_packages_are_the_layers():
     dirs = sorted(p.name for p in PKG.iterdir() if p.is_dir() and not p.name.startswith("__"))
-    assert dirs == sorted([*LAYERS, "config"])  # config: the contract, no layer (module docstring)
+    assert dirs == sorted([*LIBRARY_LAYERS, "config"])  # config: the contract, no layer (module docstring)
     assert sorted(p.name for p in PKG.glob("*.py")) == ["__init__.py"]
+    assert sorted(p.name for p in LAB.iterdir() if p.is_dir() and not p.name.startswith("__")) == sorted(LAB_LAYERS)
+    assert sorted(p.name for p in LAB.glob("*.py")) == ["__init__.py"]
     for layer in LAYERS:
-        doc = ast.get_docstring(ast.parse((PKG / layer / "__init__.py").read_text()))
-        assert doc, f"{layer}/__init__.py has no docstring"
+        doc = ast.get_docstring(ast.parse((SRC / PACKAGE_OF[layer] / layer / "__init__.py").read_text()))
+        assert doc, f"{PACKAGE_OF[layer]}/{layer}/__init__.py has no docstring"

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 from scipy.stats import bootstrap
 
-from zfree.experiment import leaderboard as LB
+from zfree_lab.experiment import leaderboard as LB
 
 REMEDIES = ("none", "free_bits", "switch_on")
 #: (remedy, weighting) -> z gain per seed; free_bits overlaps switch_on under distribution, not under plain
@@ -165,8 +165,8 @@ def test_real_text_nmi_is_the_best_labels_and_compute_falls_back_on_the_control(
 
 
 def test_the_figure_draws_one_point_per_cell_with_both_intervals_faceted_by_side():
-    from zfree.report.figstyle import REMEDY_STYLES, remedy_style
-    from zfree.report.plotting_study import plot_leaderboard
+    from zfree_lab.report.figstyle import REMEDY_STYLES, remedy_style
+    from zfree_lab.report.plotting_study import plot_leaderboard
     from zfree.objective.remedies import REMEDIES as ALL
 
     assert set(ALL) <= set(REMEDY_STYLES) and len(set(REMEDY_STYLES.values())) == len(REMEDY_STYLES)
@@ -189,7 +189,7 @@ def test_the_figure_draws_one_point_per_cell_with_both_intervals_faceted_by_side
 
 
 def test_the_report_markdown_and_table():
-    from zfree.report.leaderboard_report import leaderboard_table, method_markdown, winner_markdown
+    from zfree_lab.report.leaderboard_report import leaderboard_table, method_markdown, winner_markdown
 
     board = LB.leaderboard(_summary())
     t = leaderboard_table(board)
@@ -208,7 +208,7 @@ def test_the_report_section_renders_for_a_seeded_remedies_study(tmp_path):
     from tests.real_study import make_remedy_study
     from tests.smoke_study import agg_backend
     from zfree.core.paths import NOTEBOOKS
-    from zfree.experiment.render import render_report
+    from zfree_lab.experiment.render import render_report
 
     d = make_remedy_study(tmp_path)
     with agg_backend():

@@ -18,9 +18,9 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.text import Text  # noqa: E402
 
-from zfree.report import plotting as P  # noqa: E402
-from zfree.report import plotting_aids as PA  # noqa: E402
-from zfree.report import plotting_study as PS  # noqa: E402
+from zfree_lab.report import plotting as P  # noqa: E402
+from zfree_lab.report import plotting_aids as PA  # noqa: E402
+from zfree_lab.report import plotting_study as PS  # noqa: E402
 
 #: names a study can hold: invalid mathtext, valid mathtext, a ``\$`` already escaped, and characters
 #: that are special elsewhere (paths, % formats, str.format); no spaces (figures split group labels on them)
@@ -173,7 +173,7 @@ def test_names_from_data_are_drawn_as_the_characters_they_are(name):
 
 
 def test_literal_escapes_every_dollar_and_matplotlib_draws_back_the_string():
-    from zfree.report.figstyle import literal
+    from zfree_lab.report.figstyle import literal
 
     t = Text()
     for s in [*HOSTILE, "plain", "\\", "\\\\$", "$$", ""]:

@@ -12,10 +12,10 @@ import pytest
 from tests.tiny import tiny_flat
 from zfree.config import TrainConfig
 from zfree.core.io import read_jsonl
-from zfree.experiment.spec import run_id
 from zfree.train.live_curves import EVENT_GLOB, scalars
 from zfree.train.run_folder import check_same_config
 from zfree.train.training import train_cvae
+from zfree_lab.experiment.spec import run_id
 
 
 def _event_scalars(run) -> dict[str, list[tuple[int, float]]]:

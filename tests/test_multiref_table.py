@@ -1,4 +1,4 @@
-"""zfree.experiment.multiref_table on a hand-built study folder: a CVAE run (K = 2 greedy outputs),
+"""zfree_lab.experiment.multiref_table on a hand-built study folder: a CVAE run (K = 2 greedy outputs),
 its z-free control (3 samples, of which the first K are scored on the same MRs), a label oracle
 sharing the control, and runs without multiref.parquet left out; the values are
 ``multiref_metrics`` of the same outputs."""
@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from zfree.evaluate.multiref import multiref_metrics
-from zfree.experiment.multiref_table import MULTIREF_CSV_COLUMNS, multiref_table, write_multiref_csv
+from zfree_lab.experiment.multiref_table import MULTIREF_CSV_COLUMNS, multiref_table, write_multiref_csv
 
 REFS = {"m1": ["the pub is by the river", "by the river is a pub"], "m2": ["a cheap cafe", "the cafe is cheap"],
         "m3": ["x y"]}

@@ -1,4 +1,4 @@
-"""A notebook executed by zfree (``zfree.experiment.notebook_exec.execute``: every run and report) talks
+"""A notebook executed by zfree (``zfree_lab.experiment.notebook_exec.execute``: every run and report) talks
 to its kernel over IPC sockets and prints nothing on the terminal (issue 41 item 4): the kernel's
 "running over TCP without encryption" warning came twice per run of `make study`, and now and then
 "KeyboardInterrupt caught in kernel." from the SIGINT jupyter_client sends before a shutdown."""
@@ -14,7 +14,7 @@ import pytest
 from jupyter_client.manager import KernelManager
 
 from zfree.core.errors import Interrupted
-from zfree.experiment.notebook_exec import execute
+from zfree_lab.experiment.notebook_exec import execute
 
 
 def test_a_kernel_runs_over_ipc_is_not_interrupted_and_prints_nothing(tmp_path, capfd, monkeypatch):
@@ -63,7 +63,7 @@ def test_an_interrupted_report_keeps_the_last_complete_one(tmp_path_factory, tmp
     import papermill as pm
 
     from tests.tiny_sweep import make_tiny_sweep
-    from zfree.experiment.render import render_report
+    from zfree_lab.experiment.render import render_report
 
     study = tmp_path / "study"
     shutil.copytree(make_tiny_sweep(tmp_path_factory), study)
@@ -83,7 +83,7 @@ def test_the_partial_file_of_a_killed_execution_is_removed_by_the_next(tmp_path_
     import papermill as pm
 
     from tests.tiny_sweep import make_tiny_sweep
-    from zfree.experiment.render import render_report
+    from zfree_lab.experiment.render import render_report
 
     def whole(nb, out, **kw):
         nbformat.write(nbformat.v4.new_notebook(), out)
@@ -110,8 +110,8 @@ def test_a_run_killed_between_its_summary_and_its_notebook_is_not_finished(tiny_
     written: a killed one is not finished, and the next study executes its notebook (training reused)."""
     from tests.tiny import tiny_flat
     from zfree.core.paths import NOTEBOOKS
-    from zfree.experiment import executor
-    from zfree.experiment.spec import Point, run_id
+    from zfree_lab.experiment import executor
+    from zfree_lab.experiment.spec import Point, run_id
 
     data, base = tiny_run
     flat = tiny_flat(data, base, steps=2, device="cpu")

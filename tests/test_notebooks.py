@@ -14,7 +14,7 @@ import pytest
 from tests.tiny_sweep import make_tiny_sweep
 from zfree.config import TrainConfig
 from zfree.core.paths import NOTEBOOKS
-from zfree.experiment.render import REPORT_NOTEBOOKS
+from zfree_lab.experiment.render import REPORT_NOTEBOOKS
 
 ALL = sorted(p.stem for p in NOTEBOOKS.glob("*.ipynb"))
 SUITE = ["train_cvae", "sweep_beta_vs_recon_weight", "rate_distortion", "effective_beta", "rho_recon",
@@ -89,7 +89,7 @@ def test_switch_on_section_shows_the_aided_runs(sweep, tmp_path):
 def test_report_aggregates_and_renders_every_section_without_code(sweep, tmp_path):
     import shutil
 
-    from zfree.cli import main
+    from zfree_lab.cli import main
 
     d = tmp_path / "sweep"
     shutil.copytree(sweep, d)

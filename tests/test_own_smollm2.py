@@ -67,7 +67,7 @@ def test_smollm2_pretrained_source_c_base_on_e2e(smollm2, tmp_path):
 
 @pytest.mark.parametrize("latent_kind", ["discrete", "continuous"])
 def test_both_cvaes_on_smollm2_start_at_rho_one_and_train(smollm2, tmp_path, monkeypatch, latent_kind):
-    from zfree.cli import main
+    from zfree_lab.cli import main
     from zfree.data.pairs import load_pairs
     from zfree.data.split import write_pairs
 

@@ -17,9 +17,9 @@ import pytest
 from safetensors.torch import load_file
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from zfree.cli import main
 from zfree.data.bpe import train_bpe_tokenizer
 from zfree.data.pairs import load_pairs
+from zfree_lab.cli import main
 
 STYLES = {"short": "{a} then {b}.", "long": "First comes {a}, and after it we have {b}."}
 
@@ -115,7 +115,7 @@ def test_one_command_from_model_and_jsonl_to_report(tiny_model, tmp_path, monkey
 
     # issue 35: the folder holds its plan; the same command reuses it (no probe, the same runs), an
     # interrupted run (its summary gone) is the only one trained again, another request is refused
-    from zfree.experiment.own_study import run_own_study
+    from zfree_lab.experiment.own_study import run_own_study
 
     plan = json.loads((out / "plan.json").read_text())
     assert sorted(plan["run_ids"]) == sorted(p.name for p in every) and plan["estimate"]["runs"] == len(every)
@@ -170,7 +170,7 @@ def test_bad_inputs_one_line_errors(tiny_model, tmp_path, capsys):
 
 
 def test_val_sharing_x_is_warned_with_count_and_nothing_lost(tiny_model, tmp_path, capsys):
-    from zfree.experiment.sources import prepare_split
+    from zfree_lab.experiment.sources import prepare_split
 
     _, data = tiny_model
     rows = _rows()
@@ -190,7 +190,7 @@ def test_val_sharing_x_is_warned_with_count_and_nothing_lost(tiny_model, tmp_pat
 def test_finetune_base_makes_the_entangled_run_setting(tiny_model, tmp_path, monkeypatch):
     import dataclasses
 
-    from zfree.experiment.own_study import OWN_PRESETS, run_own_study
+    from zfree_lab.experiment.own_study import OWN_PRESETS, run_own_study
 
     monkeypatch.setenv("ZFREE_CACHE_DIR", str(tmp_path / "cache"))
     model, data = tiny_model
@@ -213,8 +213,8 @@ def test_finetune_base_makes_the_entangled_run_setting(tiny_model, tmp_path, mon
 
 def test_e2e_preset_brackets_each_predicted_boundary_with_and_without_the_aid():
     from zfree.core.paths import SHIPPED_E2E
-    from zfree.experiment.spec import predicted_boundary
-    from zfree.experiment.study import PRESETS
+    from zfree_lab.experiment.spec import predicted_boundary
+    from zfree_lab.experiment.study import PRESETS
     from zfree.reference.reference import load_reference
 
     p = PRESETS["e2e"]
@@ -284,7 +284,7 @@ def test_the_preparations_reference_fills_the_cache_the_runs_read(tmp_path, monk
     SmolLM2-135M probe had spent 3.5 min re-scoring the 502 rows the preparation had just scored —
     and the preparation's scoring seconds are recorded for the estimate."""
     from tests.tiny import tiny_gpt2
-    from zfree.experiment.sources import write_reference
+    from zfree_lab.experiment.sources import write_reference
     from zfree.models.base import load_base
     from zfree.reference.reference import resolve_reference
 
@@ -388,9 +388,9 @@ def test_unconditional_pieces_split_reference_notes_and_one_run(tiny_model, tmp_
     standing as the beginning token, and the run's step 0 reading rho_recon = 1 against it."""
     import dataclasses
 
-    from zfree.experiment.own_study import OWN_PRESETS
-    from zfree.experiment.pipeline import _notes, prepare
-    from zfree.report.labels_report import notes_markdown
+    from zfree_lab.experiment.own_study import OWN_PRESETS
+    from zfree_lab.experiment.pipeline import _notes, prepare
+    from zfree_lab.report.labels_report import notes_markdown
 
     monkeypatch.setenv("ZFREE_CACHE_DIR", str(tmp_path / "cache"))
     model, _ = tiny_model
@@ -449,7 +449,7 @@ def test_a_study_refused_by_its_budget_reprobes_nothing_when_run_with_a_larger_o
     """--budget too small: the probes run, then a one-line refusal (exit 2). The same study with a
     larger budget reuses every probe measurement (``probe-mb<m>.measured.json``): no probe child is
     started again, and the estimate line says its probes were kept."""
-    import zfree.experiment.pipeline as pipeline
+    import zfree_lab.experiment.pipeline as pipeline
 
     monkeypatch.setenv("ZFREE_CACHE_DIR", str(tmp_path / "cache"))
     model, data = tiny_model
@@ -480,8 +480,8 @@ def test_a_model_replaced_in_its_folder_is_refused_naming_both_hashes(tiny_model
     preparation compares the model's weights (and tokenizer) with the hashes reference.json stored and
     refuses, in one line naming the model folder and both hashes; the unchanged model still passes and
     reuses its reference."""
-    from zfree.experiment.sources import Prepared, prepare_base, split_data
-    from zfree.experiment.spec import BaseSource
+    from zfree_lab.experiment.sources import Prepared, prepare_base, split_data
+    from zfree_lab.experiment.spec import BaseSource
 
     monkeypatch.setenv("ZFREE_CACHE_DIR", str(tmp_path / "cache"))
     src_model, data = tiny_model

@@ -140,7 +140,7 @@ def test_dev_zero_as_data_is_refused_without_reading_it(tmp_path):
     for argv in (["train", "--model", "m", "--data", "/dev/zero", "--out", "o"],
                  ["study", "--model", "m", "--data", "/dev/zero", "--out", "o"],
                  ["score", "--model", "m", "--data", "/dev/zero", "--out", "o"]):
-        proc = _under_a_memory_limit(f"import sys\nfrom zfree.cli import main\nsys.exit(main({argv!r}))\n", tmp_path)
+        proc = _under_a_memory_limit(f"import sys\nfrom zfree_lab.cli import main\nsys.exit(main({argv!r}))\n", tmp_path)
         err = proc.stderr.strip().splitlines()
         assert proc.returncode == 2 and len(err) == 1, (argv, proc.stderr[-2000:])
         assert err[0] == "zfree: error: --data /dev/zero: not a regular file (a device, pipe or socket, read " \

@@ -8,7 +8,7 @@ import runpy
 from pathlib import Path
 
 import zfree.core.paths as paths
-from zfree.experiment.render import REPORT_NOTEBOOKS
+from zfree_lab.experiment.render import REPORT_NOTEBOOKS
 
 
 def test_in_a_clone_root_is_the_clone():

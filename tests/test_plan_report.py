@@ -1,6 +1,6 @@
 """Issue 35, item 2: the report opens with what was run against what was asked. ``timings.json``
-(``zfree.experiment.timings``: one session per invocation, each phase written when it ends, a rerun
-appended) written by ``run_experiment``; the section (``zfree.report.plan_report``): the budget, the
+(``zfree_lab.experiment.timings``: one session per invocation, each phase written when it ends, a rerun
+appended) written by ``run_experiment``; the section (``zfree_lab.report.plan_report``): the budget, the
 estimate, the cuts in order, the measured phases beside the estimate, and a plain smoke-test warning."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 
 from zfree.core.errors import ConfigError
 
-from zfree.experiment import timings as T
-from zfree.report import plan_report as P
+from zfree_lab.experiment import timings as T
+from zfree_lab.report import plan_report as P
 
 ESTIMATE = {"runs": 5, "workers": 1, "estimated_s": 1320.0, "estimated_peak_bytes": 10.6 * 2**30, "budget_s": 1800.0,
             "grid_budget_s": 1800.0 - 360.0 - P.REPORT_S, "micro_batch": 0,
@@ -50,8 +50,8 @@ def test_phase_clock_writes_each_phase_as_it_ends_and_a_rerun_appends_a_session(
 def test_run_experiment_records_every_phase_and_the_grid_even_when_interrupted(tmp_path, monkeypatch):
     """The pipeline's wiring, its steps replaced by stand-ins: preparation, probes, grid and report
     each written to timings.json; an interrupt in the grid still records the grid's time."""
-    from zfree.experiment import pipeline as PL
-    from zfree.experiment.study import PRESETS
+    from zfree_lab.experiment import pipeline as PL
+    from zfree_lab.experiment.study import PRESETS
 
     plan = type("Plan", (), {"spec": PRESETS["smoke"], "workers": 1, "record": {"runs": 0}})
     monkeypatch.setattr(PL, "prepare", lambda spec, out, **kw: object())
@@ -169,7 +169,7 @@ def test_a_missing_oracle_says_which_cut_removed_it():
 def test_multi_reference_bleu_only_where_the_data_has_multiple_references(tmp_path):
     """Issue 59 item 4: the multi-reference section needs an x with two or more y among the
     validation rows, on conditional data; unconditional rows (one empty x) have none."""
-    from zfree.report.labels_report import multiple_references
+    from zfree_lab.report.labels_report import multiple_references
 
     def study(name, xs, conditioning="conditional"):
         d = tmp_path / name
@@ -186,7 +186,7 @@ def test_multi_reference_bleu_only_where_the_data_has_multiple_references(tmp_pa
 def test_rate_mi_and_codes_used_stand_together():
     """Issue 59 item 4: the run tables show the rate (KL), the mutual information and the codes
     used side by side (a rate on one code carries nothing)."""
-    from zfree.report import report as R
+    from zfree_lab.report import report as R
 
     summary = pd.DataFrame({"run_id": ["a"], "weighting": ["plain"], "aid": ["hard_em_then_soft"], "beta": [1.0],
                             "kl_prior_loss": [1.22], "mutual_information": [0.026], "codes_used": [1],

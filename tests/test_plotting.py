@@ -11,11 +11,11 @@ import pytest  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.collections import PathCollection  # noqa: E402
 
-from zfree.report import plotting as P  # noqa: E402
-from zfree.report import rate_distortion as RD  # noqa: E402
-from zfree.report import plotting_aids as PA  # noqa: E402
-from zfree.report import plotting_study as PS  # noqa: E402
-from zfree.report.figstyle import log_axis  # noqa: E402
+from zfree_lab.report import plotting as P  # noqa: E402
+from zfree_lab.report import rate_distortion as RD  # noqa: E402
+from zfree_lab.report import plotting_aids as PA  # noqa: E402
+from zfree_lab.report import plotting_study as PS  # noqa: E402
+from zfree_lab.report.figstyle import log_axis  # noqa: E402
 
 C_BASE = 0.25
 
@@ -260,7 +260,7 @@ def test_handover_gate_draws_one_line_per_run():
 def test_log_ticks_at_nearby_betas_are_thinned_so_labels_do_not_overprint():
     """Betas 0.0043 and 0.0045 (two weightings' β*/3 in the e2e preset) are 0.02 decades apart: one
     label each would overprint ("0.00445"); the thinned set keeps one of them and the far value."""
-    from zfree.report.figstyle import thin_log_ticks
+    from zfree_lab.report.figstyle import thin_log_ticks
 
     assert thin_log_ticks([0.0111, 0.0045, 0.0043]) == [0.0043, 0.0111]
     assert thin_log_ticks([0.03, 0.1, 0.3, 1.0]) == [0.03, 0.1, 0.3, 1.0]  # a sweep's betas: all kept
@@ -327,7 +327,7 @@ def test_rate_distortion_on_real_data_spans_the_data_and_lists_no_synthetic_opti
 def test_rate_distortion_draws_each_control_once_and_joins_it_to_its_own_runs():
     """Issue 35: two controls (D 51.23 for the unaided run, 35.13 for the aided one, which trained
     longer) were drawn as one "z-free control" at their mean 43.18."""
-    from zfree.report.gains_report import control_links
+    from zfree_lab.report.gains_report import control_links
 
     runs = pd.DataFrame({"run_id": ["u", "a"], "weighting": ["distribution"] * 2, "aid": ["none", "hard_em_then_soft"],
                          "latent_kind": "discrete", "beta": [0.0043] * 2, "rate": [0.01, 0.04],
@@ -358,7 +358,7 @@ def test_phase_diagram_is_drawn_per_variant_so_aided_and_unaided_cells_are_not_a
     """The default study has aided and unaided runs at the same (beta, w): one diagram per aid,
     each cell the run's own value (an averaged cell showed a rate of 0.7 where one run had 1.4
     and the other 0)."""
-    from zfree.report.figstyle import variants
+    from zfree_lab.report.figstyle import variants
 
     runs = pd.concat([_runs(), _runs().assign(aid="hard_em_then_soft", kl_prior_loss=1.4,
                                               run_id=lambda d: d["run_id"] + "_aided")], ignore_index=True)
@@ -412,7 +412,7 @@ def test_rate_distortion_labels_each_place_once():
 def test_rate_distortion_labels_close_together_are_stacked_not_overprinted():
     """Runs at separate places a few pixels apart (a collapsed study: every run near the z-free
     point) get one label each, moved apart on the drawn figure, each in its run's color."""
-    from zfree.report.figstyle import label_box
+    from zfree_lab.report.figstyle import label_box
 
     rows = [{"weighting": w, "latent_kind": "discrete", "aid": "none", "beta": b, "rate": r, "distortion": d}
             for w, b, r, d in (("plain", 0.01, 0.0, 78.0), ("example", 0.02, 0.06, 78.15), ("token", 0.03, 0.12, 78.3),
@@ -455,7 +455,7 @@ def test_rate_distortion_many_labels_near_the_origin_stay_apart_inside_the_axes(
     """Ten piles of three runs a few pixels apart at R = 0 (a collapsed study): each pile's label is
     placed apart from every other label, every marker and the legend, within the axes' height (not
     over the title) and the figure, a moved one joined to its pile by a line."""
-    from zfree.report.figstyle import label_box
+    from zfree_lab.report.figstyle import label_box
 
     rows = [{"weighting": w, "latent_kind": "discrete", "aid": "none", "beta": k * (i + 1), "rate": 0.0,
              "distortion": 10 + 0.6 * i} for i in range(10) for w, k in (("plain", 0.01), ("distribution", 0.02),

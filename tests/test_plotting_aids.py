@@ -1,4 +1,4 @@
-"""zfree.report.plotting_aids: the switch-on figures drawn headless (matplotlib Agg) from small
+"""zfree_lab.report.plotting_aids: the switch-on figures drawn headless (matplotlib Agg) from small
 hand-made tables, checked by their artists: one panel per weighting, one line per group and
 prediction, the predicted and measured half-plateau betas, the gate's threshold line and labels."""
 
@@ -13,7 +13,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
-from zfree.report.plotting_aids import plot_handover_gate, plot_phase_boundary, plot_use_by_length  # noqa: E402
+from zfree_lab.report.plotting_aids import plot_handover_gate, plot_phase_boundary, plot_use_by_length  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""The presets are data (``analysis/studies/presets/*.yaml``, ``zfree.experiment.spec_file``): every
+"""The presets are data (``analysis/studies/presets/*.yaml``, ``zfree_lab.experiment.spec_file``): every
 shipped file loads through the one spec loader, its points expand (so validate), its catalog line
 counts its runs; a few presets still give the run ids recorded when they moved out of Python
 (``tests/golden/preset_run_ids.json``), so an edit that changes a run id (a field, a recipe, the
@@ -16,14 +16,14 @@ import yaml
 
 from zfree.core.errors import ConfigError
 from zfree.core.paths import SHIPPED_E2E
-from zfree.experiment import pipeline
-from zfree.experiment.catalog import preset_files, read_entry
-from zfree.experiment.own_study import OWN_PRESETS
-from zfree.experiment.sources import Prepared, split_data
-from zfree.experiment.spec_file import load_spec, shipped_presets, spec_from_dict
-from zfree.experiment.study import PRESETS
 from zfree.objective.remedies import SWITCH_ON_E2E, SWITCH_ON_RECIPE, remedy_fields
 from zfree.reference.reference import Reference
+from zfree_lab.experiment import pipeline
+from zfree_lab.experiment.catalog import preset_files, read_entry
+from zfree_lab.experiment.own_study import OWN_PRESETS
+from zfree_lab.experiment.sources import Prepared, split_data
+from zfree_lab.experiment.spec_file import load_spec, shipped_presets, spec_from_dict
+from zfree_lab.experiment.study import PRESETS
 
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "preset_run_ids.json").read_text())
 
@@ -113,7 +113,7 @@ def test_a_preset_file_without_its_catalog_line_is_named(tmp_path):
 def test_an_unknown_preset_on_the_command_line_lists_every_preset(tmp_path, capsys):
     """`zfree study --preset NAME` with a name no preset has: one line naming all of them, the own-data and
     the fetched-model presets too, and no study folder made."""
-    from zfree.cli import main
+    from zfree_lab.cli import main
 
     assert main(["study", "--preset", "nope", "--out", str(tmp_path / "s")]) == 2
     line = capsys.readouterr().err.strip().splitlines()[-1]
@@ -156,7 +156,7 @@ def test_the_oracle_smollm2_preset_plans_its_arms_controls_and_nulls(tmp_path):
             (q["seed"], q["latent_capacity"], q["injection"])
         assert z == {**q, "latent_source": f"null:{link['label']}"}
     assert sum(q["latent_source"] == "control" for q in by_id.values()) == 12
-    from zfree.experiment.controls import oracle_labels  # each arm's K is its label's number of values
+    from zfree_lab.experiment.controls import oracle_labels  # each arm's K is its label's number of values
 
     assert oracle_labels(tmp_path, ["complete", "n_sentences", "y_words"]) == {"complete": 2, "n_sentences": 3,
                                                                                "y_words": 3}

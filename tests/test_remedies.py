@@ -19,7 +19,6 @@ from torch.distributions import Categorical, Normal, kl_divergence
 from tests.tiny import PAIRS, tiny_flat
 from zfree.config import ObjectiveConfig, TrainConfig
 from zfree.core.errors import ConfigError
-from zfree.experiment.spec import expand_grid
 from zfree.models.base import target_logprobs
 from zfree.models.continuous import ContinuousCVAE
 from zfree.models.precision import default_dtype
@@ -31,6 +30,7 @@ from zfree.train import aids, plugins
 from zfree.train.run_folder import TIMING_KEYS, FiniteWatch
 from zfree.train.run_setup import build_optimizer, setup_run
 from zfree.train.training import _extra_update, _objective_of, _optimizer_step, _step_breakdown, train_cvae
+from zfree_lab.experiment.spec import expand_grid
 
 
 # ---------------------------------------------------------------------------- references (their published code)

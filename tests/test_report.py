@@ -1,4 +1,4 @@
-"""zfree.report.report on hand-made rows: the per-run verdict, the tables that fit a page, the runs at the
+"""zfree_lab.report.report on hand-made rows: the per-run verdict, the tables that fit a page, the runs at the
 nearest beta, and ``show`` handing a PNG to IPython whatever the backend."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
-from zfree.report import report as R  # noqa: E402
+from zfree_lab.report import report as R  # noqa: E402
 
 
 def _summary() -> pd.DataFrame:

@@ -1,7 +1,7 @@
 """The smoke report under ``MPLBACKEND=Agg`` (headless servers, cluster jobs) holds every figure.
 
 Under Agg the inline backend that shows a notebook's figures at the end of a cell is not active,
-so a figure reaches report.html only when the notebook displays it (``zfree.report.report.show``). The
+so a figure reaches report.html only when the notebook displays it (``zfree_lab.report.report.show``). The
 expected number of images is counted per report section from the notebooks' own sources: every
 ``show(`` on an unindented line runs unconditionally; the switch_on section's three conditional
 figures and the phase diagrams (one per aid / latent kind) are counted from the study's data
@@ -16,7 +16,7 @@ import jupytext
 import pytest
 
 from zfree.core.paths import NOTEBOOKS
-from zfree.experiment.render import REPORT_NOTEBOOKS
+from zfree_lab.experiment.render import REPORT_NOTEBOOKS
 
 SHOW = re.compile(r"\bshow\(")
 
@@ -32,8 +32,8 @@ def _shows(name: str) -> tuple[int, int]:
 def _expected_switch_on(study) -> int:
     """The switch_on figures the notebook draws for this study: gate traces, phase boundary and
     use per length, each only where its data exist."""
-    from zfree.report.report import aided_runs, gate_traces
-    from zfree.experiment.results import load_sweep
+    from zfree_lab.report.report import aided_runs, gate_traces
+    from zfree_lab.experiment.results import load_sweep
 
     sweep = load_sweep(study)
     return (int(not gate_traces(aided_runs(sweep.runs), sweep.runs).empty) + int(not sweep.phase_boundary().empty)
@@ -57,8 +57,8 @@ def test_smoke_report_under_agg_holds_every_figure_per_section(agg_smoke):
             assert (top, cond) == (0, 3), "switch_on's figures changed: update _expected_switch_on"
             want[name] = _expected_switch_on(agg_smoke)
         elif name == "sweep_beta_vs_recon_weight":  # one phase diagram per aid / latent kind
-            from zfree.report.figstyle import variants
-            from zfree.experiment.results import load_sweep
+            from zfree_lab.report.figstyle import variants
+            from zfree_lab.experiment.results import load_sweep
 
             assert (top, cond) == (0, 1), "the phase diagram's figures changed: update this count"
             want[name] = len(variants(load_sweep(agg_smoke).runs))

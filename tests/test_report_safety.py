@@ -23,8 +23,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from zfree.report import report as R
-from zfree.report.labels_report import notes_markdown
+from zfree_lab.report import report as R
+from zfree_lab.report.labels_report import notes_markdown
 
 CHROMIUM = os.environ.get("ZFREE_CHROMIUM", "/usr/bin/chromium")
 EVIL = "evil"  # every planted tag, attribute and script carries it
@@ -159,8 +159,8 @@ def evil_report(tmp_path_factory):
     from zfree.data.bpe import train_bpe_tokenizer
     import dataclasses
 
-    from zfree.experiment.own_study import OWN_PRESETS, run_own_study
-    from zfree.experiment.render import render_report
+    from zfree_lab.experiment.own_study import OWN_PRESETS, run_own_study
+    from zfree_lab.experiment.render import render_report
 
     root = tmp_path_factory.mktemp("evil")
     rows = _rows()
@@ -258,7 +258,7 @@ def test_a_missing_nbconvert_template_is_one_line_saying_the_runs_are_complete(t
     import nbformat
 
     from zfree.core.errors import InputError
-    from zfree.experiment import render
+    from zfree_lab.experiment import render
 
     class Exporter:
         def __init__(self, message):
@@ -283,7 +283,7 @@ def test_the_report_is_titled_with_the_study_not_notebook(tmp_path):
     sweep's spec name; a name with markup stays text."""
     import nbformat
 
-    from zfree.experiment import render
+    from zfree_lab.experiment import render
 
     def title(folder):
         nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# report")])

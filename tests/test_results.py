@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from zfree.experiment.results import SweepResults, _half_crossing
+from zfree_lab.experiment.results import SweepResults, _half_crossing
 
 
 def _sweep(runs: pd.DataFrame, n_tokens=10, bayes=math.log(4)) -> SweepResults:
@@ -61,7 +61,7 @@ def test_study_summary_keeps_label_columns_and_notes_of_a_labelled_study(tmp_pat
     the per-label structure columns and the notes; on the synthetic benchmark it is SUMMARY_COLUMNS."""
     import json
 
-    from zfree.experiment.results import SUMMARY_COLUMNS, study_summary
+    from zfree_lab.experiment.results import SUMMARY_COLUMNS, study_summary
 
     for rid, beta, nmi in (("b", 0.3, 0.25), ("a", 0.1, 0.5)):
         (tmp_path / "runs" / rid).mkdir(parents=True)
@@ -81,7 +81,7 @@ def test_the_references_data_file_is_found_from_any_working_directory(tmp_path, 
     theory curves and shading then vanished from the report). It must resolve against the root,
     and a moved file is found through the runs' own data_dir."""
     from zfree.core.paths import ROOT
-    from zfree.experiment.results import _bayes_nll, _reference_data_file
+    from zfree_lab.experiment.results import _bayes_nll, _reference_data_file
 
     monkeypatch.chdir(tmp_path)
     rel = "data/synth/default/val.jsonl"
@@ -103,7 +103,7 @@ def test_a_dict_or_string_in_a_metric_field_of_a_summary_is_left_out_with_one_wa
     flowed into summary.csv and the report. Metric fields keep numbers, bools and None; strings stay only
     in the known string fields (the config's, the gate record's), lists only in the aid's traces; the
     rest is left out, with one warning naming the run and the fields."""
-    from zfree.experiment.results import collect_runs, summary_with_labels
+    from zfree_lab.experiment.results import collect_runs, summary_with_labels
 
     run = tmp_path / "study" / "runs" / "plain_beta0.3_abcd1234"
     run.mkdir(parents=True)

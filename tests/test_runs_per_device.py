@@ -15,11 +15,11 @@ import torch
 
 from zfree.config import TrainConfig
 from zfree.core.errors import ConfigError
-from zfree.experiment import estimate as est
-from zfree.experiment import devices, executor
-from zfree.experiment.own_study import OWN_PRESETS
-from zfree.experiment.spec import expand_grid
 from zfree.train.run_folder import TIMING_KEYS, device_memory
+from zfree_lab.experiment import estimate as est
+from zfree_lab.experiment import devices, executor
+from zfree_lab.experiment.own_study import OWN_PRESETS
+from zfree_lab.experiment.spec import expand_grid
 
 GB = est.GB
 SMALL = {"steps": 4, "batch_size": 8, "eval_every": 2, "n_latent": 3}
@@ -100,7 +100,7 @@ def test_each_local_worker_takes_the_next_device():
     its parent): workers started one after another get devices a, b, a, b; with one device none is set."""
     code = """
 import json, multiprocessing, os
-from zfree.experiment.executor import _worker_init
+from zfree_lab.experiment.executor import _worker_init
 slot, seen = multiprocessing.Value("i", 0), []
 for _ in range(4):
     _worker_init(os.getppid(), slot, ("a", "b"))

@@ -17,11 +17,11 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
-from zfree.cli import main as cli_main
 from zfree.core.io import sha256_file
 from zfree.data.batching import EncodedPair, encode_pair, encode_pairs
 from zfree.data.pairs import Pair, load_pairs
 from zfree.reference.scoring import ScoreResult, ScoringPolicy, load_scoring_model, plan_batches, score_encoded, score_pairs
+from zfree_lab.cli import main as cli_main
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 ATOL = 1e-5

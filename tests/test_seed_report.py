@@ -1,4 +1,4 @@
-"""The report's seed-level section (zfree.report.seed_report): "1 seed" where a cell has one, the
+"""The report's seed-level section (zfree_lab.report.seed_report): "1 seed" where a cell has one, the
 t-interval over seeds where it has several."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from zfree.report.seed_report import seed_gains_frame, seed_gains_markdown
+from zfree_lab.report.seed_report import seed_gains_frame, seed_gains_markdown
 
 
 def _row(n, **kw):

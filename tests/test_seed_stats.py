@@ -1,5 +1,5 @@
-"""Seeds as the unit of evidence (zfree.experiment.seed_stats) and the readout gains
-(zfree.experiment.gains.readout_gains), against scipy's tests and closed forms."""
+"""Seeds as the unit of evidence (zfree_lab.experiment.seed_stats) and the readout gains
+(zfree_lab.experiment.gains.readout_gains), against scipy's tests and closed forms."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from zfree.cli.parser import parse_seeds
-from zfree.experiment.gains import readout_gains
-from zfree.experiment.seed_stats import seeds_text, t_interval, tost_p, two_stage_bootstrap
+from zfree_lab.cli.parser import parse_seeds
+from zfree_lab.experiment.gains import readout_gains
+from zfree_lab.experiment.seed_stats import seeds_text, t_interval, tost_p, two_stage_bootstrap
 
 
 def test_t_interval_matches_scipy():

@@ -28,8 +28,8 @@ import pytest
 
 from tests.test_faults import _spec_base, write_spec
 from zfree.core.paths import ROOT, SPECS
-from zfree.experiment.cluster import sbatch_script, sbatch_test_only
-from zfree.experiment.sweeps import load_spec
+from zfree_lab.experiment.cluster import sbatch_script, sbatch_test_only
+from zfree_lab.experiment.sweeps import load_spec
 
 pytestmark = pytest.mark.slow
 
@@ -71,7 +71,7 @@ def slurm():
 
 
 def _zfree(*args) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "zfree.cli", *map(str, args)], env=ENV, stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "zfree_lab.cli", *map(str, args)], env=ENV, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 

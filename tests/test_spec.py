@@ -9,18 +9,18 @@ from pathlib import Path
 import pytest
 import yaml
 
-import zfree.experiment.pipeline as pipeline
-import zfree.report.launch_panel as launch_panel
-import zfree.report.widgets as widgets
+import zfree_lab.experiment.pipeline as pipeline
+import zfree_lab.report.launch_panel as launch_panel
+import zfree_lab.report.widgets as widgets
 from tests.tiny_sweep import make_tiny_sweep
 from zfree.core.paths import SPECS
-from zfree.experiment.own_study import OWN_PRESETS, load_own_spec, run_own_study
-from zfree.experiment.pipeline import ExperimentResult
-from zfree.experiment.spec import BoundaryGrid, ExperimentSpec, expand_grid
-from zfree.experiment.spec_file import spec_from_dict
-from zfree.experiment.study import PRESETS, run_study
-from zfree.experiment.sweeps import load_spec, run_sweep
 from zfree.objective.remedies import HARD_EM_RECIPE, OWN_AID
+from zfree_lab.experiment.own_study import OWN_PRESETS, load_own_spec, run_own_study
+from zfree_lab.experiment.pipeline import ExperimentResult
+from zfree_lab.experiment.spec import BoundaryGrid, ExperimentSpec, expand_grid
+from zfree_lab.experiment.spec_file import spec_from_dict
+from zfree_lab.experiment.study import PRESETS, run_study
+from zfree_lab.experiment.sweeps import load_spec, run_sweep
 
 SHIPPED = sorted(SPECS.glob("*.yaml"))
 
@@ -72,7 +72,7 @@ def test_study_own_study_and_sweep_all_run_through_the_one_pipeline(tmp_path, mo
         seen.append((spec, kw))
         return ExperimentResult(Path(out), [], Path(out) / "report.html")
 
-    for mod in ("zfree.experiment.study", "zfree.experiment.own_study", "zfree.experiment.sweeps"):
+    for mod in ("zfree_lab.experiment.study", "zfree_lab.experiment.own_study", "zfree_lab.experiment.sweeps"):
         monkeypatch.setattr(f"{mod}.run_experiment", fake)
     assert pipeline.run_experiment is not fake  # the wrappers' own reference is what is replaced
     run_study("smoke", tmp_path / "a", progress=False)
@@ -126,7 +126,7 @@ class FakeExecutor:
 # --- seeds (issue 23, item 1) -------------------------------------------------------------------
 
 def test_seeds_run_every_point_once_per_seed_each_with_its_own_control():
-    from zfree.experiment.controls import with_controls
+    from zfree_lab.experiment.controls import with_controls
 
     spec = ExperimentSpec("s", grid={"beta": [0.1, 0.3]}, train={"steps": 10}, seeds=(0, 1, 2))
     pts = spec.points()
@@ -202,7 +202,7 @@ def test_a_boundary_grid_takes_single_points_beside_its_cross_product():
     import pandas as pd
 
     from zfree.core.errors import ConfigError
-    from zfree.experiment.spec import BoundaryGrid, own_grid
+    from zfree_lab.experiment.spec import BoundaryGrid, own_grid
     from zfree.reference.reference import Reference
 
     ref = Reference(2.0, pd.DataFrame({"n_tokens": [20.0, 30.0], "b": [1.5, 2.5]}), {})

@@ -1,5 +1,5 @@
-"""The staircase by |S| over seeds (zfree.experiment.staircase) and Holm's adjustment
-(zfree.experiment.seed_stats.holm_adjusted), against numpy/scipy closed forms and a study folder built
+"""The staircase by |S| over seeds (zfree_lab.experiment.staircase) and Holm's adjustment
+(zfree_lab.experiment.seed_stats.holm_adjusted), against numpy/scipy closed forms and a study folder built
 by hand."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from zfree.experiment.seed_stats import holm_adjusted
-from zfree.experiment.staircase import (STAIRCASE_ROWS_FILE, staircase_slope, staircase_table,
+from zfree_lab.experiment.seed_stats import holm_adjusted
+from zfree_lab.experiment.staircase import (STAIRCASE_ROWS_FILE, staircase_slope, staircase_table,
                                         use_by_length_rows, use_by_length_table)
 
 

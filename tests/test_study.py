@@ -6,16 +6,16 @@ import io
 
 import pandas as pd
 
-from zfree.experiment.gains import GAIN_COLUMNS
+from zfree_lab.experiment.gains import GAIN_COLUMNS
 import pytest
 import torch
 
 from tests.smoke_study import agg_backend
 from zfree.core.paths import NOTEBOOKS, SHIPPED_BASE, SHIPPED_DATA
-from zfree.experiment.render import REPORT_NOTEBOOKS, _combined_report
-from zfree.experiment.results import SUMMARY_COLUMNS
-from zfree.experiment.spec import expand_grid
-from zfree.experiment.study import PRESETS, run_study
+from zfree_lab.experiment.render import REPORT_NOTEBOOKS, _combined_report
+from zfree_lab.experiment.results import SUMMARY_COLUMNS
+from zfree_lab.experiment.spec import expand_grid
+from zfree_lab.experiment.study import PRESETS, run_study
 
 
 @pytest.fixture
@@ -27,7 +27,7 @@ def test_smoke_study_writes_every_artifact(smoke):
     for f in ("summary.csv", "report.html", "report.ipynb", "base/reference/reference.json", "base/model"):
         assert (smoke / f).exists(), f
     table = pd.read_csv(smoke / "summary.csv")
-    gain_cols = ["control_run_id", *GAIN_COLUMNS]  # against the z-free control (zfree.experiment.gains)
+    gain_cols = ["control_run_id", *GAIN_COLUMNS]  # against the z-free control (zfree_lab.experiment.gains)
     assert list(table.columns) == list(SUMMARY_COLUMNS) + [c for c in gain_cols if c in table]
     assert table["z_gain"].notna().all() and table["control_run_id"].str.startswith("control_").all()
     assert sorted(table["weighting"]) == ["distribution", "plain"]
@@ -44,8 +44,8 @@ def test_smoke_study_writes_every_artifact(smoke):
 def test_a_study_of_one_seed_says_1_seed_and_reads_its_readouts(smoke):
     """The smoke study trains one seed: seed_gains.csv has one seed per cell and the report says "1 seed"
     (no interval over seeds); every run carries the readouts and the gains their net columns (issue 54)."""
-    from zfree.experiment.leaderboard import cell_key
-    from zfree.experiment.seed_stats import seed_gains_from_rows
+    from zfree_lab.experiment.leaderboard import cell_key
+    from zfree_lab.experiment.seed_stats import seed_gains_from_rows
 
     seeds = pd.read_csv(smoke / "seed_gains.csv")
     assert (seeds["n_seeds"] == 1).all() and seeds["z_gain_t_lo"].isna().all()
@@ -66,7 +66,7 @@ def test_a_study_of_one_seed_says_1_seed_and_reads_its_readouts(smoke):
 def test_smoke_at_three_seeds_shows_the_seed_level_interval(tmp_path):
     """``zfree study --preset smoke --seeds 0-2`` (about 3 min on 2 cores): each cell three seeds, each seed its
     own control; the report's gains section shows the t-interval over seeds."""
-    from zfree.cli import main
+    from zfree_lab.cli import main
 
     with agg_backend():
         assert main(["study", "--preset", "smoke", "--seeds", "0-2", "--out", str(tmp_path / "s"), "--no-estimate"]) == 0
@@ -148,7 +148,7 @@ def test_a_copied_study_renders_its_report_and_resumes_an_unfinished_run(smoke, 
     import json
     import shutil
 
-    from zfree.cli import main
+    from zfree_lab.cli import main
     from zfree.config import TrainConfig
     from zfree.train.run_folder import read_run_config
     from zfree.train.run_folder import TIMING_KEYS

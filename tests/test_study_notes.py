@@ -1,4 +1,4 @@
-"""zfree.experiment.study_notes: the visible notes of a study on own (partly labelled) data, the
+"""zfree_lab.experiment.study_notes: the visible notes of a study on own (partly labelled) data, the
 summary.csv with its per-label columns and notes, and notes.json read back."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 
 from zfree.data.pairs import Pair
-from zfree.experiment.study_notes import label_notes, study_notes
-from zfree.experiment.tables import write_summary_csv
+from zfree_lab.experiment.study_notes import label_notes, study_notes
+from zfree_lab.experiment.tables import write_summary_csv
 
 
 def _pairs() -> list[Pair]:
@@ -69,21 +69,21 @@ def test_write_summary_csv_of_no_runs_and_study_notes(tmp_path):
 
 
 def test_summary_csv_has_one_writer():
-    """Only zfree.experiment.tables writes summary.csv (a study once, after its grid; `zfree report`
+    """Only zfree_lab.experiment.tables writes summary.csv (a study once, after its grid; `zfree report`
     before rendering): no other module of src writes a file named summary.csv."""
     import re
     from pathlib import Path
 
-    src = Path(__file__).resolve().parents[1] / "src" / "zfree"
+    src = Path(__file__).resolve().parents[1] / "src"
     write = re.compile(r"atomic_write_text\([^)]*summary\.csv")
     writers = sorted(p.relative_to(src).as_posix() for p in src.rglob("*.py") if write.search(p.read_text()))
-    assert writers == ["experiment/tables.py"]
+    assert writers == ["zfree_lab/experiment/tables.py"]
 
 
 def test_a_label_some_training_row_lacks_is_noted_as_getting_no_oracle(tmp_path):
     """A key on every val row but one training row only: ``oracle_labels`` trains no oracle for it,
     and the study's notes say so (before, it was dropped without a word)."""
-    from zfree.experiment.controls import oracle_labels
+    from zfree_lab.experiment.controls import oracle_labels
 
     train = [{"id": f"t{i}", "x": str(i), "y": str(i), "labels": {"colour": "red" if i % 2 else "blue",
                                                                    **({"mood": "glad"} if i == 0 else {})}}
@@ -118,7 +118,7 @@ def test_a_label_capped_for_its_oracle_is_noted_when_only_train_holds_its_many_v
 def test_a_damaged_notes_json_is_one_line_naming_the_file(tmp_path, capsys, damage):
     """issue 61: ``zfree report`` on a study whose notes.json is torn, not an object or not UTF-8 said
     ``zfree: error: Expecting value: line 1 column 1 (char 0)`` (or a traceback), naming no file."""
-    from zfree.cli import main
+    from zfree_lab.cli import main
     from zfree.core.errors import InputError
 
     run = tmp_path / "runs" / "r1"

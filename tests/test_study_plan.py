@@ -1,4 +1,4 @@
-"""Issue 35 items 1 and 6: a study folder's plan (``zfree.experiment.study_plan``) and ``zfree study
+"""Issue 35 items 1 and 6: a study folder's plan (``zfree_lab.experiment.study_plan``) and ``zfree study
 --set``. The end-to-end rerun (reused plan, no probe, only the interrupted run trained again, another
 budget refused) is in tests/test_own_study.py::test_one_command_from_model_and_jsonl_to_report."""
 
@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from zfree.cli import main
 from zfree.core.errors import ConfigError
-from zfree.experiment.own_study import OWN_PRESETS, OWN_SPEC_KEYS, load_own_spec
-from zfree.experiment.spec import expand_grid
-from zfree.experiment.study_plan import (PLAN_FILE, apply_fitted, check_request, differences, fitted_of,
+from zfree_lab.cli import main
+from zfree_lab.experiment.own_study import OWN_PRESETS, OWN_SPEC_KEYS, load_own_spec
+from zfree_lab.experiment.spec import expand_grid
+from zfree_lab.experiment.study_plan import (PLAN_FILE, apply_fitted, check_request, differences, fitted_of,
                                          load_plan, request_of, write_plan)
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -13,9 +13,9 @@ import yaml
 from tests.tiny import make_tiny_run
 from tests.tiny_sweep import tiny_base_flat
 from zfree.core.paths import SPECS
-from zfree.experiment.executor import run_points
-from zfree.experiment.spec import expand_grid
-from zfree.experiment.sweeps import load_spec
+from zfree_lab.experiment.executor import run_points
+from zfree_lab.experiment.spec import expand_grid
+from zfree_lab.experiment.sweeps import load_spec
 
 SHIPPED = sorted(SPECS.glob("*.yaml"))
 
@@ -96,7 +96,7 @@ def test_failing_point_is_recorded_others_finish_and_rerun_resumes(tmp_path, tin
 
 @pytest.mark.slow  # moved to the slow tier (issue 23's tests kept the default tier under 10 min)
 def test_submitit_local_executor_runs_a_two_point_sweep_through_the_cli(tmp_path, tiny):
-    from zfree.cli import main
+    from zfree_lab.cli import main
 
     data, base = tiny
     flat = {k: v for k, v in tiny_base_flat(data, base).items() if k in ("data_dir", "base_dir", "steps", "batch_size",

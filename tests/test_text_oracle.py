@@ -1,7 +1,7 @@
 """The text oracle (issue 55, item 3): ``latent_source = "text:<key>"`` parses and is validated in one
 line (zfree.config), its x holds the label (zfree.data.text_oracle), and a run reads that x for its
 rows, its b and its c_base (zfree.train.run_setup); a study trains it as an option beside the label
-oracle and its null (zfree.experiment.controls) and the oracle table reads its value (zfree.experiment.gains)."""
+oracle and its null (zfree_lab.experiment.controls) and the oracle table reads its value (zfree_lab.experiment.gains)."""
 
 from __future__ import annotations
 
@@ -120,8 +120,8 @@ def test_a_pair_without_x_gets_the_label_as_its_only_context():
 
 
 def test_a_study_trains_the_text_oracle_beside_the_oracle_and_its_null_only_when_asked():
-    from zfree.experiment.controls import text_params, with_controls
-    from zfree.experiment.spec import expand_grid
+    from zfree_lab.experiment.controls import text_params, with_controls
+    from zfree_lab.experiment.spec import expand_grid
 
     pts = expand_grid({**TrainConfig().to_flat(), "steps": 50}, {"beta": [0.1, 0.3]})
     plain, links = with_controls(pts, {"strategy": 4})
@@ -141,8 +141,8 @@ def test_a_study_trains_the_text_oracle_beside_the_oracle_and_its_null_only_when
 
 
 def test_the_spec_field_is_read_validated_in_one_line_and_left_out_of_a_plan_at_its_default():
-    from zfree.experiment.spec_file import spec_from_dict
-    from zfree.experiment.study_plan import request_of
+    from zfree_lab.experiment.spec_file import spec_from_dict
+    from zfree_lab.experiment.study_plan import request_of
 
     assert spec_from_dict({"name": "s", "text_oracles": True}).text_oracles is True
     assert spec_from_dict({"name": "s"}).text_oracles is False
@@ -154,9 +154,9 @@ def test_the_spec_field_is_read_validated_in_one_line_and_left_out_of_a_plan_at_
 
 
 def test_the_oracle_table_reads_the_text_oracles_gain_over_the_control(tmp_path):
-    from zfree.experiment.controls import LINKS_FILE
-    from zfree.experiment.gains import oracle_table
-    from zfree.report.gains_report import available_gain_table
+    from zfree_lab.experiment.controls import LINKS_FILE
+    from zfree_lab.experiment.gains import oracle_table
+    from zfree_lab.report.gains_report import available_gain_table
 
     n, runs = 40, tmp_path / "runs"
     for rid, lbar, src in (("control_plain_1", 0.9, "control"), ("oracle-a_plain_2", 0.7, "label:a"),

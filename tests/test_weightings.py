@@ -28,11 +28,11 @@ def test_each_weight_is_its_closed_form():
 
 def test_every_reader_derives_from_the_registry():
     from zfree.config import TokenOuter, Weighting
-    from zfree.experiment.estimate import KEEP_WEIGHTINGS
-    from zfree.experiment.spec import WEIGHTINGS as GRID
-    from zfree.experiment.study import PRESETS
+    from zfree_lab.experiment.estimate import KEEP_WEIGHTINGS
+    from zfree_lab.experiment.spec import WEIGHTINGS as GRID
+    from zfree_lab.experiment.study import PRESETS
     from zfree.objective.losses import RECONSTRUCTION_WEIGHTINGS
-    from zfree.report.figstyle import WEIGHTING_COLORS, WEIGHTING_FILLS
+    from zfree_lab.report.figstyle import WEIGHTING_COLORS, WEIGHTING_FILLS
 
     assert get_args(Weighting) == WEIGHTING_NAMES == ("plain", "distribution", "example", "token")
     assert get_args(TokenOuter) == TOKEN_OUTER_NAMES and RECONSTRUCTION_WEIGHTINGS == OUTER_WEIGHTINGS
@@ -54,8 +54,8 @@ def test_each_entry_cites_its_source_and_every_grid_point_is_a_valid_config():
 def test_no_module_lists_the_weightings_by_hand():
     """The list of weighting names is written once, in zfree/core/weightings.py."""
     listed = re.compile(r"""["']plain["'],\s*["']distribution["'],\s*["']example["']""")
-    offenders = [str(p.relative_to(SRC)) for p in SRC.rglob("*.py")
-                 if p.relative_to(SRC).as_posix() != "core/weightings.py" and listed.search(p.read_text())]
+    offenders = [str(p.relative_to(SRC.parent)) for p in [*SRC.rglob("*.py"), *(SRC.parent / "zfree_lab").rglob("*.py")]
+                 if p.relative_to(SRC.parent).as_posix() != "zfree/core/weightings.py" and listed.search(p.read_text())]
     assert offenders == []
 
 
@@ -64,6 +64,6 @@ def test_reading_the_registry_imports_no_torch():
     import subprocess
     import sys
 
-    code = "import sys, zfree.config, zfree.cli, zfree.core.weightings; print('torch' in sys.modules)"
+    code = "import sys, zfree.config, zfree_lab.cli, zfree.core.weightings; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

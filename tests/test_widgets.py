@@ -12,8 +12,8 @@ import pytest
 
 from tests.tiny_sweep import make_tiny_sweep
 from zfree.core.io import atomic_write_json, read_json
-from zfree.report.figstyle import wrap_panels
-from zfree.report.widgets import LaunchPanel, SweepExplorer
+from zfree_lab.report.figstyle import wrap_panels
+from zfree_lab.report.widgets import LaunchPanel, SweepExplorer
 
 
 @pytest.fixture(scope="module")
@@ -193,7 +193,7 @@ def test_stop_ends_the_workers_and_keeps_the_finished_runs(sweep, tmp_path):
     """Issue 36 item 3: six points on two workers, stop pressed with two finished, two running and two
     not started: the panel is launchable again within seconds (it sat in as_completed forever when the
     points not started were cancelled before the pool went down), every point has a status."""
-    from zfree.experiment.executor import local_executor
+    from zfree_lab.experiment.executor import local_executor
 
     e = SweepExplorer(sweep)
     panel = LaunchPanel(e.results.config(e.results.runs["run_id"].iloc[0]), tmp_path, run_fn=sleepy_run,

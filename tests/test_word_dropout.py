@@ -15,12 +15,12 @@ import torch
 from tests.tiny import tiny_flat
 from zfree.config import TrainConfig
 from zfree.data.batching import collate, encode_pairs
-from zfree.experiment.controls import control_params
-from zfree.experiment.spec import run_id
 from zfree.models.discrete import DiscreteCVAE
 from zfree.train import plugins
 from zfree.train.training import train_cvae
 from zfree.train.word_dropout import WordDropout, drop_words, replacement_id
+from zfree_lab.experiment.controls import control_params
+from zfree_lab.experiment.spec import run_id
 
 
 def _rows(tok, pairs):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tests.tiny import make_tiny_run, tiny_flat
 from zfree.config import TrainConfig
-from zfree.experiment.spec import expand_grid
+from zfree_lab.experiment.spec import expand_grid
 
 GRID = {"objective": [{"weighting": "plain"}, {"weighting": "distribution"}, {"weighting": "example", "epsilon": 0.05}],
         "beta": [0.3, 1.0]}

@@ -18,7 +18,7 @@ from pathlib import Path
 
 def bench(model: str, data: str, out: Path, mode: str, steps: int, batch: int) -> dict:
     """One mode's numbers: checkpoint bytes, step seconds, trainable parameters."""
-    from zfree.experiment.own_study import own_train_config
+    from zfree_lab.experiment.own_study import own_train_config
     from zfree.train.training import train_cvae
 
     run = out / mode

@@ -242,7 +242,7 @@ def bench_cli(model, encoded, repeats: int, vocab: int) -> None:
     n_tok = sum(len(e.prefix_ids) + len(e.target_ids) for e in enc)
     ideal = prepare_ideal(enc)
     env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads()), "HF_HUB_OFFLINE": "1"}
-    cli = [sys.executable, "-m", "zfree.cli", "score", "--model", str(root / "m"), "--data", str(root / "pairs.jsonl"),
+    cli = [sys.executable, "-m", "zfree_lab.cli", "score", "--model", str(root / "m"), "--data", str(root / "pairs.jsonl"),
            "--out", str(root / "out"), "--no-cache", "--device", "cpu"]
     bare = [sys.executable, "-c", "import sys, pandas, pyarrow; from zfree.reference.scoring import load_scoring_model; "
             "load_scoring_model(sys.argv[1], device='cpu')", str(root / "m")]  # what any transformers scorer pays

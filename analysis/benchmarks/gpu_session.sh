@@ -61,7 +61,7 @@ if [ -n "${GGUF_PARTS:-}" ]; then
   d="$ZFREE_MODELS/smollm2-135m-instruct-gguf"; mkdir -p "$d"
   cat $GGUF_PARTS > "$d/SmolLM2-135M-Instruct.Q4_1.gguf"
   log "gguf $(sha256sum "$d/SmolLM2-135M-Instruct.Q4_1.gguf" | cut -c1-16) $(stat -c %s "$d/SmolLM2-135M-Instruct.Q4_1.gguf") bytes"
-  M=$(timeout 120 "$PY" -m zfree.cli model fetch smollm2-135m-instruct 2>>"$O/run.log" | tail -1)
+  M=$(timeout 120 "$PY" -m zfree_lab.cli model fetch smollm2-135m-instruct 2>>"$O/run.log" | tail -1)
   if [ -n "$M" ] && [ -d "$M" ]; then SMOL=(--model "$M"); log "SmolLM2 from $M"; else log "SmolLM2: the GGUF did not load; its shape, random"; fi
 fi
 nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv -l 2 > "$O/smi.csv" 2>/dev/null & SMI=$!

@@ -41,7 +41,7 @@ else
   nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv -l 2 > "$O/smi.csv" 2>/dev/null & SMI=$!
 fi
 log "start: zfree study ${PRESET[*]} --workers $WORKERS"
-timeout "$BUDGET" "$PY" -m zfree.cli study "${PRESET[@]}" --workers "$WORKERS" --out "$STUDY" \
+timeout "$BUDGET" "$PY" -m zfree_lab.cli study "${PRESET[@]}" --workers "$WORKERS" --out "$STUDY" \
   >> "$O/run.log" 2>&1
 log "study rc $?"
 [ "$TINY" = 1 ] || kill "${SMI:-0}" 2>/dev/null

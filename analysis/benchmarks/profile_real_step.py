@@ -40,7 +40,7 @@ def profile_mode(model: str, data: Path, out: Path, mode: str, steps: int, batch
     from torch.profiler import ProfilerActivity, profile
 
     import zfree.train.training as T
-    from zfree.experiment.own_study import own_train_config
+    from zfree_lab.experiment.own_study import own_train_config
 
     run = out / mode
     shutil.rmtree(run, ignore_errors=True)

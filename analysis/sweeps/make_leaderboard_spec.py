@@ -12,11 +12,11 @@ from pathlib import Path
 
 import yaml
 
-from zfree.experiment.study import PRESETS
 from zfree.objective.remedies import REMEDIES, remedy_fields
+from zfree_lab.experiment.study import PRESETS
 
 OUT = Path(__file__).with_name("leaderboard_full_slurm.yaml")
-#: beta* of each weighting on the shipped benchmark (zfree.experiment.spec.predicted_boundary)
+#: beta* of each weighting on the shipped benchmark (zfree_lab.experiment.spec.predicted_boundary)
 BETA_STAR = {"plain": 0.1111, "distribution": 0.6522, "example": 0.5335, "token": 0.6522}
 WEIGHTINGS = {"plain": {"weighting": "plain"}, "distribution": {"weighting": "distribution"},
               "example": {"weighting": "example", "epsilon": 0.05},

@@ -1,6 +1,6 @@
 # Loaded by `make lab` and `zfree lab` (JUPYTER_CONFIG_PATH=etc/jupyter): notebooks are saved without
-# outputs, so a JupyterLab session leaves `git status` clean (zfree.report.lab), and open without being
+# outputs, so a JupyterLab session leaves `git status` clean (zfree_lab.report.lab), and open without being
 # marked unsaved: jupytext's contents manager, handing each notebook its kernel's language_info
-# (zfree.report.lab_contents).
-c.ServerApp.contents_manager_class = "zfree.report.lab_contents.LabContentsManager"  # noqa: F821 - `c`: the traitlets config
-c.ContentsManager.pre_save_hook = "zfree.report.lab.strip_on_save"  # noqa: F821
+# (zfree_lab.report.lab_contents).
+c.ServerApp.contents_manager_class = "zfree_lab.report.lab_contents.LabContentsManager"  # noqa: F821 - `c`: the traitlets config
+c.ContentsManager.pre_save_hook = "zfree_lab.report.lab.strip_on_save"  # noqa: F821

@@ -1,5 +1,5 @@
 """The e2e-smollm2 finding from a study folder: gains of each finished CVAE run against its own z-free
-control (``zfree.experiment.gains.run_gains``, 95 % bootstrap over the evaluated rows), the label
+control (``zfree_lab.experiment.gains.run_gains``, 95 % bootstrap over the evaluated rows), the label
 oracles finished so far (``oracle_table``), and the runs' own metrics, written beside this file and
 printed as markdown with the preregistered rule applied (PREREGISTRATION.md: z is used when the
 measured use is >= 50 % of the rows and the z-gain interval lies above 0).
@@ -24,8 +24,8 @@ import pandas as pd
 
 from zfree.config import without_log_only
 from zfree.core.io import read_table
-from zfree.experiment.gains import interval, oracle_table, run_gains
-from zfree.experiment.results import collect_runs
+from zfree_lab.experiment.gains import interval, oracle_table, run_gains
+from zfree_lab.experiment.results import collect_runs
 from zfree.train.run_folder import read_run_config
 
 HERE = Path(__file__).resolve().parent
@@ -68,11 +68,11 @@ def _D(run: Path) -> pd.DataFrame:
 def oracle_pairs(runs_dir: Path) -> pd.DataFrame:
     """Every finished label oracle (``latent_source`` "label:<key>"), planned or trained later with
     other shared fields (e.g. a LoRA variant), against the finished z-free control of its own recipe
-    (``zfree.experiment.controls.control_params`` of the oracle's config): delta_R = D_control - D_oracle
+    (``zfree_lab.experiment.controls.control_params`` of the oracle's config): delta_R = D_control - D_oracle
     (nats/example) on the rows both evaluated, 95 % bootstrap over rows. An oracle whose control has
     not finished is listed with NaN."""
     from zfree.config import LatentSource
-    from zfree.experiment.controls import control_params
+    from zfree_lab.experiment.controls import control_params
 
     cfgs = {d.name: without_log_only(read_run_config(d / "config.json")) for d in sorted(runs_dir.iterdir())
             if (d / "summary.json").exists() and (d / "config.json").exists()}

@@ -1,5 +1,5 @@
 """The e2e-smollm2 study's planned run configs without training any (the study pipeline's own preparation
-and points: ``zfree.experiment.pipeline.prepare`` and ``_points``): DIR/planned/<run id>/config.json for the
+and points: ``zfree_lab.experiment.pipeline.prepare`` and ``_points``): DIR/planned/<run id>/config.json for the
 aided run, its z-free control and the `complete` oracle, so a variant can be trained from them with
 ``zfree train --config ... --set ...`` in a folder that holds no finished study (variant 3 was trained so).
 
@@ -7,9 +7,9 @@ aided run, its z-free control and the `complete` oracle, so a variant can be tra
 """
 import dataclasses, json, sys
 from pathlib import Path
-from zfree.experiment.own_study import BOUND_PRESETS, OWN_PRESETS
-from zfree.experiment.pipeline import prepare, _points
-from zfree.experiment.spec import BaseSource
+from zfree_lab.experiment.own_study import BOUND_PRESETS, OWN_PRESETS
+from zfree_lab.experiment.pipeline import prepare, _points
+from zfree_lab.experiment.spec import BaseSource
 from zfree.models.fetch import fetch_model
 
 out = Path(sys.argv[1]).resolve()

@@ -6,7 +6,7 @@ other seed, and each seed's z gain and oracle against its own control (PREREGIST
 Writes seeds.csv beside this file and prints it as markdown. Runs are named ``STUDY/RUN_ID`` (the study
 folder's name and the run's id), never by a path on the machine that ran them. For each role (the aided run, the z-free
 control, the `complete` oracle): D of each seed (nats/example, y and its end token) on the rows both
-evaluated, and D(second) - D(first) with a 95 % bootstrap over rows (``zfree.experiment.gains.interval``).
+evaluated, and D(second) - D(first) with a 95 % bootstrap over rows (``zfree_lab.experiment.gains.interval``).
 The row bootstrap of one pair's gain does not contain the training noise; the controls' seed difference is
 that noise, measured once. Reads only.
 """
@@ -20,7 +20,7 @@ import pandas as pd
 
 from zfree.config import LatentSource
 from zfree.core.io import read_json
-from zfree.experiment.gains import interval
+from zfree_lab.experiment.gains import interval
 
 HERE = Path(__file__).resolve().parent
 

@@ -1,12 +1,12 @@
 """Issue 39: the leaderboard-e2e study's switch_on_e2e runs only (3 seeds), their z-free controls and the
-first_slot oracle, through the study pipeline (zfree.experiment.pipeline.run_experiment with its points
+first_slot oracle, through the study pipeline (zfree_lab.experiment.pipeline.run_experiment with its points
 filtered), so the report reads what z carries on those runs."""
 import sys
 from pathlib import Path
 from zfree.config import LatentSource
-from zfree.experiment import pipeline
-from zfree.experiment.controls import control_params, given_run_id
-from zfree.experiment.spec_file import shipped_presets
+from zfree_lab.experiment import pipeline
+from zfree_lab.experiment.controls import control_params, given_run_id
+from zfree_lab.experiment.spec_file import shipped_presets
 
 orig = pipeline._points
 

@@ -6,8 +6,8 @@ numbers from them (issue 58 item 3; preregistered in PREREGISTRATION.md).
 
 Copies runs.csv (each run's settings and summary metrics), leaderboard.csv (the study's board, its intervals
 the leaderboard's own), seed_rows.parquet and seed_gains.csv (the per-row
-paired table and the seed-level gains, ``zfree.experiment.seed_stats``) and writes staircase_rows.parquet
-(per evaluated row of every CVAE run: |S|, measured and predicted use, KL; ``zfree.experiment.staircase``).
+paired table and the seed-level gains, ``zfree_lab.experiment.seed_stats``) and writes staircase_rows.parquet
+(per evaluated row of every CVAE run: |S|, measured and predicted use, KL; ``zfree_lab.experiment.staircase``).
 ``headline`` computes every number of the README from those files alone; ``tests/test_shipped_results.py``
 calls it and checks the README against it.
 """
@@ -32,7 +32,7 @@ ARMS = {"plain 0.03, unaided": ("plain", 0.03, "none"), "example 0.144, unaided"
 
 
 def main(study: Path) -> None:
-    from zfree.experiment.staircase import use_by_length_rows
+    from zfree_lab.experiment.staircase import use_by_length_rows
 
     summary = pd.read_csv(study / "summary.csv")
     summary[[c for c in SETTINGS if c in summary]].to_csv(HERE / "runs.csv", index=False)
@@ -54,10 +54,10 @@ def headline(d: Path = HERE) -> dict[str, pd.DataFrame | dict]:
     """From the shipped tables of ``d``: ``arms`` (one row per arm: seeds, and per quantity the mean over
     seeds with its 95 % t-interval over seeds), ``h1`` (the preregistered contrast U(example 0.144) −
     U(plain 0.03), unaided: per-seed values, t-interval, one-sided p, the two-stage bootstrap check),
-    ``staircase`` (``zfree.experiment.staircase.staircase_table`` of every arm) and ``by_length`` (measured
+    ``staircase`` (``zfree_lab.experiment.staircase.staircase_table`` of every arm) and ``by_length`` (measured
     and predicted use per |S| and arm, means over seeds)."""
-    from zfree.experiment.seed_stats import t_interval, two_stage_bootstrap
-    from zfree.experiment.staircase import staircase_table, use_by_length_table
+    from zfree_lab.experiment.seed_stats import t_interval, two_stage_bootstrap
+    from zfree_lab.experiment.staircase import staircase_table, use_by_length_table
 
     rows, runs = pd.read_parquet(d / "seed_rows.parquet"), pd.read_csv(d / "runs.csv")
     stair = pd.read_parquet(d / "staircase_rows.parquet")

@@ -52,11 +52,11 @@ def study_rows(route: str, study: Path) -> pd.DataFrame:
 def route_table(rows: pd.DataFrame) -> pd.DataFrame:
     """Per route and seed: rows; info (the strategy information, the mean over the rows of log(K / m));
     gain = D_control - D_oracle and null_gain = D_control - D_null with their intervals
-    (``zfree.experiment.gains.interval``: 95 % percentile bootstrap over the rows, seed 0); gain_minus_info
+    (``zfree_lab.experiment.gains.interval``: 95 % percentile bootstrap over the rows, seed 0); gain_minus_info
     (the paired per-row difference, with its interval); D_control_excess (D_control - info: the control's
     loss above the Bayes z-free loss) and D_oracle (the oracle's loss above the Bayes loss given s, 0);
     oracle_pass (info inside the gain's interval) and null_pass (0 inside the null's interval)."""
-    from zfree.experiment.gains import interval
+    from zfree_lab.experiment.gains import interval
 
     out = []
     for (route, seed), g in rows.groupby(["route", "seed"], sort=False):

@@ -50,7 +50,7 @@ class LatentKind(StrEnum):
 LatentPrior = Literal["learned", "standard"]
 
 #: flat fields that change only what a run writes beside its numbers, never the numbers: left out of
-#: a run's identity (``zfree.experiment.spec.run_id``, ``zfree.train.run_folder.check_same_config``),
+#: a run's identity (``zfree_lab.experiment.spec.run_id``, ``zfree.train.run_folder.check_same_config``),
 #: so turning one on or off reuses the finished runs, and runs recorded before the field existed
 LOG_ONLY_FIELDS = frozenset({"tensorboard", "wandb"})
 

@@ -49,7 +49,7 @@ def one_line(e: BaseException) -> str:
 
 
 class Interrupted(KeyboardInterrupt):
-    """SIGINT (Ctrl-C) or SIGTERM reached a zfree command (``zfree.cli.main`` turns it into one
+    """SIGINT (Ctrl-C) or SIGTERM reached a zfree command (``zfree_lab.cli.main`` turns it into one
     line and exit 128 + signal: 130 or 143). A KeyboardInterrupt, so ``except Exception`` never
     swallows it. ``message``: what to do next (set by the layer that knows, e.g. the trainer's
     "interrupted at step N; resume with ..."), else the command's own hint."""
@@ -66,4 +66,4 @@ class CheckpointWriteError(ZfreeError):
 
 class FolderWriteError(ZfreeError):
     """A study folder could not be written (disk full, quota): the message names the folder, what was
-    kept and how to go on (``zfree.experiment.render.render_report``)."""
+    kept and how to go on (``zfree_lab.experiment.render.render_report``)."""

@@ -89,8 +89,8 @@ def run_folder_lock(path: Path | str, what: str = "run folder") -> Iterator[Path
 #: of something else is then refused by the config check, ``zfree.train.run_folder.check_same_config``)
 OWNER_MARKS = (LOCK_NAME, "config.json")
 #: what marks a study or sweep folder as zfree's own: its lock (taken before the study writes anything
-#: else), or, for a folder older than the lock, the plan of a study (``zfree.experiment.study_plan``) or
-#: the spec.json of a sweep (``zfree.experiment.sweeps``)
+#: else), or, for a folder older than the lock, the plan of a study (``zfree_lab.experiment.study_plan``) or
+#: the spec.json of a sweep (``zfree_lab.experiment.sweeps``)
 STUDY_MARKS = (LOCK_NAME, "plan.json", "spec.json")
 
 

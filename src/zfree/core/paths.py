@@ -11,6 +11,9 @@ _PACKAGE = Path(__file__).resolve().parents[1]  # src/zfree in a clone, site-pac
 #: the installed package (``src/zfree`` in a clone, ``site-packages/zfree`` from a wheel): no output
 #: folder may lie inside it (``check_not_in_package``)
 PACKAGE = _PACKAGE
+#: the installed packages no output folder may lie inside: this one, and an application built on it that
+#: adds its own folder on import (``zfree_lab`` does), so the library never needs to name it
+PACKAGES: list[Path] = [PACKAGE]
 #: in a wheel, the files of the clone's root that runs need (the notebooks they execute, the shipped
 #: benchmarks and base runs, the YAML specs), copied there by the build in the clone's own layout (setup.py)
 INSTALLED_ROOT = _PACKAGE / "_shipped"
@@ -59,13 +62,14 @@ def check_out_dir(out: Path | str, what: str = "out_dir") -> None:
 
 
 def check_not_in_package(out: Path | str, what: str = "out_dir") -> None:
-    """ConfigError naming ``what`` and the folder when output folder ``out`` lies inside the installed
-    package (``PACKAGE``, symlinks resolved): a run or study would write its files among zfree's
+    """ConfigError naming ``what`` and the folder when output folder ``out`` lies inside an installed
+    package (``PACKAGES``, symlinks resolved): a run or study would write its files among zfree's
     modules, and a wheel's reinstall or a ``git clean`` would take them (issue 61)."""
     p = Path(out).expanduser().resolve()
-    if p.is_relative_to(PACKAGE):
-        raise ConfigError(f"{what} {out}: inside the installed zfree package ({PACKAGE}); a run or study "
-                          f"would write its files among zfree's modules: give a folder outside it")
+    for package in PACKAGES:
+        if p.is_relative_to(package):
+            raise ConfigError(f"{what} {out}: inside the installed {package.name} package ({package}); a run or "
+                              f"study would write its files among {package.name}'s modules: give a folder outside it")
 
 
 # ---------------------------------------------------------------------------- portable paths
@@ -123,35 +127,3 @@ def runs_home() -> Path:
     if os.environ.get("ZFREE_RUNS"):
         return Path(os.environ["ZFREE_RUNS"])
     return (ROOT if IN_CLONE else Path.cwd()) / "runs"
-
-
-#: the options (argparse dests) that name a file, folder or model; positional ones print bare
-PATH_ARGS = ("out", "data", "val", "model", "spec", "config", "resume", "src", "base", "init_from", "cache_dir", "study_dir",
-             "study", "dir")
-POSITIONAL = {("sweep", "spec"), ("report", "study_dir"), ("lab", "study")}
-#: the (command, option) pairs that name one JSONL file of pairs (never a folder)
-JSONL_ARGS = {("train", "data"), ("train", "val"), ("study", "data"), ("study", "val"), ("score", "data")}
-
-
-def check_path_args(args) -> None:
-    """Refuse, naming the option, a path given empty (``--out ""``, as an unset ``$OUT`` gives:
-    it would write into the current folder) or with a name longer than the file system takes, a folder
-    or a device (/dev/zero), pipe or socket given where a JSONL file of pairs is read (``JSONL_ARGS``),
-    and an output folder inside the installed package, before any output folder is made."""
-    for dest in PATH_ARGS:
-        value = getattr(args, dest, None)
-        if value is None:
-            continue
-        flag = dest if (args.cmd, dest) in POSITIONAL else "--" + dest.replace("_", "-")
-        if not str(value).strip():
-            raise ConfigError(f"{flag} is empty{' (an unset $OUT?)' if dest == 'out' else ''}: give a "
-                              f"{'folder' if dest in ('out', 'resume', 'study_dir', 'cache_dir', 'study', 'dir') else 'path'}"
-                              f"{'; it would write into the current folder' if dest == 'out' else ''}")
-        check_name_length(value, flag)
-        if dest in ("out", "resume", "cache_dir"):
-            check_not_in_package(value, flag)
-        if (args.cmd, dest) in JSONL_ARGS and Path(value).is_dir():
-            raise ConfigError(f"{flag} {value}: a folder, not a file: give one JSONL file of pairs")
-        if (args.cmd, dest) in JSONL_ARGS and Path(value).exists() and not Path(value).is_file():
-            raise ConfigError(f"{flag} {value}: not a regular file (a device, pipe or socket, read without end): "
-                              f"give one JSONL file of pairs")

@@ -15,7 +15,7 @@ Trade" (ICML 2019, arXiv:1902.07816; they report pairwise-BLEU 48.26 and #refs c
 A z-free control has K = 1, so one greedy output says nothing about diversity: it is compared
 through K **samples** (temperature 1, a seeded generator) for the same MRs, so both sides have K
 outputs per MR (``zfree.evaluate.latent_stats.multiref_outputs`` draws them; the study table
-``zfree.experiment.multiref_table`` takes the first K of the control's samples, K = the CVAE's).
+``zfree_lab.experiment.multiref_table`` takes the first K of the control's samples, K = the CVAE's).
 
 Pure functions on lists of strings; BLEU is sacrebleu's (Post 2018), 13a tokenisation (our outputs
 are detokenised text; fairseq scored pre-tokenised text with ``tokenize='none'``).

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from zfree.core.io import sha256_file
 
-#: the file written into a fetched folder (also read by ``zfree.experiment.sources.link_model``)
+#: the file written into a fetched folder (also read by ``zfree_lab.experiment.sources.link_model``)
 SOURCE_FILE = "zfree_source.json"
 
 

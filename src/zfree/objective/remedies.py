@@ -31,7 +31,7 @@ Each paper's own defaults, adapted only where the latent differs (said per entry
                 probability 0.25 during training (keep rate 0.75: our choice; the paper sweeps the keep rate
                 and we could not check a default of theirs offline), targets, scoring and evaluation clean
                 (``zfree.train.word_dropout``). Its z-free control is trained with the same dropout
-                (``zfree.experiment.controls``), so the gain counts only what z adds to the weakened decoder.
+                (``zfree_lab.experiment.controls``), so the gain counts only what z adds to the weakened decoder.
   switch_on     zfree's symmetry-breaking aid (seed notes 000/002, the aids issue): hard EM with a
                 gated hand-over to the true objective, the optimal posterior, dead-value restarts
                 (``SWITCH_ON_RECIPE`` without its batch size: equal compute keeps the grid's batch).
@@ -82,11 +82,11 @@ SWITCH_ON_RECIPE = {**HARD_EM_RECIPE, "posterior_features": "optimal", "batch_si
 #: hard-EM E-step on the first 3 tokens of y (k* = the value that best predicts how the sentence opens)
 SWITCH_ON_E2E = {"n_latent": 4, "hard_em_estep_tokens": 3, "handover_rows": 200}
 
-#: the hard-EM aid of an own-model study (``zfree.experiment.own_study``): HARD_EM_RECIPE at K = 4 with a
+#: the hard-EM aid of an own-model study (``zfree_lab.experiment.own_study``): HARD_EM_RECIPE at K = 4 with a
 #: short hard phase (200 steps, a 200-row gate) and the latent embeddings' rate of the prototype (1e-3)
 OWN_AID = {**HARD_EM_RECIPE, "n_latent": 4, "hard_em_max_steps": 200, "handover_rows": 200, "lr_new": 1e-3}
 
-#: the recipes a spec file names (``recipe: NAME`` or a list of names, ``zfree.experiment.spec_file``)
+#: the recipes a spec file names (``recipe: NAME`` or a list of names, ``zfree_lab.experiment.spec_file``)
 RECIPES = {"HARD_EM_RECIPE": HARD_EM_RECIPE, "SWITCH_ON_RECIPE": SWITCH_ON_RECIPE, "SWITCH_ON_E2E": SWITCH_ON_E2E,
            "OWN_AID": OWN_AID}
 

@@ -60,7 +60,7 @@ def predicted_use(beta_eff: ArrayLike, bayes_nll: ArrayLike | None = None, exces
 
     ``exchange_rate`` eta: the nats of reconstruction one nat of rate buys: 1 on the synthetic benchmark by construction (z := the strategy lowers the
     sequence NLL by exactly the information it carries); on real data the measured
-    eta = Delta R_label / H(label | x) of a label oracle (``zfree.experiment.gains``).
+    eta = Delta R_label / H(label | x) of a label oracle (``zfree_lab.experiment.gains``).
 
     ``beta_eff`` is dimensionless (``zfree.objective.losses.effective_beta``); ``bayes_nll`` and
     ``excess_seq`` (= |S| * (b - analytic), the base model's excess) are nats per sequence.

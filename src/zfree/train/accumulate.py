@@ -2,7 +2,7 @@
 each chunk's objective scaled by its share n_c / B before its backward pass, so the accumulated
 gradient is that of the whole batch's J = mean_i J_i (the objective is a batch mean of
 per-example terms) while the peak memory is that of one chunk. Used by a study whose grid would not
-fit in memory (``zfree.experiment.estimate``), recorded in each run's config.json as ``micro_batch``.
+fit in memory (``zfree_lab.experiment.estimate``), recorded in each run's config.json as ``micro_batch``.
 
 Exact only where J is a mean of per-example terms: ``accumulation_problem`` names the settings that
 are not (batch-mean free bits, BN-VAE's batch statistics, the hard phase's batch-normalised example

@@ -2,7 +2,7 @@
 (never at the intermediate ones), K outputs for ``MULTIREF_MRS`` evaluated MRs are decoded
 (``zfree.evaluate.latent_stats.multiref_outputs``), written to ``multiref.parquet`` and scored
 (``zfree.evaluate.multiref.multiref_metrics``) into summary.json's ``multiref/*`` keys. The study
-table (``zfree.experiment.multiref_table``) re-scores a z-free control at its CVAE's K."""
+table (``zfree_lab.experiment.multiref_table``) re-scores a z-free control at its CVAE's K."""
 
 from __future__ import annotations
 

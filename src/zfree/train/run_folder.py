@@ -44,7 +44,7 @@ from zfree.train.checkpoint import disk_write_error
 from zfree.train.checkpoint_parts import prune_finished
 
 #: a run "uses z" (summary ``latent_used``) when more than this fraction of its validation rows
-#: does; ``predicted_latent_used`` applies it to the predicted fraction (zfree.report.report reads it)
+#: does; ``predicted_latent_used`` applies it to the predicted fraction (zfree_lab.report.report reads it)
 USE_THRESHOLD = 0.5
 #: the only summary keys that differ between a resumed and an uninterrupted run (wall seconds)
 TIMING_KEYS = ("wall_s", "compute/train_wall_s", "compute/first_step_s", "decode/samples_s", "multiref/decode_s",
@@ -56,7 +56,7 @@ def device_memory(dev: torch.device) -> dict[str, int]:
     bytes (``compute/device_peak_bytes``: ``torch.cuda.max_memory_reserved``, the caching allocator's
     reserved bytes, which is what another process on the same device cannot have;
     ``compute/device_total_bytes``); {} elsewhere. The study's estimate fits runs per device with them
-    (``zfree.experiment.estimate.fit_device``)."""
+    (``zfree_lab.experiment.estimate.fit_device``)."""
     if dev.type != "cuda":
         return {}
     return {"compute/device_peak_bytes": int(torch.cuda.max_memory_reserved(dev)),
@@ -267,7 +267,7 @@ def write_summary(out: Path, cfg: TrainConfig, ev, state, wall: float, extra: di
     if getattr(state, "eval_wall_s", None) is not None:
         summary["compute/train_wall_s"] = summary["wall_s"] - state.eval_wall_s
     # the first step's wall seconds (allocations and caches warm up in it): the estimate's probe
-    # separates it from the steady steps (zfree.experiment.estimate.probe)
+    # separates it from the steady steps (zfree_lab.experiment.estimate.probe)
     summary["compute/first_step_s"] = getattr(state, "first_step_s", None)
     atomic_write_json(out / "summary.json", summary)
     # one checkpoint per finished run, slimmed to its own tensors (nothing resumes a finished run)

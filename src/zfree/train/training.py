@@ -214,7 +214,7 @@ def _train_locked(cfg: TrainConfig, out: Path, progress: bool, stop_after: int |
     run = setup_run(cfg, out, progress)
     try:
         return _train_loop(cfg, out, run, progress, stop_after)
-    except KeyboardInterrupt as e:  # Ctrl-C, SIGINT, SIGTERM (zfree.cli): the last checkpoint is kept
+    except KeyboardInterrupt as e:  # Ctrl-C, SIGINT, SIGTERM (zfree_lab.cli): the last checkpoint is kept
         kept = "no checkpoint yet" if run.saved_step is None else f"the checkpoint of step {run.saved_step} is kept"
         raise Interrupted(getattr(e, "signum", 2), f"interrupted at step {run.state.step} ({kept}); "
                                                    f"resume with `zfree train --resume {out}`") from None

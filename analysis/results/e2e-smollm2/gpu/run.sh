@@ -18,10 +18,10 @@ if [ -n "${GGUF_PARTS:-}" ]; then
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$O/run.log"
 python3 -c "import torch, transformers, peft; print('torch', torch.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__)" | tee -a "$O/run.log"
-t=$(date +%s); M=$(python3 -m zfree.cli model fetch smollm2-135m-instruct 2>>"$O/run.log" | tail -1); log "model $M ($(( $(date +%s) - t )) s)"
+t=$(date +%s); M=$(python3 -m zfree_lab.cli model fetch smollm2-135m-instruct 2>>"$O/run.log" | tail -1); log "model $M ($(( $(date +%s) - t )) s)"
 nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv -l 2 > "$O/smi.csv" 2>/dev/null & SMI=$!
 t=$(date +%s)
-timeout "${STUDY_TIMEOUT:-360}" python3 -m zfree.cli study --preset e2e-smollm2 --out runs/gpu-e2e-smollm2 --workers 2 > "$O/study.log" 2>&1
+timeout "${STUDY_TIMEOUT:-360}" python3 -m zfree_lab.cli study --preset e2e-smollm2 --out runs/gpu-e2e-smollm2 --workers 2 > "$O/study.log" 2>&1
 log "study rc $? wall $(( $(date +%s) - t )) s"
 kill $SMI 2>/dev/null
 for p in fp32 bf16; do

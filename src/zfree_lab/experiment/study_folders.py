@@ -1,0 +1,92 @@
+"""Which study or sweep folder a notebook opens: the one it names, ``$ZFREE_STUDY``, else the most
+recently finished one under the runs folder (``choose_study``); ``NoStudyError`` in one line, offering
+the one-minute smoke study, when there is none; and what a folder holds, its runs counted by kind
+(``count_runs``, ``given_kind``). ``zfree_lab.experiment.results.load_sweep`` reads the folder chosen.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from zfree.config import LatentSource
+from zfree.core.io import read_json
+from zfree.core.paths import IN_CLONE, runs_home
+
+
+#: what a notebook without a study offers (one line, the one-minute study one command away)
+SMOKE_OFFER = ("`make smoke` (about a minute) writes runs/study-smoke" if IN_CLONE else
+               "`zfree study --preset smoke --out runs/study-smoke` (about a minute) writes it")
+
+
+class NoStudyError(FileNotFoundError):
+    """No study or sweep folder to open: shown in a notebook as its one line (IPython's
+    ``_render_traceback_``), not a traceback whose last line is the helpful one."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"{type(self).__name__}: {self}"]
+
+
+def check_folder(folder: Path | str) -> Path:
+    """``folder`` when it exists; else NoStudyError (a FileNotFoundError) "no such folder: ..." (a
+    notebook's ``sweep_dir`` that names no study or sweep, e.g. a fresh clone's)."""
+    d = Path(folder)
+    if not d.is_dir():
+        raise NoStudyError(f"no such folder: {d.resolve()} (set sweep_dir to a folder written by `zfree study` or "
+                           f"`zfree sweep`; {SMOKE_OFFER})" if not d.exists() else f"{d} is not a folder")
+    return d
+
+
+def find_studies(root: Path | str) -> list[Path]:
+    """The finished study and sweep folders directly under ``root``: those holding ``summary.csv``
+    (a finished study) or a finished run (``runs/*/summary.json``), the most recently finished first
+    (by the newest of those files' modification times). A missing ``root`` has none."""
+    found = []
+    for d in (p for p in Path(root).glob("*") if p.is_dir()):
+        done = [f.stat().st_mtime for f in [d / "summary.csv", *d.glob("runs/*/summary.json")] if f.is_file()]
+        if done:
+            found.append((max(done), d))
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+def choose_study(sweep_dir: Path | str | None = None) -> Path:
+    """The folder a notebook opens, chosen without editing the notebook: ``sweep_dir`` when
+    given; else ``$ZFREE_STUDY`` (``make lab STUDY=runs/study-smoke``); else the most recently finished
+    study under ``zfree.core.paths.runs_home()``. NoStudyError in one line naming where it looked and
+    offering the smoke study when there is none."""
+    if sweep_dir not in (None, ""):
+        return check_folder(sweep_dir)
+    if os.environ.get("ZFREE_STUDY"):
+        return check_folder(os.environ["ZFREE_STUDY"])
+    found = find_studies(runs_home())
+    if not found:
+        raise NoStudyError(f"no study found under {runs_home()}: {SMOKE_OFFER}; or give sweep_dir, or "
+                           "ZFREE_STUDY (make lab STUDY=DIR)")
+    return found[0]
+
+
+def given_kind(summary: dict) -> str | None:
+    """What a run's summary (its ``summary.json``) trains, when z is given rather than inferred:
+    "control" (a z-free control), "oracle" (a label oracle: ``latent_source`` "label:<key>", its null
+    "null:<key>" or its text oracle "text:<key>"),
+    "given" (another given z); None for a CVAE run (``latent_source`` "posterior" or absent)."""
+    try:
+        kind = LatentSource.parse(summary.get("latent_source")).kind
+    except ValueError:  # a summary written by another version: z given, of an unknown kind
+        return "given"
+    return {"posterior": None, "control": "control", "label": "oracle", "null": "oracle", "text": "oracle"}[kind]
+
+
+def count_runs(runs_dir: Path | str) -> dict[str, int]:
+    """How many finished runs (``*/summary.json``) ``runs_dir`` holds: {"cvae": the CVAE runs, those
+    every table and figure shows (``collect_runs``' default), "control", "oracle", "given": the
+    given-z runs of each ``given_kind``}. A summary.json that is not a JSON object counts as a CVAE
+    run (opening the study names it: ``collect_runs``). A missing folder has none."""
+    counts = {"cvae": 0, "control": 0, "oracle": 0, "given": 0}
+    for s in Path(runs_dir).glob("*/summary.json"):
+        try:
+            d = read_json(s)
+        except (OSError, ValueError):
+            d = None
+        counts[(given_kind(d) if isinstance(d, dict) else None) or "cvae"] += 1
+    return counts

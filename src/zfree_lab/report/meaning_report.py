@@ -1,0 +1,77 @@
+"""The report's "What z learned" part: a run's ``latent_meaning.json`` (``zfree.evaluate.latent_meaning``)
+as one descriptive sentence per latent value, the properties ranked against their permutation
+baseline, and each value's most promoted tokens and phrases. Every string from data goes through
+``md_text`` (it renders as text, never as markup); DataFrames are escaped by pandas' HTML writer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from zfree.evaluate.latent_meaning import MEANING_FILE
+from zfree_lab.report.report import md_text
+
+
+def read_meaning(run_dir: Path | str) -> dict | None:
+    """The run's latent_meaning.json as a dict; None when the run wrote none (a z-free control, an
+    oracle, a run from before the file existed) or the file cannot be parsed."""
+    p = Path(run_dir) / MEANING_FILE
+    try:
+        doc = json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) and isinstance(doc.get("values"), list) else None
+
+
+def meaning_markdown(doc: dict) -> str:
+    """The sentences, one bullet per value, under the rule they were tested by; marked descriptive."""
+    lines = [f"*Descriptive, on {doc.get('rows', '?')} evaluated rows, values = the {md_text(doc.get('source', ''))}; "
+             f"{md_text(doc.get('rule', ''))}. A property that passes describes a value; it is not shown to cause it.*",
+             ""]
+    passing = [p for p in doc.get("properties", []) if p.get("passes")]
+    if not passing:
+        lines += ["No derived property of y passes its permutation baseline with the posterior itself carrying it: "
+                  "nothing here says what z carries.", ""]
+    lines += [f"- {md_text(v.get('sentence', ''))}" for v in doc["values"]]
+    lines += [f"- note: {md_text(n)}" for n in doc.get("notes", [])]
+    return "\n".join(lines)
+
+
+def property_table(doc: dict, digits: int = 3) -> pd.DataFrame:
+    """The properties ranked by mutual information with the values: MI and the permutation null's
+    95th percentile (nats), NMI, p-value, the MI under the posterior's soft assignment (nats; NaN in
+    a file written before it was recorded), passes."""
+    tab = pd.DataFrame(doc.get("properties", []), columns=["property", "levels", "mi", "null95", "nmi", "p_value",
+                                                              "mi_posterior", "passes"])
+    return tab.rename(columns={"mi": "MI (nats)", "null95": "null 95 % (nats)", "nmi": "NMI", "p_value": "p",
+                               "mi_posterior": "MI under q (nats)"}
+                      ).round(digits).set_index("property")
+
+
+def promoted_table(doc: dict, digits: int = 2) -> pd.DataFrame:
+    """Each value's most promoted tokens and phrases (mean lift over the other values, nats; count)."""
+    rows = []
+    for v in doc["values"]:
+        for kind in ("tokens", "phrases"):
+            for g in v.get(kind, []):
+                rows.append({"value": v["value"], "kind": kind[:-1], "text": repr(g["text"]),
+                             "mean lift (nats)": round(g["mean_lift"], digits), "count": g["count"], "rows": g["rows"]})
+    return pd.DataFrame(rows, columns=["value", "kind", "text", "mean lift (nats)", "count", "rows"])
+
+
+def show_meaning(run_dir: Path | str, title: str) -> bool:
+    """Display the run's "What z learned" part in a notebook (heading ``title``, already markdown-safe):
+    the sentences, the property table and the promoted tokens. False (nothing shown) without a
+    latent_meaning.json."""
+    from IPython.display import Markdown, display
+
+    doc = read_meaning(run_dir)
+    if doc is None:
+        return False
+    display(Markdown(f"### {title}\n\n" + meaning_markdown(doc)))
+    display(property_table(doc))
+    with pd.option_context("display.max_colwidth", None):  # pandas cuts cells at 50 characters
+        display(promoted_table(doc))
+    return True

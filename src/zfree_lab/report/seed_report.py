@@ -1,0 +1,67 @@
+"""The report's seed-level section: the paired gains over seeds (``zfree_lab.experiment.seed_stats``).
+
+Seeds are the unit of evidence for a claim about a recipe: a cell run at n >= 2 seeds shows each
+quantity's mean over seeds with its t-interval and the two-stage bootstrap beside it; a cell of one
+seed says "1 seed" and shows no interval over seeds (its row interval is within one seed only).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from zfree_lab.experiment.seed_stats import SEED_GAINS_FILE, TOST_MARGIN, seeds_text
+from zfree_lab.report.report import md_code
+
+#: quantity -> its name in the report
+NAMES = {"z_gain": "z gain (D)", "net_gain": "net gain (marginal NLL)", "use_shuffled": "use in the model",
+         "gain_minus_rate": "gain − rate"}
+
+
+def read_seed_gains(study_dir: Path | str) -> pd.DataFrame | None:
+    """``seed_gains.csv`` of a study folder, or None where it has none (no controls)."""
+    f = Path(study_dir) / SEED_GAINS_FILE
+    return pd.read_csv(f) if f.exists() else None
+
+
+def _ci(lo: float, hi: float) -> str:
+    return "—" if pd.isna(lo) or pd.isna(hi) else f"[{lo:.3g}, {hi:.3g}]"
+
+
+def seed_gains_frame(tab: pd.DataFrame) -> pd.DataFrame:
+    """The table the report shows: per cell its seeds, then per quantity the mean over seeds with its 95 %
+    t-interval over seeds in one cell, and the two-stage bootstrap interval (nats per example, 3 digits)."""
+    key = [c for c in ("weighting", "beta", "aid", "remedy") if c in tab]
+    rows = []
+    for _, r in tab.iterrows():
+        row = {k: r[k] for k in key}
+        row["seeds"] = f"{seeds_text(r['n_seeds'])} ({r['seeds']})"
+        for q, name in NAMES.items():
+            if q not in r or pd.isna(r[q]):
+                continue
+            row[f"{name} [nats/ex], t 95% CI over seeds"] = f"{r[q]:.3g} {_ci(r[f'{q}_t_lo'], r[f'{q}_t_hi'])}"
+            row[f"{name}: two-stage bootstrap"] = _ci(r[f"{q}_boot_lo"], r[f"{q}_boot_hi"])
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def seed_gains_markdown(tab: pd.DataFrame) -> str:
+    """One line per cell: the seed-level reading of its z gain and net gain, with "1 seed" where it has one."""
+    lines = []
+    for _, r in tab.iterrows():
+        cell = md_code(" ".join(f"{k}={r[k]}" for k in ("weighting", "beta", "aid") if k in r and pd.notna(r[k])))
+        n = int(r["n_seeds"])
+        if n < 2:
+            lines.append(f"- {cell}: **1 seed** — z gain {r['z_gain']:.3g}, net gain "
+                         f"{r.get('net_gain', np.nan):.3g} nats/example; no interval over seeds (run more seeds: "
+                         f"`zfree study --seeds 0-2`).")
+            continue
+        g, net = (r["z_gain_t_lo"], r["z_gain_t_hi"]), (r.get("net_gain_t_lo"), r.get("net_gain_t_hi"))
+        verdict = ("above 0" if g[0] > 0 else "below 0" if g[1] < 0 else "holds 0")
+        tost = r.get("net_gain_tost_p", np.nan)
+        lines.append(f"- {cell}, {seeds_text(n)}: z gain {r['z_gain']:.3g} {_ci(*g)} (t over seeds, {verdict}; one-sided "
+                     f"p {r['z_gain_p']:.3g}); net gain {r.get('net_gain', np.nan):.3g} {_ci(*net)}"
+                     + (f", equivalent to 0 within ±{TOST_MARGIN} at TOST p {tost:.3g}" if pd.notna(tost) else "") + ".")
+    return "\n".join(lines)
