@@ -485,8 +485,10 @@ def test_catalog_lists_every_preset_with_its_runs():
     for name, spec in PRESETS.items():
         assert catalog[name].runs == len(spec.points()), name
     for name, spec in OWN_PRESETS.items():
-        g = spec.boundary
-        assert catalog[name].runs == len(g.weightings) * len(g.beta_factors) * len(g.aids) + len(g.extra), name
+        g, per_seed = spec.boundary, len(spec.seeds or (0,))
+        points = (math.prod(len(v) for v in spec.grid.values()) if g is None  # a preset of grid arms alone
+                  else len(g.weightings) * len(g.beta_factors) * len(g.aids) + len(g.extra))
+        assert catalog[name].runs == points * per_seed, name
     assert all(n in preset_help() for n in names)
 
 
