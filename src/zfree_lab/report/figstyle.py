@@ -132,6 +132,20 @@ def finish_with_legend_right(fig, ax, xlabel: str, ylabel: str, title: str, titl
 
 
 
+def finish_with_legend_below(fig, ax, xlabel: str, ylabel: str, title: str, ncol: int = 2, title_size: float = 9):
+    """``finish_with_legend_right`` with the legend under the axes in ``ncol`` columns: for a figure whose
+    legend entries are long sentences, which beside the axes would take more width than the data."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=title_size)
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        ax.legend(handles, labels, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=ncol,
+                  frameon=False)
+    fig.tight_layout()
+    return fig
+
+
 def rho_limits(ax) -> None:
     """A rho axis from 0 to at least 1.1: 1 (z explains nothing) always in view, and a change of
     1e-4 is drawn as the nothing it is, not stretched over the axis."""

@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from zfree_lab.report.figstyle import FACET_MARKERS, color_of, finish_with_legend_right, keep_labels_apart
+from zfree_lab.report.figstyle import FACET_MARKERS, color_of, finish_with_legend_below, keep_labels_apart
 from zfree_lab.report.figstyle import literal
 from zfree_lab.report.figstyle import groups as _groups
 from zfree_lab.report.figstyle import paper as _paper
@@ -111,7 +111,7 @@ def plot_rate_distortion(runs: pd.DataFrame, z_free: float | None = None, bayes_
     """
     z_free, bayes_rate = (None if v is None or not np.isfinite(v) else float(v) for v in (z_free, bayes_rate))
     links = (controls.dropna(subset=["D_control"]) if controls is not None else pd.DataFrame(columns=["D_control"]))
-    fig, ax = plt.subplots(figsize=(6.2, 4.8))
+    fig, ax = plt.subplots(figsize=(6.2, 5.6))
     points = []
     for label, color, ls, rows in _groups(runs):  # the runs over the reference points (zorder 4): both stay seen
         rows = rows.groupby("beta", as_index=False)[["rate", "distortion"]].mean().sort_values("beta")
@@ -139,7 +139,7 @@ def plot_rate_distortion(runs: pd.DataFrame, z_free: float | None = None, bayes_
     ax.set_xlim(-0.02 * r_hi, r_hi)
     ax.set_ylim(d_lo - pad, d_hi + pad)
     labels = _pile_labels(ax, points, tags, (1.02 * r_hi, d_hi - d_lo + 2 * pad))
-    fig = finish_with_legend_right(fig, ax, "rate R = KL(q‖p) [nats / sequence]",
+    fig = finish_with_legend_below(fig, ax, "rate R = KL(q‖p) [nats / sequence]",
                                    f"distortion D = |S|·{LBAR} [nats / sequence]",
                                    "Rate-distortion plane (dotted: iso-ELBO D + R = const)")
     marks = [(x, y, 3.2) for x, y, *_ in points] + [(0.0, z_free, 6.5)] * (z_free is not None) + [
