@@ -209,17 +209,19 @@ def test_the_null_oracle_permutes_the_label_over_the_rows(tiny_run):
     seed, and independent of the row (most rows get another value than their own)."""
     from collections import Counter
 
+    from zfree.data.pairs import load_pairs
     from zfree.train.given import given_index
 
     data, base = tiny_run
+    rows = {s: load_pairs(data / f"{s}.jsonl") for s in ("train", "val")}
     flat = {**TrainConfig().to_flat(), "data_dir": str(data), "base_dir": str(base)}
     n = oracle_labels(data)["strategy"]
-    true = given_index(TrainConfig.from_flat(oracle_params(flat, "strategy", n)), data)
-    null = given_index(TrainConfig.from_flat(null_params(flat, "strategy", n)), data)
+    true = given_index(TrainConfig.from_flat(oracle_params(flat, "strategy", n)), rows, data)
+    null = given_index(TrainConfig.from_flat(null_params(flat, "strategy", n)), rows, data)
     assert null.keys() == true.keys() and Counter(null.values()) == Counter(true.values())
     assert np.mean([null[i] == true[i] for i in true]) < 0.5
-    again = given_index(TrainConfig.from_flat(null_params(flat, "strategy", n)), data)
-    other = given_index(TrainConfig.from_flat({**null_params(flat, "strategy", n), "seed": 1}), data)
+    again = given_index(TrainConfig.from_flat(null_params(flat, "strategy", n)), rows, data)
+    other = given_index(TrainConfig.from_flat({**null_params(flat, "strategy", n), "seed": 1}), rows, data)
     assert again == null and other != null
 
 

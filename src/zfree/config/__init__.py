@@ -19,6 +19,8 @@ from typing import Any, Literal
 
 from zfree.config.aid import Aid, AidConfig  # noqa: F401 (zfree.config.Aid)
 from zfree.config.base import BaseTrainConfig  # noqa: F401 (zfree.config.BaseTrainConfig)
+from zfree.config.identity import (LATER_FIELD_DEFAULTS, LOG_ONLY_FIELDS, identity_diff,  # noqa: F401 (the run's identity)
+                                   run_hash, run_identity, without_log_only)
 from zfree.config.latent_source import LatentSource  # noqa: F401 (zfree.config.LatentSource)
 from zfree.config.optim import OptimConfig
 from zfree.core.errors import ConfigError
@@ -48,27 +50,6 @@ class LatentKind(StrEnum):
 
 
 LatentPrior = Literal["learned", "standard"]
-
-#: flat fields that change only what a run writes beside its numbers, never the numbers: left out of
-#: a run's identity (``zfree_lab.experiment.spec.run_id``, ``zfree.train.run_folder.check_same_config``),
-#: so turning one on or off reuses the finished runs, and runs recorded before the field existed
-LOG_ONLY_FIELDS = frozenset({"tensorboard", "wandb"})
-
-
-#: fields added after run ids were first recorded, with the default that reproduces the runs of the
-#: versions before them: at that default a field is left out of a run's identity (its id, the
-#: same-config check), so finished runs recorded without it keep their ids and are reused; set to
-#: anything else it is part of the identity like every other field
-LATER_FIELD_DEFAULTS: dict[str, Any] = {"word_dropout": 0.0, "handover_reference": "base", "injection": "embedding",
-                                        "compile": False, "latent_capacity": "per_value"}
-
-
-def without_log_only(flat: dict[str, Any]) -> dict[str, Any]:
-    """``flat`` without its ``LOG_ONLY_FIELDS`` and its ``LATER_FIELD_DEFAULTS`` fields at their
-    default: what identifies a run."""
-    return {k: v for k, v in flat.items()
-            if k not in LOG_ONLY_FIELDS and not (k in LATER_FIELD_DEFAULTS and v == LATER_FIELD_DEFAULTS[k])}
-
 
 # the field checks live in zfree.core.validation (shared with DataConfig beside the benchmark it configures)
 _check_choice, _check_int, _check_range = check_choice, check_int, check_range

@@ -53,11 +53,12 @@ def load_model_tensors(model: torch.nn.Module, path: Path, state: dict) -> None:
     if part is None:
         load_model(model, str(path))
         return
+    sha = frozen_base_sha(model)  # (cached: the run computed it before any cast)
     if not has_lora(model):
         raise RuntimeError(f"{path} holds LoRA adapters but the run's model has none (lora_rank=0)")
-    if part.get("frozen_base_sha256") != frozen_base_sha(model):
+    if part.get("frozen_base_sha256") != sha:
         raise RuntimeError(f"{path} was trained over another frozen base (sha256 "
-                           f"{str(part.get('frozen_base_sha256'))[:12]}..., loaded {frozen_base_sha(model)[:12]}...)")
+                           f"{str(part.get('frozen_base_sha256'))[:12]}..., loaded {sha[:12]}...)")
     load_trainable(model, load_file(str(path)))
 
 

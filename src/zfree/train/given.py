@@ -10,18 +10,18 @@ import numpy as np
 from zfree.config import LatentSource, TrainConfig
 from zfree.core.errors import ConfigError
 from zfree.data.labels import LABEL_VALUE_CAP, capped_values, label_value, label_values, value_index
-from zfree.data.pairs import load_pairs
+from zfree.data.pairs import Pair
 
 
-def given_index(cfg: TrainConfig, data_dir: Path) -> dict[str, int]:
-    """Row id -> the given value for every train and val row of ``data_dir``: 0 for the control and the
-    text oracle (its label is in x, not in z);
+def given_index(cfg: TrainConfig, pairs: dict[str, list[Pair]], data_dir: Path) -> dict[str, int]:
+    """Row id -> the given value for every row of ``pairs`` (``{"train": ..., "val": ...}``, the rows
+    of ``data_dir``, which the messages name): 0 for the control and the text oracle (its label is in x,
+    not in z);
     under ``label:<key>`` the index of the row's value among the label's sorted values over
     train.jsonl + val.jsonl (``zfree.data.labels.label_values``; a label of more than
     ``LABEL_VALUE_CAP`` values: its most frequent ones and the rest pooled, ``capped_values``). Raises ValueError naming the file
     and row for a row without the label; ConfigError when ``n_latent`` is not the label's number of
     values."""
-    pairs = {s: load_pairs(Path(data_dir) / f"{s}.jsonl") for s in ("train", "val")}
     rows = pairs["train"] + pairs["val"]
     source = LatentSource.parse(cfg.model.latent_source)
     if source.z_free:

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from zfree.config import TrainConfig, without_log_only
+from zfree.config import TrainConfig, identity_diff, run_identity
 from zfree.core.errors import InputError, NonFiniteMetricError, ResumeRefusedError, ZfreeError
 from zfree.core.io import (append_jsonl, atomic_write_json, atomic_write_parquet, atomic_write_text, nonfinite_keys,
                            read_json, read_jsonl, sha256_file, sha256_state_dict)
@@ -108,14 +108,11 @@ def versions() -> dict[str, str]:
     return out
 
 
-def finished_summary(out: Path, cfg: TrainConfig | None = None) -> dict | None:
-    """The summary of a finished run folder, or None when it has none. With ``cfg``, a finished
-    run is reused only when it was trained with that config (``check_same_config``: else
-    ResumeRefusedError naming the differing fields)."""
+def finished_summary(out: Path) -> dict | None:
+    """The summary of a finished run folder, or None when it has none (check the folder's config
+    first: ``check_same_config``)."""
     if not (out / "summary.json").exists():
         return None
-    if cfg is not None:
-        check_same_config(out, cfg)
     return read_json(out / "summary.json")
 
 
@@ -129,17 +126,15 @@ def loaded_base_sha(backbone: torch.nn.Module) -> str:
 
 
 def check_same_config(out: Path, cfg: TrainConfig) -> None:
-    """A folder that holds config.json must hold this config, path fields compared as the folders
-    they name (relative, ``zfree:`` and absolute forms of one folder are equal), the logging choices
-    (``zfree.config.LOG_ONLY_FIELDS``) left out. Raises
-    ResumeRefusedError (a ValueError) naming the fields that differ."""
+    """A folder that holds config.json must hold the same run (``zfree.config.run_identity``: path
+    fields compared as the folders they name, so relative, ``zfree:`` and absolute forms of one folder
+    are equal; the logging choices left out). Raises ResumeRefusedError (a ValueError) naming the
+    fields that differ."""
     if not (out / "config.json").exists():
         return
-    old = read_run_config(out / "config.json")
-    old = without_log_only(resolved_flat(old, Path.cwd()))  # older records: paths as written, relative to the cwd
-    new = without_log_only(resolved_flat(cfg.to_flat(), Path.cwd()))  # (logging choices are no part of a run)
-    if old != new:
-        diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    new = run_identity(cfg, "resolved")
+    old = run_identity(read_run_config(out / "config.json"), "resolved")  # older records: paths relative to the cwd
+    if diff := identity_diff(old, new):
         raise ResumeRefusedError(f"{out} holds a run of another config (fields {diff}: stored "
                                  f"{ {k: old.get(k) for k in diff} }, requested { {k: new.get(k) for k in diff} }); "
                                  "choose another folder")
@@ -167,14 +162,14 @@ def write_config_record(out: Path, cfg: TrainConfig, c_base: float, ref, data_di
     paths in their portable form."""
     if (out / "config.json").exists():
         return
-    atomic_write_json(out / "config.json", {
-        **portable_flat(cfg.to_flat(), out), PATH_BASE: "run folder", "_versions": versions(), "_c_base": c_base,
-        "_data_sha256": {s: sha256_file(data_dir / f"{s}.jsonl") for s in ("train", "val")},
-        "_base_model_sha256": ref.meta.get("model_sha256"),
-        "_reference": {**ref.meta, **({"data_file": portable_path(ref.meta["data_file"], out)}
-                                      if isinstance(ref.meta.get("data_file"), str) else {})},
-        "_base_model_sha256_loaded": loaded_base_sha(backbone), **({"_rows_used": rows_used} if rows_used else {}),
-        **({"_gate_rows": gate_rows} if gate_rows else {})})
+    record = {**portable_flat(cfg.to_flat(), out), PATH_BASE: "run folder", "_versions": versions(), "_c_base": c_base,
+              "_data_sha256": {s: sha256_file(data_dir / f"{s}.jsonl") for s in ("train", "val")},
+              "_base_model_sha256": ref.meta.get("model_sha256"),
+              "_reference": {**ref.meta, **({"data_file": portable_path(ref.meta["data_file"], out)}
+                                            if isinstance(ref.meta.get("data_file"), str) else {})},
+              "_base_model_sha256_loaded": loaded_base_sha(backbone), **({"_rows_used": rows_used} if rows_used else {}),
+              **({"_gate_rows": gate_rows} if gate_rows else {})}
+    atomic_write_json(out / "config.json", record)
 
 
 # ---------------------------------------------------------------------------- metrics, errors, summary

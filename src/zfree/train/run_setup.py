@@ -20,16 +20,15 @@ from zfree.models.base import load_base
 from zfree.models.continuous import ContinuousCVAE
 from zfree.models.discrete import DiscreteCVAE
 from zfree.models.loading import check_eos, pick_device
-from zfree.models.lora import apply_lora, has_lora
+from zfree.models.lora import apply_lora
 from zfree.models.precision import FROZEN_DTYPES, WEIGHT_DTYPES, default_dtype, store_frozen_weights
 from zfree.objective.objectives import Phase
 from zfree.objective.remedies import check_remedy_fields
 from zfree.reference.reference import resolve_reference
 from zfree.train import accumulate, checkpoint, plugins, run_folder
 from zfree.train.checkpoint_parts import frozen_base_sha
-from zfree.train.given import given_index
 from zfree.train.live_curves import LiveCurves, open_curves
-from zfree.train.run_data import RunData, gate_record, rows_used, setup_data
+from zfree.train.run_data import RunData, setup_data
 
 #: the optimizer's param groups, by name (``build_optimizer``; rates set by ``set_learning_rates``): the
 #: backbone, the new parameters of the decoder and posterior side, and the router p(z | x) (issue 55)
@@ -97,7 +96,7 @@ def store_frozen_body(model: torch.nn.Module, cfg: TrainConfig) -> int:
     loaded, so record it first; so is a partial checkpoint's frozen-base hash, computed here before the
     cast (``checkpoint_parts.frozen_base_sha``: checkpoints of fp32 and bf16 runs name the same base)."""
     dtype = FROZEN_DTYPES[cfg.optim.precision]
-    if dtype is not None and has_lora(model):
+    if dtype is not None and cfg.optim.lora_rank:  # (build_cvae adds LoRA adapters iff lora_rank > 0)
         frozen_base_sha(model)  # cached on the model: of the weights as loaded
     return store_frozen_weights(model.backbone, dtype)
 
@@ -122,12 +121,17 @@ def compile_body(model: torch.nn.Module, backend: str | None = None) -> torch.nn
 
 
 def build_optimizer(model: DiscreteCVAE, cfg: TrainConfig, log=print) -> torch.optim.Optimizer:
-    """AdamW (or SGD) with every trainable parameter in exactly one of three groups (checked at start):
+    """The optimizer of ``model`` as it trains: its body compiled first under ``cfg.optim.compile``
+    (``compile_body``) and its frozen weights stored in their dtype (``store_frozen_body``: call after the
+    base's hash is recorded), then AdamW (or SGD) with every trainable parameter in exactly one of three groups (checked at start):
     ``backbone`` (lr_backbone, warmed up), ``new`` (posterior side and latent embeddings, lr_new) and
     ``router`` (the model's ``ROUTER_MODULES``: the router p(z | x), at the new group's rate; its own
     group so that ``clip_gradients`` clips it on its own, issue 55). Adam's moments are per parameter
     and the router's rate is the new group's, so the split changes no update by itself.
     Raises RuntimeError if the groups do not partition the trainable parameters."""
+    if cfg.optim.compile:
+        compile_body(model)
+    store_frozen_body(model, cfg)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     routers = getattr(model, "ROUTER_MODULES", ())
     backbone = [p for n, p in named if n.startswith("backbone.")]
@@ -222,7 +226,6 @@ def setup_run(cfg: TrainConfig, out: Path, progress: bool) -> Run:
     accumulate.check_accumulation(cfg)
     check_remedy_fields(cfg)  # a remedy's name is a record of its fields
     data_dir, base_dir = check_run_inputs(cfg.data_dir, cfg.base_dir)
-    run_folder.check_same_config(out, cfg)
     backbone, tok = load_base(base_dir / "model", device=cfg.optim.device, dtype=WEIGHT_DTYPES[cfg.optim.precision])
     check_eos(tok, base_dir / "model")  # every y ends with it, and decoding stops there
     source, ref_source = LatentSource.parse(cfg.model.latent_source), cfg.objective.c_base_source
@@ -235,15 +238,12 @@ def setup_run(cfg: TrainConfig, out: Path, progress: bool) -> Run:
                  if cfg.objective.needs_example_b else None)  # b (and b_t) on training rows, scored once and cached
     model = build_cvae(cfg, backbone)
     data = setup_data(cfg, backbone, tok, ref, train_ref, data_dir)
-    if model.latent_kind == LatentKind.DISCRETE and model.posterior_kind == "given":
-        model.set_given(given_index(cfg, data_dir))  # the control's 0 / each row's label value
+    if data.given is not None:
+        model.set_given(data.given)
     out.mkdir(parents=True, exist_ok=True)
-    run_folder.write_config_record(out, cfg, data.c_base, ref, data_dir, backbone, rows_used=rows_used(cfg, data),
-                                   gate_rows=gate_record(data, with_ids=True))
-    store_frozen_body(model, cfg)  # after the base's hash is recorded (of the weights as loaded)
-    if cfg.optim.compile:
-        compile_body(model)
-    opt = build_optimizer(model, cfg, log=print if progress else None)
+    run_folder.write_config_record(out, cfg, data.c_base, ref, data_dir, backbone, rows_used=data.rows_used,
+                                   gate_rows=data.gate_record)
+    opt = build_optimizer(model, cfg, log=print if progress else None)  # after the base's hash is recorded
     rng = np.random.default_rng(cfg.optim.seed)
     state = checkpoint.load_checkpoint(out, model, opt, rng, TrainState)
     done_rows = run_folder.reset_metrics(out, None if state is None else state.step)

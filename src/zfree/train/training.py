@@ -52,7 +52,7 @@ from zfree.train import accumulate, aids, checkpoint, multiref_run, plugins, run
 from zfree.train.compute import TokenCounter, decoder_body
 from zfree.train.curve import TrainCurve
 from zfree.train.live_curves import LiveCurves
-from zfree.train.run_data import RunData, batch_references, gate_record
+from zfree.train.run_data import RunData, batch_references
 from zfree.train.run_setup import Run, TrainState, clip_gradients, set_learning_rates, setup_run, step_rates
 
 #: warn when one latent value is the posterior's argmax on at least this share of validation rows
@@ -205,27 +205,29 @@ def train_cvae(cfg: TrainConfig, out_dir: Path | str, progress: bool = True, sto
     out = Path(out_dir)
     check_own_folder(out)  # a non-empty folder of someone else's is never written into
     with run_folder_lock(out, "run folder"):
-        return _train_locked(cfg, out, progress, stop_after)
-
-
-def _train_locked(cfg: TrainConfig, out: Path, progress: bool, stop_after: int | None) -> dict:
-    if (done := run_folder.finished_summary(out, cfg)) is not None:
-        return done
-    run = setup_run(cfg, out, progress)
-    try:
-        return _train_loop(cfg, out, run, progress, stop_after)
-    except KeyboardInterrupt as e:  # Ctrl-C, SIGINT, SIGTERM (zfree_lab.cli): the last checkpoint is kept
-        kept = "no checkpoint yet" if run.saved_step is None else f"the checkpoint of step {run.saved_step} is kept"
-        raise Interrupted(getattr(e, "signum", 2), f"interrupted at step {run.state.step} ({kept}); "
-                                                   f"resume with `zfree train --resume {out}`") from None
-    finally:
-        if run.curves is not None:
-            run.curves.close()
+        run_folder.check_same_config(out, cfg)  # a run folder is reused or resumed only for the same run
+        if (done := run_folder.finished_summary(out)) is not None:
+            return done
+        run = setup_run(cfg, out, progress)
+        dev = next(run.model.parameters()).device
+        counter = TokenCounter(decoder_body(run.model), start=run.state.forward_tokens)
+        loop = _Loop(cfg, out, run, run.data.gate, aids.FrozenDecoderMask(run.model), dev,
+                     acc_dtype(next(run.model.parameters()).dtype), run_folder.FiniteWatch(out, dev), counter)
+        try:
+            return _train_steps(loop, progress, stop_after)
+        except KeyboardInterrupt as e:  # Ctrl-C, SIGINT, SIGTERM (zfree_lab.cli): the last checkpoint is kept
+            kept = "no checkpoint yet" if run.saved_step is None else f"the checkpoint of step {run.saved_step} is kept"
+            raise Interrupted(getattr(e, "signum", 2), f"interrupted at step {run.state.step} ({kept}); "
+                                                       f"resume with `zfree train --resume {out}`") from None
+        finally:
+            counter.remove()
+            if run.curves is not None:
+                run.curves.close()
 
 
 @dataclass
 class _Loop:
-    """What every step of one run uses, built once (``_train_loop``): the config, run folder and run,
+    """What every step of one run uses, built once (``train_cvae``): the config, run folder and run,
     the gate rows (``RunData.gate``: never evaluation rows), the frozen-side mask, the model's device
     and accumulation dtype, the finite-loss watch and the training compute's token counter."""
 
@@ -240,21 +242,6 @@ class _Loop:
     counter: TokenCounter
 
 
-def _train_loop(cfg: TrainConfig, out: Path, run: Run, progress: bool, stop_after: int | None) -> dict:
-    """The steps of ``_train_locked``, with the loop's parts built (``_Loop``); ``run.saved_step``
-    follows the checkpoints written."""
-    model, data = run.model, run.data
-    dev = next(model.parameters()).device
-    counter = TokenCounter(decoder_body(model), start=run.state.forward_tokens)
-    loop = _Loop(cfg, out, run, data.gate,
-                 aids.FrozenDecoderMask(model), dev, acc_dtype(next(model.parameters()).dtype),
-                 run_folder.FiniteWatch(out, dev), counter)
-    try:
-        return _train_steps(loop, progress, stop_after)
-    finally:
-        counter.remove()
-
-
 def _evaluate_paused(counter: TokenCounter, state: TrainState, fn):
     """``fn()`` with the token counter paused, its wall time added to ``state.eval_wall_s``, and
     ``state.forward_tokens`` brought up to date first (so a checkpoint written inside holds it)."""
@@ -267,7 +254,8 @@ def _evaluate_paused(counter: TokenCounter, state: TrainState, fn):
 
 
 def _train_steps(loop: _Loop, progress: bool, stop_after: int | None) -> dict:
-    """The loop of ``_train_loop``: steps, progress, evaluations and checkpoints."""
+    """The loop of ``train_cvae``: steps, progress, evaluations and checkpoints; ``run.saved_step``
+    follows the checkpoints written."""
     cfg, out, run, watch, counter = loop.cfg, loop.out, loop.run, loop.watch, loop.counter
     model, data, state = run.model, run.data, run.state
 
@@ -369,6 +357,6 @@ def _finish(cfg: TrainConfig, out: Path, run: Run, ev, counter: TokenCounter) ->
                              strategies=data.eval_kw.get("strategies"), seed=cfg.optim.seed,
                              use_threshold=run_folder.USE_THRESHOLD)
     extra = {k: v for p in run.plugins for k, v in p.summary(cfg, state).items()}
-    extra.update({f"aid/gate_{k}": v for k, v in gate_record(data, with_ids=False).items()})  # {} without gate rows
+    extra.update({f"aid/gate_{k}": v for k, v in data.gate_record.items() if k != "ids"})  # {} without gate rows
     extra.update(run_folder.device_memory(next(model.parameters()).device))
     return run_folder.write_summary(out, cfg, ev, state, time.time() - run.t0, extra)

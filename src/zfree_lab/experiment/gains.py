@@ -50,7 +50,7 @@ import numpy as np
 import pandas as pd
 from scipy.stats import bootstrap
 
-from zfree.config import without_log_only
+from zfree.config import run_identity
 from zfree.core.io import read_json, read_table
 from zfree.data.labels import label_value, label_values
 from zfree.data.pairs import load_pairs
@@ -250,16 +250,16 @@ def run_gains(study_dir: Path | str, runs: pd.DataFrame, oracles: pd.DataFrame |
 def _recipe_control(run_dir: Path, runs_dir: Path) -> str | None:
     """The folder name of the finished z-free control in ``runs_dir`` whose config equals
     ``zfree_lab.experiment.controls.control_params`` of the run in ``run_dir`` (both read with their paths
-    resolved; log-only fields and later fields at their default left out, ``zfree.config.without_log_only``,
-    so a control written before a field existed still matches), or None."""
+    resolved; compared as ``zfree.config.run_identity``, so a control written before a field existed still
+    matches), or None."""
     if not (run_dir / "config.json").exists():
         return None
-    want = without_log_only(control_params(read_run_config(run_dir / "config.json")))
+    want = run_identity(control_params(read_run_config(run_dir / "config.json")))
     for c in sorted(runs_dir.iterdir()) if runs_dir.is_dir() else []:
         f = c / "config.json"
         if c != run_dir and (c / "per_example.parquet").exists() and f.exists():
             have = read_run_config(f)
-            if have.get("latent_source") == "control" and without_log_only(have) == want:
+            if have.get("latent_source") == "control" and run_identity(have) == want:
                 return c.name
     return None
 

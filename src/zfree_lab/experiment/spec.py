@@ -14,7 +14,6 @@ spec file: the presets, the YAML sweeps, the own-data grids).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import itertools
 import json
@@ -25,57 +24,12 @@ from typing import Any, Iterable, Literal
 
 import numpy as np
 
-from zfree.config import BaseTrainConfig, LatentSource, TrainConfig, without_log_only
+from zfree.config import BaseTrainConfig, LatentSource, TrainConfig, run_hash
 from zfree.core.errors import ConfigError
-from zfree.core.io import sha256_file
 from zfree.core.weightings import WEIGHTINGS as WEIGHTING_REGISTRY
 from zfree.data.synth import DataConfig
 from zfree.objective.remedies import check_remedy_fields
 from zfree.objective.theory import critical_beta
-
-
-@functools.lru_cache(maxsize=256)
-def _folder_identity(key: str, path: str, stamp: tuple) -> str | None:
-    """What a data folder (its train/val files' sha256) or a base folder (its reference's model and
-    tokenizer sha256) holds; None when it does not hold them (the path then stands for itself)."""
-    p = Path(path)
-    if key == "data_dir":
-        files = [p / "train.jsonl", p / "val.jsonl"]
-        if not all(f.is_file() for f in files):
-            return None
-        return "data:" + hashlib.sha256(":".join(sha256_file(f) for f in files).encode()).hexdigest()
-    try:
-        ref = json.loads((p / "reference" / "reference.json").read_text())
-        return f"base:{ref['model_sha256']}:{ref['tokenizer_sha256']}"
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def _stamp(path: str, key: str) -> tuple:
-    files = ("train.jsonl", "val.jsonl") if key == "data_dir" else ("reference/reference.json",)
-    out = []
-    for name in files:
-        try:
-            st = (Path(path) / name).stat()
-            out.append((st.st_size, st.st_mtime_ns))
-        except OSError:
-            out.append(None)
-    return tuple(out)
-
-
-def portable(flat: dict[str, Any]) -> dict[str, Any]:
-    """``flat`` as its run id hashes it: a data or base folder given by a local path stands for what
-    it holds (``_folder_identity``), so a copied or moved study names its runs as before and reruns
-    nothing; a folder that holds neither, or a ``zfree:`` path, stays as written."""
-    out = dict(flat)
-    for key in ("data_dir", "base_dir"):
-        v = flat.get(key)
-        if isinstance(v, str) and v and not v.startswith("zfree:"):
-            path = str(Path(v).expanduser().resolve())
-            ident = _folder_identity(key, path, _stamp(path, key))
-            if ident is not None:
-                out[key] = ident
-    return out
 
 
 #: the longest label a run id names as it is (ASCII only); a longer or non-ASCII one is named by its hash.
@@ -99,12 +53,11 @@ def label_name(label: str) -> str:
 
 
 def run_id(flat: dict[str, Any]) -> str:
-    """Stable id: ``<weighting>_beta<beta>[_<aid>]_<8 hex of the sha256 of the sorted flat config>``
-    (without ``zfree.config.LOG_ONLY_FIELDS``)
-    (its data and base folders by what they hold: ``portable``); a given-z run (``latent_source``):
+    """Stable id: ``<weighting>_beta<beta>[_<aid>]_<hash>`` (``zfree.config.run_hash``: of the run's
+    identity, its data and base folders by what they hold); a given-z run (``latent_source``):
     ``control_<weighting>_<hash>`` or ``oracle-<label_name(key)>_<weighting>_<hash>`` (``null-`` and
     ``text-`` for a null or text oracle)."""
-    h = hashlib.sha256(json.dumps(without_log_only(portable(flat)), sort_keys=True).encode()).hexdigest()[:8]
+    h = run_hash(flat)
     src = LatentSource.parse(flat.get("latent_source"))
     if src.given:
         name = "control" if src.kind == "control" else \
