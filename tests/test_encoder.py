@@ -43,7 +43,7 @@ def test_discrete_with_encoder_keeps_step0_contract_and_ignores_padding(setup):
 def test_encoder_parameters_train_in_the_new_group(setup):
     base, tok, batch = setup
     model = DiscreteCVAE(copy.deepcopy(base), n_latent=2, posterior_features="encoder")
-    opt = build_optimizer(model, TrainConfig(), log=None)
+    opt = build_optimizer(model, TrainConfig().optim, log=None)
     new = {id(p) for p in opt.param_groups[1]["params"]}
     enc = list(model.encoder.parameters())
     assert enc and all(id(p) in new for p in enc)

@@ -377,7 +377,7 @@ def test_bn_vae_normalizes_the_batch_of_posterior_means(bn_setup):
     assert model.posterior_bn.weight.grad is None and not model.posterior_bn.weight.requires_grad
     assert model.posterior_bn.bias.grad is not None and model.posterior_bn.bias.grad.abs().sum() > 0
     assert torch.equal(model.posterior_bn.weight.detach(), torch.full((4,), gamma, dtype=torch.float64))
-    opt = build_optimizer(model, TrainConfig(), log=None)
+    opt = build_optimizer(model, TrainConfig().optim, log=None)
     held = {id(p) for g in opt.param_groups for p in g["params"]}
     assert id(model.posterior_bn.weight) not in held and id(model.posterior_bn.bias) in held
 

@@ -102,7 +102,7 @@ def test_both_cvaes_start_at_rho_one_and_train_a_few_steps(smol, kind):
     cfg = TrainConfig().replace(device="cpu", latent_kind=kind, weighting="distribution", beta=0.3, n_latent=2,
                                 d_latent=4, batch_size=len(PAIRS), lr_backbone=1e-5, warmup_backbone=0)
     cvae = build_cvae(cfg, copy.deepcopy(model))
-    opt = build_optimizer(cvae, cfg, log=None)
+    opt = build_optimizer(cvae, cfg.optim, log=None)
     c_base = float(b.mean())
     totals = []
     for step in range(1, 4):

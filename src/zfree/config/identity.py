@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from zfree.core.io import sha256_file
+from zfree.core.io import sha256_file, sha256_json
 from zfree.core.paths import PATH_FIELDS, ROOT_PREFIX, resolve_path
 
 #: flat fields that change only what a run writes beside its numbers, never the numbers: left out of
@@ -65,7 +65,7 @@ def run_identity(cfg, folders: FolderForm = "as_written", base: Path | str | Non
 
 def run_hash(cfg) -> str:
     """8 hex of the sha256 of ``run_identity(cfg, "content")`` as sorted JSON: the hash in a run's id."""
-    return hashlib.sha256(json.dumps(run_identity(cfg, "content"), sort_keys=True).encode()).hexdigest()[:8]
+    return sha256_json(run_identity(cfg, "content"))[:8]
 
 
 def identity_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:

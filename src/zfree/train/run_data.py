@@ -19,7 +19,7 @@ from zfree.data.pairs import Pair, load_pairs
 from zfree.data.split import gate_sample, ids_sha256, spread_sample
 from zfree.models.precision import to_device
 from zfree.objective.losses import base_token_matrix
-from zfree.reference.reference import Reference
+from zfree.reference.reference import Reference, resolve_reference
 from zfree.train.given import given_index
 from zfree.reference.scoring import context_length, score_pairs
 
@@ -38,6 +38,7 @@ class RunData:
     train_ref: Reference | None  # b (and b_t) on training rows when the weighting needs them
     eval_kw: dict
     reference_file: Path | None = None  # a stored (entangled-run) reference, checked at step 0
+    reference: Reference | None = None  # the validation rows' reference (its metadata: config.json's _reference)
     # the gate split (aids in GATE_AIDS only; else empty): its encoded rows, their pairs, their base
     # surprisal b (nats per token) and where they come from ("val" or "train"; None: no gate)
     gate: list[EncodedPair] = field(default_factory=list)
@@ -52,17 +53,19 @@ class RunData:
     given: dict | None = None  # a given z's value per row id (``zfree.train.given``); None: the posterior's z
 
 
-def setup_data(cfg: TrainConfig, backbone, tok, ref: Reference, train_ref: Reference | None,
-               data_dir: Path) -> RunData:
+def setup_data(cfg: TrainConfig, backbone, tok, data_dir: Path, base_dir: Path, ref_source: str) -> RunData:
     """Read, sample and encode a run's rows: ``train.jsonl`` in full, ``val.jsonl`` as the seeded
     spread sample of ``eval_rows`` rows (all of them when 0 or more than there are), under an aid of
     ``GATE_AIDS`` the gate rows (``zfree.data.split.gate_sample``: never an evaluation row); all
     encoded with x cut from the left to ``backbone``'s context length (as the reference scorer does)
-    and y never cut; the validation rows' b (nats per token; per-token b_t too under the token
-    weighting) from ``ref``, the gate rows' from ``ref`` or ``train_ref`` by their split, else scored
-    now by ``backbone`` (the base model: call before any training step); the evaluation arguments.
-    Raises FileNotFoundError or InputError from ``load_pairs``, ValueError for a y that does not fit
-    the context or from ``gate_sample``, KeyError when a reference lacks a row."""
+    and y never cut; the z-free reference of the validation rows by ``ref_source``
+    (``zfree.reference.reference.resolve_reference``: the base run's in ``base_dir``, or scored now by
+    ``backbone``, the base model as loaded: call before any training step) and, when the weighting
+    needs b on training rows, of the training rows (scored once and cached); the validation rows' b
+    (nats per token; per-token b_t too under the token weighting), the gate rows' from the reference
+    of their split, else scored now; the evaluation arguments. Raises FileNotFoundError or InputError
+    from ``load_pairs``, ValueError for a y that does not fit the context, from ``gate_sample`` or from
+    the reference, KeyError when a reference lacks a row."""
     train_pairs = load_pairs(data_dir / "train.jsonl")
     all_val = load_pairs(data_dir / "val.jsonl")
     given = (given_index(cfg, {"train": train_pairs, "val": all_val}, data_dir)  # the control's 0 / each row's label value
@@ -85,6 +88,9 @@ def setup_data(cfg: TrainConfig, backbone, tok, ref: Reference, train_ref: Refer
         if cut := sum(e.x_tokens_cut > 0 for e in enc):
             print(f"note: {cut} {split if split != 'gate' else f'gate ({gate.split})'} rows had x cut from the left to fit the context length {max_len} "
                   "(as in the z-free reference)", flush=True)
+    ref = resolve_reference(ref_source, base_dir, data_dir, "val", model=backbone, tokenizer=tok)
+    train_ref = (resolve_reference("pretrained_source", base_dir, data_dir, "train", model=backbone, tokenizer=tok)
+                 if cfg.objective.needs_example_b else None)  # b (and b_t) on training rows, scored once and cached
     val_ids = [p.id for p in val_pairs]
     val_b = np.array(ref.b_of(val_ids))
     val_tok = dict(zip(val_ids, ref.surprisal_of(val_ids))) if cfg.objective.weighting == "token" else None
@@ -99,7 +105,7 @@ def setup_data(cfg: TrainConfig, backbone, tok, ref: Reference, train_ref: Refer
                    strategies=meta.get("parameters", {}).get("strategies"), decode_rows=cfg.optim.decode_rows,
                    seed=cfg.optim.seed, base_token_nll=val_tok)
     return RunData(tok, pad, ref.c_base, encoded["train"], encoded["val"], val_pairs, val_b, train_ref, eval_kw,
-                   ref.stored, gate=encoded.get("gate", []), gate_pairs=gate.pairs if gate else [], gate_b=gate_b,
+                   ref.stored, reference=ref, gate=encoded.get("gate", []), gate_pairs=gate.pairs if gate else [], gate_b=gate_b,
                    gate_split=gate.split if gate else None, gate_record=gate_record,
                    given=given, rows_used={"eval_rows": len(val_pairs), "decode_rows": min(cfg.optim.decode_rows, len(val_pairs))})
 

@@ -34,7 +34,8 @@ from pathlib import Path
 
 import torch
 
-from zfree.config import TrainConfig, identity_diff, run_identity
+from zfree.config import TrainConfig
+from zfree.config.identity import identity_diff, run_identity
 from zfree.core.errors import InputError, NonFiniteMetricError, ResumeRefusedError, ZfreeError
 from zfree.core.io import (append_jsonl, atomic_write_json, atomic_write_parquet, atomic_write_text, nonfinite_keys,
                            read_json, read_jsonl, sha256_file, sha256_state_dict)

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from zfree.config import LatentKind, LatentSource, TrainConfig, check_run_inputs
+from zfree.config import LatentKind, LatentSource, OptimConfig, TrainConfig, check_run_inputs
 from zfree.data.text_oracle import write_text_data
 from zfree.models.base import load_base
 from zfree.models.continuous import ContinuousCVAE
@@ -24,7 +24,6 @@ from zfree.models.lora import apply_lora
 from zfree.models.precision import FROZEN_DTYPES, WEIGHT_DTYPES, default_dtype, store_frozen_weights
 from zfree.objective.objectives import Phase
 from zfree.objective.remedies import check_remedy_fields
-from zfree.reference.reference import resolve_reference
 from zfree.train import accumulate, checkpoint, plugins, run_folder
 from zfree.train.checkpoint_parts import frozen_base_sha
 from zfree.train.live_curves import LiveCurves, open_curves
@@ -87,16 +86,16 @@ def build_cvae(cfg: TrainConfig, backbone: torch.nn.Module) -> DiscreteCVAE | Co
     return model.to(pick_device(cfg.optim.device)).train()
 
 
-def store_frozen_body(model: torch.nn.Module, cfg: TrainConfig) -> int:
-    """Store the backbone's frozen weights in ``cfg.optim.precision``'s ``FROZEN_DTYPES`` dtype
+def store_frozen_body(model: torch.nn.Module, optim: OptimConfig) -> int:
+    """Store the backbone's frozen weights in ``optim.precision``'s ``FROZEN_DTYPES`` dtype
     (``bf16``: bfloat16 for every backbone parameter that does not train: a LoRA run's base; nothing
     for full fine-tuning, whose float32 master weights train under autocast; ``zfree.models.precision``).
-    Returns the number of elements cast. Call after ``build_cvae`` (LoRA decides what trains) and
-    before ``build_optimizer``; the base's hash (config.json, checked on resume) is of the weights as
+    Returns the number of elements cast. ``build_optimizer`` calls it, after ``build_cvae`` (LoRA decides
+    what trains) and before the param groups are read; the base's hash (config.json, checked on resume) is of the weights as
     loaded, so record it first; so is a partial checkpoint's frozen-base hash, computed here before the
     cast (``checkpoint_parts.frozen_base_sha``: checkpoints of fp32 and bf16 runs name the same base)."""
-    dtype = FROZEN_DTYPES[cfg.optim.precision]
-    if dtype is not None and cfg.optim.lora_rank:  # (build_cvae adds LoRA adapters iff lora_rank > 0)
+    dtype = FROZEN_DTYPES[optim.precision]
+    if dtype is not None and optim.lora_rank:  # (build_cvae adds LoRA adapters iff lora_rank > 0)
         frozen_base_sha(model)  # cached on the model: of the weights as loaded
     return store_frozen_weights(model.backbone, dtype)
 
@@ -120,8 +119,8 @@ def compile_body(model: torch.nn.Module, backend: str | None = None) -> torch.nn
     return model
 
 
-def build_optimizer(model: DiscreteCVAE, cfg: TrainConfig, log=print) -> torch.optim.Optimizer:
-    """The optimizer of ``model`` as it trains: its body compiled first under ``cfg.optim.compile``
+def build_optimizer(model: DiscreteCVAE, optim: OptimConfig, log=print) -> torch.optim.Optimizer:
+    """The optimizer of ``model`` as it trains: its body compiled first under ``optim.compile``
     (``compile_body``) and its frozen weights stored in their dtype (``store_frozen_body``: call after the
     base's hash is recorded), then AdamW (or SGD) with every trainable parameter in exactly one of three groups (checked at start):
     ``backbone`` (lr_backbone, warmed up), ``new`` (posterior side and latent embeddings, lr_new) and
@@ -129,9 +128,9 @@ def build_optimizer(model: DiscreteCVAE, cfg: TrainConfig, log=print) -> torch.o
     group so that ``clip_gradients`` clips it on its own, issue 55). Adam's moments are per parameter
     and the router's rate is the new group's, so the split changes no update by itself.
     Raises RuntimeError if the groups do not partition the trainable parameters."""
-    if cfg.optim.compile:
+    if optim.compile:
         compile_body(model)
-    store_frozen_body(model, cfg)
+    store_frozen_body(model, optim)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     routers = getattr(model, "ROUTER_MODULES", ())
     backbone = [p for n, p in named if n.startswith("backbone.")]
@@ -142,14 +141,15 @@ def build_optimizer(model: DiscreteCVAE, cfg: TrainConfig, log=print) -> torch.o
         raise RuntimeError("optimizer groups do not partition the trainable parameters")
     frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
     if log:
-        new_names = [n for n in model.new_parameter_names() if n.split(".")[0] not in routers]
+        new_names = [n for n, _ in model.named_parameters()  # (the model's new_parameter_names less the router)
+                     if not n.startswith("backbone.") and n.split(".")[0] not in routers]
         log(f"parameters: backbone {sum(p.numel() for p in backbone):,} (from the base model), "
             f"new {sum(p.numel() for p in new):,} ({', '.join(new_names)}), router {sum(p.numel() for p in router):,}, "
             f"frozen {frozen:,}")
-    groups = [{"params": backbone, "lr": cfg.optim.lr_backbone, "name": BACKBONE_GROUP},
-              {"params": new, "lr": cfg.optim.lr_new, "name": NEW_GROUP},
-              {"params": router, "lr": cfg.optim.lr_new, "name": ROUTER_GROUP}]
-    return OPTIMIZERS[cfg.optim.optimizer](groups, weight_decay=cfg.optim.weight_decay)
+    groups = [{"params": backbone, "lr": optim.lr_backbone, "name": BACKBONE_GROUP},
+              {"params": new, "lr": optim.lr_new, "name": NEW_GROUP},
+              {"params": router, "lr": optim.lr_new, "name": ROUTER_GROUP}]
+    return OPTIMIZERS[optim.optimizer](groups, weight_decay=optim.weight_decay)
 
 
 def clip_gradients(opt: torch.optim.Optimizer, max_norm: float, router_clip: str = "own") -> None:
@@ -215,8 +215,8 @@ class Run:
 
 
 def setup_run(cfg: TrainConfig, out: Path, progress: bool) -> Run:
-    """Check the inputs and the folder (same config, same base model), load the base and the
-    reference, build model, data and optimizer, write config.json, and resume from a checkpoint.
+    """Check the inputs and the base model (the folder's config is checked first: ``train_cvae``), load
+    the base, read the data and its reference (``setup_data``), build model and optimizer, write config.json, and resume from a checkpoint.
     A text oracle (``latent_source`` "text:<key>") first writes its rows with the label in x to
     ``out/TEXT_DATA_DIR`` (``zfree.data.text_oracle``) and reads them in place of ``data_dir``: its
     reference (b, c_base) is scored by the base on that x (``pretrained_source``), whatever
@@ -232,18 +232,15 @@ def setup_run(cfg: TrainConfig, out: Path, progress: bool) -> Run:
     if source.kind == "text":  # the label written into x: every row, b and c_base read that x
         data_dir, _ = write_text_data(data_dir, out / TEXT_DATA_DIR, source.label, tok)
         ref_source = "pretrained_source"
-    ref = resolve_reference(ref_source, base_dir, data_dir, "val", model=backbone, tokenizer=tok)
+    data = setup_data(cfg, backbone, tok, data_dir, base_dir, ref_source)  # scored by the base as loaded
     run_folder.check_same_base(out, backbone, base_dir)
-    train_ref = (resolve_reference("pretrained_source", base_dir, data_dir, "train", model=backbone, tokenizer=tok)
-                 if cfg.objective.needs_example_b else None)  # b (and b_t) on training rows, scored once and cached
     model = build_cvae(cfg, backbone)
-    data = setup_data(cfg, backbone, tok, ref, train_ref, data_dir)
     if data.given is not None:
         model.set_given(data.given)
     out.mkdir(parents=True, exist_ok=True)
-    run_folder.write_config_record(out, cfg, data.c_base, ref, data_dir, backbone, rows_used=data.rows_used,
+    run_folder.write_config_record(out, cfg, data.c_base, data.reference, data_dir, backbone, rows_used=data.rows_used,
                                    gate_rows=data.gate_record)
-    opt = build_optimizer(model, cfg, log=print if progress else None)  # after the base's hash is recorded
+    opt = build_optimizer(model, cfg.optim, log=print if progress else None)  # after the base's hash is recorded
     rng = np.random.default_rng(cfg.optim.seed)
     state = checkpoint.load_checkpoint(out, model, opt, rng, TrainState)
     done_rows = run_folder.reset_metrics(out, None if state is None else state.step)
