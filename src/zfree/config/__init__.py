@@ -4,8 +4,8 @@ Every field name is unique across the sub-configs of ``TrainConfig`` so the flat
 ``{field: value}``; ``TrainConfig.from_flat(TrainConfig.to_flat(cfg)) == cfg``. Each
 ``__post_init__`` raises ``ValueError`` naming the offending field. The objective and model
 sections are here; the optimizer (``zfree.config.optim``), the aids (``zfree.config.aid``) and the
-base model's config (``zfree.config.base``) are in their own modules; every name is imported from
-``zfree.config``, the contract every layer reads.
+base model's config (``zfree.config.base``) are in their own modules, and so is a run's identity
+(``zfree.config.identity``); every name is imported from ``zfree.config``, the contract every layer reads.
 """
 
 from __future__ import annotations

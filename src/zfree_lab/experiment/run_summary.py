@@ -18,7 +18,7 @@ from zfree.core.io import read_json
 
 #: keys of a run's summary.json with their JSON types (a hand-made or foreign file is named, not a traceback)
 _SUMMARY_TYPES = {"weighting": (str,), "beta": (int, float), "steps": (int,)}
-#: the non-config keys of a summary.json that hold text (the gate rows' record: zfree.train.run_data.gate_record)
+#: the non-config keys of a summary.json that hold text (the gate rows' record: zfree.train.run_data.RunData.gate_record)
 #: or a list (the aid's traces: zfree.train.run_folder.write_summary); every other key beside the flat
 #: config's is a metric
 TEXT_FIELDS = ("aid/gate_split", "aid/gate_ids_sha256")
@@ -32,7 +32,7 @@ _ALLOWED = {"metric": _METRIC, "config": (*_METRIC, str), "text": (str, type(Non
 def _config_keys() -> frozenset[str]:
     from zfree.config import TrainConfig  # lazy: the config layer's dataclasses, read once
 
-    return frozenset(TrainConfig().to_flat())
+    return frozenset(TrainConfig.flat_fields())
 
 
 def _kind(key: str) -> str:
