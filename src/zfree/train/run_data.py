@@ -68,7 +68,7 @@ def setup_data(cfg: TrainConfig, backbone, tok, data_dir: Path, base_dir: Path, 
     the reference, KeyError when a reference lacks a row."""
     train_pairs = load_pairs(data_dir / "train.jsonl")
     all_val = load_pairs(data_dir / "val.jsonl")
-    given = (given_index(cfg, {"train": train_pairs, "val": all_val}, data_dir)  # the control's 0 / each row's label value
+    given = (given_index(cfg, {"train": train_pairs, "val": all_val}, data_dir)  # the control's 0, or a label's
              if LatentSource.parse(cfg.model.latent_source).given else None)
     if cfg.optim.eval_rows > len(all_val):  # (0 = all: never more than there are)
         print(f"note: eval_rows={cfg.optim.eval_rows} but {data_dir / 'val.jsonl'} has {len(all_val)} rows: "
@@ -81,13 +81,14 @@ def setup_data(cfg: TrainConfig, backbone, tok, data_dir: Path, base_dir: Path, 
     if gate is not None and gate.note:
         print(gate.note, flush=True)
     max_len = context_length(backbone)
-    rows = {"train": train_pairs, "val": val_pairs, **({"gate": gate.pairs} if gate else {})}
+    rows = {"train": train_pairs, "val": val_pairs, **({f"gate ({gate.split})": gate.pairs} if gate else {})}
     encoded = {}
     for split, pairs in rows.items():  # two batched tokenizer calls each (one a pair: 4x slower)
         encoded[split] = enc = encode_pairs(tok, pairs, max_length=max_len)
         if cut := sum(e.x_tokens_cut > 0 for e in enc):
-            print(f"note: {cut} {split if split != 'gate' else f'gate ({gate.split})'} rows had x cut from the left to fit the context length {max_len} "
+            print(f"note: {cut} {split} rows had x cut from the left to fit the context length {max_len} "
                   "(as in the z-free reference)", flush=True)
+    train, val, *gate_rows = encoded.values()
     ref = resolve_reference(ref_source, base_dir, data_dir, "val", model=backbone, tokenizer=tok)
     train_ref = (resolve_reference("pretrained_source", base_dir, data_dir, "train", model=backbone, tokenizer=tok)
                  if cfg.objective.needs_example_b else None)  # b (and b_t) on training rows, scored once and cached
@@ -98,16 +99,17 @@ def setup_data(cfg: TrainConfig, backbone, tok, data_dir: Path, base_dir: Path, 
     if gate is not None and (gate_ref := ref if gate.split == "val" else train_ref) is not None:
         gate_b = np.array(gate_ref.b_of(gate_ids))
     elif gate is not None:
-        gate_b = np.array(score_pairs(backbone, tok, gate.pairs).per_example.set_index("id").loc[gate_ids, "b"], dtype=float)
+        scored = score_pairs(backbone, tok, gate.pairs).per_example  # (cached as it caches)
+        gate_b = np.array(scored.set_index("id").loc[gate_ids, "b"], dtype=float)
     meta = read_json(data_dir / "metadata.json") if (data_dir / "metadata.json").exists() else {}
     pad = pad_id_of(tok)
     eval_kw = dict(b=val_b, c_base=ref.c_base, objective=cfg.objective, pad_id=pad, tokenizer=tok,
                    strategies=meta.get("parameters", {}).get("strategies"), decode_rows=cfg.optim.decode_rows,
                    seed=cfg.optim.seed, base_token_nll=val_tok)
-    return RunData(tok, pad, ref.c_base, encoded["train"], encoded["val"], val_pairs, val_b, train_ref, eval_kw,
-                   ref.stored, reference=ref, gate=encoded.get("gate", []), gate_pairs=gate.pairs if gate else [], gate_b=gate_b,
-                   gate_split=gate.split if gate else None, gate_record=gate_record,
-                   given=given, rows_used={"eval_rows": len(val_pairs), "decode_rows": min(cfg.optim.decode_rows, len(val_pairs))})
+    return RunData(tok, pad, ref.c_base, train, val, val_pairs, val_b, train_ref, eval_kw, ref.stored, reference=ref,
+                   gate=gate_rows[0] if gate else [], gate_pairs=gate.pairs if gate else [], gate_b=gate_b,
+                   gate_split=gate.split if gate else None, gate_record=gate_record, given=given,
+                   rows_used={"eval_rows": len(val_pairs), "decode_rows": min(cfg.optim.decode_rows, len(val_pairs))})
 
 
 def batch_references(data: RunData, batch, weighting: str, device: torch.device, dtype: torch.dtype = torch.float32

@@ -90,10 +90,11 @@ def store_frozen_body(model: torch.nn.Module, optim: OptimConfig) -> int:
     """Store the backbone's frozen weights in ``optim.precision``'s ``FROZEN_DTYPES`` dtype
     (``bf16``: bfloat16 for every backbone parameter that does not train: a LoRA run's base; nothing
     for full fine-tuning, whose float32 master weights train under autocast; ``zfree.models.precision``).
-    Returns the number of elements cast. ``build_optimizer`` calls it, after ``build_cvae`` (LoRA decides
-    what trains) and before the param groups are read; the base's hash (config.json, checked on resume) is of the weights as
-    loaded, so record it first; so is a partial checkpoint's frozen-base hash, computed here before the
-    cast (``checkpoint_parts.frozen_base_sha``: checkpoints of fp32 and bf16 runs name the same base)."""
+    Returns the number of elements cast. ``build_optimizer`` calls it, after ``build_cvae`` (LoRA
+    decides what trains) and before the param groups are read; the base's hash (config.json, checked
+    on resume) is of the weights as loaded, so record it first; so is a partial checkpoint's frozen-base
+    hash, computed here before the cast (``checkpoint_parts.frozen_base_sha``: checkpoints of fp32 and bf16
+    runs name the same base)."""
     dtype = FROZEN_DTYPES[optim.precision]
     if dtype is not None and optim.lora_rank:  # (build_cvae adds LoRA adapters iff lora_rank > 0)
         frozen_base_sha(model)  # cached on the model: of the weights as loaded
@@ -121,8 +122,9 @@ def compile_body(model: torch.nn.Module, backend: str | None = None) -> torch.nn
 
 def build_optimizer(model: DiscreteCVAE, optim: OptimConfig, log=print) -> torch.optim.Optimizer:
     """The optimizer of ``model`` as it trains: its body compiled first under ``optim.compile``
-    (``compile_body``) and its frozen weights stored in their dtype (``store_frozen_body``: call after the
-    base's hash is recorded), then AdamW (or SGD) with every trainable parameter in exactly one of three groups (checked at start):
+    (``compile_body``) and its frozen weights stored in their dtype (``store_frozen_body``: call after
+    the base's hash is recorded), then AdamW (or SGD) with every trainable parameter in exactly one of
+    three groups (checked at start):
     ``backbone`` (lr_backbone, warmed up), ``new`` (posterior side and latent embeddings, lr_new) and
     ``router`` (the model's ``ROUTER_MODULES``: the router p(z | x), at the new group's rate; its own
     group so that ``clip_gradients`` clips it on its own, issue 55). Adam's moments are per parameter
@@ -216,7 +218,8 @@ class Run:
 
 def setup_run(cfg: TrainConfig, out: Path, progress: bool) -> Run:
     """Check the inputs and the base model (the folder's config is checked first: ``train_cvae``), load
-    the base, read the data and its reference (``setup_data``), build model and optimizer, write config.json, and resume from a checkpoint.
+    the base, read the data and its reference (``setup_data``), build model and optimizer, write
+    config.json, and resume from a checkpoint.
     A text oracle (``latent_source`` "text:<key>") first writes its rows with the label in x to
     ``out/TEXT_DATA_DIR`` (``zfree.data.text_oracle``) and reads them in place of ``data_dir``: its
     reference (b, c_base) is scored by the base on that x (``pretrained_source``), whatever

@@ -208,19 +208,20 @@ def train_cvae(cfg: TrainConfig, out_dir: Path | str, progress: bool = True, sto
         run_folder.check_same_config(out, cfg)  # a run folder is reused or resumed only for the same run
         if (done := run_folder.finished_summary(out)) is not None:
             return done
-        run = setup_run(cfg, out, progress)
-        dev = next(run.model.parameters()).device
-        counter = TokenCounter(decoder_body(run.model), start=run.state.forward_tokens)
-        loop = _Loop(cfg, out, run, run.data.gate, aids.FrozenDecoderMask(run.model), dev,
-                     acc_dtype(next(run.model.parameters()).dtype), run_folder.FiniteWatch(out, dev), counter)
+        run, counter = setup_run(cfg, out, progress), None
         try:
+            dev = next(run.model.parameters()).device
+            counter = TokenCounter(decoder_body(run.model), start=run.state.forward_tokens)
+            loop = _Loop(cfg, out, run, run.data.gate, aids.FrozenDecoderMask(run.model), dev,
+                         acc_dtype(next(run.model.parameters()).dtype), run_folder.FiniteWatch(out, dev), counter)
             return _train_steps(loop, progress, stop_after)
         except KeyboardInterrupt as e:  # Ctrl-C, SIGINT, SIGTERM (zfree_lab.cli): the last checkpoint is kept
             kept = "no checkpoint yet" if run.saved_step is None else f"the checkpoint of step {run.saved_step} is kept"
             raise Interrupted(getattr(e, "signum", 2), f"interrupted at step {run.state.step} ({kept}); "
                                                        f"resume with `zfree train --resume {out}`") from None
         finally:
-            counter.remove()
+            if counter is not None:
+                counter.remove()
             if run.curves is not None:
                 run.curves.close()
 
