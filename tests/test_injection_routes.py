@@ -223,19 +223,24 @@ def test_memory_refuses_a_row_without_a_token_before_the_separator(arch):
 
 def test_bad_injection_is_refused_naming_the_field(arch):
     with pytest.raises(ValueError, match="injection='nope'"):
-        cvae(arch, "nope")
-    with pytest.raises(ValueError, match="injection"):
-        TrainConfig.from_flat({**TrainConfig().to_flat(), "injection": "nope"})
+        cvae(arch, "nope")  # and in the config: test_a_model_field_added_later_…
 
 
-def test_config_field_defaults_to_embedding_and_keeps_old_run_ids():
+@pytest.mark.parametrize(("field", "default", "other", "bad"), [("injection", "embedding", "memory", "nope"),
+                                                            ("latent_capacity", "per_value", "shared_delta", "shared")])
+def test_a_model_field_added_later_defaults_to_the_old_behaviour_and_keeps_old_run_ids(field, default, other, bad):
+    """``injection`` and ``latent_capacity``: the default is what runs did before the field, a run recorded
+    without it reads as the default with the same id, another value changes the id and is the control's
+    too, and an unknown value is refused naming the field."""
     flat = TrainConfig().to_flat()
-    assert flat["injection"] == "embedding" == LATER_FIELD_DEFAULTS["injection"]
-    old = {k: v for k, v in flat.items() if k != "injection"}  # a run recorded before the field
-    assert TrainConfig.from_flat(old).model.injection == "embedding"
+    assert flat[field] == default == LATER_FIELD_DEFAULTS[field]
+    old = {k: v for k, v in flat.items() if k != field}  # a run recorded before the field
+    assert getattr(TrainConfig.from_flat(old).model, field) == default
     assert without_log_only(flat) == without_log_only(old)
-    assert "injection" in without_log_only({**flat, "injection": "memory"})
-    assert control_params({**flat, "injection": "memory"})["injection"] == "memory"  # the control's route is its run's
+    assert field in without_log_only({**flat, field: other})
+    assert control_params({**flat, field: other})[field] == other  # the control's route/capacity is its run's
+    with pytest.raises(ValueError, match=field):
+        TrainConfig.from_flat({**flat, field: bad})
 
 
 def test_prefix_is_refused_for_training_in_one_line_naming_the_field():
@@ -260,15 +265,6 @@ def test_a_tiny_run_trains_through_the_route_and_starts_at_rho_1(tiny_run, tmp_p
     assert torch.isfinite(torch.tensor(s["loss/val/reconstruction_loss"]))
 
 
-def test_latent_capacity_defaults_to_per_value_and_keeps_old_run_ids():
-    flat = TrainConfig().to_flat()
-    assert flat["latent_capacity"] == "per_value" == LATER_FIELD_DEFAULTS["latent_capacity"]
-    old = {k: v for k, v in flat.items() if k != "latent_capacity"}  # a run recorded before the field
-    assert TrainConfig.from_flat(old).model.latent_capacity == "per_value"
-    assert without_log_only(flat) == without_log_only(old)
-    assert "latent_capacity" in without_log_only({**flat, "latent_capacity": "shared_delta"})
-    with pytest.raises(ValueError, match="latent_capacity"):
-        TrainConfig.from_flat({**flat, "latent_capacity": "shared"})
 
 
 def _latent_independent(model) -> dict[str, int]:
