@@ -12,6 +12,7 @@ decoding goes through the route, the continuous CVAE, and the config field.
 from __future__ import annotations
 
 import copy
+import logging
 import warnings
 
 import pytest
@@ -212,6 +213,45 @@ def test_routes_step0_identity_and_structure(arch):
     plain = DiscreteCVAE(copy.deepcopy(model), n_latent=K)
     assert not any(k.startswith("injection") for k in plain.state_dict())
     assert set(ROUTES) == set(INJECTIONS)
+
+
+class _TransformersLog(logging.Handler):
+    """transformers' log records while installed (its logger does not propagate to pytest's caplog);
+    its once-only warnings re-armed, so a warning given earlier in the process is given again."""
+
+    def __enter__(self):
+        logging.Logger.warning_once.cache_clear()  # transformers' warning_once: an lru_cache on the Logger
+        self.messages = []
+        logging.getLogger("transformers").addHandler(self)
+        return self
+
+    def __exit__(self, *exc):
+        logging.getLogger("transformers").removeHandler(self)
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+def test_the_memory_route_passes_an_attention_mask_to_every_pass(arch):
+    """transformers warned "pass an attention_mask" once a memory route was built: ``cache_shapes``'s
+    one-token shape probe read token 0 (the pad id here and in many tokenizers) without a mask.
+    Harmless (one token, only shapes read), now given its all-ones mask; building the route and its
+    passes (shared prefix and full, on the padded batch) and decoding through it warn nothing about
+    masks. (That the padded passes are exact is test_step0_equals_the_base_models_own_logits': each
+    row against the model's own logits on that row alone.)"""
+    assert arch["model"].config.pad_token_id == 0
+    with _TransformersLog() as log, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the sliding model's fallback warning
+        model = cvae(arch, "memory")
+        perturb(model)
+        for shared in (True, False):
+            model.shared_prefix = shared
+            model(arch["batch"])
+        prefixes = [list(e.prefix_ids) for e in arch["enc"][:3]]
+        with torch.no_grad():
+            decode_with_latents(model.backbone, prefixes, model.latent_vectors(torch.zeros(3, dtype=torch.long)),
+                                eos_id=3, max_new_tokens=2)
+    assert not [m for m in log.messages if "attention_mask" in m], log.messages
 
 
 def test_memory_refuses_a_row_without_a_token_before_the_separator(arch):
