@@ -109,6 +109,12 @@ def test_the_collect_script_computes_the_preregistered_tests_and_decides_for_the
     assert len(runs) == 24 * 2 + 4 * 3 and set(runs["role"]) == {"oracle", "control", "null_oracle"}
     for f in out.iterdir():
         assert not MACHINE_PATH.search(f.read_bytes()), f
+    # the per-row table is what the study's available_gain.csv averaged (the preregistration's source)
+    for o in oracles.itertuples():
+        r = rows[rows["oracle_run_id"] == o.oracle_run_id]
+        assert (r["D_control"] - r["D_oracle"]).mean() == pytest.approx(o.delta_R)
+        assert (r["D_null"] - r["D_oracle"]).mean() == pytest.approx(o.label_value)
+        assert (r["D_flipped"] - r["D_oracle"]).mean() == pytest.approx(o.flipped)
     # per seed: the row means of the planted D's
     a = h["arms"].set_index(["arm", "label", "route"])
     for (recipe, label, seed), (dc, do, dn) in planted.items():
