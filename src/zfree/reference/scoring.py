@@ -3,7 +3,7 @@
 b(x, y) = (1/|S|) sum_{t in S} -log p_base(y_t | x, y_<t): the masked mean token NLL over the
 supervised y-region S (y's tokens, plus the end token when ``ScoringPolicy.add_eos``), nats per
 token; a per-example mean, never the token-weighted batch mean of ``model(labels=...).loss``.
-c_base = mean of b over valid rows (docs/concepts/weightings.md).
+c_base = mean of b over valid rows (docs/concepts/problem.md, docs/concepts/weightings.md).
 
 x and y are tokenized separately (``zfree.data.batching``); a pair longer than the context loses x
 tokens from the left (``x_tokens_cut``), never y tokens. Rows are right-padded with the attention
