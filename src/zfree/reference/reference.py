@@ -168,7 +168,7 @@ def resolve_reference(source: str, base_dir: Path | str, data_dir: Path | str, s
 
     entangled_run: ``load_reference``, its data hash checked against ``data_dir/<split>.jsonl`` (or
         ``data_dir`` itself, a .jsonl file), its weight hash against ``model`` as loaded (else
-        ``base_dir/model``), its tokenizer hash and token convention against ``tokenizer`` when given.
+        ``base_dir/model``), its tokenizer hash and token convention against ``tokenizer`` (or the loaded one).
     pretrained_source: the rows scored now with ``model``/``tokenizer``, else the model of
         ``base_dir/model`` (or ``base_dir``); cached as ``score_pairs``; nothing written.
 
