@@ -1,6 +1,7 @@
-"""Checkpoint primitives; nothing executable is ever loaded from a run folder (docs/reference/artifacts.md):
-plain state (tensors in safetensors, the structure in JSON), older state.pt files read weights-only, and
-checkpoint folders with a ``COMPLETE`` manifest (sizes, sha256) swapped in by renames."""
+"""Checkpoint primitives that never load executable code from a run folder (docs/reference/artifacts.md).
+
+Plain state (tensors in safetensors, the structure in JSON), older state.pt files read weights-only,
+and checkpoint folders with a ``COMPLETE`` manifest (sizes, sha256) swapped in by renames."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""What a latent encodes, from its assignments and decodes: Hungarian matching, the linear probe,
-z-control decoding, the Gaussian latent's active units, and the mutual information of either kind."""
+"""What a latent encodes, from its assignments and decodes (Hungarian matching, the linear probe,
+z-control decoding, the Gaussian latent's active units, the mutual information of either kind)."""
 
 from __future__ import annotations
 

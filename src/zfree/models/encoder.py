@@ -1,7 +1,8 @@
-"""The posterior's input features: poolings of the z-free hidden states, or a separate encoder
-(``posterior_features='encoder'``), a small bidirectional transformer over (x, y) trained from scratch,
-as Optimus (Li et al. 2020, §3) reads the posterior from a separate BERT encoder. Its output is
-mean-pooled over the real tokens and projected to the backbone width.
+"""The posterior's input features: poolings of the z-free hidden states, or a separate encoder.
+
+The encoder (``posterior_features='encoder'``) is a small bidirectional transformer over (x, y) trained
+from scratch, as Optimus (Li et al. 2020, §3) reads the posterior from a separate BERT encoder; its
+output is mean-pooled over the real tokens and projected to the backbone width.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""One loader for every causal LM zfree works with (a transformers folder, a GGUF file or a folder
-holding one, a hub id), refusing in one line what is not a usable causal LM; after loading, the logits
-zfree computes from the hidden states must equal the model's own (``zfree.models.head.verify_head``).
+"""One loader for every causal LM zfree works with (a transformers folder, a GGUF file, a hub id).
+
+What is not a usable causal LM is refused in one line; after loading, the logits zfree computes from
+the hidden states must equal the model's own (``zfree.models.head.verify_head``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
-"""LoRA adapters on the backbone: the base weights frozen, a low-rank update ``W x + (alpha / r) B A x``
-trained (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models", eq. 3), injected in place
-(``peft.inject_adapter_in_model``) so the backbone keeps its class and forward (docs/howto/lora.md).
+"""LoRA adapters on a frozen backbone (Hu et al. 2021, eq. 3; docs/howto/lora.md).
+
+A low-rank update ``W x + (alpha / r) B A x`` trained in place of the base weights ("LoRA: Low-Rank
+Adaptation of Large Language Models"), injected by ``peft.inject_adapter_in_model`` so the backbone
+keeps its class and forward.
 
 Exact at step 0 (B starts at zero) and deterministic (dropout 0). A LoRA checkpoint holds only what
 trains (``trainable_tensors``); the frozen base is referenced by the sha256 of ``base_state_dict``.
