@@ -28,7 +28,7 @@ from pathlib import Path
 
 from zfree.core.io import sha256_file
 
-#: the file written into a fetched folder (also read by ``zfree_lab.experiment.sources.link_model``)
+#: the record written into a fetched folder (``source_record``)
 SOURCE_FILE = "zfree_source.json"
 
 
