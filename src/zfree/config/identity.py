@@ -1,13 +1,9 @@
-"""A run's identity: "is this the same run", answered in one place.
+"""A run's identity: "is this the same run", answered in one place (``run_identity``).
 
-Two configs are the same run when ``run_identity`` of both is equal: the flat config without the
-fields that change only what a run writes beside its numbers (``LOG_ONLY_FIELDS``) and without the
-fields added later while they hold the default that reproduces the older runs
-(``LATER_FIELD_DEFAULTS``), its folder fields (``zfree.core.paths.PATH_FIELDS``) read as the
-caller's question needs: as written, resolved to absolute paths, or as what the folder holds. A
-run's id hashes it (``run_hash``); a run folder's same-config check (``zfree.train.run_folder``), a
-study's run ids (``zfree_lab.experiment.spec.run_id``) and a run's control lookup
-(``zfree_lab.experiment.gains``) all call it.
+Two configs are one run when their flat configs agree outside the logging choices (``LOG_ONLY_FIELDS``)
+and the fields added later while at the default that reproduces the older runs (``LATER_FIELD_DEFAULTS``),
+their data and base folders read as the question needs. A run folder's same-config check
+(``zfree.train.run_folder``), a study's run ids (``run_hash``) and a run's control lookup all ask it.
 """
 
 from __future__ import annotations
@@ -21,21 +17,16 @@ from typing import Any, Literal
 from zfree.core.io import sha256_file, sha256_json
 from zfree.core.paths import PATH_FIELDS, ROOT_PREFIX, resolve_path
 
-#: flat fields that change only what a run writes beside its numbers, never the numbers: left out of
-#: a run's identity, so turning one on or off reuses the finished runs, and runs recorded before the
-#: field existed
+#: flat fields that change only what a run writes beside its numbers: turning one on or off reuses the runs
 LOG_ONLY_FIELDS = frozenset({"tensorboard", "wandb"})
 
-#: fields added after run ids were first recorded, with the default that reproduces the runs of the
-#: versions before them: at that default a field is left out of a run's identity (its id, the
-#: same-config check), so finished runs recorded without it keep their ids and are reused; set to
-#: anything else it is part of the identity like every other field
+#: fields added after run ids were first recorded, with the default that reproduces the older runs: left
+#: out at that default (runs recorded without them keep their ids), part of the identity at any other value
 LATER_FIELD_DEFAULTS: dict[str, Any] = {"word_dropout": 0.0, "handover_reference": "base", "injection": "embedding",
                                         "compile": False, "latent_capacity": "per_value"}
 
-#: how ``run_identity`` reads the folder fields: as written; resolved against ``base`` (a stored
-#: config's run folder, or the working directory: ``zfree.core.paths.resolve_path``); or as what the
-#: folder holds (``folder_content``), so a copied or moved study names its runs as before
+#: how ``run_identity`` reads the folder fields: as written; resolved against ``base``
+#: (``zfree.core.paths.resolve_path``); or as what they hold, so a copied or moved study names its runs as before
 FolderForm = Literal["as_written", "resolved", "content"]
 
 
