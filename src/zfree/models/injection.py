@@ -311,8 +311,6 @@ def packing_problem(backbone, batch: Batch, mode: str | None = None) -> str | No
     if not (_SEGMENT_READY and _sdpa_configs(backbone)):
         return "attention is not SDPA (packing pays by attention per row segment)"
     window = sliding_window_of(backbone.config)
-    if window is None and getattr(backbone.config, "sliding_window", None):
-        window = int(backbone.config.sliding_window)  # a window some layers use (gemma2/3): every layer must be safe
     if window is not None:
         P, S = batch.host_lengths()
         if max(p + s for p, s in zip(P, S)) > window:
