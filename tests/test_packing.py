@@ -185,6 +185,9 @@ def test_an_untested_model_type_or_an_eager_attention_is_not_packed(arch):
     model = copy.deepcopy(arch["model"])
     model.set_attn_implementation("eager")
     assert "SDPA" in packing_problem(model, batch, "on")
+    model = copy.deepcopy(arch["model"])
+    model.base_model.compile(dynamic=True, backend="eager")  # nothing compiles until called
+    assert "compiled" in packing_problem(model, batch, "on")
 
 
 def test_segment_attention_runs_per_row_and_restores_the_model(monkeypatch):

@@ -18,6 +18,15 @@ checks this on the actual cache and config; under ``SHARED_PREFIX = "auto"`` (th
 ``decoder_hidden_suffix`` falls back to the full pass when it fails and warns once per model
 class; ``"on"`` raises instead, ``"off"`` always takes the full pass (``set_shared_prefix``).
 Logits always come from the model's own head path (``zfree.models.head``).
+
+Packed rows (issue 56): a training step that needs only the x-prefix's z-free states (the router's
+separator state) and the n decoder passes over the y-region can run them as one forward over the batch's
+rows concatenated without padding (``packed_prefix_suffix``): each row's prefix, then its n y-blocks, with
+position ids restarting per row, a block mask that lets a block read its own row's prefix (without the
+z-free separator, as the suffix pass reads the cache) and itself causally, and attention per row segment
+(``segment_attention``). It forwards sum_b P_b + n |S_b| tokens instead of B (P_max + n L_max) and equals
+the padded passes within float rounding (tests/test_packing.py); ``packing_problem`` says where it is not
+taken (``PACKING``: "auto" packs on the CPU only, where it was measured faster).
 """
 
 from __future__ import annotations
@@ -296,7 +305,8 @@ def set_packing(mode: str) -> str:
 def packing_problem(backbone, batch: Batch, mode: str | None = None) -> str | None:
     """Why the packed pass (``packed_prefix_suffix``) is not taken for ``batch`` under ``mode`` (default: the
     module's ``PACKING``), or None to take it: "off"; "auto" off the CPU; a model type not in
-    ``PACKED_MODEL_TYPES``; attention other than SDPA (``segment_attention`` calls SDPA); a sliding window shorter than a row (the 4D mask is applied as given, so a
+    ``PACKED_MODEL_TYPES``; a compiled body (``compile: true``); attention other than SDPA
+    (``segment_attention`` calls SDPA); a sliding window shorter than a row (the 4D mask is applied as given, so a
     window must not bite: prefix + |S| <= window). Host ints only (``Batch.host_lengths``)."""
     mode = PACKING if mode is None else mode
     if mode not in PACKING_MODES:
@@ -308,6 +318,8 @@ def packing_problem(backbone, batch: Batch, mode: str | None = None) -> str | No
     mt = getattr(backbone.config, "model_type", None)
     if mt not in PACKED_MODEL_TYPES:
         return f"model type {mt!r} not tested packed"
+    if getattr(backbone.base_model, "_compiled_call_impl", None) is not None:
+        return "the body is compiled (every batch's packed layout and segments would retrace it)"
     if not (_SEGMENT_READY and _sdpa_configs(backbone)):
         return "attention is not SDPA (packing pays by attention per row segment)"
     window = sliding_window_of(backbone.config)
