@@ -1,6 +1,6 @@
 """Packed rows (issue 56, item 2): a training step's z-free x-prefix pass and its decoder passes over the
 y-region run as one forward over the batch's rows concatenated without padding, with position ids
-restarting per row and a block mask (``zfree.models.injection.packed_prefix_suffix``), attention per row
+restarting per row and a block mask (``zfree.models.packing.packed_prefix_suffix``), attention per row
 segment (``segment_attention``). Checked on tiny random models of the architectures of
 tests/test_architectures.py, in float64: the hidden states equal the padded passes', the decoder's per-token
 log-probs at a zero latent the model's own logits (one unpadded row), the gradients the padded passes';
@@ -22,9 +22,10 @@ from zfree.data.batching import collate, encode_pairs
 from zfree.data.pairs import Pair
 from zfree.models import injection
 from zfree.models.discrete import DiscreteCVAE
-from zfree.models.injection import (PACKED_MODEL_TYPES, decoder_hidden_suffix, pack_bins, packed_layout,
-                                    packed_prefix_suffix, packing_problem, segment_allowed, set_packing,
-                                    suffix_target_logprobs, zfree_pass)
+from zfree.models import packing
+from zfree.models.injection import decoder_hidden_suffix, suffix_target_logprobs, zfree_pass
+from zfree.models.packing import (PACKED_MODEL_TYPES, pack_bins, packed_layout, packed_prefix_suffix, packing_problem,
+                                  segment_allowed, set_packing)
 from zfree.models.loading import load_causal_lm
 
 TOL = dict(atol=1e-10, rtol=1e-10)  # float64: the two layouts differ only in the reductions' order
@@ -200,20 +201,20 @@ def test_segment_attention_runs_per_row_and_restores_the_model(monkeypatch):
     enc = encode_pairs(tok, make_pairs(4))
     batch = collate(enc, pad_id=0)
     calls = []
-    inner = injection.segment_attention
+    inner = packing.segment_attention
 
     def spy(module, query, *a, **k):
-        calls.append([b - a_ for a_, b, _ in injection._SEGMENTS[0]])
+        calls.append([b - a_ for a_, b, _ in packing._SEGMENTS[0]])
         return inner(module, query, *a, **k)
 
     from transformers import AttentionInterface
-    monkeypatch.setitem(AttentionInterface._global_mapping, injection.SEGMENT_ATTENTION, spy)
+    monkeypatch.setitem(AttentionInterface._global_mapping, packing.SEGMENT_ATTENTION, spy)
     impl = model.config._attn_implementation
     assert impl == "sdpa"
     packed_prefix_suffix(model, batch, _latents(model, len(batch), n=2))
     seg = [p + 2 * s for p, s in zip(*batch.host_lengths())]
     assert len(calls) == model.config.n_layer and sorted(calls[0]) == sorted(seg)
-    assert model.config._attn_implementation == impl and injection._SEGMENTS is None
+    assert model.config._attn_implementation == impl and packing._SEGMENTS is None
 
 
 def test_the_segment_mask_and_the_bins():
@@ -284,7 +285,7 @@ def test_the_cvae_steps_equal_their_padded_selves(name, step, tmp_path):
 def test_set_packing_validates_and_returns_the_previous_mode():
     prev = set_packing("off")
     try:
-        assert injection.PACKING == "off"
+        assert packing.PACKING == "off"
         with pytest.raises(ValueError, match="packing="):
             set_packing("sometimes")
     finally:

@@ -4,7 +4,7 @@ posterior, the hard E-step on the first 3 tokens of y), side by side with the st
 issue 56 (``--paths old``: the z-free pass over (x, y) and the z-free head on y, i.e. the model's forward
 with ``zfree_metrics=True``) and the step before packed rows (``padded``: the x-prefix pass and the decoder's
 suffix passes, each padded to the batch's longest; ``new`` packs the rows into one forward where
-``zfree.models.injection.packing_problem`` allows, per row segment attention). Counts, not timings: valid
+``zfree.models.packing.packing_problem`` allows, per row segment attention). Counts, not timings: valid
 on a loaded machine.
 
     OMP_NUM_THREADS=1 .venv/bin/python analysis/benchmarks/bench_step_flops.py            # tiny shipped base

@@ -218,7 +218,7 @@ class Batch:
     # ``input_ids``, and the z-free pass (the posterior's features, the prefix cache) reads them too
     decoder_input_ids: Int[torch.Tensor, "batch seq"] | None = None
     # (prefix_len, target_len) per row as host lists, set by ``collate`` (a packed pass lays rows out
-    # on the host from them: ``zfree.models.injection.packed_prefix_suffix``); None: read from the tensors
+    # on the host from them: ``zfree.models.packing.packed_prefix_suffix``); None: read from the tensors
     host_lens: tuple[tuple[int, ...], tuple[int, ...]] | None = None
 
     def host_lengths(self) -> tuple[tuple[int, ...], tuple[int, ...]]:

@@ -45,8 +45,8 @@ from zfree.data.batching import Batch
 from zfree.models.nll import masked_mean_token_nll
 from zfree.models.base import hidden_states, target_logprobs_from_hidden
 from zfree.models.encoder import build_posterior_encoder, pool_posterior_features
-from zfree.models.injection import (full_target_logprobs, packed_prefix_suffix, packing_problem, suffix_target_logprobs,
-                                    zfree_pass)
+from zfree.models.injection import full_target_logprobs, suffix_target_logprobs, zfree_pass
+from zfree.models.packing import packed_prefix_suffix, packing_problem
 from zfree.models.precision import heads_input, to_device
 from zfree.models.routes import INJECTIONS, build_route, latent_shared_vector
 
@@ -182,7 +182,7 @@ class DiscreteCVAE(nn.Module):
         # decoder_hidden_suffix's mode (auto / on / off; None: the module default injection.SHARED_PREFIX)
         self.shared_prefix_mode: str | None = None
         # the training step's prefix + decoder passes over packed rows (``packs``; None: the module default
-        # injection.PACKING, "auto": on the CPU)
+        # packing.PACKING, "auto": on the CPU)
         self.packing_mode: str | None = None
         nn.init.zeros_(self.router_head.bias)
         self.injection = build_route(injection, backbone)  # no parameters for embedding and mid
@@ -308,7 +308,7 @@ class DiscreteCVAE(nn.Module):
 
     def packs(self, batch: Batch, zfree_metrics: bool) -> bool:
         """Whether a step's z-free pass and decoder passes run as one forward over packed rows
-        (``zfree.models.injection.packed_prefix_suffix``: no padding, equal to the padded passes within
+        (``zfree.models.packing.packed_prefix_suffix``: no padding, equal to the padded passes within
         float rounding): the training step (``zfree_metrics`` False) whose z-free pass covers the x-prefix
         alone (no head reads y), under the embedding route and a shared prefix, where
         ``packing_problem`` finds nothing against it (``packing_mode``)."""
