@@ -24,14 +24,14 @@ from zfree.config.optim import OptimConfig
 from zfree.core.errors import ConfigError
 from zfree.core.validation import check_choice, check_int, check_range
 from zfree.core.values import coerce_value, field_types, typed_fields
-from zfree.core.weightings import TOKEN_OUTER_NAMES, WEIGHTING_NAMES, WEIGHTINGS  # the registry
+from zfree.core.free_bits import FREE_BITS_MODES, FREE_BITS_NAMES  # the registries the choices read
+from zfree.core.schedules import SCHEDULE_NAMES, SCHEDULES
+from zfree.core.weightings import TOKEN_OUTER_NAMES, WEIGHTING_NAMES, WEIGHTINGS
 
 Weighting = Literal[WEIGHTING_NAMES]  # plain, distribution, example, token
 TokenOuter = Literal[TOKEN_OUTER_NAMES]  # none, distribution, example
-BetaSchedule = Literal["constant", "linear", "cyclical"]
-# per_dim: continuous latent only; threshold: Optimus's KL thresholding (each example's KL below free_bits
-# is masked out of the penalty: per dimension on the Gaussian, the whole KL on the categorical; losses.kl_threshold)
-FreeBitsMode = Literal["none", "per_example", "batch_mean", "per_dim", "threshold"]
+BetaSchedule = Literal[SCHEDULE_NAMES]  # the registry zfree.core.schedules.SCHEDULES
+FreeBitsMode = Literal[FREE_BITS_NAMES]  # the registry zfree.core.free_bits.FREE_BITS_MODES
 CBaseSource = Literal["entangled_run", "pretrained_source"]
 PosteriorFeatures = Literal["mean_y", "last", "mean_first", "attention", "encoder", "optimal"]
 Injection = Literal["embedding", "prefix", "memory", "mid"]  # zfree.models.routes.ROUTES
@@ -188,10 +188,8 @@ class ObjectiveConfig:
             raise ValueError(f"epsilon={self.epsilon!r} must be > 0 for example weighting (seed 002)")
         if self.token_outer != "none" and self.weighting != "token":
             raise ValueError(f"token_outer={self.token_outer!r} only applies to weighting='token'")
-        if self.beta_schedule == "linear" and self.beta_warmup_steps < 1:
-            raise ValueError("beta_warmup_steps must be >= 1 for beta_schedule='linear'")
-        if self.beta_schedule == "cyclical" and self.beta_cycle_steps < 2:
-            raise ValueError("beta_cycle_steps must be >= 2 for beta_schedule='cyclical'")
+        if (error := SCHEDULES[self.beta_schedule].check(self)) is not None:  # the schedule's own fields
+            raise ValueError(error)
         if self.free_bits_mode != "none" and not self.free_bits > 0:
             raise ValueError(f"free_bits={self.free_bits} must be > 0 when free_bits_mode={self.free_bits_mode!r}")
 
@@ -321,8 +319,9 @@ class TrainConfig:
                 raise ValueError(f"aid={self.aid.aid!r} applies to latent_kind='discrete' only")
             if self.objective.lambda_jsd > 0:
                 raise ValueError(f"lambda_jsd={self.objective.lambda_jsd} > 0 applies to latent_kind='discrete' only")
-        elif self.objective.free_bits_mode == "per_dim":
-            raise ValueError("free_bits_mode='per_dim' applies to latent_kind='continuous' only")
+        mode = FREE_BITS_MODES[self.objective.free_bits_mode]
+        if str(self.model.latent_kind) not in mode.kinds:
+            raise ValueError(f"free_bits_mode={mode.name!r} applies to latent_kind={' or '.join(map(repr, mode.kinds))} only")
         if self.model.bn_gamma > 0 and self.optim.batch_size < 2:  # batch statistics need two rows
             raise ValueError(f"batch_size={self.optim.batch_size}: bn_gamma={self.model.bn_gamma:g} (BN-VAE) normalizes "
                              "the posterior means by batch statistics, which need batch_size >= 2")
