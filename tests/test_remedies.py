@@ -651,3 +651,18 @@ def test_delta_vae_entry_expands_composes_and_refuses_bad_combinations():
         ContinuousCVAE(base, d_latent=2, prior="learned", delta_rate=1.0)
     with pytest.raises(ValueError, match="delta_rate"):
         ContinuousCVAE(base, d_latent=2, prior="standard", delta_rate=-1.0)
+
+
+def test_every_remedy_entry_carries_its_source_its_docs_line_and_a_style_of_its_own():
+    """The registry is the one list of remedies: each entry names its paper and its line of the docs' table,
+    and the report draws it in a (colour, marker) no other entry or composed remedy has."""
+    from zfree.objective.remedies import COMPOSED_STYLES, OTHER_STYLE, REMEDY_ENTRIES, remedy_parts, remedy_style
+
+    assert REMEDIES == tuple(REMEDY_ENTRIES)
+    styles = [remedy_style(n) for n in (*REMEDIES, *COMPOSED_STYLES)]
+    assert len(set(styles)) == len(styles) and OTHER_STYLE not in styles
+    for name, r in REMEDY_ENTRIES.items():
+        assert r.name == name and r.source and r.what and r.kind in (None, "discrete", "continuous")
+    for name in COMPOSED_STYLES:
+        remedy_parts(name)  # a composition of entries
+    assert remedy_style("not-a-remedy") == OTHER_STYLE
