@@ -67,8 +67,8 @@ SCHEDULES: dict[str, Schedule] = {s.name: s for s in (
     Schedule("cyclical", lambda cfg, step: cfg.beta * cyclical_fraction(step, cfg.beta_cycle_steps, cfg.beta_ratio_zero,
                                                                          cfg.beta_ratio_increase),
              "Fu et al. 2019 (NAACL), cyclical annealing; Optimus (Li et al. 2020)",
-             "β · 0 over the first beta_ratio_zero of each period of beta_cycle_steps, then a linear rise over "
-             "beta_ratio_increase, then β",
+             "0 for the first beta_ratio_zero of each period of beta_cycle_steps, then a linear rise to β over "
+             "the next beta_ratio_increase of it, then β",
              ("beta_cycle_steps", "beta_ratio_zero", "beta_ratio_increase"), _need("beta_cycle_steps", 2, "cyclical")),
 )}
 
