@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from zfree.config.aid import Aid, AidConfig  # noqa: F401 (zfree.config.Aid)
 from zfree.config.base import BaseTrainConfig  # noqa: F401 (zfree.config.BaseTrainConfig)
+from zfree.config.later import later, later_defaults
 from zfree.config.latent_source import LatentSource  # noqa: F401 (zfree.config.LatentSource)
 from zfree.config.optim import OptimConfig
 from zfree.core.errors import ConfigError
@@ -58,9 +59,9 @@ LOG_ONLY_FIELDS = frozenset({"tensorboard", "wandb"})
 #: fields added after run ids were first recorded, with the default that reproduces the runs of the
 #: versions before them: at that default a field is left out of a run's identity (its id, the
 #: same-config check), so finished runs recorded without it keep their ids and are reused; set to
-#: anything else it is part of the identity like every other field
-LATER_FIELD_DEFAULTS: dict[str, Any] = {"word_dropout": 0.0, "handover_reference": "base", "injection": "embedding",
-                                        "compile": False, "latent_capacity": "per_value"}
+#: anything else it is part of the identity like every other field. Declared at each field
+#: (``zfree.config.later.later``); filled at the end of this module from the sections
+LATER_FIELD_DEFAULTS: dict[str, Any] = {}
 
 
 def without_log_only(flat: dict[str, Any]) -> dict[str, Any]:
@@ -248,13 +249,13 @@ class ModelConfig:
     # entering layer n_layer // 2; memory = one key/value per layer in the first position's place for the
     # separator and y queries (Optimus's memory path; needs a token before the separator); prefix = a soft
     # token s + z before the separator (exact at step 0 against the base reading s, not the base itself)
-    injection: Injection = "embedding"
+    injection: Injection = later("embedding")
     # what the latent vector u_z entering the route is (issue 55, equal capacity across arms): per_value =
     # its own vector e_z per value (K vectors, so the oracle's K learn apart the shared task bias that the
     # control's one vector learns from every row); shared_delta = s + d_z, one latent-independent vector s
     # that every arm (the control, oracles and null oracles included) trains on every row, and K deltas d_z,
     # both zero-initialised (exact at step 0); under injection='prefix' the route's soft token is s
-    latent_capacity: LatentCapacity = "per_value"
+    latent_capacity: LatentCapacity = later("per_value")
     # where z comes from: "posterior" = the CVAE (q(z|x,y) learned);
     # "control" = the z-free control (K = 1: z carries nothing, the same decoder, optimizer, steps and
     # batches); "label:<key>" = a label oracle (z := the row's label value, K = its number of values;
@@ -368,3 +369,6 @@ class TrainConfig:
     def replace(self, **flat_updates) -> "TrainConfig":
         """A copy with flat fields replaced, validated again (ValueError naming a bad or unknown field)."""
         return TrainConfig.from_flat({**self.to_flat(), **flat_updates})
+
+
+LATER_FIELD_DEFAULTS.update(later_defaults(*TrainConfig._SUB.values()))

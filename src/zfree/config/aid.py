@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from zfree.config.later import later
 from zfree.core.validation import check_choice, check_int, check_range
 from zfree.core.values import typed_fields
 
@@ -67,7 +68,7 @@ class AidConfig:
     # fixed at the start (seed note 000's switch-on test); ``single_value`` = the current decoder with
     # its best single value for every row, min_k mean(w * nll_k) at rate 0, so fine-tuning the decoder
     # alone cannot pass the gate (on a zero-shot real base it did: analysis/results/e2e-smollm2)
-    handover_reference: Literal["base", "single_value"] = "base"
+    handover_reference: Literal["base", "single_value"] = later("base")
     hard_em_max_steps: int = 600  # the hand-over to the soft objective is forced at this step
     hard_em_lr_backbone: float = 1e-4  # the prototype's hard phase rate (soft phase: lr_backbone)
     # the hard phase's rate of the heads and latent embeddings; 0 = lr_new as in the soft phase
@@ -96,7 +97,7 @@ class AidConfig:
     # Space", sec. 3.2): in training, each y token the decoder reads is replaced by the tokenizer's
     # unknown token (its pad token without one) with this probability; targets, the posterior's view
     # and evaluation stay clean (zfree.train.word_dropout). 0 = off
-    word_dropout: float = 0.0
+    word_dropout: float = later(0.0)
     # the named remedy whose fields this config carries (zfree.objective.remedies; "a+b" composes): a
     # record that the fields were set by that entry, checked against it when a grid is expanded and a
     # run starts (zfree.objective.remedies.check_remedy_fields; "none": fields set by hand)

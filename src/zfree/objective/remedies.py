@@ -56,6 +56,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from zfree.core.errors import ConfigError
+from zfree.objective.plugin_api import Plugin
 
 #: The switch-on recipe of the aids issue: hard EM gated hand-over, order-keeping posterior
 #: features, more latent values than strategies, dead-value restarts (see AidConfig).
@@ -140,7 +141,10 @@ class Remedy:
     already implement); ``source``: the paper (citations in the module docstring); ``what``: one line for
     the docs' table (the paper's default and what was adapted); ``color`` and ``marker``: its matplotlib
     colour and marker in every figure that compares remedies (plain data: the report reads them, the
-    library draws nothing); ``kind``: the latent kind it sets itself (the Gaussian entries), else None."""
+    library draws nothing); ``kind``: the latent kind it sets itself (the Gaussian entries), else None;
+    ``plugin``: the training-loop hook of a remedy that changes the loop through a field of its own (a
+    ``zfree.objective.plugin_api.Plugin``; ``zfree.train.plugins.PLUGINS`` lists it after the aids'), else
+    None (its fields are implemented already)."""
 
     name: str
     fields: Callable[[int, str, int], dict[str, Any]]
@@ -149,6 +153,7 @@ class Remedy:
     color: str
     marker: str
     kind: str | None = None
+    plugin: Plugin | None = None
 
 
 #: the registry, in the leaderboard's order (name -> entry); citations in the module docstring. (cyclical: 4
