@@ -17,7 +17,7 @@ from enum import Enum, StrEnum
 from pathlib import Path
 from typing import Any, Literal
 
-from zfree.config.aid import Aid, AidConfig  # noqa: F401 (zfree.config.Aid)
+from zfree.config.aid import AIDS, Aid, AidConfig  # noqa: F401 (zfree.config.Aid)
 from zfree.config.base import BaseTrainConfig  # noqa: F401 (zfree.config.BaseTrainConfig)
 from zfree.config.later import later, later_defaults
 from zfree.config.latent_source import LatentSource  # noqa: F401 (zfree.config.LatentSource)
@@ -316,7 +316,7 @@ class TrainConfig:
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be a non-empty path")
         if self.model.latent_kind == LatentKind.CONTINUOUS:
-            if self.aid.aid in ("hard_em_then_soft", "random_init_jsd"):
+            if "continuous" not in AIDS[self.aid.aid].kinds:
                 raise ValueError(f"aid={self.aid.aid!r} applies to latent_kind='discrete' only")
             if self.objective.lambda_jsd > 0:
                 raise ValueError(f"lambda_jsd={self.objective.lambda_jsd} > 0 applies to latent_kind='discrete' only")

@@ -12,10 +12,32 @@ from zfree.core.validation import check_choice, check_int, check_range
 from zfree.core.values import typed_fields
 
 
-Aid = Literal["none", "hard_em_then_soft", "beta0_warmup", "random_init_jsd", "aggressive_encoder"]
+@dataclass(frozen=True)
+class AidEntry:
+    """One symmetry-breaking aid (``AidConfig.aid``): ``source`` (its paper or note; the hooks are the
+    training loop's plug-ins, ``zfree.train.plugins``), ``kinds`` the latent kinds it applies to, and
+    ``gate`` whether it reads the gate rows (``handover_rows``; ``zfree.data.split.gate_sample``)."""
+
+    name: str
+    source: str
+    kinds: tuple[str, ...] = ("discrete", "continuous")
+    gate: bool = False
+
+
+#: the registry of aids, in the order the config's choices, the launch panel and the docs list them
+AIDS: dict[str, AidEntry] = {a.name: a for a in (
+    AidEntry("none", "no aid"),
+    AidEntry("hard_em_then_soft", "seed notes 000/002 (switch-on); Shen et al. 2019, hard-EM mixture training",
+             kinds=("discrete",), gate=True),
+    AidEntry("beta0_warmup", "the prototype's warm-up: beta = 0 with the router detached (docs/concepts/aids.md)"),
+    AidEntry("random_init_jsd", "the prototype's random latent start plus lambda_jsd (docs/concepts/aids.md)",
+             kinds=("discrete",)),
+    AidEntry("aggressive_encoder", "He et al. 2019, Lagging inference networks, Alg. 1", gate=True),
+)}
+Aid = Literal[tuple(AIDS)]
 #: the aids that read the gate rows (``handover_rows``; ``zfree.data.split.gate_sample``): the hand-over
 #: gate and the aggressive encoder's I(x; z); a run under another aid draws no gate rows
-GATE_AIDS = ("hard_em_then_soft", "aggressive_encoder")
+GATE_AIDS = tuple(n for n, a in AIDS.items() if a.gate)
 
 
 @dataclass(frozen=True)
