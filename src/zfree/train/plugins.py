@@ -42,6 +42,7 @@ class FrozenDecoder(Plugin):
     posterior first)."""
 
     name, fields = "frozen_decoder", ("frozen_decoder_steps",)
+    source = "docs/concepts/aids.md: symmetry breaking by the posterior first"
 
     def active(self, cfg):
         """On when ``frozen_decoder_steps`` > 0."""
@@ -145,6 +146,7 @@ class Beta0Warmup(Plugin):
     "beta0_warmup"``; the prototype's warm-up, docs/concepts/aids.md)."""
 
     name, fields = "beta0_warmup", ("aid", "warmup_aid_steps")
+    source = "the prototype's warm-up (docs/concepts/aids.md)"
 
     def active(self, cfg):
         """On when ``aid == "beta0_warmup"``."""
