@@ -17,17 +17,19 @@ from enum import Enum, StrEnum
 from pathlib import Path
 from typing import Any, Literal
 
-from zfree.config.aid import AIDS, Aid, AidConfig  # noqa: F401 (zfree.config.Aid)
+from zfree.config.aid import Aid, AidConfig  # noqa: F401 (zfree.config.Aid)
 from zfree.config.base import BaseTrainConfig  # noqa: F401 (zfree.config.BaseTrainConfig)
-from zfree.config.later import later, later_defaults
 from zfree.config.latent_source import LatentSource  # noqa: F401 (zfree.config.LatentSource)
 from zfree.config.optim import OptimConfig
 from zfree.core.errors import ConfigError
 from zfree.core.validation import check_choice, check_int, check_range
 from zfree.core.values import coerce_value, field_types, typed_fields
-from zfree.core.free_bits import FREE_BITS_MODES, FREE_BITS_NAMES  # the registries the choices read
+from zfree.core.weightings import TOKEN_OUTER_NAMES, WEIGHTING_NAMES, WEIGHTINGS  # the registry
+# the registries the choices and checks read (aids, free-bits modes, beta schedules), and later fields
+from zfree.config.aid import AIDS
+from zfree.config.later import later, later_defaults
+from zfree.core.free_bits import FREE_BITS_MODES, FREE_BITS_NAMES
 from zfree.core.schedules import SCHEDULE_NAMES, SCHEDULES
-from zfree.core.weightings import TOKEN_OUTER_NAMES, WEIGHTING_NAMES, WEIGHTINGS
 
 Weighting = Literal[WEIGHTING_NAMES]  # plain, distribution, example, token
 TokenOuter = Literal[TOKEN_OUTER_NAMES]  # none, distribution, example
@@ -59,9 +61,9 @@ LOG_ONLY_FIELDS = frozenset({"tensorboard", "wandb"})
 #: fields added after run ids were first recorded, with the default that reproduces the runs of the
 #: versions before them: at that default a field is left out of a run's identity (its id, the
 #: same-config check), so finished runs recorded without it keep their ids and are reused; set to
-#: anything else it is part of the identity like every other field. Declared at each field
-#: (``zfree.config.later.later``); filled at the end of this module from the sections
-LATER_FIELD_DEFAULTS: dict[str, Any] = {}
+#: anything else it is part of the identity like every other field
+LATER_FIELD_DEFAULTS: dict[str, Any] = {"word_dropout": 0.0, "handover_reference": "base", "injection": "embedding",
+                                        "compile": False, "latent_capacity": "per_value"}
 
 
 def without_log_only(flat: dict[str, Any]) -> dict[str, Any]:
@@ -371,4 +373,6 @@ class TrainConfig:
         return TrainConfig.from_flat({**self.to_flat(), **flat_updates})
 
 
+#: every field declared with ``later(default)`` (``zfree.config.later``) joins ``LATER_FIELD_DEFAULTS``: a new
+#: field is declared at its section only (the dict above lists the ones declared before it; tests/test_config.py)
 LATER_FIELD_DEFAULTS.update(later_defaults(*TrainConfig._SUB.values()))
