@@ -1,9 +1,11 @@
-"""The remedies for posterior collapse as named, composable config entries:
-each entry is a set of flat ``TrainConfig`` fields, each field one that the
-objective, the schedules or the aids already implement; ``"a+b"`` composes entries (a field two
-entries set differently is refused). A config that carries ``remedy="<name>"`` must hold exactly
-the entry's fields (``check_remedy_fields``, called by ``TrainConfig``), so the name a table shows
-is what the run did.
+"""The remedies for posterior collapse as named, composable config entries, one registry
+(``REMEDY_ENTRIES``): each ``Remedy`` is a set of flat ``TrainConfig`` fields, each field one that the
+objective, the schedules or the aids implement (or its own loop hook, ``Remedy.plugin``), with its
+source, its line of the docs' table and its style in the figures; ``"a+b"`` composes entries (a field
+two entries set differently is refused). The leaderboard, the figures (``zfree_lab.report.figstyle``),
+the docs' table, the full leaderboard's SLURM spec and the tests read the registry. A config that
+carries ``remedy="<name>"`` must hold exactly the entry's fields (``check_remedy_fields``, called when
+a run starts and a grid is expanded), so the name a table shows is what the run did.
 
 Each paper's own defaults, adapted only where the latent differs (said per entry):
 
