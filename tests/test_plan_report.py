@@ -47,6 +47,51 @@ def test_phase_clock_writes_each_phase_as_it_ends_and_a_rerun_appends_a_session(
     assert T.read_timings(tmp_path / "nowhere") == []
 
 
+def test_a_session_killed_mid_grid_keeps_its_grid_time_up_to_its_last_finished_point(tmp_path, monkeypatch):
+    """A study killed outright (SIGKILL: no ``finally`` runs) used to record only its preparation, so a study
+    resumed over three sessions reported 2.4 min where its runs had trained 165 min; the grid's time is
+    now written as each point ends (``PhaseClock.progress``), ``running`` saying the phase was under way."""
+    from zfree_lab.experiment import pipeline as PL
+    from zfree_lab.experiment.study import PRESETS
+
+    now = [1000.0]
+    monkeypatch.setattr(T.time, "time", lambda: now[0])
+    monkeypatch.setattr(PL.time, "time", lambda: now[0])
+    for name, fake in {"prepare": lambda spec, out, **kw: object(), "_grid": lambda spec, prep: ({}, None),
+                       "_notes": lambda *a: None, "_points": lambda *a: []}.items():
+        monkeypatch.setattr(PL, name, fake)
+
+    class Killed(BaseException):  # stands for SIGKILL: the test stops the session where the kill would
+        pass
+
+    def two_points_then_killed(points, runs_dir, *, on_done, **kw):
+        for t, status in ((1600.0, "finished"), (1600.0, "skipped"), (4000.0, "finished")):
+            now[0] = t
+            on_done({"status": status})
+            (s,) = T.read_timings(tmp_path / "s")  # on disk at once, as a kill would leave it
+            assert s["running"] == "grid" and s["grid_s"] == t - 1000.0 and s["total_s"] == t - 1000.0
+        now[0] = 5000.0
+        raise Killed
+
+    monkeypatch.setattr(PL, "run_points", two_points_then_killed)
+    monkeypatch.setattr(PL.PhaseClock, "done", lambda self, phase, **kw: None)  # a killed process writes nothing more
+    with pytest.raises(Killed):
+        PL.run_experiment(PRESETS["smoke"], tmp_path / "s", progress=False)
+    (s,) = T.read_timings(tmp_path / "s")
+    assert s["grid_s"] == 3000.0 and s["points"] == {"finished": 2, "skipped": 1} and s["running"] == "grid"
+    table = P.phase_table(None, [s])
+    (head,) = [c for c in table.columns if c.startswith("measured")]
+    assert head == "measured [min], ended during its grid" and table.loc["grid (runs, controls, oracles)", head] == "50.0"
+    monkeypatch.undo()
+    clock = T.PhaseClock(tmp_path / "t", started=0.0)
+    clock.progress("grid", points={"finished": 1})
+    clock.done("grid", points={"finished": 2})
+    (s,) = T.read_timings(tmp_path / "t")
+    assert "running" not in s and s["points"] == {"finished": 2}
+    with pytest.raises(ValueError, match="phase 'training' is not one of"):
+        clock.progress("training")
+
+
 def test_run_experiment_records_every_phase_and_the_grid_even_when_interrupted(tmp_path, monkeypatch):
     """The pipeline's wiring, its steps replaced by stand-ins: preparation, probes, grid and report
     each written to timings.json; an interrupt in the grid still records the grid's time."""

@@ -185,8 +185,14 @@ def run_experiment(spec: ExperimentSpec, out_dir: Path | str, *, retrain_base: b
     ex = executor or make_executor(spec.executor, workers or spec.workers, folder=out / "submitit",
                                    **spec.executor_options)
     statuses: list[dict] = []
+    ended: Counter = Counter()
+
+    def point_ended(status: dict) -> None:  # a killed session keeps its grid time up to its last point
+        ended[str(status.get("status"))] += 1
+        clock.progress("grid", points=dict(ended))
+
     try:
-        statuses = run_points(points, out / "runs", executor=ex, progress=progress)
+        statuses = run_points(points, out / "runs", executor=ex, progress=progress, on_done=point_ended)
     finally:
         if executor is None:
             ex.shutdown()

@@ -2,12 +2,14 @@
 invocation (a *session*), the seconds of its preparation (split, reference), probes (the estimate,
 ``zfree_lab.experiment.estimate.plan``), grid (the runs, controls and oracles, skipped ones included)
 and report (summary tables and report.html) in ``timings.json``. A phase is written as soon as it
-ends, so an interrupted study keeps the phases it finished; a rerun appends a session and never
-rewrites an earlier one. The report's opening section reads it beside ``estimate.json``
+ends, and the grid's seconds so far each time one of its points ends (``PhaseClock.progress``), so a
+study killed outright (a machine handed back, SIGKILL) keeps its time up to its last finished run; a
+rerun appends a session and never rewrites an earlier one. The report's opening section reads it beside ``estimate.json``
 (``zfree_lab.report.plan_report``).
 
 ``timings.json``: ``{"sessions": [{"id", "started" (ISO 8601, UTC), "<phase>_s" for each phase
-done, "total_s" (since the session started), "points" ({status: count} of the grid), "finished"
+done or under way, "running" (the phase under way when the session last wrote, absent once it ended),
+"total_s" (since the session started), "points" ({status: count} of the grid), "finished"
 (true once its last phase is written), "refused" (the budget's one-line refusal, when the probes found
 that the grid cannot fit: the session ends there)}, ...]}``, oldest first.
 """
@@ -36,8 +38,8 @@ def read_timings(study_dir: Path | str) -> list[dict]:
 
 class PhaseClock:
     """One session of ``study_dir/timings.json``: ``done(phase)`` records the seconds since the
-    previous phase ended (or since ``started``, ``time.time()`` when the session began) and writes the
-    file (atomically: ``atomic_write_json``), keeping every other session as it was."""
+    previous phase ended (or since ``started``, ``time.time()`` when the session began), ``progress(phase)``
+    the seconds so far of the phase under way, and each writes the file (atomically: ``atomic_write_json``), keeping every other session as it was."""
 
     def __init__(self, study_dir: Path | str, started: float | None = None):
         self.file = Path(study_dir) / TIMINGS_FILE
@@ -48,10 +50,24 @@ class PhaseClock:
     def done(self, phase: str, **extra) -> None:
         """Record ``phase`` (one of ``PHASES``; ValueError naming them otherwise) as ended now, with
         ``extra`` keys (e.g. ``points``, ``finished``)."""
+        self.last = self._write(phase, **extra)
+        self.session.pop("running", None)
+        self._save()
+
+    def progress(self, phase: str, **extra) -> None:
+        """Record ``phase`` as under way: its seconds so far, ``running`` = ``phase`` (``done`` ends it)."""
+        self._write(phase, **extra)
+        self.session["running"] = phase
+        self._save()
+
+    def _write(self, phase: str, **extra) -> float:
+        """Put ``phase``'s seconds since the previous phase ended into the session; returns now."""
         if phase not in PHASES:
             raise ValueError(f"phase {phase!r} is not one of {list(PHASES)}")
         now = time.time()
         self.session.update({f"{phase}_s": now - self.last, "total_s": now - self.t0, **extra})
-        self.last = now
+        return now
+
+    def _save(self) -> None:
         others = [s for s in read_timings(self.file.parent) if s.get("id") != self.session["id"]]
         atomic_write_json(self.file, {"sessions": [*others, self.session]})

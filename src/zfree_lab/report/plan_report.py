@@ -73,6 +73,8 @@ def phase_table(estimate: dict | None, sessions: list[dict]) -> pd.DataFrame | N
         head = "measured [min]" if len(sessions) == 1 else f"measured [min], session {i + 1} ({s.get('started', '?')})"
         if s.get("refused"):
             head += ", refused by its budget"
+        elif s.get("running"):  # killed (or still running): its time up to the last finished point
+            head += f", ended during its {s['running']}"
         points = ", ".join(f"{n} {k}" for k, n in sorted((s.get("points") or {}).items())) or "–"
         t[head] = [*(_min(s.get(f"{p}_s")) for p in PHASES), _min(s.get("total_s")), points]
     return t
