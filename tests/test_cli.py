@@ -72,13 +72,15 @@ def test_zfree_lab_copies_the_notebooks_chooses_the_study_and_prints_the_command
     import sys
 
     from zfree.core.paths import NOTEBOOKS, runs_home
+    from zfree_lab.report.lab_launch import lab_copy
 
     monkeypatch.delenv("HF_HUB_OFFLINE")  # set for the suite; zfree lab sets it as make lab does, unless set
     assert main(["lab", "runs/my-study", "--print-only", "--no-browser", "--port", "9999"]) == 0
     out, err = capsys.readouterr()
     lab = lab_home / "zfree-lab"
     shipped = sorted(p.name for p in NOTEBOOKS.glob("*.ipynb"))
-    assert "explore.ipynb" in shipped and all((lab / n).read_bytes() == (NOTEBOOKS / n).read_bytes() for n in shipped)
+    assert "explore.ipynb" in shipped and all((lab / n).read_text() == lab_copy(NOTEBOOKS / n) for n in shipped)
+    assert sorted(p.name for p in lab.iterdir()) == shipped  # unpaired copies (lab_copy): no jupytext.toml
     assert err == f"notebooks in {lab}: {len(list(lab.iterdir()))} copied\n"
     words = shlex.split(out)
     env = dict(w.split("=", 1) for w in words[:3])
@@ -86,7 +88,7 @@ def test_zfree_lab_copies_the_notebooks_chooses_the_study_and_prints_the_command
                    "HF_HUB_OFFLINE": "1"}
     assert words[3:6] == [sys.executable, "-m", "jupyterlab"]
     assert {f"--ServerApp.root_dir={lab}", "--ServerApp.contents_manager_class=zfree_lab.report.lab_contents.LabContentsManager",
-            "--no-browser", "--port=9999"} <= set(words[6:])
+            "--ContentsManager.pre_save_hook=zfree_lab.report.lab.strip_on_save", "--no-browser", "--port=9999"} <= set(words[6:])
     (lab / "explore.ipynb").write_text("my edits")  # a second time: the user's notebook is kept
     assert main(["lab", "--print-only"]) == 0
     out, err = capsys.readouterr()

@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from placement import FactoryRecorder  # noqa: E402
 
-from tests.tiny import TRAIN_DEFAULTS, tiny_flat  # noqa: E402
+from tests.tiny import TRAIN_DEFAULTS, poison_loss_at, tiny_flat  # noqa: E402
 from zfree.config import TrainConfig  # noqa: E402
 from zfree.core.io import read_json  # noqa: E402
 from zfree.train import run_folder  # noqa: E402
@@ -131,17 +131,9 @@ def test_deferred_non_finite_check_names_the_first_bad_step_and_its_batch(tiny, 
     monkeypatch.setattr(run_folder, "FINITE_CHECK_EVERY", {})
     monkeypatch.setattr(run_folder, "FINITE_CHECK_EVERY_ACCELERATOR", 4)
     batches = []
-    real_collate, real_assemble = tr.collate, objectives.assemble
+    real_collate = tr.collate
     monkeypatch.setattr(tr, "collate", lambda enc, **kw: batches.append([e.id for e in enc]) or real_collate(enc, **kw))
-
-    def poisoned(*a, **kw):
-        br = real_assemble(*a, **kw)
-        if kw.get("step") == 2:
-            br.total = br.total * float("nan")
-            br.terms["kl_prior_loss"] = br.terms["kl_prior_loss"] * float("nan")
-        return br
-
-    monkeypatch.setattr(objectives, "assemble", poisoned)
+    poison_loss_at(monkeypatch, 2)
     data, base = tiny
     with pytest.raises(NonFiniteLossError, match="step 2"):
         tr.train_cvae(_cfg(data, base, device="cpu", steps=8, eval_every=8), tmp_path / "run", progress=False)

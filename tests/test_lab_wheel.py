@@ -6,7 +6,7 @@ wheel into ./zfree-lab) opens, its kernel starts, the explorer shows the study g
 and a one-run launch from the panel ends ``done: 1/1 ok`` with the run in ``DIR/launched``.
 
 Only the command line and the wheel are used, never the clone's modules. Needs what
-tests/test_lab_browser.py needs (Playwright for Python, Chromium at ``$ZFREE_CHROMIUM`` or
+tests/lab_page.py needs (Playwright for Python, Chromium at ``$ZFREE_CHROMIUM`` or
 /usr/bin/chromium) and what tests/test_wheel.py needs (torch==2.13.0 installable). A failing test
 leaves ``failure-<test>.png`` beside the server's log (``lab.log``) in its tmp folder; ``ZFREE_SCREENSHOTS=DIR`` keeps a
 screenshot of the explorer and of the launch panel.
@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import re
 import subprocess
 import time
@@ -26,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_lab_browser import AUTOSAVE_S, CHROMIUM, Lab, _free_port, _lab_settings
+from tests.lab_page import CHROMIUM, Lab, browser_or_skip, free_port, lab_settings, open_notebook, run_all
 from tests.test_wheel import _check, _run, install_wheel_venv
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]  # the build, two installs, a study, a lab
@@ -69,12 +68,7 @@ def wheel_lab(tmp_path_factory):
     ``Lab.dirty_after_open``: the notebook tabs marked unsaved once its kernel was up and several
     autosave intervals passed; ``Lab.status_after_open``: whether explore.ipynb's file was then as
     copied ("same") or rewritten ("changed": an autosave of a notebook marked unsaved)."""
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e .[test])")
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium, or set ZFREE_CHROMIUM)")
-    shots = Path(os.environ["ZFREE_SCREENSHOTS"]) if os.environ.get("ZFREE_SCREENSHOTS") else None
-    if shots:
-        shots.mkdir(parents=True, exist_ok=True)
+    sync_api, shots = browser_or_skip()
     tmp = tmp_path_factory.mktemp("lab-wheel")
     bin_dir, elsewhere, env = install_wheel_venv(tmp, extra="lab")
     study = tmp / "studies" / "smoke"
@@ -82,9 +76,9 @@ def wheel_lab(tmp_path_factory):
            "zfree study --preset smoke")
     home = tmp / "home"  # where the researcher types `zfree lab DIR`: empty, no runs/
     home.mkdir()
-    port, token = _free_port(), "zfree-wheel-test"
+    port, token = free_port(), "zfree-wheel-test"
     log = tmp / "lab.log"
-    lab_env = {**env, "JUPYTER_TOKEN": token, "JUPYTERLAB_SETTINGS_DIR": str(_lab_settings(tmp / "lab-settings"))}
+    lab_env = {**env, "JUPYTER_TOKEN": token, "JUPYTERLAB_SETTINGS_DIR": str(lab_settings(tmp / "lab-settings"))}
     lab_env.pop("ZFREE_STUDY", None)
     with log.open("w") as out:
         proc = subprocess.Popen([str(bin_dir / "zfree"), "lab", str(study), "--no-browser", "--ip", "127.0.0.1",
@@ -97,16 +91,11 @@ def wheel_lab(tmp_path_factory):
             lab = Lab(page, home / "zfree-lab", proc, shots, sync_api.TimeoutError)
             with _shot_on_failure(page, tmp, "setup"):
                 copied = (lab.clone / "explore.ipynb").read_bytes()
-                page.goto(f"http://127.0.0.1:{port}/lab/tree/explore.ipynb?token={token}")
-                page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=120_000)
-                page.get_by_text(re.compile(r"\| Idle$")).first.wait_for(timeout=180_000)  # the kernel is up
-                page.wait_for_timeout(3 * AUTOSAVE_S * 1000)  # as tests/test_lab_browser.py: autosaves have passed
+                open_notebook(page, f"http://127.0.0.1:{port}/lab/tree/explore.ipynb?token={token}",
+                              kernel_timeout_s=180)  # autosaves have passed
                 lab.dirty_after_open = page.locator(".lm-TabBar-tab.jp-mod-dirty").count()
                 lab.status_after_open = "same" if (lab.clone / "explore.ipynb").read_bytes() == copied else "changed"
-                page.get_by_role("menuitem", name="Run", exact=True).click()
-                page.locator(".lm-Menu-itemLabel").filter(has_text=re.compile(r"^Run All Cells$")).click()
-                lab.figure.wait_for(state="attached", timeout=300_000)
-                lab.panel.wait_for(state="attached", timeout=120_000)
+                run_all(lab)
             yield lab, study, tmp
             browser.close()
     finally:

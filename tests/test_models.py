@@ -21,6 +21,16 @@ def setup(tiny_lm):
     return tiny_lm(n_layer=2, seed=1, saved=True)  # saved and loaded back: the real loading path
 
 
+def spread_cvae(base, n_latent: int, *, double: bool = False) -> DiscreteCVAE:
+    """A DiscreteCVAE on a copy of ``base`` (float64 with ``double``) whose latent vectors are drawn
+    N(0, 0.5²): its values decode differently."""
+    model = DiscreteCVAE(copy.deepcopy(base), n_latent=n_latent)
+    model = model.double() if double else model
+    with torch.no_grad():
+        model.latent_embedding.weight.normal_(std=0.5)
+    return model
+
+
 def test_decoder_equals_base_model_at_init_for_every_latent(setup):
     base, tok, batch = setup
     model = DiscreteCVAE(copy.deepcopy(base), n_latent=5)
@@ -45,9 +55,7 @@ def test_target_logprobs_match_transformers_own_loss(setup):
 
 def test_batched_latent_pass_equals_naive_full_pass_per_latent(setup):
     base, tok, batch = setup
-    model = DiscreteCVAE(copy.deepcopy(base), n_latent=3)
-    with torch.no_grad():
-        model.latent_embedding.weight.normal_(std=0.5)
+    model = spread_cvae(base, 3)
     out = model(batch)
     emb_layer = model.backbone.get_input_embeddings()
     for k in range(3):
@@ -59,9 +67,7 @@ def test_batched_latent_pass_equals_naive_full_pass_per_latent(setup):
 
 def test_padding_changes_nothing(setup):
     base, tok, batch = setup
-    model = DiscreteCVAE(copy.deepcopy(base), n_latent=3)
-    with torch.no_grad():
-        model.latent_embedding.weight.normal_(std=0.5)
+    model = spread_cvae(base, 3)
     full = model(batch)
     for r, p in enumerate(PAIRS):
         alone = model(collate([encode_pair(tok, p)], pad_id=tok.pad_token_id))
@@ -104,9 +110,7 @@ def test_forward_selected_gradient_equals_the_full_k_way_graph(setup):
     the gradient through the full K-way graph gathered at the same values (float64)."""
     base, tok, batch = setup
     torch.manual_seed(0)
-    model = DiscreteCVAE(copy.deepcopy(base), n_latent=4).double()
-    with torch.no_grad():
-        model.latent_embedding.weight.normal_(std=0.5)
+    model = spread_cvae(base, 4, double=True)
     mask = batch.target_mask
 
     def loss_of(tlp_z, q_logits):  # (B, T), (B, K): a reconstruction term plus a posterior term
@@ -141,9 +145,7 @@ def test_forward_selected_estep_on_the_first_tokens_of_s(setup, n):
     log-probs still cover all of S and equal the full pass at k*."""
     base, tok, batch = setup
     torch.manual_seed(0)
-    model = DiscreteCVAE(copy.deepcopy(base), n_latent=4).double()
-    with torch.no_grad():
-        model.latent_embedding.weight.normal_(std=0.5)
+    model = spread_cvae(base, 4, double=True)
     full = model(batch).target_logprobs.detach()  # (B, K, T)
     sel = model.forward_selected(batch, "best", estep_tokens=n)
     t = torch.arange(batch.input_ids.shape[1])[None, :]

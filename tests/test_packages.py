@@ -18,7 +18,7 @@ LIBRARY, LAB = SRC / "zfree", SRC / "zfree_lab"
 #: what the application needs and the library must not: the notebook runners, the widgets, the
 #: cluster executor, the figures, and the application itself
 LAB_ONLY = ("zfree_lab", "papermill", "nbconvert", "nbformat", "nbclient", "jupytext", "ipykernel", "ipywidgets",
-            "submitit", "matplotlib", "seaborn", "psutil", "jupyter_client", "jupyterlab", "jupyter_server")
+            "submitit", "matplotlib", "psutil", "jupyter_client", "jupyterlab", "jupyter_server")
 
 
 def module_name(path: Path) -> str:

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import torch
 
-from tests.tiny import tiny_flat
+from tests.tiny import poison_loss_at, tiny_flat
 from zfree.config import TrainConfig
 from zfree.core.io import read_json, read_jsonl
 from zfree.train.run_folder import NonFiniteLossError
@@ -201,19 +201,8 @@ def test_the_gate_reads_rows_that_are_never_evaluated(tiny, tmp_path, monkeypatc
 
 
 def test_non_finite_loss_stops_with_step_and_batch(tiny, tmp_path, monkeypatch):
-    import zfree.objective.objectives as objectives
-
     data, base = tiny
-    real = objectives.assemble  # the one assembler every training step calls (issue 12)
-
-    def poisoned(*a, **kw):
-        br = real(*a, **kw)
-        if kw.get("step") == 3:
-            br.total = br.total * float("nan")
-            br.terms["kl_prior_loss"] = br.terms["kl_prior_loss"] * float("nan")
-        return br
-
-    monkeypatch.setattr(objectives, "assemble", poisoned)
+    poison_loss_at(monkeypatch, 3)
     with pytest.raises(NonFiniteLossError, match="step 3"):
         train_cvae(_cfg(data, base), tmp_path / "run", progress=False)
     err = read_json(tmp_path / "run" / "error.json")

@@ -5,6 +5,7 @@
 * ``PAIRS`` / ``SHORT_PAIRS`` and ``tiny_gpt2``: a small list of digit pairs and a tiny random GPT-2
   with its digit tokenizer; the session fixture ``tiny_lm`` builds each variant once.
 * ``tiny_flat``: the flat TrainConfig of a few-step CVAE run on the tiny base run.
+* ``poison_loss_at``: a training step whose loss (and its KL term) is NaN, for the non-finite checks.
 """
 
 from __future__ import annotations
@@ -67,3 +68,20 @@ def pairs_batch(tok, pairs=PAIRS):
     from zfree.data.batching import collate, encode_pair
 
     return collate([encode_pair(tok, p) for p in pairs], pad_id=tok.pad_token_id)
+
+
+def poison_loss_at(monkeypatch, step: int) -> None:
+    """Make the loss of training step ``step`` NaN, its total and its ``kl_prior_loss`` term, through
+    ``zfree.objective.objectives.assemble`` (the one assembler every training step calls, issue 12)."""
+    import zfree.objective.objectives as objectives
+
+    real = objectives.assemble
+
+    def poisoned(*a, **kw):
+        br = real(*a, **kw)
+        if kw.get("step") == step:
+            br.total = br.total * float("nan")
+            br.terms["kl_prior_loss"] = br.terms["kl_prior_loss"] * float("nan")
+        return br
+
+    monkeypatch.setattr(objectives, "assemble", poisoned)

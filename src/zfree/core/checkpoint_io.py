@@ -1,10 +1,7 @@
-"""Checkpoint primitives (docs/reference/artifacts.md; nothing executable is ever loaded from a run
-folder): a plain state (tensors in safetensors, the rest as JSON, no pickle: ``save_plain_state`` /
-``load_plain_state``), the state.pt of older run folders read with ``weights_only=True``
-(``safe_torch_load``), and a checkpoint folder written beside the last good one with a ``COMPLETE``
-manifest of sizes and sha256 and swapped in by renames (``write_checkpoint_dir``), checked
-(``verify_checkpoint_dir``) and loaded newest-usable first (``load_checkpoint_dir``).
-"""
+"""Checkpoint primitives that never load executable code from a run folder (docs/reference/artifacts.md).
+
+Plain state (tensors in safetensors, the structure in JSON), older state.pt files read weights-only,
+and checkpoint folders with a ``COMPLETE`` manifest (sizes, sha256) swapped in by renames."""
 
 from __future__ import annotations
 
@@ -164,8 +161,8 @@ def write_checkpoint_dir(final: Path | str, write, previous: Path | str | None =
     file's size and sha256) is written and fsynced, the old ``previous`` folder (default
     ``<final>.prev``) is removed, ``final`` is renamed to ``previous`` and the temporary folder
     to ``final``. At every instant at least one complete checkpoint exists (``final`` or
-    ``previous``), so a kill at any point loses at most the newest one. If ``write`` raises,
-    nothing existing is touched. Returns ``final``.
+    ``previous``): a kill loses at most the newest one. If ``write`` raises, nothing existing is
+    touched. Returns ``final``.
     """
     final = Path(final)
     previous = Path(previous) if previous is not None else final.with_name(final.name + ".prev")
@@ -196,8 +193,8 @@ def write_checkpoint_dir(final: Path | str, write, previous: Path | str | None =
 
 
 def verify_checkpoint_dir(folder: Path | str) -> None:
-    """Check a checkpoint folder against its ``COMPLETE`` manifest. Raises ``CheckpointError``
-    naming the first missing, truncated or altered file (or the missing manifest)."""
+    """Check a checkpoint folder against its ``COMPLETE`` manifest; ``CheckpointError`` names the first
+    missing, truncated or altered file (or the missing manifest)."""
     folder = Path(folder)
     m = folder / MANIFEST
     if not m.is_file():
@@ -222,10 +219,8 @@ def load_checkpoint_dir(candidates: list[Path | str], load, warn=None) -> tuple[
     ``load(folder)``; a folder that fails (``CheckpointError`` or any exception from ``load``) is
     reported through ``warn`` (default ``warnings.warn``) naming the file, and the next is tried.
 
-    Returns ``(folder, load(folder))``, or None when no candidate exists. Raises
-    ``CheckpointError`` listing every failure when candidates exist but none loads. ``load``
-    must only read (and should fill the model/optimizer only after everything is read), so a
-    failed candidate leaves no partial state behind.
+    Returns ``(folder, load(folder))``, or None when no candidate exists; ``CheckpointError`` listing
+    every failure when none loads. ``load`` must only read, so a failed candidate leaves no partial state.
     """
     warn = warn or (lambda msg: warnings.warn(msg, stacklevel=3))
     failures = []

@@ -1,10 +1,8 @@
 """Expected errors: the ones ``zfree`` reports as one line ``zfree: error: ...`` with exit 2.
 
-Anything raised as a subclass of ``ZfreeError`` is a problem with the user's input, config or
-files (or a refusal, such as a folder locked by another process), not a bug; the CLI prints
-its message on one line and never a traceback. Unexpected exceptions keep their traceback.
-The subclasses that are also ``ValueError`` stay catchable as such (older callers and tests
-expect ValueError for a bad value).
+A ``ZfreeError`` is a problem with the user's input, config or files (or a refusal, such as a locked
+folder), not a bug: the CLI prints its message on one line, never a traceback. The subclasses that
+are also ``ValueError`` stay catchable as such.
 """
 
 from __future__ import annotations
@@ -49,10 +47,9 @@ def one_line(e: BaseException) -> str:
 
 
 class Interrupted(KeyboardInterrupt):
-    """SIGINT (Ctrl-C) or SIGTERM reached a zfree command (``zfree_lab.cli.main`` turns it into one
-    line and exit 128 + signal: 130 or 143). A KeyboardInterrupt, so ``except Exception`` never
-    swallows it. ``message``: what to do next (set by the layer that knows, e.g. the trainer's
-    "interrupted at step N; resume with ..."), else the command's own hint."""
+    """SIGINT (Ctrl-C) or SIGTERM reached a zfree command (the CLI exits 128 + signal: 130 or 143).
+    A KeyboardInterrupt, so ``except Exception`` never swallows it. ``message``: what to do next
+    (e.g. "interrupted at step N; resume with ..."), else the command's own hint."""
 
     def __init__(self, signum: int = 2, message: str | None = None):
         super().__init__(message or f"signal {signum}")
@@ -66,4 +63,4 @@ class CheckpointWriteError(ZfreeError):
 
 class FolderWriteError(ZfreeError):
     """A study folder could not be written (disk full, quota): the message names the folder, what was
-    kept and how to go on (``zfree_lab.experiment.render.render_report``)."""
+    kept and how to go on."""

@@ -1,6 +1,5 @@
-"""Atomic artifact writes, readers of the records and tables, content hashes
-(docs/reference/artifacts.md: writes are atomic, temp file then rename). The checkpoint primitives are
-in ``zfree.core.checkpoint_io``."""
+"""Atomic artifact writes (temp file, then rename), readers of records and tables, content hashes
+(docs/reference/artifacts.md)."""
 
 from __future__ import annotations
 
@@ -16,8 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from zfree.core.errors import InputError
 
-# torch is imported inside the functions that need it (lazy: ~1.2 s, and core.io sits below
-# zfree.config, which `zfree --help` reads for the CLI defaults)
+# torch is imported lazily: zfree.config imports this module and `zfree --help` reads zfree.config
 if TYPE_CHECKING:
     import torch
 
@@ -87,9 +85,8 @@ def atomic_write_parquet(path: Path | str, df) -> Path:
 
 
 def read_record(path: Path | str) -> dict:
-    """A JSON object zfree keeps as a record it can rebuild (timings.json, controls.json): {} when
-    the file is missing, and {} with a warning naming the file when it is not a JSON object (a hand
-    edit, a torn copy, a planted link); the caller then writes a new one over it."""
+    """A JSON object zfree can rebuild (timings.json, controls.json): {} when the file is missing, and
+    {} with a warning naming the file when it is not a JSON object (the caller then writes it anew)."""
     p = Path(path)
     if not p.exists():
         return {}
@@ -111,9 +108,8 @@ def read_json(path: Path | str) -> Any:
 
 
 def read_table(path: Path | str, columns: list[str] | None = None):
-    """A parquet table a run or a reference wrote (``pandas.read_parquet``). InputError in one line
-    naming the file and why when it is missing, unreadable or lacks ``columns``: the folder is not
-    whole (a hand edit, a copy cut short), not a bug."""
+    """A parquet table a run or a reference wrote (``pandas.read_parquet``). InputError naming the file
+    and why when it is missing, unreadable or lacks ``columns`` (the folder is not whole)."""
     import pandas as pd
 
     p = Path(path)
@@ -128,10 +124,9 @@ def read_table(path: Path | str, columns: list[str] | None = None):
 
 
 def read_jsonl(path: Path | str, drop_torn_tail: bool = False) -> list[dict]:
-    """The rows of a JSON-lines file, one dict a line (blank lines skipped). A line that is not
-    JSON raises ``InputError`` naming the file and line; with ``drop_torn_tail``, a last line
-    without its newline that is not JSON (a writer killed mid-line) is dropped with a warning
-    naming the file instead."""
+    """The rows of a JSON-lines file, one dict a line (blank lines skipped). ``InputError`` naming file and
+    line for a line that is not JSON; with ``drop_torn_tail`` a torn last line (no newline, not JSON) is
+    dropped with a warning instead."""
     rows = []
     with open(path, encoding="utf-8-sig") as f:
         lines = f.readlines()
@@ -202,9 +197,8 @@ def nonfinite_keys(obj: Any, prefix: str = "") -> list[str]:
 
 
 def read_yaml(path: Path | str) -> Any:
-    """``yaml.safe_load`` of ``path``, the one YAML reader of every spec (sweep specs, own-model
-    grids): InputError naming ``file:line:column`` for bad YAML, a tag that is not plain data
-    (``!!python/object/apply`` ...; safe_load constructs none) or text that is not UTF-8."""
+    """``yaml.safe_load`` of ``path`` (every spec): InputError naming ``file:line:column`` for bad YAML,
+    a tag that is not plain data (``!!python/object/apply`` ...) or text that is not UTF-8."""
     import yaml  # lazy: only the spec readers need it
 
     path = Path(path)

@@ -1,12 +1,8 @@
 """One owner per folder: an OS advisory lock (``fcntl.flock``) on ``<folder>/.zfree.lock``.
 
-The kernel releases a flock when the holding process dies (even by SIGKILL), so a lock left
-by a killed process is never stale: the next process simply takes it and overwrites the pid
-recorded in the file. A second live process is refused with ``LockHeldError`` naming the
-holder's pid. flock locks belong to an open file description: a second ``run_folder_lock`` on
-the same folder from the same process is refused too (it would be a second writer).
-
-Linux and macOS only (``fcntl``); on NFS, Linux emulates flock with POSIX byte-range locks.
+The kernel releases a flock when its holder dies (even by SIGKILL), so a lock is never stale. A
+second live holder, in another process or the same one (flock belongs to an open file description),
+is refused with ``LockHeldError`` naming the holder's pid. Linux and macOS only (``fcntl``).
 """
 
 from __future__ import annotations
@@ -41,8 +37,7 @@ def _holder(lock_file: Path) -> str:
 
 
 def _open_no_link(lock_file: Path) -> int:
-    """The lock file opened for writing without following a link: zfree never makes it a symlink,
-    so one found there was planted and is replaced by a regular file (its target is never written)."""
+    """The lock file opened for writing without following a link (a symlink found there is replaced)."""
     flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
     try:
         return os.open(lock_file, flags, 0o644)
@@ -57,9 +52,8 @@ def _open_no_link(lock_file: Path) -> int:
 def run_folder_lock(path: Path | str, what: str = "run folder") -> Iterator[Path]:
     """Hold the exclusive lock on folder ``path`` (created if missing) for the ``with`` block.
 
-    Yields the lock file. Raises ``LockHeldError`` ("<what> <path> is in use by pid N on HOST
-    (...)") at once, without waiting, when another open lock holds it. The lock file stays
-    behind after release (removing it would race with a process that has just opened it).
+    Yields the lock file. Raises ``LockHeldError`` at once, without waiting, naming the holder's pid
+    and host. The lock file stays after release (removing it would race with a new opener).
     """
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
@@ -84,23 +78,17 @@ def run_folder_lock(path: Path | str, what: str = "run folder") -> Iterator[Path
         os.close(fd)
 
 
-#: what marks a folder as zfree's own: the lock file every run, study and runs folder gets on its first
-#: use (it stays after release), or the config.json of a run folder older than the lock (a config.json
-#: of something else is then refused by the config check, ``zfree.train.run_folder.check_same_config``)
+#: what marks a folder as zfree's own: the lock file it gets on first use, or a run folder's config.json
 OWNER_MARKS = (LOCK_NAME, "config.json")
-#: what marks a study or sweep folder as zfree's own: its lock (taken before the study writes anything
-#: else), or, for a folder older than the lock, the plan of a study (``zfree_lab.experiment.study_plan``) or
-#: the spec.json of a sweep (``zfree_lab.experiment.sweeps``)
+#: what marks a study or sweep folder as zfree's own: its lock, a study's plan.json or a sweep's spec.json
 STUDY_MARKS = (LOCK_NAME, "plan.json", "spec.json")
 
 
 def check_own_folder(path: Path | str, what: str = "run folder", marks: tuple[str, ...] = OWNER_MARKS) -> None:
-    """Refuse, in one line naming the folder and a few of its entries, to write into ``path`` when it
-    lies inside the installed package (``zfree.core.paths.check_not_in_package``) or is a non-empty
-    folder that is not zfree's own (none of ``marks``: ``OWNER_MARKS`` for a run, ``STUDY_MARKS``
-    for a study or sweep): zfree would write its files (summary.json, metrics.jsonl, train.jsonl,
-    report.html, ...) over the user's, or take a foreign summary.json for a finished run (issue 61).
-    A missing or empty folder, or one of zfree's, passes. ConfigError."""
+    """ConfigError naming the folder and a few of its entries when ``path`` lies inside the installed
+    package (``zfree.core.paths.check_not_in_package``) or is a non-empty folder without any of
+    ``marks`` (``OWNER_MARKS`` for a run, ``STUDY_MARKS`` for a study): zfree would write over the
+    user's files. A missing or empty folder, or one of zfree's, passes."""
     from zfree.core.errors import ConfigError
     from zfree.core.paths import check_not_in_package
 
@@ -117,8 +105,7 @@ def check_own_folder(path: Path | str, what: str = "run folder", marks: tuple[st
 
 def claim_folder(path: Path | str, what: str = "run folder", marks: tuple[str, ...] = OWNER_MARKS) -> Path:
     """``check_own_folder``, then mark ``path`` as zfree's own (created if missing) by taking and
-    releasing its lock: for a caller that writes into the folder before the code that locks it
-    (the split of ``zfree train --data``, a notebook executed into a study's run folder)."""
+    releasing its lock, for a caller that writes into it before the code that locks it. Returns ``path``."""
     check_own_folder(path, what, marks)
     with run_folder_lock(path, what):
         pass

@@ -1,12 +1,10 @@
 """Peak bytes of live tensor storage during a block of code: a deterministic memory measure.
 
-``LiveTensorBytes`` is a ``TorchDispatchMode``: every storage an operator returns (forward, and
-backward too, which runs on the calling thread for CPU tensors) is counted from its creation until
-its Python storage object is finalized (the storage freed). Unlike resident-set sampling it does
-not depend on the allocator, on timing or on other processes, so tests can assert bounds with it
-(tests/test_head_chunks.py) and benchmarks can print it beside the RSS peak. Storages created
-before the block (parameters, inputs) are not counted; ``.grad`` buffers created inside are.
-Overhead: one Python call per operator, so never time code under it.
+``LiveTensorBytes`` is a ``TorchDispatchMode``: every storage an operator returns (forward and, for
+CPU tensors, backward) counts from its creation until it is freed. Unlike resident-set sampling it
+depends on no allocator, timing or other process, so tests can assert bounds with it. Storages
+created before the block are not counted; ``.grad`` buffers created inside are. One Python call per
+operator: never time code under it.
 """
 
 from __future__ import annotations

@@ -8,19 +8,16 @@ from pathlib import Path
 from zfree.core.errors import ConfigError
 
 _PACKAGE = Path(__file__).resolve().parents[1]  # src/zfree in a clone, site-packages/zfree in a wheel
-#: the installed package (``src/zfree`` in a clone, ``site-packages/zfree`` from a wheel): no output
-#: folder may lie inside it (``check_not_in_package``)
+#: the installed package: no output folder may lie inside it (``check_not_in_package``)
 PACKAGE = _PACKAGE
-#: the installed packages no output folder may lie inside: this one, and an application built on it that
-#: adds its own folder on import (``zfree_lab`` does), so the library never needs to name it
+#: the installed packages no output folder may lie inside (an application adds its own on import)
 PACKAGES: list[Path] = [PACKAGE]
-#: in a wheel, the files of the clone's root that runs need (the notebooks they execute, the shipped
-#: benchmarks and base runs, the YAML specs), copied there by the build in the clone's own layout (setup.py)
+#: in a wheel, the clone's files that runs need (notebooks, shipped data, specs), copied by setup.py
 INSTALLED_ROOT = _PACKAGE / "_shipped"
 #: True in a clone (an editable install: the files are the clone's own), False in an installed wheel
 IN_CLONE = not INSTALLED_ROOT.is_dir()
-#: the folder those files are laid out under: the repository root in a clone, ``INSTALLED_ROOT`` in a
-#: wheel; every path below, and every stored ``zfree:<path>``, resolves against it and nothing else
+#: the repository root in a clone, ``INSTALLED_ROOT`` in a wheel: every path below and every stored
+#: ``zfree:<path>`` resolves against it
 ROOT = _PACKAGE.parents[1] if IN_CLONE else INSTALLED_ROOT
 NOTEBOOKS = ROOT / "notebooks"
 SPECS = ROOT / "analysis" / "sweeps"
@@ -63,8 +60,7 @@ def check_out_dir(out: Path | str, what: str = "out_dir") -> None:
 
 def check_not_in_package(out: Path | str, what: str = "out_dir") -> None:
     """ConfigError naming ``what`` and the folder when output folder ``out`` lies inside an installed
-    package (``PACKAGES``, symlinks resolved): a run or study would write its files among zfree's
-    modules, and a wheel's reinstall or a ``git clean`` would take them (issue 61)."""
+    package (``PACKAGES``, symlinks resolved): a reinstall or ``git clean`` would take the files."""
     p = Path(out).expanduser().resolve()
     for package in PACKAGES:
         if p.is_relative_to(package):
@@ -121,9 +117,7 @@ def resolve_given(value: str) -> str:
 
 def runs_home() -> Path:
     """The ``runs/`` folder a notebook looks in for the latest study: ``$ZFREE_RUNS`` when set (``zfree
-    lab`` sets it to the ``runs/`` of the folder it was started from, not of the lab folder its kernels
-    run in); else the clone's (``make smoke`` writes there); with a wheel the working directory's, as
-    ROOT is then inside the installation."""
+    lab`` sets it), else the clone's, or with a wheel the working directory's."""
     if os.environ.get("ZFREE_RUNS"):
         return Path(os.environ["ZFREE_RUNS"])
     return (ROOT if IN_CLONE else Path.cwd()) / "runs"

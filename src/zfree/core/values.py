@@ -1,6 +1,5 @@
-"""Values typed where they enter: text (a ``--set`` value, a YAML string, a raw papermill
-parameter) and Python values converted or checked by a config field's declared type, and the
-machine check of a torch device. ``zfree.config`` applies them to every config field."""
+"""Values typed where they enter: text (``--set``, YAML, a papermill parameter) or Python values
+converted or checked by a config field's declared type; and the check of a torch device."""
 
 from __future__ import annotations
 
@@ -95,7 +94,7 @@ def check_device(device: str) -> None:
     """Refuse a torch device this machine does not have (``ConfigError`` naming it): ``cpu``;
     ``cuda`` / ``cuda:N`` only with CUDA and N < the device count; ``mps`` only on Apple GPUs;
     ``auto`` (cuda when present, else cpu) always."""
-    import torch  # lazy: ~1.2 s, and zfree.config (read by `zfree --help`) imports this module
+    import torch  # lazy: zfree.config (read by `zfree --help`) imports this module
 
     if device == "auto":
         return

@@ -1,13 +1,8 @@
-"""A small byte-level BPE tokenizer for English text, trained with ``tokenizers``.
+"""A small byte-level BPE tokenizer for English text (a base model trained from scratch on E2E).
 
-For a base model trained from scratch on real text (the E2E benchmark). Byte-level, so no text is
-out of vocabulary (unseen restaurant names in the validation split split into known pieces) and
-decoding restores the text exactly. Like the synthetic benchmark's tokenizer it prepends ``<bos>``
-when asked for special tokens (a TemplateProcessing post-processor), so zfree's ``bos="auto"``,
-lm-evaluation-harness and ``generate`` all feed the model the ``<bos>`` it was trained with. Saved
-with ``save_pretrained`` beside the model, it loads with ``AutoTokenizer.from_pretrained`` like any
-user's tokenizer; the special tokens and their ids
-0..4 (pad, bos, sep, eos, unk) match the synthetic benchmark's word-level tokenizer.
+Byte-level: no text is out of vocabulary and decoding restores it exactly. As the synthetic
+benchmark's tokenizer, it prepends ``<bos>`` when asked for special tokens, and its special tokens
+have ids 0..4 (pad, bos, sep, eos, unk); it loads with ``AutoTokenizer.from_pretrained``.
 """
 
 from __future__ import annotations

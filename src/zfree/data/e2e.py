@@ -6,21 +6,15 @@ Novikova, Dušek and Rieser, SIGDIAL 2017), licence CC BY-SA 4.0. Each CSV row i
 ``ref`` written for the meaning representation ``orig_mr`` (what the writer was shown), with ``mr``
 re-annotated to the slots that reference actually realises.
 
-Rows: ``{"id", "x": orig_mr, "y": ref, "labels": {"n_sentences", "first_slot", "complete"}}``.
-The two released files share no MR; ``test-fixed.csv`` (the bigger) is the train split and
-``devel-fixed.no-ol.csv`` the validation split. The label rules (``LABELS`` holds the same text):
+Rows: ``{"id", "x": orig_mr, "y": ref, "labels": {"n_sentences", "first_slot", "complete"}}``;
+``test-fixed.csv`` is the train split, ``devel-fixed.no-ol.csv`` the validation split (they share no
+MR). The label rules (``LABELS``, also written to metadata.json):
 
-- ``n_sentences``: the reference is cut after every ``.``, ``!`` or ``?`` that is followed by
-  whitespace or the end of the text; pieces holding a letter are counted; buckets "1", "2", "3+".
-- ``first_slot``: among the slots of the re-annotated ``mr`` (the ones this reference realises),
-  the one whose earliest cue occurs first in the lowercased reference (``slot_cues``): the value
-  itself for name, near, eatType, food and area (plus "city center" / "river"); for priceRange the
-  value when it is not the bare word "high", else "price"/"priced"/"expensive"/"cost"; for customer
-  rating "rating"/"rated"/"star"/"score" or the value when it is not "high" or "low"; for familyFriendly
-  "family"/"child"/"kid". A tie is broken by the longer cue, then by slot order in ``SLOTS``.
-  "none" if no cue of any realised slot occurs.
-- ``complete``: "yes" when every slot=value of ``orig_mr`` is in ``mr`` (the reference realises
-  the whole MR), else "no".
+- ``n_sentences``: pieces of the reference holding a letter, cut after ``.``/``!``/``?`` followed by
+  whitespace or the end; buckets "1", "2", "3+".
+- ``first_slot``: the realised slot (of ``mr``) whose earliest cue (``slot_cues``) occurs first in
+  the lowercased reference; ties: the longer cue, then ``SLOTS`` order; "none" if no cue occurs.
+- ``complete``: "yes" when every slot=value of ``orig_mr`` is in ``mr``, else "no".
 """
 
 from __future__ import annotations
@@ -84,7 +78,10 @@ def sentence_bucket(n: int) -> str:
 
 
 def slot_cues(slot: str, value: str) -> list[str]:
-    """Lowercase strings whose occurrence in a reference marks ``slot`` (see the module docstring)."""
+    """Lowercase strings whose occurrence in a reference marks ``slot``: the value itself (area also
+    "city center"/"river"); for priceRange the value unless "high", and price/priced/expensive/cost;
+    for customer rating the value unless "high"/"low", and rating/rated/star/score; for familyFriendly
+    family/child/kid."""
     v = value.lower()
     if slot == "priceRange":
         return ([v] if v != "high" else []) + ["price", "priced", "expensive", "cost"]
@@ -191,10 +188,8 @@ def pseudo_name(rng) -> str:
 
 def swap_names(pair, rng):
     """Training-time augmentation for a base model trained from scratch: the ``name`` and ``near``
-    values of x are replaced by pseudo-names wherever they occur, in x and in y (only when the value
-    occurs verbatim in y, so x and y stay consistent). The validation split's restaurants are not
-    the train split's, and a small model that memorises the ~20 train names assigns unseen ones a
-    high surprisal; swapping teaches it to copy them from x. Returns a new Pair (labels kept)."""
+    values of x replaced by pseudo-names in x and y (where the value occurs verbatim in y), so the
+    model learns to copy names from x rather than memorise the train split's. Returns a new Pair."""
     x, y = pair.x, pair.y
     for slot, value in parse_mr(x):
         if slot in ("name", "near") and value and value in y:

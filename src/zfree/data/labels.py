@@ -5,13 +5,10 @@ A label key is ``strategy`` (the synthetic benchmark's hidden strategy) or a key
 ``labels`` object; a joint label ``a*b`` (e.g. ``n_sentences*first_slot``) is the pair of both
 values, written ``"va*vb"``.
 
-A *derived* label is computed from the row itself when its ``labels`` lack the key (``DERIVED_LABELS``):
-``y_words``, the length of y in whitespace-separated words, bucketed ``1-20``, ``21-26``, ``27+`` (the
-terciles of the shipped E2E train split's references: 33 %, 32 %, 35 % of its rows). It is read only where
-a study names it (an oracle's ``label:y_words``), never among the labels every row carries
-(``label_keys_of``), so studies that take every label train what they trained before. Words, not tokens:
-a label is a property of the data, the same for every model a study compares, and no tokenizer is at hand
-where labels are read.
+A *derived* label is computed from the row when its ``labels`` lack the key (``DERIVED_LABELS``):
+``y_words``, y's length in whitespace-separated words, bucketed ``1-20``, ``21-26``, ``27+`` (about the
+terciles of the shipped E2E train split). It is read only where a study names it (``label:y_words``),
+never by ``label_keys_of``. Words, not tokens: a label is a property of the data, the same for every model.
 """
 
 from __future__ import annotations
@@ -23,8 +20,7 @@ from zfree.data.pairs import Pair
 
 JOINT = "*"
 #: the most values a label oracle's z takes: a label with more keeps its ``LABEL_VALUE_CAP - 1`` most
-#: frequent values and pools the rest as ``OTHER`` (a 5,000-value label would otherwise train and
-#: decode under 5,000 latent values)
+#: frequent values and pools the rest as ``OTHER``
 LABEL_VALUE_CAP = 32
 OTHER = "<other>"
 

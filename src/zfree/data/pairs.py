@@ -5,13 +5,10 @@ e.g. ``{"n_sentences": "2", "first_slot": "name"}``); each key keeps one type ac
 ``x`` is given in every row or in none: a file without x is unconditional text (x read as ``""``,
 ``zfree.data.split.is_unconditional``), the setting of Bowman et al.'s sentence VAE and Optimus.
 
-A file is read line by line (never whole), and only a regular file of at most ``MAX_DATA_BYTES``
-bytes and ``MAX_DATA_ROWS`` rows is read: the rows, their tokens and the batches take far more
-memory than the file (issue 61 measured about 30x: a 325 MB file peaked at 10 GB), so a larger file is
-refused up front, in one line naming the file and the limit, instead of failing with a MemoryError
-minutes later; a device or pipe (``/dev/zero``, ``/dev/stdin``) is refused as not a regular file.
-The limits are overridden by the environment variables ``ZFREE_MAX_DATA_BYTES`` and
-``ZFREE_MAX_DATA_ROWS`` (positive integers) or by ``load_pairs``' arguments.
+A file is read line by line, and only a regular file of at most ``MAX_DATA_BYTES`` bytes and
+``MAX_DATA_ROWS`` rows: tokenized rows and batches take about 30x the file's size in memory
+(docs/results/real-models.md), so a larger file is refused up front rather than by a MemoryError
+later. ``$ZFREE_MAX_DATA_BYTES`` / ``$ZFREE_MAX_DATA_ROWS`` or ``load_pairs``' arguments override them.
 """
 
 from __future__ import annotations
@@ -24,7 +21,7 @@ from pathlib import Path
 
 from zfree.core.errors import ConfigError, InputError
 
-#: the largest data file read (bytes): ~4 GB of memory at issue 61's 30x; $ZFREE_MAX_DATA_BYTES overrides
+#: the largest data file read (bytes; ~4 GB of memory once tokenized); $ZFREE_MAX_DATA_BYTES overrides
 MAX_DATA_BYTES = 128 * 2**20
 #: the most rows read from one data file (E2E has 42k); $ZFREE_MAX_DATA_ROWS overrides
 MAX_DATA_ROWS = 500_000
@@ -51,9 +48,8 @@ def data_limits(max_bytes: int | None = None, max_rows: int | None = None) -> tu
 
 
 def check_data_file(path: Path, max_bytes: int) -> None:
-    """FileNotFoundError for a missing ``path``; InputError naming it for a folder, a file that is
-    not a regular file (a device such as /dev/zero, a pipe, a socket: endless or unsized) or a file
-    over ``max_bytes`` bytes (``MAX_DATA_BYTES``), before a byte of it is read."""
+    """FileNotFoundError for a missing ``path``; InputError naming it for a folder, a file that is not
+    a regular file (a device, pipe or socket) or one over ``max_bytes`` bytes, before a byte is read."""
     if not path.exists():
         raise FileNotFoundError(f"data file {path} does not exist")
     if path.is_dir():
@@ -68,9 +64,8 @@ def check_data_file(path: Path, max_bytes: int) -> None:
 
 
 def _lines(path: Path):
-    """``(line number, text)`` of each line of ``path``, read as bytes one line at a time and decoded
-    as UTF-8 (a leading byte-order mark dropped); InputError naming the byte offset of text that is
-    not UTF-8. Lines end at "\\n" only, as ``str.split("\\n")`` would cut them."""
+    """``(line number, text)`` of each line of ``path`` (lines end at "\\n"), decoded as UTF-8 without
+    a leading byte-order mark; InputError naming the byte offset of text that is not UTF-8."""
     offset = 0
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, 1):
@@ -84,10 +79,9 @@ def _lines(path: Path):
 
 @dataclass(frozen=True)
 class Pair:
-    """One (x, y) row as read by ``load_pairs``: its id, the texts x (``""`` for unconditional
-    text) and y, and the optional fields of a row: ``strategy`` and ``labels`` (named categorical
-    factors), and on the synthetic benchmark ``bayes_nll`` (the Bayes-optimal z-free loss
-    -log p*(y|x), nats per sequence) and ``n_consistent`` (the number of strategies that map x to y)."""
+    """One (x, y) row as read by ``load_pairs``: its id, x (``""`` for unconditional text), y, and the
+    optional ``strategy``, ``labels`` and, on the synthetic benchmark, ``bayes_nll`` and ``n_consistent``
+    (the number of strategies that map x to y)."""
 
     id: str
     x: str
@@ -171,20 +165,17 @@ def load_pairs(path: Path | str, limit: int | None = None, *, max_bytes: int | N
                max_rows: int | None = None) -> list[Pair]:
     """Read and validate a JSONL file of pairs, line by line.
 
-    A leading UTF-8 byte-order mark is ignored. ``x`` absent from every row: each x is read as ``""``
-    (unconditional text); absent from some rows only: an error (a misspelt field is not silently
-    unconditional). ``limit``: read only the first ``limit`` rows (the file size is then not checked:
-    no more is read). ``max_bytes`` / ``max_rows``: the file's limits (``data_limits``: default
-    ``MAX_DATA_BYTES`` / ``MAX_DATA_ROWS`` or their environment variables).
-    Raises InputError (a ValueError) naming the file and line for: a line that is not JSON, a row that is not an
-    object, a missing ``y``, an ``x`` missing here but given in an earlier row (or given here but missing
-    in an earlier row; the message names that row too), a non-string x or y, an empty y, a lone
-    surrogate (an unpaired ``\\ud800``-style escape) in any string field, or a duplicated id. Rows without
-    ``id`` get ``"<file stem>-<line>"``; ``labels``, when present, must be a flat object of strings
-    or integers with one type per key across the file (ValueError naming file, line and
-    ``labels.<key>`` otherwise). InputError naming the file and the limit, before reading, for a folder,
-    a file that is not a regular file (/dev/zero) or one over ``max_bytes``; naming the limit at the
-    first row over ``max_rows``. FileNotFoundError if the file is missing.
+    ``x`` absent from every row: each x is ``""`` (unconditional text); absent from some rows only: an
+    error. ``limit``: read only the first ``limit`` rows (the file size is then not checked).
+    ``max_bytes`` / ``max_rows``: the file's limits (``data_limits``). Rows without ``id`` get
+    ``"<file stem>-<line>"``.
+
+    Raises InputError (a ValueError) naming file and line for a line that is not JSON, a row that is
+    not an object, a missing ``y``, x given in some rows only, a non-string x or y, an empty y, a lone
+    surrogate in any string field, a duplicated id, or a row over ``max_rows``; ValueError naming
+    ``labels.<key>`` for labels that are not a flat object of strings or integers of one type per key;
+    InputError before reading for a folder, a non-regular file or one over ``max_bytes``;
+    FileNotFoundError if the file is missing.
     """
     path = Path(path)
     max_bytes, max_rows = data_limits(max_bytes, max_rows)

@@ -1,17 +1,12 @@
 """Split one JSONL file of pairs into train/val *by x* (or by row when x cannot carry a split), and
 check a given val file against train.
 
-Many y per x is the normal case for real data (E2E: ~7.5 references per MR), so a row-level split
-would put the same x on both sides and let the validation loss reward memorised inputs. Here every
-x goes wholly to one side (``split_by_x``).
-
-Unconditional text (x empty, absent or one constant prompt in every row, ``is_unconditional``) has
-no x to split by: its x is dropped (the LM scores y alone after its beginning token, as Bowman et
-al.'s sentence VAE and Optimus warm-start p(y | z) from an unconditional LM) and the rows are split
-by row, rows repeating a y kept together, so no y is on both sides (``split_by_row``). Conditional
-data whose few distinct x cannot give each side ``MIN_X_PER_SIDE`` of them (a validation set of one
-or two prompts measures those prompts, not the data) is split by row as well, with a note
-(``split_pairs`` decides and says why).
+Real data has many y per x (E2E: ~7.5 references per MR): a row-level split would put the same x on
+both sides and reward memorised inputs, so every x goes wholly to one side (``split_by_x``).
+Unconditional text (one x in every row, ``is_unconditional``) drops x (y is scored after the
+beginning token alone, as in Bowman et al.'s sentence VAE and Optimus) and is split by row, no y on
+both sides (``split_by_row``); so is conditional data with fewer than ``MIN_X_PER_SIDE`` x per side,
+with a note (``split_pairs``).
 """
 
 from __future__ import annotations
@@ -29,9 +24,7 @@ import numpy as np
 from zfree.data.pairs import Pair
 from zfree.core.io import atomic_write_text
 
-#: distinct x a split by x must leave on each side (``split_pairs``): with 3 distinct x and a
-#: 300-row validation set, a split by x put one prompt's rows in val: the evaluation then
-#: reads one x. Fewer on either side: split by row, with a note.
+#: distinct x a split by x must leave on each side (``split_pairs``); fewer: split by row, with a note
 MIN_X_PER_SIDE = 3
 
 
@@ -67,15 +60,12 @@ def _val_groups(pairs: Sequence[Pair], key: Callable[[Pair], Hashable], target: 
 
 def split_by_x(pairs: Sequence[Pair], *, val_fraction: float | None = None, val_size: int | None = None,
                seed: int = 0, source: Path | str = "<pairs>") -> tuple[list[Pair], list[Pair]]:
-    """Split ``pairs`` into ``(train, val)`` with no x on both sides; every row is kept, in input order.
+    """Split ``pairs`` into ``(train, val)`` with no x on both sides; every row kept, in input order.
 
-    The distinct x are shuffled with ``numpy.random.default_rng(seed)`` (deterministic) and moved
-    to val, whole, until val holds at least ``val_size`` rows (or ``ceil(val_fraction * n_rows)``);
-    val may exceed the target by less than the largest group of one x. Give exactly one of
-    ``val_fraction`` (in (0, 1)) and ``val_size`` (>= 1 rows).
-
-    Raises ValueError naming ``source`` when neither or both are given, a value is out of range,
-    there are fewer than 2 distinct x, or the target would leave no x for train.
+    The distinct x, shuffled by ``numpy.random.default_rng(seed)``, move to val whole until it holds at
+    least ``val_size`` rows (or ``ceil(val_fraction * n_rows)``). Give exactly one of ``val_fraction``
+    (in (0, 1)) and ``val_size`` (>= 1). Raises ValueError naming ``source`` when neither or both are
+    given, a value is out of range, there are fewer than 2 distinct x, or no x would be left for train.
     """
     n = len(pairs)
     target = _target_rows(n, val_fraction, val_size, source)
@@ -90,14 +80,9 @@ def split_by_x(pairs: Sequence[Pair], *, val_fraction: float | None = None, val_
 
 def split_by_row(pairs: Sequence[Pair], *, val_fraction: float | None = None, val_size: int | None = None,
                  seed: int = 0, source: Path | str = "<pairs>") -> tuple[list[Pair], list[Pair]]:
-    """Split ``pairs`` into ``(train, val)`` by row: no (x, y) on both sides -- rows that repeat an
-    (x, y) move together, so on unconditional rows (one x) no y is on both sides; every row is kept,
-    in input order. With every (x, y) distinct this is a seeded shuffle of the rows cut at the target.
-
-    Selection, arguments and determinism as ``split_by_x``, with the distinct (x, y) in place of the
-    distinct x. Raises ValueError naming ``source`` when neither or both of ``val_fraction`` and
-    ``val_size`` are given, a value is out of range, or the rows hold fewer than 2 distinct (x, y)
-    or too few to leave one for train.
+    """Split ``pairs`` into ``(train, val)`` by row: rows repeating an (x, y) move together, so no (x, y)
+    is on both sides. Arguments, determinism and errors as ``split_by_x``, with the distinct (x, y) in
+    place of the distinct x.
     """
     n = len(pairs)
     target = _target_rows(n, val_fraction, val_size, source)
@@ -109,8 +94,7 @@ def split_by_row(pairs: Sequence[Pair], *, val_fraction: float | None = None, va
 
 
 def is_unconditional(pairs: Sequence[Pair]) -> bool:
-    """True when every row has the same x: empty, absent (read as ``""`` by ``load_pairs``) or one
-    constant prompt. Such data is unconditional text: x tells the rows nothing apart."""
+    """True when every row has the same x (empty, absent or one constant prompt): unconditional text."""
     return len({p.x for p in pairs}) == 1
 
 
@@ -120,8 +104,8 @@ def without_x(pairs: Sequence[Pair]) -> list[Pair]:
 
 
 def unconditional_note(pairs: Sequence[Pair], what: str) -> str:
-    """The note of unconditional ``pairs`` (one x, ``is_unconditional``) as given, before ``without_x``:
-    what x was and that it was dropped. ``what``: the rows' description (``"all 1664 rows"``)."""
+    """The note of unconditional ``pairs`` before ``without_x``: what x was and that it was dropped.
+    ``what``: the rows' description (``"all 1664 rows"``)."""
     x = pairs[0].x
     given = "empty or absent" if x == "" else f"one constant prompt {x if len(x) <= 60 else x[:57] + '...'!r}"
     return (f"unconditional: x is {given} in {what}{'' if x == '' else ' (dropped)'}, so the study models y alone: "
@@ -130,10 +114,9 @@ def unconditional_note(pairs: Sequence[Pair], what: str) -> str:
 
 @dataclass(frozen=True)
 class Split:
-    """A train/val split and how it was made. ``by``: ``"x"`` (no x on both sides), ``"row"`` (no
-    (x, y) on both sides) or ``"given"`` (a val file used as it is); ``unconditional``: the rows had
-    one x, dropped (``is_unconditional``); ``notes``: one line per decision a reader must know.
-    Rows are lists of ``Pair`` in input order."""
+    """A train/val split (lists of ``Pair`` in input order) and how it was made. ``by``: ``"x"``,
+    ``"row"`` or ``"given"`` (a val file used as it is); ``unconditional``: the one x was dropped;
+    ``notes``: one line per decision a reader must know."""
 
     train: list[Pair]
     val: list[Pair]
@@ -144,17 +127,10 @@ class Split:
 
 
 def split_pairs(pairs: Sequence[Pair], *, val_size: int, seed: int = 0, source: Path | str = "<pairs>") -> Split:
-    """Split one file's ``pairs`` into train/val of ``val_size`` rows (>= 1), deciding how:
-
-    - unconditional rows (one x, ``is_unconditional``): x dropped (``without_x``), split by row
-      (``split_by_row``: no y on both sides), ``unconditional=True`` and its note;
-    - conditional rows: by x (``split_by_x``); when a split by x would leave fewer than
-      ``MIN_X_PER_SIDE`` distinct x on either side (one x filling the validation set, say), by row
-      instead, with a note saying so (the same x then sits on both sides: the validation loss partly
-      measures seen inputs).
-
-    Deterministic given ``seed``. Raises ValueError naming ``source`` for ``val_size`` < 1 or rows
-    too few for a split by row.
+    """Split one file's ``pairs`` into train/val of ``val_size`` rows (>= 1): unconditional rows
+    without x and by row; conditional rows by x, or by row with a note when a split by x would leave
+    fewer than ``MIN_X_PER_SIDE`` x on a side. Deterministic given ``seed``. Raises ValueError naming
+    ``source`` for ``val_size`` < 1 or rows too few for a split by row.
     """
     n = len(pairs)
     if is_unconditional(pairs):
@@ -208,16 +184,12 @@ EVAL_SAMPLE_SEED = 0
 
 
 def spread_sample(pairs: Sequence[Pair], n: int, *, seed: int = EVAL_SAMPLE_SEED) -> list[Pair]:
-    """A fixed, seeded sample of ``n`` rows spread over all x (stratified by x), in sampled order.
+    """A fixed, seeded sample of ``n`` rows spread over all x, in sampled order.
 
-    The distinct x are put in a random order and their rows shuffled within each x
-    (``numpy.random.default_rng(seed)``); rows are then taken round-robin — one row of every x,
-    then a second row of every x that has one, ... — so the first k rows of the sample cover
-    min(k, #x) distinct x, and any prefix of it (the decoded rows, the hand-over gate's rows) is
-    spread too. ``n`` = 0 or ``n`` >= len(pairs): every row, in that order. The same rows and order
-    for every run that reads the same file (the seed does not depend on the run). Replaces the
-    first-in-file rows, which on E2E held 40 of 543 MRs and on a TruthfulQA file one label value.
-    Raises ValueError for ``n`` < 0.
+    The distinct x in a random order, their rows shuffled within each x
+    (``numpy.random.default_rng(seed)``), taken round-robin: the first k rows cover min(k, #x) distinct
+    x, so any prefix of the sample is spread too. ``n`` = 0 or ``n`` >= len(pairs): every row. The same
+    rows for every run that reads the same file. Raises ValueError for ``n`` < 0.
     """
     if n < 0:
         raise ValueError(f"eval_rows={n} must be >= 0")
@@ -237,16 +209,14 @@ def spread_sample(pairs: Sequence[Pair], n: int, *, seed: int = EVAL_SAMPLE_SEED
     return [pairs[i] for i in picked[:total]]
 
 
-#: the seed of the hand-over gate's sample (``gate_sample``): fixed, like ``EVAL_SAMPLE_SEED``, so every
-#: run that reads the same files gates on the same rows
+#: the seed of the hand-over gate's sample (``gate_sample``), fixed like ``EVAL_SAMPLE_SEED``
 GATE_SAMPLE_SEED = 1
 
 
 @dataclass(frozen=True)
 class GateRows:
-    """The rows the hand-over gate reads (``gate_sample``). ``split``: ``"val"`` (validation rows outside
-    the evaluation rows) or ``"train"`` (training rows, when validation has too few of those);
-    ``note``: the line a reader must see when the gate reads training rows, else ``""``."""
+    """The rows the hand-over gate reads (``gate_sample``): ``split`` "val" or "train"; ``note``: the
+    line a reader must see when the gate reads training rows, else ``""``."""
 
     pairs: list[Pair]
     split: Literal["val", "train"]
@@ -255,22 +225,14 @@ class GateRows:
 
 def gate_sample(val: Sequence[Pair], evaluated: Sequence[Pair], train: Sequence[Pair], n: int, *,
                 seed: int = GATE_SAMPLE_SEED) -> GateRows:
-    """The gate split: the rows of the hand-over gate (and of the aggressive encoder's I(x; z)), none of
-    them an evaluation row, so the step at which a run hands over is chosen on rows its evaluation
-    never reads (issue 54, item 4; before, the gate read the first ``n`` evaluation rows).
+    """The rows of the hand-over gate (and of the aggressive encoder's I(x; z)), none an evaluation
+    row: a run's hand-over step is chosen on rows its evaluation never reads.
 
-    ``val``: every row of the validation file; ``evaluated``: the evaluation rows (``spread_sample``
-    of ``val``); ``train``: the training rows; ``n``: ``handover_rows``. The spare validation rows (ids
-    not in ``evaluated``, file order) give the gate ``spread_sample(spare, n, seed=seed)`` when there
-    are at least ``n`` of them (``n`` = 0: all of them). With fewer than ``n`` spare rows the gate reads
-    ``spread_sample(train, n, seed=seed)`` instead, one source, never a mix, with a note: those rows are
-    trained on too, so the gate then reads training fit (as the hard phase's own loss does), still
-    never an evaluation row. The x of a validation gate row may be an evaluation row's x (the
-    evaluation sample spreads over every x); only the rows are disjoint.
-
-    Deterministic: the same rows and order for every run that reads the same files. Raises
-    ValueError naming ``handover_rows`` for ``n`` < 0, or for ``n`` = 0 when every validation row
-    is an evaluation row (no spare row to take "all" of).
+    ``val``: the validation file's rows; ``evaluated``: the evaluation rows; ``train``: the training
+    rows; ``n``: ``handover_rows``. ``spread_sample(spare, n)`` of the validation rows not evaluated
+    when there are at least ``n`` (``n`` = 0: all of them); else ``spread_sample(train, n)`` with a note
+    (never a mix). Rows are disjoint from the evaluation's; their x need not be. Deterministic. Raises
+    ValueError naming ``handover_rows`` for ``n`` < 0, or ``n`` = 0 with no spare validation row.
     """
     if n < 0:
         raise ValueError(f"handover_rows={n} must be >= 0")
@@ -287,6 +249,5 @@ def gate_sample(val: Sequence[Pair], evaluated: Sequence[Pair], train: Sequence[
 
 
 def ids_sha256(ids: Sequence[str]) -> str:
-    """sha256 (hex) of ``ids`` joined by newlines, in the given order: the gate rows' fingerprint in
-    summary.json (config.json lists the ids themselves)."""
+    """sha256 (hex) of ``ids`` joined by newlines, in order (the gate rows' fingerprint in summary.json)."""
     return hashlib.sha256("\n".join(ids).encode("utf-8")).hexdigest()

@@ -108,10 +108,8 @@ def bayes_nll(x: Digits, y: Digits, strategies: Sequence[str], prior: str = "uni
     """Bayes-optimal z-free loss of one example and its ambiguity.
 
     Returns (-log sum_{s: s(x)=y} pi(s|x) in nats per sequence, m = #strategies mapping x to y);
-    log(K/m) under the uniform prior. When every strategy agrees the mass is exactly 1 and the
-    loss exactly zero (-log 1.0, which prints as -0.0: kept so that shipped files regenerate
-    byte for byte), never a rounding error of either sign. Raises ValueError if no strategy maps
-    x to y.
+    log(K/m) under the uniform prior, exactly -0.0 when every strategy agrees. Raises ValueError if
+    no strategy maps x to y.
     """
     pi = strategy_prior(x, strategies, prior, prior_strength)
     hits = [i for i, s in enumerate(strategies) if STRATEGIES[s](x) == tuple(y)]
@@ -161,8 +159,7 @@ def _draw(cfg: DataConfig, rng: np.random.Generator) -> tuple[Digits, str]:
 
 
 def sample_pairs(cfg: DataConfig, rng: np.random.Generator, n_rows: int) -> list:
-    """``n_rows`` fresh (x, y) pairs from the benchmark's distribution, as ``zfree.data.pairs.Pair``
-    (ids ``fresh-<i>``); used to train the base model on a stream instead of a fixed split."""
+    """``n_rows`` fresh (x, y) pairs from the benchmark's distribution, as ``Pair`` (ids ``fresh-<i>``)."""
     out = []
     for i in range(n_rows):
         x, s = _draw(cfg, rng)
@@ -173,10 +170,9 @@ def sample_pairs(cfg: DataConfig, rng: np.random.Generator, n_rows: int) -> list
 def write_benchmark(cfg: DataConfig, out_dir: Path | str) -> Path:
     """Generate train/val/test JSONL and ``metadata.json`` (parameters, sha256 per split).
 
-    Each file is written atomically; an existing folder whose metadata matches ``cfg`` and whose
-    files match their recorded sha256 is reused untouched. ``FileExistsError`` (nothing is
-    overwritten) for a folder with other parameters, with split files but no metadata (someone
-    else's data), or whose files no longer match their sha256.
+    Each file is written atomically; a folder whose metadata matches ``cfg`` and whose files match
+    their sha256 is reused untouched. ``FileExistsError`` (nothing overwritten) for a folder with other
+    parameters, split files but no metadata, or files that no longer match their sha256.
     """
     out = Path(out_dir)
     meta_path = out / "metadata.json"

@@ -1,20 +1,15 @@
-"""The text oracle's x (issue 55, ``ModelConfig.latent_source = "text:<key>"``): the row's label written
-into x as text, so that a z-free arm (K = 1, no parameter beyond its control's) reads the label as input.
-Its gain over the control, D_control - D_text, is what the label is worth given as text; beside the label
-oracle's (z := the label through the latent route) it separates what the label carries from how a route
-delivers it (docs/concepts/controls.md).
+"""The text oracle's x (``ModelConfig.latent_source = "text:<key>"``): the row's label written into x,
+so that a z-free arm (K = 1) reads it as input. Its gain over the control, D_control - D_text, is what
+the label is worth given as text; beside the label oracle's it separates what the label carries from
+how a latent route delivers it (docs/concepts/controls.md).
 
 Templates, the first the tokenizer can write (``text_template``):
 
-- ``TEXT_TEMPLATE``: x, a new line, then ``key: value`` (``"The Eagle ...\\nn_sentences: 2"``), encoded
-  through the model's own tokenizer as the rest of x is (``zfree.data.batching``: special-token text as its
-  characters);
-- ``INDEX_TEMPLATE``, for a tokenizer that cannot write the key or a value without its unknown token (the
-  synthetic benchmark's word-level digit vocabulary, ``zfree.data.tokenizer``): the value's index among the
-  label's values (sorted over train + val, the oracle's indices: ``zfree.data.labels.capped_values``),
-  zero-padded to one width, its digits written after x, space-separated (``"6 5 2 3" -> "6 5 2 3 2"`` for
-  the third strategy). Every row of the arm ends its x with the same number of index digits, so the last
-  digits are the label; a row whose label pools into ``OTHER`` writes ``OTHER``'s index.
+- ``TEXT_TEMPLATE``: x, a new line, then ``key: value``, encoded as the rest of x is;
+- ``INDEX_TEMPLATE``, for a tokenizer that cannot write the key or a value without its unknown token
+  (the synthetic benchmark's digits): the value's index among the label's values (``capped_values``
+  over train + val), zero-padded to one width, its digits written after x, space-separated
+  (``"6 5 2 3" -> "6 5 2 3 2"`` for the third strategy). A value pooled into ``OTHER`` writes its index.
 
 A tokenizer that can write neither is refused (``ConfigError`` naming ``latent_source``).
 """
@@ -47,10 +42,9 @@ def _writes(tokenizer, text: str) -> bool:
 
 
 def text_template(tokenizer, key: str, values: Sequence[str]) -> tuple[str, Callable[[str, str], str]]:
-    """The template's name ("text" or "index") and the function (x, value) -> the text oracle's x for a
-    label ``key`` of ``values`` (the oracle's values, ``capped_values``), the first template of the module
-    docstring that ``tokenizer`` writes for every value. Raises ConfigError naming ``latent_source`` when it
-    writes neither."""
+    """``(name, write)``: the first template ("text" or "index") that ``tokenizer`` writes for every one
+    of ``values`` (``capped_values``), and write(x, value) -> the text oracle's x. ConfigError naming
+    ``latent_source`` when it writes neither."""
     if all(_writes(tokenizer, TEXT_TEMPLATE.format(x="", key=key, value=v)) for v in values):
         return "text", lambda x, v: TEXT_TEMPLATE.format(x=x, key=key, value=v)
     index, width = value_index(values), len(str(len(values) - 1))

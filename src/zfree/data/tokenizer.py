@@ -1,10 +1,8 @@
 """Word-level tokenizer for the synthetic benchmark, built with ``tokenizers``.
 
-Saved with ``save_pretrained`` beside the base model so that the synthetic GPT-2 loads by the same
-``AutoTokenizer.from_pretrained`` path as a user's pretrained model. It declares the convention
-the shipped base model was trained with: ``add_special_tokens=True`` prepends ``<bos>`` (a
-TemplateProcessing post-processor), so zfree's default ``bos="auto"`` (what the tokenizer itself
-does) puts exactly one ``<bos>`` in front of x, as before.
+Saved beside the base model, it loads as a user's tokenizer does (``AutoTokenizer.from_pretrained``).
+``add_special_tokens=True`` prepends ``<bos>``, the convention the shipped base was trained with, so
+zfree's default ``bos="auto"`` puts exactly one ``<bos>`` in front of x.
 """
 
 from __future__ import annotations

@@ -16,17 +16,9 @@ Three descriptions, each computed on the rows of one evaluation and none needing
    sentences, first word, last punctuation, whether y opens with a word of x), every label the rows
    carry, and, on the synthetic benchmark only (the generator's ``metadata.json`` lists its
    strategies), the relation "y = s(x)" for each listed s. Each is ranked by its mutual information
-   with the posterior argmax (nats; NMI with arithmetic normalisation as scikit-learn), against a
-   permutation null of the argmax (``N_PERMUTATIONS`` shuffles, each among the rows of equal x only:
-   what z carries beyond x, ``zfree.evaluate.property_alignment``; with no x on two rows nothing is
-   tested and the notes say so): p = (1 + #{null >= MI}) / (1 + n),
-   and a property *passes* when p < 0.05 / (number of properties) (Bonferroni) and the posterior
-   itself carries the alignment: its MI under the soft assignment q (``posterior_mi``, at most what
-   z carries, so bounded by I(x, y; z)) is at least ``POSTERIOR_SHARE`` of the argmax's and
-   ``MIN_POSTERIOR_MI`` nats. A collapsed run (one argmax value) has MI = 0; a run whose near-uniform
-   posterior's argmax still follows y (z unused, rate ~ 0) fails the second test: nothing passes. Per value (``per_value_alignment``): the same
-   test of the indicator [argmax = k], at 0.05 / (properties x values), so each value has its own
-   top-ranked property.
+   with the posterior argmax (nats), against a permutation null of the argmax within strata of x
+   (``zfree.evaluate.property_alignment``: the test, its Bonferroni level and the guard that the
+   posterior q itself carries the alignment); per value, the same test of [argmax = k].
 3. **Exemplars** (``exemplars``): the rows with the highest q(z = k | x, y), x and y at full length.
 
 ``value_sentences`` joins them into one descriptive sentence per value. Descriptions, not causes:
@@ -61,8 +53,7 @@ TOP = 10
 FIRST_WORDS = 8
 #: rows shown per value
 N_EXEMPLARS = 3
-#: whether an evaluation collects the token lifts (off only in the cost benchmark,
-#: analysis/benchmarks/bench_latent_meaning.py, to time an evaluation without them)
+#: whether an evaluation collects the token lifts (off only to time an evaluation without them)
 COLLECT_LIFTS = True
 #: the properties computed from text alone (labels and the generator's relations are added per data)
 PROPERTIES = ("y length (tokens)", "y length (words)", "sentences", "first word", "last punctuation",
@@ -218,10 +209,9 @@ def exemplars(q: np.ndarray, pairs: Sequence[Pair], n: int = N_EXEMPLARS) -> pd.
 def value_sentences(assign: np.ndarray, props: pd.DataFrame, alignment: pd.DataFrame, ngrams: pd.DataFrame,
                     n_tokens: "ArrayLike | None", K: int, per_value: dict[int, pd.DataFrame] | None = None
                     ) -> dict[int, str]:
-    """One descriptive sentence per value with rows: its share of rows, the best passing property's
-    most over-represented level (share in the value's rows vs all rows) — the value's own best
-    (``per_value_alignment``) where given, else the overall one — its most promoted word or phrase
-    (mean lift, count) and its median y length in tokens against the other values'."""
+    """value -> one descriptive sentence, for each value with rows: its share of rows, the most
+    over-represented level of its best passing property (its own, ``per_value``, else the overall
+    one), its most promoted n-gram and its median y length in tokens against the other values'."""
     assign = np.asarray(assign)
     overall = alignment[alignment["passes"]].head(1)
     out = {}
@@ -255,13 +245,11 @@ def latent_meaning(assign: np.ndarray, pairs: Sequence[Pair], *, q: np.ndarray |
                    rows: MeaningRows | None = None, n_tokens: "ArrayLike | None" = None, decode=None,
                    strategies: Sequence[str] | None = None, source: str = "posterior argmax",
                    seed: int = 0, strata: np.ndarray | None = None, strata_name: str = "x") -> tuple[dict, pd.DataFrame]:
-    """All of the module's descriptions for one evaluation: (the JSON-ready dict, the tidy table).
-    ``assign``: (N,) value per row (the posterior argmax, or k-means clusters of a Gaussian run's
-    posterior means, named by ``source``); ``q``: (N, K) posterior (exemplars; None for clusters);
-    ``rows``: the lifts (None: no token description). ``strata`` (N,): what the permutation null
-    conditions on, named ``strata_name`` (default: the rows' x; ``write_latent_meaning`` passes the
-    router's argmax, z as read from x alone). The tidy table has one row per n-gram (kind "ngram")
-    and per property (kind "property")."""
+    """All of the module's descriptions for one evaluation: (the JSON-ready dict, the tidy table with one
+    row per n-gram (kind "ngram") and per property (kind "property")). ``assign``: (N,) value per row,
+    named by ``source``; ``q``: (N, K) posterior (None for clusters); ``rows``: the lifts (None: no token
+    description); ``strata`` (N,): what the permutation null conditions on, named ``strata_name``
+    (default: the rows' x)."""
     assign = np.asarray(assign)
     K = int(q.shape[1]) if q is not None else int(assign.max()) + 1 if len(assign) else 0
     props = text_properties(pairs, n_tokens, strategies)
@@ -299,7 +287,7 @@ MEANING_TABLE = "latent_meaning.parquet"
 
 def tied_router_argmax(p: np.ndarray, tie: float = 1e-6) -> np.ndarray:
     """The router's argmax per row, (N, K) -> (N,), the lowest index among values within ``tie`` of the
-    maximum (as ``zfree.evaluate.metrics.tied_argmax``: a uniform router is one stratum, not a coin toss)."""
+    maximum (a uniform router is one stratum)."""
     p = np.asarray(p)
     return (p >= p.max(-1, keepdims=True) - tie).argmax(-1)
 
@@ -307,14 +295,12 @@ def tied_router_argmax(p: np.ndarray, tie: float = 1e-6) -> np.ndarray:
 def write_latent_meaning(out, ev, pairs: Sequence[Pair], *, latent_kind: str, given: bool, tokenizer=None,
                          strategies: Sequence[str] | None = None, seed: int = 0,
                          use_threshold: float | None = None) -> float | None:
-    """``out/latent_meaning.json`` and ``out/latent_meaning.parquet`` (``latent_meaning``) for the final
-    evaluation ``ev`` (a ``zfree.evaluate.metrics.Evaluation`` over ``pairs``, same order): a discrete
-    run with a learned or optimal posterior gets all three descriptions; a Gaussian run the properties
-    of the k-means clusters of its posterior means, stated as such; a given z (the z-free control, a
-    label oracle) nothing. ``use_threshold`` (the summary's rule, ``zfree.train.run_folder.USE_THRESHOLD``):
-    when the evaluation's ``latent/measured_use_fraction`` is not above it, the document says so
-    (``decoder_uses_z`` false and a note): its properties then describe the posterior, not what z
-    changes in y. Written atomically; returns the wall seconds spent (None: nothing written)."""
+    """Write ``out/latent_meaning.json`` and ``.parquet`` (``latent_meaning``) for the final evaluation
+    ``ev`` over ``pairs``: all three descriptions for a discrete posterior, the properties of the
+    k-means clusters for a Gaussian one, nothing for a given z. When ``latent/measured_use_fraction``
+    is not above ``use_threshold`` the document says z is unused (``decoder_uses_z`` false, a note).
+    The null is stratified by the router's argmax where there is one. Returns the wall seconds (None:
+    nothing written)."""
     import time
     from pathlib import Path
 

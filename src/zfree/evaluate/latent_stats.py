@@ -1,6 +1,5 @@
-"""What a latent encodes, from its assignments and decodes: Hungarian matching, the linear probe,
-z-control decoding, the Gaussian latent's active units, and the mutual information of either kind.
-``zfree.evaluate.metrics`` calls these (and re-exports them)."""
+"""What a latent encodes, from its assignments and decodes (Hungarian matching, the linear probe,
+z-control decoding, the Gaussian latent's active units, the mutual information of either kind)."""
 
 from __future__ import annotations
 
@@ -61,8 +60,8 @@ def probe_accuracy(features: np.ndarray, labels: np.ndarray, seed: int = 0) -> f
 @torch.no_grad()
 def greedy_decode(model, prefixes: Sequence[Sequence[int]], z: Sequence[int], *, eos_id: int,
                   max_new_tokens: int) -> list[list[int]]:
-    """Greedy decoding of y by a discrete CVAE given the prefix and a latent value per row; rows are
-    grouped by prefix length so no padding is needed. Returns the generated ids without the end token."""
+    """Greedy decoding of y by a discrete CVAE given each row's prefix and latent value; the generated
+    ids per row, without the end token."""
     dev = next(model.parameters()).device
     latents = model.latent_vectors(torch.as_tensor(list(z), device=dev))  # (N, D)
     return decode_with_latents(model.backbone, prefixes, latents, eos_id=eos_id, max_new_tokens=max_new_tokens)
@@ -169,18 +168,13 @@ MIN_LABEL_ROWS = 50
 
 def label_structure_metrics(df: pd.DataFrame, features: np.ndarray, assignment: np.ndarray | None, seed: int = 0,
                             n_clusters_of=None) -> dict[str, float]:
-    """Per label column ``label/<key>`` of ``df`` (rows without it left out): structure/alignment_nmi/<key>,
-    structure/hungarian_accuracy/<key> (all rows holding the label; "m = 1" is a synthetic notion) and
-    structure/probe_accuracy/<key> (``probe_accuracy`` of ``features`` (rows, d)). ``assignment``
-    (rows,) is the latent value per row; None: ``n_clusters_of(key, rows) -> assignment`` is asked per
-    label (the Gaussian latent's k-means) or, without it, NMI and Hungarian accuracy are NaN.
-
-    Beside them, what each rests on: structure/n_rows/<key> (rows holding the label),
-    structure/n_values/<key> (its distinct values) and structure/majority_baseline/<key> (the share
-    of its most frequent value: the accuracy of always guessing it, to read the probe and Hungarian
-    accuracies against). A label with one value on the evaluated rows gets NaN NMI, Hungarian and
-    probe accuracy (a constant label carries no information: NMI and the matching are meaningless);
-    ``label_warnings`` says why, and flags labels on fewer than ``MIN_LABEL_ROWS`` rows."""
+    """Per label column ``label/<key>`` of ``df`` (rows holding it): structure/alignment_nmi/<key>,
+    structure/hungarian_accuracy/<key>, structure/probe_accuracy/<key> (of ``features`` (rows, d)), and
+    what they rest on: structure/n_rows/<key>, structure/n_values/<key> and
+    structure/majority_baseline/<key> (the share of its most frequent value). ``assignment`` (rows,):
+    the latent value per row; None: ``n_clusters_of(key, rows, k)`` gives one per label (the Gaussian
+    latent's k-means), else NMI and Hungarian accuracy are NaN. A label of one value gets NaN for all
+    three (``label_warnings`` says why)."""
     out: dict[str, float] = {}
     nan = float("nan")
     for col in [c for c in df.columns if c.startswith("label/")]:
@@ -238,10 +232,8 @@ SAMPLE_X = 3
 def latent_samples(model, encoded: Sequence[EncodedPair], pairs: Sequence[Pair], tokenizer, *, n_x: int = SAMPLE_X,
                    seed: int = 0) -> pd.DataFrame:
     """For the first ``n_x`` distinct x of ``pairs``, the greedy and one sampled (temperature 1,
-    generator seeded by ``seed``) y of a discrete CVAE under each latent value k = 0..K-1, side by side.
-    All n_x x K (x, k) rows are decoded together (``zfree.models.base.decode_with_latents``, cached,
-    grouped by prefix length: one greedy and one sampled pass per length, not one per row and value).
-    Returns a DataFrame: id, x, reference (the row's y), latent, greedy, sampled (one row per x and k)."""
+    generator seeded by ``seed``) y of a discrete CVAE under each latent value k = 0..K-1. Returns a
+    DataFrame: id, x, reference (the row's y), latent, greedy, sampled (one row per x and k)."""
     idx = first_distinct_x(pairs, n_x)
     if not idx:
         return pd.DataFrame(columns=["id", "x", "reference", "latent", "greedy", "sampled"])
@@ -260,9 +252,7 @@ def latent_samples(model, encoded: Sequence[EncodedPair], pairs: Sequence[Pair],
 
 
 def first_distinct_x(pairs: Sequence[Pair], n_x: int) -> list[int]:
-    """Indices of the first row of each of the first ``n_x`` distinct x of ``pairs``, in order (the
-    evaluated rows are a seeded spread sample, ``zfree.data.split.spread_sample``: its first rows are
-    distinct x spread over all of them)."""
+    """Indices of the first row of each of the first ``n_x`` distinct x of ``pairs``, in order."""
     first: dict[str, int] = {}
     for i, p in enumerate(pairs):
         if len(first) >= n_x:
@@ -276,15 +266,11 @@ MULTIREF_COLUMNS = ["id", "x", "kind", "index", "output", "references"]
 
 def multiref_outputs(model, encoded: Sequence[EncodedPair], pairs: Sequence[Pair], tokenizer,
                      references: dict[str, list[str]], *, n_x: int, n_samples: int, seed: int = 0) -> pd.DataFrame:
-    """K outputs per MR for the multi-reference scores (``zfree.evaluate.multiref``), for the first
-    ``n_x`` distinct x of ``pairs`` (``first_distinct_x``): a discrete CVAE with K >= 2 values (a
-    label oracle included) gives its greedy y under each value k (kind "greedy", index k); a model
-    with K = 1 (the z-free control) gives ``n_samples`` samples (kind "sampled", index j;
-    temperature 1, a CPU generator seeded by ``seed``), so both sides have several outputs per MR.
-    ``references``: x -> its human references (all validation rows of that x; the row's own y where
-    x is missing). Greedy and sampled y are cut at ``max(|y|) + 8`` tokens of the chosen rows.
-    Returns a DataFrame with ``MULTIREF_COLUMNS`` (references: a list of strings), one row per MR and
-    output, ordered by MR (in ``pairs`` order) and index."""
+    """Several outputs per MR for ``zfree.evaluate.multiref``, for the first ``n_x`` distinct x of
+    ``pairs``: with K >= 2 values the greedy y under each value (kind "greedy", index k); with K = 1
+    (the z-free control) ``n_samples`` samples at temperature 1, seeded by ``seed`` (kind "sampled").
+    ``references``: x -> its human references (else the row's own y). Outputs are cut at
+    ``max(|y|) + 8`` tokens. Returns a DataFrame with ``MULTIREF_COLUMNS``, one row per MR and output."""
     idx = first_distinct_x(pairs, n_x)
     if not idx:
         return pd.DataFrame(columns=MULTIREF_COLUMNS)

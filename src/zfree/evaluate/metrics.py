@@ -1,12 +1,8 @@
-"""What z explains: evaluation of a CVAE on the validation rows (the keys of docs/concepts/metrics.md).
+"""What z explains: one evaluation of a CVAE of either latent kind on the validation rows, the
+objective from the assembler training uses (the keys of docs/concepts/metrics.md).
 
-One evaluation path for both latent kinds (``evaluate``): per batch, the model's forward pass and
-the objective from ``zfree.objective.objectives.assemble`` (the same assembler training uses, under no_grad);
-then the shared loss and objective metrics, and the kind's latent and structure metrics
-(``EVALUATORS``: discrete values, or a Gaussian latent clustered by k-means).
-
-rho_recon = R_val / c_base is a ratio of means (seed 000, "Interpretation"); the per-example
-rho_i = lbar_i / b_i is a mean of ratios and is only ever reported under its own name.
+rho_recon = R_val / c_base is a ratio of means; the per-example rho_i = lbar_i / b_i, a mean of
+ratios, is reported only under its own name (docs/concepts/metrics.md).
 """
 
 from __future__ import annotations
@@ -55,7 +51,7 @@ class Evaluation:
 
 
 def _per_example_columns(df: pd.DataFrame, pairs: Sequence[Pair], b: np.ndarray) -> np.ndarray:
-    """Adds strategy, b, rho_i, bayes_nll, n_consistent and predicted_use to ``df`` in place;
+    """Adds strategy, b, rho_i, bayes_nll, n_consistent, labels and predicted_use to ``df`` in place;
     returns the per-row Bayes NLL (nats per sequence; NaN where unknown)."""
     df.insert(1, "strategy", [p.strategy for p in pairs])
     df["b"] = b
@@ -105,8 +101,7 @@ def _objective_metrics(df: pd.DataFrame, c_base: float, objective: ObjectiveConf
 
 def _structure_metrics(df: pd.DataFrame, features: np.ndarray, seed: int, assigned: bool = True) -> dict[str, float]:
     """structure/alignment_nmi (all rows and m = 1 rows), Hungarian accuracy on m = 1 rows and the
-    held-out probe of ``features``; all NaN when any strategy label is missing or no latent
-    assignment exists (``assigned=False``), never faked."""
+    held-out probe of ``features``; all NaN without every strategy label or an assignment."""
     labels = df["strategy"]
     if not (assigned and labels.notna().all()):
         return {k: float("nan") for k in ("structure/alignment_nmi", "structure/alignment_nmi_unambiguous",
@@ -230,9 +225,8 @@ class DiscreteEvaluator:
 
 
 class GaussianEvaluator:
-    """The continuous CVAE: ``model.n_samples`` posterior samples from a generator seeded by ``seed``
-    (torch's global generator is left alone; the generator lives on the model's device, so the draws stay
-    there); assignments are k-means clusters of the posterior means."""
+    """The continuous CVAE: ``model.n_samples`` posterior samples from its own generator seeded by
+    ``seed`` (on the model's device); assignments are k-means clusters of the posterior means."""
 
     def __init__(self, model, seed: int):
         self.model, self.seed = model, seed
@@ -307,11 +301,7 @@ EVALUATORS = {LatentKind.DISCRETE: DiscreteEvaluator, LatentKind.CONTINUOUS: Gau
 
 
 #: the most next-token log-probabilities (rows x K x |S| x vocab, float32) one evaluation batch may
-#: hold: the discrete evaluator keeps the full distributions for the decoder JSD, whose arithmetic
-#: makes ~5 temporaries of that size. 2^25 = 128 MiB a tensor. Measured on a 2-layer GPT-2 with a
-#: 49k vocabulary, K = 4, 64 evaluated E2E rows, one thread: peak RSS 1.72 GB and 15.5 s at 2^25
-#: against 5.50 GB and 18.0 s at 2^28 (a one-off measurement); at 2^28 and 128 rows an own study's
-#: kernel died at 10.9 GB RSS
+#: hold (128 MiB a tensor; the decoder JSD makes ~5 temporaries of that size): docs/results/real-models.md
 EVAL_LOGIT_ELEMENTS = 2**25
 
 
@@ -331,20 +321,17 @@ def evaluate(model, encoded: Sequence[EncodedPair], pairs: Sequence[Pair], *, b:
              objective: ObjectiveConfig, step: int, pad_id: int, tokenizer=None, strategies: Sequence[str] | None = None,
              decode_rows: int = 0, batch_size: int = 128, base_token_nll: dict | None = None,
              seed: int = 0, rho_denominator: float | None = None) -> Evaluation:
-    """Evaluate a discrete or continuous CVAE on validation rows. ``b`` (n_rows,) is the frozen base
-    surprisal (nats per token); ``base_token_nll`` (id -> per-token b_t over S) is needed under token
-    weighting; ``decode_rows`` rows are greedily decoded when a tokenizer and strategies are given.
-    ``c_base`` is the objective's (w = 1/c_base); rho_recon and oracle_rho divide by
-    ``rho_denominator``, by default the evaluated rows' own mean b (``reference/c_eval``), so a
-    decoder equal to the base reads exactly 1 on any sample of rows.
+    """Evaluate a discrete or continuous CVAE on validation rows, in eval mode under no_grad.
 
-    Returns the keys of docs/concepts/metrics.md: loss/val/*, loss_contrib/fraction_abs/*, structure/*,
-    latent/*, task/correctness, reference/c_base, objective/*. Metrics that need strategy labels are NaN when
-    labels are missing, never faked. Continuous latent: ``posterior_argmax`` is the k-means cluster
-    of the posterior means (k = the number of strategies), used by structure/* and z_control (each
-    centroid forced); task/correctness decodes with z from the prior; latent/active_units (Burda et
-    al. 2016) and latent/mutual_information (Monte Carlo) are added; keys that need a finite set of
-    latent values are NaN. Raises KeyError listing the kinds for a model of another latent_kind.
+    ``b`` (n_rows,): the frozen base surprisal, nats per token; ``base_token_nll`` (id -> per-token
+    b_t over S): needed under token weighting; ``decode_rows``: rows greedily decoded when a tokenizer
+    and strategies are given (without strategies a discrete model's ``latent_samples``). ``c_base`` is
+    the objective's; rho_recon and oracle_rho divide by ``rho_denominator``, default the evaluated
+    rows' mean b (``reference/c_eval``), so a decoder equal to the base reads exactly 1.
+
+    Returns the keys of docs/concepts/metrics.md. Keys that need strategy labels, or (Gaussian latent)
+    a finite set of values, are NaN, never faked; a Gaussian latent's ``posterior_argmax`` is the
+    k-means cluster of its posterior means. Raises KeyError for another latent_kind.
     """
     if model.latent_kind not in EVALUATORS:
         raise KeyError(f"latent_kind={model.latent_kind!r} is not one of {sorted(map(str, EVALUATORS))}")

@@ -8,14 +8,9 @@ the greedy y under each latent value k of a discrete CVAE — scored by
   different human realisations rather than one),
 
 the protocol of Shen et al. 2019, "Mixture Models for Diverse Machine Translation: Tricks of the
-Trade" (ICML 2019, arXiv:1902.07816; they report pairwise-BLEU 48.26 and #refs covered
-2.11 on multi-reference data), as their released scorer computes it
-(fairseq ``examples/translation_moe/score.py``, ``pairwise`` and ``multi_ref``).
-
-A z-free control has K = 1, so one greedy output says nothing about diversity: it is compared
-through K **samples** (temperature 1, a seeded generator) for the same MRs, so both sides have K
-outputs per MR (``zfree.evaluate.latent_stats.multiref_outputs`` draws them; the study table
-``zfree_lab.experiment.multiref_table`` takes the first K of the control's samples, K = the CVAE's).
+Trade" (ICML 2019, arXiv:1902.07816), as their released scorer computes it (fairseq
+``examples/translation_moe/score.py``, ``pairwise`` and ``multi_ref``). A z-free control (K = 1) is
+compared through K samples at temperature 1 (``zfree.evaluate.latent_stats.multiref_outputs``).
 
 Pure functions on lists of strings; BLEU is sacrebleu's (Post 2018), 13a tokenisation (our outputs
 are detokenised text; fairseq scored pre-tokenised text with ``tokenize='none'``).
@@ -30,10 +25,9 @@ from typing import Sequence
 import numpy as np
 from sacrebleu.metrics import BLEU
 
-#: distinct evaluated x whose K outputs are decoded once at the end of a run (about 1 s a run on E2E)
+#: distinct evaluated x whose K outputs are decoded once at the end of a run
 MULTIREF_MRS = 30
-#: samples per MR drawn from a z-free control (K = 1): the study table uses the first K of them, so
-#: this is the largest K a shipped recipe uses (HARD_EM_RECIPE's 6; E2E's 4); ~0.3 s CPU per sample on E2E
+#: samples per MR drawn from a z-free control (K = 1): the largest K a shipped recipe uses
 MULTIREF_SAMPLES = 6
 
 
@@ -64,12 +58,9 @@ def pairwise_bleu(outputs: Sequence[Sequence[str]]) -> float:
 
 
 def best_reference(output: str, references: Sequence[str]) -> int:
-    """Index of the reference with the highest sentence BLEU of ``output`` (``_sentence_bleu``);
-    ties go to the first such reference (``np.argmax``, the reference the released scorer pairs the
-    output with for its multi-reference BLEU). The released scorer counts a random one of the tied
-    references instead, which lets K identical outputs "cover" several references when they tie
-    (e.g. all at BLEU 0); the first one keeps identical outputs on one reference. ValueError for
-    no reference."""
+    """Index of the reference with the highest sentence BLEU of ``output`` (``_sentence_bleu``); ties go
+    to the first (the released scorer draws a random one, which lets K identical outputs "cover"
+    several tied references). ValueError for no reference."""
     if not references:
         raise ValueError("an MR needs at least one reference")
     bleu = _sentence_bleu()

@@ -1,5 +1,5 @@
-"""Item 2 of ``zfree.evaluate.latent_meaning``: how strongly each derived property of y aligns with the
-posterior, against a permutation null, and whether the posterior itself (not only its argmax) carries it.
+"""How strongly each derived property of y aligns with the posterior (``zfree.evaluate.latent_meaning``,
+item 2), against a permutation null, and whether the posterior itself (not only its argmax) carries it.
 
 A property's mutual information with the posterior argmax (nats; NMI with arithmetic normalisation as
 scikit-learn's ``normalized_mutual_info_score``) is compared with ``N_PERMUTATIONS`` shuffles of the
@@ -9,18 +9,13 @@ p < ``ALPHA`` / (number of properties) (Bonferroni) and its MI under the soft as
 argmax's MI, ``MIN_POSTERIOR_MI``). Per value (``per_value_alignment``): the same test of the indicator
 [argmax = k] at ``ALPHA`` / (properties x values).
 
-**Beyond x** (issue 54, item 8). Given the rows' x (``groups``), the argmax is shuffled only among rows
-of equal x (``permute_within_groups``): the null is H0 "given x, the argmax is independent of the
-property", a stratified permutation test, exact under H0 (there the argmax is exchangeable within
-each x, so p keeps its level). A posterior whose
-argmax follows x alone, while the property follows x too (y's first word follows x's), then passes
-nothing; across all rows it passed (the default study's plain beta = 1 aided run, decoder not using z:
-'first word' at p 0.011). A row whose x no other row shares keeps its value in every shuffle and
-adds nothing to the null; when no x has two rows nothing can be tested (p NaN, nothing passes, a note
-says so): with every x distinct, no test can tell z carrying y beyond x from z following x without
-assumptions on how z depends on x (Shah & Peters 2020, "The hardness of conditional independence
-testing and the generalised covariance measure", their no-free-lunch theorem). MI and NMI stay those
-of all rows.
+**Beyond x** (docs/concepts/readouts.md). Given strata (``groups``: the rows' x, or the router's
+argmax), the argmax is shuffled only within them (``permute_within_groups``): H0 "given x, the argmax
+is independent of the property", a stratified permutation test, exact under H0. An argmax that follows
+x alone then passes nothing. A row alone in its stratum adds nothing to the null; with no stratum of
+two rows nothing is tested (p NaN, a note says so): with every x distinct no test can tell z carrying
+y beyond x from z following x (Shah & Peters 2020, "The hardness of conditional independence
+testing and the generalised covariance measure"). MI and NMI stay those of all rows.
 """
 
 from __future__ import annotations
@@ -80,24 +75,16 @@ def permute_within_groups(codes: np.ndarray, groups: np.ndarray, n_perm: int, rn
 def property_alignment(props: pd.DataFrame, assign: np.ndarray, *, n_perm: int = N_PERMUTATIONS, seed: int = 0,
                        alpha: float = ALPHA, q: np.ndarray | None = None, groups: np.ndarray | None = None
                        ) -> tuple[pd.DataFrame, list[str]]:
-    """Each property's mutual information with ``assign`` (the posterior argmax, (N,) ints) against a
-    permutation null (module docstring, item 2). Returns (table sorted by MI, notes): columns
-    property, levels, mi (nats), nmi, null95 (the null's 95th percentile, nats), p_value,
-    mi_posterior (``posterior_mi`` under ``q``, NaN without it), passes.
+    """Each property's mutual information with ``assign`` (the posterior argmax, (N,) ints) against the
+    permutation null (module docstring). Returns (table sorted by MI, notes): columns property,
+    levels, mi (nats), nmi, null95 (the null's 95th percentile, nats), p_value, mi_posterior
+    (``posterior_mi`` under ``q`` (N, K), NaN without it), passes.
 
-    With ``groups`` ((N,) hashable, the rows' x) the argmax is shuffled only within groups of equal x
-    (module docstring, "beyond x"): what passes, z carries beyond x. When no x has two rows nothing
-    is tested: p_value and null95 NaN, nothing passes, and a note says the test could not be run;
-    otherwise a note gives the rows that can move (rows in an x of two or more). ``groups`` None:
-    shuffles across all rows (the null "independent of the property" that a z following x passes).
-
-    With ``q`` ((N, K) posterior probabilities whose argmax is ``assign``), a property passes only
-    when the posterior itself carries its alignment too: mi_posterior >= max(``POSTERIOR_SHARE`` x
-    mi, ``MIN_POSTERIOR_MI``). The argmax of a near-uniform posterior (a run that does not use z) can
-    follow y systematically, so it passes a permutation test while z carries nothing (its rate bounds
-    what it can carry); this guard rejects it. Properties with one level are skipped with a note;
-    fewer than 2 rows: an empty table and a note. Raises ValueError when ``props``, ``assign``, ``q``
-    and ``groups`` differ in length."""
+    ``groups`` ((N,) hashable): shuffle within equal groups, with a note on the rows that can move;
+    None: across all rows. With ``q`` a property passes only when mi_posterior >= max(``POSTERIOR_SHARE``
+    x mi, ``MIN_POSTERIOR_MI``): a near-uniform posterior's argmax can follow y while z carries nothing.
+    Properties with one level are skipped with a note; fewer than 2 rows: an empty table and a note.
+    Raises ValueError when ``props``, ``assign``, ``q`` and ``groups`` differ in length."""
     assign = np.asarray(assign)
     if len(props) != len(assign) or (q is not None and len(q) != len(assign)) or (
             groups is not None and len(groups) != len(assign)):
@@ -200,13 +187,9 @@ def _ranked(tables, value_index: int | None, alpha: float, q: np.ndarray | None,
 def per_value_alignment(props: pd.DataFrame, assign: np.ndarray, K: int, *, n_perm: int = N_PERMUTATIONS,
                         seed: int = 0, q: np.ndarray | None = None, groups: np.ndarray | None = None
                         ) -> dict[int, pd.DataFrame]:
-    """For each value k with rows: ``property_alignment`` of the indicator [argmax = k] (what sets
-    value k's rows apart from the others'), at level ``ALPHA`` / (number of values with rows): the
-    Bonferroni correction over the properties and the values; with ``q`` ((N, K)), the posterior's
-    soft indicator (1 - q_k, q_k) is the one that must carry it. The shuffles of the argmax are
-    shared with every value (the indicator of a shuffled argmax is the shuffled indicator), so this
-    costs one count per property, not one per value. ``groups``: shuffles within groups of equal x, as
-    ``property_alignment``'s. value -> its table (sorted by MI)."""
+    """value k -> ``property_alignment`` table of the indicator [argmax = k], for each value with rows,
+    at level ``ALPHA`` / (values with rows) (Bonferroni over properties and values); with ``q`` (N, K)
+    the soft indicator (1 - q_k, q_k) must carry it. One set of shuffles serves every value."""
     assign = np.asarray(assign)
     if len(assign) < 2:
         return {}

@@ -4,7 +4,7 @@ All quantities are per evaluated row, in nats per example (sequence: |S| times t
 For a discrete latent with K values, per-value sequence NLLs d_k = -log p(y | x, z=k), the
 posterior q(k | x, y) and the prior/router p(k | x):
 
-  D_q          sum_k q_k d_k                         reconstruction under the posterior (today's D)
+  D_q          sum_k q_k d_k                         reconstruction under the posterior
   D_prior      sum_k p_k d_k                         z drawn from the prior/router: no look at y
   D_shuffled   sum_k q_{pi(i),k} d_k                 another row's posterior (a seeded permutation pi)
   D_aggregate  sum_k qbar_k d_k                      z from the aggregate posterior qbar = mean_i q_i
@@ -31,8 +31,7 @@ import torch
 
 from zfree.models.nll import masked_mean_token_nll
 
-#: importance samples per row for the Gaussian latent's marginal bound (Burda et al. 2016 use 5000
-#: for their tables and report k = 50 within ~0.5 nats on MNIST; 64 is the issue's floor)
+#: importance samples per row for the Gaussian latent's marginal bound (``iwae_nll``)
 IW_SAMPLES = 64
 #: the columns ``discrete_readouts`` returns (per_example.parquet keeps them under these names)
 READOUT_COLUMNS = ("d_q", "d_prior", "d_shuffled", "d_aggregate", "marginal_nll")
@@ -119,9 +118,8 @@ def gaussian_readouts(model, batch, out, generator: torch.Generator, perm: torch
 
 
 def readout_metrics(df: pd.DataFrame) -> dict[str, float]:
-    """readout/* means over the evaluated rows (``zfree.evaluate.readouts``; nats per example): the five
-    readouts, within-model use (D_shuffled - D_q, D_prior - D_q), the rate and the negative ELBO
-    (D_q + KL, beta = 1) beside the marginal NLL."""
+    """readout/* means over the evaluated rows, nats per example: the five readouts, within-model use
+    (D_shuffled - D_q, D_prior - D_q) and the negative ELBO (D_q + KL, beta = 1)."""
     m = {f"readout/{k}": float(df[k].mean()) for k in READOUT_COLUMNS}
     m["readout/use_shuffled"] = float((df["d_shuffled"] - df["d_q"]).mean())
     m["readout/use_prior"] = float((df["d_prior"] - df["d_q"]).mean())

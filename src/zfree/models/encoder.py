@@ -1,11 +1,8 @@
-"""A separate posterior encoder (``posterior_features='encoder'``): a small bidirectional transformer
-over its own token embeddings of (x, y), trained from scratch, as Optimus (Li et al. 2020, §3) reads
-the posterior from a separate BERT encoder instead of the decoder's causal states.
+"""The posterior's input features: poolings of the z-free hidden states, or a separate encoder.
 
-The causal backbone's states at a y position see only the prefix, so a mean over the y-region
-is the only way for the shared features to read the whole of y; a bidirectional encoder reads
-every token in the context of every other one. Its output is mean-pooled over the non-padding
-positions and projected to ``d_out`` (the backbone width, so the posterior heads keep their shape).
+The encoder (``posterior_features='encoder'``) is a small bidirectional transformer over (x, y) trained
+from scratch, as Optimus (Li et al. 2020, §3) reads the posterior from a separate BERT encoder; its
+output is mean-pooled over the real tokens and projected to the backbone width.
 """
 
 from __future__ import annotations
@@ -87,7 +84,7 @@ POOLINGS = {"mean_y": _pool_mean_y, "last": _pool_last, "mean_first": _pool_mean
 
 def pool_posterior_features(module: nn.Module, kind: str, h: Float[torch.Tensor, "batch seq d_model"],
                             batch: Batch) -> Float[torch.Tensor, "batch d_feat"]:
-    """The posterior head's input from the z-free hidden states ``h`` (B, T, D), shared by both CVAEs:
+    """The posterior head's input from the z-free hidden states ``h`` (B, T, D):
 
     ``mean_y``      mean over the supervised y-region (D);
     ``last``        the last supervised position (D);

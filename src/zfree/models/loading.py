@@ -1,10 +1,7 @@
-"""One loader for every causal LM zfree works with: a local transformers folder, a GGUF file (or a
-folder holding one), or a hub id; and refusals, with a zfree message, of what is not a usable
-causal LM (encoder-decoder configs, loads that leave weights missing or newly initialized).
+"""One loader for every causal LM zfree works with (a transformers folder, a GGUF file, a hub id).
 
-After loading, the output head is verified: the logits zfree computes from the final hidden
-states (``zfree.models.head.logits_from_hidden``) must equal the model's own ``model(...).logits``
-on a short probe row, or the load is refused (``verify_head``).
+What is not a usable causal LM is refused in one line; after loading, the logits zfree computes from
+the hidden states must equal the model's own (``zfree.models.head.verify_head``).
 """
 
 from __future__ import annotations
@@ -74,10 +71,7 @@ MIN_VOCAB_SHARE = 0.5
 
 def check_vocab_size(tok, model, name: str) -> None:
     """ModelLoadError naming both sizes when the tokenizer has more tokens than the model's input
-    embedding table has rows (its ids would index past it), or when its vocabulary is far smaller than the
-    model's input embedding table (fewer than ``MIN_VOCAB_SHARE`` of its rows): e.g. a tokenizer
-    built from files it did not understand (transformers' ``GPT2TokenizerFast(vocab_file=...,
-    merges_file=...)`` can give one of 1 token), which would score every text as a few ids."""
+    embedding table has rows, or fewer than ``MIN_VOCAB_SHARE`` of them (not the model's tokenizer)."""
     emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     rows = getattr(emb, "num_embeddings", None) or getattr(getattr(emb, "weight", None), "shape", [None])[0]
     n_tok = len(tok)
@@ -112,9 +106,8 @@ WEIGHT_SUFFIXES = (".bin", ".safetensors", ".pt", ".pth")
 
 
 def check_not_gguf(folder: Path | str, name: str) -> None:
-    """ModelLoadError naming the file when a weights file of ``folder`` (``WEIGHT_SUFFIXES``) holds
-    GGUF bytes (``GGUF_MAGIC``): transformers would hand it to ``torch.load``, whose UnpicklingError
-    advises ``weights_only=False`` (running the file's code). A GGUF model is given as its .gguf file."""
+    """ModelLoadError naming the file when a weights file of ``folder`` (``WEIGHT_SUFFIXES``) holds GGUF
+    bytes (``GGUF_MAGIC``), which ``torch.load`` would refuse with unsafe advice."""
     for f in sorted(Path(folder).glob("*")):
         if f.suffix in WEIGHT_SUFFIXES and f.is_file():
             with open(f, "rb") as fh:
@@ -125,10 +118,9 @@ def check_not_gguf(folder: Path | str, name: str) -> None:
 
 
 def _load_weights(path: str, config, dtype: torch.dtype, name: str, kw: dict) -> torch.nn.Module:
-    """The ``AutoModelForCausalLM`` at ``path`` with ``config``, its weights in ``dtype``.
-    ModelLoadError for a config without a causal-LM head, weights that do not match the config or
-    cannot be read (a GGUF file under a checkpoint's name, a pickle that is not plain tensors: never
-    unpickled unsafely), and weights missing or newly initialized on load (naming them)."""
+    """The ``AutoModelForCausalLM`` at ``path`` with ``config``, its weights in ``dtype``. ModelLoadError
+    for a config without a causal-LM head, weights that do not match the config or cannot be read
+    (never unpickled unsafely), and weights missing or newly initialized on load (naming them)."""
     if "gguf_file" not in kw and Path(path).is_dir():
         check_not_gguf(path, name)
     try:
@@ -178,13 +170,10 @@ def gguf_special_token_ids(gguf_path: Path | str) -> dict[str, int]:
 
 
 def align_gguf_special_tokens(tok, gguf_path: Path | str, log=print) -> list[str]:
-    """Set the tokenizer's bos / eos / pad / unk tokens to those the GGUF file declares, where they differ.
-
-    transformers' GGUF tokenizer conversion depends on its version: 5.17 gives SmolLM2-135M-Instruct's
-    tokenizer eos ``<|im_start|>`` (id 1) and no pad token, 5.25 eos ``<|im_end|>`` (id 2), which is what
-    the file's ``tokenizer.ggml.eos_token_id`` says. zfree appends the eos token to every y (its NLL
-    counts in c_base and every D), so the file decides. Returns the changes made, one line each (also
-    passed to ``log``); an id outside the vocabulary is left alone and named."""
+    """Set the tokenizer's bos / eos / pad / unk tokens to those the GGUF file declares, where they
+    differ: transformers' conversion varies by version (docs/results/real-models.md), and zfree ends
+    every y with eos. Returns the changes, one line each (also passed to ``log``); an id outside the
+    vocabulary is left alone and named."""
     changes = []
     vocab = len(tok)
     for attr, want in gguf_special_token_ids(gguf_path).items():
@@ -203,10 +192,8 @@ def align_gguf_special_tokens(tok, gguf_path: Path | str, log=print) -> list[str
 
 
 def check_eos(tokenizer, name: Path | str) -> None:
-    """ModelLoadError naming the model ``name`` when ``tokenizer`` has no eos token. zfree ends every y
-    with it (``zfree.data.batching``: the supervised region S = y + [eos]), so the CVAE learns where y
-    stops and decoding stops there; a model without one is refused before anything is scored or trained
-    rather than given a made-up token (a new vocabulary entry the frozen model never saw)."""
+    """ModelLoadError naming the model ``name`` when ``tokenizer`` has no eos token: zfree ends every y
+    with it (the supervised region S = y + [eos], ``zfree.data.batching``)."""
     if tokenizer.eos_token_id is None:
         raise ModelLoadError(f"{name}: its tokenizer has no eos token; zfree ends every y with it (where the CVAE "
                              "learns y stops, and decoding stops): set eos_token in its tokenizer_config.json "
@@ -217,17 +204,15 @@ def load_causal_lm(source: Path | str, *, device: str | torch.device = "auto", d
                    trust_remote_code: bool = False, verify: bool = True):
     """Load ``(model, tokenizer)`` of a causal LM for zfree, model in eval mode on ``device``.
 
-    source: a transformers folder (config.json + weights + tokenizer), a ``.gguf`` file or a
-    folder holding one (needs the ``gguf`` package; dequantized to ``dtype``), or a hub id
-    (offline unless HF_HUB_OFFLINE is unset). A GGUF source's special tokens are the file's own
-    (``align_gguf_special_tokens``). dtype ``"auto"``: float32 on CPU, bfloat16 on a
-    bf16-capable GPU; otherwise one of ``DTYPES``.
+    source: a transformers folder (config.json + weights + tokenizer), a ``.gguf`` file or a folder
+    holding one (dequantized to ``dtype``; special tokens the file's own), or a hub id (offline unless
+    HF_HUB_OFFLINE is unset). dtype ``"auto"``: float32 on CPU, bfloat16 on a bf16-capable GPU;
+    otherwise one of ``DTYPES``.
 
-    Raises FileNotFoundError for a missing path; ModelLoadError (a ValueError) for a folder without
-    a tokenizer (naming the folder), an encoder-decoder config (T5, BART, ...), a load that
-    reports missing / newly initialized / mismatched weights (naming them), weights that cannot be
-    read (a safetensors file cut short: naming the model and the reader's first line), an unknown dtype, or
-    (``verify``) a model whose logits zfree cannot reproduce from its hidden states.
+    Raises FileNotFoundError for a missing path; ModelLoadError (a ValueError) for a folder without a
+    tokenizer, an encoder-decoder config, missing / newly initialized / mismatched weights (naming
+    them), unreadable weights, a tokenizer that is not the model's, an unknown dtype, or (``verify``)
+    a model whose logits zfree cannot reproduce from its hidden states.
     """
     path, gguf_file, kind = resolve_source(source)
     dev = pick_device(device)

@@ -1,17 +1,11 @@
-"""LoRA adapters on the backbone: the base weights frozen and shared, a low-rank update
-``W x + (alpha / r) B A x`` trained in their place (Hu et al. 2021, "LoRA: Low-Rank Adaptation of
-Large Language Models", eq. 3), injected in place by ``peft.inject_adapter_in_model`` so the backbone
-keeps its class and its forward (the latent injection, the shared-prefix cache and the model's own
-head path see the same modules).
+"""LoRA adapters on a frozen backbone (Hu et al. 2021, eq. 3; docs/howto/lora.md).
 
-Exact at step 0: peft starts B at zero (``init_lora_weights=True``), so the adapted backbone computes
-the base model's function exactly and rho_recon = 1 at step 0, as for full fine-tuning. Dropout is 0
-(the objective stays deterministic, the K decoder passes see one function).
+A low-rank update ``W x + (alpha / r) B A x`` trained in place of the base weights ("LoRA: Low-Rank
+Adaptation of Large Language Models"), injected by ``peft.inject_adapter_in_model`` so the backbone
+keeps its class and forward.
 
-A checkpoint of a LoRA run holds only what trains (``trainable_tensors``: adapters, heads, latent
-embeddings) and the optimizer state; the frozen base is referenced by the sha256 of its weights
-(``base_state_dict``: the backbone's state dict under the base model's own names, adapters dropped),
-which config.json records and a resume checks.
+Exact at step 0 (B starts at zero) and deterministic (dropout 0). A LoRA checkpoint holds only what
+trains (``trainable_tensors``); the frozen base is referenced by the sha256 of ``base_state_dict``.
 """
 
 from __future__ import annotations
@@ -43,10 +37,9 @@ def lora_targets(backbone: torch.nn.Module, targets: str) -> list[str] | str:
 
 
 def apply_lora(backbone: torch.nn.Module, rank: int, alpha: float, targets: str = "auto") -> list[str]:
-    """Inject rank-``rank`` LoRA adapters (scale ``alpha / rank``, dropout 0, B = 0 so the function
-    is unchanged) into ``backbone`` in place and freeze every other backbone weight; returns the
-    names of the trainable adapter parameters. ``fan_in_fan_out`` is set for GPT-2's Conv1D
-    layers (weights stored (in, out)). Raises ValueError for rank < 1 or unknown targets."""
+    """Inject rank-``rank`` LoRA adapters (scale ``alpha / rank``, dropout 0, B = 0) into ``backbone`` in
+    place and freeze every other backbone weight; returns the trainable adapter parameters' names.
+    Raises ValueError for rank < 1 or unknown targets."""
     from peft import LoraConfig, inject_adapter_in_model
 
     if not isinstance(rank, int) or rank < 1:
@@ -73,9 +66,8 @@ def base_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def trainable_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """name -> detached contiguous tensor of every parameter that trains (``requires_grad``) and of
-    every saved buffer outside the backbone (BN-VAE's running statistics, which training updates):
-    what a partial checkpoint stores (adapters, heads, latent embeddings; a few MB over a frozen base)."""
+    """name -> detached contiguous tensor of every parameter that trains and every saved buffer outside
+    the backbone (BN-VAE's running statistics): what a partial checkpoint stores."""
     out = {n: p.detach().contiguous() for n, p in model.named_parameters() if p.requires_grad}
     state = model.state_dict(keep_vars=True)
     out.update({n: b.detach().contiguous() for n, b in model.named_buffers()

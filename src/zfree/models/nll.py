@@ -1,6 +1,5 @@
 """The masked mean token NLL over the supervised y-region: the one reduction from per-token to
-per-example NLL, shared by the models (the hard-EM selection of ``zfree.models.discrete``), the
-objective terms (``zfree.objective.losses``), evaluation and base-model training."""
+per-example NLL (models, objective terms, evaluation, base-model training)."""
 
 from __future__ import annotations
 
@@ -20,10 +19,9 @@ def masked_mean_token_nll(token_nll: Float[torch.Tensor, "batch *latent seq"],
     ``token_nll`` is (batch, seq) or (batch, n_latent, seq); the mask (True = supervised position
     in S) is broadcast over the latent axis. Positions outside S may hold anything, even inf or
     NaN (they are selected away, not multiplied by 0, so they reach neither value nor gradient).
-    Returns (batch,) or (batch, n_latent). Raises ValueError naming the rows if some row has an empty S
-    on a device of ``HOST_CHECK_DEVICES`` (the CPU); elsewhere the check is a device-side assertion
-    (``torch._assert_async``), so the training step reads nothing back to the host for it (issue 56).
-    Source: seed 000, "Implementation detail" (masked to the y-span, averaged not summed).
+    Returns (batch,) or (batch, n_latent). Raises ValueError naming the rows with an empty S on a
+    device of ``HOST_CHECK_DEVICES``; elsewhere a device-side assertion (no host read).
+    Source: docs/concepts/problem.md, "The objective" (masked to the y-span, averaged not summed).
     """
     n = target_mask.sum(-1)
     if n.device.type not in HOST_CHECK_DEVICES:

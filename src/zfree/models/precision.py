@@ -1,31 +1,19 @@
 """Mixed precision of the CVAE step (``optim.precision``): the backbone body in bfloat16,
 everything that trains and everything from the output head on in float32.
 
-Under ``bf16`` the transformer body's matmuls run in bfloat16 (``torch.autocast`` around the step's
-forward), the output head runs in float32 regardless (``zfree.models.head`` disables autocast there
-and casts a bfloat16 weight up, accumulating in float32), and ``model_outputs_fp32`` casts every
-floating output of the model's forward (posterior / router logits, Gaussian parameters, features)
-to float32 before the objective is assembled outside autocast, so log-softmax, the KLs and the
-losses are float32 as in ``zfree.reference.scoring``. Where the weights live depends on whether the
-body trains:
+Under ``bf16`` the body's matmuls run in bfloat16 (``torch.autocast`` around the step's forward); the
+output head runs in float32 regardless (``zfree.models.head``), and ``model_outputs_fp32`` casts the
+forward's outputs to float32 before the objective, so log-softmax, KLs and losses are float32.
 
-  frozen body (LoRA: ``lora_rank`` > 0 freezes every base weight, ``zfree.models.lora.apply_lora``)
-      the frozen weights are *stored* in bfloat16 (``store_frozen_weights``, ``FROZEN_DTYPES``): no
-      forward casts them again (under autocast over float32 weights every frozen matmul weight is
-      cast on every call: autocast caches only the casts of leaves that require grad), and they take
-      half the memory. What trains stays float32: the LoRA adapters (peft casts their input to
-      their dtype and the sum back to the body's), the latent embeddings / projection, the route's
-      parameters and the posterior and router heads (their inputs are cast up, ``heads_input``);
-      the latent vector enters the body in the body's dtype (``zfree.models.injection``).
-  trained body (full fine-tuning, ``lora_rank`` = 0)
-      float32 master weights and optimizer state under bfloat16 autocast, as before: AdamW's updates
-      of a 3e-5 rate would round away in bfloat16 weights.
+  frozen body (LoRA)   the frozen weights are *stored* in bfloat16 (``store_frozen_weights``): no cast
+                       per call, half the memory; what trains (adapters, latent embeddings, route,
+                       heads: their inputs cast up, ``heads_input``) stays float32.
+  trained body         float32 master weights and optimizer state under bfloat16 autocast (AdamW's
+                       small updates would round away in bfloat16 weights).
 
-Evaluation is not autocast: a float32 body evaluates in float32 (its metrics compare with the float32
-reference), a bfloat16-stored frozen body in bfloat16 (the step-0 rho check then takes the
-low-precision tolerance, ``zfree.reference.reference.RHO0_TOL_LOW_PRECISION``).
-On CUDA the training step also lets float32 matmuls use TF32 tensor cores (``tf32_matmuls``);
-evaluation keeps true float32.
+Evaluation is not autocast (a bfloat16-stored body takes the low-precision step-0 tolerance,
+``zfree.reference.reference.RHO0_TOL_LOW_PRECISION``); only the CUDA training step uses TF32
+(``tf32_matmuls``).
 """
 
 from __future__ import annotations
@@ -35,9 +23,8 @@ import dataclasses
 
 import torch
 
-#: optim.precision -> the autocast dtype of the body (None: no autocast). ``fp64`` is the reference
-#: mode: weights, optimizer, head, log-softmax and losses in float64 (slow; for checks against
-#: float32 and the portable golden runs, tests/golden_runs.py, where CPU kernels differ by ~1e-16)
+#: optim.precision -> the autocast dtype of the body (None: no autocast). ``fp64``: the reference mode,
+#: everything in float64 (the portable golden runs, docs/howto/reproducibility.md)
 PRECISIONS: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp64": None}
 #: optim.precision -> the dtype the weights are loaded in (``zfree.models.loading.DTYPES`` names)
 WEIGHT_DTYPES: dict[str, str] = {"fp32": "float32", "bf16": "float32", "fp64": "float64"}
@@ -49,9 +36,7 @@ FROZEN_DTYPES: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bflo
 @contextlib.contextmanager
 def default_dtype(dtype: torch.dtype):
     """Build modules with parameters of ``dtype`` (``torch.set_default_dtype`` inside, restored on
-    exit). Initialising a float64 model directly in float64 keeps its random init portable: the
-    float32 normal sampler rounds differently between CPU kernels (~3e-7 relative between the
-    vectorised and the scalar path), the float64 one only at ~1e-16."""
+    exit): a float64 model initialised in float64 has a random init portable across CPU kernels."""
     prev = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -68,11 +53,9 @@ def acc_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def store_frozen_weights(module: torch.nn.Module, dtype: torch.dtype | None) -> int:
-    """Store every parameter of ``module`` that does not require grad in ``dtype``, in place (a tied
-    parameter once: it is one object); parameters that train and every buffer (e.g. rotary
-    frequencies, which stay float32) are left as they are. ``dtype`` None: nothing. Returns the
-    number of elements cast. Call after the trainable parameters are decided (``apply_lora``) and
-    before the optimizer is built."""
+    """Store every parameter of ``module`` that does not require grad in ``dtype``, in place; trained
+    parameters and buffers are left as they are; ``dtype`` None: nothing. Returns the elements cast.
+    Call after ``apply_lora`` and before the optimizer is built."""
     if dtype is None:
         return 0
     n = 0
@@ -92,10 +75,8 @@ def heads_input(h: torch.Tensor) -> torch.Tensor:
 
 @contextlib.contextmanager
 def tf32_matmuls(device: torch.device | str):
-    """Inside: float32 matrix products and convolutions on CUDA may use TF32 tensor cores
-    (``torch.backends.cuda.matmul.allow_tf32``, ``torch.backends.cudnn.allow_tf32``: a 10-bit
-    mantissa on the products, float32 accumulation); restored on exit. On any other device
-    nothing changes. The training step runs inside (``zfree.train.training``); evaluation does not."""
+    """Inside: float32 matrix products and convolutions on CUDA may use TF32 tensor cores (10-bit
+    mantissa, float32 accumulation); restored on exit. On any other device nothing changes."""
     if torch.device(device).type != "cuda":
         yield
         return
@@ -108,9 +89,8 @@ def tf32_matmuls(device: torch.device | str):
 
 
 def to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
-    """A host tensor on ``device`` without a host round-trip: on CUDA through pinned memory with a
-    non-blocking copy (a copy from pageable memory first waits for the device's queued work); on the
-    CPU ``t`` itself; elsewhere a plain copy."""
+    """A host tensor on ``device`` without a host round-trip: on CUDA a non-blocking copy from pinned
+    memory; on the CPU ``t`` itself; elsewhere a plain copy."""
     device = torch.device(device)
     if device.type == "cpu" or t.device == device:
         return t
@@ -131,9 +111,8 @@ def body_autocast(precision: str, device: torch.device | str):
 
 
 def model_outputs_fp32(out):
-    """``out`` (a model-output dataclass, possibly nested) with every floating tensor of a dtype
-    other than float32/float64 cast to float32, in place; float32 tensors are left as they are
-    (the same objects: an fp32 run is unchanged bit for bit). Returns ``out``."""
+    """``out`` (a model-output dataclass, possibly nested) with every floating tensor other than
+    float32/float64 cast to float32, in place (float32 tensors are the same objects). Returns ``out``."""
     if not dataclasses.is_dataclass(out):
         return out
     for f in dataclasses.fields(out):

@@ -254,10 +254,13 @@ def cache_shapes(backbone) -> list[tuple[int, int, int]]:
     param = next(backbone.parameters())
     was = backbone.training
     backbone.eval()
+    one = torch.zeros((1, 1), dtype=torch.long, device=param.device)
     try:
         with torch.no_grad():
-            out = backbone.base_model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=param.device),
-                                      use_cache=True)
+            # one token, nothing padded, only the cache's shapes read: harmless without a mask, but token 0
+            # is the pad id of many tokenizers, and transformers then warns "pass an attention_mask" (once
+            # per process, so it looked like the route's forward's); the all-ones mask says what is true
+            out = backbone.base_model(input_ids=one, attention_mask=torch.ones_like(one), use_cache=True)
     finally:
         backbone.train(was)
     cache = getattr(out, "cache", None) or out.past_key_values

@@ -1,16 +1,13 @@
 """The z-free reference: per-example b, per-token surprisal, c_base, and its artifacts.
 
 c_base = E_D[b(x, y)] > 0, estimated as the mean of b over the validation rows, nats per token
-(seed 000_c0dcb230ee7e6368.txt, "Normalized Reconstruction Objective"). Two estimators, one entry
-point for the CVAE trainer (``resolve_reference``):
+(docs/concepts/weightings.md; docs/concepts/problem.md: the two estimators). ``resolve_reference``:
 
-  entangled_run      load c_base and b from the base run's ``reference/`` artifacts, after
-                     checking that they were computed from the model and data given;
-  pretrained_source  score the current validation rows with the source model now.
+  entangled_run      c_base and b from the base run's ``reference/``, checked against the model and data;
+  pretrained_source  the validation rows scored with the source model now.
 
-A base run's ``reference/`` holds per_example.parquet, per_token.parquet and reference.json
-(c_base, the analytic c_base when the rows carry the generator's Bayes loss, and the hashes of
-weights, tokenizer and data it was computed from).
+A base run's ``reference/`` holds per_example.parquet, per_token.parquet and reference.json (c_base,
+the analytic c_base on the synthetic benchmark, the hashes of weights, tokenizer and data).
 """
 
 from __future__ import annotations
@@ -59,9 +56,8 @@ class Reference:
         return [float(m[i]) for i in ids]
 
     def surprisal_of(self, ids) -> list[np.ndarray]:
-        """Per-token surprisal b_t over S (nats, in position order) of each row in ``ids``; the token
-        shares are s_t = b_t / b_t.sum(). Raises ValueError if this reference has no per-token
-        values, KeyError naming missing rows."""
+        """Per-token surprisal b_t over S (nats, in position order) of each row in ``ids`` (token shares:
+        b_t / b_t.sum()). ValueError without per-token values, KeyError naming missing rows."""
         if self.per_token is None:
             raise ValueError("this reference has no per-token surprisal (per_token.parquet is missing)")
         if self._s is None:
@@ -100,12 +96,9 @@ def _check_c_base(c, where) -> float:
 
 def build_reference(base_dir: Path | str, data_dir: Path | str, split: str = "val", *, device: str = "auto",
                     dtype: str = "float32", cache: bool | None = False) -> Reference:
-    """Score the ``split`` rows with the base model in ``base_dir/model`` and write ``base_dir/reference/``:
-    per_example.parquet, per_token.parquet and reference.json (c_base, c_base_analytic when the
-    rows carry the generator's Bayes loss, model, tokenizer and data hashes). Not cached by default:
-    the artifacts are the record; ``cache=None`` also fills the score cache (``score_pairs``), so a
-    run that scores the same rows with the same model later (the pretrained-source setting) reads
-    them from it. Errors as ``zfree.reference.scoring.score_file``; nothing is written then."""
+    """Score the ``split`` rows with ``base_dir/model`` and write ``base_dir/reference/`` (module
+    docstring); reference.json last. Not cached by default (``cache=None`` also fills the score
+    cache). Errors as ``zfree.reference.scoring.score_file``; nothing is written then."""
     base_dir = Path(base_dir)
     data_file = _data_file(data_dir, split)
     pairs = load_pairs(data_file)
@@ -121,12 +114,9 @@ def build_reference(base_dir: Path | str, data_dir: Path | str, split: str = "va
 
 
 def load_reference(base_dir: Path | str) -> Reference:
-    """Entangled-run estimator, unchecked: load c_base and b from ``base_dir/reference``
-    (``resolve_reference`` adds the hash checks).
-
-    Raises FileNotFoundError naming the missing file, ValueError if c_base is missing, non-finite
-    or not positive.
-    """
+    """c_base and b from ``base_dir/reference``, without the hash checks of ``resolve_reference``.
+    FileNotFoundError naming a missing file; ValueError for a c_base missing, non-finite or <= 0;
+    InputError when c_base is not the mean of b (``check_c_base_against_b``)."""
     ref_dir = Path(base_dir) / "reference"
     path = ref_dir / "reference.json"
     if not path.exists():
@@ -174,21 +164,17 @@ def _mismatch(what: str, ref_dir: Path, stored: str, given: str, given_name: str
 def resolve_reference(source: str, base_dir: Path | str, data_dir: Path | str, split: str = "val", *,
                       model=None, tokenizer=None, device: str = "auto", dtype: str = "float32",
                       cache: bool | None = None, cache_dir: Path | str | None = None) -> Reference:
-    """The z-free reference for a CVAE run, by either estimator of c_base (seed 000); ``source`` is a
-    ``ReferenceSource`` (typed ``str`` so that a wrong value gets the ValueError below).
+    """The z-free reference for a CVAE run by either estimator (``ReferenceSource``).
 
-    entangled_run: load ``base_dir/reference`` and check that its data hash matches
-        ``data_dir/<split>.jsonl`` (or ``data_dir`` when it is a .jsonl file) and that its
-        weight hash matches ``model`` (the base model as loaded, before any training step,
-        compared in its own dtype) or, when no model is given, ``base_dir/model``; a tokenizer
-        hash is checked when both sides have one.
-    pretrained_source: score the rows now with ``model``/``tokenizer``, or with the model
-        loaded from ``base_dir/model`` (or ``base_dir`` itself when it has no ``model/``); cached
-        as ``zfree.reference.scoring.score_pairs``. Nothing is written to ``base_dir``.
+    entangled_run: ``load_reference``, its data hash checked against ``data_dir/<split>.jsonl`` (or
+        ``data_dir`` itself, a .jsonl file), its weight hash against ``model`` as loaded (else
+        ``base_dir/model``), its tokenizer hash and token convention against ``tokenizer`` (or the loaded one).
+    pretrained_source: the rows scored now with ``model``/``tokenizer``, else the model of
+        ``base_dir/model`` (or ``base_dir``); cached as ``score_pairs``; nothing written.
 
-    Raises ValueError for an unknown source (listing the valid ones), a hash mismatch (naming
-    both files and hashes), or a c_base that is not finite and positive; FileNotFoundError for
-    missing artifacts or data.
+    Raises ValueError for an unknown source, a hash mismatch (naming both hashes) or a c_base not
+    finite and positive; InputError for another token convention; FileNotFoundError for missing
+    artifacts or data.
     """
     base_dir = Path(base_dir)
     data_file = _data_file(data_dir, split)
@@ -227,20 +213,16 @@ def _entangled_run(base_dir: Path, data_file: Path, *, model, tokenizer, device,
     return ref
 
 
-#: the token conventions a reference.json records under ``scoring`` (``_meta_from``) and that the
-#: run's encoding must share: which bos, sep and end tokens frame x and y
+#: the token conventions a reference.json records under ``scoring`` and a run's encoding must share
 CONVENTION_KEYS = ("bos_id", "sep_id", "eos_id")
-#: recorded since unconditional text: the token before y when x is empty
-#: (``zfree.data.batching.Convention.empty_x_id``); checked where a reference.json has it
+#: the token before y when x is empty (``Convention.empty_x_id``); checked where recorded
 EMPTY_X_KEY = "empty_x_id"
 
 
 def check_convention(meta: dict, tokenizer, json_path: Path) -> None:
-    """Refuse a stored reference whose token convention (``CONVENTION_KEYS`` and, when recorded,
-    ``EMPTY_X_KEY`` under ``scoring``) is not
-    the one the current code derives from ``tokenizer`` under the stored policy
-    (``zfree.data.batching.special_convention``): raises ``InputError`` naming the file, the key and
-    both values. A hash check cannot see this: same weights, tokenizer and rows, other code."""
+    """InputError naming the file, the key and both values when a stored reference's token convention
+    (``CONVENTION_KEYS``, ``EMPTY_X_KEY``) is not the one ``special_convention`` now derives from
+    ``tokenizer`` under the stored policy (same hashes, other code)."""
     stored = meta.get("scoring") or {}
     policy = stored.get("policy") or {}
     try:
@@ -257,19 +239,16 @@ def check_convention(meta: dict, tokenizer, json_path: Path) -> None:
 
 
 #: |rho_recon - 1| allowed at step 0, where the decoder equals the base model
-#: (docs/concepts/problem.md#models): a float32 or float64 run differs from the reference's float32
-#: scoring only by batching and rounding; a bf16/fp16 body (GPU) moves single tokens by ~1e-2, their
-#: mean over the rows far less. The stale E2E reference this guards against read 1.0196.
+#: (docs/concepts/problem.md#models): float32/float64 runs differ from the reference by rounding only;
+#: a bf16/fp16 body moves single tokens by ~1e-2
 RHO0_TOL = 1e-3
 RHO0_TOL_LOW_PRECISION = 1e-2
 
 
 def check_step0_rho(rho0: float, ref_file: Path, low_precision: bool = False) -> None:
-    """An entangled-run reference checked, not trusted: at step 0 the CVAE's decoder is the base
-    model (zero latent injection, docs/concepts/problem.md#models), so rho_recon = R_val / mean(b over
-    the same rows) must be 1 within ``RHO0_TOL`` (``RHO0_TOL_LOW_PRECISION`` for a bf16/fp16 model).
-    Raises ``InputError`` naming ``ref_file`` and the difference: the stored b were computed by other
-    code or conventions than the run's."""
+    """At step 0 the CVAE's decoder is the base model (docs/concepts/problem.md#models), so rho_recon =
+    R_val / mean(b over the same rows) must be 1 within ``RHO0_TOL`` (``RHO0_TOL_LOW_PRECISION`` for a
+    bf16/fp16 model); else ``InputError`` naming ``ref_file`` and the difference."""
     tol = RHO0_TOL_LOW_PRECISION if low_precision else RHO0_TOL
     if not (math.isfinite(rho0) and abs(rho0 - 1.0) <= tol):
         raise InputError(f"{ref_file}: step-0 rho_recon is {rho0:.6f}, not 1 within {tol:g}: the base model now scores "

@@ -1,10 +1,9 @@
 """The score cache of ``zfree.reference.scoring.score_pairs``: where it lives, the hashes that key an
-entry (tokenizer, model config, data rows), and reading and writing one entry whole.
+entry, and one entry read or written whole.
 
-An entry is a folder ``<cache>/<key[:2]>/<key>`` holding per_example.parquet and per_token.parquet,
-their sha256 in checksums.json and the score's settings in settings.json; it is written into a temp
-folder and renamed into place (``store_entry``), and read back only when every checksum and the rows
-and token counts match (``load_entry``): a damaged entry is dropped and the rows scored again.
+An entry is a folder ``<cache>/<key[:2]>/<key>``: per_example.parquet, per_token.parquet, their
+sha256 in checksums.json, and settings.json; renamed into place when written, read back only when
+checksums, rows and token counts match.
 """
 
 from __future__ import annotations
@@ -67,11 +66,9 @@ _ENTRY_FILES = ("per_example.parquet", "per_token.parquet")
 
 
 def load_entry(key_dir: Path, ids: Sequence[str], n_tokens: int) -> tuple[pd.DataFrame, pd.DataFrame, dict] | None:
-    """The cache entry in ``key_dir`` for the rows ``ids`` (in order) holding ``n_tokens`` y tokens in
-    all, as ``(per_example, per_token, settings)``, or None when there is none. An entry whose files do not match the checksums stored in its
-    ``checksums.json``, cannot be read, or do not hold exactly those rows and tokens (an entry cut
-    short or edited by hand, its checksums rewritten) is removed with a warning, and None is returned
-    so that the rows are scored again."""
+    """``(per_example, per_token, settings)`` of the entry in ``key_dir`` for the rows ``ids`` (in order)
+    holding ``n_tokens`` y tokens, or None when there is none. An entry that fails its checksums, cannot
+    be read or holds other rows or tokens is removed with a warning, and None returned."""
     if not (key_dir / "settings.json").exists():
         return None
     try:
@@ -94,8 +91,8 @@ def load_entry(key_dir: Path, ids: Sequence[str], n_tokens: int) -> tuple[pd.Dat
 
 
 def store_entry(key_dir: Path, per_example: pd.DataFrame, per_token: pd.DataFrame, settings: dict) -> None:
-    """Write a cache entry (two parquet files, their sha256 in checksums.json, settings.json) into
-    a temp folder, then rename it into place (readers never see half)."""
+    """Write a cache entry into a temp folder renamed into place; a failure (another writer came first,
+    an unwritable cache) is ignored."""
     def write(tmp: Path) -> None:
         per_example.to_parquet(tmp / "per_example.parquet", index=False)
         per_token.to_parquet(tmp / "per_token.parquet", index=False)

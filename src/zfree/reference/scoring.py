@@ -1,25 +1,15 @@
 """z-free surprisal per token and per example, for any causal LM: exact, batched, cached.
 
 b(x, y) = (1/|S|) sum_{t in S} -log p_base(y_t | x, y_<t): the masked mean token NLL over the
-supervised y-region S (the tokens of y, plus the end token when ``ScoringPolicy.add_eos``), in
-nats per token (seed 000, "Implementation detail"). It is a per-example mean, never the
-token-weighted batch mean that ``model(labels=...).loss`` returns; the denominator |S| counts the
-predicted y tokens exactly. c_base = mean of b over valid rows. Token shares s_t = b_t / sum_u b_u
-come from the stored per-token surprisals (``ScoreResult.token_shares``).
+supervised y-region S (y's tokens, plus the end token when ``ScoringPolicy.add_eos``), nats per
+token; a per-example mean, never the token-weighted batch mean of ``model(labels=...).loss``.
+c_base = mean of b over valid rows (docs/concepts/problem.md, docs/concepts/weightings.md).
 
-Semantics (see ``zfree.data.batching`` for the token convention): x and y are tokenized
-separately; bos follows the tokenizer's convention exactly once; the first y token is always
-scored; a pair longer than the model's context loses x tokens from the left (``x_tokens_cut``),
-never y tokens. Masks come from lengths. Rows are right-padded: in a causal LM a real position
-never sees the padding after it, and the attention mask is passed whenever a batch has padding,
-so a padded example scores as it does alone (up to float32 summation order).
-
-Numerics: the body runs in the model's dtype (float32 on CPU by ``load_scoring_model``; bf16 is
-allowed on GPU); the hidden states of the positions that predict y are gathered first, and the
-output head and log-sum-exp run in float32 on those positions only. Speed: rows are sorted by
-length, batched by a token budget (cut at length changes once a batch is big enough, so most
-batches need no padding), and returned in the input order; ``torch.inference_mode``,
-``use_cache=False``. Cache: see ``score_pairs``.
+x and y are tokenized separately (``zfree.data.batching``); a pair longer than the context loses x
+tokens from the left (``x_tokens_cut``), never y tokens. Rows are right-padded with the attention
+mask passed, so a padded row scores as it does alone (up to float32 summation order). The body runs
+in the model's dtype; the head and log-sum-exp in float32 on the y positions only. Rows are batched
+by length under a token budget and returned in input order.
 """
 
 from __future__ import annotations
@@ -62,7 +52,7 @@ class ScoringPolicy:
     add_eos: bool = True  # S includes the end token (the model must learn to stop)
     max_length: int | None = None  # None: the model's context length (config.max_position_embeddings)
     # a special token's text inside x or y ("<|endoftext|>"): "text" encodes its characters, "tokens" the
-    # token (zfree.data.batching, issue 61); in the cache key only where some row holds such text
+    # token (zfree.data.batching); in the cache key only where some row holds such text
     special_text: SpecialText = "text"
 
     def __post_init__(self):
@@ -101,12 +91,6 @@ class ScoreResult:
         """Rows scored (``valid``: y fitted the context and tokenized to at least one token)."""
         return int(self.per_example["valid"].sum())
 
-    def token_shares(self) -> pd.DataFrame:
-        """per_token plus ``share`` = s_t = b_t / sum_{u in S} b_u (sums to 1 within each example)."""
-        pt = self.per_token.copy()
-        pt["share"] = pt["surprisal"] / pt.groupby("id", sort=False)["surprisal"].transform("sum")
-        return pt
-
     def summary(self) -> dict:
         """summary.json's record: c_base (nats/token), row and token counts, the first 50 invalid ids,
         the x tokens cut, the units and every setting (the cache key's fields among them)."""
@@ -119,18 +103,15 @@ class ScoreResult:
 
 def load_scoring_model(source: Path | str, *, device: str = "auto", dtype: str = "auto",
                        trust_remote_code: bool = False):
-    """``(model, tokenizer)`` for scoring: ``zfree.models.loading.load_causal_lm`` (a transformers
-    folder, a .gguf file or a folder holding one, or a hub id). dtype ``"auto"``: float32 on CPU,
-    bfloat16 body on a bf16-capable GPU (the head runs in fp32 regardless). Errors: FileNotFoundError
-    for a missing path, ModelLoadError (a ValueError) for everything zfree refuses."""
+    """``(model, tokenizer)`` for scoring: ``zfree.models.loading.load_causal_lm`` (its sources, dtypes
+    and errors: FileNotFoundError for a missing path, ModelLoadError for what zfree refuses)."""
     return load_causal_lm(source, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
 
 
 def plan_batches(lengths: np.ndarray, max_batch_tokens: int, max_batch_rows: int | None = None) -> list[slice]:
-    """Cut rows sorted by ascending length into batches: padded tokens (rows x longest) stay within
-    ``max_batch_tokens`` (a row longer than the budget gets a batch alone), and a batch closes at a
-    length change once it holds 1/16 of the budget (a batch that size already keeps the matmuls
-    efficient), so most batches carry no padding."""
+    """Cut rows sorted by ascending length into batches: padded tokens (rows x longest) within
+    ``max_batch_tokens`` (a longer row alone), at most ``max_batch_rows`` rows; a batch closes at a
+    length change once it holds 1/16 of the budget, so most batches carry no padding."""
     out, start, real = [], 0, 0
     for i, n in enumerate(lengths.tolist()):
         rows = i - start
@@ -157,15 +138,11 @@ def _head_logprobs(model, h: torch.Tensor, tokens: torch.Tensor, chunk: int) -> 
 @torch.inference_mode()
 def score_encoded(model, encoded: Sequence[EncodedPair], *, pad_id: int = 0, max_batch_tokens: int = 8192,
                   max_batch_rows: int | None = None, progress: bool = False) -> ScoreResult:
-    """Score already-encoded pairs with ``model`` on its own device and dtype; no cache.
+    """Score already-encoded pairs with ``model`` on its own device and dtype, in eval mode; no cache.
 
-    Sorts by total length, batches by ``max_batch_tokens`` padded tokens (at most
-    ``max_batch_rows`` rows), restores the input order. The model is put in eval mode for the
-    call (dropout off) and restored after. A row whose surprisal is not finite is kept with
-    ``valid=False`` and reported in a warning; it does not enter ``c_base``.
-
-    Raises ValueError naming the row if a pair is longer than the model's context (encode it
-    with ``max_length``), or if ``encoded`` is empty.
+    Batched by ``plan_batches``, returned in input order. A row of non-finite surprisal is kept with
+    ``valid=False`` and a warning, out of ``c_base``. Raises ValueError naming the row for a pair
+    longer than the model's context, or without a context or y token; or for no rows.
     """
     if not encoded:
         raise ValueError("nothing to score: no rows")
@@ -262,16 +239,13 @@ def score_pairs(model, tokenizer, pairs: Sequence[Pair], *, policy: ScoringPolic
                 max_batch_rows: int | None = None, progress: bool = False) -> ScoreResult:
     """Tokenize ``pairs`` (x and y separately, ``zfree.data.batching``) and score them.
 
-    Cache: on unless ``cache=False`` (``cache=None`` reads ``$ZFREE_NO_CACHE=1`` as off), under
-    ``cache_dir`` (default ``default_cache_dir()``). The key (``CACHE_KEY_FIELDS``) hashes the
-    weights, the model's config and generation config (``config_sha256``), the tokenizer
-    (vocabulary, merges, special tokens), the dtype and device type, the policy, the resolved
-    max length, the scorer version and the data rows; the batch budget is left out (it moves
-    numbers only at float32 rounding). A hit returns the stored values, bit for bit; an entry
-    whose parquet files fail their stored sha256 is dropped with a warning and scored again.
+    Cache: on unless ``cache=False`` (``cache=None``: off when ``$ZFREE_NO_CACHE=1``), under
+    ``cache_dir`` (default ``default_cache_dir()``), keyed by ``CACHE_KEY_FIELDS`` (weights, config,
+    tokenizer, dtype, device type, policy, max length, scorer version, data rows). A hit returns the
+    stored values bit for bit; a damaged entry is dropped with a warning and scored again.
 
-    Raises ValueError naming the row for a y that tokenizes to nothing, an empty x without a
-    context token, or a y that does not fit the context (nothing is written).
+    Raises ValueError naming the row for a y that tokenizes to nothing, an empty x without a context
+    token, or a y that does not fit the context (nothing is written).
     """
     policy = policy or ScoringPolicy()
     max_len = policy.max_length or context_length(model)
@@ -306,9 +280,8 @@ def score_pairs(model, tokenizer, pairs: Sequence[Pair], *, policy: ScoringPolic
 
 
 def _key_policy(policy: dict, tokenizer, pairs) -> dict:
-    """The policy as the cache key holds it: ``special_text`` left out where no row holds a special
-    token's text (both choices then encode the same tokens, and entries stored before the choice
-    existed stay valid); kept where one does, so an entry of the other encoding is never read."""
+    """The policy as the cache key holds it: ``special_text`` only where some row holds a special
+    token's text (elsewhere both choices encode the same tokens)."""
     if holds_special_text(tokenizer, pairs):
         return {"policy": policy}
     return {"policy": {k: v for k, v in policy.items() if k != "special_text"}}

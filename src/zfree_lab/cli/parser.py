@@ -195,7 +195,8 @@ def _add_report_and_sweep(sub) -> None:
 def _add_lab(sub) -> None:
     lab = sub.add_parser("lab", help="JupyterLab on the notebooks, copied to a folder of yours; the explorer on STUDY",
                          description="Copy the shipped notebooks to --dir (files already there are kept) and start "
-                                     "JupyterLab there; explore.ipynb opens on STUDY. Needs JupyterLab: "
+                                     "JupyterLab there; explore.ipynb opens on STUDY. Notebooks are saved without "
+                                     "outputs (as `make lab` saves them). Needs JupyterLab: "
                                      "pip install 'zfree[lab]'.")
     lab.add_argument("study", nargs="?", default=None,
                      help="a study or sweep folder the explorer opens (default: the newest under runs/: the clone's, "

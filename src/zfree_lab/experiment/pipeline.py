@@ -141,6 +141,17 @@ def disk_line(out: Path) -> str:
             "keeps its own tensors, an interrupted one its last checkpoint to resume from)")
 
 
+
+def _grid_progress(clock: PhaseClock):
+    """``run_points``' ``on_done``: the grid's time and points so far into timings.json as each point ends,
+    so a session killed outright (no ``finally`` runs) keeps its time up to its last finished point."""
+    ended: Counter = Counter()
+
+    def point_ended(status: dict) -> None:
+        ended[str(status.get("status"))] += 1
+        clock.progress("grid", points=dict(ended))
+    return point_ended
+
 def run_experiment(spec: ExperimentSpec, out_dir: Path | str, *, retrain_base: bool = False,
                    workers: int | None = None, executor: Executor | None = None, progress: bool = True,
                    render: bool = True, estimate: bool = False, budget_s: float | None = None) -> ExperimentResult:
@@ -185,14 +196,8 @@ def run_experiment(spec: ExperimentSpec, out_dir: Path | str, *, retrain_base: b
     ex = executor or make_executor(spec.executor, workers or spec.workers, folder=out / "submitit",
                                    **spec.executor_options)
     statuses: list[dict] = []
-    ended: Counter = Counter()
-
-    def point_ended(status: dict) -> None:  # a killed session keeps its grid time up to its last point
-        ended[str(status.get("status"))] += 1
-        clock.progress("grid", points=dict(ended))
-
     try:
-        statuses = run_points(points, out / "runs", executor=ex, progress=progress, on_done=point_ended)
+        statuses = run_points(points, out / "runs", executor=ex, progress=progress, on_done=_grid_progress(clock))
     finally:
         if executor is None:
             ex.shutdown()

@@ -2,8 +2,15 @@
 
 The notebooks are copied into a folder the user owns (``DEFAULT_DIR`` under the working directory,
 never inside the installed package: a wheel's notebooks sit in site-packages), files already there
-kept. JupyterLab starts on that folder with this project's contents manager
-(``zfree_lab.report.lab_contents``: notebooks open without being marked unsaved); the explorer
+kept. The copies are the notebooks alone, without their jupytext pairing (``lab_copy``): in the
+repository each ``.ipynb`` is paired with its reviewed ``.py`` twin, but in a lab folder a twin
+written beside every saved notebook is clutter, and a stale twin would win over a fresh copy (a
+notebook deleted to get the shipped one back would reopen with the old twin's cells). JupyterLab
+starts on that folder with this project's contents manager (``zfree_lab.report.lab_contents``:
+notebooks open without being marked unsaved) and its save hook (``zfree_lab.report.lab.strip_on_save``:
+saved notebooks keep no outputs, as ``make lab`` saves them; the explorer is a tool to rerun, not a
+record, and a rerun shows its figures again), both on the command line since a wheel has no
+``etc/jupyter`` to load them from; the explorer
 (``explore.ipynb``) opens on the chosen study through ``$ZFREE_STUDY`` and lists the studies under
 ``$ZFREE_RUNS``, the ``runs/`` of where the command was typed (``zfree.core.paths.runs_home``), not
 of the lab folder its kernel runs in. ``lab_plan`` computes all of it without starting anything.
@@ -12,8 +19,8 @@ of the lab folder its kernel runs in. ``lab_plan`` computes all of it without st
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
-import shutil
 import sys
 import sysconfig
 from dataclasses import dataclass, field
@@ -28,6 +35,8 @@ DEFAULT_DIR = "zfree-lab"
 LAB_EXTRA = "install zfree's lab extra: pip install 'zfree[lab]' (from a wheel file: pip install 'dist/zfree-….whl[lab]')"
 #: the contents manager JupyterLab runs with (a dotted name, imported by the server)
 CONTENTS_MANAGER = "zfree_lab.report.lab_contents.LabContentsManager"
+#: the contents manager's save hook: notebooks saved without outputs (as etc/jupyter/jupyter_server_config.py)
+SAVE_HOOK = "zfree_lab.report.lab.strip_on_save"
 
 
 @dataclass
@@ -78,10 +87,19 @@ def lab_folder(folder: Path | str | None) -> Path:
     return path
 
 
+def lab_copy(notebook: Path) -> str:
+    """The text of a shipped notebook as copied into a lab folder: the notebook without its jupytext
+    pairing (``metadata.jupytext``: no ``.py`` twin is written beside it on save), otherwise as
+    shipped (nbformat's JSON layout, which the shipped files already have)."""
+    nb = json.loads(notebook.read_text(encoding="utf-8"))
+    nb.get("metadata", {}).pop("jupytext", None)
+    return json.dumps(nb, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+
+
 def copy_notebooks(folder: Path) -> tuple[list[str], list[str]]:
-    """Copy the shipped notebooks (``NOTEBOOKS/*.ipynb``, and their pairing file where shipped) into
-    ``folder``; a file already there is kept. Returns (copied, kept) names."""
-    sources = sorted(NOTEBOOKS.glob("*.ipynb")) + [p for p in [NOTEBOOKS / "jupytext.toml"] if p.is_file()]
+    """Copy the shipped notebooks (``NOTEBOOKS/*.ipynb``, unpaired: ``lab_copy``) into ``folder``; a
+    file already there is kept. Returns (copied, kept) names."""
+    sources = sorted(NOTEBOOKS.glob("*.ipynb"))
     if not sources:
         raise InputError(f"no notebooks in {NOTEBOOKS}: this installation of zfree is incomplete")
     folder.mkdir(parents=True, exist_ok=True)
@@ -91,7 +109,7 @@ def copy_notebooks(folder: Path) -> tuple[list[str], list[str]]:
         if dst.exists():
             kept.append(src.name)
         else:
-            shutil.copyfile(src, dst)
+            dst.write_text(lab_copy(src), encoding="utf-8")
             copied.append(src.name)
     return copied, kept
 
@@ -101,7 +119,7 @@ def lab_plan(study: Path | str | None = None, folder: Path | str | None = None, 
     """The plan of ``zfree lab [STUDY]``: the lab folder (``lab_folder``) with the notebooks copied
     (``copy``), the environment (``ZFREE_STUDY``: ``study`` checked and absolute; ``ZFREE_RUNS``:
     ``runs_home()`` here; ``HF_HUB_OFFLINE=1`` unless set, as ``make lab``) and JupyterLab's command
-    from this Python. InputError for a ``study`` that is missing or not a study."""
+    from this Python, with the project's contents manager and save hook. InputError for a ``study`` that is missing or not a study."""
     env = {}
     if study not in (None, ""):
         study_dir = Path(study).expanduser().resolve()
@@ -116,7 +134,7 @@ def lab_plan(study: Path | str | None = None, folder: Path | str | None = None, 
     path = lab_folder(folder)
     copied, kept = copy_notebooks(path) if copy else ([], [])
     argv = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={path}",
-            f"--ServerApp.contents_manager_class={CONTENTS_MANAGER}"]
+            f"--ServerApp.contents_manager_class={CONTENTS_MANAGER}", f"--ContentsManager.pre_save_hook={SAVE_HOOK}"]
     argv += [f"--port={port}"] * (port is not None) + [f"--ip={ip}"] * (ip is not None)
     argv += ["--no-browser"] * no_browser + ["--allow-root"] * (hasattr(os, "geteuid") and os.geteuid() == 0)
     return LabPlan(argv, env, path, copied, kept)
