@@ -9,6 +9,7 @@ replaces it with markdown built here from the code and the shipped results:
   ``zfree.config``, the meaning read from the comments at each field;
 - ``gen:presets``: ``zfree study``'s presets from their files (``zfree_lab.experiment.catalog.preset_catalog``);
 - ``gen:budget``: ``--budget``'s cuts in order, from ``zfree_lab.experiment.budget.CUTS``;
+- ``gen:registry NAME``: one menu's table from its registry (weightings, schedules, free_bits, aids, remedies);
 - ``gen:layout``: every module of ``src/zfree`` and ``src/zfree_lab`` by layer, with the first sentence of its docstring;
 - ``gen:table NAME``: a table of ``analysis/results/`` (``TABLES``), with the command that
   reproduces it;
@@ -509,6 +510,47 @@ def budget_markdown() -> str:
     return "\n".join(lines)
 
 
+def _md_cell(text: str) -> str:
+    """A registry's markdown text (backticks and links kept) for a table cell: no cell break."""
+    return str(text).replace("|", "\\|")
+
+
+def registry_markdown(name: str) -> str:
+    """The docs' table of one menu, read from its registry (the entries in registry order): ``weightings``
+    (``zfree.core.weightings``), ``schedules`` (``zfree.core.schedules``), ``free_bits``
+    (``zfree.core.free_bits``), ``aids`` (``zfree.config.aid``), ``remedies`` (``zfree.objective.remedies``).
+    Light modules: no torch."""
+    if name == "weightings":
+        from zfree.core.weightings import WEIGHTINGS
+
+        rows = [[f"`{w.name}`", md_escape(w.source), ", ".join(f"`{k}={v}`" for k, v in w.grid.items()) or "–"]
+                for w in WEIGHTINGS.values()]
+        return md_table(["`weighting`", "w(x, y) and its source", "a grid sets"], rows)
+    if name == "schedules":
+        from zfree.core.schedules import SCHEDULES
+
+        rows = [[f"`{e.name}`", md_escape(e.formula), md_escape(e.source), ", ".join(f"`{f}`" for f in e.fields) or "–"]
+                for e in SCHEDULES.values()]
+        return md_table(["`beta_schedule`", "β at step t (after the AE phase)", "source", "fields"], rows)
+    if name == "free_bits":
+        from zfree.core.free_bits import FREE_BITS_MODES
+
+        rows = [[f"`{m.name}`", md_escape(m.formula), md_escape(m.source), ", ".join(m.kinds)]
+                for m in FREE_BITS_MODES.values()]
+        return md_table(["`free_bits_mode`", "the KL penalized (λ = `free_bits`)", "source", "latent kinds"], rows)
+    if name == "aids":
+        from zfree.config.aid import AIDS
+
+        rows = [[f"`{a.name}`", md_escape(a.source), ", ".join(a.kinds), "yes" if a.gate else "–"] for a in AIDS.values()]
+        return md_table(["`aid`", "source", "latent kinds", "gate rows"], rows)
+    if name == "remedies":
+        from zfree.objective.remedies import REMEDY_ENTRIES
+
+        return md_table(["entry", "what (paper, default)"], [[f"`{r.name}`", _md_cell(r.what)]
+                                                            for r in REMEDY_ENTRIES.values()])
+    raise KeyError(f"gen:registry {name!r}: no such registry; known: weightings, schedules, free_bits, aids, remedies")
+
+
 # --- the hook -------------------------------------------------------------------------------------
 
 GENERATORS: dict[str, Callable[..., str]] = {
@@ -517,6 +559,7 @@ GENERATORS: dict[str, Callable[..., str]] = {
     "presets": lambda arg=None: presets_markdown(),
     "layout": lambda arg=None: layout_markdown(),
     "budget": lambda arg=None: budget_markdown(),
+    "registry": registry_markdown,
     "table": table_markdown,
     "include": include_markdown,
 }

@@ -151,3 +151,23 @@ def test_the_gate_against_the_decoders_own_single_value_ignores_what_fine_tuning
     assert g["best_objective"] == pytest.approx(1.0)
     assert g["collapsed_objective"] == pytest.approx(5.0 if reference == "base" else single)
     assert g["pass"] is True  # 1 < 0.7 * 5 and 1 < 0.7 * single
+
+
+def test_every_plugin_names_its_source_and_fields_and_every_aid_its_hook():
+    """The plug-in registry: each entry has a name of its own, its source and flat config fields that exist;
+    every aid of the registry (zfree.config.aid.AIDS) but none and random_init_jsd (a start, not a hook:
+    zfree.train.run_setup) is switched on by a plug-in, and a remedy's hook is listed after the aids'."""
+    from zfree.config import AIDS, TrainConfig
+    from zfree.objective.remedies import REMEDY_ENTRIES
+    from zfree.train.plugins import PLUGINS, active_plugins
+
+    flat = set(TrainConfig.flat_fields())
+    assert len({p.name for p in PLUGINS}) == len(PLUGINS)
+    for p in PLUGINS:
+        assert p.name and p.source and set(p.fields) <= flat, p.name
+    hooks = [r.plugin for r in REMEDY_ENTRIES.values() if r.plugin is not None]
+    assert PLUGINS[len(PLUGINS) - len(hooks):] == hooks
+    for aid, entry in AIDS.items():
+        assert entry.source and entry.kinds
+        if aid not in ("none", "random_init_jsd"):
+            assert active_plugins(TrainConfig().replace(aid=aid)), aid

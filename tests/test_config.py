@@ -202,3 +202,14 @@ def test_unknown_fields_name_the_closest_known_one():
     assert msg.startswith("unknown config fields 'betaa' (did you mean 'beta'?), 'zzqq' (no field has a close name); "
                           f"the {len(TrainConfig.flat_fields())} fields are listed")
     assert "lr_new" not in msg
+
+
+def test_the_fields_added_later_are_the_ones_declared_later():
+    """LATER_FIELD_DEFAULTS (left out of a run's identity at their default) holds exactly the fields declared
+    with ``later(default)`` (zfree.config.later), at their declared defaults: a new field is one declaration."""
+    from zfree.config import LATER_FIELD_DEFAULTS, TrainConfig
+    from zfree.config.later import later_defaults
+
+    assert LATER_FIELD_DEFAULTS == later_defaults(*TrainConfig._SUB.values())
+    flat = TrainConfig().to_flat()
+    assert all(flat[k] == v for k, v in LATER_FIELD_DEFAULTS.items())

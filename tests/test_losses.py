@@ -17,7 +17,7 @@ from torch.testing import assert_close
 
 from zfree.config import ObjectiveConfig
 from zfree.models.nll import masked_mean_token_nll
-from zfree.objective.losses import (apply_free_bits, optimal_posterior_logits, beta_at_step, categorical_kl,
+from zfree.objective.losses import (apply_free_bits, penalized_kl_dims, optimal_posterior_logits, beta_at_step, categorical_kl,
                                     effective_beta, gaussian_kl, inter_latent_jsd, reconstruction_weight,
                                     token_surprisal_shares, token_weights, weighted_mean_token_nll)
 
@@ -599,11 +599,56 @@ def test_optimal_posterior_at_beta_zero_is_the_argmin_and_negative_beta_raises()
 
 
 def test_every_beta_schedule_the_config_accepts_has_a_formula_and_no_other():
-    """config.BetaSchedule (what validation accepts) and losses._SCHEDULES (what beta_at_step computes)
-    name the same schedules: a name in only one would pass validation and fail at the first step."""
+    """config.BetaSchedule (what validation accepts) is the registry's names (what beta_at_step computes):
+    a name in only one would pass validation and fail at the first step."""
     from typing import get_args
 
     from zfree.config import BetaSchedule
-    from zfree.objective.losses import _SCHEDULES
+    from zfree.core.schedules import SCHEDULE_NAMES, SCHEDULES
 
-    assert set(get_args(BetaSchedule)) == set(_SCHEDULES)
+    assert get_args(BetaSchedule) == SCHEDULE_NAMES == tuple(SCHEDULES)
+
+
+@pytest.mark.parametrize("name", __import__("zfree.core.schedules", fromlist=["SCHEDULES"]).SCHEDULES)
+def test_every_beta_schedule_runs_from_its_fields_and_refuses_without_them(name):
+    """Each registry entry: with its fields at 10 steps (a period of 10, ratios at their defaults) beta stays in
+    [0, beta] over two periods and is computed by beta_at_step; with its fields at 0 a schedule that reads a
+    step count is refused by the config, naming the field."""
+    from zfree.core.schedules import SCHEDULES
+
+    entry = SCHEDULES[name]
+    assert entry.source and entry.formula
+    counts = {f: 10 for f in entry.fields if f.endswith("_steps")}
+    cfg = ObjectiveConfig(beta=0.5, beta_schedule=name, **counts)
+    betas = [beta_at_step(cfg, t) for t in range(21)]
+    assert all(0.0 <= b <= 0.5 for b in betas) and betas == [entry.beta(cfg, t) for t in range(21)]
+    for f in counts:
+        with pytest.raises(ValueError, match=f):
+            ObjectiveConfig(beta=0.5, beta_schedule=name, **{**counts, f: 0})
+
+
+@pytest.mark.parametrize("name", __import__("zfree.core.free_bits", fromlist=["FREE_BITS_MODES"]).FREE_BITS_MODES)
+def test_every_free_bits_mode_is_a_config_choice_with_a_penalty_on_its_latent_kinds(name):
+    """Each registry entry is a choice of the config (``FreeBitsMode``), accepted on the latent kinds it names and
+    refused on the others (naming ``free_bits_mode``); on each of them its penalized KL has one value per example
+    and equals K where K is far above lambda (5 nats a dimension, lambda 0.5)."""
+    from typing import get_args
+
+    from zfree.config import FreeBitsMode, TrainConfig
+    from zfree.core.free_bits import FREE_BITS_MODES
+
+    entry = FREE_BITS_MODES[name]
+    assert name in get_args(FreeBitsMode) and entry.source and entry.formula and entry.kinds
+    fb = 0.0 if name == "none" else 0.5
+    for kind in ("discrete", "continuous"):
+        flat = {"free_bits_mode": name, "free_bits": fb, "latent_kind": kind}
+        if kind not in entry.kinds:
+            with pytest.raises(ValueError, match="free_bits_mode"):
+                TrainConfig().replace(**flat)
+            continue
+        cfg = TrainConfig().replace(**flat).objective
+        kl_dims = torch.full((3, 4), 5.0, dtype=torch.float64)
+        pen = (penalized_kl_dims(kl_dims, cfg.free_bits, name) if kind == "continuous"
+               else apply_free_bits(kl_dims.sum(-1), cfg.free_bits, name))
+        assert pen.shape == (3,)
+        assert_close(pen, kl_dims.sum(-1))  # K = 5 a dimension, far above lambda: nothing is waived

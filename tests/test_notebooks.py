@@ -39,9 +39,19 @@ def test_notebook_is_output_free_and_in_sync_with_its_twin(name):
     assert len(params) == 1, name
 
 
-def test_train_cvae_parameters_are_the_flat_config():
-    params = pm.inspect_notebook(str(NOTEBOOKS / "train_cvae.ipynb"))
+def test_train_cvae_parameters_are_the_flat_config_generated_at_use(tmp_path):
+    """The committed cell names the run folder and the data and base folders only; a run executes the
+    notebook with the cell generated from the config's declarations: every flat field, in order, at
+    its default (the committed lines kept)."""
+    from zfree_lab.experiment.executor import with_config_parameters
+
+    committed = pm.inspect_notebook(str(NOTEBOOKS / "train_cvae.ipynb"))
+    assert list(committed) == ["out_dir", "progress", "data_dir", "base_dir"]
+    nbformat.write(with_config_parameters(NOTEBOOKS / "train_cvae.ipynb"), tmp_path / "nb.ipynb")
+    params = pm.inspect_notebook(str(tmp_path / "nb.ipynb"))
     assert list(params) == ["out_dir", "progress", *TrainConfig.flat_fields()]
+    defaults = TrainConfig().to_flat()
+    assert all(params[k]["default"] == repr(defaults[k]) for k in defaults if k not in ("data_dir", "base_dir"))
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,10 @@
 K-way soft step and the hard-EM step at the e2e-smollm2 preset's settings (LoRA rank 8, K = 4, the optimal
 posterior, the hard E-step on the first 3 tokens of y), side by side with the step as it was before
 issue 56 (``--paths old``: the z-free pass over (x, y) and the z-free head on y, i.e. the model's forward
-with ``zfree_metrics=True``). Counts, not timings: valid on a loaded machine.
+with ``zfree_metrics=True``) and the step before packed rows (``padded``: the x-prefix pass and the decoder's
+suffix passes, each padded to the batch's longest; ``new`` packs the rows into one forward where
+``zfree.models.packing.packing_problem`` allows, per row segment attention). Counts, not timings: valid
+on a loaded machine.
 
     OMP_NUM_THREADS=1 .venv/bin/python analysis/benchmarks/bench_step_flops.py            # tiny shipped base
     OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 .venv/bin/python analysis/benchmarks/bench_step_flops.py \\
@@ -31,8 +34,9 @@ step can count below that ideal: ``x frozen`` is against the ideal with a 2x ste
 tokens through the decoder layers per row of the forward (a hook on each layer), against the ideal's and
 the padded layout's (the batch's longest prefix once, its longest y-region per decoded value).
 ``--time N``: also the median seconds of N whole steps (AdamW included) per path, the paths interleaved, and
-new / old (``t n/o``): timings, valid only on an otherwise idle machine (the issue's CPU criteria: control
-<= 0.6x today's step, K = 4 soft <= 1.5x the control's). Prints one table (and writes it with the command
+new / old (``t n/o``) and new / padded (``t n/p``): timings, valid only on an otherwise idle machine (the
+issue's CPU criteria: control <= 0.6x today's step, i.e. new / old, K = 4 soft <= 1.5x the control's, printed
+below the table beside the ideal's own ratio); ``--clock cpu`` times this process's CPU seconds instead. Prints one table (and writes it with the command
 to ``--out``).
 """
 
@@ -66,8 +70,9 @@ KINDS = {
     "soft": ("discrete", {"posterior_features": "optimal", "beta": 0.003512}),
     "hard_em": (Phase.HARD, {"posterior_features": "optimal", "beta": 0.003512, "aid": "hard_em_then_soft"}),
 }
-#: path -> the zfree_metrics the step's forward runs with ("old": as before issue 56)
-PATHS = {"new": False, "old": True}
+#: path -> (the zfree_metrics the step's forward runs with, the model's packing_mode): "old" as before
+#: issue 56, "padded" the step before packed rows (the padded prefix and suffix passes), "new" as it trains now
+PATHS = {"new": (False, None), "padded": (False, "off"), "old": (True, "off")}
 ATTENTION_OPS = ("_scaled_dot_product", "scaled_dot_product")
 
 
@@ -184,20 +189,24 @@ def count_steps(model, cfg, phase, batches, vocab: int) -> tuple[list[dict], str
                       for b in batches[1:]], counter
 
 
-def time_steps(built: dict, phase, batches, n: int) -> dict[str, float]:
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def time_steps(built: dict, phase, batches, n: int, clock: str = "wall") -> dict[str, float]:
     """Median seconds of a whole step (forward, backward, AdamW) of each path's model over ``n`` rounds, the
     paths interleaved within a round (so a drift of the machine's speed hits every path alike). Valid on an
-    otherwise idle machine only."""
+    otherwise idle machine only; ``clock`` "cpu": this process's CPU seconds (one thread: less moved by other
+    jobs on a shared machine than the wall clock, yet still by their use of the caches and memory bus)."""
     times: dict[str, list[float]] = {p: [] for p in built}
     for i in range(n):
         for path, (model, cfg, opt) in built.items():
             b = batches[i % len(batches)]
-            t = time.perf_counter()
+            t = CLOCKS[clock]()
             loss = step_objective(phase, model, b, cfg, 1, 2.0, None, None).total
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-            times[path].append(time.perf_counter() - t)
+            times[path].append(CLOCKS[clock]() - t)
     return {p: float(np.median(v)) for p, v in times.items() if v}
 
 
@@ -212,12 +221,14 @@ def main() -> None:
     ap.add_argument("--lora", type=int, default=8, help="LoRA rank (0: full fine-tuning)")
     ap.add_argument("--estep-tokens", type=int, default=3)
     ap.add_argument("--kinds", default="control,soft,hard_em")
-    ap.add_argument("--paths", default="new,old")
+    ap.add_argument("--paths", default="new,padded,old")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
                     help="bf16: the frozen body stored in bf16 and the step autocast (FLOPs unchanged)")
     ap.add_argument("--rows", type=int, default=2000, help="rows the batches are drawn from")
     ap.add_argument("--time", type=int, default=0, help="also time this many rounds of whole steps per path, "
                                                         "interleaved (seconds valid only on an idle machine)")
+    ap.add_argument("--clock", default="wall", choices=sorted(CLOCKS),
+                    help="--time's clock: wall seconds, or this process's CPU seconds (cpu: for a shared machine)")
     ap.add_argument("--out", default="", help="write the table (with this command) here too")
     a = ap.parse_args()
     torch.set_num_threads(1)
@@ -247,7 +258,8 @@ def main() -> None:
             if kind == "control":
                 model.set_given({p.id: 0 for p in pairs})
             verify_head(model.backbone)  # its probe row (once per model) is not the step's
-            force_zfree_metrics(model, PATHS[path])
+            force_zfree_metrics(model, PATHS[path][0])
+            model.packing_mode = PATHS[path][1]
             counts, counter = count_steps(model, cfg, phase, batches, vocab)
             ideal = [ideal_flops(kind, b, n_body, d, vocab, K, a.estep_tokens) for b in batches]
             frozen = [ideal_flops(kind, b, n_body, d, vocab, K, a.estep_tokens, backward=1)[0] for b in batches]
@@ -263,7 +275,7 @@ def main() -> None:
             print(rows[-1], flush=True)
             if a.time:
                 built[path] = (model, cfg, torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4))
-        for path, s in time_steps(built, phase, batches, a.time).items():  # interleaved: new, old, new, old, ...
+        for path, s in time_steps(built, phase, batches, a.time, a.clock).items():  # interleaved: new, old, new, old, ...
             next(r for r in rows if r["kind"] == kind and r["path"] == path)["s_step"] = s
     by = {(r["kind"], r["path"]): r for r in rows}
     lines = [f"model {a.model}: N_body {n_body:,} linear weights, d {d}, V {vocab}; batch {a.batch} of {data} "
@@ -275,17 +287,25 @@ def main() -> None:
              "(backward = 2x forward); x ideal = (counted - attention) / ideal; x frozen: against the ideal "
              "with a frozen body's backward (1x forward: activation gradients only, as under LoRA); "
              "tok/row: decoder-layer tokens of the forward per row (counted, ideal, padded layout B (P_max + n L_max))",
-             f"{'step':<9} {'path':<5} {'counted':>9} {'body':>8} {'head':>8} {'attn':>6} {'ideal':>8} "
+             f"{'step':<9} {'path':<6} {'counted':>9} {'body':>8} {'head':>8} {'attn':>6} {'ideal':>8} "
              f"{'x ideal':>8} {'x frozen':>8} {'tok/row':>8} {'ideal':>6} {'layout':>6} {'new/old':>8}"
-             + (f" {'s/step':>8} {'t n/o':>6}" if a.time else "")]
+             + (f" {'s/step':>8} {'t n/o':>6} {'t n/p':>6}" if a.time else "")]
+    ratio = lambda r, base, key: (f"{r[key] / base[key]:.3f}"  # noqa: E731
+                                  if base is not None and r["path"] == "new" and key in r and key in base else "")
     for r in rows:
-        old = by.get((r["kind"], "old"))
-        rel = f"{r['gflop'] / old['gflop']:.3f}" if old is not None and r["path"] == "new" else ""
-        timed = (f" {r['s_step']:>8.3f}" + (f" {r['s_step'] / old['s_step']:>6.3f}" if rel else "")
+        old, padded = by.get((r["kind"], "old")), by.get((r["kind"], "padded"))
+        rel = ratio(r, old, "gflop")
+        timed = (f" {r['s_step']:>8.3f} {ratio(r, old, 's_step'):>6} {ratio(r, padded, 's_step'):>6}"
                  if "s_step" in r else "")
-        lines.append(f"{r['kind']:<9} {r['path']:<5} {r['gflop']:>9.3f} {r['body']:>8.3f} {r['head']:>8.3f} "
+        lines.append(f"{r['kind']:<9} {r['path']:<6} {r['gflop']:>9.3f} {r['body']:>8.3f} {r['head']:>8.3f} "
                      f"{r['attention']:>6.3f} {r['ideal']:>8.3f} {r['ratio']:>8.3f} {r['ratio_frozen']:>8.3f} "
                      f"{r['tok_row']:>8.1f} {r['ideal_tok_row']:>6.1f} {r['layout_tok_row']:>6.1f} {rel:>8}{timed}")
+    if a.time and ("control", "new") in by and ("soft", "new") in by and "s_step" in by[("soft", "new")]:
+        c, k = by[("control", "new")], by[("soft", "new")]
+        lines.append(f"K = {a.k} soft / control (new): {k['s_step'] / c['s_step']:.3f} in {a.clock} seconds; "
+                     f"the ideal FLOPs' own ratio {k['ideal'] / c['ideal']:.3f}, tokens per row "
+                     f"{k['ideal_tok_row'] / c['ideal_tok_row']:.3f} (batches of the timing may differ: mean of "
+                     f"{a.batches} counted)")
     table = "\n".join(lines)
     print(table)
     if a.out:

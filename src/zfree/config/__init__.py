@@ -27,13 +27,16 @@ from zfree.core.errors import ConfigError
 from zfree.core.validation import check_choice, check_int, check_range
 from zfree.core.values import coerce_value, field_types, typed_fields
 from zfree.core.weightings import TOKEN_OUTER_NAMES, WEIGHTING_NAMES, WEIGHTINGS  # the registry
+# the registries the choices and checks read (aids, free-bits modes, beta schedules), and later fields
+from zfree.config.aid import AIDS
+from zfree.config.later import later, later_defaults
+from zfree.core.free_bits import FREE_BITS_MODES, FREE_BITS_NAMES
+from zfree.core.schedules import SCHEDULE_NAMES, SCHEDULES
 
 Weighting = Literal[WEIGHTING_NAMES]  # plain, distribution, example, token
 TokenOuter = Literal[TOKEN_OUTER_NAMES]  # none, distribution, example
-BetaSchedule = Literal["constant", "linear", "cyclical"]
-# per_dim: continuous latent only; threshold: Optimus's KL thresholding (each example's KL below free_bits
-# is masked out of the penalty: per dimension on the Gaussian, the whole KL on the categorical; losses.kl_threshold)
-FreeBitsMode = Literal["none", "per_example", "batch_mean", "per_dim", "threshold"]
+BetaSchedule = Literal[SCHEDULE_NAMES]  # the registry zfree.core.schedules.SCHEDULES
+FreeBitsMode = Literal[FREE_BITS_NAMES]  # the registry zfree.core.free_bits.FREE_BITS_MODES
 CBaseSource = Literal["entangled_run", "pretrained_source"]
 PosteriorFeatures = Literal["mean_y", "last", "mean_first", "attention", "encoder", "optimal"]
 Injection = Literal["embedding", "prefix", "memory", "mid"]  # zfree.models.routes.ROUTES
@@ -169,10 +172,8 @@ class ObjectiveConfig:
             raise ValueError(f"epsilon={self.epsilon!r} must be > 0 for example weighting (seed 002)")
         if self.token_outer != "none" and self.weighting != "token":
             raise ValueError(f"token_outer={self.token_outer!r} only applies to weighting='token'")
-        if self.beta_schedule == "linear" and self.beta_warmup_steps < 1:
-            raise ValueError("beta_warmup_steps must be >= 1 for beta_schedule='linear'")
-        if self.beta_schedule == "cyclical" and self.beta_cycle_steps < 2:
-            raise ValueError("beta_cycle_steps must be >= 2 for beta_schedule='cyclical'")
+        if (error := SCHEDULES[self.beta_schedule].check(self)) is not None:  # the schedule's own fields
+            raise ValueError(error)
         if self.free_bits_mode != "none" and not self.free_bits > 0:
             raise ValueError(f"free_bits={self.free_bits} must be > 0 when free_bits_mode={self.free_bits_mode!r}")
 
@@ -231,13 +232,13 @@ class ModelConfig:
     # entering layer n_layer // 2; memory = one key/value per layer in the first position's place for the
     # separator and y queries (Optimus's memory path; needs a token before the separator); prefix = a soft
     # token s + z before the separator (exact at step 0 against the base reading s, not the base itself)
-    injection: Injection = "embedding"
+    injection: Injection = later("embedding")
     # what the latent vector u_z entering the route is (issue 55, equal capacity across arms): per_value =
     # its own vector e_z per value (K vectors, so the oracle's K learn apart the shared task bias that the
     # control's one vector learns from every row); shared_delta = s + d_z, one latent-independent vector s
     # that every arm (the control, oracles and null oracles included) trains on every row, and K deltas d_z,
     # both zero-initialised (exact at step 0); under injection='prefix' the route's soft token is s
-    latent_capacity: LatentCapacity = "per_value"
+    latent_capacity: LatentCapacity = later("per_value")
     # where z comes from: "posterior" = the CVAE (q(z|x,y) learned);
     # "control" = the z-free control (K = 1: z carries nothing, the same decoder, optimizer, steps and
     # batches); "label:<key>" = a label oracle (z := the row's label value, K = its number of values;
@@ -298,12 +299,13 @@ class TrainConfig:
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be a non-empty path")
         if self.model.latent_kind == LatentKind.CONTINUOUS:
-            if self.aid.aid in ("hard_em_then_soft", "random_init_jsd"):
+            if "continuous" not in AIDS[self.aid.aid].kinds:
                 raise ValueError(f"aid={self.aid.aid!r} applies to latent_kind='discrete' only")
             if self.objective.lambda_jsd > 0:
                 raise ValueError(f"lambda_jsd={self.objective.lambda_jsd} > 0 applies to latent_kind='discrete' only")
-        elif self.objective.free_bits_mode == "per_dim":
-            raise ValueError("free_bits_mode='per_dim' applies to latent_kind='continuous' only")
+        mode = FREE_BITS_MODES[self.objective.free_bits_mode]
+        if str(self.model.latent_kind) not in mode.kinds:
+            raise ValueError(f"free_bits_mode={mode.name!r} applies to latent_kind={' or '.join(map(repr, mode.kinds))} only")
         if self.model.bn_gamma > 0 and self.optim.batch_size < 2:  # batch statistics need two rows
             raise ValueError(f"batch_size={self.optim.batch_size}: bn_gamma={self.model.bn_gamma:g} (BN-VAE) normalizes "
                              "the posterior means by batch statistics, which need batch_size >= 2")
@@ -350,3 +352,8 @@ class TrainConfig:
     def replace(self, **flat_updates) -> "TrainConfig":
         """A copy with flat fields replaced, validated again (ValueError naming a bad or unknown field)."""
         return TrainConfig.from_flat({**self.to_flat(), **flat_updates})
+
+
+#: every field declared with ``later(default)`` (``zfree.config.later``) joins ``LATER_FIELD_DEFAULTS``: a new
+#: field is declared at its section only (the dict above lists the ones declared before it; tests/test_config.py)
+LATER_FIELD_DEFAULTS.update(later_defaults(*TrainConfig._SUB.values()))

@@ -7,14 +7,37 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from zfree.config.later import later
 from zfree.core.validation import check_choice, check_int, check_range
 from zfree.core.values import typed_fields
 
 
-Aid = Literal["none", "hard_em_then_soft", "beta0_warmup", "random_init_jsd", "aggressive_encoder"]
+@dataclass(frozen=True)
+class AidEntry:
+    """One symmetry-breaking aid (``AidConfig.aid``): ``source`` (its paper or note; the hooks are the
+    training loop's plug-ins, ``zfree.train.plugins``), ``kinds`` the latent kinds it applies to, and
+    ``gate`` whether it reads the gate rows (``handover_rows``; ``zfree.data.split.gate_sample``)."""
+
+    name: str
+    source: str
+    kinds: tuple[str, ...] = ("discrete", "continuous")
+    gate: bool = False
+
+
+#: the registry of aids, in the order the config's choices, the launch panel and the docs list them
+AIDS: dict[str, AidEntry] = {a.name: a for a in (
+    AidEntry("none", "no aid"),
+    AidEntry("hard_em_then_soft", "seed notes 000/002 (switch-on); Shen et al. 2019, hard-EM mixture training",
+             kinds=("discrete",), gate=True),
+    AidEntry("beta0_warmup", "the prototype's warm-up: beta = 0 with the router detached (docs/concepts/aids.md)"),
+    AidEntry("random_init_jsd", "the prototype's random latent start plus lambda_jsd (docs/concepts/aids.md)",
+             kinds=("discrete",)),
+    AidEntry("aggressive_encoder", "He et al. 2019, Lagging inference networks, Alg. 1", gate=True),
+)}
+Aid = Literal[tuple(AIDS)]
 #: the aids that read the gate rows (``handover_rows``; ``zfree.data.split.gate_sample``): the hand-over
 #: gate and the aggressive encoder's I(x; z); a run under another aid draws no gate rows
-GATE_AIDS = ("hard_em_then_soft", "aggressive_encoder")
+GATE_AIDS = tuple(n for n, a in AIDS.items() if a.gate)
 
 
 @dataclass(frozen=True)
@@ -67,7 +90,7 @@ class AidConfig:
     # fixed at the start (seed note 000's switch-on test); ``single_value`` = the current decoder with
     # its best single value for every row, min_k mean(w * nll_k) at rate 0, so fine-tuning the decoder
     # alone cannot pass the gate (on a zero-shot real base it did: analysis/results/e2e-smollm2)
-    handover_reference: Literal["base", "single_value"] = "base"
+    handover_reference: Literal["base", "single_value"] = later("base")
     hard_em_max_steps: int = 600  # the hand-over to the soft objective is forced at this step
     hard_em_lr_backbone: float = 1e-4  # the prototype's hard phase rate (soft phase: lr_backbone)
     # the hard phase's rate of the heads and latent embeddings; 0 = lr_new as in the soft phase
@@ -96,7 +119,7 @@ class AidConfig:
     # Space", sec. 3.2): in training, each y token the decoder reads is replaced by the tokenizer's
     # unknown token (its pad token without one) with this probability; targets, the posterior's view
     # and evaluation stay clean (zfree.train.word_dropout). 0 = off
-    word_dropout: float = 0.0
+    word_dropout: float = later(0.0)
     # the named remedy whose fields this config carries (zfree.objective.remedies; "a+b" composes): a
     # record that the fields were set by that entry, checked against it when a grid is expanded and a
     # run starts (zfree.objective.remedies.check_remedy_fields; "none": fields set by hand)

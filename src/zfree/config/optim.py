@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from zfree.config.later import later
 from zfree.core.validation import check_choice, check_int, check_range
 from zfree.core.values import typed_fields
 
@@ -62,7 +63,7 @@ class OptimConfig:
     # torch.compile the backbone's body (zfree.train.run_setup.compile_body: dynamic shapes), for training and
     # evaluation; results equal eager's up to float rounding (tests/test_compile.py); the first steps of each
     # shape pay the compilation (minutes on a CPU), so it pays off on long runs on an accelerator
-    compile: bool = False
+    compile: bool = later(False)
     # live curves: every metrics.jsonl row also as TensorBoard scalars beside it (zfree.train.live_curves;
     # nothing written without the tensorboard package). What a run writes, not what it computes: not
     # part of a run's identity (LOG_ONLY_FIELDS)

@@ -217,6 +217,16 @@ class Batch:
     # ``EncodedPair.y_input_ids``), same shape; None = ``input_ids``. Targets are always read from
     # ``input_ids``, and the z-free pass (the posterior's features, the prefix cache) reads them too
     decoder_input_ids: Int[torch.Tensor, "batch seq"] | None = None
+    # (prefix_len, target_len) per row as host lists, set by ``collate`` (a packed pass lays rows out
+    # on the host from them: ``zfree.models.packing.packed_prefix_suffix``); None: read from the tensors
+    host_lens: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+
+    def host_lengths(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(prefix_len, target_len) of every row as host ints: ``host_lens`` when known, else read from
+        the tensors (a device->host copy on an accelerator)."""
+        if self.host_lens is not None:
+            return self.host_lens
+        return tuple(self.prefix_len.tolist()), tuple(self.target_len.tolist())
 
     @property
     def decoder_inputs(self) -> Int[torch.Tensor, "batch seq"]:
@@ -229,7 +239,7 @@ class Batch:
         return Batch(*(getattr(self, f).to(device, non_blocking=non_blocking)
                        for f in ("input_ids", "attention_mask", "target_mask", "prefix_len", "target_len")),
                      self.ids, self.strategies, self.host_max,
-                     None if dec is None else dec.to(device, non_blocking=non_blocking))
+                     None if dec is None else dec.to(device, non_blocking=non_blocking), self.host_lens)
 
     def max_lengths(self) -> tuple[int, int]:
         """(max prefix_len, max target_len) as ints: ``host_max`` when known, else read from the
@@ -251,8 +261,9 @@ class Batch:
             return self
         t = torch.arange(self.input_ids.shape[1], device=self.input_ids.device)[None, :]
         mask = self.target_mask & (t < (self.prefix_len + n)[:, None])
+        lens = None if self.host_lens is None else (self.host_lens[0], tuple(min(s, n) for s in self.host_lens[1]))
         return Batch(self.input_ids, self.attention_mask, mask, self.prefix_len, self.target_len.clamp_max(n),
-                     self.ids, self.strategies, (P, n), self.decoder_input_ids)
+                     self.ids, self.strategies, (P, n), self.decoder_input_ids, lens)
 
 
 def collate(encoded: Sequence[EncodedPair], pad_id: int = 0) -> Batch:
@@ -277,7 +288,8 @@ def collate(encoded: Sequence[EncodedPair], pad_id: int = 0) -> Batch:
     tmask = (pos >= P[:, None]) & attn
     return Batch(torch.from_numpy(ids), torch.from_numpy(attn.astype(np.int64)), torch.from_numpy(tmask),
                  torch.from_numpy(P), torch.from_numpy(L), [e.id for e in encoded], [e.strategy for e in encoded],
-                 (int(P.max()), int(L.max())), None if dec is None else torch.from_numpy(dec))
+                 (int(P.max()), int(L.max())), None if dec is None else torch.from_numpy(dec),
+                 (tuple(P.tolist()), tuple(L.tolist())))
 
 
 def pad_id_of(tokenizer) -> int:

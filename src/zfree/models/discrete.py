@@ -46,6 +46,7 @@ from zfree.models.nll import masked_mean_token_nll
 from zfree.models.base import hidden_states, target_logprobs_from_hidden
 from zfree.models.encoder import build_posterior_encoder, pool_posterior_features
 from zfree.models.injection import full_target_logprobs, suffix_target_logprobs, zfree_pass
+from zfree.models.packing import packed_prefix_suffix, packing_problem
 from zfree.models.precision import heads_input, to_device
 from zfree.models.routes import INJECTIONS, build_route, latent_shared_vector
 
@@ -180,6 +181,9 @@ class DiscreteCVAE(nn.Module):
         self.shared_prefix = True  # reuse the x-prefix's key/value cache for the K decoder passes
         # decoder_hidden_suffix's mode (auto / on / off; None: the module default injection.SHARED_PREFIX)
         self.shared_prefix_mode: str | None = None
+        # the training step's prefix + decoder passes over packed rows (``packs``; None: the module default
+        # packing.PACKING, "auto": on the CPU)
+        self.packing_mode: str | None = None
         nn.init.zeros_(self.router_head.bias)
         self.injection = build_route(injection, backbone)  # no parameters for embedding and mid
         # s of shared_delta (zeros: exact at step 0), None otherwise (no tensor: per_value checkpoints unchanged)
@@ -302,6 +306,23 @@ class DiscreteCVAE(nn.Module):
         t0 = target_logprobs_from_hidden(self.backbone, h0, batch) if zfree_metrics else None
         return heads, t0, cache
 
+    def packs(self, batch: Batch, zfree_metrics: bool) -> bool:
+        """Whether a step's z-free pass and decoder passes run as one forward over packed rows
+        (``zfree.models.packing.packed_prefix_suffix``: no padding, equal to the padded passes within
+        float rounding): the training step (``zfree_metrics`` False) whose z-free pass covers the x-prefix
+        alone (no head reads y), under the embedding route and a shared prefix, where
+        ``packing_problem`` finds nothing against it (``packing_mode``)."""
+        return (not zfree_metrics and not self.reads_zfree_y() and self.shared_prefix
+                and self.injection.name == "embedding" and self.shared_prefix_mode != "off"
+                and packing_problem(self.backbone, batch, self.packing_mode) is None)
+
+    def _packed_pass(self, batch: Batch, z: Int[torch.Tensor, "batch n"] | None = None):
+        """(the heads without probe features, decoder hidden (B, n, L, D), valid (B, L)) of the packed
+        forward (``packs``) for latent values ``z`` (default: all K)."""
+        z = self._all_values(batch) if z is None else z
+        h0, hz, valid = packed_prefix_suffix(self.backbone, batch, self.latent_vectors(z))
+        return self.heads_from_hidden(h0, batch, probe_features=False), hz, valid
+
     def decoder_suffix_shared_prefix(self, batch: Batch, cache, z: Int[torch.Tensor, "batch n"] | None = None
                                      ) -> tuple[torch.Tensor, torch.Tensor]:
         """Decoder hidden states over the y-region for latent values ``z`` (B, n) (default: all K),
@@ -314,12 +335,17 @@ class DiscreteCVAE(nn.Module):
     def forward(self, batch: Batch, with_distributions: bool = False, zfree_metrics: bool = True) -> DiscreteCVAEOutput:
         """Posterior and router logits and the decoder's per-token log-probs for all K values.
         ``zfree_metrics`` False (the training step): no z-free log-probs or probe features, and the
-        z-free pass over the x-prefix alone where no head reads y (``_zfree_heads``)."""
-        heads, t0, cache = self._zfree_heads(batch, zfree_metrics=zfree_metrics)
-        if self.shared_prefix:
+        z-free pass over the x-prefix alone where no head reads y (``_zfree_heads``), packed with the
+        decoder passes into one forward where ``packs``."""
+        if self.packs(batch, zfree_metrics):  # one forward over packed rows
+            (heads, hz, valid), t0 = self._packed_pass(batch), None
+            tlp, dist = suffix_target_logprobs(self.backbone, batch, hz, valid, with_distributions)
+        elif self.shared_prefix:
+            heads, t0, cache = self._zfree_heads(batch, zfree_metrics=zfree_metrics)
             hz, valid = self.decoder_suffix_shared_prefix(batch, cache)  # (B, K, L, D), (B, L)
             tlp, dist = suffix_target_logprobs(self.backbone, batch, hz, valid, with_distributions)
         else:
+            heads, t0, _ = self._zfree_heads(batch, zfree_metrics=zfree_metrics)
             tlp, dist = full_target_logprobs(self.backbone, batch, self.decoder_hidden(batch), with_distributions)
             valid = torch.arange(batch.max_lengths()[1], device=tlp.device)[None, :] < batch.target_len[:, None]
         out = DiscreteCVAEOutput(heads.posterior_logits, heads.prior_logits, tlp, heads.features, t0)
@@ -357,9 +383,13 @@ class DiscreteCVAE(nn.Module):
         """A given z (control, label oracle): the z-free pass (router, one-hot q) and one decoder pass
         with the row's given value, with gradient (no other value is decoded). Costs the z-free pass
         plus one suffix pass; with ``zfree_metrics`` False (the training step) the z-free pass covers
-        the x-prefix alone, so the step is one pass over (x, y): the prefix, then y with z on its cache."""
+        the x-prefix alone, so the step is one pass over (x, y): the prefix, then y with z on its cache, or
+        both in one forward over packed rows where ``packs`` (no padding)."""
         z = self.given_values(batch)
-        heads, t0, cache = self._zfree_heads(batch, zfree_metrics=zfree_metrics)
-        hz, valid = self.decoder_suffix_shared_prefix(batch, cache, z[:, None])
+        if self.packs(batch, zfree_metrics):  # one forward over packed rows
+            (heads, hz, valid), t0 = self._packed_pass(batch, z[:, None]), None
+        else:
+            heads, t0, cache = self._zfree_heads(batch, zfree_metrics=zfree_metrics)
+            hz, valid = self.decoder_suffix_shared_prefix(batch, cache, z[:, None])
         tlp, _ = suffix_target_logprobs(self.backbone, batch, hz, valid)
         return GivenOutput(heads.posterior_logits, heads.prior_logits, tlp[:, 0], z, heads.features, t0)

@@ -18,6 +18,9 @@ checks this on the actual cache and config; under ``SHARED_PREFIX = "auto"`` (th
 ``decoder_hidden_suffix`` falls back to the full pass when it fails and warns once per model
 class; ``"on"`` raises instead, ``"off"`` always takes the full pass (``set_shared_prefix``).
 Logits always come from the model's own head path (``zfree.models.head``).
+
+Packed rows (issue 56): the training step's x-prefix pass and decoder passes as one forward over the
+batch's rows without padding are in ``zfree.models.packing``.
 """
 
 from __future__ import annotations

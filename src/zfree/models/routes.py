@@ -48,12 +48,14 @@ from __future__ import annotations
 
 import contextlib
 import math
+from typing import get_args
 
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import nn
 from transformers import DynamicCache
 
+from zfree.config import Injection, LatentCapacity
 from zfree.data.batching import Batch
 from zfree.models.base import hidden_states
 from zfree.models.injection import (decoder_hidden_full, decoder_hidden_suffix, gather_suffix, injection_mask,
@@ -61,7 +63,8 @@ from zfree.models.injection import (decoder_hidden_full, decoder_hidden_suffix, 
                                     suffix_layout)
 from zfree.models.kv_cache import CACHE_KW
 
-INJECTIONS = ("embedding", "prefix", "memory", "mid")
+#: the routes' names: the config's choices (``zfree.config.Injection``), each a key of ``ROUTES`` (tested)
+INJECTIONS: tuple[str, ...] = get_args(Injection)
 _ROUTE_ATTR = "_zfree_route"
 
 
@@ -331,7 +334,7 @@ class PrefixRoute(InjectionRoute):
 
 
 #: ``ModelConfig.latent_capacity``: the latent vectors as K own vectors, or as deltas on one shared vector
-LATENT_CAPACITIES = ("per_value", "shared_delta")
+LATENT_CAPACITIES: tuple[str, ...] = get_args(LatentCapacity)  # the config's choices (zfree.config.LatentCapacity)
 
 
 def latent_shared_vector(capacity: str, injection: str, d_model: int) -> nn.Parameter | None:

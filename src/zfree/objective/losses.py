@@ -9,7 +9,6 @@ supervised positions). All NLLs are in nats. Sources:
 
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 import numpy as np
@@ -18,6 +17,8 @@ from jaxtyping import Bool, Float, Int
 
 from zfree.config import ObjectiveConfig
 from zfree.models.nll import masked_mean_token_nll
+from zfree.core.free_bits import FREE_BITS_MODES, free_bits_per_dim, kl_threshold  # noqa: F401 (re-exported)
+from zfree.core.schedules import SCHEDULES, cyclical_fraction  # noqa: F401 (the registry; cyclical_fraction re-exported)
 from zfree.core.weightings import OUTER_WEIGHTINGS, weight_function
 
 
@@ -177,35 +178,9 @@ def inter_latent_jsd(logp: Float[torch.Tensor, "batch n_latent pos vocab"], weig
     return (jsd * pos_mask).sum(-1) / n.to(jsd.dtype)
 
 
-def _batch_mean_free_bits(kl, free_bits):
-    m = kl.mean()
-    if m > 0:
-        return kl * (torch.clamp_min(m, free_bits) / m)
-    return kl * 0 + free_bits  # all K = 0: constant lambda, no gradient (not kl + lambda, whose gradient is 1/B)
-
-
-def kl_threshold(kl: Float[torch.Tensor, "batch *d_latent"], threshold: float) -> Float[torch.Tensor, "batch"]:
-    """Optimus's KL thresholding (Li et al. 2020, ``fb_mode=1`` with ``dim_target_kl``; Li et al. 2019's
-    ``fb=2``): sum_d 1[K_id > threshold] * K_id, nats per example (batch,). Their code
-    (``code/examples/big_ae/modules/vae.py``): ``loss_kl = 0.5 * (mu^2 + e^logvar - logvar - 1)``
-    (batch, d), ``kl_mask = (loss_kl > dim_target_kl).float()``, ``loss_kl = (kl_mask * loss_kl).sum(dim=1)``:
-    the mask is elementwise, one per example and dimension (not on a batch mean), and carries no
-    gradient, so a masked entry gets gradient 0 (the gradient of their paper's hinge
-    max(lambda, K_id), whose value differs from this one by the constant lambda). ``kl``: (batch, d_latent)
-    per dimension (Gaussian), or (batch,) one group (categorical: K_i counts only above ``threshold``).
-    A mean of per-example terms: exact under gradient accumulation."""
-    per_dim = kl if kl.dim() == 2 else kl[:, None]
-    mask = (per_dim.detach() > threshold).to(per_dim.dtype)
-    return (per_dim * mask).sum(-1)
-
-
-#: free_bits_mode -> the penalized KL (per_dim, continuous only, is ``free_bits_per_dim``)
-_FREE_BITS = {"none": lambda kl, free_bits: kl, "per_example": lambda kl, free_bits: kl.clamp_min(free_bits),
-              "batch_mean": _batch_mean_free_bits, "threshold": kl_threshold}
-
-
 def apply_free_bits(kl: Float[torch.Tensor, "batch"], free_bits: float, mode: str) -> Float[torch.Tensor, "batch"]:
-    """Free bits (Kingma et al. 2016): KL below ``free_bits`` nats is not penalized.
+    """Free bits (Kingma et al. 2016): KL below ``free_bits`` nats is not penalized; the ``mode`` entry
+    of the registry ``zfree.core.free_bits.FREE_BITS_MODES``.
 
     per_example: max(K_i, lambda) for each example. batch_mean: the batch-mean KL is clamped,
     max(mean K, lambda), returned rescaled per example so its mean is the clamped value (and its
@@ -213,46 +188,31 @@ def apply_free_bits(kl: Float[torch.Tensor, "batch"], free_bits: float, mode: st
     Gaussian's per-dimension KL goes to ``kl_threshold`` directly). none (or free_bits <= 0): unchanged.
     Shapes (batch,) -> (batch,), nats per example. Raises ValueError for an unknown mode.
     """
-    if mode not in _FREE_BITS:
-        raise ValueError(f"free_bits_mode={mode!r} is not one of {list(_FREE_BITS)}")
+    fn = FREE_BITS_MODES[mode].per_example if mode in FREE_BITS_MODES else None
+    if fn is None:
+        raise ValueError(f"free_bits_mode={mode!r} is not one of "
+                         f"{[n for n, m in FREE_BITS_MODES.items() if m.per_example is not None]}")
     if free_bits <= 0:
         return kl
-    return _FREE_BITS[mode](kl, free_bits)
+    return fn(kl, free_bits)
 
 
-#: beta_schedule -> beta at a step counted after the AE phase
-_SCHEDULES = {
-    "constant": lambda cfg, step: cfg.beta,
-    "linear": lambda cfg, step: cfg.beta * min(1.0, step / cfg.beta_warmup_steps),
-    "cyclical": lambda cfg, step: cfg.beta * cyclical_fraction(step, cfg.beta_cycle_steps, cfg.beta_ratio_zero,
-                                                               cfg.beta_ratio_increase),
-}
-
-
-def cyclical_fraction(step: int, period: int, ratio_zero: float = 0.0, ratio_increase: float = 0.5) -> float:
-    """beta / beta_max of the cyclical schedule at ``step`` (>= 0; 0 is the evaluation before the first
-    update): with s = step mod period, 0 while s < period * ratio_zero, then (s - i0) / (period *
-    ratio_increase) capped at 1, i0 = ceil(period * ratio_zero) the first step of the ramp (0 there).
-    Optimus's ``frange_cycle_zero_linear(n_iter, 0, 1, n_cycle, ratio_increase, ratio_zero)`` (Li et al.
-    2020) with period = n_iter / n_cycle an integer: ``cyclical_fraction(t, ...) == L[t]`` for
-    t = 0 .. n_iter - 1 (their L[t] is the weight of iteration t counted from 0; ours of step t counted
-    from 1, so our first update takes their L[1]); tested against a float re-implementation. Fu et al.
-    2019 (NAACL), eq. 6 with R = 0.5: ratio_zero 0, ratio_increase 0.5, i.e. min(1, 2 s / period);
-    Optimus: ratio_zero 0.5, ratio_increase 0.25. Raises ValueError for period < 1."""
-    if period < 1:
-        raise ValueError(f"period={period} must be >= 1")
-    s = step % period
-    zero = period * ratio_zero  # their float product: ``i < period * ratio_zero`` decides the zero part
-    if s < zero:
-        return 0.0
-    return min(1.0, (s - math.ceil(zero)) / (period * ratio_increase))
+def penalized_kl_dims(kl_dims: Float[torch.Tensor, "batch d_latent"], free_bits: float, mode: str
+                      ) -> Float[torch.Tensor, "batch"]:
+    """The penalized KL of a Gaussian latent (batch,), nats per example, from its KL per dimension
+    ``kl_dims`` (batch, d_latent): the mode's ``per_dim`` rule where it has one (per_dim, threshold),
+    else ``apply_free_bits`` on the sum over dimensions. Raises ValueError for an unknown mode."""
+    entry = FREE_BITS_MODES.get(mode)
+    if entry is not None and entry.per_dim is not None:
+        return entry.per_dim(kl_dims, free_bits)
+    return apply_free_bits(kl_dims.sum(-1), free_bits, mode)
 
 
 def beta_at_step(cfg: ObjectiveConfig, step: int) -> float:
-    """beta schedule as a function of the optimizer step: constant; linear warm-up 0 -> beta over
-    ``beta_warmup_steps``; cyclical (Fu et al. 2019, NAACL): within each period of
-    ``beta_cycle_steps``, 0 over the first ``beta_ratio_zero`` of it, linear 0 -> beta over the next
-    ``beta_ratio_increase``, then beta (``cyclical_fraction``; their R = 0.5 is 0 / 0.5).
+    """beta as a function of the optimizer step: the ``beta_schedule`` entry of the registry
+    ``zfree.core.schedules.SCHEDULES`` (constant; linear warm-up 0 -> beta over ``beta_warmup_steps``;
+    cyclical, Fu et al. 2019, NAACL: within each period of ``beta_cycle_steps``, 0 over the first
+    ``beta_ratio_zero`` of it, linear 0 -> beta over the next ``beta_ratio_increase``, then beta).
     With ``ae_steps`` > 0, beta = 0 through step ``ae_steps`` (an autoencoder phase; Bowman et al.
     2016 anneal from 0 instead) and the schedule runs on from there.
     Raises ValueError for a negative step or an unknown schedule."""
@@ -262,9 +222,9 @@ def beta_at_step(cfg: ObjectiveConfig, step: int) -> float:
         if step <= cfg.ae_steps:
             return 0.0
         step -= cfg.ae_steps
-    if cfg.beta_schedule not in _SCHEDULES:
-        raise ValueError(f"beta_schedule={cfg.beta_schedule!r} is not one of {list(_SCHEDULES)}")
-    return _SCHEDULES[cfg.beta_schedule](cfg, step)
+    if cfg.beta_schedule not in SCHEDULES:
+        raise ValueError(f"beta_schedule={cfg.beta_schedule!r} is not one of {list(SCHEDULES)}")
+    return SCHEDULES[cfg.beta_schedule].beta(cfg, step)
 
 
 def effective_beta(beta: float, target_len: Int[torch.Tensor, "batch"], w: Float[torch.Tensor, "batch"]
@@ -300,17 +260,3 @@ def optimal_posterior_logits(recon_per_latent: Float[torch.Tensor, "batch n_late
         raise ValueError(f"beta={beta} must be >= 0")
     t = max(beta, OPTIMAL_POSTERIOR_MIN_BETA)
     return (torch.log_softmax(p_logits, -1) - w[:, None] * recon_per_latent / t).detach()
-
-
-def free_bits_per_dim(kl_dims: Float[torch.Tensor, "batch d_latent"], free_bits: float) -> Float[torch.Tensor, "batch"]:
-    """Free bits per latent dimension (Kingma et al. 2016, eq. 15, one group per dimension):
-    sum_d max(lambda, mean_batch KL_d), returned per example (batch,) in nats so that its batch mean
-    is that value: dimension d contributes KL_{i,d} * max(m_d, lambda) / m_d, whose gradient is 0
-    while the batch-mean KL m_d of that dimension is below lambda (``free_bits``, nats per dimension).
-    ``free_bits`` <= 0: the plain sum over dimensions."""
-    if free_bits <= 0:
-        return kl_dims.sum(-1)
-    m = kl_dims.mean(0, keepdim=True)  # (1, d_latent)
-    scaled = torch.where(m > 0, kl_dims * (torch.clamp_min(m, free_bits) / m.clamp_min(1e-12)),  # 1e-12: finite grads
-                         kl_dims * 0 + free_bits)
-    return scaled.sum(-1)

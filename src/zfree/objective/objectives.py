@@ -11,7 +11,7 @@ beta_at_step * |S| / w. The kinds:
   discrete  soft CVAE: lbar = sum_k q_k r_k (exact over the K values), rate = categorical KL after
             free bits, optionally - lambda_jsd * JSD;
   gaussian  continuous CVAE: lbar = the mean over reparameterized samples, rate = analytic KL after
-            free bits (per_dim: ``losses.free_bits_per_dim``);
+            free bits (the mode's per-dimension rule: ``losses.penalized_kl_dims``);
   hard_em   the hard-EM aid (Shen et al. 2019): lbar = the decoded value's nll, plus the posterior's
             cross-entropy toward k* and the router's toward the (detached) posterior; no rate term.
             The reconstruction weight's batch mean is ``hard_em_recon_scale``'s (``hard_em_recon_factor``).
@@ -40,9 +40,8 @@ from jaxtyping import Float, Int
 from zfree.config import LatentKind, ObjectiveConfig, TrainConfig
 from zfree.data.batching import Batch
 from zfree.models.nll import masked_mean_token_nll
-from zfree.objective.losses import (apply_free_bits, beta_at_step, categorical_kl, effective_beta, free_bits_per_dim,
-                                    kl_threshold,
-                                    gaussian_kl, inter_latent_jsd, optimal_posterior_logits,
+from zfree.objective.losses import (apply_free_bits, beta_at_step, categorical_kl, effective_beta,
+                                    gaussian_kl, penalized_kl_dims, inter_latent_jsd, optimal_posterior_logits,
                                     outer_weighting, reconstruction_per_value, reconstruction_weight)
 from zfree.models.precision import body_autocast, model_outputs_fp32
 
@@ -136,9 +135,7 @@ def _gaussian_terms(cfg: ObjectiveConfig, *, recon, w, beta, c_base, mu_q, logva
     lbar = recon.mean(-1)
     kl_dims = gaussian_kl(mu_q, logvar_q, mu_p, logvar_p, per_dim=True)
     kl = kl_dims.sum(-1)
-    kl_pen = (free_bits_per_dim(kl_dims, cfg.free_bits) if cfg.free_bits_mode == "per_dim"
-              else kl_threshold(kl_dims, cfg.free_bits) if cfg.free_bits_mode == "threshold"
-              else apply_free_bits(kl, cfg.free_bits, cfg.free_bits_mode))
+    kl_pen = penalized_kl_dims(kl_dims, cfg.free_bits, cfg.free_bits_mode)
     return KindTerms(lbar, {"kl_prior_loss": (kl.mean(), beta * kl_pen.mean())}, {"kl": kl})
 
 

@@ -1,9 +1,11 @@
-"""The remedies for posterior collapse as named, composable config entries:
-each entry is a set of flat ``TrainConfig`` fields, each field one that the
-objective, the schedules or the aids already implement; ``"a+b"`` composes entries (a field two
-entries set differently is refused). A config that carries ``remedy="<name>"`` must hold exactly
-the entry's fields (``check_remedy_fields``, called by ``TrainConfig``), so the name a table shows
-is what the run did.
+"""The remedies for posterior collapse as named, composable config entries, one registry
+(``REMEDY_ENTRIES``): each ``Remedy`` is a set of flat ``TrainConfig`` fields, each field one that the
+objective, the schedules or the aids implement (or its own loop hook, ``Remedy.plugin``), with its
+source, its line of the docs' table and its style in the figures; ``"a+b"`` composes entries (a field
+two entries set differently is refused). The leaderboard, the figures (``zfree_lab.report.figstyle``),
+the docs' table, the full leaderboard's SLURM spec and the tests read the registry. A config that
+carries ``remedy="<name>"`` must hold exactly the entry's fields (``check_remedy_fields``, called when
+a run starts and a grid is expanded), so the name a table shows is what the run did.
 
 Each paper's own defaults, adapted only where the latent differs (said per entry):
 
@@ -52,9 +54,11 @@ Each paper's own defaults, adapted only where the latent differs (said per entry
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from zfree.core.errors import ConfigError
+from zfree.objective.plugin_api import Plugin
 
 #: The switch-on recipe of the aids issue: hard EM gated hand-over, order-keeping posterior
 #: features, more latent values than strategies, dead-value restarts (see AidConfig).
@@ -132,33 +136,92 @@ def _switch_on(steps: int, kind: str, d_latent: int) -> dict[str, Any]:
     return out
 
 
-#: name -> (steps, latent kind, d_latent) -> flat fields; citations in the module docstring
-_ENTRIES = {
-    "none": lambda steps, kind, d: {},
-    "free_bits": _free_bits,
-    "ae": lambda steps, kind, d: {"ae_steps": max(1, steps // 4)},
-    "kl_threshold": lambda steps, kind, d: {"free_bits_mode": "threshold", "free_bits": OPTIMUS_DIM_TARGET_KL},
-    "cyclical": lambda steps, kind, d: {"beta_schedule": "cyclical", "beta_cycle_steps": max(2, math.ceil((steps + 1) / 4)),
-                                        "beta_ratio_zero": 0.0, "beta_ratio_increase": 0.5},
-    # (cyclical: 4 periods of ceil((steps + 1) / 4) cover steps 0..steps, so the last step is not a new
-    # cycle's beta = 0, as Fu et al.'s indices 0..n_iter - 1 never are.) optimus: one cycle over the run:
-    # beta_cycle_steps = steps + 1, so the last step (step % period != 0) holds beta
-    "optimus": lambda steps, kind, d: {"beta_schedule": "cyclical", "beta_cycle_steps": steps + 1,
-                                       "beta_ratio_zero": 0.5, "beta_ratio_increase": 0.25,
-                                       "free_bits_mode": "threshold", "free_bits": OPTIMUS_DIM_TARGET_KL},
-    "aggressive": lambda steps, kind, d: {"aid": "aggressive_encoder"},
-    "word_dropout": lambda steps, kind, d: {"word_dropout": WORD_DROPOUT_P},
-    "switch_on": _switch_on,
-    "switch_on_e2e": lambda steps, kind, d: {**_switch_on(steps, kind, d), **SWITCH_ON_E2E},
-    "gaussian": lambda steps, kind, d: {"latent_kind": "continuous", "prior": "standard"},
-    "bn_vae": lambda steps, kind, d: {"latent_kind": "continuous", "prior": "standard", "bn_gamma": BN_VAE_GAMMA},
-    "delta_vae": lambda steps, kind, d: {"latent_kind": "continuous", "prior": "standard",
-                                         "delta_rate": DELTA_VAE_RATE},
-}
+@dataclass(frozen=True)
+class Remedy:
+    """One named remedy. ``fields(steps, latent_kind, d_latent)``: the flat ``TrainConfig`` fields it sets
+    for a run of ``steps`` steps on that latent (each field one the objective, the schedules or the aids
+    already implement); ``source``: the paper (citations in the module docstring); ``what``: one line for
+    the docs' table (the paper's default and what was adapted); ``color`` and ``marker``: its matplotlib
+    colour and marker in every figure that compares remedies (plain data: the report reads them, the
+    library draws nothing); ``kind``: the latent kind it sets itself (the Gaussian entries), else None;
+    ``plugin``: the training-loop hook of a remedy that changes the loop through a field of its own (a
+    ``zfree.objective.plugin_api.Plugin``; ``zfree.train.plugins.PLUGINS`` lists it after the aids'), else
+    None (its fields are implemented already)."""
+
+    name: str
+    fields: Callable[[int, str, int], dict[str, Any]]
+    source: str
+    what: str
+    color: str
+    marker: str
+    kind: str | None = None
+    plugin: Plugin | None = None
+
+
+#: the registry, in the leaderboard's order (name -> entry); citations in the module docstring. (cyclical: 4
+#: periods of ceil((steps + 1) / 4) cover steps 0..steps, so the last step is not a new cycle's beta = 0, as
+#: Fu et al.'s indices 0..n_iter - 1 never are. optimus: one cycle over the run: beta_cycle_steps = steps + 1,
+#: so the last step (step % period != 0) holds beta.)
+REMEDY_ENTRIES: dict[str, Remedy] = {r.name: r for r in (
+    Remedy("none", lambda steps, kind, d: {}, "Higgins et al. 2017 (beta-VAE)", "the grid's β alone (β reduction)",
+           "tab:gray", "o"),
+    Remedy("free_bits", _free_bits, "Kingma et al. 2016, eq. 15; Li et al. 2019's target",
+           "Kingma et al. 2016, eq. 15, with Li et al. 2019's total target of 8 nats (8/d per dimension of a "
+           "Gaussian; one group of 8 for the categorical, above log K, so its KL is never penalized)", "tab:blue", "s"),
+    Remedy("ae", lambda steps, kind, d: {"ae_steps": max(1, steps // 4)}, "Li et al. 2019, autoencoder pretraining",
+           "Li et al. 2019: β = 0 for the first quarter of the steps (their decoder reset is left out: it would "
+           "throw away the warm start); `ae+free_bits` is their recipe", "tab:cyan", "v"),
+    Remedy("kl_threshold", lambda steps, kind, d: {"free_bits_mode": "threshold", "free_bits": OPTIMUS_DIM_TARGET_KL},
+           "Optimus (Li et al. 2020), dim_target_kl", "Optimus (Li et al. 2020) `dim_target_kl` 0.5: each example's "
+           "per-dimension KL below 0.5 is masked out", "tab:olive", "<"),
+    Remedy("cyclical", lambda steps, kind, d: {"beta_schedule": "cyclical",
+                                               "beta_cycle_steps": max(2, math.ceil((steps + 1) / 4)),
+                                               "beta_ratio_zero": 0.0, "beta_ratio_increase": 0.5},
+           "Fu et al. 2019 (NAACL), cyclical annealing", "Fu et al. 2019: 4 cycles, β rises over the first half of "
+           "each (R = 0.5)", "tab:purple", ">"),
+    Remedy("optimus", lambda steps, kind, d: {"beta_schedule": "cyclical", "beta_cycle_steps": steps + 1,
+                                              "beta_ratio_zero": 0.5, "beta_ratio_increase": 0.25,
+                                              "free_bits_mode": "threshold", "free_bits": OPTIMUS_DIM_TARGET_KL},
+           "Optimus (Li et al. 2020), the language-model recipe", "Optimus's LM recipe: one cycle with ratio_zero "
+           "0.5, ratio_increase 0.25 and the 0.5 threshold", "tab:pink", "D"),
+    Remedy("aggressive", lambda steps, kind, d: {"aid": "aggressive_encoder"}, "He et al. 2019, Alg. 1",
+           "He et al. 2019: up to 100 posterior-only steps before each joint step, stopped when the loss of 15 "
+           "stops falling, while I(x; z) rises", "tab:brown", "P"),
+    Remedy("word_dropout", lambda steps, kind, d: {"word_dropout": WORD_DROPOUT_P}, "Bowman et al. 2016, sec. 3.2",
+           "Bowman et al. 2016, §3.2: each decoder-input token of y replaced by the unknown (else padding) token "
+           "with probability 0.25 in training (our choice of p; the paper sweeps the keep rate); its z-free control "
+           "trains with the same dropout", "teal", "8"),
+    Remedy("switch_on", _switch_on, "seed notes 000/002; Shen et al. 2019, hard EM",
+           "zfree's aid ([making z switch on](aids.md)): hard EM with a gated hand-over, the optimal posterior, "
+           "dead-value restarts", "tab:red", "*"),
+    Remedy("switch_on_e2e", lambda steps, kind, d: {**_switch_on(steps, kind, d), **SWITCH_ON_E2E},
+           "seed notes 000/002; Shen et al. 2019, hard EM", "`switch_on` with the E2E preset's K = 4 and the E-step "
+           "on the first 3 tokens", "darkred", "*"),
+    Remedy("gaussian", lambda steps, kind, d: {"latent_kind": "continuous", "prior": "standard"},
+           "Kingma & Welling 2014", "the diagonal-Gaussian CVAE with N(0, I) prior (the baseline of `bn_vae`)",
+           "tab:orange", "h", kind="continuous"),
+    Remedy("bn_vae", lambda steps, kind, d: {"latent_kind": "continuous", "prior": "standard", "bn_gamma": BN_VAE_GAMMA},
+           "Zhu et al. 2020, BN-VAE", "BN-VAE (Zhu et al. 2020, γ = 0.7 fixed, learned shift)", "black", "d",
+           kind="continuous"),
+    Remedy("delta_vae", lambda steps, kind, d: {"latent_kind": "continuous", "prior": "standard",
+                                                "delta_rate": DELTA_VAE_RATE},
+           "Razavi et al. 2019, delta-VAE", "δ-VAE (Razavi et al. 2019), the fixed-range posterior variance "
+           "variant: σ_q ≤ σ_u < 1 under N(0, I), so KL ≥ δ = 8 nats for every posterior", "goldenrod", "p",
+           kind="continuous"),
+)}
 #: the entries' names, in the leaderboard's order
-REMEDIES = tuple(_ENTRIES)
-#: entries that set the latent kind themselves (the Gaussian ones)
-_KIND_OF = {"gaussian": "continuous", "bn_vae": "continuous", "delta_vae": "continuous"}
+REMEDIES = tuple(REMEDY_ENTRIES)
+#: the (color, marker) of a composed remedy a leaderboard compares (Li et al.'s recipe), beside the entries' own
+COMPOSED_STYLES = {"ae+free_bits": ("tab:green", "^")}
+#: the style of a name that is neither an entry nor in ``COMPOSED_STYLES``
+OTHER_STYLE = ("tab:gray", "X")
+
+
+def remedy_style(name: str) -> tuple[str, str]:
+    """(color, marker) of remedy ``name``: its entry's, a composed remedy's (``COMPOSED_STYLES``), else
+    ``OTHER_STYLE``."""
+    entry = REMEDY_ENTRIES.get(str(name))
+    return (entry.color, entry.marker) if entry else COMPOSED_STYLES.get(str(name), OTHER_STYLE)
 
 
 def remedy_parts(name: str) -> list[str]:
@@ -167,7 +230,7 @@ def remedy_parts(name: str) -> list[str]:
     if not isinstance(name, str) or not name.strip():
         raise ConfigError(f"remedy={name!r}: expected a name among {list(REMEDIES)} (or 'a+b')")
     parts = [p.strip() for p in name.split("+")]
-    bad = [p for p in parts if p not in _ENTRIES]
+    bad = [p for p in parts if p not in REMEDY_ENTRIES]
     if bad:
         raise ConfigError(f"remedy={name!r}: {bad} not among {list(REMEDIES)}")
     return parts
@@ -179,11 +242,11 @@ def remedy_fields(name: str, *, steps: int, latent_kind: str = "discrete", d_lat
     Gaussian entry sets it itself). Raises ConfigError for an unknown entry or two entries that set
     one field to different values (naming the field)."""
     parts = remedy_parts(name)
-    kinds = {_KIND_OF[p] for p in parts if p in _KIND_OF}
+    kinds = {REMEDY_ENTRIES[p].kind for p in parts if REMEDY_ENTRIES[p].kind}
     kind = kinds.pop() if kinds else str(latent_kind)
     out: dict[str, Any] = {}
     for p in parts:
-        for k, v in _ENTRIES[p](int(steps), kind, int(d_latent)).items():
+        for k, v in REMEDY_ENTRIES[p].fields(int(steps), kind, int(d_latent)).items():
             if k in out and out[k] != v:
                 raise ConfigError(f"remedy={name!r}: {p!r} sets {k}={v!r} but an earlier entry set {k}={out[k]!r}")
             out[k] = v

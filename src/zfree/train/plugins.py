@@ -16,8 +16,10 @@ run's. The loop names no aid: it calls, per step,
                        aggressive phase's end);
   ``summary``          the keys a plug-in adds to summary.json (besides ``TrainState``'s aid keys).
 
-Adding a remedy that changes the loop is one module with a ``Plugin`` subclass, its config fields
-and its test (the protocol from ``zfree.train.plugin_api``), plus one line in ``PLUGINS`` (``zfree.train.word_dropout`` is the example).
+Adding a remedy that changes the loop is its config field (``zfree.config.aid``) and its entry in
+``zfree.objective.remedies`` carrying a ``Plugin`` (the protocol, ``zfree.objective.plugin_api``) as its
+hook, which ``PLUGINS`` lists; a plug-in that needs the train layer (the aids' state, the model) is a
+module of its own with one line in ``PLUGINS`` (``zfree.train.word_dropout`` is the example).
 The state a plug-in keeps between steps lives in ``TrainState`` fields it owns (``owns``), so a
 checkpoint holds it and a resumed run continues exactly.
 """
@@ -28,8 +30,9 @@ from typing import Sequence
 
 from zfree.config import TrainConfig
 from zfree.objective.objectives import Phase
+from zfree.objective.remedies import REMEDY_ENTRIES
 from zfree.train import aids
-from zfree.train.plugin_api import Plugin, StepContext  # noqa: F401  (the protocol; re-exported)
+from zfree.objective.plugin_api import Plugin, StepContext  # noqa: F401  (the protocol; re-exported)
 from zfree.train.word_dropout import WordDropout
 
 
@@ -39,6 +42,7 @@ class FrozenDecoder(Plugin):
     posterior first)."""
 
     name, fields = "frozen_decoder", ("frozen_decoder_steps",)
+    source = "docs/concepts/aids.md: symmetry breaking by the posterior first"
 
     def active(self, cfg):
         """On when ``frozen_decoder_steps`` > 0."""
@@ -142,6 +146,7 @@ class Beta0Warmup(Plugin):
     "beta0_warmup"``; the prototype's warm-up, docs/concepts/aids.md)."""
 
     name, fields = "beta0_warmup", ("aid", "warmup_aid_steps")
+    source = "the prototype's warm-up (docs/concepts/aids.md)"
 
     def active(self, cfg):
         """On when ``aid == "beta0_warmup"``."""
@@ -153,9 +158,10 @@ class Beta0Warmup(Plugin):
         return {"warm": aids.beta0_warm(cfg, step)}
 
 
-#: every plug-in, in the order the loop calls their hooks (WordDropout: its own module, the example
-#: of a one-file remedy)
-PLUGINS: list[Plugin] = [FrozenDecoder(), HardEM(), AggressiveEncoder(), Beta0Warmup(), WordDropout()]
+#: every plug-in, in the order the loop calls their hooks (WordDropout: its own module), then the hooks of
+#: the remedy entries that carry one (``zfree.objective.remedies.Remedy.plugin``), in registry order
+PLUGINS: list[Plugin] = [FrozenDecoder(), HardEM(), AggressiveEncoder(), Beta0Warmup(), WordDropout(),
+                         *(r.plugin for r in REMEDY_ENTRIES.values() if r.plugin is not None)]
 
 
 def active_plugins(cfg: TrainConfig) -> list[Plugin]:

@@ -25,7 +25,7 @@ from typing import Sequence
 import numpy as np
 
 from zfree.data.batching import EncodedPair
-from zfree.train.plugin_api import Plugin, StepContext
+from zfree.objective.plugin_api import Plugin, StepContext
 
 
 def replacement_id(tokenizer, pad_id: int) -> int:

@@ -67,6 +67,23 @@ def _kernel_params(params: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     return out
 
 
+def with_config_parameters(notebook: Path | str):
+    """``notebook`` (train_cvae.ipynb) as a node whose parameters cell is generated from the config's
+    declarations at use: its own lines, then every flat ``TrainConfig`` field it does not assign, at its
+    declared default, so papermill knows each field a run passes (the committed cell names only a few:
+    a new config field touches no notebook)."""
+    import nbformat  # lazy: as papermill
+
+    from zfree.config import TrainConfig
+
+    nb = nbformat.read(str(notebook), as_version=4)
+    cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    given = {line.split("=", 1)[0].strip() for line in cell.source.splitlines() if "=" in line and not line.startswith("#")}
+    rest = [f"{k} = {v!r}" for k, v in TrainConfig().to_flat().items() if k not in given]
+    cell.source = "\n".join([cell.source.rstrip(), *rest])
+    return nb
+
+
 def run_point(point: Point, runs_dir: str, notebook: str) -> dict[str, Any]:
     """Execute one point through papermill (kernel ``python3``, started outside the run folder, the
     executed notebook written whole: ``zfree_lab.experiment.notebook_exec.execute``); never raises.
@@ -90,7 +107,7 @@ def run_point(point: Point, runs_dir: str, notebook: str) -> dict[str, Any]:
             check_run_inputs(params["data_dir"], params["base_dir"])  # kernel's start (seconds): the same error
         atomic_write_json(run_dir / RUNNING_MARK, {"pid": os.getpid()})  # until the notebook is written
         with watch:  # the kernel's peak RSS, for the reason of a kernel killed for memory
-            execute(notebook, run_dir / RUN_NOTEBOOK, parameters=params)
+            execute(with_config_parameters(notebook), run_dir / RUN_NOTEBOOK, parameters=params)
         (run_dir / RUNNING_MARK).unlink()
         return {"run_id": point.run_id, "status": "finished"}
     except Exception as e:  # noqa: BLE001 - a failed point is recorded, the sweep goes on

@@ -13,15 +13,12 @@ import pandas as pd
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter
 
 from zfree.core.weightings import WEIGHTINGS  # noqa: E402
+from zfree.objective.remedies import COMPOSED_STYLES, REMEDY_ENTRIES, remedy_style  # noqa: F401 (remedy_style re-exported)
 from zfree_lab.experiment.results import FACETS  # noqa: E402 - defined once in zfree_lab.experiment.results
 WEIGHTING_COLORS = {name: w.color for name, w in WEIGHTINGS.items()}  # the registry's (zfree.core.weightings)
-#: one (color, marker) per remedy (``zfree.objective.remedies.REMEDIES`` and Li et al.'s composed
-#: recipe) in every figure that compares remedies; gray "X" for any other name
-REMEDY_STYLES = {"none": ("tab:gray", "o"), "free_bits": ("tab:blue", "s"), "ae": ("tab:cyan", "v"),
-                 "ae+free_bits": ("tab:green", "^"), "kl_threshold": ("tab:olive", "<"),
-                 "cyclical": ("tab:purple", ">"), "optimus": ("tab:pink", "D"), "aggressive": ("tab:brown", "P"),
-                 "switch_on": ("tab:red", "*"), "switch_on_e2e": ("darkred", "*"), "gaussian": ("tab:orange", "h"), "bn_vae": ("black", "d"),
-                 "delta_vae": ("goldenrod", "p"), "word_dropout": ("teal", "8")}
+#: one (color, marker) per remedy in every figure that compares remedies: the registry's
+#: (``zfree.objective.remedies.REMEDY_ENTRIES``, each entry's style, and its composed ``COMPOSED_STYLES``)
+REMEDY_STYLES = {**{name: (r.color, r.marker) for name, r in REMEDY_ENTRIES.items()}, **COMPOSED_STYLES}
 #: the fill of a remedy's marker per weighting (the color and marker already name the remedy)
 WEIGHTING_FILLS = {name: w.fill for name, w in WEIGHTINGS.items()}
 
@@ -67,9 +64,6 @@ def color_of(w: str) -> str:
     return WEIGHTING_COLORS.get(w, "tab:gray")
 
 
-def remedy_style(name: str) -> tuple[str, str]:
-    """(color, marker) of remedy ``name`` (``REMEDY_STYLES``; gray "X" for another name)."""
-    return REMEDY_STYLES.get(str(name), ("tab:gray", "X"))
 
 
 def thin_log_ticks(vals, min_gap_decades: float = 0.1, share: float = 1 / 6) -> list[float]:

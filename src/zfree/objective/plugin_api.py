@@ -1,15 +1,17 @@
 """The plug-in protocol of the training loop: ``StepContext`` and ``Plugin`` (the hooks and their
-order are described in ``zfree.train.plugins``, which holds the registry). Its own module so a plug-in
-in its own file (``zfree.train.word_dropout``) imports the protocol without importing the registry
-that lists it."""
+order are described in ``zfree.train.plugins``, which holds the registry). A light module of the objective
+layer (no torch), so a plug-in can be declared in its own file in the train layer
+(``zfree.train.word_dropout``) or as the hook of a remedy entry (``zfree.objective.remedies.Remedy.plugin``)
+without importing the registry that lists it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from zfree.config import TrainConfig
-from zfree.objective.objectives import Phase
+if TYPE_CHECKING:  # light: the protocol names these types only
+    from zfree.config import TrainConfig
+    from zfree.objective.objectives import Phase
 
 
 @dataclass

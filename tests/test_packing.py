@@ -1,0 +1,292 @@
+"""Packed rows (issue 56, item 2): a training step's z-free x-prefix pass and its decoder passes over the
+y-region run as one forward over the batch's rows concatenated without padding, with position ids
+restarting per row and a block mask (``zfree.models.packing.packed_prefix_suffix``), attention per row
+segment (``segment_attention``). Checked on tiny random models of the architectures of
+tests/test_architectures.py, in float64: the hidden states equal the padded passes', the decoder's per-token
+log-probs at a zero latent the model's own logits (one unpadded row), the gradients the padded passes';
+a row's outputs do not depend on the other rows or on the pad id; the CVAE's control and K-way steps equal
+their padded selves; and where packing is not taken (``packing_problem``).
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from tests.test_architectures import CONFIGS, build, make_pairs, oracle
+from zfree.data.batching import collate, encode_pairs
+from zfree.data.pairs import Pair
+from zfree.models import injection
+from zfree.models.discrete import DiscreteCVAE
+from zfree.models import packing
+from zfree.models.injection import decoder_hidden_suffix, suffix_target_logprobs, zfree_pass
+from zfree.models.packing import (PACKED_MODEL_TYPES, pack_bins, packed_layout, packed_prefix_suffix, packing_problem,
+                                  segment_allowed, set_packing)
+from zfree.models.loading import load_causal_lm
+
+TOL = dict(atol=1e-10, rtol=1e-10)  # float64: the two layouts differ only in the reductions' order
+#: architectures that compute parts in float32 whatever the weights' dtype (Gemma's RMSNorm and Cohere's
+#: LayerNorm cast to float32, eager attention's softmax runs in float32): a last-bit difference of the
+#: float64 inputs can move a float32 rounding, so the layouts agree to float32's precision there
+F32_INSIDE = {"gemma", "gemma2-softcap-sliding", "gemma3-softcap-sliding", "cohere-logit-scale"}
+TOL32 = dict(atol=1e-6, rtol=1e-5)
+GRAD_TOL = dict(atol=1e-9, rtol=1e-8)
+
+
+def tol(arch, grad: bool = False) -> dict:
+    return TOL32 if arch["name"] in F32_INSIDE else GRAD_TOL if grad else TOL
+N = 3  # decoded values per row
+
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def arch(request, tmp_path_factory):
+    """A tiny random model of each architecture in float64, rows short enough for every sliding window
+    (8: a window that bites is ``packing_problem``'s fallback, tested below) and rows as long as
+    test_architectures' (longer than the windows)."""
+    folder = build(request.param, tmp_path_factory.mktemp(request.param))
+    model, tok = load_causal_lm(folder, device="cpu")
+    model = model.double().eval()
+    long = encode_pairs(tok, make_pairs())
+    short = encode_pairs(tok, [Pair("s0", "5 6", "7 8 9"), Pair("s1", "1", "2"), Pair("s2", "3 4", "5"),
+                               Pair("s3", "9", "8 7")])
+    assert max(len(e.prefix_ids) + len(e.target_ids) for e in short) <= 8
+    assert len({len(e.prefix_ids) for e in short}) > 1 and len({len(e.target_ids) for e in short}) > 1
+    windowed = injection.sliding_window_of(model.config) is not None
+    return dict(name=request.param, model=model, tok=tok, enc=short if windowed else long, long=long,
+                windowed=bool(windowed))
+
+
+def _width(model) -> int:
+    return model.get_input_embeddings().weight.shape[1]
+
+
+def _latents(model, B: int, n: int = N, scale: float = 0.3, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return (scale * torch.randn(B, n, _width(model), generator=g, dtype=torch.float64))
+
+
+def _padded(model, batch, lat):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        h0, cache = zfree_pass(model, batch, prefix_only=True)
+        hz, valid = decoder_hidden_suffix(model, batch, cache, lat, shared_prefix="on")
+    return h0, hz, valid
+
+
+def _prefix_mask(batch, width):
+    return torch.arange(width)[None, :] < batch.prefix_len[:, None]
+
+
+@pytest.mark.parametrize("segments", [True, False], ids=["by-segment", "dense-mask"])
+def test_packed_hidden_states_equal_the_padded_passes(arch, segments):
+    """The packed forward's prefix states and decoder states (n = 3 latent vectors) equal the padded x-prefix
+    pass and suffix pass (shared prefix) at every position they define; also split over several packed
+    sequences (a capacity of two rows' segments)."""
+    model = arch["model"]
+    batch = collate(arch["enc"], pad_id=0)
+    lat = _latents(model, len(batch))
+    h0, hz, valid = _padded(model, batch, lat)
+    seg = [p + N * s for p, s in zip(*batch.host_lengths())]
+    for capacity in (None, 2 * max(seg)):
+        p0, pz, pv = packed_prefix_suffix(model, batch, lat, capacity=capacity, segments=segments)
+        assert torch.equal(pv, valid) and p0.shape == h0.shape and pz.shape == hz.shape
+        pm = _prefix_mask(batch, h0.shape[1])
+        torch.testing.assert_close(p0[pm], h0[pm], **tol(arch))
+        assert not p0[~pm].any()  # zero past each row's prefix
+        sel = valid[:, None].expand(-1, N, -1)
+        torch.testing.assert_close(pz[sel], hz[sel], **tol(arch))
+        assert not pz[~sel].any()
+
+
+def test_packed_step0_logprobs_equal_the_models_own_logits(arch):
+    """At a zero latent the packed decoder is the base model: its per-token log-probs equal the model's own
+    logits on each row alone, unpadded (float64; the oracle of tests/test_architectures.py)."""
+    model = arch["model"]
+    batch = collate(arch["enc"], pad_id=0)
+    _, hz, valid = packed_prefix_suffix(model, batch, torch.zeros(len(batch), 2, _width(model), dtype=torch.float64))
+    tlp, _ = suffix_target_logprobs(model, batch, hz, valid)
+    for r, e in enumerate(arch["enc"]):
+        want = oracle(model, list(e.prefix_ids + e.target_ids), len(e.target_ids))
+        for s in range(2):
+            got = -tlp[r, s][batch.target_mask[r]].detach().numpy()
+            np.testing.assert_allclose(got, want, atol=tol(arch)["atol"] * 10, rtol=0, err_msg=f"{arch['name']} row {r} value {s}")
+
+
+def test_packed_gradients_equal_the_padded_passes(arch):
+    """The gradient of a loss of the decoder's log-probs and the separator states (what a step reads) with
+    respect to the latents and every parameter equals the padded passes' (float64)."""
+    model = arch["model"]
+    batch = collate(arch["enc"], pad_id=0)
+    grads = []
+    for packed in (False, True):
+        m = copy.deepcopy(model)
+        lat = _latents(m, len(batch)).requires_grad_()
+        h0, hz, valid = (packed_prefix_suffix(m, batch, lat) if packed else _padded(m, batch, lat))
+        tlp, _ = suffix_target_logprobs(m, batch, hz, valid)
+        sep = h0[torch.arange(len(batch)), batch.prefix_len - 1]
+        w = torch.linspace(0.5, 1.5, N, dtype=torch.float64)[None, :, None]
+        loss = (tlp * w).sum() + (sep ** 2).sum() * 0.1
+        loss.backward()
+        grads.append({"latents": lat.grad, **{n: p.grad for n, p in m.named_parameters() if p.grad is not None}})
+    assert grads[0].keys() == grads[1].keys() and len(grads[0]) > 5
+    for k in grads[0]:
+        t = dict(tol(arch, grad=True))
+        if arch["name"] in F32_INSIDE:  # float32 rounding, relative to the gradient's own scale
+            t["atol"] = 1e-6 * max(1.0, float(grads[0][k].abs().max()))
+        torch.testing.assert_close(grads[1][k], grads[0][k], **t, msg=lambda s: f"{k}: {s}")
+
+
+def test_a_rows_packed_outputs_do_not_depend_on_the_other_rows_or_the_padding(arch):
+    """Padding invariance: each row decodes the same alone, in the batch, with another pad id and beside a
+    row of another length (float64, to the last bits of the reductions)."""
+    model = arch["model"]
+    enc = arch["enc"]
+    lat = _latents(model, len(enc))
+    _, hz, valid = packed_prefix_suffix(model, collate(enc, pad_id=0), lat)
+    _, hz7, _ = packed_prefix_suffix(model, collate(enc, pad_id=7), lat)
+    torch.testing.assert_close(hz7, hz, atol=0, rtol=0)  # the pad id is never read
+    other = [e for e in arch["long" if not arch["windowed"] else "enc"] if e not in enc][:1] or enc[:1]
+    for r in range(len(enc)):
+        alone = collate([enc[r]], pad_id=0)
+        _, h1, v1 = packed_prefix_suffix(model, alone, lat[r:r + 1])
+        S = int(valid[r].sum())
+        torch.testing.assert_close(h1[0, :, :S], hz[r, :, :S], **tol(arch))
+        beside = collate([*other, enc[r]], pad_id=0)
+        _, h2, _ = packed_prefix_suffix(model, beside, torch.cat([lat[:1], lat[r:r + 1]]))
+        torch.testing.assert_close(h2[1, :, :S], hz[r, :, :S], **tol(arch))
+
+
+def test_packing_problem_says_where_the_padded_passes_serve(arch):
+    """Packing is taken on the CPU under "auto" for a tested model type with SDPA attention where no sliding
+    window bites (prefix + |S| <= window); else the padded passes, with the reason."""
+    model = arch["model"]
+    long = collate(arch["long"], pad_id=0)
+    assert packing_problem(model, long, "off") == "off"
+    assert packing_problem(model, long.to("meta"), "auto") == "not on the CPU"
+    sdpa = model.config._attn_implementation == "sdpa"
+    if not sdpa:
+        assert "SDPA" in packing_problem(model, long, "on")
+    elif arch["windowed"]:
+        assert "sliding window" in packing_problem(model, long, "auto")
+        assert packing_problem(model, collate(arch["enc"], pad_id=0), "auto") is None
+    else:
+        assert packing_problem(model, long, "auto") is None
+    assert model.config.model_type in PACKED_MODEL_TYPES
+
+
+def test_an_untested_model_type_or_an_eager_attention_is_not_packed(arch):
+    model = copy.deepcopy(arch["model"])
+    batch = collate(arch["enc"], pad_id=0)
+    model.config.model_type = "someone_elses"
+    assert "not tested packed" in packing_problem(model, batch, "on")
+    model = copy.deepcopy(arch["model"])
+    model.set_attn_implementation("eager")
+    assert "SDPA" in packing_problem(model, batch, "on")
+    model = copy.deepcopy(arch["model"])
+    model.base_model.compile(dynamic=True, backend="eager")  # nothing compiles until called
+    assert "compiled" in packing_problem(model, batch, "on")
+
+
+def test_segment_attention_runs_per_row_and_restores_the_model(monkeypatch):
+    """Under SDPA the packed forward's attention runs per row segment (each segment's SDPA call sees its own
+    keys only), and the model's attention setting and the module's segments are restored after."""
+    from tests.tiny import tiny_gpt2
+
+    model, tok = tiny_gpt2()
+    model = model.double()
+    enc = encode_pairs(tok, make_pairs(4))
+    batch = collate(enc, pad_id=0)
+    calls = []
+    inner = packing.segment_attention
+
+    def spy(module, query, *a, **k):
+        calls.append([b - a_ for a_, b, _ in packing._SEGMENTS[0]])
+        return inner(module, query, *a, **k)
+
+    from transformers import AttentionInterface
+    monkeypatch.setitem(AttentionInterface._global_mapping, packing.SEGMENT_ATTENTION, spy)
+    impl = model.config._attn_implementation
+    assert impl == "sdpa"
+    packed_prefix_suffix(model, batch, _latents(model, len(batch), n=2))
+    seg = [p + 2 * s for p, s in zip(*batch.host_lengths())]
+    assert len(calls) == model.config.n_layer and sorted(calls[0]) == sorted(seg)
+    assert model.config._attn_implementation == impl and packing._SEGMENTS is None
+
+
+def test_the_segment_mask_and_the_bins():
+    """A block reads its row's prefix without the z-free separator and itself causally; a prefix position its
+    prefix causally. First fit, longest first: every row once, no bin over capacity but a row alone."""
+    a = segment_allowed(3, 2, 2)  # prefix 0..2 (2 = separator), block 0: 3..4, block 1: 5..6
+    assert a[:3, :3].tolist() == np.tril(np.ones((3, 3), bool)).tolist() and not a[:3, 3:].any()
+    assert a[3].tolist() == [1, 1, 0, 1, 0, 0, 0] and a[4].tolist() == [1, 1, 0, 1, 1, 0, 0]
+    assert a[5].tolist() == [1, 1, 0, 0, 0, 1, 0] and a[6].tolist() == [1, 1, 0, 0, 0, 1, 1]
+    lengths = [5, 9, 3, 7, 2, 8]
+    bins = pack_bins(lengths, 10)
+    assert sorted(b for rows in bins for b in rows) == list(range(6))
+    assert all(sum(lengths[b] for b in rows) <= 10 for rows in bins) and len(bins) == 4
+    assert pack_bins([12, 3], 10) == [[0], [1]]
+    bins, starts, seg = packed_layout([3, 4], [2, 1], 2)
+    assert bins == [[0, 1]] and seg == [7, 6] and starts == {0: (0, 0), 1: (0, 7)}
+
+
+def test_host_lengths_follow_the_batch():
+    from tests.tiny import tiny_gpt2
+
+    _, tok = tiny_gpt2()
+    batch = collate(encode_pairs(tok, make_pairs(5)), pad_id=0)
+    assert batch.host_lens == (tuple(batch.prefix_len.tolist()), tuple(batch.target_len.tolist()))
+    cut = batch.first_targets(2)
+    assert cut.host_lengths() == (tuple(cut.prefix_len.tolist()), tuple(cut.target_len.tolist()))
+    assert batch.to("cpu").host_lens == batch.host_lens
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+@pytest.mark.parametrize("step", ["control", "soft-optimal"])
+def test_the_cvae_steps_equal_their_padded_selves(name, step, tmp_path):
+    """The control step (``forward_given``) and the K-way soft step (``forward``, optimal posterior) with
+    ``zfree_metrics=False`` pack (``DiscreteCVAE.packs``) and equal the padded step: decoder log-probs,
+    router logits and every gradient (float64); with ``zfree_metrics`` (evaluation) nothing packs."""
+    model0, tok = load_causal_lm(build(name, tmp_path), device="cpu")
+    batch = collate(encode_pairs(tok, make_pairs()), pad_id=0)
+    outs = []
+    for mode in ("off", "on"):
+        torch.manual_seed(0)
+        src = "control" if step == "control" else "posterior"
+        model = DiscreteCVAE(copy.deepcopy(model0), 1 if step == "control" else 4, "optimal",
+                             latent_source=src).double()
+        model.packing_mode = mode
+        if model.given:
+            model.set_given({i: 0 for i in batch.ids})
+        with torch.no_grad():
+            model.latent_embedding.weight.normal_(std=0.3)
+            model.router_head.weight.normal_(std=0.3)
+        assert model.packs(batch, zfree_metrics=False) == (mode == "on")
+        assert not model.packs(batch, zfree_metrics=True)
+        if step == "control":
+            out = model.forward_given(batch, zfree_metrics=False)
+            lp, prior = out.selected_logprobs, out.prior_logits
+        else:
+            out = model(batch, zfree_metrics=False)
+            lp, prior = out.target_logprobs, out.prior_logits
+        (lp.sum() + torch.log_softmax(prior, -1).sum()).backward()
+        outs.append((lp.detach(), prior.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
+    (lp0, pr0, g0), (lp1, pr1, g1) = outs
+    torch.testing.assert_close(lp1, lp0, **TOL)
+    torch.testing.assert_close(pr1, pr0, **TOL)
+    assert g0.keys() == g1.keys()
+    for k in g0:
+        torch.testing.assert_close(g1[k], g0[k], atol=1e-9, rtol=1e-8, msg=lambda s: f"{k}: {s}")
+
+
+def test_set_packing_validates_and_returns_the_previous_mode():
+    prev = set_packing("off")
+    try:
+        assert packing.PACKING == "off"
+        with pytest.raises(ValueError, match="packing="):
+            set_packing("sometimes")
+    finally:
+        assert set_packing(prev) == "off"
