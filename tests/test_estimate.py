@@ -720,6 +720,48 @@ def test_probes_side_by_side_run_at_once_and_an_interrupt_takes_both_children(tm
                    for c in children)
 
 
+def test_an_interrupt_inside_a_probe_threads_start_still_kills_and_reaps_every_child(tmp_path, monkeypatch):
+    """The race CI met: Ctrl-C reaches the main thread while it is still inside the second thread's
+    ``start`` (that thread already runs and has started its child). Both children are killed and
+    reaped (their threads joined) before the interrupt is raised again, and a probe that asks to start
+    a child after the interrupt starts none."""
+    import subprocess
+    import threading
+
+    from zfree_lab.experiment import probe as probe_mod
+
+    pts = _with_a_control()
+    children, both = [], threading.Barrier(3, timeout=30)  # the two probe threads and the main thread
+
+    def sleeping(point, work, micro_batch=None, ceiling=None, deadline=None):
+        proc = probe_mod._start_child(["sleep", "600"], {})
+        children.append(proc)
+        both.wait()
+        proc.wait(timeout=20)  # returns at once when the interrupt killed it; TimeoutExpired if not
+        probe_mod._LIVE.discard(proc.pid)
+        return PROBE
+    monkeypatch.setattr(probe_mod, "probe", sleeping)
+
+    class CutShort(threading.Thread):
+        def start(self):
+            super().start()
+            if self.name.endswith("-1"):  # as if the interrupt landed in the start's wait
+                both.wait()  # both threads run, both children exist
+                raise KeyboardInterrupt
+    monkeypatch.setattr(probe_mod.threading, "Thread", CutShort)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            probe_mod.probe_side_by_side([(pts[0], tmp_path, None), (pts[1], tmp_path / "control", None)],
+                                         est.GB)
+        assert len(children) == 2 and [c.returncode for c in children] == [-9, -9] and not probe_mod._LIVE
+        with pytest.raises(probe_mod.ProbeStopped):  # until the next call, no child starts
+            probe_mod._start_child(["sleep", "600"], {})
+    finally:
+        for c in children:
+            c.kill()
+            c.wait()
+
+
 @pytest.mark.slow
 def test_two_real_probes_side_by_side_each_measure_their_own_run(tmp_path, monkeypatch):
     """Two real ``zfree train`` probes, both children alive at once (each waits at a barrier in

@@ -264,9 +264,8 @@ def _probe_child(point: Point, run: Path, flat: dict, mb: int, n_batch: int, cei
     (run.parent / f"{run.name}.json").write_text(json.dumps(flat))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     t0, peak, stop, over, late = time.time(), [0], threading.Event(), threading.Event(), threading.Event()
-    proc = subprocess.Popen([sys.executable, "-m", "zfree_lab.cli", "train", "--config", str(run.parent / f"{run.name}.json"),
-                             "--out", str(run)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    _LIVE.add(proc.pid)
+    proc = _start_child([sys.executable, "-m", "zfree_lab.cli", "train", "--config",
+                         str(run.parent / f"{run.name}.json"), "--out", str(run)], env)
     poller = threading.Thread(target=_poll_peak, args=(proc.pid, stop, peak, ceiling, over, deadline, late),
                               daemon=True)
     poller.start()
@@ -308,6 +307,34 @@ def _probe_child(point: Point, run: Path, flat: dict, mb: int, n_batch: int, cei
 #: pids of the probes' ``zfree train`` children still running (``probe_side_by_side`` kills them on an
 #: interrupt, which reaches the main thread, not the threads that wait on them)
 _LIVE: set[int] = set()
+#: guards ``_LIVE`` and ``_STOPPING``: a probe starts its child only while no interrupt is being handled
+_LIVE_LOCK = threading.Lock()
+#: set by ``probe_side_by_side`` on an interrupt: a probe thread that has not started its child yet
+#: starts none (it raises ``ProbeStopped``)
+_STOPPING = threading.Event()
+
+
+class ProbeStopped(RuntimeError):
+    """A probe asked to start its child after ``probe_side_by_side`` was interrupted."""
+
+
+def _start_child(cmd: list[str], env: dict) -> subprocess.Popen:
+    """``cmd`` started and listed in ``_LIVE``, atomically with respect to ``_stop_children``."""
+    with _LIVE_LOCK:
+        if _STOPPING.is_set():
+            raise ProbeStopped("the probes were interrupted")
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        _LIVE.add(proc.pid)
+    return proc
+
+
+def _stop_children() -> None:
+    """No probe child starts from now on, and every running one is killed with its descendants."""
+    with _LIVE_LOCK:
+        _STOPPING.set()
+        pids = list(_LIVE)
+    for pid in pids:
+        _kill_tree(pid)
 
 
 def probe_side_by_side(jobs: list[tuple[Point, Path, int | None]], ceiling: int, deadline: float | None = None
@@ -316,20 +343,43 @@ def probe_side_by_side(jobs: list[tuple[Point, Path, int | None]], ceiling: int,
     ``zfree train`` child of one torch thread) each: on a machine of as many cores the probes take
     the time of the longest instead of their sum, and their times are measured as the grid's runs
     will go, side by side. ``ceiling``: bytes each child may reach (the caller's share). Returns the
-    Probes in the jobs' order; an interrupt kills every child and is raised again; a probe's
-    ConfigError is raised after the others finish."""
-    from concurrent.futures import ThreadPoolExecutor
+    Probes in the jobs' order; a probe's ConfigError is raised after the others finish.
 
-    pool = ThreadPoolExecutor(max_workers=len(jobs), thread_name_prefix="zfree-probe")
+    An interrupt (Ctrl-C, or SIGTERM raised as one by the CLI) reaches the main thread wherever it
+    waits, even inside a thread's start: no child starts after it, every running child is killed,
+    and every thread that began is joined (so each child has exited and been reaped) before the
+    interrupt is raised again."""
+    _STOPPING.clear()
+    results: list = [None] * len(jobs)
+    done = [threading.Event() for _ in jobs]  # waited on, not join(): an interrupted join marks a
+    # running thread stopped (CPython's Thread._wait_for_tstate_lock), and a second join then returns at once
+
+    def work(i: int, point: Point, where: Path, mb: int | None) -> None:
+        try:
+            results[i] = probe(point, where, mb, ceiling, deadline)
+        except BaseException as e:  # noqa: BLE001 - handed to the main thread, which raises it
+            results[i] = e
+        finally:
+            done[i].set()
+
+    threads: list[threading.Thread] = []
     try:
-        futures = [pool.submit(probe, point, work, mb, ceiling, deadline) for point, work, mb in jobs]
-        return [f.result() for f in futures]
+        for i, (point, where, mb) in enumerate(jobs):
+            t = threading.Thread(target=work, args=(i, point, where, mb), name=f"zfree-probe-{i}", daemon=True)
+            threads.append(t)  # listed before its start: a start the interrupt cuts short is waited for too
+            t.start()
+        for event in done:
+            event.wait()
     except BaseException:
-        for pid in list(_LIVE):
-            _kill_tree(pid)
+        _stop_children()
+        for t, event in zip(threads, done):
+            if t.ident is not None:  # it runs (or ran): its child, if any, is killed and it ends soon
+                event.wait()
         raise
-    finally:
-        pool.shutdown(wait=True)
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+    return results
 
 
 def probed_step_seconds(summary: dict, ev0: float, end: float) -> tuple[float, float]:
