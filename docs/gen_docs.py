@@ -256,7 +256,7 @@ def presets_markdown() -> str:
 #: (package, layer), bottom to top (tests/test_layers.py): the library, then the application on it
 LAYERS = (*(("zfree", layer) for layer in ("config", "core", "data", "models", "objective", "reference",
                                           "evaluate", "train")),
-          *(("zfree_lab", layer) for layer in ("experiment", "report", "cli")))
+          *(("zfree_lab", layer) for layer in ("run", "experiment", "report", "cli")))
 
 
 def rst_to_md(text: str) -> str:

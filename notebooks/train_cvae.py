@@ -31,7 +31,7 @@ cfg = TrainConfig.from_flat({k: globals()[k] for k in TrainConfig.flat_fields() 
 cfg
 
 # %%
-from zfree.train.training import train_cvae
+from zfree_lab.run.training import train_cvae
 
 summary = train_cvae(cfg, out_dir, progress=progress)
 

@@ -46,7 +46,7 @@ from pathlib import Path
 import pandas as pd
 
 from zfree_lab.report.plotting_aids import plot_train_distortion
-from zfree.train.curve import read_curve
+from zfree_lab.run.curve import read_curve
 
 run_curves = {d.name: pd.DataFrame(read_curve(d)) for d in sorted(Path(sweep_dir, "runs").iterdir())
               if (d / "curve.jsonl").exists()}

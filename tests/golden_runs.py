@@ -2,7 +2,7 @@
 one continuous and one optimal-posterior run, all on the smoke preset's data and base model.
 
 ``generate(root, precision)`` trains them under ``root`` and returns ``{name: {"summary": ...,
-"metrics": [...]}}`` with the timing keys (``zfree.train.run_folder.TIMING_KEYS``) and the machine-specific
+"metrics": [...]}}`` with the timing keys (``zfree_lab.run.run_folder.TIMING_KEYS``) and the machine-specific
 paths (data_dir, base_dir) removed. One set is pinned, ``tests/golden/fp64/*.json``: base model,
 reference and CVAEs in float64 (``precision: fp64``), compared on every machine and under every
 kernel set with the tolerances of ``tests/test_golden.py`` (CI runs it twice: native kernels and
@@ -61,7 +61,7 @@ EXTRA_RUNS = {
 
 
 def _clean(d: dict) -> dict:
-    from zfree.train.run_folder import TIMING_KEYS
+    from zfree_lab.run.run_folder import TIMING_KEYS
 
     return {k: v for k, v in d.items() if k not in TIMING_KEYS and k not in DROP and k not in NEW_KEYS}
 
@@ -72,13 +72,13 @@ def generate(root: Path, precision: str = "fp64", only: set[str] | None = None, 
     ``precision``: ``fp64`` (base model, reference and CVAEs in float64: the portable replay,
     compared with tolerances on any CPU) or ``fp32`` (the default precision; not pinned). ``only``: train just
     these runs; ``runs_dir``: their folder under ``root`` (the data and base model are reused)."""
-    from zfree.train.base_training import train_base
+    from zfree_lab.run.base_training import train_base
     from zfree.config import TrainConfig
     from zfree.data.synth import write_benchmark
     from zfree.core.io import read_jsonl
     from zfree_lab.experiment.study import PRESETS
     from zfree_lab.experiment.spec import expand_grid
-    from zfree.train.training import train_cvae
+    from zfree_lab.run.training import train_cvae
 
     p = PRESETS["smoke"]
     data = write_benchmark(p.data.config, root / "data")

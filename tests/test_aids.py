@@ -156,7 +156,7 @@ def test_the_gate_against_the_decoders_own_single_value_ignores_what_fine_tuning
 def test_every_plugin_names_its_source_and_fields_and_every_aid_its_hook():
     """The plug-in registry: each entry has a name of its own, its source and flat config fields that exist;
     every aid of the registry (zfree.config.aid.AIDS) but none and random_init_jsd (a start, not a hook:
-    zfree.train.run_setup) is switched on by a plug-in, and a remedy's hook is listed after the aids'."""
+    zfree_lab.run.run_setup) is switched on by a plug-in, and a remedy's hook is listed after the aids'."""
     from zfree.config import AIDS, TrainConfig
     from zfree.objective.remedies import REMEDY_ENTRIES
     from zfree.train.plugins import PLUGINS, active_plugins

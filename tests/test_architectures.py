@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 
 from zfree.data.batching import collate, encode_pairs
 from zfree.data.pairs import Pair
-from zfree.data.tokenizer import build_digit_tokenizer
+from zfree_lab.run.tokenizer import build_digit_tokenizer
 from zfree.models import injection
 from zfree.models.base import decode_with_latents
 from zfree.models.injection import (decoder_hidden_full, decoder_hidden_suffix, full_target_logprobs,

@@ -1,6 +1,6 @@
 """``compile: true`` (issue 56, item 4): the backbone's body under torch.compile gives eager's results.
 
-The compiled run uses the ``aot_eager`` backend (``zfree.train.run_setup.COMPILE_BACKEND``): dynamo's
+The compiled run uses the ``aot_eager`` backend (``zfree_lab.run.run_setup.COMPILE_BACKEND``): dynamo's
 tracing and the compiled autograd graph, without inductor's code generation, which takes minutes per
 graph on a loaded CPU (on the tiny model, inductor's compiled step matched eager's loss to 2.4e-7 and its
 gradients to 9e-8, run by hand). Skipped where torch.compile cannot run.
@@ -34,8 +34,8 @@ def test_compile_is_a_validated_config_field_off_by_default():
 @pytest.mark.slow  # ~140 s of compilation on a shared 2-core machine: the slow tier (make test-slow)
 def test_a_compiled_run_equals_the_eager_run(tiny_run, tmp_path, monkeypatch):
     from zfree.core.io import read_jsonl
-    from zfree.train import run_setup
-    from zfree.train.training import train_cvae
+    from zfree_lab.run import run_setup
+    from zfree_lab.run.training import train_cvae
 
     monkeypatch.setattr(run_setup, "COMPILE_BACKEND", "aot_eager")
     data, base = tiny_run

@@ -1,4 +1,4 @@
-"""Training compute in forward-token units (zfree.train.compute; issue "A remedies leaderboard", item 3)."""
+"""Training compute in forward-token units (zfree_lab.run.compute; issue "A remedies leaderboard", item 3)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import torch
 
 from tests.tiny import tiny_flat
 from zfree.config import TrainConfig
-from zfree.train.compute import TokenCounter
-from zfree.train.training import train_cvae
+from zfree_lab.run.compute import TokenCounter
+from zfree_lab.run.training import train_cvae
 
 
 def _cfg(data, base, **kw):

@@ -21,8 +21,8 @@ from zfree.models.base import target_logprobs
 from zfree.objective.objectives import assemble
 from zfree.models.continuous import ContinuousCVAE
 from zfree.models.injection import injection_mask
-from zfree.train.run_folder import TIMING_KEYS
-from zfree.train.training import train_cvae
+from zfree_lab.run.run_folder import TIMING_KEYS
+from zfree_lab.run.training import train_cvae
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """The z-free control, the label oracles, the spread evaluation sample and the gains against the
 control (issue "Real data, true numbers"): zfree.config (latent_source), zfree.models.discrete
-(given z), zfree.objective.objectives (GIVEN), zfree.data.split.spread_sample,
+(given z), zfree.objective.objectives (GIVEN), zfree_lab.run.split.spread_sample,
 zfree_lab.experiment.controls, zfree_lab.experiment.gains."""
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from tests.tiny import PAIRS, pairs_batch, tiny_flat
 from zfree.config import TrainConfig
 from zfree.data.labels import label_keys_of, label_value, label_values
 from zfree.data.pairs import Pair
-from zfree.data.split import spread_sample
-from zfree.evaluate.metrics import measured_use
+from zfree_lab.run.split import spread_sample
+from zfree_lab.run.metrics import measured_use
 from zfree.models.discrete import DiscreteCVAE
 from zfree.objective.losses import reconstruction_per_value
 from zfree.objective.objectives import GIVEN, assemble
-from zfree.train.training import train_cvae
+from zfree_lab.run.training import train_cvae
 from zfree_lab.experiment.controls import LINKS_FILE, control_params, null_params, oracle_labels, oracle_params, with_controls
 from zfree_lab.experiment.gains import interval, oracle_table, run_gains
 from zfree_lab.experiment.spec import expand_grid
@@ -328,9 +328,9 @@ def test_evaluating_less_often_does_not_change_a_control(tiny_run, tmp_path):
 
 
 def test_an_evaluation_batch_is_bounded_by_the_logit_budget(tiny_run, monkeypatch, tmp_path):
-    """Large vocabularies: fewer rows per evaluation batch (zfree.evaluate.metrics.EVAL_LOGIT_ELEMENTS),
+    """Large vocabularies: fewer rows per evaluation batch (zfree_lab.run.metrics.EVAL_LOGIT_ELEMENTS),
     the same per-example numbers up to float32 rounding (other padding per batch)."""
-    from zfree.evaluate import metrics
+    from zfree_lab.run import metrics
 
     data, base = tiny_run
     cfg = TrainConfig.from_flat(tiny_flat(data, base, steps=2, eval_every=2))

@@ -15,7 +15,7 @@ from transformers import PreTrainedTokenizerFast
 
 from zfree.data.batching import encode_pair
 from zfree.data.pairs import Pair, load_pairs
-from zfree.data.tokenizer import build_digit_tokenizer
+from zfree_lab.run.tokenizer import build_digit_tokenizer
 from zfree.reference.reference import resolve_reference
 from zfree.reference.scoring import load_scoring_model, score_pairs
 
@@ -96,7 +96,7 @@ def test_special_token_text_in_data_is_encoded_as_text(tmp_path):
     ``encode_pairs`` and ``ScoringPolicy``): the end token only closes S, the text decodes back, and
     ``special_text="tokens"`` (documented opt-in) keeps the parse. The score cache keeps the two apart."""
     from zfree.data.batching import encode_pairs
-    from zfree.data.bpe import train_bpe_tokenizer
+    from zfree_lab.run.bpe import train_bpe_tokenizer
     from zfree.reference.scoring import ScoringPolicy
 
     tok = train_bpe_tokenizer(["the cat sat on the mat", "a dog ran far away"] * 10, vocab_size=300)

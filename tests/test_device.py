@@ -25,8 +25,8 @@ from placement import FactoryRecorder  # noqa: E402
 from tests.tiny import TRAIN_DEFAULTS, poison_loss_at, tiny_flat  # noqa: E402
 from zfree.config import TrainConfig  # noqa: E402
 from zfree.core.io import read_json  # noqa: E402
-from zfree.train import run_folder  # noqa: E402
-from zfree.train.run_folder import NonFiniteLossError  # noqa: E402
+from zfree_lab.run import run_folder  # noqa: E402
+from zfree_lab.run.run_folder import NonFiniteLossError  # noqa: E402
 
 #: evaluation statistics computed on the host from numpy arrays already read back, by design: the
 #: mutual-information estimate, and the prior draws and centroids of the decode metrics (a CPU
@@ -56,7 +56,7 @@ def _cfg(data, base, **kw) -> TrainConfig:
 def record_training(monkeypatch, cfg: TrainConfig, out: Path, device: str) -> tuple[list, list]:
     """Train ``cfg`` with every step (objective, update, log) and evaluation under a
     ``FactoryRecorder(device)``; returns (step problems, evaluation problems)."""
-    import zfree.train.training as tr
+    import zfree_lab.run.training as tr
 
     step_bad, eval_bad = [], []
 
@@ -125,7 +125,7 @@ def test_deferred_non_finite_check_names_the_first_bad_step_and_its_batch(tiny, 
     """As on an accelerator: flags read every 4 steps; a NaN at step 2 stops the run at the step-4
     check, naming step 2, its batch and terms; no checkpoint holds weights updated from it."""
     import zfree.objective.objectives as objectives
-    import zfree.train.training as tr
+    import zfree_lab.run.training as tr
     from safetensors.torch import load_file
 
     monkeypatch.setattr(run_folder, "FINITE_CHECK_EVERY", {})
@@ -147,9 +147,9 @@ def test_deferred_non_finite_check_names_the_first_bad_step_and_its_batch(tiny, 
 def test_train_terms_are_device_tensors_until_evaluation(tiny):
     """``_log_train_terms`` keeps tensors (no host read per step); ``_host_state`` turns them into
     the floats ``log_dict`` would have summed, bit for bit."""
-    import zfree.train.training as tr
+    import zfree_lab.run.training as tr
     from zfree.objective.objectives import assemble
-    from zfree.train.run_setup import TrainState
+    from zfree_lab.run.run_setup import TrainState
 
     g = torch.Generator().manual_seed(0)
     state = TrainState()
@@ -177,7 +177,7 @@ def record_host_reads(monkeypatch, cfg: TrainConfig, out: Path, device_type: str
     the terms and the finiteness flags. (The forward pass itself is the model's: transformers'
     mask helpers may read a flag, and boolean-mask gathers synchronise implicitly.)"""
     import zfree.objective.objectives as objectives
-    import zfree.train.training as tr
+    import zfree_lab.run.training as tr
     from placement import _where
     from torch.overrides import TorchFunctionMode
 
@@ -253,7 +253,7 @@ def zfree_host_reads(fn, device_type: str = "cpu") -> list[tuple[str, str]]:
 def test_the_whole_step_forward_included_makes_no_explicit_host_read(name, monkeypatch):
     """Issue 56 item 4: the step's forward (the models, the objective's reductions) and backward read
     nothing back to the host in zfree's code; ``test_training_step_makes_no_explicit_host_read`` covers the
-    assembly, the update and the logs. What remains is implicit and listed in ``zfree.train.training``'s
+    assembly, the update and the logs. What remains is implicit and listed in ``zfree_lab.run.training``'s
     module docstring (boolean-mask gathers of the head's rows; transformers' mask helper)."""
     from test_step_passes import EQUAL, STEPS, _model
 
@@ -282,7 +282,7 @@ def test_bf16_autocast_runs_the_body_in_bf16_and_the_head_and_losses_in_fp32(tin
     from zfree.data.pairs import load_pairs
     from zfree.models.base import load_base
     from zfree.models.precision import body_autocast, model_outputs_fp32
-    from zfree.train.run_setup import build_cvae
+    from zfree_lab.run.run_setup import build_cvae
 
     data, base = tiny
     backbone, tok = load_base(base / "model", device="cpu")
@@ -306,7 +306,7 @@ def test_bf16_autocast_runs_the_body_in_bf16_and_the_head_and_losses_in_fp32(tin
 
 def test_bf16_training_on_cpu_is_finite_and_recorded(tiny, tmp_path):
     from zfree.core.io import read_jsonl
-    from zfree.train.training import train_cvae
+    from zfree_lab.run.training import train_cvae
 
     data, base = tiny
     runs = {p: train_cvae(_cfg(data, base, device="cpu", precision=p, weighting="distribution"), tmp_path / p,
@@ -327,7 +327,7 @@ def test_fp64_reference_mode_runs_weights_heads_and_log_probs_in_float64(tiny):
     from zfree.data.pairs import load_pairs
     from zfree.models.base import load_base
     from zfree.models.precision import WEIGHT_DTYPES, acc_dtype
-    from zfree.train.run_setup import build_cvae
+    from zfree_lab.run.run_setup import build_cvae
 
     assert acc_dtype(torch.float64) == torch.float64 and acc_dtype(torch.bfloat16) == acc_dtype(torch.float32) == torch.float32
     data, base = tiny
@@ -356,7 +356,7 @@ def test_shared_prefix_config_reaches_the_decoder(tiny, monkeypatch):
     from zfree.data.batching import collate, encode_pairs
     from zfree.data.pairs import load_pairs
     from zfree.models.base import load_base
-    from zfree.train.run_setup import build_cvae
+    from zfree_lab.run.run_setup import build_cvae
 
     data, base = tiny
     backbone, tok = load_base(base / "model", device="cpu")
@@ -387,7 +387,7 @@ def test_shared_prefix_on_refuses_a_sliding_window_model(tmp_path):
 
     from zfree.data.batching import collate, encode_pairs
     from zfree.models.loading import load_causal_lm
-    from zfree.train.run_setup import build_cvae
+    from zfree_lab.run.run_setup import build_cvae
 
     model, tok = load_causal_lm(build("mistral-window8", tmp_path / "m"), device="cpu", dtype="float32")
     batch = collate(encode_pairs(tok, make_pairs()), pad_id=0)

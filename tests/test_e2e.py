@@ -1,4 +1,4 @@
-"""zfree.data.e2e: the converter's counts on the released CSVs, its label rules on hand-written
+"""zfree_lab.run.e2e: the converter's counts on the released CSVs, its label rules on hand-written
 rows, the shipped JSONL equal to a fresh conversion, and the shipped E2E base model."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from zfree.core.io import read_json, sha256_file
-from zfree.data.e2e import (count_sentences, convert_e2e, first_slot, parse_mr, read_e2e_csv, row_labels,
+from zfree_lab.run.e2e import (count_sentences, convert_e2e, first_slot, parse_mr, read_e2e_csv, row_labels,
                             sentence_bucket)
 from zfree.data.pairs import Pair, load_pairs
 
@@ -209,7 +209,7 @@ TEXTS = ["Blue Spice is a coffee shop in the city centre.", "name[Blue Spice], e
 def test_bpe_tokenizer_specials_and_round_trip(tmp_path):
     from transformers import AutoTokenizer
 
-    from zfree.data.bpe import train_bpe_tokenizer
+    from zfree_lab.run.bpe import train_bpe_tokenizer
 
     tok = train_bpe_tokenizer(TEXTS, vocab_size=300)
     assert [tok.pad_token_id, tok.bos_token_id, tok.sep_token_id, tok.eos_token_id, tok.unk_token_id] == [0, 1, 2, 3, 4]
@@ -229,9 +229,9 @@ def test_text_base_training_path(tmp_path):
     rows) and saves a dropout-free config."""
     from transformers import AutoConfig
 
-    from zfree.train.base_training import train_base
+    from zfree_lab.run.base_training import train_base
     from zfree.config import BaseTrainConfig
-    from zfree.data.split import write_pairs
+    from zfree_lab.run.split import write_pairs
 
     data = tmp_path / "data"
     pairs = [Pair(f"r{i}", f"name[R{i % 6}]", TEXTS[i % 4])
@@ -259,7 +259,7 @@ def test_text_base_training_path(tmp_path):
 def test_swap_names_keeps_x_and_y_consistent():
     import numpy as np
 
-    from zfree.data.e2e import swap_names
+    from zfree_lab.run.e2e import swap_names
 
     rng = np.random.default_rng(0)
     p = Pair("a", "name[Zizzi], food[Italian], near[Café Rouge]", "Zizzi, near Café Rouge, is Italian. Visit Zizzi.",

@@ -15,7 +15,7 @@ from zfree.data.pairs import Pair
 from zfree.models.base import target_logprobs
 from zfree.models.continuous import ContinuousCVAE
 from zfree.models.discrete import DiscreteCVAE
-from zfree.train.run_setup import build_optimizer
+from zfree_lab.run.run_setup import build_optimizer
 
 
 @pytest.fixture(scope="module")

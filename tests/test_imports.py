@@ -67,7 +67,7 @@ def test_find_cycle_finds_a_planted_cycle():
 
 def test_the_import_graph_has_no_cycle():
     graph = import_graph()
-    assert {"zfree.objective.objectives", "zfree.train.training", "zfree_lab.experiment.results"} <= set(graph)
+    assert {"zfree.objective.objectives", "zfree_lab.run.training", "zfree_lab.experiment.results"} <= set(graph)
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
 
 
@@ -76,8 +76,8 @@ def test_the_experiment_layer_points_down_only():
     assert not graph["zfree_lab.experiment.results"] & {"zfree_lab.experiment.study", "zfree_lab.experiment.sweeps",
                                                      "zfree_lab.report.widgets", "zfree_lab.report.plotting"}
     assert "zfree_lab.experiment.study" not in graph["zfree_lab.experiment.sweeps"]
-    assert not graph["zfree.objective.losses"] & {"zfree.objective.objectives", "zfree.train.training",
-                                                   "zfree.evaluate.metrics"}
+    assert not graph["zfree.objective.losses"] & {"zfree.objective.objectives", "zfree_lab.run.training",
+                                                   "zfree_lab.run.metrics"}
 
 
 def test_every_module_imports_on_its_own():

@@ -24,7 +24,7 @@ from tests.tiny import tiny_flat
 from zfree.config import LATER_FIELD_DEFAULTS, TrainConfig, without_log_only
 from zfree.core.errors import ConfigError
 from zfree.data.batching import EncodedPair, collate, encode_pairs
-from zfree.data.tokenizer import build_digit_tokenizer
+from zfree_lab.run.tokenizer import build_digit_tokenizer
 from zfree.models.base import decode_with_latents
 from zfree.models.continuous import ContinuousCVAE
 from zfree.models.discrete import DiscreteCVAE
@@ -294,7 +294,7 @@ def test_prefix_is_refused_for_training_in_one_line_naming_the_field():
 def test_a_tiny_run_trains_through_the_route_and_starts_at_rho_1(tiny_run, tmp_path, route, kind):
     """The run's own step-0 check (rho_recon = 1 against the stored base reference) passes; evaluation
     (decoding included) runs through the route."""
-    from zfree.train.training import train_cvae
+    from zfree_lab.run.training import train_cvae
 
     data, base = tiny_run
     cfg = TrainConfig.from_flat(tiny_flat(data, base, device="cpu", steps=2, eval_every=2, injection=route,
@@ -321,7 +321,7 @@ def test_control_oracle_and_null_share_one_latent_independent_adaptation_and_the
     parameters (the body, the route's, and the shared vector s), and their K deltas start at exactly 0
     (so the decoder is the base model at step 0); under ``per_value`` there is no s."""
     from zfree_lab.experiment.controls import control_params, null_params, oracle_params
-    from zfree.train.run_setup import build_cvae
+    from zfree_lab.run.run_setup import build_cvae
 
     run = {**TrainConfig().to_flat(), "latent_capacity": "shared_delta", "injection": route, "device": "cpu"}
     arms = {"control": control_params(run), "oracle": oracle_params(run, "complete", 2),

@@ -36,7 +36,7 @@ import pytest
 
 from tests.test_faults import _marked, _spec_base, one_error_line, snapshot, write_spec
 from tests.tiny_sweep import tiny_base_flat
-from zfree.core.locks import run_folder_lock
+from zfree_lab.run.locks import run_folder_lock
 from zfree_lab.cli import main
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
@@ -214,7 +214,7 @@ SAFETENSORS_ENOSPC = {
 def test_disk_full_checkpoint_is_one_line_and_error_json(tiny_run, tmp_path, capsys, monkeypatch, how):
     import safetensors
 
-    import zfree.train.run_folder as rf
+    import zfree_lab.run.run_folder as rf
 
     data, base = tiny_run
     run, cfg = tmp_path / "run", tmp_path / "c.json"
@@ -228,7 +228,7 @@ def test_disk_full_checkpoint_is_one_line_and_error_json(tiny_run, tmp_path, cap
                 return inner(model, filename, *a, **kw)
             except OSError:
                 raise safetensors.SafetensorError(SAFETENSORS_ENOSPC[how]) from None
-    import zfree.train.checkpoint_parts as parts  # the model tensors are written there (issue 24)
+    import zfree_lab.run.checkpoint_parts as parts  # the model tensors are written there (issue 24)
     monkeypatch.setattr(parts, "save_model", save)
     assert main(["train", "--config", str(cfg), "--out", str(run)]) == 2
     line = one_error_line(capsys)
@@ -237,7 +237,7 @@ def test_disk_full_checkpoint_is_one_line_and_error_json(tiny_run, tmp_path, cap
     err = json.loads((run / "error.json").read_text())
     assert err["step"] == 2 and err["errno"] == errno.ENOSPC
     assert not list(run.glob(".checkpoint.tmp-*")) and not (run / "summary.json").exists()
-    from zfree.core.checkpoint_io import load_plain_state, verify_checkpoint_dir
+    from zfree_lab.run.checkpoint_io import load_plain_state, verify_checkpoint_dir
 
     verify_checkpoint_dir(run / "checkpoint")  # the last good one, complete
     assert load_plain_state(run / "checkpoint")["state"]["step"] == 1
@@ -247,8 +247,8 @@ def test_disk_full_checkpoint_is_one_line_and_error_json(tiny_run, tmp_path, cap
 
 def test_torn_metrics_line_is_dropped_on_resume(tiny_run, tmp_path):
     from zfree.config import TrainConfig
-    from zfree.train.run_folder import TIMING_KEYS
-    from zfree.train.training import train_cvae
+    from zfree_lab.run.run_folder import TIMING_KEYS
+    from zfree_lab.run.training import train_cvae
 
     data, base = tiny_run
     cfg = TrainConfig.from_flat(tiny_base_flat(data, base, checkpoint_every=1))
@@ -287,7 +287,7 @@ def test_report_without_a_finished_run_is_one_line(tmp_path, capsys):
 @pytest.fixture
 def finished_sweep(tiny_run, tmp_path):
     from zfree.config import TrainConfig
-    from zfree.train.training import train_cvae
+    from zfree_lab.run.training import train_cvae
 
     data, base = tiny_run
     sweep = tmp_path / "sweep"
@@ -406,7 +406,7 @@ def test_interrupted_study_is_one_line(tmp_path, capsys, monkeypatch, raised, co
 
 
 def test_disk_full_metrics_append_is_one_line_and_error_json(tiny_run, tmp_path, capsys, monkeypatch):
-    import zfree.train.run_folder as rf
+    import zfree_lab.run.run_folder as rf
     from zfree.core.io import append_jsonl
 
     data, base = tiny_run

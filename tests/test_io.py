@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from zfree.core.errors import CheckpointError
-from zfree.core.checkpoint_io import (load_checkpoint_dir, load_plain_state, safe_torch_load, save_plain_state,
+from zfree_lab.run.checkpoint_io import (load_checkpoint_dir, load_plain_state, safe_torch_load, save_plain_state,
                                       verify_checkpoint_dir, write_checkpoint_dir)
 from zfree.core.io import nonfinite_keys
 

@@ -1,4 +1,4 @@
-"""zfree.evaluate.latent_meaning: what each latent value carries (lifts, properties, exemplars)."""
+"""zfree_lab.run.latent_meaning: what each latent value carries (lifts, properties, exemplars)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from sklearn.metrics import mutual_info_score, normalized_mutual_info_score
 
 from zfree.data.pairs import Pair
 from zfree.data.synth import STRATEGIES
-from zfree.evaluate.latent_meaning import (MeaningRows, _quartile_bins, exemplars, latent_meaning, ngram_lifts,
+from zfree_lab.run.latent_meaning import (MeaningRows, _quartile_bins, exemplars, latent_meaning, ngram_lifts,
                                            per_value_alignment, posterior_mi, property_alignment, text_properties,
                                            token_lifts, value_sentences)
 
@@ -92,7 +92,7 @@ def test_a_collapsed_run_passes_nothing():
     props = pd.DataFrame({"p": rng.choice(list("ab"), 100), "q": rng.choice(list("xyz"), 100)})
     tab, _ = property_alignment(props, np.zeros(100, dtype=int), seed=0)
     assert (tab["mi"] == 0).all() and not tab["passes"].any() and (tab["p_value"] == 1).all()
-    from zfree.evaluate.latent_meaning import per_value_alignment
+    from zfree_lab.run.latent_meaning import per_value_alignment
 
     assert not any(t["passes"].any() for t in per_value_alignment(props, np.zeros(100, dtype=int), 4).values())
 
@@ -167,7 +167,7 @@ def test_shuffles_within_groups_permute_each_x_uniformly_and_leave_single_rows_a
     5 degrees of freedom: a uniform sampler exceeds the 1e-4 critical value with probability 1e-4)."""
     from scipy.stats import chi2
 
-    from zfree.evaluate.property_alignment import permute_within_groups
+    from zfree_lab.run.property_alignment import permute_within_groups
 
     codes = np.array([0, 7, 1, 2, 5, 5, 9])
     groups = np.array(["a", "solo", "a", "a", "b", "b", "other"], dtype=object)
@@ -294,7 +294,7 @@ def test_on_generated_rows_the_relation_property_tops_the_ranking_when_z_is_the_
     props = text_properties(pairs, strategies=names)
     tab, _ = property_alignment(props, assign, seed=0)
     assert tab["property"].iloc[0] == "y = s(x)" and bool(tab["passes"].iloc[0]) and tab["nmi"].iloc[0] >= 0.9
-    from zfree.evaluate.latent_meaning import per_value_alignment
+    from zfree_lab.run.latent_meaning import per_value_alignment
 
     per_value = per_value_alignment(props, assign, 4)
     for k in range(4):  # each value's own top-ranked property is the strategy-defining relation
@@ -335,7 +335,7 @@ def test_a_run_folder_gets_its_meaning_after_the_final_evaluation(tiny_run, tmp_
 
     from tests.tiny import tiny_flat
     from zfree.config import TrainConfig
-    from zfree.train.training import train_cvae
+    from zfree_lab.run.training import train_cvae
 
     data, base = tiny_run
     run = tmp_path / "run"
@@ -382,7 +382,7 @@ def test_conditioning_on_the_router_rejects_a_z_read_from_x_and_keeps_one_beyond
     own router (z read from x alone) is the strata ``write_latent_meaning`` passes. A collapsed posterior
     (q ~ p: the argmax is the router's) passes nothing; a planted relation that x cannot predict (the router
     one stratum, the argmax the strategy) still passes."""
-    from zfree.evaluate.latent_meaning import tied_router_argmax
+    from zfree_lab.run.latent_meaning import tied_router_argmax
 
     rng = np.random.default_rng(5)
     words = ["The", "A", "In", "Near", "At"]

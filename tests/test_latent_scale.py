@@ -13,8 +13,8 @@ import torch
 
 from tests.tiny import tiny_gpt2
 from zfree.models.discrete import DiscreteCVAE
-from zfree.train.checkpoint import save_checkpoint
-from zfree.train.run_setup import TrainState
+from zfree_lab.run.checkpoint import save_checkpoint
+from zfree_lab.run.run_setup import TrainState
 
 SCRIPT = Path(__file__).resolve().parents[1] / "analysis" / "results" / "e2e-smollm2" / "latent_scale.py"
 K = 3

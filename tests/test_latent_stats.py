@@ -327,7 +327,7 @@ def test_decoding_never_runs_past_the_context(cache, capsys):
     """Prefixes that fill the context, leave it short of room or have room to spare: prefix + new
     tokens stay within the model's 16 positions (an IndexError in the position embedding before),
     the cut rows are named in a note, and rows with room decode as they did."""
-    from zfree.data.tokenizer import build_digit_tokenizer
+    from zfree_lab.run.tokenizer import build_digit_tokenizer
     from zfree.models.base import build_synthetic_gpt2, decode_with_latents
 
     tok = build_digit_tokenizer(10)

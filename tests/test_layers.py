@@ -4,7 +4,7 @@ TYPE_CHECKING``) only modules of its own layer or of a layer below it. Bottom to
 ``zfree`` first, then the application ``zfree_lab`` on top of it:
 
     zfree:     core -> data -> models -> objective -> reference -> evaluate -> train
-    zfree_lab: experiment -> report -> cli
+    zfree_lab: run -> experiment -> report -> cli
 
 Exceptions, on purpose:
   * ``zfree.config`` (the frozen dataclasses, the contract every layer reads; a package whose
@@ -31,7 +31,7 @@ LAB = SRC / "zfree_lab"
 
 #: the library's layers and the application's, bottom to top; a module may import its own layer and those before it
 LIBRARY_LAYERS = ["core", "data", "models", "objective", "reference", "evaluate", "train"]
-LAB_LAYERS = ["experiment", "report", "cli"]
+LAB_LAYERS = ["run", "experiment", "report", "cli"]
 LAYERS = LIBRARY_LAYERS + LAB_LAYERS
 RANK = {layer: i for i, layer in enumerate(LAYERS)}
 #: the package each layer lives in
@@ -48,7 +48,7 @@ def _ours(name: str) -> bool:
 
 
 def layer_of(module: str) -> str | None:
-    """The layer of a zfree or zfree_lab module name (``zfree.train.training`` -> ``train``,
+    """The layer of a zfree or zfree_lab module name (``zfree_lab.run.training`` -> ``train``,
     ``zfree_lab.experiment.spec`` -> ``experiment``), None if it has none (or is in the wrong package)."""
     if module in TOP_LEVEL:
         return TOP_LEVEL[module]
@@ -122,15 +122,15 @@ def test_the_checker_catches_a_planted_upward_import():
                   "from zfree.config import TrainConfig\n"
                   "from typing import TYPE_CHECKING\n"
                   "if TYPE_CHECKING:\n"
-                  "    from zfree.evaluate.metrics import evaluate\n"
+                  "    from zfree.evaluate.readouts import discrete_readouts\n"
                   "def f():\n"
-                  "    from zfree.train.training import x\n"
+                  "    from zfree.train.aids import x\n"
                   "    import zfree_lab.report.plotting as P\n"
                   "    from zfree.models import base\n")
     bad = upward_imports("zfree.models.planted", models_src, "src/zfree/models/planted.py")
     assert len(bad) == 3, bad
-    assert bad[0].startswith("src/zfree/models/planted.py:6: ") and "zfree.evaluate.metrics (layer evaluate" in bad[0]
-    assert bad[1].startswith("src/zfree/models/planted.py:8: ") and "zfree.train.training (layer train" in bad[1]
+    assert bad[0].startswith("src/zfree/models/planted.py:6: ") and "zfree.evaluate.readouts (layer evaluate" in bad[0]
+    assert bad[1].startswith("src/zfree/models/planted.py:8: ") and "zfree.train.aids (layer train" in bad[1]
     assert bad[2].startswith("src/zfree/models/planted.py:9: ") and "zfree_lab.report.plotting" in bad[2]
     # the same through `from zfree import ...`, a relative import, and into a module of no layer
     assert upward_imports("zfree.core.io", "from zfree import train\n", "io.py") != []
@@ -140,9 +140,12 @@ def test_the_checker_catches_a_planted_upward_import():
     assert upward_imports("zfree.core.io", "from zfree.core.errors import E\nfrom zfree.config import C\n", "io.py") == []
     assert upward_imports("zfree_lab.cli", "from zfree_lab.report.widgets import W\n", "cli.py") == []
     # the application may import any library layer; the library no layer of the application
-    assert upward_imports("zfree_lab.experiment.spec", "from zfree.train.training import t\nimport zfree.core.io\n", "s.py") == []
+    assert upward_imports("zfree_lab.experiment.spec", "from zfree_lab.run.training import t\nimport zfree.core.io\n", "s.py") == []
     assert upward_imports("zfree_lab", "from zfree import __version__\nfrom zfree.core.paths import P\n", "i.py") == []
-    assert len(upward_imports("zfree.train.training", "from zfree_lab.experiment import spec\nimport zfree_lab\n", "t.py")) == 2
+    assert len(upward_imports("zfree.train.aids", "from zfree_lab.experiment import spec\nimport zfree_lab\n", "t.py")) == 2
+    # the lab's layers: a run imports no study, a study may import a run
+    assert upward_imports("zfree_lab.run.training", "from zfree_lab.experiment import spec\n", "t.py") != []
+    assert upward_imports("zfree_lab.experiment.spec", "from zfree_lab.run import training\n", "s.py") == []
     assert upward_imports("zfree.core.io", "from zfree.experiment.spec import x\n", "io.py") != []  # the old path: no layer
     assert upward_imports("zfree.config", "from zfree.models.base import x\n", "config.py") != []
     # the config package's sections: importable from anywhere, and checked as the package is

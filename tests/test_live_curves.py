@@ -1,4 +1,4 @@
-"""Live curves (zfree.train.live_curves): a run's TensorBoard event file holds every numeric key of
+"""Live curves (zfree_lab.run.live_curves): a run's TensorBoard event file holds every numeric key of
 every metrics.jsonl row at the same step; ``tensorboard=False`` writes none; the option is no part
 of a run's identity (its id, the same-config check)."""
 
@@ -12,9 +12,9 @@ import pytest
 from tests.tiny import tiny_flat
 from zfree.config import TrainConfig
 from zfree.core.io import read_jsonl
-from zfree.train.live_curves import EVENT_GLOB, scalars
-from zfree.train.run_folder import check_same_config
-from zfree.train.training import train_cvae
+from zfree_lab.run.live_curves import EVENT_GLOB, scalars
+from zfree_lab.run.run_folder import check_same_config
+from zfree_lab.run.training import train_cvae
 from zfree_lab.experiment.spec import run_id
 
 
@@ -144,7 +144,7 @@ def test_wandb_file_is_complete_when_close_returns_even_if_the_service_closes_it
     pytest.importorskip("wandb")
     from wandb.sdk.lib.service.service_connection import ServiceConnection
 
-    from zfree.train.live_curves import LiveCurves, open_wandb
+    from zfree_lab.run.live_curves import LiveCurves, open_wandb
 
     monkeypatch.setattr(ServiceConnection, "inform_finish", lambda self, run_id: None)
     run = tmp_path / "runs" / "r"

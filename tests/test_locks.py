@@ -14,11 +14,11 @@ import time
 import pytest
 
 from zfree.core.errors import LockHeldError
-from zfree.core.locks import LOCK_NAME, run_folder_lock
+from zfree_lab.run.locks import LOCK_NAME, run_folder_lock
 
 HOLD = """
 import sys, time
-from zfree.core.locks import run_folder_lock
+from zfree_lab.run.locks import run_folder_lock
 with run_folder_lock(sys.argv[1], "sweep folder"):
     print("held", flush=True)
     time.sleep(120)

@@ -10,7 +10,7 @@ import torch
 from tests.tiny import PAIRS
 from zfree.data.batching import collate, encode_pair
 from zfree.data.pairs import Pair
-from zfree.data.tokenizer import build_digit_tokenizer
+from zfree_lab.run.tokenizer import build_digit_tokenizer
 from zfree.models.base import build_synthetic_gpt2, target_logprobs
 from zfree.models.discrete import DiscreteCVAE
 from zfree.models.injection import injection_mask

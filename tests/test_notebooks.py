@@ -78,7 +78,7 @@ def test_switch_on_section_shows_the_aided_runs(sweep, tmp_path):
     from tests.tiny_sweep import tiny_base_flat
     from zfree.config import TrainConfig
     from zfree.core.io import read_json
-    from zfree.train.training import train_cvae
+    from zfree_lab.run.training import train_cvae
 
     d = tmp_path / "sweep"
     shutil.copytree(sweep, d)

@@ -69,7 +69,7 @@ def test_smollm2_pretrained_source_c_base_on_e2e(smollm2, tmp_path):
 def test_both_cvaes_on_smollm2_start_at_rho_one_and_train(smollm2, tmp_path, monkeypatch, latent_kind):
     from zfree_lab.cli import main
     from zfree.data.pairs import load_pairs
-    from zfree.data.split import write_pairs
+    from zfree_lab.run.split import write_pairs
 
     monkeypatch.setenv("ZFREE_CACHE_DIR", str(tmp_path / "cache"))
     data = write_pairs(load_pairs(SHIPPED_E2E / "val.jsonl", limit=60), tmp_path / "pairs.jsonl")

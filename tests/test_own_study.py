@@ -17,7 +17,7 @@ import pytest
 from safetensors.torch import load_file
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from zfree.data.bpe import train_bpe_tokenizer
+from zfree_lab.run.bpe import train_bpe_tokenizer
 from zfree.data.pairs import load_pairs
 from zfree_lab.cli import main
 
@@ -78,7 +78,7 @@ def test_one_command_from_model_and_jsonl_to_report(tiny_model, tmp_path, monkey
     assert sorted(r.name.split("_")[0] for r in given) == ["control", "control", "null-style", "oracle-style"]
     # issue 59 item 5: the finished runs keep their own tensors and, where it was trained, the body (its only
     # copy), never the optimizer's moments; the study says its disk use
-    from zfree.core.checkpoint_io import load_plain_state
+    from zfree_lab.run.checkpoint_io import load_plain_state
 
     for r in every:
         state = load_plain_state(r / "checkpoint")
@@ -204,7 +204,7 @@ def test_finetune_base_makes_the_entangled_run_setting(tiny_model, tmp_path, mon
     ref = json.loads((ft / "reference" / "reference.json").read_text())
     assert ref["estimator"] == "entangled_run"
     (run,) = [p for p in (out / "runs").iterdir() if p.is_dir() and not p.name.startswith(("control_", "oracle-"))]
-    from zfree.train.run_folder import read_run_config
+    from zfree_lab.run.run_folder import read_run_config
 
     cfg = read_run_config(run / "config.json")  # paths stored relative to the run folder, resolved here
     assert cfg["c_base_source"] == "entangled_run" and Path(cfg["base_dir"]).resolve() == ft.resolve()

@@ -69,7 +69,7 @@ def private_library_names(source: str, filename: str) -> list[str]:
 
 def test_the_library_never_imports_the_application():
     files = sorted(LIBRARY.rglob("*.py"))
-    assert len(files) > 60, len(files)
+    assert len(files) > 40, len(files)  # the library is found (59 modules in December 2026)
     bad = [b for p in files for b in lab_imports(p.read_text(encoding="utf-8"), str(p.relative_to(SRC.parent)))]
     assert not bad, "\n".join(bad)
 

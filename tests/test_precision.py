@@ -38,7 +38,7 @@ BF16_STEP0_TOL = 0.05
 
 
 def _run(tiny_run, tmp_path, **kw):
-    from zfree.train.run_setup import setup_run
+    from zfree_lab.run.run_setup import setup_run
 
     data, base = tiny_run
     cfg = TrainConfig.from_flat(tiny_flat(data, base, device="cpu", precision="bf16", **kw))
@@ -66,11 +66,11 @@ def test_a_bf16_full_fine_tuning_run_keeps_fp32_master_weights(tiny_run, tmp_pat
 def test_the_frozen_base_hash_is_of_the_weights_as_loaded(tiny_run, tmp_path):
     """A bf16 LoRA run's partial checkpoints name the same frozen base as an fp32 run's (the hash is
     taken before the cast), so either resumes over the base as loaded."""
-    from zfree.train.checkpoint_parts import frozen_base_sha
+    from zfree_lab.run.checkpoint_parts import frozen_base_sha
 
     bf16 = _run(tiny_run, tmp_path / "a", lora_rank=4)
     data, base = tiny_run
-    from zfree.train.run_setup import setup_run
+    from zfree_lab.run.run_setup import setup_run
 
     fp32 = setup_run(TrainConfig.from_flat(tiny_flat(data, base, device="cpu", lora_rank=4)), tmp_path / "b" / "run",
                      progress=False)
@@ -171,7 +171,7 @@ def test_a_bf16_lora_run_stops_and_resumes_over_its_bf16_body(tiny_run, tmp_path
     bf16 again: it resumes where it stopped and finishes with finite losses."""
     import math
 
-    from zfree.train.training import train_cvae
+    from zfree_lab.run.training import train_cvae
 
     data, base = tiny_run
     cfg = TrainConfig.from_flat(tiny_flat(data, base, device="cpu", precision="bf16", lora_rank=4, steps=2,

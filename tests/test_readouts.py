@@ -18,7 +18,7 @@ from zfree.evaluate.readouts import (READOUT_COLUMNS, discrete_readouts, gaussia
 
 
 def _evaluate(model, tok, pairs, **kw):
-    from zfree.evaluate.metrics import evaluate
+    from zfree_lab.run.metrics import evaluate
 
     enc = [encode_pair(tok, p) for p in pairs]
     return evaluate(model, enc, pairs, b=np.ones(len(pairs)), c_base=1.0, step=0, pad_id=tok.pad_token_id,

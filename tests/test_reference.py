@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from zfree.data.tokenizer import build_digit_tokenizer
+from zfree_lab.run.tokenizer import build_digit_tokenizer
 from zfree.core.io import atomic_write_json, read_json
 from zfree.models.base import build_synthetic_gpt2
 from zfree.reference.reference import build_reference, load_reference, resolve_reference

@@ -27,9 +27,9 @@ from zfree.objective.objectives import assemble
 from zfree.objective.remedies import (FREE_BITS_TOTAL, REMEDIES, apply_remedy, check_remedy_fields, remedy_fields,
                                       remedy_parts)
 from zfree.train import aids, plugins
-from zfree.train.run_folder import TIMING_KEYS, FiniteWatch
-from zfree.train.run_setup import build_optimizer, setup_run
-from zfree.train.training import _extra_update, _objective_of, _optimizer_step, _step_breakdown, train_cvae
+from zfree_lab.run.run_folder import TIMING_KEYS, FiniteWatch
+from zfree_lab.run.run_setup import build_optimizer, setup_run
+from zfree_lab.run.training import _extra_update, _objective_of, _optimizer_step, _step_breakdown, train_cvae
 from zfree_lab.experiment.spec import expand_grid
 
 
@@ -325,7 +325,7 @@ def test_the_aggressive_phase_ends_and_the_run_trains_jointly_after(tiny, tmp_pa
 def test_posterior_mutual_information_is_the_evaluation_s(tiny, tmp_path):
     """On the same rows: the discrete evaluation's exact latent/mutual_information (and the Gaussian's
     Monte Carlo one, same seed), from the heads alone."""
-    from zfree.evaluate.metrics import evaluate
+    from zfree_lab.run.metrics import evaluate
 
     data, base = tiny
     for kw in ({}, CONTINUOUS):

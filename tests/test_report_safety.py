@@ -156,7 +156,7 @@ def evil_report(tmp_path_factory):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from tests.smoke_study import agg_backend
-    from zfree.data.bpe import train_bpe_tokenizer
+    from zfree_lab.run.bpe import train_bpe_tokenizer
     import dataclasses
 
     from zfree_lab.experiment.own_study import OWN_PRESETS, run_own_study

@@ -15,7 +15,7 @@ import torch
 
 from zfree.config import TrainConfig
 from zfree.core.errors import ConfigError
-from zfree.train.run_folder import TIMING_KEYS, device_memory
+from zfree_lab.run.run_folder import TIMING_KEYS, device_memory
 from zfree_lab.experiment import estimate as est
 from zfree_lab.experiment import devices, executor
 from zfree_lab.experiment.own_study import OWN_PRESETS

@@ -22,7 +22,7 @@ import pytest
 
 from zfree.core.io import sha256_file, sha256_state_dict
 from zfree.data.pairs import load_pairs
-from zfree.data.split import spread_sample
+from zfree_lab.run.split import spread_sample
 from zfree.reference.reference import CONVENTION_KEYS, load_reference
 from zfree.reference.scoring import load_scoring_model, score_pairs, tokenizer_sha256
 

@@ -167,7 +167,7 @@ def test_sigint_cancels_the_sweeps_slurm_jobs_and_a_rerun_resumes(slurm, tiny_ru
         time.sleep(1)
     assert set(_squeue(ids).values()) <= {"CANCELLED"}, _squeue(ids)
     assert not list(out.glob("runs/*/summary.json"))
-    from zfree.core.checkpoint_io import load_plain_state
+    from zfree_lab.run.checkpoint_io import load_plain_state
 
     step = load_plain_state(run / "checkpoint")["state"]["step"]  # the TrainState's step (checkpoint.save_checkpoint)
     assert 0 < step < STEPS

@@ -93,7 +93,7 @@ def test_both_cvaes_start_at_rho_one_and_train_a_few_steps(smol, kind):
     then three updates with finite losses that move the latent parameters off zero."""
     from zfree.config import TrainConfig
     from zfree.objective.objectives import step_objective
-    from zfree.train.run_setup import build_cvae, build_optimizer
+    from zfree_lab.run.run_setup import build_cvae, build_optimizer
 
     _, model, tok = smol
     res = score_pairs(model, tok, PAIRS, cache=False)

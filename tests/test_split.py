@@ -1,4 +1,4 @@
-"""zfree.data.split: a split by x keeps every row and puts no x on both sides; unconditional text (one x)
+"""zfree_lab.run.split: a split by x keeps every row and puts no x on both sides; unconditional text (one x)
 and too few x split by row; errors and warnings name the file; the hand-over gate's rows are never
 evaluation rows (``gate_sample``)."""
 
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from zfree.data.pairs import Pair, load_pairs
-from zfree.data.split import (MIN_X_PER_SIDE, gate_sample, is_unconditional, shared_x_count, split_by_row,
+from zfree_lab.run.split import (MIN_X_PER_SIDE, gate_sample, is_unconditional, shared_x_count, split_by_row,
                               split_by_x, split_pairs, spread_sample, write_pairs)
 
 
@@ -81,7 +81,7 @@ def test_written_split_reads_back_with_labels(tmp_path):
     assert load_pairs(tmp_path / "train.jsonl") == train and load_pairs(tmp_path / "val.jsonl") == val
 
 
-# --- unconditional text and too few x (issue 35, item 8): zfree.data.split.split_pairs decides ---------------------
+# --- unconditional text and too few x (issue 35, item 8): zfree_lab.run.split.split_pairs decides ---------------------
 
 
 @pytest.mark.parametrize("x", ["", "Write a sentence:"])

@@ -24,7 +24,7 @@ from zfree.models.discrete import DiscreteCVAE
 from zfree.models.head import verify_head
 from zfree.models.routes import decoder_layers
 from zfree.objective.objectives import GIVEN, Phase, step_objective
-from zfree.train.run_setup import build_cvae
+from zfree_lab.run.run_setup import build_cvae
 
 EQUAL = [Pair("a", "1 2 3", "3 2 1"), Pair("b", "4 5 6", "6 5 4"), Pair("c", "7 8 9", "9 8 7"),
          Pair("d", "1 1 2", "2 1 1")]

@@ -150,9 +150,9 @@ def test_a_copied_study_renders_its_report_and_resumes_an_unfinished_run(smoke, 
 
     from zfree_lab.cli import main
     from zfree.config import TrainConfig
-    from zfree.train.run_folder import read_run_config
-    from zfree.train.run_folder import TIMING_KEYS
-    from zfree.train.training import train_cvae
+    from zfree_lab.run.run_folder import read_run_config
+    from zfree_lab.run.run_folder import TIMING_KEYS
+    from zfree_lab.run.training import train_cvae
 
     first = tmp_path / "first"
     shutil.copytree(smoke, first, ignore=shutil.ignore_patterns(".zfree.lock"))

@@ -1,6 +1,6 @@
 """The text oracle (issue 55, item 3): ``latent_source = "text:<key>"`` parses and is validated in one
-line (zfree.config), its x holds the label (zfree.data.text_oracle), and a run reads that x for its
-rows, its b and its c_base (zfree.train.run_setup); a study trains it as an option beside the label
+line (zfree.config), its x holds the label (zfree_lab.run.text_oracle), and a run reads that x for its
+rows, its b and its c_base (zfree_lab.run.run_setup); a study trains it as an option beside the label
 oracle and its null (zfree_lab.experiment.controls) and the oracle table reads its value (zfree_lab.experiment.gains)."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from zfree.config import LatentSource, TrainConfig
 from zfree.core.errors import ConfigError
 from zfree.data.labels import label_values
 from zfree.data.pairs import Pair, load_pairs
-from zfree.data.text_oracle import TEXT_TEMPLATE, text_template, write_text_data
-from zfree.data.tokenizer import build_digit_tokenizer
+from zfree_lab.run.text_oracle import TEXT_TEMPLATE, text_template, write_text_data
+from zfree_lab.run.tokenizer import build_digit_tokenizer
 
 STRATEGIES = ["copy", "reverse", "sort_asc", "sort_desc"]
 
@@ -44,7 +44,7 @@ def test_a_bad_text_source_is_refused_in_one_line_naming_the_field(fields, names
 
 
 def test_a_tokenizer_that_writes_the_label_gets_it_as_a_line_of_text():
-    from zfree.data.bpe import train_bpe_tokenizer
+    from zfree_lab.run.bpe import train_bpe_tokenizer
 
     tok = train_bpe_tokenizer(["the cat sat on the mat. strategy copy reverse"] * 20, vocab_size=300)
     name, write = text_template(tok, "strategy", STRATEGIES)
@@ -86,8 +86,8 @@ def test_a_text_oracle_run_scores_its_reference_and_its_rows_on_the_x_with_the_l
     from zfree.models.base import load_base
     from zfree.reference.reference import load_reference
     from zfree.reference.scoring import score_pairs
-    from zfree.train.run_setup import TEXT_DATA_DIR
-    from zfree.train.training import train_cvae
+    from zfree_lab.run.run_setup import TEXT_DATA_DIR
+    from zfree_lab.run.training import train_cvae
 
     data, base = tiny_run
     flat = tiny_flat(data, base, latent_source="text:strategy", n_latent=1, beta=0.0, steps=2, eval_every=2,
@@ -110,7 +110,7 @@ def test_a_text_oracle_run_scores_its_reference_and_its_rows_on_the_x_with_the_l
 
 def test_a_pair_without_x_gets_the_label_as_its_only_context():
     """Unconditional text: x = "" becomes the label's line (the template's x is empty)."""
-    from zfree.data.text_oracle import text_pair
+    from zfree_lab.run.text_oracle import text_pair
 
     p = text_pair(Pair("1", "", "y", strategy="copy"), "strategy", lambda x, v: f"{x}\nstrategy: {v}")
     assert p.x == "\nstrategy: copy" and p.y == "y"

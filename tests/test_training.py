@@ -14,8 +14,8 @@ import torch
 from tests.tiny import poison_loss_at, tiny_flat
 from zfree.config import TrainConfig
 from zfree.core.io import read_json, read_jsonl
-from zfree.train.run_folder import NonFiniteLossError
-from zfree.train.training import train_cvae
+from zfree_lab.run.run_folder import NonFiniteLossError
+from zfree_lab.run.training import train_cvae
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +124,7 @@ def test_missing_data_folder_names_the_file(tiny, tmp_path):
 
 
 def _strip_timing(s: dict) -> dict:
-    from zfree.train.run_folder import TIMING_KEYS
+    from zfree_lab.run.run_folder import TIMING_KEYS
 
     return {k: v for k, v in s.items() if k not in TIMING_KEYS}
 
@@ -312,7 +312,7 @@ def test_frozen_decoder_phase_updates_only_the_posterior_side(tiny, tmp_path):
     assert float(after["latent_embedding.weight"].abs().max()) == 0.0
     # the backbone is untouched: the finished run's record compared every body weight with the base's
     # (and, the base's, the body is not kept: issue 59 item 5)
-    from zfree.core.checkpoint_io import load_plain_state
+    from zfree_lab.run.checkpoint_io import load_plain_state
 
     assert load_plain_state(tmp_path / "frozen" / "checkpoint")["finished"]["body"] == "the base's"
     assert base_w and not [k for k in after if k.startswith("backbone.")]
@@ -327,8 +327,8 @@ def test_a_finished_run_keeps_its_own_tensors_and_trained_body_not_the_optimizer
     keep_prev_checkpoint keeps both whole."""
     from safetensors.torch import load_file
 
-    from zfree.core.checkpoint_io import load_plain_state
-    from zfree.train.checkpoint_parts import disk_use
+    from zfree_lab.run.checkpoint_io import load_plain_state
+    from zfree_lab.run.checkpoint_parts import disk_use
 
     data, base = tiny
     cfg = _cfg(data, base, weighting="distribution", beta=0.3)
@@ -360,7 +360,7 @@ def test_a_finished_run_keeps_its_own_tensors_and_trained_body_not_the_optimizer
 
 
 def test_index_collapse_is_warned(tiny, tmp_path, capsys, monkeypatch):
-    import zfree.train.training as T
+    import zfree_lab.run.training as T
 
     real = T.evaluate
 
@@ -408,7 +408,7 @@ def test_evaluation_uses_the_optimal_posterior_of_the_evaluated_decoders(tiny):
     from zfree.data.pairs import load_pairs
     from zfree.models.nll import masked_mean_token_nll
     from zfree.objective.losses import optimal_posterior_logits
-    from zfree.evaluate.metrics import evaluate
+    from zfree_lab.run.metrics import evaluate
     from zfree.models.base import load_base
     from zfree.models.discrete import DiscreteCVAE
 
@@ -436,7 +436,8 @@ def test_evaluation_uses_the_optimal_posterior_of_the_evaluated_decoders(tiny):
 
 def test_hard_phase_rate_of_the_heads_applies_until_the_handover(tiny, tmp_path, monkeypatch):
     """hard_em_lr_new (issue 15) sets the ``new`` group's rate in the hard phase only; 0 keeps lr_new."""
-    from zfree.train import aids, run_setup
+    from zfree.train import aids
+    from zfree_lab.run import run_setup
 
     seen = []
 
@@ -461,7 +462,7 @@ def test_the_training_curve_has_a_row_every_ten_steps_and_survives_resume(tiny, 
     """curve.jsonl: window means of the training terms every CURVE_EVERY steps and at the end; the
     means over all rows (weighted by n) equal metrics.jsonl's interval mean; a resumed run keeps
     the rows up to its checkpoint and continues."""
-    from zfree.train.curve import read_curve
+    from zfree_lab.run.curve import read_curve
 
     data, base = tiny
     cfg = _cfg(data, base, steps=25, eval_every=25, checkpoint_every=10)
@@ -483,7 +484,7 @@ def test_the_training_curve_has_a_row_every_ten_steps_and_survives_resume(tiny, 
 def _decoder_after_training(cfg, out, monkeypatch, probe_trained: bool) -> dict[str, torch.Tensor]:
     """Every parameter but the router's after ``train_cvae(cfg, out)``, the router/probe trained
     (``probe_trained``) or frozen at its zero start (its head built without gradient)."""
-    from zfree.train import run_setup
+    from zfree_lab.run import run_setup
 
     built, real = [], run_setup.build_cvae
 

@@ -17,7 +17,7 @@ from zfree.config import TrainConfig
 from zfree.data.batching import collate, encode_pairs
 from zfree.models.discrete import DiscreteCVAE
 from zfree.train import plugins
-from zfree.train.training import train_cvae
+from zfree_lab.run.training import train_cvae
 from zfree.train.word_dropout import WordDropout, drop_words, replacement_id
 from zfree_lab.experiment.controls import control_params
 from zfree_lab.experiment.spec import run_id

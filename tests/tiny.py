@@ -15,7 +15,7 @@ from pathlib import Path
 from zfree.config import BaseTrainConfig, TrainConfig
 from zfree.data.pairs import Pair
 from zfree.data.synth import DataConfig, write_benchmark
-from zfree.train.base_training import train_base
+from zfree_lab.run.base_training import train_base
 
 TINY_DATA = DataConfig(n_min=3, n_max=6, n_train=400, n_val=48, n_test=16, seed=3)
 TINY_BASE = BaseTrainConfig(n_layer=1, n_embd=32, n_head=2, max_steps=40, eval_every=40, warmup_steps=5, lr=3e-3)
@@ -51,7 +51,7 @@ def tiny_gpt2(*, n_layer: int = 2, seed: int = 1, folder: Path | None = None):
     """``(model, tokenizer)``: ``build_synthetic_gpt2`` (n_embd 32, 2 heads, dropout 0) on the digit
     tokenizer of 10 digits. With ``folder``: both saved there with save_pretrained and loaded back
     with ``load_base`` (the real loading path); without: the built model in eval mode."""
-    from zfree.data.tokenizer import build_digit_tokenizer
+    from zfree_lab.run.tokenizer import build_digit_tokenizer
     from zfree.models.base import build_synthetic_gpt2, load_base
 
     tok = build_digit_tokenizer(10)

@@ -20,7 +20,7 @@ def tiny_base_flat(data: Path, base: Path, **kw) -> dict:
 
 def make_tiny_sweep(tmp_path_factory) -> Path:
     """Returns a sweep folder: runs/<run_id>/ for plain, distribution, example x beta {0.3, 1}."""
-    from zfree.train.training import train_cvae
+    from zfree_lab.run.training import train_cvae
 
     root = tmp_path_factory.getbasetemp() / "tiny_sweep"
     sweep = root / "sweep"

@@ -25,7 +25,7 @@ import torch
 from zfree.config import ObjectiveConfig
 from zfree.data.batching import collate, encode_pair
 from zfree.data.pairs import load_pairs
-from zfree.data.tokenizer import build_digit_tokenizer
+from zfree_lab.run.tokenizer import build_digit_tokenizer
 from zfree.models.nll import masked_mean_token_nll
 from zfree.models.base import build_synthetic_gpt2, target_logprobs
 from zfree.models.continuous import ContinuousCVAE

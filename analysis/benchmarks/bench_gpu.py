@@ -11,7 +11,7 @@ data/base/default/model), or any causal LM folder / GGUF file zfree loads; the p
             N the parameters outside the input embedding (forward only; attention FLOPs left out,
             so MFU is a lower bound); MFU = FLOP/s / the chip's dense peak for the dtype
             (``PEAK_TFLOPS`` by device name, or ``--peak-tflops``; nan when unknown).
-  cvae      one training step as ``zfree.train.training`` runs it (``build_cvae``, ``step_objective``,
+  cvae      one training step as ``zfree_lab.run.training`` runs it (``build_cvae``, ``step_objective``,
             AdamW) for the base model's own step, the discrete CVAE (K values, shared prefix and
             the full pass) and the continuous CVAE (S samples); x base = step time over the base
             step; ideal = (|x| + K|y|) / (|x| + |y|) (one pass over the x-prefix, K over the
@@ -45,7 +45,7 @@ from zfree.data.pairs import load_pairs
 from zfree.models.loading import load_causal_lm
 from zfree.objective.objectives import step_objective
 from zfree.reference.scoring import score_pairs
-from zfree.train.run_setup import build_cvae
+from zfree_lab.run.run_setup import build_cvae
 
 #: dense peak TFLOP/s by a substring of torch.cuda.get_device_name and dtype (vendor data sheets,
 #: SXM parts; fp32 = non-tensor-core fp32, as TF32 is off)

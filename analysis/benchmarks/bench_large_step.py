@@ -45,7 +45,7 @@ from zfree.data.pairs import load_pairs  # noqa: E402
 from zfree.models.head import verify_head  # noqa: E402
 from zfree.models.precision import tf32_matmuls  # noqa: E402
 from zfree.objective.objectives import step_objective  # noqa: E402
-from zfree.train.run_setup import build_cvae, store_frozen_body  # noqa: E402
+from zfree_lab.run.run_setup import build_cvae, store_frozen_body  # noqa: E402
 
 #: Llama-architecture shapes (SmolLM2-135M's, Llama 3.2 1B's and Llama 3.1 8B's; ``tiny`` for the CPU dry run)
 LLAMA = {

@@ -1,5 +1,5 @@
 """What "what z learned" costs against the evaluation it rides on: one run's evaluation with and
-without the token lifts collected (``zfree.evaluate.latent_meaning.COLLECT_LIFTS``), interleaved
+without the token lifts collected (``zfree_lab.run.latent_meaning.COLLECT_LIFTS``), interleaved
 --repeats times in one process, and the time ``write_latent_meaning`` then takes, as ratios.
 
     OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 .venv/bin/python analysis/benchmarks/bench_latent_meaning.py --run RUN_DIR [--rows 64]
@@ -27,10 +27,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     a = ap.parse_args()
     from zfree.config import TrainConfig
-    from zfree.evaluate import latent_meaning as lm
-    from zfree.evaluate.metrics import evaluate
-    from zfree.train.run_folder import read_run_config
-    from zfree.train.run_setup import setup_run
+    from zfree_lab.run import latent_meaning as lm
+    from zfree_lab.run.metrics import evaluate
+    from zfree_lab.run.run_folder import read_run_config
+    from zfree_lab.run.run_setup import setup_run
 
     flat = read_run_config(Path(a.run) / "config.json")  # portable and zfree: paths resolved as a run does
     cfg = TrainConfig.from_flat(flat)

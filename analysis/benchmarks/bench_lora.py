@@ -19,7 +19,7 @@ from pathlib import Path
 def bench(model: str, data: str, out: Path, mode: str, steps: int, batch: int) -> dict:
     """One mode's numbers: checkpoint bytes, step seconds, trainable parameters."""
     from zfree_lab.experiment.own_study import own_train_config
-    from zfree.train.training import train_cvae
+    from zfree_lab.run.training import train_cvae
 
     run = out / mode
     shutil.rmtree(run, ignore_errors=True)

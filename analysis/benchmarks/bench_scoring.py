@@ -224,7 +224,7 @@ def bench_cli(model, encoded, repeats: int, vocab: int) -> None:
     from zfree.core.io import sha256_state_dict
     from zfree.data.batching import encode_pairs
     from zfree.data.pairs import load_pairs
-    from zfree.data.tokenizer import build_digit_tokenizer
+    from zfree_lab.run.tokenizer import build_digit_tokenizer
     from zfree.models.head import head_is_exact
     from zfree.models.loading import load_causal_lm
     from zfree.reference.scoring import score_file

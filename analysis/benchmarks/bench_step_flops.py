@@ -62,7 +62,7 @@ from zfree.models.head import verify_head
 from zfree.models.loading import load_causal_lm
 from zfree.models.routes import decoder_layers
 from zfree.objective.objectives import GIVEN, Phase, step_objective
-from zfree.train.run_setup import build_cvae, store_frozen_body
+from zfree_lab.run.run_setup import build_cvae, store_frozen_body
 
 #: step kind -> (the objective's phase, the preset's config fields for it)
 KINDS = {

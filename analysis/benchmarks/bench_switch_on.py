@@ -38,7 +38,7 @@ def _child(name: str, overrides: dict, seed: int, a: argparse.Namespace, q) -> N
     from sklearn.metrics import normalized_mutual_info_score
 
     torch.set_num_threads(1)
-    from zfree.train import training
+    from zfree_lab.run import training
     from zfree.config import TrainConfig
 
     flat = {**TrainConfig().to_flat(), "weighting": "distribution", "beta": 0.3, "batch_size": 64, **overrides,

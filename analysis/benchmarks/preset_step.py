@@ -46,7 +46,7 @@ from zfree.data.pairs import load_pairs  # noqa: E402
 from zfree.models.loading import load_causal_lm  # noqa: E402
 from zfree.objective.objectives import GIVEN, Phase, step_objective  # noqa: E402
 from zfree.models.precision import tf32_matmuls  # noqa: E402
-from zfree.train.run_setup import build_cvae, store_frozen_body  # noqa: E402
+from zfree_lab.run.run_setup import build_cvae, store_frozen_body  # noqa: E402
 
 #: step kind -> (the objective's phase, the preset's config fields for it)
 KINDS = {

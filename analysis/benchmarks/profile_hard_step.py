@@ -1,11 +1,12 @@
 """Where a hard-EM step of HARD_EM_RECIPE spends its time (issue 15): 20 steps of
-objectives.hard_em_objective timed section by section (zfree.train.training setup, distribution beta 0.3,
+objectives.hard_em_objective timed section by section (zfree_lab.run.training setup, distribution beta 0.3,
 batch 64), then the hand-over gate (500 / 100 rows), one evaluation and a soft step.
 Usage: OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 .venv/bin/python analysis/benchmarks/profile_hard_step.py
 Results: analysis/results/switch_on_variants.md."""
 import time, tempfile, torch
 from pathlib import Path
-from zfree.train import training, aids, run_setup
+from zfree.train import aids
+from zfree_lab.run import run_setup, training
 from zfree.config import TrainConfig
 from zfree.objective.remedies import HARD_EM_RECIPE
 from zfree.data.batching import collate
@@ -13,7 +14,7 @@ from zfree.models.nll import masked_mean_token_nll
 from zfree.models.base import target_logprobs_from_hidden
 from zfree.models.injection import suffix_target_logprobs
 from zfree.objective.objectives import assemble
-from zfree.evaluate.metrics import evaluate
+from zfree_lab.run.metrics import evaluate
 torch.set_num_threads(1)
 flat = {**TrainConfig().to_flat(), **HARD_EM_RECIPE, "weighting": "distribution", "beta": 0.3, "batch_size": 64,
         "steps": 1200, "eval_rows": 500, "decode_rows": 200, "data_dir": "data/synth/default", "base_dir": "data/base/default"}

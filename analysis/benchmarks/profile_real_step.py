@@ -39,7 +39,7 @@ def profile_mode(model: str, data: Path, out: Path, mode: str, steps: int, batch
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    import zfree.train.training as T
+    import zfree_lab.run.training as T
     from zfree_lab.experiment.own_study import own_train_config
 
     run = out / mode
@@ -57,7 +57,7 @@ def profile_mode(model: str, data: Path, out: Path, mode: str, steps: int, batch
     val = out / "val-16.jsonl"  # 16 rows spread over the val MRs: the reference scores only these
     if not val.exists():
         from zfree.data.pairs import load_pairs
-        from zfree.data.split import spread_sample, write_pairs
+        from zfree_lab.run.split import spread_sample, write_pairs
 
         out.mkdir(parents=True, exist_ok=True)
         write_pairs(spread_sample(load_pairs(data / "val.jsonl"), 16), val)

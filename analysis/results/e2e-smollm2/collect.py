@@ -26,7 +26,7 @@ from zfree.config import without_log_only
 from zfree.core.io import read_table
 from zfree_lab.experiment.gains import interval, oracle_table, run_gains
 from zfree_lab.experiment.results import collect_runs
-from zfree.train.run_folder import read_run_config
+from zfree_lab.run.run_folder import read_run_config
 
 HERE = Path(__file__).resolve().parent
 KEYS = ["run_id", "weighting", "beta", "aid", "n_latent", "steps", "reference/c_base",

@@ -10,7 +10,7 @@ from pathlib import Path
 from zfree_lab.experiment.own_study import BOUND_PRESETS, OWN_PRESETS
 from zfree_lab.experiment.pipeline import prepare, _points
 from zfree_lab.experiment.spec import BaseSource
-from zfree.models.fetch import fetch_model
+from zfree_lab.run.fetch import fetch_model
 
 out = Path(sys.argv[1]).resolve()
 name, data, val = BOUND_PRESETS["e2e-smollm2"]

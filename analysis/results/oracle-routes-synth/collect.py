@@ -29,7 +29,7 @@ HERE = Path(__file__).parent
 def study_rows(route: str, study: Path) -> pd.DataFrame:
     """The per-row table of one study: every (oracle, its control, its null) of controls.json, by seed."""
     from zfree.core.io import read_json
-    from zfree.train.run_folder import read_run_config
+    from zfree_lab.run.run_folder import read_run_config
 
     links, runs, out = read_json(study / "controls.json"), study / "runs", []
     for oid, link in links["oracles"].items():

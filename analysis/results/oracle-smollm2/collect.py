@@ -65,7 +65,7 @@ def _arm_fields(cfg: dict) -> dict:
 def main(study: Path, out: Path = HERE) -> None:
     """Write ``oracles.csv``, ``oracle_rows.parquet`` and ``runs.csv`` of the study folder ``study`` into ``out``."""
     from zfree.core.io import read_json
-    from zfree.train.run_folder import read_run_config
+    from zfree_lab.run.run_folder import read_run_config
     from zfree_lab.experiment.gains import _paired, _per_example, links_of
 
     runs_dir, links = study / "runs", links_of(study)

@@ -244,7 +244,7 @@ class ModelConfig:
     # batches); "label:<key>" = a label oracle (z := the row's label value, K = its number of values;
     # <key> a key of the rows' labels, or "strategy"); "null:<key>" = its null oracle (the label permuted
     # over the rows); "text:<key>" = its text oracle (K = 1 as the control, the label written into x:
-    # zfree.data.text_oracle). Control and oracles: discrete only.
+    # zfree_lab.run.text_oracle). Control and oracles: discrete only.
     latent_source: str = "posterior"
     # BN-VAE (Zhu et al. 2020, continuous latent with the N(0, I) prior): batch normalization of the
     # posterior means with a fixed scale gamma (their 0.7) and a learned shift, so the expected KL is at

@@ -16,7 +16,7 @@ from zfree.core.values import typed_fields
 class AidEntry:
     """One symmetry-breaking aid (``AidConfig.aid``): ``source`` (its paper or note; the hooks are the
     training loop's plug-ins, ``zfree.train.plugins``), ``kinds`` the latent kinds it applies to, and
-    ``gate`` whether it reads the gate rows (``handover_rows``; ``zfree.data.split.gate_sample``)."""
+    ``gate`` whether it reads the gate rows (``handover_rows``; ``zfree_lab.run.split.gate_sample``)."""
 
     name: str
     source: str
@@ -35,7 +35,7 @@ AIDS: dict[str, AidEntry] = {a.name: a for a in (
     AidEntry("aggressive_encoder", "He et al. 2019, Lagging inference networks, Alg. 1", gate=True),
 )}
 Aid = Literal[tuple(AIDS)]
-#: the aids that read the gate rows (``handover_rows``; ``zfree.data.split.gate_sample``): the hand-over
+#: the aids that read the gate rows (``handover_rows``; ``zfree_lab.run.split.gate_sample``): the hand-over
 #: gate and the aggressive encoder's I(x; z); a run under another aid draws no gate rows
 GATE_AIDS = tuple(n for n, a in AIDS.items() if a.gate)
 
@@ -48,7 +48,7 @@ class AidConfig:
     hard_em_then_soft: reconstruct with the posterior's argmax only and train the posterior by
       cross-entropy toward the best-reconstructing value (hard EM, as in mixture-model translation,
       Shen et al. 2019); hand over to the true soft objective once, on ``handover_rows`` gate rows
-      (validation rows outside the evaluation rows, else training rows: ``zfree.data.split.gate_sample``),
+      (validation rows outside the evaluation rows, else training rows: ``zfree_lab.run.split.gate_sample``),
       mean(w * oracle_nll) + beta * log K < mean(w * b) (the best-z state beats the collapsed
       one), checked every ``handover_check_every`` steps; forced at ``hard_em_max_steps``.
     beta0_warmup: ``warmup_aid_steps`` steps at beta = 0 with the router detached (failed in the prototype).
@@ -101,7 +101,7 @@ class AidConfig:
     handover_check_every: int = 50  # steps between checks of the hand-over gate
     # the gate rows the hand-over gate (and the aggressive encoder's I(x; z)) is measured on: validation
     # rows that are not evaluation rows (0 = all of them), or training rows when validation has fewer
-    # than this outside the evaluation rows (zfree.data.split.gate_sample; config.json lists their ids)
+    # than this outside the evaluation rows (zfree_lab.run.split.gate_sample; config.json lists their ids)
     handover_rows: int = 500
     restart_dead_every: int = 0  # hard phase: restart values unused for this many steps (0 = off)
     restart_dead_share: float = 0.25  # a value is dead below this fraction of the uniform share 1/K

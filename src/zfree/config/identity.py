@@ -3,7 +3,7 @@
 Two configs are one run when their flat configs agree outside the logging choices (``LOG_ONLY_FIELDS``)
 and the fields added later while at the default that reproduces the older runs (``LATER_FIELD_DEFAULTS``),
 their data and base folders read as the question needs. A run folder's same-config check
-(``zfree.train.run_folder``), a study's run ids (``run_hash``) and a run's control lookup all ask it.
+(``zfree_lab.run.run_folder``), a study's run ids (``run_hash``) and a run's control lookup all ask it.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ _PREFIX = "label:"
 #: so z has the label's K and marginal but carries nothing about its own row's y
 _NULL = "null:"
 #: the text oracle of a label: a z-free arm (K = 1, the control's parameters) whose x has the row's label
-#: written into it as text (``zfree.data.text_oracle``): what the label is worth given as input, no latent
+#: written into it as text (``zfree_lab.run.text_oracle``): what the label is worth given as input, no latent
 _TEXT = "text:"
 
 
@@ -28,7 +28,7 @@ class LatentSource:
     value: K = 1), "label" (z := the row's value of ``label``, a key of the rows' labels or
     "strategy") or "null" (z := that label's value on another row: a seeded permutation of the values
     over the rows, the same K and marginal, independent of the row's y) or "text" (K = 1 as the control,
-    the row's value of ``label`` written into its x: ``zfree.data.text_oracle``); ``label`` is None unless
+    the row's value of ``label`` written into its x: ``zfree_lab.run.text_oracle``); ``label`` is None unless
     kind is "label", "null" or "text"."""
 
     kind: LatentSourceKind

@@ -28,7 +28,7 @@ class OptimConfig:
     frozen_decoder_steps: int = 0
     weight_decay: float = 0.0  # AdamW decoupled weight decay
     grad_clip: float = 1.0  # clip the gradient norm to this (0 = no clipping); which norm: router_clip
-    # own: the router p(z | x) (its head: zfree.train.run_setup.ROUTER_GROUP) is clipped on its own at
+    # own: the router p(z | x) (its head: zfree_lab.run.run_setup.ROUTER_GROUP) is clipped on its own at
     # grad_clip and everything else (backbone or LoRA, latent embeddings, posterior side) jointly, so the
     # router's gradient never rescales the decoder's update; a given z's probe then cannot change the
     # decoder's training at all (issue 55: under one global norm the oracle's probe shrank every decoder step,
@@ -60,11 +60,11 @@ class OptimConfig:
     # objective (a batch mean; zfree.train.accumulate), set by a study whose grid would not fit in memory
     micro_batch: int = 0
     keep_prev_checkpoint: bool = False  # a finished run keeps checkpoint.prev/ too (default: checkpoint/ only)
-    # torch.compile the backbone's body (zfree.train.run_setup.compile_body: dynamic shapes), for training and
+    # torch.compile the backbone's body (zfree_lab.run.run_setup.compile_body: dynamic shapes), for training and
     # evaluation; results equal eager's up to float rounding (tests/test_compile.py); the first steps of each
     # shape pay the compilation (minutes on a CPU), so it pays off on long runs on an accelerator
     compile: bool = later(False)
-    # live curves: every metrics.jsonl row also as TensorBoard scalars beside it (zfree.train.live_curves;
+    # live curves: every metrics.jsonl row also as TensorBoard scalars beside it (zfree_lab.run.live_curves;
     # nothing written without the tensorboard package). What a run writes, not what it computes: not
     # part of a run's identity (LOG_ONLY_FIELDS)
     tensorboard: bool = True

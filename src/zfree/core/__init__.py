@@ -1,1 +1,1 @@
-"""The core layer (bottom): files, folder locks, paths, expected errors, typed values and field checks; no zfree import above it."""
+"""The core layer (bottom): files, paths, expected errors, typed values and field checks, the weighting, β-schedule and free-bits registries; no zfree import above it."""

@@ -1,1 +1,1 @@
-"""Data: the synthetic strategy benchmark, JSONL pairs, the word-level tokenizer and batching."""
+"""Data: the synthetic strategy benchmark, JSONL pairs with labels, and batching."""

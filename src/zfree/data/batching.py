@@ -31,7 +31,7 @@ joint encoding does not merge across the seam (byte-level BPE with y starting wi
 
 The *prefix* is [bos] + x + [sep] (z-free context); the supervised y-region S is y + [eos], so
 |S| = len(target_ids) and the first y token is always scored: the prefix is never empty. An
-empty x (unconditional text, ``zfree.data.split.is_unconditional``) where neither bos nor sep is
+empty x (unconditional text, ``zfree_lab.run.split.is_unconditional``) where neither bos nor sep is
 used gets, under ``bos="auto"``, the tokenizer's bos token -- else its eos token -- as the one
 token before y (``Convention.empty_x_id``): GPT-2 practice, which scores unconditional text after
 ``<|endoftext|>``; so y is scored by p(y) after the beginning token. Without either token (or under

@@ -3,7 +3,7 @@
 ``labels`` is an optional flat object of named categorical factors (values strings or integers,
 e.g. ``{"n_sentences": "2", "first_slot": "name"}``); each key keeps one type across the file.
 ``x`` is given in every row or in none: a file without x is unconditional text (x read as ``""``,
-``zfree.data.split.is_unconditional``), the setting of Bowman et al.'s sentence VAE and Optimus.
+``zfree_lab.run.split.is_unconditional``), the setting of Bowman et al.'s sentence VAE and Optimus.
 
 A file is read line by line, and only a regular file of at most ``MAX_DATA_BYTES`` bytes and
 ``MAX_DATA_ROWS`` rows: tokenized rows and batches take about 30x the file's size in memory

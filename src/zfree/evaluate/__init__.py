@@ -1,1 +1,1 @@
-"""The evaluate layer: one evaluation path of a CVAE on the validation rows and the latent statistics it reports."""
+"""The evaluate layer: the readouts of z's use within one model, the latent statistics and the multi-reference metrics that a run's evaluation (``zfree_lab.run.metrics``) reports."""

@@ -1,4 +1,4 @@
-"""When a latent counts as used, and a portable argmax (``zfree.evaluate.metrics`` reads both)."""
+"""When a latent counts as used, and a portable argmax (``zfree_lab.run.metrics`` reads both)."""
 
 from __future__ import annotations
 

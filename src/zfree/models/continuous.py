@@ -132,7 +132,7 @@ class ContinuousCVAE(nn.Module):
     PRIORS = ("learned", "standard")
     latent_kind = LatentKind.CONTINUOUS
     #: the modules of the learned prior p(z | x) (the discrete model's router): their own optimizer group
-    #: and clip (``zfree.train.run_setup``); none under the standard prior
+    #: and clip (``zfree_lab.run.run_setup``); none under the standard prior
     ROUTER_MODULES = ("prior_head",)
 
     def __init__(self, backbone: nn.Module, d_latent: int, posterior_features: str = "mean_y",

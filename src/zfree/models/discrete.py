@@ -137,7 +137,7 @@ class DiscreteCVAE(nn.Module):
 
     FEATURES = ("mean_y", "last", "mean_first", "attention", "encoder", "optimal")
     latent_kind = LatentKind.DISCRETE
-    #: the modules of the router p(z | x): their own optimizer group and clip (``zfree.train.run_setup``)
+    #: the modules of the router p(z | x): their own optimizer group and clip (``zfree_lab.run.run_setup``)
     ROUTER_MODULES = ("router_head",)
 
     def __init__(self, backbone: nn.Module, n_latent: int, posterior_features: str = "mean_y",

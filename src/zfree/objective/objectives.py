@@ -21,7 +21,7 @@ beta_at_step * |S| / w. The kinds:
             gradient path, and the router's gradient is clipped on its own (``OptimConfig.router_clip``).
 
 Training (``step_objective``: the model's forward pass, then ``assemble``) and evaluation
-(``zfree.evaluate.metrics``) both call ``assemble``, so they cannot compute different objectives.
+(``zfree_lab.run.metrics``) both call ``assemble``, so they cannot compute different objectives.
 The step's forward passes ``zfree_metrics=False``: it reads no z-free quantity of the y-region, so
 the models skip the z-free head on y and, where no posterior head reads y, the z-free pass over it
 (``zfree.models.discrete.DiscreteCVAE._zfree_heads``); evaluation computes them as metrics.

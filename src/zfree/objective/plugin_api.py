@@ -16,10 +16,10 @@ if TYPE_CHECKING:  # light: the protocol names these types only
 
 @dataclass
 class StepContext:
-    """What a hook sees of the running loop: the run (``zfree.train.run_setup.Run``: model, data, optimizer,
+    """What a hook sees of the running loop: the run (``zfree_lab.run.run_setup.Run``: model, data, optimizer,
     numpy RNG, state), the config, the step number (1-based), the step's objective (host batch ->
     breakdown), the frozen-side mask (``aids.FrozenDecoderMask``), the finite-loss watch and the
-    gate rows (``zfree.train.run_data.RunData.gate``: never evaluation rows)."""
+    gate rows (``zfree_lab.run.run_data.RunData.gate``: never evaluation rows)."""
 
     run: Any
     cfg: TrainConfig

@@ -1,1 +1,1 @@
-"""The train layer: the CVAE training loop, its symmetry-breaking aids, the run folder, and base-model training."""
+"""The train layer: the training step's parts: the symmetry-breaking aids, plug-ins, gradient accumulation and the given-label and word-dropout hooks (the loop that runs them is ``zfree_lab.run.training``)."""

@@ -11,7 +11,7 @@ named function; the training loop reaches them through its plug-ins (``zfree.tra
                   phase's end ``check_aggressive_end`` (``posterior_mutual_information`` on the gate rows).
 
 Functions that take a ``state`` mutate its ``phase``, ``handover_step``, ``handover_forced``,
-``gate``, ``restarts``, ``usage`` and ``aggressive_*`` fields (``zfree.train.run_setup.TrainState``).
+``gate``, ``restarts``, ``usage`` and ``aggressive_*`` fields (``zfree_lab.run.run_setup.TrainState``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Aids and loop-changing remedies as plug-ins of the training loop (``zfree.train.training``).
+"""Aids and loop-changing remedies as plug-ins of the training loop (``zfree_lab.run.training``).
 
 A plug-in is an object with the hooks of ``Plugin`` (each a no-op by default) and an ``active(cfg)``
 rule; ``PLUGINS`` lists them in the order the loop calls them, and ``active_plugins(cfg)`` picks a

@@ -34,7 +34,7 @@ def cmd_data_synth(a):
 def cmd_data_e2e(a):
     """``zfree data e2e``: convert the cleaned E2E NLG CSVs in ``--src`` to JSONL pairs with labels in
     ``--out``; prints each split's source, rows and distinct x."""
-    from zfree.data.e2e import convert_e2e  # lazy: pandas (zfree --help stays fast)
+    from zfree_lab.run.e2e import convert_e2e  # lazy: pandas (zfree --help stays fast)
 
     meta = convert_e2e(a.src, a.out)
     print(json.dumps({k: {f: v[f] for f in ("source", "n_rows", "n_x")} for k, v in meta["splits"].items()}, indent=2))
@@ -44,7 +44,7 @@ def cmd_data_e2e(a):
 def cmd_base_train(a):
     """``zfree base train``: train the base GPT-2 (``BaseTrainConfig`` from the options) into ``--out``
     and write its reference; prints its steps, wall time and final ratio to the analytic c_base."""
-    from zfree.train.base_training import train_base  # lazy: torch and transformers (zfree --help stays fast)
+    from zfree_lab.run.base_training import train_base  # lazy: torch and transformers (zfree --help stays fast)
 
     log = train_base(a.data, a.out, _config_from_args(BaseTrainConfig, a), threads=a.threads, init_from=a.init_from)
     print(json.dumps({k: log[k] for k in ("steps", "wall_s", "c_base_analytic", "final_ratio")}, indent=2))
@@ -86,7 +86,7 @@ def _read_flat_config(path: str) -> dict:
         raise InputError(f"{p}: a config is a JSON object of flat fields, got {type(raw).__name__}")
     flat = {k: v for k, v in raw.items() if not str(k).startswith("_")}
     if raw.get("_paths_relative_to") == "run folder":  # a run record: its paths are portable
-        from zfree.train.run_folder import resolved_flat  # lazy: torch (a run folder's module)
+        from zfree_lab.run.run_folder import resolved_flat  # lazy: torch (a run folder's module)
 
         flat = resolved_flat(flat, p.parent)
     return flat
@@ -120,7 +120,7 @@ def cmd_train(a):
     except ValueError as e:
         raise ConfigError(f"config {a.config}{' with --set' if a.set else ''}: {e}") from None
     check_device(cfg.optim.device)
-    from zfree.train.training import train_cvae  # lazy: torch and transformers (zfree --help stays fast)
+    from zfree_lab.run.training import train_cvae  # lazy: torch and transformers (zfree --help stays fast)
 
     summary = train_cvae(cfg, a.out)
     print(json.dumps({k: v for k, v in summary.items() if "/" in k}, indent=2))
@@ -145,7 +145,7 @@ def cmd_train_own(a):
     except ValueError as e:
         raise ConfigError(f"--set {' '.join(a.set or [])}: {e}") from None
     from zfree_lab.experiment.own_study import own_train_config  # lazy: torch, transformers (zfree --help stays fast)
-    from zfree.train.training import train_cvae  # lazy: as above
+    from zfree_lab.run.training import train_cvae  # lazy: as above
 
     cfg = own_train_config(a.model, a.data, a.out, val=a.val, overrides=overrides)
     check_device(cfg.optim.device)
@@ -192,7 +192,7 @@ def cmd_study(a):
                          f"{sorted(set(OWN_PRESETS) - set(BOUND_PRESETS))} (with --model and --data) or "
                          f"{sorted(BOUND_PRESETS)} (a model zfree fetches)")
     if a.preset in BOUND_PRESETS and not (a.model or a.data or a.spec):  # its model fetched, the shipped data
-        from zfree.models.fetch import fetch_model
+        from zfree_lab.run.fetch import fetch_model
 
         name, a.data, shipped_val = BOUND_PRESETS[a.preset]
         a.model, a.val = str(fetch_model(name)), a.val or shipped_val
@@ -223,7 +223,7 @@ def cmd_model_fetch(a):
     and only it, on stdout (``M="$(zfree model fetch NAME)"``): progress, a library's prints included, goes to stderr."""
     from contextlib import redirect_stdout
 
-    from zfree.models.fetch import fetch_model  # lazy: torch and transformers convert the weights
+    from zfree_lab.run.fetch import fetch_model  # lazy: torch and transformers convert the weights
 
     with redirect_stdout(sys.stderr):
         folder = fetch_model(a.name, a.root)

@@ -164,7 +164,7 @@ def _add_study(sub) -> None:
 
 
 def _add_model(sub) -> None:
-    from zfree.models.fetch import KNOWN_MODELS  # plain data: the help stays fast
+    from zfree_lab.run.fetch import KNOWN_MODELS  # plain data: the help stays fast
 
     m = sub.add_parser("model", help="pretrained models zfree can fetch without a model hub").add_subparsers(
         dest="sub", required=True)

@@ -22,7 +22,7 @@ linked to the control of its own recipe and, with ``null``, given its null oracl
 
 A **text oracle** (``text_params``, an option of a study: ``ExperimentSpec.text_oracles``) is the
 control's recipe with the label written into x (``latent_source = "text:<key>"``, K = 1, no parameter
-beyond the control's; ``zfree.data.text_oracle``): its gain over the control, D_control - D_text, is what
+beyond the control's; ``zfree_lab.run.text_oracle``): its gain over the control, D_control - D_text, is what
 the label is worth given as text rather than through z.
 """
 

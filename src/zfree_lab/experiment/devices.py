@@ -1,7 +1,7 @@
 """Runs on accelerators: which CUDA devices a study may use, how many runs go at once (``--workers``
 counts runs *per device* on CUDA: several training processes share one GPU, each with its own CUDA
 context), and how many of them the device's memory holds, from a probe run's reserved peak
-(``zfree.train.run_folder.device_memory``). The local executor gives each worker process one device
+(``zfree_lab.run.run_folder.device_memory``). The local executor gives each worker process one device
 (``zfree_lab.experiment.executor.local_executor``); the estimate caps the runs per device
 (``zfree_lab.experiment.estimate.fit_workers``)."""
 

@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 from zfree.config import check_run_inputs
 from zfree.core.io import atomic_write_json
-from zfree.core.locks import claim_folder, run_folder_lock
+from zfree_lab.run.locks import claim_folder, run_folder_lock
 from zfree.core.paths import NOTEBOOKS, PATH_FIELDS, resolve_path
 from zfree_lab.experiment.devices import cuda_devices, runs_at_once  # noqa: F401
 from zfree_lab.experiment.memory_watch import KernelWatch, died_message

@@ -4,7 +4,7 @@ intervals over the evaluated rows.
 
 Units: D (distortion) is the reconstruction NLL in nats per example (sequence), |S|·lbar, averaged
 over the evaluated validation rows (the same seeded rows for every run of a study,
-``zfree.data.split.spread_sample``); rates are nats per example.
+``zfree_lab.run.split.spread_sample``); rates are nats per example.
 
   z gain            D_control - D_run          (paired per row)
   fine-tuning gain  D_base - D_control         (|S|·b: the frozen base on the same rows)
@@ -55,7 +55,7 @@ from zfree.core.io import read_json, read_table
 from zfree.data.labels import label_value, label_values
 from zfree.data.pairs import load_pairs
 from zfree.objective.theory import predicted_use
-from zfree.train.run_folder import read_run_config
+from zfree_lab.run.run_folder import read_run_config
 from zfree_lab.experiment.controls import LINKS_FILE, control_params
 
 N_RESAMPLES = 2000
@@ -276,7 +276,7 @@ def _eta_prediction(run_dir: str, best: pd.Series) -> dict:
 
 
 #: the gain columns summary.csv carries (beside each run's own metrics); ``z_used``: measured use
-#: (rate and >= 2 codes, ``zfree.evaluate.metrics.measured_use``) *and* a z gain whose interval lies above 0
+#: (rate and >= 2 codes, ``zfree_lab.run.metrics.measured_use``) *and* a z gain whose interval lies above 0
 GAIN_COLUMNS = ["D", "D_control", "D_base", "z_gain", "z_gain_lo", "z_gain_hi", "finetune_gain", "rate",
                 "z_gain_positive", "z_used", "use_shuffled", "use_shuffled_lo", "use_shuffled_hi", "use_prior",
                 "use_prior_lo", "use_prior_hi", "net_gain", "net_gain_lo", "net_gain_hi", "gain_minus_rate",

@@ -7,7 +7,7 @@ A cell is (data set where the table has a ``dataset`` column, remedy, weighting,
 aid; plus any of ``HIDDEN_AXES`` that varies inside such a group, so runs differing in a field the
 key does not name are never averaged). The rows of one cell are its seeds. Units: z gain
 (D_control - D_run) and rate (mean KL) in nats per example; compute in forward tokens (token
-positions through the decoder body, ``zfree.train.compute``) and train wall seconds.
+positions through the decoder body, ``zfree_lab.run.compute``) and train wall seconds.
 
 Intervals: the 95 % percentile bootstrap of the mean over seeds (``seed_interval``). These are
 intervals over *seeds* (training randomness), not over evaluated rows as ``gains.interval``'s are;

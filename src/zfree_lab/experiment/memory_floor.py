@@ -87,7 +87,7 @@ def step_memory_floor(params: dict) -> int | None:
     MLP tensors are several times more: SmolLM2-135M at batch 32, K = 4 peaked at 15.1 GB), so a
     probe it rules out could never have fitted. None where the model's size or T is unknown (a GGUF
     file): nothing is ruled out."""
-    from zfree.evaluate.metrics import EVAL_LOGIT_ELEMENTS
+    from zfree_lab.run.metrics import EVAL_LOGIT_ELEMENTS
 
     c = TrainConfig.from_flat(params)
     size, t = model_size(Path(c.base_dir) / "model"), mean_target_tokens(c.base_dir)

@@ -14,7 +14,7 @@ import pandas as pd
 
 from zfree.core.io import atomic_write_text
 from zfree.evaluate.multiref import multiref_metrics
-from zfree.train.multiref_run import MULTIREF_FILE, outputs_and_references
+from zfree_lab.run.multiref_run import MULTIREF_FILE, outputs_and_references
 from zfree_lab.experiment.gains import links_of
 from zfree_lab.experiment.results import collect_runs
 

@@ -4,7 +4,7 @@ Steps (``run_own_study``: the study pipeline ``zfree_lab.experiment.pipeline.run
 source and a pretrained base source, ``zfree_lab.experiment.sources``), each skipped when its output is
 already there and matches:
 
-1. the split (``split_data``): one JSONL file is split *by x* (``zfree.data.split.split_pairs``)
+1. the split (``split_data``): one JSONL file is split *by x* (``zfree_lab.run.split.split_pairs``)
    into ``DIR/train.jsonl`` and ``DIR/val.jsonl``; a given ``--val`` file is used as it is (the x it
    shares with train are warned with their count). ``DIR`` is then the runs' ``data_dir``.
    Unconditional text (x empty, absent or one constant prompt in every row) has its x dropped and is
@@ -37,7 +37,7 @@ from typing import Any
 from zfree.config import TrainConfig
 from zfree.core.errors import ConfigError
 from zfree.core.io import read_yaml
-from zfree.core.locks import claim_folder
+from zfree_lab.run.locks import claim_folder
 from zfree.data.pairs import check_data_file, data_limits
 from zfree_lab.experiment.catalog import preset_catalog
 from zfree_lab.experiment.pipeline import run_experiment
@@ -49,7 +49,7 @@ from zfree_lab.experiment.spec_file import shipped_presets, spec_from_dict
 #: (``analysis/studies/presets/<name>.yaml``: own, own_smoke, e2e-smollm2)
 OWN_PRESETS: dict[str, ExperimentSpec] = {n: s for n, s in shipped_presets().items() if s.base.kind == "pretrained"}
 
-#: presets bound to a model zfree fetches (``zfree.models.fetch``) and the shipped data (their file's
+#: presets bound to a model zfree fetches (``zfree_lab.run.fetch``) and the shipped data (their file's
 #: ``bound``): ``zfree study --preset NAME --out DIR`` needs no --model or --data. name -> (model, train
 #: file, val file)
 BOUND_PRESETS: dict[str, tuple[str, Path, Path]] = {n: e.bound for n, e in preset_catalog().items() if e.bound}

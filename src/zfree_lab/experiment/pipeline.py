@@ -18,7 +18,7 @@ from typing import Any
 from zfree.config import TrainConfig
 from zfree.core.errors import ConfigError
 from zfree.core.io import atomic_write_json, read_json, read_record
-from zfree.core.locks import STUDY_MARKS, check_own_folder, run_folder_lock
+from zfree_lab.run.locks import STUDY_MARKS, check_own_folder, run_folder_lock
 from zfree.core.paths import check_out_dir
 from zfree_lab.experiment.controls import LINKS_FILE, oracle_labels, with_controls
 from zfree_lab.experiment.estimate import plan
@@ -133,8 +133,8 @@ def _fit(spec: ExperimentSpec, prep, out: Path, workers: int, budget_s, t0: floa
 
 def disk_line(out: Path) -> str:
     """The study's disk use, said at its end: the folder's files (the linked model not counted) and
-    the share in the runs' checkpoints (``zfree.train.checkpoint_parts.disk_use``)."""
-    from zfree.train.checkpoint_parts import disk_use  # lazy: it imports torch
+    the share in the runs' checkpoints (``zfree_lab.run.checkpoint_parts.disk_use``)."""
+    from zfree_lab.run.checkpoint_parts import disk_use  # lazy: it imports torch
 
     total, ckpt = disk_use(out)
     return (f"disk: {total / 2**20:.1f} MiB in {out} ({ckpt / 2**20:.1f} MiB of it in checkpoints: a finished run "
@@ -164,7 +164,7 @@ def run_experiment(spec: ExperimentSpec, out_dir: Path | str, *, retrain_base: b
     budget (``zfree_lab.experiment.estimate.plan``; ConfigError when it cannot fit). Raises
     LockHeldError when another process prepares or runs the same folder; ConfigError, before anything
     is written, for a non-empty ``out_dir`` that is not a zfree study or sweep folder, or one inside
-    the installed package (``zfree.core.locks.check_own_folder``)."""
+    the installed package (``zfree_lab.run.locks.check_own_folder``)."""
     check_out_dir(out_dir)
     out = Path(out_dir).resolve()
     check_own_folder(out, "sweep folder" if spec.data.kind == "fields" else "study folder", STUDY_MARKS)

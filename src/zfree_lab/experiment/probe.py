@@ -64,7 +64,7 @@ class Probe:
     #: stopped at its deadline (the probes' share of a budget, ``plan``): the times were not measured
     over_time: bool = False
     #: on an accelerator (CUDA): the bytes the run's process reserved on its device at its peak and the
-    #: device's total (``zfree.train.run_folder.device_memory``); 0 on the CPU
+    #: device's total (``zfree_lab.run.run_folder.device_memory``); 0 on the CPU
     device_peak: int = 0
     device_total: int = 0
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 from zfree.core.errors import FolderWriteError, InputError
 from zfree.core.io import atomic_write_text
-from zfree.core.locks import run_folder_lock
+from zfree_lab.run.locks import run_folder_lock
 from zfree.core.paths import NOTEBOOKS
-from zfree.evaluate.latent_meaning import MEANING_FILE
+from zfree_lab.run.latent_meaning import MEANING_FILE
 from zfree_lab.experiment.notebook_exec import execute
 from zfree_lab.experiment.tables import aggregate
 

@@ -17,7 +17,7 @@ from zfree.core.paths import PATH_FIELDS, ROOT, resolve_path
 from zfree.data.pairs import load_pairs
 from zfree.evaluate.latent_stats import label_warnings
 from zfree.objective.theory import predict_curve
-from zfree.train.run_folder import resolved_flat
+from zfree_lab.run.run_folder import resolved_flat
 from zfree_lab.experiment.controls import LINKS_FILE
 from zfree_lab.experiment.gains import GAIN_COLUMNS, oracle_table, run_gains
 from zfree_lab.experiment.run_summary import read_run_summary

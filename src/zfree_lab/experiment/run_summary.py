@@ -18,8 +18,8 @@ from zfree.core.io import read_json
 
 #: keys of a run's summary.json with their JSON types (a hand-made or foreign file is named, not a traceback)
 _SUMMARY_TYPES = {"weighting": (str,), "beta": (int, float), "steps": (int,)}
-#: the non-config keys of a summary.json that hold text (the gate rows' record: zfree.train.run_data.RunData.gate_record)
-#: or a list (the aid's traces: zfree.train.run_folder.write_summary); every other key beside the flat
+#: the non-config keys of a summary.json that hold text (the gate rows' record: zfree_lab.run.run_data.RunData.gate_record)
+#: or a list (the aid's traces: zfree_lab.run.run_folder.write_summary); every other key beside the flat
 #: config's is a metric
 TEXT_FIELDS = ("aid/gate_split", "aid/gate_ids_sha256")
 LIST_FIELDS = ("aid/gate", "aid/restarts", "aid/aggressive_mi")

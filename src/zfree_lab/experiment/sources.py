@@ -2,7 +2,7 @@
 ``prepare_base``), each step skipped when its output is already there and matches.
 
 Data: the shipped benchmark (hash-checked), a synthetic benchmark written into OUT/data, a data
-folder used in place, or a user's JSONL file split *by x* (``zfree.data.split.split_pairs``: by row
+folder used in place, or a user's JSONL file split *by x* (``zfree_lab.run.split.split_pairs``: by row
 for unconditional text, whose one x is dropped, and for too few x, with a note) into
 OUT/train.jsonl and OUT/val.jsonl (``split_data``; a given val file is used as it is, the x it
 shares with train warned with their count).
@@ -30,13 +30,13 @@ from zfree.core.errors import InputError, ModelLoadError
 from zfree.core.io import atomic_write_json, read_json, sha256_file, sha256_state_dict
 from zfree.core.paths import SHIPPED_BASE, SHIPPED_DATA
 from zfree.data.pairs import Pair, load_pairs
-from zfree.data.split import (Split, is_unconditional, shared_x_count, split_pairs, spread_sample,
+from zfree_lab.run.split import (Split, is_unconditional, shared_x_count, split_pairs, spread_sample,
                               unconditional_note, without_x, write_pairs)
 from zfree.data.synth import write_benchmark
 from zfree.models.loading import check_eos, load_causal_lm, resolve_source
 from zfree.reference.reference import Reference, build_reference, load_reference
 from zfree.reference.score_cache import tokenizer_sha256
-from zfree.train.base_training import train_base, train_text_base
+from zfree_lab.run.base_training import train_base, train_text_base
 from zfree_lab.experiment.spec import BaseSource, DataSource
 
 
@@ -44,7 +44,7 @@ from zfree_lab.experiment.spec import BaseSource, DataSource
 class Prepared:
     """What the sources gave: the runs' data_dir and base_dir, the reference's setting, and for
     own data the validation rows, the shared-x count, the reference, whether the data is
-    unconditional (one x, dropped) and the split's notes (``zfree.data.split.Split``)."""
+    unconditional (one x, dropped) and the split's notes (``zfree_lab.run.split.Split``)."""
     data_dir: Path
     base_dir: Path | None = None
     c_base_source: str = "entangled_run"
@@ -117,13 +117,13 @@ def _own_base(src: BaseSource, out: Path, data_dir: Path, retrain: bool, progres
 
 def split_data(data: Path | str, out: Path, *, val: Path | str | None = None, val_size: int = 500,
                seed: int = 0, val_rows: int | None = None) -> Split:
-    """Write ``out/train.jsonl`` and ``out/val.jsonl``; returns the ``zfree.data.split.Split`` (rows,
+    """Write ``out/train.jsonl`` and ``out/val.jsonl``; returns the ``zfree_lab.run.split.Split`` (rows,
     how they were split, whether unconditional, its notes, the shared-x count).
 
     Without ``val``: ``split_pairs(val_size=min(val_size, rows // 5))`` of ``data`` -- by x (no x on
     both sides); unconditional text (one x: empty, absent or constant) with x dropped, by row (no y
     on both sides); by row with a note when the x are too few. With ``val``: both files as they are
-    (``val_rows``: that many rows of ``val``, spread over its x by ``zfree.data.split.spread_sample``,
+    (``val_rows``: that many rows of ``val``, spread over its x by ``zfree_lab.run.split.spread_sample``,
     seeded: the same rows every time), x dropped from both when all their rows share one x; shared x
     warned (``shared_x_count``). A split already in ``out`` that differs from the one computed now
     raises InputError (nothing is overwritten: use another ``--out``). InputError / ValueError
@@ -199,7 +199,7 @@ def link_model(model: str, out: Path) -> Path:
         (link / target.name).symlink_to(target)
     else:
         link.symlink_to(target, target_is_directory=True)
-    from zfree.models.fetch import source_record  # a folder made by `zfree model fetch` says where it came from
+    from zfree_lab.run.fetch import source_record  # a folder made by `zfree model fetch` says where it came from
 
     fetched = source_record(target if target.is_dir() else target.parent)
     atomic_write_json(base / "source.json", {"model": str(model), "target": str(target),
@@ -248,7 +248,7 @@ def check_same_model(base: Path, meta: dict, stored: Path) -> None:
                              f"trained on the old one: use a new --out for this model (or put the old one back)")
 
 
-#: the fine-tuning of ``--finetune-base`` (``zfree.train.base_training.train_text_base`` with ``init_from``)
+#: the fine-tuning of ``--finetune-base`` (``zfree_lab.run.base_training.train_text_base`` with ``init_from``)
 FINETUNE = {"lr": 3e-4, "batch_size": 16, "warmup_steps": 20, "eval_every": 50, "max_minutes": 30.0}
 
 

@@ -110,7 +110,7 @@ class DataSource:
     ``config`` written into OUT/data; folder: a data folder with train/val.jsonl used in place
     (``path``); jsonl: a user's JSONL file (``path``; None: given at run time) split by x into OUT
     (``val_size`` rows), or used with its ``val`` file as it is (``val_rows``: only that many of its
-    rows, spread over its x by ``zfree.data.split.spread_sample``); fields: the points' own
+    rows, spread over its x by ``zfree_lab.run.split.spread_sample``); fields: the points' own
     ``data_dir`` (a YAML sweep's ``base``/``grid``)."""
     kind: DataKind = "shipped"
     config: DataConfig | None = None
@@ -193,7 +193,7 @@ class ExperimentSpec:
     # else the label keys (a joint ``a*b`` allowed)
     controls: bool = True
     oracles: tuple[str, ...] | None = None
-    # beside each label oracle, its text oracle (the label written into x, K = 1: ``zfree.data.text_oracle``);
+    # beside each label oracle, its text oracle (the label written into x, K = 1: ``zfree_lab.run.text_oracle``);
     # off by default: it trains one more z-free arm per label and seed
     text_oracles: bool = False
     # flat TrainConfig fields set on every point after the grid (``zfree study --set FIELD=VALUE``)

@@ -23,7 +23,7 @@ value is typed by its field's declaration (``lr_new: 1e-3``, a string in YAML 1.
 the short form of a spec file (``zfree_lab.experiment.spec_file``, the one loader of every spec): an
 axis of mappings may name recipes there too (``recipe: SWITCH_ON_RECIPE``, ``remedy: free_bits``).
 
-A sweep holds the lock of its folder and of its ``runs/`` (``zfree.core.locks``) while it runs, so
+A sweep holds the lock of its folder and of its ``runs/`` (``zfree_lab.run.locks``) while it runs, so
 a second sweep or study on them is refused naming the holder's pid. A YAML spec's points name their
 own ``data_dir``/``base_dir`` (its data and base sources are ``fields``).
 """
@@ -34,7 +34,7 @@ from pathlib import Path
 
 from zfree.core.errors import ConfigError
 from zfree.core.io import atomic_write_json
-from zfree.core.locks import STUDY_MARKS, check_own_folder, run_folder_lock
+from zfree_lab.run.locks import STUDY_MARKS, check_own_folder, run_folder_lock
 from zfree.core.paths import check_name_length
 from zfree_lab.experiment.executor import Executor
 from zfree_lab.experiment.pipeline import run_experiment

@@ -1,4 +1,4 @@
-"""The report's "What z learned" part: a run's ``latent_meaning.json`` (``zfree.evaluate.latent_meaning``)
+"""The report's "What z learned" part: a run's ``latent_meaning.json`` (``zfree_lab.run.latent_meaning``)
 as one descriptive sentence per latent value, the properties ranked against their permutation
 baseline, and each value's most promoted tokens and phrases. Every string from data goes through
 ``md_text`` (it renders as text, never as markup); DataFrames are escaped by pandas' HTML writer."""
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from zfree.evaluate.latent_meaning import MEANING_FILE
+from zfree_lab.run.latent_meaning import MEANING_FILE
 from zfree_lab.report.report import md_text
 
 

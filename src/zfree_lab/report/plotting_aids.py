@@ -92,7 +92,7 @@ def plot_handover_gate(traces: pd.DataFrame) -> plt.Figure:
 @paper
 def plot_train_distortion(curves: dict[str, pd.DataFrame], key: str = "loss/train/reconstruction_loss") -> plt.Figure:
     """The distortion on the training batches over steps, per run (label -> its curve.jsonl rows as a
-    DataFrame: ``step`` and ``key``, nats per token, window means of ``zfree.train.curve.CURVE_EVERY``
+    DataFrame: ``step`` and ``key``, nats per token, window means of ``zfree_lab.run.curve.CURVE_EVERY``
     steps): where a run's D flattens. Runs whose label starts with "control" are drawn dashed (the
     z-free controls), label oracles dotted. Returns the Figure (an empty axes with a note without curves)."""
     fig, ax = plt.subplots(figsize=(7.0, 3.6))

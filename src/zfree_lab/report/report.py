@@ -19,11 +19,11 @@ import pandas as pd
 
 from zfree.core.io import read_json, read_table
 from zfree.evaluate.latent_stats import confusion
-from zfree.train.run_folder import USE_THRESHOLD
+from zfree_lab.run.run_folder import USE_THRESHOLD
 from zfree_lab.experiment.results import FACETS
 from zfree_lab.report.plotting import rho_summaries
 
-# USE_THRESHOLD (zfree.train.run_folder, where a run's summary sets latent_used and
+# USE_THRESHOLD (zfree_lab.run.run_folder, where a run's summary sets latent_used and
 # predicted_latent_used): a run "uses z" when more than this fraction of its rows does
 
 #: below this measured fraction a run that theory says should use z is called collapsed; between

@@ -13,7 +13,7 @@ silent skip.
 
 A resumed run continues its event files: the writer's ``purge_step`` (the checkpoint's step + 1)
 hides what the interrupted session logged after its checkpoint, as ``metrics.jsonl`` is cut there
-(``zfree.train.run_folder.reset_metrics``); a fresh run removes the event files of an earlier one.
+(``zfree_lab.run.run_folder.reset_metrics``); a fresh run removes the event files of an earlier one.
 """
 
 from __future__ import annotations

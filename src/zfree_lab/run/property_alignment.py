@@ -1,4 +1,4 @@
-"""How strongly each derived property of y aligns with the posterior (``zfree.evaluate.latent_meaning``,
+"""How strongly each derived property of y aligns with the posterior (``zfree_lab.run.latent_meaning``,
 item 2), against a permutation null, and whether the posterior itself (not only its argmax) carries it.
 
 A property's mutual information with the posterior argmax (nats; NMI with arithmetic normalisation as

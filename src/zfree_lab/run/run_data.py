@@ -1,7 +1,7 @@
 """What a CVAE run reads (``RunData``): the encoded train and evaluation rows (the seeded spread
-sample, ``zfree.data.split.spread_sample``), the gate rows of the aids that read them (the gate split,
-``zfree.data.split.gate_sample``: never an evaluation row), the reference's b and b_t, and the
-evaluation arguments; plus the per-batch references of a training step. Split from ``zfree.train.training``."""
+sample, ``zfree_lab.run.split.spread_sample``), the gate rows of the aids that read them (the gate split,
+``zfree_lab.run.split.gate_sample``: never an evaluation row), the reference's b and b_t, and the
+evaluation arguments; plus the per-batch references of a training step. Split from ``zfree_lab.run.training``."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from zfree.config.aid import GATE_AIDS
 from zfree.core.io import read_json
 from zfree.data.batching import EncodedPair, encode_pairs, pad_id_of
 from zfree.data.pairs import Pair, load_pairs
-from zfree.data.split import gate_sample, ids_sha256, spread_sample
+from zfree_lab.run.split import gate_sample, ids_sha256, spread_sample
 from zfree.models.precision import to_device
 from zfree.objective.losses import base_token_matrix
 from zfree.reference.reference import Reference, resolve_reference
@@ -47,7 +47,7 @@ class RunData:
     gate_split: str | None = None
     # how the run records its rows (config.json): ``_rows_used`` (the validation rows evaluated and
     # decoded, as used: ``eval_rows: 1e9`` on 12 rows uses 12) and ``_gate_rows`` (split, rows, the
-    # ids' sha256 in order, ``zfree.data.split.ids_sha256``, and the ids; {} without gate rows)
+    # ids' sha256 in order, ``zfree_lab.run.split.ids_sha256``, and the ids; {} without gate rows)
     rows_used: dict = field(default_factory=dict)
     gate_record: dict = field(default_factory=dict)
     given: dict | None = None  # a given z's value per row id (``zfree.train.given``); None: the posterior's z
@@ -56,7 +56,7 @@ class RunData:
 def setup_data(cfg: TrainConfig, backbone, tok, data_dir: Path, base_dir: Path, ref_source: str) -> RunData:
     """Read, sample and encode a run's rows: ``train.jsonl`` in full, ``val.jsonl`` as the seeded
     spread sample of ``eval_rows`` rows (all of them when 0 or more than there are), under an aid of
-    ``GATE_AIDS`` the gate rows (``zfree.data.split.gate_sample``: never an evaluation row); all
+    ``GATE_AIDS`` the gate rows (``zfree_lab.run.split.gate_sample``: never an evaluation row); all
     encoded with x cut from the left to ``backbone``'s context length (as the reference scorer does)
     and y never cut; the z-free reference of the validation rows by ``ref_source``
     (``zfree.reference.reference.resolve_reference``: the base run's in ``base_dir``, or scored now by

@@ -1,15 +1,15 @@
 """Everything a CVAE run folder holds (docs/reference/artifacts.md), read and written here (its
-checkpoints in ``zfree.train.checkpoint``):
+checkpoints in ``zfree_lab.run.checkpoint``):
 
   config.json           the flat config (as given) plus "_" metadata (versions, c_base, data and base-model
                         hashes, ``_rows_used``: the validation rows evaluated and decoded, at most the rows
                         there are; ``_gate_rows``: the ids of the hand-over gate's rows, where an aid reads
                         them); data_dir/base_dir in their portable form (``portable_path``)
   metrics.jsonl         one row per evaluation
-  events.out.tfevents.* the same rows as TensorBoard scalars (``zfree.train.live_curves``; field ``tensorboard``)
+  events.out.tfevents.* the same rows as TensorBoard scalars (``zfree_lab.run.live_curves``; field ``tensorboard``)
   checkpoint/           model.safetensors + state.safetensors/state.json (plain state, no pickle) + COMPLETE
-                        (a manifest); the previous one kept as checkpoint.prev/ (``zfree.train.checkpoint``,
-                        ``zfree.core.checkpoint_io.write_checkpoint_dir``)
+                        (a manifest); the previous one kept as checkpoint.prev/ (``zfree_lab.run.checkpoint``,
+                        ``zfree_lab.run.checkpoint_io.write_checkpoint_dir``)
   error.json            the step, batch ids and non-finite terms of a run that stopped
   summary.json          the final metrics; its presence marks the run finished (never rewritten)
   per_example.parquet   the final evaluation's per-example table
@@ -41,8 +41,8 @@ from zfree.core.io import (append_jsonl, atomic_write_json, atomic_write_parquet
                            read_json, read_jsonl, sha256_file, sha256_state_dict)
 from zfree.core.paths import PATH_FIELDS, portable_path, resolve_path
 from zfree.models.lora import base_state_dict
-from zfree.train.checkpoint import disk_write_error
-from zfree.train.checkpoint_parts import prune_finished
+from zfree_lab.run.checkpoint import disk_write_error
+from zfree_lab.run.checkpoint_parts import prune_finished
 
 #: a run "uses z" (summary ``latent_used``) when more than this fraction of its validation rows
 #: does; ``predicted_latent_used`` applies it to the predicted fraction (zfree_lab.report.report reads it)
@@ -159,7 +159,7 @@ def write_config_record(out: Path, cfg: TrainConfig, c_base: float, ref, data_di
     """config.json (once): the flat config (as given), versions, c_base, train/val sha256, the base
     model's hashes (recorded and loaded), the reference's metadata, ``_rows_used`` (the
     validation rows evaluated and decoded, as used: at most the rows there are) and, for a run with
-    gate rows, ``_gate_rows`` (``zfree.train.run_data.gate_record``: split, rows, ids, ids_sha256);
+    gate rows, ``_gate_rows`` (``zfree_lab.run.run_data.gate_record``: split, rows, ids, ids_sha256);
     paths in their portable form."""
     if (out / "config.json").exists():
         return
@@ -257,7 +257,7 @@ def write_summary(out: Path, cfg: TrainConfig, ev, state, wall: float, extra: di
                "aid/aggressive_end_step": state.aggressive_end_step,
                "aid/aggressive_inner_steps": state.aggressive_inner_steps, "aid/aggressive_mi": state.aggressive_mi,
                **(extra or {})}
-    # training compute (zfree.train.compute): token positions through the decoder body, and the wall
+    # training compute (zfree_lab.run.compute): token positions through the decoder body, and the wall
     # time less the evaluations'
     summary["compute/forward_tokens"] = getattr(state, "forward_tokens", None)
     if getattr(state, "eval_wall_s", None) is not None:

@@ -16,11 +16,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from zfree.config import BaseTrainConfig
 from zfree.data.batching import collate, encode_pair, encode_pairs, pad_id_of
-from zfree.data.bpe import train_bpe_tokenizer
-from zfree.data.e2e import swap_names
+from zfree_lab.run.bpe import train_bpe_tokenizer
+from zfree_lab.run.e2e import swap_names
 from zfree.data.synth import DataConfig, sample_pairs
 from zfree.data.pairs import load_pairs
-from zfree.data.tokenizer import build_digit_tokenizer
+from zfree_lab.run.tokenizer import build_digit_tokenizer
 from zfree.core.io import atomic_write_dir, atomic_write_json, read_json
 from zfree.models.nll import masked_mean_token_nll
 from zfree.models.base import build_synthetic_gpt2, target_logprobs
@@ -182,10 +182,10 @@ def train_text_base(data_dir: Path | str, out_dir: Path | str, cfg: BaseTrainCon
     """Train a base GPT-2 from scratch on real text (``data_dir/train.jsonl``, e.g. E2E) and write
     its z-free reference on ``data_dir/val.jsonl``.
 
-    A byte-level BPE tokenizer (``zfree.data.bpe``) is trained on the train split's x and y. Loss
+    A byte-level BPE tokenizer (``zfree_lab.run.bpe``) is trained on the train split's x and y. Loss
     on the y-region only (y tokens and the end token), masked mean per example (as ``train_base``),
     with dropout ``TEXT_DROPOUT`` during training. ``augment(pair, rng) -> pair``, when given, rewrites
-    a share ``TEXT_AUGMENT_P`` of the training rows of each batch (E2E: ``zfree.data.e2e.swap_names``);
+    a share ``TEXT_AUGMENT_P`` of the training rows of each batch (E2E: ``zfree_lab.run.e2e.swap_names``);
     a rewritten row longer than the context falls back to the original. Every ``cfg.eval_every`` steps the val c_base
     (nats/token) of the first ``TEXT_EVAL_ROWS`` val rows is computed; the best weights are kept,
     and training stops after ``TEXT_PATIENCE`` evaluations without a new best, at ``cfg.max_steps``

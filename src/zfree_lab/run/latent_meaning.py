@@ -17,7 +17,7 @@ Three descriptions, each computed on the rows of one evaluation and none needing
    carry, and, on the synthetic benchmark only (the generator's ``metadata.json`` lists its
    strategies), the relation "y = s(x)" for each listed s. Each is ranked by its mutual information
    with the posterior argmax (nats), against a permutation null of the argmax within strata of x
-   (``zfree.evaluate.property_alignment``: the test, its Bonferroni level and the guard that the
+   (``zfree_lab.run.property_alignment``: the test, its Bonferroni level and the guard that the
    posterior q itself carries the alignment); per value, the same test of [argmax = k].
 3. **Exemplars** (``exemplars``): the rows with the highest q(z = k | x, y), x and y at full length.
 
@@ -40,7 +40,7 @@ from jaxtyping import Bool, Float
 from numpy.typing import ArrayLike
 
 from zfree.data.pairs import Pair
-from zfree.evaluate.property_alignment import (ALPHA, MIN_POSTERIOR_MI, N_PERMUTATIONS,  # noqa: F401 - re-exported
+from zfree_lab.run.property_alignment import (ALPHA, MIN_POSTERIOR_MI, N_PERMUTATIONS,  # noqa: F401 - re-exported
                                                POSTERIOR_SHARE, per_value_alignment, posterior_mi, property_alignment)
 
 #: an n-gram is ranked only with at least this many occurrences over the evaluation rows

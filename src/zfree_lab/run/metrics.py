@@ -20,8 +20,8 @@ from sklearn.metrics import normalized_mutual_info_score
 from zfree.config import LatentKind, ObjectiveConfig
 from zfree.data.batching import EncodedPair, collate
 from zfree.data.pairs import Pair
-from zfree.evaluate import latent_meaning
-from zfree.evaluate.latent_meaning import MeaningRows, token_lifts
+from zfree_lab.run import latent_meaning
+from zfree_lab.run.latent_meaning import MeaningRows, token_lifts
 from zfree.evaluate.readouts import (IW_SAMPLES, READOUT_COLUMNS, discrete_readouts, gaussian_readouts, readout_metrics,
                                     shuffle_permutation)
 from zfree.evaluate.latent_stats import (active_units, categorical_mutual_information, continuous_decode_metrics,
@@ -43,7 +43,7 @@ class Evaluation:
     metrics: dict[str, float]
     per_example: pd.DataFrame
     samples: pd.DataFrame | None = None  # greedy/sampled y per latent value (rows without a notion of correct y)
-    #: a discrete posterior run's token lifts per row (``zfree.evaluate.latent_meaning``) and its
+    #: a discrete posterior run's token lifts per row (``zfree_lab.run.latent_meaning``) and its
     #: posterior (N, K); None for a given z (control, oracle) and for Gaussian runs
     meaning: MeaningRows | None = None
     q: np.ndarray | None = None

@@ -1,9 +1,9 @@
 """A run's checkpoint (``checkpoint/``, the previous one kept as ``checkpoint.prev/``): the model
-tensors (``zfree.train.checkpoint_parts``), the optimizer, numpy and torch RNG states and the
+tensors (``zfree_lab.run.checkpoint_parts``), the optimizer, numpy and torch RNG states and the
 ``TrainState``, as plain data (safetensors and JSON, no pickle), written beside the last good one
-and switched in by renames (``zfree.core.checkpoint_io.write_checkpoint_dir``); loading falls back
+and switched in by renames (``zfree_lab.run.checkpoint_io.write_checkpoint_dir``); loading falls back
 to the previous checkpoint when the newest is damaged. Part of the run folder
-(``zfree.train.run_folder``).
+(``zfree_lab.run.run_folder``).
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from zfree.core.errors import CheckpointError, CheckpointWriteError
-from zfree.core.checkpoint_io import (load_checkpoint_dir, load_plain_state, safe_torch_load,
+from zfree_lab.run.checkpoint_io import (load_checkpoint_dir, load_plain_state, safe_torch_load,
                                       save_plain_state, safetensors_os_error, write_checkpoint_dir)
 from zfree.core.io import atomic_write_json
-from zfree.train.checkpoint_parts import FINISHED_KEY, load_model_tensors, save_model_tensors
+from zfree_lab.run.checkpoint_parts import FINISHED_KEY, load_model_tensors, save_model_tensors
 
 
 def _plain(obj):
@@ -59,7 +59,7 @@ def save_checkpoint(out: Path, model: torch.nn.Module, opt: torch.optim.Optimize
 
 def _as_os_error(e: Exception, path: Path) -> Exception:
     """safetensors' I/O error (any version's wording) as the OSError it was (ENOSPC ...), naming
-    ``path``; other errors as they are (``zfree.core.checkpoint_io.safetensors_os_error``)."""
+    ``path``; other errors as they are (``zfree_lab.run.checkpoint_io.safetensors_os_error``)."""
     return safetensors_os_error(e, path)
 
 

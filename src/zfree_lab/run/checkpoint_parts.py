@@ -105,7 +105,7 @@ def slim_finished(out: Path, base_dir: Path | str | None = None) -> None:
     trainable weights) and the RNG states are dropped, and a body equal to the base's is not stored
     again (SmolLM2-135M: 1.6 GB a run, 11 GB for a 7-run smoke study before). Swapped in by renames
     like any checkpoint; a checkpoint already slimmed, or none, is left as it is."""
-    from zfree.core.checkpoint_io import load_plain_state, save_plain_state, write_checkpoint_dir
+    from zfree_lab.run.checkpoint_io import load_plain_state, save_plain_state, write_checkpoint_dir
 
     d = out / "checkpoint"
     if not (d / "COMPLETE").is_file() or not (d / "state.json").is_file():

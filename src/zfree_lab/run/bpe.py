@@ -12,7 +12,7 @@ from typing import Iterable
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
-from zfree.data.tokenizer import SPECIAL
+from zfree_lab.run.tokenizer import SPECIAL
 
 
 def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int = 1500, model_max_length: int = 1024

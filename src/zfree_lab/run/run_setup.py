@@ -1,4 +1,4 @@
-"""Building a CVAE run before its first step (``zfree.train.training`` runs the loop): the CVAE on
+"""Building a CVAE run before its first step (``zfree_lab.run.training`` runs the loop): the CVAE on
 the base model (``build_cvae``), the optimizer's param groups, their per-step rates and their
 gradient clipping (``build_optimizer``, ``step_rates``, ``clip_gradients``), the resumable
 ``TrainState``, and ``setup_run``, which checks the inputs and the run folder, loads the base and
@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from zfree.config import LatentKind, LatentSource, OptimConfig, TrainConfig, check_run_inputs
-from zfree.data.text_oracle import write_text_data
+from zfree_lab.run.text_oracle import write_text_data
 from zfree.models.base import load_base
 from zfree.models.continuous import ContinuousCVAE
 from zfree.models.discrete import DiscreteCVAE
@@ -24,10 +24,11 @@ from zfree.models.lora import apply_lora
 from zfree.models.precision import FROZEN_DTYPES, WEIGHT_DTYPES, default_dtype, store_frozen_weights
 from zfree.objective.objectives import Phase
 from zfree.objective.remedies import check_remedy_fields
-from zfree.train import accumulate, checkpoint, plugins, run_folder
-from zfree.train.checkpoint_parts import frozen_base_sha
-from zfree.train.live_curves import LiveCurves, open_curves
-from zfree.train.run_data import RunData, setup_data
+from zfree.train import accumulate, plugins
+from zfree_lab.run import checkpoint, run_folder
+from zfree_lab.run.checkpoint_parts import frozen_base_sha
+from zfree_lab.run.live_curves import LiveCurves, open_curves
+from zfree_lab.run.run_data import RunData, setup_data
 
 #: the optimizer's param groups, by name (``build_optimizer``; rates set by ``set_learning_rates``): the
 #: backbone, the new parameters of the decoder and posterior side, and the router p(z | x) (issue 55)
@@ -48,7 +49,7 @@ class TrainState:
     restarts: list = field(default_factory=list)
     usage: list = field(default_factory=list)  # posterior-argmax counts since the last restart check
     train_log: dict = field(default_factory=dict)  # running sums of training terms since the last eval
-    forward_tokens: int = 0  # token positions forwarded through the decoder body in training (zfree.train.compute)
+    forward_tokens: int = 0  # token positions forwarded through the decoder body in training (zfree_lab.run.compute)
     eval_wall_s: float = 0.0  # wall time spent evaluating (the training wall time is the rest)
     first_step_s: float | None = None  # wall seconds of step 1 (no evaluation): its warm-up, for the estimate
     # aggressive_encoder (He et al. 2019): the step its aggressive phase ended (None: not (yet)), the
@@ -221,7 +222,7 @@ def setup_run(cfg: TrainConfig, out: Path, progress: bool) -> Run:
     the base, read the data and its reference (``setup_data``), build model and optimizer, write
     config.json, and resume from a checkpoint.
     A text oracle (``latent_source`` "text:<key>") first writes its rows with the label in x to
-    ``out/TEXT_DATA_DIR`` (``zfree.data.text_oracle``) and reads them in place of ``data_dir``: its
+    ``out/TEXT_DATA_DIR`` (``zfree_lab.run.text_oracle``) and reads them in place of ``data_dir``: its
     reference (b, c_base) is scored by the base on that x (``pretrained_source``), whatever
     ``c_base_source`` says, since a stored reference is of the x without the label."""
     torch.set_num_threads(cfg.optim.threads)

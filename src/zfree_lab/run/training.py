@@ -1,8 +1,8 @@
-"""CVAE training: the run built from the base run (``zfree.train.run_setup``: ``build_cvae``,
+"""CVAE training: the run built from the base run (``zfree_lab.run.run_setup``: ``build_cvae``,
 ``build_optimizer``, ``setup_run``), then a short loop under the objective
 (``zfree.objective.objectives``), with the training-loop plug-ins (``zfree.train.plugins``: the
-symmetry-breaking aids and loop-changing remedies), evaluations (``zfree.evaluate.metrics``) and the
-run folder of docs/reference/artifacts.md (``zfree.train.run_folder``).
+symmetry-breaking aids and loop-changing remedies), evaluations (``zfree_lab.run.metrics``) and the
+run folder of docs/reference/artifacts.md (``zfree_lab.run.run_folder``).
 
 A run folder is locked while a process trains it. A run folder with ``summary.json`` is finished
 and never rewritten (returned only for the same config). A run folder with a ``checkpoint/``
@@ -39,21 +39,22 @@ from tqdm.auto import tqdm
 
 from zfree.config import TrainConfig
 from zfree.core.errors import Interrupted
-from zfree.core.locks import check_own_folder, run_folder_lock
+from zfree_lab.run.locks import check_own_folder, run_folder_lock
 from zfree.core.paths import check_out_dir
 from zfree.core.values import check_device
 from zfree.data.batching import collate
-from zfree.evaluate.latent_meaning import write_latent_meaning
-from zfree.evaluate.metrics import evaluate
+from zfree_lab.run.latent_meaning import write_latent_meaning
+from zfree_lab.run.metrics import evaluate
 from zfree.models.precision import acc_dtype, tf32_matmuls
 from zfree.objective.objectives import GIVEN, Phase, step_objective
 from zfree.reference.reference import check_step0_rho
-from zfree.train import accumulate, aids, checkpoint, multiref_run, plugins, run_folder
-from zfree.train.compute import TokenCounter, decoder_body
-from zfree.train.curve import TrainCurve
-from zfree.train.live_curves import LiveCurves
-from zfree.train.run_data import RunData, batch_references
-from zfree.train.run_setup import Run, TrainState, clip_gradients, set_learning_rates, setup_run, step_rates
+from zfree.train import accumulate, aids, plugins
+from zfree_lab.run import checkpoint, multiref_run, run_folder
+from zfree_lab.run.compute import TokenCounter, decoder_body
+from zfree_lab.run.curve import TrainCurve
+from zfree_lab.run.live_curves import LiveCurves
+from zfree_lab.run.run_data import RunData, batch_references
+from zfree_lab.run.run_setup import Run, TrainState, clip_gradients, set_learning_rates, setup_run, step_rates
 
 #: warn when one latent value is the posterior's argmax on at least this share of validation rows
 INDEX_COLLAPSE_SHARE = 0.9
@@ -189,12 +190,12 @@ def train_cvae(cfg: TrainConfig, out_dir: Path | str, progress: bool = True, sto
 
     c_base and b come from ``cfg.c_base_source`` (entangled_run: the base run's ``reference/``,
     hash-checked; pretrained_source: scored now). ``stop_after`` stops (with a checkpoint) after
-    that many steps, for tests of resume. The run folder is locked meanwhile (``zfree.core.locks``).
+    that many steps, for tests of resume. The run folder is locked meanwhile (``zfree_lab.run.locks``).
     A finished run folder is returned as is only when it holds this config. Raises
     FileNotFoundError / ValueError naming the file or field for a bad base run or data folder;
     ResumeRefusedError (a ValueError) for a folder of another config, finished or not;
     LockHeldError when another process owns the folder; ConfigError for an unavailable device, or
-    for a non-empty folder that is not zfree's (``zfree.core.locks.check_own_folder``: nothing written);
+    for a non-empty folder that is not zfree's (``zfree_lab.run.locks.check_own_folder``: nothing written);
     CheckpointError when no checkpoint of the folder loads (a damaged one falls back to the
     previous one with a warning naming the file); NonFiniteLossError / NonFiniteMetricError
     (after saving ``error.json``, the last good checkpoint kept) if the loss or an evaluation
