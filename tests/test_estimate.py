@@ -1025,3 +1025,21 @@ def test_the_estimate_names_the_probes_it_ran_and_kept_and_times_at_the_grids_ba
                     started=clock.now)
     assert "4-step probes none ran now; kept from an earlier probe" in kept.lines[0]
     assert "Measured at the grid's batch of 32 rows: 4.00 s a K-way step" in kept.lines[0]
+
+
+def test_a_probe_reused_from_one_run_side_by_side_this_session_is_not_called_earlier():
+    """The log of a SmolLM2 plan (2026-12-05): the control probed beside the K-way micro-batch, then
+    reused when the K-way probe ran again alone. It ran now: it is named once, among those run now,
+    not also as "kept from an earlier probe"; a probe kept from an earlier session still is."""
+    log = [{"probe": "K-way at batch 32", "status": "stopped at its memory ceiling"},
+           {"probe": "K-way at batch 8 (side by side)", "status": "stopped at its memory ceiling"},
+           {"probe": "z-free control at batch 8 (side by side)", "status": "ran"},
+           {"probe": "K-way at batch 8", "status": "ran"},
+           {"probe": "z-free control at batch 8", "status": "kept"}]
+    said = est.probes_said(log, 285.0)
+    assert said == ("4-step probes ran now (285 s): z-free control at batch 8 (side by side), K-way at batch 8; "
+                    "stopped at their memory ceiling: K-way at batch 32, K-way at batch 8 (side by side)"), said
+    earlier = est.probes_said([*log, {"probe": "K-way at batch 16", "status": "kept"}], 285.0)
+    assert earlier == ("4-step probes ran now (285 s): z-free control at batch 8 (side by side), K-way at batch 8; "
+                       "kept from an earlier probe of the same config on this machine: K-way at batch 16; "
+                       "stopped at their memory ceiling: K-way at batch 32, K-way at batch 8 (side by side)"), earlier

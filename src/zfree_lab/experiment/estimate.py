@@ -150,7 +150,7 @@ class Probing:
         """``probe_side_by_side`` of (point, sub, mb) jobs, each within half the ceiling, logged."""
         done = probe_side_by_side([(p, self.work / sub if sub else self.work, mb) for p, sub, mb in jobs],
                                   self.ceiling // 2, self.deadline)
-        return [self.note(p, pr, " (side by side)") for (p, _, _), pr in zip(jobs, done)]
+        return [self.note(p, pr, SIDE_BY_SIDE) for (p, _, _), pr in zip(jobs, done)]
 
     def note(self, point: Point, pr: Probe, how: str = "") -> Probe:
         """Log ``pr`` (the probe of ``point``; ``how``: a note on the batch) with its status — ran, kept,
@@ -347,13 +347,19 @@ def plan(spec: ExperimentSpec, make_points: Callable[[ExperimentSpec], list[Poin
     return Plan(spec, w, secs, peak, lines, rec)
 
 
+#: the note a probe run beside another carries in ``Probing.log``
+SIDE_BY_SIDE = " (side by side)"
+
+
 def probes_said(probes: list[dict], spent: float) -> str:
     """What the probes of a plan did (``Probing.log``): the ones run now with this session's
     ``spent`` seconds, those kept from an earlier probe of the same config on this machine (named
     "kept" only where nothing was run for them now), and those skipped or stopped."""
     groups: dict[str, list[str]] = {}
-    for r in probes:
-        groups.setdefault(r["status"], []).append(r["probe"])
+    ran_now = {r["probe"].removesuffix(SIDE_BY_SIDE) for r in probes if r["status"] != "kept"}
+    for r in probes:  # a probe reused from one that ran (or stopped) side by side this session is no earlier one
+        if r["status"] != "kept" or r["probe"].removesuffix(SIDE_BY_SIDE) not in ran_now:
+            groups.setdefault(r["status"], []).append(r["probe"])
     said = {"ran": f"ran now ({spent:.0f} s)", "kept": "kept from an earlier probe of the same config on this machine",
             "skipped": "skipped (the model's size alone needs more memory than there is)",
             "stopped at its memory ceiling": "stopped at their memory ceiling",
