@@ -555,6 +555,26 @@ def test_run_seconds_counts_decoding_per_evaluation_and_once_a_run():
     assert est.run_seconds(ctrl, pr, 1000) - est.run_seconds({**ctrl, "decode_rows": 0}, pr, 1000) == pytest.approx(2 * 1.0 + 40.0)
 
 
+def test_an_oracles_evaluated_row_costs_the_k_way_rows_time_per_value_times_its_values():
+    """A label oracle (or its null) over n values scores every value for each evaluated row: at the
+    K-way probe's row time per value x n, never below the control's row (SmolLM2 on a 7-valued label,
+    2026-12-05: 1.29-1.33 s a row, estimated at the control's 0.345 s before). The control keeps its
+    own row time, and a probe that does not know its K (a record kept by an older zfree) changes nothing."""
+    from zfree_lab.experiment.controls import null_params, oracle_params
+
+    pr = dataclasses.replace(PROBE, given_step_s=0.25, given_eval_row_s=0.02, eval_row_s=0.4, n_latent=4)
+    p = _points(steps=10, eval_every=5, eval_rows=20)[0].params  # 3 evaluations x 20 rows
+    ctrl = control_params(p)
+    rows = 2 * 20  # a control or oracle: evaluated at step 0 and the end
+    base = est.run_seconds(ctrl, pr, 1000)
+    for given in (oracle_params(p, "food", 7), null_params(p, "food", 7)):
+        assert est.run_seconds(given, pr, 1000) - base == pytest.approx(rows * (0.4 * 7 / 4 - 0.02))
+    two = oracle_params(p, "yes_no", 2)  # 0.4 x 2 / 4 = 0.2 s a row
+    assert est.run_seconds(two, pr, 1000) - base == pytest.approx(rows * (0.2 - 0.02))
+    old = dataclasses.replace(pr, n_latent=0)
+    assert est.run_seconds(oracle_params(p, "food", 7), old, 1000) == pytest.approx(est.run_seconds(ctrl, old, 1000))
+
+
 def test_fit_budget_drops_example_when_its_fixed_cost_does_not_fit():
     """Example weighting scores the training rows once (with SmolLM2 on 4193 E2E rows, ~27 min):
     where even STEP_FLOOR steps at the small batch do not fit with it, distribution is kept alone."""
@@ -722,21 +742,28 @@ def test_probes_side_by_side_run_at_once_and_an_interrupt_takes_both_children(tm
 
 def test_an_interrupt_inside_a_probe_threads_start_still_kills_and_reaps_every_child(tmp_path, monkeypatch):
     """The race CI met: Ctrl-C reaches the main thread while it is still inside the second thread's
-    ``start`` (that thread already runs and has started its child). Both children are killed and
-    reaped (their threads joined) before the interrupt is raised again, and a probe that asks to start
-    a child after the interrupt starts none."""
+    ``start`` (the first thread already runs and has started its child). That child is killed and
+    reaped (its thread waited for) before the interrupt is raised again; the second probe, which asks
+    for its child only after the interrupt, starts none; and a probe outside that call still may."""
     import subprocess
     import threading
 
     from zfree_lab.experiment import probe as probe_mod
 
     pts = _with_a_control()
-    children, both = [], threading.Barrier(3, timeout=30)  # the two probe threads and the main thread
+    children, refused, first_runs = [], [], threading.Barrier(2, timeout=30)  # thread 0 and the main thread
 
     def sleeping(point, work, micro_batch=None, ceiling=None, deadline=None):
+        if point is pts[1]:  # the second probe: asks for its child once its call is stopping
+            assert probe_mod._CALL.stop.wait(timeout=20)
+            try:
+                children.append(probe_mod._start_child(["sleep", "600"], {}))
+            except probe_mod.ProbeStopped:
+                refused.append(point.run_id)
+            return PROBE
         proc = probe_mod._start_child(["sleep", "600"], {})
         children.append(proc)
-        both.wait()
+        first_runs.wait()
         proc.wait(timeout=20)  # returns at once when the interrupt killed it; TimeoutExpired if not
         probe_mod._LIVE.discard(proc.pid)
         return PROBE
@@ -745,21 +772,23 @@ def test_an_interrupt_inside_a_probe_threads_start_still_kills_and_reaps_every_c
     class CutShort(threading.Thread):
         def start(self):
             super().start()
-            if self.name.endswith("-1"):  # as if the interrupt landed in the start's wait
-                both.wait()  # both threads run, both children exist
+            if self.name.endswith("-1"):  # as if the interrupt landed in the second start's wait
+                first_runs.wait()  # the first probe's child exists
                 raise KeyboardInterrupt
     monkeypatch.setattr(probe_mod.threading, "Thread", CutShort)
     try:
         with pytest.raises(KeyboardInterrupt):
             probe_mod.probe_side_by_side([(pts[0], tmp_path, None), (pts[1], tmp_path / "control", None)],
                                          est.GB)
-        assert len(children) == 2 and [c.returncode for c in children] == [-9, -9] and not probe_mod._LIVE
-        with pytest.raises(probe_mod.ProbeStopped):  # until the next call, no child starts
-            probe_mod._start_child(["sleep", "600"], {})
+        assert [c.returncode for c in children] == [-9] and refused == [pts[1].run_id] and not probe_mod._LIVE
+        later = probe_mod._start_child(["sleep", "600"], {})  # no call is stopping in this thread
+        children.append(later)
+        assert later.poll() is None
     finally:
         for c in children:
             c.kill()
             c.wait()
+        probe_mod._LIVE.clear()
 
 
 @pytest.mark.slow

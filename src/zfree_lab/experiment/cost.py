@@ -29,6 +29,9 @@ def _n_evals(steps: int, every: int) -> int:
 def run_seconds(params: dict, pr: Probe, n_val: int) -> float:
     """Estimated wall seconds of one run (module docstring): setup + kernel start + steps x step +
     evaluated rows x row; a control's or oracle's steps and rows at the probe's ``given_*`` times,
+    except an oracle's row over n label values, at the K-way row's time per value x n (its evaluation
+    scores every value: SmolLM2, 7 values, 1.29-1.33 s a row against 0.345 s for the control's and
+    0.733 s for K = 4; docs/results/real-models.md),
     a hard-EM step at one given step + a third of a K-way step, an aggressive-encoder run's steps at
     ``AGGRESSIVE_STEP_FACTOR`` K-way steps each; where the run decodes, the probe's samples seconds
     per evaluation and multi-reference seconds once."""
@@ -38,6 +41,9 @@ def run_seconds(params: dict, pr: Probe, n_val: int) -> float:
     soft = pr.step_s * o.batch_size / pr.batch_size
     one = (pr.step_s if pr.given_step_s is None else pr.given_step_s) * o.batch_size / pr.batch_size
     row = pr.given_eval_row_s if given and pr.given_eval_row_s is not None else pr.eval_row_s
+    values = c.model.n_latent
+    if given and values > 1 and pr.n_latent > 0:  # a label oracle (or its null): each row scores every value
+        row = max(row, pr.eval_row_s * values / pr.n_latent)
     rows = min(o.eval_rows or n_val, n_val)
     evals = _n_evals(o.steps, o.eval_every) * rows
     hard = 0

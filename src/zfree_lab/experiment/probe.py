@@ -5,6 +5,7 @@ is ``zfree_lab.experiment.cost``; the plan that runs both is ``zfree_lab.experim
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -67,6 +68,9 @@ class Probe:
     #: device's total (``zfree_lab.run.run_folder.device_memory``); 0 on the CPU
     device_peak: int = 0
     device_total: int = 0
+    #: the latent values K of the probed K-way point (its evaluated row decodes and scores each of
+    #: them); 0 where unknown (a record kept by an older zfree)
+    n_latent: int = 0
 
     @property
     def measured(self) -> bool:
@@ -182,7 +186,7 @@ def probe(point: Point, work: Path, micro_batch: int | None = None, ceiling: int
         nan = float("nan")
         return Probe(setup_s=nan, step_s=nan, eval_row_s=nan, peak_rss=floor, batch_size=n_batch, micro_batch=mb,
                      over=True, skipped=True)
-    pr = _probe_child(point, run, flat, mb, n_batch, ceiling, deadline)
+    pr = dataclasses.replace(_probe_child(point, run, flat, mb, n_batch, ceiling, deadline), n_latent=cfg.model.n_latent)
     if not pr.over_time:  # a probe stopped by its deadline says nothing about a longer one
         _keep_measured(run, flat, ceiling, pr)
     return pr
@@ -307,31 +311,33 @@ def _probe_child(point: Point, run: Path, flat: dict, mb: int, n_batch: int, cei
 #: pids of the probes' ``zfree train`` children still running (``probe_side_by_side`` kills them on an
 #: interrupt, which reaches the main thread, not the threads that wait on them)
 _LIVE: set[int] = set()
-#: guards ``_LIVE`` and ``_STOPPING``: a probe starts its child only while no interrupt is being handled
+#: guards ``_LIVE`` and the stop events: a probe thread starts its child only while its call is not stopping
 _LIVE_LOCK = threading.Lock()
-#: set by ``probe_side_by_side`` on an interrupt: a probe thread that has not started its child yet
-#: starts none (it raises ``ProbeStopped``)
-_STOPPING = threading.Event()
+#: in a thread of ``probe_side_by_side``: ``stop``, the Event its call sets on an interrupt (a probe of
+#: that call that has not started its child by then starts none); probes outside such a call have none
+_CALL = threading.local()
 
 
 class ProbeStopped(RuntimeError):
-    """A probe asked to start its child after ``probe_side_by_side`` was interrupted."""
+    """A probe of an interrupted ``probe_side_by_side`` asked to start its child."""
 
 
 def _start_child(cmd: list[str], env: dict) -> subprocess.Popen:
     """``cmd`` started and listed in ``_LIVE``, atomically with respect to ``_stop_children``."""
+    stop = getattr(_CALL, "stop", None)
     with _LIVE_LOCK:
-        if _STOPPING.is_set():
+        if stop is not None and stop.is_set():
             raise ProbeStopped("the probes were interrupted")
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         _LIVE.add(proc.pid)
     return proc
 
 
-def _stop_children() -> None:
-    """No probe child starts from now on, and every running one is killed with its descendants."""
+def _stop_children(stop: threading.Event) -> None:
+    """No probe of the call ``stop`` belongs to starts a child from now on, and every running probe
+    child is killed with its descendants."""
     with _LIVE_LOCK:
-        _STOPPING.set()
+        stop.set()
         pids = list(_LIVE)
     for pid in pids:
         _kill_tree(pid)
@@ -349,12 +355,13 @@ def probe_side_by_side(jobs: list[tuple[Point, Path, int | None]], ceiling: int,
     waits, even inside a thread's start: no child starts after it, every running child is killed,
     and every thread that began is joined (so each child has exited and been reaped) before the
     interrupt is raised again."""
-    _STOPPING.clear()
+    stop = threading.Event()
     results: list = [None] * len(jobs)
     done = [threading.Event() for _ in jobs]  # waited on, not join(): an interrupted join marks a
     # running thread stopped (CPython's Thread._wait_for_tstate_lock), and a second join then returns at once
 
     def work(i: int, point: Point, where: Path, mb: int | None) -> None:
+        _CALL.stop = stop
         try:
             results[i] = probe(point, where, mb, ceiling, deadline)
         except BaseException as e:  # noqa: BLE001 - handed to the main thread, which raises it
@@ -371,7 +378,7 @@ def probe_side_by_side(jobs: list[tuple[Point, Path, int | None]], ceiling: int,
         for event in done:
             event.wait()
     except BaseException:
-        _stop_children()
+        _stop_children(stop)
         for t, event in zip(threads, done):
             if t.ident is not None:  # it runs (or ran): its child, if any, is killed and it ends soon
                 event.wait()
