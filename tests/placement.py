@@ -17,22 +17,26 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 import zfree
+import zfree_lab.run
 
 FACTORIES = {torch.zeros, torch.ones, torch.full, torch.empty, torch.arange, torch.tensor, torch.as_tensor,
              torch.randn, torch.rand, torch.randint, torch.eye, torch.linspace, torch.scalar_tensor}
 _PASS_THROUGH = {torch.as_tensor}  # as_tensor(t) of a tensor keeps t's device
 
 
-#: the zfree package's own folder: frames are told apart by it, never by a path's text (a clone whose
-#: folder is named ``zfree`` holds the tests under ``.../zfree/tests``, which contains "/zfree/" too)
+#: the folders of the library and of the lab's run (``zfree_lab.run``: the training loop and the run's
+#: evaluation): frames are told apart by them, never by a path's text (a clone whose folder is named
+#: ``zfree`` holds the tests under ``.../zfree/tests``, which contains "/zfree/" too)
 _PACKAGE = os.path.dirname(os.path.realpath(zfree.__file__))
+_RUN = os.path.dirname(os.path.realpath(zfree_lab.run.__file__))
+_SRC = os.path.dirname(_PACKAGE)
 
 
 @functools.lru_cache(maxsize=None)
 def _in_package(filename: str) -> bool:
-    """True for a source file inside the installed zfree package (editable or not)."""
+    """True for a source file inside the installed zfree package or zfree_lab.run (editable or not)."""
     real = os.path.realpath(filename)  # "<frozen ...>" and "<string>" resolve under the cwd: not the package
-    return os.path.commonpath([real, _PACKAGE]) == _PACKAGE
+    return any(os.path.commonpath([real, top]) == top for top in (_PACKAGE, _RUN))
 
 
 #: torch.optim's own folder: AdamW keeps each parameter's step count as a host scalar
@@ -62,7 +66,7 @@ def _where() -> str:
     while f is not None:
         fn = f.f_code.co_filename
         if _in_package(fn):
-            where = f"{os.path.relpath(fn, _PACKAGE)}:{f.f_lineno} {f.f_code.co_qualname}"
+            where = f"{os.path.relpath(os.path.realpath(fn), _SRC)}:{f.f_lineno} {f.f_code.co_qualname}"
             if not chain:
                 where += f": {linecache.getline(fn, f.f_lineno).strip()}"
             chain.append(where)

@@ -101,7 +101,7 @@ def test_recorder_catches_a_planted_host_tensor(tiny, tmp_path, monkeypatch):
     data, base = tiny
     step_bad, _ = record_training(monkeypatch, _cfg(data, base, device="cpu", weighting="distribution"),
                                   tmp_path / "run", "cpu")
-    assert step_bad and all(f == "full" and d is None and where.startswith("objective/losses.py") and "reconstruction_weight" in where
+    assert step_bad and all(f == "full" and d is None and where.startswith("zfree/objective/losses.py") and "reconstruction_weight" in where
                             for f, d, where in step_bad), step_bad
 
 

@@ -97,13 +97,16 @@ def test_every_generated_part_expands_and_every_results_table_is_shown(gen):
 
 
 def test_metrics_page_explains_every_key_the_evaluation_writes():
-    """Each metric key written by ``zfree.evaluate`` (a string constant, or an f-string's fixed prefix
-    such as ``structure/n_rows/``) is named on docs/concepts/metrics.md."""
+    """Each metric key written by the evaluation (``zfree.evaluate`` and the run's evaluation,
+    ``zfree_lab.run.metrics``, ``latent_meaning``: a string constant, or an f-string's fixed prefix such
+    as ``structure/n_rows/``) is named on docs/concepts/metrics.md."""
     import ast
 
     key = re.compile(r"(loss|loss_contrib|structure|latent|task|reference|objective|decode)/[a-z_/]*")
     keys = set()
-    for path in (ROOT / "src" / "zfree" / "evaluate").glob("*.py"):
+    run = ROOT / "src" / "zfree_lab" / "run"
+    for path in [*(ROOT / "src" / "zfree" / "evaluate").glob("*.py"), run / "metrics.py", run / "latent_meaning.py",
+                 run / "property_alignment.py"]:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and key.fullmatch(node.value):
                 keys.add(node.value)

@@ -68,8 +68,7 @@ class Probe:
     #: device's total (``zfree_lab.run.run_folder.device_memory``); 0 on the CPU
     device_peak: int = 0
     device_total: int = 0
-    #: the latent values K of the probed K-way point (its evaluated row decodes and scores each of
-    #: them); 0 where unknown (a record kept by an older zfree)
+    #: K of the probed K-way point (its evaluated row scores each value); 0: unknown (an older record)
     n_latent: int = 0
 
     @property
@@ -313,8 +312,7 @@ def _probe_child(point: Point, run: Path, flat: dict, mb: int, n_batch: int, cei
 _LIVE: set[int] = set()
 #: guards ``_LIVE`` and the stop events: a probe thread starts its child only while its call is not stopping
 _LIVE_LOCK = threading.Lock()
-#: in a thread of ``probe_side_by_side``: ``stop``, the Event its call sets on an interrupt (a probe of
-#: that call that has not started its child by then starts none); probes outside such a call have none
+#: ``stop`` in a thread of ``probe_side_by_side``: the Event its call sets on an interrupt
 _CALL = threading.local()
 
 
@@ -334,8 +332,7 @@ def _start_child(cmd: list[str], env: dict) -> subprocess.Popen:
 
 
 def _stop_children(stop: threading.Event) -> None:
-    """No probe of the call ``stop`` belongs to starts a child from now on, and every running probe
-    child is killed with its descendants."""
+    """No probe of ``stop``'s call starts a child from now on; every running probe child is killed."""
     with _LIVE_LOCK:
         stop.set()
         pids = list(_LIVE)
@@ -357,8 +354,7 @@ def probe_side_by_side(jobs: list[tuple[Point, Path, int | None]], ceiling: int,
     interrupt is raised again."""
     stop = threading.Event()
     results: list = [None] * len(jobs)
-    done = [threading.Event() for _ in jobs]  # waited on, not join(): an interrupted join marks a
-    # running thread stopped (CPython's Thread._wait_for_tstate_lock), and a second join then returns at once
+    done = [threading.Event() for _ in jobs]  # not join(): an interrupted join marks a running thread stopped
 
     def work(i: int, point: Point, where: Path, mb: int | None) -> None:
         _CALL.stop = stop
