@@ -261,7 +261,9 @@ def write_summary(out: Path, cfg: TrainConfig, ev, state, wall: float, extra: di
     # time less the evaluations'
     summary["compute/forward_tokens"] = getattr(state, "forward_tokens", None)
     if getattr(state, "eval_wall_s", None) is not None:
-        summary["compute/train_wall_s"] = summary["wall_s"] - state.eval_wall_s
+        # wall_s is the last row's stamp, taken before that evaluation's checkpoint; eval_wall_s counts it
+        summary["compute/train_wall_s"] = (summary["wall_s"] - state.eval_wall_s
+                                           + getattr(state, "checkpoint_after_row_s", 0.0))
     # the first step's wall seconds (allocations and caches warm up in it): the estimate's probe
     # separates it from the steady steps (zfree_lab.experiment.estimate.probe)
     summary["compute/first_step_s"] = getattr(state, "first_step_s", None)

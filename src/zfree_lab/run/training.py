@@ -83,7 +83,9 @@ def _record_evaluation(out: Path, model, data: RunData, state: TrainState, opt, 
     run_folder.append_metrics(out, row)
     if curves is not None:
         curves.log(state.step, row)
+    t = time.time()
     checkpoint.save_checkpoint(out, model, opt, rng, state)
+    state.checkpoint_after_row_s = time.time() - t  # evaluation time by the clock, yet after the row's wall_s
     top = ev.metrics.get("latent/max_usage")
     if top is not None and top >= INDEX_COLLAPSE_SHARE and state.step > 0 and cfg_given(model) is False:
         print(f"warning: step {state.step}: one latent value is the posterior's argmax on {top:.0%} of the "
