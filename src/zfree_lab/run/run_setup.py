@@ -51,6 +51,7 @@ class TrainState:
     train_log: dict = field(default_factory=dict)  # running sums of training terms since the last eval
     forward_tokens: int = 0  # token positions forwarded through the decoder body in training (zfree_lab.run.compute)
     eval_wall_s: float = 0.0  # wall time spent evaluating (the training wall time is the rest)
+    checkpoint_after_row_s: float = 0.0  # the last evaluation's checkpoint: in eval_wall_s, after its row's wall_s
     first_step_s: float | None = None  # wall seconds of step 1 (no evaluation): its warm-up, for the estimate
     # aggressive_encoder (He et al. 2019): the step its aggressive phase ended (None: not (yet)), the
     # posterior-only inner steps in all, and the mutual-information checks ({step, mutual_information, inner_steps})
