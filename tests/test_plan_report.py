@@ -100,16 +100,22 @@ def test_run_experiment_records_every_phase_and_the_grid_even_when_interrupted(t
 
     plan = type("Plan", (), {"spec": PRESETS["smoke"], "workers": 1, "record": {"runs": 0}})
     monkeypatch.setattr(PL, "prepare", lambda spec, out, **kw: object())
-    monkeypatch.setattr(PL, "plan", lambda *a, **kw: plan)
+    planned = []
+    monkeypatch.setattr(PL, "plan", lambda *a, **kw: planned.append(kw["started"]) or plan)
     monkeypatch.setattr(PL, "_grid", lambda spec, prep: ({}, None))
     monkeypatch.setattr(PL, "_notes", lambda *a: None)
     monkeypatch.setattr(PL, "_points", lambda *a: [])
     monkeypatch.setattr(PL, "_summary", lambda *a: 0)
     monkeypatch.setattr(PL, "render_report", lambda out, progress=True, aggregated=False: out / "report.html")
     monkeypatch.setattr(PL, "run_points", lambda *a, **kw: [{"status": "finished"}, {"status": "skipped"}])
-    PL.run_experiment(PRESETS["smoke"], tmp_path / "s", estimate=True, progress=False)
+    began = PL.time.time() - 17.0  # the process started 17 s ago (zfree study passes its process's start)
+    PL.run_experiment(PRESETS["smoke"], tmp_path / "s", estimate=True, progress=False, started=began)
     (s,) = T.read_timings(tmp_path / "s")
     assert {f"{p}_s" for p in T.PHASES} <= set(s) and s["finished"] and s["points"] == {"finished": 1, "skipped": 1}
+    assert s["startup_s"] >= 17.0 and s["total_s"] >= s["startup_s"] + s["preparation_s"]
+    assert planned == [began]  # the budget counts the start-up: the grid gets what is left after it
+    PL.run_experiment(PRESETS["smoke"], tmp_path / "py", estimate=True, progress=False)  # from Python: no start-up
+    assert "startup_s" not in T.read_timings(tmp_path / "py")[0] and planned[-1] > began + 17.0
 
     def interrupted(*a, **kw):
         raise KeyboardInterrupt
@@ -150,10 +156,11 @@ def test_plan_section_names_the_budget_the_estimate_and_every_cut_in_order():
     assert list(t.columns) == ["budget [min]", "estimate [min]", "measured [min]"]
     assert t.loc["grid (runs, controls, oracles)"].tolist() == ["23.0", "22.0", "32.2"]
     assert t.loc["report (tables, report.html)", "estimate [min]"] == f"{P.REPORT_S / 60:.1f}"
-    assert t.loc["probes (the estimate)", "budget [min]"] == "6.0 with the preparation"
+    assert t.loc["probes (the estimate)", "budget [min]"] == "6.0 with the start-up and preparation"
     assert t.loc["grid points", "measured [min]"] == "9 finished"
     two = P.phase_table(ESTIMATE, [*_sessions(), {"started": "later", "preparation_s": 6.0, "total_s": 6.0}])
-    assert two.columns[-1] == "measured [min], session 2 (later)" and two.iloc[1, -1] == "–"
+    assert two.columns[-1] == "measured [min], session 2 (later)" and two.loc["probes (the estimate)"].iloc[-1] == "–"
+    assert t.loc["start-up (Python, imports)"].tolist() == ["–", "–", "–"]  # a session from before the start-up was timed
     assert P.plan_markdown(None, [], runs_all) == "" and P.phase_table(None, []) is None
 
 
@@ -258,3 +265,25 @@ def test_unconditional_data_is_said_at_the_top(tmp_path):
     assert md.index("**Unconditional data.**") < md.index("## What was run against what was asked")
     (tmp_path / "notes.json").write_text(json.dumps({"notes": [], "conditioning": "conditional"}))
     assert P.plan_section(tmp_path, pd.DataFrame({"steps": [500]}))[0].startswith("## What was run")
+
+
+def test_zfree_study_counts_its_process_start_up_in_the_budget(tmp_path, monkeypatch):
+    """Issue 59: `/usr/bin/time` gave 31:37 where the report said 31.3 min: the ~18 s of interpreter start and
+    imports before the study's clock began were in neither the budget nor the measured time. ``zfree study``
+    now passes its process's start (psutil) to the pipeline, for the own-model and the preset path alike."""
+    import psutil
+    from types import SimpleNamespace
+
+    import zfree_lab.experiment.own_study as own_study
+    import zfree_lab.experiment.study as study
+    from zfree_lab.cli import main
+
+    calls: list = []
+    monkeypatch.setattr(own_study, "run_experiment", lambda *a, **kw: calls.append(kw)
+                        or SimpleNamespace(html=tmp_path / "report.html", out=tmp_path))
+    monkeypatch.setattr(study, "run_study", lambda *a, **kw: calls.append(kw) or tmp_path / "report.html")
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"x": "a", "y": "b"}\n')
+    assert main(["study", "--model", str(tmp_path), "--data", str(data), "--out", str(tmp_path / "o")]) == 0
+    assert main(["study", "--preset", "smoke", "--out", str(tmp_path / "p")]) == 0
+    assert [kw["started"] for kw in calls] == [psutil.Process().create_time()] * 2

@@ -183,7 +183,10 @@ def cmd_study(a):
     from zfree_lab.experiment.own_study import BOUND_PRESETS, OWN_PRESETS, run_own_study
     from zfree_lab.experiment.study import PRESETS, run_study
 
+    import psutil
+
     t0 = time.time() - 1.0
+    started = psutil.Process().create_time()  # the budget counts this process's start-up and imports too
     if a.preset is not None and a.spec is not None:
         raise ConfigError(f"--preset {a.preset!r} and --spec {a.spec}: give one (the spec is the whole grid, "
                           f"a preset another)")
@@ -200,7 +203,7 @@ def cmd_study(a):
         if not (a.model and a.data):
             raise ValueError("an own-model study needs --model MODEL and --data FILE.jsonl (--spec/--val optional)")
         run_own_study(a.model, a.data, a.out, val=a.val, preset=a.preset or "own", spec=a.spec, workers=a.workers,
-                      overrides=overrides, seeds=a.seeds,
+                      overrides=overrides, seeds=a.seeds, started=started,
                       finetune=a.finetune_base, finetune_steps=a.finetune_steps, estimate=not a.no_estimate,
                       budget_s=parse_budget(DEFAULT_OWN_BUDGET if a.budget is None and (a.preset or "own") == "own"
                                             and not a.spec else a.budget))
@@ -208,7 +211,7 @@ def cmd_study(a):
         if a.val or a.budget:
             raise ValueError(f"{'--val' if a.val else '--budget'} needs --model and --data (an own-model study)")
         run_study(a.preset or "default", a.out, retrain_base=a.retrain_base, workers=a.workers,
-                  estimate=not a.no_estimate, overrides=overrides, seeds=a.seeds)
+                  estimate=not a.no_estimate, overrides=overrides, seeds=a.seeds, started=started)
     # the pipeline prints its FAILED lines; a point that failed in this invocation left an error.json
     runs = Path(a.out).resolve() / "runs"
     failed = sorted((e.parent.name, e) for e in runs.glob("*/error.json") if e.stat().st_mtime >= t0)

@@ -118,13 +118,14 @@ def run_own_study(model: str, data: Path | str, out_dir: Path | str, *, val: Pat
                   preset: str | ExperimentSpec = "own", spec: Path | str | None = None, workers: int | None = None,
                   progress: bool = True, render: bool = True, finetune: bool = False,
                   finetune_steps: int = 300, estimate: bool = False, budget_s: float | None = None,
-                  overrides: dict | None = None, seeds: tuple[int, ...] | None = None) -> Path:
+                  overrides: dict | None = None, seeds: tuple[int, ...] | None = None,
+                  started: float | None = None) -> Path:
     """Run the own-model study into ``out_dir`` (module docstring): the pipeline on ``preset`` (or
     the YAML ``spec``) with ``data`` (+ ``val``) and ``model`` as its sources; returns report.html
     (or the study folder when ``render`` is False); ``estimate``/``budget_s``: as
     ``run_experiment``. ValueError listing the presets for an unknown one; errors of each step as
     documented there, raised before any run starts. ``overrides``: flat TrainConfig fields set on
-    every run (``zfree study --set``)."""
+    every run (``zfree study --set``); ``started``: as ``run_experiment``."""
     p = _own_spec(preset, spec)
     if overrides:
         p = dataclasses.replace(p, overrides={**p.overrides, **overrides})
@@ -135,7 +136,7 @@ def run_own_study(model: str, data: Path | str, out_dir: Path | str, *, val: Pat
                             base=BaseSource("pretrained", path=str(model), finetune_steps=finetune_steps if finetune else 0))
     _check_data_files(data, val)  # a device, or a file over the data limits: refused before the folder is made
     res = run_experiment(p, out_dir, workers=workers, progress=progress, render=render, estimate=estimate,
-                         budget_s=budget_s)
+                         budget_s=budget_s, started=started)
     return res.html if render else res.out
 
 

@@ -154,7 +154,8 @@ def _grid_progress(clock: PhaseClock):
 
 def run_experiment(spec: ExperimentSpec, out_dir: Path | str, *, retrain_base: bool = False,
                    workers: int | None = None, executor: Executor | None = None, progress: bool = True,
-                   render: bool = True, estimate: bool = False, budget_s: float | None = None) -> ExperimentResult:
+                   render: bool = True, estimate: bool = False, budget_s: float | None = None,
+                   started: float | None = None) -> ExperimentResult:
     """Run ``spec`` end to end into ``out_dir`` (module docstring): out_dir/{base/, runs/<id>/,
     summary.csv, notes.json (real text), report.ipynb, report.html}. Finished runs are skipped;
     failed runs are printed (one line each, naming their error.json) and do not stop the others.
@@ -164,17 +165,21 @@ def run_experiment(spec: ExperimentSpec, out_dir: Path | str, *, retrain_base: b
     budget (``zfree_lab.experiment.estimate.plan``; ConfigError when it cannot fit). Raises
     LockHeldError when another process prepares or runs the same folder; ConfigError, before anything
     is written, for a non-empty ``out_dir`` that is not a zfree study or sweep folder, or one inside
-    the installed package (``zfree_lab.run.locks.check_own_folder``)."""
+    the installed package (``zfree_lab.run.locks.check_own_folder``). ``started``: when the command
+    began (``time.time()`` seconds; ``zfree study`` passes its process's start), so the budget and
+    timings.json count the interpreter's start-up and imports as the phase ``startup``; None: now."""
     check_out_dir(out_dir)
     out = Path(out_dir).resolve()
     check_own_folder(out, "sweep folder" if spec.data.kind == "fields" else "study folder", STUDY_MARKS)
-    t0 = time.time()
+    t0 = time.time() if started is None else min(started, time.time())
     planned = spec.data.kind != "fields"  # (a YAML sweep resumes by run id: its grid may grow)
     request, saved = request_of(spec, budget_s), load_plan(out) if planned else None
     if saved is not None:  # the same command again reuses the plan; another one is refused
         check_request(out, saved, request)
     out.mkdir(parents=True, exist_ok=True)
     clock = PhaseClock(out, t0)  # timings.json: the wall time of each phase, for the report
+    if started is not None:
+        clock.done("startup")
     prep = prepare(spec, out, retrain_base=retrain_base, progress=progress)
     clock.done("preparation")
     record = None

@@ -31,7 +31,7 @@ PRESETS: dict[str, ExperimentSpec] = {n: s for n, s in shipped_presets().items()
 
 def run_study(preset: str, out_dir: Path | str, *, retrain_base: bool = False, workers: int | None = None,
               progress: bool = True, estimate: bool = False, overrides: dict | None = None,
-              seeds: tuple[int, ...] | None = None) -> Path:
+              seeds: tuple[int, ...] | None = None, started: float | None = None) -> Path:
     """Run a preset end to end into ``out_dir`` (``zfree_lab.experiment.pipeline.run_experiment``);
     returns the path of ``report.html``.
 
@@ -41,7 +41,8 @@ def run_study(preset: str, out_dir: Path | str, *, retrain_base: bool = False, w
     process is preparing the same study folder. ``estimate``: measure and print the grid's cost first
     (``zfree_lab.experiment.estimate.plan``). ``overrides``: flat TrainConfig fields set on every run
     (``zfree study --set``). ``seeds``: every run, control and oracle once per seed (``zfree study
-    --seeds``; replaces the preset's own), paired by seed in ``seed_gains.csv``.
+    --seeds``; replaces the preset's own), paired by seed in ``seed_gains.csv``. ``started``: when the
+    command began, as ``run_experiment``.
     """
     if preset not in PRESETS:
         raise ValueError(f"preset={preset!r} is not one of {sorted(PRESETS)}")
@@ -49,4 +50,4 @@ def run_study(preset: str, out_dir: Path | str, *, retrain_base: bool = False, w
     if seeds is not None:
         spec = dataclasses.replace(spec, seeds=tuple(seeds))
     return run_experiment(spec, out_dir, retrain_base=retrain_base, workers=workers,
-                          progress=progress, estimate=estimate).html
+                          progress=progress, estimate=estimate, started=started).html

@@ -1,6 +1,7 @@
 """A study's measured wall time per phase: ``run_experiment`` records, per
-invocation (a *session*), the seconds of its preparation (split, reference), probes (the estimate,
-``zfree_lab.experiment.estimate.plan``), grid (the runs, controls and oracles, skipped ones included)
+invocation (a *session*), the seconds of its start-up (from the process's start: the interpreter and
+the imports, recorded when the command passes that start, as ``zfree study`` does), preparation (split,
+reference), probes (the estimate, ``zfree_lab.experiment.estimate.plan``), grid (the runs, controls and oracles, skipped ones included)
 and report (summary tables and report.html) in ``timings.json``. A phase is written as soon as it
 ends, and the grid's seconds so far each time one of its points ends (``PhaseClock.progress``), so a
 study killed outright (a machine handed back, SIGKILL) keeps its time up to its last finished run; a
@@ -25,7 +26,7 @@ from zfree.core.io import atomic_write_json, read_record
 
 TIMINGS_FILE = "timings.json"
 #: the phases of a study, in order (``PhaseClock.done`` names one of them)
-PHASES = ("preparation", "probes", "grid", "report")
+PHASES = ("startup", "preparation", "probes", "grid", "report")
 
 
 def read_timings(study_dir: Path | str) -> list[dict]:

@@ -26,13 +26,14 @@ from zfree_lab.report.report import md_code, md_text
 SMOKE_STEPS = STEP_FLOOR
 
 #: the phases' row names in the table
-PHASE_NAMES = {"preparation": "preparation (split, reference)", "probes": "probes (the estimate)",
+PHASE_NAMES = {"startup": "start-up (Python, imports)", "preparation": "preparation (split, reference)",
+               "probes": "probes (the estimate)",
                "grid": "grid (runs, controls, oracles)", "report": "report (tables, report.html)"}
 
 
 #: what a "–" in the phase table means
-PHASE_NOTE = ("*–: the preparation and probes have no estimate (they are measured before it); a measured – is a phase "
-              "the session did not run (no probes under `--no-estimate`) or has not recorded (a session "
+PHASE_NOTE = ("*–: the start-up, preparation and probes have no estimate (they are measured before it); a measured – is a phase "
+              "the session did not run (no probes under `--no-estimate`, no start-up for a study started from Python) or has not recorded (a session "
               "records its report phase after writing report.html, so not while it renders this page).*")
 
 
@@ -65,10 +66,10 @@ def phase_table(estimate: dict | None, sessions: list[dict]) -> pd.DataFrame | N
     if estimate is not None:
         spent, est = _spent_before_grid(estimate), estimate.get("estimated_s")
         if estimate.get("budget_s") is not None:
-            t["budget [min]"] = ["–", f"{_min(spent)} with the preparation" if spent is not None else "–",
+            t["budget [min]"] = ["–", "–", f"{_min(spent)} with the start-up and preparation" if spent is not None else "–",
                                  _min(estimate.get("grid_budget_s")), _min(REPORT_S), _min(estimate["budget_s"]), ""]
         total = None if spent is None or est is None else spent + est + REPORT_S
-        t["estimate [min]"] = ["–", "–", _min(est), _min(REPORT_S), _min(total), f"{estimate.get('runs', '–')} runs"]
+        t["estimate [min]"] = ["–", "–", "–", _min(est), _min(REPORT_S), _min(total), f"{estimate.get('runs', '–')} runs"]
     for i, s in enumerate(sessions):
         head = "measured [min]" if len(sessions) == 1 else f"measured [min], session {i + 1} ({s.get('started', '?')})"
         if s.get("refused"):
