@@ -54,6 +54,26 @@ def test_the_oracle_sentence_tells_intervals_below_0_from_intervals_that_hold_0(
     assert "No label oracle" in G.available_gain_markdown(_oracles().iloc[:0])
 
 
+def test_a_label_below_its_control_but_above_its_null_oracle_is_said_to_carry_information():
+    """Issue 59: on unconditional SmolLM2 data (33 steps, 1 seed) the `food` oracle's ΔR was -0.87 [-1.36, -0.36]
+    and the report said only that the label made D worse, while its null oracle (the label permuted, trained the
+    same way) was worse still (-1.78): the true label is worth +0.91 [0.32, 1.52] over a permuted one."""
+    o = _oracles(lo=(-1.36, -0.09)).assign(
+        delta_R=[-0.872, 0.08], delta_R_hi=[-0.362, 0.26], delta_R_null=[-1.777, np.nan],
+        delta_R_null_lo=[-2.40, np.nan], delta_R_null_hi=[-1.16, np.nan], label_value=[0.905, np.nan],
+        label_value_lo=[0.324, np.nan], label_value_hi=[1.52, np.nan])
+    md = G.available_gain_markdown(o)
+    assert "lies below 0" in md
+    (line,) = G.null_oracle_lines(o)  # the label without a null oracle gets no line
+    assert line in md and line.startswith("- <code>complete</code> against its null oracle")
+    assert "D_null − D_oracle = 0.905 nats/example [0.324, 1.52], the true label lowers D" in line
+    assert "its ΔR below 0 is the oracle arm's training, not the label: the null oracle's ΔR is -1.777 [-2.4, -1.16]" in line
+    holds = o.assign(label_value_lo=[-0.2, np.nan])
+    (line,) = G.null_oracle_lines(holds)
+    assert "no measurable value over a permuted label" in line and "oracle arm's training" not in line
+    assert G.null_oracle_lines(_oracles()) == []  # no null oracles in the table: nothing said
+
+
 def test_label_warnings_flag_few_rows_and_are_escaped():
     md = G.available_gain_markdown(_oracles(rows=(60, 12)))
     assert "12 evaluated rows &#40;&#60; 50&#41;" in md and "<b>" not in md

@@ -261,7 +261,7 @@ def test_unconditional_data_is_said_at_the_top(tmp_path):
                                                      "conditioning": "unconditional"}))
     (tmp_path / "estimate.json").write_text(json.dumps(ESTIMATE))
     md, _ = P.plan_section(tmp_path, pd.DataFrame({"steps": [500]}))
-    assert md.startswith("**Unconditional data.** unconditional&#58; x is one constant prompt")
+    assert md.startswith("**Unconditional data.** x is one constant prompt")  # not "Unconditional data. unconditional: x"
     assert md.index("**Unconditional data.**") < md.index("## What was run against what was asked")
     (tmp_path / "notes.json").write_text(json.dumps({"notes": [], "conditioning": "conditional"}))
     assert P.plan_section(tmp_path, pd.DataFrame({"steps": [500]}))[0].startswith("## What was run")

@@ -183,8 +183,37 @@ def available_gain_markdown(oracles: pd.DataFrame) -> str:
         head = (f"**No label's ΔR interval lies above 0** ({len(oracles)} label(s), {n} evaluated rows): "
                 + "; ".join(parts) + ". No label buys a measurable gain over the z-free control, so there is no "
                 "measured exchange rate η and no available gain to share out.")
+    nulls = null_oracle_lines(oracles)
     warn = [f"- ⚠ {md_text(w)}" for w in label_warnings(oracles)]
-    return "\n".join([head, *([""] + warn if warn else [])])
+    return "\n".join([head, *([""] + nulls if nulls else []), *([""] + warn if warn else [])])
+
+
+def null_oracle_lines(oracles: pd.DataFrame) -> list[str]:
+    """Per label with a finished null oracle (the label permuted over the rows, trained as the oracle
+    is: ``zfree_lab.experiment.controls``), one markdown line: what the true label is worth over it,
+    D_null − D_oracle with its row interval, and where that interval lies. Where the oracle's own ΔR
+    lies below 0 but the label's value above 0, the line says so: the deficit against the control is
+    the oracle arm's training (the null pays it too), not the label. [] without null oracles."""
+    if "label_value" not in oracles:
+        return []
+    out = []
+    for _, o in oracles.iterrows():
+        v, lo, hi = o["label_value"], o.get("label_value_lo"), o.get("label_value_hi")
+        if pd.isna(v):
+            continue
+        side = interval_side(lo, hi)
+        line = (f"- {md_code(o['label'])} against its null oracle (the label permuted over the rows, trained the "
+                f"same way): D_null − D_oracle = {v:.3f} nats/example {_ci(lo, hi)}, "
+                + {"above 0": "the true label lowers D: the decoder reads it",
+                   "below 0": "the true label does *worse* than a permuted one",
+                   "holds 0": "no measurable value over a permuted label",
+                   "unknown": "no interval"}[side])
+        null = o.get("delta_R_null")
+        if side == "above 0" and interval_side(o["delta_R_lo"], o["delta_R_hi"]) == "below 0" and not pd.isna(null):
+            line += (f"; its ΔR below 0 is the oracle arm's training, not the label: the null oracle's ΔR is "
+                     f"{null:.3f} {_ci(o.get('delta_R_null_lo'), o.get('delta_R_null_hi'))}")
+        out.append(line + ".")
+    return out
 
 
 def predicted_use_at(run_dir: Path | str, eta: float) -> float:

@@ -201,7 +201,8 @@ def conditioning_markdown(study_dir: Path | str) -> str:
     meta = read_json(f) if f.exists() else {}
     if meta.get("conditioning") != "unconditional":
         return ""
-    note = next((n for n in meta.get("notes") or [] if str(n).startswith("unconditional")), "x dropped")
+    note = next((str(n) for n in meta.get("notes") or [] if str(n).startswith("unconditional")), "x dropped")
+    note = note.removeprefix("unconditional:").strip()  # the bold head says it once
     return f"**Unconditional data.** {md_text(note)}"
 
 
