@@ -11,7 +11,8 @@
 # %% [markdown]
 # # Making z switch on: the aids, predicted against measured
 #
-# Every aided run (`aid` ≠ none) next to theory: predicted use (β_eff < 1), then the measured
+# Every aided run (`aid` ≠ none) next to theory: predicted use (β_eff < 1 + |S|·excess / bayes_nll, the
+# base model's excess over the Bayes loss counted where the generator knows it), then the measured
 # rate, alignment on the rows where one strategy fits (m = 1), ρ_recon, oracle ρ, the codes
 # used, the step at which the hand-over gate first passed and the barrier — the hard phase's
 # best-z objective (mean w·min_k nll + β·log K) against the collapsed one (mean w·b) over

@@ -113,3 +113,22 @@ def test_report_aggregates_and_renders_every_section_without_code(sweep, tmp_pat
         assert title.lower() in html.lower(), title
     assert html.count("<img") >= 8 and "load_sweep" not in html  # figures in, code hidden
     assert not (d / ".report.src.ipynb").exists()
+
+
+#: the notebooks whose text states theory's use rule
+RULE_NOTEBOOKS = ["study_report", "effective_beta", "switch_on", "sweep_beta_vs_recon_weight"]
+
+
+@pytest.mark.parametrize("name", RULE_NOTEBOOKS)
+def test_the_use_rule_a_report_states_counts_the_base_models_excess(name):
+    """Predicted use (``zfree.objective.theory.predicted_use``) is β_eff < η·(1 + |S|·excess / bayes_nll)
+    where the Bayes loss is known: a report that states a bare β_eff < 1 (or < η) contradicts its own
+    tables whenever the base falls short of Bayes-optimal (the smoke study: predicted use 98 % with every
+    row at β_eff ≥ 1.2, β* of plain 1.16 at |S| of 4 to 7)."""
+    import re
+
+    text = " ".join(c.source.replace("\n", " ") for c in jupytext.read(NOTEBOOKS / f"{name}.py").cells
+                    if c.cell_type == "markdown")
+    bare = re.findall(r"β_eff[^.;]{0,20}?< ?(?:η|1)\b(?! ?[·+(])", text)
+    assert not bare, bare
+    assert "excess" in text
