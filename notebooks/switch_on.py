@@ -63,7 +63,9 @@ display(Markdown(dropped_markdown(dropped, "no run passed the hand-over gate" if
 # measured and z's gain interval above 0.
 
 # %%
-if not aided.empty:
+if aided.empty:
+    display(Markdown("No aided runs: no targets to judge."))
+else:
     targets, gone = drop_empty(switch_on_targets(aided, synthetic=truth).set_index("run"), keep=("z unused", "all met"))
     display(checkmarks(targets))
     display(Markdown(dropped_markdown(gone)))
@@ -84,6 +86,8 @@ else:
 # %%
 if not truth:
     display(Markdown(left_out("Latent value against strategy", NO_STRATEGY)))
+elif aided.empty:
+    display(Markdown("No aided runs: no latent value to set against the strategy."))
 for title, table in confusion_tables(aided, runs) if truth else []:
     display(Markdown(f"**{title}**"))
     display(table)

@@ -96,6 +96,20 @@ def test_switch_on_section_shows_the_aided_runs(sweep, tmp_path):
     assert "hard_em_then_soft" in html and "latent value" in html  # the table and the confusion matrix
 
 
+def test_switch_on_section_without_aided_runs_leaves_no_heading_empty(sweep, tmp_path):
+    """On a study without aided runs (the smoke preset, this tiny sweep) every heading of the aids
+    section says something below it: "Targets met?" and "Latent value against strategy" showed
+    their heading (and the targets' prose) over nothing."""
+    out = pm.execute_notebook(str(NOTEBOOKS / "switch_on.ipynb"), str(tmp_path / "s.ipynb"),
+                              parameters={"sweep_dir": str(sweep)}, kernel_name="python3", progress_bar=False,
+                              cwd=str(tmp_path))
+    cells = [c for c in out.cells if "parameters" not in c.metadata.get("tags", [])
+             and "injected-parameters" not in c.metadata.get("tags", [])]
+    empty = [m.source.splitlines()[0] for m, c in zip(cells, cells[1:])
+             if m.cell_type == "markdown" and c.cell_type == "code" and not c.get("outputs")]
+    assert not empty, empty
+
+
 def test_report_aggregates_and_renders_every_section_without_code(sweep, tmp_path):
     import shutil
 
