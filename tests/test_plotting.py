@@ -196,7 +196,7 @@ def test_use_by_length_draws_measured_and_predicted_per_beta():
                         "predicted_use": [1, 1, 0, 1, 1, 1], "beta": [0.9] * 3 + [0.3] * 3, "aid": "hard_em_then_soft"})
     ax = PA.plot_use_by_length(use).axes[0]
     by = {ln.get_label(): ln for ln in ax.lines}
-    np.testing.assert_allclose(by["β=0.9 hard_em_then_soft measured"].get_ydata(), [1, 0.5, 0])
+    np.testing.assert_allclose(by["β=0.9 hard_em_then_soft, measured"].get_ydata(), [1, 0.5, 0])
     np.testing.assert_allclose(by["β=0.9 predicted"].get_ydata(), [1, 1, 0])
     assert len(ax.lines) == 4
 

@@ -76,8 +76,9 @@ def test_use_by_length_one_predicted_line_per_beta():
     _render(fig)
     (ax,) = fig.axes
     labels = [line.get_label() for line in ax.get_lines()]
-    assert labels == ["β=0.5 none measured", "β=0.5 predicted", "β=0.5 beta0_warmup measured",
-                      "β=1 none measured", "β=1 predicted", "β=1 beta0_warmup measured"]
+    # "no aid", not the column's "none": "β=0.3 none measured" read as "nothing measured" (the smoke study)
+    assert labels == ["β=0.5 no aid, measured", "β=0.5 predicted", "β=0.5 beta0_warmup, measured",
+                      "β=1 no aid, measured", "β=1 predicted", "β=1 beta0_warmup, measured"]
     assert list(ax.get_lines()[0].get_xdata()) == [2, 4, 6]  # sorted by |S|
     assert ax.get_ylim() == (-0.05, 1.05) and ax.get_xlabel().startswith("|S|")
     assert ax.get_lines()[1].get_linestyle() == "--"

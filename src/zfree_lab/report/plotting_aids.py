@@ -62,7 +62,7 @@ def plot_use_by_length(use: pd.DataFrame) -> plt.Figure:
         for j, (aid, g) in enumerate(use[use["beta"] == beta].groupby("aid", sort=False)):
             g = g.sort_values("n_tokens")
             ax.plot(g["n_tokens"], g["measured_use"], "-", marker="osD^v"[j % 5], color=cmap(i),
-                    label=f"β={beta:g} {literal(aid)} measured")
+                    label=f"β={beta:g} {'no aid' if aid == 'none' else literal(aid)}, measured")
             if j == 0:  # the prediction depends on beta and |S| only: one line per beta, not per aid
                 ax.plot(g["n_tokens"], g["predicted_use"], "--", color=cmap(i), alpha=0.7, label=f"β={beta:g} predicted")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
