@@ -101,3 +101,22 @@ def test_figures_leave_the_callers_rcparams_alone():
     before = dict(plt.rcParams)
     plot_handover_gate(pd.DataFrame({"label": ["a"], "step": [0], "ratio": [1.0]}))
     assert plt.rcParams["axes.spines.top"] == before["axes.spines.top"]
+
+
+def test_train_distortion_counts_whole_steps_and_dots_every_oracle():
+    """The smoke study's curve (window means at steps 10 and 12) ticked steps 10.25, 10.5, …; its null
+    oracle was drawn solid like a CVAE run although the report says label oracles are dotted."""
+    from zfree_lab.report.plotting_aids import plot_train_distortion
+
+    key = "loss/train/reconstruction_loss"
+    curves = {n: pd.DataFrame({"step": [10, 12], key: [1.51, 1.45]})
+              for n in ("control_plain_5e966e6c", "plain_beta0.3_d4b49546", "oracle-strategy_plain_c5bf1793",
+                        "null-strategy_plain_1f41e815")}
+    fig = plot_train_distortion(curves)
+    _render(fig)
+    (ax,) = fig.axes
+    ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+    assert ticks and all(float(t).is_integer() for t in ticks), ticks
+    styles = {ln.get_label(): ln.get_linestyle() for ln in ax.get_lines()}
+    assert styles == {"control_plain_5e966e6c": "--", "plain_beta0.3_d4b49546": "-",
+                      "oracle-strategy_plain_c5bf1793": ":", "null-strategy_plain_1f41e815": ":"}
