@@ -14,7 +14,9 @@
 # One square per run at (β, w), w the mean reconstruction weight of its objective (docs/concepts/weightings.md):
 # `plain` is the row w = 1, `distribution` the row w = 1/c_base (marked on the axis), `example`
 # (w = 1/(b + ε) per example, placed at its mean) a reference row. Theory (`zfree.objective.theory`)
-# predicts z is used where β_eff = β·|S|/w < 1; for a scalar w that boundary is the solid line
+# predicts z is used where β_eff = β·|S|/w < 1 + |S|·excess / bayes_nll (the base model's excess over the
+# Bayes loss, where the generator knows it: a base short of Bayes-optimal moves the boundary to larger β);
+# for a scalar w the β where half of the rows use z is the solid line
 # β = (β*/w)·w, a line of constant β/w. Along the dotted lines of constant β/w a scale-invariant
 # optimizer (Adam) trains identically, so only β/w matters for scalar weights. Run a grid with
 # `zfree sweep analysis/sweeps/beta_vs_recon_weight.yaml --out DIR`.

@@ -11,7 +11,8 @@
 # %% [markdown]
 # # Making z switch on: the aids, predicted against measured
 #
-# Every aided run (`aid` ≠ none) next to theory: predicted use (β_eff < 1), then the measured
+# Every aided run (`aid` ≠ none) next to theory: predicted use (β_eff < 1 + |S|·excess / bayes_nll, the
+# base model's excess over the Bayes loss counted where the generator knows it), then the measured
 # rate, alignment on the rows where one strategy fits (m = 1), ρ_recon, oracle ρ, the codes
 # used, the step at which the hand-over gate first passed and the barrier — the hard phase's
 # best-z objective (mean w·min_k nll + β·log K) against the collapsed one (mean w·b) over
@@ -62,7 +63,9 @@ display(Markdown(dropped_markdown(dropped, "no run passed the hand-over gate" if
 # measured and z's gain interval above 0.
 
 # %%
-if not aided.empty:
+if aided.empty:
+    display(Markdown("No aided runs: no targets to judge."))
+else:
     targets, gone = drop_empty(switch_on_targets(aided, synthetic=truth).set_index("run"), keep=("z unused", "all met"))
     display(checkmarks(targets))
     display(Markdown(dropped_markdown(gone)))
@@ -83,6 +86,8 @@ else:
 # %%
 if not truth:
     display(Markdown(left_out("Latent value against strategy", NO_STRATEGY)))
+elif aided.empty:
+    display(Markdown("No aided runs: no latent value to set against the strategy."))
 for title, table in confusion_tables(aided, runs) if truth else []:
     display(Markdown(f"**{title}**"))
     display(table)

@@ -407,3 +407,16 @@ def test_conditioning_on_the_router_rejects_a_z_read_from_x_and_keeps_one_beyond
                              strata_name="router argmax")
     assert next(p for p in doc2["properties"] if p["property"] == "last punctuation")["passes"]
     assert tied_router_argmax(np.array([[0.5, 0.5], [0.2, 0.8]])).tolist() == [0, 1]
+
+
+def test_the_promoted_table_reads_by_value_and_shows_no_negative_zero():
+    """The smoke study's table listed a lift of -0.0 (a -0.001 rounded) beside 0.0 and a raw row
+    number 0…39 before the value column; the rows are indexed by value and kind instead."""
+    from zfree_lab.report.meaning_report import promoted_table
+
+    doc = {"values": [{"value": 0, "tokens": [{"text": "5", "mean_lift": 0.0004, "count": 28, "rows": 23},
+                                              {"text": "0", "mean_lift": -0.0012, "count": 22, "rows": 19}],
+                       "phrases": [{"text": "5 4", "mean_lift": 0.31, "count": 3, "rows": 3}]}]}
+    t = promoted_table(doc)
+    assert t.index.names == ["value", "kind"] and list(t["text"]) == ["'5'", "'0'", "'5 4'"]
+    assert "-0.0" not in t.to_html() and list(t["mean lift (nats)"]) == [0.0, 0.0, 0.31]

@@ -196,7 +196,7 @@ def test_use_by_length_draws_measured_and_predicted_per_beta():
                         "predicted_use": [1, 1, 0, 1, 1, 1], "beta": [0.9] * 3 + [0.3] * 3, "aid": "hard_em_then_soft"})
     ax = PA.plot_use_by_length(use).axes[0]
     by = {ln.get_label(): ln for ln in ax.lines}
-    np.testing.assert_allclose(by["β=0.9 hard_em_then_soft measured"].get_ydata(), [1, 0.5, 0])
+    np.testing.assert_allclose(by["β=0.9 hard_em_then_soft, measured"].get_ydata(), [1, 0.5, 0])
     np.testing.assert_allclose(by["β=0.9 predicted"].get_ydata(), [1, 1, 0])
     assert len(ax.lines) == 4
 
@@ -489,3 +489,26 @@ def test_rate_distortion_controls_piled_at_one_place_share_one_tag():
     ax = P.plot_rate_distortion(runs, controls=links).axes[0]
     assert sorted(t.get_text() for t in ax.texts if t.get_text().startswith("C")) == ["C1–C4"]
     plt.close("all")
+
+
+def test_rate_and_rho_vs_beta_says_shaded_only_where_it_shades_and_what_the_rule_counts():
+    """Without a predicted curve (real data: no Bayes loss per row) nothing is shaded, so the title
+    must not say so; with one, the shading counts the base model's excess over the Bayes loss
+    (docs/concepts/theory.md), so neither it nor the predicted-use axis may read a bare "β_eff < 1":
+    the smoke study shaded β up to ~1 and put predicted use at 98 % with every row at β_eff ≥ 1.2."""
+    runs = _runs()
+    assert "shaded" not in PS.plot_rate_and_rho_vs_beta(runs)._suptitle.get_text()
+    curves = pd.DataFrame({"weighting": "plain", "beta": [0.1, 1.0, 10.0], "predicted_use_fraction": [1.0, 1.0, 0.0],
+                           "predicted_rate": [1.0, 1.0, 0.0]})
+    title = PS.plot_rate_and_rho_vs_beta(runs, curves)._suptitle.get_text()
+    assert "shaded" in title and "excess" in title and "β_eff < 1)" not in title
+    assert "β_eff < 1)" not in PS.plot_predicted_vs_measured(runs).axes[0].get_xlabel()
+
+
+def test_phase_diagram_names_its_boundary_by_what_it_is_drawn_from():
+    """The solid line is β*/w from the predicted use, which counts the base model's excess over the
+    Bayes loss: in the smoke study it ran through plain β* = 1.16 at |S| of 4 to 7, far from
+    β·|S|/w = 1, the label it carried."""
+    fig = P.plot_phase_diagram(_runs(), c_base=C_BASE, beta_over_w=0.1)
+    (label,) = {ln.get_label() for ln in fig.axes[0].lines if ln.get_label().startswith("predicted boundary")}
+    assert "= 1" not in label and "half of the rows" in label

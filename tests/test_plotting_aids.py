@@ -76,8 +76,9 @@ def test_use_by_length_one_predicted_line_per_beta():
     _render(fig)
     (ax,) = fig.axes
     labels = [line.get_label() for line in ax.get_lines()]
-    assert labels == ["β=0.5 none measured", "β=0.5 predicted", "β=0.5 beta0_warmup measured",
-                      "β=1 none measured", "β=1 predicted", "β=1 beta0_warmup measured"]
+    # "no aid", not the column's "none": "β=0.3 none measured" read as "nothing measured" (the smoke study)
+    assert labels == ["β=0.5 no aid, measured", "β=0.5 predicted", "β=0.5 beta0_warmup, measured",
+                      "β=1 no aid, measured", "β=1 predicted", "β=1 beta0_warmup, measured"]
     assert list(ax.get_lines()[0].get_xdata()) == [2, 4, 6]  # sorted by |S|
     assert ax.get_ylim() == (-0.05, 1.05) and ax.get_xlabel().startswith("|S|")
     assert ax.get_lines()[1].get_linestyle() == "--"
@@ -100,3 +101,22 @@ def test_figures_leave_the_callers_rcparams_alone():
     before = dict(plt.rcParams)
     plot_handover_gate(pd.DataFrame({"label": ["a"], "step": [0], "ratio": [1.0]}))
     assert plt.rcParams["axes.spines.top"] == before["axes.spines.top"]
+
+
+def test_train_distortion_counts_whole_steps_and_dots_every_oracle():
+    """The smoke study's curve (window means at steps 10 and 12) ticked steps 10.25, 10.5, …; its null
+    oracle was drawn solid like a CVAE run although the report says label oracles are dotted."""
+    from zfree_lab.report.plotting_aids import plot_train_distortion
+
+    key = "loss/train/reconstruction_loss"
+    curves = {n: pd.DataFrame({"step": [10, 12], key: [1.51, 1.45]})
+              for n in ("control_plain_5e966e6c", "plain_beta0.3_d4b49546", "oracle-strategy_plain_c5bf1793",
+                        "null-strategy_plain_1f41e815")}
+    fig = plot_train_distortion(curves)
+    _render(fig)
+    (ax,) = fig.axes
+    ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+    assert ticks and all(float(t).is_integer() for t in ticks), ticks
+    styles = {ln.get_label(): ln.get_linestyle() for ln in ax.get_lines()}
+    assert styles == {"control_plain_5e966e6c": "--", "plain_beta0.3_d4b49546": "-",
+                      "oracle-strategy_plain_c5bf1793": ":", "null-strategy_plain_1f41e815": ":"}

@@ -100,6 +100,21 @@ def test_aided_tables_split_in_two_and_skip_unaided_runs():
     assert R.aided_runs(runs.drop(columns="aid")).empty
 
 
+def test_aided_tables_keep_small_betas_and_rates_and_count_steps_in_whole_numbers():
+    """A real-data study's β (β*/3 = 0.002199) and a latent rate of 1e-4 keep their digits (rounding
+    to 3 decimals showed β 0.002 beside 0.002199 everywhere else, and lr 1e-4 as 0.0); the
+    switch-on and hand-over steps read as steps (16, not 16.0), a gate never passed as NaN."""
+    aided = pd.DataFrame({"run_id": ["run_a16b365b", "run_b"], "aid": ["hard_em_then_soft"] * 2,
+                          "weighting": ["distribution"] * 2, "beta": [0.002199, 0.3], "lr_new": [1e-4, 1e-2],
+                          "gate_first_pass_step": [16.0, np.nan], "handover_step": [16.0, 200.0],
+                          "steps": [66, 400], "kl_prior_loss": [0.0056712, 1.4]})
+    recipe, outcome = R.aided_tables(aided)
+    assert list(recipe["β"]) == [0.002199, 0.3] and list(recipe["lr new"]) == [1e-4, 1e-2]
+    html = recipe.to_html()
+    assert ">16<" in html and ">16.0<" not in html and ">200<" in html and "NaN" in html
+    assert outcome["KL [nats]"].iloc[0] == 0.006  # the outcome still rounds to 3 decimals
+
+
 def test_show_hands_a_png_to_ipython_and_closes_the_figure(monkeypatch):
     import IPython.display
     import matplotlib.pyplot as plt

@@ -51,14 +51,18 @@ def property_table(doc: dict, digits: int = 3) -> pd.DataFrame:
 
 
 def promoted_table(doc: dict, digits: int = 2) -> pd.DataFrame:
-    """Each value's most promoted tokens and phrases (mean lift over the other values, nats; count)."""
+    """Each value's most promoted tokens and phrases (mean lift over the other values, nats; count),
+    indexed by value and kind."""
     rows = []
     for v in doc["values"]:
         for kind in ("tokens", "phrases"):
             for g in v.get(kind, []):
                 rows.append({"value": v["value"], "kind": kind[:-1], "text": repr(g["text"]),
-                             "mean lift (nats)": round(g["mean_lift"], digits), "count": g["count"], "rows": g["rows"]})
-    return pd.DataFrame(rows, columns=["value", "kind", "text", "mean lift (nats)", "count", "rows"])
+                             # + 0.0: a small negative lift rounds to 0.0, not -0.0
+                             "mean lift (nats)": round(g["mean_lift"], digits) + 0.0, "count": g["count"],
+                             "rows": g["rows"]})
+    return pd.DataFrame(rows, columns=["value", "kind", "text", "mean lift (nats)", "count", "rows"]
+                        ).set_index(["value", "kind"])
 
 
 def show_meaning(run_dir: Path | str, title: str) -> bool:

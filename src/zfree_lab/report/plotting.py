@@ -156,7 +156,7 @@ def _phase_overlays(ax, runs: pd.DataFrame, box: tuple[float, float, float, floa
     for ratio in np.geomspace(b_lo / w_hi, b_hi / w_lo, 9):  # lines of constant beta / w
         ax.plot(ratio * ws, ws, ":", color="gray", lw=0.6, zorder=1)
     if beta_over_w:
-        ax.plot(beta_over_w * ws, ws, "-", color="k", lw=1.4, zorder=2, label="predicted boundary β·|S|/w = 1")
+        ax.plot(beta_over_w * ws, ws, "-", color="k", lw=1.4, zorder=2, label="predicted boundary β = (β*/w)·w (half of the rows use z)")
     for w, b in (critical_betas or {}).items():
         rows = runs[runs["weighting"] == w]
         if len(rows):

@@ -62,7 +62,7 @@ def plot_use_by_length(use: pd.DataFrame) -> plt.Figure:
         for j, (aid, g) in enumerate(use[use["beta"] == beta].groupby("aid", sort=False)):
             g = g.sort_values("n_tokens")
             ax.plot(g["n_tokens"], g["measured_use"], "-", marker="osD^v"[j % 5], color=cmap(i),
-                    label=f"β={beta:g} {literal(aid)} measured")
+                    label=f"β={beta:g} {'no aid' if aid == 'none' else literal(aid)}, measured")
             if j == 0:  # the prediction depends on beta and |S| only: one line per beta, not per aid
                 ax.plot(g["n_tokens"], g["predicted_use"], "--", color=cmap(i), alpha=0.7, label=f"β={beta:g} predicted")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -94,13 +94,14 @@ def plot_train_distortion(curves: dict[str, pd.DataFrame], key: str = "loss/trai
     """The distortion on the training batches over steps, per run (label -> its curve.jsonl rows as a
     DataFrame: ``step`` and ``key``, nats per token, window means of ``zfree_lab.run.curve.CURVE_EVERY``
     steps): where a run's D flattens. Runs whose label starts with "control" are drawn dashed (the
-    z-free controls), label oracles dotted. Returns the Figure (an empty axes with a note without curves)."""
+    z-free controls), label oracles and their null oracles ("null…") dotted; steps ticked as whole numbers. Returns the Figure (an empty axes with a note without curves)."""
     fig, ax = plt.subplots(figsize=(7.0, 3.6))
     for label, df in curves.items():
         if key not in df or df.empty:
             continue
-        ls = "--" if label.startswith("control") else ":" if label.startswith("oracle") else "-"
+        ls = "--" if label.startswith("control") else ":" if label.startswith(("oracle", "null")) else "-"
         ax.plot(df["step"], df[key], ls=ls, lw=1.2, label=literal(label))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps: 10, 11, 12, not 10.25
     ax.set_xlabel("step")
     ax.set_ylabel("D on training batches (nats/token)")
     ax.set_title("Training distortion (window means): has D flattened?")

@@ -20,11 +20,17 @@ from zfree_lab.report.figstyle import shade
 from zfree_lab.report.report import run_label
 
 
+#: what the rate figure's shading is: theory's rule with the base model's excess over the Bayes loss
+#: (docs/concepts/theory.md); a base short of Bayes-optimal lets z pay above β_eff = 1
+SHADED = "shaded: theory predicts most examples use z, β_eff < 1 + |S|·excess / Bayes NLL"
+
+
 @_paper
 def plot_rate_and_rho_vs_beta(summary: pd.DataFrame, curves: pd.DataFrame | None = None) -> plt.Figure:
     """Measured rate (KL, nats per example) and rho_recon (ratio of means) against beta, one column
     per weighting; theory's predicted rate dashed, and the beta range where theory predicts that
-    most examples use z (beta_eff < 1) shaded.
+    most examples use z (beta_eff < 1 + |S|·excess / bayes_nll) shaded, where ``curves`` are given
+    (the title says "shaded" only then).
 
     ``summary``: one row per run with weighting, beta, kl_prior_loss,
     baseline_normalized_reconstruction_loss, oracle_rho. ``curves``: weighting, beta,
@@ -66,7 +72,7 @@ def plot_rate_and_rho_vs_beta(summary: pd.DataFrame, curves: pd.DataFrame | None
     top = 1.08 * max([1e-2, *rates])
     for ax in axes[0]:
         ax.set_ylim(-0.03 * top, top)
-    fig.suptitle("Rate and ρ_recon against β (shaded: theory predicts most examples use z, β_eff < 1)")
+    fig.suptitle("Rate and ρ_recon against β" + (f" ({SHADED})" if curves is not None else ""))
     fig.tight_layout()
     _rate_rho_legend(fig, summary, with_curves=curves is not None)
     return fig
@@ -141,7 +147,7 @@ def _same_spot(points: list[tuple[float, float]], tol: float = 0.03) -> dict[tup
 @_paper
 def plot_predicted_vs_measured(summary: pd.DataFrame, measured: str = "measured_use_fraction",
                                ylabel: str = "measured fraction using z") -> plt.Figure:
-    """Fraction of examples predicted to use z (beta_eff < 1) against the fraction measured to use
+    """Fraction of examples predicted to use z (theory at eta = 1, counting the base's excess where known) against the fraction measured to use
     it (``measured``), one point per run: color = weighting, marker = the other facets (latent kind,
     aid), the same code as every figure (``figstyle.groups``), size = beta (legend). Runs on one
     spot are counted there ("×8"): on real text every run sits at (1, 0)."""
@@ -161,7 +167,7 @@ def plot_predicted_vs_measured(summary: pd.DataFrame, measured: str = "measured_
     ax.plot([0, 1], [0, 1], color="gray", lw=0.8)
     ax.set_xlim(-0.05, 1.05)
     ax.set_ylim(-0.05, 1.05)
-    ax.set_xlabel("predicted fraction of examples using z (β_eff < 1)")
+    ax.set_xlabel("predicted fraction of examples using z (theory, η = 1)")
     ax.set_ylabel(ylabel)
     handles += [Line2D([], [], ls="none", marker="o", color="gray", markersize=np.sqrt(size[b]), label=f"β={b:g}")
                 for b in betas]

@@ -238,10 +238,27 @@ def aided_runs(runs: pd.DataFrame) -> pd.DataFrame:
     return runs[runs["aid"].fillna("none") != "none"] if "aid" in runs else runs.iloc[:0]
 
 
+#: recipe settings shown as set, never rounded (a real-data β*/3 of 0.002199, a latent rate of 1e-4)
+AIDED_EXACT = ("β", "lr new")
+#: columns that count (steps, latent values, seeds): whole numbers, NaN where unknown (a gate never passed)
+AIDED_COUNTS = ("K", "seed", "switch-on step", "hand-over step", "steps")
+
+
+def _whole(v):
+    """``v`` as an int where it is a whole number, else as it is (NaN stays NaN)."""
+    return int(v) if isinstance(v, (int, float, np.integer, np.floating)) and np.isfinite(v) and float(v).is_integer() else v
+
+
 def aided_tables(aided: pd.DataFrame, digits: int = 3) -> list[pd.DataFrame]:
     """The aided runs' table (``AIDED_COLUMNS``) as the two halves of ``AIDED_SPLIT`` (recipe,
-    outcome), both indexed by the short run id, rounded to ``digits`` decimals."""
-    t = _numeric(aided[[c for c in AIDED_COLUMNS if c in aided]].rename(columns=AIDED_COLUMNS)).round(digits)
+    outcome), both indexed by the short run id, rounded to ``digits`` decimals but for the settings
+    of ``AIDED_EXACT`` (shown as set) and the counts of ``AIDED_COUNTS`` (whole numbers)."""
+    t = _numeric(aided[[c for c in AIDED_COLUMNS if c in aided]].rename(columns=AIDED_COLUMNS))
+    exact = [c for c in AIDED_EXACT if c in t]
+    t = t.round(digits).assign(**{c: t[c] for c in exact})
+    for c in AIDED_COUNTS:
+        if c in t and pd.api.types.is_numeric_dtype(t[c]):
+            t[c] = pd.Series([_whole(v) for v in t[c]], index=t.index, dtype=object)
     t.index = pd.Index([str(r)[-8:] for r in aided["run_id"]], name="run")
     return [t[[c for c in part if c in t]] for part in AIDED_SPLIT]
 
