@@ -258,3 +258,25 @@ def test_a_real_data_report_leaves_out_the_synthetic_sections_with_one_line_each
     assert "<img" in confusion and "…" not in confusion and "lexfile</th>" not in confusion
     assert "overflow-x: auto" in html
     assert "– in the control columns" in html and "fewer than its 44 outputs per MR" in html
+
+
+def test_the_verdict_head_says_when_a_better_model_is_not_zs_doing(tmp_path):
+    """Issue 59's run (1 seed, 33 steps): an unaided run beat its control by 0.72 nats net of rate with z unused
+    (use in the model -0.001), and the head counted it under "a better model of y given x" with no word that z was
+    not switched on there. The head states the use rule as theory computes it (the base's excess counted)."""
+    runs = _runs(tmp_path, beta_eff=[0.1, 0.2, 0.4, 0.5])
+    gains = pd.DataFrame({"run_id": ["a", "b", "c"], "z_gain": [0.5, 0.7, 0.0], "z_gain_lo": [0.2, 0.45, -0.01],
+                          "z_gain_hi": [0.8, 1.0, 0.01], "rate": [0.4, 0.003, 0.0], "gain_share": [2.5, 0.05, 0.0],
+                          "use_shuffled": [0.3, -0.001, 0.0], "use_shuffled_lo": [0.1, -0.002, -0.01],
+                          "use_shuffled_hi": [0.5, 0.0007, 0.01], "z_switched_on": [True, False, False],
+                          "z_better_model": [True, True, False], "net_gain": [0.1, 0.72, 0.0],
+                          "net_gain_lo": [0.05, 0.46, -0.01], "net_gain_hi": [0.2, 1.04, 0.01]})
+    v = G.gain_verdicts(runs, gains, None)
+    md = G.gain_verdict_markdown(v, None)
+    assert "**z switched on in 1**" in md and "≥ 2 codes" in md and ">= 2" not in md
+    assert ("**a better model of y given x than its control in 2** (net gain: the control's D minus the CVAE's "
+            "marginal NLL, the rate paid, interval above 0; 1 of them with z not shown switched on: there the better "
+            "model is not z's doing)") in md
+    assert "Theory: z pays where β_eff < η·(1 + |S|·excess / Bayes NLL)" in md
+    both = G.gain_verdict_markdown(G.gain_verdicts(runs, gains.assign(z_better_model=[True, False, False]), None), None)
+    assert "in 1** (net gain" in both and "not z's doing" not in both

@@ -302,11 +302,15 @@ def _on_and_better(verdicts: pd.DataFrame) -> str:
     """The head's counts of the two readout claims, which a z gain alone does not make (empty without readouts)."""
     if "z switched on" not in verdicts or verdicts["use in the model [nats/ex]"].isna().all():
         return ""
-    on = int((verdicts["z switched on"] == True).sum())  # noqa: E712 - NaN-safe count of True
-    better = int((verdicts["better model"] == True).sum())  # noqa: E712
+    is_on, is_better = verdicts["z switched on"] == True, verdicts["better model"] == True  # noqa: E712 - NaN-safe
+    on, better, both = int(is_on.sum()), int(is_better.sum()), int((is_on & is_better).sum())
+    whose = ""
+    if better > both:  # a better model with z not shown on: the arm's training differs from its control's in effect
+        whose = (f"; {'all' if both == 0 else better - both} of them with z not shown switched on: there the "
+                 "better model is not z's doing")
     return (f"**z switched on in {on}** (the decoder reads y from z: another row's z costs nats, interval above 0, "
-            f">= 2 codes); **a better model of y given x than its control in {better}** (net gain: the control's D "
-            f"minus the CVAE's marginal NLL, the rate paid, interval above 0). ")
+            f"≥ 2 codes); **a better model of y given x than its control in {better}** (net gain: the control's D "
+            f"minus the CVAE's marginal NLL, the rate paid, interval above 0{whose}). ")
 
 
 def gain_verdict_markdown(verdicts: pd.DataFrame, eta: tuple[float, str] | None) -> str:
@@ -319,7 +323,8 @@ def gain_verdict_markdown(verdicts: pd.DataFrame, eta: tuple[float, str] | None)
             "no measured η (no label's ΔR interval lies above 0)")
     head = (f"**{int(known.astype(bool).sum())} of {len(verdicts)} runs used z** (measured use and a z-gain "
             f"interval above 0 over the run's own z-free control; intervals are over the evaluated rows of one seed). "
-            + _on_and_better(verdicts) + "Theory: z pays where β_eff < η; with η = 1, "
+            + _on_and_better(verdicts) + "Theory: z pays where β_eff < η·(1 + |S|·excess / Bayes NLL), the base "
+            "model's excess over the Bayes loss counted where the data's generator knows it; with η = 1, "
             f"{int(verdicts['η = 1 agrees'].dropna().astype(bool).sum())} runs agree; with {rule}"
             + (f", {int(verdicts['η measured agrees'].dropna().astype(bool).sum())} agree." if eta else "."))
     several = "control" in verdicts and verdicts["control"].nunique() > 1  # name each run's own control

@@ -83,7 +83,7 @@ def method_markdown(board: pd.DataFrame) -> str:
             "aggressive encoder's inner passes and every extra pass included) and train wall time, with their "
             "ratio (×) to the plain 'none' cell at the same weighting and β, or to the cell's z-free control where "
             f"the study has no 'none' cell. Side: inside the predicted boundary where theory's predicted use "
-            f"fraction (β_eff < 1) exceeds {INSIDE:g}; rank: by mean z gain within each side.")
+            f"fraction (β_eff < 1 + |S|·excess / Bayes NLL: theory at η = 1) exceeds {INSIDE:g}; rank: by mean z gain within each side.")
 
 
 def winner_markdown(board: pd.DataFrame) -> str:
