@@ -95,7 +95,7 @@ def test_rate_distortion_one_curve_per_weighting_and_reference_points():
 def test_facets_get_their_own_line_style():
     fig = P.plot_rate_distortion(_runs(("discrete", "continuous")))
     styles = {ln.get_label(): ln.get_linestyle() for ln in fig.axes[0].lines if not ln.get_label().startswith("_")}
-    assert styles["plain discrete"] != styles["plain continuous"]
+    assert styles["plain, discrete"] != styles["plain, continuous"]
     assert len([k for k in styles if k.startswith(("plain", "distribution", "example"))]) == 6
 
 
@@ -123,7 +123,7 @@ def test_effective_beta_tells_apart_runs_that_share_every_beta_eff():
     np.testing.assert_allclose(unaided.get_offsets(), aided.get_offsets())  # the same places, so:
     assert unaided.get_paths()[0].vertices.shape != aided.get_paths()[0].vertices.shape  # circle vs triangle
     assert unaided.get_facecolors()[0][3] > 0 and len(aided.get_facecolors()) == 0  # filled vs open
-    assert [unaided.get_label(), aided.get_label()] == ["distribution none", "distribution hard_em_then_soft"]
+    assert [unaided.get_label(), aided.get_label()] == ["distribution, no aid", "distribution, hard_em_then_soft"]
     assert "share every β_eff" in fig.axes[0].get_title(loc="left")
     assert P.plot_effective_beta(pe).axes[0].get_title(loc="left") == ""  # one run per place: no note
 
@@ -391,7 +391,7 @@ def test_rate_and_rho_vs_beta_tells_facets_apart_by_marker_when_a_run_draws_no_l
     markers = {ln.get_marker() for ln in fig.axes[0].lines}
     assert markers == {"o", "^"}
     legend = {t.get_text(): h.get_marker() for t, h in zip(fig.legends[0].get_texts(), fig.legends[0].legend_handles)}
-    assert legend["none"] != legend["hard_em_then_soft"]
+    assert legend["no aid"] != legend["hard_em_then_soft"]
 
 
 def test_rate_distortion_labels_each_place_once():
@@ -405,7 +405,7 @@ def test_rate_distortion_labels_each_place_once():
     fig = P.plot_rate_distortion(pd.DataFrame(rows))
     labels = sorted(t.get_text() for t in fig.axes[0].texts)
     # the markers there hide each other: the label names whose they are (their shared aid once)
-    assert labels == ["β=0.03: plain none\nβ=1: plain hard_em_then_soft",
+    assert labels == ["β=0.03: plain, no aid\nβ=1: plain, hard_em_then_soft",
                       "β=0.3: distribution, example,\n    token (hard_em_then_soft)"], labels  # wrapped between names
 
 
@@ -436,19 +436,42 @@ def test_rate_distortion_one_label_per_pile_whatever_the_order():
     """Markers that touch, chained (a collapsed study's runs piled at R = 0), share one label, the
     same whichever run comes first; the groups drawn at the same betas are named on one line."""
     pts = [(0.0, 1.40 + 0.01 * i, b, g, "k") for i, (b, g) in enumerate(
-        [(0.01, "plain none"), (0.1, "plain none"), (0.01, "token none"), (0.1, "token none"), (1.0, "plain aided")])]
-    pts.append((1.4, 0.05, 0.3, "plain none", "k"))
+        [(0.01, "plain, no aid"), (0.1, "plain, no aid"), (0.01, "token, no aid"), (0.1, "token, no aid"),
+         (1.0, "plain, aided")])]
+    pts.append((1.4, 0.05, 0.3, "plain, no aid", "k"))
     for order in (pts, pts[::-1]):
         labels = sorted(text for text, _ in RD._label_clusters(order, (1.5, 1.6)).values())
-        assert labels == ["β=0.01, 0.1: plain, token (none)\nβ=1: plain aided", "β=0.3"], labels
+        assert labels == ["β=0.01, 0.1: plain, token (no aid)\nβ=1: plain, aided", "β=0.3"], labels
 
 
 def test_rate_distortion_label_lines_break_between_names():
-    text = RD._wrap_items("β=0.01, 0.03, 0.1, 0.3, 1:", ["distribution hard_em_then_soft", "distribution none",
-                                                         "example hard_em_then_soft", "plain none"], 44)
-    assert text == ("β=0.01, 0.03, 0.1, 0.3, 1:\n    distribution hard_em_then_soft,\n    distribution none,"
-                    "\n    example hard_em_then_soft, plain none")
-    assert RD._wrap_items("β=0.3:", ["plain none"], 44) == "β=0.3: plain none"
+    text = RD._wrap_items("β=0.01, 0.03, 0.1, 0.3, 1:", ["distribution, hard_em_then_soft", "distribution, no aid",
+                                                         "example, hard_em_then_soft", "plain, no aid"], 44)
+    assert text == ("β=0.01, 0.03, 0.1, 0.3, 1:\n    distribution, hard_em_then_soft;\n    distribution, no aid;"
+                    "\n    example, hard_em_then_soft;\n    plain, no aid")  # names holding a comma: "; " between them
+    assert RD._wrap_items("β=0.3:", ["plain, no aid"], 44) == "β=0.3: plain, no aid"
+    assert RD._wrap_items("β=0.3:", ["plain", "token (no aid)"], 44) == "β=0.3: plain, token (no aid)"
+
+
+def test_group_labels_read_as_words_not_the_aid_none():
+    """The reviewer's "distribution none" (gains and ρ figures): the aid "none" reads "no aid", facets
+    are joined by ", ", and where no run has an aid the label is the weighting alone; colors and line
+    styles are as before (the weighting's color; the facet's line style)."""
+    from zfree_lab.report.figstyle import WEIGHTING_COLORS, groups
+
+    df = pd.DataFrame({"weighting": ["distribution", "distribution", "plain"], "latent_kind": "discrete",
+                       "aid": ["none", "hard_em_then_soft", "none"], "beta": [0.1, 0.1, 0.3]})
+    got = [(label, color, ls) for label, color, ls, _ in groups(df)]
+    assert got == [("distribution, no aid", WEIGHTING_COLORS["distribution"], "-"),
+                   ("distribution, hard_em_then_soft", WEIGHTING_COLORS["distribution"], "--"),
+                   ("plain, no aid", WEIGHTING_COLORS["plain"], "-")]
+    assert [label for label, *_ in groups(df[df["aid"] == "none"])] == ["distribution", "plain"]
+    aided = [label for label, *_ in groups(df[df["aid"] != "none"])]
+    assert aided == ["distribution, hard_em_then_soft"]  # an aid every run shares is still named
+    fig = P.plot_rho_distributions(_per_example().assign(aid="none").pipe(
+        lambda pe: pd.concat([pe, pe.assign(aid="hard_em_then_soft")], ignore_index=True)))
+    titles = [ax.get_title() for ax in fig.axes if ax.get_visible() and ax.get_title()]
+    assert titles and not [t for t in titles if "none" in t.split(", ")[-1:]] and any("no aid" in t for t in titles)
 
 
 def test_rate_distortion_many_labels_near_the_origin_stay_apart_inside_the_axes():

@@ -49,14 +49,14 @@ def test_phase_boundary_panels_lines_and_markers():
                for ax in axes)
     plain, dist = axes
     labels = [line.get_label() for line in plain.get_lines()]
-    assert "measured plain none" in labels and "measured plain hard_em_then_soft" in labels
+    assert "measured plain, no aid" in labels and "measured plain, hard_em_then_soft" in labels
     assert "predicted rate" in labels and "predicted rate" not in [line.get_label() for line in dist.get_lines()]
     pred = next(line for line in plain.get_lines() if line.get_label() == "predicted rate")
     assert list(pred.get_xdata()) == [0.1, 1.0, 3.0]  # clipped to [min beta / 3, max beta * 3]
-    assert any(line.get_label().startswith("measured β½ 1 (none; 1.25× predicted)") for line in plain.get_lines())
+    assert any(line.get_label().startswith("measured β½ 1 (no aid; 1.25× predicted)") for line in plain.get_lines())
     assert len(plain.patches) == 1 and len(dist.patches) == 1  # the ±25% band around each prediction
     assert not any(line.get_label().startswith("measured β½") for line in dist.get_lines())  # NaN: not drawn
-    measured = next(line for line in plain.get_lines() if line.get_label() == "measured plain none")
+    measured = next(line for line in plain.get_lines() if line.get_label() == "measured plain, no aid")
     np.testing.assert_allclose(measured.get_ydata(), 2.0 / (1 + np.array([0.1, 0.3, 1.0, 3.0])))
     assert fig._suptitle.get_text().startswith("Phase boundary")
 

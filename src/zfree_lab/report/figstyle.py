@@ -172,18 +172,26 @@ def variants(df: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
             for key, rows in df.groupby(facets, sort=False)]  # grouped by a list: every key is a tuple
 
 
+def facet_name(facet: str, value) -> str:
+    """How a facet's value reads in a figure: the aid "none" as "no aid" (a legend entry
+    "distribution none" read as if the weighting were none), every other value as it is."""
+    return "no aid" if facet == "aid" and str(value) == "none" else str(value)
+
+
 def groups(df: pd.DataFrame):
     """(label, color, linestyle, rows) per combination of the facets present in ``df``; the
     color names the weighting, the line style the other facets (latent kind, aid). The label names
     the facets ``df`` varies and, after them, any other facet not at its default (an aid every run
-    of ``df`` shares), so an aided run is never labelled as a plain one."""
+    of ``df`` shares), so an aided run is never labelled as a plain one; the names are joined by
+    ", " and read as words (``facet_name``): "distribution, no aid" beside "distribution,
+    hard_em_then_soft", and "distribution" alone where no run has an aid."""
     facets = [f for f in FACETS if f in df and (f == "weighting" or df[f].nunique() > 1)]
     shared = [str(df[f].iloc[0]) for f in FACETS[1:] if f in df and f not in facets and len(df)
               and str(df[f].iloc[0]) not in ("none", "discrete", "nan", "None")]
     others = list(dict.fromkeys(tuple(r) for r in df[facets[1:]].itertuples(index=False))) if facets[1:] else [()]
     for key, rows in df.groupby(facets, sort=False):  # grouped by a list: every key is a tuple
-        yield (" ".join(map(str, [*key, *shared])), color_of(key[0]), LINESTYLES[others.index(key[1:]) % 4],
-               rows)
+        names = [facet_name(f, k) for f, k in zip(facets, key)]
+        yield (", ".join([*names, *shared]), color_of(key[0]), LINESTYLES[others.index(key[1:]) % 4], rows)
 
 
 def label_box(t, renderer):

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.ticker import MaxNLocator
 
-from zfree_lab.report.figstyle import color_of, finish_with_legend_right, groups, literal, log_axis, paper
+from zfree_lab.report.figstyle import color_of, facet_name, finish_with_legend_right, groups, literal, log_axis, paper
 
 
 @paper
@@ -38,7 +38,7 @@ def plot_phase_boundary(runs: pd.DataFrame, curves: pd.DataFrame | None, boundar
                 ax.axvspan(bp * 0.75, bp * 1.25, color="gray", alpha=0.12, lw=0)
             if np.isfinite(r["beta_half_measured"]):
                 ax.axvline(r["beta_half_measured"], color=color_of(w), lw=1.2,
-                           label=f"measured β½ {r['beta_half_measured']:.3g} ({literal(r['aid'])}; "
+                           label=f"measured β½ {r['beta_half_measured']:.3g} ({literal(facet_name('aid', r['aid']))}; "
                                  f"{r['ratio']:.2f}× predicted)" if np.isfinite(r["ratio"]) else "measured β½")
         log_axis(ax, "x", runs.loc[runs["weighting"] == w, "beta"])
         ax.set_xlabel("β")

@@ -42,7 +42,7 @@ def plot_rate_and_rho_vs_beta(summary: pd.DataFrame, curves: pd.DataFrame | None
         ax_k, ax_r = axes[0, j], axes[1, j]
         for label, color, ls, s in _groups(summary[summary["weighting"] == w]):
             s = s.groupby("beta", as_index=False).mean(numeric_only=True).sort_values("beta")
-            tag = literal(label.removeprefix(w).strip())
+            tag = literal(label.removeprefix(w).strip(" ,"))
             mk = FACET_MARKERS[ls]  # a run of one beta draws no line: the marker names the facet too
             ax_k.plot(s["beta"], s["kl_prior_loss"], ls, marker=mk, color=color, label=f"measured KL {tag}".strip())
             ax_r.plot(s["beta"], s["baseline_normalized_reconstruction_loss"], ls, marker=mk, color=color,
@@ -88,7 +88,7 @@ def _rate_rho_legend(fig: plt.Figure, summary: pd.DataFrame, with_curves: bool) 
         handles.append(Line2D([], [], color="k", lw=2.5, alpha=0.3, label="predicted rate"))
     tags = {}
     for label, _, ls, _ in _groups(summary):
-        tags.setdefault(" ".join(label.split(" ")[1:]), ls)
+        tags.setdefault(label.partition(", ")[2], ls)
     handles += [Line2D([], [], color="k", ls=ls, marker=FACET_MARKERS[ls], label=literal(tag))
                 for tag, ls in tags.items() if tag]
     fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(len(handles), 4),

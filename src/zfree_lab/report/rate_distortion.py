@@ -57,19 +57,21 @@ def _label_clusters(points, spans: tuple[float, float], tol: float = 0.03,
         by_set: dict[tuple, list[str]] = {}
         for g, bs in betas.items():
             by_set.setdefault(tuple(sorted(bs)), []).append(g)
-        lines = [_wrap_items(f"β={', '.join(f'{b:g}' for b in bs)}:", _name_groups(sorted(gs)).split(", "), width)
+        lines = [_wrap_items(f"β={', '.join(f'{b:g}' for b in bs)}:", _name_groups(sorted(gs)), width)
                  for bs, gs in sorted(by_set.items())]
         out[home] = ("\n".join(lines), "k")
     return out
 
 
 def _wrap_items(head: str, items: list[str], width: int, indent: str = "    ") -> str:
-    """``head`` and ``items`` ("head item, item, ...") in lines of at most ``width`` characters,
-    broken only between items (a run's name, e.g. "plain hard_em_then_soft", and ``head`` are never
-    split; one longer than ``width`` stands alone), the lines after the first indented by ``indent``."""
+    """``head`` and ``items`` ("head item, item, ..."; "head item; item; ..." where an item holds a
+    comma, e.g. "plain, hard_em_then_soft") in lines of at most ``width`` characters, broken only
+    between items (a run's name and ``head`` are never split; one longer than ``width`` stands alone),
+    the lines after the first indented by ``indent``."""
+    between = "; " if any("," in item for item in items) else ", "
     lines = [head]
     for i, item in enumerate(items):
-        sep = " " if i == 0 else ", "
+        sep = " " if i == 0 else between
         if len(lines[-1]) + len(sep) + len(item) > width and lines[-1].strip():
             lines[-1] += sep.rstrip()
             lines.append(indent + item)
@@ -78,14 +80,15 @@ def _wrap_items(head: str, items: list[str], width: int, indent: str = "    ") -
     return "\n".join(lines)
 
 
-def _name_groups(labels: list[str]) -> str:
-    """Group labels in one line, their shared trailing facets once: "distribution, example (hard_em_then_soft)"."""
-    words = [lb.split(" ") for lb in labels]
+def _name_groups(labels: list[str]) -> list[str]:
+    """Group labels (``figstyle.groups``: facets joined by ", ") as the items of one line, their shared
+    trailing facets once, after the last: ["distribution", "example (hard_em_then_soft)"]."""
+    words = [lb.split(", ") for lb in labels]
     n = 0
     while len(labels) > 1 and all(len(w) > n + 1 for w in words) and len({w[-1 - n] for w in words}) == 1:
         n += 1
-    heads = ", ".join(" ".join(w[:len(w) - n]) for w in words)
-    return heads + (f" ({' '.join(words[0][len(words[0]) - n:])})" if n else "")
+    heads = [", ".join(w[:len(w) - n]) for w in words]
+    return heads[:-1] + [heads[-1] + (f" ({', '.join(words[0][len(words[0]) - n:])})" if n else "")]
 
 
 @_paper
