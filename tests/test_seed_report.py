@@ -25,8 +25,20 @@ def test_one_seed_says_so_and_shows_no_interval_over_seeds():
     md = seed_gains_markdown(tab)
     assert "**1 seed**" in md and "no interval over seeds" in md
     frame = seed_gains_frame(tab)
-    assert frame.loc[0, "seeds"] == "1 seed (0)"
-    assert frame.loc[0, "z gain (D) [nats/ex], t 95% CI over seeds"] == "1 —"
+    assert frame.iloc[0]["seeds"] == "1 seed (0)"
+    assert frame.iloc[0]["z gain (D) [nats/ex], t 95% CI over seeds"] == "1 (1 seed)"  # no dash: no interval
+    assert frame.iloc[0]["z gain (D): two-stage bootstrap"] == "1 seed"
+    tiny = seed_gains_frame(pd.DataFrame([_row(1, z_gain=5.9612345e-06)]))
+    assert tiny.iloc[0]["z gain (D) [nats/ex], t 95% CI over seeds"] == "5.96e-06 (1 seed)"
+
+
+def test_the_table_is_indexed_by_its_cell_not_a_row_number():
+    """The reviewer's raw 0/1 first column: the cell (weighting, beta, aid, remedy) is the index."""
+    frame = seed_gains_frame(pd.DataFrame([_row(1), _row(3, beta=1.0)]))
+    assert list(frame.index.names) == ["weighting", "beta", "aid", "remedy"]
+    assert list(frame.index) == [("distribution", 0.3, "hard_em_then_soft", "none"),
+                                 ("distribution", 1.0, "hard_em_then_soft", "none")]
+    assert "weighting" not in frame.columns and frame.columns[0] == "seeds"
 
 
 def test_three_seeds_show_the_t_interval_and_the_test():
@@ -35,5 +47,6 @@ def test_three_seeds_show_the_t_interval_and_the_test():
     assert "3 seeds: z gain 1 [0.2, 1.8] (t over seeds, above 0; one-sided p 0.01)" in md
     assert "TOST p 0.9" in md
     frame = seed_gains_frame(tab)
-    assert frame.loc[0, "seeds"] == "3 seeds (0 1 2)"
-    assert frame.loc[0, "z gain (D): two-stage bootstrap"] == "[0.6, 1.4]"
+    assert frame.iloc[0]["seeds"] == "3 seeds (0 1 2)"
+    assert frame.iloc[0]["z gain (D): two-stage bootstrap"] == "[0.6, 1.4]"
+    assert frame.iloc[0]["z gain (D) [nats/ex], t 95% CI over seeds"] == "1 [0.2, 1.8]"

@@ -31,20 +31,25 @@ def _ci(lo: float, hi: float) -> str:
 
 
 def seed_gains_frame(tab: pd.DataFrame) -> pd.DataFrame:
-    """The table the report shows: per cell its seeds, then per quantity the mean over seeds with its 95 %
-    t-interval over seeds in one cell, and the two-stage bootstrap interval (nats per example, 3 digits)."""
+    """The table the report shows, indexed by its cell (weighting, beta, aid, remedy: no row number): per
+    cell its seeds, then per quantity the mean over seeds with its 95 % t-interval over seeds in one cell,
+    and the two-stage bootstrap interval (nats per example, 3 significant digits). A cell of one seed has
+    no interval over seeds: its value reads "5.96e-06 (1 seed)" and its bootstrap cell "1 seed"."""
     key = [c for c in ("weighting", "beta", "aid", "remedy") if c in tab]
     rows = []
     for _, r in tab.iterrows():
         row = {k: r[k] for k in key}
         row["seeds"] = f"{seeds_text(r['n_seeds'])} ({r['seeds']})"
+        one = pd.notna(r["n_seeds"]) and int(r["n_seeds"]) < 2
         for q, name in NAMES.items():
             if q not in r or pd.isna(r[q]):
                 continue
-            row[f"{name} [nats/ex], t 95% CI over seeds"] = f"{r[q]:.3g} {_ci(r[f'{q}_t_lo'], r[f'{q}_t_hi'])}"
-            row[f"{name}: two-stage bootstrap"] = _ci(r[f"{q}_boot_lo"], r[f"{q}_boot_hi"])
+            over = "(1 seed)" if one else _ci(r[f"{q}_t_lo"], r[f"{q}_t_hi"])
+            row[f"{name} [nats/ex], t 95% CI over seeds"] = f"{r[q]:.3g} {over}"
+            row[f"{name}: two-stage bootstrap"] = "1 seed" if one else _ci(r[f"{q}_boot_lo"], r[f"{q}_boot_hi"])
         rows.append(row)
-    return pd.DataFrame(rows)
+    frame = pd.DataFrame(rows)
+    return frame.set_index(key) if key and len(frame) else frame
 
 
 def seed_gains_markdown(tab: pd.DataFrame) -> str:
