@@ -34,7 +34,7 @@ from IPython.display import Markdown, display
 
 from zfree.evaluate.latent_stats import label_confusion
 from zfree_lab.report.labels_report import (confusion_is_wide, dashes, label_table, multiple_references, multiref_note,
-                                        multiref_table, notes_markdown, samples_table)
+                                        multiref_table, notes_markdown, samples_table, samples_view)
 from zfree_lab.report.meaning_report import show_meaning
 from zfree_lab.report.plotting_study import plot_label_confusion
 from zfree_lab.report.report import md_text, run_label, show
@@ -82,5 +82,4 @@ if not runs.empty:
         t = samples_table(r["run_dir"])
         if len(t):
             display(Markdown(f"**{md_text(run_label(r, runs))}**"))
-            with pd.option_context("display.max_colwidth", None):  # pandas cuts cells at 50 characters
-                display(t)
+            display(samples_view(t))  # left-aligned text, line breaks kept, at full length

@@ -64,7 +64,7 @@ display(pd.DataFrame(boundaries).set_index("weighting"))
 result = run_own_study(model, data, out_dir, val=val, preset=cfg, render=render)
 
 # %%
-from zfree_lab.report.labels_report import label_table, notes_markdown, samples_table
+from zfree_lab.report.labels_report import label_table, notes_markdown, samples_table, samples_view
 from zfree_lab.report.report import md_text
 from zfree_lab.experiment.results import collect_runs
 from zfree_lab.experiment.study_notes import study_notes
@@ -74,4 +74,4 @@ display(Markdown(notes_markdown(study_notes(out_dir).get("notes", []))))
 display(label_table(runs))
 for _, r in runs.iterrows():
     display(Markdown(f"**{md_text(r['run_id'])}**"))
-    display(samples_table(r["run_dir"]))
+    display(samples_view(samples_table(r["run_dir"])))

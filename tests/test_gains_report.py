@@ -200,6 +200,23 @@ def test_samples_at_full_length_and_multiref_read_defensively(real, tmp_path):
     assert L.multiref_table(tmp_path) is None and L.multiref_table(tmp_path / "nowhere") is None
 
 
+def test_samples_read_as_text_left_aligned_with_line_breaks_and_no_empty_x(real, tmp_path):
+    """The reviewer's greedy/sampled table on real data: sentences right-aligned, a newline shown as the
+    two characters "\\n", and an index column of empty x on unconditional data. Now: the index is the
+    latent value alone where every x is empty, and ``samples_view`` draws each cell from the left with its
+    line breaks kept, every text escaped."""
+    pd.DataFrame({"id": ["v0", "v0"], "x": ["", ""], "reference": ["r", "r"], "latent": [0, 1],
+                  "greedy": ["Line one.\nLine two <b>bold</b>", "Short."], "sampled": ["A pub.", LONG_Y]}
+                 ).to_parquet(tmp_path / "samples.parquet")
+    t = L.samples_table(tmp_path)
+    assert list(t.index.names) == ["latent"] and list(t.columns) == ["greedy", "sampled"]
+    assert list(L.samples_table(real / "runs" / "cvae_aid_b").index.names) == ["x", "latent"]  # x given: kept
+    html = L.samples_view(t).to_html()
+    assert "text-align: left" in html and "white-space: pre-wrap" in html
+    assert "Line one.\nLine two &lt;b&gt;bold&lt;/b&gt;" in html and "\\n" not in html and "<b>" not in html
+    assert LONG_Y in html  # at full length
+
+
 def test_a_many_valued_label_is_drawn_as_a_heatmap_and_missing_control_values_are_explained():
     """Issue 35: a 44-value label's confusion ran off the page as a table pandas cut to "…"; the
     44-value oracle's multi-reference control columns showed NaN with no word why."""

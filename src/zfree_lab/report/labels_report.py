@@ -78,8 +78,9 @@ def notes_markdown(notes: list[str]) -> str:
 def samples_table(run_dir, max_chars: int | None = None) -> pd.DataFrame:
     """A run's ``samples.parquet`` as a table: per validation x (index: x, latent value) the greedy and
     the sampled y side by side, at full length (``max_chars``: cut there, with "…"); empty when the
-    run wrote none. Show it under ``pd.option_context("display.max_colwidth", None)``: pandas cuts
-    cells at 50 characters by default."""
+    run wrote none. On unconditional data (every x empty) the index is the latent value alone: an x
+    column of empty cells says nothing. Show it with ``samples_view`` (left-aligned, line breaks kept,
+    never cut at pandas' 50 characters)."""
     p = Path(run_dir) / "samples.parquet"
     if not p.exists():
         return pd.DataFrame(columns=["greedy", "sampled"])
@@ -87,7 +88,22 @@ def samples_table(run_dir, max_chars: int | None = None) -> pd.DataFrame:
     if max_chars is not None:
         cut = lambda t: t if len(t) <= max_chars else t[: max_chars - 1] + "…"  # noqa: E731
         s = s.assign(x=s["x"].map(cut), greedy=s["greedy"].map(cut), sampled=s["sampled"].map(cut))
-    return s.set_index(["x", "latent"])[["greedy", "sampled"]]
+    index = ["latent"] if s["x"].fillna("").astype(str).str.strip().eq("").all() else ["x", "latent"]
+    return s.set_index(index)[["greedy", "sampled"]]
+
+
+#: how ``samples_view`` draws a cell of text: from the left, its line breaks kept (pandas' own HTML wrote a
+#: newline as the two characters "\n"), long lines wrapped
+TEXT_CELL = {"text-align": "left", "white-space": "pre-wrap", "vertical-align": "top"}
+
+
+def samples_view(table: pd.DataFrame):
+    """``table`` (``samples_table``) as the report shows it: a ``pandas`` Styler whose cells read as
+    text (``TEXT_CELL``: left-aligned, a newline drawn as a line break) at full length, every value
+    from data escaped as HTML (a sample's "<b>" is the characters it is)."""
+    return (table.style.format(escape="html").format_index(escape="html", axis=0)
+            .set_properties(**TEXT_CELL)
+            .set_table_styles([{"selector": "th", "props": [("text-align", "left"), ("vertical-align", "top")]}]))
 
 
 #: multiref.csv columns shown, when present (written by ``zfree_lab.experiment.multiref_table``), -> header
