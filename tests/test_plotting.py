@@ -222,6 +222,31 @@ def test_log_axes_label_major_ticks_only_as_plain_numbers():
         assert labels and all("×" not in t and "$" not in t for t in labels) and not _minor_labels(axis)
 
 
+def test_a_log_axis_over_decades_with_one_beta_labels_its_decades_too():
+    """The reviewer's smoke study: one beta (0.3) under theory's predicted rate over five decades; the
+    shared β axis was labelled "0.3" alone. Now the powers of ten in view are labelled too, as plain
+    numbers, none within 0.3 decades of the data's beta, no minor labels."""
+    runs = _runs()
+    runs = runs[(runs["beta"] == 0.3) & (runs["weighting"].isin(["plain", "distribution"]))]
+    betas = np.geomspace(1e-4, 3.0, 40)
+    curves = pd.concat([pd.DataFrame({"weighting": w, "beta": betas, "predicted_use_fraction": (betas < 1).astype(float),
+                                      "predicted_rate": 1.2 * (betas < 1)}) for w in ("plain", "distribution")])
+    fig = PS.plot_rate_and_rho_vs_beta(runs, curves)
+    fig.canvas.draw()
+    ax = [a for a in fig.axes if a.get_xlabel() == "β"][0]
+    lo, hi = ax.get_xlim()
+    shown = sorted(float(t.get_text()) for t, v in zip(ax.get_xticklabels(), ax.get_xticks())
+                   if t.get_text() and lo <= v <= hi)
+    assert 0.3 in shown and {0.001, 0.01, 0.1, 1.0} <= set(shown) and len(shown) >= 4, shown
+    assert not _minor_labels(ax.xaxis) and all("×" not in t.get_text() for t in ax.get_xticklabels())
+    from zfree_lab.report.figstyle import decade_ticks
+
+    assert decade_ticks([0.3], (0.05, 2.0)) == [0.1, 0.3, 1.0]  # 0.1 and 1 are 0.48 and 0.52 decades off
+    assert decade_ticks([0.03, 0.3, 1.0], (1e-4, 3)) == [0.03, 0.3, 1.0]  # three of the data's own: as before
+    assert decade_ticks([0.3], (0.2, 0.5)) == [0.3]  # within a decade: the data's values alone
+    assert decade_ticks([0.12], (0.01, 1.5)) == [0.01, 0.12, 1.0]  # 0.1 is 0.08 decades from 0.12: left out
+
+
 def test_legends_sit_outside_the_data():
     """Training-dynamics, rate/rho and effective-beta legends lie outside every axes' box."""
     df = pd.DataFrame({"step": [0, 5, 10], "loss/val/kl_prior_loss": [0.0, 0.2, 0.01],

@@ -82,9 +82,24 @@ def thin_log_ticks(vals, min_gap_decades: float = 0.1, share: float = 1 / 6) -> 
     return [float(vals[i]) for i in keep]
 
 
+def decade_ticks(ticks: list[float], lims, min_gap_decades: float = 0.3) -> list[float]:
+    """``ticks`` (the data's few values) and, where fewer than 3 of them label an axis shown over more
+    than a decade (``lims``, e.g. one beta run under a theory curve over five decades: one tick "0.3"),
+    every power of ten within ``lims`` at least ``min_gap_decades`` from each of them, sorted."""
+    lo, hi = sorted(float(v) for v in lims)
+    if len(ticks) >= 3 or not (lo > 0 and np.isfinite(hi)) or np.log10(hi / lo) <= 1:
+        return list(ticks)
+    decades = 10.0 ** np.arange(np.ceil(np.log10(lo) - 1e-9), np.floor(np.log10(hi) + 1e-9) + 1)
+    lt = np.log10(np.asarray(ticks, float))
+    extra = [float(d) for d in decades if not len(lt) or np.min(np.abs(lt - np.log10(d))) >= min_gap_decades - 1e-12]
+    return sorted([*ticks, *extra])
+
+
 def log_axis(ax, axis: str = "x", values=None) -> None:
     """Log scale with readable major ticks only: at ``values`` (the data's few distinct values,
-    e.g. the betas a sweep ran, thinned where neighbours would overprint: ``thin_log_ticks``) when there are at most 8, else at 1-2-5 per decade (one a decade
+    e.g. the betas a sweep ran, thinned where neighbours would overprint: ``thin_log_ticks``, with the
+    powers of ten in view where fewer than 3 of them would label more than a decade: ``decade_ticks``;
+    call it once the axis holds everything it draws) when there are at most 8, else at 1-2-5 per decade (one a decade
     beyond 1.5 decades, 1-1.5-2-3-5-7 within one decade, where 1-2-5 left data from 2.5 to 4.5
     with the one label 2 below it); plain-number labels ("0.03", not "3×10⁻²"), no minor labels."""
     getattr(ax, f"set_{axis}scale")("log")
@@ -92,7 +107,7 @@ def log_axis(ax, axis: str = "x", values=None) -> None:
     vals = np.unique(np.round(np.asarray([] if values is None else values, float), 12))
     vals = vals[np.isfinite(vals) & (vals > 0)]
     if 0 < len(vals) <= 8:
-        a.set_major_locator(FixedLocator(thin_log_ticks(vals)))
+        a.set_major_locator(FixedLocator(decade_ticks(thin_log_ticks(vals), getattr(ax, f"get_{axis}lim")())))
     else:
         lo, hi = (vals.min(), vals.max()) if len(vals) else getattr(ax, f"get_{axis}lim")()
         span = hi / max(lo, 1e-300)
