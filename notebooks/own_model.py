@@ -38,6 +38,7 @@ from IPython.display import Markdown, display
 from zfree_lab.experiment.own_study import OWN_PRESETS, run_own_study
 from zfree_lab.experiment.sources import link_model, prepare_split, write_reference
 from zfree_lab.experiment.spec import own_grid
+from zfree_lab.run.locks import STUDY_MARKS, claim_folder
 
 cfg = OWN_PRESETS[preset]
 # e.g. cfg = dataclasses.replace(cfg, weightings=("plain", "distribution"), beta_factors=(1 / 3,))
@@ -47,8 +48,7 @@ display(pd.Series(dataclasses.asdict(cfg)).to_frame("value"))
 # ## The split, the base link and the reference (each skipped when already done)
 
 # %%
-out_dir = Path(out).resolve()
-out_dir.mkdir(parents=True, exist_ok=True)
+out_dir = claim_folder(Path(out).resolve(), "study folder", STUDY_MARKS)  # refused if it holds someone else's files
 train_pairs, val_pairs, shared = prepare_split(data, out_dir, val=val, val_size=cfg.val_size)
 base = link_model(model, out_dir)
 ref = write_reference(base, out_dir)

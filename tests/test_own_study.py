@@ -272,9 +272,10 @@ def test_own_model_notebook_runs_under_papermill(tiny_model, tmp_path, monkeypat
                         parameters={"model": str(model), "data": str(data), "out": str(out), "preset": "own_smoke"},
                         cwd=str(NOTEBOOKS), progress_bar=False)
     done = sorted(r.parent.name for r in (out / "runs").glob("*/summary.json"))
-    given = [n for n in done if n.startswith(("control_", "oracle-"))]
-    # the preset's 2 runs, their z-free controls and the oracle of the rows' one label (as the CLI's study)
-    assert len(done) - len(given) == 2 and sorted(n.split("_")[0] for n in given) == ["control", "control", "oracle-style"]
+    # the preset's 2 runs, their z-free controls, the oracle of the rows' one label and its null (as the CLI's study)
+    given = [n for n in done if n.startswith(("control_", "oracle-", "null-"))]
+    assert len(done) - len(given) == 2 and sorted(n.split("_")[0] for n in given) == ["control", "control", "null-style",
+                                                                                     "oracle-style"]
     assert (out / "notes.json").exists()
 
 
@@ -370,8 +371,8 @@ def test_unconditional_text_runs_a_study_to_its_report(kind, tiny_model, tmp_pat
     _check_unconditional_split(out, data, context)
     every = sorted(p for p in (out / "runs").iterdir() if p.is_dir())
     assert all((r / "summary.json").exists() for r in every)
-    given = sorted(r.name.split("_")[0] for r in every if r.name.startswith(("control_", "oracle-")))
-    assert given == ["control", "control", "oracle-style"] and len(every) == 5
+    given = sorted(r.name.split("_")[0] for r in every if r.name.startswith(("control_", "oracle-", "null-")))
+    assert given == ["control", "control", "null-style", "oracle-style"] and len(every) == 6  # the null oracle: issue 55
     for r in every:
         first = json.loads((r / "metrics.jsonl").read_text().splitlines()[0])
         assert first["loss/val/baseline_normalized_reconstruction_loss"] == pytest.approx(1.0, abs=1e-5)
