@@ -152,6 +152,15 @@ def _grid_progress(clock: PhaseClock):
         clock.progress("grid", points=dict(ended))
     return point_ended
 
+def _reuse_plan(spec: ExperimentSpec, workers: int | None, out: Path, saved: dict, progress: bool):
+    """(spec, workers, estimate record) of the plan saved in ``out`` (the same command run again), said when
+    ``progress``: no probe, the same runs."""
+    if progress:
+        print(f"plan: {out / PLAN_FILE} (made {saved.get('made', '?')}) reused: no probe, the same "
+              f"{len(saved.get('run_ids', []))} runs; finished ones are skipped", flush=True)
+    return apply_fitted(spec, saved["fitted"]), workers or saved["workers"], saved.get("estimate")
+
+
 def run_experiment(spec: ExperimentSpec, out_dir: Path | str, *, retrain_base: bool = False,
                    workers: int | None = None, executor: Executor | None = None, progress: bool = True,
                    render: bool = True, estimate: bool = False, budget_s: float | None = None,
@@ -165,9 +174,8 @@ def run_experiment(spec: ExperimentSpec, out_dir: Path | str, *, retrain_base: b
     budget (``zfree_lab.experiment.estimate.plan``; ConfigError when it cannot fit). Raises
     LockHeldError when another process prepares or runs the same folder; ConfigError, before anything
     is written, for a non-empty ``out_dir`` that is not a zfree study or sweep folder, or one inside
-    the installed package (``zfree_lab.run.locks.check_own_folder``). ``started``: when the command
-    began (``time.time()`` seconds; ``zfree study`` passes its process's start), so the budget and
-    timings.json count the interpreter's start-up and imports as the phase ``startup``; None: now."""
+    the installed package (``zfree_lab.run.locks.check_own_folder``). ``started``: the command's start
+    (``zfree study``: its process's), counted by the budget and timings.json (phase ``startup``)."""
     check_out_dir(out_dir)
     out = Path(out_dir).resolve()
     check_own_folder(out, "sweep folder" if spec.data.kind == "fields" else "study folder", STUDY_MARKS)
@@ -184,11 +192,7 @@ def run_experiment(spec: ExperimentSpec, out_dir: Path | str, *, retrain_base: b
     clock.done("preparation")
     record = None
     if saved is not None:
-        spec, workers = apply_fitted(spec, saved["fitted"]), workers or saved["workers"]
-        record = saved.get("estimate")
-        if progress:
-            print(f"plan: {out / PLAN_FILE} (made {saved.get('made', '?')}) reused: no probe, the same "
-                  f"{len(saved.get('run_ids', []))} runs; finished ones are skipped", flush=True)
+        spec, workers, record = _reuse_plan(spec, workers, out, saved, progress)
     elif estimate or budget_s is not None:  # measure, fit memory and budget, say so, then go on
         fitted = _fit(spec, prep, out, workers or spec.workers, budget_s, t0, clock)
         spec, workers, record = fitted.spec, fitted.workers, fitted.record
