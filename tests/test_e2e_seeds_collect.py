@@ -61,6 +61,13 @@ def test_each_rule_gives_its_preregistered_verdict():
     np.testing.assert_allclose(d["H_gain"]["per_seed"], [0.77, 0.95, 0.61], atol=1e-9)
     assert d["H_net"]["decision"] == "as good as its control within +/-0.25"
     assert d["H_use"]["decision"] == "z switched on inside the model"
+    # the two-stage bootstrap check: seeds drawn, then rows; it holds the seeds' mean and lies inside the
+    # range a resample of the seeds' row means can reach
+    for h, col in (("H_gain", "z_gain"), ("H_net", "net_gain"), ("H_use", "use_shuffled")):
+        lo, hi = d[h]["two_stage_95"]
+        means = rows.groupby("seed")[col].mean()
+        assert lo < means.mean() < hi
+        assert means.min() - 0.5 < lo and hi < means.max() + 0.5
     # a seed with one code fails the per-seed floor, whatever the t-test says
     rows, runs = _tables(gain=[0.77, 0.95, 0.61], net=[0.11, -0.05, 0.02], use=[1.3, 1.1, 1.5], codes=(4, 1, 4))
     assert c.decide(rows, pd.DataFrame(), runs)["H_use"]["decision"] == "not shown at 3 seeds"
@@ -74,6 +81,8 @@ def test_each_rule_gives_its_preregistered_verdict():
     rows, runs = _tables(gain=[0.77, 0.95, 0.61], net=[0.1, 0.1, 0.1], use=[1, 1, 1])
     d = c.decide(rows[rows["seed"] < 2], pd.DataFrame(), runs)
     assert not d["finished"] and {d[h]["decision"] for h in ("H_gain", "H_net", "H_use")} == {"not finished"}
+    one = c.decide(rows[rows["seed"] == 0], pd.DataFrame(), runs)
+    assert all(np.isnan(one[h]["two_stage_95"]).all() for h in ("H_gain", "H_net", "H_use"))
 
 
 def test_the_shipped_decisions_are_recomputed_from_the_shipped_rows():
@@ -83,3 +92,20 @@ def test_the_shipped_decisions_are_recomputed_from_the_shipped_rows():
     d = c.decide(pd.read_parquet(FOLDER / "seed_rows.parquet"), pd.read_parquet(FOLDER / "oracle_rows.parquet"),
                  pd.read_csv(FOLDER / "runs.csv"))
     assert c._nan_to_null(d) == json.loads((FOLDER / "decisions.json").read_text(encoding="utf-8"))
+
+
+def test_the_readme_table_shows_each_decision_with_its_seeds_and_both_intervals():
+    c = _collect()
+    rows, runs = _tables(gain=[0.77, 0.95, 0.61], net=[0.11, -0.05, 0.02], use=[1.3, 1.1, 1.5])
+    d = json.loads(json.dumps(c._nan_to_null(c.decide(rows, pd.DataFrame(), runs))))
+    table = c.markdown(d).splitlines()
+    assert len(table) == 2 + 3  # header, rule, the three hypotheses (no oracle rows given)
+    gain = next(line for line in table if line.startswith("| z gain"))
+    cells = [x.strip() for x in gain.strip("|").split("|")]
+    assert cells[1] == "0.770, 0.950, 0.610" and cells[2] == f"{np.mean([0.77, 0.95, 0.61]):.3f}"
+    assert cells[3] == f"[{d['H_gain']['lo']:.3f}, {d['H_gain']['hi']:.3f}]"
+    assert cells[5] == "[{:.3f}, {:.3f}]".format(*d["H_gain"]["two_stage_95"])
+    assert cells[6] == "lowers D against its control"
+    # below 2 seeds the intervals are absent, said as n/a
+    one = json.loads(json.dumps(c._nan_to_null(c.decide(rows[rows["seed"] == 0], pd.DataFrame(), runs))))
+    assert "[n/a, n/a]" in c.markdown(one)

@@ -2,6 +2,7 @@
 and the decisions its rules give.
 
     .venv/bin/python analysis/results/e2e-smollm2-seeds/collect.py STUDY_DIR   # after `zfree report STUDY_DIR`
+    .venv/bin/python analysis/results/e2e-smollm2-seeds/collect.py --markdown  # the README's table
 
 Copies the study's gains.csv, available_gain.csv, seed_gains.csv and seed_rows.parquet (the per-row paired
 table of the aided runs against their controls), writes runs.csv (each run's settings), oracle_rows.parquet
@@ -53,6 +54,16 @@ def tost(values, margin: float = MARGIN) -> float:
                      stats.t.cdf((v.mean() - margin) / se, len(v) - 1)))
 
 
+def two_stage(rows: pd.DataFrame, column: str) -> list[float]:
+    """The preregistered check beside each t-interval: the 95 % two-stage bootstrap (seeds drawn with
+    replacement, then rows within each drawn seed; ``zfree_lab.experiment.seed_stats.two_stage_bootstrap``,
+    its fixed seed 0), [lo, hi] in nats per example; NaN below 2 seeds."""
+    from zfree_lab.experiment.seed_stats import two_stage_bootstrap
+
+    lo, hi = two_stage_bootstrap([g[column].to_numpy() for _, g in rows.groupby("seed")])
+    return [lo, hi]
+
+
 def decide(seed_rows: pd.DataFrame, oracle_rows: pd.DataFrame, runs: pd.DataFrame) -> dict:
     """The preregistered tests: per seed the paired mean over the evaluated rows, then over seeds."""
     per_seed = seed_rows.groupby("seed")[["z_gain", "net_gain", "use_shuffled", "gain_minus_rate"]].mean()
@@ -74,13 +85,43 @@ def decide(seed_rows: pd.DataFrame, oracle_rows: pd.DataFrame, runs: pd.DataFram
         verdict = "undecided at 3 seeds"
     out["H_net"] = {**net, "decision": verdict}
     floor_ok = bool(all(u >= USE_FLOOR for u in use["per_seed"]) and all(c >= MIN_CODES for c in codes_per_seed))
+    for h, col in (("H_gain", "z_gain"), ("H_net", "net_gain")):
+        out[h]["two_stage_95"] = two_stage(seed_rows, col)
     out["H_use"] = {**use, "codes_used_per_seed": codes_per_seed, "per_seed_floor_met": floor_ok,
+                    "two_stage_95": two_stage(seed_rows, "use_shuffled"),
                     "decision": ("z switched on inside the model" if use["p"] < ALPHA and floor_ok
                                  else "not shown at 3 seeds") if n == 3 else "not finished"}
     if len(oracle_rows):
         by = oracle_rows.groupby("seed")[["delta_R", "oracle_net"]].mean()
-        out["oracle"] = {"delta_R": one_sided(by["delta_R"]), "oracle_net": one_sided(by["oracle_net"])}
+        out["oracle"] = {q: {**one_sided(by[q]), "two_stage_95": two_stage(oracle_rows, q)}
+                         for q in ("delta_R", "oracle_net")}
     return out
+
+
+ROWS = [("H_gain", None, "z gain D_control − D_q"), ("H_net", None, "net gain D_control − marginal NLL"),
+        ("H_use", None, "within-model use D_shuffled − D_q"), ("oracle", "delta_R", "oracle ΔR D_control − D_oracle"),
+        ("oracle", "oracle_net", "oracle net D_control − its marginal NLL")]
+
+
+def markdown(decisions: dict) -> str:
+    """The README's table from ``decisions.json``: per quantity the seeds' values, mean, t-interval, one-sided
+    p, the two-stage bootstrap check and the preregistered verdict (nats per example, 3 decimals)."""
+    def f(x):
+        return "n/a" if x is None or (isinstance(x, float) and not np.isfinite(x)) else f"{x:.3f}"
+
+    lines = ["| quantity | per seed | mean | 95 % t-interval over seeds | one-sided p (H0: ≤ 0) | two-stage bootstrap "
+             "95 % | decision |", "|---|---|---|---|---|---|---|"]
+    for key, sub, name in ROWS:
+        d = decisions.get(key, {})
+        d = d.get(sub, {}) if sub else d
+        if not d:
+            continue
+        per = ", ".join(f"{v:.3f}" for v in d["per_seed"])
+        p = "n/a" if d.get("p") is None else f"{d['p']:.3g}"
+        ts = d.get("two_stage_95") or [None, None]
+        lines.append(f"| {name} | {per} | {f(d['mean'])} | [{f(d['lo'])}, {f(d['hi'])}] | {p} | "
+                     f"[{f(ts[0])}, {f(ts[1])}] | {d.get('decision', 'read, not tested')} |")
+    return "\n".join(lines)
 
 
 def _seed(run_dir: Path) -> int:
@@ -131,4 +172,9 @@ def main(study: Path, dest: Path = HERE) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(_nan_to_null(main(Path(sys.argv[1]), Path(sys.argv[2]) if len(sys.argv) > 2 else HERE)), indent=1))
+    if sys.argv[1:2] == ["--markdown"]:  # the README's table from a written decisions.json
+        path = Path(sys.argv[2]) if len(sys.argv) > 2 else HERE / "decisions.json"
+        print(markdown(json.loads(path.read_text(encoding="utf-8"))))
+    else:
+        print(json.dumps(_nan_to_null(main(Path(sys.argv[1]), Path(sys.argv[2]) if len(sys.argv) > 2 else HERE)),
+                         indent=1))
