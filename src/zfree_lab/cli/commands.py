@@ -181,11 +181,10 @@ def cmd_study(a):
     from zfree_lab.experiment.own_study import BOUND_PRESETS, OWN_PRESETS, run_own_study
     from zfree_lab.experiment.study import PRESETS, run_study
 
-    import psutil
-
-    # the invocation's start, its process's (`zfree study` is one process): the budget counts its start-up and
-    # imports too, and the scan for this invocation's failed runs below reads the error.json files since then
-    started = psutil.Process().create_time()
+    # the invocation's start (``zfree_lab.cli.invocation_start``: the process's, for the `zfree` command): the
+    # budget counts its start-up and imports too, and the scan for this invocation's failed runs below reads
+    # the error.json files written since then
+    started = a.started
     if a.preset is not None and a.spec is not None:
         raise ConfigError(f"--preset {a.preset!r} and --spec {a.spec}: give one (the spec is the whole grid, "
                           f"a preset another)")
