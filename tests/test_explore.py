@@ -141,10 +141,31 @@ def test_the_run_table_shows_a_missing_value_as_a_dash(tmp_path):
                          "alignment_nmi": [0.123456, np.nan], "task_correctness": [None, 0.5]})
     table = runs_overview(SweepResults(tmp_path, runs, [], None, None))
     assert table.to_dict("records") == [
-        {"run_id": "a", "aid": "none", "beta": 0.3, "alignment_nmi": 0.1235, "task_correctness": "–"},
-        {"run_id": "b", "aid": "–", "beta": 1.0, "alignment_nmi": "–", "task_correctness": 0.5}]
+        {"run": "a", "aid": "none", "β": 0.3, "NMI": 0.1235, "task correct": "–"},
+        {"run": "b", "aid": "–", "β": 1.0, "NMI": "–", "task correct": 0.5}]
     html = table.to_html()
     assert "NaN" not in html and "None" not in html and html.count("–") == 3
+
+
+def test_the_run_table_reads_as_the_report_headers_its_columns_the_data_keeps_its_keys(two_studies):
+    """The lab's run table headed its columns with raw keys (``kl_prior_loss``,
+    ``baseline_normalized_reconstruction_loss``): each now reads as the report names the same column
+    (a short name, its unit where it has one), and only the display changes: the runs, summary.csv's
+    columns, keep their keys."""
+    from zfree_lab.report import report as R
+
+    lab = ExploreLab(two_studies / "study-all", root=two_studies)
+    runs = lab.explorer.results.runs
+    table = runs_overview(lab.explorer.results)
+    assert list(table.columns) == ["run", "weighting", "latent kind", "aid", "β", "mean w", "KL [nats]", "ρ_recon",
+                                   "NMI", "task correct"]
+    report = R.run_table(runs, {**R.USE_COLUMNS, **R.QUALITY_COLUMNS})  # the report's table of the same runs
+    assert {"KL [nats]", "ρ_recon", "NMI", "task correct"} <= set(report.columns)
+    assert table["KL [nats]"].tolist() == runs["kl_prior_loss"].round(4).tolist()  # renamed, not recomputed
+    assert {"kl_prior_loss", "baseline_normalized_reconstruction_loss", "alignment_nmi", "recon_weight"} <= set(runs)
+    for raw in ("run_id", "kl_prior", "baseline_normalized", "recon_weight", "alignment_nmi", ">beta<"):
+        assert raw not in lab.table.value.replace("\u200b", ""), raw
+    assert "<th>KL [nats]</th>" in lab.table.value and "<th>ρ_recon</th>" in lab.table.value
 
 
 def test_the_lab_table_writes_no_none_or_nan(two_studies):
@@ -153,7 +174,7 @@ def test_the_lab_table_writes_no_none_or_nan(two_studies):
     s = next((study / "runs").glob("*/summary.json"))
     atomic_write_json(s, {k: v for k, v in read_json(s).items() if k != "task/correctness"})
     lab = ExploreLab(study, root=two_studies)
-    assert "task_\u200bcorrectness" in lab.table.value and "–" in lab.table.value
+    assert "task correct</th>" in lab.table.value and "–" in lab.table.value
     assert "NaN" not in lab.table.value and "None" not in lab.table.value
 
 

@@ -659,7 +659,8 @@ def test_study_with_a_failed_point_exits_1_naming_it(tmp_path, capsys, monkeypat
     stale = tmp_path / "runs" / "old_point" / "error.json"  # from an earlier invocation: not reported
     stale.parent.mkdir(parents=True)
     stale.write_text(json.dumps({"error": "old"}))
-    os.utime(stale, (time.time() - 3600, time.time() - 3600))
+    before = time.time() - 3600  # before this (in-process) invocation started
+    os.utime(stale, (before, before))
 
     def one_fails(preset, out, **kw):
         err = Path(out) / "runs" / "plain_beta1_abcd" / "error.json"
@@ -679,6 +680,63 @@ def test_study_with_a_failed_point_exits_1_naming_it(tmp_path, capsys, monkeypat
     assert str(tmp_path.resolve() / "runs" / "plain_beta1_abcd" / "error.json") in err and "old_point" not in err
     assert "FAILED plain_beta3_ef01: ImportError: a figure cell" in err and "2 run(s) failed" in err
 
+
+def test_study_reports_the_runs_failed_since_its_process_started_not_one_failed_just_before(tmp_path, capsys,
+                                                                                            monkeypatch):
+    """`zfree study` found this invocation's failed runs by a second clock beside its process's start (the
+    ``started`` its budget counts from): the time after its imports less 1 s. An error.json left just before
+    the process started (the previous invocation's, the command rerun at once) was reported as failed now.
+    The scan reads the process's start alone; a run that fails after it is reported. Run as the `zfree`
+    script runs it (``main()`` reading ``sys.argv``)."""
+    import psutil
+
+    import zfree_lab.experiment.study as study
+
+    now = time.time()
+    monkeypatch.setattr(psutil.Process, "create_time", lambda self, *a, **kw: now)  # this process starts now
+    earlier = tmp_path / "runs" / "plain_beta1_0001" / "error.json"  # failed 0.1 s before it started
+    earlier.parent.mkdir(parents=True)
+    earlier.write_text(json.dumps({"error": "RuntimeError: the previous invocation's"}))
+    os.utime(earlier, (now - 0.1, now - 0.1))
+    seen = {}
+
+    def one_fails(preset, out, **kw):
+        seen["started"] = kw["started"]
+        err = Path(out) / "runs" / "plain_beta3_0002" / "error.json"
+        err.parent.mkdir(parents=True)
+        err.write_text(json.dumps({"error": "RuntimeError: this invocation's"}))
+        os.utime(err, (now + 1, now + 1))  # written during the invocation (explicit: no coarse file clock)
+        return Path(out) / "report.html"
+
+    monkeypatch.setattr(study, "run_study", one_fails)
+    monkeypatch.setattr(sys, "argv", ["zfree", "study", "--preset", "smoke", "--out", str(tmp_path)])
+    assert main() == 1
+    err = capsys.readouterr().err
+    assert seen["started"] == now  # the pipeline's budget and the scan read one clock: the process's start
+    assert "FAILED plain_beta3_0002: RuntimeError: this invocation's" in err and "1 run(s) failed" in err
+    assert "plain_beta1_0001" not in err and "previous invocation" not in err
+
+
+def test_a_study_called_inside_a_long_lived_process_counts_from_the_call_not_the_process(tmp_path, capsys,
+                                                                                        monkeypatch):
+    """``main([...])`` inside a kernel or a test worker that started an hour ago: its budget and its scan
+    for failed runs start at the call (``invocation_start``), so an hour-old error.json of an earlier call
+    is not reported again and the budget is not spent before the study begins."""
+    import psutil
+
+    import zfree_lab.experiment.study as study
+
+    monkeypatch.setattr(psutil.Process, "create_time", lambda self, *a, **kw: time.time() - 3600)
+    old = tmp_path / "runs" / "plain_beta1_0001" / "error.json"  # an earlier call's, 30 min ago
+    old.parent.mkdir(parents=True)
+    old.write_text(json.dumps({"error": "RuntimeError: an earlier call's"}))
+    os.utime(old, (time.time() - 1800, time.time() - 1800))
+    seen = {}
+    before = time.time()
+    monkeypatch.setattr(study, "run_study", lambda preset, out, **kw: seen.update(kw) or Path(out) / "report.html")
+    assert main(["study", "--preset", "smoke", "--out", str(tmp_path)]) == 0
+    assert before <= seen["started"] <= time.time()
+    assert "earlier call" not in capsys.readouterr().err
 
 def test_a_gpt2_tokenizer_built_from_vocab_files_is_refused(tmp_path):
     # transformers 5's GPT2TokenizerFast(vocab_file=..., merges_file=...) builds a tokenizer of 1 token

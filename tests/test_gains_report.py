@@ -168,10 +168,10 @@ def test_a_run_is_named_with_its_aid_in_every_table_whatever_the_other_runs():
                           "base_task_correctness": np.nan} for a in ("none", "hard_em_then_soft")])
     aided = R.aided_runs(rows)
     named = R.switch_on_targets(aided, synthetic=False)["run"].tolist()
-    assert named == ["distribution hard_em_then_soft β=0.0043"] == [R.run_label(aided.iloc[0], rows)]
-    assert R.run_verdicts(rows)["run"].tolist() == ["distribution β=0.0043", named[0]]
+    assert named == ["distribution, hard_em_then_soft, β=0.0043"] == [R.run_label(aided.iloc[0], rows)]
+    assert R.run_verdicts(rows)["run"].tolist() == ["distribution, β=0.0043", named[0]]
     assert R.run_label(rows.iloc[1].to_dict() | {"latent_kind": "continuous", "remedy": "free_bits"}) == \
-        "distribution continuous hard_em_then_soft free_bits β=0.0043"
+        "distribution, continuous, hard_em_then_soft, free_bits, β=0.0043"
 
 
 @pytest.fixture(scope="module")
@@ -269,7 +269,7 @@ def test_a_real_data_report_leaves_out_the_synthetic_sections_with_one_line_each
     assert "over its control <code>control_distribution_aid</code>" in html and "below 0</td>" in html
     assert "D worse than its control" in html
     targets = html.split("Targets met?")[1].split("The barrier")[0]
-    assert "distribution hard_em_then_soft β=0.0043" in targets
+    assert "distribution, hard_em_then_soft, β=0.0043" in targets
     # a 44-value label's confusion is a figure, not a table cut to "…"; wide tables scroll; "–" explained
     confusion = html.split("Latent values against each label")[1].split("Greedy and sampled y")[0]
     assert "<img" in confusion and "…" not in confusion and "lexfile</th>" not in confusion

@@ -418,5 +418,56 @@ def test_the_promoted_table_reads_by_value_and_shows_no_negative_zero():
                                               {"text": "0", "mean_lift": -0.0012, "count": 22, "rows": 19}],
                        "phrases": [{"text": "5 4", "mean_lift": 0.31, "count": 3, "rows": 3}]}]}
     t = promoted_table(doc)
-    assert t.index.names == ["value", "kind"] and list(t["text"]) == ["'5'", "'0'", "'5 4'"]
-    assert "-0.0" not in t.to_html() and list(t["mean lift (nats)"]) == [0.0, 0.0, 0.31]
+    assert t.index.names == ["value", "kind"] and list(t["text"]) == ["'5 4'"]  # '5' and '0' read 0.0: not promoted
+    assert "-0.0" not in t.to_html() and list(t["mean lift (nats)"]) == [0.31]
+
+
+def test_a_collapsed_runs_table_lists_no_token_at_zero_lift_and_says_so_in_words():
+    """The review: a collapsed run's "what z learned" table listed its values' "promoted" tokens at a lift of
+    0.0. A token whose mean lift reads 0.0 or below at the table's precision is not promoted: not listed; a
+    value left with none is named in words, and a run where no value promotes anything says so (its note that
+    the decoder does not use z stays in the sentences above)."""
+    from zfree_lab.report.meaning_report import meaning_markdown, promoted_table, unpromoted_markdown
+
+    flat = [{"text": "the", "mean_lift": 0.0, "count": 40, "rows": 20}, {"text": ".", "mean_lift": 0.004, "count": 30,
+                                                                          "rows": 20},
+            {"text": "a", "mean_lift": -0.02, "count": 12, "rows": 9}]
+    note = "the decoder does not use z on these rows (measured use 0%, not above 50%): what passes here ..."
+    collapsed = {"source": "posterior argmax", "rows": 40, "rule": "p < 0.05 / 6", "properties": [], "notes": [note],
+                 "values": [{"value": k, "sentence": f"value {k} (50% of rows)", "tokens": flat,
+                             "phrases": [{"text": "the .", "mean_lift": 0.001, "count": 9, "rows": 9}]}
+                            for k in (0, 1)]}
+    assert promoted_table(collapsed).empty
+    assert unpromoted_markdown(collapsed) == ("*No value promotes a token or phrase over the other values: none has "
+                                              "a mean lift above 0.00 nats.*")
+    assert "- note: the decoder does not use z on these rows" in meaning_markdown(collapsed)  # the note is kept
+    one = {**collapsed, "values": [collapsed["values"][0],
+                                   {"value": 1, "tokens": [*flat, {"text": "food", "mean_lift": 0.41, "count": 5,
+                                                                   "rows": 5}], "phrases": []}]}
+    t = promoted_table(one)
+    assert list(t.index) == [(1, "token")] and list(t["text"]) == ["'food'"] and list(t["mean lift (nats)"]) == [0.41]
+    assert unpromoted_markdown(one) == ("*Value 0 promotes no token or phrase over the other values: none has a mean "
+                                        "lift above 0.00 nats.*")
+    assert unpromoted_markdown({"values": [one["values"][1]]}) == ""  # every value promotes one: no line
+
+
+def test_a_value_whose_lifts_are_zero_promotes_nothing_in_its_sentence_or_its_lists():
+    """A collapsed run's decoders agree: every lift is 0 (or within rounding of it). Its values' sentences
+    promised "promotes 'a' (+0.00 nats, 60x)" and its JSON listed the tokens as promoted; a value whose lift
+    is planted still promotes its token in both."""
+    rng = np.random.default_rng(6)
+    pairs = [Pair(str(i), "a b", "Short one." if i % 2 else "A longer one here.") for i in range(60)]
+    assign = np.arange(60) % 2
+    q = np.eye(2)[assign] * 0.8 + 0.1
+    rows = MeaningRows()
+    for i in range(60):
+        lift = np.zeros((2, 3))
+        lift[1, 1] = 0.6 + rng.normal(0, 0.01)  # value 1 promotes token 2; value 0 changes nothing
+        lift[0] = -1e-4 * rng.random(3)  # a collapsed value: 0 to -0.0001 nats
+        rows.ids.append(str(i)); rows.tokens.append([1, 2, 3]); rows.lifts.append(lift)
+    doc, tidy = latent_meaning(assign, pairs, q=q, rows=rows, decode=lambda ids: " ".join(f"t{i}" for i in ids))
+    zero, planted = doc["values"]
+    assert "promotes" not in zero["sentence"] and zero["tokens"] == [] and zero["phrases"] == []
+    assert "promotes 't2' (+0.60 nats, 60x)" in planted["sentence"]
+    assert [t["text"] for t in planted["tokens"]] == ["t2"] and all(p["mean_lift"] > 0 for p in planted["phrases"])
+    assert len(tidy[(tidy["kind"] == "ngram") & (tidy["value"] == 0)]) == 6  # the tidy table keeps every n-gram

@@ -361,12 +361,12 @@ def test_rate_distortion_draws_each_control_once_and_joins_it_to_its_own_runs():
                           "D_control": [51.23, 35.13]})
     links = control_links(runs, gains)
     assert links["control_run_id"].tolist() == ["control_u", "control_a"]
-    assert links["label"].tolist() == ["distribution β=0.0043", "distribution hard_em_then_soft β=0.0043"]
+    assert links["label"].tolist() == ["distribution, β=0.0043", "distribution, hard_em_then_soft, β=0.0043"]
     ax = P.plot_rate_distortion(runs, z_free=52.0, bayes_rate=float("nan"), controls=links).axes[0]
     ctrl = {c.get_label(): c.get_offsets()[0] for c in _scatters(ax) if c.get_label().startswith("z-free control")}
     assert sorted(round(float(v[1]), 2) for v in ctrl.values()) == [35.13, 51.23]  # each control, no mean (43.18)
     assert {k.split(" (")[0] for k in ctrl} == {"z-free control C1", "z-free control C2"}
-    assert any(k.startswith("z-free control C1") and k.endswith("of:\n  distribution hard_em_then_soft β=0.0043")
+    assert any(k.startswith("z-free control C1") and k.endswith("of:\n  distribution, hard_em_then_soft, β=0.0043")
                for k in ctrl)  # C1: the lower D, the aided run's
     joins = {ln.get_gid(): (tuple(ln.get_xdata()), tuple(ln.get_ydata())) for ln in ax.lines
              if str(ln.get_gid()).startswith("control-link")}

@@ -43,7 +43,7 @@ def test_verdict_per_run_from_the_two_fractions():
     partly = R.run_verdicts(_summary().iloc[:1].assign(measured_use_fraction=0.39))
     assert partly["verdict"].iloc[0] == "DISAGREE: only partly used where theory predicts use"
     assert not partly["agree"].iloc[0]
-    assert v["run"].iloc[0] == "distribution hard_em_then_soft β=0.1" and v["run"].iloc[1] == "distribution β=0.3"
+    assert v["run"].iloc[0] == "distribution, hard_em_then_soft, β=0.1" and v["run"].iloc[1] == "distribution, β=0.3"
     np.testing.assert_allclose(v["predicted use"], _summary()["predicted_use_fraction"])
 
 
@@ -64,7 +64,28 @@ def test_verdict_names_a_missing_column():
 def test_run_table_selects_renames_rounds_and_labels():
     t = R.run_table(_summary(), {"kl_prior_loss": "KL [nats]", "missing": "gone"})
     assert list(t.columns) == ["KL [nats]"] and t.index.name == "run"
-    assert t["KL [nats]"].iloc[0] == 1.312 and t.index[2] == "plain hard_em_then_soft β=1"
+    assert t["KL [nats]"].iloc[0] == 1.312 and t.index[2] == "plain, hard_em_then_soft, β=1"
+
+
+def test_run_labels_name_each_field_apart_as_the_figures_do_and_tell_every_run_apart():
+    """The review's "distribution 0.3 hard_em_then_soft": fields joined by spaces read as one phrase.
+    A run's name joins its fields by ", " as the figures' legends join facets (``figstyle.groups``:
+    "distribution, no aid"), β and the seed named; every run of a grid still has its own name."""
+    from zfree_lab.report.figstyle import groups
+
+    runs = pd.DataFrame([{"weighting": w, "beta": b, "aid": a, "latent_kind": "discrete", "remedy": "none", "seed": s}
+                         for w in ("distribution", "plain") for b in (0.03, 0.3) for a in ("none", "hard_em_then_soft")
+                         for s in (0, 1)])
+    labels = [R.run_label(r, runs) for _, r in runs.iterrows()]
+    assert labels[:4] == ["distribution, β=0.03, seed 0", "distribution, β=0.03, seed 1",
+                          "distribution, hard_em_then_soft, β=0.03, seed 0",
+                          "distribution, hard_em_then_soft, β=0.03, seed 1"]
+    assert len(set(labels)) == len(runs)  # the label tells runs apart
+    aided = runs[runs["aid"] != "none"]
+    legend = {label for label, *_ in groups(aided)}  # the figure's name of a run's curve starts its table name
+    assert all(any(R.run_label(r, runs).startswith(g + ", β=") for g in legend) for _, r in aided.iterrows())
+    one_seed = runs[runs["seed"] == 0]
+    assert R.run_label(one_seed.iloc[1], one_seed) == "distribution, hard_em_then_soft, β=0.03"  # one seed: unnamed
 
 
 def test_runs_at_beta_picks_the_log_nearest_beta_per_facet_with_every_seed():
@@ -185,4 +206,4 @@ def test_switch_on_targets_per_run_and_side_of_the_prediction():
 def test_checkmarks_show_booleans_as_marks_and_missing_as_a_dash():
     t = R.checkmarks(R.switch_on_targets(_aided_outcomes()))
     assert list(t["all met"]) == ["✓", "✗", "✗", "✗", "✓", "✗", "–"]
-    assert t["run"].iloc[0] == "distribution hard_em_then_soft β=0.3" and t["z unused"].iloc[4] == "✓"  # aid named
+    assert t["run"].iloc[0] == "distribution, hard_em_then_soft, β=0.3" and t["z unused"].iloc[4] == "✓"  # aid named

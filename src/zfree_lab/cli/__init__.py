@@ -52,13 +52,30 @@ def _interrupt_line(e: KeyboardInterrupt, cmd: str) -> tuple[str, int]:
     return f"zfree: {text} ({name})", 128 + int(signum)
 
 
+def invocation_start(argv) -> float:
+    """When this invocation began (epoch seconds), the clock a study's budget and its failed-runs scan read:
+    the process's start (psutil) where the process is the command (``argv`` None: the ``zfree`` script, whose
+    interpreter start and imports count), else this call's time (``main([...])`` called inside a longer-lived
+    process, a notebook's kernel or a test worker, whose age is not this invocation's)."""
+    import time
+
+    if argv is not None:
+        return time.time()
+    import psutil
+
+    return psutil.Process().create_time()
+
+
 def main(argv=None) -> int:
     """Run the ``zfree`` command; returns the exit status: 0 ok, 1 some sweep/study point failed
     (the others finished), 2 an expected error (printed as one line ``zfree: error: ...``),
     130 / 143 interrupted by SIGINT (Ctrl-C) / SIGTERM (one line saying how to resume; the
-    workers stopped, the locks released, the last checkpoint kept)."""
+    workers stopped, the locks released, the last checkpoint kept). ``argv`` None: ``sys.argv[1:]``,
+    this process being the command (``invocation_start``)."""
+    started = invocation_start(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.started = started
     if args.cmd is None:  # bare `zfree`: the help, as `zfree --help` prints it
         parser.print_help()
         return 0

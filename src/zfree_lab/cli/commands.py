@@ -174,8 +174,6 @@ def cmd_study(a):
     invocation is printed to stderr. Returns 1 if one failed, else 0. Raises ConfigError for
     ``--preset`` with ``--spec``, ValueError for an own-model study without both ``--model`` and
     ``--data`` or for ``--val``/``--budget`` without one."""
-    import time
-
     overrides = with_default_epsilon(_set_overrides(a.set))  # an unknown field is refused before the imports below
     # lazy: the experiment layer imports torch, transformers and the training stack (seconds); `zfree --help` need not
     from zfree_lab.experiment.catalog import DEFAULT_OWN_BUDGET
@@ -183,10 +181,10 @@ def cmd_study(a):
     from zfree_lab.experiment.own_study import BOUND_PRESETS, OWN_PRESETS, run_own_study
     from zfree_lab.experiment.study import PRESETS, run_study
 
-    import psutil
-
-    t0 = time.time() - 1.0
-    started = psutil.Process().create_time()  # the budget counts this process's start-up and imports too
+    # the invocation's start (``zfree_lab.cli.invocation_start``: the process's, for the `zfree` command): the
+    # budget counts its start-up and imports too, and the scan for this invocation's failed runs below reads
+    # the error.json files written since then
+    started = a.started
     if a.preset is not None and a.spec is not None:
         raise ConfigError(f"--preset {a.preset!r} and --spec {a.spec}: give one (the spec is the whole grid, "
                           f"a preset another)")
@@ -212,9 +210,10 @@ def cmd_study(a):
             raise ValueError(f"{'--val' if a.val else '--budget'} needs --model and --data (an own-model study)")
         run_study(a.preset or "default", a.out, retrain_base=a.retrain_base, workers=a.workers,
                   estimate=not a.no_estimate, overrides=overrides, seeds=a.seeds, started=started)
-    # the pipeline prints its FAILED lines; a point that failed in this invocation left an error.json
+    # the pipeline prints its FAILED lines; a point that failed in this invocation left an error.json since it
+    # started (one left by an earlier invocation is older: that run is not reported as failed now)
     runs = Path(a.out).resolve() / "runs"
-    failed = sorted((e.parent.name, e) for e in runs.glob("*/error.json") if e.stat().st_mtime >= t0)
+    failed = sorted((e.parent.name, e) for e in runs.glob("*/error.json") if e.stat().st_mtime >= started)
     code = _report_failures(failed)
     if code:
         print(f"zfree: study {a.preset or 'own'!r}: {len(failed)} run(s) failed", file=sys.stderr)

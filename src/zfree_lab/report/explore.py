@@ -20,24 +20,30 @@ from zfree_lab.experiment.results import SweepResults, load_sweep
 from zfree_lab.experiment.study_folders import check_folder, count_runs, find_studies
 from zfree_lab.experiment.study_notes import study_notes
 from zfree_lab.report.labels_report import dashes
-from zfree_lab.report.report import launch_beta_range
+from zfree_lab.report.report import AIDED_COLUMNS, QUALITY_COLUMNS, USE_COLUMNS, launch_beta_range
 from zfree_lab.report.widgets import WIDE, LaunchPanel, SweepExplorer
 
 #: the columns of the chosen study's run table (those it has; ``source`` where runs were launched)
 RUN_COLUMNS = ("run_id", "source", "weighting", "latent_kind", "aid", "beta", "recon_weight", "kl_prior_loss",
                "baseline_normalized_reconstruction_loss", "alignment_nmi", "task_correctness")
+#: the run table's headers, its columns' keys renamed for display only (the runs keep their keys): the
+#: report's names of the same summary.csv columns, a short name with its unit where it has one ("KL [nats]",
+#: "ρ_recon": ``report.AIDED_COLUMNS``, ``USE_COLUMNS``, ``QUALITY_COLUMNS``), and those only this table shows
+RUN_HEADERS = {**AIDED_COLUMNS, **USE_COLUMNS, **QUALITY_COLUMNS, "run_id": "run", "source": "source",
+               "latent_kind": "latent kind", "recon_weight": "mean w"}
 #: the launched runs' folder inside a study: the study's own runs and report stay as they were
 LAUNCHED = "launched"
 
 
 def runs_overview(sweep: SweepResults) -> pd.DataFrame:
     """The study's finished runs, one row each, for display: ``RUN_COLUMNS`` (those present; ``source``
-    only where it tells runs apart: the study's and its launched ones), rounded to 4 digits, a missing
+    only where it tells runs apart: the study's and its launched ones) under their readable headers
+    (``RUN_HEADERS``: "KL [nats]", not ``kl_prior_loss``), rounded to 4 digits, a missing
     value (NaN, None: e.g. a metric a run did not write) shown as "–" as in the report's tables
     (``labels_report.dashes``; the columns are then of object dtype)."""
     runs = sweep.runs
     cols = [c for c in RUN_COLUMNS if c in runs and (c != "source" or runs[c].nunique() > 1)]
-    return dashes(runs[cols].round(4))
+    return dashes(runs[cols].round(4)).rename(columns=RUN_HEADERS)
 
 
 def launch_template(sweep: SweepResults) -> dict[str, Any]:
@@ -55,9 +61,8 @@ def launch_log_beta(sweep: SweepResults) -> tuple[float, float]:
 
 
 def _table_html(df: pd.DataFrame) -> str:
-    """A table that fits the output's width: its long column names may break after "_" (a
-    zero-width space there), and what is still too wide or long scrolls inside its own box."""
-    df = df.rename(columns=lambda c: str(c).replace("_", "_\u200b"))
+    """A table that fits the output's width: what is too wide or long scrolls inside its own box (its
+    headers, ``RUN_HEADERS``, break at their spaces; no zero-width space after "_" as the raw keys needed)."""
     return ("<div style='max-height:260px;overflow:auto;max-width:100%'>"
             f"{df.to_html(index=False, border=0, classes='jp-RenderedHTMLCommon')}</div>")
 

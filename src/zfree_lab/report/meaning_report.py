@@ -50,24 +50,47 @@ def property_table(doc: dict, digits: int = 3) -> pd.DataFrame:
                       ).round(digits).set_index("property")
 
 
+def promoted(gram: dict, digits: int = 2) -> bool:
+    """Whether a token or phrase (a ``tokens``/``phrases`` entry) is promoted as the table shows it: its
+    mean lift above 0 once rounded to ``digits`` decimals (a collapsed run's lifts of 0.0004 and -0.001
+    read 0.0: the value changes nothing there)."""
+    return round(gram["mean_lift"], digits) > 0
+
+
 def promoted_table(doc: dict, digits: int = 2) -> pd.DataFrame:
     """Each value's most promoted tokens and phrases (mean lift over the other values, nats; count),
-    indexed by value and kind."""
+    indexed by value and kind: only those ``promoted`` at ``digits`` decimals (``unpromoted_markdown``
+    names the values left with none)."""
     rows = []
     for v in doc["values"]:
         for kind in ("tokens", "phrases"):
             for g in v.get(kind, []):
-                rows.append({"value": v["value"], "kind": kind[:-1], "text": repr(g["text"]),
-                             # + 0.0: a small negative lift rounds to 0.0, not -0.0
-                             "mean lift (nats)": round(g["mean_lift"], digits) + 0.0, "count": g["count"],
-                             "rows": g["rows"]})
+                if promoted(g, digits):
+                    rows.append({"value": v["value"], "kind": kind[:-1], "text": repr(g["text"]),
+                                 "mean lift (nats)": round(g["mean_lift"], digits), "count": g["count"],
+                                 "rows": g["rows"]})
     return pd.DataFrame(rows, columns=["value", "kind", "text", "mean lift (nats)", "count", "rows"]
                         ).set_index(["value", "kind"])
 
 
+def unpromoted_markdown(doc: dict, digits: int = 2) -> str:
+    """In words, the values that promote no token or phrase (none ``promoted`` at ``digits`` decimals,
+    so none in ``promoted_table``): one line, or "" when every value promotes one."""
+    left = [v["value"] for v in doc["values"]
+            if not any(promoted(g, digits) for kind in ("tokens", "phrases") for g in v.get(kind, []))]
+    why = f"none has a mean lift above {0:.{digits}f} nats"
+    if not left:
+        return ""
+    if len(left) == len(doc["values"]):
+        return f"*No value promotes a token or phrase over the other values: {why}.*"
+    return (f"*Value{'s' * (len(left) > 1)} {md_text(', '.join(map(str, left)))} promote{'s' * (len(left) == 1)} "
+            f"no token or phrase over the other values: {why}.*")
+
+
 def show_meaning(run_dir: Path | str, title: str) -> bool:
     """Display the run's "What z learned" part in a notebook (heading ``title``, already markdown-safe):
-    the sentences, the property table and the promoted tokens. False (nothing shown) without a
+    the sentences, the property table and the promoted tokens (the values that promote none named in
+    words: ``unpromoted_markdown``; no table where no value promotes any). False (nothing shown) without a
     latent_meaning.json."""
     from IPython.display import Markdown, display
 
@@ -76,6 +99,10 @@ def show_meaning(run_dir: Path | str, title: str) -> bool:
         return False
     display(Markdown(f"### {title}\n\n" + meaning_markdown(doc)))
     display(property_table(doc))
-    with pd.option_context("display.max_colwidth", None):  # pandas cuts cells at 50 characters
-        display(promoted_table(doc))
+    if unpromoted_markdown(doc):
+        display(Markdown(unpromoted_markdown(doc)))
+    table = promoted_table(doc)
+    if len(table):
+        with pd.option_context("display.max_colwidth", None):  # pandas cuts cells at 50 characters
+            display(table)
     return True

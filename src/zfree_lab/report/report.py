@@ -21,6 +21,7 @@ from zfree.core.io import read_json, read_table
 from zfree.evaluate.latent_stats import confusion
 from zfree_lab.run.run_folder import USE_THRESHOLD
 from zfree_lab.experiment.results import FACETS
+from zfree_lab.report.figstyle import facet_name
 from zfree_lab.report.plotting import rho_summaries
 
 # USE_THRESHOLD (zfree_lab.run.run_folder, where a run's summary sets latent_used and
@@ -104,18 +105,21 @@ def launch_beta_range(betas, beta_stars=(), pad_decades: float = 0.5, step: floa
 
 
 def run_label(row, runs: pd.DataFrame | None = None) -> str:
-    """``weighting [latent_kind] [aid] [remedy] β=…[ s<seed>]``: every facet that is not its default
+    """``weighting[, latent_kind][, aid][, remedy], β=…[, seed …]``, the names joined by ", " and read
+    as words as the figures' legends name facets (``figstyle.groups``, ``facet_name``), e.g.
+    "distribution, hard_em_then_soft, β=0.3, seed 1" (the fields joined by spaces read as one
+    phrase: "distribution hard_em_then_soft β=0.3 s1"). Every facet that is not its default
     (``aid = none``, ``latent_kind = discrete``, ``remedy = none``) is named, whether or not ``runs``
     varies it, so a run reads the same in every table and figure (an aided run never loses its aid
     in a table of aided runs only); the seed where ``runs`` has several."""
-    parts = [str(row["weighting"])]
+    parts = [facet_name("weighting", row["weighting"])]
     for f in ("latent_kind", "aid", "remedy"):
         if f in row and str(row[f]) not in ("none", "discrete", "nan", "None"):
-            parts.append(str(row[f]))
+            parts.append(facet_name(f, row[f]))
     parts.append(f"β={row['beta']:g}")
     if runs is not None and "seed" in runs and runs["seed"].nunique() > 1:
-        parts.append(f"s{int(row['seed'])}")
-    return " ".join(parts)
+        parts.append(f"seed {int(row['seed'])}")
+    return ", ".join(parts)
 
 
 def use_side(fraction, threshold: float = USE_THRESHOLD) -> str:

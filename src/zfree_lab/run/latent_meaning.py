@@ -9,8 +9,9 @@ Three descriptions, each computed on the rows of one evaluation and none needing
 
    with w_j = q(z = j | x, y) renormalised over j != k (uniform over j != k when q puts all its mass
    on k). An n-gram's lift is the sum of its tokens' lifts; per value, n-grams are ranked by their mean
-   lift over their occurrences (at least ``MIN_COUNT``). Nothing is filtered: a stop-word that
-   value k promotes ranks where its lift puts it.
+   lift over their occurrences (at least ``MIN_COUNT``). No word is filtered: a stop-word that
+   value k promotes ranks where its lift puts it; a mean lift of 0 or below promotes nothing (the
+   value's promoted tokens and phrases leave it out; a collapsed run's value may promote none).
 2. **Derived properties of y** (``text_properties``, ``property_alignment``): a fixed set computed
    from the text alone (``PROPERTIES``: length in tokens and in words by quartile, number of
    sentences, first word, last punctuation, whether y opens with a word of x), every label the rows
@@ -211,7 +212,8 @@ def value_sentences(assign: np.ndarray, props: pd.DataFrame, alignment: pd.DataF
                     ) -> dict[int, str]:
     """value -> one descriptive sentence, for each value with rows: its share of rows, the most
     over-represented level of its best passing property (its own, ``per_value``, else the overall
-    one), its most promoted n-gram and its median y length in tokens against the other values'."""
+    one), its most promoted n-gram (the shortest ranked first, where its mean lift reads above +0.00 nats:
+    none in a collapsed run) and its median y length in tokens against the other values'."""
     assign = np.asarray(assign)
     overall = alignment[alignment["passes"]].head(1)
     out = {}
@@ -229,6 +231,7 @@ def value_sentences(assign: np.ndarray, props: pd.DataFrame, alignment: pd.DataF
             level = (share_k - share.reindex(share_k.index)).idxmax()
             parts.append(f"{prop} = '{level}' in {share_k[level]:.0%} of its rows vs {share[level]:.0%} of all")
         top = ngrams[(ngrams["value"] == k) & (ngrams["rank"] == 1)].sort_values("n") if len(ngrams) else ngrams
+        top = top[top["mean_lift"].round(2) > 0] if len(top) else top  # "+0.00 nats" promotes nothing
         if len(top):
             t = top.iloc[0]
             parts.append(f"promotes {t['text']!r} (+{t['mean_lift']:.2f} nats, {int(t['count'])}x)")
@@ -261,8 +264,8 @@ def latent_meaning(assign: np.ndarray, pairs: Sequence[Pair], *, q: np.ndarray |
     sentences = value_sentences(assign, props, align, ngrams, n_tokens, K, per_value)
     ex = exemplars(q, pairs) if q is not None else pd.DataFrame()
     values = []
-    for k in range(K):
-        g = ngrams[ngrams["value"] == k] if len(ngrams) else ngrams
+    for k in range(K):  # its promoted tokens and phrases: a mean lift of 0 or below promotes nothing
+        g = ngrams[(ngrams["value"] == k) & (ngrams["mean_lift"] > 0)] if len(ngrams) else ngrams
         values.append({"value": k, "share": float((assign == k).mean()) if len(assign) else math.nan,
                        "sentence": sentences.get(k, f"value {k} (0% of rows)"),
                        "properties": per_value[k].head(3).to_dict("records") if k in per_value else [],
