@@ -102,6 +102,34 @@ def test_packed_hidden_states_equal_the_padded_passes(arch, segments):
         assert not pz[~sel].any()
 
 
+def test_the_packed_prefix_and_its_suffix_passes_equal_the_padded_passes(arch):
+    """``packed_prefix`` then ``packed_suffix`` (the hard-EM step's packed passes: the suffix reads the prefix's
+    recorded keys and values, not a cache) give the padded x-prefix pass's and suffix pass's hidden states, for
+    n = 3 latent vectors and on S cut to its first 2 tokens (``Batch.first_targets``) from the same prefix; a
+    batch of other prefixes is refused."""
+    model = arch["model"]
+    if model.config._attn_implementation != "sdpa":
+        with pytest.raises(ValueError, match="SDPA"):
+            packing.packed_prefix(model, collate(arch["enc"], pad_id=0))
+        return
+    batch = collate(arch["enc"], pad_id=0)
+    lat = _latents(model, len(batch))
+    p0, prefix = packing.packed_prefix(model, batch)
+    assert len(prefix.kv) == model.config.get_text_config().num_hidden_layers
+    for b in (batch, batch.first_targets(2)):
+        h0, hz, valid = _padded(model, b, lat)
+        pz, pv = packing.packed_suffix(model, b, prefix, lat)
+        pm = _prefix_mask(b, h0.shape[1])
+        torch.testing.assert_close(p0[pm], h0[pm], **tol(arch))
+        assert not p0[~pm].any() and torch.equal(pv, valid) and pz.shape == hz.shape
+        sel = valid[:, None].expand(-1, N, -1)
+        torch.testing.assert_close(pz[sel], hz[sel], **tol(arch))
+        assert not pz[~sel].any()
+    assert packing._PREFIX is None and packing._SEGMENTS is None
+    with pytest.raises(ValueError, match="prefix lengths"):
+        packing.packed_suffix(model, collate(arch["enc"][1:], pad_id=0), prefix, lat[1:])
+
+
 def test_packed_step0_logprobs_equal_the_models_own_logits(arch):
     """At a zero latent the packed decoder is the base model: its per-token log-probs equal the model's own
     logits on each row alone, unpadded (float64; the oracle of tests/test_architectures.py)."""
@@ -290,3 +318,144 @@ def test_set_packing_validates_and_returns_the_previous_mode():
             set_packing("sometimes")
     finally:
         assert set_packing(prev) == "off"
+
+
+#: hard-EM variants (posterior head, decoded value): 'optimal' has no head (posterior_argmax would be value 0),
+#: the separate 'encoder' posterior reads the tokens, not the z-free y-region, so both steps pack
+HARD_VARIANTS = [("optimal", "best"), ("encoder", "best"), ("encoder", "posterior_argmax")]
+
+
+def _hard_cvae(backbone, features: str, mode: str, K: int = 4) -> DiscreteCVAE:
+    """A hard-EM CVAE on a copy of ``backbone`` in float64 with trained-looking heads and latents (so the
+    values and k* differ per row), packing ``mode``; the same parameters for every mode."""
+    torch.manual_seed(0)
+    model = DiscreteCVAE(copy.deepcopy(backbone), K, features).double()
+    model.packing_mode = mode
+    with torch.no_grad():
+        model.latent_embedding.weight.normal_(std=0.3)
+        model.router_head.weight.normal_(std=0.3)
+        if model.posterior_head is not None:
+            model.posterior_head.weight.normal_(std=0.3)
+    return model
+
+
+def _hard_step(model, batch, choose: str, estep: int, detached: bool):
+    """``forward_selected`` of the training step (``zfree_metrics=False``) and the gradients of a loss of
+    everything it returns with gradient (the selected log-probs, the router's and the posterior's logits)."""
+    sel = model.forward_selected(batch, choose, estep, router_detached=detached, zfree_metrics=False)
+    w = torch.linspace(0.5, 1.5, sel.selected_logprobs.shape[1], dtype=torch.float64)
+    loss = (sel.selected_logprobs * w).sum() + torch.log_softmax(sel.out.prior_logits, -1)[:, 0].sum()
+    if sel.out.posterior_logits is not None:
+        loss = loss + (torch.log_softmax(sel.out.posterior_logits, -1) * w[:model.n_latent]).sum()
+    loss.backward()
+    return sel, {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _assert_same_selected(arch, padded, packed):
+    (s0, g0), (s1, g1) = padded, packed
+    assert torch.equal(s1.z, s0.z) and torch.equal(s1.k_star, s0.k_star)
+    assert not s1.out.target_logprobs.requires_grad and s1.out.target_logprobs.shape == s0.out.target_logprobs.shape
+    torch.testing.assert_close(s1.out.target_logprobs, s0.out.target_logprobs, **tol(arch))
+    torch.testing.assert_close(s1.selected_logprobs.detach(), s0.selected_logprobs.detach(), **tol(arch))
+    torch.testing.assert_close(s1.out.prior_logits.detach(), s0.out.prior_logits.detach(), **tol(arch))
+    for a, b in ((s0.out.posterior_logits, s1.out.posterior_logits), (s0.out.features, s1.out.features)):
+        assert (a is None) == (b is None)  # features: the encoder's (the head's input), else none (no probe)
+        if a is not None:
+            torch.testing.assert_close(b.detach(), a.detach(), **tol(arch))
+    assert s1.out.zfree_target_logprobs is None
+    assert g0.keys() == g1.keys() and any(k.startswith("backbone.") for k in g0)
+    for k in g0:
+        t = dict(tol(arch, grad=True))
+        if arch["name"] in F32_INSIDE:  # float32 rounding, relative to the gradient's own scale
+            t["atol"] = 1e-6 * max(1.0, float(g0[k].abs().max()))
+        torch.testing.assert_close(g1[k], g0[k], **t, msg=lambda s: f"{k}: {s}")
+
+
+def test_the_hard_em_step_equals_its_padded_self(arch, monkeypatch):
+    """The hard-EM step (``forward_selected``, ``zfree_metrics=False``) over packed rows (``packed_prefix``,
+    then ``packed_suffix`` for the K no-grad E-step blocks and the decoded value's block) equals the padded
+    passes (prefix cache): the K-way log-probs (detached), k*, the decoded value, its log-probs, the router's
+    and the posterior's logits and the gradient of every parameter, for each decoded value, an E-step on all
+    of S and on its first 3 tokens (a cut here), and the router on the separator state with and without
+    gradient (float64); the packed passes are taken wherever attention is SDPA (every architecture here
+    but an eager one)."""
+    from zfree.models import discrete
+
+    taken = []
+    monkeypatch.setattr(discrete, "packed_prefix", lambda *a: taken.append(1) or packing.packed_prefix(*a))
+    batch = collate(arch["enc"], pad_id=0)
+    assert max(batch.host_lengths()[1]) > 3  # estep 3 cuts S
+    sdpa = arch["model"].config._attn_implementation == "sdpa"
+    for features, choose in HARD_VARIANTS:
+        models = {mode: _hard_cvae(arch["model"], features, mode) for mode in ("off", "on")}
+        assert models["on"].packs(batch, zfree_metrics=False) == sdpa and not models["off"].packs(batch, False)
+        for estep in (0, 3):
+            for detached in (False, True):
+                res = {}
+                for mode, model in models.items():
+                    model.zero_grad(set_to_none=True)
+                    res[mode] = _hard_step(model, batch, choose, estep, detached)
+                _assert_same_selected(arch, res["off"], res["on"])
+                if detached:  # the router's loss reaches its head alone
+                    assert "router_head.weight" in res["on"][1]
+        if features == "optimal":
+            assert len(set(res["on"][0].z.tolist())) > 1  # the rows decode different values
+    assert len(taken) == (len(HARD_VARIANTS) * 4 if sdpa else 0)  # one packed prefix a step
+
+
+def test_a_refused_hard_em_step_takes_the_padded_passes_and_equals_them(monkeypatch, tmp_path):
+    """Where ``packing_problem`` refuses (eager attention, a sliding window shorter than a row), the hard-EM
+    step under ``packing_mode='on'`` takes the padded passes (the packed ones are never called) and equals
+    the step under 'off'."""
+    from zfree.models import discrete
+
+    def refused(*a, **k):
+        raise AssertionError("packed pass taken where packing_problem refuses")
+
+    monkeypatch.setattr(discrete, "packed_prefix", refused)
+    monkeypatch.setattr(discrete, "packed_suffix", refused)
+    monkeypatch.setattr(injection, "_WARNED", set())
+    cases = []
+    gpt2, tok = load_causal_lm(build("gpt2", tmp_path / "gpt2"), device="cpu")
+    eager = copy.deepcopy(gpt2).double()
+    eager.set_attn_implementation("eager")
+    cases.append((eager, collate(encode_pairs(tok, make_pairs()), pad_id=0), "SDPA"))
+    mistral, tok = load_causal_lm(build("mistral-window8", tmp_path / "mistral"), device="cpu")
+    cases.append((mistral.double(), collate(encode_pairs(tok, make_pairs()), pad_id=0), "sliding window"))
+    for backbone, batch, reason in cases:
+        assert reason in packing_problem(backbone, batch, "on")
+        res = {}
+        for mode in ("off", "on"):
+            model = _hard_cvae(backbone, "optimal", mode)
+            assert not model.packs(batch, zfree_metrics=False)
+            with warnings.catch_warnings():  # Mistral's window: the padded suffix takes the full pass (warned)
+                warnings.simplefilter("ignore")
+                res[mode] = _hard_step(model, batch, "best", 3, True)
+        _assert_same_selected(dict(name="refused"), res["off"], res["on"])
+
+
+@pytest.mark.parametrize("estep", [0, 3])
+def test_the_packed_hard_em_step_forwards_each_rows_tokens_once_per_pass(estep, tmp_path):
+    """The hard-EM step's decoder-layer tokens (a hook on every layer, as tests/test_step_passes.py) over packed
+    rows are sum_b P_b + K e_b + |S_b| (the prefix once, K E-step blocks of e_b = min(|S_b|, estep) tokens,
+    the decoded value's y-region), the padded passes' B (P_max + K min(L_max, estep) + L_max), and the
+    backward forwards nothing again."""
+    from tests.test_step_passes import LayerTokens
+    from zfree.models.head import verify_head
+
+    backbone, tok = load_causal_lm(build("llama", tmp_path), device="cpu")
+    batch = collate(encode_pairs(tok, make_pairs()), pad_id=0)
+    (P, S), K = (np.array(v) for v in batch.host_lengths()), 4
+    e = np.minimum(S, estep) if estep else S
+    assert len(set(P)) > 1 and len(set(S)) > 1 and (e < S).any() == bool(estep)
+    want = {"off": len(P) * (P.max() + K * e.max() + S.max()), "on": int((P + K * e + S).sum())}
+    assert want["on"] < want["off"]
+    for mode in ("off", "on"):
+        model = _hard_cvae(backbone, "optimal", mode, K)
+        verify_head(model.backbone)  # its probe row (once per model) is not the step's
+        count = LayerTokens(model.backbone)
+        sel = model.forward_selected(batch, "best", estep, router_detached=True, zfree_metrics=False)
+        forward = count.tokens
+        (sel.selected_logprobs.sum() + sel.out.prior_logits.sum()).backward()
+        count.remove()
+        assert forward == want[mode] and count.tokens == forward, (mode, forward, want)

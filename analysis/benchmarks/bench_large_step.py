@@ -107,7 +107,7 @@ def run_kind(a, kind: str, batch_size: int, dev: torch.device) -> dict:
     backbone, tok = build_backbone(a, dev)
     vocab = int(backbone.get_output_embeddings().weight.shape[0])
     model = build_cvae(cfg, backbone)
-    store_frozen_body(model, cfg)
+    store_frozen_body(model, cfg.optim)
     rows = make_rows(a, tok, vocab, max(batch_size * 4, 64))
     if kind == "control":
         model.set_given({r.id: 0 for r in rows})

@@ -4,8 +4,9 @@ posterior, the hard E-step on the first 3 tokens of y), side by side with the st
 issue 56 (``--paths old``: the z-free pass over (x, y) and the z-free head on y, i.e. the model's forward
 with ``zfree_metrics=True``) and the step before packed rows (``padded``: the x-prefix pass and the decoder's
 suffix passes, each padded to the batch's longest; ``new`` packs the rows into one forward where
-``zfree.models.packing.packing_problem`` allows, per row segment attention). Counts, not timings: valid
-on a loaded machine.
+``zfree.models.packing.packing_problem`` allows, per row segment attention; the hard-EM step in three packed
+passes, the prefix once: ``packed_prefix``, then its E-step blocks and the decoded value's block reading its keys
+and values, ``packed_suffix``). Counts, not timings: valid on a loaded machine.
 
     OMP_NUM_THREADS=1 .venv/bin/python analysis/benchmarks/bench_step_flops.py            # tiny shipped base
     OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 .venv/bin/python analysis/benchmarks/bench_step_flops.py \\
@@ -254,7 +255,7 @@ def main() -> None:
             backbone, _ = load_causal_lm(a.model, device="cpu", dtype="float32")
             torch.manual_seed(0)
             model = build_cvae(cfg, backbone)
-            store_frozen_body(model, cfg)
+            store_frozen_body(model, cfg.optim)
             if kind == "control":
                 model.set_given({p.id: 0 for p in pairs})
             verify_head(model.backbone)  # its probe row (once per model) is not the step's

@@ -91,7 +91,7 @@ def bench(kind: str, backbone_dir: str, pairs, a, dev: torch.device) -> dict:
     backbone, tok = load_causal_lm(backbone_dir, device=str(dev), dtype="float32")
     torch.manual_seed(0)
     model = build_cvae(cfg, backbone).to(dev).train()
-    store_frozen_body(model, cfg)  # bf16: the frozen LoRA body stored in bf16, as the loop does (issue 56)
+    store_frozen_body(model, cfg.optim)  # bf16: the frozen LoRA body stored in bf16, as the loop does (issue 56)
     if kind == "control":
         model.set_given({p.id: 0 for p in pairs})  # the control's one value for every row
     params = [p for p in model.parameters() if p.requires_grad]

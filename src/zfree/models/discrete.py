@@ -46,7 +46,7 @@ from zfree.models.nll import masked_mean_token_nll
 from zfree.models.base import hidden_states, target_logprobs_from_hidden
 from zfree.models.encoder import build_posterior_encoder, pool_posterior_features
 from zfree.models.injection import full_target_logprobs, suffix_target_logprobs, zfree_pass
-from zfree.models.packing import packed_prefix_suffix, packing_problem
+from zfree.models.packing import PackedPrefix, packed_prefix, packed_prefix_suffix, packed_suffix, packing_problem
 from zfree.models.precision import heads_input, to_device
 from zfree.models.routes import INJECTIONS, build_route, latent_shared_vector
 
@@ -292,26 +292,29 @@ class DiscreteCVAE(nn.Module):
         over the x-prefix columns only (``zfree_pass``)."""
         return zfree_pass(self.backbone, batch, use_cache=self.shared_prefix, prefix_only=prefix_only)
 
-    def _zfree_heads(self, batch: Batch, router_detached: bool = False, zfree_metrics: bool = True):
+    def _zfree_heads(self, batch: Batch, router_detached: bool = False, zfree_metrics: bool = True, packed: bool = False):
         """(the heads, log p(y_t) of the current backbone without z (B, T) or None, the key/value cache or
-        None) of the z-free pass (``_encode_with_cache``); ``router_detached`` as ``heads_from_hidden``.
+        None) of the z-free pass (``_encode_with_cache``; ``packed``: over packed rows, ``packed_prefix``, its
+        ``PackedPrefix`` in place of the cache); ``router_detached`` as ``heads_from_hidden``.
 
         ``zfree_metrics`` (evaluation): the pass covers (x, y) and also gives the z-free log-probs and
         the probe's mean_y features. Without (the training step, which reads neither): the pass covers
         the x-prefix alone unless the posterior head reads y (``reads_zfree_y``), and no z-free head
         runs, so a step costs the prefix once plus its decoder passes over the y-region."""
-        full = zfree_metrics or self.reads_zfree_y()
-        h0, cache = self._encode_with_cache(batch, prefix_only=not full)
+        if packed:  # the training step's x-prefix alone (``packs``)
+            h0, cache = packed_prefix(self.backbone, batch)
+        else:
+            h0, cache = self._encode_with_cache(batch, prefix_only=not (zfree_metrics or self.reads_zfree_y()))
         heads = self.heads_from_hidden(h0, batch, router_detached, probe_features=zfree_metrics)
         t0 = target_logprobs_from_hidden(self.backbone, h0, batch) if zfree_metrics else None
         return heads, t0, cache
 
     def packs(self, batch: Batch, zfree_metrics: bool) -> bool:
-        """Whether a step's z-free pass and decoder passes run as one forward over packed rows
-        (``zfree.models.packing.packed_prefix_suffix``: no padding, equal to the padded passes within
-        float rounding): the training step (``zfree_metrics`` False) whose z-free pass covers the x-prefix
-        alone (no head reads y), under the embedding route and a shared prefix, where
-        ``packing_problem`` finds nothing against it (``packing_mode``)."""
+        """Whether a step's z-free pass and decoder passes run over packed rows (``zfree.models.packing``:
+        one forward, ``packed_prefix_suffix``; hard EM's prefix once, ``packed_prefix``; no padding, equal to
+        the padded passes within float rounding): the training step (``zfree_metrics`` False) whose z-free
+        pass covers the x-prefix alone (no head reads y), under the embedding route and a shared prefix,
+        where ``packing_problem`` finds nothing against it (``packing_mode``)."""
         return (not zfree_metrics and not self.reads_zfree_y() and self.shared_prefix
                 and self.injection.name == "embedding" and self.shared_prefix_mode != "off"
                 and packing_problem(self.backbone, batch, self.packing_mode) is None)
@@ -325,10 +328,12 @@ class DiscreteCVAE(nn.Module):
 
     def decoder_suffix_shared_prefix(self, batch: Batch, cache, z: Int[torch.Tensor, "batch n"] | None = None
                                      ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Decoder hidden states over the y-region for latent values ``z`` (B, n) (default: all K),
-        reusing the z-free pass's key/value cache of the x-prefix ([bos] + x, which does not depend
-        on z): (hidden (B, n, L, D), valid (B, L)), L = max |S| (``models.injection``, ``models.routes``)."""
+        """Decoder hidden states over the y-region for latent values ``z`` (B, n) (default: all K), reusing the
+        z-free pass's key/value cache of the x-prefix ([bos] + x, which does not depend on z; a ``PackedPrefix``:
+        ``packed_suffix``): (hidden (B, n, L, D), valid (B, L)), L = max |S| (``models.injection``, ``models.routes``)."""
         z = self._all_values(batch) if z is None else z
+        if isinstance(cache, PackedPrefix):
+            return packed_suffix(self.backbone, batch, cache, self.latent_vectors(z))
         return self.injection.suffix(self.backbone, batch, cache, self.latent_vectors(z),
                                      shared_prefix=self.shared_prefix_mode)
 
@@ -364,10 +369,10 @@ class DiscreteCVAE(nn.Module):
         no-grad passes (and so k* and ``out.target_logprobs``) cover only the first ``estep_tokens``
         tokens of S (``Batch.first_targets``); the decoded value's pass covers all of S.
         ``router_detached``: the router reads the separator state detached (``heads_from_hidden``);
-        ``zfree_metrics`` as ``forward``. Raises KeyError listing the keys."""
+        ``zfree_metrics`` as ``forward`` (packed rows where ``packs``). Raises KeyError listing the keys."""
         if isinstance(choose, str) and choose not in DECODED_VALUE:
             raise KeyError(f"choose={choose!r} is not one of {sorted(DECODED_VALUE)}")
-        heads, t0, cache = self._zfree_heads(batch, router_detached, zfree_metrics)
+        heads, t0, cache = self._zfree_heads(batch, router_detached, zfree_metrics, self.packs(batch, zfree_metrics))
         e_batch = batch.first_targets(estep_tokens)
         with torch.no_grad():
             hz, valid = self.decoder_suffix_shared_prefix(e_batch, cache)

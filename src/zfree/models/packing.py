@@ -7,10 +7,14 @@ y-blocks, with position ids restarting per row, a block mask that lets a block r
 segment (``segment_attention``). It forwards sum_b P_b + n |S_b| tokens instead of B (P_max + n L_max) and
 equals the padded passes within float rounding (tests/test_packing.py); ``packing_problem`` says where it is
 not taken (``PACKING``: "auto" packs on the CPU only, where it was measured faster:
-analysis/benchmarks/bench_step_flops.py).
+analysis/benchmarks/bench_step_flops.py). The hard-EM step, whose decoded value is known only after its
+E-step, packs the prefix once (``packed_prefix``) and its blocks in two passes reading its keys and values
+(``packed_suffix``).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -120,12 +124,32 @@ _SEGMENTS: list | None = None
 SEGMENT_ATTENTION = "zfree_segments"
 
 
+#: the packed prefix of the forward in flight (``packed_prefix`` records its keys and values, ``packed_suffix``
+#: reads them): a ``PackedPrefix`` or None
+_PREFIX: "PackedPrefix | None" = None
+
+
 def segment_attention(module, query, key, value, attention_mask, **kwargs):
     """An attention function (transformers' ``AttentionInterface``) for the packed forward: SDPA over each
     row's segment alone (its own mask, ``segment_allowed``), so attention costs sum_b seg_b^2, not the
     packed sequence's square; a packed sequence's tail (padding) gets zeros. query (bins, heads, T, d),
-    key / value (bins, kv heads, T, d); returns (bins, T, heads, d), None as ``sdpa_attention_forward``."""
+    key / value (bins, kv heads, T, d); returns (bins, T, heads, d), None as ``sdpa_attention_forward``.
+    With a ``PackedPrefix`` in flight (``_PREFIX``): recording, each call (one per layer, in order) keeps its
+    keys and values; reading, row j's segment also attends to its row's recorded prefix slots (``packed_suffix``;
+    its mask then covers those keys first)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    pre = _PREFIX
+    if pre is not None:
+        if pre.recording:
+            pre.kv.append((key, value))
+        else:
+            pk, pv = pre.kv[pre.calls]
+            pre.calls += 1
+            key = [torch.cat([pk[:, :, pa:pb], key[:, :, a:b]], 2) for (pa, pb), (a, b, _) in zip(pre.keys, _SEGMENTS[0])]
+            value = [torch.cat([pv[:, :, pa:pb], value[:, :, a:b]], 2) for (pa, pb), (a, b, _) in zip(pre.keys, _SEGMENTS[0])]
+            pieces = [sdpa_attention_forward(module, query[:, :, a:b], k, v, m, **kwargs)[0]
+                      for k, v, (a, b, m) in zip(key, value, _SEGMENTS[0])]
+            return torch.cat(pieces, 1), None  # one bin, no tail
     outs = []
     for i, segs in enumerate(_SEGMENTS):
         pieces = [sdpa_attention_forward(module, query[i:i + 1, :, a:b], key[i:i + 1, :, a:b],
@@ -213,7 +237,6 @@ def packed_prefix_suffix(backbone, batch: Batch, latents: Float[torch.Tensor, "b
     Returns (prefix hidden (B, P_max, D), zero past each row's prefix; hidden (B, n, L, D) at the positions
     predicting S, zero where not valid; valid (B, L)), the layouts of the padded passes. Reads the lengths
     on the host (``Batch.host_lengths``; the index maps: ``packed_indices``). Callers check ``packing_problem`` first."""
-    global _SEGMENTS
     B, T = batch.input_ids.shape
     n = latents.shape[1]
     P_list, S_list = batch.host_lengths()
@@ -226,20 +249,7 @@ def packed_prefix_suffix(backbone, batch: Batch, latents: Float[torch.Tensor, "b
     ids = torch.where(in_block, batch.decoder_inputs.reshape(-1)[flat], batch.input_ids.reshape(-1)[flat])
     emb = backbone.get_input_embeddings()(ids)  # (bins, Tp, D)
     x = emb + in_block[..., None].to(emb.dtype) * latents.reshape(B * n, -1).to(emb.dtype)[t(ix["lat"])]
-    mask = torch.zeros((*ix["allow"].shape[:1], 1, *ix["allow"].shape[1:]), dtype=emb.dtype, device=dev)
-    mask.masked_fill_(~t(ix["allow"])[:, None], torch.finfo(emb.dtype).min)
-    previous = [c._attn_implementation_internal for c in configs]
-    if configs:
-        _SEGMENTS = [[(a, b, t(m)[None, None]) for a, b, m in segs] for segs in ix["segments"]]
-        for c in configs:
-            c._attn_implementation_internal = SEGMENT_ATTENTION
-    try:
-        h = backbone.base_model(inputs_embeds=x, attention_mask=mask, position_ids=t(ix["pos"]),
-                                use_cache=False).last_hidden_state  # (bins, Tp, D)
-    finally:
-        for c, prev in zip(configs, previous):
-            c._attn_implementation_internal = prev
-        _SEGMENTS = None
+    h = _segment_forward(backbone, x, t(ix["pos"]), t(ix["allow"]), ix["segments"], configs)  # (bins, Tp, D)
     hf = h.reshape(-1, h.shape[-1])
     D = hf.shape[-1]
     (ps, pd), (ss, sd) = ix["pre"], ix["suf"]
@@ -247,3 +257,125 @@ def packed_prefix_suffix(backbone, batch: Batch, latents: Float[torch.Tensor, "b
     hz = hf.new_zeros((B * n * L, D)).index_copy(0, t(sd), hf[t(ss)]).reshape(B, n, L, D)
     valid = torch.arange(L, device=dev)[None, :] < batch.target_len[:, None]
     return h0, hz, valid
+
+
+def _segment_forward(backbone, x: torch.Tensor, pos: torch.Tensor, allow: torch.Tensor, segments: list,
+                     configs: list, prefix: "PackedPrefix | None" = None) -> torch.Tensor:
+    """The body over packed inputs ``x`` (bins, Tp, D) at position ids ``pos`` under the 4D additive mask of
+    ``allow`` (bins, Tp, Tp), with attention per row segment (``segment_attention``; ``segments`` per bin
+    [(start, end, bool mask)] as numpy) where ``configs`` (the SDPA configs to switch) is not empty, and
+    ``prefix`` in flight (recorded or read). The model's attention settings and the module's state are
+    restored after. Returns the last hidden states (bins, Tp, D)."""
+    global _SEGMENTS, _PREFIX
+    dev = x.device
+    mask = torch.zeros((allow.shape[0], 1, *allow.shape[1:]), dtype=x.dtype, device=dev)
+    mask.masked_fill_(~allow[:, None], torch.finfo(x.dtype).min)
+    previous = [c._attn_implementation_internal for c in configs]
+    if configs:
+        _SEGMENTS = [[(a, b, torch.from_numpy(m).to(dev)[None, None]) for a, b, m in segs] for segs in segments]
+        _PREFIX = prefix
+        for c in configs:
+            c._attn_implementation_internal = SEGMENT_ATTENTION
+    try:
+        return backbone.base_model(inputs_embeds=x, attention_mask=mask, position_ids=pos,
+                                   use_cache=False).last_hidden_state
+    finally:
+        for c, prev in zip(configs, previous):
+            c._attn_implementation_internal = prev
+        _SEGMENTS = _PREFIX = None
+
+
+@dataclass
+class PackedPrefix:
+    """The x-prefix pass over packed rows (``packed_prefix``), read by ``packed_suffix`` in place of a cache:
+    ``kv`` each attention layer's (keys, values) (1, kv heads, sum_b P_b, head dim), in call order, with their
+    graph; ``keys`` row b's slots without the z-free separator, [start_b, start_b + P_b - 1) (the cache slots
+    the padded suffix pass reads); ``prefix_len`` the rows' P_b."""
+
+    kv: list
+    keys: list[tuple[int, int]]
+    prefix_len: tuple[int, ...]
+    recording: bool = True
+    calls: int = 0
+
+
+def _segment_configs(backbone) -> list:
+    """``_sdpa_configs``, or ValueError without (the prefix reaches a block only through ``segment_attention``)."""
+    configs = _sdpa_configs(backbone) if _SEGMENT_READY else []
+    if not configs:
+        raise ValueError(f"{type(backbone).__name__}: the packed prefix and suffix passes need SDPA attention")
+    return configs
+
+
+def packed_prefix(backbone, batch: Batch) -> tuple[Float[torch.Tensor, "batch P_max d_model"], PackedPrefix]:
+    """The z-free x-prefix pass (``zfree_pass(prefix_only=True)``) over packed rows, for the hard-EM step
+    (``DiscreteCVAE.forward_selected``): each row's [bos] x sep (positions 0 .. P_b - 1) in one sequence of
+    sum_b P_b tokens, causal per row segment, recording every layer's keys and values (``PackedPrefix``) for
+    ``packed_suffix``: the K no-grad E-step blocks and then the decoded value's block with gradient read them
+    as the padded passes read the cache, sum_b P_b + K e_b + |S_b| tokens (the ideal; e_b = min(|S_b|, e)).
+    Not taken: (a) ``packed_prefix_suffix`` without gradient over prefix + K E-step blocks, then (b) with
+    gradient over prefix + the decoded block, the prefix twice. On the e2e preset's batches
+    (bench_step_flops.py: SmolLM2, batch 8, K 4, e 3; mean P_b 35.9 / 42.3 / 38.3, P_max 47 / 48 / 48, mean
+    |S_b| 24.0 / 28.5 / 31.9, L_max 36 / 40 / 45) decoder-layer tokens a row are 95 / 100 / 105 padded,
+    107.8 / 125.0 / 120.4 by (a) + (b) (the prefix again costs more than the padding it saves), 71.9 / 82.8 /
+    82.1 here. With a pass with gradient weighted 3 (a trained body's backward) or 2 (LoRA's frozen body),
+    a no-grad one 1: (a) + (b) 0.87 / 0.97 / 0.90 (x3), 0.94 / 1.04 / 0.96 (x2) of padded, this 0.73 / 0.81
+    / 0.76 and 0.74 / 0.82 / 0.77; packing (b) alone after a padded no-grad prefix and E-step costs more
+    than (a) + (b). Returns (hidden (B, P_max, D), zero past each row's prefix; the ``PackedPrefix``).
+    ValueError without SDPA attention (callers check ``packing_problem``); RuntimeError where not every
+    layer's attention went through ``segment_attention``."""
+    B, T = batch.input_ids.shape
+    P_list, _ = batch.host_lengths()
+    P_max, configs = max(P_list), _segment_configs(backbone)
+    starts = np.cumsum([0, *P_list[:-1]]).tolist()
+    allowed = [np.tril(np.ones((P, P), dtype=bool)) for P in P_list]
+    allow = np.zeros((1, sum(P_list), sum(P_list)), dtype=bool)
+    for o, P, m in zip(starts, P_list, allowed):
+        allow[0, o:o + P, o:o + P] = m
+    t = lambda parts: torch.from_numpy(np.concatenate(parts)).to(batch.input_ids.device)  # noqa: E731
+    x = backbone.get_input_embeddings()(batch.input_ids.reshape(-1)[t([b * T + np.arange(P) for b, P in enumerate(P_list)])])
+    prefix = PackedPrefix([], [(o, o + P - 1) for o, P in zip(starts, P_list)], tuple(P_list))
+    h = _segment_forward(backbone, x[None], t([np.arange(P) for P in P_list])[None], t([allow]),
+                         [list(zip(starts, [o + P for o, P in zip(starts, P_list)], allowed))], configs, prefix)
+    prefix.recording = False
+    if len(prefix.kv) != backbone.config.get_text_config().num_hidden_layers:
+        raise RuntimeError(f"{type(backbone).__name__}: not every layer's attention went through segment_attention")
+    dst = t([b * P_max + np.arange(P) for b, P in enumerate(P_list)])
+    return h.new_zeros((B * P_max, h.shape[-1])).index_copy(0, dst, h[0]).reshape(B, P_max, -1), prefix
+
+
+def packed_suffix(backbone, batch: Batch, prefix: PackedPrefix, latents: Float[torch.Tensor, "batch n d_model"]
+                  ) -> tuple[Float[torch.Tensor, "batch n pos d_model"], torch.Tensor]:
+    """``decoder_hidden_suffix`` over packed rows reading ``prefix`` (``packed_prefix`` of the same rows) in
+    place of the cache: row b's n blocks one after the other, block s the separator and y_0 .. y_{|S_b|-2}
+    (``batch.decoder_inputs``, positions P_b - 1 .. P_b + |S_b| - 2) plus ``latents[b, s]``, attending to its
+    row's prefix slots without the separator and causally to itself (``segment_attention``). ``batch`` may cut
+    S (``Batch.first_targets``). Forwards sum_b n |S_b| tokens. Returns (hidden (B, n, L, D) at the positions
+    predicting S, zero where not valid; valid (B, L)), the padded pass's layout. ValueError for prefix lengths
+    other than ``prefix``'s; RuntimeError where the layers' attention calls do not match the prefix's."""
+    B, T = batch.input_ids.shape
+    n = latents.shape[1]
+    P_list, S_list = batch.host_lengths()
+    if tuple(P_list) != prefix.prefix_len:
+        raise ValueError("packed_suffix: the batch's prefix lengths are not the packed prefix's")
+    L, configs = max(S_list), _segment_configs(backbone)
+    starts = np.cumsum([0, *[n * S for S in S_list[:-1]]]).tolist()
+    pos, src, lat, dst, segments = [], [], [], [], []
+    allow = np.zeros((1, n * sum(S_list), n * sum(S_list)), dtype=bool)
+    for b, (o, P, S) in enumerate(zip(starts, P_list, S_list)):
+        own = np.kron(np.eye(n, dtype=bool), np.tril(np.ones((S, S), dtype=bool)))  # each block causally
+        allow[0, o:o + n * S, o:o + n * S] = own
+        segments.append((o, o + n * S, np.concatenate([np.ones((n * S, P - 1), dtype=bool), own], 1)))
+        pos += [P - 1 + np.arange(S)] * n
+        src += [b * T + P - 1 + np.arange(S)] * n
+        lat += [np.full(S, b * n + s) for s in range(n)]
+        dst += [(b * n + s) * L + np.arange(S) for s in range(n)]
+    t = lambda parts: torch.from_numpy(np.concatenate(parts)).to(batch.input_ids.device)  # noqa: E731
+    emb = backbone.get_input_embeddings()(batch.decoder_inputs.reshape(-1)[t(src)])  # (sum n S, D)
+    prefix.calls = 0
+    h = _segment_forward(backbone, (emb + latents.reshape(B * n, -1).to(emb.dtype)[t(lat)])[None], t(pos)[None],
+                         t([allow]), [segments], configs, prefix)
+    if prefix.calls != len(prefix.kv):
+        raise RuntimeError(f"{type(backbone).__name__}: {prefix.calls} attention calls read a prefix of {len(prefix.kv)}")
+    hz = h.new_zeros((B * n * L, h.shape[-1])).index_copy(0, t(dst), h[0]).reshape(B, n, L, -1)
+    return hz, torch.arange(L, device=h.device)[None, :] < batch.target_len[:, None]
