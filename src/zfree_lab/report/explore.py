@@ -60,10 +60,17 @@ def launch_log_beta(sweep: SweepResults) -> tuple[float, float]:
     return launch_beta_range(sweep.runs["beta"] if "beta" in sweep.runs else [], stars)
 
 
+#: rows the run table shows before it scrolls in its box (a header and 12 rows of ~31 px in JupyterLab: the
+#: default study's 8 runs and a few launched ones in view; at 260 px its 8th run was hidden below the fold)
+TABLE_ROWS_SHOWN = 12
+TABLE_MAX_PX = 31 * (TABLE_ROWS_SHOWN + 1) + 8
+
+
 def _table_html(df: pd.DataFrame) -> str:
-    """A table that fits the output's width: what is too wide or long scrolls inside its own box (its
-    headers, ``RUN_HEADERS``, break at their spaces; no zero-width space after "_" as the raw keys needed)."""
-    return ("<div style='max-height:260px;overflow:auto;max-width:100%'>"
+    """A table that fits the output's width: what is too wide or longer than ``TABLE_ROWS_SHOWN`` rows scrolls
+    inside its own box (its headers, ``RUN_HEADERS``, break at their spaces; no zero-width space after "_" as
+    the raw keys needed)."""
+    return (f"<div style='max-height:{TABLE_MAX_PX}px;overflow:auto;max-width:100%'>"
             f"{df.to_html(index=False, border=0, classes='jp-RenderedHTMLCommon')}</div>")
 
 
