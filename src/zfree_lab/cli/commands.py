@@ -248,6 +248,7 @@ def cmd_sweep(a):
     from zfree_lab.experiment.executor import make_executor
     from zfree_lab.experiment.render import render_report
     from zfree_lab.experiment.sweeps import load_spec, run_sweep
+    from zfree_lab.run.locks import STUDY_MARKS, claim_folder
 
     spec = load_spec(a.spec)
     out = Path(a.out or Path("runs") / f"sweep-{spec.name}")
@@ -256,6 +257,8 @@ def cmd_sweep(a):
         for dev in sorted({p.params["device"] for p in spec.points()}):
             check_device(dev)
     opts = {**spec.executor_options, **({"cluster": a.cluster} if a.cluster else {})}
+    # the folder is checked and made zfree's own before submitit writes its job folder (out/submitit) into it
+    claim_folder(out, "sweep folder", STUDY_MARKS)
     if a.sbatch_test_only:
         return _sbatch_check(opts, out / "submitit")
     ex = make_executor(kind, a.workers or spec.workers, folder=out / "submitit", **(opts if kind == "submitit" else {}))
