@@ -92,6 +92,9 @@ def test_the_shipped_decisions_are_recomputed_from_the_shipped_rows():
     d = c.decide(pd.read_parquet(FOLDER / "seed_rows.parquet"), pd.read_parquet(FOLDER / "oracle_rows.parquet"),
                  pd.read_csv(FOLDER / "runs.csv"))
     assert c._nan_to_null(d) == json.loads((FOLDER / "decisions.json").read_text(encoding="utf-8"))
+    readme = (FOLDER / "README.md").read_text(encoding="utf-8")
+    for line in c.markdown(json.loads(json.dumps(c._nan_to_null(d)))).splitlines():  # the README's table, as computed
+        assert line in readme, line
 
 
 def test_the_readme_table_shows_each_decision_with_its_seeds_and_both_intervals():
@@ -109,3 +112,25 @@ def test_the_readme_table_shows_each_decision_with_its_seeds_and_both_intervals(
     # below 2 seeds the intervals are absent, said as n/a
     one = json.loads(json.dumps(c._nan_to_null(c.decide(rows[rows["seed"] == 0], pd.DataFrame(), runs))))
     assert "[n/a, n/a]" in c.markdown(one)
+
+
+def test_the_project_readme_states_the_3_seed_result_as_recomputed():
+    if not (FOLDER / "decisions.json").exists():
+        pytest.skip("the study's tables are not shipped yet")
+    c = _collect()
+    d = c.decide(pd.read_parquet(FOLDER / "seed_rows.parquet"), pd.read_parquet(FOLDER / "oracle_rows.parquet"),
+                 pd.read_csv(FOLDER / "runs.csv"))
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())  # line breaks as spaces
+
+    def ci(q):
+        return "{:.3f} [{}, {}]".format(q["mean"], *(f"{v:.3f}".replace("-", "−") for v in (q["lo"], q["hi"])))
+
+    oracle = d["oracle"]["delta_R"]
+    stated = [f"by {ci(d['H_gain'])} nats/example (p = {d['H_gain']['p']:.3f})",
+              f"below the control's by {ci(d['H_net'])} (p = {d['H_net']['p']:.3f}: \"better than its control\"",
+              f"costs {ci(d['H_use'])} nats/example (p = {d['H_use']['p']:.3f})",
+              f"ends {-oracle['mean']:.3f} [{-oracle['hi']:.3f}, {-oracle['lo']:.3f}] nats/example *worse*",
+              "3 seeds under a preregistration"]
+    assert d["H_net"]["decision"] == "better than its control"
+    missing = [x for x in stated if x not in readme]
+    assert not missing, f"README.md does not state the recomputed: {missing}"

@@ -105,9 +105,10 @@ ROWS = [("H_gain", None, "z gain D_control − D_q"), ("H_net", None, "net gain 
 
 def markdown(decisions: dict) -> str:
     """The README's table from ``decisions.json``: per quantity the seeds' values, mean, t-interval, one-sided
-    p, the two-stage bootstrap check and the preregistered verdict (nats per example, 3 decimals)."""
+    p, the two-stage bootstrap check and the preregistered verdict (nats per example, 3 decimals, "−" the minus
+    sign as the README prints it)."""
     def f(x):
-        return "n/a" if x is None or (isinstance(x, float) and not np.isfinite(x)) else f"{x:.3f}"
+        return "n/a" if x is None or (isinstance(x, float) and not np.isfinite(x)) else f"{x:.3f}".replace("-", "−")
 
     lines = ["| quantity | per seed | mean | 95 % t-interval over seeds | one-sided p (H0: ≤ 0) | two-stage bootstrap "
              "95 % | decision |", "|---|---|---|---|---|---|---|"]
@@ -116,7 +117,7 @@ def markdown(decisions: dict) -> str:
         d = d.get(sub, {}) if sub else d
         if not d:
             continue
-        per = ", ".join(f"{v:.3f}" for v in d["per_seed"])
+        per = ", ".join(f(v) for v in d["per_seed"])
         p = "n/a" if d.get("p") is None else f"{d['p']:.3g}"
         ts = d.get("two_stage_95") or [None, None]
         lines.append(f"| {name} | {per} | {f(d['mean'])} | [{f(d['lo'])}, {f(d['hi'])}] | {p} | "
