@@ -45,7 +45,9 @@ def test_three_seeds_show_the_t_interval_and_the_test():
     tab = pd.DataFrame([_row(3, z_gain_t_lo=0.2, z_gain_t_hi=1.8)])
     md = seed_gains_markdown(tab)
     assert "3 seeds: z gain 1 [0.2, 1.8] (t over seeds, above 0; one-sided p 0.01)" in md
-    assert "TOST p 0.9" in md
+    assert "not shown equivalent to 0 within ±0.25 (TOST p 0.9)" in md  # a large TOST p shows nothing
+    equivalent = seed_gains_markdown(pd.DataFrame([_row(3, net_gain_tost_p=0.01, net_gain_p=0.3)]))
+    assert "(one-sided p 0.3), equivalent to 0 within ±0.25 (TOST p 0.01)" in equivalent
     frame = seed_gains_frame(tab)
     assert frame.iloc[0]["seeds"] == "3 seeds (0 1 2)"
     assert frame.iloc[0]["z gain (D): two-stage bootstrap"] == "[0.6, 1.4]"

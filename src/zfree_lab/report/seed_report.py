@@ -52,6 +52,16 @@ def seed_gains_frame(tab: pd.DataFrame) -> pd.DataFrame:
     return frame.set_index(key) if key and len(frame) else frame
 
 
+def _net_tests(p: float, tost: float, alpha: float = 0.05) -> str:
+    """The net gain's two tests in words: its one-sided p (H0: net gain <= 0) and TOST's p of equivalence within
+    ±``TOST_MARGIN``, "equivalent" said only where that p is below ``alpha`` (a large TOST p shows nothing)."""
+    out = f" (one-sided p {p:.3g})" if pd.notna(p) else ""
+    if pd.notna(tost):
+        shown = "equivalent" if tost < alpha else "not shown equivalent"
+        out += f", {shown} to 0 within ±{TOST_MARGIN} (TOST p {tost:.3g})"
+    return out
+
+
 def seed_gains_markdown(tab: pd.DataFrame) -> str:
     """One line per cell: the seed-level reading of its z gain and net gain, with "1 seed" where it has one."""
     lines = []
@@ -65,8 +75,7 @@ def seed_gains_markdown(tab: pd.DataFrame) -> str:
             continue
         g, net = (r["z_gain_t_lo"], r["z_gain_t_hi"]), (r.get("net_gain_t_lo"), r.get("net_gain_t_hi"))
         verdict = ("above 0" if g[0] > 0 else "below 0" if g[1] < 0 else "holds 0")
-        tost = r.get("net_gain_tost_p", np.nan)
         lines.append(f"- {cell}, {seeds_text(n)}: z gain {r['z_gain']:.3g} {_ci(*g)} (t over seeds, {verdict}; one-sided "
                      f"p {r['z_gain_p']:.3g}); net gain {r.get('net_gain', np.nan):.3g} {_ci(*net)}"
-                     + (f", equivalent to 0 within ±{TOST_MARGIN} at TOST p {tost:.3g}" if pd.notna(tost) else "") + ".")
+                     f"{_net_tests(r.get('net_gain_p', np.nan), r.get('net_gain_tost_p', np.nan))}.")
     return "\n".join(lines)
