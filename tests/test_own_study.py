@@ -203,7 +203,9 @@ def test_finetune_base_makes_the_entangled_run_setting(tiny_model, tmp_path, mon
     assert log["init_from"] == str(model.resolve()) and log["steps"] <= 3
     ref = json.loads((ft / "reference" / "reference.json").read_text())
     assert ref["estimator"] == "entangled_run"
-    (run,) = [p for p in (out / "runs").iterdir() if p.is_dir() and not p.name.startswith(("control_", "oracle-"))]
+    # the one CVAE run (not a z-free control, a label oracle or its null oracle, which a study trains too)
+    (run,) = [p for p in (out / "runs").iterdir()
+              if p.is_dir() and not p.name.startswith(("control_", "oracle-", "null-"))]
     from zfree_lab.run.run_folder import read_run_config
 
     cfg = read_run_config(run / "config.json")  # paths stored relative to the run folder, resolved here
