@@ -24,6 +24,12 @@ def _collect():
     return mod
 
 
+def _shipped_decisions(c):
+    """``decide`` on the shipped per-row tables and runs.csv (the study's published inputs)."""
+    return c.decide(pd.read_parquet(FOLDER / "seed_rows.parquet"), pd.read_parquet(FOLDER / "oracle_rows.parquet"),
+                    pd.read_csv(FOLDER / "runs.csv"))
+
+
 def _tables(gain, net, use, codes=(4, 4, 4), rows=40, seed=0):
     """Per-row tables whose per-seed means are exactly ``gain``/``net``/``use`` (row noise of mean 0)."""
     rng = np.random.default_rng(seed)
@@ -89,8 +95,7 @@ def test_the_shipped_decisions_are_recomputed_from_the_shipped_rows():
     if not (FOLDER / "decisions.json").exists():
         pytest.skip("the study's tables are not shipped yet (PREREGISTRATION.md: it resumes across sessions)")
     c = _collect()
-    d = c.decide(pd.read_parquet(FOLDER / "seed_rows.parquet"), pd.read_parquet(FOLDER / "oracle_rows.parquet"),
-                 pd.read_csv(FOLDER / "runs.csv"))
+    d = _shipped_decisions(c)
     assert c._nan_to_null(d) == json.loads((FOLDER / "decisions.json").read_text(encoding="utf-8"))
     readme = (FOLDER / "README.md").read_text(encoding="utf-8")
     for line in c.markdown(json.loads(json.dumps(c._nan_to_null(d)))).splitlines():  # the README's table, as computed
@@ -118,8 +123,7 @@ def test_the_project_readme_states_the_3_seed_result_as_recomputed():
     if not (FOLDER / "decisions.json").exists():
         pytest.skip("the study's tables are not shipped yet")
     c = _collect()
-    d = c.decide(pd.read_parquet(FOLDER / "seed_rows.parquet"), pd.read_parquet(FOLDER / "oracle_rows.parquet"),
-                 pd.read_csv(FOLDER / "runs.csv"))
+    d = _shipped_decisions(c)
     readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())  # line breaks as spaces
 
     def ci(q):
