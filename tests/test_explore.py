@@ -198,3 +198,14 @@ def test_the_run_table_follows_a_launch(two_studies):
     assert ">launched<" in lab.table.value and ">study<" in lab.table.value  # the source column
     lab.open(two_studies / "study-two")  # another study: its own runs only, no source column
     assert "2 finished runs, 0 failed" in lab.table.value and "source" not in lab.table.value
+
+
+def test_a_curve_is_named_as_its_run_is_named_in_the_tables(tmp_path):
+    """The explorer's training-curve legend (``SweepResults.label``) joins the facets by ", " as the
+    report's ``run_label`` does ("distribution, hard_em_then_soft, β=0.3"); it read
+    "distribution hard_em_then_soft β=0.3", one phrase."""
+    runs = pd.DataFrame({"weighting": ["distribution", "distribution"], "aid": ["none", "hard_em_then_soft"],
+                         "beta": [0.3, 0.3]})
+    res = SweepResults(tmp_path, runs, [], None, None)
+    assert res.label(runs.iloc[1]) == "distribution, hard_em_then_soft, β=0.3"
+    assert res.label(runs.iloc[0], with_beta=False) == "distribution, none"

@@ -188,6 +188,8 @@ def test_label_table_puts_the_majority_baseline_beside_each_label(real):
     assert t["complete majority"].iloc[0] == round(40 / 60, 3) and t["first_slot majority"].iloc[0] == 0.5
     few = L.label_table(collect_runs(real / "runs"), min_rows=100)
     assert few["warning"].iloc[0] == "complete: 60 rows; first_slot: 60 rows; lexfile: 60 rows"
+    # the rate is headed as the report's run tables head it (it read "rate (KL)" here, "KL [nats]" there)
+    assert "KL [nats]" in cols and "rate (KL)" not in cols
 
 
 def test_samples_at_full_length_and_multiref_read_defensively(real, tmp_path):

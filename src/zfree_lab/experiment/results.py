@@ -200,9 +200,11 @@ class SweepResults:
                 for k, v in flat.items()}
 
     def label(self, row: pd.Series, with_beta: bool = True) -> str:
-        """``weighting [latent_kind] [aid] β=…``, naming a facet only where the sweep varies it."""
+        """``weighting[, latent_kind][, aid], β=…``, naming a facet only where the sweep varies it; the
+        names joined by ", " as the report's ``run_label`` joins them ("distribution, hard_em_then_soft,
+        β=0.3"), so a curve's legend reads as the same run's row in the tables."""
         parts = [str(row[f]) for f in FACETS if f in self.runs and self.runs[f].nunique() > 1 or f == "weighting"]
-        return " ".join(parts) + (f" β={row['beta']:g}" if with_beta else "")
+        return ", ".join(parts + ([f"β={row['beta']:g}"] if with_beta else []))
 
     def theory_curves(self, betas: np.ndarray | None = None, with_excess: bool = True) -> pd.DataFrame | None:
         """``zfree.objective.theory.predict_curve`` for every weighting in the sweep (token weighting

@@ -47,10 +47,10 @@ def label_metric_of(column: str) -> tuple[str, str] | None:
 
 def label_table(summary: pd.DataFrame, digits: int = 3, min_rows: int = MIN_ROWS) -> pd.DataFrame:
     """Per run (``run_label``), every ``structure/<metric>/<label>`` column of ``summary`` as
-    ``<label> <metric>`` (grouped by label) next to rho_recon, the rate (KL, nats per sequence) and measured/predicted
+    ``<label> <metric>`` (grouped by label) next to rho_recon, the rate ("KL [nats]", per sequence, as the report's run tables name it) and measured/predicted
     use; with ``run_dir``, each label's majority-class share (``<label> majority``, the baseline of
     the accuracies) and a ``warning`` column naming labels on fewer than ``min_rows`` rows or one value."""
-    base = {"loss/val/baseline_normalized_reconstruction_loss": "ρ_recon", "loss/val/kl_prior_loss": "rate (KL)",
+    base = {"loss/val/baseline_normalized_reconstruction_loss": "ρ_recon", "loss/val/kl_prior_loss": "KL [nats]",
             "latent/measured_use_fraction": "measured use", "latent/predicted_use_fraction": "predicted use"}
     parsed = {c: label_metric_of(c) for c in summary.columns}
     lab = {c: f"{p[1]} {p[0].replace('_', ' ')}" for c, p in parsed.items() if p is not None}
