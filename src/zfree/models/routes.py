@@ -277,6 +277,18 @@ def _check_prefix(batch: Batch) -> None:
 # ------------------------------------------------------------------------------------- prefix
 
 
+def initial_soft_token(backbone) -> Float[torch.Tensor, "d_model"]:
+    """s_0, the prefix route's soft token at step 0: the mean over the vocabulary of the input embedding
+    module's output (its own scaling, Gemma's sqrt(d), included), in the embeddings' dtype and device, no
+    gradient. A run's prefix reference is scored reading it (``zfree.reference.prefix``)."""
+    emb = backbone.get_input_embeddings()
+    V, chunk = emb.weight.shape[0], 4096  # chunked: a 256k vocabulary's embeddings at once would be GBs
+    with torch.no_grad():
+        total = sum(emb(torch.arange(i, min(i + chunk, V), device=emb.weight.device)).sum(0)
+                    for i in range(0, V, chunk))
+    return total / V
+
+
 class PrefixRoute(InjectionRoute):
     """One soft token s + u inserted before the separator (module docstring). s (d_model) is learned
     and latent-independent, initialised at the mean input embedding of the vocabulary."""
@@ -285,12 +297,7 @@ class PrefixRoute(InjectionRoute):
 
     def __init__(self, backbone):
         super().__init__()
-        emb = backbone.get_input_embeddings()
-        V, chunk = emb.weight.shape[0], 4096  # chunked: a 256k vocabulary's embeddings at once would be GBs
-        with torch.no_grad():
-            total = sum(emb(torch.arange(i, min(i + chunk, V), device=emb.weight.device)).sum(0)
-                        for i in range(0, V, chunk))
-        self.shared = nn.Parameter(total / V)  # the module's output: its own scaling (Gemma's sqrt(d)) included
+        self.shared = nn.Parameter(initial_soft_token(backbone))
 
     def soft(self, latents: Float[torch.Tensor, "batch n d_model"], dtype: torch.dtype | None = None
              ) -> Float[torch.Tensor, "batch n d_model"]:
