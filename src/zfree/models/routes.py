@@ -26,8 +26,10 @@ Step 0 (u = 0 for every value: e_k and W start at zero):
     (a token before the separator); at step 0, M u = 0 whatever M is, and dL/du = M^T dL/d(dk, dv) != 0.
   prefix: a soft token changes the context, so no CVAE with one equals the base model. It is exact
     against its own reference: the base model reading [bos] x, s_0, sep, y, with s_0 the initial
-    shared soft token (the mean input embedding of the vocabulary); every value decodes exactly that
-    at step 0, and u = 0 is the zero-initialised delta (tests/test_injection_routes.py).
+    shared soft token (the mean input embedding of the vocabulary, ``initial_soft_token``); every value
+    decodes exactly that at step 0, and u = 0 is the zero-initialised delta (tests/test_injection_routes.py).
+    So a prefix run's z-free reference (b, b_t, c_base: every weighting's, and rho's) is the base model
+    reading s_0, scored once at run start by ``zfree.reference.prefix`` (tests/test_prefix_reference.py).
 
 Equal capacity (``ModelConfig.latent_capacity``, issue 55): under ``per_value`` the CVAE hands the route
 its own vector per latent value (e_k; W z); under ``shared_delta`` it hands s + e_k (s + W z), s one

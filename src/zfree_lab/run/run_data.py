@@ -28,7 +28,10 @@ from zfree.reference.scoring import context_length, score_pairs
 
 @dataclass
 class RunData:
-    """What the loop reads: the encoded rows, the reference's b and b_t, and the evaluation arguments."""
+    """What the loop reads: the encoded rows, the reference's b and b_t, and the evaluation arguments. Every
+    c_base and b here (the weightings' 1/c_base, 1/(b + eps), token shares, and rho's) is of the run's
+    reference: under ``injection: prefix`` the base model reading the route's initial soft token
+    (``zfree.reference.prefix``), else the z-free base model on (x, y)."""
 
     tokenizer: object
     pad_id: int
@@ -137,7 +140,8 @@ def setup_data(cfg: TrainConfig, backbone, tok, data_dir: Path, base_dir: Path, 
 def batch_references(data: RunData, batch, weighting: str, device: torch.device, dtype: torch.dtype = torch.float32
                       ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """b (batch,) and, under token weighting, the base-token matrix (batch, seq) of a training
-    batch, on ``device``. ``batch`` is the host (CPU) batch: both are built on the host and copied
+    batch, on ``device``, from the run's training-row reference (``RunData.train_ref``: a prefix run's is
+    read through its soft token). ``batch`` is the host (CPU) batch: both are built on the host and copied
     once, so no device value is read back (``base_token_matrix`` reads prefix_len per row). ``dtype``:
     the model's loss dtype (``zfree.models.precision.acc_dtype``)."""
     if data.train_ref is None:
