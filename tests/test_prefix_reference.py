@@ -142,3 +142,21 @@ def test_a_resumed_prefix_run_reads_its_stored_reference_without_rescoring(tiny_
     s = train_cvae(cfg, out, progress=False)
     assert (ref_json.read_bytes(), os.stat(ref_json).st_mtime_ns) == before
     assert abs(s["init/loss/val/baseline_normalized_reconstruction_loss"] - 1) <= RHO0_TOL
+
+
+def test_a_prefix_run_reads_its_gate_rows_b_through_the_prefix_too(tiny_run, tmp_path):
+    """Every validation row evaluated (eval_rows 48 of 48), so the hand-over gate reads training rows, whose
+    b the run has no training-row reference for: they get their own prefix reference (``gate``), of exactly
+    the gate's rows, through the same soft token as the validation reference."""
+    from zfree_lab.run.training import train_cvae
+
+    cfg = _run_cfg(tiny_run, "cvae", aid="hard_em_then_soft", eval_rows=48, handover_rows=8)
+    out = tmp_path / "run"
+    s = train_cvae(cfg, out, progress=False)
+    assert s["aid/gate_split"] == "train"
+    assert {p.name for p in (out / PREFIX_REFERENCE_DIR).iterdir()} == {"val", "gate"}
+    gate, val = (read_json(out / PREFIX_REFERENCE_DIR / k / "reference.json") for k in ("gate", "val"))
+    assert gate["route"] == "prefix" and gate["split"] == "gate" and gate["data_file"].endswith("train.jsonl")
+    assert gate["soft_token_sha256"] == val["soft_token_sha256"] and gate["model_sha256"] == val["model_sha256"]
+    ids = pd.read_parquet(out / PREFIX_REFERENCE_DIR / "gate" / "per_example.parquet")["id"].tolist()
+    assert ids == read_json(out / "config.json")["_gate_rows"]["ids"]
