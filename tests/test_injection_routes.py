@@ -6,7 +6,8 @@ logits (prefix: the base model reading the initial soft token, its own reference
 shared-prefix pass equals K separate full passes once the latent parameters are perturbed; a
 gradient reaches the latent at step 0. Each under both ``latent_capacity`` settings (the K values
 their own vectors, or zero-initialised deltas on one shared vector: issue 55 item 2). Plus: greedy
-decoding goes through the route, the continuous CVAE, and the config field.
+decoding goes through the route, the continuous CVAE, and the config field. A prefix run's training,
+against its own reference: tests/test_prefix_reference.py.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import transformers as T
 from tests.test_architectures import CONFIGS, make_pairs
 from tests.tiny import tiny_flat
 from zfree.config import LATER_FIELD_DEFAULTS, TrainConfig, without_log_only
-from zfree.core.errors import ConfigError
 from zfree.data.batching import EncodedPair, collate, encode_pairs
 from zfree_lab.run.tokenizer import build_digit_tokenizer
 from zfree.models.base import decode_with_latents
@@ -281,12 +281,6 @@ def test_a_model_field_added_later_defaults_to_the_old_behaviour_and_keeps_old_r
     assert control_params({**flat, field: other})[field] == other  # the control's route/capacity is its run's
     with pytest.raises(ValueError, match=field):
         TrainConfig.from_flat({**flat, field: bad})
-
-
-def test_prefix_is_refused_for_training_in_one_line_naming_the_field():
-    with pytest.raises(ConfigError, match="injection='prefix' cannot be trained yet") as e:
-        TrainConfig.from_flat({**TrainConfig().to_flat(), "injection": "prefix"})
-    assert "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize("kind", ["discrete", "continuous"])

@@ -309,10 +309,6 @@ class TrainConfig:
         if self.model.bn_gamma > 0 and self.optim.batch_size < 2:  # batch statistics need two rows
             raise ValueError(f"batch_size={self.optim.batch_size}: bn_gamma={self.model.bn_gamma:g} (BN-VAE) normalizes "
                              "the posterior means by batch statistics, which need batch_size >= 2")
-        if self.model.injection == "prefix":  # the model supports it (zfree.models.routes); the run's check does not
-            raise ConfigError("injection='prefix' cannot be trained yet: its soft token changes the context, so the "
-                              "step-0 decoder equals the base reading that token, not the stored reference the run "
-                              "checks (rho_recon = 1 at step 0); a reference scored through the prefix is not built")
         if self.aid.aid == "aggressive_encoder" and self.model.posterior_features == "optimal":
             raise ValueError("aid='aggressive_encoder' trains an amortized posterior: posterior_features='optimal' has none")
         if self.model.latent_source != "posterior" and (self.aid.aid != "none" or self.objective.lambda_jsd > 0):

@@ -13,6 +13,9 @@ The weight of a row, shape (batch,), a constant (no gradient), per entry:
 - token: reweights *inside* the per-row mean, omega_t = the base-surprisal share of token t mixed
   with uniform by token_alpha (seed 002, token level); its outer weight is ``token_outer``'s.
 
+c_base, b and b_t are the run's z-free reference's; a run with ``injection: prefix`` reads them through the
+route's initial soft token (the base model on [bos] x, s_0, sep, y: ``zfree.reference.prefix``).
+
 In the core layer (``tests/test_layers.py``), so every layer may read it; torch is imported only when a
 weight is computed, so reading the table (config validation, ``zfree --help``) stays light.
 """

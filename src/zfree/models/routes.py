@@ -26,8 +26,10 @@ Step 0 (u = 0 for every value: e_k and W start at zero):
     (a token before the separator); at step 0, M u = 0 whatever M is, and dL/du = M^T dL/d(dk, dv) != 0.
   prefix: a soft token changes the context, so no CVAE with one equals the base model. It is exact
     against its own reference: the base model reading [bos] x, s_0, sep, y, with s_0 the initial
-    shared soft token (the mean input embedding of the vocabulary); every value decodes exactly that
-    at step 0, and u = 0 is the zero-initialised delta (tests/test_injection_routes.py).
+    shared soft token (the mean input embedding of the vocabulary, ``initial_soft_token``); every value
+    decodes exactly that at step 0, and u = 0 is the zero-initialised delta (tests/test_injection_routes.py).
+    So a prefix run's z-free reference (b, b_t, c_base: every weighting's, and rho's) is the base model
+    reading s_0, scored once at run start by ``zfree.reference.prefix`` (tests/test_prefix_reference.py).
 
 Equal capacity (``ModelConfig.latent_capacity``, issue 55): under ``per_value`` the CVAE hands the route
 its own vector per latent value (e_k; W z); under ``shared_delta`` it hands s + e_k (s + W z), s one
@@ -277,6 +279,18 @@ def _check_prefix(batch: Batch) -> None:
 # ------------------------------------------------------------------------------------- prefix
 
 
+def initial_soft_token(backbone) -> Float[torch.Tensor, "d_model"]:
+    """s_0, the prefix route's soft token at step 0: the mean over the vocabulary of the input embedding
+    module's output (its own scaling, Gemma's sqrt(d), included), in the embeddings' dtype and device, no
+    gradient. A run's prefix reference is scored reading it (``zfree.reference.prefix``)."""
+    emb = backbone.get_input_embeddings()
+    V, chunk = emb.weight.shape[0], 4096  # chunked: a 256k vocabulary's embeddings at once would be GBs
+    with torch.no_grad():
+        total = sum(emb(torch.arange(i, min(i + chunk, V), device=emb.weight.device)).sum(0)
+                    for i in range(0, V, chunk))
+    return total / V
+
+
 class PrefixRoute(InjectionRoute):
     """One soft token s + u inserted before the separator (module docstring). s (d_model) is learned
     and latent-independent, initialised at the mean input embedding of the vocabulary."""
@@ -285,12 +299,7 @@ class PrefixRoute(InjectionRoute):
 
     def __init__(self, backbone):
         super().__init__()
-        emb = backbone.get_input_embeddings()
-        V, chunk = emb.weight.shape[0], 4096  # chunked: a 256k vocabulary's embeddings at once would be GBs
-        with torch.no_grad():
-            total = sum(emb(torch.arange(i, min(i + chunk, V), device=emb.weight.device)).sum(0)
-                        for i in range(0, V, chunk))
-        self.shared = nn.Parameter(total / V)  # the module's output: its own scaling (Gemma's sqrt(d)) included
+        self.shared = nn.Parameter(initial_soft_token(backbone))
 
     def soft(self, latents: Float[torch.Tensor, "batch n d_model"], dtype: torch.dtype | None = None
              ) -> Float[torch.Tensor, "batch n d_model"]:

@@ -245,15 +245,17 @@ RHO0_TOL = 1e-3
 RHO0_TOL_LOW_PRECISION = 1e-2
 
 
-def check_step0_rho(rho0: float, ref_file: Path, low_precision: bool = False) -> None:
-    """At step 0 the CVAE's decoder is the base model (docs/concepts/problem.md#models), so rho_recon =
+def check_step0_rho(rho0: float, ref_file: Path, low_precision: bool = False,
+                    remedy: str = "rebuild it with `zfree base reference`") -> None:
+    """At step 0 the CVAE's decoder is the base model (docs/concepts/problem.md#models; a prefix run's: the
+    base reading the route's initial soft token, ``zfree.reference.prefix``), so rho_recon =
     R_val / mean(b over the same rows) must be 1 within ``RHO0_TOL`` (``RHO0_TOL_LOW_PRECISION`` for a
-    bf16/fp16 model); else ``InputError`` naming ``ref_file`` and the difference."""
+    bf16/fp16 model); else ``InputError`` naming ``ref_file``, the difference and ``remedy``."""
     tol = RHO0_TOL_LOW_PRECISION if low_precision else RHO0_TOL
     if not (math.isfinite(rho0) and abs(rho0 - 1.0) <= tol):
         raise InputError(f"{ref_file}: step-0 rho_recon is {rho0:.6f}, not 1 within {tol:g}: the base model now scores "
                          f"these rows {100 * (rho0 - 1):+.3f}% off its stored b (other scoring code or conventions); "
-                         "rebuild it with `zfree base reference`")
+                         f"{remedy}")
 
 
 def _pretrained_source(base_dir: Path, data_file: Path, *, model, tokenizer, device, dtype, cache, cache_dir

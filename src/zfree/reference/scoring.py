@@ -137,19 +137,23 @@ def _head_logprobs(model, h: torch.Tensor, tokens: torch.Tensor, chunk: int) -> 
 
 @torch.inference_mode()
 def score_encoded(model, encoded: Sequence[EncodedPair], *, pad_id: int = 0, max_batch_tokens: int = 8192,
-                  max_batch_rows: int | None = None, progress: bool = False) -> ScoreResult:
+                  max_batch_rows: int | None = None, progress: bool = False,
+                  soft_token: torch.Tensor | None = None) -> ScoreResult:
     """Score already-encoded pairs with ``model`` on its own device and dtype, in eval mode; no cache.
 
-    Batched by ``plan_batches``, returned in input order. A row of non-finite surprisal is kept with
-    ``valid=False`` and a warning, out of ``c_base``. Raises ValueError naming the row for a pair
-    longer than the model's context, or without a context or y token; or for no rows.
+    Batched by ``plan_batches``, returned in input order. With ``soft_token`` (d_model,): every row is
+    read as [x-prefix, soft_token, sep, y] (the prefix route's context, ``zfree.reference.prefix``): the
+    vector is inserted as an input embedding just before the separator (position prefix_len - 1), every
+    later token one position on; S and its tokens are unchanged. A row of non-finite surprisal is kept
+    with ``valid=False`` and a warning, out of ``c_base``. Raises ValueError naming the row for a pair
+    longer than the model's context (with the soft token), or without a context or y token; or for no rows.
     """
     if not encoded:
         raise ValueError("nothing to score: no rows")
     P = np.fromiter((len(e.prefix_ids) for e in encoded), np.int64, len(encoded))
     L = np.fromiter((len(e.target_ids) for e in encoded), np.int64, len(encoded))
     n = P + L
-    _check_lengths(model, encoded, P, L, n)
+    _check_lengths(model, encoded, P, L, n + (soft_token is not None))
     flat = np.fromiter((t for e in encoded for t in (*e.prefix_ids, *e.target_ids)), np.int64, int(n.sum()))
     starts = np.cumsum(n) - n  # row k's tokens are flat[starts[k] : starts[k] + n[k]]
     order = np.argsort(n, kind="stable")
@@ -161,7 +165,7 @@ def score_encoded(model, encoded: Sequence[EncodedPair], *, pad_id: int = 0, max
         pieces = []
         for sl in plan_batches(n[order], max_batch_tokens, max_batch_rows):
             pieces.append(_batch_logprobs(model, flat, starts[order[sl]], P[order[sl]], L[order[sl]], pad_id,
-                                          via_hidden))
+                                          via_hidden, soft_token))
             bar.update(sl.stop - sl.start)
         bar.close()
     finally:
@@ -192,9 +196,10 @@ def _check_lengths(model, encoded: Sequence[EncodedPair], P: np.ndarray, L: np.n
 
 
 def _batch_logprobs(model, flat: np.ndarray, starts: np.ndarray, Pb: np.ndarray, Lb: np.ndarray, pad_id: int,
-                    via_hidden: bool) -> torch.Tensor:
+                    via_hidden: bool, soft: torch.Tensor | None = None) -> torch.Tensor:
     """log p of every y token of one batch of rows (``flat[starts[k]:]``, ``Pb[k]`` context and ``Lb[k]``
-    y tokens), right-padded with ``pad_id``, in row order; only the positions predicting y reach the head."""
+    y tokens), right-padded with ``pad_id``, in row order; only the positions predicting y reach the head.
+    ``soft`` (d_model,): inserted as an input embedding at position ``Pb[k] - 1`` of every row (``score_encoded``)."""
     device = next(model.parameters()).device
     nb = Pb + Lb
     cols = np.arange(int(nb.max()))
@@ -206,15 +211,34 @@ def _batch_logprobs(model, flat: np.ndarray, starts: np.ndarray, Pb: np.ndarray,
     rows = np.repeat(np.arange(len(Lb)), Lb)
     pos = np.repeat(Pb - 1, Lb) + within  # position t - 1 predicts y token at t
     tgt = torch.from_numpy(ids[rows, pos + 1]).to(device)
+    inputs = {"input_ids": input_ids}
+    if soft is not None:  # [x-prefix, soft, sep, y]: extended position t > P - 1 reads token t - 1
+        inputs, attn = _soft_token_inputs(model, ids, real, Pb - 1, soft)
+        pos = pos + 1
     rows_t, pos_t = torch.from_numpy(rows).to(device), torch.from_numpy(pos).to(device)
     if via_hidden:
         vocab = int(getattr(model.get_output_embeddings(), "weight", torch.empty(1 << 16, 1)).shape[0])
         chunk = max(64, (1 << 22) // vocab)  # at most 4M fp32 logits (16 MiB) alive at once
-        hidden = model.base_model(input_ids=input_ids, attention_mask=attn, use_cache=False).last_hidden_state
+        hidden = model.base_model(**inputs, attention_mask=attn, use_cache=False).last_hidden_state
         return _head_logprobs(model, hidden[rows_t, pos_t], tgt, chunk)  # (N,) only y positions
-    logits = model(input_ids=input_ids, attention_mask=attn, use_cache=False).logits[rows_t, pos_t]
+    logits = model(**inputs, attention_mask=attn, use_cache=False).logits[rows_t, pos_t]
     logits = logits.to(acc_dtype(next(model.parameters()).dtype))
     return logits.gather(-1, tgt[:, None]).squeeze(-1) - logits.logsumexp(-1)
+
+
+def _soft_token_inputs(model, ids: np.ndarray, real: np.ndarray, at: np.ndarray, soft: torch.Tensor
+                       ) -> tuple[dict, torch.Tensor | None]:
+    """({"inputs_embeds": (batch, seq + 1, d_model)}, the attention mask or None) of right-padded ``ids``
+    (batch, seq) with ``soft`` inserted at position ``at[k]`` of row k (later tokens one position on)."""
+    device = next(model.parameters()).device
+    cols = np.arange(ids.shape[1] + 1)
+    src = np.minimum(cols[None, :] - (cols[None, :] > at[:, None]), ids.shape[1] - 1)  # (batch, seq + 1)
+    real_x = np.take_along_axis(real, src, 1)  # at[k] reads real[k, at[k]]: True (at < prefix_len)
+    emb = model.get_input_embeddings()(torch.from_numpy(np.take_along_axis(ids, src, 1)).to(device))
+    is_soft = torch.from_numpy(cols[None, :] == at[:, None]).to(device)[..., None]  # (batch, seq + 1, 1)
+    embeds = torch.where(is_soft, soft.to(device=device, dtype=emb.dtype), emb)
+    attn = None if real_x.all() else torch.from_numpy(real_x.astype(np.int64)).to(device)
+    return {"inputs_embeds": embeds}, attn
 
 
 def _result(encoded: Sequence[EncodedPair], surp: np.ndarray, token_ids: np.ndarray, within: np.ndarray,
@@ -236,8 +260,10 @@ def _result(encoded: Sequence[EncodedPair], surp: np.ndarray, token_ids: np.ndar
 
 def score_pairs(model, tokenizer, pairs: Sequence[Pair], *, policy: ScoringPolicy | None = None,
                 cache: bool | None = None, cache_dir: Path | str | None = None, max_batch_tokens: int = 8192,
-                max_batch_rows: int | None = None, progress: bool = False) -> ScoreResult:
-    """Tokenize ``pairs`` (x and y separately, ``zfree.data.batching``) and score them.
+                max_batch_rows: int | None = None, progress: bool = False,
+                soft_token: torch.Tensor | None = None) -> ScoreResult:
+    """Tokenize ``pairs`` (x and y separately, ``zfree.data.batching``) and score them; with
+    ``soft_token``, read through it (``score_encoded``; its sha256 is in the settings and the cache key).
 
     Cache: on unless ``cache=False`` (``cache=None``: off when ``$ZFREE_NO_CACHE=1``), under
     ``cache_dir`` (default ``default_cache_dir()``), keyed by ``CACHE_KEY_FIELDS`` (weights, config,
@@ -259,10 +285,15 @@ def score_pairs(model, tokenizer, pairs: Sequence[Pair], *, policy: ScoringPolic
                 "tokenizer_sha256": tokenizer_sha256(tokenizer),
                 "data_sha256": rows_sha256(pairs), "scorer_version": SCORER_VERSION,
                 "dtype": str(param.dtype).replace("torch.", ""), "device": param.device.type}
+    soft_key = {}
+    if soft_token is not None:
+        soft_key = {"soft_token_sha256": sha256_state_dict({"soft_token": soft_token.detach()})}
+        settings.update(soft_key)
     use_cache = cache if cache is not None else os.environ.get("ZFREE_NO_CACHE", "").lower() not in ("1", "true")
     key_dir = None
     if use_cache:
-        key = sha256_json({k: settings[k] for k in CACHE_KEY_FIELDS} | _key_policy(settings["policy"], tokenizer, pairs))
+        key = sha256_json({k: settings[k] for k in CACHE_KEY_FIELDS} | _key_policy(settings["policy"], tokenizer, pairs)
+                          | soft_key)
         key_dir = Path(cache_dir or default_cache_dir()) / key[:2] / key
         entry = load_entry(key_dir, [e.id for e in encoded], sum(len(e.target_ids) for e in encoded))
         if entry is not None:
@@ -272,7 +303,7 @@ def score_pairs(model, tokenizer, pairs: Sequence[Pair], *, policy: ScoringPolic
             hit.settings.setdefault("empty_x_id", conv.empty_x_id)
             return hit
     res = score_encoded(model, encoded, pad_id=settings["pad_id"], max_batch_tokens=max_batch_tokens,
-                        max_batch_rows=max_batch_rows, progress=progress)
+                        max_batch_rows=max_batch_rows, progress=progress, soft_token=soft_token)
     res.settings = {**res.settings, **settings}
     if key_dir is not None:
         store_entry(key_dir, res.per_example, res.per_token, res.settings)

@@ -19,6 +19,8 @@ from zfree.data.pairs import Pair, load_pairs
 from zfree_lab.run.split import gate_sample, ids_sha256, spread_sample
 from zfree.models.precision import to_device
 from zfree.objective.losses import base_token_matrix
+from zfree.models.routes import initial_soft_token
+from zfree.reference.prefix import PREFIX_REFERENCE_DIR, prefix_reference
 from zfree.reference.reference import Reference, resolve_reference
 from zfree.train.given import given_index
 from zfree.reference.scoring import context_length, score_pairs
@@ -26,7 +28,10 @@ from zfree.reference.scoring import context_length, score_pairs
 
 @dataclass
 class RunData:
-    """What the loop reads: the encoded rows, the reference's b and b_t, and the evaluation arguments."""
+    """What the loop reads: the encoded rows, the reference's b and b_t, and the evaluation arguments. Every
+    c_base and b here (the weightings' 1/c_base, 1/(b + eps), token shares, and rho's) is of the run's
+    reference: under ``injection: prefix`` the base model reading the route's initial soft token
+    (``zfree.reference.prefix``), else the z-free base model on (x, y)."""
 
     tokenizer: object
     pad_id: int
@@ -37,7 +42,7 @@ class RunData:
     val_b: np.ndarray
     train_ref: Reference | None  # b (and b_t) on training rows when the weighting needs them
     eval_kw: dict
-    reference_file: Path | None = None  # a stored (entangled-run) reference, checked at step 0
+    reference_file: Path | None = None  # a stored (entangled-run or prefix) reference, checked at step 0
     reference: Reference | None = None  # the validation rows' reference (its metadata: config.json's _reference)
     # the gate split (aids in GATE_AIDS only; else empty): its encoded rows, their pairs, their base
     # surprisal b (nats per token) and where they come from ("val" or "train"; None: no gate)
@@ -53,7 +58,8 @@ class RunData:
     given: dict | None = None  # a given z's value per row id (``zfree.train.given``); None: the posterior's z
 
 
-def setup_data(cfg: TrainConfig, backbone, tok, data_dir: Path, base_dir: Path, ref_source: str) -> RunData:
+def setup_data(cfg: TrainConfig, backbone, tok, data_dir: Path, base_dir: Path, ref_source: str,
+               out: Path | None = None) -> RunData:
     """Read, sample and encode a run's rows: ``train.jsonl`` in full, ``val.jsonl`` as the seeded
     spread sample of ``eval_rows`` rows (all of them when 0 or more than there are), under an aid of
     ``GATE_AIDS`` the gate rows (``zfree_lab.run.split.gate_sample``: never an evaluation row); all
@@ -63,7 +69,11 @@ def setup_data(cfg: TrainConfig, backbone, tok, data_dir: Path, base_dir: Path, 
     ``backbone``, the base model as loaded: call before any training step) and, when the weighting
     needs b on training rows, of the training rows (scored once and cached); the validation rows' b
     (nats per token; per-token b_t too under the token weighting), the gate rows' from the reference
-    of their split, else scored now; the evaluation arguments. Raises FileNotFoundError or InputError
+    of their split, else scored now; the evaluation arguments. Under ``injection: prefix`` every one of these
+    references (validation, training, gate rows) is instead the base model reading the route's initial soft
+    token, whatever ``ref_source`` says (``zfree.reference.prefix``): scored once, stored in ``out``'s
+    ``PREFIX_REFERENCE_DIR/<split>/`` and read back on resume, its validation reference checked at step 0.
+    Raises FileNotFoundError or InputError
     from ``load_pairs``, ValueError for a y that does not fit the context, from ``gate_sample`` or from
     the reference, KeyError when a reference lacks a row."""
     train_pairs = load_pairs(data_dir / "train.jsonl")
@@ -89,15 +99,30 @@ def setup_data(cfg: TrainConfig, backbone, tok, data_dir: Path, base_dir: Path, 
             print(f"note: {cut} {split} rows had x cut from the left to fit the context length {max_len} "
                   "(as in the z-free reference)", flush=True)
     train, val, *gate_rows = encoded.values()
-    ref = resolve_reference(ref_source, base_dir, data_dir, "val", model=backbone, tokenizer=tok)
-    train_ref = (resolve_reference("pretrained_source", base_dir, data_dir, "train", model=backbone, tokenizer=tok)
-                 if cfg.objective.needs_example_b else None)  # b (and b_t) on training rows, scored once and cached
+    prefix = None  # injection: prefix: every b read through the route's initial soft token
+    if cfg.model.injection == "prefix":
+        if out is None:
+            raise ValueError("injection='prefix': setup_data needs the run folder (out) to store its reference")
+        soft = initial_soft_token(backbone)
+
+        def prefix(split: str, pairs: list[Pair] | None = None, folder: str | None = None) -> Reference:
+            """The prefix reference of ``split``'s rows (``pairs``: some of them, stored as ``folder``)."""
+            return prefix_reference(backbone, tok, data_dir / f"{split}.jsonl", soft,
+                                    out / PREFIX_REFERENCE_DIR / (folder or split), pairs=pairs, split=folder or split)
+        ref = prefix("val")
+        train_ref = prefix("train") if cfg.objective.needs_example_b else None
+    else:
+        ref = resolve_reference(ref_source, base_dir, data_dir, "val", model=backbone, tokenizer=tok)
+        train_ref = (resolve_reference("pretrained_source", base_dir, data_dir, "train", model=backbone, tokenizer=tok)
+                     if cfg.objective.needs_example_b else None)  # b (and b_t) on training rows, scored once and cached
     val_ids = [p.id for p in val_pairs]
     val_b = np.array(ref.b_of(val_ids))
     val_tok = dict(zip(val_ids, ref.surprisal_of(val_ids))) if cfg.objective.weighting == "token" else None
     gate_b = None  # the gate rows' b: from their split's reference, else scored now
     if gate is not None and (gate_ref := ref if gate.split == "val" else train_ref) is not None:
         gate_b = np.array(gate_ref.b_of(gate_ids))
+    elif gate is not None and prefix is not None:
+        gate_b = np.array(prefix(gate.split, gate.pairs, "gate").b_of(gate_ids))
     elif gate is not None:
         scored = score_pairs(backbone, tok, gate.pairs).per_example  # (cached as it caches)
         gate_b = np.array(scored.set_index("id").loc[gate_ids, "b"], dtype=float)
@@ -115,7 +140,8 @@ def setup_data(cfg: TrainConfig, backbone, tok, data_dir: Path, base_dir: Path, 
 def batch_references(data: RunData, batch, weighting: str, device: torch.device, dtype: torch.dtype = torch.float32
                       ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """b (batch,) and, under token weighting, the base-token matrix (batch, seq) of a training
-    batch, on ``device``. ``batch`` is the host (CPU) batch: both are built on the host and copied
+    batch, on ``device``, from the run's training-row reference (``RunData.train_ref``: a prefix run's is
+    read through its soft token). ``batch`` is the host (CPU) batch: both are built on the host and copied
     once, so no device value is read back (``base_token_matrix`` reads prefix_len per row). ``dtype``:
     the model's loss dtype (``zfree.models.precision.acc_dtype``)."""
     if data.train_ref is None:

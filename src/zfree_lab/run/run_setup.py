@@ -225,7 +225,9 @@ def setup_run(cfg: TrainConfig, out: Path, progress: bool) -> Run:
     A text oracle (``latent_source`` "text:<key>") first writes its rows with the label in x to
     ``out/TEXT_DATA_DIR`` (``zfree_lab.run.text_oracle``) and reads them in place of ``data_dir``: its
     reference (b, c_base) is scored by the base on that x (``pretrained_source``), whatever
-    ``c_base_source`` says, since a stored reference is of the x without the label."""
+    ``c_base_source`` says, since a stored reference is of the x without the label. A prefix run
+    (``injection: prefix``) reads every b through the route's initial soft token, scored once into the run
+    folder (``zfree.reference.prefix``), whatever ``c_base_source`` says: the base run's is of (x, y) without it."""
     torch.set_num_threads(cfg.optim.threads)
     torch.manual_seed(cfg.optim.seed)
     accumulate.check_accumulation(cfg)
@@ -237,8 +239,8 @@ def setup_run(cfg: TrainConfig, out: Path, progress: bool) -> Run:
     if source.kind == "text":  # the label written into x: every row, b and c_base read that x
         data_dir, _ = write_text_data(data_dir, out / TEXT_DATA_DIR, source.label, tok)
         ref_source = "pretrained_source"
-    data = setup_data(cfg, backbone, tok, data_dir, base_dir, ref_source)  # scored by the base as loaded
-    run_folder.check_same_base(out, backbone, base_dir)
+    run_folder.check_same_base(out, backbone, base_dir)  # before a prefix run's reference is stored in out
+    data = setup_data(cfg, backbone, tok, data_dir, base_dir, ref_source, out)  # scored by the base as loaded
     model = build_cvae(cfg, backbone)
     if data.given is not None:
         model.set_given(data.given)

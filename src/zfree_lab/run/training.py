@@ -72,7 +72,10 @@ def _record_evaluation(out: Path, model, data: RunData, state: TrainState, opt, 
     ev = evaluate(model, data.val, data.val_pairs, step=state.step, **data.eval_kw)
     if state.step == 0 and data.reference_file is not None:  # a stored reference is checked, not trusted
         check_step0_rho(ev.metrics["loss/val/baseline_normalized_reconstruction_loss"], data.reference_file,
-                        low_precision=next(model.parameters()).dtype in (torch.bfloat16, torch.float16))
+                        low_precision=next(model.parameters()).dtype in (torch.bfloat16, torch.float16),
+                        **({"remedy": "the prefix route's step-0 pass disagrees with its reference (zfree.reference.prefix); "
+                                      "remove the run folder's prefix_reference/ to score it again"}
+                           if cfg_injection(model) == "prefix" else {}))
     _host_state(state)
     n = state.train_log.pop("_n", 0)
     train_terms = {k: v / n for k, v in state.train_log.items()} if n else {}
@@ -91,6 +94,11 @@ def _record_evaluation(out: Path, model, data: RunData, state: TrainState, opt, 
         print(f"warning: step {state.step}: one latent value is the posterior's argmax on {top:.0%} of the "
               "validation rows (index collapse: reads as KL ~ 0 just like a uniform collapse)", flush=True)
     return ev
+
+
+def cfg_injection(model) -> str:
+    """The name of the model's injection route (``zfree.models.routes``; "embedding" without one)."""
+    return getattr(getattr(model, "injection", None), "name", "embedding")
 
 
 def cfg_given(model) -> bool:
