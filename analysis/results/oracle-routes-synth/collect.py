@@ -3,6 +3,7 @@
 
     .venv/bin/python analysis/results/oracle-routes-synth/collect.py embedding=STUDY mid=STUDY memory=STUDY \
         [text:embedding=RUN_DIR ...]
+    .venv/bin/python analysis/results/oracle-routes-synth/collect.py --add "ROUTE (what differs)=STUDY" ...
 
 Writes rows.csv (one row per route, seed and evaluated row: the control's, the strategy oracle's and
 its null oracle's D = |S| lbar, and the row's strategy information ``info`` = its Bayes z-free loss
@@ -87,7 +88,23 @@ def text_rows(route: str, study: Path, run: Path) -> pd.DataFrame:
                          "D_text": (d["text"]["n_tokens"] * d["text"]["lbar"]).to_numpy()})
 
 
+def add_rows(pairs: list[str]) -> pd.DataFrame:
+    """``--add "ROUTE (what differs)=STUDY" ...``: the shipped rows.csv with each named study's rows in place of
+    any rows of the same route name (a try added without the earlier studies' folders at hand)."""
+    rows = pd.read_csv(HERE / "rows.csv")
+    for p in pairs:
+        route, study = p.split("=", 1)
+        rows = pd.concat([rows[rows["route"] != route], study_rows(route, Path(study))], ignore_index=True)
+    return rows
+
+
 def main(pairs: list[str]) -> None:
+    if pairs[:1] == ["--add"]:
+        add_rows(pairs[1:]).to_csv(HERE / "rows.csv", index=False, float_format="%.9g")
+        rows = pd.read_csv(HERE / "rows.csv")
+        route_table(rows).to_csv(HERE / "routes.csv", index=False)
+        print(route_table(rows).round(3).to_string(index=False))
+        return
     args = dict(p.split("=", 1) for p in pairs)
     texts = {k[len("text:"):]: Path(v) for k, v in args.items() if k.startswith("text:")}
     studies = {k: Path(v) for k, v in args.items() if not k.startswith("text:")}
