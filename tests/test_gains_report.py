@@ -299,3 +299,29 @@ def test_the_verdict_head_says_when_a_better_model_is_not_zs_doing(tmp_path):
     assert "Theory: z pays where β_eff < η·(1 + |S|·excess / Bayes NLL)" in md
     both = G.gain_verdict_markdown(G.gain_verdicts(runs, gains.assign(z_better_model=[True, False, False]), None), None)
     assert "in 1** (net gain" in both and "not z's doing" not in both
+
+
+def test_oracles_of_one_label_at_several_seeds_are_named_by_their_seed(tmp_path):
+    """A 3-seed study's `complete` oracles read "complete" three times in the available-gain table and the
+    oracle figure; each is named by its run's seed now ("complete, seed 0"), a single oracle by its label."""
+    import json
+
+    from zfree_lab.report.plotting_study import plot_gains
+
+    three = pd.concat([_oracles().iloc[:1]] * 3, ignore_index=True).assign(oracle_run_id=["o2", "o0", "o1"])
+    for rid, seed in (("o2", 2), ("o0", 0), ("o1", 1)):
+        (tmp_path / "runs" / rid).mkdir(parents=True)
+        (tmp_path / "runs" / rid / "config.json").write_text(json.dumps({"seed": seed}))
+    named = G.with_oracle_seeds(three, tmp_path)
+    assert list(G.available_gain_table(named).index) == ["complete, seed 2", "complete, seed 0", "complete, seed 1"]
+    runs = pd.DataFrame({"run_id": ["a"], "weighting": ["plain"], "aid": ["none"], "beta": [0.01], "rate": [0.03],
+                         "z_gain": [0.12], "z_gain_lo": [0.03], "z_gain_hi": [0.22]})
+    texts = sorted(t.get_text() for t in plot_gains(runs, named).axes[1].texts)
+    assert texts == ["complete, seed 0", "complete, seed 1", "complete, seed 2"]
+    one = G.with_oracle_seeds(_oracles(), tmp_path)  # distinct labels: unchanged, no seed read
+    assert "seed" not in one and list(G.available_gain_table(one).index) == ["complete", "n<b>s</b>"]
+    (tmp_path / "runs" / "o1" / "config.json").write_text("{")  # unreadable: that oracle keeps its bare label
+    assert G.oracle_names(G.with_oracle_seeds(three, tmp_path))[2] == "complete"
+    below = named.assign(delta_R=-1.0, delta_R_lo=-1.2, delta_R_hi=-0.8, distinguishable=False)
+    md = G.available_gain_markdown(below)
+    assert "(1 label(s), 3 oracles, 60 evaluated rows)" in md and "<code>complete&#44; seed 0</code> [-1.2, -0.8]" in md

@@ -160,6 +160,8 @@ def test_plan_section_names_the_budget_the_estimate_and_every_cut_in_order():
     assert t.loc["grid points", "measured [min]"] == "9 finished"
     two = P.phase_table(ESTIMATE, [*_sessions(), {"started": "later", "preparation_s": 6.0, "total_s": 6.0}])
     assert two.columns[-1] == "measured [min], session 2 (later)" and two.loc["probes (the estimate)"].iloc[-1] == "–"
+    iso = P.phase_table(ESTIMATE, [*_sessions(), {"started": "2026-12-05T16:31:32+00:00", "total_s": 6.0}])
+    assert iso.columns[-1] == "measured [min], session 2 (2026-12-05 16:31 UTC)"  # a head with spaces wraps
     assert t.loc["start-up (Python, imports)"].tolist() == ["–", "–", "–"]  # a session from before the start-up was timed
     assert P.plan_markdown(None, [], runs_all) == "" and P.phase_table(None, []) is None
 

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from zfree.objective.theory import predicted_use
-from zfree_lab.run.run_folder import USE_THRESHOLD
+from zfree_lab.run.run_folder import USE_THRESHOLD, read_run_config
 from zfree_lab.experiment.controls import LINKS_FILE
 from zfree_lab.experiment.gains import best_label, oracle_table, run_gains
 from zfree_lab.report.report import md_code, md_text, percent, run_label, use_side
@@ -70,7 +70,33 @@ def study_gains(study_dir: Path | str, runs: pd.DataFrame) -> tuple[pd.DataFrame
         return None
     oracles = pd.read_csv(d / "available_gain.csv") if (d / "available_gain.csv").exists() else oracle_table(d)
     gains = pd.read_csv(d / "gains.csv") if (d / "gains.csv").exists() else run_gains(d, runs, oracles)
-    return oracles, gains
+    return with_oracle_seeds(oracles, d), gains
+
+
+def with_oracle_seeds(oracles: pd.DataFrame, study_dir: Path | str) -> pd.DataFrame:
+    """``oracles`` with a ``seed`` column (each oracle run's config.json seed; NaN where unreadable) when a
+    label has several oracles (one per seed), so the report can tell them apart (``oracle_names``); as it is
+    otherwise. A display column: available_gain.csv is not changed."""
+    if "oracle_run_id" not in oracles or "seed" in oracles or not oracles["label"].duplicated().any():
+        return oracles
+
+    def seed(rid):
+        f = Path(study_dir) / "runs" / str(rid) / "config.json"
+        try:
+            return float(read_run_config(f)["seed"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return np.nan
+    return oracles.assign(seed=[seed(r) for r in oracles["oracle_run_id"]])
+
+
+def oracle_names(oracles: pd.DataFrame) -> list[str]:
+    """Each oracle's name in the report's tables and figures: its label, followed by ", seed N" where the
+    label has several oracles and ``oracles`` has their seeds (``with_oracle_seeds``): three `complete`
+    oracles of a 3-seed study read "complete, seed 0" ... (they read "complete" three times)."""
+    labels = oracles["label"].astype(str)
+    dup = labels.duplicated(keep=False)
+    seeds = oracles["seed"] if "seed" in oracles else pd.Series(np.nan, index=oracles.index)
+    return [f"{lab}, seed {int(s)}" if d and pd.notna(s) else lab for lab, d, s in zip(labels, dup, seeds)]
 
 
 def control_links(runs: pd.DataFrame, gains: pd.DataFrame) -> pd.DataFrame:
@@ -127,7 +153,7 @@ def available_gain_table(oracles: pd.DataFrame, digits: int = 3) -> pd.DataFrame
         "ΔR interval": [interval_side(a, b) for a, b in zip(oracles["delta_R_lo"], oracles["delta_R_hi"])],
         "fine-tuning gain [nats/ex]": oracles["finetune_gain"].round(digits).to_numpy(),
         **_null_cells(oracles, digits)},
-        index=pd.Index(oracles["label"].astype(str), name="label"))
+        index=pd.Index(oracle_names(oracles), name="label"))
 
 
 #: the oracle table's null, flipped-label and net columns as the report names them
@@ -173,14 +199,17 @@ def available_gain_markdown(oracles: pd.DataFrame) -> str:
                 f"z-free control at H(label | x) = {best['H']:.3f} nats: η = ΔR/H = {best['eta']:.3f} "
                 f"{_ci(best['eta_lo'], best['eta_hi'])} ({n} evaluated rows).")
     else:
-        sides = {side: [f"{md_code(o['label'])} {_ci(o['delta_R_lo'], o['delta_R_hi'])}" for _, o in oracles.iterrows()
+        sides = {side: [f"{md_code(name)} {_ci(o['delta_R_lo'], o['delta_R_hi'])}"
+                        for name, (_, o) in zip(oracle_names(oracles), oracles.iterrows())
                         if interval_side(o["delta_R_lo"], o["delta_R_hi"]) == side]
                  for side in ("below 0", "holds 0", "unknown")}
         what = {"below 0": "lies below 0 (giving the decoder the label as z made D *worse* than the z-free control's)",
                 "holds 0": "holds 0 (no difference measurable either way)",
                 "unknown": "has no interval"}
         parts = [f"{', '.join(v)} {what[k]}" for k, v in sides.items() if v]
-        head = (f"**No label's ΔR interval lies above 0** ({len(oracles)} label(s), {n} evaluated rows): "
+        k = oracles["label"].nunique()
+        count = f"{k} label(s)" if k == len(oracles) else f"{k} label(s), {len(oracles)} oracles"
+        head = (f"**No label's ΔR interval lies above 0** ({count}, {n} evaluated rows): "
                 + "; ".join(parts) + ". No label buys a measurable gain over the z-free control, so there is no "
                 "measured exchange rate η and no available gain to share out.")
     nulls = null_oracle_lines(oracles)

@@ -54,6 +54,21 @@ def _spent_before_grid(estimate: dict) -> float | None:
     return None if b is None or g is None else b - g - REPORT_S
 
 
+def _when(started) -> str:
+    """A session's start as its column head reads it: "2026-12-05 04:34 UTC" from timings.json's ISO time (the
+    bare ISO string has no space to wrap at: seven sessions' heads ran off the page's right edge); any other
+    value as it is, "?" when missing."""
+    if started is None:
+        return "?"
+    try:
+        t = pd.Timestamp(started)
+    except (ValueError, TypeError):
+        return str(started)
+    if t.tzinfo is not None:
+        return t.tz_convert("UTC").strftime("%Y-%m-%d %H:%M UTC")
+    return t.strftime("%Y-%m-%d %H:%M")
+
+
 def phase_table(estimate: dict | None, sessions: list[dict]) -> pd.DataFrame | None:
     """Per phase (``PHASES``) and in total: the budget's share and the estimate (minutes; from
     ``estimate``, "–" where it sets none: the preparation and probes are measured, not estimated),
@@ -71,7 +86,7 @@ def phase_table(estimate: dict | None, sessions: list[dict]) -> pd.DataFrame | N
         total = None if spent is None or est is None else spent + est + REPORT_S
         t["estimate [min]"] = ["–", "–", "–", _min(est), _min(REPORT_S), _min(total), f"{estimate.get('runs', '–')} runs"]
     for i, s in enumerate(sessions):
-        head = "measured [min]" if len(sessions) == 1 else f"measured [min], session {i + 1} ({s.get('started', '?')})"
+        head = "measured [min]" if len(sessions) == 1 else f"measured [min], session {i + 1} ({_when(s.get('started'))})"
         if s.get("refused"):
             head += ", refused by its budget"
         elif s.get("running"):  # killed (or still running): its time up to the last finished point

@@ -202,11 +202,13 @@ def plot_gains(runs: pd.DataFrame, oracles: pd.DataFrame, eta: float | None = No
     ax.set_ylabel("z gain D_control − D_run [nats / example]")
     ax.set_title("What each run's z bought (bars: 95% interval over rows)", fontsize=9)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0.0, -0.15), frameon=False, ncol=2)
-    for _, o in oracles.iterrows():
+    from zfree_lab.report.gains_report import oracle_names
+
+    for name, (_, o) in zip(oracle_names(oracles), oracles.iterrows()):
         ax_o.errorbar([o["H"]], [o["delta_R"]], xerr=[[max(o["H"] - o["H_lo"], 0)], [max(o["H_hi"] - o["H"], 0)]],
                       yerr=[[max(o["delta_R"] - o["delta_R_lo"], 0)], [max(o["delta_R_hi"] - o["delta_R"], 0)]],
                       ls="none", marker="*", ms=10, color="tab:red" if o["distinguishable"] else "gray", capsize=3)
-        ax_o.annotate(str(o["label"]), (o["H"], o["delta_R"]), fontsize=7, xytext=(4, 4), textcoords="offset points",
+        ax_o.annotate(name, (o["H"], o["delta_R"]), fontsize=7, xytext=(4, 4), textcoords="offset points",
                       parse_math=False)  # a label name from data is text: "$x_$" is no mathtext
     h_hi = max([1e-3, *oracles.get("H_hi", pd.Series(dtype=float)).dropna()]) * 1.15
     ax_o.plot([0, h_hi], [0, h_hi], color="k", lw=0.8, ls="--")
