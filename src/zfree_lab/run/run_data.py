@@ -5,6 +5,7 @@ evaluation arguments; plus the per-batch references of a training step. Split fr
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -99,33 +100,11 @@ def setup_data(cfg: TrainConfig, backbone, tok, data_dir: Path, base_dir: Path, 
             print(f"note: {cut} {split} rows had x cut from the left to fit the context length {max_len} "
                   "(as in the z-free reference)", flush=True)
     train, val, *gate_rows = encoded.values()
-    prefix = None  # injection: prefix: every b read through the route's initial soft token
-    if cfg.model.injection == "prefix":
-        if out is None:
-            raise ValueError("injection='prefix': setup_data needs the run folder (out) to store its reference")
-        soft = initial_soft_token(backbone)
-
-        def prefix(split: str, pairs: list[Pair] | None = None, folder: str | None = None) -> Reference:
-            """The prefix reference of ``split``'s rows (``pairs``: some of them, stored as ``folder``)."""
-            return prefix_reference(backbone, tok, data_dir / f"{split}.jsonl", soft,
-                                    out / PREFIX_REFERENCE_DIR / (folder or split), pairs=pairs, split=folder or split)
-        ref = prefix("val")
-        train_ref = prefix("train") if cfg.objective.needs_example_b else None
-    else:
-        ref = resolve_reference(ref_source, base_dir, data_dir, "val", model=backbone, tokenizer=tok)
-        train_ref = (resolve_reference("pretrained_source", base_dir, data_dir, "train", model=backbone, tokenizer=tok)
-                     if cfg.objective.needs_example_b else None)  # b (and b_t) on training rows, scored once and cached
+    ref, train_ref, prefix = _references(cfg, backbone, tok, data_dir, base_dir, ref_source, out)
     val_ids = [p.id for p in val_pairs]
     val_b = np.array(ref.b_of(val_ids))
     val_tok = dict(zip(val_ids, ref.surprisal_of(val_ids))) if cfg.objective.weighting == "token" else None
-    gate_b = None  # the gate rows' b: from their split's reference, else scored now
-    if gate is not None and (gate_ref := ref if gate.split == "val" else train_ref) is not None:
-        gate_b = np.array(gate_ref.b_of(gate_ids))
-    elif gate is not None and prefix is not None:
-        gate_b = np.array(prefix(gate.split, gate.pairs, "gate").b_of(gate_ids))
-    elif gate is not None:
-        scored = score_pairs(backbone, tok, gate.pairs).per_example  # (cached as it caches)
-        gate_b = np.array(scored.set_index("id").loc[gate_ids, "b"], dtype=float)
+    gate_b = None if gate is None else _gate_b(gate, gate_ids, ref, train_ref, prefix, backbone, tok)
     meta = read_json(data_dir / "metadata.json") if (data_dir / "metadata.json").exists() else {}
     pad = pad_id_of(tok)
     eval_kw = dict(b=val_b, c_base=ref.c_base, objective=cfg.objective, pad_id=pad, tokenizer=tok,
@@ -135,6 +114,39 @@ def setup_data(cfg: TrainConfig, backbone, tok, data_dir: Path, base_dir: Path, 
                    gate=gate_rows[0] if gate else [], gate_pairs=gate.pairs if gate else [], gate_b=gate_b,
                    gate_split=gate.split if gate else None, gate_record=gate_record, given=given,
                    rows_used={"eval_rows": len(val_pairs), "decode_rows": min(cfg.optim.decode_rows, len(val_pairs))})
+
+
+def _references(cfg: TrainConfig, backbone, tok, data_dir: Path, base_dir: Path, ref_source: str,
+                out: Path | None) -> tuple[Reference, Reference | None, Callable[..., Reference] | None]:
+    """(the validation rows' reference, the training rows' where the weighting needs b, else None, and under
+    ``injection: prefix`` the function scoring or reading a prefix reference of a split's rows, else None):
+    ``setup_data``'s references (its docstring). ValueError for a prefix run without ``out``."""
+    if cfg.model.injection != "prefix":
+        ref = resolve_reference(ref_source, base_dir, data_dir, "val", model=backbone, tokenizer=tok)
+        train_ref = (resolve_reference("pretrained_source", base_dir, data_dir, "train", model=backbone, tokenizer=tok)
+                     if cfg.objective.needs_example_b else None)  # b (and b_t) on training rows, scored once and cached
+        return ref, train_ref, None
+    if out is None:
+        raise ValueError("injection='prefix': setup_data needs the run folder (out) to store its reference")
+    soft = initial_soft_token(backbone)  # every b read through the route's initial soft token
+
+    def prefix(split: str, pairs: list[Pair] | None = None, folder: str | None = None) -> Reference:
+        """The prefix reference of ``split``'s rows (``pairs``: some of them, stored as ``folder``)."""
+        return prefix_reference(backbone, tok, data_dir / f"{split}.jsonl", soft,
+                                out / PREFIX_REFERENCE_DIR / (folder or split), pairs=pairs, split=folder or split)
+    return prefix("val"), (prefix("train") if cfg.objective.needs_example_b else None), prefix
+
+
+def _gate_b(gate, gate_ids: list[str], ref: Reference, train_ref: Reference | None,
+            prefix: Callable[..., Reference] | None, backbone, tok) -> np.ndarray:
+    """The gate rows' b (nats per token): from their split's reference where the run has it, else the prefix
+    reference of exactly those rows (stored as ``gate``) under ``injection: prefix``, else scored now."""
+    if (gate_ref := ref if gate.split == "val" else train_ref) is not None:
+        return np.array(gate_ref.b_of(gate_ids))
+    if prefix is not None:
+        return np.array(prefix(gate.split, gate.pairs, "gate").b_of(gate_ids))
+    scored = score_pairs(backbone, tok, gate.pairs).per_example  # (cached as it caches)
+    return np.array(scored.set_index("id").loc[gate_ids, "b"], dtype=float)
 
 
 def batch_references(data: RunData, batch, weighting: str, device: torch.device, dtype: torch.dtype = torch.float32
