@@ -38,7 +38,7 @@ from zfree.core.io import atomic_replace, atomic_write_json, atomic_write_parque
 from zfree.data.pairs import Pair, load_pairs
 from zfree.reference.reference import Reference, _check_c_base, _meta_from, check_c_base_against_b
 from zfree.reference.score_cache import rows_sha256, tokenizer_sha256
-from zfree.reference.scoring import SCORER_VERSION, ScoringPolicy, context_length, score_pairs
+from zfree.reference.scoring import SCORER_VERSION, ScoringPolicy, context_length, score_pairs, soft_token_sha256
 
 #: a run folder's prefix references, one folder per split (module docstring)
 PREFIX_REFERENCE_DIR = "prefix_reference"
@@ -46,11 +46,6 @@ PREFIX_REFERENCE_DIR = "prefix_reference"
 MATCH_KEYS = ("route", "model_sha256", "tokenizer_sha256", "rows_sha256", "soft_token_sha256", "scorer_version",
               "policy", "max_length", "dtype")
 ESTIMATOR = "prefix_route"
-
-
-def soft_token_sha256(soft_token: Float[torch.Tensor, "d_model"]) -> str:
-    """sha256 of the soft token's dtype, shape and bytes (``zfree.core.io.sha256_state_dict``)."""
-    return sha256_state_dict({"soft_token": soft_token.detach()})
 
 
 def _inputs(model, tokenizer, pairs, soft_token) -> dict:

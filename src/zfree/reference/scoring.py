@@ -258,6 +258,12 @@ def _result(encoded: Sequence[EncodedPair], surp: np.ndarray, token_ids: np.ndar
     return ScoreResult(per_example, per_token)
 
 
+def soft_token_sha256(soft_token: torch.Tensor) -> str:
+    """sha256 of a soft token's (d_model,) dtype, shape and bytes (``zfree.core.io.sha256_state_dict``): the
+    key ``score_pairs`` and a stored prefix reference (``zfree.reference.prefix``) record it under."""
+    return sha256_state_dict({"soft_token": soft_token.detach()})
+
+
 def score_pairs(model, tokenizer, pairs: Sequence[Pair], *, policy: ScoringPolicy | None = None,
                 cache: bool | None = None, cache_dir: Path | str | None = None, max_batch_tokens: int = 8192,
                 max_batch_rows: int | None = None, progress: bool = False,
@@ -287,7 +293,7 @@ def score_pairs(model, tokenizer, pairs: Sequence[Pair], *, policy: ScoringPolic
                 "dtype": str(param.dtype).replace("torch.", ""), "device": param.device.type}
     soft_key = {}
     if soft_token is not None:
-        soft_key = {"soft_token_sha256": sha256_state_dict({"soft_token": soft_token.detach()})}
+        soft_key = {"soft_token_sha256": soft_token_sha256(soft_token)}
         settings.update(soft_key)
     use_cache = cache if cache is not None else os.environ.get("ZFREE_NO_CACHE", "").lower() not in ("1", "true")
     key_dir = None
