@@ -160,3 +160,36 @@ def test_a_prefix_run_reads_its_gate_rows_b_through_the_prefix_too(tiny_run, tmp
     assert gate["soft_token_sha256"] == val["soft_token_sha256"] and gate["model_sha256"] == val["model_sha256"]
     ids = pd.read_parquet(out / PREFIX_REFERENCE_DIR / "gate" / "per_example.parquet")["id"].tolist()
     assert ids == read_json(out / "config.json")["_gate_rows"]["ids"]
+
+
+def test_a_prefix_studys_report_reads_the_runs_prefix_reference_not_the_base_runs(tiny_run, tmp_path):
+    """``load_sweep`` on a folder of prefix runs loads the reference they used (the base through s_0, in each
+    run folder): its c_base is the one their objectives read, its b the runs' per-example b, and the report's
+    line names the route. With a run of another route beside them, the base run's reference is loaded and a
+    note says the prefix runs read their own."""
+    from zfree_lab.experiment.results import load_sweep
+    from zfree_lab.report.report import reference_markdown
+    from zfree_lab.run.training import train_cvae
+
+    sweep = tmp_path / "sweep"
+    for beta in (0.3, 1.0):
+        train_cvae(_run_cfg(tiny_run, "cvae", beta=beta), sweep / "runs" / f"prefix_{beta}", progress=False)
+    res = load_sweep(sweep)
+    meta = read_json(sweep / "runs" / "prefix_0.3" / PREFIX_REFERENCE_DIR / "val" / "reference.json")
+    assert res.reference["route"] == "prefix" and "note" not in res.reference
+    assert res.reference["c_base"] == pytest.approx(meta["c_base"], rel=1e-12)
+    base_c = read_json(tiny_run[1] / "reference" / "reference.json")["c_base"]
+    assert abs(res.reference["c_base"] - base_c) > 1e-3
+    for run_dir in sweep.glob("runs/*"):
+        assert read_json(run_dir / "config.json")["_c_base"] == pytest.approx(res.reference["c_base"], rel=1e-12)
+        per_ex = pd.read_parquet(run_dir / "per_example.parquet").set_index("id")
+        b = res.examples.set_index("id").loc[per_ex.index, "b"]
+        np.testing.assert_allclose(per_ex["b"], b, rtol=0, atol=1e-12)
+    assert reference_markdown(res.reference).startswith("**Reference (prefix route")
+
+    train_cvae(_run_cfg(tiny_run, "cvae", injection="embedding"), sweep / "runs" / "embedding", progress=False)
+    mixed = load_sweep(sweep)
+    assert mixed.reference.get("route") != "prefix"
+    assert mixed.reference["c_base"] == pytest.approx(base_c, rel=1e-12)
+    assert mixed.reference["note"].startswith("2 of 3 runs read their own prefix-route reference")
+    assert "Note: 2 of 3 runs" in reference_markdown(mixed.reference)

@@ -6,6 +6,7 @@ The bottom of the experiment layer: sweeps and study build on it, nothing here p
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from zfree.core.paths import PATH_FIELDS, ROOT, resolve_path
 from zfree.data.pairs import load_pairs
 from zfree.evaluate.latent_stats import label_warnings
 from zfree.objective.theory import predict_curve
+from zfree.reference.prefix import PREFIX_REFERENCE_DIR
 from zfree_lab.run.run_folder import resolved_flat
 from zfree_lab.experiment.controls import LINKS_FILE
 from zfree_lab.experiment.gains import GAIN_COLUMNS, oracle_table, run_gains
@@ -308,15 +310,49 @@ def _find_reference(d: Path, runs: pd.DataFrame) -> Path | None:
     return next((c for c in candidates if (c / "reference.json").exists()), None)
 
 
+#: the prefix-reference keys on which every run of a prefix study must agree for one reference to stand
+#: for them all (the inputs of ``zfree.reference.prefix.MATCH_KEYS`` that differ between studies)
+PREFIX_AGREE_KEYS = ("model_sha256", "tokenizer_sha256", "rows_sha256", "soft_token_sha256", "c_base")
+
+
+def _prefix_reference(runs: pd.DataFrame) -> tuple[Path | None, str]:
+    """The validation reference a prefix-route study's runs used (``zfree.reference.prefix``: the base
+    read through the soft token s_0, stored in each run folder), when every run has one and they agree
+    on ``PREFIX_AGREE_KEYS``: (its folder, ""). (None, why) when only some runs have one or they
+    disagree; (None, "") when no run has one (a study of the other routes)."""
+    if runs.empty or "run_dir" not in runs:
+        return None, ""
+    dirs = [Path(r) / PREFIX_REFERENCE_DIR / "val" for r in runs["run_dir"].dropna()]
+    have = [d for d in dirs if (d / "reference.json").is_file()]
+    if not have:
+        return None, ""
+    if len(have) < len(dirs):
+        return None, (f"{len(have)} of {len(dirs)} runs read their own prefix-route reference (the base "
+                      f"through the soft token s_0; run folder's {PREFIX_REFERENCE_DIR}/val), not this one")
+    metas = [read_json(d / "reference.json") for d in have]
+    differ = [k for k in PREFIX_AGREE_KEYS if len({json.dumps(m.get(k)) for m in metas}) > 1]
+    if differ:
+        return None, (f"the runs' prefix-route references differ in {', '.join(differ)} "
+                      f"({PREFIX_REFERENCE_DIR}/val of each run folder); each run read its own, not this one")
+    return have[0], ""
+
+
 def load_sweep(sweep_dir: Path | str) -> SweepResults:
-    """Load a sweep (or study) folder: its runs, failures and the z-free reference it used."""
+    """Load a sweep (or study) folder: its runs, failures and the z-free reference it used: the base
+    run's (``base/reference`` or the runs' ``base_dir``), or, in a study whose runs all take z through
+    the prefix route, their own reference through the soft token (``_prefix_reference``; reference.json
+    ``route`` "prefix"). Where only some runs read a prefix reference, the base run's is loaded with a
+    ``note`` saying so."""
     d = check_folder(Path(sweep_dir).resolve())
     runs = runs_table(d)
     errors = [read_json(e) for e in sorted((d / "runs").glob("*/error.json"))]
-    ref_dir = _find_reference(d, runs)
+    prefix_dir, note = _prefix_reference(runs)
+    ref_dir = prefix_dir or _find_reference(d, runs)
     reference = examples = None
     if ref_dir is not None:
         reference = read_json(ref_dir / "reference.json")
+        if note:
+            reference["note"] = note
         examples = read_table(ref_dir / "per_example.parquet")[["id", "n_tokens", "b"]]
         bayes = _bayes_nll(reference.get("data_file"), runs, ref_dir)
         examples["bayes_nll"] = examples["id"].map(bayes).astype(float)
