@@ -168,3 +168,27 @@ def test_a_study_short_of_a_null_or_a_seed_is_pending(tmp_path):
     assert not h["complete"] and h["decision"] == "pending"
     _, h, _, _ = _collected(tmp_path / "b", gains=g, seeds=(0, 1))
     assert not h["complete"] and h["decision"] == "pending" and h["h1"]["n"] == 2
+
+
+def test_a_running_study_without_its_available_gain_table_collects_the_same_tables(tmp_path):
+    """While the study runs it has no available_gain.csv yet: the script computes the same table from the runs
+    finished so far (``oracle_table``), so its outputs equal those of the finished folder; a folder where no
+    oracle has finished beside its control, or that is no oracle study, exits with one line."""
+    m = _collect()
+    study = tmp_path / "study"
+    make_study(study, gains=_gains([-1.0, -1.1, -0.9], [0.1, 0.2, 0.15]))
+    finished, running = tmp_path / "finished", tmp_path / "running"
+    finished.mkdir(), running.mkdir()
+    m.main(study, finished)
+    (study / "available_gain.csv").unlink()
+    m.main(study, running)
+    for name in ("oracles.csv", "runs.csv"):
+        pd.testing.assert_frame_equal(pd.read_csv(running / name), pd.read_csv(finished / name))
+    pd.testing.assert_frame_equal(pd.read_parquet(running / "oracle_rows.parquet"),
+                                  pd.read_parquet(finished / "oracle_rows.parquet"))
+    for run in (study / "runs").glob("control-*"):
+        (run / "per_example.parquet").unlink()
+    with pytest.raises(SystemExit, match="no oracle of .* has finished beside its control yet"):
+        m.main(study, running)
+    with pytest.raises(SystemExit, match="is not an oracle-smollm2 study folder"):
+        m.main(tmp_path / "finished", running)

@@ -3,6 +3,7 @@ preregistered tests and decision from them (issue 55; PREREGISTRATION.md in this
 
     .venv/bin/python analysis/results/oracle-smollm2/collect.py STUDY   # copy the tables, then print
     .venv/bin/python analysis/results/oracle-smollm2/collect.py         # print from the shipped tables
+    .venv/bin/python analysis/results/oracle-smollm2/collect.py STUDY --out DIR   # a running study, elsewhere
 
 ``main`` writes three tables, every run named by its id:
 
@@ -33,7 +34,7 @@ is not below its control, else it does not come from items 1-2. A study short of
 
 from __future__ import annotations
 
-import sys
+import argparse
 from pathlib import Path
 
 import numpy as np
@@ -66,10 +67,17 @@ def main(study: Path, out: Path = HERE) -> None:
     """Write ``oracles.csv``, ``oracle_rows.parquet`` and ``runs.csv`` of the study folder ``study`` into ``out``."""
     from zfree.core.io import read_json
     from zfree_lab.run.run_folder import read_run_config
-    from zfree_lab.experiment.gains import _paired, _per_example, links_of
+    from zfree_lab.experiment.gains import _paired, _per_example, links_of, oracle_table
 
+    if not (study / "controls.json").is_file():
+        raise SystemExit(f"collect.py: {study} is not an oracle-smollm2 study folder (no controls.json)")
     runs_dir, links = study / "runs", links_of(study)
-    oracles = pd.read_csv(study / "available_gain.csv")
+    # a finished study's table; while it runs, the same table from the runs finished so far
+    oracles = pd.read_csv(study / "available_gain.csv") if (study / "available_gain.csv").exists() else oracle_table(study)
+    if oracles.empty:
+        done = sum((r / "summary.json").is_file() for r in runs_dir.glob("*"))
+        raise SystemExit(f"collect.py: no oracle of {study} has finished beside its control yet ({done} runs "
+                         f"finished): nothing to collect")
     fields = {oid: _arm_fields(read_run_config(runs_dir / oid / "config.json")) for oid in oracles["oracle_run_id"]}
     meta = pd.DataFrame([{"oracle_run_id": oid, **f} for oid, f in fields.items()])
     oracles = meta.merge(oracles, on="oracle_run_id")
@@ -280,6 +288,12 @@ def markdown(h: dict) -> list[str]:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1:
-        main(Path(sys.argv[1]))
-    print("\n".join(markdown(headline())))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("study", type=Path, nargs="?",
+                        help="the study folder (zfree study --preset oracle-smollm2 --out STUDY); omitted: print "
+                             "from the tables in --out")
+    parser.add_argument("--out", type=Path, default=HERE, help="where the tables go (default: this folder)")
+    args = parser.parse_args()
+    if args.study is not None:
+        main(args.study, args.out)
+    print("\n".join(markdown(headline(args.out))))
