@@ -219,3 +219,37 @@ def test_a_boundary_grid_takes_single_points_beside_its_cross_product():
     assert variants[-1]["aid"] == "hard_em_then_soft" and variants[-1]["beta"] == three
     with pytest.raises(ConfigError, match="extra"):
         BoundaryGrid(extra=(("distribution", 0, "hard_em"),))
+
+
+def test_a_presets_own_base_fine_tuning_reaches_the_study(tmp_path, monkeypatch):
+    """factorial-smollm2 is preregistered in the entangled setting (``base: {kind: pretrained, finetune_steps:
+    300}``): through ``zfree study --preset factorial-smollm2 --model M --data F`` its spec reaches the pipeline
+    with those 300 steps (the own-model path replaced the base and ran it zero-shot); ``--finetune-steps``
+    overrides them (0: none), ``--finetune-base`` alone on a zero-shot preset fine-tunes 300 steps."""
+    from zfree_lab.cli import main as cli_main
+    from zfree_lab.experiment.own_study import OWN_PRESETS
+
+    seen = []
+
+    def fake(spec, out, **kw):
+        seen.append(spec)
+        return ExperimentResult(Path(out), [], Path(out) / "report.html")
+
+    monkeypatch.setattr("zfree_lab.experiment.own_study.run_experiment", fake)
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"x": "a", "y": "b"}\n')
+    assert OWN_PRESETS["factorial-smollm2"].base.finetune_steps == 300
+    for i, (extra, want) in enumerate([([], 300), (["--finetune-steps", "0"], 0), (["--finetune-steps", "40"], 40)]):
+        argv = ["study", "--preset", "factorial-smollm2", "--model", "some/model", "--data", str(data),
+                "--out", str(tmp_path / f"f{i}"), "--no-estimate", *extra]
+        assert cli_main(argv) == 0
+        assert (seen[-1].base.kind, seen[-1].base.path, seen[-1].base.finetune_steps) == ("pretrained", "some/model",
+                                                                                         want)
+    for extra, want in [([], 0), (["--finetune-base"], 300), (["--finetune-base", "--finetune-steps", "7"], 7)]:
+        assert cli_main(["study", "--preset", "own_smoke", "--model", "m", "--data", str(data),
+                         "--out", str(tmp_path / f"o{len(seen)}"), "--no-estimate", *extra]) == 0
+        assert seen[-1].base.finetune_steps == want
+    from zfree_lab.experiment.own_study import own_base
+
+    with pytest.raises(ValueError, match="finetune_steps=-1"):
+        own_base(OWN_PRESETS["own"].base, "m", finetune_steps=-1)

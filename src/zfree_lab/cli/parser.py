@@ -147,7 +147,9 @@ def _add_study(sub) -> None:
     st.add_argument("--val", help="a validation JSONL to use as it is (x shared with --data are warned)")
     st.add_argument("--finetune-base", action="store_true",
                     help="fine-tune MODEL on the train pairs first (entangled-run setting; a transformers folder)")
-    st.add_argument("--finetune-steps", type=int, default=300, help="steps of --finetune-base (default: 300)")
+    st.add_argument("--finetune-steps", type=int, default=None,
+                    help="steps of the base's fine-tuning, 0 for none (default: the preset's own base.finetune_steps, "
+                         "else 300 with --finetune-base)")
     st.add_argument("--spec",
                     help="own-model grid YAML (keys of zfree_lab.experiment.own_study.OWN_SPEC_KEYS) instead of a preset")
     st.add_argument("--out", required=True, help="the study folder (base/, runs/, summary.csv, report.html)")

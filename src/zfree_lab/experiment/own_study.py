@@ -114,17 +114,35 @@ def _own_spec(preset: str | ExperimentSpec, spec: Path | str | None) -> Experime
     raise ValueError(f"preset={preset!r} is not one of {sorted(OWN_PRESETS)} (own model and data)")
 
 
+#: fine-tuning steps of ``--finetune-base`` where neither ``--finetune-steps`` nor the preset gives them
+DEFAULT_FINETUNE_STEPS = 300
+
+
+def own_base(base: BaseSource, model: str, *, finetune: bool = False, finetune_steps: int | None = None) -> BaseSource:
+    """The base of an own-model study: ``model`` (pretrained), fine-tuned on the train split first for
+    ``finetune_steps`` when given (``zfree study --finetune-steps``; 0: not fine-tuned), else for the preset's
+    own ``base.finetune_steps`` (a preset in the entangled setting, such as factorial-smollm2, keeps it),
+    else ``DEFAULT_FINETUNE_STEPS`` when ``finetune`` (``--finetune-base``), else 0. ValueError for a
+    negative ``finetune_steps``."""
+    if finetune_steps is not None and finetune_steps < 0:
+        raise ValueError(f"finetune_steps={finetune_steps}: must be 0 or more")
+    own = base.finetune_steps if base.kind == "pretrained" else 0
+    steps = finetune_steps if finetune_steps is not None else own or (DEFAULT_FINETUNE_STEPS if finetune else 0)
+    return BaseSource("pretrained", path=str(model), finetune_steps=steps)
+
+
 def run_own_study(model: str, data: Path | str, out_dir: Path | str, *, val: Path | str | None = None,
                   preset: str | ExperimentSpec = "own", spec: Path | str | None = None, workers: int | None = None,
                   progress: bool = True, render: bool = True, finetune: bool = False,
-                  finetune_steps: int = 300, estimate: bool = False, budget_s: float | None = None,
+                  finetune_steps: int | None = None, estimate: bool = False, budget_s: float | None = None,
                   overrides: dict | None = None, seeds: tuple[int, ...] | None = None,
                   started: float | None = None) -> Path:
     """Run the own-model study into ``out_dir`` (module docstring): the pipeline on ``preset`` (or
     the YAML ``spec``) with ``data`` (+ ``val``) and ``model`` as its sources; returns report.html
     (or the study folder when ``render`` is False); ``estimate``/``budget_s``: as
-    ``run_experiment``. ValueError listing the presets for an unknown one; errors of each step as
-    documented there, raised before any run starts. ``overrides``: flat TrainConfig fields set on
+    ``run_experiment``; ``finetune``/``finetune_steps``: the base's fine-tuning (``own_base``: the preset's
+    own ``base.finetune_steps`` unless given). ValueError listing the presets for an unknown one; errors of
+    each step as documented there, raised before any run starts. ``overrides``: flat TrainConfig fields set on
     every run (``zfree study --set``); ``started``: as ``run_experiment``."""
     p = _own_spec(preset, spec)
     if overrides:
@@ -133,7 +151,7 @@ def run_own_study(model: str, data: Path | str, out_dir: Path | str, *, val: Pat
         p = dataclasses.replace(p, seeds=tuple(seeds))
     p = dataclasses.replace(p, data=dataclasses.replace(p.data, kind="jsonl", path=Path(data),
                                                         val=None if val is None else Path(val)),
-                            base=BaseSource("pretrained", path=str(model), finetune_steps=finetune_steps if finetune else 0))
+                            base=own_base(p.base, model, finetune=finetune, finetune_steps=finetune_steps))
     _check_data_files(data, val)  # a device, or a file over the data limits: refused before the folder is made
     res = run_experiment(p, out_dir, workers=workers, progress=progress, render=render, estimate=estimate,
                          budget_s=budget_s, started=started)
