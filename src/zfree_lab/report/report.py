@@ -353,19 +353,17 @@ def confusion_tables(aided: pd.DataFrame, runs: pd.DataFrame | None = None) -> l
 
 
 def reference_markdown(ref: dict | None) -> str:
-    """One line on the reference the study loaded (reference.json, ``load_sweep``): measured c_base (nats
-    per token), the validation rows, and against the analytic Bayes-optimal c_base where the benchmark has
-    one; a prefix-route study's reference (``route`` "prefix") is named so, and a ``note`` is shown."""
+    """One line on the study's reference (``load_sweep``): c_base (nats per token), against the analytic
+    Bayes-optimal c_base where the benchmark has one; a prefix route's is named so; its ``note`` shown."""
     if ref is None:
         return "**No reference found** (no base/reference nor the runs' base_dir)."
-    prefix = ref.get("route") == "prefix"
     head = ("**Reference (prefix route: the base reading the soft token s_0, scored in each run folder).**"
-            if prefix else "**Reference (entangled run).**" if ref.get("c_base_analytic") else "**Reference.**")
-    line = f"{head} c_base = {ref['c_base']:.4f} nats/token"
-    if ref.get("c_base_analytic"):
-        line += (f" on {ref['n_rows']} validation rows; analytic (Bayes-optimal) c_base = "
-                 f"{ref['c_base_analytic']:.4f}; ratio {ref['c_base'] / ref['c_base_analytic']:.3f}")
-    return line + "." + (f" Note: {md_text(ref['note'])}." if ref.get("note") else "")
+            if ref.get("route") == "prefix" else "**Reference (entangled run).**" if ref.get("c_base_analytic")
+            else "**Reference.**")
+    ana = ref.get("c_base_analytic")
+    return (f"{head} c_base = {ref['c_base']:.4f} nats/token" + (f" on {ref['n_rows']} validation rows; analytic "
+            f"(Bayes-optimal) c_base = {ana:.4f}; ratio {ref['c_base'] / ana:.3f}" if ana else "") + "."
+            + (f" Note: {md_text(ref['note'])}." if ref.get("note") else ""))
 
 
 def errors_markdown(errors: list[dict], width: int = 300) -> str:
