@@ -517,3 +517,24 @@ def test_a_model_replaced_in_its_folder_is_refused_naming_both_hashes(tiny_model
     msg = str(e.value)
     assert "\n" not in msg and str(model.resolve()) in msg and stored in msg and now in msg, msg
     assert json.loads((out / "base" / "reference" / "reference.json").read_text())["model_sha256"] == stored
+
+
+def test_the_base_fine_tune_runs_its_steps_however_slow_the_machine(tiny_model, tmp_path, monkeypatch):
+    """The entangled regime's base is fine-tuned for its steps (``finetune_base``), not for as long as a wall
+    clock allows: with every step taking an hour of (fake) wall time, the fine-tune still runs its 4 steps. Under
+    a 30-minute cap it stopped after the first step, so a loaded machine got a weaker base."""
+    import types
+
+    from zfree_lab.experiment.sources import finetune_base, link_model, split_data
+    from zfree_lab.run import base_training
+
+    clock = iter(range(0, 10**9, 3600))  # one hour per reading of the clock
+    monkeypatch.setattr(base_training, "time", types.SimpleNamespace(time=lambda: float(next(clock))))
+    monkeypatch.setenv("ZFREE_CACHE_DIR", str(tmp_path / "cache"))
+    model, data = tiny_model
+    out = tmp_path / "study"
+    out.mkdir()
+    split_data(data, out)
+    ft = finetune_base(link_model(str(model), out), out, steps=4)
+    log = json.loads((ft / "train_log.json").read_text())
+    assert log["steps"] == 4 and log["wall_s"] >= 4 * 3600

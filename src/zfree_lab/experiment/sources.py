@@ -248,8 +248,11 @@ def check_same_model(base: Path, meta: dict, stored: Path) -> None:
                              f"trained on the old one: use a new --out for this model (or put the old one back)")
 
 
-#: the fine-tuning of ``--finetune-base`` (``zfree_lab.run.base_training.train_text_base`` with ``init_from``)
-FINETUNE = {"lr": 3e-4, "batch_size": 16, "warmup_steps": 20, "eval_every": 50, "max_minutes": 30.0}
+#: the fine-tuning of ``--finetune-base`` and of a preset's ``base.finetune_steps``
+#: (``zfree_lab.run.base_training.train_text_base`` with ``init_from``). Its length is its steps and its early
+#: stop on validation rows, never the machine's speed: the wall-clock cap is a week (a 30-minute cap stopped a
+#: loaded CPU's SmolLM2 fine-tune after about 60 of its 300 steps, so the entangled regime depended on the load)
+FINETUNE = {"lr": 3e-4, "batch_size": 16, "warmup_steps": 20, "eval_every": 50, "max_minutes": 7 * 24 * 60.0}
 
 
 def finetune_base(base: Path, data_dir: Path, steps: int = 300) -> Path:
