@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import fields
-from typing import Literal, get_args, get_origin
+from types import UnionType
+from typing import Literal, Union, get_args, get_origin
 
 from zfree import __version__
 # light modules only (config and the benchmark's DataConfig import no torch), so `zfree --help` stays fast
@@ -65,6 +66,8 @@ def _add_config_fields(p: argparse.ArgumentParser, cls, help: dict[str, str] | N
         typ, kw = types[f.name], {}
         if get_origin(typ) is Literal:
             kw["choices"] = list(get_args(typ))
+        elif get_origin(typ) in (Union, UnionType):  # an optional number: its text ("none") is the config's to read
+            kw["type"] = str
         else:  # int, float, str; a sequence of names is given comma-separated
             kw["type"] = typ if typ in (int, float, str) else _comma_list
         shown = ",".join(f.default) if isinstance(f.default, tuple) else f.default
@@ -92,7 +95,7 @@ def _add_base(sub) -> None:
     b.add_argument("--out", required=True, help="the base run folder (model/, reference/, logs)")
     _add_config_fields(b, BaseTrainConfig, help={
         "data_source": "fresh: sample every batch from the generator; split: the train split",
-        "max_minutes": "wall-clock budget", "target_ratio": "stop once val c_base <= ratio * analytic c_base"})
+        "max_minutes": "wall-clock budget in minutes (none: no cap)", "target_ratio": "stop once val c_base <= ratio * analytic c_base"})
     b.add_argument("--threads", type=int, default=1, help="torch threads (2 threads lose to 1 on a shared 2-core machine)")
     b.add_argument("--init-from", default=None, help="continue from a finished base model folder (second phase)")
     b.set_defaults(func=cmd_base_train)

@@ -250,16 +250,18 @@ def check_same_model(base: Path, meta: dict, stored: Path) -> None:
 
 #: the fine-tuning of ``--finetune-base`` and of a preset's ``base.finetune_steps``
 #: (``zfree_lab.run.base_training.train_text_base`` with ``init_from``). Its length is its steps and its early
-#: stop on validation rows, never the machine's speed: the wall-clock cap is a week (a 30-minute cap stopped a
-#: loaded CPU's SmolLM2 fine-tune after about 60 of its 300 steps, so the entangled regime depended on the load)
-FINETUNE = {"lr": 3e-4, "batch_size": 16, "warmup_steps": 20, "eval_every": 50, "max_minutes": 7 * 24 * 60.0}
+#: stop on validation rows, never the machine's speed: no wall-clock cap (a 30-minute cap stopped a loaded
+#: CPU's SmolLM2 fine-tune after about 60 of its 300 steps, so the entangled regime depended on the load)
+FINETUNE = {"lr": 3e-4, "batch_size": 16, "warmup_steps": 20, "eval_every": 50, "max_minutes": None}
 
 
 def finetune_base(base: Path, data_dir: Path, steps: int = 300) -> Path:
     """The entangled-run setting: fine-tune the linked model on ``data_dir/train.jsonl`` for at most
     ``steps`` steps (``FINETUNE``; the best val c_base kept) into ``data_dir/base_ft/`` (model,
-    reference, train_log.json); returns that folder (skipped when its reference exists). The
-    model must be a local transformers folder (ModelLoadError for a GGUF file)."""
+    reference, train_log.json); returns that folder (skipped when its reference exists). A stopped
+    fine-tune resumes from its last evaluation (``data_dir/base_ft.checkpoint``, removed once the
+    reference is written: ``zfree_lab.run.base_checkpoint``) and ends with the weights an uninterrupted
+    one ends with. The model must be a local transformers folder (ModelLoadError for a GGUF file)."""
     ft = data_dir / "base_ft"
     if (ft / "reference" / "reference.json").exists():
         return ft
@@ -267,6 +269,9 @@ def finetune_base(base: Path, data_dir: Path, steps: int = 300) -> Path:
     if not (src / "config.json").exists():
         raise ModelLoadError(f"--finetune-base needs a transformers folder; {src} is a GGUF source "
                              "(save it with save_pretrained first)")
-    shutil.rmtree(ft, ignore_errors=True)  # an unfinished fine-tune (no reference yet) is redone
-    train_text_base(data_dir, ft, BaseTrainConfig(max_steps=steps, **FINETUNE), init_from=src, progress=True)
+    shutil.rmtree(ft, ignore_errors=True)  # an unfinished fine-tune's output (no reference yet); its checkpoint stays
+    ckpt = data_dir / "base_ft.checkpoint"
+    train_text_base(data_dir, ft, BaseTrainConfig(max_steps=steps, **FINETUNE), init_from=src, progress=True,
+                    checkpoint_dir=ckpt)
+    shutil.rmtree(ckpt, ignore_errors=True)
     return ft

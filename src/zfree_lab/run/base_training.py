@@ -27,6 +27,7 @@ from zfree.models.base import build_synthetic_gpt2, target_logprobs
 from zfree.models.loading import DTYPES
 from zfree.reference.reference import build_reference
 from zfree.reference.scoring import score_encoded
+from zfree_lab.run.base_checkpoint import TextCheckpoint
 from zfree.objective.theory import analytic_c_base
 
 
@@ -119,7 +120,7 @@ def train_base(data_dir: Path | str, out_dir: Path | str, cfg: BaseTrainConfig =
         step += 1
         bar.update(1)
         elapsed = time.time() - t0
-        if step % cfg.eval_every == 0 or elapsed > cfg.max_minutes * 60:
+        if step % cfg.eval_every == 0 or _over(cfg, elapsed):
             model.eval()
             c = score_encoded(model, val, pad_id=pad).c_base
             model.train()
@@ -127,7 +128,7 @@ def train_base(data_dir: Path | str, out_dir: Path | str, cfg: BaseTrainConfig =
             history.append({"step": step, "wall_s": elapsed, "train_loss": loss.item(), "val_c_base": c,
                             "ratio_to_analytic": ratio})
             bar.set_postfix(val_c_base=f"{c:.4f}", ratio=f"{ratio:.3f}")
-            if ratio <= cfg.target_ratio or elapsed > cfg.max_minutes * 60:
+            if ratio <= cfg.target_ratio or _over(cfg, elapsed):
                 break
     bar.close()
     _save_model(model, tok, out_dir)
@@ -155,6 +156,11 @@ def _new_or_continued(vocab: int, n_positions: int, cfg: BaseTrainConfig, init_f
                                 n_head=cfg.n_head, seed=cfg.seed, dtype=DTYPES[dtype])
 
 
+def _over(cfg: BaseTrainConfig, elapsed: float) -> bool:
+    """Past the wall-clock budget ``cfg.max_minutes`` (never when it is None: steps alone decide)."""
+    return cfg.max_minutes is not None and elapsed > cfg.max_minutes * 60
+
+
 class _Best:
     """The best val c_base so far, its step and weights; ``since``: evaluations without a new best."""
 
@@ -178,7 +184,8 @@ TEXT_AUGMENT_P = 0.5  # share of training rows passed through ``augment`` (fresh
 
 def train_text_base(data_dir: Path | str, out_dir: Path | str, cfg: BaseTrainConfig = BaseTrainConfig(),
                     threads: int = 1, progress: bool = True, vocab_size: int = TEXT_VOCAB_SIZE,
-                    augment=None, init_from: Path | str | None = None, dtype: str = "float32") -> dict:
+                    augment=None, init_from: Path | str | None = None, dtype: str = "float32",
+                    checkpoint_dir: Path | str | None = None) -> dict:
     """Train a base GPT-2 from scratch on real text (``data_dir/train.jsonl``, e.g. E2E) and write
     its z-free reference on ``data_dir/val.jsonl``.
 
@@ -195,34 +202,25 @@ def train_text_base(data_dir: Path | str, out_dir: Path | str, cfg: BaseTrainCon
     second phase with a fresh warm-up and cosine schedule).
     Writes ``out_dir/model`` (HF format with tokenizer), ``out_dir/train_log.json`` and
     ``out_dir/reference/``. FileExistsError if ``out_dir/model`` exists. ``dtype`` as ``train_base``'s.
+    ``checkpoint_dir``: resumable training (``TextCheckpoint``): the state is written there at every
+    evaluation, and a call that finds one of the same arguments continues from it, ending with the
+    weights an uninterrupted call ends with (same steps, batches, dropout masks and schedule).
     """
     data_dir, out_dir = Path(data_dir), Path(out_dir)
     _refuse_existing(out_dir)
     torch.set_num_threads(threads)
     t0 = time.time()
     train_pairs, val_pairs = load_pairs(data_dir / "train.jsonl"), load_pairs(data_dir / "val.jsonl")
-    tok, model, train, val, n_positions = _text_model(train_pairs, val_pairs, cfg, vocab_size, init_from, dtype)
-    opt, sched = _optimizer(model, cfg)
-    rng = np.random.default_rng(cfg.seed)
-    pad = pad_id_of(tok)
+    ckpt = None if checkpoint_dir is None else TextCheckpoint(checkpoint_dir, {
+        "config": asdict(cfg), "data_dir": str(data_dir.resolve()), "init_from": str(init_from), "dtype": dtype,
+        "vocab_size": vocab_size, "augment": getattr(augment, "__name__", None), "torch": torch.__version__})
+    resumed = None if ckpt is None else ckpt.latest()
+    start = init_from if resumed is None else resumed.model_dir  # a resumed run continues the checkpoint's weights
+    tok, model, train, val, n_positions = _text_model(train_pairs, val_pairs, cfg, vocab_size, start, dtype,
+                                                      context_from=init_from)
     eval_rows = val[:TEXT_EVAL_ROWS]
-    history, step, best = [], 0, _Best()
-    bar = tqdm(total=cfg.max_steps, desc="text base model", disable=not progress, mininterval=2)
-    model.train()
-    while step < cfg.max_steps:
-        rows = _text_rows(tok, train, train_pairs, rng, cfg.batch_size, augment, n_positions)
-        loss = lm_step(model, opt, sched, collate(rows, pad_id=pad))
-        step += 1
-        bar.update(1)
-        elapsed = time.time() - t0
-        if step % cfg.eval_every == 0 or elapsed > cfg.max_minutes * 60 or step == cfg.max_steps:
-            c = score_encoded(model, eval_rows, pad_id=pad).c_base  # eval mode inside, restored after
-            history.append({"step": step, "wall_s": elapsed, "train_loss": loss.item(), "val_c_base": c})
-            bar.set_postfix(val_c_base=f"{c:.4f}", best=f"{min(c, best.c):.4f}")
-            best.update(model, c, step)
-            if best.since >= TEXT_PATIENCE or elapsed > cfg.max_minutes * 60:
-                break
-    bar.close()
+    step, history, best, t0 = _text_loop(model, tok, cfg, (train, train_pairs, eval_rows), augment, n_positions,
+                                         resumed, ckpt, seed_dropout=init_from is not None, t0=t0, progress=progress)
     model.load_state_dict(best.state)
     _save_model(model, tok, out_dir)
     log = _log_record(cfg, data_dir, model, steps=step, init_from=init_from, t0=t0, threads=threads, dtype=dtype,
@@ -237,17 +235,56 @@ def train_text_base(data_dir: Path | str, out_dir: Path | str, cfg: BaseTrainCon
     return log
 
 
-def _text_model(train_pairs, val_pairs, cfg: BaseTrainConfig, vocab_size: int, init_from, dtype: str):
+def _text_loop(model, tok, cfg: BaseTrainConfig, rows, augment, n_positions: int, resumed, ckpt, *,
+               seed_dropout: bool, t0: float, progress: bool):
+    """``train_text_base``'s steps and evaluations: ``rows`` = (encoded train, train pairs, encoded
+    evaluation rows); continues ``resumed`` (a ``Resumed``) when given, writes ``ckpt`` at each
+    evaluation that does not end the training. Returns ``(steps, history, best, t0)``."""
+    train, train_pairs, eval_rows = rows
+    opt, sched = _optimizer(model, cfg)
+    rng = np.random.default_rng(cfg.seed)
+    pad = pad_id_of(tok)
+    history, step, best = [], 0, _Best()
+    if resumed is not None:  # the checkpoint's optimizer, schedule, random streams, history and best
+        step, history, elapsed = resumed.restore(opt, sched, rng, best)
+        t0 = time.time() - elapsed
+    elif seed_dropout:  # a fine-tune's dropout masks are seeded (a new model's are by its build)
+        torch.manual_seed(cfg.seed)
+    bar = tqdm(total=cfg.max_steps, initial=step, desc="text base model", disable=not progress, mininterval=2)
+    model.train()
+    while step < cfg.max_steps:
+        batch = _text_rows(tok, train, train_pairs, rng, cfg.batch_size, augment, n_positions)
+        loss = lm_step(model, opt, sched, collate(batch, pad_id=pad))
+        step += 1
+        bar.update(1)
+        elapsed = time.time() - t0
+        if step % cfg.eval_every == 0 or _over(cfg, elapsed) or step == cfg.max_steps:
+            c = score_encoded(model, eval_rows, pad_id=pad).c_base  # eval mode inside, restored after
+            history.append({"step": step, "wall_s": elapsed, "train_loss": loss.item(), "val_c_base": c})
+            bar.set_postfix(val_c_base=f"{c:.4f}", best=f"{min(c, best.c):.4f}")
+            best.update(model, c, step)
+            if best.since >= TEXT_PATIENCE or _over(cfg, elapsed) or step == cfg.max_steps:
+                break
+            if ckpt is not None:
+                ckpt.save(step, model, tok, opt, sched, rng, best, history, elapsed)
+    bar.close()
+    return step, history, best, t0
+
+
+def _text_model(train_pairs, val_pairs, cfg: BaseTrainConfig, vocab_size: int, init_from, dtype: str,
+                context_from=None):
     """``(tokenizer, model, encoded train, encoded val, context length)`` of ``train_text_base``: a
     new BPE tokenizer and GPT-2 (context: the longest row + 48, in multiples of 32), or those of
-    ``init_from``; the model's dropout modules set to ``TEXT_DROPOUT`` (its config keeps 0)."""
+    ``init_from``; the model's dropout modules set to ``TEXT_DROPOUT`` (its config keeps 0).
+    ``context_from``: the run's own ``init_from`` when ``init_from`` is its checkpoint (the context
+    length is the one the run started with)."""
     tok = (AutoTokenizer.from_pretrained(init_from, local_files_only=True) if init_from is not None
            else train_bpe_tokenizer((t for p in train_pairs for t in (p.x, p.y)), vocab_size))
     train, val = encode_pairs(tok, train_pairs), encode_pairs(tok, val_pairs)
     max_len = max(len(e.prefix_ids) + len(e.target_ids) for e in train + val)
     n_positions = 32 * math.ceil((max_len + 48) / 32)  # room for longer (augmented) rows and user data
     model = _new_or_continued(len(tok), n_positions, cfg, init_from, dtype)
-    if init_from is not None:  # the finished model's own context
+    if context_from is not None:  # the finished model's own context
         n_positions = getattr(model.config, "n_positions", None) or model.config.max_position_embeddings
     for m in model.modules():  # dropout during training only (the saved config keeps 0)
         if isinstance(m, torch.nn.Dropout):

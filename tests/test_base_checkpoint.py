@@ -1,0 +1,158 @@
+"""A base fine-tune that is stopped resumes from its last evaluation and ends where an uninterrupted one
+ends (``train_text_base(checkpoint_dir=...)``, ``zfree_lab.run.base_checkpoint``; ``finetune_base``).
+
+Before: the entangled regime's fine-tune of SmolLM2 (300 steps, about an hour of one CPU thread) started
+again from step 0 when its process stopped, and a fine-tune's dropout masks were not seeded, so two
+fine-tunes of the same model on the same data ended with different weights.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from zfree.config import BaseTrainConfig
+from zfree_lab.run import base_training
+from zfree_lab.run.base_training import train_text_base
+from zfree_lab.run.bpe import train_bpe_tokenizer
+from zfree_lab.run.checkpoint_io import load_plain_state
+
+CFG = BaseTrainConfig(n_layer=1, n_embd=16, n_head=2, lr=3e-3, batch_size=4, max_steps=6, warmup_steps=2,
+                      eval_every=2, max_minutes=None)
+
+
+def _rows(n: int = 40) -> list[dict]:
+    words = ["red", "blue", "green", "cat", "dog", "sun", "moon", "tree"]
+    return [{"id": f"r{i}", "x": f"item[{i}] a[{words[i % 8]}]", "y": f"the {words[i % 8]} {words[(3 * i) % 8]} one."}
+            for i in range(n)]
+
+
+@pytest.fixture()
+def data(tmp_path):
+    d = tmp_path / "data"
+    d.mkdir()
+    rows = _rows()
+    for name, part in (("train", rows[:32]), ("val", rows[32:])):
+        (d / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
+    return d
+
+
+@pytest.fixture()
+def pretrained(tmp_path):
+    """A tiny GPT-2 with dropout in its modules (``train_text_base`` sets p = 0.1), saved as a model folder."""
+    rows = _rows()
+    tok = train_bpe_tokenizer([r["x"] for r in rows] + [r["y"] for r in rows], vocab_size=300)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_positions=64, n_layer=1, n_embd=16, n_head=2,
+                                       bos_token_id=1, eos_token_id=3, pad_token_id=0))
+    model.save_pretrained(tmp_path / "pre")
+    tok.save_pretrained(tmp_path / "pre")
+    return tmp_path / "pre"
+
+
+def _weights(out):
+    return load_file(str(out / "model" / "model.safetensors"))
+
+
+def _stop_after(monkeypatch, n_steps: int) -> list:
+    """Make the training's ``lm_step`` raise at its call n_steps + 1 (a process stopped mid-training);
+    returns the list that counts the calls."""
+    calls, real = [], base_training.lm_step
+
+    def step(*a, **k):
+        calls.append(1)
+        if len(calls) > n_steps:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(base_training, "lm_step", step)
+    return calls
+
+
+def _count(monkeypatch) -> list:
+    calls, real = [], base_training.lm_step
+    monkeypatch.setattr(base_training, "lm_step", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    return calls
+
+
+@pytest.mark.parametrize("from_pretrained", [False, True], ids=["new-model", "fine-tune"])
+def test_a_stopped_training_resumes_to_the_weights_of_an_uninterrupted_one(data, pretrained, tmp_path, monkeypatch,
+                                                                           from_pretrained):
+    init = pretrained if from_pretrained else None
+    torch.manual_seed(123)  # the new model's build seeds itself; the fine-tune must seed its own dropout
+    train_text_base(data, tmp_path / "straight", CFG, progress=False, init_from=init)
+    with monkeypatch.context() as m:
+        _stop_after(m, 5)  # the checkpoint of step 4 is written; step 5 never finishes
+        torch.manual_seed(456)  # another process's random state: the resumed run must not depend on it
+        with pytest.raises(KeyboardInterrupt):
+            train_text_base(data, tmp_path / "stopped", CFG, progress=False, init_from=init,
+                            checkpoint_dir=tmp_path / "ckpt")
+    assert not (tmp_path / "stopped" / "model").exists()
+    assert load_plain_state(tmp_path / "ckpt" / "checkpoint", "state")["step"] == 4
+    with monkeypatch.context() as m:
+        calls = _count(m)
+        torch.manual_seed(789)
+        log = train_text_base(data, tmp_path / "stopped", CFG, progress=False, init_from=init,
+                              checkpoint_dir=tmp_path / "ckpt")
+    assert len(calls) == 2 and log["steps"] == 6  # steps 5 and 6 only
+    a, b = _weights(tmp_path / "straight"), _weights(tmp_path / "stopped")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    straight = json.loads((tmp_path / "straight" / "train_log.json").read_text())
+    assert [h["val_c_base"] for h in log["history"]] == [h["val_c_base"] for h in straight["history"]]
+    assert log["best_step"] == straight["best_step"] and log["c_base"] == straight["c_base"]
+
+
+def test_a_checkpoint_of_other_arguments_is_not_resumed(data, tmp_path, monkeypatch, capsys):
+    with monkeypatch.context() as m:
+        _stop_after(m, 3)
+        with pytest.raises(KeyboardInterrupt):
+            train_text_base(data, tmp_path / "a", CFG, progress=False, checkpoint_dir=tmp_path / "ckpt")
+    other = BaseTrainConfig(**{**CFG.__dict__, "lr": 1e-3})
+    with monkeypatch.context() as m:
+        calls = _count(m)
+        train_text_base(data, tmp_path / "a", other, progress=False, checkpoint_dir=tmp_path / "ckpt")
+    assert len(calls) == 6
+    assert "was written with another config: training from step 0" in capsys.readouterr().err
+
+
+def test_the_fine_tune_of_finetune_base_resumes_and_leaves_no_checkpoint(data, pretrained, tmp_path, monkeypatch):
+    from zfree_lab.experiment.sources import finetune_base
+
+    monkeypatch.setenv("ZFREE_CACHE_DIR", str(tmp_path / "cache"))
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "model").symlink_to(pretrained)
+    from zfree_lab.experiment import sources
+
+    monkeypatch.setitem(sources.FINETUNE, "eval_every", 2)  # FINETUNE evaluates every 50 steps
+    with monkeypatch.context() as m:
+        _stop_after(m, 5)
+        with pytest.raises(KeyboardInterrupt):
+            finetune_base(base, data, steps=6)
+    assert (data / "base_ft.checkpoint" / "checkpoint" / "COMPLETE").is_file()
+    with monkeypatch.context() as m:
+        calls = _count(m)
+        ft = finetune_base(base, data, steps=6)
+    assert len(calls) == 2
+    assert (ft / "reference" / "reference.json").is_file() and not (data / "base_ft.checkpoint").exists()
+
+
+def test_max_minutes_none_is_no_cap_and_other_values_are_checked():
+    assert BaseTrainConfig(max_minutes=None).max_minutes is None
+    assert BaseTrainConfig(max_minutes="none").max_minutes is None  # a --set or CLI text value
+    for bad in (0, -1.0, float("inf")):
+        with pytest.raises(ValueError, match="max_minutes"):
+            BaseTrainConfig(max_minutes=bad)
+    assert not base_training._over(CFG, 1e12) and base_training._over(BaseTrainConfig(max_minutes=1.0), 61.0)
+
+
+def test_the_cli_reads_max_minutes_none():
+    from zfree_lab.cli.parser import build_parser
+
+    args = build_parser().parse_args(["base", "train", "--data", "d", "--out", "o", "--max-minutes", "none"])
+    assert BaseTrainConfig(max_minutes=args.max_minutes).max_minutes is None
+    args = build_parser().parse_args(["base", "train", "--data", "d", "--out", "o"])
+    assert args.max_minutes == 60.0
