@@ -193,3 +193,25 @@ def test_a_prefix_studys_report_reads_the_runs_prefix_reference_not_the_base_run
     assert mixed.reference["c_base"] == pytest.approx(base_c, rel=1e-12)
     assert mixed.reference["note"].startswith("2 of 3 runs read their own prefix-route reference")
     assert "Note: 2 of 3 runs" in reference_markdown(mixed.reference)
+
+
+@pytest.mark.parametrize("key", ["dtype", "scorer_version", "max_length"])
+def test_runs_whose_prefix_references_were_scored_differently_keep_the_base_reference(tiny_run, tmp_path, key):
+    """Every input a stored prefix reference is matched on (``MATCH_KEYS``) must agree across the runs for one
+    of them to stand for all: two references of the same rows and soft token scored in another dtype, by
+    another scorer version or with another context length are not one reference (before, only the model,
+    tokenizer, rows, soft token and c_base were compared)."""
+    from zfree.core.io import atomic_write_json
+    from zfree_lab.experiment.results import load_sweep
+    from zfree_lab.run.training import train_cvae
+
+    sweep = tmp_path / "sweep"
+    for beta in (0.3, 1.0):
+        train_cvae(_run_cfg(tiny_run, "cvae", beta=beta), sweep / "runs" / f"prefix_{beta}", progress=False)
+    assert "note" not in load_sweep(sweep).reference
+    ref = sweep / "runs" / "prefix_1.0" / PREFIX_REFERENCE_DIR / "val" / "reference.json"
+    meta = read_json(ref)
+    atomic_write_json(ref, {**meta, key: f"{meta.get(key)}-other"})
+    res = load_sweep(sweep)
+    assert res.reference.get("route") != "prefix"
+    assert res.reference["note"].startswith(f"the runs' prefix-route references differ in {key}")

@@ -18,7 +18,7 @@ from zfree.core.paths import PATH_FIELDS, ROOT, resolve_path
 from zfree.data.pairs import load_pairs
 from zfree.evaluate.latent_stats import label_warnings
 from zfree.objective.theory import predict_curve
-from zfree.reference.prefix import PREFIX_REFERENCE_DIR
+from zfree.reference.prefix import MATCH_KEYS as PREFIX_MATCH_KEYS, PREFIX_REFERENCE_DIR
 from zfree_lab.run.run_folder import resolved_flat
 from zfree_lab.experiment.controls import LINKS_FILE
 from zfree_lab.experiment.gains import GAIN_COLUMNS, oracle_table, run_gains
@@ -311,8 +311,9 @@ def _find_reference(d: Path, runs: pd.DataFrame) -> Path | None:
 
 
 #: the prefix-reference keys on which every run of a prefix study must agree for one reference to stand
-#: for them all (the inputs of ``zfree.reference.prefix.MATCH_KEYS`` that differ between studies)
-PREFIX_AGREE_KEYS = ("model_sha256", "tokenizer_sha256", "rows_sha256", "soft_token_sha256", "c_base")
+#: for them all: every input a stored prefix reference is matched on (``zfree.reference.prefix.MATCH_KEYS``),
+#: and its result
+PREFIX_AGREE_KEYS = PREFIX_MATCH_KEYS + ("c_base",)
 
 
 def _prefix_reference(runs: pd.DataFrame) -> tuple[Path | None, str]:
