@@ -156,3 +156,32 @@ def test_the_cli_reads_max_minutes_none():
     assert BaseTrainConfig(max_minutes=args.max_minutes).max_minutes is None
     args = build_parser().parse_args(["base", "train", "--data", "d", "--out", "o"])
     assert args.max_minutes == 60.0
+
+
+def test_a_moved_data_folder_resumes_and_changed_data_does_not(data, tmp_path, monkeypatch, capsys):
+    """The checkpoint knows its data by content: a study folder moved elsewhere (portable study folders) resumes,
+    a changed train.jsonl starts again from step 0."""
+    import shutil
+
+    with monkeypatch.context() as m:
+        _stop_after(m, 3)
+        with pytest.raises(KeyboardInterrupt):
+            train_text_base(data, tmp_path / "a", CFG, progress=False, checkpoint_dir=tmp_path / "ckpt")
+    moved = shutil.move(str(data), str(tmp_path / "moved"))
+    with monkeypatch.context() as m:
+        calls = _count(m)
+        train_text_base(moved, tmp_path / "a", CFG, progress=False, checkpoint_dir=tmp_path / "ckpt")
+    assert len(calls) == 4  # steps 3-6 (the checkpoint of step 2)
+    shutil.rmtree(tmp_path / "a")
+    shutil.rmtree(tmp_path / "ckpt")  # train_text_base leaves its last checkpoint (finetune_base removes it)
+    with monkeypatch.context() as m:
+        _stop_after(m, 3)
+        with pytest.raises(KeyboardInterrupt):
+            train_text_base(moved, tmp_path / "a", CFG, progress=False, checkpoint_dir=tmp_path / "ckpt")
+    with open(f"{moved}/train.jsonl", "a") as f:
+        f.write(json.dumps({"id": "extra", "x": "item[99] a[red]", "y": "the red cat one."}) + "\n")
+    with monkeypatch.context() as m:
+        calls = _count(m)
+        train_text_base(moved, tmp_path / "a", CFG, progress=False, checkpoint_dir=tmp_path / "ckpt")
+    assert len(calls) == 6
+    assert "was written with another data_sha256: training from step 0" in capsys.readouterr().err

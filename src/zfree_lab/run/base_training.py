@@ -21,7 +21,7 @@ from zfree_lab.run.e2e import swap_names
 from zfree.data.synth import DataConfig, sample_pairs
 from zfree.data.pairs import load_pairs
 from zfree_lab.run.tokenizer import build_digit_tokenizer
-from zfree.core.io import atomic_write_dir, atomic_write_json, read_json
+from zfree.core.io import atomic_write_dir, atomic_write_json, read_json, sha256_file
 from zfree.models.nll import masked_mean_token_nll
 from zfree.models.base import build_synthetic_gpt2, target_logprobs
 from zfree.models.loading import DTYPES
@@ -212,7 +212,8 @@ def train_text_base(data_dir: Path | str, out_dir: Path | str, cfg: BaseTrainCon
     t0 = time.time()
     train_pairs, val_pairs = load_pairs(data_dir / "train.jsonl"), load_pairs(data_dir / "val.jsonl")
     ckpt = None if checkpoint_dir is None else TextCheckpoint(checkpoint_dir, {
-        "config": asdict(cfg), "data_dir": str(data_dir.resolve()), "init_from": str(init_from), "dtype": dtype,
+        "config": asdict(cfg), "init_from": str(init_from), "dtype": dtype,  # the data by content: a moved folder resumes
+        "data_sha256": {f: sha256_file(data_dir / f) for f in ("train.jsonl", "val.jsonl")},
         "vocab_size": vocab_size, "augment": getattr(augment, "__name__", None), "torch": torch.__version__})
     resumed = None if ckpt is None else ckpt.latest()
     start = init_from if resumed is None else resumed.model_dir  # a resumed run continues the checkpoint's weights
