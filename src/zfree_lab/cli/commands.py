@@ -239,6 +239,15 @@ def cmd_report(a):
     print(render_report(a.study_dir, progress=True))
 
 
+def cmd_status(a):
+    """``zfree status``: print how far a study or sweep folder has got (``study_status``); ``--json``: the
+    record. Reads the folder only."""
+    from zfree_lab.experiment.study_status import format_status, study_status
+
+    st = study_status(a.study_dir)
+    print(json.dumps(st, indent=2) if a.json else format_status(st))
+
+
 def cmd_sweep(a):
     """``zfree sweep``: run a YAML sweep spec on the local pool or through submitit (with
     ``--sbatch-test-only`` only ask the scheduler whether it accepts the job options), then its report

@@ -16,7 +16,8 @@ from zfree.config import BaseTrainConfig
 from zfree.core.values import field_types
 from zfree.data.synth import DataConfig
 from zfree_lab.cli.commands import (cmd_base_reference, cmd_base_train, cmd_data_e2e, cmd_data_synth, cmd_lab,
-                                cmd_model_fetch, cmd_report, cmd_score, cmd_study, cmd_sweep, cmd_train)
+                                cmd_model_fetch, cmd_report, cmd_score, cmd_status, cmd_study, cmd_sweep,
+                                cmd_train)
 
 
 def parse_seeds(text: str) -> tuple[int, ...]:
@@ -184,6 +185,11 @@ def _add_report_and_sweep(sub) -> None:
     rp = sub.add_parser("report", help="aggregate a study or sweep folder (runs.parquet/csv) and render report.html")
     rp.add_argument("study_dir", help="a study or sweep folder")
     rp.set_defaults(func=cmd_report)
+    st = sub.add_parser("status", help="how far a study or sweep folder has got (finished, running, failed, "
+                                       "waiting runs; the base's fine-tune; the time left); reads, never writes")
+    st.add_argument("study_dir", help="a study or sweep folder")
+    st.add_argument("--json", action="store_true", help="the record as JSON")
+    st.set_defaults(func=cmd_status)
     sw = sub.add_parser("sweep", help="run a YAML sweep spec (analysis/sweeps/*.yaml), then its report")
     sw.add_argument("spec", help="a sweep YAML (analysis/sweeps/*.yaml)")
     sw.add_argument("--out", default=None, help="sweep folder (default: runs/sweep-<name>)")

@@ -138,6 +138,22 @@ def load_plain_state(folder: Path | str, name: str = "state") -> Any:
         raise CheckpointError(f"{js} is damaged ({type(e).__name__}: {e})") from None
 
 
+def read_plain_structure(folder: Path | str, name: str = "state") -> Any:
+    """The structure ``save_plain_state`` wrote (``<name>.json``) with every tensor as None, without reading
+    the tensors (a status line of a 2 GB checkpoint). CheckpointError naming the file when it is missing
+    or damaged."""
+    js = Path(folder) / f"{name}.json"
+    try:
+        return _unpack(json.loads(js.read_text()), _NoTensors())
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{js} cannot be read ({type(e).__name__}: {e})") from None
+
+
+class _NoTensors(dict):
+    def __missing__(self, key):
+        return None
+
+
 MANIFEST = "COMPLETE"
 
 

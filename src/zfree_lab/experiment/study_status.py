@@ -1,0 +1,150 @@
+"""``zfree status STUDY``: how far a study or sweep folder has got, read from the folder alone.
+
+A study on a real model runs for hours (a seeded SmolLM2 factorial: tens of runs of 40-60 minutes on one
+CPU thread) and resumes across sessions; this says, without loading a model or touching a file, what is
+finished, what is running (its step, phase and when it last wrote), what failed (its error), what waits,
+how far the base's fine-tune got (``base_ft.checkpoint``, ``zfree_lab.run.base_checkpoint``), and about
+how long the rest takes: the finished runs' own mean wall time (else the plan's estimate) per run
+waiting, over the plan's workers. A run is finished by ``executor.is_finished``, the rule the study
+itself skips runs by.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from zfree.core.errors import CheckpointError, InputError
+from zfree.core.io import read_json
+from zfree_lab.experiment.executor import is_finished
+from zfree_lab.run.checkpoint_io import read_plain_structure
+from zfree_lab.run.locks import LOCK_NAME
+
+#: a running run whose progress.json is older than this is said to have written nothing for that long
+#: (its process may have stopped: a study resumes it when run again)
+STALE_S = 15 * 60
+
+
+def _json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def run_state(run_dir: Path, now: float) -> dict[str, Any]:
+    """One run's state: ``finished`` (``is_finished``), ``failed`` (error.json: its ``error``),
+    ``running`` (progress.json: ``step``, ``steps``, ``phase``, ``eta_s`` and ``age_s``, the seconds since
+    it was written) or ``waiting`` (no folder or nothing written yet); ``wall_s`` of a finished run."""
+    rid = run_dir.name
+    if not run_dir.is_dir():
+        return {"run_id": rid, "state": "waiting"}
+    if is_finished(run_dir):
+        return {"run_id": rid, "state": "finished", "wall_s": (_json(run_dir / "summary.json") or {}).get("wall_s")}
+    err = _json(run_dir / "error.json")
+    if err is not None:
+        return {"run_id": rid, "state": "failed", "error": str(err.get("error", ""))[:300]}
+    prog = run_dir / "progress.json"
+    rec = _json(prog)
+    if rec is None:
+        return {"run_id": rid, "state": "waiting"}
+    return {"run_id": rid, "state": "running", "step": rec.get("step"), "steps": rec.get("steps"),
+            "phase": rec.get("phase"), "eta_s": rec.get("eta_s"), "age_s": now - prog.stat().st_mtime}
+
+
+def finetune_state(study: Path) -> dict[str, Any] | None:
+    """The base's fine-tune (``finetune_base``: ``base_ft/`` beside the study's train.jsonl, in the study
+    folder or its data/): ``done`` with its c_base, ``running`` with the step of its last checkpoint, the
+    steps asked, the last validation c_base and the seconds per step so far, or None (no fine-tune)."""
+    for root in (study, study / "data"):
+        ref = _json(root / "base_ft" / "reference" / "reference.json")
+        if ref is not None:
+            return {"state": "done", "c_base": ref.get("c_base")}
+        ckpt = root / "base_ft.checkpoint" / "checkpoint"
+        key = _json(ckpt / "key.json")
+        try:
+            s = read_plain_structure(ckpt, "state")  # the tensors (Adam's moments) stay on disk
+        except CheckpointError:
+            s = None
+        if isinstance(s, dict) and key is not None:
+            history = s.get("history") or []
+            step = s.get("step") or 0
+            return {"state": "running", "step": step, "steps": key.get("config", {}).get("max_steps"),
+                    "val_c_base": history[-1].get("val_c_base") if history else None,
+                    "s_per_step": (s.get("elapsed_s") or 0) / step if step else None,
+                    "age_s": time.time() - (ckpt / "state.json").stat().st_mtime}
+    return None
+
+
+def study_status(study: Path | str, now: float | None = None) -> dict[str, Any]:
+    """The status record of ``study`` (a folder ``zfree study`` or ``zfree sweep`` wrote): ``runs`` (one
+    ``run_state`` per planned run, in plan order; the folders under runs/ when there is no plan.json),
+    ``counts`` per state, ``preparing`` (no plan and no run yet: the base, its reference, a fine-tune and
+    the estimate's probes come first), ``finetune`` (``finetune_state``), ``workers`` and ``remaining_s``: the fine-tune's
+    steps left at its own pace, then the runs left at ``per_run_s`` over the workers (None when nothing says
+    how long a run takes). InputError naming the folder when it holds neither plan.json
+    nor runs/."""
+    study = Path(study)
+    now = time.time() if now is None else now
+    plan = _json(study / "plan.json")
+    runs_dir = study / "runs"
+    if plan is None and not runs_dir.is_dir() and not (study / LOCK_NAME).exists():
+        raise InputError(f"{study} is not a study or sweep folder (no plan.json, no runs/, no {LOCK_NAME})")
+    ids = list((plan or {}).get("run_ids")
+               or (sorted(p.name for p in runs_dir.iterdir() if p.is_dir()) if runs_dir.is_dir() else []))
+    runs = [run_state(runs_dir / rid, now) for rid in ids]
+    counts = {s: sum(r["state"] == s for r in runs) for s in ("finished", "running", "failed", "waiting")}
+    workers = max(1, int((plan or {}).get("workers") or 1))
+    walls = [r["wall_s"] for r in runs if r["state"] == "finished" and r.get("wall_s")]
+    est = ((plan or {}).get("estimate") or {})
+    per_run = (sum(walls) / len(walls) if walls else
+               est["estimated_s"] * workers / est["runs"] if est.get("estimated_s") and est.get("runs") else None)
+    left = counts["waiting"] + sum(1 - (r.get("step") or 0) / max(1, r.get("steps") or 1)
+                                   for r in runs if r["state"] == "running")
+    ft = finetune_state(study)
+    ft_left = ((ft["steps"] - ft["step"]) * ft["s_per_step"]
+               if ft and ft["state"] == "running" and ft.get("steps") and ft.get("s_per_step") else 0.0)
+    return {"study": str(study), "made": (plan or {}).get("made"), "preparing": plan is None and not runs,
+            "runs": runs, "counts": counts,
+            "finetune": ft, "workers": workers, "per_run_s": per_run,
+            "per_run_from": "finished runs" if walls else "the plan's estimate" if per_run else None,
+            "remaining_s": None if per_run is None else ft_left + left * per_run / workers}
+
+
+def _dur(s: float | None) -> str:
+    if s is None:
+        return "?"
+    s = int(round(s))
+    return f"{s // 3600} h {s % 3600 // 60:02d} min" if s >= 3600 else f"{s // 60} min {s % 60:02d} s"
+
+
+def format_status(st: dict[str, Any]) -> str:
+    """``study_status``'s record as the lines ``zfree status`` prints."""
+    c = st["counts"]
+    lines = [f"study {st['study']}" + (f" (plan made {st['made']})" if st.get("made") else "")]
+    if st.get("preparing"):
+        lines.append("preparing: no plan yet (the base, its reference, a fine-tune and the estimate's probes "
+                     "come before the runs)")
+    else:
+        lines.append(f"runs: {c['finished']} finished, {c['running']} running, {c['failed']} failed, "
+                     f"{c['waiting']} waiting (of {len(st['runs'])})")
+    ft = st.get("finetune")
+    if ft and ft["state"] == "done":
+        lines.append(f"base fine-tune: done (c_base {ft['c_base']:.4f} nats/token)")
+    elif ft:
+        val = f", val c_base {ft['val_c_base']:.4f}" if ft.get("val_c_base") is not None else ""
+        lines.append(f"base fine-tune: step {ft['step']} of {ft['steps']} at its last checkpoint{val}, "
+                     f"{ft['s_per_step'] or 0:.1f} s a step, written {_dur(ft['age_s'])} ago (resumes from there)")
+    for r in st["runs"]:
+        if r["state"] == "running":
+            stale = " — nothing written since: stopped? `zfree study` again resumes it" if r["age_s"] > STALE_S else ""
+            lines.append(f"  running  {r['run_id']}: step {r['step']} of {r['steps']} ({r['phase']}), "
+                         f"last written {_dur(r['age_s'])} ago{stale}")
+        elif r["state"] == "failed":
+            lines.append(f"  FAILED   {r['run_id']}: {r['error']}")
+    if st["remaining_s"] is not None and (c["waiting"] or c["running"]):
+        lines.append(f"remaining: about {_dur(st['remaining_s'])} on {st['workers']} worker(s) "
+                     f"({_dur(st['per_run_s'])} a run, from {st['per_run_from']})")
+    return "\n".join(lines)

@@ -1,0 +1,94 @@
+"""``zfree status STUDY`` (``zfree_lab.experiment.study_status``): how far a study folder has got, from the
+folder alone — finished, running, failed and waiting runs, the base's fine-tune from its real checkpoint,
+and the time left — and a one-line exit 2 for a folder that is no study."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from zfree.core.io import atomic_write_json
+from zfree_lab.cli import main
+from zfree_lab.experiment.study_status import STALE_S, format_status, study_status
+
+
+@pytest.fixture()
+def study(tmp_path):
+    """A study folder as ``zfree study`` leaves it mid-way: plan.json with four runs (2 workers, an
+    estimate of 400 s for the grid), one finished in 120 s, one failed, one running at step 30 of 120, one
+    not started."""
+    s = tmp_path / "study"
+    runs = s / "runs"
+    ids = ["plain_beta0.3_aaaa", "control_plain_bbbb", "distribution_beta0.3_cccc", "oracle-x_dddd"]
+    atomic_write_json(s / "plan.json", {"run_ids": ids, "workers": 2, "made": "2026-12-06 04:58:11",
+                                        "estimate": {"estimated_s": 400.0, "runs": 4}})
+    atomic_write_json(runs / ids[0] / "summary.json", {"wall_s": 120.0})
+    atomic_write_json(runs / ids[1] / "error.json", {"run_id": ids[1], "error": "ValueError: beta must be >= 0"})
+    atomic_write_json(runs / ids[2] / "progress.json", {"step": 30, "steps": 120, "phase": "soft", "eta_s": 90.0})
+    return s
+
+
+def test_each_run_is_read_in_the_plans_order_with_its_state(study):
+    st = study_status(study)
+    assert [r["state"] for r in st["runs"]] == ["finished", "failed", "running", "waiting"]
+    assert st["counts"] == {"finished": 1, "running": 1, "failed": 1, "waiting": 1}
+    running = st["runs"][2]
+    assert (running["step"], running["steps"], running["phase"]) == (30, 120, "soft") and running["age_s"] < 600
+    assert "beta must be >= 0" in st["runs"][1]["error"]
+    # left: the waiting run and 90 of the running run's 120 steps, at the finished run's 120 s, over 2 workers
+    assert st["per_run_from"] == "finished runs"
+    assert st["remaining_s"] == pytest.approx((1 + 90 / 120) * 120.0 / 2)
+    text = format_status(st)
+    assert "runs: 1 finished, 1 running, 1 failed, 1 waiting (of 4)" in text
+    assert "running  distribution_beta0.3_cccc: step 30 of 120 (soft)" in text
+    assert "FAILED   control_plain_bbbb: ValueError: beta must be >= 0" in text
+    assert "remaining: about 1 min 45 s on 2 worker(s) (2 min 00 s a run, from finished runs)" in text
+
+
+def test_without_a_finished_run_the_plans_estimate_sizes_the_rest_and_a_silent_run_is_flagged(study):
+    os.remove(study / "runs" / "plain_beta0.3_aaaa" / "summary.json")
+    prog = study / "runs" / "distribution_beta0.3_cccc" / "progress.json"
+    old = time.time() - STALE_S - 60
+    os.utime(prog, (old, old))
+    st = study_status(study)
+    assert st["per_run_from"] == "the plan's estimate" and st["per_run_s"] == pytest.approx(400.0 * 2 / 4)
+    assert "nothing written since: stopped?" in format_status(st)
+
+
+def test_the_base_fine_tune_is_read_from_its_real_checkpoint(tmp_path, monkeypatch):
+    """An own-model study fine-tuning its base: no plan yet, the fine-tune stopped after its checkpoint of
+    step 4 (written by the real ``train_text_base``)."""
+    from test_base_checkpoint import CFG, _rows, _stop_after
+    from zfree_lab.run.base_training import train_text_base
+    from zfree_lab.run.locks import LOCK_NAME
+
+    s = tmp_path / "own"
+    s.mkdir()
+    (s / LOCK_NAME).touch()
+    rows = _rows()
+    for name, part in (("train", rows[:32]), ("val", rows[32:])):
+        (s / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
+    _stop_after(monkeypatch, 5)
+    with pytest.raises(KeyboardInterrupt):
+        train_text_base(s, s / "base_ft", CFG, progress=False, checkpoint_dir=s / "base_ft.checkpoint")
+    st = study_status(s)
+    ft = st["finetune"]
+    assert st["preparing"] and ft["state"] == "running" and (ft["step"], ft["steps"]) == (4, 6)
+    assert ft["val_c_base"] > 0 and ft["s_per_step"] > 0
+    assert st["remaining_s"] is None  # no plan, no finished run: nothing says how long a run takes
+    text = format_status(st)
+    assert "preparing: no plan yet" in text and "base fine-tune: step 4 of 6 at its last checkpoint" in text
+
+
+def test_the_command_prints_the_status_or_the_record_and_refuses_a_folder_that_is_no_study(study, tmp_path, capsys):
+    assert main(["status", str(study)]) in (0, None)
+    assert "runs: 1 finished" in capsys.readouterr().out
+    assert main(["status", str(study), "--json"]) in (0, None)
+    assert json.loads(capsys.readouterr().out)["counts"]["failed"] == 1
+    (tmp_path / "other").mkdir()
+    assert main(["status", str(tmp_path / "other")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "is not a study or sweep folder" in err and str(tmp_path / "other") in err
