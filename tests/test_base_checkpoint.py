@@ -185,3 +185,44 @@ def test_a_moved_data_folder_resumes_and_changed_data_does_not(data, tmp_path, m
         train_text_base(moved, tmp_path / "a", CFG, progress=False, checkpoint_dir=tmp_path / "ckpt")
     assert len(calls) == 6
     assert "was written with another data_sha256: training from step 0" in capsys.readouterr().err
+
+
+def test_ema_decay_saves_the_moving_average_of_the_weights(tmp_path, monkeypatch):
+    """``BaseTrainConfig.ema_decay``: the synthetic base saves e_k = d e_(k-1) + (1 - d) p_k over its steps' weights
+    p_k (e_1 = p_1), computed here in float64 from the weights recorded after each step; 0 saves the last step's."""
+    from zfree.data.synth import DataConfig, write_benchmark
+    from zfree_lab.run.base_training import train_base
+
+    data = write_benchmark(DataConfig(n_train=64, n_val=16, n_test=16), tmp_path / "bench")
+    cfg = BaseTrainConfig(n_layer=1, n_embd=16, n_head=2, batch_size=8, max_steps=5, warmup_steps=2, eval_every=5,
+                          max_minutes=None, target_ratio=1.0)
+    for decay in (0.0, 0.6):
+        seen, real = [], base_training.lm_step
+
+        def step(model, *a, **k):
+            loss = real(model, *a, **k)
+            seen.append({n: p.detach().double().clone() for n, p in model.named_parameters()})
+            return loss
+
+        with monkeypatch.context() as m:
+            m.setattr(base_training, "lm_step", step)
+            train_base(data, tmp_path / f"base-{decay}", BaseTrainConfig(**{**cfg.__dict__, "ema_decay": decay}),
+                       threads=1, progress=False)
+        want = dict(seen[0])
+        for p in seen[1:]:
+            want = {n: decay * want[n] + (1 - decay) * p[n] for n in want}
+        saved = _weights(tmp_path / f"base-{decay}")
+        named = {n: t for n, t in saved.items() if n in want or f"transformer.{n}" in want}
+        assert len(seen) == 5 and named
+        for n, t in named.items():
+            ref = want.get(n, want.get(f"transformer.{n}"))
+            assert torch.allclose(t.double(), ref, atol=1e-6), n
+        if decay:
+            assert not torch.allclose(next(iter(named.values())).double(), seen[-1][next(iter(named))], atol=1e-6)
+
+
+def test_ema_decay_is_refused_for_a_text_base_and_checked():
+    with pytest.raises(ValueError, match="ema_decay"):
+        BaseTrainConfig(ema_decay=1.0)
+    with pytest.raises(ValueError, match="ema_decay=0.9 applies to the synthetic"):
+        train_text_base("nowhere", "nowhere-out", BaseTrainConfig(ema_decay=0.9), progress=False)

@@ -30,6 +30,10 @@ class BaseTrainConfig:
     warmup_steps: int = 200  # linear learning-rate warm-up
     eval_every: int = 500  # steps between validation c_base measurements (the stopping rule reads them)
     seed: int = 0  # seeds the model's initialization and the batches
+    # exponential moving average of the weights, updated after every step (0: none); when on, the average is
+    # what each evaluation scores, what the stopping rule reads and what is saved (Polyak averaging: the
+    # last step's weights carry the optimizer's noise, their average less)
+    ema_decay: float = 0.0
 
     def __post_init__(self):
         typed_fields(self)
@@ -42,4 +46,5 @@ class BaseTrainConfig:
         if self.max_minutes is not None:
             check_range("max_minutes", self.max_minutes, 0, lo_open=True)
         check_range("target_ratio", self.target_ratio, 1.0)
+        check_range("ema_decay", self.ema_decay, 0.0, 0.9999999)
         check_choice("data_source", self.data_source, Literal["fresh", "split"])

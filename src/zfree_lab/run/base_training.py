@@ -83,8 +83,10 @@ def train_base(data_dir: Path | str, out_dir: Path | str, cfg: BaseTrainConfig =
                threads: int = 2, progress: bool = True, init_from: Path | str | None = None,
                dtype: str = "float32") -> dict:
     """Train the base model on ``data_dir/train.jsonl``; stop at ``cfg.target_ratio`` x the analytic
-    c_base on val, ``cfg.max_steps`` or ``cfg.max_minutes``. Writes ``out_dir/model`` (HF format with
-    tokenizer), ``out_dir/train_log.json`` and ``out_dir/reference/``. Refuses to overwrite an
+    c_base on val, ``cfg.max_steps`` or ``cfg.max_minutes``. With ``cfg.ema_decay`` the weights' moving
+    average (``_averaged``) is scored, read by the stopping rule and saved instead of the last step's.
+    Writes ``out_dir/model`` (HF format with tokenizer), ``out_dir/train_log.json`` and
+    ``out_dir/reference/``. Refuses to overwrite an
     existing ``out_dir/model`` (FileExistsError). A data folder whose metadata.json has
     ``"kind": "e2e"`` (real text) goes to ``train_text_base`` with the E2E name swap. ``dtype``:
     the weights, optimizer and scoring dtype (``"float64"``: the reference mode of the portable golden
@@ -105,24 +107,24 @@ def train_base(data_dir: Path | str, out_dir: Path | str, cfg: BaseTrainConfig =
     max_len = max(len(e.prefix_ids) + len(e.target_ids) for e in train + val)
     model = _new_or_continued(len(tok), max(64, max_len), cfg, init_from, dtype)
     opt, sched = _optimizer(model, cfg)
+    ema = _averaged(model, cfg)  # None without cfg.ema_decay; else what is scored and saved
     rng = np.random.default_rng(cfg.seed)
     pad = pad_id_of(tok)
     history, t0, step, ratio = [], time.time(), 0, float("inf")
     bar = tqdm(total=cfg.max_steps, desc="base model", disable=not progress, mininterval=2)
     model.train()
     while step < cfg.max_steps:
-        if data_cfg is not None:
-            rows = [encode_pair(tok, p) for p in sample_pairs(data_cfg, fresh_rng, cfg.batch_size)]
-        else:
-            rows = [train[i] for i in rng.integers(0, len(train), cfg.batch_size)]
-        batch = collate(rows, pad_id=pad)
-        loss = lm_step(model, opt, sched, batch)
+        rows = (_sampled_rows(tok, data_cfg, fresh_rng, cfg.batch_size) if data_cfg is not None
+                else [train[i] for i in rng.integers(0, len(train), cfg.batch_size)])
+        loss = lm_step(model, opt, sched, collate(rows, pad_id=pad))
+        if ema is not None:
+            ema.update_parameters(model)
         step += 1
         bar.update(1)
         elapsed = time.time() - t0
         if step % cfg.eval_every == 0 or _over(cfg, elapsed):
-            model.eval()
-            c = score_encoded(model, val, pad_id=pad).c_base
+            scored = (model if ema is None else ema.module).eval()  # nn.Module.eval returns the module
+            c = score_encoded(scored, val, pad_id=pad).c_base
             model.train()
             ratio = c / analytic
             history.append({"step": step, "wall_s": elapsed, "train_loss": loss.item(), "val_c_base": c,
@@ -131,12 +133,27 @@ def train_base(data_dir: Path | str, out_dir: Path | str, cfg: BaseTrainConfig =
             if ratio <= cfg.target_ratio or _over(cfg, elapsed):
                 break
     bar.close()
-    _save_model(model, tok, out_dir)
+    _save_model(model if ema is None else ema.module, tok, out_dir)
     log = _log_record(cfg, data_dir, model, steps=step, init_from=init_from, t0=t0, threads=threads, dtype=dtype,
                       c_base_analytic=analytic, final_ratio=ratio, history=history)
     atomic_write_json(out_dir / "train_log.json", log)
     build_reference(out_dir, data_dir, dtype=dtype)
     return log
+
+
+def _sampled_rows(tok, data_cfg, fresh_rng, n: int) -> list:
+    """``n`` rows drawn anew from the benchmark's generator (``cfg.data_source == "fresh"``), encoded."""
+    return [encode_pair(tok, p) for p in sample_pairs(data_cfg, fresh_rng, n)]
+
+
+def _averaged(model, cfg: BaseTrainConfig):
+    """``torch.optim.swa_utils.AveragedModel`` keeping the exponential moving average of ``model``'s weights
+    and buffers at ``cfg.ema_decay`` (its first update copies them), or None when ``cfg.ema_decay`` is 0."""
+    if not cfg.ema_decay:
+        return None
+    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+    return AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(cfg.ema_decay), use_buffers=True)
 
 
 def _fresh_source(meta: dict, cfg: BaseTrainConfig):
@@ -208,6 +225,9 @@ def train_text_base(data_dir: Path | str, out_dir: Path | str, cfg: BaseTrainCon
     """
     data_dir, out_dir = Path(data_dir), Path(out_dir)
     _refuse_existing(out_dir)
+    if cfg.ema_decay:
+        raise ValueError(f"ema_decay={cfg.ema_decay} applies to the synthetic benchmark's base (train_base); "
+                         "a text base keeps its best evaluated weights instead")
     torch.set_num_threads(threads)
     t0 = time.time()
     train_pairs, val_pairs = load_pairs(data_dir / "train.jsonl"), load_pairs(data_dir / "val.jsonl")
