@@ -217,8 +217,13 @@ def test_ema_decay_saves_the_moving_average_of_the_weights(tmp_path, monkeypatch
         for n, t in named.items():
             ref = want.get(n, want.get(f"transformer.{n}"))
             assert torch.allclose(t.double(), ref, atol=1e-6), n
+        log = json.loads((tmp_path / f"base-{decay}" / "train_log.json").read_text())
         if decay:
             assert not torch.allclose(next(iter(named.values())).double(), seen[-1][next(iter(named))], atol=1e-6)
+            h = log["history"][-1]  # the average scored, the last step's weights beside it
+            assert h["val_c_base_last_step"] > 0 and h["val_c_base_last_step"] != h["val_c_base"]
+        else:
+            assert "val_c_base_last_step" not in log["history"][-1]
 
 
 def test_ema_decay_is_refused_for_a_text_base_and_checked():

@@ -123,12 +123,10 @@ def train_base(data_dir: Path | str, out_dir: Path | str, cfg: BaseTrainConfig =
         bar.update(1)
         elapsed = time.time() - t0
         if step % cfg.eval_every == 0 or _over(cfg, elapsed):
-            scored = (model if ema is None else ema.module).eval()  # nn.Module.eval returns the module
-            c = score_encoded(scored, val, pad_id=pad).c_base
-            model.train()
+            c, extra = _evaluate(model, ema, val, pad)
             ratio = c / analytic
             history.append({"step": step, "wall_s": elapsed, "train_loss": loss.item(), "val_c_base": c,
-                            "ratio_to_analytic": ratio})
+                            "ratio_to_analytic": ratio, **extra})
             bar.set_postfix(val_c_base=f"{c:.4f}", ratio=f"{ratio:.3f}")
             if ratio <= cfg.target_ratio or _over(cfg, elapsed):
                 break
@@ -139,6 +137,17 @@ def train_base(data_dir: Path | str, out_dir: Path | str, cfg: BaseTrainConfig =
     atomic_write_json(out_dir / "train_log.json", log)
     build_reference(out_dir, data_dir, dtype=dtype)
     return log
+
+
+def _evaluate(model, ema, val: list, pad: int) -> tuple[float, dict]:
+    """The val c_base (nats/token) of what ``train_base`` keeps: ``model``, or its moving average ``ema``;
+    with the average, ``{"val_c_base_last_step": ...}`` too (the same rows under the last step's weights, the
+    comparison that says what the average bought). ``model`` is back in training mode after."""
+    scored = (model if ema is None else ema.module).eval()  # nn.Module.eval returns the module
+    c = score_encoded(scored, val, pad_id=pad).c_base
+    extra = {} if ema is None else {"val_c_base_last_step": score_encoded(model.eval(), val, pad_id=pad).c_base}
+    model.train()
+    return c, extra
 
 
 def _sampled_rows(tok, data_cfg, fresh_rng, n: int) -> list:
