@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from zfree.core.errors import CheckpointError, InputError
-from zfree.core.io import read_json
 from zfree_lab.experiment.executor import is_finished
 from zfree_lab.run.checkpoint_io import read_plain_structure
 from zfree_lab.run.locks import LOCK_NAME
@@ -54,7 +53,7 @@ def run_state(run_dir: Path, now: float) -> dict[str, Any]:
             "phase": rec.get("phase"), "eta_s": rec.get("eta_s"), "age_s": now - prog.stat().st_mtime}
 
 
-def finetune_state(study: Path) -> dict[str, Any] | None:
+def finetune_state(study: Path, now: float) -> dict[str, Any] | None:
     """The base's fine-tune (``finetune_base``: ``base_ft/`` beside the study's train.jsonl, in the study
     folder or its data/): ``done`` with its c_base, ``running`` with the step of its last checkpoint, the
     steps asked, the last validation c_base and the seconds per step so far, or None (no fine-tune)."""
@@ -74,7 +73,7 @@ def finetune_state(study: Path) -> dict[str, Any] | None:
             return {"state": "running", "step": step, "steps": key.get("config", {}).get("max_steps"),
                     "val_c_base": history[-1].get("val_c_base") if history else None,
                     "s_per_step": (s.get("elapsed_s") or 0) / step if step else None,
-                    "age_s": time.time() - (ckpt / "state.json").stat().st_mtime}
+                    "age_s": now - (ckpt / "state.json").stat().st_mtime}
     return None
 
 
@@ -84,8 +83,8 @@ def study_status(study: Path | str, now: float | None = None) -> dict[str, Any]:
     ``counts`` per state, ``preparing`` (no plan and no run yet: the base, its reference, a fine-tune and
     the estimate's probes come first), ``finetune`` (``finetune_state``), ``workers`` and ``remaining_s``: the fine-tune's
     steps left at its own pace, then the runs left at ``per_run_s`` over the workers (None when nothing says
-    how long a run takes). InputError naming the folder when it holds neither plan.json
-    nor runs/."""
+    how long a run takes). InputError naming the folder when it holds neither plan.json,
+    runs/ nor zfree's lock file (a folder ``zfree study`` has started)."""
     study = Path(study)
     now = time.time() if now is None else now
     plan = _json(study / "plan.json")
@@ -103,7 +102,7 @@ def study_status(study: Path | str, now: float | None = None) -> dict[str, Any]:
                est["estimated_s"] * workers / est["runs"] if est.get("estimated_s") and est.get("runs") else None)
     left = counts["waiting"] + sum(1 - (r.get("step") or 0) / max(1, r.get("steps") or 1)
                                    for r in runs if r["state"] == "running")
-    ft = finetune_state(study)
+    ft = finetune_state(study, now)
     ft_left = ((ft["steps"] - ft["step"]) * ft["s_per_step"]
                if ft and ft["state"] == "running" and ft.get("steps") and ft.get("s_per_step") else 0.0)
     return {"study": str(study), "made": (plan or {}).get("made"), "preparing": plan is None and not runs,
