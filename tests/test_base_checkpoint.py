@@ -111,10 +111,14 @@ def test_a_checkpoint_of_other_arguments_is_not_resumed(data, tmp_path, monkeypa
         with pytest.raises(KeyboardInterrupt):
             train_text_base(data, tmp_path / "a", CFG, progress=False, checkpoint_dir=tmp_path / "ckpt")
     other = BaseTrainConfig(**{**CFG.__dict__, "lr": 1e-3})
+    import zfree_lab.run.base_checkpoint as bc
+
+    read = []  # another key's tensors (Adam's moments, the best weights) are not read before being removed
     with monkeypatch.context() as m:
         calls = _count(m)
+        m.setattr(bc, "load_plain_state", lambda folder, name: read.append(name))
         train_text_base(data, tmp_path / "a", other, progress=False, checkpoint_dir=tmp_path / "ckpt")
-    assert len(calls) == 6
+    assert len(calls) == 6 and read == []
     assert "was written with another config: training from step 0" in capsys.readouterr().err
 
 

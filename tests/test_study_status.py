@@ -92,3 +92,51 @@ def test_the_command_prints_the_status_or_the_record_and_refuses_a_folder_that_i
     assert main(["status", str(tmp_path / "other")]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "is not a study or sweep folder" in err and str(tmp_path / "other") in err
+
+
+def _stale(path):
+    old = time.time() - STALE_S - 60
+    os.utime(path, (old, old))
+
+
+def test_live_processes_are_read_from_the_lock_files_a_final_evaluation_is_not_called_stopped(study):
+    """The study's and each run's process are read from their real locks (``run_folder_lock``): a run
+    silent for longer than ``STALE_S`` at its last step whose kernel lives is at its final evaluation;
+    once its lock is released (or its holder's pid is dead) its process is gone; a holder on another host
+    falls back to the silence rule; a run whose lock is held before its first step is starting."""
+    import socket
+    import subprocess
+    import sys
+
+    from zfree_lab.run.locks import LOCK_NAME, run_folder_lock
+
+    runs = study / "runs"
+    run = runs / "distribution_beta0.3_cccc"
+    atomic_write_json(run / "progress.json", {"step": 120, "steps": 120, "phase": "soft", "eta_s": 0.0})
+    _stale(run / "progress.json")
+    with run_folder_lock(runs, "runs folder"), run_folder_lock(run), run_folder_lock(runs / "oracle-x_dddd"):
+        st = study_status(study)
+        text = format_status(st)
+    assert st["process"]["pid"] == os.getpid() and st["process"]["alive"] is True
+    assert f"study process: pid {os.getpid()}, since" in text
+    assert "running  distribution_beta0.3_cccc: step 120 of 120 (soft)" in text and "final evaluation" in text
+    assert "stopped?" not in text and "process is gone" not in text
+    assert "running  oracle-x_dddd: starting (no step written yet)" in text
+    assert st["counts"]["running"] == 2 and st["counts"]["waiting"] == 0
+
+    st = study_status(study)  # every lock released: the study and its running run have no process
+    text = format_status(st)
+    assert st["process"] is None and st["runs"][2]["alive"] is False
+    assert "study process: none running — `zfree study` with the same arguments resumes the study" in text
+    assert "distribution_beta0.3_cccc: step 120 of 120 (soft)" in text and "its process is gone" in text
+    assert "final evaluation" not in text and st["counts"] == {"finished": 1, "running": 1, "failed": 1, "waiting": 1}
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (run / LOCK_NAME).write_text(json.dumps({"pid": int(dead.stdout), "host": socket.gethostname()}))
+    assert study_status(study)["runs"][2]["alive"] is False  # a holder killed with its record left behind
+
+    (run / LOCK_NAME).write_text(json.dumps({"pid": os.getpid(), "host": "another-node"}))
+    st = study_status(study)
+    assert st["runs"][2]["alive"] is None and "nothing written since: stopped?" in format_status(st)
+    os.utime(run / "progress.json")
+    assert "stopped?" not in format_status(study_status(study))

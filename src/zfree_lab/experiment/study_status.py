@@ -6,7 +6,9 @@ finished, what is running (its step, phase and when it last wrote), what failed 
 how far the base's fine-tune got (``base_ft.checkpoint``, ``zfree_lab.run.base_checkpoint``), and about
 how long the rest takes: the finished runs' own mean wall time (else the plan's estimate) per run
 waiting, over the plan's workers. A run is finished by ``executor.is_finished``, the rule the study
-itself skips runs by.
+itself skips runs by. Whether the study and each running run still have a live process is read from
+their lock files (``locks.lock_owner``: the holder's pid, checked on this host), so a run at its final
+evaluation, which writes nothing for minutes, is told from one whose process is gone.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 from zfree.core.errors import CheckpointError, InputError
 from zfree_lab.experiment.executor import is_finished
 from zfree_lab.run.checkpoint_io import read_plain_structure
-from zfree_lab.run.locks import LOCK_NAME
+from zfree_lab.run.locks import LOCK_NAME, lock_owner
 
 #: a running run whose progress.json is older than this is said to have written nothing for that long
 #: (its process may have stopped: a study resumes it when run again)
@@ -33,10 +35,20 @@ def _json(path: Path) -> dict | None:
         return None
 
 
+def _alive(folder: Path) -> bool | None:
+    """Whether a live process holds ``folder``'s lock: True, False (its holder is gone, or the lock file
+    is there and released), or None (no lock file, or a holder on another host: not known here)."""
+    owner = lock_owner(folder)
+    if owner is not None:
+        return owner["alive"]
+    return False if (folder / LOCK_NAME).is_file() else None
+
+
 def run_state(run_dir: Path, now: float) -> dict[str, Any]:
     """One run's state: ``finished`` (``is_finished``), ``failed`` (error.json: its ``error``),
-    ``running`` (progress.json: ``step``, ``steps``, ``phase``, ``eta_s`` and ``age_s``, the seconds since
-    it was written) or ``waiting`` (no folder or nothing written yet); ``wall_s`` of a finished run."""
+    ``running`` (a live holder of its lock and no progress.json yet: ``phase`` "starting" and ``step``
+    None; else progress.json: ``step``, ``steps``, ``phase``, ``eta_s``, ``age_s``, the seconds since
+    it was written, and ``alive``, ``_alive`` of its folder) or ``waiting`` (no folder or nothing written yet); ``wall_s`` of a finished run."""
     rid = run_dir.name
     if not run_dir.is_dir():
         return {"run_id": rid, "state": "waiting"}
@@ -47,10 +59,12 @@ def run_state(run_dir: Path, now: float) -> dict[str, Any]:
         return {"run_id": rid, "state": "failed", "error": str(err.get("error", ""))[:300]}
     prog = run_dir / "progress.json"
     rec = _json(prog)
-    if rec is None:
-        return {"run_id": rid, "state": "waiting"}
+    if rec is None:  # a live holder of its lock: started, no step written yet (loading, reference scoring)
+        return ({"run_id": rid, "state": "running", "step": None, "steps": None, "phase": "starting",
+                 "eta_s": None, "age_s": None, "alive": True} if _alive(run_dir) else {"run_id": rid, "state": "waiting"})
     return {"run_id": rid, "state": "running", "step": rec.get("step"), "steps": rec.get("steps"),
-            "phase": rec.get("phase"), "eta_s": rec.get("eta_s"), "age_s": now - prog.stat().st_mtime}
+            "phase": rec.get("phase"), "eta_s": rec.get("eta_s"), "age_s": now - prog.stat().st_mtime,
+            "alive": _alive(run_dir)}
 
 
 def finetune_state(study: Path, now: float) -> dict[str, Any] | None:
@@ -81,7 +95,8 @@ def study_status(study: Path | str, now: float | None = None) -> dict[str, Any]:
     """The status record of ``study`` (a folder ``zfree study`` or ``zfree sweep`` wrote): ``runs`` (one
     ``run_state`` per planned run, in plan order; the folders under runs/ when there is no plan.json),
     ``counts`` per state, ``preparing`` (no plan and no run yet: the base, its reference, a fine-tune and
-    the estimate's probes come first), ``finetune`` (``finetune_state``), ``workers`` and ``remaining_s``: the fine-tune's
+    the estimate's probes come first), ``process`` (the study's lock holder, ``locks.lock_owner`` of runs/
+    or else of the study folder: None when none holds them), ``finetune`` (``finetune_state``), ``workers`` and ``remaining_s``: the fine-tune's
     steps left at its own pace, then the runs left at ``per_run_s`` over the workers (None when nothing says
     how long a run takes). InputError naming the folder when it holds neither plan.json,
     runs/ nor zfree's lock file (a folder ``zfree study`` has started)."""
@@ -105,7 +120,9 @@ def study_status(study: Path | str, now: float | None = None) -> dict[str, Any]:
     ft = finetune_state(study, now)
     ft_left = ((ft["steps"] - ft["step"]) * ft["s_per_step"]
                if ft and ft["state"] == "running" and ft.get("steps") and ft.get("s_per_step") else 0.0)
+    process = lock_owner(runs_dir) or lock_owner(study)
     return {"study": str(study), "made": (plan or {}).get("made"), "preparing": plan is None and not runs,
+            "process": process,
             "runs": runs, "counts": counts,
             "finetune": ft, "workers": workers, "per_run_s": per_run,
             "per_run_from": "finished runs" if walls else "the plan's estimate" if per_run else None,
@@ -117,6 +134,29 @@ def _dur(s: float | None) -> str:
         return "?"
     s = int(round(s))
     return f"{s // 3600} h {s % 3600 // 60:02d} min" if s >= 3600 else f"{s // 60} min {s % 60:02d} s"
+
+
+def _run_note(r: dict[str, Any]) -> str:
+    """What a running run's line adds: its process gone, its final evaluation, or (its process not known
+    here) a silence longer than ``STALE_S``."""
+    if r.get("alive") is False:
+        return " — its process is gone: `zfree study` again resumes it"
+    if r.get("alive") and r.get("step") is not None and r.get("step") == r.get("steps"):
+        return " — final evaluation (it writes its results at the end)"
+    if r.get("alive") is None and r["age_s"] > STALE_S:
+        return " — nothing written since: stopped? `zfree study` again resumes it"
+    return ""
+
+
+def _process_line(st: dict[str, Any]) -> str:
+    """The study process: its pid and start when it runs, or that none does while runs are left."""
+    p, c = st.get("process"), st["counts"]
+    if p and p["alive"] is not False:
+        where = "" if p["alive"] else f" on {p.get('host')} (another host: not checked from here)"
+        return f"study process: pid {p['pid']}{where}, since {p.get('since', '?')}"
+    if c["waiting"] or c["running"] or st.get("preparing"):
+        return "study process: none running — `zfree study` with the same arguments resumes the study"
+    return "study process: none (every run is done)"
 
 
 def format_status(st: dict[str, Any]) -> str:
@@ -136,11 +176,12 @@ def format_status(st: dict[str, Any]) -> str:
         val = f", val c_base {ft['val_c_base']:.4f}" if ft.get("val_c_base") is not None else ""
         lines.append(f"base fine-tune: step {ft['step']} of {ft['steps']} at its last checkpoint{val}, "
                      f"{ft['s_per_step'] or 0:.1f} s a step, written {_dur(ft['age_s'])} ago (resumes from there)")
+    lines.append(_process_line(st))
     for r in st["runs"]:
         if r["state"] == "running":
-            stale = " — nothing written since: stopped? `zfree study` again resumes it" if r["age_s"] > STALE_S else ""
-            lines.append(f"  running  {r['run_id']}: step {r['step']} of {r['steps']} ({r['phase']}), "
-                         f"last written {_dur(r['age_s'])} ago{stale}")
+            lines.append(f"  running  {r['run_id']}: starting (no step written yet)" if r["step"] is None else
+                         f"  running  {r['run_id']}: step {r['step']} of {r['steps']} ({r['phase']}), "
+                         f"last written {_dur(r['age_s'])} ago{_run_note(r)}")
         elif r["state"] == "failed":
             lines.append(f"  FAILED   {r['run_id']}: {r['error']}")
     if st["remaining_s"] is not None and (c["waiting"] or c["running"]):

@@ -63,7 +63,7 @@ class TextCheckpoint:
         if found is None:
             return None
         folder, (key, resumed) = found
-        if key != self.key:
+        if resumed is None:
             field = next((k for k in sorted(set(key) | set(self.key)) if key.get(k) != self.key.get(k)), "?")
             print(f"zfree: the checkpoint in {self.folder} was written with another {field}: training from step 0",
                   file=sys.stderr)
@@ -73,10 +73,12 @@ class TextCheckpoint:
               f"({folder})", file=sys.stderr)
         return resumed
 
-    @staticmethod
-    def _load(folder: Path) -> tuple[dict, Resumed]:
-        return read_json(folder / "key.json"), Resumed(folder / "model", load_plain_state(folder, "state"),
-                                                       load_plain_state(folder, "best"))
+    def _load(self, folder: Path) -> tuple[dict, Resumed | None]:
+        """The folder's key, and its state only when the key matches (another key's tensors stay unread)."""
+        key = read_json(folder / "key.json")
+        if key != self.key:
+            return key, None
+        return key, Resumed(folder / "model", load_plain_state(folder, "state"), load_plain_state(folder, "best"))
 
     def save(self, step: int, model, tok, opt, sched, rng, best, history: list, elapsed: float) -> None:
         """Write the state after ``step`` (``Resumed.restore`` reads it back)."""

@@ -36,6 +36,31 @@ def _holder(lock_file: Path) -> str:
     return "an unknown process"
 
 
+def lock_owner(folder: Path | str) -> dict | None:
+    """Who holds ``folder``'s lock, read from its lock file without taking the lock (taking it, even for
+    a moment, could refuse a study starting at that instant): the holder's record (``pid``, ``host``,
+    ``command``, ``since``) with ``alive``: True when that pid runs on this host, False when it does not
+    (a holder killed by SIGKILL leaves its record, and the kernel has dropped its lock), None when the
+    holder's host is another. None when nobody holds it (no lock file, or an empty one: a released lock
+    is truncated). A reused pid reads as alive."""
+    try:
+        info = json.loads((Path(folder) / LOCK_NAME).read_text() or "null")
+    except (OSError, ValueError):
+        return None
+    if not isinstance(info, dict) or not isinstance(info.get("pid"), int):
+        return None
+    alive = None
+    if info.get("host") == socket.gethostname():
+        try:
+            os.kill(info["pid"], 0)
+            alive = True
+        except ProcessLookupError:
+            alive = False
+        except PermissionError:  # another user's live process
+            alive = True
+    return {**info, "alive": alive}
+
+
 def _open_no_link(lock_file: Path) -> int:
     """The lock file opened for writing without following a link (a symlink found there is replaced)."""
     flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
