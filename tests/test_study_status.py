@@ -140,3 +140,18 @@ def test_live_processes_are_read_from_the_lock_files_a_final_evaluation_is_not_c
     assert st["runs"][2]["alive"] is None and "nothing written since: stopped?" in format_status(st)
     os.utime(run / "progress.json")
     assert "stopped?" not in format_status(study_status(study))
+
+
+def test_a_runs_folder_reads_as_its_study_and_a_run_folder_as_that_run(study, capsys):
+    runs = study / "runs"
+    assert study_status(runs)["study"] == str(study) and study_status(runs)["counts"]["failed"] == 1
+    for rid in ("plain_beta0.3_aaaa", "control_plain_bbbb", "distribution_beta0.3_cccc"):
+        atomic_write_json(runs / rid / "config.json", {"steps": 120})
+    lines = {rid: format_status(study_status(runs / rid))
+             for rid in ("plain_beta0.3_aaaa", "control_plain_bbbb", "distribution_beta0.3_cccc")}
+    assert lines["plain_beta0.3_aaaa"] == f"run {runs / 'plain_beta0.3_aaaa'}: finished in 2 min 00 s"
+    assert lines["control_plain_bbbb"] == f"run {runs / 'control_plain_bbbb'}: failed: ValueError: beta must be >= 0"
+    assert lines["distribution_beta0.3_cccc"].startswith(
+        f"run {runs / 'distribution_beta0.3_cccc'}: running, step 30 of 120 (soft), last written ")
+    assert main(["status", str(runs / "plain_beta0.3_aaaa"), "--json"]) in (0, None)
+    assert json.loads(capsys.readouterr().out)["run"]["state"] == "finished"

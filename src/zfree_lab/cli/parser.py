@@ -186,8 +186,9 @@ def _add_report_and_sweep(sub) -> None:
     rp.add_argument("study_dir", help="a study or sweep folder")
     rp.set_defaults(func=cmd_report)
     st = sub.add_parser("status", help="how far a study or sweep folder has got (finished, running, failed, "
-                                       "waiting runs; the base's fine-tune; the time left); reads, never writes")
-    st.add_argument("study_dir", help="a study or sweep folder")
+                                       "waiting runs; the base's fine-tune; the time left), or one run; "
+                                       "reads, never writes")
+    st.add_argument("study_dir", help="a study or sweep folder, its runs/ folder, or one run's folder")
     st.add_argument("--json", action="store_true", help="the record as JSON")
     st.set_defaults(func=cmd_status)
     sw = sub.add_parser("sweep", help="run a YAML sweep spec (analysis/sweeps/*.yaml), then its report")

@@ -99,11 +99,16 @@ def study_status(study: Path | str, now: float | None = None) -> dict[str, Any]:
     or else of the study folder: None when none holds them), ``finetune`` (``finetune_state``), ``workers`` and ``remaining_s``: the fine-tune's
     steps left at its own pace, then the runs left at ``per_run_s`` over the workers (None when nothing says
     how long a run takes). InputError naming the folder when it holds neither plan.json,
-    runs/ nor zfree's lock file (a folder ``zfree study`` has started)."""
+    runs/ nor zfree's lock file (a folder ``zfree study`` has started). A study's runs/ folder reads as
+    the study; one run's folder (config.json, no plan) gives ``{"run": run_state, "path"}`` instead."""
     study = Path(study)
     now = time.time() if now is None else now
+    if study.name == "runs" and (study.parent / "plan.json").is_file():
+        study = study.parent  # the study's runs/ folder: the study
     plan = _json(study / "plan.json")
     runs_dir = study / "runs"
+    if plan is None and (study / "config.json").is_file() and not runs_dir.is_dir():
+        return {"study": None, "run": run_state(study, now), "path": str(study)}  # one run's folder
     if plan is None and not runs_dir.is_dir() and not (study / LOCK_NAME).exists():
         raise InputError(f"{study} is not a study or sweep folder (no plan.json, no runs/, no {LOCK_NAME})")
     ids = list((plan or {}).get("run_ids")
@@ -159,8 +164,26 @@ def _process_line(st: dict[str, Any]) -> str:
     return "study process: none (every run is done)"
 
 
+def _format_run(st: dict[str, Any]) -> str:
+    """One run folder's record (``study_status`` of a run's folder) as lines."""
+    r = st["run"]
+    head = f"run {st['path']}: {r['state']}"
+    if r["state"] == "finished":
+        return head + (f" in {_dur(r['wall_s'])}" if r.get("wall_s") else "")
+    if r["state"] == "failed":
+        return f"{head}: {r['error']}"
+    if r["state"] == "running" and r["step"] is None:
+        return head + " (starting: no step written yet)"
+    if r["state"] == "running":
+        return (f"{head}, step {r['step']} of {r['steps']} ({r['phase']}), last written {_dur(r['age_s'])} ago"
+                + _run_note(r).replace("`zfree study` again", "`zfree train --resume` (or its study)"))
+    return head + " (nothing written yet)"
+
+
 def format_status(st: dict[str, Any]) -> str:
     """``study_status``'s record as the lines ``zfree status`` prints."""
+    if "run" in st:
+        return _format_run(st)
     c = st["counts"]
     lines = [f"study {st['study']}" + (f" (plan made {st['made']})" if st.get("made") else "")]
     if st.get("preparing"):
