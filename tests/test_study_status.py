@@ -155,3 +155,29 @@ def test_a_runs_folder_reads_as_its_study_and_a_run_folder_as_that_run(study, ca
         f"run {runs / 'distribution_beta0.3_cccc'}: running, step 30 of 120 (soft), last written ")
     assert main(["status", str(runs / "plain_beta0.3_aaaa"), "--json"]) in (0, None)
     assert json.loads(capsys.readouterr().out)["run"]["state"] == "finished"
+
+
+def test_metrics_shows_each_runs_last_complete_evaluation_only_when_asked(study, capsys):
+    runs = study / "runs"
+    done, running = runs / "plain_beta0.3_aaaa", runs / "distribution_beta0.3_cccc"
+    row = {"step": 120, "loss/val/baseline_normalized_reconstruction_loss": 0.9731,
+           "loss/val/kl_prior_loss": 0.41234, "latent/mutual_information": 0.38, "latent/codes_used": 2,
+           "readout/use_shuffled": 0.1234, "structure/probe_accuracy": 0.9}
+    (done / "metrics.jsonl").write_text(json.dumps({"step": 0}) + "\n" + json.dumps(row) + "\n")
+    # the running run's writer is mid-line: its torn row is skipped, the step-60 row is the last complete one
+    (running / "metrics.jsonl").write_text(json.dumps({**row, "step": 60}) + "\n" + '{"step": 90, "loss/val')
+    assert "last evaluation" not in format_status(study_status(study))
+    assert all("last_eval" not in r for r in study_status(study)["runs"])
+    st = study_status(study, metrics=True)
+    assert st["runs"][0]["last_eval"] == {k: v for k, v in row.items() if k != "structure/probe_accuracy"}
+    assert st["runs"][2]["last_eval"]["step"] == 60 and "last_eval" not in st["runs"][1]
+    text = format_status(st)
+    assert ("  finished plain_beta0.3_aaaa\n      last evaluation (step 120): rho_recon 0.9731, rate 0.4123 nats, "
+            "MI 0.38 nats, codes 2, use (z shuffled) 0.1234 nats/example") in text
+    assert "distribution_beta0.3_cccc: step 30 of 120 (soft)" in text and "last evaluation (step 60)" in text
+    atomic_write_json(done / "config.json", {"steps": 120})
+    assert main(["status", str(done), "--metrics"]) in (0, None)
+    out = capsys.readouterr().out
+    assert out.startswith(f"run {done}: finished in 2 min 00 s\n      last evaluation (step 120): rho_recon 0.9731")
+    (done / "metrics.jsonl").unlink()
+    assert "no evaluation yet" in format_status(study_status(done, metrics=True))

@@ -244,7 +244,7 @@ def cmd_status(a):
     record. Reads the folder only."""
     from zfree_lab.experiment.study_status import format_status, study_status
 
-    st = study_status(a.study_dir)
+    st = study_status(a.study_dir, metrics=a.metrics)
     print(json.dumps(st, indent=2) if a.json else format_status(st))
 
 

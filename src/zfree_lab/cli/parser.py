@@ -190,6 +190,9 @@ def _add_report_and_sweep(sub) -> None:
                                        "reads, never writes")
     st.add_argument("study_dir", help="a study or sweep folder, its runs/ folder, or one run's folder")
     st.add_argument("--json", action="store_true", help="the record as JSON")
+    st.add_argument("--metrics", action="store_true",
+                    help="also each finished or running run's last evaluation (rho_recon, rate, MI, codes, within-"
+                         "model use): interim results, off by default so a preregistered study stays unread")
     st.set_defaults(func=cmd_status)
     sw = sub.add_parser("sweep", help="run a YAML sweep spec (analysis/sweeps/*.yaml), then its report")
     sw.add_argument("spec", help="a sweep YAML (analysis/sweeps/*.yaml)")

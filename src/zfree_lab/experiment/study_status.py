@@ -44,6 +44,29 @@ def _alive(folder: Path) -> bool | None:
     return False if (folder / LOCK_NAME).is_file() else None
 
 
+#: the last evaluation's readouts ``zfree status --metrics`` shows: (metric key, label, unit)
+EVAL_KEYS = (("loss/val/baseline_normalized_reconstruction_loss", "rho_recon", ""),
+             ("loss/val/kl_prior_loss", "rate", " nats"), ("latent/mutual_information", "MI", " nats"),
+             ("latent/codes_used", "codes", ""), ("readout/use_shuffled", "use (z shuffled)", " nats/example"))
+
+
+def last_eval(run_dir: Path) -> dict[str, Any] | None:
+    """The last complete row of the run's metrics.jsonl (a row being appended is skipped), reduced to its
+    ``step`` and the keys of ``EVAL_KEYS`` it has; None when there is no row yet."""
+    try:
+        lines = (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            row = json.loads(line) if line.endswith("\n") else None
+        except ValueError:
+            row = None
+        if isinstance(row, dict):
+            return {k: row[k] for k in ("step", *(k for k, _, _ in EVAL_KEYS)) if k in row}
+    return None
+
+
 def run_state(run_dir: Path, now: float) -> dict[str, Any]:
     """One run's state: ``finished`` (``is_finished``), ``failed`` (error.json: its ``error``),
     ``running`` (a live holder of its lock and no progress.json yet: ``phase`` "starting" and ``step``
@@ -91,7 +114,13 @@ def finetune_state(study: Path, now: float) -> dict[str, Any] | None:
     return None
 
 
-def study_status(study: Path | str, now: float | None = None) -> dict[str, Any]:
+def _with_eval(r: dict[str, Any], run_dir: Path, metrics: bool) -> dict[str, Any]:
+    if metrics and r["state"] in ("finished", "running"):
+        r["last_eval"] = last_eval(run_dir)
+    return r
+
+
+def study_status(study: Path | str, now: float | None = None, metrics: bool = False) -> dict[str, Any]:
     """The status record of ``study`` (a folder ``zfree study`` or ``zfree sweep`` wrote): ``runs`` (one
     ``run_state`` per planned run, in plan order; the folders under runs/ when there is no plan.json),
     ``counts`` per state, ``preparing`` (no plan and no run yet: the base, its reference, a fine-tune and
@@ -100,7 +129,9 @@ def study_status(study: Path | str, now: float | None = None) -> dict[str, Any]:
     steps left at its own pace, then the runs left at ``per_run_s`` over the workers (None when nothing says
     how long a run takes). InputError naming the folder when it holds neither plan.json,
     runs/ nor zfree's lock file (a folder ``zfree study`` has started). A study's runs/ folder reads as
-    the study; one run's folder (config.json, no plan) gives ``{"run": run_state, "path"}`` instead."""
+    the study; one run's folder (config.json, no plan) gives ``{"run": run_state, "path"}`` instead.
+    ``metrics``: each finished or running run also carries ``last_eval`` (``last_eval``): interim results,
+    so off by default (a look at a preregistered study's readouts before its analysis is a look at its data)."""
     study = Path(study)
     now = time.time() if now is None else now
     if study.name == "runs" and (study.parent / "plan.json").is_file():
@@ -108,12 +139,13 @@ def study_status(study: Path | str, now: float | None = None) -> dict[str, Any]:
     plan = _json(study / "plan.json")
     runs_dir = study / "runs"
     if plan is None and (study / "config.json").is_file() and not runs_dir.is_dir():
-        return {"study": None, "run": run_state(study, now), "path": str(study)}  # one run's folder
+        run = _with_eval(run_state(study, now), study, metrics)
+        return {"study": None, "run": run, "path": str(study)}  # one run's folder
     if plan is None and not runs_dir.is_dir() and not (study / LOCK_NAME).exists():
         raise InputError(f"{study} is not a study or sweep folder (no plan.json, no runs/, no {LOCK_NAME})")
     ids = list((plan or {}).get("run_ids")
                or (sorted(p.name for p in runs_dir.iterdir() if p.is_dir()) if runs_dir.is_dir() else []))
-    runs = [run_state(runs_dir / rid, now) for rid in ids]
+    runs = [_with_eval(run_state(runs_dir / rid, now), runs_dir / rid, metrics) for rid in ids]
     counts = {s: sum(r["state"] == s for r in runs) for s in ("finished", "running", "failed", "waiting")}
     workers = max(1, int((plan or {}).get("workers") or 1))
     walls = [r["wall_s"] for r in runs if r["state"] == "finished" and r.get("wall_s")]
@@ -164,9 +196,24 @@ def _process_line(st: dict[str, Any]) -> str:
     return "study process: none (every run is done)"
 
 
+def _eval_line(r: dict[str, Any]) -> str:
+    """``last_eval`` as one indented line ("" without it)."""
+    if "last_eval" not in r:
+        return ""
+    ev = r["last_eval"]
+    if not ev:
+        return "\n      no evaluation yet"
+    parts = [f"{label} {ev[k]:.4g}{unit}" for k, label, unit in EVAL_KEYS if isinstance(ev.get(k), (int, float))]
+    return f"\n      last evaluation (step {ev.get('step', '?')}): " + (", ".join(parts) or "none of the readouts")
+
+
 def _format_run(st: dict[str, Any]) -> str:
     """One run folder's record (``study_status`` of a run's folder) as lines."""
     r = st["run"]
+    return _run_line(st, r) + _eval_line(r)
+
+
+def _run_line(st: dict[str, Any], r: dict[str, Any]) -> str:
     head = f"run {st['path']}: {r['state']}"
     if r["state"] == "finished":
         return head + (f" in {_dur(r['wall_s'])}" if r.get("wall_s") else "")
@@ -202,9 +249,11 @@ def format_status(st: dict[str, Any]) -> str:
     lines.append(_process_line(st))
     for r in st["runs"]:
         if r["state"] == "running":
-            lines.append(f"  running  {r['run_id']}: starting (no step written yet)" if r["step"] is None else
-                         f"  running  {r['run_id']}: step {r['step']} of {r['steps']} ({r['phase']}), "
-                         f"last written {_dur(r['age_s'])} ago{_run_note(r)}")
+            lines.append((f"  running  {r['run_id']}: starting (no step written yet)" if r["step"] is None else
+                          f"  running  {r['run_id']}: step {r['step']} of {r['steps']} ({r['phase']}), "
+                          f"last written {_dur(r['age_s'])} ago{_run_note(r)}") + _eval_line(r))
+        elif r["state"] == "finished" and "last_eval" in r:
+            lines.append(f"  finished {r['run_id']}" + _eval_line(r))
         elif r["state"] == "failed":
             lines.append(f"  FAILED   {r['run_id']}: {r['error']}")
     if st["remaining_s"] is not None and (c["waiting"] or c["running"]):
