@@ -4,11 +4,13 @@
 
 writes DIR/train.jsonl: rows 50,000-179,999 of the shipped benchmark's seed-0 training stream
 (``zfree.data.synth.generate_split(DataConfig(), "train", 180_000)[50_000:]``: the same generator and prior,
-none of them among the 50,000 shipped training rows the base was trained on; 130,000 rows, more than 1800 steps
-of 64 read, so no row is read twice), the shipped val.jsonl and test.jsonl unchanged (so the base's stored
-reference still matches its validation rows), and metadata.json (the benchmark's parameters with n_train
-130000 and each file's sha256). A z-free control fine-tuned on the shipped split drifts above its base
-after ~1800 steps (it memorises the split); on these rows it cannot.
+none of them among the 50,000 shipped training rows the base was first trained on; 130,000 rows), the shipped
+val.jsonl and test.jsonl unchanged (so the base's stored reference still matches its validation rows), and
+metadata.json (the benchmark's parameters with n_train 130000 and each file's sha256). A z-free control
+fine-tuned on the shipped split drifts above its base after ~1800 steps (it memorises the split). Batches are
+drawn with replacement (``rng.integers``), so 1800 steps of 64 (115,200 draws) read each row 0.89 times on
+average: about 59 % of these rows at least once, and about a third of the draws repeat a row already read,
+against each shipped row read 2.3 times on average over the same steps.
 """
 
 from __future__ import annotations
