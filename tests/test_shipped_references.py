@@ -29,6 +29,7 @@ from zfree.reference.scoring import load_scoring_model, score_pairs, tokenizer_s
 ROOT = Path(__file__).resolve().parents[1]
 #: base folder -> its validation data; every shipped base with a reference/ is listed (checked below)
 SHIPPED = {"data/base/default": "data/synth/default/val.jsonl", "data/base/near-bayes": "data/synth/default/val.jsonl",
+           "data/base/deep": "data/synth/default/val.jsonl",
            "data/e2e/base": "data/e2e/val.jsonl"}
 SAMPLE_ROWS = 48  # spread over all x (``spread_sample``): ~1 s of scoring per base
 
