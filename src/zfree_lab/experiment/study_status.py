@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
 from zfree.core.errors import CheckpointError, InputError
+from zfree.core.io import read_jsonl
 from zfree_lab.experiment.executor import is_finished
 from zfree_lab.run.checkpoint_io import read_plain_structure
 from zfree_lab.run.locks import LOCK_NAME, lock_owner
@@ -51,20 +53,17 @@ EVAL_KEYS = (("loss/val/baseline_normalized_reconstruction_loss", "rho_recon", "
 
 
 def last_eval(run_dir: Path) -> dict[str, Any] | None:
-    """The last complete row of the run's metrics.jsonl (a row being appended is skipped), reduced to its
-    ``step`` and the keys of ``EVAL_KEYS`` it has; None when there is no row yet."""
+    """The last complete row of the run's metrics.jsonl (``read_jsonl``; a row being appended is dropped),
+    reduced to its ``step`` and the keys of ``EVAL_KEYS`` it has; None when there is no row yet or the file
+    cannot be read."""
     try:
-        lines = (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
-    except OSError:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a writer mid-line is normal while a run is going
+            rows = read_jsonl(run_dir / "metrics.jsonl", drop_torn_tail=True)
+    except (OSError, InputError):
         return None
-    for line in reversed(lines):
-        try:
-            row = json.loads(line) if line.endswith("\n") else None
-        except ValueError:
-            row = None
-        if isinstance(row, dict):
-            return {k: row[k] for k in ("step", *(k for k, _, _ in EVAL_KEYS)) if k in row}
-    return None
+    row = rows[-1] if rows else None
+    return {k: row[k] for k in ("step", *(k for k, _, _ in EVAL_KEYS)) if k in row} if isinstance(row, dict) else None
 
 
 def run_state(run_dir: Path, now: float) -> dict[str, Any]:
@@ -173,15 +172,15 @@ def _dur(s: float | None) -> str:
     return f"{s // 3600} h {s % 3600 // 60:02d} min" if s >= 3600 else f"{s // 60} min {s % 60:02d} s"
 
 
-def _run_note(r: dict[str, Any]) -> str:
+def _run_note(r: dict[str, Any], resume: str = "`zfree study` again") -> str:
     """What a running run's line adds: its process gone, its final evaluation, or (its process not known
-    here) a silence longer than ``STALE_S``."""
+    here) a silence longer than ``STALE_S``; ``resume``: the command that resumes it."""
     if r.get("alive") is False:
-        return " — its process is gone: `zfree study` again resumes it"
+        return f" — its process is gone: {resume} resumes it"
     if r.get("alive") and r.get("step") is not None and r.get("step") == r.get("steps"):
         return " — final evaluation (it writes its results at the end)"
     if r.get("alive") is None and r["age_s"] > STALE_S:
-        return " — nothing written since: stopped? `zfree study` again resumes it"
+        return f" — nothing written since: stopped? {resume} resumes it"
     return ""
 
 
@@ -223,7 +222,7 @@ def _run_line(st: dict[str, Any], r: dict[str, Any]) -> str:
         return head + " (starting: no step written yet)"
     if r["state"] == "running":
         return (f"{head}, step {r['step']} of {r['steps']} ({r['phase']}), last written {_dur(r['age_s'])} ago"
-                + _run_note(r).replace("`zfree study` again", "`zfree train --resume` (or its study)"))
+                + _run_note(r, "`zfree train --resume` (or its study)"))
     return head + " (nothing written yet)"
 
 
