@@ -189,14 +189,27 @@ OPTIMIZERS = {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
 
 
 def step_rates(cfg: TrainConfig, state, step: int, active: list) -> dict[str, float]:
-    """The learning rates of ``step`` by param-group name: lr_backbone times the linear warm-up
+    """The learning rates of ``step`` (1-based) by param-group name: lr_backbone times the linear warm-up
     min(1, step / warmup_backbone) and lr_new, then as each active plug-in sets them
-    (``plugins.Plugin.rates``: the hard phase's own rates); the router's is the new group's."""
+    (``plugins.Plugin.rates``: the hard phase's own rates); the router's is the new group's. Every rate is
+    then scaled by ``lr_decay_factor`` (the final linear decay, ``lr_decay_share``)."""
     warm = min(1.0, step / cfg.optim.warmup_backbone) if cfg.optim.warmup_backbone else 1.0
     rates = {BACKBONE_GROUP: cfg.optim.lr_backbone * warm, NEW_GROUP: cfg.optim.lr_new}
     for p in active:
         rates = p.rates(cfg, state, step, rates)
-    return {**rates, ROUTER_GROUP: rates[NEW_GROUP]}
+    f = lr_decay_factor(step, cfg.optim.steps, cfg.optim.lr_decay_share)
+    return {k: v * f for k, v in {**rates, ROUTER_GROUP: rates[NEW_GROUP]}.items()}
+
+
+def lr_decay_factor(step: int, steps: int, share: float) -> float:
+    """The rate multiplier of step ``step`` (1-based) of ``steps`` under a final linear decay over the last
+    ``share`` of them (warm-up, stable, decay): 1 before the last D = max(1, round(share * steps)) steps, then
+    (steps - step + 1) / (D + 1), so the last step's rate is 1 / (D + 1) of the stable one and none is 0 (a
+    step at rate 0 would be a wasted step). ``share`` 0: 1 throughout."""
+    if share <= 0:
+        return 1.0
+    d = max(1, round(share * steps))
+    return min(1.0, (steps - step + 1) / (d + 1))
 
 
 # ---------------------------------------------------------------------------- the run
