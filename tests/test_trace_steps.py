@@ -39,4 +39,5 @@ def test_the_trace_replays_the_runs_batches_and_finds_the_layouts_equal(tiny_run
     assert t.logged.tolist() == pytest.approx(t.loss_packed.tolist(), rel=1e-6)  # the step's own batch
     assert (t.loss_packed - t.loss_padded).abs().max() < 1e-6
     assert t.grad_rel_max.max() < 1e-3
+    assert t.val_rows_loss_after.notna().tolist() == [False] * 5 + [True]  # read after the last update only
     assert (tmp_path / "run" / "summary.json").exists()

@@ -11,7 +11,8 @@ packed rows (``zfree.models.packing``, "on") and with the padded passes ("off"):
 ways. One row per step to TRACE_CSV: step, loss_packed, loss_padded, grad_rel_max (the largest
 |g_packed - g_padded| / |g_padded| over the parameters, Frobenius norms) and its parameter, grad_norm_packed,
 repeated_rows (rows drawn twice in the batch), packed (whether "on" took the packed rows: ``DiscreteCVAE.packs``), train_rows_loss, val_rows_loss (packed; the padded value is
-checked equal to 1e-9), logged (the loop's own reconstruction loss of the step). The extra passes draw no
+checked equal to 1e-9), logged (the loop's own reconstruction loss of the step); on the last step also
+train_rows_loss_after and val_rows_loss_after, the same rows read after its update (the weights the run ends with). The extra passes draw no
 random numbers (no dropout on the benchmark's bases), so the run ends where the original did (its step-1800
 validation loss is the original's to the last digit). For a run with a given z (control, label oracle).
 """
@@ -30,7 +31,7 @@ from zfree.data.batching import collate
 from zfree.objective.objectives import GIVEN, step_objective
 
 FIELDS = ["step", "packed", "loss_packed", "loss_padded", "grad_rel_max", "grad_rel_max_param", "grad_norm_packed",
-          "repeated_rows", "train_rows_loss", "val_rows_loss", "logged"]
+          "repeated_rows", "train_rows_loss", "val_rows_loss", "logged", "train_rows_loss_after", "val_rows_loss_after"]
 
 
 def _loss_grad(run, cfg, batch, step: int, mode: str):
@@ -97,6 +98,9 @@ def main(config: str, data_dir: str, out_run: str, trace_csv: str, start: int = 
                 rec[f"{k}_rows_loss"] = on
         out = orig(loop, step)
         rec["logged"] = float(out[1].terms["reconstruction_loss"].detach())
+        if step == cfg.optim.steps:
+            rec.update(train_rows_loss_after=_rows_loss(run, fixed["train"], "on"),
+                       val_rows_loss_after=_rows_loss(run, fixed["val"], "on"))
         writer.writerow(rec)
         fh.flush()
         return out
