@@ -31,7 +31,7 @@ def test_the_trace_replays_the_runs_batches_and_finds_the_layouts_equal(tiny_run
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(flat))
     out_csv = tmp_path / "trace.csv"
-    assert trace_module.main(str(cfg), str(data), str(tmp_path / "run"), str(out_csv), 1) == 0
+    assert trace_module.main(str(cfg), str(data), str(tmp_path / "run"), str(out_csv), 1, every=3) == 0
     t = pd.read_csv(out_csv)
     assert list(t.columns) == trace_module.FIELDS
     assert t.step.tolist() == list(range(1, 7))
@@ -39,5 +39,7 @@ def test_the_trace_replays_the_runs_batches_and_finds_the_layouts_equal(tiny_run
     assert t.logged.tolist() == pytest.approx(t.loss_packed.tolist(), rel=1e-6)  # the step's own batch
     assert (t.loss_packed - t.loss_padded).abs().max() < 1e-6
     assert t.grad_rel_max.max() < 1e-3
+    read = t.val_rows_loss.notna()
+    assert read.any() and ((t.val_rows_loss - t.val_rows_loss_padded)[read].abs() < 1e-6).all()
     assert t.val_rows_loss_after.notna().tolist() == [False] * 5 + [True]  # read after the last update only
     assert (tmp_path / "run" / "summary.json").exists()
