@@ -276,6 +276,34 @@ def test_the_oracle_check_per_route_recomputes_from_its_rows():
         assert all(f"{v:.3f}".replace("-", "−") in line for v in (e, lo, hi, g["D_text"].mean())), route
 
 
+def test_the_packing_replay_quotes_its_trace():
+    """analysis/results/oracle-routes-synth/packing_trace.csv (trace_steps.py on the deep-base embedding oracle,
+    1 seed): every step from 1200 took the packed rows, its packed and padded losses and gradients agree to the
+    bounds the README quotes, the loop's logged loss is the replay's packed loss of the same batch, and the
+    README's reading of the model between steps (the fixed rows every 25 steps over the last 400, and before and
+    after the last update) is the trace's."""
+    d = RESULTS / "oracle-routes-synth"
+    t, text = pd.read_csv(d / "packing_trace.csv"), " ".join((d / "README.md").read_text().split())
+    e1 = lambda v: f"{v:.1e}".replace("e-0", "e-")  # noqa: E731 (as the README writes 9.1e-6)
+    c = t[t["loss_packed"].notna()]
+    assert c["step"].tolist() == list(range(1200, 1801)) and c["packed"].all() and "601 steps" in text
+    assert (c["loss_packed"] - c["loss_padded"]).abs().max() <= 5.6e-8 + 5e-10 and "5.6e-8 nats/token" in text
+    assert c["grad_rel_max"].max() == pytest.approx(9.9e-5, abs=5e-7) and "9.9e-5 of its norm" in text
+    assert e1(c["grad_rel_max"].median()) in text and f"{int((c['repeated_rows'] > 0).sum())} of those" in text
+    assert (c["logged"] == c["loss_packed"]).all()
+    r = t[t["val_rows_loss"].notna()]
+    rel = max(((r[f"{k}_rows_loss"] - r[f"{k}_rows_loss_padded"]).abs() / r[f"{k}_rows_loss_padded"]).max()
+              for k in ("train", "val"))
+    assert f"agree to {e1(rel)}" in text
+    late = r[r["step"] >= 1400]
+    assert f"between {late['val_rows_loss'].min():.4f} and {late['val_rows_loss'].max():.4f} nats/token" in text
+    assert f"rows: {late['train_rows_loss'].min():.4f}-{late['train_rows_loss'].max():.4f})" in text
+    last = t[t["step"] == 1800].iloc[0]
+    assert (f"from {last['val_rows_loss']:.4f} to {last['val_rows_loss_after']:.4f}" in text
+            and f"from {last['train_rows_loss']:.4f} to {last['train_rows_loss_after']:.4f}" in text)
+    assert not MACHINE_PATH.search((d / "packing_trace.csv").read_bytes())
+
+
 LB_EXAMPLE = RESULTS / "leaderboard-example"
 
 
