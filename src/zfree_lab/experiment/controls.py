@@ -52,7 +52,8 @@ _RESET = ("beta", "beta_schedule", "beta_warmup_steps", "beta_cycle_steps", "bet
 SHARED = ("data_dir", "base_dir", "weighting", "epsilon", "token_alpha", "token_outer", "c_base_source", "shared_prefix",
           "injection",  # the control's decoder takes z (one value) through the same route
           "latent_capacity",  # the control trains the same shared vector (and its one delta) as its run's
-          "latent_source", "steps", "batch_size", "lr_backbone", "lr_new", "warmup_backbone", "weight_decay",
+          "latent_source", "steps", "batch_size", "lr_backbone", "lr_new", "warmup_backbone", "lr_decay_share",
+          "weight_decay",
           "grad_clip", "eval_every", "eval_rows", "decode_rows", "seed", "threads", "device", "precision",
           "checkpoint_every", "optimizer", "lora_rank", "lora_alpha", "lora_targets", "micro_batch",
           "keep_prev_checkpoint", "tensorboard", "wandb", "word_dropout", "compile")
