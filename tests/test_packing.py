@@ -465,7 +465,8 @@ def _oracle_trajectory(base, tok, mode: str, steps: int = 3) -> tuple[list[float
     """A label oracle (K = 4, a given value per row, distribution weighting) trained ``steps`` AdamW steps
     through ``step_objective`` (the training step's objective) under packing ``mode``, float64, on rows of
     mixed x and y lengths with a row drawn twice (batches are drawn with replacement); the gradient clipped
-    as the loop clips it. Dropout off (``eval``: the tiny configs keep GPT-2's 0.1, which would draw
+    to norm 1 over all parameters (the loop clips the router on its own; a given z's router gets no gradient here
+    that the decoder's depends on). Dropout off (``eval``: the tiny configs keep GPT-2's 0.1, which would draw
     different masks for the two layouts). Returns (the step losses, the parameters after)."""
     from zfree.config import TrainConfig
     from zfree.objective.objectives import GIVEN, step_objective
@@ -503,8 +504,6 @@ def test_a_label_oracle_trained_packed_follows_the_padded_trajectory(name, tmp_p
     (l0, p0), (l1, p1) = (_oracle_trajectory(base, tok, m) for m in ("off", "on"))
     assert l0[0] > 0 and l0[-1] < l0[0]  # it trains
     assert l1 == pytest.approx(l0, rel=1e-10, abs=1e-12)
-    moved = [k for k in p0 if not torch.equal(p0[k], p1[k])]
     assert p0.keys() == p1.keys()
     for k in p0:
         torch.testing.assert_close(p1[k], p0[k], atol=1e-9, rtol=1e-8, msg=lambda s: f"{k}: {s}")
-    assert moved == [] or all(float((p0[k] - p1[k]).abs().max()) < 1e-9 for k in moved)

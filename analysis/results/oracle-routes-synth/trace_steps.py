@@ -8,7 +8,7 @@ step's own batch (drawn from a copy of the run's generator state, so the run's o
 packed rows (``zfree.models.packing``, "on") and with the padded passes ("off"): the reconstruction loss
 (nats/token) and every parameter's gradient; and every 25 steps from START - 200 the model's loss (nats/token,
 ``forward_given`` in eval mode, no gradient) on 256 fixed training rows and the first 256 validation rows, both
-ways. One row per step to TRACE_CSV: step, loss_packed, loss_padded, grad_rel_max (the largest
+ways. One row per step to TRACE_CSV (written to TRACE_CSV.part as the replay goes, renamed when it ends): step, loss_packed, loss_padded, grad_rel_max (the largest
 |g_packed - g_padded| / |g_padded| over the parameters, Frobenius norms) and its parameter, grad_norm_packed,
 repeated_rows (rows drawn twice in the batch), packed (whether "on" took the packed rows: ``DiscreteCVAE.packs``), train_rows_loss, val_rows_loss (packed) and their _padded values, logged (the loop's own reconstruction loss of the step); on the last step also
 train_rows_loss_after and val_rows_loss_after, the same rows read after its update (the weights the run ends with). The extra passes draw no
@@ -19,6 +19,7 @@ validation loss is the original's to the last digit). For a run with a given z (
 from __future__ import annotations
 
 import csv
+import os
 import sys
 
 import numpy as np
@@ -64,7 +65,8 @@ def _rows_loss(run, rows: list, mode: str) -> float:
 
 def main(config: str, data_dir: str, out_run: str, trace_csv: str, start: int = 1200, every: int = 25) -> int:
     orig, fixed = training._take_step, {}
-    fh = open(trace_csv, "w", newline="")
+    part = f"{trace_csv}.part"  # renamed to TRACE_CSV once the run has finished (a stopped replay leaves no table)
+    fh = open(part, "w", newline="")
     writer = csv.DictWriter(fh, FIELDS)
     writer.writeheader()
 
@@ -105,11 +107,14 @@ def main(config: str, data_dir: str, out_run: str, trace_csv: str, start: int = 
     training._take_step = take
     from zfree_lab.cli import main as cli
     try:
-        return cli(["train", "--config", config, "--set", f"data_dir={data_dir}", "--set", "eval_every=300",
-                    "--out", out_run])
+        rc = cli(["train", "--config", config, "--set", f"data_dir={data_dir}", "--set", "eval_every=300",
+                  "--out", out_run])
     finally:
         training._take_step = orig
         fh.close()
+    if rc == 0:
+        os.replace(part, trace_csv)
+    return rc
 
 
 if __name__ == "__main__":
