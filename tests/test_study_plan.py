@@ -57,6 +57,30 @@ def test_relative_and_absolute_paths_are_one_request(tmp_path, monkeypatch):
     assert fitted_of(rel) == fitted_of(absolute)
 
 
+def test_a_shipped_folder_is_requested_by_its_zfree_path_so_another_checkout_resumes(tmp_path):
+    """A preset's ``zfree:data/base/deep`` is kept as ``zfree:`` in the request (it was the making checkout's
+    absolute path, so a rerun of the study from another clone was refused: "planned for another request:
+    spec.base.path"). A plan written that way still matches when its absolute path ends in the same
+    ``data/base/deep``; another folder is refused."""
+    spec = OWN_PRESETS["own"]
+    shipped = dataclasses.replace(spec, base=dataclasses.replace(spec.base, kind="folder",
+                                                                  path=ROOT / "data" / "base" / "deep"))
+    request = request_of(shipped, None)
+    assert request["spec"]["base"]["path"] == "zfree:data/base/deep"
+    outside = dataclasses.replace(spec, data=dataclasses.replace(spec.data, path=tmp_path / "pairs.jsonl"))
+    assert request_of(outside, None)["spec"]["data"]["path"] == str(tmp_path.resolve() / "pairs.jsonl")
+    old = {**request, "spec": {**request["spec"], "base": {**request["spec"]["base"],
+                                                           "path": "/work/studies/ckout3/data/base/deep"}}}
+    write_plan(tmp_path, old, shipped, 1, [], None)
+    check_request(tmp_path, load_plan(tmp_path), request)  # accepted: the same shipped folder
+    for other in ("/work/studies/ckout3/data/base/near-bayes", "/work/studies/ckout3/data/base/deep/model",
+                  "ckout3/data/base/deep"):
+        moved = {**request, "spec": {**request["spec"], "base": {**request["spec"]["base"], "path": other}}}
+        write_plan(tmp_path, moved, shipped, 1, [], None)
+        with pytest.raises(ConfigError, match="spec.base.path"):
+            check_request(tmp_path, load_plan(tmp_path), request)
+
+
 def test_set_overrides_every_point_after_the_grid():
     base = {"data_dir": "d", "base_dir": "b", "steps": 100}
     grid = {"variant": [{"weighting": "plain", "steps": 400}, {"weighting": "distribution"}], "beta": [0.1, 0.3]}

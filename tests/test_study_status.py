@@ -39,13 +39,24 @@ def test_each_run_is_read_in_the_plans_order_with_its_state(study):
     assert (running["step"], running["steps"], running["phase"]) == (30, 120, "soft") and running["age_s"] < 600
     assert "beta must be >= 0" in st["runs"][1]["error"]
     # left: the waiting run and 90 of the running run's 120 steps, at the finished run's 120 s, over 2 workers
-    assert st["per_run_from"] == "finished runs"
+    assert st["per_run_from"] == "the median of 1 finished run"
     assert st["remaining_s"] == pytest.approx((1 + 90 / 120) * 120.0 / 2)
     text = format_status(st)
     assert "runs: 1 finished, 1 running, 1 failed, 1 waiting (of 4)" in text
     assert "running  distribution_beta0.3_cccc: step 30 of 120 (soft)" in text
     assert "FAILED   control_plain_bbbb: ValueError: beta must be >= 0" in text
-    assert "remaining: about 1 min 45 s on 2 worker(s) (2 min 00 s a run, from finished runs)" in text
+    assert "remaining: about 1 min 45 s on 2 worker(s) (2 min 00 s a run, from the median of 1 finished run)" in text
+
+
+def test_the_time_a_run_takes_is_the_median_of_the_finished_runs(study):
+    """One finished run that shared a loaded machine (8x the others) moves the figure no more than any other."""
+    ids = json.loads((study / "plan.json").read_text())["run_ids"]
+    os.remove(study / "runs" / ids[1] / "error.json")
+    for rid, wall in ((ids[1], 100.0), (ids[3], 960.0)):
+        atomic_write_json(study / "runs" / rid / "summary.json", {"wall_s": wall})
+    st = study_status(study)  # finished: 120, 100 and 960 s
+    assert st["per_run_s"] == 120.0 and st["per_run_from"] == "the median of 3 finished runs"
+    assert st["remaining_s"] == pytest.approx((90 / 120) * 120.0 / 2)
 
 
 def test_without_a_finished_run_the_plans_estimate_sizes_the_rest_and_a_silent_run_is_flagged(study):

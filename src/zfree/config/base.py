@@ -34,6 +34,11 @@ class BaseTrainConfig:
     # what each evaluation scores, what the stopping rule reads and what is saved (Polyak averaging: the
     # last step's weights carry the optimizer's noise, their average less)
     ema_decay: float = 0.0
+    # the layout the base is trained and evaluated on. none: [bos] x, sep, y. prefix: [bos] x, s_0, sep, y with
+    # s_0 the prefix route's initial soft token (the mean input embedding of the model as it stands, no gradient;
+    # zfree.models.routes.initial_soft_token), so a prefix-route CVAE built on the base starts where the base
+    # was trained (docs/concepts/problem.md#routes)
+    slot: Literal["none", "prefix"] = "none"
 
     def __post_init__(self):
         typed_fields(self)
@@ -48,3 +53,4 @@ class BaseTrainConfig:
         check_range("target_ratio", self.target_ratio, 1.0)
         check_range("ema_decay", self.ema_decay, 0.0, 0.9999999)
         check_choice("data_source", self.data_source, Literal["fresh", "split"])
+        check_choice("slot", self.slot, Literal["none", "prefix"])

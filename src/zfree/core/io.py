@@ -107,6 +107,16 @@ def read_json(path: Path | str) -> Any:
     return json.loads(Path(path).read_text())
 
 
+def read_json_object(path: Path | str) -> dict | None:
+    """The JSON object in ``path``, or None when the file is missing, unreadable, not JSON or not an object:
+    for a file another process may be writing, or one whose absence is a state (a run not finished yet)."""
+    try:
+        obj = json.loads(Path(path).read_text())
+    except (OSError, ValueError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
 def read_table(path: Path | str, columns: list[str] | None = None):
     """A parquet table a run or a reference wrote (``pandas.read_parquet``). InputError naming the file
     and why when it is missing, unreadable or lacks ``columns`` (the folder is not whole)."""

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from zfree.config import LatentSource
-from zfree.core.io import read_json
+from zfree.core.io import read_json_object
 from zfree.core.paths import IN_CLONE, runs_home
 
 
@@ -84,9 +84,6 @@ def count_runs(runs_dir: Path | str) -> dict[str, int]:
     run (opening the study names it: ``collect_runs``). A missing folder has none."""
     counts = {"cvae": 0, "control": 0, "oracle": 0, "given": 0}
     for s in Path(runs_dir).glob("*/summary.json"):
-        try:
-            d = read_json(s)
-        except (OSError, ValueError):
-            d = None
-        counts[(given_kind(d) if isinstance(d, dict) else None) or "cvae"] += 1
+        d = read_json_object(s)
+        counts[(given_kind(d) if d is not None else None) or "cvae"] += 1
     return counts

@@ -20,6 +20,7 @@ from typing import Any
 
 from zfree.core.errors import ConfigError
 from zfree.core.io import atomic_write_json, read_json
+from zfree.core.paths import ROOT, ROOT_PREFIX
 from zfree_lab.experiment.spec import ExperimentSpec
 from zfree_lab.experiment.spec_file import spec_from_dict
 
@@ -31,12 +32,14 @@ _LATER_DEFAULTS = {"text_oracles": False}
 
 
 def _jsonable(v: Any) -> Any:
-    """``v`` as plain JSON values: paths absolute (a rerun from another folder is the same request),
-    tuples as lists, dataclasses as dicts."""
+    """``v`` as plain JSON values: paths absolute (a rerun from another folder is the same request), or
+    ``zfree:<path from ROOT>`` inside this checkout (a rerun from another clone of the repository is the same
+    request: its shipped folders are its own copy), tuples as lists, dataclasses as dicts."""
     if dataclasses.is_dataclass(v) and not isinstance(v, type):
         return {f.name: _jsonable(getattr(v, f.name)) for f in dataclasses.fields(v)}
     if isinstance(v, Path):
-        return str(v.expanduser().resolve())
+        p = v.expanduser().resolve()
+        return ROOT_PREFIX + p.relative_to(ROOT).as_posix() if p.is_relative_to(ROOT) else str(p)
     if isinstance(v, dict):
         return {str(k): _jsonable(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
@@ -74,10 +77,22 @@ def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def differences(saved: dict, now: dict) -> list[str]:
-    """``"key: A in plan.json, B now"`` for every leaf where two requests differ (dotted keys)."""
+    """``"key: A in plan.json, B now"`` for every leaf where two requests differ (dotted keys). A plan written
+    before requests kept ``zfree:`` paths holds the absolute path of the checkout that made it: it matches
+    ``zfree:<rel>`` now when it ends in ``/<rel>`` (``_same_path``)."""
     a, b = _flat(saved), _flat(now)
     return [f"{k}: {json.dumps(a.get(k))} in {PLAN_FILE}, {json.dumps(b.get(k))} now"
-            for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+            for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k) and not _same_path(a.get(k), b.get(k))]
+
+
+def _same_path(saved: Any, now: Any) -> bool:
+    """Whether an absolute path in an older plan names the shipped folder ``now`` = ``zfree:<rel>`` names: it
+    ends in ``/<rel>`` (another checkout's copy, or this one's). The runs themselves are identified by content,
+    so a folder that changed between the checkouts trains new runs rather than reusing old ones."""
+    if not (isinstance(saved, str) and isinstance(now, str) and now.startswith(ROOT_PREFIX)):
+        return False
+    rel = now[len(ROOT_PREFIX):]
+    return Path(saved).is_absolute() and bool(rel) and saved.endswith("/" + rel)
 
 
 def load_plan(out: Path) -> dict | None:

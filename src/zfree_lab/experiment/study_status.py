@@ -13,14 +13,14 @@ evaluation, which writes nothing for minutes, is told from one whose process is 
 
 from __future__ import annotations
 
-import json
+import statistics
 import time
 import warnings
 from pathlib import Path
 from typing import Any
 
 from zfree.core.errors import CheckpointError, InputError
-from zfree.core.io import read_jsonl
+from zfree.core.io import read_json_object, read_jsonl
 from zfree_lab.experiment.executor import is_finished
 from zfree_lab.run.checkpoint_io import read_plain_structure
 from zfree_lab.run.locks import LOCK_NAME, lock_owner
@@ -28,13 +28,6 @@ from zfree_lab.run.locks import LOCK_NAME, lock_owner
 #: a running run whose progress.json is older than this is said to have written nothing for that long
 #: (its process may have stopped: a study resumes it when run again)
 STALE_S = 15 * 60
-
-
-def _json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def _alive(folder: Path) -> bool | None:
@@ -75,12 +68,12 @@ def run_state(run_dir: Path, now: float) -> dict[str, Any]:
     if not run_dir.is_dir():
         return {"run_id": rid, "state": "waiting"}
     if is_finished(run_dir):
-        return {"run_id": rid, "state": "finished", "wall_s": (_json(run_dir / "summary.json") or {}).get("wall_s")}
-    err = _json(run_dir / "error.json")
+        return {"run_id": rid, "state": "finished", "wall_s": (read_json_object(run_dir / "summary.json") or {}).get("wall_s")}
+    err = read_json_object(run_dir / "error.json")
     if err is not None:
         return {"run_id": rid, "state": "failed", "error": str(err.get("error", ""))[:300]}
     prog = run_dir / "progress.json"
-    rec = _json(prog)
+    rec = read_json_object(prog)
     if rec is None:  # a live holder of its lock: started, no step written yet (loading, reference scoring)
         return ({"run_id": rid, "state": "running", "step": None, "steps": None, "phase": "starting",
                  "eta_s": None, "age_s": None, "alive": True} if _alive(run_dir) else {"run_id": rid, "state": "waiting"})
@@ -94,11 +87,11 @@ def finetune_state(study: Path, now: float) -> dict[str, Any] | None:
     folder or its data/): ``done`` with its c_base, ``running`` with the step of its last checkpoint, the
     steps asked, the last validation c_base and the seconds per step so far, or None (no fine-tune)."""
     for root in (study, study / "data"):
-        ref = _json(root / "base_ft" / "reference" / "reference.json")
+        ref = read_json_object(root / "base_ft" / "reference" / "reference.json")
         if ref is not None:
             return {"state": "done", "c_base": ref.get("c_base")}
         ckpt = root / "base_ft.checkpoint" / "checkpoint"
-        key = _json(ckpt / "key.json")
+        key = read_json_object(ckpt / "key.json")
         try:
             s = read_plain_structure(ckpt, "state")  # the tensors (Adam's moments) stay on disk
         except CheckpointError:
@@ -126,7 +119,8 @@ def study_status(study: Path | str, now: float | None = None, metrics: bool = Fa
     the estimate's probes come first), ``process`` (the study's lock holder, ``locks.lock_owner`` of runs/
     or else of the study folder: None when none holds them), ``finetune`` (``finetune_state``), ``workers`` and ``remaining_s``: the fine-tune's
     steps left at its own pace, then the runs left at ``per_run_s`` over the workers (None when nothing says
-    how long a run takes). InputError naming the folder when it holds neither plan.json,
+    how long a run takes): the median wall time of the finished runs (a mean let one run that shared a busy
+    machine, at 8x the others' time, double the figure), else the plan's estimate. InputError naming the folder when it holds neither plan.json,
     runs/ nor zfree's lock file (a folder ``zfree study`` has started). A study's runs/ folder reads as
     the study; one run's folder (config.json, no plan) gives ``{"run": run_state, "path"}`` instead.
     ``metrics``: each finished or running run also carries ``last_eval`` (``last_eval``): interim results,
@@ -135,7 +129,7 @@ def study_status(study: Path | str, now: float | None = None, metrics: bool = Fa
     now = time.time() if now is None else now
     if study.name == "runs" and (study.parent / "plan.json").is_file():
         study = study.parent  # the study's runs/ folder: the study
-    plan = _json(study / "plan.json")
+    plan = read_json_object(study / "plan.json")
     runs_dir = study / "runs"
     if plan is None and (study / "config.json").is_file() and not runs_dir.is_dir():
         run = _with_eval(run_state(study, now), study, metrics)
@@ -149,7 +143,7 @@ def study_status(study: Path | str, now: float | None = None, metrics: bool = Fa
     workers = max(1, int((plan or {}).get("workers") or 1))
     walls = [r["wall_s"] for r in runs if r["state"] == "finished" and r.get("wall_s")]
     est = ((plan or {}).get("estimate") or {})
-    per_run = (sum(walls) / len(walls) if walls else
+    per_run = (statistics.median(walls) if walls else  # the median: one run slowed by a loaded machine or a stop
                est["estimated_s"] * workers / est["runs"] if est.get("estimated_s") and est.get("runs") else None)
     left = counts["waiting"] + sum(1 - (r.get("step") or 0) / max(1, r.get("steps") or 1)
                                    for r in runs if r["state"] == "running")
@@ -161,7 +155,8 @@ def study_status(study: Path | str, now: float | None = None, metrics: bool = Fa
             "process": process,
             "runs": runs, "counts": counts,
             "finetune": ft, "workers": workers, "per_run_s": per_run,
-            "per_run_from": "finished runs" if walls else "the plan's estimate" if per_run else None,
+            "per_run_from": (f"the median of {len(walls)} finished run{'s' * (len(walls) > 1)}" if walls
+                             else "the plan's estimate" if per_run else None),
             "remaining_s": None if per_run is None else ft_left + left * per_run / workers}
 
 

@@ -5,11 +5,11 @@ baseline, and each value's most promoted tokens and phrases. Every string from d
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
 
+from zfree.core.io import read_json_object
 from zfree_lab.run.latent_meaning import MEANING_FILE
 from zfree_lab.report.report import md_text
 
@@ -18,11 +18,8 @@ def read_meaning(run_dir: Path | str) -> dict | None:
     """The run's latent_meaning.json as a dict; None when the run wrote none (a z-free control, an
     oracle, a run from before the file existed) or the file cannot be parsed."""
     p = Path(run_dir) / MEANING_FILE
-    try:
-        doc = json.loads(p.read_text())
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) and isinstance(doc.get("values"), list) else None
+    doc = read_json_object(p)
+    return doc if doc is not None and isinstance(doc.get("values"), list) else None
 
 
 def meaning_markdown(doc: dict) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +24,7 @@ from zfree_lab.run.tokenizer import build_digit_tokenizer
 from zfree.core.io import atomic_write_dir, atomic_write_json, read_json, sha256_file
 from zfree.models.nll import masked_mean_token_nll
 from zfree.models.base import build_synthetic_gpt2, target_logprobs
+from zfree.models.routes import initial_soft_token
 from zfree.models.loading import DTYPES
 from zfree.reference.reference import build_reference
 from zfree.reference.scoring import score_encoded
@@ -31,11 +32,12 @@ from zfree_lab.run.base_checkpoint import TextCheckpoint
 from zfree.objective.theory import analytic_c_base
 
 
-def lm_step(model, opt, sched, batch) -> torch.Tensor:
+def lm_step(model, opt, sched, batch, inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
     """One language-model step on the y-region: loss = mean over the batch of the masked mean token
     NLL (nats per token) under ``model``, backward, gradient norm clipped to 1, optimizer and
-    scheduler step. ``batch``: a ``collate``d ``Batch``. Returns the (scalar) loss before the step."""
-    loss = masked_mean_token_nll(-target_logprobs(model, batch), batch.target_mask).mean()
+    scheduler step. ``batch``: a ``collate``d ``Batch``; ``inputs_embeds`` (batch, seq, d_model): read
+    instead of the ids' embeddings (``slot_inputs``). Returns the (scalar) loss before the step."""
+    loss = masked_mean_token_nll(-target_logprobs(model, batch, inputs_embeds), batch.target_mask).mean()
     opt.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -85,9 +87,11 @@ def train_base(data_dir: Path | str, out_dir: Path | str, cfg: BaseTrainConfig =
     """Train the base model on ``data_dir/train.jsonl``; stop at ``cfg.target_ratio`` x the analytic
     c_base on val, ``cfg.max_steps`` or ``cfg.max_minutes``. With ``cfg.ema_decay`` the weights' moving
     average (``_averaged``) is scored, read by the stopping rule and saved instead of the last step's.
+    ``cfg.slot="prefix"``: every step and evaluation reads the prefix route's step-0 layout (``slot_inputs``),
+    so the val c_base and the stopping rule are the base reading s_0; ``reference/`` stays the base reading
+    (x, y) as every base's (a prefix-route run scores its own reference through s_0, ``zfree.reference.prefix``).
     Writes ``out_dir/model`` (HF format with tokenizer), ``out_dir/train_log.json`` and
-    ``out_dir/reference/``. Refuses to overwrite an
-    existing ``out_dir/model`` (FileExistsError). A data folder whose metadata.json has
+    ``out_dir/reference/``. Refuses to overwrite an existing ``out_dir/model`` (FileExistsError). A data folder whose metadata.json has
     ``"kind": "e2e"`` (real text) goes to ``train_text_base`` with the E2E name swap. ``dtype``:
     the weights, optimizer and scoring dtype (``"float64"``: the reference mode of the portable golden
     runs, tests/golden_runs.py; saved and scored in float64)."""
@@ -104,7 +108,7 @@ def train_base(data_dir: Path | str, out_dir: Path | str, cfg: BaseTrainConfig =
     val_pairs = load_pairs(data_dir / "val.jsonl")
     val = [encode_pair(tok, p) for p in val_pairs]
     analytic = analytic_c_base(val_pairs)
-    max_len = max(len(e.prefix_ids) + len(e.target_ids) for e in train + val)
+    max_len = max(len(e.prefix_ids) + len(e.target_ids) for e in train + val) + (cfg.slot != "none")
     model = _new_or_continued(len(tok), max(64, max_len), cfg, init_from, dtype)
     opt, sched = _optimizer(model, cfg)
     ema = _averaged(model, cfg)  # None without cfg.ema_decay; else what is scored and saved
@@ -116,14 +120,14 @@ def train_base(data_dir: Path | str, out_dir: Path | str, cfg: BaseTrainConfig =
     while step < cfg.max_steps:
         rows = (_sampled_rows(tok, data_cfg, fresh_rng, cfg.batch_size) if data_cfg is not None
                 else [train[i] for i in rng.integers(0, len(train), cfg.batch_size)])
-        loss = lm_step(model, opt, sched, collate(rows, pad_id=pad))
+        loss = lm_step(model, opt, sched, *slot_inputs(model, rows, pad, cfg.slot))
         if ema is not None:
             ema.update_parameters(model)
         step += 1
         bar.update(1)
         elapsed = time.time() - t0
         if step % cfg.eval_every == 0 or _over(cfg, elapsed):
-            c, extra = _evaluate(model, ema, val, pad)
+            c, extra = _evaluate(model, ema, val, pad, cfg.slot)
             ratio = c / analytic
             history.append({"step": step, "wall_s": elapsed, "train_loss": loss.item(), "val_c_base": c,
                             "ratio_to_analytic": ratio, **extra})
@@ -139,15 +143,35 @@ def train_base(data_dir: Path | str, out_dir: Path | str, cfg: BaseTrainConfig =
     return log
 
 
-def _evaluate(model, ema, val: list, pad: int) -> tuple[float, dict]:
+def _evaluate(model, ema, val: list, pad: int, slot: str = "none") -> tuple[float, dict]:
     """The val c_base (nats/token) of what ``train_base`` keeps: ``model``, or its moving average ``ema``;
     with the average, ``{"val_c_base_last_step": ...}`` too (the same rows under the last step's weights, the
-    comparison that says what the average bought). ``model`` is back in training mode after."""
+    comparison that says what the average bought). Under ``slot="prefix"`` each model reads its own initial
+    soft token (``slot_inputs``). ``model`` is back in training mode after."""
+    def score(m) -> float:
+        soft = initial_soft_token(m) if slot == "prefix" else None
+        return score_encoded(m, val, pad_id=pad, soft_token=soft).c_base
+
     scored = (model if ema is None else ema.module).eval()  # nn.Module.eval returns the module
-    c = score_encoded(scored, val, pad_id=pad).c_base
-    extra = {} if ema is None else {"val_c_base_last_step": score_encoded(model.eval(), val, pad_id=pad).c_base}
+    c = score(scored)
+    extra = {} if ema is None else {"val_c_base_last_step": score(model.eval())}
     model.train()
     return c, extra
+
+
+def slot_inputs(model, rows: list, pad: int, slot: str = "none") -> tuple:
+    """``(batch, inputs_embeds)`` of one training step on ``rows`` (``EncodedPair``s). ``slot="none"``: the
+    rows as encoded, ``inputs_embeds`` None. ``slot="prefix"``: the prefix route's step-0 layout
+    [bos] x, s_0, sep, y: a placeholder id (``pad``) put before each row's separator, and its input embedding
+    replaced by s_0 = ``initial_soft_token(model)`` (computed now, no gradient), as ``score_encoded`` reads a
+    soft token; S and its tokens unchanged, every later position one on."""
+    if slot == "none":
+        return collate(rows, pad_id=pad), None
+    batch = collate([replace(e, prefix_ids=(*e.prefix_ids[:-1], pad, e.prefix_ids[-1])) for e in rows], pad_id=pad)
+    embeds = model.get_input_embeddings()(batch.input_ids)  # (B, T, D)
+    at = (batch.prefix_len - 2)[:, None]  # (B, 1): the slot, just before the separator
+    is_slot = (torch.arange(embeds.shape[1], device=embeds.device)[None, :] == at)[..., None]
+    return batch, torch.where(is_slot, initial_soft_token(model).to(embeds.dtype), embeds)
 
 
 def _sampled_rows(tok, data_cfg, fresh_rng, n: int) -> list:
@@ -237,6 +261,8 @@ def train_text_base(data_dir: Path | str, out_dir: Path | str, cfg: BaseTrainCon
     if cfg.ema_decay:
         raise ValueError(f"ema_decay={cfg.ema_decay} applies to the synthetic benchmark's base (train_base); "
                          "a text base keeps its best evaluated weights instead")
+    if cfg.slot != "none":
+        raise ValueError(f"slot={cfg.slot!r} applies to the synthetic benchmark's base (train_base) only")
     torch.set_num_threads(threads)
     t0 = time.time()
     train_pairs, val_pairs = load_pairs(data_dir / "train.jsonl"), load_pairs(data_dir / "val.jsonl")

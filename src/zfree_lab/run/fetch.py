@@ -26,7 +26,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from zfree.core.io import sha256_file
+from zfree.core.io import read_json_object, sha256_file
 
 #: the record written into a fetched folder (``source_record``)
 SOURCE_FILE = "zfree_source.json"
@@ -158,7 +158,4 @@ def _readable_as_downloaded(folder: Path) -> None:
 def source_record(model_dir: Path | str) -> dict:
     """The ``zfree_source.json`` of a fetched folder (``{}`` for any other model folder)."""
     p = Path(model_dir) / SOURCE_FILE
-    try:
-        return json.loads(p.read_text())
-    except (OSError, ValueError):
-        return {}
+    return read_json_object(p) or {}
