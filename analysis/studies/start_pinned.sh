@@ -7,7 +7,9 @@
 # Usage: analysis/studies/start_pinned.sh COMMIT PATCH CHECKOUT STUDY -- ZFREE_STUDY_ARGS...
 #   COMMIT    the commit the study pins
 #   PATCH     `git diff COMMIT` of the study's code, applied on COMMIT, or - for none
-#   CHECKOUT  the checkout's folder (made on first use; later uses check it still holds that code)
+#   CHECKOUT  the checkout's folder (made on first use; later uses check it still holds that code). Resume a
+#             study with the CHECKOUT it started with: code before ae1e491 writes the checkout's absolute data
+#             paths into plan.json and refuses a rerun from another folder ("planned for another request")
 #   STUDY     the study folder
 # START_PINNED_CHECK_ONLY=1: make and check the checkout, then stop (no install, no study).
 set -euo pipefail
