@@ -90,20 +90,58 @@ def text_rows(route: str, study: Path, run: Path) -> pd.DataFrame:
 
 def add_rows(pairs: list[str]) -> pd.DataFrame:
     """``--add "ROUTE (what differs)=STUDY" ...``: the shipped rows.csv with each named study's rows in place of
-    any rows of the same route name (a try added without the earlier studies' folders at hand)."""
+    any rows of the same route name and seed (a try added without the earlier studies' folders at hand; a study
+    of more seeds of a shipped route adds its seeds to that route)."""
     rows = pd.read_csv(HERE / "rows.csv")
     for p in pairs:
         route, study = p.split("=", 1)
-        rows = pd.concat([rows[rows["route"] != route], study_rows(route, Path(study))], ignore_index=True)
+        new = study_rows(route, Path(study))
+        same = (rows["route"] == route) & rows["seed"].isin(set(new["seed"]))
+        rows = pd.concat([rows[~same], new], ignore_index=True)
     return rows
+
+
+def seed_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per route run at 2 or more seeds, the seed-level test: per seed the mean over its rows of gain -
+    information (D_control - D_oracle - info) and of the null's gain (D_control - D_null); over the seeds their
+    mean and 95 % t-interval (``zfree_lab.experiment.seed_stats.t_interval``: seeds are the replicates) and, as a
+    check, the two-stage bootstrap (seeds, then rows within each; ``two_stage_bootstrap``); ``oracle_pass``:
+    0 inside the t-interval of gain - information, ``null_pass``: 0 inside the null's. nats per example."""
+    from zfree_lab.experiment.seed_stats import t_interval, two_stage_bootstrap
+
+    out = []
+    for route, g in rows.groupby("route", sort=False):
+        seeds = sorted(g["seed"].unique())
+        if len(seeds) < 2:
+            continue
+        rec = {"route": route, "seeds": len(seeds)}
+        for key, diff in (("gain_minus_info", g["D_control"] - g["D_oracle"] - g["info"]),
+                          ("null_gain", g["D_control"] - g["D_null"])):
+            per_seed = [diff[g["seed"] == s].to_numpy() for s in seeds]
+            t = t_interval([v.mean() for v in per_seed])
+            lo, hi = two_stage_bootstrap(per_seed)
+            rec.update({key: t["mean"], f"{key}_t_lo": t["lo"], f"{key}_t_hi": t["hi"], f"{key}_boot_lo": lo,
+                        f"{key}_boot_hi": hi})
+        rec["oracle_pass"] = bool(rec["gain_minus_info_t_lo"] <= 0 <= rec["gain_minus_info_t_hi"])
+        rec["null_pass"] = bool(rec["null_gain_t_lo"] <= 0 <= rec["null_gain_t_hi"])
+        out.append(rec)
+    return pd.DataFrame(out)
+
+
+def write_tables(rows: pd.DataFrame) -> None:
+    """routes.csv (per route and seed) and, where a route has several seeds, seeds.csv, from the shipped rows."""
+    route_table(rows).to_csv(HERE / "routes.csv", index=False)
+    seeds = seed_table(rows)
+    if len(seeds):
+        seeds.to_csv(HERE / "seeds.csv", index=False)
+        print(seeds.round(3).to_string(index=False))
+    print(route_table(rows).round(3).to_string(index=False))
 
 
 def main(pairs: list[str]) -> None:
     if pairs[:1] == ["--add"]:
         add_rows(pairs[1:]).to_csv(HERE / "rows.csv", index=False, float_format="%.9g")
-        rows = pd.read_csv(HERE / "rows.csv")
-        route_table(rows).to_csv(HERE / "routes.csv", index=False)
-        print(route_table(rows).round(3).to_string(index=False))
+        write_tables(pd.read_csv(HERE / "rows.csv"))
         return
     args = dict(p.split("=", 1) for p in pairs)
     texts = {k[len("text:"):]: Path(v) for k, v in args.items() if k.startswith("text:")}
@@ -114,8 +152,7 @@ def main(pairs: list[str]) -> None:
     rows = pd.concat([study_rows(r, s) for r, s in studies.items()], ignore_index=True)
     rows.to_csv(HERE / "rows.csv", index=False, float_format="%.9g")
     rows = pd.read_csv(HERE / "rows.csv")  # the table from the shipped rows, as the test reads them
-    route_table(rows).to_csv(HERE / "routes.csv", index=False)
-    print(route_table(rows).round(3).to_string(index=False))
+    write_tables(rows)
     assert np.isfinite(rows[["D_control", "D_oracle", "D_null", "info"]].to_numpy()).all()
 
 
