@@ -68,7 +68,8 @@ def run_state(run_dir: Path, now: float) -> dict[str, Any]:
     if not run_dir.is_dir():
         return {"run_id": rid, "state": "waiting"}
     if is_finished(run_dir):
-        return {"run_id": rid, "state": "finished", "wall_s": (read_json_object(run_dir / "summary.json") or {}).get("wall_s")}
+        summary = read_json_object(run_dir / "summary.json") or {}
+        return {"run_id": rid, "state": "finished", "wall_s": summary.get("wall_s")}
     err = read_json_object(run_dir / "error.json")
     if err is not None:
         return {"run_id": rid, "state": "failed", "error": str(err.get("error", ""))[:300]}
@@ -120,8 +121,8 @@ def study_status(study: Path | str, now: float | None = None, metrics: bool = Fa
     or else of the study folder: None when none holds them), ``finetune`` (``finetune_state``), ``workers`` and ``remaining_s``: the fine-tune's
     steps left at its own pace, then the runs left at ``per_run_s`` over the workers (None when nothing says
     how long a run takes): the median wall time of the finished runs (a mean let one run that shared a busy
-    machine, at 8x the others' time, double the figure), else the plan's estimate. InputError naming the folder when it holds neither plan.json,
-    runs/ nor zfree's lock file (a folder ``zfree study`` has started). A study's runs/ folder reads as
+    machine, at 8x the others' time, double the figure), else the plan's estimate. InputError naming the
+    folder when it holds neither plan.json, runs/ nor zfree's lock file (a folder ``zfree study`` has started). A study's runs/ folder reads as
     the study; one run's folder (config.json, no plan) gives ``{"run": run_state, "path"}`` instead.
     ``metrics``: each finished or running run also carries ``last_eval`` (``last_eval``): interim results,
     so off by default (a look at a preregistered study's readouts before its analysis is a look at its data)."""

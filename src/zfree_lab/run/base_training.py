@@ -91,9 +91,9 @@ def train_base(data_dir: Path | str, out_dir: Path | str, cfg: BaseTrainConfig =
     so the val c_base and the stopping rule are the base reading s_0; ``reference/`` stays the base reading
     (x, y) as every base's (a prefix-route run scores its own reference through s_0, ``zfree.reference.prefix``).
     Writes ``out_dir/model`` (HF format with tokenizer), ``out_dir/train_log.json`` and
-    ``out_dir/reference/``. Refuses to overwrite an existing ``out_dir/model`` (FileExistsError). A data folder whose metadata.json has
-    ``"kind": "e2e"`` (real text) goes to ``train_text_base`` with the E2E name swap. ``dtype``:
-    the weights, optimizer and scoring dtype (``"float64"``: the reference mode of the portable golden
+    ``out_dir/reference/``. Refuses to overwrite an existing ``out_dir/model`` (FileExistsError). A data
+    folder whose metadata.json has ``"kind": "e2e"`` (real text) goes to ``train_text_base`` with the E2E
+    name swap. ``dtype``: the weights, optimizer and scoring dtype (``"float64"``: the reference mode of the portable golden
     runs, tests/golden_runs.py; saved and scored in float64)."""
     data_dir, out_dir = Path(data_dir), Path(out_dir)
     _refuse_existing(out_dir)
