@@ -347,3 +347,37 @@ def test_the_example_leaderboard_recomputes_from_its_per_row_tables():
     slopes = [staircase_slope(g["n_tokens"], g["measured_use"]) for _, g in m1.groupby("seed")]
     assert f"m = 1, {m1.groupby('seed').size().iloc[0]} of the 300" in " ".join(text.split())
     assert ", ".join(m._num(x, 4) for x in slopes) in text
+
+
+def test_the_route_check_over_seeds_is_the_t_interval_of_the_seed_means(tmp_path, monkeypatch):
+    """``oracle-routes-synth/collect.py``: ``--add`` puts a study's seeds beside a shipped route's (rows replaced
+    only where route and seed match), and ``seed_table`` tests gain - information and the null's gain over the
+    seeds: the mean of the seed means with its 95 % t-interval (computed here from scipy's t), 0 inside it
+    deciding each check. Three seeds made from the shipped mid rows, one shifted by 0.01 nats/example."""
+    from scipy import stats
+
+    spec = importlib.util.spec_from_file_location("routes_collect", RESULTS / "oracle-routes-synth" / "collect.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    shipped = pd.read_csv(RESULTS / "oracle-routes-synth" / "rows.csv")
+    g = shipped[shipped["route"] == "mid (deep base, fresh rows, 1800 steps, final decay)"]
+    seeds = pd.concat([g.assign(seed=s, D_oracle=g["D_oracle"] - 0.01 * (s == 2), D_null=g["D_null"] + 0.002 * s)
+                       for s in range(3)], ignore_index=True)
+    table = mod.seed_table(pd.concat([shipped[shipped["route"] != g["route"].iloc[0]], seeds]))
+    assert list(table["route"]) == [g["route"].iloc[0]]  # every other route has one seed: no seed-level row
+    r = table.iloc[0]
+    for key, per_seed in (("gain_minus_info", [(x["D_control"] - x["D_oracle"] - x["info"]).mean()
+                                               for _, x in seeds.groupby("seed")]),
+                          ("null_gain", [(x["D_control"] - x["D_null"]).mean() for _, x in seeds.groupby("seed")])):
+        m, se = np.mean(per_seed), np.std(per_seed, ddof=1) / np.sqrt(3)
+        half = stats.t.ppf(0.975, 2) * se
+        assert (r[key], r[f"{key}_t_lo"], r[f"{key}_t_hi"]) == pytest.approx((m, m - half, m + half), abs=1e-12)
+        assert r[f"{key}_boot_lo"] <= m <= r[f"{key}_boot_hi"]
+    assert r["oracle_pass"] == (r["gain_minus_info_t_lo"] <= 0 <= r["gain_minus_info_t_hi"])
+    study = tmp_path / "study"  # --add: a study of seeds 1-2 joins the shipped seed 0 of its route
+    monkeypatch.setattr(mod, "study_rows", lambda route, path: seeds[seeds["seed"] > 0].assign(route=route))
+    added = mod.add_rows([f"{g['route'].iloc[0]}={study}"])
+    joined = added[added["route"] == g["route"].iloc[0]]
+    assert sorted(joined["seed"].unique()) == [0, 1, 2] and len(joined) == 3 * len(g)
+    pd.testing.assert_frame_equal(joined[joined["seed"] == 0].reset_index(drop=True), g.reset_index(drop=True))
+    assert len(added) == len(shipped) + 2 * len(g)
