@@ -96,7 +96,8 @@ def _add_base(sub) -> None:
     b.add_argument("--out", required=True, help="the base run folder (model/, reference/, logs)")
     _add_config_fields(b, BaseTrainConfig, help={
         "data_source": "fresh: sample every batch from the generator; split: the train split",
-        "max_minutes": "wall-clock budget in minutes (none: no cap)", "target_ratio": "stop once val c_base <= ratio * analytic c_base"})
+        "max_minutes": "wall-clock budget in minutes (none: no cap)", "target_ratio": "stop once val c_base <= ratio * analytic c_base",
+        "slot": "prefix: train and evaluate on the prefix route's step-0 layout [bos] x, s_0, sep, y (a base for injection: prefix)"})
     b.add_argument("--threads", type=int, default=1, help="torch threads (2 threads lose to 1 on a shared 2-core machine)")
     b.add_argument("--init-from", default=None, help="continue from a finished base model folder (second phase)")
     b.set_defaults(func=cmd_base_train)
