@@ -12,6 +12,8 @@
 #             paths into plan.json and refuses a rerun from another folder ("planned for another request")
 #   STUDY     the study folder
 # START_PINNED_CHECK_ONLY=1: make and check the checkout, then stop (no install, no study).
+# KEPT=DIR: first put the finished runs kept in DIR (analysis/studies/keep_finished.py) into STUDY where it lacks
+#   them, so that a study whose machine was replaced resumes after its kept runs instead of from scratch.
 set -euo pipefail
 [ $# -ge 4 ] || { echo "usage: $0 COMMIT PATCH CHECKOUT STUDY -- ZFREE_STUDY_ARGS..." >&2; exit 2; }
 commit=$1 patch=$2 checkout=$3 study=$4
@@ -41,6 +43,9 @@ if [ -n "${START_PINNED_CHECK_ONLY:-}" ]; then  # the checkout is made and check
 fi
 make -C "$checkout" install >/dev/null
 cd "$checkout"
+if [ -n "${KEPT:-}" ] && [ -d "$KEPT/runs" ]; then
+  python3 "$repo/analysis/studies/keep_finished.py" restore "$KEPT" "$study"  # STUDY as the study reads it, from the checkout
+fi
 echo "== $(date -u +%FT%TZ) zfree study --out $study $* (at $label)"
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
 exec .venv/bin/zfree study --out "$study" "$@"

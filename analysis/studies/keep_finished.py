@@ -1,0 +1,132 @@
+"""Keep a long study's finished runs where a replaced machine cannot lose them, and put them back.
+
+A study folder lives on one machine; when that machine is replaced, every finished run is lost with it (twice so
+far for the preregistered SmolLM2 studies: analysis/results/*-smollm2/DEVIATIONS.md). A finished run is known to
+a study by its folder ``runs/<name>/`` holding ``summary.json`` (``zfree_lab.run.run_folder``): a rerun of the
+study skips it and reads its tables. So the record that lets a new machine skip it is small: the run's top-level
+files (config.json, summary.json, per_example.parquet, metrics.jsonl), without its checkpoint (the weights: the
+study's tables do not read them), its TensorBoard events (metrics.jsonl holds the same rows) or its executed
+notebook (it names the machine's folders).
+
+    python3 analysis/studies/keep_finished.py keep STUDY KEPT      # copy the finished runs' records into KEPT/runs
+    python3 analysis/studies/keep_finished.py restore KEPT STUDY   # put them into STUDY/runs where missing
+
+``keep`` adds the runs finished since the last keep and never changes a kept run (a finished run is never
+rewritten); ``restore`` never touches a run folder the study already has. Both print how many runs they copied.
+Standard library only (it runs before a study's checkout has its environment). A run's config.json names its
+data and base folders relative to the run folder, so a restored run reads the new study's own (prepared again
+from the same request); a file naming a machine path is refused by ``keep`` (its record would not be portable).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import sys
+from pathlib import Path
+
+#: a finished run's top-level files that are not kept: TensorBoard's copy of metrics.jsonl, the executed notebook
+#: (its parameters name the machine's run folder; a study counts a run without one as finished, as one trained by
+#: ``zfree train``), locks and partial writes
+SKIP = re.compile(r"^(events\.out\.tfevents\..*|train_cvae\.ipynb|\.zfree\.lock|.*\.tmp|.*\.part)$")
+#: absolute paths of a machine (as tests/test_shipped_results.py's check of shipped results)
+MACHINE_PATH = re.compile(rb"/work/|/home/|/tmp/|/root/|/Users/|(?<![A-Za-z0-9])[A-Za-z]:\\")
+#: the text files it is looked for in (a binary table's bytes match it by chance; its columns hold no paths)
+TEXT = {".json", ".jsonl", ".csv", ".txt", ".md"}
+
+
+def _done(run: Path) -> bool:
+    """As ``zfree_lab.experiment.executor.is_finished``: summary.json, no error.json, no mark of a notebook still
+    running, and the executed notebook (where there is one) reads back whole."""
+    nb = run / "train_cvae.ipynb"
+    if not (run / "summary.json").is_file() or (run / "error.json").exists() or (run / ".notebook-running").exists():
+        return False
+    try:
+        return not nb.exists() or isinstance(json.loads(nb.read_bytes()), dict)
+    except ValueError:
+        return False
+
+
+def finished_runs(study: Path) -> list[Path]:
+    """The finished run folders of ``study`` (or of a kept record), by name."""
+    return sorted(p.parent for p in (study / "runs").glob("*/summary.json") if _done(p.parent))
+
+
+def _record(run: Path) -> list[Path]:
+    files = [p for p in sorted(run.iterdir()) if p.is_file() and not SKIP.match(p.name)]
+    for p in (p for p in files if p.suffix in TEXT):
+        if m := MACHINE_PATH.search(p.read_bytes()):
+            raise SystemExit(f"{p}: names a machine path ({m.group().decode('utf-8', 'replace')}...); not kept")
+    return files
+
+
+def _copy_run(files: list[Path], dst: Path) -> None:
+    """The files into ``dst`` (made new), summary.json last and every file through a rename, so that a copy cut
+    short leaves no folder that looks finished."""
+    tmp = dst.with_name(dst.name + ".part")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for p in sorted(files, key=lambda p: p.name == "summary.json"):
+        shutil.copy2(p, tmp / p.name)
+    tmp.rename(dst)
+
+
+def keep(study: Path, kept: Path) -> int:
+    """Copy the records of ``study``'s finished runs that ``kept`` lacks into ``kept/runs``; the number copied."""
+    if not (study / "runs").is_dir():
+        raise SystemExit(f"{study}: no runs folder (not a study folder, or no run has started)")
+    n = 0
+    for run in finished_runs(study):
+        dst = kept / "runs" / run.name
+        if not dst.exists():
+            _copy_run(_record(run), dst)
+            n += 1
+    return n
+
+
+#: what marks a folder as a study's (``zfree_lab.run.locks.STUDY_MARKS``): a study refuses to write into a
+#: non-empty folder without one
+MARKS = (".zfree.lock", "plan.json", "spec.json")
+
+
+def restore(kept: Path, study: Path) -> int:
+    """Copy every kept run that ``study/runs`` lacks into it; the number copied. A ``study`` folder that does not
+    exist yet is made with the empty lock file a study leaves in its folder (so that the study, started next,
+    takes the folder as its own); an existing one must be a study's folder already."""
+    if not study.exists():
+        study.mkdir(parents=True)
+        (study / MARKS[0]).touch()
+    elif not any((study / m).exists() for m in MARKS):
+        raise SystemExit(f"{study}: exists and is not a study folder (no {' or '.join(MARKS)}); not restored")
+    n = 0
+    for run in finished_runs(kept):
+        dst = study / "runs" / run.name
+        if not dst.exists():
+            _copy_run([p for p in sorted(run.iterdir()) if p.is_file()], dst)
+            n += 1
+    return n
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    k = sub.add_parser("keep", help="copy STUDY's finished runs' records into KEPT/runs")
+    k.add_argument("study", type=Path)
+    k.add_argument("kept", type=Path)
+    r = sub.add_parser("restore", help="copy KEPT's runs into STUDY/runs where missing")
+    r.add_argument("kept", type=Path)
+    r.add_argument("study", type=Path)
+    a = ap.parse_args(argv)
+    if a.cmd == "keep":
+        n = keep(a.study, a.kept)
+        print(f"kept {n} finished run(s) of {a.study} in {a.kept} ({len(finished_runs(a.kept))} in all)")
+    else:
+        n = restore(a.kept, a.study)
+        print(f"restored {n} finished run(s) from {a.kept} into {a.study}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
