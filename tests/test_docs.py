@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import html
-import importlib.util
 import os
 import re
 import shlex
@@ -22,6 +21,7 @@ from dataclasses import fields
 from pathlib import Path
 
 import pytest
+from tests.scripts import load_script
 
 from zfree.config import TrainConfig
 from zfree_lab.cli.parser import build_parser
@@ -34,10 +34,7 @@ README = ROOT / "README.md"
 
 @pytest.fixture(scope="module")
 def gen():
-    spec = importlib.util.spec_from_file_location("zfree_gen_docs", DOCS / "gen_docs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(DOCS / "gen_docs.py", "zfree_gen_docs")
 
 
 def _subcommands(parser: argparse.ArgumentParser, prefix: str = "zfree") -> list[str]:

@@ -4,13 +4,13 @@ study's tables are shipped, its decisions recomputed from them."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from tests.scripts import load_script
 from scipy import stats
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -18,10 +18,7 @@ FOLDER = ROOT / "analysis" / "results" / "e2e-smollm2-seeds"
 
 
 def _collect():
-    spec = importlib.util.spec_from_file_location("e2e_seeds_collect", FOLDER / "collect.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(FOLDER / "collect.py", "e2e_seeds_collect")
 
 
 def _shipped_decisions(c):

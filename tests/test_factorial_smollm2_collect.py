@@ -7,7 +7,6 @@ preregistered rule in each outcome (H1 supported; H1 not supported; a partial st
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import pytest
 from scipy import stats
 
 from tests.test_shipped_results import MACHINE_PATH
+from tests.scripts import load_script
 
 SCRIPT = Path(__file__).resolve().parents[1] / "analysis" / "results" / "factorial-smollm2" / "collect.py"
 ROWS = 40
@@ -27,10 +27,7 @@ ARMS = [(w, a, "1/3") for w in ("plain", "distribution", "example") for a in ("n
 
 
 def _collect():
-    spec = importlib.util.spec_from_file_location("factorial_smollm2_collect", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(SCRIPT, "factorial_smollm2_collect")
 
 
 def _write_run(runs: Path, rid: str, cfg: dict, D, d_shuffled=None, marginal=None, kl=0.0, summary=None) -> None:

@@ -3,7 +3,6 @@ restored into a new study folder, which then trains none of them and reports the
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -12,16 +11,14 @@ import pandas as pd
 import pytest
 
 from tests.smoke_study import agg_backend
+from tests.scripts import load_script
 
 SCRIPT = Path(__file__).resolve().parents[1] / "analysis" / "studies" / "keep_finished.py"
 
 
 @pytest.fixture(scope="module")
 def kf():
-    spec = importlib.util.spec_from_file_location("keep_finished", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(SCRIPT, "keep_finished")
 
 
 def test_kept_runs_restored_into_a_new_study_are_not_trained_again(smoke_study, kf, tmp_path, capsys):

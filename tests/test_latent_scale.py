@@ -4,7 +4,6 @@ settings; under ``shared_delta`` (value k's vector s + δ_k) it read the deltas 
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +11,7 @@ import pytest
 import torch
 
 from tests.tiny import tiny_gpt2
+from tests.scripts import load_script
 from zfree.models.discrete import DiscreteCVAE
 from zfree_lab.run.checkpoint import save_checkpoint
 from zfree_lab.run.run_setup import TrainState
@@ -21,10 +21,7 @@ K = 3
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("e2e_latent_scale", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(SCRIPT, "e2e_latent_scale")
 
 
 @pytest.mark.parametrize("capacity", ["per_value", "shared_delta"])

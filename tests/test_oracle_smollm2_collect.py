@@ -7,7 +7,6 @@ preregistered rule in each outcome (the deficit the oracle arm's; not items 1-2;
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import pytest
 from scipy import stats
 
 from tests.test_shipped_results import MACHINE_PATH
+from tests.scripts import load_script
 
 SCRIPT = Path(__file__).resolve().parents[1] / "analysis" / "results" / "oracle-smollm2" / "collect.py"
 ROWS = 40
@@ -29,10 +29,7 @@ ORACLES = [("shipped", "complete", 2), ("decoupled embedding", "complete", 2),
 
 
 def _collect():
-    spec = importlib.util.spec_from_file_location("oracle_smollm2_collect", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(SCRIPT, "oracle_smollm2_collect")
 
 
 def _write_run(runs: Path, run_id: str, cfg: dict, D: np.ndarray, flipped: np.ndarray | None = None) -> None:

@@ -12,13 +12,13 @@ and docs/results/e2e.md's aided controls worse than the frozen base."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from tests.scripts import load_script
 
 from zfree_lab.experiment.leaderboard import leaderboard
 
@@ -44,9 +44,7 @@ def test_a_shipped_leaderboard_is_its_summary_aggregated(name):
 
 def _docs_page(rel: str) -> str:
     """A page of the documentation as the site shows it: its ``<!-- gen:... -->`` parts generated."""
-    spec = importlib.util.spec_from_file_location("zfree_gen_docs", ROOT / "docs" / "gen_docs.py")
-    gen = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gen)
+    gen = load_script(ROOT / "docs" / "gen_docs.py", "zfree_gen_docs")
     return gen.expand((ROOT / "docs" / rel).read_text(encoding="utf-8"))
 
 
@@ -308,10 +306,7 @@ LB_EXAMPLE = RESULTS / "leaderboard-example"
 
 
 def _lb_example_collect():
-    spec = importlib.util.spec_from_file_location("lb_example_collect", LB_EXAMPLE / "collect.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(LB_EXAMPLE / "collect.py", "lb_example_collect")
 
 
 def test_the_example_leaderboard_recomputes_from_its_per_row_tables():
@@ -356,9 +351,7 @@ def test_the_route_check_over_seeds_is_the_t_interval_of_the_seed_means(tmp_path
     deciding each check. Three seeds made from the shipped mid rows, one shifted by 0.01 nats/example."""
     from scipy import stats
 
-    spec = importlib.util.spec_from_file_location("routes_collect", RESULTS / "oracle-routes-synth" / "collect.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script(RESULTS / "oracle-routes-synth" / "collect.py", "routes_collect")
     shipped = pd.read_csv(RESULTS / "oracle-routes-synth" / "rows.csv")
     g = shipped[shipped["route"] == "mid (deep base, fresh rows, 1800 steps, final decay)"]
     seeds = pd.concat([g.assign(seed=s, D_oracle=g["D_oracle"] - 0.01 * (s == 2), D_null=g["D_null"] + 0.002 * s)

@@ -12,6 +12,7 @@ import yaml
 import zfree_lab.experiment.pipeline as pipeline
 import zfree_lab.report.launch_panel as launch_panel
 import zfree_lab.report.widgets as widgets
+from tests.scripts import load_script
 from tests.tiny_sweep import make_tiny_sweep
 from zfree.core.paths import SPECS
 from zfree.objective.remedies import HARD_EM_RECIPE, OWN_AID
@@ -182,14 +183,10 @@ def test_leaderboard_presets_hold_every_remedy_at_equal_steps_batch_and_rates():
 def test_the_full_leaderboard_slurm_spec_written_at_use_holds_every_remedy(tmp_path):
     """The spec is generated at use (not committed): what its generator writes loads and expands to every
     remedy entry x every weighting with a beta* inside and outside the boundary x 3 seeds."""
-    import importlib.util
-
     from zfree.core.paths import ROOT
 
     gen = ROOT / "analysis" / "sweeps" / "make_leaderboard_spec.py"
-    mod = importlib.util.spec_from_file_location("make_leaderboard_spec", gen)
-    m = importlib.util.module_from_spec(mod)
-    mod.loader.exec_module(m)
+    m = load_script(gen, "make_leaderboard_spec")
     out = tmp_path / "leaderboard_full_slurm.yaml"
     out.write_text(m.text())
     pts = load_spec(out).points()

@@ -4,13 +4,13 @@ batches the packed and padded training steps agree (loss and every gradient), as
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
+from tests.scripts import load_script
 from tests.tiny import tiny_flat
 
 SCRIPT = Path(__file__).resolve().parents[1] / "analysis" / "results" / "oracle-routes-synth" / "trace_steps.py"
@@ -18,10 +18,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "analysis" / "results" / "oracle-
 
 @pytest.fixture(scope="module")
 def trace_module():
-    spec = importlib.util.spec_from_file_location("trace_steps", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(SCRIPT, "trace_steps")
 
 
 def test_the_trace_replays_the_runs_batches_and_finds_the_layouts_equal(tiny_run, trace_module, tmp_path):
