@@ -54,7 +54,7 @@ def test_kept_runs_restored_into_a_new_study_are_not_trained_again(smoke_study, 
     assert kf.restore(kept, new) == 0  # a run the study has is never touched
 
 
-def test_a_run_not_finished_is_not_kept_and_a_machine_path_is_refused(kf, tmp_path):
+def test_a_run_not_finished_is_not_kept_the_studys_own_path_travels_and_another_machine_path_is_refused(kf, tmp_path):
     study, kept = tmp_path / "study", tmp_path / "kept"
     for name, files in {"running": {"summary.json": "{}", ".notebook-running": ""},
                         "failed": {"summary.json": "{}", "error.json": "{}"},
@@ -65,8 +65,15 @@ def test_a_run_not_finished_is_not_kept_and_a_machine_path_is_refused(kf, tmp_pa
         (study / "runs" / name).mkdir(parents=True)
         for f, text in files.items():
             (study / "runs" / name / f).write_text(text)
+    (study / "runs" / "done" / "summary.json").write_text(json.dumps({"_reference": {"source_dir": str(study / "base")}}))
     assert kf.keep(study, kept) == 1
     assert sorted(p.name for p in (kept / "runs" / "done").iterdir()) == ["config.json", "summary.json"]
+    kept_summary = json.loads((kept / "runs" / "done" / "summary.json").read_text())
+    assert kept_summary == {"_reference": {"source_dir": f"{kf.STUDY_TOKEN}/base"}}  # the study's own path, portable
+    new = tmp_path / "new machine" / "study"
+    assert kf.restore(kept, new) == 1
+    assert json.loads((new / "runs" / "done" / "summary.json").read_text()) == {
+        "_reference": {"source_dir": str(new.resolve() / "base")}}  # as if the run had been made there
     (study / "runs" / "later").mkdir()
     (study / "runs" / "later" / "summary.json").write_text('{"base_dir": "/work/x/base"}')
     with pytest.raises(SystemExit, match="later/summary.json: names a machine path"):

@@ -15,7 +15,10 @@ notebook (it names the machine's folders).
 rewritten); ``restore`` never touches a run folder the study already has. Both print how many runs they copied.
 Standard library only (it runs before a study's checkout has its environment). A run's config.json names its
 data and base folders relative to the run folder, so a restored run reads the new study's own (prepared again
-from the same request); a file naming a machine path is refused by ``keep`` (its record would not be portable).
+from the same request). Its metadata may still name the study's folder by its absolute path (the reference's
+``source_dir``): ``keep`` writes that path as ``STUDY_TOKEN`` in the text files it keeps and ``restore`` writes
+the new study's path in its place, so a restored file reads as if the run had been made there. A file naming
+any other machine path is refused by ``keep`` (its record would not be portable).
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ SKIP = re.compile(r"^(events\.out\.tfevents\..*|train_cvae\.ipynb|\.zfree\.lock|
 MACHINE_PATH = re.compile(rb"/work/|/home/|/tmp/|/root/|/Users/|(?<![A-Za-z0-9])[A-Za-z]:\\")
 #: the text files it is looked for in (a binary table's bytes match it by chance; its columns hold no paths)
 TEXT = {".json", ".jsonl", ".csv", ".txt", ".md"}
+#: what stands for the study folder's absolute path in a kept text file
+STUDY_TOKEN = "<zfree-kept-study>"
 
 
 def _done(run: Path) -> bool:
@@ -54,22 +59,33 @@ def finished_runs(study: Path) -> list[Path]:
     return sorted(p.parent for p in (study / "runs").glob("*/summary.json") if _done(p.parent))
 
 
-def _record(run: Path) -> list[Path]:
+def _record(run: Path, study: Path) -> dict[Path, bytes | None]:
+    """The files of ``run`` to keep: a text file's bytes with the study's path written as ``STUDY_TOKEN``, None
+    for a file copied as it is."""
     files = [p for p in sorted(run.iterdir()) if p.is_file() and not SKIP.match(p.name)]
-    for p in (p for p in files if p.suffix in TEXT):
-        if m := MACHINE_PATH.search(p.read_bytes()):
+    out: dict[Path, bytes | None] = {}
+    for p in files:
+        if p.suffix not in TEXT:
+            out[p] = None
+            continue
+        data = p.read_bytes().replace(str(study.resolve()).encode(), STUDY_TOKEN.encode())
+        if m := MACHINE_PATH.search(data):
             raise SystemExit(f"{p}: names a machine path ({m.group().decode('utf-8', 'replace')}...); not kept")
-    return files
+        out[p] = data
+    return out
 
 
-def _copy_run(files: list[Path], dst: Path) -> None:
-    """The files into ``dst`` (made new), summary.json last and every file through a rename, so that a copy cut
-    short leaves no folder that looks finished."""
+def _copy_run(files: dict[Path, bytes | None], dst: Path) -> None:
+    """The files into ``dst`` (made new; bytes written where given, else copied), summary.json last and the
+    folder renamed into place, so that a copy cut short leaves no folder that looks finished."""
     tmp = dst.with_name(dst.name + ".part")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    for p in sorted(files, key=lambda p: p.name == "summary.json"):
-        shutil.copy2(p, tmp / p.name)
+    for p, data in sorted(files.items(), key=lambda kv: kv[0].name == "summary.json"):
+        if data is None:
+            shutil.copy2(p, tmp / p.name)
+        else:
+            (tmp / p.name).write_bytes(data)
     tmp.rename(dst)
 
 
@@ -81,7 +97,7 @@ def keep(study: Path, kept: Path) -> int:
     for run in finished_runs(study):
         dst = kept / "runs" / run.name
         if not dst.exists():
-            _copy_run(_record(run), dst)
+            _copy_run(_record(run, study), dst)
             n += 1
     return n
 
@@ -104,7 +120,9 @@ def restore(kept: Path, study: Path) -> int:
     for run in finished_runs(kept):
         dst = study / "runs" / run.name
         if not dst.exists():
-            _copy_run([p for p in sorted(run.iterdir()) if p.is_file()], dst)
+            here = str(study.resolve()).encode()
+            _copy_run({p: p.read_bytes().replace(STUDY_TOKEN.encode(), here) if p.suffix in TEXT else None
+                       for p in sorted(run.iterdir()) if p.is_file()}, dst)
             n += 1
     return n
 
