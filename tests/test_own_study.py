@@ -244,7 +244,9 @@ def test_zfree_train_runs_one_cvae_from_model_and_jsonl(tiny_model, tmp_path, mo
     # all val rows evaluated: z = 0 at step 0 leaves the model unchanged, R = c_base
     assert rows[0]["loss/val/baseline_normalized_reconstruction_loss"] == pytest.approx(1.0, abs=1e-5)
     assert (run / "samples.parquet").exists() and (run / "base" / "model").is_symlink()
-    assert json.loads((run / "config.json").read_text())["c_base_source"] == "pretrained_source"
+    cfg = json.loads((run / "config.json").read_text())
+    assert cfg["c_base_source"] == "pretrained_source"
+    assert cfg["_reference"]["source_dir"] == "base"  # the reference's folder, portable as data_dir and base_dir are
 
 
 def test_the_tutorials_example_weighting_command_runs_with_the_studies_epsilon(tiny_model, tmp_path, monkeypatch):

@@ -157,17 +157,17 @@ def write_config_record(out: Path, cfg: TrainConfig, c_base: float, ref, data_di
                         backbone: torch.nn.Module, rows_used: dict[str, int] | None = None,
                         gate_rows: dict | None = None) -> None:
     """config.json (once): the flat config (as given), versions, c_base, train/val sha256, the base
-    model's hashes (recorded and loaded), the reference's metadata, ``_rows_used`` (the
-    validation rows evaluated and decoded, as used: at most the rows there are) and, for a run with
-    gate rows, ``_gate_rows`` (``zfree_lab.run.run_data.gate_record``: split, rows, ids, ids_sha256);
+    model's hashes (recorded and loaded), the reference's metadata (its data file and source folder
+    portable), ``_rows_used`` (the validation rows evaluated and decoded, as used: at most the rows there
+    are) and, for a run with gate rows, ``_gate_rows`` (``zfree_lab.run.run_data.gate_record``: split, rows, ids, ids_sha256);
     paths in their portable form."""
     if (out / "config.json").exists():
         return
     record = {**portable_flat(cfg.to_flat(), out), PATH_BASE: "run folder", "_versions": versions(), "_c_base": c_base,
               "_data_sha256": {s: sha256_file(data_dir / f"{s}.jsonl") for s in ("train", "val")},
               "_base_model_sha256": ref.meta.get("model_sha256"),
-              "_reference": {**ref.meta, **({"data_file": portable_path(ref.meta["data_file"], out)}
-                                            if isinstance(ref.meta.get("data_file"), str) else {})},
+              "_reference": {**ref.meta, **{k: portable_path(ref.meta[k], out) for k in ("data_file", "source_dir")
+                                            if isinstance(ref.meta.get(k), str)}},
               "_base_model_sha256_loaded": loaded_base_sha(backbone), **({"_rows_used": rows_used} if rows_used else {}),
               **({"_gate_rows": gate_rows} if gate_rows else {})}
     atomic_write_json(out / "config.json", record)
