@@ -37,7 +37,7 @@ def test_kept_runs_restored_into_a_new_study_are_not_trained_again(smoke_study, 
         assert {"config.json", "summary.json", "per_example.parquet", "metrics.jsonl"} <= names
         assert not {"checkpoint", "train_cvae.ipynb"} & names and not any(n.startswith("events.") for n in names)
         assert not any(kf.MACHINE_PATH.search(p.read_bytes()) for p in run.iterdir() if p.suffix in kf.TEXT)
-    assert kf.keep(study, kept) == 0  # nothing new to keep
+    assert kf.keep(study, kept) == (0, [])  # nothing new to keep
 
     new = tmp_path / "on a new machine"
     assert kf.restore(kept, new) == len(done)
@@ -54,7 +54,7 @@ def test_kept_runs_restored_into_a_new_study_are_not_trained_again(smoke_study, 
     assert kf.restore(kept, new) == 0  # a run the study has is never touched
 
 
-def test_a_run_not_finished_is_not_kept_the_studys_own_path_travels_and_another_machine_path_is_refused(kf, tmp_path):
+def test_a_run_not_finished_is_not_kept_the_studys_own_path_travels_and_another_machine_path_is_refused(kf, tmp_path, capsys):
     study, kept = tmp_path / "study", tmp_path / "kept"
     for name, files in {"running": {"summary.json": "{}", ".notebook-running": ""},
                         "failed": {"summary.json": "{}", "error.json": "{}"},
@@ -66,7 +66,7 @@ def test_a_run_not_finished_is_not_kept_the_studys_own_path_travels_and_another_
         for f, text in files.items():
             (study / "runs" / name / f).write_text(text)
     (study / "runs" / "done" / "summary.json").write_text(json.dumps({"_reference": {"source_dir": str(study / "base")}}))
-    assert kf.keep(study, kept) == 1
+    assert kf.keep(study, kept) == (1, [])
     assert sorted(p.name for p in (kept / "runs" / "done").iterdir()) == ["config.json", "summary.json"]
     kept_summary = json.loads((kept / "runs" / "done" / "summary.json").read_text())
     assert kept_summary == {"_reference": {"source_dir": f"{kf.STUDY_TOKEN}/base"}}  # the study's own path, portable
@@ -76,8 +76,12 @@ def test_a_run_not_finished_is_not_kept_the_studys_own_path_travels_and_another_
         "_reference": {"source_dir": str(new.resolve() / "base")}}  # as if the run had been made there
     (study / "runs" / "later").mkdir()
     (study / "runs" / "later" / "summary.json").write_text('{"base_dir": "/work/x/base"}')
-    with pytest.raises(SystemExit, match="later/summary.json: names a machine path"):
-        kf.keep(study, kept)
+    (study / "runs" / "next").mkdir()
+    (study / "runs" / "next" / "summary.json").write_text("{}")
+    assert kf.main(["keep", str(study), str(kept)]) == 1  # the refused run named, the one after it kept
+    err = capsys.readouterr().err
+    assert "later/summary.json: names a machine path (/work/...); not kept" in err and err.count("\n") == 1
+    assert (kept / "runs" / "next" / "summary.json").is_file()
     assert not (kept / "runs" / "later").exists() and not (kept / "runs" / "later.part").exists()
 
 

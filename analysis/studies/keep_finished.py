@@ -12,7 +12,8 @@ notebook (it names the machine's folders).
     python3 analysis/studies/keep_finished.py restore KEPT STUDY   # put them into STUDY/runs where missing
 
 ``keep`` adds the runs finished since the last keep and never changes a kept run (a finished run is never
-rewritten); ``restore`` never touches a run folder the study already has. Both print how many runs they copied.
+rewritten); ``restore`` never touches a run folder the study already has. Both print how many runs they copied;
+``keep`` exits 1 when it refused a run (named on stderr), after keeping the others.
 Standard library only (it runs before a study's checkout has its environment). A run's config.json names its
 data and base folders relative to the run folder, so a restored run reads the new study's own (prepared again
 from the same request). Its metadata may still name the study's folder by its absolute path (the reference's
@@ -59,9 +60,13 @@ def finished_runs(study: Path) -> list[Path]:
     return sorted(p.parent for p in (study / "runs").glob("*/summary.json") if _done(p.parent))
 
 
+class Refused(Exception):
+    """A run whose record would name a machine path."""
+
+
 def _record(run: Path, study: Path) -> dict[Path, bytes | None]:
     """The files of ``run`` to keep: a text file's bytes with the study's path written as ``STUDY_TOKEN``, None
-    for a file copied as it is."""
+    for a file copied as it is. Refused when a text file names another machine path."""
     files = [p for p in sorted(run.iterdir()) if p.is_file() and not SKIP.match(p.name)]
     out: dict[Path, bytes | None] = {}
     for p in files:
@@ -70,7 +75,7 @@ def _record(run: Path, study: Path) -> dict[Path, bytes | None]:
             continue
         data = p.read_bytes().replace(str(study.resolve()).encode(), STUDY_TOKEN.encode())
         if m := MACHINE_PATH.search(data):
-            raise SystemExit(f"{p}: names a machine path ({m.group().decode('utf-8', 'replace')}...); not kept")
+            raise Refused(f"{p}: names a machine path ({m.group().decode('utf-8', 'replace')}...); not kept")
         out[p] = data
     return out
 
@@ -89,17 +94,22 @@ def _copy_run(files: dict[Path, bytes | None], dst: Path) -> None:
     tmp.rename(dst)
 
 
-def keep(study: Path, kept: Path) -> int:
-    """Copy the records of ``study``'s finished runs that ``kept`` lacks into ``kept/runs``; the number copied."""
+def keep(study: Path, kept: Path) -> tuple[int, list[str]]:
+    """Copy the records of ``study``'s finished runs that ``kept`` lacks into ``kept/runs``: the number copied
+    and a line for each run refused (the others are kept all the same)."""
     if not (study / "runs").is_dir():
         raise SystemExit(f"{study}: no runs folder (not a study folder, or no run has started)")
-    n = 0
+    n, refused = 0, []
     for run in finished_runs(study):
         dst = kept / "runs" / run.name
         if not dst.exists():
-            _copy_run(_record(run, study), dst)
+            try:
+                _copy_run(_record(run, study), dst)
+            except Refused as e:
+                refused.append(str(e))
+                continue
             n += 1
-    return n
+    return n, refused
 
 
 #: what marks a folder as a study's (``zfree_lab.run.locks.STUDY_MARKS``): a study refuses to write into a
@@ -138,8 +148,11 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("study", type=Path)
     a = ap.parse_args(argv)
     if a.cmd == "keep":
-        n = keep(a.study, a.kept)
+        n, refused = keep(a.study, a.kept)
         print(f"kept {n} finished run(s) of {a.study} in {a.kept} ({len(finished_runs(a.kept))} in all)")
+        for line in refused:
+            print(line, file=sys.stderr)
+        return 1 if refused else 0
     else:
         n = restore(a.kept, a.study)
         print(f"restored {n} finished run(s) from {a.kept} into {a.study}")

@@ -13,7 +13,8 @@
 #   STUDY     the study folder
 # START_PINNED_CHECK_ONLY=1: make and check the checkout, then stop (no install, no study).
 # KEPT=DIR: first put the finished runs kept in DIR (analysis/studies/keep_finished.py) into STUDY where it lacks
-#   them, so that a study whose machine was replaced resumes after its kept runs instead of from scratch.
+#   them, so that a study whose machine was replaced resumes after its kept runs instead of from scratch; then,
+#   every KEEP_EVERY seconds (600) while the study runs, keep its newly finished runs in DIR (log: STUDY.keep.log).
 set -euo pipefail
 [ $# -ge 4 ] || { echo "usage: $0 COMMIT PATCH CHECKOUT STUDY -- ZFREE_STUDY_ARGS..." >&2; exit 2; }
 commit=$1 patch=$2 checkout=$3 study=$4
@@ -43,8 +44,13 @@ if [ -n "${START_PINNED_CHECK_ONLY:-}" ]; then  # the checkout is made and check
 fi
 make -C "$checkout" install >/dev/null
 cd "$checkout"
-if [ -n "${KEPT:-}" ] && [ -d "$KEPT/runs" ]; then
-  python3 "$repo/analysis/studies/keep_finished.py" restore "$KEPT" "$study"  # STUDY as the study reads it, from the checkout
+if [ -n "${KEPT:-}" ]; then
+  keep=$repo/analysis/studies/keep_finished.py
+  [ -d "$KEPT/runs" ] && python3 "$keep" restore "$KEPT" "$study"  # STUDY as the study reads it, from the checkout
+  # while the study runs (this process, once exec'd), and once after it ends: keep its newly finished runs
+  pid=$$ every=${KEEP_EVERY:-600}
+  (while kill -0 "$pid" 2>/dev/null; do sleep "$every"; [ -d "$study/runs" ] && { python3 "$keep" keep "$study" "$KEPT" || true; }; done) \
+    >> "$study.keep.log" 2>&1 &
 fi
 echo "== $(date -u +%FT%TZ) zfree study --out $study $* (at $label)"
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
