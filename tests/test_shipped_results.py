@@ -243,30 +243,39 @@ def test_the_default_studys_readouts_recompute_from_their_per_row_table():
 
 
 def test_the_oracle_check_per_route_recomputes_from_its_rows():
-    """analysis/results/oracle-routes-synth (issue 55, 1 seed): per injection route the strategy oracle's gain
+    """analysis/results/oracle-routes-synth (issue 55): per injection route and seed the strategy oracle's gain
     D_control - D_oracle and its null's D_control - D_null, with their row intervals, and the strategy
     information (the rows' mean Bayes z-free loss) are those of the shipped per-row table; routes.csv's
     pass/fail follows from them (the information inside the oracle's interval, 0 inside the null's); and the
-    README's table quotes each number and verdict; so does its text-oracle table (text_rows.csv)."""
+    README's table quotes each number and verdict (a row per route, or per route and seed where a route has several,
+    and then the route's t-interval over seeds from seeds.csv); so does its text-oracle table (text_rows.csv)."""
     from zfree_lab.experiment.gains import interval
 
     d = RESULTS / "oracle-routes-synth"
-    rows, routes = pd.read_csv(d / "rows.csv"), pd.read_csv(d / "routes.csv").set_index("route")
+    rows, routes = pd.read_csv(d / "rows.csv"), pd.read_csv(d / "routes.csv").set_index(["route", "seed"])
     text = (d / "README.md").read_text()
-    assert set(rows["route"]) == set(routes.index) >= {"embedding", "mid", "memory"}
-    for route, g in rows.groupby("route"):
-        r, info = routes.loc[route], g["info"].mean()
+    assert set(rows[["route", "seed"]].itertuples(index=False, name=None)) == set(routes.index)
+    assert set(rows["route"]) >= {"embedding", "mid", "memory"}
+    n_seeds = rows.groupby("route")["seed"].nunique()
+    fmt = lambda v: f"{v:.3f}".replace("-", "−")  # noqa: E731
+    for (route, seed), g in rows.groupby(["route", "seed"]):
+        r, info = routes.loc[(route, seed)], g["info"].mean()
         e, lo, hi = interval((g["D_control"] - g["D_oracle"]).to_numpy())
         n, nlo, nhi = interval((g["D_control"] - g["D_null"]).to_numpy())
         assert (e, lo, hi, n, nlo, nhi, info) == pytest.approx(
             tuple(r[["gain", "gain_lo", "gain_hi", "null_gain", "null_gain_lo", "null_gain_hi", "info"]]), abs=1e-9)
         assert bool(r["oracle_pass"]) == (lo <= info <= hi) and bool(r["null_pass"]) == (nlo <= 0 <= nhi)
-        line = next(x for x in text.splitlines() if x.startswith(f"| {route} |"))
-        fmt = lambda v: f"{v:.3f}".replace("-", "−")  # noqa: E731
+        label = route if n_seeds[route] == 1 else f"{route}, seed {seed}"  # a route of several seeds: a row each
+        line = next(x for x in text.splitlines() if x.startswith(f"| {label} |"))
         for v in (e, lo, hi, n, nlo, nhi, info):
             assert fmt(v) in line, (route, v)
         assert ("pass" if r["oracle_pass"] else "fail") in line.split("|")[4]
         assert ("pass" if r["null_pass"] else "fail") in line.split("|")[7]
+    if (d / "seeds.csv").exists():  # a route of several seeds: its test over seeds (collect.py seed_table)
+        for s in pd.read_csv(d / "seeds.csv").itertuples():
+            line = next(x for x in text.splitlines() if x.startswith(f"| {s.route} ({s.seeds} seeds) |"))
+            assert all(fmt(v) in line for v in (s.gain_minus_info, s.gain_minus_info_t_lo, s.gain_minus_info_t_hi,
+                                                s.null_gain, s.null_gain_t_lo, s.null_gain_t_hi)), s.route
     t = pd.read_csv(d / "text_rows.csv")
     for route, g in t.groupby("route"):
         e, lo, hi = interval((g["D_control"] - g["D_text"]).to_numpy())
