@@ -61,7 +61,8 @@ def test_a_run_not_finished_is_not_kept_the_studys_own_path_travels_and_another_
                         "torn": {"summary.json": "{}", "train_cvae.ipynb": '{"cells": ['},
                         "training": {"metrics.jsonl": "{}\n"},
                         "done": {"summary.json": "{}", "config.json": '{"data_dir": "../../data"}',
-                                 "train_cvae.ipynb": json.dumps({"cells": []}), "events.out.tfevents.1": "x"}}.items():
+                                 "train_cvae.ipynb": json.dumps({"cells": []}), "events.out.tfevents.1": "x",
+                                 ".train_cvae.ipynb.ab12.partial.ipynb": "/work/x"}}.items():
         (study / "runs" / name).mkdir(parents=True)
         for f, text in files.items():
             (study / "runs" / name / f).write_text(text)

@@ -33,8 +33,8 @@ from pathlib import Path
 
 #: a finished run's top-level files that are not kept: TensorBoard's copy of metrics.jsonl, the executed notebook
 #: (its parameters name the machine's run folder; a study counts a run without one as finished, as one trained by
-#: ``zfree train``), locks and partial writes
-SKIP = re.compile(r"^(events\.out\.tfevents\..*|train_cvae\.ipynb|\.zfree\.lock|.*\.tmp|.*\.part)$")
+#: ``zfree train``), hidden files (locks, marks, a notebook's partial copy) and partial writes
+SKIP = re.compile(r"^(events\.out\.tfevents\..*|train_cvae\.ipynb|\..*|.*\.tmp|.*\.part)$")
 #: absolute paths of a machine (as tests/test_shipped_results.py's check of shipped results)
 MACHINE_PATH = re.compile(rb"/work/|/home/|/tmp/|/root/|/Users/|(?<![A-Za-z0-9])[A-Za-z]:\\")
 #: the text files it is looked for in (a binary table's bytes match it by chance; its columns hold no paths)
