@@ -10,7 +10,10 @@ its null oracle's D = |S| lbar, and the row's strategy information ``info`` = it
 log(K / m), which the strategy reduces to 0: I(s; y | x) on that row; nats per example) and routes.csv
 (``route_table``: per route and seed the oracle's gain D_control - D_oracle and the null's
 D_control - D_null, each with its 95 % row-bootstrap interval, the information over the same rows,
-and whether each check passes). ``tests/test_shipped_results.py`` recomputes routes.csv from rows.csv.
+and whether each check passes). ``tests/test_shipped_results.py`` recomputes routes.csv from rows.csv and finds
+each number in the README's route table: a row per route, labelled ``ROUTE``; where a route has several seeds, a
+row per seed labelled ``ROUTE, seed N`` and a row ``ROUTE (N seeds)`` with its seeds.csv line (the t-interval
+over seeds of gain - information and of the null's gain).
 A ``text:ROUTE=RUN_DIR`` argument (a text oracle trained on that route's control recipe, ``zfree train
 --config CONTROL/config.json --set latent_source=text:strategy``) adds text_rows.csv: per evaluated row the
 control's D and the text oracle's D_text (the strategy written into x).
