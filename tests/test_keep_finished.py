@@ -94,3 +94,13 @@ def test_restore_refuses_a_folder_that_is_not_a_studys(kf, tmp_path):
     with pytest.raises(SystemExit, match="other: exists and is not a study folder"):
         kf.restore(tmp_path / "kept", tmp_path / "other")
     assert not (tmp_path / "other" / "runs").exists()
+
+
+def test_the_scripts_copies_of_zfree_names_agree_with_zfree(kf):
+    """The script runs with the standard library only, so it repeats a few of zfree's names: they must not drift."""
+    from tests.test_shipped_results import MACHINE_PATH
+    from zfree_lab.experiment.executor import RUN_NOTEBOOK, RUNNING_MARK
+    from zfree_lab.run.locks import STUDY_MARKS
+
+    assert (kf.NOTEBOOK, kf.RUNNING_MARK, kf.MARKS) == (RUN_NOTEBOOK, RUNNING_MARK, STUDY_MARKS)
+    assert kf.MACHINE_PATH.pattern == MACHINE_PATH.pattern

@@ -39,6 +39,8 @@ SKIP = re.compile(r"^(events\.out\.tfevents\..*|train_cvae\.ipynb|\..*|.*\.tmp|.
 MACHINE_PATH = re.compile(rb"/work/|/home/|/tmp/|/root/|/Users/|(?<![A-Za-z0-9])[A-Za-z]:\\")
 #: the text files it is looked for in (a binary table's bytes match it by chance; its columns hold no paths)
 TEXT = {".json", ".jsonl", ".csv", ".txt", ".md"}
+#: a run's executed notebook and the mark of one still running (``zfree_lab.experiment.executor``'s names)
+NOTEBOOK, RUNNING_MARK = "train_cvae.ipynb", ".notebook-running"
 #: what stands for the study folder's absolute path in a kept text file
 STUDY_TOKEN = "<zfree-kept-study>"
 
@@ -46,8 +48,8 @@ STUDY_TOKEN = "<zfree-kept-study>"
 def _done(run: Path) -> bool:
     """As ``zfree_lab.experiment.executor.is_finished``: summary.json, no error.json, no mark of a notebook still
     running, and the executed notebook (where there is one) reads back whole."""
-    nb = run / "train_cvae.ipynb"
-    if not (run / "summary.json").is_file() or (run / "error.json").exists() or (run / ".notebook-running").exists():
+    nb = run / NOTEBOOK
+    if not (run / "summary.json").is_file() or (run / "error.json").exists() or (run / RUNNING_MARK).exists():
         return False
     try:
         return not nb.exists() or isinstance(json.loads(nb.read_bytes()), dict)
