@@ -192,3 +192,30 @@ def test_metrics_shows_each_runs_last_complete_evaluation_only_when_asked(study,
     assert out.startswith(f"run {done}: finished in 2 min 00 s\n      last evaluation (step 120): rho_recon 0.9731")
     (done / "metrics.jsonl").unlink()
     assert "no evaluation yet" in format_status(study_status(done, metrics=True))
+
+
+def test_a_running_runs_time_left_counts_its_evaluations_from_the_finished_runs_share_of_training(study):
+    """Finished runs that spent a quarter of their wall time in training steps: a run at step 120 of 120
+    (its final evaluation) still has half of the other three quarters to go, not nothing; one at step 30 of
+    120 has that plus three quarters of its steps; the printed line says how a run's time splits."""
+    ids = json.loads((study / "plan.json").read_text())["run_ids"]
+    os.remove(study / "runs" / ids[1] / "error.json")
+    for rid, wall, train in ((ids[0], 120.0, 30.0), (ids[1], 100.0, 25.0), (ids[3], 960.0, 240.0)):
+        atomic_write_json(study / "runs" / rid / "summary.json", {"wall_s": wall, "compute/train_wall_s": train})
+    st = study_status(study)
+    assert st["train_share"] == pytest.approx(0.25)
+    assert st["remaining_s"] == pytest.approx((0.375 + 0.25 * 90 / 120) * 120.0 / 2)
+    assert "25 % of it in training steps, the rest loading, evaluations and outputs" in format_status(st)
+    atomic_write_json(study / "runs" / ids[2] / "progress.json", {"step": 120, "steps": 120, "phase": "soft"})
+    assert study_status(study)["remaining_s"] == pytest.approx(0.375 * 120.0 / 2)
+
+
+def test_run_left_without_a_share_is_the_steps_left_and_with_one_adds_the_time_outside_them():
+    from zfree_lab.experiment.study_status import run_left, train_share
+
+    assert run_left({"step": 30, "steps": 120}, None) == pytest.approx(0.75)
+    assert run_left({"step": 0, "steps": 120}, 0.4) == pytest.approx(1.0)  # nothing done yet
+    assert run_left({"step": None, "steps": None}, 0.4) == pytest.approx(1.0)  # starting
+    assert run_left({"step": 60, "steps": 120}, 0.4) == pytest.approx(0.3 + 0.2)
+    assert train_share([{"state": "finished", "wall_s": 100.0}]) is None  # a summary without the training's time
+    assert train_share([{"state": "finished", "wall_s": 100.0, "train_wall_s": 130.0}]) == 1.0  # clipped

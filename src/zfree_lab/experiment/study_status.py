@@ -4,8 +4,9 @@ A study on a real model runs for hours (a seeded SmolLM2 factorial: tens of runs
 CPU thread) and resumes across sessions; this says, without loading a model or touching a file, what is
 finished, what is running (its step, phase and when it last wrote), what failed (its error), what waits,
 how far the base's fine-tune got (``base_ft.checkpoint``, ``zfree_lab.run.base_checkpoint``), and about
-how long the rest takes: the finished runs' own mean wall time (else the plan's estimate) per run
-waiting, over the plan's workers. A run is finished by ``executor.is_finished``, the rule the study
+how long the rest takes: the finished runs' median wall time (else the plan's estimate) per run
+waiting, over the plan's workers, with the share of it the training steps took (the rest is loading,
+evaluations and outputs, which on a real model can be most of a run: fewer ``eval_rows`` shorten it). A run is finished by ``executor.is_finished``, the rule the study
 itself skips runs by. Whether the study and each running run still have a live process is read from
 their lock files (``locks.lock_owner``: the holder's pid, checked on this host), so a run at its final
 evaluation, which writes nothing for minutes, is told from one whose process is gone.
@@ -69,7 +70,8 @@ def run_state(run_dir: Path, now: float) -> dict[str, Any]:
         return {"run_id": rid, "state": "waiting"}
     if is_finished(run_dir):
         summary = read_json_object(run_dir / "summary.json") or {}
-        return {"run_id": rid, "state": "finished", "wall_s": summary.get("wall_s")}
+        return {"run_id": rid, "state": "finished", "wall_s": summary.get("wall_s"),
+                "train_wall_s": summary.get("compute/train_wall_s")}
     err = read_json_object(run_dir / "error.json")
     if err is not None:
         return {"run_id": rid, "state": "failed", "error": str(err.get("error", ""))[:300]}
@@ -119,7 +121,8 @@ def study_status(study: Path | str, now: float | None = None, metrics: bool = Fa
     ``counts`` per state, ``preparing`` (no plan and no run yet: the base, its reference, a fine-tune and
     the estimate's probes come first), ``process`` (the study's lock holder, ``locks.lock_owner`` of runs/
     or else of the study folder: None when none holds them), ``finetune`` (``finetune_state``), ``workers`` and ``remaining_s``: the fine-tune's
-    steps left at its own pace, then the runs left at ``per_run_s`` over the workers (None when nothing says
+    steps left at its own pace, then the runs left (a running run's share by ``run_left``, with
+    ``train_share`` of the finished runs) at ``per_run_s`` over the workers (None when nothing says
     how long a run takes): the median wall time of the finished runs (a mean let one run that shared a busy
     machine, at 8x the others' time, double the figure), else the plan's estimate. InputError naming the
     folder when it holds neither plan.json, runs/ nor zfree's lock file (a folder ``zfree study`` has started). A study's runs/ folder reads as
@@ -146,8 +149,8 @@ def study_status(study: Path | str, now: float | None = None, metrics: bool = Fa
     est = ((plan or {}).get("estimate") or {})
     per_run = (statistics.median(walls) if walls else  # the median: one run slowed by a loaded machine or a stop
                est["estimated_s"] * workers / est["runs"] if est.get("estimated_s") and est.get("runs") else None)
-    left = counts["waiting"] + sum(1 - (r.get("step") or 0) / max(1, r.get("steps") or 1)
-                                   for r in runs if r["state"] == "running")
+    share = train_share(runs)
+    left = counts["waiting"] + sum(run_left(r, share) for r in runs if r["state"] == "running")
     ft = finetune_state(study, now)
     ft_left = ((ft["steps"] - ft["step"]) * ft["s_per_step"]
                if ft and ft["state"] == "running" and ft.get("steps") and ft.get("s_per_step") else 0.0)
@@ -158,7 +161,29 @@ def study_status(study: Path | str, now: float | None = None, metrics: bool = Fa
             "finetune": ft, "workers": workers, "per_run_s": per_run,
             "per_run_from": (f"the median of {len(walls)} finished run{'s' * (len(walls) > 1)}" if walls
                              else "the plan's estimate" if per_run else None),
+            "train_share": share,
             "remaining_s": None if per_run is None else ft_left + left * per_run / workers}
+
+
+def train_share(runs: list[dict[str, Any]]) -> float | None:
+    """The median share of a finished run's wall time spent in its training steps (summary.json's
+    ``compute/train_wall_s`` over ``wall_s``, clipped to [0, 1]); None when no finished run records both.
+    The rest is loading, the reference, the evaluations and the final outputs (samples, multi-reference)."""
+    shares = [min(1.0, max(0.0, r["train_wall_s"] / r["wall_s"])) for r in runs
+              if r["state"] == "finished" and r.get("wall_s") and isinstance(r.get("train_wall_s"), (int, float))]
+    return statistics.median(shares) if shares else None
+
+
+def run_left(r: dict[str, Any], share: float | None) -> float:
+    """The share of a run still to go for a running run ``r`` (``run_state``) at step s of n: 1 − s/n
+    without ``share``; with it (``train_share``), the time outside the steps is counted half before the
+    first step (loading, the reference, the step-0 evaluation) and half after the last (the final
+    evaluation and outputs), so a run at its final evaluation still has (1 − share)/2 to go."""
+    step, steps = r.get("step") or 0, max(1, r.get("steps") or 1)
+    if share is None:
+        return 1 - step / steps
+    rest = (1 - share) / 2
+    return rest + share * (1 - step / steps) + (rest if step == 0 else 0.0)
 
 
 def _dur(s: float | None) -> str:
@@ -252,6 +277,9 @@ def format_status(st: dict[str, Any]) -> str:
         elif r["state"] == "failed":
             lines.append(f"  FAILED   {r['run_id']}: {r['error']}")
     if st["remaining_s"] is not None and (c["waiting"] or c["running"]):
+        share = st.get("train_share")
+        split = ("" if share is None else
+                 f"; {100 * share:.0f} % of it in training steps, the rest loading, evaluations and outputs")
         lines.append(f"remaining: about {_dur(st['remaining_s'])} on {st['workers']} worker(s) "
-                     f"({_dur(st['per_run_s'])} a run, from {st['per_run_from']})")
+                     f"({_dur(st['per_run_s'])} a run, from {st['per_run_from']}{split})")
     return "\n".join(lines)
