@@ -552,3 +552,59 @@ def test_the_settings_before_issue_55_let_the_router_move_the_decoder(tiny, tmp_
     trained = _decoder_after_training(cfg, tmp_path / "trained", monkeypatch, probe_trained=True)
     frozen = _decoder_after_training(cfg, tmp_path / "frozen", monkeypatch, probe_trained=False)
     assert max(float((trained[n] - frozen[n]).abs().max()) for n in trained) > 1e-7
+
+
+def _stop_once(monkeypatch, name: str, when):
+    """Make ``zfree_lab.run.training.<name>`` raise KeyboardInterrupt the first time ``when(*args, **kw)``
+    holds (a stop the way Ctrl-C or SIGTERM reaches the loop), and count every call; returns the counter."""
+    import zfree_lab.run.training as T
+
+    real, calls = getattr(T, name), {"n": 0, "stopped": False}
+
+    def wrapped(*a, **kw):
+        calls["n"] += 1
+        if not calls["stopped"] and when(*a, **kw):
+            calls["stopped"] = True
+            raise KeyboardInterrupt
+        return real(*a, **kw)
+    monkeypatch.setattr(T, name, wrapped)
+    return calls
+
+
+def test_a_run_stopped_in_its_final_evaluation_resumes_at_its_last_step(tiny, tmp_path, monkeypatch):
+    """The last step is checkpointed before the final evaluation (on a real model that evaluation and the
+    outputs after it are most of a run): stopped inside it, the run resumes there, trains no step again,
+    and ends with the uninterrupted run's summary and metrics rows (timing aside)."""
+    from zfree.core.errors import Interrupted
+
+    data, base = tiny
+    cfg = _cfg(data, base, weighting="distribution", beta=0.3, checkpoint_every=0)
+    full = train_cvae(cfg, tmp_path / "full", progress=False)
+    _stop_once(monkeypatch, "evaluate", lambda *a, step, **kw: step == 6)
+    with pytest.raises(Interrupted, match=r"interrupted at step 6 \(the checkpoint of step 6 is kept\)"):
+        train_cvae(cfg, tmp_path / "res", progress=False)
+    assert [r["step"] for r in read_jsonl(tmp_path / "res" / "metrics.jsonl")] == [0, 3]
+    monkeypatch.undo()
+    steps = _stop_once(monkeypatch, "_take_step", lambda *a: False)
+    resumed = train_cvae(cfg, tmp_path / "res", progress=False)
+    assert steps["n"] == 0  # no step trained again
+    assert _strip_timing(resumed) == _strip_timing(full)
+    rows = [{k: v for k, v in r.items() if k != "wall_s"} for r in read_jsonl(tmp_path / "res" / "metrics.jsonl")]
+    assert rows == [{k: v for k, v in r.items() if k != "wall_s"} for r in read_jsonl(tmp_path / "full" / "metrics.jsonl")]
+
+
+def test_a_run_stopped_after_its_step0_evaluation_does_not_write_that_row_twice(tiny, tmp_path, monkeypatch):
+    """Stopped at its first step, after the step-0 evaluation and its checkpoint, a run resumes at step 0
+    without evaluating it again: one row per evaluated step, and the uninterrupted summary."""
+    from zfree.core.errors import Interrupted
+
+    data, base = tiny
+    cfg = _cfg(data, base, weighting="distribution", beta=0.3, checkpoint_every=0)
+    full = train_cvae(cfg, tmp_path / "full", progress=False)
+    _stop_once(monkeypatch, "_take_step", lambda loop, step: step == 1)
+    with pytest.raises(Interrupted, match=r"the checkpoint of step 0 is kept"):
+        train_cvae(cfg, tmp_path / "res", progress=False)
+    monkeypatch.undo()
+    resumed = train_cvae(cfg, tmp_path / "res", progress=False)
+    assert [r["step"] for r in read_jsonl(tmp_path / "res" / "metrics.jsonl")] == [0, 3, 6]
+    assert _strip_timing(resumed) == _strip_timing(full)

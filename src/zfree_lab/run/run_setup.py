@@ -229,6 +229,7 @@ class Run:
     curves: LiveCurves | None = None  # TensorBoard's writer of the run folder (cfg.optim.tensorboard)
     plugins: list = field(default_factory=list)  # the active training-loop plug-ins (zfree.train.plugins)
     saved_step: int | None = None  # the step of the last checkpoint written (None: none yet)
+    row_step: int | None = None  # the step of metrics.jsonl's last row kept on resume (None: none)
 
 
 def setup_run(cfg: TrainConfig, out: Path, progress: bool) -> Run:
@@ -268,4 +269,5 @@ def setup_run(cfg: TrainConfig, out: Path, progress: bool) -> Run:
     curves = open_curves(out, cfg.optim.tensorboard, None if state is None else state.step, cfg.optim.wandb,
                          cfg.to_flat())
     return Run(out, model, data, opt, rng, state or TrainState(phase=plugins.initial_phase(cfg)), t0, curves,
-               plugins.active_plugins(cfg), saved_step=None if state is None else state.step)
+               plugins.active_plugins(cfg), saved_step=None if state is None else state.step,
+               row_step=done_rows[-1].get("step") if done_rows else None)

@@ -274,8 +274,10 @@ def _train_steps(loop: _Loop, progress: bool, stop_after: int | None) -> dict:
     def record():
         return _evaluate_paused(counter, state, lambda: _record_evaluation(out, model, data, state, run.opt, run.rng,
                                                                            run.t0, run.curves))
-    ev = record() if state.step == 0 else None
-    run.saved_step = 0 if ev is not None else run.saved_step
+    # step 0's evaluation, and the last step's when a run stopped in its final evaluation (its step kept
+    # first, below), unless metrics.jsonl already holds that step's row (a resume at that step)
+    ev = record() if state.step in (0, cfg.optim.steps) and run.row_step != state.step else None
+    run.saved_step = state.step if ev is not None else run.saved_step
     bar = tqdm(total=cfg.optim.steps, initial=state.step, disable=not progress, mininterval=5,
                desc=f"{cfg.objective.weighting} β={cfg.objective.beta:g}" + ("" if cfg.aid.aid == "none" else f" {cfg.aid.aid}"))
     last_progress = time.time()
@@ -302,6 +304,9 @@ def _train_steps(loop: _Loop, progress: bool, stop_after: int | None) -> dict:
         if evaluating or saving or stopping:
             watch.check()  # before anything is written: weights updated from a non-finite loss are never saved
         state.forward_tokens = counter.total
+        if step == cfg.optim.steps:  # the final evaluation and outputs can be most of a (real model's) run:
+            _save_checkpoint(run, state)  # the last step is kept first, so a run stopped in them resumes there
+            run.saved_step = step
         if evaluating:
             ev = record()
         elif saving:
