@@ -29,6 +29,7 @@ DROP = ("data_dir", "base_dir")  # machine-specific paths; they do not change wh
 #: prefix where exact, precision "fp32"), and any other new key still fails the comparison
 NEW_KEYS = ("shared_prefix", "precision", "latent_source",
             "lora_rank", "lora_alpha", "lora_targets", "micro_batch", "keep_prev_checkpoint",  # issue 24
+            "checkpoint_every_s",  # checkpoints by the clock (log-only: no number changes)
             # issue 23 (remedies): defaults reproduce the pinned behaviour (cyclical 0 / 0.5 = Fu et al.'s R = 0.5)
             "beta_ratio_zero", "beta_ratio_increase", "bn_gamma", "delta_rate", "aggressive_max_inner", "aggressive_inner_check",
             "aggressive_mi_every", "remedy",

@@ -608,3 +608,26 @@ def test_a_run_stopped_after_its_step0_evaluation_does_not_write_that_row_twice(
     resumed = train_cvae(cfg, tmp_path / "res", progress=False)
     assert [r["step"] for r in read_jsonl(tmp_path / "res" / "metrics.jsonl")] == [0, 3, 6]
     assert _strip_timing(resumed) == _strip_timing(full)
+
+
+@pytest.mark.parametrize("every_s, kept", [(0.0, 3), (1e-9, 4)])
+def test_checkpoints_by_the_clock_keep_the_last_steps_and_change_no_number(tiny, tmp_path, monkeypatch, every_s, kept):
+    """``checkpoint_every_s``: a checkpoint once that many seconds have passed since the last one (1e-9: after
+    every step; 0: off, so only the evaluation of step 3 is kept). Stopped at step 5, the run keeps the
+    checkpoint of step 4 (resp. 3), resumes to the summary of a run trained without the clock's
+    checkpoints, and its run id is that run's (the field is log-only)."""
+    from zfree.config import run_hash
+    from zfree.core.errors import Interrupted
+
+    data, base = tiny
+    cfg = _cfg(data, base, weighting="distribution", beta=0.3, checkpoint_every_s=every_s)
+    plain = _cfg(data, base, weighting="distribution", beta=0.3, checkpoint_every_s=0.0)
+    full = train_cvae(plain, tmp_path / "full", progress=False)
+    _stop_once(monkeypatch, "_take_step", lambda loop, step: step == 5)
+    with pytest.raises(Interrupted, match=rf"interrupted at step 4 \(the checkpoint of step {kept} is kept\)"):
+        train_cvae(cfg, tmp_path / "res", progress=False)
+    monkeypatch.undo()
+    resumed = train_cvae(cfg, tmp_path / "res", progress=False)
+    assert resumed.pop("checkpoint_every_s") == every_s and full.pop("checkpoint_every_s") == 0.0
+    assert _strip_timing(resumed) == _strip_timing(full)
+    assert run_hash(cfg) == run_hash(plain)

@@ -17,8 +17,9 @@ from typing import Any, Literal
 from zfree.core.io import sha256_file, sha256_json
 from zfree.core.paths import PATH_FIELDS, ROOT_PREFIX, resolve_path
 
-#: flat fields that change only what a run writes beside its numbers: turning one on or off reuses the runs
-LOG_ONLY_FIELDS = frozenset({"tensorboard", "wandb"})
+#: flat fields that change only what a run writes beside its numbers (its logs; how often it checkpoints by
+#: the clock): turning one on or off reuses the runs
+LOG_ONLY_FIELDS = frozenset({"tensorboard", "wandb", "checkpoint_every_s"})
 
 #: fields added after run ids were first recorded, with the default that reproduces the older runs: left
 #: out at that default (runs recorded without them keep their ids), part of the identity at any other value

@@ -53,6 +53,10 @@ class OptimConfig:
     # of tests/golden_runs.py replay portably on any CPU)
     precision: Literal["fp32", "bf16", "fp64"] = "fp32"
     checkpoint_every: int = 0  # steps between resumable checkpoints (0 = only at evaluations)
+    # also a checkpoint once this many seconds have passed since the last one (0 = off), so a stopped run
+    # loses at most about this much training whatever checkpoint_every says; a checkpoint changes no
+    # number, so it is not part of a run's identity (LOG_ONLY_FIELDS)
+    checkpoint_every_s: float = 600.0
     # adamw is invariant to the scale of the loss, so `distribution` at beta trains like `plain` at
     # beta * c_base; sgd is not (kept to show the difference)
     optimizer: Literal["adamw", "sgd"] = "adamw"
@@ -82,6 +86,7 @@ class OptimConfig:
     def __post_init__(self):
         typed_fields(self)
         check_int("checkpoint_every", self.checkpoint_every, 0)
+        check_range("checkpoint_every_s", self.checkpoint_every_s, 0.0)
         check_int("lora_rank", self.lora_rank, 0)
         check_int("micro_batch", self.micro_batch, 0)
         check_range("lora_alpha", self.lora_alpha, 0.0, lo_open=True)

@@ -55,7 +55,7 @@ SHARED = ("data_dir", "base_dir", "weighting", "epsilon", "token_alpha", "token_
           "latent_source", "steps", "batch_size", "lr_backbone", "lr_new", "warmup_backbone", "lr_decay_share",
           "weight_decay",
           "grad_clip", "eval_every", "eval_rows", "decode_rows", "seed", "threads", "device", "precision",
-          "checkpoint_every", "optimizer", "lora_rank", "lora_alpha", "lora_targets", "micro_batch",
+          "checkpoint_every", "checkpoint_every_s", "optimizer", "lora_rank", "lora_alpha", "lora_targets", "micro_batch",
           "keep_prev_checkpoint", "tensorboard", "wandb", "word_dropout", "compile")
 
 

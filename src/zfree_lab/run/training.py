@@ -280,7 +280,7 @@ def _train_steps(loop: _Loop, progress: bool, stop_after: int | None) -> dict:
     run.saved_step = state.step if ev is not None else run.saved_step
     bar = tqdm(total=cfg.optim.steps, initial=state.step, disable=not progress, mininterval=5,
                desc=f"{cfg.objective.weighting} β={cfg.objective.beta:g}" + ("" if cfg.aid.aid == "none" else f" {cfg.aid.aid}"))
-    last_progress = time.time()
+    last_progress = last_saved = time.time()
     curve = TrainCurve(out, None if state.step == 0 else state.step)
     while state.step < cfg.optim.steps:
         step = state.step + 1
@@ -299,7 +299,8 @@ def _train_steps(loop: _Loop, progress: bool, stop_after: int | None) -> dict:
         for p in run.plugins:  # checks after the update (restarts and the hand-over gate; the aggressive phase's end)
             p.after_update(ctx)
         evaluating = step % cfg.optim.eval_every == 0 or step == cfg.optim.steps
-        saving = bool(cfg.optim.checkpoint_every and step % cfg.optim.checkpoint_every == 0)
+        saving = bool(cfg.optim.checkpoint_every and step % cfg.optim.checkpoint_every == 0
+                      or cfg.optim.checkpoint_every_s and time.time() - last_saved >= cfg.optim.checkpoint_every_s)
         stopping = stop_after is not None and stop_after <= step < cfg.optim.steps
         if evaluating or saving or stopping:
             watch.check()  # before anything is written: weights updated from a non-finite loss are never saved
@@ -312,7 +313,7 @@ def _train_steps(loop: _Loop, progress: bool, stop_after: int | None) -> dict:
         elif saving:
             _save_checkpoint(run, state)
         if evaluating or saving:
-            run.saved_step = step
+            run.saved_step, last_saved = step, time.time()
         if stopping:  # tests of resume
             if not (evaluating or saving):  # (saving twice would leave checkpoint.prev equal to checkpoint)
                 _save_checkpoint(run, state)
