@@ -6,8 +6,8 @@ finished, what is running (its step, phase and when it last wrote), what failed 
 how far the base's fine-tune got (``base_ft.checkpoint``, ``zfree_lab.run.base_checkpoint``), and about
 how long the rest takes: the finished runs' median wall time (else the plan's estimate) per run
 waiting, over the plan's workers, with the share of it the training steps took (the rest is loading,
-evaluations and outputs, which on a real model can be most of a run: fewer ``eval_rows`` shorten it). A run is finished by ``executor.is_finished``, the rule the study
-itself skips runs by. Whether the study and each running run still have a live process is read from
+evaluations and outputs, which on a real model can be most of a run: fewer ``eval_rows`` shorten it).
+A run is finished by ``executor.is_finished``, the rule the study itself skips runs by. Whether the study and each running run still have a live process is read from
 their lock files (``locks.lock_owner``: the holder's pid, checked on this host), so a run at its final
 evaluation, which writes nothing for minutes, is told from one whose process is gone.
 """
