@@ -593,19 +593,25 @@ def test_a_run_stopped_in_its_final_evaluation_resumes_at_its_last_step(tiny, tm
     assert rows == [{k: v for k, v in r.items() if k != "wall_s"} for r in read_jsonl(tmp_path / "full" / "metrics.jsonl")]
 
 
+def _stopped_at_then_resumed(cfg, run, monkeypatch, step: int, message: str) -> dict:
+    """Train ``cfg`` into ``run``, stopped (``Interrupted``, its message matching ``message``) as step ``step``
+    begins, then resumed; returns the resumed run's summary."""
+    from zfree.core.errors import Interrupted
+
+    _stop_once(monkeypatch, "_take_step", lambda loop, s: s == step)
+    with pytest.raises(Interrupted, match=message):
+        train_cvae(cfg, run, progress=False)
+    monkeypatch.undo()
+    return train_cvae(cfg, run, progress=False)
+
+
 def test_a_run_stopped_after_its_step0_evaluation_does_not_write_that_row_twice(tiny, tmp_path, monkeypatch):
     """Stopped at its first step, after the step-0 evaluation and its checkpoint, a run resumes at step 0
     without evaluating it again: one row per evaluated step, and the uninterrupted summary."""
-    from zfree.core.errors import Interrupted
-
     data, base = tiny
     cfg = _cfg(data, base, weighting="distribution", beta=0.3, checkpoint_every=0)
     full = train_cvae(cfg, tmp_path / "full", progress=False)
-    _stop_once(monkeypatch, "_take_step", lambda loop, step: step == 1)
-    with pytest.raises(Interrupted, match=r"the checkpoint of step 0 is kept"):
-        train_cvae(cfg, tmp_path / "res", progress=False)
-    monkeypatch.undo()
-    resumed = train_cvae(cfg, tmp_path / "res", progress=False)
+    resumed = _stopped_at_then_resumed(cfg, tmp_path / "res", monkeypatch, 1, r"the checkpoint of step 0 is kept")
     assert [r["step"] for r in read_jsonl(tmp_path / "res" / "metrics.jsonl")] == [0, 3, 6]
     assert _strip_timing(resumed) == _strip_timing(full)
 
@@ -617,17 +623,13 @@ def test_checkpoints_by_the_clock_keep_the_last_steps_and_change_no_number(tiny,
     checkpoint of step 4 (resp. 3), resumes to the summary of a run trained without the clock's
     checkpoints, and its run id is that run's (the field is log-only)."""
     from zfree.config import run_hash
-    from zfree.core.errors import Interrupted
 
     data, base = tiny
     cfg = _cfg(data, base, weighting="distribution", beta=0.3, checkpoint_every_s=every_s)
     plain = _cfg(data, base, weighting="distribution", beta=0.3, checkpoint_every_s=0.0)
     full = train_cvae(plain, tmp_path / "full", progress=False)
-    _stop_once(monkeypatch, "_take_step", lambda loop, step: step == 5)
-    with pytest.raises(Interrupted, match=rf"interrupted at step 4 \(the checkpoint of step {kept} is kept\)"):
-        train_cvae(cfg, tmp_path / "res", progress=False)
-    monkeypatch.undo()
-    resumed = train_cvae(cfg, tmp_path / "res", progress=False)
+    resumed = _stopped_at_then_resumed(cfg, tmp_path / "res", monkeypatch, 5,
+                                       rf"interrupted at step 4 \(the checkpoint of step {kept} is kept\)")
     assert resumed.pop("checkpoint_every_s") == every_s and full.pop("checkpoint_every_s") == 0.0
     assert _strip_timing(resumed) == _strip_timing(full)
     assert run_hash(cfg) == run_hash(plain)
