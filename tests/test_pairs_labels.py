@@ -146,3 +146,20 @@ def test_dev_zero_as_data_is_refused_without_reading_it(tmp_path):
         assert err[0] == "zfree: error: --data /dev/zero: not a regular file (a device, pipe or socket, read " \
                          "without end): give one JSONL file of pairs", err
         assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("line, where", [
+    ('{"x": "a\tb", "y": "c"}', r"not valid JSON \(Invalid control character at column 9; a tab or line break "
+                                r"inside a string is written \\t or \\n\)"),
+    ('{"x": "a", "y": }', r"not valid JSON \(Expecting value at column 17\)"),
+])
+def test_a_row_that_is_not_json_is_named_with_its_column_and_the_whole_reason(tmp_path, line, where):
+    """The JSON error's message was cut short ("Invalid control character at"): it names the row, the
+    column and, for a raw control character, how to write one, in one line."""
+    from zfree.core.errors import InputError
+
+    f = tmp_path / "d.jsonl"
+    f.write_text('{"x": "a", "y": "b"}\n' + line + "\n", encoding="utf-8")
+    with pytest.raises(InputError, match=rf"^{f}:2: {where}; the data file must be JSONL") as e:
+        load_pairs(f)
+    assert "\n" not in str(e.value)

@@ -135,7 +135,10 @@ def _parse_line(line: str, where: str) -> dict:
     try:
         row = json.loads(line)
     except json.JSONDecodeError as e:
-        raise InputError(f"{where}: not valid JSON ({e.msg}); the data file must be JSONL") from None
+        hint = ("; a tab or line break inside a string is written \\t or \\n"
+                if e.msg.startswith("Invalid control character") else "")
+        raise InputError(f"{where}: not valid JSON ({e.msg.removesuffix(' at')} at column {e.colno}{hint}); "
+                         "the data file must be JSONL (one JSON object per line)") from None
     except (ValueError, RecursionError) as e:  # an integer of > 4300 digits, nesting too deep
         raise InputError(f"{where}: not a usable JSON row ({type(e).__name__}: {str(e)[:200]})") from None
     if not isinstance(row, dict):
