@@ -33,7 +33,7 @@ from IPython.display import Markdown, display
 
 from zfree_lab.report.gains_report import (available_gain_markdown, available_gain_table, drop_empty, dropped_markdown,
                                        gain_verdict_markdown, gain_verdicts, has_generator_truth, measured_eta,
-                                       runs_c_base_markdown, study_gains)
+                                       oracle_table_view, runs_c_base_markdown, study_gains)
 from zfree_lab.report.leaderboard_report import leaderboard_table, method_markdown, winner_markdown
 from zfree_lab.report.plan_report import PHASE_NOTE, oracle_cut_markdown, plan_section, read_plan
 from zfree_lab.report.seed_report import read_seed_gains, seed_gains_frame, seed_gains_markdown
@@ -65,7 +65,7 @@ if given:
                      + (cut if cut and given[0].empty else
                         available_gain_markdown(given[0]) + ("\n\n" + cut if cut else ""))))
     if len(given[0]):
-        display(available_gain_table(given[0]))
+        display(oracle_table_view(available_gain_table(given[0])))  # a few labels: one column each
     verdicts = gain_verdicts(summary, given[1], eta)
     display(Markdown("## Verdict: z's gain over the z-free control, per run\n\n" + gain_verdict_markdown(verdicts, eta)))
     seeds = read_seed_gains(sweep_dir)  # seed_gains.csv: the paired gains over seeds, per cell

@@ -98,7 +98,7 @@ for title, table in confusion_tables(aided, runs) if truth else []:
 # For every weighting swept over at least three β values (e.g. `zfree sweep
 # analysis/sweeps/phase_boundary.yaml`): the β at which the measured rate falls to half its plateau
 # against the same point of the predicted rate (docs/concepts/theory.md, with the base model's excess over the
-# Bayes loss). The target: within ±25%.
+# Bayes loss). The prediction holds when the two agree within ±25%.
 
 # %%
 boundary = sweep.phase_boundary()

@@ -37,6 +37,18 @@ def test_available_gain_names_the_best_label_or_says_plainly_that_none_is_distin
     assert t["ΔR interval"].tolist() == ["above 0", "holds 0"]
 
 
+def test_a_wide_oracle_table_of_few_labels_is_shown_turned_a_quarter():
+    """A newcomer's report scrolled sideways at the label-oracle table (ten columns and more once the null,
+    flipped and net columns are there): with more columns than the limit and few labels, each label is a
+    column and each quantity a row; a narrow or long table is shown as it is."""
+    t = G.available_gain_table(_oracles())
+    assert G.oracle_table_view(t, max_columns=len(t.columns)) is t  # narrow enough: unchanged
+    view = G.oracle_table_view(t, max_columns=len(t.columns) - 1)
+    assert list(view.columns) == ["complete", "n<b>s</b>"] and list(view.index) == list(t.columns)
+    assert view.loc["ΔR 95% CI", "complete"] == "[0.08, 0.32]" and view.index.name == "quantity"
+    assert G.oracle_table_view(t, max_columns=1) is t  # more labels than the limit: rows stay labels
+
+
 def test_the_oracle_sentence_tells_intervals_below_0_from_intervals_that_hold_0():
     """Issue 35: both ΔR intervals lay below 0 ([-0.43, -0.15], [-1.03, -0.47]) and the report said
     "No label's ΔR interval excludes 0"."""

@@ -167,6 +167,16 @@ def test_bad_inputs_one_line_errors(tiny_model, tmp_path, capsys):
     missing = tmp_path / "nope.gguf"
     assert main(["study", "--model", str(missing), "--data", str(data), "--out", str(tmp_path / "e")]) == 2
     assert "nope.gguf" in _err(capsys)
+    notjson = tmp_path / "notjson.jsonl"
+    notjson.write_text(json.dumps(rows[0]) + '\n{"x": "a\tb", "y": "c"}\n')
+    assert main(["study", "--model", str(model), "--data", str(notjson), "--out", str(tmp_path / "f")]) == 2
+    assert "notjson.jsonl:2: not valid JSON" in _err(capsys)
+    # a refused study leaves no folder behind (its lock file, timings.json and split went with it)
+    assert not [p.name for p in tmp_path.iterdir() if p.name in "abcdef"]
+    kept = tmp_path / "kept"  # a folder that was there before is the user's: the refusal leaves it
+    kept.mkdir()
+    assert main(["study", "--model", str(model), "--data", str(notjson), "--out", str(kept)]) == 2
+    assert kept.is_dir()
 
 
 def test_val_sharing_x_is_warned_with_count_and_nothing_lost(tiny_model, tmp_path, capsys):
@@ -540,3 +550,32 @@ def test_the_base_fine_tune_runs_its_steps_however_slow_the_machine(tiny_model, 
     ft = finetune_base(link_model(str(model), out), out, steps=4)
     log = json.loads((ft / "train_log.json").read_text())
     assert log["steps"] == 4 and log["wall_s"] >= 4 * 3600
+
+
+def test_zfree_status_names_the_study_process_while_it_probes(tiny_model, tmp_path, monkeypatch):
+    """`zfree status` said "study process: none running" while a study ran its estimate's probes (the
+    study folder's lock was held for the preparation only), inviting a second copy: the lock is held
+    from the preparation to the plan, so status names this process then, and it is released after."""
+    import os
+
+    from zfree.core.errors import ConfigError
+    from zfree_lab.experiment import pipeline
+    from zfree_lab.experiment.own_study import run_own_study
+    from zfree_lab.experiment.study_status import format_status, study_status
+    from zfree_lab.run.locks import lock_owner
+
+    model, data = tiny_model
+    seen = {}
+
+    def probes(spec, prep, out, *args, **kwargs):  # where the probes run: read the status, then stop
+        seen["status"] = study_status(out)
+        raise ConfigError("stopped by the test at its probes")
+
+    monkeypatch.setattr(pipeline, "_fit", probes)
+    with pytest.raises(ConfigError, match="stopped by the test"):
+        run_own_study(str(model), data, tmp_path / "s", preset="own_smoke", render=False, progress=False,
+                      estimate=True)
+    st = seen["status"]
+    assert st["preparing"] and st["process"]["pid"] == os.getpid() and st["process"]["alive"] is True
+    assert f"study process: pid {os.getpid()}," in format_status(st)
+    assert lock_owner(tmp_path / "s") is None and (tmp_path / "s" / "base").is_dir()  # released; the folder kept

@@ -343,6 +343,26 @@ def test_cli_score_writes_the_three_artifacts(world, tmp_path):
                                .per_example["b"], atol=ATOL)
 
 
+def test_cli_score_limit_scores_the_files_first_rows_as_the_whole_file_scores_them(world, tmp_path, capsys):
+    """`zfree score --limit N`: a quick look at a large file, the first N rows scored exactly as in the
+    whole file's scoring (per row: b, to float32 noise of another batch size), N recorded in summary.json; 0 is refused."""
+    data = write_jsonl(tmp_path / "d.jsonl", [{"id": p.id, "x": p.x, "y": p.y} for p in world["pairs"]])
+    m1 = str(world["root"] / "m1")
+    assert cli_main(["score", "--model", m1, "--data", str(data), "--out", str(tmp_path / "all"), "--no-cache"]) == 0
+    assert cli_main(["score", "--model", m1, "--data", str(data), "--out", str(tmp_path / "few"), "--no-cache",
+                     "--limit", "3"]) == 0
+    whole, few = (pd.read_parquet(tmp_path / d / "per_example.parquet") for d in ("all", "few"))
+    assert few["id"].tolist() == [p.id for p in world["pairs"][:3]]
+    np.testing.assert_allclose(few["b"].to_numpy(), whole["b"].to_numpy()[:3], rtol=0, atol=1e-6)  # batch-size noise
+    summary = json.loads((tmp_path / "few" / "summary.json").read_text())
+    assert summary["limit"] == 3 and summary["n_rows"] == 3 and "limit" not in json.loads(
+        (tmp_path / "all" / "summary.json").read_text())
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        cli_main(["score", "--model", m1, "--data", str(data), "--out", str(tmp_path / "none"), "--limit", "0"])
+    assert "--limit" in capsys.readouterr().err and not (tmp_path / "none").exists()
+
+
 @pytest.mark.parametrize("content, match", [
     ('{"id": "a", "x": "the", "y": ""}\n', r"d\.jsonl:1: field 'y' is empty"),
     ('{"id": "a", "x": "the", "y": "cat"}\n{"id": "b", "y": "cat"}\n', r"d\.jsonl:2: missing field 'x'"),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -217,5 +218,44 @@ def test_run_left_without_a_share_is_the_steps_left_and_with_one_adds_the_time_o
     assert run_left({"step": 0, "steps": 120}, 0.4) == pytest.approx(1.0)  # nothing done yet
     assert run_left({"step": None, "steps": None}, 0.4) == pytest.approx(1.0)  # starting
     assert run_left({"step": 60, "steps": 120}, 0.4) == pytest.approx(0.3 + 0.2)
-    assert train_share([{"state": "finished", "wall_s": 100.0}]) is None  # a summary without the training's time
-    assert train_share([{"state": "finished", "wall_s": 100.0, "train_wall_s": 130.0}]) == 1.0  # clipped
+    assert train_share([{"state": "finished", "run_s": 100.0}]) is None  # a summary without the training's time
+    assert train_share([{"state": "finished", "run_s": 100.0, "train_wall_s": 130.0}]) == 1.0  # clipped
+
+
+def test_a_runs_time_is_its_whole_execution_not_the_trainers_wall_time(tmp_path, monkeypatch):
+    """On the smoke preset `zfree status` said 25 s a run where runs took about 4.5 min: summary.json's
+    ``wall_s`` leaves out the kernel's start and loading. A study's point records its whole time
+    (run_time.json, from the executor's clock) and status sizes the rest by it; a run without one (trained
+    by ``zfree train`` or an earlier version) falls back to ``wall_s``."""
+    import nbformat
+
+    from zfree_lab.experiment import executor
+    from zfree_lab.experiment.spec import Point
+
+    calls = []  # the executor's clock: 1000 s at the point's start, 1270 s at every later read
+
+    def clock():
+        calls.append(1)
+        return 1000.0 if len(calls) == 1 else 1270.0
+
+    monkeypatch.setattr(executor.time, "time", clock)
+
+    def kernel(nb, out, **kw):  # the notebook trained the run (25 s of the trainer's time) and was written
+        atomic_write_json(Path(out).parent / "config.json", {})
+        atomic_write_json(Path(out).parent / "summary.json", {"wall_s": 25.0, "compute/train_wall_s": 5.0})
+        Path(out).write_text(nbformat.writes(nbformat.v4.new_notebook()))
+
+    monkeypatch.setattr(executor, "execute", kernel)
+    study = tmp_path / "study"
+    from zfree.core.paths import NOTEBOOKS
+
+    nb = str(NOTEBOOKS / "train_cvae.ipynb")
+    assert executor.run_point(Point("a_1111", {}), str(study / "runs"), nb)["status"] == "finished"
+    assert json.loads((study / "runs" / "a_1111" / "run_time.json").read_text())["seconds"] == 270.0
+    atomic_write_json(study / "runs" / "b_2222" / "summary.json", {"wall_s": 90.0})  # no run_time.json
+    atomic_write_json(study / "plan.json", {"run_ids": ["a_1111", "b_2222", "c_3333"], "workers": 1})
+    st = study_status(study, now=2000.0)
+    assert [r["run_s"] for r in st["runs"][:2]] == [270.0, 90.0]
+    assert st["per_run_s"] == pytest.approx(180.0) and st["remaining_s"] == pytest.approx(180.0)
+    assert st["train_share"] == pytest.approx(5.0 / 270.0)  # the whole time is the denominator
+    assert format_status(study_status(study / "runs" / "a_1111")).endswith("a_1111: finished in 4 min 30 s")

@@ -325,13 +325,16 @@ def _key_policy(policy: dict, tokenizer, pairs) -> dict:
 
 
 def score_file(model_dir: Path | str, data_file: Path | str, *, device: str = "auto", dtype: str = "auto",
-               policy: ScoringPolicy | None = None, trust_remote_code: bool = False, **kw) -> ScoreResult:
-    """Load the model and tokenizer from ``model_dir``, read ``data_file`` (JSONL pairs) and score it.
+               policy: ScoringPolicy | None = None, trust_remote_code: bool = False, limit: int | None = None,
+               **kw) -> ScoreResult:
+    """Load the model and tokenizer from ``model_dir``, read ``data_file`` (JSONL pairs) and score it;
+    ``limit``: only its first ``limit`` rows (recorded as ``settings["limit"]``, so in summary.json).
     Errors as ``load_scoring_model``, ``zfree.data.pairs.load_pairs`` and ``score_pairs``."""
-    pairs = load_pairs(data_file)
+    pairs = load_pairs(data_file, limit=limit)
     model, tok = load_scoring_model(model_dir, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
     res = score_pairs(model, tok, pairs, policy=policy, **kw)
-    res.settings = {**res.settings, "model_dir": str(model_dir), "data_file": str(data_file)}
+    res.settings = {**res.settings, "model_dir": str(model_dir), "data_file": str(data_file),
+                    **({"limit": limit} if limit is not None else {})}
     return res
 
 

@@ -65,7 +65,7 @@ def cmd_score(a):
     from zfree.reference.scoring import ScoringPolicy, score_file, write_scores  # lazy: torch, transformers
 
     policy = ScoringPolicy(bos=a.bos, add_eos=not a.no_eos, max_length=a.max_length)
-    res = score_file(a.model, a.data, device=a.device, dtype=a.dtype, policy=policy,
+    res = score_file(a.model, a.data, device=a.device, dtype=a.dtype, policy=policy, limit=a.limit,
                      trust_remote_code=a.trust_remote_code, cache=False if a.no_cache else None,
                      cache_dir=a.cache_dir, max_batch_tokens=a.max_batch_tokens, progress=True)
     write_scores(res, a.out)  # only after every row scored: a bad input writes nothing

@@ -118,6 +118,8 @@ def _add_score(sub) -> None:
     sc.add_argument("--no-eos", action="store_true", help="do not score an end token after y")
     sc.add_argument("--max-length", type=int, default=None, help="default: the model's context length")
     sc.add_argument("--max-batch-tokens", type=int, default=8192, help="tokens per scoring batch (default: 8192)")
+    sc.add_argument("--limit", type=_positive_int, default=None, metavar="N",
+                    help="score only the file's first N rows (a quick look; summary.json records N)")
     sc.add_argument("--cache-dir", default=None, help="default: $ZFREE_CACHE_DIR or ~/.cache/zfree/scores")
     sc.add_argument("--no-cache", action="store_true", help="score anew, neither reading nor writing the cache")
     sc.add_argument("--trust-remote-code", action="store_true", help="let transformers run the model's own code")

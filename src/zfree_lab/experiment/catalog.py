@@ -81,9 +81,10 @@ def preset_catalog() -> dict[str, PresetEntry]:
 
 def preset_help() -> str:
     """The presets as ``zfree study --help`` prints them: one line each, runs and cost."""
-    lines = ["presets (runs, cost on 2 CPU cores; every study first prints its own estimate):"]
+    lines = ["presets (CVAE runs: the study adds a z-free control per recipe and, on labelled data, an oracle and "
+             "its null per label; cost on 2 CPU cores; every study first prints its own estimate):"]
     for name, e in preset_catalog().items():
-        lines.append(f"  {name:<15} {e.runs:>3} runs  {e.cost:<32} {e.what}")
+        lines.append(f"  {name:<15} {e.runs:>3} {'run' if e.runs == 1 else 'runs':<4}  {e.cost:<32} {e.what}")
     return "\n".join(lines)
 
 

@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import traceback
 from concurrent.futures import CancelledError, Future, ProcessPoolExecutor, as_completed
 from contextlib import suppress
@@ -41,6 +42,10 @@ RUN_NOTEBOOK = "train_cvae.ipynb"
 #: process killed in between (``kill -9`` just after training wrote summary.json) leaves it, and the
 #: run is then not finished (``is_finished``): the next study executes its notebook again
 RUNNING_MARK = ".notebook-running"
+#: in a finished run's folder: the seconds its point took end to end (``run_point``: the kernel's start,
+#: loading, the reference, training, the evaluations and the notebook's outputs), which summary.json's
+#: ``wall_s`` (the trainer's own time) leaves partly out; ``zfree status`` reads its run time from it
+RUN_TIME = "run_time.json"
 
 
 def is_finished(run_dir: Path) -> bool:
@@ -88,14 +93,15 @@ def run_point(point: Point, runs_dir: str, notebook: str) -> dict[str, Any]:
     """Execute one point through papermill (kernel ``python3``, started outside the run folder, the
     executed notebook written whole: ``zfree_lab.experiment.notebook_exec.execute``); never raises.
 
-    Returns ``{"run_id", "status": finished|skipped|failed, "error"?}``.
+    Returns ``{"run_id", "status": finished|skipped|failed, "error"?}``; a finished point writes
+    ``RUN_TIME`` (its seconds end to end) into its folder.
     """
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # a fresh worker (submitit) inherits nothing
     run_dir = Path(runs_dir) / point.run_id
     if is_finished(run_dir):
         return {"run_id": point.run_id, "status": "skipped"}
     (run_dir / "error.json").unlink(missing_ok=True)
-    watch = KernelWatch()
+    watch, t0 = KernelWatch(), time.time()
     try:
         claim_folder(run_dir)  # zfree's own before the notebook is written there (train_cvae checks the folder)
         if os.environ.get("SUBMITIT_EXECUTOR"):  # a cluster job: its id and log in the run folder (job.json)
@@ -108,6 +114,8 @@ def run_point(point: Point, runs_dir: str, notebook: str) -> dict[str, Any]:
         atomic_write_json(run_dir / RUNNING_MARK, {"pid": os.getpid()})  # until the notebook is written
         with watch:  # the kernel's peak RSS, for the reason of a kernel killed for memory
             execute(with_config_parameters(notebook), run_dir / RUN_NOTEBOOK, parameters=params)
+        atomic_write_json(run_dir / RUN_TIME, {"seconds": round(time.time() - t0, 3), "started": time.strftime(
+            "%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0))})  # this execution's, a resumed run's included
         (run_dir / RUNNING_MARK).unlink()
         return {"run_id": point.run_id, "status": "finished"}
     except Exception as e:  # noqa: BLE001 - a failed point is recorded, the sweep goes on

@@ -9,8 +9,10 @@ differ only by their spec's data and base sources (``zfree_lab.experiment.spec``
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections import Counter
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,14 +44,31 @@ class ExperimentResult:
     n_runs: int = 0
 
 
-def prepare(spec: ExperimentSpec, out: Path, *, retrain_base: bool = False, progress: bool = True) -> Prepared:
+def prepare(spec: ExperimentSpec, out: Path, *, retrain_base: bool = False, progress: bool = True,
+            locked: bool = False, fresh: bool = False) -> Prepared:
     """The data and base folders of ``spec`` in ``out``, under the study folder's lock (one process
-    prepares them); ``fields`` sources: nothing to prepare (the points name their folders)."""
+    prepares them; ``locked``: the caller holds it); ``fields`` sources: nothing to prepare (the points
+    name their folders). ``fresh``: ``out`` was made by this command, so data or a model it refuses (any
+    error of the preparation) leave no folder behind: ``out`` is removed, its lock file, timings.json and
+    split with it, unless it holds a base trained or fine-tuned there (``_worth_keeping``)."""
     if spec.data.kind == "fields":
         return Prepared(Path("."))
-    with run_folder_lock(out, "study folder"):
-        prep = prepare_data(spec.data, out, spec.name)
-        return prepare_base(spec.base, out, prep, retrain_base, progress)
+    with nullcontext() if locked else run_folder_lock(out, "study folder"):
+        try:
+            prep = prepare_data(spec.data, out, spec.name)
+            return prepare_base(spec.base, out, prep, retrain_base, progress)
+        except Exception:  # noqa: BLE001 - removed, then raised as it came
+            if fresh and not _worth_keeping(out):
+                shutil.rmtree(out, ignore_errors=True)
+            raise
+
+
+def _worth_keeping(out: Path) -> bool:
+    """Whether a fresh study folder whose preparation was refused holds a base trained or fine-tuned
+    there (hours on a real model), which the same command resumes or reuses: then it is kept."""
+    trained = (out / "base" / "model").is_dir() and not (out / "base" / "source.json").exists()  # not a link
+    return trained or any((out / p).exists() for p in ("base_ft", "base_ft.checkpoint", "data/base_ft",
+                                                       "data/base_ft.checkpoint"))
 
 
 def _notes(spec: ExperimentSpec, out: Path, prep: Prepared, table: list[dict] | None) -> list[str] | None:
@@ -184,24 +203,28 @@ def run_experiment(spec: ExperimentSpec, out_dir: Path | str, *, retrain_base: b
     request, saved = request_of(spec, budget_s), load_plan(out) if planned else None
     if saved is not None:  # the same command again reuses the plan; another one is refused
         check_request(out, saved, request)
+    fresh = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
-    clock = PhaseClock(out, t0)  # timings.json: the wall time of each phase, for the report
-    if started is not None:
-        clock.done("startup")
-    prep = prepare(spec, out, retrain_base=retrain_base, progress=progress)
-    clock.done("preparation")
-    record = None
-    if saved is not None:
-        spec, workers, record = _reuse_plan(spec, workers, out, saved, progress)
-    elif estimate or budget_s is not None:  # measure, fit memory and budget, say so, then go on
-        fitted = _fit(spec, prep, out, workers or spec.workers, budget_s, t0, clock)
-        spec, workers, record = fitted.spec, fitted.workers, fitted.record
-    elif spec.executor == "local":  # runs per CUDA device (zfree_lab.experiment.executor.runs_at_once)
-        workers = runs_at_once(workers or spec.workers, str(spec.train.get("device", "auto")))
-    _notes(spec, out, prep, _grid(spec, prep)[1])
-    points = _points(spec, prep, out)
-    if saved is None and planned:
-        write_plan(out, request, spec, workers or spec.workers, [p.run_id for p in points], record)
+    # the study folder's lock, held from the preparation to the plan (the probes included), names this
+    # process to `zfree status` and refuses a second copy; the runs/ folder's lock takes over (run_points)
+    with nullcontext() if spec.data.kind == "fields" else run_folder_lock(out, "study folder"):
+        clock = PhaseClock(out, t0)  # timings.json: the wall time of each phase, for the report
+        if started is not None:
+            clock.done("startup")
+        prep = prepare(spec, out, retrain_base=retrain_base, progress=progress, locked=True, fresh=fresh)
+        clock.done("preparation")
+        record = None
+        if saved is not None:
+            spec, workers, record = _reuse_plan(spec, workers, out, saved, progress)
+        elif estimate or budget_s is not None:  # measure, fit memory and budget, say so, then go on
+            fitted = _fit(spec, prep, out, workers or spec.workers, budget_s, t0, clock)
+            spec, workers, record = fitted.spec, fitted.workers, fitted.record
+        elif spec.executor == "local":  # runs per CUDA device (zfree_lab.experiment.executor.runs_at_once)
+            workers = runs_at_once(workers or spec.workers, str(spec.train.get("device", "auto")))
+        _notes(spec, out, prep, _grid(spec, prep)[1])
+        points = _points(spec, prep, out)
+        if saved is None and planned:
+            write_plan(out, request, spec, workers or spec.workers, [p.run_id for p in points], record)
     ex = executor or make_executor(spec.executor, workers or spec.workers, folder=out / "submitit",
                                    **spec.executor_options)
     statuses: list[dict] = []
@@ -211,13 +234,19 @@ def run_experiment(spec: ExperimentSpec, out_dir: Path | str, *, retrain_base: b
         if executor is None:
             ex.shutdown()
         clock.done("grid", points=dict(Counter(str(s.get("status")) for s in statuses)))  # an interrupt too
+    return _finish(spec.name, out, len(points), statuses, clock, t0, progress=progress, render=render)
+
+
+def _finish(name: str, out: Path, n_points: int, statuses: list[dict], clock: PhaseClock, t0: float, *,
+            progress: bool, render: bool) -> ExperimentResult:
+    """After the grid: the tables, the failures printed, report.html (``render``), the closing lines."""
     n = _summary(out)
     print_failures(statuses, out / "runs")
     html = render_report(out, progress=progress, aggregated=True) if render else None
     clock.done("report", finished=True)
     if progress and render:
-        also = f" (+ {len(points) - n} z-free controls and label oracles)" if len(points) > n else ""
-        print(f"study {spec.name!r}: {n} runs{also} in {out} ({time.time() - t0:.0f} s); report: {html}")
+        also = f" (+ {n_points - n} z-free controls and label oracles)" if n_points > n else ""
+        print(f"study {name!r}: {n} runs{also} in {out} ({time.time() - t0:.0f} s); report: {html}")
     if progress:
         print(disk_line(out), flush=True)
     return ExperimentResult(out, statuses, html, n)

@@ -4,7 +4,8 @@ A study on a real model runs for hours (a seeded SmolLM2 factorial: tens of runs
 CPU thread) and resumes across sessions; this says, without loading a model or touching a file, what is
 finished, what is running (its step, phase and when it last wrote), what failed (its error), what waits,
 how far the base's fine-tune got (``base_ft.checkpoint``, ``zfree_lab.run.base_checkpoint``), and about
-how long the rest takes: the finished runs' median wall time (else the plan's estimate) per run
+how long the rest takes: the finished runs' median whole time (``executor.RUN_TIME``: the kernel's start
+and loading included; else the plan's estimate) per run
 waiting, over the plan's workers, with the share of it the training steps took (the rest is loading,
 evaluations and outputs, which on a real model can be most of a run: fewer ``eval_rows`` shorten it).
 A run is finished by ``executor.is_finished``, the rule the study itself skips runs by. Whether the study and each running run still have a live process is read from
@@ -22,7 +23,7 @@ from typing import Any
 
 from zfree.core.errors import CheckpointError, InputError
 from zfree.core.io import read_json_object, read_jsonl
-from zfree_lab.experiment.executor import is_finished
+from zfree_lab.experiment.executor import RUN_TIME, is_finished
 from zfree_lab.run.checkpoint_io import read_plain_structure
 from zfree_lab.run.locks import LOCK_NAME, lock_owner
 
@@ -64,14 +65,19 @@ def run_state(run_dir: Path, now: float) -> dict[str, Any]:
     """One run's state: ``finished`` (``is_finished``), ``failed`` (error.json: its ``error``),
     ``running`` (a live holder of its lock and no progress.json yet: ``phase`` "starting" and ``step``
     None; else progress.json: ``step``, ``steps``, ``phase``, ``eta_s``, ``age_s``, the seconds since
-    it was written, and ``alive``, ``_alive`` of its folder) or ``waiting`` (no folder or nothing written yet); ``wall_s`` of a finished run."""
+    it was written, and ``alive``, ``_alive`` of its folder) or ``waiting`` (no folder or nothing written yet). A
+    finished run's ``wall_s`` and ``train_wall_s`` (summary.json: the trainer's time, its training steps'), and
+    ``run_s``: its whole time from ``executor.RUN_TIME`` (the kernel's start and loading included), else ``wall_s``
+    (a run trained by ``zfree train``, or by a version before that file)."""
     rid = run_dir.name
     if not run_dir.is_dir():
         return {"run_id": rid, "state": "waiting"}
     if is_finished(run_dir):
         summary = read_json_object(run_dir / "summary.json") or {}
+        whole = (read_json_object(run_dir / RUN_TIME) or {}).get("seconds")
         return {"run_id": rid, "state": "finished", "wall_s": summary.get("wall_s"),
-                "train_wall_s": summary.get("compute/train_wall_s")}
+                "train_wall_s": summary.get("compute/train_wall_s"),
+                "run_s": whole if isinstance(whole, (int, float)) and whole > 0 else summary.get("wall_s")}
     err = read_json_object(run_dir / "error.json")
     if err is not None:
         return {"run_id": rid, "state": "failed", "error": str(err.get("error", ""))[:300]}
@@ -123,7 +129,7 @@ def study_status(study: Path | str, now: float | None = None, metrics: bool = Fa
     or else of the study folder: None when none holds them), ``finetune`` (``finetune_state``), ``workers`` and ``remaining_s``: the fine-tune's
     steps left at its own pace, then the runs left (a running run's share by ``run_left``, with
     ``train_share`` of the finished runs) at ``per_run_s`` over the workers (None when nothing says
-    how long a run takes): the median wall time of the finished runs (a mean let one run that shared a busy
+    how long a run takes): the median whole time (``run_s``) of the finished runs (a mean let one run that shared a busy
     machine, at 8x the others' time, double the figure), else the plan's estimate. InputError naming the
     folder when it holds neither plan.json, runs/ nor zfree's lock file (a folder ``zfree study`` has started). A study's runs/ folder reads as
     the study; one run's folder (config.json, no plan) gives ``{"run": run_state, "path"}`` instead.
@@ -145,7 +151,7 @@ def study_status(study: Path | str, now: float | None = None, metrics: bool = Fa
     runs = [_with_eval(run_state(runs_dir / rid, now), runs_dir / rid, metrics) for rid in ids]
     counts = {s: sum(r["state"] == s for r in runs) for s in ("finished", "running", "failed", "waiting")}
     workers = max(1, int((plan or {}).get("workers") or 1))
-    walls = [r["wall_s"] for r in runs if r["state"] == "finished" and r.get("wall_s")]
+    walls = [r["run_s"] for r in runs if r["state"] == "finished" and r.get("run_s")]
     est = ((plan or {}).get("estimate") or {})
     per_run = (statistics.median(walls) if walls else  # the median: one run slowed by a loaded machine or a stop
                est["estimated_s"] * workers / est["runs"] if est.get("estimated_s") and est.get("runs") else None)
@@ -166,11 +172,12 @@ def study_status(study: Path | str, now: float | None = None, metrics: bool = Fa
 
 
 def train_share(runs: list[dict[str, Any]]) -> float | None:
-    """The median share of a finished run's wall time spent in its training steps (summary.json's
-    ``compute/train_wall_s`` over ``wall_s``, clipped to [0, 1]); None when no finished run records both.
-    The rest is loading, the reference, the evaluations and the final outputs (samples, multi-reference)."""
-    shares = [min(1.0, max(0.0, r["train_wall_s"] / r["wall_s"])) for r in runs
-              if r["state"] == "finished" and r.get("wall_s") and isinstance(r.get("train_wall_s"), (int, float))]
+    """The median share of a finished run's time spent in its training steps (summary.json's
+    ``compute/train_wall_s`` over ``run_s``, its whole time, clipped to [0, 1]); None when no finished run
+    records both. The rest is the kernel's start, loading, the reference, the evaluations and the final
+    outputs (samples, multi-reference, the notebook's figures)."""
+    shares = [min(1.0, max(0.0, r["train_wall_s"] / r["run_s"])) for r in runs
+              if r["state"] == "finished" and r.get("run_s") and isinstance(r.get("train_wall_s"), (int, float))]
     return statistics.median(shares) if shares else None
 
 
@@ -236,7 +243,7 @@ def _format_run(st: dict[str, Any]) -> str:
 def _run_line(st: dict[str, Any], r: dict[str, Any]) -> str:
     head = f"run {st['path']}: {r['state']}"
     if r["state"] == "finished":
-        return head + (f" in {_dur(r['wall_s'])}" if r.get("wall_s") else "")
+        return head + (f" in {_dur(r['run_s'])}" if r.get("run_s") else "")
     if r["state"] == "failed":
         return f"{head}: {r['error']}"
     if r["state"] == "running" and r["step"] is None:
