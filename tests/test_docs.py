@@ -1,8 +1,8 @@
 """The documentation (docs/, mkdocs.yml) and the README agree with the code (issue 41).
 
 The generated reference covers every ``TrainConfig`` field (with a meaning) and every ``zfree``
-subcommand; every ``<!-- gen:... -->`` part of a page expands; every ``zfree`` command a page or the
-README shows parses with the real parser; the README stays one screen and names what exists. With
+subcommand; every ``<!-- gen:... -->`` part of a page expands and has a fallback line for the raw
+page; every ``zfree`` command a page or the README shows parses with the real parser; the README stays one screen and names what exists. With
 mkdocs installed (``make docs`` installs the ``docs`` extra) the site builds under ``--strict``: no
 warning, no broken link or anchor. No torch is imported: the parser, the configs and the tables are
 light, and a build takes seconds. The slow tier runs the tutorials' commands that need no cluster,
@@ -91,6 +91,52 @@ def test_every_generated_part_expands_and_every_results_table_is_shown(gen):
     for name, table in gen.TABLES.items():
         assert all((gen.RESULTS / f).is_file() for f in table.files), name
         assert table.command.split()[0] in ("make", "zfree"), name
+
+
+def test_every_generated_part_has_a_fallback_line_for_the_raw_page(gen):
+    """A reader of the raw .md file (GitHub, an editor) sees no HTML comment: each ``<!-- gen:... -->``
+    placeholder is followed by one line starting with ``gen.FALLBACK`` that says where to read the part,
+    then a blank line or the page's end (else the raw page runs the next paragraph into the quote). Its
+    relative links resolve, and an included file's or a table's own files are among them. No fallback
+    line stands anywhere else (the site would show it)."""
+    problems = []
+    link = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+    for page in PAGES:
+        lines = page.read_text(encoding="utf-8").split("\n")
+        for i, line in enumerate(lines):
+            where = f"{page.relative_to(ROOT)}:{i + 1}"
+            if line.startswith(gen.FALLBACK) and not (i and gen.MARKER.fullmatch(lines[i - 1])):
+                problems.append(f"{where}: a fallback line after no placeholder")
+            m = gen.MARKER.fullmatch(line)
+            if not m:
+                continue
+            after = lines[i + 1] if i + 1 < len(lines) else ""
+            if not after.startswith(gen.FALLBACK):
+                problems.append(f"{where}: gen:{m['name']} without a fallback line")
+                continue
+            if i + 2 < len(lines) and lines[i + 2].strip():
+                problems.append(f"{where}: no blank line after the fallback line")
+            targets = {(page.parent / t).resolve() for t in link.findall(after) if "://" not in t}
+            problems += [f"{where}: broken link {t}" for t in targets if not t.exists()]
+            own = ({(ROOT / m["arg"]).resolve()} if m["name"] == "include" else
+                   {(gen.RESULTS / f).resolve() for f in gen.TABLES[m["arg"]].files} if m["name"] == "table" else set())
+            problems += [f"{where}: the fallback does not link {f.relative_to(ROOT)}" for f in own - targets]
+    assert not problems, "\n".join(problems)
+
+
+def test_the_hook_puts_the_generated_part_in_place_of_the_placeholder_and_its_fallback(gen, caplog):
+    fallback = f"{gen.FALLBACK}: [smoke.yaml](../../analysis/studies/presets/smoke.yaml), included here as it is."
+    page = f"# A page\n\nBefore.\n\n<!-- gen:include analysis/studies/presets/smoke.yaml -->\n{fallback}\n\nAfter.\n"
+    out = gen.on_page_markdown(page)
+    assert "name: smoke" in out  # the generated part, a YAML block ...
+    assert out.startswith("# A page\n\nBefore.\n\n```yaml\n") and out.endswith("```\n\nAfter.\n")
+    assert gen.FALLBACK not in out and "<!-- gen:" not in out  # ... where the placeholder and its fallback were
+    # an ordinary line after a placeholder is kept; a fallback line after none is kept and warned about
+    assert gen.on_page_markdown("<!-- gen:budget -->\nAfter.\n").endswith(";\nAfter.\n")
+    orphan = f"Text.\n\n{fallback}\n"
+    with caplog.at_level("WARNING", logger="mkdocs.hooks.zfree"):
+        assert gen.on_page_markdown(orphan) == orphan
+    assert any("follows no <!-- gen:" in r.getMessage() for r in caplog.records)
 
 
 def test_metrics_page_explains_every_key_the_evaluation_writes():
@@ -185,6 +231,19 @@ def test_every_zfree_command_in_the_docs_and_readme_parses(gen):
             build_parser().parse_args(shlex.split(command))
         except SystemExit:
             pytest.fail(f"{path.relative_to(ROOT)}: `zfree {command}` does not parse")
+
+
+def test_the_own_model_tutorial_names_a_shipped_stand_in_model_and_its_command_parses():
+    """The own-model tutorial's first-run command (inline, on the shipped 2-layer E2E GPT-2) parses, and
+    the model folder and the pairs it names are in the repository: a newcomer tries the pipeline with
+    no download."""
+    page = (DOCS / "tutorials" / "own-model.md").read_text(encoding="utf-8")
+    (command,) = re.findall(r"`OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 \.venv/bin/zfree (study --model data/e2e/base/model [^`]*)`",
+                            page)
+    args = build_parser().parse_args(shlex.split(command))
+    assert args.preset == "own_smoke"
+    assert all((ROOT / args.model / f).is_file() for f in ("config.json", "model.safetensors", "tokenizer.json"))
+    assert (ROOT / args.data).is_file()
 
 
 def test_readme_is_one_screen_and_names_what_exists():
