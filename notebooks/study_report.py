@@ -36,7 +36,7 @@ from zfree_lab.report.gains_report import (available_gain_markdown, available_ga
                                        oracle_table_view, runs_c_base_markdown, study_gains)
 from zfree_lab.report.leaderboard_report import leaderboard_table, method_markdown, winner_markdown
 from zfree_lab.report.plan_report import PHASE_NOTE, oracle_cut_markdown, plan_section, read_plan
-from zfree_lab.report.seed_report import read_seed_gains, seed_gains_frame, seed_gains_markdown
+from zfree_lab.report.seed_report import read_seed_gains, seed_section
 from zfree_lab.report.plotting_study import (plot_gains, plot_leaderboard, plot_loss_fractions, plot_predicted_vs_measured,
                                          plot_rate_and_rho_vs_beta)
 from zfree_lab.report.report import (QUALITY_COLUMNS, USE_COLUMNS, errors_markdown, reference_markdown, run_table,
@@ -68,12 +68,11 @@ if given:
         display(oracle_table_view(available_gain_table(given[0])))  # a few labels: one column each
     verdicts = gain_verdicts(summary, given[1], eta)
     display(Markdown("## Verdict: z's gain over the z-free control, per run\n\n" + gain_verdict_markdown(verdicts, eta)))
-    seeds = read_seed_gains(sweep_dir)  # seed_gains.csv: the paired gains over seeds, per cell
-    if seeds is not None and len(seeds):
-        display(Markdown("## Over seeds: the paired test\n\nEach seed trains the run and its own control on the same "
-                         "batches; the seeds are the replicates (95 % t-interval over seeds, a two-stage bootstrap "
-                         "— seeds, then rows — as a check).\n\n" + seed_gains_markdown(seeds)))
-        display(seed_gains_frame(seeds))
+    over_seeds = seed_section(read_seed_gains(sweep_dir))  # seed_gains.csv: the paired gains over seeds, per cell
+    if over_seeds is not None:
+        display(Markdown(over_seeds[0]))
+        if over_seeds[1] is not None:
+            display(over_seeds[1])
 else:
     verdicts = run_verdicts(summary)
     display(Markdown("## Verdict: predicted against measured use of z, per run\n\n*No z-free control in this "

@@ -52,3 +52,15 @@ def test_three_seeds_show_the_t_interval_and_the_test():
     assert frame.iloc[0]["seeds"] == "3 seeds (0 1 2)"
     assert frame.iloc[0]["z gain (D): two-stage bootstrap"] == "[0.6, 1.4]"
     assert frame.iloc[0]["z gain (D) [nats/ex], t 95% CI over seeds"] == "1 [0.2, 1.8]"
+
+
+def test_the_section_over_seeds_is_one_line_where_every_cell_has_one_seed():
+    """A study at one seed showed a table of "1 seed" cells under "Over seeds": a section that does not apply
+    is one line saying why; with a cell of several seeds the lines and the table are shown."""
+    from zfree_lab.report.seed_report import seed_section
+
+    md, frame = seed_section(pd.DataFrame([_row(1), _row(1, weighting="plain")]))
+    assert frame is None and "every cell has 1 seed" in md and "--seeds 0-2" in md and "\n- " not in md
+    md, frame = seed_section(pd.DataFrame([_row(1), _row(3, weighting="plain")]))
+    assert frame is not None and len(frame) == 2 and "**1 seed**" in md and "3 seeds" in md
+    assert seed_section(None) is None and seed_section(pd.DataFrame([_row(1)]).iloc[:0]) is None

@@ -79,3 +79,19 @@ def seed_gains_markdown(tab: pd.DataFrame) -> str:
                      f"p {r['z_gain_p']:.3g}); net gain {r.get('net_gain', np.nan):.3g} {_ci(*net)}"
                      f"{_net_tests(r.get('net_gain_p', np.nan), r.get('net_gain_tost_p', np.nan))}.")
     return "\n".join(lines)
+
+
+def seed_section(tab: pd.DataFrame | None) -> tuple[str, pd.DataFrame | None] | None:
+    """The report's "Over seeds" section: (its markdown, its table or None); None without seed_gains.csv rows.
+    Where every cell has one seed there is no test over seeds to show: one line says so (the per-run
+    verdicts above are the within-seed readings) instead of a table of "1 seed" cells."""
+    if tab is None or not len(tab):
+        return None
+    head = "## Over seeds: the paired test\n\n"
+    if (tab["n_seeds"] < 2).all():
+        return (head + "*Left out: every cell has 1 seed, so there is no interval over seeds (the seeds are the "
+                "unit of evidence for a claim about a recipe); the verdicts above are within one seed. Run more "
+                "seeds: `zfree study --seeds 0-2`.*"), None
+    return (head + "Each seed trains the run and its own control on the same batches; the seeds are the replicates "
+            "(95 % t-interval over seeds, a two-stage bootstrap — seeds, then rows — as a check).\n\n"
+            + seed_gains_markdown(tab)), seed_gains_frame(tab)
