@@ -579,3 +579,19 @@ def test_zfree_status_names_the_study_process_while_it_probes(tiny_model, tmp_pa
     assert st["preparing"] and st["process"]["pid"] == os.getpid() and st["process"]["alive"] is True
     assert f"study process: pid {os.getpid()}," in format_status(st)
     assert lock_owner(tmp_path / "s") is None and (tmp_path / "s" / "base").is_dir()  # released; the folder kept
+
+
+def test_bad_data_is_refused_before_the_studys_imports(tmp_path):
+    """A newcomer waited minutes (a loaded machine) for a one-line data error: `zfree study` reads the rows
+    before importing torch and the training stack, so the error comes at once and nothing is written."""
+    import subprocess
+    import sys
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"x": "a", "y": "b"}\n{"x": "a", "y": }\n')
+    code = ("import sys\nfrom zfree_lab.cli import main\n"
+            f"rc = main(['study', '--model', 'm', '--data', {str(bad)!r}, '--out', {str(tmp_path / 'o')!r}])\n"
+            "print(rc, 'torch' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert r.stdout.split() == ["2", "False"], r.stderr
+    assert "bad.jsonl:2: not valid JSON" in r.stderr and not (tmp_path / "o").exists()

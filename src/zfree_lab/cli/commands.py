@@ -175,6 +175,12 @@ def cmd_study(a):
     ``--preset`` with ``--spec``, ValueError for an own-model study without both ``--model`` and
     ``--data`` or for ``--val``/``--budget`` without one."""
     overrides = with_default_epsilon(_set_overrides(a.set))  # an unknown field is refused before the imports below
+    if a.data:  # its rows too (a light module): bad data is refused in a second, not after the imports below
+        from zfree.data.pairs import load_pairs
+
+        for f in (a.data, a.val):
+            if f and Path(f).is_file():  # a missing file or a device: refused by the study's own check
+                load_pairs(f)
     # lazy: the experiment layer imports torch, transformers and the training stack (seconds); `zfree --help` need not
     from zfree_lab.experiment.catalog import DEFAULT_OWN_BUDGET
     from zfree_lab.experiment.estimate import parse_budget
