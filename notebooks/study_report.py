@@ -33,10 +33,11 @@ from IPython.display import Markdown, display
 
 from zfree_lab.report.gains_report import (available_gain_markdown, available_gain_table, drop_empty, dropped_markdown,
                                        gain_verdict_markdown, gain_verdicts, has_generator_truth, measured_eta,
-                                       oracle_table_view, runs_c_base_markdown, study_gains)
+                                       runs_c_base_markdown, study_gains)
 from zfree_lab.report.leaderboard_report import leaderboard_table, method_markdown, winner_markdown
 from zfree_lab.report.plan_report import PHASE_NOTE, oracle_cut_markdown, plan_section, read_plan
 from zfree_lab.report.seed_report import read_seed_gains, seed_section
+from zfree_lab.report.table_view import turned_when_wide
 from zfree_lab.report.plotting_study import (plot_gains, plot_leaderboard, plot_loss_fractions, plot_predicted_vs_measured,
                                          plot_rate_and_rho_vs_beta)
 from zfree_lab.report.report import (QUALITY_COLUMNS, USE_COLUMNS, errors_markdown, reference_markdown, run_table,
@@ -65,7 +66,7 @@ if given:
                      + (cut if cut and given[0].empty else
                         available_gain_markdown(given[0]) + ("\n\n" + cut if cut else ""))))
     if len(given[0]):
-        display(oracle_table_view(available_gain_table(given[0])))  # a few labels: one column each
+        display(turned_when_wide(available_gain_table(given[0])))  # a few labels: one column each
     verdicts = gain_verdicts(summary, given[1], eta)
     display(Markdown("## Verdict: z's gain over the z-free control, per run\n\n" + gain_verdict_markdown(verdicts, eta)))
     over_seeds = seed_section(read_seed_gains(sweep_dir))  # seed_gains.csv: the paired gains over seeds, per cell

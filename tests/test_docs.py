@@ -204,6 +204,8 @@ def test_presets_page_lists_every_preset(gen):
 
     page = gen.expand((DOCS / "howto" / "presets.md").read_text(encoding="utf-8"))
     assert all(f"| `{name}` | {e.runs} |" in page for name, e in preset_catalog().items())
+    listed = page.split("What they are:")[1].split("\n## ")[0]  # the prose list says what each one is for
+    assert not [n for n in preset_catalog() if f"`{n}`" not in listed]
 
 
 def _zfree_commands(text: str) -> list[str]:

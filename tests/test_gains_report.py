@@ -41,12 +41,15 @@ def test_a_wide_oracle_table_of_few_labels_is_shown_turned_a_quarter():
     """A newcomer's report scrolled sideways at the label-oracle table (ten columns and more once the null,
     flipped and net columns are there): with more columns than the limit and few labels, each label is a
     column and each quantity a row; a narrow or long table is shown as it is."""
+    from zfree_lab.report.table_view import turned_when_wide
+
     t = G.available_gain_table(_oracles())
-    assert G.oracle_table_view(t, max_columns=len(t.columns)) is t  # narrow enough: unchanged
-    view = G.oracle_table_view(t, max_columns=len(t.columns) - 1)
+    assert turned_when_wide(t, max_columns=len(t.columns)) is t  # narrow enough: unchanged
+    view = turned_when_wide(t, max_columns=len(t.columns) - 1)
     assert list(view.columns) == ["complete", "n<b>s</b>"] and list(view.index) == list(t.columns)
     assert view.loc["ΔR 95% CI", "complete"] == "[0.08, 0.32]" and view.index.name == "quantity"
-    assert G.oracle_table_view(t, max_columns=1) is t  # more labels than the limit: rows stay labels
+    assert view.columns.name == "label"
+    assert turned_when_wide(t, max_columns=1) is t  # more labels than the limit: rows stay labels
 
 
 def test_the_oracle_sentence_tells_intervals_below_0_from_intervals_that_hold_0():

@@ -152,6 +152,7 @@ def test_dev_zero_as_data_is_refused_without_reading_it(tmp_path):
     ('{"x": "a\tb", "y": "c"}', r"not valid JSON \(Invalid control character at column 9; a tab or line break "
                                 r"inside a string is written \\t or \\n\)"),
     ('{"x": "a", "y": }', r"not valid JSON \(Expecting value at column 17\)"),
+    ('{"x": "a", "y": "b"', r"not valid JSON \(Expecting ',' delimiter at column 20\)"),  # at the line's end
 ])
 def test_a_row_that_is_not_json_is_named_with_its_column_and_the_whole_reason(tmp_path, line, where):
     """The JSON error's message was cut short ("Invalid control character at"): it names the row, the

@@ -259,3 +259,14 @@ def test_a_runs_time_is_its_whole_execution_not_the_trainers_wall_time(tmp_path,
     assert st["per_run_s"] == pytest.approx(180.0) and st["remaining_s"] == pytest.approx(180.0)
     assert st["train_share"] == pytest.approx(5.0 / 270.0)  # the whole time is the denominator
     assert format_status(study_status(study / "runs" / "a_1111")).endswith("a_1111: finished in 4 min 30 s")
+
+
+def test_a_progress_file_written_after_now_was_read_is_not_dated_in_the_future(study):
+    """On a loaded machine `zfree status` took minutes and printed "last written -1 min 19 s ago": a run
+    rewrote progress.json after ``now`` was read. Its age reads 0, and a negative duration prints as 0."""
+    from zfree_lab.experiment.study_status import _dur
+
+    prog = study / "runs" / "distribution_beta0.3_cccc" / "progress.json"
+    st = study_status(study, now=prog.stat().st_mtime - 41.0)
+    assert st["runs"][2]["age_s"] == 0.0 and "last written 0 min 00 s ago" in format_status(st)
+    assert _dur(-41) == "0 min 00 s" and _dur(61) == "1 min 01 s"

@@ -133,11 +133,11 @@ def _parse_line(line: str, where: str) -> dict:
     """One JSONL line as a row object; InputError naming ``where`` for a line that is not JSON, not
     a usable JSON value, or not an object with a ``y``."""
     try:
-        row = json.loads(line)
+        row = json.loads(line.rstrip("\r\n"))  # a column past the line's end is the line's, not the next's
     except json.JSONDecodeError as e:
         hint = ("; a tab or line break inside a string is written \\t or \\n"
                 if e.msg.startswith("Invalid control character") else "")
-        raise InputError(f"{where}: not valid JSON ({e.msg.removesuffix(' at')} at column {e.colno}{hint}); "
+        raise InputError(f"{where}: not valid JSON ({e.msg.removesuffix(' at')} at column {e.pos + 1}{hint}); "
                          "the data file must be JSONL (one JSON object per line)") from None
     except (ValueError, RecursionError) as e:  # an integer of > 4300 digits, nesting too deep
         raise InputError(f"{where}: not a usable JSON row ({type(e).__name__}: {str(e)[:200]})") from None

@@ -61,7 +61,8 @@ def cmd_base_reference(a):
 
 def cmd_score(a):
     """``zfree score``: z-free surprisal of a JSONL file under a causal LM, written to ``--out`` only
-    after every row is scored; prints c_base (nats per token), the rows, valid rows and x tokens cut."""
+    after every row is scored; prints c_base (nats per token), the rows, valid rows, x tokens cut and
+    the folder written."""
     from zfree.reference.scoring import ScoringPolicy, score_file, write_scores  # lazy: torch, transformers
 
     policy = ScoringPolicy(bos=a.bos, add_eos=not a.no_eos, max_length=a.max_length)
@@ -69,7 +70,8 @@ def cmd_score(a):
                      trust_remote_code=a.trust_remote_code, cache=False if a.no_cache else None,
                      cache_dir=a.cache_dir, max_batch_tokens=a.max_batch_tokens, progress=True)
     write_scores(res, a.out)  # only after every row scored: a bad input writes nothing
-    print(json.dumps({k: res.summary()[k] for k in ("c_base", "n_rows", "n_valid", "x_tokens_cut")}, indent=2))
+    print(json.dumps({**{k: res.summary()[k] for k in ("c_base", "n_rows", "n_valid", "x_tokens_cut")},
+                      "out": str(Path(a.out).resolve())}, indent=2))  # where the three files are
 
 
 def _read_flat_config(path: str) -> dict:

@@ -9,6 +9,7 @@ every file's runs against its expanded grid."""
 from __future__ import annotations
 
 import functools
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,12 +80,20 @@ def preset_catalog() -> dict[str, PresetEntry]:
     return {name: read_entry(path) for name, path in preset_files().items()}
 
 
-def preset_help() -> str:
-    """The presets as ``zfree study --help`` prints them: one line each, runs and cost."""
-    lines = ["presets (CVAE runs: the study adds a z-free control per recipe and, on labelled data, an oracle and "
-             "its null per label; cost on 2 CPU cores; every study first prints its own estimate):"]
-    for name, e in preset_catalog().items():
-        lines.append(f"  {name:<15} {e.runs:>3} {'run' if e.runs == 1 else 'runs':<4}  {e.cost:<32} {e.what}")
+def preset_help(width: int = 100) -> str:
+    """The presets as ``zfree study --help`` prints them: per preset a line with its name, its runs and
+    its cost, then what it runs, wrapped to ``width`` and indented (the names are of any length)."""
+    cat = preset_catalog()
+    name_w = max(len(n) for n in cat)
+    lines = textwrap.wrap(
+        "presets (runs: the CVAE runs, or oracle arms, the preset trains as it is, its own seeds included; "
+        "--seeds trains each once per seed given; the study adds a z-free control per recipe and, on labelled "
+        "data, an oracle and its null per label. cost: on 2 CPU cores; every study first prints its own "
+        "estimate):", width)
+    for name, e in cat.items():
+        lines += textwrap.wrap(f"{name:<{name_w}}  {e.runs:>3} {'run' if e.runs == 1 else 'runs':<4}  cost: {e.cost}",
+                               width, initial_indent="  ", subsequent_indent=" " * (name_w + 19))
+        lines += textwrap.wrap(e.what, width, initial_indent=" " * 6, subsequent_indent=" " * 6)
     return "\n".join(lines)
 
 

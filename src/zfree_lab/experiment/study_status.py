@@ -87,7 +87,7 @@ def run_state(run_dir: Path, now: float) -> dict[str, Any]:
         return ({"run_id": rid, "state": "running", "step": None, "steps": None, "phase": "starting",
                  "eta_s": None, "age_s": None, "alive": True} if _alive(run_dir) else {"run_id": rid, "state": "waiting"})
     return {"run_id": rid, "state": "running", "step": rec.get("step"), "steps": rec.get("steps"),
-            "phase": rec.get("phase"), "eta_s": rec.get("eta_s"), "age_s": now - prog.stat().st_mtime,
+            "phase": rec.get("phase"), "eta_s": rec.get("eta_s"), "age_s": max(0.0, now - prog.stat().st_mtime),
             "alive": _alive(run_dir)}
 
 
@@ -111,7 +111,7 @@ def finetune_state(study: Path, now: float) -> dict[str, Any] | None:
             return {"state": "running", "step": step, "steps": key.get("config", {}).get("max_steps"),
                     "val_c_base": history[-1].get("val_c_base") if history else None,
                     "s_per_step": (s.get("elapsed_s") or 0) / step if step else None,
-                    "age_s": now - (ckpt / "state.json").stat().st_mtime}
+                    "age_s": max(0.0, now - (ckpt / "state.json").stat().st_mtime)}
     return None
 
 
@@ -194,9 +194,11 @@ def run_left(r: dict[str, Any], share: float | None) -> float:
 
 
 def _dur(s: float | None) -> str:
+    """Seconds as "1 h 05 min" or "3 min 07 s"; a negative one (a file written after ``now`` was read, on a
+    slow machine) as 0."""
     if s is None:
         return "?"
-    s = int(round(s))
+    s = max(0, int(round(s)))
     return f"{s // 3600} h {s % 3600 // 60:02d} min" if s >= 3600 else f"{s // 60} min {s % 60:02d} s"
 
 

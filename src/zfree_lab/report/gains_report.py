@@ -156,17 +156,6 @@ def available_gain_table(oracles: pd.DataFrame, digits: int = 3) -> pd.DataFrame
         index=pd.Index(oracle_names(oracles), name="label"))
 
 
-def oracle_table_view(table: pd.DataFrame, max_columns: int = 8) -> pd.DataFrame:
-    """``available_gain_table`` as the report shows it: turned a quarter (labels as columns, quantities as
-    rows) when it has more than ``max_columns`` columns and no more labels than that, so a table of a few
-    labels and their null, flipped and net columns reads down the page instead of scrolling sideways."""
-    if len(table.columns) > max_columns and len(table) <= max_columns:
-        view = table.astype(object).T
-        view.index.name, view.columns.name = "quantity", "label"
-        return view
-    return table
-
-
 #: the oracle table's null, flipped-label and net columns as the report names them
 _NULL_NAMES = {"delta_R_null": "null oracle ΔR (permuted label)", "label_value": "label value D_null − D_oracle",
                "flipped": "flipped label D_flipped − D_oracle", "oracle_net": "oracle net gain (marginal NLL)",
