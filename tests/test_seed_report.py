@@ -60,7 +60,7 @@ def test_the_section_over_seeds_is_one_line_where_every_cell_has_one_seed():
     from zfree_lab.report.seed_report import seed_section
 
     md, frame = seed_section(pd.DataFrame([_row(1), _row(1, weighting="plain")]))
-    assert frame is None and "every cell has 1 seed" in md and "--seeds 0-2" in md and "\n- " not in md
+    assert frame is None and "every cell has **1 seed**" in md and "--seeds 0-2" in md and "\n- " not in md
     md, frame = seed_section(pd.DataFrame([_row(1), _row(3, weighting="plain")]))
     assert frame is not None and len(frame) == 2 and "**1 seed**" in md and "3 seeds" in md
     assert seed_section(None) is None and seed_section(pd.DataFrame([_row(1)]).iloc[:0]) is None

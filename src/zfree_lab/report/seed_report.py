@@ -89,7 +89,7 @@ def seed_section(tab: pd.DataFrame | None) -> tuple[str, pd.DataFrame | None] | 
         return None
     head = "## Over seeds: the paired test\n\n"
     if (tab["n_seeds"] < 2).all():
-        return (head + "*Left out: every cell has 1 seed, so there is no interval over seeds (the seeds are the "
+        return (head + "*Left out: every cell has **1 seed**, so there is no interval over seeds (the seeds are the "
                 "unit of evidence for a claim about a recipe); the verdicts above are within one seed. Run more "
                 "seeds: `zfree study --seeds 0-2`.*"), None
     return (head + "Each seed trains the run and its own control on the same batches; the seeds are the replicates "
