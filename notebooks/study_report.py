@@ -118,4 +118,4 @@ show(plot_loss_fractions(summary))
 # ## Failed runs
 
 # %%
-display(Markdown(errors_markdown(sweep.errors)))
+display(Markdown(errors_markdown(sweep.errors, finished=len(summary))))

@@ -152,7 +152,8 @@ def test_show_hands_a_png_to_ipython_and_closes_the_figure(monkeypatch):
 def test_reference_and_errors_markdown():
     assert "ratio 1.100" in R.reference_markdown({"c_base": 1.1, "c_base_analytic": 1.0, "n_rows": 5})
     assert R.reference_markdown(None).startswith("**No reference")
-    assert R.errors_markdown([]) == "None."
+    assert R.errors_markdown([]) == "No run failed."
+    assert R.errors_markdown([], finished=3) == "No run failed (3 finished)."
     assert R.errors_markdown([{"run_id": "x", "error": "boom" * 100}], width=8) == "- <code>x</code>: boomboom"
 
 

@@ -29,6 +29,7 @@ from zfree_lab.experiment.render import render_report
 from zfree_lab.experiment.results import collect_runs
 from zfree_lab.experiment.sources import Prepared, prepare_base, prepare_data
 from zfree_lab.experiment.spec import ExperimentSpec, expand_grid, own_grid
+from zfree_lab.experiment.study_folders import FINETUNE_CHECKPOINT, FINETUNE_DIR, finetune_roots
 from zfree_lab.experiment.study_notes import context_of_y, label_notes
 from zfree_lab.experiment.study_plan import PLAN_FILE, apply_fitted, check_request, load_plan, request_of, write_plan
 from zfree_lab.experiment.tables import aggregate
@@ -67,8 +68,8 @@ def _worth_keeping(out: Path) -> bool:
     """Whether a fresh study folder whose preparation was refused holds a base trained or fine-tuned
     there (hours on a real model), which the same command resumes or reuses: then it is kept."""
     trained = (out / "base" / "model").is_dir() and not (out / "base" / "source.json").exists()  # not a link
-    return trained or any((out / p).exists() for p in ("base_ft", "base_ft.checkpoint", "data/base_ft",
-                                                       "data/base_ft.checkpoint"))
+    return trained or any((root / name).exists() for root in finetune_roots(out)
+                          for name in (FINETUNE_DIR, FINETUNE_CHECKPOINT))
 
 
 def _notes(spec: ExperimentSpec, out: Path, prep: Prepared, table: list[dict] | None) -> list[str] | None:

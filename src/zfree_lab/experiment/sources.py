@@ -38,6 +38,7 @@ from zfree.reference.reference import Reference, build_reference, load_reference
 from zfree.reference.score_cache import tokenizer_sha256
 from zfree_lab.run.base_training import train_base, train_text_base
 from zfree_lab.experiment.spec import BaseSource, DataSource
+from zfree_lab.experiment.study_folders import FINETUNE_CHECKPOINT, FINETUNE_DIR
 
 
 @dataclass
@@ -262,7 +263,7 @@ def finetune_base(base: Path, data_dir: Path, steps: int = 300) -> Path:
     fine-tune resumes from its last evaluation (``data_dir/base_ft.checkpoint``, removed once the
     reference is written: ``zfree_lab.run.base_checkpoint``) and ends with the weights an uninterrupted
     one ends with. The model must be a local transformers folder (ModelLoadError for a GGUF file)."""
-    ft = data_dir / "base_ft"
+    ft = data_dir / FINETUNE_DIR
     if (ft / "reference" / "reference.json").exists():
         return ft
     src = (base / "model").resolve()
@@ -270,7 +271,7 @@ def finetune_base(base: Path, data_dir: Path, steps: int = 300) -> Path:
         raise ModelLoadError(f"--finetune-base needs a transformers folder; {src} is a GGUF source "
                              "(save it with save_pretrained first)")
     shutil.rmtree(ft, ignore_errors=True)  # an unfinished fine-tune's output (no reference yet); its checkpoint stays
-    ckpt = data_dir / "base_ft.checkpoint"
+    ckpt = data_dir / FINETUNE_CHECKPOINT
     train_text_base(data_dir, ft, BaseTrainConfig(max_steps=steps, **FINETUNE), init_from=src, progress=True,
                     checkpoint_dir=ckpt)
     shutil.rmtree(ckpt, ignore_errors=True)

@@ -1,7 +1,8 @@
 """Which study or sweep folder a notebook opens: the one it names, ``$ZFREE_STUDY``, else the most
 recently finished one under the runs folder (``choose_study``); ``NoStudyError`` in one line, offering
 the one-minute smoke study, when there is none; and what a folder holds, its runs counted by kind
-(``count_runs``, ``given_kind``). ``zfree_lab.experiment.results.load_sweep`` reads the folder chosen.
+(``count_runs``, ``given_kind``) and where a base's fine-tune is (``finetune_roots``).
+``zfree_lab.experiment.results.load_sweep`` reads the folder chosen.
 """
 
 from __future__ import annotations
@@ -87,3 +88,13 @@ def count_runs(runs_dir: Path | str) -> dict[str, int]:
         d = read_json_object(s)
         counts[(given_kind(d) if d is not None else None) or "cvae"] += 1
     return counts
+
+
+#: the fine-tune's folders beside a study's train.jsonl: its output, then its checkpoint while it runs
+FINETUNE_DIR, FINETUNE_CHECKPOINT = "base_ft", "base_ft.checkpoint"
+
+
+def finetune_roots(study: Path) -> tuple[Path, Path]:
+    """Where a study's fine-tune folders can be: beside train.jsonl in the study folder, or in its data/
+    (``prepare_data`` of a jsonl or E2E source); ``FINETUNE_DIR`` and ``FINETUNE_CHECKPOINT`` in each."""
+    return study, study / "data"

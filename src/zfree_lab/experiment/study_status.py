@@ -25,6 +25,7 @@ from zfree.core.errors import CheckpointError, InputError
 from zfree.core.io import read_json_object, read_jsonl
 from zfree_lab.experiment.executor import RUN_TIME, is_finished
 from zfree_lab.run.checkpoint_io import read_plain_structure
+from zfree_lab.experiment.study_folders import FINETUNE_CHECKPOINT, FINETUNE_DIR, finetune_roots
 from zfree_lab.run.locks import LOCK_NAME, lock_owner
 
 #: a running run whose progress.json is older than this is said to have written nothing for that long
@@ -95,11 +96,11 @@ def finetune_state(study: Path, now: float) -> dict[str, Any] | None:
     """The base's fine-tune (``finetune_base``: ``base_ft/`` beside the study's train.jsonl, in the study
     folder or its data/): ``done`` with its c_base, ``running`` with the step of its last checkpoint, the
     steps asked, the last validation c_base and the seconds per step so far, or None (no fine-tune)."""
-    for root in (study, study / "data"):
-        ref = read_json_object(root / "base_ft" / "reference" / "reference.json")
+    for root in finetune_roots(study):
+        ref = read_json_object(root / FINETUNE_DIR / "reference" / "reference.json")
         if ref is not None:
             return {"state": "done", "c_base": ref.get("c_base")}
-        ckpt = root / "base_ft.checkpoint" / "checkpoint"
+        ckpt = root / FINETUNE_CHECKPOINT / "checkpoint"
         key = read_json_object(ckpt / "key.json")
         try:
             s = read_plain_structure(ckpt, "state")  # the tensors (Adam's moments) stay on disk

@@ -366,11 +366,11 @@ def reference_markdown(ref: dict | None) -> str:
             + (f" Note: {md_text(ref['note'])}." if ref.get("note") else ""))
 
 
-def errors_markdown(errors: list[dict], width: int = 300) -> str:
-    """The failed runs (error.json records: run_id, error) as a markdown list, each error cut to
-    ``width`` characters and shown as text (``md_text``: a traceback's ``----`` is no heading)."""
+def errors_markdown(errors: list[dict], width: int = 300, finished: int | None = None) -> str:
+    """The failed runs (error.json records: run_id, error) as a markdown list, each error cut to ``width``
+    characters, as text (``md_text``: a traceback's ``----`` is no heading); none: one line, ``finished`` counted."""
     if not errors:
-        return "None."
+        return "No run failed" + (f" ({finished} finished)." if finished is not None else ".")
     return "\n".join(f"- {md_code(e.get('run_id'))}: {md_text(str(e.get('error'))[:width])}" for e in errors)
 
 
