@@ -24,7 +24,7 @@ from zfree.data.batching import collate, encode_pairs
 from zfree.data.pairs import Pair
 from zfree_lab.run.tokenizer import build_digit_tokenizer
 from zfree.models import injection
-from zfree.models.base import decode_with_latents
+from zfree.models.decoding import decode_with_latents
 from zfree.models.injection import (decoder_hidden_full, decoder_hidden_suffix, full_target_logprobs,
                                     shared_prefix_problem, suffix_target_logprobs, zfree_pass)
 from zfree.core.errors import ModelLoadError

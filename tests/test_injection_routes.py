@@ -25,7 +25,7 @@ from tests.tiny import tiny_flat
 from zfree.config import LATER_FIELD_DEFAULTS, TrainConfig, without_log_only
 from zfree.data.batching import EncodedPair, collate, encode_pairs
 from zfree_lab.run.tokenizer import build_digit_tokenizer
-from zfree.models.base import decode_with_latents
+from zfree.models.decoding import decode_with_latents
 from zfree.models.continuous import ContinuousCVAE
 from zfree.models.discrete import DiscreteCVAE
 from zfree.models.injection import full_target_logprobs

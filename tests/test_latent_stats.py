@@ -238,7 +238,7 @@ def test_every_latent_value_greedy_decodes_as_the_base_model_at_step_0(cvae):
 
 def test_sampled_decodes_are_reproducible_and_bounded(cvae):
     from tests.tiny import PAIRS
-    from zfree.models.base import decode_with_latents
+    from zfree.models.decoding import decode_with_latents
 
     model, base, tok = cvae
     prefixes = [encode_pair(tok, p).prefix_ids for p in PAIRS]
@@ -271,7 +271,7 @@ def test_sampled_decodes_are_reproducible_and_bounded(cvae):
 
 def test_cached_decoder_equals_the_uncached_one_greedy_and_sampled(cvae):
     from tests.tiny import PAIRS
-    from zfree.models.base import decode_with_latents
+    from zfree.models.decoding import decode_with_latents
 
     model, base, tok = cvae
     prefixes = [encode_pair(tok, p).prefix_ids for p in PAIRS] * 3  # ragged lengths, repeated rows
@@ -287,7 +287,7 @@ def test_cached_decoder_equals_the_uncached_one_greedy_and_sampled(cvae):
 
 def test_sampling_draws_the_first_token_from_the_softmax(cvae):
     from tests.tiny import PAIRS
-    from zfree.models.base import decode_with_latents, next_token_probs
+    from zfree.models.decoding import decode_with_latents, next_token_probs
 
     model, base, tok = cvae
     prefix = encode_pair(tok, PAIRS[0]).prefix_ids
@@ -328,7 +328,8 @@ def test_decoding_never_runs_past_the_context(cache, capsys):
     tokens stay within the model's 16 positions (an IndexError in the position embedding before),
     the cut rows are named in a note, and rows with room decode as they did."""
     from zfree_lab.run.tokenizer import build_digit_tokenizer
-    from zfree.models.base import build_synthetic_gpt2, decode_with_latents
+    from zfree.models.base import build_synthetic_gpt2
+    from zfree.models.decoding import decode_with_latents
 
     tok = build_digit_tokenizer(10)
     model = build_synthetic_gpt2(len(tok), n_positions=16, n_layer=1, n_embd=32, n_head=2, seed=0).eval()

@@ -16,7 +16,7 @@ from sklearn.metrics import normalized_mutual_info_score
 from zfree.data.batching import EncodedPair
 from zfree.data.pairs import Pair
 from zfree.data.synth import STRATEGIES, text_to_digits
-from zfree.models.base import decode_with_latents
+from zfree.models.decoding import decode_with_latents
 
 ACTIVE_UNIT_THRESHOLD = 0.01  # Burda et al. 2016: a dimension is active if Var_x(E_q[z_d]) > 0.01
 

@@ -63,7 +63,8 @@ from torch.nn import functional as F
 
 from zfree.config import LatentKind
 from zfree.data.batching import Batch
-from zfree.models.base import decode_with_latents, target_logprobs_from_hidden
+from zfree.models.base import target_logprobs_from_hidden
+from zfree.models.decoding import decode_with_latents
 from zfree.models.encoder import build_posterior_encoder, pool_posterior_features
 from zfree.models.injection import full_target_logprobs, suffix_target_logprobs, zfree_pass
 from zfree.models.precision import heads_input

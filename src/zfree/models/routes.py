@@ -43,7 +43,7 @@ and the fallback) and a suffix pass reusing the z-free pass's x-prefix cache for
 under the same ``shared_prefix`` modes and fallback warning as the embedding route
 (``zfree.models.injection.suffix_full_pass_reason``); both are tested equal. The CVAE binds its
 route to its backbone (``bind_route``) so that decoding helpers given only the backbone
-(``zfree.models.base.decode_with_latents``) decode through it.
+(``zfree.models.decoding.decode_with_latents``) decode through it.
 """
 
 from __future__ import annotations
@@ -146,7 +146,8 @@ class MidRoute(InjectionRoute):
         layers = decoder_layers(backbone)
         self.layer_index = len(layers) // 2
 
-    def _layer(self, backbone) -> nn.Module:
+    def layer(self, backbone) -> nn.Module:
+        """The decoder layer whose input u is added to (``layer_index`` of ``decoder_layers``)."""
         return decoder_layers(backbone)[self.layer_index]
 
     def full(self, backbone, batch, latents):
@@ -156,7 +157,7 @@ class MidRoute(InjectionRoute):
         emb = backbone.get_input_embeddings()(batch.decoder_inputs)  # (B, T, D)
         inj = injection_mask(batch).to(latents.dtype)  # (B, T)
         delta = (inj[:, None, :, None] * latents[:, :, None, :]).reshape(B * n, T, -1)  # (B*n, T, D)
-        with residual_added(self._layer(backbone), delta):
+        with residual_added(self.layer(backbone), delta):
             h = hidden_states(backbone, repeat_batch(batch, n), inputs_embeds=emb.repeat_interleave(n, 0))
         return h.reshape(B, n, T, -1)
 
@@ -171,7 +172,7 @@ class MidRoute(InjectionRoute):
         x = backbone.get_input_embeddings()(ids).repeat_interleave(n, 0)  # (B*n, L, D)
         delta = latents[:, :, None, :].expand(B, n, L, -1).reshape(B * n, L, -1)
         mask = torch.cat([prefix_slots_mask(batch, Pc), valid], 1).long().repeat_interleave(n, 0)
-        with residual_added(self._layer(backbone), delta):
+        with residual_added(self.layer(backbone), delta):
             h = backbone.base_model(inputs_embeds=x, attention_mask=mask, position_ids=pos.repeat_interleave(n, 0),
                                     use_cache=True, **{CACHE_KW: prefix_cache(cache, Pc, n)}).last_hidden_state
         return h.reshape(B, n, L, -1), valid
@@ -373,7 +374,7 @@ def build_route(injection: str, backbone) -> InjectionRoute:
 
 def bind_route(backbone, route: InjectionRoute) -> None:
     """Record ``route`` on ``backbone`` (a plain attribute, not a submodule: its parameters stay the
-    CVAE's), so ``zfree.models.base.decode_with_latents`` decodes through it."""
+    CVAE's), so ``zfree.models.decoding.decode_with_latents`` decodes through it."""
     object.__setattr__(backbone, _ROUTE_ATTR, route)
 
 
