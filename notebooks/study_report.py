@@ -44,6 +44,7 @@ from zfree_lab.report.report import (QUALITY_COLUMNS, USE_COLUMNS, errors_markdo
                                  run_verdicts, show, verdict_markdown)
 from zfree_lab.experiment.leaderboard import read_leaderboard
 from zfree_lab.experiment.results import load_sweep
+from zfree_lab.experiment.study_folders import count_runs
 
 sweep = load_sweep(sweep_dir)
 summary = sweep.runs
@@ -118,4 +119,4 @@ show(plot_loss_fractions(summary))
 # ## Failed runs
 
 # %%
-display(Markdown(errors_markdown(sweep.errors, finished=len(summary))))
+display(Markdown(errors_markdown(sweep.errors, finished=sum(count_runs(sweep.sweep_dir / "runs").values()))))  # controls, oracles too

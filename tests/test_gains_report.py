@@ -13,6 +13,7 @@ from tests.real_study import LONG_Y, make_real_study
 from zfree_lab.report import gains_report as G
 from zfree_lab.report import labels_report as L
 from zfree_lab.report import report as R
+from zfree_lab.report.explore import launch_beta_range
 
 
 def _oracles(lo=(0.08, -0.09), rows=(60, 60)) -> pd.DataFrame:
@@ -156,8 +157,8 @@ def test_drop_empty_and_left_out_lines():
 
 
 def test_launch_beta_range_spans_the_study_beta_and_beta_star():
-    assert R.launch_beta_range([0.0043], [0.0129]) == (-3.0, -1.25)
-    assert R.launch_beta_range([], [float("nan")]) == (-2.0, 0.0)
+    assert launch_beta_range([0.0043], [0.0129]) == (-3.0, -1.25)
+    assert launch_beta_range([], [float("nan")]) == (-2.0, 0.0)
 
 
 def test_switch_on_targets_judge_what_is_known_and_only_the_gain_on_real_data():

@@ -86,6 +86,10 @@ def test_run_labels_name_each_field_apart_as_the_figures_do_and_tell_every_run_a
     assert all(any(R.run_label(r, runs).startswith(g + ", β=") for g in legend) for _, r in aided.iterrows())
     one_seed = runs[runs["seed"] == 0]
     assert R.run_label(one_seed.iloc[1], one_seed) == "distribution, hard_em_then_soft, β=0.03"  # one seed: unnamed
+    routed = one_seed.iloc[1].to_dict() | {"injection": "memory", "latent_capacity": "shared_delta"}
+    assert R.run_label(routed) == "distribution, hard_em_then_soft, memory route, shared_delta, β=0.03"
+    assert R.run_label(one_seed.iloc[1].to_dict() | {"injection": "embedding", "latent_capacity": "per_value"}) == \
+        "distribution, hard_em_then_soft, β=0.03"  # the defaults are not named
 
 
 def test_runs_at_beta_picks_the_log_nearest_beta_per_facet_with_every_seed():

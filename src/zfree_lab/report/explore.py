@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import ipywidgets as W
+import numpy as np
 import pandas as pd
 
 from zfree.config import TrainConfig
@@ -20,7 +21,7 @@ from zfree_lab.experiment.results import SweepResults, load_sweep
 from zfree_lab.experiment.study_folders import check_folder, count_runs, find_studies
 from zfree_lab.experiment.study_notes import study_notes
 from zfree_lab.report.labels_report import dashes
-from zfree_lab.report.report import AIDED_COLUMNS, QUALITY_COLUMNS, USE_COLUMNS, launch_beta_range
+from zfree_lab.report.report import AIDED_COLUMNS, QUALITY_COLUMNS, USE_COLUMNS
 from zfree_lab.report.widgets import WIDE, LaunchPanel, SweepExplorer
 
 #: the columns of the chosen study's run table (those it has; ``source`` where runs were launched)
@@ -198,3 +199,15 @@ class ExploreLab:
         self.panel.set_template(launch_template(sweep), study_dir / LAUNCHED, log_beta=launch_log_beta(sweep))
         self.study_dir = study_dir
         self._show()
+
+
+def launch_beta_range(betas, beta_stars=(), pad_decades: float = 0.5, step: float = 0.25) -> tuple[float, float]:
+    """(lo, hi) in log10 β for the launch panel: the study's ``betas`` and predicted ``beta_stars``
+    (non-positive and NaN ignored) widened by ``pad_decades`` on each side and snapped outward to
+    ``step`` (e.g. an E2E study at β 0.0043 with β* 0.0129 -> (-3.0, -1.25)); (-2, 0) when none is given."""
+    v = np.asarray([*betas, *beta_stars], float)
+    v = v[np.isfinite(v) & (v > 0)]
+    if not len(v):
+        return (-2.0, 0.0)
+    lo, hi = np.log10(v.min()) - pad_decades, np.log10(v.max()) + pad_decades
+    return float(np.floor(lo / step) * step), float(np.ceil(hi / step) * step)

@@ -52,7 +52,7 @@ def _fmt(v: Any) -> str:
 
 class LaunchPanel:
     """Launch a small sweep: β from 10^lo to 10^hi (``n_beta`` log-spaced values) × the chosen
-    weightings × ``seeds`` seeds (``log_beta``: the initial (lo, hi), e.g. ``report.launch_beta_range``), with the chosen aid (default none) and ``steps``, over the flat
+    weightings × ``seeds`` seeds (``log_beta``: the initial (lo, hi), e.g. ``explore.launch_beta_range``), with the chosen aid (default none) and ``steps``, over the flat
     ``base`` config (the template), into ``sweep_dir/runs`` — a folder of its own (the explore
     notebook uses ``STUDY/launched``), so the study's runs and report stay as they were.
 

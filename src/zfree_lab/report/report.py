@@ -92,18 +92,6 @@ def runs_at_beta(runs: pd.DataFrame, beta: float) -> pd.DataFrame:
     return pd.concat(parts)
 
 
-def launch_beta_range(betas, beta_stars=(), pad_decades: float = 0.5, step: float = 0.25) -> tuple[float, float]:
-    """(lo, hi) in log10 β for the launch panel: the study's ``betas`` and predicted ``beta_stars``
-    (non-positive and NaN ignored) widened by ``pad_decades`` on each side and snapped outward to
-    ``step`` (e.g. an E2E study at β 0.0043 with β* 0.0129 -> (-3.0, -1.25)); (-2, 0) when none is given."""
-    v = np.asarray([*betas, *beta_stars], float)
-    v = v[np.isfinite(v) & (v > 0)]
-    if not len(v):
-        return (-2.0, 0.0)
-    lo, hi = np.log10(v.min()) - pad_decades, np.log10(v.max()) + pad_decades
-    return float(np.floor(lo / step) * step), float(np.ceil(hi / step) * step)
-
-
 def run_label(row, runs: pd.DataFrame | None = None) -> str:
     """``weighting[, latent_kind][, aid][, remedy], β=…[, seed …]``, the names joined by ", " and read
     as words as the figures' legends name facets (``figstyle.groups``, ``facet_name``), e.g.
@@ -111,11 +99,16 @@ def run_label(row, runs: pd.DataFrame | None = None) -> str:
     phrase: "distribution hard_em_then_soft β=0.3 s1"). Every facet that is not its default
     (``aid = none``, ``latent_kind = discrete``, ``remedy = none``) is named, whether or not ``runs``
     varies it, so a run reads the same in every table and figure (an aided run never loses its aid
-    in a table of aided runs only); the seed where ``runs`` has several."""
+    in a table of aided runs only); then the injection route and ``latent_capacity`` when not their
+    defaults ("memory route", "shared_delta"; not in the figures' legends); the seed where ``runs`` has several."""
     parts = [facet_name("weighting", row["weighting"])]
     for f in ("latent_kind", "aid", "remedy"):
         if f in row and str(row[f]) not in ("none", "discrete", "nan", "None"):
             parts.append(facet_name(f, row[f]))
+    if str(row.get("injection", "embedding")) not in ("embedding", "nan", "None"):  # how z enters (routes)
+        parts.append(f"{row['injection']} route")
+    if str(row.get("latent_capacity", "per_value")) == "shared_delta":
+        parts.append("shared_delta")
     parts.append(f"β={row['beta']:g}")
     if runs is not None and "seed" in runs and runs["seed"].nunique() > 1:
         parts.append(f"seed {int(row['seed'])}")
