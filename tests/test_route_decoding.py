@@ -77,6 +77,12 @@ def test_each_cached_position_has_the_full_passs_hidden_state(arch, route):
     assert float((last[0] - last[1]).abs().max()) > 1e-6  # the latent reaches every route's cached path
 
 
+def test_the_cached_routes_are_routes():
+    from zfree.models.routes import ROUTES
+
+    assert decoding.CACHED_ROUTES <= set(ROUTES)
+
+
 def _refuse(*args, **kwargs):
     raise AssertionError("the uncached path was taken")
 

@@ -26,6 +26,11 @@ from zfree.models.kv_cache import CACHE_KW, sliding_window_of
 from zfree.models.routes import residual_added, route_of
 
 
+#: the routes ``_start`` and ``_step`` inject u into with the cache; another route (one added later)
+#: decodes through its own full pass per token (``InjectionRoute.last_hidden``): slower, never wrong
+CACHED_ROUTES = frozenset({"embedding", "mid", "memory", "prefix"})
+
+
 @torch.no_grad()
 def decode_with_latents(backbone, prefixes, latents: Float[torch.Tensor, "rows d_model"], *, eos_id: int,
                         max_new_tokens: int, generator: torch.Generator | None = None,
@@ -42,7 +47,7 @@ def decode_with_latents(backbone, prefixes, latents: Float[torch.Tensor, "rows d
     same ids.
 
     ``cache`` (default): the key/value cache, one pass over each prefix group and then one position
-    per new token, on every route; without it (``cache=False``, the reference the cached path is
+    per new token, on every route of ``CACHED_ROUTES``; without it (``cache=False``, the reference the cached path is
     tested against, and the path taken for a model whose sliding window is shorter than prefix + new
     tokens: ``zfree.models.kv_cache.sliding_window_of``) every token re-reads the whole sequence
     through the route's full pass. The two agree up to float rounding (tests/test_latent_stats.py,
@@ -59,7 +64,7 @@ def decode_with_latents(backbone, prefixes, latents: Float[torch.Tensor, "rows d
     if cut:
         print(f"note: {cut} of {len(prefixes)} decoded rows were cut at the model's context of {context} tokens "
               f"(prefix + up to {max_new_tokens} new tokens did not fit)", flush=True)
-    cached = cache and (window is None or longest <= window)
+    cached = cache and name in CACHED_ROUTES and (window is None or longest <= window)
     out: list[list[int]] = [[] for _ in prefixes]
     emb_layer = backbone.get_input_embeddings()
     if name == "embedding":  # added to the embeddings: in the body's dtype (a bf16 base)
