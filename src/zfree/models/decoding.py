@@ -55,7 +55,7 @@ def decode_with_latents(backbone, prefixes, latents: Float[torch.Tensor, "rows d
     the model's context (``new_token_room``; a note says how many rows were cut). prefixes: list of
     id lists; latents (rows, d_model). Returns the generated ids without the end token."""
     route = route_of(backbone)
-    name = "embedding" if route is None else route.name
+    name = _name(route)
     extra = 1 if name == "prefix" else 0  # the soft token is one more position
     window = sliding_window_of(backbone.config)
     longest = max((len(p) for p in prefixes), default=0) + extra + max_new_tokens
@@ -78,6 +78,11 @@ def decode_with_latents(backbone, prefixes, latents: Float[torch.Tensor, "rows d
     return out
 
 
+def _name(route) -> str:
+    """The route's name; "embedding" for none bound (the embedding path)."""
+    return "embedding" if route is None else route.name
+
+
 def _next_token(logits: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """(G,) next ids from (G, V) logits: the argmax, or one draw per row from their softmax."""
     if generator is None:
@@ -95,7 +100,7 @@ def _group_uncached(backbone, route, ids: torch.Tensor, lat: torch.Tensor, room:
     done = torch.zeros(len(ids), dtype=torch.bool, device=dev)
     for _ in range(room):
         T = ids.shape[1]
-        if route is not None and route.name != "embedding":
+        if _name(route) != "embedding":
             h_last = route.last_hidden(backbone, ids, P, lat)
         else:
             inj = (torch.arange(T, device=dev) >= P - 1).to(lat.dtype)  # separator and y positions
@@ -135,7 +140,7 @@ def _start(backbone, route, ids: torch.Tensor, lat: torch.Tensor):
     (position P - 1) the way ``route`` trains it (module docstring)."""
     body, emb_layer = backbone.base_model, backbone.get_input_embeddings()
     G, P = ids.shape
-    name = "embedding" if route is None else route.name
+    name = _name(route)
     if name == "memory":  # x z-free into an unbounded cache, then the separator reading slot 0 + M u
         if P < 2:
             raise ValueError("injection='memory' needs a token before the separator in every row (prefix_len >= 2)")
@@ -159,7 +164,7 @@ def _start(backbone, route, ids: torch.Tensor, lat: torch.Tensor):
 def _step(backbone, route, nxt: torch.Tensor, lat: torch.Tensor, past):
     """The body's output for one new token per row ``nxt`` (G,) after the cache ``past``, u entering
     it the way ``route`` trains it (memory and prefix: already in the cache)."""
-    body, name = backbone.base_model, "embedding" if route is None else route.name
+    body, name = backbone.base_model, _name(route)
     emb = backbone.get_input_embeddings()(nxt)[:, None]  # (G, 1, D)
     if name == "mid":
         with residual_added(route.layer(backbone), lat[:, None]):
