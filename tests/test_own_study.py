@@ -362,6 +362,36 @@ def _check_unconditional_split(out: Path, data: Path, context: dict) -> dict:
     return rec
 
 
+@pytest.mark.slow  # two own_smoke grids (6 tiny runs each), no report
+def test_more_seeds_into_a_finished_study_train_only_the_new_seeds_runs(tiny_model, tmp_path, monkeypatch, capsys):
+    """``--seeds 0-1`` into a study made with the preset's own seed grows its plan (not another study): the
+    planned runs are kept as they are, the new seed's runs have the plan's cuts (the same steps and rows), so
+    the seeds are paired; the same longer command again then reuses the grown plan."""
+    from zfree_lab.experiment.own_study import run_own_study
+
+    monkeypatch.setenv("ZFREE_CACHE_DIR", str(tmp_path / "cache"))
+    model, data = tiny_model
+    out = tmp_path / "study"
+    run_own_study(str(model), data, out, preset="own_smoke", render=False, progress=False)
+    plan = json.loads((out / "plan.json").read_text())
+    stamps = {i: (out / "runs" / i / "summary.json").stat().st_mtime_ns for i in plan["run_ids"]}
+    capsys.readouterr()
+    run_own_study(str(model), data, out, preset="own_smoke", render=False, progress=True, seeds=(0, 1))
+    grown = capsys.readouterr().out
+    assert "extended from the spec's own seed to seeds [0, 1] with its cuts, no probe: 6 new runs, 12 in all" in grown
+    assert "reused" not in grown
+    plan2 = json.loads((out / "plan.json").read_text())
+    assert set(plan["run_ids"]) < set(plan2["run_ids"]) and len(plan2["run_ids"]) == 2 * len(plan["run_ids"])
+    assert plan2["fitted"] == plan["fitted"] and plan2["grown_from"][0]["run_ids"] == plan["run_ids"]
+    assert {i: (out / "runs" / i / "summary.json").stat().st_mtime_ns for i in plan["run_ids"]} == stamps
+    configs = {i: json.loads((out / "runs" / i / "config.json").read_text()) for i in plan2["run_ids"]}
+    assert all((out / "runs" / i / "summary.json").exists() for i in configs)
+    assert {c["seed"] for i, c in configs.items() if i not in plan["run_ids"]} == {1}
+    assert len({(c["steps"], c["eval_rows"], c["batch_size"]) for c in configs.values()}) == 1
+    run_own_study(str(model), data, out, preset="own_smoke", render=False, progress=True, seeds=(0, 1))
+    assert "reused: no probe, the same 12 runs" in capsys.readouterr().out
+
+
 @pytest.mark.slow  # two own_smoke studies to their reports, ~100 s each on one thread
 @pytest.mark.parametrize("kind", ["constant", "absent"])
 def test_unconditional_text_runs_a_study_to_its_report(kind, tiny_model, tmp_path, monkeypatch, capsys):

@@ -14,8 +14,8 @@ from zfree.core.errors import ConfigError
 from zfree_lab.cli import main
 from zfree_lab.experiment.own_study import OWN_PRESETS, OWN_SPEC_KEYS, load_own_spec
 from zfree_lab.experiment.spec import expand_grid
-from zfree_lab.experiment.study_plan import (PLAN_FILE, apply_fitted, check_request, differences, fitted_of,
-                                         load_plan, request_of, write_plan)
+from zfree_lab.experiment.study_plan import (PLAN_FILE, apply_fitted, check_request, differences, extend_plan,
+                                         fitted_of, load_plan, more_seeds, request_of, write_plan)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,6 +46,42 @@ def test_another_request_is_refused_naming_what_differs(tmp_path):
     (tmp_path / PLAN_FILE).write_text("{not json")
     with pytest.raises(ConfigError, match="plan.json: not a readable study plan"):
         load_plan(tmp_path)
+
+
+def test_more_seeds_extend_the_plan_with_its_cuts_and_nothing_else_does(tmp_path):
+    """``--seeds 0-2`` after ``--seeds 0`` (or after the preset's own seed) grows the plan: the cuts stay the
+    plan's, the planned runs must be among the new grid's, and the plan keeps what it grew from. Fewer or
+    other seeds, or more seeds with another change, are another request."""
+    spec = OWN_PRESETS["own"]
+    cut = dataclasses.replace(spec, train={**spec.train, "steps": 12})
+    one = dataclasses.replace(spec, seeds=(0,))
+    write_plan(tmp_path, request_of(one, None), cut, 2, ["a0", "b0"], {"runs": 2})
+    saved = load_plan(tmp_path)
+    three = request_of(dataclasses.replace(spec, seeds=(0, 1, 2)), None)
+    assert more_seeds(saved, three) == ([0], [0, 1, 2])
+    check_request(tmp_path, saved, three)  # accepted: more seeds
+    assert more_seeds(saved, request_of(one, None)) is None  # the same request: reused, not extended
+    for other, what in [(dataclasses.replace(spec, seeds=(1, 2)), "spec.seeds: [0] in plan.json, [1, 2] now"),
+                        (dataclasses.replace(spec, seeds=None), "spec.seeds: [0] in plan.json, null now"),
+                        (dataclasses.replace(spec, seeds=(0, 1), overrides={"steps": 20}), "spec.overrides.steps")]:
+        assert more_seeds(saved, request_of(other, None)) is None
+        with pytest.raises(ConfigError, match=re.escape(what)):
+            check_request(tmp_path, saved, request_of(other, None))
+    with pytest.raises(ConfigError, match=re.escape("does not hold the seed its 1 planned run(s) were made with "
+                                                    "(e.g. b0)")):
+        extend_plan(tmp_path, saved, three, apply_fitted(spec, saved["fitted"]), 2, ["a0", "a1", "c0"])
+    assert load_plan(tmp_path) == saved  # refused before the plan is touched
+    grown = apply_fitted(dataclasses.replace(spec, seeds=(0, 1, 2)), saved["fitted"])
+    line = extend_plan(tmp_path, saved, three, grown, 2, ["a0", "a1", "a2", "b0", "b1", "b2"])
+    assert "extended from seeds [0] to seeds [0, 1, 2] with its cuts, no probe: 4 new runs, 6 in all" in line
+    now = load_plan(tmp_path)
+    assert now["request"] == three and now["run_ids"] == ["a0", "a1", "a2", "b0", "b1", "b2"]
+    assert apply_fitted(spec, now["fitted"]).train["steps"] == 12 and now["estimate"] == {"runs": 2}
+    assert [g["request"] for g in now["grown_from"]] == [saved["request"]] and now["grown_from"][0]["run_ids"] == ["a0", "b0"]
+    check_request(tmp_path, now, three)  # the grown plan is the request now
+    # a plan without seeds ran the spec's own seed: extended by a list that holds it (checked by the run ids)
+    write_plan(tmp_path, request_of(spec, None), cut, 2, ["a0"], None)
+    assert more_seeds(load_plan(tmp_path), three) == (None, [0, 1, 2])
 
 
 def test_relative_and_absolute_paths_are_one_request(tmp_path, monkeypatch):

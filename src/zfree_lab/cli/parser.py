@@ -163,7 +163,8 @@ def _add_study(sub) -> None:
     st.add_argument("--retrain-base", action="store_true", help="train a new base model instead of the shipped one")
     st.add_argument("--seeds", type=parse_seeds, default=None, metavar="0-2",
                     help="train every run, its control and each oracle once per seed (a range 0-2 or a list 0,3,5); "
-                         "gains are then tested over seeds (seed_gains.csv); default: the preset's own")
+                         "gains are then tested over seeds (seed_gains.csv); default: the preset's own; more seeds "
+                         "into a finished study's --out add only the new seeds' runs")
     st.add_argument("--workers", type=_positive_int, default=None,
                     help="parallel runs (one torch thread each); on CUDA, runs per device (the estimate holds it to "
                          "what the device memory fits)")

@@ -31,7 +31,8 @@ from zfree_lab.experiment.sources import Prepared, prepare_base, prepare_data
 from zfree_lab.experiment.spec import ExperimentSpec, expand_grid, own_grid
 from zfree_lab.experiment.study_folders import FINETUNE_CHECKPOINT, FINETUNE_DIR, finetune_roots
 from zfree_lab.experiment.study_notes import context_of_y, label_notes
-from zfree_lab.experiment.study_plan import PLAN_FILE, apply_fitted, check_request, load_plan, request_of, write_plan
+from zfree_lab.experiment.study_plan import (PLAN_FILE, apply_fitted, check_request, extend_plan, load_plan, more_seeds,
+                                         request_of, write_plan)
 from zfree_lab.experiment.tables import aggregate
 from zfree_lab.experiment.timings import PhaseClock
 
@@ -172,13 +173,25 @@ def _grid_progress(clock: PhaseClock):
         clock.progress("grid", points=dict(ended))
     return point_ended
 
-def _reuse_plan(spec: ExperimentSpec, workers: int | None, out: Path, saved: dict, progress: bool):
-    """(spec, workers, estimate record) of the plan saved in ``out`` (the same command run again), said when
-    ``progress``: no probe, the same runs."""
-    if progress:
+def _reuse_plan(spec: ExperimentSpec, workers: int | None, out: Path, saved: dict, progress: bool, extending: bool):
+    """(spec, workers, estimate record) of the plan saved in ``out`` (the same command run again, or with
+    more seeds: ``_save_plan`` says so), said when ``progress``: no probe, the same runs."""
+    if progress and not extending:
         print(f"plan: {out / PLAN_FILE} (made {saved.get('made', '?')}) reused: no probe, the same "
               f"{len(saved.get('run_ids', []))} runs; finished ones are skipped", flush=True)
     return apply_fitted(spec, saved["fitted"]), workers or saved["workers"], saved.get("estimate")
+
+
+def _save_plan(out: Path, saved: dict | None, extending: bool, request: dict, spec: ExperimentSpec, workers: int,
+               run_ids: list[str], record: dict | None, progress: bool) -> None:
+    """The study's first plan written, or a saved one grown by more seeds (``study_plan.extend_plan``: said
+    when ``progress``); the same command again leaves it as it is."""
+    if saved is None:
+        write_plan(out, request, spec, workers, run_ids, record)
+    elif extending:
+        line = extend_plan(out, saved, request, spec, workers, run_ids)
+        if progress:
+            print(line, flush=True)
 
 
 def run_experiment(spec: ExperimentSpec, out_dir: Path | str, *, retrain_base: bool = False,
@@ -202,8 +215,9 @@ def run_experiment(spec: ExperimentSpec, out_dir: Path | str, *, retrain_base: b
     t0 = time.time() if started is None else min(started, time.time())
     planned = spec.data.kind != "fields"  # (a YAML sweep resumes by run id: its grid may grow)
     request, saved = request_of(spec, budget_s), load_plan(out) if planned else None
-    if saved is not None:  # the same command again reuses the plan; another one is refused
+    if saved is not None:  # the same command again (or with more seeds) reuses the plan; another one is refused
         check_request(out, saved, request)
+    extending = saved is not None and more_seeds(saved, request) is not None
     fresh = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     # the study folder's lock, held from the preparation to the plan (the probes included), names this
@@ -216,7 +230,7 @@ def run_experiment(spec: ExperimentSpec, out_dir: Path | str, *, retrain_base: b
         clock.done("preparation")
         record = None
         if saved is not None:
-            spec, workers, record = _reuse_plan(spec, workers, out, saved, progress)
+            spec, workers, record = _reuse_plan(spec, workers, out, saved, progress, extending)
         elif estimate or budget_s is not None:  # measure, fit memory and budget, say so, then go on
             fitted = _fit(spec, prep, out, workers or spec.workers, budget_s, t0, clock)
             spec, workers, record = fitted.spec, fitted.workers, fitted.record
@@ -224,8 +238,9 @@ def run_experiment(spec: ExperimentSpec, out_dir: Path | str, *, retrain_base: b
             workers = runs_at_once(workers or spec.workers, str(spec.train.get("device", "auto")))
         _notes(spec, out, prep, _grid(spec, prep)[1])
         points = _points(spec, prep, out)
-        if saved is None and planned:
-            write_plan(out, request, spec, workers or spec.workers, [p.run_id for p in points], record)
+        if planned:
+            _save_plan(out, saved, extending, request, spec, workers or spec.workers, [p.run_id for p in points], record,
+                       progress)
     ex = executor or make_executor(spec.executor, workers or spec.workers, folder=out / "submitit",
                                    **spec.executor_options)
     statuses: list[dict] = []

@@ -8,6 +8,11 @@ ids. The same command again reuses that plan: nothing is re-probed or re-cut, th
 trained, finished runs are skipped and only what is missing runs. A command whose request differs
 (other preset, spec, ``--set``, data file, model or budget) is refused in one line naming what
 differs, before anything in the folder is touched; ``--workers`` may differ (it changes no result).
+One request is an extension, not another study: the same one with more seeds (``zfree study --seeds 0-2``
+after ``--seeds 0``, or after the preset's own seed). It keeps the plan's cuts (the new seeds' runs get the
+same steps, rows and grid as the planned ones, so the seeds stay paired) and adds the new seeds' runs; it is
+accepted only when every planned run is among the extended grid's (``extend_plan``), and the plan then
+records the request it grew from.
 """
 
 from __future__ import annotations
@@ -110,19 +115,54 @@ def load_plan(out: Path) -> dict | None:
     return rec
 
 
-def check_request(out: Path, saved: dict, request: dict) -> None:
-    """ConfigError in one line naming what differs between the saved plan's request and this one."""
+def more_seeds(saved: dict, request: dict) -> tuple[list[int] | None, list[int]] | None:
+    """(the plan's seeds, the new ones) when ``request`` is the saved plan's with more seeds: ``spec.seeds``
+    is the only difference, the new list keeps every seed of the plan's (a plan without seeds ran the
+    spec's own seed, which the new list must then hold: ``extend_plan`` checks it by the run ids). Else None."""
     diff = differences(saved["request"], request)
-    if diff:
+    old, new = saved["request"]["spec"].get("seeds"), request["spec"].get("seeds")
+    if not diff or any(not d.startswith("spec.seeds:") for d in diff) or new is None:
+        return None
+    return (old, list(new)) if old is None or set(old) <= set(new) else None
+
+
+def check_request(out: Path, saved: dict, request: dict) -> None:
+    """ConfigError in one line naming what differs between the saved plan's request and this one; the
+    same request with more seeds passes (``more_seeds``; ``extend_plan`` finishes the check)."""
+    diff = differences(saved["request"], request)
+    if diff and more_seeds(saved, request) is None:
         more = f" (and {len(diff) - 2} more)" if len(diff) > 2 else ""
         raise ConfigError(f"{out / PLAN_FILE}: this study was planned for another request: {'; '.join(diff[:2])}{more}; "
                           "rerun the command that made it (finished runs are kept) or use a new --out")
 
 
 def write_plan(out: Path, request: dict, spec: ExperimentSpec, workers: int, run_ids: list[str],
-               estimate: dict | None) -> None:
+               estimate: dict | None, grown_from: list[dict] | None = None) -> None:
     """Write ``out/plan.json`` (atomically): the request, the fitted spec, workers, run ids and the
-    estimate's record (``estimate.json``'s, None without one)."""
+    estimate's record (``estimate.json``'s, None without one); ``grown_from``: the earlier requests of a
+    plan extended with more seeds (``extend_plan``), oldest first."""
     atomic_write_json(out / PLAN_FILE, {"request": request, "fitted": fitted_of(spec), "workers": workers,
                                         "run_ids": run_ids, "estimate": estimate,
-                                        "made": time.strftime("%Y-%m-%d %H:%M:%S")})
+                                        "made": time.strftime("%Y-%m-%d %H:%M:%S"),
+                                        **({"grown_from": grown_from} if grown_from else {})})
+
+
+def extend_plan(out: Path, saved: dict, request: dict, spec: ExperimentSpec, workers: int,
+                run_ids: list[str]) -> str:
+    """Rewrite the saved plan for the same request with more seeds (``more_seeds``): ``spec`` is the plan's
+    fitted spec with the new seeds and ``run_ids`` its grid's. ConfigError, before the plan is touched, when
+    a planned run is not among ``run_ids`` (the plan ran another seed than the new list holds). Returns
+    the line to print."""
+    old, new = more_seeds(saved, request)  # type: ignore[misc]  # (check_request let only this through)
+    missing = [r for r in saved.get("run_ids", []) if r not in set(run_ids)]
+    if missing:
+        raise ConfigError(f"{out / PLAN_FILE}: --seeds {','.join(map(str, new))} does not hold the seed its "
+                          f"{len(missing)} planned run(s) were made with (e.g. {missing[0]}); add the new seeds to the "
+                          "plan's, or use a new --out")
+    grown = [*saved.get("grown_from", []), {"request": saved["request"], "run_ids": saved.get("run_ids", []),
+                                             "made": saved.get("made")}]
+    write_plan(out, request, spec, workers, run_ids, saved.get("estimate"), grown)
+    added = len(run_ids) - len(saved.get("run_ids", []))
+    seeds = "the spec's own seed" if old is None else f"seeds {old}"
+    return (f"plan: {out / PLAN_FILE} (made {saved.get('made', '?')}) extended from {seeds} to seeds {new} with its "
+            f"cuts, no probe: {added} new runs, {len(run_ids)} in all; finished ones are skipped")
