@@ -388,6 +388,9 @@ def test_more_seeds_into_a_finished_study_train_only_the_new_seeds_runs(tiny_mod
     assert all((out / "runs" / i / "summary.json").exists() for i in configs)
     assert {c["seed"] for i, c in configs.items() if i not in plan["run_ids"]} == {1}
     assert len({(c["steps"], c["eval_rows"], c["batch_size"]) for c in configs.values()}) == 1
+    from zfree_lab.report.plan_report import plan_section
+
+    assert "**Grown with more seeds**: 6 runs (its own seed) → 12 runs (seeds 0, 1)" in plan_section(out, pd.DataFrame())[0]
     run_own_study(str(model), data, out, preset="own_smoke", render=False, progress=True, seeds=(0, 1))
     assert "reused: no probe, the same 12 runs" in capsys.readouterr().out
 

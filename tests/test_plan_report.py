@@ -186,6 +186,22 @@ def test_plan_section_reads_the_study_folder(tmp_path):
     assert "Cut to fit the budget, in this order" in md and list(table.columns) == ["budget [min]", "estimate [min]"]
 
 
+def test_a_study_grown_with_more_seeds_says_so_beside_its_first_estimate(tmp_path):
+    (tmp_path / "estimate.json").write_text(json.dumps(ESTIMATE))
+    assert P.grown_markdown(tmp_path) == ""  # no plan
+    first = {"request": {"spec": {"seeds": None}}, "run_ids": ["a0", "b0"]}
+    second = {"request": {"spec": {"seeds": [0, 1]}}, "run_ids": ["a0", "a1", "b0", "b1"]}
+    (tmp_path / "plan.json").write_text(json.dumps({**first, "fitted": {}}))
+    assert P.grown_markdown(tmp_path) == ""  # a plan that did not grow
+    (tmp_path / "plan.json").write_text(json.dumps({"request": {"spec": {"seeds": [0, 1, 2]}}, "fitted": {},
+                                                    "run_ids": [f"{r}{i}" for r in "ab" for i in range(3)],
+                                                    "grown_from": [first, second]}))
+    line = P.grown_markdown(tmp_path)
+    assert line.startswith("**Grown with more seeds**: 2 runs (its own seed) → 4 runs (seeds 0, 1) → 6 runs (seeds 0, 1, 2)")
+    md, _ = P.plan_section(tmp_path, pd.DataFrame({"steps": [500]}))
+    assert line in md and md.index("**Estimate**") < md.index(line)
+
+
 def test_the_budget_line_counts_only_this_runs_sessions():
     """Issue 59 item 4: two attempts refused by their budget (each ended at its probes) are not what
     the plan that ran spent: the measured total against the budget is this run's sessions alone,

@@ -221,14 +221,32 @@ def conditioning_markdown(study_dir: Path | str) -> str:
     return f"**Unconditional data.** {md_text(note)}"
 
 
+def grown_markdown(study_dir: Path | str) -> str:
+    """A line for a study whose plan grew with more seeds (``plan.json``'s ``grown_from``,
+    ``zfree_lab.experiment.study_plan.extend_plan``): how many runs it was planned for, how many it has now,
+    and that the estimate is the first plan's. "" for any other study (or one without a plan)."""
+    f = Path(study_dir) / "plan.json"
+    plan = read_json(f) if f.exists() else {}
+    grown = plan.get("grown_from") or []
+    if not grown:
+        return ""
+    steps = [*(g.get("request", {}).get("spec", {}).get("seeds") for g in grown),
+             plan.get("request", {}).get("spec", {}).get("seeds")]
+    sizes = [*(len(g.get("run_ids") or []) for g in grown), len(plan.get("run_ids") or [])]
+    said = " → ".join(f"{n} runs ({'its own seed' if s is None else 'seeds ' + ', '.join(map(str, s))})"
+                      for n, s in zip(sizes, steps))
+    return (f"**Grown with more seeds**: {said}, each time with the first plan's cuts (the same steps, rows and grid "
+            "for every seed); the estimate above is the first plan's.")
+
+
 def plan_section(study_dir: Path | str, runs: pd.DataFrame) -> tuple[str, pd.DataFrame | None]:
     """The report's opening section of a study folder: (markdown: on unconditional data its line
     first (``conditioning_markdown``), then under the heading "What was run against what was asked"
-    ``plan_markdown`` and ``smoke_warning``, "" when none has anything to say; ``phase_table``).
+    ``plan_markdown``, ``grown_markdown`` and ``smoke_warning``, "" when none has anything to say; ``phase_table``).
     ``runs``: the CVAE runs (``SweepResults.runs``, with ``steps``)."""
     estimate, sessions = read_plan(study_dir)
     parts = [plan_markdown(estimate, sessions, collect_runs(Path(study_dir) / "runs", kind="all")),
-             smoke_warning(runs, estimate)]
+             grown_markdown(study_dir), smoke_warning(runs, estimate)]
     text = "\n\n".join(p for p in parts if p)
     top = conditioning_markdown(study_dir)
     section = "## What was run against what was asked\n\n" + text if text else ""
