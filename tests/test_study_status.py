@@ -106,6 +106,22 @@ def test_the_command_prints_the_status_or_the_record_and_refuses_a_folder_that_i
     assert "\n" not in err and "is not a study or sweep folder" in err and str(tmp_path / "other") in err
 
 
+def test_the_command_loads_no_torch_so_it_answers_at_once_beside_a_busy_study(study):
+    """``zfree status`` reads files only: in a fresh interpreter it imports neither torch, transformers,
+    pandas nor matplotlib (it imported torch through the spec's boundary helper: about a minute on a
+    machine busy with the study it reads)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from zfree_lab.cli import main; rc = main(['status', sys.argv[1]]); "
+            "print('HEAVY', sorted(m for m in ('torch', 'transformers', 'pandas', 'matplotlib', 'scipy', 'sklearn') "
+            "if m in sys.modules)); sys.exit(rc or 0)")
+    r = subprocess.run([sys.executable, "-c", code, str(study)], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0 and "runs: 1 finished" in r.stdout, r.stdout + r.stderr[-2000:]
+    assert "HEAVY []" in r.stdout, r.stdout
+
+
 def _stale(path):
     old = time.time() - STALE_S - 60
     os.utime(path, (old, old))

@@ -29,7 +29,6 @@ from zfree.core.errors import ConfigError
 from zfree.core.weightings import WEIGHTINGS as WEIGHTING_REGISTRY
 from zfree.data.synth import DataConfig
 from zfree.objective.remedies import check_remedy_fields
-from zfree.objective.theory import critical_beta
 
 
 #: the longest label a run id names as it is (ASCII only); a longer or non-ASCII one is named by its hash.
@@ -234,6 +233,8 @@ class ExperimentSpec:
 def predicted_boundary(weighting: str, ref, epsilon: float = 0.05) -> float:
     """beta* of ``weighting`` (token: its outer weighting, distribution) at the validation rows'
     |S| and b: the median over rows of ``zfree.objective.theory.critical_beta`` (threshold 1; no Bayes loss)."""
+    from zfree.objective.theory import critical_beta  # torch: here, so `zfree status` (spec's importers) stays light
+
     pe = ref.per_example
     if "valid" in pe.columns:
         pe = pe[pe["valid"].to_numpy(dtype=bool)]
