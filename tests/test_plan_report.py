@@ -186,6 +186,19 @@ def test_plan_section_reads_the_study_folder(tmp_path):
     assert "Cut to fit the budget, in this order" in md and list(table.columns) == ["budget [min]", "estimate [min]"]
 
 
+def test_the_measured_total_says_when_the_report_being_rendered_is_not_in_it():
+    """The session that renders the report has no report time yet: its total stops before the report (the
+    command's own closing line counts it), so the line says so; a session whose report ended reads as before."""
+    runs_all = pd.DataFrame({"wall_s": [60.0]})
+    done = {"total_s": 600.0, "grid_s": 400.0, "report_s": 100.0, "finished": True}
+    rendering = {"total_s": 500.0, "grid_s": 400.0}
+    first = P.plan_markdown(ESTIMATE, [done], runs_all)
+    assert "**Measured**: 10.0 min in all against" in first and "not counted" not in first
+    line = P.plan_markdown(ESTIMATE, [done, rendering], runs_all)
+    assert ("18.3 min in all, over 2 sessions (each rerun is one) up to this report (its rendering not counted) "
+            "against the 30.0 min budget") in line
+
+
 def test_a_study_grown_with_more_seeds_says_so_beside_its_first_estimate(tmp_path):
     (tmp_path / "estimate.json").write_text(json.dumps(ESTIMATE))
     assert P.grown_markdown(tmp_path) == ""  # no plan

@@ -130,6 +130,8 @@ def plan_markdown(estimate: dict | None, sessions: list[dict], runs_all: pd.Data
         total = sum(s.get("total_s") or 0.0 for s in ran)
         line = f"**Measured**: {_min(total)} min in all" + (f", over {len(ran)} sessions (each rerun is one)"
                                                             if len(ran) > 1 else "")
+        if ran and ran[-1].get("report_s") is None:  # the session rendering this report: its report phase is not over
+            line += " up to this report (its rendering not counted)"
         if budget:
             line += f" against the {_min(budget)} min budget ({100 * (total / budget - 1):+.0f} %)"
         if refused:
