@@ -34,6 +34,16 @@ def test_an_unknown_set_field_names_the_closest_field_not_all_of_them(argv, tmp_
     assert "lr_new" not in err and not (tmp_path / argv[-1]).exists()
 
 
+def test_an_unknown_preset_names_the_closest_one(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["study", "--preset", "smok", "--out", "study"]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines() == [err.strip()] and "--preset 'smok' (did you mean 'smoke'?) is not one of" in err
+    assert not (tmp_path / "study").exists()
+    assert main(["study", "--preset", "qqqqqq", "--out", "study"]) == 2
+    assert "did you mean" not in capsys.readouterr().err  # nothing close: the list alone
+
+
 def test_an_invalid_own_train_config_is_refused_before_torch_and_before_the_run_folder(tmp_path):
     """Issue 60: ``zfree train --model M --data F --out RUN --set ...`` with an invalid config (example
     weighting with epsilon 0) loaded torch, split the data into RUN and linked the model before refusing it,

@@ -151,7 +151,7 @@ def test_three_prompts_are_split_by_row_not_one_prompt_in_val():
     assert s.by == "row" and not s.unconditional and len(s.val) == 300
     assert {p.x for p in s.val} == {p.x for p in s.train} == {"Define:", "Explain:", "Describe:"}
     (note,) = s.notes
-    assert "1665 rows over 3 distinct x" in note and "would hold 1 x and train 2, fewer than 3 on a side" in note
+    assert "1665 rows over 3 distinct x" in note and "would hold 1 distinct x and train 2, and each side needs at least 3" in note
 
 
 def test_enough_prompts_on_each_side_keep_the_split_by_x():

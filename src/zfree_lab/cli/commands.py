@@ -6,6 +6,8 @@ its exit status (None: 0).
 
 from __future__ import annotations
 
+import difflib
+
 import json
 import sys
 from dataclasses import fields
@@ -197,7 +199,9 @@ def cmd_study(a):
         raise ConfigError(f"--preset {a.preset!r} and --spec {a.spec}: give one (the spec is the whole grid, "
                           f"a preset another)")
     if a.preset is not None and a.preset not in {**PRESETS, **OWN_PRESETS}:
-        raise ValueError(f"--preset {a.preset!r} is not one of {sorted(PRESETS)} (the shipped base), "
+        close = difflib.get_close_matches(a.preset, [*PRESETS, *OWN_PRESETS], n=1)
+        raise ValueError(f"--preset {a.preset!r}{f' (did you mean {close[0]!r}?)' if close else ''} is not one of "
+                         f"{sorted(PRESETS)} (the shipped base), "
                          f"{sorted(set(OWN_PRESETS) - set(BOUND_PRESETS))} (with --model and --data) or "
                          f"{sorted(BOUND_PRESETS)} (a model zfree fetches)")
     if a.preset in BOUND_PRESETS and not (a.model or a.data or a.spec):  # its model fetched, the shipped data

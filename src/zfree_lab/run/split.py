@@ -146,7 +146,8 @@ def split_pairs(pairs: Sequence[Pair], *, val_size: int, seed: int = 0, source: 
     train, val = split_by_row(pairs, val_size=val_size, seed=seed, source=source)
     shared = len({p.x for p in train} & {p.x for p in val})
     why = ("would leave no x for train" if len(val_x) == len(xs) else
-           f"would hold {len(val_x)} x and train {len(xs) - len(val_x)}, fewer than {MIN_X_PER_SIDE} on a side")
+           f"would hold {len(val_x)} distinct x and train {len(xs) - len(val_x)}, and each side needs at least "
+           f"{MIN_X_PER_SIDE}")
     note = (f"{source}: {n} rows over {len(xs)} distinct x, too few for a split by x (a validation set of "
             f"{val_size} rows {why}); split by row instead (seeded): {shared} x on both sides, "
             "so the validation loss partly measures seen inputs")
