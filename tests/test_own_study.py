@@ -86,6 +86,14 @@ def test_one_command_from_model_and_jsonl_to_report(tiny_model, tmp_path, monkey
         body = [k for k in load_file(str(r / "checkpoint" / "model.safetensors")) if k.startswith("backbone.")]
         assert bool(body) == (state["finished"]["body"] != "the base's"), r.name
     assert re.search(r"^disk: [0-9.]+ MiB in .* \([0-9.]+ MiB of it in checkpoints", printed, re.M)
+    # the estimate says the runs' time and the whole command's: the report after the runs, the preparation and
+    # probes before them
+    est = re.search(r"^estimate: \d+ runs on \d+ worker\(s\): about ([0-9.]+) min, peak memory .*; with the report "
+                    r"\(about 1 min\) the study ends in about ([0-9.]+) min, ([0-9.]+) min in all with the ([0-9.]+) min "
+                    r"of preparation and probes so far\. ", printed, re.M)
+    assert est, printed
+    runs_min, ends, in_all, so_far = map(float, est.groups())
+    assert abs(ends - runs_min - 1.0) <= 0.11 and abs(in_all - ends - so_far) <= 0.11 and so_far > 0
     gains = pd.read_csv(out / "available_gain.csv")
     assert list(gains["label"]) == ["style"] and gains["H"].gt(0).all()
     html = (out / "report.html").read_text()
