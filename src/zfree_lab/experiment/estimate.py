@@ -288,6 +288,15 @@ def _reprobe(points: list[Point], probing: Probing, workers: int) -> Callable[[i
     return again
 
 
+def _whole_command(runs_s: float, started: float | None) -> str:
+    """The estimate line's part on the whole command: the runs' ``runs_s`` and the report after them, and (given
+    ``started``) the preparation and probes so far."""
+    so_far = 0.0 if started is None else time.time() - started
+    return (f"with the report (about {REPORT_S / 60:.0f} min) the study ends in about {(runs_s + REPORT_S) / 60:.1f} min"
+            + (f", {(so_far + runs_s + REPORT_S) / 60:.1f} min in all with the {so_far / 60:.1f} min of preparation and "
+               "probes so far" if started is not None else "") + ". ")
+
+
 def plan(spec: ExperimentSpec, make_points: Callable[[ExperimentSpec], list[Point]], out: Path, workers: int,
          budget: float | None = None, started: float | None = None) -> Plan:
     """Probe one point (and a z-free control), fit the grid to memory (``fit_memory``) and to the
@@ -329,12 +338,9 @@ def plan(spec: ExperimentSpec, make_points: Callable[[ExperimentSpec], list[Poin
         w, pr = _workers_after_cut(final[0], points[0], pr, w, workers, probing,
                                    MEMORY_SHARE * limit - parent, lines, slack)
     secs, peak = grid_seconds(final, pr, n_val, w), w * pr.peak_rss + parent
-    so_far = 0.0 if started is None else time.time() - started
     head = (f"estimate: {len(final)} runs on {w} worker(s): about {secs / 60:.1f} min, peak memory {peak / GB:.1f} GB "
             f"({w} x {pr.peak_rss / GB:.2f} GB a run + {parent / GB:.2f} GB this process; {limit / GB:.1f} GB available); "
-            f"with the report (about {REPORT_S / 60:.0f} min) the study ends in about {(secs + REPORT_S) / 60:.1f} min"
-            + (f", {(so_far + secs + REPORT_S) / 60:.1f} min in all with the {so_far / 60:.1f} min of preparation and "
-               "probes so far" if started is not None else "") + ". "
+            + _whole_command(secs, started)
             + _measured(pr if any(TrainConfig.from_flat(p.params).objective.needs_example_b for p in final)
                         else dataclasses.replace(pr, train_scoring_s=0.0), None,  # the cut grid may need no b
                         probing.log, probing.spent(), final[0].params["batch_size"] if final else None))
