@@ -1,13 +1,13 @@
 """The ``zfree`` command's path options checked before any output folder is made: an empty path (an
-unset ``$OUT``), a name longer than the file system takes, a missing data file or model path, a folder or
-device where one JSONL file of pairs is read, an output folder inside an installed package (``zfree.core.paths.check_not_in_package``)."""
+unset ``$OUT``), a name longer than the file system takes, a folder or device where one JSONL file of
+pairs is read, an output folder inside an installed package (``zfree.core.paths.check_not_in_package``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from zfree.core.errors import ConfigError
-from zfree.core.paths import check_name_length, check_not_in_package, looks_like_hub_id
+from zfree.core.paths import check_name_length, check_not_in_package
 
 #: the options (argparse dests) that name a file, folder or model; positional ones print bare
 PATH_ARGS = ("out", "data", "val", "model", "spec", "config", "resume", "src", "base", "init_from", "cache_dir", "study_dir",
@@ -21,9 +21,7 @@ def check_path_args(args) -> None:
     """Refuse, naming the option, a path given empty (``--out ""``, as an unset ``$OUT`` gives:
     it would write into the current folder) or with a name longer than the file system takes, a folder
     or a device (/dev/zero), pipe or socket given where a JSONL file of pairs is read (``JSONL_ARGS``),
-    such a file or a ``--model`` path that does not exist (a model may also be an owner/name hub id), and an
-    output folder inside the installed package, before any output folder is made (and before torch is
-    imported: a typo is refused at once)."""
+    and an output folder inside the installed package, before any output folder is made."""
     for dest in PATH_ARGS:
         value = getattr(args, dest, None)
         if value is None:
@@ -38,11 +36,6 @@ def check_path_args(args) -> None:
             check_not_in_package(value, flag)
         if (args.cmd, dest) in JSONL_ARGS and Path(value).is_dir():
             raise ConfigError(f"{flag} {value}: a folder, not a file: give one JSONL file of pairs")
-        if (args.cmd, dest) in JSONL_ARGS and not Path(value).exists():
-            raise ConfigError(f"{flag} {value}: no such file: give one JSONL file of pairs")
-        if dest == "model" and not Path(value).exists() and not looks_like_hub_id(str(value)):
-            raise ConfigError(f"{flag} {value}: no such file or folder (a model is a transformers folder, a .gguf "
-                              "file or folder, or an owner/name hub id)")
         if (args.cmd, dest) in JSONL_ARGS and Path(value).exists() and not Path(value).is_file():
             raise ConfigError(f"{flag} {value}: not a regular file (a device, pipe or socket, read without end): "
                               f"give one JSONL file of pairs")
