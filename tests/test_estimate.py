@@ -464,9 +464,7 @@ def test_a_zero_budget_is_refused_in_one_line_however_written(text, tmp_path, ca
         est.parse_budget(text)
     from zfree_lab.cli import main
 
-    (tmp_path / "model").mkdir()  # (a missing path would be refused first, by its own one line)
-    (tmp_path / "pairs.jsonl").write_text('{"x": "a", "y": "b"}\n')
-    assert main(["study", "--model", str(tmp_path / "model"), "--data", str(tmp_path / "pairs.jsonl"),
+    assert main(["study", "--model", str(tmp_path / "no-model"), "--data", str(tmp_path / "no.jsonl"),
                  "--out", str(tmp_path / "out"), "--budget", text]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("zfree: error: --budget") and not (tmp_path / "out").exists(), err
