@@ -31,8 +31,8 @@ from zfree_lab.experiment.sources import Prepared, prepare_base, prepare_data
 from zfree_lab.experiment.spec import ExperimentSpec, expand_grid, own_grid
 from zfree_lab.experiment.study_folders import FINETUNE_CHECKPOINT, FINETUNE_DIR, finetune_roots
 from zfree_lab.experiment.study_notes import context_of_y, label_notes
-from zfree_lab.experiment.study_plan import (PLAN_FILE, apply_fitted, check_request, extend_plan, load_plan, more_seeds,
-                                         request_of, write_plan)
+from zfree_lab.experiment.study_plan import (PLAN_FILE, apply_fitted, check_request, extend_plan, load_plan, request_of,
+                                         write_plan)
 from zfree_lab.experiment.tables import aggregate
 from zfree_lab.experiment.timings import PhaseClock
 
@@ -215,9 +215,8 @@ def run_experiment(spec: ExperimentSpec, out_dir: Path | str, *, retrain_base: b
     t0 = time.time() if started is None else min(started, time.time())
     planned = spec.data.kind != "fields"  # (a YAML sweep resumes by run id: its grid may grow)
     request, saved = request_of(spec, budget_s), load_plan(out) if planned else None
-    if saved is not None:  # the same command again (or with more seeds) reuses the plan; another one is refused
-        check_request(out, saved, request)
-    extending = saved is not None and more_seeds(saved, request) is not None
+    # the same command again (or with more seeds) reuses the plan; another one is refused
+    extending = saved is not None and check_request(out, saved, request) is not None
     fresh = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     # the study folder's lock, held from the preparation to the plan (the probes included), names this

@@ -126,14 +126,17 @@ def more_seeds(saved: dict, request: dict) -> tuple[list[int] | None, list[int]]
     return (old, list(new)) if old is None or set(old) <= set(new) else None
 
 
-def check_request(out: Path, saved: dict, request: dict) -> None:
+def check_request(out: Path, saved: dict, request: dict) -> tuple[list[int] | None, list[int]] | None:
     """ConfigError in one line naming what differs between the saved plan's request and this one; the
-    same request with more seeds passes (``more_seeds``; ``extend_plan`` finishes the check)."""
+    same request with more seeds passes (``extend_plan`` finishes the check). Returns ``more_seeds``'s
+    answer: None for the same request, (the plan's seeds, the new ones) for more seeds."""
     diff = differences(saved["request"], request)
-    if diff and more_seeds(saved, request) is None:
+    grown = more_seeds(saved, request) if diff else None
+    if diff and grown is None:
         more = f" (and {len(diff) - 2} more)" if len(diff) > 2 else ""
         raise ConfigError(f"{out / PLAN_FILE}: this study was planned for another request: {'; '.join(diff[:2])}{more}; "
                           "rerun the command that made it (finished runs are kept) or use a new --out")
+    return grown
 
 
 def write_plan(out: Path, request: dict, spec: ExperimentSpec, workers: int, run_ids: list[str],
