@@ -52,15 +52,16 @@ def test_an_invalid_own_train_config_is_refused_before_torch_and_before_the_run_
     import sys
 
     (tmp_path / "pairs.jsonl").write_text('{"x": "a", "y": "b"}\n')
+    (tmp_path / "no-model").mkdir()  # exists (a missing path is refused first) and is never loaded
     code = ("import sys\nfrom zfree_lab.cli import main\n"
-            "rc = main(['train', '--model', 'no-such-model', '--data', 'pairs.jsonl', '--out', 'run',"
+            "rc = main(['train', '--model', 'no-model', '--data', 'pairs.jsonl', '--out', 'run',"
             " '--set', 'weighting=example', '--set', 'epsilon=0'])\n"
             "print(rc, sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n")
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert r.stdout == "2 []\n"
     assert r.stderr == ("zfree: error: --set weighting=example epsilon=0: epsilon=0.0 must be > 0 for example "
                         "weighting (seed 002)\n")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["pairs.jsonl"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["no-model", "pairs.jsonl"]
 
 
 @pytest.fixture

@@ -464,7 +464,9 @@ def test_a_zero_budget_is_refused_in_one_line_however_written(text, tmp_path, ca
         est.parse_budget(text)
     from zfree_lab.cli import main
 
-    assert main(["study", "--model", str(tmp_path / "no-model"), "--data", str(tmp_path / "no.jsonl"),
+    (tmp_path / "no-model").mkdir(exist_ok=True)  # exists (a missing path is refused first); never loaded
+    (tmp_path / "d.jsonl").write_text('{"x": "a", "y": "b"}\n')
+    assert main(["study", "--model", str(tmp_path / "no-model"), "--data", str(tmp_path / "d.jsonl"),
                  "--out", str(tmp_path / "out"), "--budget", text]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("zfree: error: --budget") and not (tmp_path / "out").exists(), err

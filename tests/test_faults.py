@@ -45,6 +45,7 @@ Issue 61 (bad inputs nobody tried; the other cases' tests are named beside them)
 | case                                             | test                                                      |
 |--------------------------------------------------|-----------------------------------------------------------|
 | --data / --val a folder (train, study, score)    | test_data_given_as_a_folder_is_one_line_naming_it         |
+| --data / --val / --model path missing (a typo)  | test_a_missing_data_file_or_model_path_is_one_line_...   |
 | a tokenizer without an eos token                 | test_a_tokenizer_without_eos_is_refused_in_one_line_...   |
 | --budget 0                                       | tests/test_estimate.py::test_a_zero_budget_is_refused_... |
 | a damaged notes.json                             | tests/test_study_notes.py::test_a_damaged_notes_json_...  |
@@ -207,6 +208,15 @@ def _own_spec(tmp_path: Path, text: str) -> Path:
     return f
 
 
+def _placeholders(folder: Path) -> tuple[str, str]:
+    """An existing ``--model`` folder (empty: never loaded, the refusal under test comes first) and ``--data``
+    file (one valid row) in ``folder``: a missing path is refused before anything else
+    (``zfree_lab.cli.path_args.check_path_args``), so a test of a later refusal gives paths that exist."""
+    (folder / "m").mkdir(exist_ok=True)
+    (folder / "d.jsonl").write_text('{"x": "a", "y": "b"}\n')
+    return str(folder / "m"), str(folder / "d.jsonl")
+
+
 def _no_study(monkeypatch) -> list:
     """Stub what the studies run (a refusal must come before it: the own study's spec is read
     before its pipeline runs); the calls made."""
@@ -229,9 +239,8 @@ def test_unknown_grid_aid_is_refused_listing_the_valid_ones(tmp_path, capsys, mo
     from zfree_lab.experiment.spec_file import spec_from_dict
 
     spec = _own_spec(tmp_path, f"weightings: [distribution]\naids: {aids}\n")
-    out = tmp_path / "study"
-    assert main(["study", "--model", str(tmp_path / "m"), "--data", str(tmp_path / "d.jsonl"), "--spec", str(spec),
-                 "--out", str(out)]) == 2
+    out, (model, data) = tmp_path / "study", _placeholders(tmp_path)
+    assert main(["study", "--model", model, "--data", data, "--spec", str(spec), "--out", str(out)]) == 2
     line = one_error_line(capsys)
     assert f"{spec}: aids" in line and "'none', 'hard_em'" in line
     assert not out.exists()
@@ -280,6 +289,7 @@ def test_preset_with_spec_is_refused(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)  # relative paths below: nothing may land in the clone
     calls = _no_study(monkeypatch)
     spec = _own_spec(tmp_path, "weightings: [distribution]\n")
+    _placeholders(tmp_path)
     assert main(["study", "--model", "m", "--data", "d.jsonl", "--preset", "own_smoke", "--spec", str(spec),
                  "--out", str(tmp_path / "o")]) == 2
     line = one_error_line(capsys)
@@ -296,7 +306,8 @@ def test_yaml_tags_in_an_own_spec_are_refused_naming_file_and_line(tmp_path, cap
     calls = _no_study(monkeypatch)
     text, marker = _tagged(tmp_path)
     spec = _own_spec(tmp_path, "weightings: [distribution]\n" + text)
-    assert main(["study", "--model", "m", "--data", "d.jsonl", "--spec", str(spec), "--out", str(tmp_path / "o")]) == 2
+    model, data = _placeholders(tmp_path)
+    assert main(["study", "--model", model, "--data", data, "--spec", str(spec), "--out", str(tmp_path / "o")]) == 2
     line = one_error_line(capsys)
     assert f"{spec}:2:" in line and "python/object/apply" in line and "no tags" in line
     assert not marker.exists() and not calls
@@ -323,6 +334,7 @@ def test_too_long_names_are_refused_naming_the_limit(tiny, tmp_path, capsys, mon
     line = one_error_line(capsys)
     assert f"{spec}: name" in line and "at most 255 bytes" in line
     own = _own_spec(tmp_path, f"name: {long}\n")
+    _placeholders(tmp_path)
     assert main(["study", "--model", "m", "--data", "d.jsonl", "--spec", str(own), "--out", "o"]) == 2
     assert f"{own}: name" in one_error_line(capsys)
     assert not calls and not (tmp_path / "runs").exists() and not (tmp_path / "o").exists()
@@ -781,6 +793,39 @@ def test_data_given_as_a_folder_is_one_line_naming_it(tiny, tmp_path, capsys, ar
     assert not out.exists()
     with pytest.raises(InputError, match=rf"^{re.escape(str(folder))}: a folder, not a JSONL file of pairs$"):
         load_pairs(folder)  # the reader every command uses, for the Python API
+
+
+@pytest.mark.parametrize("argv, flag", [(["score", "--data", "{gone}", "--model", "{model}"], "--data"),
+                                        (["study", "--data", "{gone}", "--model", "{model}"], "--data"),
+                                        (["study", "--data", "{file}", "--val", "{gone}", "--model", "{model}"], "--val"),
+                                        (["train", "--data", "{gone}", "--model", "{model}"], "--data"),
+                                        (["study", "--data", "{file}", "--model", "{model}ll"], "--model"),
+                                        (["score", "--data", "{file}", "--model", "./owner/name"], "--model"),
+                                        (["study", "--data", "{file}", "--model", "smollm2-135m-instruct"], "--model")])
+def test_a_missing_data_file_or_model_path_is_one_line_before_torch(tiny, tmp_path, argv, flag):
+    """A typo in ``--data``, ``--val`` or a ``--model`` path: one line naming the option and the path, exit 2,
+    no output folder, in an interpreter that never imported torch (it was refused after torch and
+    transformers were loaded: 1-2 minutes on a busy machine). An ``owner/name`` hub id is not refused here."""
+    data, base = tiny
+    gone, out = tmp_path / "nope.jsonl", tmp_path / "out"
+    argv = [a.format(gone=gone, file=data / "train.jsonl", model=base / "model") for a in argv] + ["--out", str(out)]
+    code = ("import sys; from zfree_lab.cli import main; rc = main(sys.argv[1:]); "
+            "print('TORCH', 'torch' in sys.modules); sys.exit(rc)")
+    r = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    err = r.stderr.strip().splitlines()
+    value = argv[argv.index(flag) + 1]
+    assert r.returncode == 2 and len(err) == 1 and err[0].startswith(f"zfree: error: {flag} {value}: no such file"), r.stderr
+    assert "TORCH False" in r.stdout and not out.exists()
+    if value == "smollm2-135m-instruct":  # a name zfree fetches, given as a path: the line says how to get it
+        assert "`zfree model fetch smollm2-135m-instruct` puts it in" in err[0], err
+
+
+def test_an_owner_name_model_is_a_hub_id_not_a_missing_path():
+    from zfree.core.paths import looks_like_hub_id
+
+    assert looks_like_hub_id("HuggingFaceTB/SmolLM2-135M-Instruct")
+    assert not any(looks_like_hub_id(s) for s in ("./a/b", "/a/b", "~/a", "a/b/c", "a/", "/a", "model"))
 
 
 def _no_eos_model(folder: Path) -> Path:

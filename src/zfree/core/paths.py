@@ -121,3 +121,10 @@ def runs_home() -> Path:
     if os.environ.get("ZFREE_RUNS"):
         return Path(os.environ["ZFREE_RUNS"])
     return (ROOT if IN_CLONE else Path.cwd()) / "runs"
+
+
+def looks_like_hub_id(source: str) -> bool:
+    """Whether a model source that is not an existing path reads as an ``owner/name`` hub id: one slash,
+    both sides non-empty, not starting with ``.``, ``/`` or ``~`` (``zfree.models.loading.resolve_source``
+    loads it so; the command line refuses any other missing ``--model`` path before it imports torch)."""
+    return source.count("/") == 1 and not source.startswith((".", "/", "~")) and all(source.split("/"))

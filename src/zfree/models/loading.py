@@ -15,7 +15,7 @@ from safetensors import SafetensorError
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from zfree.core.errors import ModelLoadError
-from zfree.core.paths import TOKENIZER_FILES
+from zfree.core.paths import TOKENIZER_FILES, looks_like_hub_id
 from zfree.models.head import verify_head
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
@@ -50,9 +50,8 @@ def resolve_source(source: Path | str) -> tuple[str, str | None, str]:
         if len(ggufs) > 1:
             raise ModelLoadError(f"model folder {p} holds several .gguf files ({', '.join(ggufs)}): pass one file")
         raise ModelLoadError(f"model folder {p} has neither config.json nor a .gguf file")
-    s = str(source)
-    if s.count("/") == 1 and not s.startswith((".", "/", "~")) and all(s.split("/")):
-        return s, None, "hub"
+    if looks_like_hub_id(str(source)):
+        return str(source), None, "hub"
     raise FileNotFoundError(f"model folder {p} does not exist")
 
 
