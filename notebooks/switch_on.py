@@ -31,6 +31,7 @@ from IPython.display import Markdown, display
 
 from zfree_lab.report.gains_report import (NO_STRATEGY, NO_TRUTH, drop_empty, dropped_markdown, has_generator_truth, left_out,
                                        study_gains)
+from zfree_lab.experiment.folding import nothing_to_show
 from zfree_lab.report.plotting_aids import plot_handover_gate, plot_phase_boundary, plot_use_by_length
 from zfree_lab.report.report import (aided_runs, aided_tables, boundary_table, checkmarks, confusion_tables, gate_traces,
                                  show, switch_on_targets)
@@ -44,7 +45,7 @@ if given is not None:  # the targets read z's gain over the z-free control where
     runs = runs.merge(given[1][["run_id", "z_gain", "z_gain_lo", "z_gain_hi"]], on="run_id", how="left")
 aided = aided_runs(runs)
 if aided.empty:
-    display(Markdown("No aided runs in this folder (every run has `aid = none`)."))
+    nothing_to_show("No aided runs in this folder (every run has `aid = none`).")
 dropped = []
 for part in aided_tables(aided) if not aided.empty else []:
     part, gone = drop_empty(part)
@@ -64,7 +65,7 @@ display(Markdown(dropped_markdown(dropped, "no run passed the hand-over gate" if
 
 # %%
 if aided.empty:
-    display(Markdown("No aided runs: no targets to judge."))
+    nothing_to_show("No aided runs: no targets to judge.")
 else:
     targets, gone = drop_empty(switch_on_targets(aided, synthetic=truth).set_index("run"), keep=("z unused", "all met"))
     display(checkmarks(targets))
@@ -76,7 +77,7 @@ else:
 # %%
 traces = gate_traces(aided, runs)
 if traces.empty:
-    display(Markdown("No hand-over gate recorded (no run with `aid = hard_em_then_soft`)."))
+    nothing_to_show("No hand-over gate recorded (no run with `aid = hard_em_then_soft`).")
 else:
     show(plot_handover_gate(traces))
 
@@ -85,9 +86,9 @@ else:
 
 # %%
 if not truth:
-    display(Markdown(left_out("Latent value against strategy", NO_STRATEGY)))
+    nothing_to_show(left_out("Latent value against strategy", NO_STRATEGY))
 elif aided.empty:
-    display(Markdown("No aided runs: no latent value to set against the strategy."))
+    nothing_to_show("No aided runs: no latent value to set against the strategy.")
 for title, table in confusion_tables(aided, runs) if truth else []:
     display(Markdown(f"**{title}**"))
     display(table)
@@ -103,9 +104,9 @@ for title, table in confusion_tables(aided, runs) if truth else []:
 # %%
 boundary = sweep.phase_boundary()
 if not truth:
-    display(Markdown(left_out("The phase boundary")))
+    nothing_to_show(left_out("The phase boundary"))
 elif boundary.empty:
-    display(Markdown("No weighting has runs at three or more β values here: no boundary to measure."))
+    nothing_to_show("No weighting has runs at three or more β values here: no boundary to measure.")
 else:
     display(boundary_table(boundary))
     show(plot_phase_boundary(runs[runs["weighting"].isin(boundary["weighting"])], sweep.theory_curves(), boundary))
@@ -119,9 +120,9 @@ else:
 # %%
 use = sweep.use_by_length("distribution")
 if not truth:
-    display(Markdown(left_out("The staircase", "measured use per |S| is read against each row's Bayes rate, "
-                                                "which only the synthetic generator knows")))
+    nothing_to_show(left_out("The staircase", "measured use per |S| is read against each row's Bayes rate, "
+                                                "which only the synthetic generator knows"))
 elif use.empty:
-    display(Markdown("No `distribution` runs with per-example use here."))
+    nothing_to_show("No `distribution` runs with per-example use here.")
 else:
     show(plot_use_by_length(use))

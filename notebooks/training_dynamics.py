@@ -25,6 +25,7 @@ max_runs = 8
 from IPython.display import Markdown, display
 
 from zfree_lab.report.gains_report import NO_STRATEGY, left_out
+from zfree_lab.experiment.folding import nothing_to_show
 from zfree_lab.report.plotting import plot_training_curves
 from zfree_lab.report.report import show, training_metrics
 from zfree_lab.experiment.results import load_sweep
@@ -33,7 +34,7 @@ sweep = load_sweep(sweep_dir)
 curves = training_metrics(sweep, run_ids, max_runs)
 show(plot_training_curves(curves))
 if not any("structure/alignment_nmi" in m and m["structure/alignment_nmi"].notna().any() for m in curves.values()):
-    display(Markdown(left_out("The alignment-NMI panel", NO_STRATEGY)))
+    nothing_to_show(left_out("The alignment-NMI panel", NO_STRATEGY))
 
 # %% [markdown]
 # The distortion on the training batches every 10 steps (`curve.jsonl` of each run, the z-free controls

@@ -32,6 +32,7 @@ from pathlib import Path
 from IPython.display import Markdown, display
 
 from zfree_lab.experiment.results import collect_runs
+from zfree_lab.experiment.folding import nothing_to_show
 from zfree_lab.report.meaning_report import show_meaning
 from zfree_lab.report.report import md_text, run_label
 
@@ -42,5 +43,5 @@ if not runs.empty:
         if shown < max_runs and show_meaning(r["run_dir"], f"Run {md_text(run_label(r, runs))}"):
             shown += 1
 if not shown:
-    display(Markdown("No run of this study wrote `latent_meaning.json` (runs before it existed, or only z-free "
-                     "controls and oracles)."))
+    nothing_to_show("No run of this study wrote `latent_meaning.json` (runs before it existed, or only z-free "
+                     "controls and oracles).")

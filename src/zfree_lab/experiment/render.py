@@ -15,6 +15,7 @@ from zfree_lab.run.locks import run_folder_lock
 from zfree.core.paths import NOTEBOOKS
 from zfree_lab.run.latent_meaning import MEANING_FILE
 from zfree_lab.experiment.notebook_exec import execute
+from zfree_lab.experiment.folding import fold_empty_sections
 from zfree_lab.experiment.tables import aggregate
 
 REPORT_NOTEBOOKS = ("study_report", "sweep_beta_vs_recon_weight", "rate_distortion", "effective_beta", "rho_recon",
@@ -64,10 +65,12 @@ def report_title(study_dir: Path) -> str:
 
 
 def html_of(nb, study_dir: Path) -> str:
-    """report.html's text of the executed notebook ``nb`` (``offline_exporter``), titled with the study's
+    """report.html's text of the executed notebook ``nb`` (``offline_exporter``), its sections with nothing to
+    show folded into one closing list (``zfree_lab.experiment.folding.fold_empty_sections``; ``nb`` unchanged), titled with the study's
     name (``report_title``; the template escapes it). Raises InputError in
     one line where nbconvert finds no 'lab' template (an environment whose Jupyter data files were
     not installed, e.g. ``pip install --target``): the runs and tables of ``study_dir`` are complete."""
+    nb = fold_empty_sections(nb)  # sections that only say they are empty: one list at the end
     nb.metadata["title"] = report_title(study_dir)  # the lab template's <title>, before resources' "Notebook"
     try:
         body, _ = offline_exporter().from_notebook_node(nb)
