@@ -77,3 +77,34 @@ def test_the_mark_survives_a_real_kernel(tmp_path):
     out = fold_empty_sections(nb)
     assert _headings(out) == ["# R", f"## {FOLDED_HEADING}"]
     assert out.cells[-1].source.endswith("- **Empty**: No aided runs here.")
+
+
+def _head_rows(html: str) -> list[list[str]]:
+    import re
+
+    head = re.search(r"<thead>(.*?)</thead>", html, re.S).group(1)
+    return [re.findall(r"<th[^>]*>(.*?)</th>", row, re.S) for row in re.findall(r"<tr[^>]*>(.*?)</tr>", head, re.S)]
+
+
+def test_a_named_index_moves_into_the_headers_empty_corner():
+    """pandas writes a named index as a second header row (its name over empty cells): a stray row in every
+    report table. One row, the names in the corner; the body is byte-identical; other shapes are left alone."""
+    import pandas as pd
+
+    from zfree_lab.experiment.folding import one_header_row
+
+    df = pd.DataFrame({"rate": [0.1, 0.2], "use": [1, 0]}, index=pd.Index(["r1", "r2"], name="run"))
+    for table, want in [(df, ["run", "rate", "use"]), (df.set_index("use", append=True), ["run", "use", "rate"])]:
+        html = table._repr_html_()
+        assert len(_head_rows(html)) == 2
+        out = one_header_row(html)
+        assert _head_rows(out) == [want]
+        assert out.split("</thead>")[1] == html.split("</thead>")[1]
+    unchanged = [df.reset_index(), df.rename_axis(columns="quantity"),
+                 pd.concat({"a": df, "b": df}, axis=1), df.style.format("{:.1f}")]
+    for table in unchanged:
+        html = table._repr_html_() if hasattr(table, "_repr_html_") else table.to_html()
+        assert one_header_row(html) == html
+    nb = new_notebook(cells=[new_markdown_cell("# R"), new_code_cell(outputs=[
+        new_output("display_data", data={"text/html": df._repr_html_(), "text/plain": "df"})])])
+    assert _head_rows(fold_empty_sections(nb).cells[1].outputs[0]["data"]["text/html"]) == [["run", "rate", "use"]]

@@ -6,13 +6,15 @@ report.html is rendered (``zfree_lab.experiment.render.html_of``), ``fold_empty_
 section (a heading and the cells up to the next heading of its level or above) whose cells show nothing but
 such lines, and lists those sections with their reasons in one closing section: a smoke study's report was
 about 12,600 px tall with six sections that only said they were empty. Outputs of empty Markdown (a
-``dropped_markdown`` with nothing dropped) are removed everywhere. report.ipynb keeps every cell as executed.
+``dropped_markdown`` with nothing dropped) are removed everywhere, and a table's index name moves from a second
+header row into the header's empty corner (``one_header_row``). report.ipynb keeps every cell as executed.
 Light: no torch, pandas or nbformat at import.
 """
 
 from __future__ import annotations
 
 import copy
+import re
 
 #: the key, in a display output's metadata, of a line that says its section has nothing to show
 FOLD = "zfree_nothing_to_show"
@@ -83,14 +85,44 @@ def _marks_by_heading(cells) -> list[tuple[str, list[str]]]:
     return [(title, marks) for title, marks in groups if marks]
 
 
+_THEAD = re.compile(r"<thead>(.*?)</thead>", re.S)
+_ROW = re.compile(r"(<tr[^>]*>)(.*?)</tr>", re.S)
+_CELL = re.compile(r"<th([^>]*)>(.*?)</th>", re.S)
+
+
+def _merged_head(match: re.Match) -> str:
+    rows = _ROW.findall(match.group(1))
+    if len(rows) != 2:
+        return match.group(0)
+    top, names = _CELL.findall(rows[0][1]), _CELL.findall(rows[1][1])
+    k = next((i for i, (_, text) in enumerate(names) if not text.strip()), len(names))
+    if (not k or len(top) != len(names) or any(attrs for attrs, _ in top + names)
+            or any(text.strip() for _, text in top[:k] + names[k:])):
+        return match.group(0)
+    cells = [text for _, text in names[:k]] + [text for _, text in top[k:]]
+    return "<thead>\n    " + rows[0][0] + "".join(f"\n      <th>{c}</th>" for c in cells) + "\n    </tr>\n  </thead>"
+
+
+def one_header_row(html: str) -> str:
+    """``html`` with each pandas table whose header is two rows (the columns, then the index's names over
+    empty cells) given one: the index names in the first row's empty corner cells. A header with spanning
+    cells (columns of several levels), a named corner (``columns.name``) or any other shape is left as is."""
+    return _THEAD.sub(_merged_head, html)
+
+
 def fold_empty_sections(nb):
-    """A copy of the executed notebook ``nb`` (nbformat) without its blank Markdown outputs and without the
+    """A copy of the executed notebook ``nb`` (nbformat) without its blank Markdown outputs, its tables'
+    headers in one row (``one_header_row``), and without the
     sections that show only ``nothing_to_show`` lines; those sections' titles and lines are listed in one
     closing Markdown cell (``FOLDED_HEADING``). ``nb`` itself is not changed."""
     nb = copy.deepcopy(nb)
     for cell in nb.cells:
         if cell.get("cell_type") == "code":
             cell["outputs"] = [o for o in cell.get("outputs", []) if not _is_blank(o)]
+            for output in cell["outputs"]:
+                html = output.get("data", {}).get("text/html")
+                if html is not None:
+                    output["data"]["text/html"] = one_header_row("".join(html) if isinstance(html, list) else html)
     kept, folded, i = [], [], 0
     while i < len(nb.cells):
         head = _heading(nb.cells[i])
