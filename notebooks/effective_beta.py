@@ -15,7 +15,8 @@
 # distribution β·|S|·c_base (seed 000), example β·|S|·(b + ε) (seed 002). Theory: z is worth
 # using on an example iff β_eff < η·(1 + |S|·excess / bayes_nll), η = 1 on the synthetic benchmark, where
 # the base model's excess over the Bayes loss lifts the threshold above the dashed β_eff = 1 line (a
-# base short of Bayes-optimal: the predicted use in the tables counts it); where a label oracle measured
+# base short of Bayes-optimal: the predicted use in the tables counts it; the gray dash-dotted line is that
+# threshold's median over the rows, drawn where the generator knows each row's Bayes loss); where a label oracle measured
 # an exchange rate η (the available-gain table), the dotted red line is that rule. Left and middle: how β_eff spreads against the z-free
 # surprisal b and the length |S|; right: which examples do use z (per-example KL) against their
 # β_eff. Per weighting (and aid, where the study has several), the run at the β nearest the

@@ -99,6 +99,23 @@ def test_facets_get_their_own_line_style():
     assert len([k for k in styles if k.startswith(("plain", "distribution", "example"))]) == 6
 
 
+def test_effective_beta_draws_the_median_use_threshold_where_the_base_falls_short_of_bayes():
+    """A smoke report read "predicted use 0.983" beside β_eff points all right of the β_eff = 1 line: the
+    predicted use counts the base's excess (threshold 1 + |S|·excess / Bayes NLL per row). Its median is
+    drawn (in every panel) where every row's Bayes NLL is known and the median lies above 1; not otherwise."""
+    pe = _per_example()
+    pe = pe[pe["beta"] == 0.1].copy()
+    pe["bayes_nll"] = 0.5 * pe["n_tokens"] * pe["b"]  # the base's excess equals the Bayes NLL: threshold 2
+    labels = [[ln.get_label() for ln in ax.lines] for ax in P.plot_effective_beta(pe).axes[:3]]
+    assert all("use threshold, median 2 (base's excess)" in ls for ls in labels), labels
+    ax_k = P.plot_effective_beta(pe).axes[2]
+    (line,) = [ln for ln in ax_k.lines if ln.get_label().startswith("use threshold")]
+    assert line.get_xdata()[0] == pytest.approx(2.0)
+    for no_line in (pe.assign(bayes_nll=np.nan), pe.assign(bayes_nll=pe["n_tokens"] * pe["b"]), pe.drop(columns="bayes_nll")):
+        assert not any(ln.get_label().startswith("use threshold") for ax in P.plot_effective_beta(no_line).axes
+                       for ln in ax.lines)
+
+
 def test_effective_beta_panels_draw_b_length_and_kl_with_the_unit_line():
     pe = _per_example()
     pe = pe[pe["beta"] == 0.1]

@@ -59,6 +59,20 @@ def test_predicted_use_with_base_excess_moves_the_threshold():
     assert predicted_use(np.array([1.2, 1.49, 1.5, 1.6]), bn, excess).tolist() == [True, True, False, False]
 
 
+def test_use_threshold_is_the_rule_predicted_use_applies():
+    """1 + excess / bayes_nll per row (1 where nothing is to explain or no excess is given): the line the
+    effective-β figure draws is the one the predicted use counts."""
+    from zfree.objective.theory import use_threshold
+
+    bn = np.array([math.log(2), math.log(4), 0.0])
+    excess = np.array([0.5 * math.log(2), 3 * math.log(4), 1.0])
+    np.testing.assert_allclose(use_threshold(bn, excess), [1.5, 4.0, 1.0], rtol=1e-12)
+    np.testing.assert_array_equal(use_threshold(bn), np.ones(3))
+    beta_eff = np.array([1.49, 3.99, 0.1])
+    assert predicted_use(beta_eff, bn, excess).tolist() == [True, True, False]
+    assert predicted_use(beta_eff + 0.02, bn, excess).tolist() == [False, False, False]
+
+
 def test_predicted_rate_closed_form():
     # four examples: K = 4 strategies, m = 1, 2, 4, 1 -> bayes_nll log 4, log 2, 0, log 4
     bn = np.array([math.log(4), math.log(2), 0.0, math.log(4)])

@@ -12,6 +12,7 @@ import pandas as pd
 from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
+from zfree.objective.theory import use_threshold
 from zfree_lab.report.figstyle import FACET_MARKERS, FACETS, LINESTYLES
 from zfree_lab.report.figstyle import literal
 from zfree_lab.report.figstyle import groups as _groups
@@ -194,7 +195,8 @@ def plot_effective_beta(per_example: pd.DataFrame, eta: float | None = None) -> 
     """Per-example beta_eff = beta·|S|/w (docs/concepts/theory.md) per weighting: against b
     (nats per token), against |S|, and per-example KL (nats per sequence) against beta_eff —
     which examples use z. The line beta_eff = 1 is drawn in every panel (theory: z is worth
-    using iff beta_eff < 1). ``per_example``: rows of the runs' per_example tables tagged with
+    using iff beta_eff < 1 for a Bayes-optimal base), and, where the rows' Bayes NLL is known and the base
+    falls short of it, the median use threshold 1 + |S|·excess / Bayes NLL that the predicted use counts. ``per_example``: rows of the runs' per_example tables tagged with
     weighting (and facets), one beta per weighting. ``eta``: the measured exchange rate of the best
     label (``zfree_lab.experiment.gains``), drawn as a second threshold β_eff = η (z pays where β_eff < η)."""
     fig, axes = plt.subplots(1, 3, figsize=(12.5, 3.8))
@@ -212,6 +214,11 @@ def plot_effective_beta(per_example: pd.DataFrame, eta: float | None = None) -> 
         _log_axis(ax, "y")
         ax.set_ylabel("β_eff = β·|S| / w")
     axes[2].axvline(1.0, color="k", lw=1, ls="--", label="β_eff = 1")
+    lifted = _median_use_threshold(per_example)
+    if lifted is not None:  # a base short of Bayes-optimal: the rule the predicted use counts
+        for ax in axes[:2]:
+            ax.axhline(lifted, color="tab:gray", lw=1, ls="-.", label=f"use threshold, median {lifted:.3g} (base's excess)")
+        axes[2].axvline(lifted, color="tab:gray", lw=1, ls="-.", label=f"use threshold, median {lifted:.3g} (base's excess)")
     if eta:
         for ax in axes[:2]:
             ax.axhline(eta, color="tab:red", lw=1, ls=":", label=f"β_eff = η = {eta:.3g} (measured)")
@@ -229,6 +236,19 @@ def plot_effective_beta(per_example: pd.DataFrame, eta: float | None = None) -> 
     fig.tight_layout()
     _legend_below(fig, axes, ncol=5)
     return fig
+
+
+def _median_use_threshold(per_example: pd.DataFrame) -> float | None:
+    """The median over rows of the β_eff below which z pays (``zfree.objective.theory.use_threshold``:
+    1 + |S|·excess / Bayes NLL) where every row's Bayes NLL is known and the median lies above 1, else None."""
+    if not {"bayes_nll", "b", "n_tokens"} <= set(per_example) or per_example.empty:
+        return None
+    bayes = per_example["bayes_nll"].to_numpy(float)
+    if not np.isfinite(bayes).all():
+        return None
+    excess = per_example["n_tokens"].to_numpy(float) * per_example["b"].to_numpy(float) - bayes
+    thr = use_threshold(bayes, excess)[bayes > 0]
+    return float(np.median(thr)) if thr.size and np.median(thr) > 1 + 1e-9 else None
 
 
 def _share_beta_eff(per_example: pd.DataFrame) -> bool:
