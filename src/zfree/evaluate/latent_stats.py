@@ -4,19 +4,21 @@ z-control decoding, the Gaussian latent's active units, the mutual information o
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 import pandas as pd
-import torch
 from scipy.optimize import linear_sum_assignment
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import normalized_mutual_info_score
 
-from zfree.data.batching import EncodedPair
 from zfree.data.pairs import Pair
 from zfree.data.synth import STRATEGIES, text_to_digits
-from zfree.models.decoding import decode_with_latents
+
+if TYPE_CHECKING:  # type hints only: torch is imported where it is used (the report reads tables without it)
+    import torch
+
+    from zfree.data.batching import EncodedPair
 
 ACTIVE_UNIT_THRESHOLD = 0.01  # Burda et al. 2016: a dimension is active if Var_x(E_q[z_d]) > 0.01
 
@@ -57,14 +59,18 @@ def probe_accuracy(features: np.ndarray, labels: np.ndarray, seed: int = 0) -> f
     return float(clf.score(x[n:], labels[n:]))
 
 
-@torch.no_grad()
 def greedy_decode(model, prefixes: Sequence[Sequence[int]], z: Sequence[int], *, eos_id: int,
                   max_new_tokens: int) -> list[list[int]]:
     """Greedy decoding of y by a discrete CVAE given each row's prefix and latent value; the generated
     ids per row, without the end token."""
+    import torch  # lazy, as every torch use here: the report reads this module's tables without torch
+
+    from zfree.models.decoding import decode_with_latents
+
     dev = next(model.parameters()).device
-    latents = model.latent_vectors(torch.as_tensor(list(z), device=dev))  # (N, D)
-    return decode_with_latents(model.backbone, prefixes, latents, eos_id=eos_id, max_new_tokens=max_new_tokens)
+    with torch.no_grad():
+        latents = model.latent_vectors(torch.as_tensor(list(z), device=dev))  # (N, D)
+        return decode_with_latents(model.backbone, prefixes, latents, eos_id=eos_id, max_new_tokens=max_new_tokens)
 
 
 def strategy_outputs(pairs: Sequence[Pair], strategies: Sequence[str]) -> list[list[str]]:
@@ -115,6 +121,8 @@ def continuous_decode_metrics(model, encoded: Sequence[EncodedPair], pairs: Sequ
     max_new = max(len(e.target_ids) for e in encoded) + 2
     decode = lambda z: model.greedy_decode(prefixes, z, eos_id=tokenizer.eos_token_id,  # noqa: E731
                                            max_new_tokens=max_new)
+    import torch  # lazy (``greedy_decode``)
+
     dtype = next(model.parameters()).dtype  # float32 (float64 in the fp64 reference mode)
     forced = None if centroids is None else [torch.as_tensor(c, dtype=dtype).expand(len(prefixes), -1)
                                              for c in centroids]
@@ -140,6 +148,8 @@ def gaussian_mutual_information(mu: np.ndarray, logvar: np.ndarray, seed: int = 
     """I(x,y; z) under the aggregated posterior q(z) = (1/N) sum_j q(z | x_j, y_j), Monte Carlo with one
     z_i ~ q(z | x_i, y_i) per row: mean_i [log q(z_i | x_i, y_i) - log q(z_i)] (Hoffman & Johnson 2016;
     the estimator of He et al. 2019). Nats; bounded by log N. (rows, d_latent) each -> float."""
+    import torch  # lazy (``greedy_decode``)
+
     m = torch.as_tensor(mu, dtype=torch.float64)
     lv = torch.as_tensor(logvar, dtype=torch.float64)
     g = torch.Generator().manual_seed(seed)
@@ -234,6 +244,10 @@ def latent_samples(model, encoded: Sequence[EncodedPair], pairs: Sequence[Pair],
     """For the first ``n_x`` distinct x of ``pairs``, the greedy and one sampled (temperature 1,
     generator seeded by ``seed``) y of a discrete CVAE under each latent value k = 0..K-1. Returns a
     DataFrame: id, x, reference (the row's y), latent, greedy, sampled (one row per x and k)."""
+    import torch  # lazy (``greedy_decode``)
+
+    from zfree.models.decoding import decode_with_latents
+
     idx = first_distinct_x(pairs, n_x)
     if not idx:
         return pd.DataFrame(columns=["id", "x", "reference", "latent", "greedy", "sampled"])
@@ -271,6 +285,10 @@ def multiref_outputs(model, encoded: Sequence[EncodedPair], pairs: Sequence[Pair
     (the z-free control) ``n_samples`` samples at temperature 1, seeded by ``seed`` (kind "sampled").
     ``references``: x -> its human references (else the row's own y). Outputs are cut at
     ``max(|y|) + 8`` tokens. Returns a DataFrame with ``MULTIREF_COLUMNS``, one row per MR and output."""
+    import torch  # lazy (``greedy_decode``)
+
+    from zfree.models.decoding import decode_with_latents
+
     idx = first_distinct_x(pairs, n_x)
     if not idx:
         return pd.DataFrame(columns=MULTIREF_COLUMNS)

@@ -24,10 +24,9 @@ from typing import Sequence
 
 import numpy as np
 import pandas as pd
-import torch
 from numpy.typing import ArrayLike
 
-from zfree.objective.losses import RECONSTRUCTION_WEIGHTINGS, reconstruction_weight
+from zfree.core.weightings import OUTER_WEIGHTINGS as RECONSTRUCTION_WEIGHTINGS  # losses' registry, without torch
 
 
 def _as_1d(name: str, a: ArrayLike) -> np.ndarray:
@@ -106,6 +105,10 @@ def _weights(weighting: str, n: int, b: ArrayLike | None, c_base: float | None, 
     if weighting == "token":
         raise ValueError("weighting='token' reweights inside lbar only; pass its outer weighting "
                          f"(token_outer: none -> 'plain', or one of {list(RECONSTRUCTION_WEIGHTINGS)})")
+    import torch  # lazy: the report reads predictions without torch; the weights are the trainer's own
+
+    from zfree.objective.losses import reconstruction_weight
+
     bt = None if b is None else torch.tensor(_as_1d("b", b), dtype=torch.float64)  # a copy: b may be read-only
     w = reconstruction_weight(weighting, batch_size=n, c_base=c_base, b=bt, epsilon=epsilon, dtype=torch.float64)
     return w.numpy()
