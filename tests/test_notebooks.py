@@ -156,3 +156,21 @@ def test_rho_recon_below_one_is_not_said_to_be_z():
                     if c.cell_type == "markdown")
     assert "z carries information the z-free model lacks" not in text
     assert "control" in text  # what tells z's part apart: the gain over the z-free control
+
+
+def test_the_report_notebooks_imports_load_neither_torch_nor_transformers():
+    """The report's sections import only what reads tables and draws figures: their ``from zfree... import``
+    lines, run in a fresh interpreter, leave torch and transformers unloaded (they loaded both through the
+    decoding, run-folder, prefix-reference and latent-meaning modules: 9 s of the first cell beside a busy
+    study, 2.4 s after). torch itself is still imported where a section computes the theory's weights."""
+    import re
+    import subprocess
+    import sys
+
+    parts = [*REPORT_NOTEBOOKS, "labels_and_samples", "what_z_learned"]
+    lines = [m.group(0).strip() for nb in parts
+             for m in re.finditer(r"^from zfree\S* import (\([^)]*\)|.*)$", (NOTEBOOKS / f"{nb}.py").read_text(), re.M)]
+    assert len(lines) >= 20, lines  # every section's imports were found
+    code = "\n".join([*lines, "import sys", "print('HEAVY', sorted(m for m in ('torch', 'transformers') if m in sys.modules))"])
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "HEAVY []" in r.stdout, r.stdout + r.stderr[-2000:]

@@ -40,11 +40,9 @@ from zfree.reference.reference import Reference, _check_c_base, _meta_from, chec
 from zfree.reference.score_cache import rows_sha256, tokenizer_sha256
 from zfree.reference.scoring import SCORER_VERSION, ScoringPolicy, context_length, score_pairs, soft_token_sha256
 
-#: a run folder's prefix references, one folder per split (module docstring)
-PREFIX_REFERENCE_DIR = "prefix_reference"
-#: what a stored prefix reference must record to be read back instead of rescored
-MATCH_KEYS = ("route", "model_sha256", "tokenizer_sha256", "rows_sha256", "soft_token_sha256", "scorer_version",
-              "policy", "max_length", "dtype")
+# a run folder's prefix references, one folder per split (module docstring), and what a stored one must record
+# to be read back instead of rescored: named in a module without torch (the study tables read them)
+from zfree.reference.records import MATCH_KEYS, PREFIX_REFERENCE_DIR  # noqa: F401
 ESTIMATOR = "prefix_route"
 
 

@@ -90,7 +90,7 @@ def _read_flat_config(path: str) -> dict:
         raise InputError(f"{p}: a config is a JSON object of flat fields, got {type(raw).__name__}")
     flat = {k: v for k, v in raw.items() if not str(k).startswith("_")}
     if raw.get("_paths_relative_to") == "run folder":  # a run record: its paths are portable
-        from zfree_lab.run.run_folder import resolved_flat  # lazy: torch (a run folder's module)
+        from zfree_lab.run.run_config import resolved_flat
 
         flat = resolved_flat(flat, p.parent)
     return flat

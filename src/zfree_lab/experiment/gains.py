@@ -55,7 +55,7 @@ from zfree.core.io import read_json, read_table
 from zfree.data.labels import label_value, label_values
 from zfree.data.pairs import load_pairs
 from zfree.objective.theory import predicted_use
-from zfree_lab.run.run_folder import read_run_config
+from zfree_lab.run.run_config import read_run_config
 from zfree_lab.experiment.controls import LINKS_FILE, control_params
 
 N_RESAMPLES = 2000

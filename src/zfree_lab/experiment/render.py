@@ -13,7 +13,7 @@ from zfree.core.errors import FolderWriteError, InputError
 from zfree.core.io import atomic_write_text
 from zfree_lab.run.locks import run_folder_lock
 from zfree.core.paths import NOTEBOOKS
-from zfree_lab.run.latent_meaning import MEANING_FILE
+from zfree_lab.run.run_config import MEANING_FILE
 from zfree_lab.experiment.notebook_exec import execute
 from zfree_lab.experiment.folding import fold_empty_sections
 from zfree_lab.experiment.tables import aggregate

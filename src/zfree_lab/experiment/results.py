@@ -18,8 +18,8 @@ from zfree.core.paths import PATH_FIELDS, ROOT, resolve_path
 from zfree.data.pairs import load_pairs
 from zfree.evaluate.latent_stats import label_warnings
 from zfree.objective.theory import predict_curve
-from zfree.reference.prefix import MATCH_KEYS as PREFIX_MATCH_KEYS, PREFIX_REFERENCE_DIR
-from zfree_lab.run.run_folder import resolved_flat
+from zfree.reference.records import MATCH_KEYS as PREFIX_MATCH_KEYS, PREFIX_REFERENCE_DIR
+from zfree_lab.run.run_config import resolved_flat
 from zfree_lab.experiment.controls import LINKS_FILE
 from zfree_lab.experiment.gains import GAIN_COLUMNS, oracle_table, run_gains
 from zfree_lab.experiment.run_summary import read_run_summary

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from zfree.objective.theory import predicted_use
-from zfree_lab.run.run_folder import USE_THRESHOLD, read_run_config
+from zfree_lab.run.run_config import USE_THRESHOLD, read_run_config
 from zfree_lab.experiment.controls import LINKS_FILE
 from zfree_lab.experiment.gains import best_label, oracle_table, run_gains
 from zfree_lab.report.report import md_code, md_text, percent, run_label, use_side

@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from zfree.core.io import read_json_object
-from zfree_lab.run.latent_meaning import MEANING_FILE
+from zfree_lab.run.run_config import MEANING_FILE
 from zfree_lab.report.report import md_text
 
 

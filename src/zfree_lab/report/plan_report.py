@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from zfree.core.io import read_json
-from zfree_lab.experiment.estimate import REPORT_S, STEP_FLOOR
+from zfree_lab.experiment.budget import REPORT_S, STEP_FLOOR
 from zfree_lab.experiment.results import collect_runs
 from zfree_lab.experiment.timings import PHASES, read_timings
 from zfree_lab.report.report import md_code, md_text

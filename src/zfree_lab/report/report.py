@@ -19,7 +19,7 @@ import pandas as pd
 
 from zfree.core.io import read_json, read_table
 from zfree.evaluate.latent_stats import confusion
-from zfree_lab.run.run_folder import USE_THRESHOLD
+from zfree_lab.run.run_config import USE_THRESHOLD
 from zfree_lab.experiment.results import FACETS
 from zfree_lab.report.figstyle import facet_name
 from zfree_lab.report.plotting import rho_summaries

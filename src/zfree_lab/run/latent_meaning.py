@@ -283,9 +283,8 @@ def latent_meaning(assign: np.ndarray, pairs: Sequence[Pair], *, q: np.ndarray |
     return doc, tidy
 
 
-#: a run folder's files (written after the final evaluation; ``write_latent_meaning``)
-MEANING_FILE = "latent_meaning.json"
-MEANING_TABLE = "latent_meaning.parquet"
+#: a run folder's files (written after the final evaluation; ``write_latent_meaning``), named without torch
+from zfree_lab.run.run_config import MEANING_FILE, MEANING_TABLE  # noqa: E402,F401
 
 
 def tied_router_argmax(p: np.ndarray, tie: float = 1e-6) -> np.ndarray:
