@@ -134,6 +134,16 @@ def test_the_dropdown_counts_the_runs_the_table_shows_and_names_the_controls_and
     assert count_runs(two_studies / "missing" / "runs")["cvae"] == 0
 
 
+def test_the_studys_closing_line_names_its_controls_and_oracles_apart():
+    """It said "(+ 4 z-free controls and label oracles)" for the smoke preset's 2 controls and 2 strategy
+    oracles; now each kind with its own count, and nothing without given-z runs."""
+    from zfree_lab.experiment.study_folders import given_line
+
+    assert given_line({"cvae": 2, "control": 2, "oracle": 2, "given": 0}) == " (+ 2 z-free controls, 2 oracles)"
+    assert given_line({"cvae": 1, "control": 1, "oracle": 0, "given": 1}) == " (+ 1 z-free control, 1 other given-z run)"
+    assert given_line({"cvae": 3, "control": 0, "oracle": 0, "given": 0}) == ""
+
+
 def test_the_run_table_shows_a_missing_value_as_a_dash(tmp_path):
     """NaN and None (a metric a run did not write, an aid an old run predates) read "–", as in the
     report's tables; the other values are shown as they are, rounded to 4 digits."""

@@ -29,7 +29,7 @@ from zfree_lab.experiment.render import render_report
 from zfree_lab.experiment.results import collect_runs
 from zfree_lab.experiment.sources import Prepared, prepare_base, prepare_data
 from zfree_lab.experiment.spec import ExperimentSpec, expand_grid, own_grid
-from zfree_lab.experiment.study_folders import FINETUNE_CHECKPOINT, FINETUNE_DIR, finetune_roots
+from zfree_lab.experiment.study_folders import FINETUNE_CHECKPOINT, FINETUNE_DIR, count_runs, finetune_roots, given_line
 from zfree_lab.experiment.study_notes import context_of_y, label_notes
 from zfree_lab.experiment.study_plan import (PLAN_FILE, apply_fitted, check_request, extend_plan, load_plan, request_of,
                                          write_plan)
@@ -260,7 +260,7 @@ def _finish(name: str, out: Path, n_points: int, statuses: list[dict], clock: Ph
     html = render_report(out, progress=progress, aggregated=True) if render else None
     clock.done("report", finished=True)
     if progress and render:
-        also = f" (+ {n_points - n} z-free controls and label oracles)" if n_points > n else ""
+        also = given_line(count_runs(out / "runs")) if n_points > n else ""
         print(f"study {name!r}: {n} runs{also} in {out} ({time.time() - t0:.0f} s); report: {html}")
     if progress:
         print(disk_line(out), flush=True)

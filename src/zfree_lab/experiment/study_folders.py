@@ -90,6 +90,15 @@ def count_runs(runs_dir: Path | str) -> dict[str, int]:
     return counts
 
 
+def given_line(counts: dict[str, int]) -> str:
+    """The study's closing line's count of its given-z runs (``count_runs``), e.g. " (+ 2 z-free controls,
+    2 oracles)"; "" when it has none. An oracle is a label oracle, its null or its text oracle (the smoke
+    preset's one label is the benchmark's strategy)."""
+    names = {"control": "z-free control", "oracle": "oracle", "given": "other given-z run"}
+    parts = [f"{counts[k]} {name}{'s' if counts[k] != 1 else ''}" for k, name in names.items() if counts.get(k)]
+    return f" (+ {', '.join(parts)})" if parts else ""
+
+
 #: the fine-tune's folders beside a study's train.jsonl: its output, then its checkpoint while it runs
 FINETUNE_DIR, FINETUNE_CHECKPOINT = "base_ft", "base_ft.checkpoint"
 
