@@ -54,6 +54,16 @@ def test_sections_showing_only_marked_lines_fold_into_one_closing_list():
     assert "No run failed." in texts
 
 
+def test_a_left_out_line_does_not_repeat_its_sections_name_in_the_list():
+    from zfree_lab.report.gains_report import left_out
+
+    nb = new_notebook(cells=[new_markdown_cell("# R"), new_code_cell(outputs=[PNG]),
+                             new_markdown_cell("## The phase boundary: measured against predicted"),
+                             new_code_cell(outputs=[_md(left_out("The phase boundary", "no generator truth"), True)])])
+    assert fold_empty_sections(nb).cells[-1].source.splitlines()[-1] == (
+        "- **The phase boundary: measured against predicted**: *left out — no generator truth.*")
+
+
 def test_a_report_with_nothing_to_fold_gets_no_closing_list():
     nb = new_notebook(cells=[new_markdown_cell("# R"), new_code_cell(outputs=[PNG]), new_markdown_cell("## S"),
                              new_code_cell(outputs=[_md("content")])])

@@ -85,6 +85,10 @@ def _marks_by_heading(cells) -> list[tuple[str, list[str]]]:
     return [(title, marks) for title, marks in groups if marks]
 
 
+#: ``zfree_lab.report.gains_report.left_out``'s line, "*Section: left out — why.*": under its section's title in
+#: the closing list, the section's name is not repeated
+_LEFT_OUT = re.compile(r"^\*(.+?): left out — (.*)\*$", re.S)
+_SHORT = r"*left out — \2*"
 _THEAD = re.compile(r"<thead>(.*?)</thead>", re.S)
 _ROW = re.compile(r"(<tr[^>]*>)(.*?)</tr>", re.S)
 _CELL = re.compile(r"<th([^>]*)>(.*?)</th>", re.S)
@@ -136,7 +140,7 @@ def fold_empty_sections(nb):
     if folded:
         from nbformat.v4 import new_markdown_cell  # lazy: only a report with folded sections needs it
 
-        lines = [f"- **{title}**: {' '.join(marks)}" for title, marks in folded]
+        lines = [f"- **{title}**: {' '.join(_LEFT_OUT.sub(_SHORT, m) for m in marks)}" for title, marks in folded]
         kept.append(new_markdown_cell(f"## {FOLDED_HEADING}\n\n" + "\n".join(lines)))
     nb.cells = kept
     return nb
