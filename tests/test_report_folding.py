@@ -99,6 +99,8 @@ def _head_rows(html: str) -> list[list[str]]:
 def test_a_named_index_moves_into_the_headers_empty_corner():
     """pandas writes a named index as a second header row (its name over empty cells): a stray row in every
     report table. One row, the names in the corner; the body is byte-identical; other shapes are left alone."""
+    import re
+
     import pandas as pd
 
     from zfree_lab.experiment.folding import one_header_row
@@ -110,8 +112,16 @@ def test_a_named_index_moves_into_the_headers_empty_corner():
         out = one_header_row(html)
         assert _head_rows(out) == [want]
         assert out.split("</thead>")[1] == html.split("</thead>")[1]
+    styled = df.set_index("use", append=True).style.format("{:.1f}")._repr_html_()  # samples_view's kind of table
+    out = one_header_row(styled)
+    assert [[re.sub(r"<[^>]+>", "", c) for c in row] for row in _head_rows(out)] == [["run", "use", "rate"]]
+    assert 'class="index_name level0"' in out and out.split("</thead>")[1] == styled.split("</thead>")[1]
+    two_levels = df.groupby(level="run").agg(["min", "max"])  # columns of two levels: their upper row stays
+    assert len(_head_rows(two_levels._repr_html_())) == 3
+    assert _head_rows(one_header_row(two_levels._repr_html_())) == [["", "rate", "use"],
+                                                                     ["run", "min", "max", "min", "max"]]
     unchanged = [df.reset_index(), df.rename_axis(columns="quantity"),
-                 pd.concat({"a": df, "b": df}, axis=1), df.style.format("{:.1f}")]
+                 df.reset_index().style.format("{:.1f}", subset=["rate"])]
     for table in unchanged:
         html = table._repr_html_() if hasattr(table, "_repr_html_") else table.to_html()
         assert one_header_row(html) == html

@@ -90,27 +90,34 @@ def _marks_by_heading(cells) -> list[tuple[str, list[str]]]:
 _LEFT_OUT = re.compile(r"^\*(.+?): left out — (.*)\*$", re.S)
 _SHORT = r"*left out — \2*"
 _THEAD = re.compile(r"<thead>(.*?)</thead>", re.S)
-_ROW = re.compile(r"(<tr[^>]*>)(.*?)</tr>", re.S)
+_ROW = re.compile(r"(<tr[^>]*>)(.*?)</tr>", re.S)  # (opening tag, cells)
 _CELL = re.compile(r"<th([^>]*)>(.*?)</th>", re.S)
 
 
+def _blank(text: str) -> bool:
+    return not text.replace("&nbsp;", "").strip()
+
+
 def _merged_head(match: re.Match) -> str:
-    rows = _ROW.findall(match.group(1))
-    if len(rows) != 2:
+    rows = list(_ROW.finditer(match.group(1)))
+    if len(rows) < 2:
         return match.group(0)
-    top, names = _CELL.findall(rows[0][1]), _CELL.findall(rows[1][1])
-    k = next((i for i, (_, text) in enumerate(names) if not text.strip()), len(names))
-    if (not k or len(top) != len(names) or any(attrs for attrs, _ in top + names)
-            or any(text.strip() for _, text in top[:k] + names[k:])):
+    above, names = list(_CELL.finditer(rows[-2].group(2))), list(_CELL.finditer(rows[-1].group(2)))
+    k = next((i for i, c in enumerate(names) if _blank(c.group(2))), len(names))
+    corners = [c for row in rows[:-1] for c in list(_CELL.finditer(row.group(2)))[:k]]
+    if (not k or len(above) != len(names) or any("span" in c.group(1) for c in above + names + corners)
+            or not all(_blank(c.group(2)) for c in corners + names[k:])):
         return match.group(0)
-    cells = [text for _, text in names[:k]] + [text for _, text in top[k:]]
-    return "<thead>\n    " + rows[0][0] + "".join(f"\n      <th>{c}</th>" for c in cells) + "\n    </tr>\n  </thead>"
+    cells = [c.group(0) for c in names[:k] + above[k:]]
+    merged = rows[-2].group(1) + "".join(f"\n      {c}" for c in cells) + "\n    </tr>"
+    return ("<thead>\n    " + "\n    ".join([r.group(0) for r in rows[:-2]] + [merged]) + "\n  </thead>")
 
 
 def one_header_row(html: str) -> str:
-    """``html`` with each pandas table whose header is two rows (the columns, then the index's names over
-    empty cells) given one: the index names in the first row's empty corner cells. A header with spanning
-    cells (columns of several levels), a named corner (``columns.name``) or any other shape is left as is."""
+    """``html`` with each pandas table whose last header row holds only the index's names (over empty cells)
+    given one header row less: the names go into the empty corner cells of the row above (a DataFrame's and a
+    Styler's, each cell keeping its attributes; columns of several levels keep their upper rows). A named
+    corner (``columns.name``), a spanning corner cell or any other shape is left as is."""
     return _THEAD.sub(_merged_head, html)
 
 
