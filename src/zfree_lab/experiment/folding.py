@@ -4,10 +4,10 @@ A report section that a study cannot fill (no aided runs, no generator truth, fe
 says so in one line, written with ``nothing_to_show``: the line's output carries the ``FOLD`` mark. When
 report.html is rendered (``zfree_lab.experiment.render.html_of``), ``fold_empty_sections`` removes every
 section (a heading and the cells up to the next heading of its level or above) whose cells show nothing but
-such lines, and lists those sections with their reasons in one closing section: a smoke study's report was
-about 12,600 px tall with six sections that only said they were empty. Outputs of empty Markdown (a
-``dropped_markdown`` with nothing dropped) are removed everywhere, and a table's index name moves from a second
-header row into the header's empty corner (``one_header_row``). report.ipynb keeps every cell as executed.
+such lines, and lists those sections with their reasons in one closing section (a smoke study's report, about
+12,600 px tall, had four sections that only said they were empty). Outputs of empty Markdown (a
+``dropped_markdown`` with nothing dropped) are removed everywhere, and a table's index names move from their own
+header row into the empty corner of the row above (``one_header_row``). report.ipynb keeps every cell as executed.
 Light: no torch, pandas or nbformat at import.
 """
 
