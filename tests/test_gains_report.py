@@ -268,11 +268,16 @@ def test_a_real_data_report_leaves_out_the_synthetic_sections_with_one_line_each
     with agg_backend():
         html = render_report(real).read_text()
     for text in ("What z could gain: the label oracles", "Available gain.", "z gain", "runs used z",
-                 "c_base the runs used", "The phase boundary: left out", "The staircase: left out",
-                 "Latent value against strategy: left out", "The alignment-NMI panel: left out",
+                 "c_base the runs used", "The alignment-NMI panel: left out",
                  "The predicted boundary line and β* marks: left out", "Columns left out", "complete majority",
                  "Multi-reference evidence", "pairwise BLEU among z values", LONG_Y):
         assert text in html, text
+    # the sections with nothing to show fold into the closing list, each with its one left-out line
+    folded = html.split("Sections with nothing to show in this study")[-1].split("<li>")[1:]
+    for title in ("The phase boundary", "The staircase", "Latent value against strategy"):
+        item = next((i for i in folded if i.startswith(f"<strong>{title}")), None)
+        assert item is not None and item.count("left out — ") == 1, (title, folded)
+        assert html.count(f">{title}") == 1, title  # no heading of its own left in the page
     assert "analytic I(z;y|x)</th>" not in html and "log K/m</th>" not in html and "task correct</th>" not in html
     assert "Remedies leaderboard" not in html and not (real / "leaderboard.csv").exists()  # one seed, one remedy
     assert "…" not in html.split("Greedy and sampled y")[-1]  # samples at full length
