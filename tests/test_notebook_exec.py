@@ -135,3 +135,53 @@ def test_a_run_killed_between_its_summary_and_its_notebook_is_not_finished(tiny_
     res = executor.run_point(point, str(tmp_path / "runs"), str(NOTEBOOKS / "train_cvae.ipynb"))
     assert res["status"] == "finished" and executor.is_finished(run_dir)
     assert executor.run_point(point, str(tmp_path / "runs"), "unused")["status"] == "skipped"
+
+
+def test_a_notebook_is_read_and_run_without_jsonschemas_iri_parsers(tmp_path):
+    """rfc3987-syntax (jsonschema's ``format-nongpl`` extra, installed beside JupyterLab) built ~35 Lark
+    parsers at ``import nbformat``: 1.8 s of every process that runs or reads a notebook. A fresh interpreter
+    that runs a notebook through ``execute`` never imports it, reads the notebook back as valid, and can
+    still import rfc3987_syntax itself."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("rfc3987_syntax") is None:
+        pytest.skip("rfc3987-syntax is not installed here: nothing to keep out")
+    code = (
+        "import sys\n"
+        "from zfree_lab.experiment.notebook_exec import execute, import_nbformat\n"
+        "nbformat = import_nbformat()\n"
+        "nb = nbformat.v4.new_notebook()\n"
+        "nb.metadata['kernelspec'] = {'name': 'python3', 'display_name': 'Python 3', 'language': 'python'}\n"
+        "nb.cells.append(nbformat.v4.new_code_cell('1 + 1'))\n"
+        f"out = execute(nb, {str(tmp_path / 'out.ipynb')!r})\n"
+        "nbformat.validate(nbformat.read(out, as_version=4))\n"
+        "print('loaded' if 'rfc3987_syntax' in sys.modules else 'not loaded')\n"
+        "import rfc3987_syntax\n"
+        "print(rfc3987_syntax.is_valid_syntax('iri', 'https://example.org/a'))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["not", "loaded", "True"], out.stdout
+
+
+def test_the_report_writes_its_notebook_once_a_run_after_each_cell(tmp_path, monkeypatch):
+    """papermill writes the partial notebook at every cell's start and end: a run's notebook shows how far
+    it got; the report's (``save_each_cell=False``) is written once, when whole."""
+    import papermill.engines
+    import papermill.execute
+
+    writes = []
+    for module in (papermill.engines, papermill.execute):
+        original = module.write_ipynb
+        monkeypatch.setattr(module, "write_ipynb", lambda nb, path, _w=original: (writes.append(path), _w(nb, path)))
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells.extend(nbformat.v4.new_code_cell(f"x = {i}") for i in range(5))
+    counts = {}
+    for each in (True, False):
+        writes.clear()
+        out = execute(nb, tmp_path / f"{each}.ipynb", save_each_cell=each)
+        assert [c.outputs for c in nbformat.read(out, as_version=4).cells] == [[]] * 5
+        counts[each] = len(writes)
+    assert counts[False] == 1 and counts[True] >= 10, counts

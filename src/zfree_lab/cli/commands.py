@@ -215,13 +215,14 @@ def cmd_study(a):
         run_own_study(a.model, a.data, a.out, val=a.val, preset=a.preset or "own", spec=a.spec, workers=a.workers,
                       overrides=overrides, seeds=a.seeds, started=started,
                       finetune=a.finetune_base, finetune_steps=a.finetune_steps, estimate=not a.no_estimate,
-                      budget_s=parse_budget(DEFAULT_OWN_BUDGET if a.budget is None and (a.preset or "own") == "own"
+                      render=not a.no_report, budget_s=parse_budget(DEFAULT_OWN_BUDGET if a.budget is None and (a.preset or "own") == "own"
                                             and not a.spec else a.budget))
     else:
         if a.val or a.budget:
             raise ValueError(f"{'--val' if a.val else '--budget'} needs --model and --data (an own-model study)")
         run_study(a.preset or "default", a.out, retrain_base=a.retrain_base, workers=a.workers,
-                  estimate=not a.no_estimate, overrides=overrides, seeds=a.seeds, started=started)
+                  estimate=not a.no_estimate, overrides=overrides, seeds=a.seeds, started=started,
+                  render=not a.no_report)
     # the pipeline prints its FAILED lines; a point that failed in this invocation left an error.json since it
     # started (one left by an earlier invocation is older: that run is not reported as failed now)
     runs = Path(a.out).resolve() / "runs"

@@ -149,6 +149,8 @@ def _add_study(sub) -> None:
                     "1h (default for --preset own: 20m; none: the whole grid); cuts in order: " + budget_help())
     st.add_argument("--no-estimate", action="store_true",
                     help="start at once, without the probe that prints the expected time and memory first")
+    st.add_argument("--no-report", action="store_true",
+                    help="skip report.html (the tables are written; `zfree report OUT` renders it later)")
     st.add_argument("--model", help="your model: a transformers folder, a .gguf file (or folder) or a hub id")
     st.add_argument("--data", help="your pairs: one JSONL file {id?, x, y, strategy?, labels?}, split by x")
     st.add_argument("--val", help="a validation JSONL to use as it is (x shared with --data are warned)")

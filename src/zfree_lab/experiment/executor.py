@@ -77,9 +77,10 @@ def with_config_parameters(notebook: Path | str):
     declarations at use: its own lines, then every flat ``TrainConfig`` field it does not assign, at its
     declared default, so papermill knows each field a run passes (the committed cell names only a few:
     a new config field touches no notebook)."""
-    import nbformat  # lazy: as papermill
-
     from zfree.config import TrainConfig
+    from zfree_lab.experiment.notebook_exec import import_nbformat
+
+    nbformat = import_nbformat()  # lazy: as papermill
 
     nb = nbformat.read(str(notebook), as_version=4)
     cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))

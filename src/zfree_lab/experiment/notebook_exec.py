@@ -26,6 +26,7 @@ import functools
 import glob
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,25 @@ def _ipc_kernel_manager():
     return IPCKernelManager
 
 
+def import_nbformat():
+    """``nbformat``, imported without the IRI format checker of jsonschema where nothing has imported
+    jsonschema yet. jsonschema's ``format-nongpl`` extra (pulled in beside JupyterLab) installs
+    rfc3987-syntax, which builds about 35 Lark parsers when jsonschema is imported: 1.8 s of the 1.9 s
+    ``import nbformat`` took here, in every process that runs or reads a notebook (jsonschema issue
+    #1428). No notebook schema uses the ``iri`` formats; the process's jsonschema then has no checker for
+    them (it skips an unknown format, as it does where the extra is not installed), and a later explicit
+    ``import rfc3987_syntax`` still works."""
+    blocked = "jsonschema" not in sys.modules and "rfc3987_syntax" not in sys.modules
+    if blocked:
+        sys.modules["rfc3987_syntax"] = None  # jsonschema imports it under suppress(ImportError)
+    try:
+        import nbformat
+    finally:
+        if blocked:
+            del sys.modules["rfc3987_syntax"]
+    return nbformat
+
+
 def _literal(path: Path | str) -> str:
     """``path`` as papermill's ``str.format`` of it gives it back: braces doubled."""
     return str(path).replace("{", "{{").replace("}", "}}")
@@ -73,7 +93,7 @@ def leftover_partials(output: Path | str) -> list[Path]:
 
 
 def execute(notebook, output: Path | str, parameters: dict[str, Any] | None = None, *,
-            progress: bool = False, keep_failed: bool = True) -> Path:
+            progress: bool = False, keep_failed: bool = True, save_each_cell: bool = True) -> Path:
     """Execute ``notebook`` (a path or an ``nbformat`` node) with papermill (kernel ``python3``) and
     write the executed notebook to ``output`` atomically. On a failure inside the notebook the executed
     part (with the error) replaces ``output`` when it is a whole notebook and ``keep_failed`` (a run's
@@ -81,8 +101,11 @@ def execute(notebook, output: Path | str, parameters: dict[str, Any] | None = No
     report) and after an interrupt (KeyboardInterrupt: Ctrl-C, SIGTERM) ``output`` is left as it was:
     the last complete notebook. A torn partial file (disk full) is removed, never left as ``output``,
     and so are the partial files a killed earlier execution to ``output`` left (``leftover_partials``:
-    the caller owns ``output``'s folder, under its lock). Returns ``output``."""
-    import nbformat  # lazy: as papermill
+    the caller owns ``output``'s folder, under its lock). ``save_each_cell``: papermill writes the partial
+    file after each cell (a run's notebook shows how far it got); False writes it once, at the end or on a
+    failure (the report: 60 cells whose figures made the 120 writes of a growing notebook cost seconds).
+    Returns ``output``."""
+    nbformat = import_nbformat()  # lazy: as papermill
     import papermill as pm  # lazy: measured 2.8 s to import (nbclient, jupyter_client)
 
     output = Path(output)
@@ -95,7 +118,7 @@ def execute(notebook, output: Path | str, parameters: dict[str, Any] | None = No
     try:
         pm.execute_notebook(node, _literal(tmp), parameters=parameters, kernel_name="python3",
                             progress_bar=progress, log_output=False, cwd=workdir,
-                            kernel_manager_class=_ipc_kernel_manager())
+                            kernel_manager_class=_ipc_kernel_manager(), request_save_on_cell_execute=save_each_cell)
     except Exception:  # an interrupt (a BaseException) is no result: output stays as it was
         if keep_failed and is_whole(tmp):
             os.chmod(tmp, 0o644)
@@ -113,7 +136,7 @@ def execute(notebook, output: Path | str, parameters: dict[str, Any] | None = No
 def is_whole(path: Path | str) -> bool:
     """True when the notebook at ``path`` exists and reads back whole (a run counts as finished only
     then: a torn one from an earlier fault makes it rerun)."""
-    import nbformat  # lazy: as papermill
+    nbformat = import_nbformat()  # lazy: as papermill
 
     if not Path(path).is_file():
         return False

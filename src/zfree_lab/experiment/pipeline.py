@@ -9,6 +9,7 @@ differ only by their spec's data and base sources (``zfree_lab.experiment.spec``
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import time
 from collections import Counter
@@ -259,9 +260,10 @@ def _finish(name: str, out: Path, n_points: int, statuses: list[dict], clock: Ph
     print_failures(statuses, out / "runs")
     html = render_report(out, progress=progress, aggregated=True) if render else None
     clock.done("report", finished=True)
-    if progress and render:
+    if progress:
         also = given_line(count_runs(out / "runs")) if n_points > n else ""
-        print(f"study {name!r}: {n} runs{also} in {out} ({time.time() - t0:.0f} s); report: {html}")
+        shown = html if render else f"not rendered (`zfree report {shlex.quote(str(out))}` renders it)"
+        print(f"study {name!r}: {n} runs{also} in {out} ({time.time() - t0:.0f} s); report: {shown}")
     if progress:
         print(disk_line(out), flush=True)
     return ExperimentResult(out, statuses, html, n)

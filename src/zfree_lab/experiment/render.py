@@ -14,7 +14,7 @@ from zfree.core.io import atomic_write_text
 from zfree_lab.run.locks import run_folder_lock
 from zfree.core.paths import NOTEBOOKS
 from zfree_lab.run.run_config import MEANING_FILE
-from zfree_lab.experiment.notebook_exec import execute
+from zfree_lab.experiment.notebook_exec import execute, import_nbformat
 from zfree_lab.experiment.folding import fold_empty_sections
 from zfree_lab.experiment.tables import aggregate
 
@@ -47,6 +47,8 @@ def offline_exporter():
     """nbconvert's HTMLExporter for report.html: the lab template without CDN resources
     (``OFFLINE_TEMPLATE``), code and prompts hidden."""
     import jinja2  # lazy: with nbconvert
+
+    import_nbformat()  # nbconvert imports nbformat: without the slow IRI checker
     from nbconvert import HTMLExporter  # lazy: as papermill in render_report
 
     return HTMLExporter(template_name="lab", template_file="zfree_offline.html.j2",
@@ -87,7 +89,7 @@ def html_of(nb, study_dir: Path) -> str:
 def _combined_report(study_dir: Path, parts: list[Path]):
     """One notebook made of ``parts``: each part's parameters cell (untagged, its defaults kept)
     is followed by an injected ``sweep_dir = ...`` cell, so all sections run in one kernel."""
-    import nbformat  # lazy: measured 1.5 s to import (jsonschema); only a report needs it
+    nbformat = import_nbformat()  # lazy: only a report needs it
 
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
@@ -132,7 +134,7 @@ def render_report(study_dir: Path | str, notebook: Path | str | None = None, pro
     kernel is started outside the folder (``zfree_lab.experiment.notebook_exec``); papermill's
     progress bar with ``progress``; ``aggregated``: the caller has just written the tables (a study,
     after its grid), so they are not written again."""
-    import nbformat  # lazy: as in _combined_report
+    nbformat = import_nbformat()  # lazy: as in _combined_report
 
     study_dir = Path(study_dir).resolve()
     if not (study_dir / "runs").is_dir():
@@ -156,7 +158,7 @@ def render_report(study_dir: Path | str, notebook: Path | str | None = None, pro
     with run_folder_lock(study_dir, "study folder"):  # one report at a time: its leftovers are its own to remove
         try:  # replaced only when whole and executed to the end: an interrupted or failed report keeps the last one
             out_nb = execute(_combined_report(study_dir, parts), study_dir / "report.ipynb", progress=progress,
-                             keep_failed=False)
+                             keep_failed=False, save_each_cell=False)
             atomic_write_text(study_dir / "report.html", html_of(nbformat.read(out_nb, as_version=4), study_dir))
         except OSError as e:
             if e.errno not in FULL_DISK:

@@ -31,9 +31,10 @@ PRESETS: dict[str, ExperimentSpec] = {n: s for n, s in shipped_presets().items()
 
 def run_study(preset: str, out_dir: Path | str, *, retrain_base: bool = False, workers: int | None = None,
               progress: bool = True, estimate: bool = False, overrides: dict | None = None,
-              seeds: tuple[int, ...] | None = None, started: float | None = None) -> Path:
+              seeds: tuple[int, ...] | None = None, started: float | None = None, render: bool = True) -> Path:
     """Run a preset end to end into ``out_dir`` (``zfree_lab.experiment.pipeline.run_experiment``);
-    returns the path of ``report.html``.
+    returns the path of ``report.html`` (the study folder with ``render=False``: ``zfree study --no-report``,
+    the tables written, no report).
 
     Writes out_dir/{base/reference/reference.json, runs/<id>/, summary.csv, report.ipynb,
     report.html}. Finished runs are skipped; failed runs are listed and do not stop the others.
@@ -49,5 +50,6 @@ def run_study(preset: str, out_dir: Path | str, *, retrain_base: bool = False, w
     spec = PRESETS[preset] if not overrides else dataclasses.replace(PRESETS[preset], overrides=dict(overrides))
     if seeds is not None:
         spec = dataclasses.replace(spec, seeds=tuple(seeds))
-    return run_experiment(spec, out_dir, retrain_base=retrain_base, workers=workers,
-                          progress=progress, estimate=estimate, started=started).html
+    done = run_experiment(spec, out_dir, retrain_base=retrain_base, workers=workers, progress=progress,
+                          estimate=estimate, started=started, render=render)
+    return done.html if render else done.out
