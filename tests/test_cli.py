@@ -52,7 +52,8 @@ def test_an_invalid_own_train_config_is_refused_before_torch_and_before_the_run_
     import sys
 
     (tmp_path / "pairs.jsonl").write_text('{"x": "a", "y": "b"}\n')
-    (tmp_path / "no-model").mkdir()  # exists (a missing path is refused first) and is never loaded
+    (tmp_path / "no-model").mkdir()  # a model folder (a missing path or an empty folder is refused first) never loaded
+    (tmp_path / "no-model" / "config.json").write_text("{}")
     code = ("import sys\nfrom zfree_lab.cli import main\n"
             "rc = main(['train', '--model', 'no-model', '--data', 'pairs.jsonl', '--out', 'run',"
             " '--set', 'weighting=example', '--set', 'epsilon=0'])\n"

@@ -464,7 +464,8 @@ def test_a_zero_budget_is_refused_in_one_line_however_written(text, tmp_path, ca
         est.parse_budget(text)
     from zfree_lab.cli import main
 
-    (tmp_path / "no-model").mkdir(exist_ok=True)  # exists (a missing path is refused first); never loaded
+    (tmp_path / "no-model").mkdir(exist_ok=True)  # a model folder (a missing or empty one is refused first); never loaded
+    (tmp_path / "no-model" / "config.json").write_text("{}")
     (tmp_path / "d.jsonl").write_text('{"x": "a", "y": "b"}\n')
     assert main(["study", "--model", str(tmp_path / "no-model"), "--data", str(tmp_path / "d.jsonl"),
                  "--out", str(tmp_path / "out"), "--budget", text]) == 2

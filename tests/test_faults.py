@@ -209,10 +209,12 @@ def _own_spec(tmp_path: Path, text: str) -> Path:
 
 
 def _placeholders(folder: Path) -> tuple[str, str]:
-    """An existing ``--model`` folder (empty: never loaded, the refusal under test comes first) and ``--data``
-    file (one valid row) in ``folder``: a missing path is refused before anything else
-    (``zfree_lab.cli.path_args.check_path_args``), so a test of a later refusal gives paths that exist."""
+    """An existing ``--model`` folder (a config.json alone: never loaded, the refusal under test comes first) and
+    ``--data`` file (one valid row) in ``folder``: a missing path, or a folder that holds no model, is refused
+    before anything else (``zfree_lab.cli.path_args.check_path_args``), so a test of a later refusal gives
+    paths that are what they should be."""
     (folder / "m").mkdir(exist_ok=True)
+    (folder / "m" / "config.json").write_text("{}")
     (folder / "d.jsonl").write_text('{"x": "a", "y": "b"}\n')
     return str(folder / "m"), str(folder / "d.jsonl")
 
@@ -819,6 +821,27 @@ def test_a_missing_data_file_or_model_path_is_one_line_before_torch(tiny, tmp_pa
     assert "TORCH False" in r.stdout and not out.exists()
     if value == "smollm2-135m-instruct":  # a name zfree fetches, given as a path: the line says how to get it
         assert "`zfree model fetch smollm2-135m-instruct` puts it in" in err[0], err
+
+
+@pytest.mark.parametrize("make, expected", [
+    (lambda d: d.mkdir(), "has neither config.json nor a .gguf file (a model is a transformers folder"),
+    (lambda d: (d.mkdir(), (d / "a.gguf").touch(), (d / "b.gguf").touch()), "holds several .gguf files (a.gguf, b.gguf)"),
+    (lambda d: d.write_text("{}"), "a file must be a .gguf file")])
+def test_a_model_path_that_holds_no_model_is_one_line_before_torch(tiny, tmp_path, make, expected):
+    """A ``--model`` that exists but is no model (the folder above the model's, its tokenizer folder, a folder
+    of several GGUF files, a config file): one line naming the option, the path and why, exit 2, no output
+    folder, before torch (it was refused by the model's loading, after the imports)."""
+    data, _ = tiny
+    model, out = tmp_path / "not a model", tmp_path / "out"
+    make(model)
+    code = ("import sys; from zfree_lab.cli import main; rc = main(sys.argv[1:]); "
+            "print('TORCH', 'torch' in sys.modules); sys.exit(rc)")
+    r = subprocess.run([sys.executable, "-c", code, "study", "--model", str(model), "--data", str(data / "train.jsonl"),
+                        "--out", str(out)], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    err = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(err) == 1 and err[0].startswith(f"zfree: error: --model {model}: {expected}"), r.stderr
+    assert "TORCH False" in r.stdout and not out.exists()
 
 
 def test_an_owner_name_model_is_a_hub_id_not_a_missing_path():

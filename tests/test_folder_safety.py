@@ -394,7 +394,8 @@ def test_zfree_study_refuses_a_non_empty_folder_it_does_not_own(tiny_run, tmp_pa
     files = {**FOREIGN, "summary.csv": "a,b\n1,2\n", "report.html": "<html>mine</html>"}
     for name, text in files.items():
         (out / name).write_text(text)
-    (tmp_path / "no-model").mkdir()  # exists (a missing path is refused first) but is never loaded
+    (tmp_path / "no-model").mkdir()  # a model folder (a missing or empty one is refused first) but never loaded
+    (tmp_path / "no-model" / "config.json").write_text("{}")
     argv = ["study", "--model", str(tmp_path / "no-model"), "--data", str(data / "train.jsonl"), "--out", str(out),
             "--no-estimate"]
     assert main(argv) == 2

@@ -630,7 +630,8 @@ def test_bad_data_is_refused_before_the_studys_imports(tmp_path):
 
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"x": "a", "y": "b"}\n{"x": "a", "y": }\n')
-    (tmp_path / "m").mkdir()  # exists (a missing path is refused first) and is never loaded
+    (tmp_path / "m").mkdir()  # a model folder (a missing or empty one is refused first) and never loaded
+    (tmp_path / "m" / "config.json").write_text("{}")
     code = ("import sys\nfrom zfree_lab.cli import main\n"
             f"rc = main(['study', '--model', {str(tmp_path / 'm')!r}, '--data', {str(bad)!r}, '--out', {str(tmp_path / 'o')!r}])\n"
             "print(rc, 'torch' in sys.modules)")

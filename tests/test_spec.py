@@ -243,7 +243,8 @@ def test_a_presets_own_base_fine_tuning_reaches_the_study(tmp_path, monkeypatch)
         assert (seen[-1].base.kind, seen[-1].base.path, seen[-1].base.finetune_steps) == ("pretrained", "some/model",
                                                                                          want)
     for extra, want in [([], 0), (["--finetune-base"], 300), (["--finetune-base", "--finetune-steps", "7"], 7)]:
-        (tmp_path / "m").mkdir(exist_ok=True)  # exists (a missing path is refused first); the stub never loads it
+        (tmp_path / "m").mkdir(exist_ok=True)  # a model folder (a missing or empty one is refused first); never loaded
+        (tmp_path / "m" / "config.json").write_text("{}")
         assert cli_main(["study", "--preset", "own_smoke", "--model", str(tmp_path / "m"), "--data", str(data),
                          "--out", str(tmp_path / f"o{len(seen)}"), "--no-estimate", *extra]) == 0
         assert seen[-1].base.finetune_steps == want

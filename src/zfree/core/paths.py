@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from zfree.core.errors import ConfigError
+from zfree.core.errors import ConfigError, ModelLoadError
 
 _PACKAGE = Path(__file__).resolve().parents[1]  # src/zfree in a clone, site-packages/zfree in a wheel
 #: the installed package: no output folder may lie inside it (``check_not_in_package``)
@@ -125,6 +125,33 @@ def runs_home() -> Path:
 
 def looks_like_hub_id(source: str) -> bool:
     """Whether a model source that is not an existing path reads as an ``owner/name`` hub id: one slash,
-    both sides non-empty, not starting with ``.``, ``/`` or ``~`` (``zfree.models.loading.resolve_source``
+    both sides non-empty, not starting with ``.``, ``/`` or ``~`` (``model_source``
     loads it so; the command line refuses any other missing ``--model`` path before it imports torch)."""
     return source.count("/") == 1 and not source.startswith((".", "/", "~")) and all(source.split("/"))
+
+
+def model_source(source: Path | str) -> tuple[str, str | None, str]:
+    """Where a model loads from, read from the path alone (no torch): ``(path_or_id, gguf_file or None, kind)``,
+    kind in folder / gguf / hub.
+
+    A ``.gguf`` file, or a folder without config.json that holds exactly one ``.gguf`` file, is a GGUF
+    source; a folder with config.json is a transformers folder; a string that is not an existing path but
+    ``looks_like_hub_id`` is a hub id. Raises FileNotFoundError for a path that does not exist, ModelLoadError
+    for another file than a .gguf and for a folder with several or no loadable files."""
+    p = Path(source)
+    if p.is_file():
+        if p.suffix != ".gguf":
+            raise ModelLoadError(f"model {p}: a file must be a .gguf file (or pass the model folder)")
+        return str(p.parent), p.name, "gguf"
+    if p.is_dir():
+        if (p / "config.json").exists():
+            return str(p), None, "folder"
+        ggufs = sorted(f.name for f in p.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return str(p), ggufs[0], "gguf"
+        if len(ggufs) > 1:
+            raise ModelLoadError(f"model folder {p} holds several .gguf files ({', '.join(ggufs)}): pass one file")
+        raise ModelLoadError(f"model folder {p} has neither config.json nor a .gguf file")
+    if looks_like_hub_id(str(source)):
+        return str(source), None, "hub"
+    raise FileNotFoundError(f"model folder {p} does not exist")

@@ -15,7 +15,7 @@ from safetensors import SafetensorError
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from zfree.core.errors import ModelLoadError
-from zfree.core.paths import TOKENIZER_FILES, looks_like_hub_id
+from zfree.core.paths import TOKENIZER_FILES, model_source
 from zfree.models.head import verify_head
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
@@ -29,30 +29,10 @@ def pick_device(device: str | torch.device = "auto") -> torch.device:
 
 
 def resolve_source(source: Path | str) -> tuple[str, str | None, str]:
-    """Where to load from: ``(path_or_id, gguf_file or None, kind)``, kind in folder / gguf / hub.
-
-    A ``.gguf`` file, or a folder without config.json that holds exactly one ``.gguf`` file, is a
-    GGUF source; a folder with config.json is a transformers folder; a string that is not an
-    existing path but looks like ``owner/name`` is a hub id. Raises FileNotFoundError for a path
-    that does not exist, ModelLoadError for a folder with several or no loadable files.
-    """
-    p = Path(source)
-    if p.is_file():
-        if p.suffix != ".gguf":
-            raise ModelLoadError(f"model {p}: a file must be a .gguf file (or pass the model folder)")
-        return str(p.parent), p.name, "gguf"
-    if p.is_dir():
-        if (p / "config.json").exists():
-            return str(p), None, "folder"
-        ggufs = sorted(f.name for f in p.glob("*.gguf"))
-        if len(ggufs) == 1:
-            return str(p), ggufs[0], "gguf"
-        if len(ggufs) > 1:
-            raise ModelLoadError(f"model folder {p} holds several .gguf files ({', '.join(ggufs)}): pass one file")
-        raise ModelLoadError(f"model folder {p} has neither config.json nor a .gguf file")
-    if looks_like_hub_id(str(source)):
-        return str(source), None, "hub"
-    raise FileNotFoundError(f"model folder {p} does not exist")
+    """Where to load from: ``(path_or_id, gguf_file or None, kind)``, kind in folder / gguf / hub; read from
+    the path alone, as the command line does before it imports torch (``zfree.core.paths.model_source``: its
+    rules and errors)."""
+    return model_source(source)
 
 
 def _loading_problems(info: dict) -> list[str]:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from zfree.core.errors import ConfigError
-from zfree.core.paths import check_name_length, check_not_in_package, looks_like_hub_id
+from zfree.core.errors import ConfigError, ModelLoadError
+from zfree.core.paths import check_name_length, check_not_in_package, looks_like_hub_id, model_source
 
 #: the options (argparse dests) that name a file, folder or model; positional ones print bare
 PATH_ARGS = ("out", "data", "val", "model", "spec", "config", "resume", "src", "base", "init_from", "cache_dir", "study_dir",
@@ -44,7 +44,9 @@ def check_path_args(args) -> None:
        installed package;
     2. what the paths name: a JSONL file of pairs (``JSONL_ARGS``) that does not exist, is a folder or
        is a device (/dev/zero), pipe or socket; a ``--model`` path that does not exist and is not an
-       ``owner/name`` hub id (``zfree.core.paths.looks_like_hub_id``).
+       ``owner/name`` hub id (``zfree.core.paths.looks_like_hub_id``), or that exists and is no model
+       source (``zfree.core.paths.model_source``: a folder with neither config.json nor one .gguf file, a
+       file that is not a .gguf).
 
     A typo'd path is thus refused at once (after torch it took 1-2 minutes on a busy machine); flag
     combinations, spec files, data rows, folder ownership and the model's loading are checked after."""
@@ -68,3 +70,10 @@ def check_path_args(args) -> None:
                                   f"end): give one JSONL file of pairs")
         if dest == "model" and not path.exists() and not looks_like_hub_id(str(value)):
             raise ConfigError(_missing_model_line(flag, value))
+        if dest == "model" and path.exists():
+            try:
+                model_source(path)
+            except ModelLoadError as e:  # e.g. the folder above the model's, or its tokenizer folder
+                why = str(e).split(str(path), 1)[-1].lstrip(": ")
+                also = " (a model is a transformers folder, a .gguf file or folder, or an owner/name hub id)"
+                raise ConfigError(f"{flag} {value}: {why}{also if why.startswith('has neither') else ''}") from None
