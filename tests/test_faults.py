@@ -234,6 +234,20 @@ def _no_study(monkeypatch) -> list:
     return calls
 
 
+def test_no_report_reaches_both_kinds_of_study(tmp_path, monkeypatch):
+    """``zfree study --no-report``: the shipped-base study and the own-data study are run without rendering."""
+    from zfree_lab.cli import main
+
+    calls = _no_study(monkeypatch)
+    model, data = _placeholders(tmp_path)
+    for extra in ([], ["--no-report"]):
+        assert main(["study", "--preset", "smoke", "--out", str(tmp_path / "a"), "--no-estimate", *extra]) == 0
+        assert main(["study", "--model", model, "--data", data, "--out", str(tmp_path / "b"), "--no-estimate",
+                     *extra]) == 0
+    assert [(kind, kw["render"]) for kind, _, kw in calls] == [("study", True), ("own", True), ("study", False),
+                                                              ("own", False)]
+
+
 @pytest.mark.parametrize("aids", ["[hard_em_then_soft]", "[none, hard_emm]", "[none, 3]"])
 def test_unknown_grid_aid_is_refused_listing_the_valid_ones(tmp_path, capsys, monkeypatch, aids):
     from zfree_lab.experiment.own_study import load_own_spec
