@@ -189,3 +189,22 @@ def test_a_running_study_without_its_available_gain_table_collects_the_same_tabl
         m.main(study, running)
     with pytest.raises(SystemExit, match="is not an oracle-smollm2 study folder"):
         m.main(tmp_path / "finished", running)
+
+
+SHIPPED = SCRIPT.parent
+
+
+def test_the_shipped_result_is_recomputed_from_the_shipped_tables():
+    """Once the study's tables are shipped: every table and test line of its README is what ``headline`` computes
+    from oracles.csv, oracle_rows.parquet and runs.csv (no number typed by hand), the decision is not pending, and
+    no shipped file names a machine path."""
+    if not (SHIPPED / "oracles.csv").exists():
+        pytest.skip("the study's tables are not shipped yet (PREREGISTRATION.md: it resumes across sessions)")
+    m = _collect()
+    h = m.headline(SHIPPED)
+    assert h["complete"] and h["decision"] != "pending" and h["n_oracle_runs"] == 24
+    readme = (SHIPPED / "README.md").read_text(encoding="utf-8")
+    missing = [line for line in m.markdown(h) if line not in readme]
+    assert not missing, missing
+    for name in ("oracles.csv", "oracle_rows.parquet", "runs.csv", "README.md"):
+        assert not MACHINE_PATH.search((SHIPPED / name).read_bytes()), name

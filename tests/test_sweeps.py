@@ -131,3 +131,34 @@ def test_gpu_spec_runs_one_gpu_per_point_on_the_automatic_device():
     points = spec.points()
     assert len(points) == 3 * 5 * 3
     assert {p.params["device"] for p in points} == {"auto"} and {p.params["precision"] for p in points} == {"bf16"}
+
+
+def test_a_log_gets_one_line_per_finished_run_a_terminal_the_bar(tmp_path, capsys, monkeypatch):
+    """Progress written to a file or pipe (nohup, SLURM, CI) is one line per finished run, with no carriage
+    return: the bar's updates had made one long line of a study's log. A terminal keeps tqdm's bar."""
+    import io
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+
+    from zfree_lab.experiment.executor import run_points
+    from zfree_lab.experiment.spec import Point
+
+    points = [Point(f"p{i}", {}) for i in range(3)]
+    ran = lambda p, runs, nb: {"run_id": p.run_id, "status": "failed" if p.run_id == "p1" else "finished"}  # noqa: E731
+    with ThreadPoolExecutor(1) as ex:
+        run_points(points, tmp_path / "runs", executor=ex, run_fn=ran, progress=True)
+    err = capsys.readouterr().err
+    assert "\r" not in err, err
+    lines = [ln for ln in err.splitlines() if ln.startswith("runs: ")]
+    assert [ln.split(" (")[0] for ln in lines] == ["runs: 1 of 3 done", "runs: 2 of 3 done", "runs: 3 of 3 done"], err
+    assert sorted(ln.split("(")[1].split(",")[0] for ln in lines) == ["p0: finished", "p1: failed", "p2: finished"]
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    term = Terminal()
+    monkeypatch.setattr(sys, "stderr", term)
+    with ThreadPoolExecutor(1) as ex:
+        run_points(points, tmp_path / "runs2", executor=ex, run_fn=ran, progress=True)
+    assert "\r" in term.getvalue() and "runs: 1 of 3 done" not in term.getvalue()

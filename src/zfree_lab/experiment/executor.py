@@ -318,7 +318,11 @@ def _collect(futs: list[Future], points: list[Point], *, progress: bool, on_done
     counts the ``skipped`` points finished before as done."""
     results: list[dict | None] = [None] * len(points)
     index = {id(f): i for i, f in enumerate(futs)}
-    with tqdm(total=len(points) + skipped, initial=skipped, desc="runs", disable=not progress) as bar:
+    total, done = len(points) + skipped, skipped
+    # a log (nohup, SLURM, CI) gets one line per finished run; a terminal the bar (in a log file the bar's
+    # carriage returns made one line of every update), a notebook its widget bar (tqdm.auto's choice)
+    lines = progress and not sys.stderr.isatty() and tqdm.__module__ != "tqdm.notebook"
+    with tqdm(total=total, initial=skipped, desc="runs", disable=not progress or lines) as bar:
         for f in as_completed(futs):
             i = index[id(f)]
             try:
@@ -333,6 +337,10 @@ def _collect(futs: list[Future], points: list[Point], *, progress: bool, on_done
             results[i] = r
             bar.update(1)
             bar.set_postfix_str(f"{r['run_id']}: {r['status']}")
+            done += 1
+            if lines:
+                print(f"runs: {done} of {total} done ({r['run_id']}: {r['status']}, {time.strftime('%H:%M:%S')})",
+                      file=sys.stderr, flush=True)
             if on_done:
                 on_done(r)
     return [r for r in results if r is not None]
