@@ -6,8 +6,10 @@ the hidden states must equal the model's own (``zfree.models.head.verify_head``)
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
+import sys
 from pathlib import Path
 
 import torch
@@ -96,6 +98,22 @@ def check_not_gguf(folder: Path | str, name: str) -> None:
                                          f"its folder, as the model")
 
 
+@contextlib.contextmanager
+def _bars_only_on_a_terminal():
+    """transformers' "Loading weights" bar where stderr is a terminal; none in a log (nohup, SLURM, CI), where
+    its carriage returns only joined lines."""
+    from transformers.utils import logging as hf_logging
+
+    off = not sys.stderr.isatty() and hf_logging.is_progress_bar_enabled()
+    if off:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if off:
+            hf_logging.enable_progress_bar()
+
+
 def _load_weights(path: str, config, dtype: torch.dtype, name: str, kw: dict) -> torch.nn.Module:
     """The ``AutoModelForCausalLM`` at ``path`` with ``config``, its weights in ``dtype``. ModelLoadError
     for a config without a causal-LM head, weights that do not match the config or cannot be read
@@ -103,8 +121,9 @@ def _load_weights(path: str, config, dtype: torch.dtype, name: str, kw: dict) ->
     if "gguf_file" not in kw and Path(path).is_dir():
         check_not_gguf(path, name)
     try:
-        model, info = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=dtype,
-                                                           output_loading_info=True, **kw)
+        with _bars_only_on_a_terminal():
+            model, info = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=dtype,
+                                                               output_loading_info=True, **kw)
     except ValueError as e:
         if "Unrecognized configuration class" in str(e):
             raise ModelLoadError(f"model {name}: {type(config).__name__} has no causal-LM head in transformers "
