@@ -94,7 +94,8 @@ def leftover_partials(output: Path | str) -> list[Path]:
 
 def execute(notebook, output: Path | str, parameters: dict[str, Any] | None = None, *,
             progress: bool = False, keep_failed: bool = True, save_each_cell: bool = True) -> Path:
-    """Execute ``notebook`` (a path or an ``nbformat`` node) with papermill (kernel ``python3``) and
+    """Execute ``notebook`` (a path or an ``nbformat`` node) with papermill (kernel ``python3``; its cell bar with
+    ``progress`` where stderr is a terminal, none in a log) and
     write the executed notebook to ``output`` atomically. On a failure inside the notebook the executed
     part (with the error) replaces ``output`` when it is a whole notebook and ``keep_failed`` (a run's
     notebook shows its error), and papermill's exception propagates; with ``keep_failed=False`` (the
@@ -117,7 +118,7 @@ def execute(notebook, output: Path | str, parameters: dict[str, Any] | None = No
     workdir = tempfile.mkdtemp(prefix="zfree-kernel-")
     try:
         pm.execute_notebook(node, _literal(tmp), parameters=parameters, kernel_name="python3",
-                            progress_bar=progress, log_output=False, cwd=workdir,
+                            progress_bar=progress and sys.stderr.isatty(), log_output=False, cwd=workdir,
                             kernel_manager_class=_ipc_kernel_manager(), request_save_on_cell_execute=save_each_cell)
     except Exception:  # an interrupt (a BaseException) is no result: output stays as it was
         if keep_failed and is_whole(tmp):
