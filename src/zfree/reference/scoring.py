@@ -15,6 +15,7 @@ by length under a token budget and returned in input order.
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -161,7 +162,8 @@ def score_encoded(model, encoded: Sequence[EncodedPair], *, pad_id: int = 0, max
     model.eval()
     try:
         via_hidden = head_is_exact(model)
-        bar = tqdm(total=len(encoded), desc="scoring", disable=not progress, leave=False)
+        # on a terminal only: in a log (nohup, SLURM, CI) its carriage returns join every update into one line
+        bar = tqdm(total=len(encoded), desc="scoring", disable=not progress or not sys.stderr.isatty(), leave=False)
         pieces = []
         for sl in plan_batches(n[order], max_batch_tokens, max_batch_rows):
             pieces.append(_batch_logprobs(model, flat, starts[order[sl]], P[order[sl]], L[order[sl]], pad_id,
