@@ -317,7 +317,10 @@ def test_zfree_study_counts_its_process_start_up_in_the_budget(tmp_path, monkeyp
     data.write_text('{"x": "a", "y": "b"}\n')
     import sys
 
-    for argv in (["study", "--model", str(tmp_path), "--data", str(data), "--out", str(tmp_path / "o")],
+    model = tmp_path / "m"  # a model folder, never loaded (an empty one is refused before anything else)
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    for argv in (["study", "--model", str(model), "--data", str(data), "--out", str(tmp_path / "o")],
                  ["study", "--preset", "smoke", "--out", str(tmp_path / "p")]):
         monkeypatch.setattr(sys, "argv", ["zfree", *argv])  # as the `zfree` script calls it: main() reads sys.argv
         assert main() == 0
