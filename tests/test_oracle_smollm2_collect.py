@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from tests.test_shipped_results import MACHINE_PATH
+from tests.test_shipped_results import MACHINE_PATH, shipped_bytes
 from tests.scripts import load_script
 
 SCRIPT = Path(__file__).resolve().parents[1] / "analysis" / "results" / "oracle-smollm2" / "collect.py"
@@ -105,7 +105,7 @@ def test_the_collect_script_computes_the_preregistered_tests_and_decides_for_the
     assert len(oracles) == 24 and len(rows) == 24 * ROWS and set(oracles["arm"]) == {"shipped", "decoupled"}
     assert len(runs) == 24 * 2 + 4 * 3 and set(runs["role"]) == {"oracle", "control", "null_oracle"}
     for f in out.iterdir():
-        assert not MACHINE_PATH.search(f.read_bytes()), f
+        assert not MACHINE_PATH.search(shipped_bytes(f)), f
     # the per-row table is what the study's available_gain.csv averaged (the preregistration's source)
     for o in oracles.itertuples():
         r = rows[rows["oracle_run_id"] == o.oracle_run_id]
@@ -207,4 +207,34 @@ def test_the_shipped_result_is_recomputed_from_the_shipped_tables():
     missing = [line for line in m.markdown(h) if line not in readme]
     assert not missing, missing
     for name in ("oracles.csv", "oracle_rows.parquet", "runs.csv", "README.md"):
-        assert not MACHINE_PATH.search((SHIPPED / name).read_bytes()), name
+        assert not MACHINE_PATH.search(shipped_bytes(SHIPPED / name)), name
+
+
+def test_the_project_readme_and_docs_state_the_result_as_recomputed():
+    if not (SHIPPED / "oracles.csv").exists():
+        pytest.skip("the study's tables are not shipped yet")
+    m = _collect()
+    h = m.headline(SHIPPED)
+    root = SHIPPED.parents[2]
+    arms = h["arms"].set_index(["arm", "label", "route"])
+
+    def ci(row, q):
+        return m._ci(row[q], row[f"{q}_lo"], row[f"{q}_hi"])
+
+    dec, ship = arms.loc[("decoupled", "complete", "embedding")], arms.loc[("shipped", "complete", "embedding")]
+    memory = h["routes"].set_index(["label", "route"]).loc[("n_sentences", "memory")]
+    stated = [f"ΔR = {m._num(ship['delta_R'], 3)} to {ci(dec, 'delta_R')}",
+              f"C = {m._ci(h['h1']['mean'], h['h1']['lo'], h['h1']['hi'])}, Holm p = {m._num(h['h1']['p_holm'], 3)}",
+              f"lost nearly as much, {ci(ship, 'delta_R_null')}",
+              f"{m._ci(memory['mean'], memory['lo'], memory['hi'])} nats/example against its null",
+              "{} through the input embedding, {} at mid-depth".format(
+                  *(m._num(h["routes"].set_index(["label", "route"]).loc[("n_sentences", r), "mean"], 3)
+                    for r in ("embedding", "mid")))]
+    assert h["decision"] == "oracle arm"
+    readme = " ".join((root / "README.md").read_text(encoding="utf-8").split())
+    missing = [x for x in stated if x not in readme]
+    assert not missing, f"README.md does not state the recomputed: {missing}"
+    docs = " ".join((root / "docs" / "results" / "oracles-and-routes.md").read_text(encoding="utf-8").split())
+    for x in (f"ΔR = {ci(dec, 'delta_R')} nats/example), up {m._ci(h['h1']['mean'], h['h1']['lo'], h['h1']['hi'])}",
+              f"shipped arm's {m._num(ship['delta_R'], 3)}, whose null oracle lost nearly as much ({ci(ship, 'delta_R_null')})"):
+        assert x in docs, x
