@@ -45,6 +45,7 @@ from zfree_lab.report.report import (QUALITY_COLUMNS, USE_COLUMNS, errors_markdo
 from zfree_lab.experiment.leaderboard import read_leaderboard
 from zfree_lab.experiment.results import load_sweep
 from zfree_lab.experiment.study_folders import count_runs
+from zfree_lab.experiment.folding import nothing_to_show
 
 sweep = load_sweep(sweep_dir)
 summary = sweep.runs
@@ -98,22 +99,30 @@ if board is not None and len(board):
 # ## Predicted against measured latent use, per run
 
 # %%
-display(run_table(summary, USE_COLUMNS).join(verdicts.set_index("run")["verdict"]))
-quality, dropped = drop_empty(run_table(summary, QUALITY_COLUMNS))
-display(quality)
-display(Markdown(dropped_markdown(dropped)))
+if summary.empty:  # a study of label oracles alone (their controls and nulls are not CVAE runs)
+    nothing_to_show("No CVAE run in this study (only label oracles, their z-free controls and null oracles): no run whose use to read.")
+else:
+    display(run_table(summary, USE_COLUMNS).join(verdicts.set_index("run")["verdict"]))
+    quality, dropped = drop_empty(run_table(summary, QUALITY_COLUMNS))
+    display(quality)
+    display(Markdown(dropped_markdown(dropped)))
 
 # %%
-show(plot_rate_and_rho_vs_beta(summary, sweep.theory_curves()))
+if not summary.empty:
+    show(plot_rate_and_rho_vs_beta(summary, sweep.theory_curves()))
 
 # %%
-show(plot_predicted_vs_measured(summary))
+if not summary.empty:
+    show(plot_predicted_vs_measured(summary))
 
 # %% [markdown]
 # ## Which term drives the objective
 
 # %%
-show(plot_loss_fractions(summary))
+if summary.empty:
+    nothing_to_show("No CVAE run in this study (only label oracles, their z-free controls and null oracles): no run whose use to read.")
+else:
+    show(plot_loss_fractions(summary))
 
 # %% [markdown]
 # ## Failed runs

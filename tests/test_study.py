@@ -219,3 +219,27 @@ def test_the_combined_report_has_unique_cell_ids(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         nbformat.validate(nb)
+
+
+def test_a_study_of_label_oracles_alone_renders_its_report(smoke, tmp_path):
+    """A study whose grid is label oracles with their z-free controls and null oracles, and no CVAE run (the
+    preregistered oracle-smollm2 study): its report used to stop in the per-run verdict table (pandas
+    ``KeyError: "None of ['run'] are in the columns"``), after every run had finished. It renders the study
+    section: the oracles, their nulls and flipped labels; the per-run sections say there is no run."""
+    import shutil
+
+    from zfree_lab.experiment.render import render_report
+
+    study = tmp_path / "oracles only"
+    shutil.copytree(smoke, study, ignore=shutil.ignore_patterns(".zfree.lock", "report.*"))
+    cvae = [p for p in (study / "runs").iterdir() if p.is_dir() and not p.name.startswith(("control_", "oracle-", "null-"))]
+    assert cvae and len(cvae) < len(list((study / "runs").iterdir()))
+    for p in cvae:
+        shutil.rmtree(p)
+    with agg_backend():
+        html = render_report(study).read_text()
+    assert pd.read_csv(study / "summary.csv").empty
+    assert "What z could gain: the label oracles" in html and "against its null oracle" in html
+    folded = html.split("Sections with nothing to show in this study")[-1]
+    assert folded.count("No CVAE run in this study") == 2, folded
+    assert "The phase diagram" not in html  # the per-run notebooks (sweep_beta_vs_recon_weight, ...) are not run

@@ -86,6 +86,18 @@ def html_of(nb, study_dir: Path) -> str:
     return body
 
 
+def _has_cvae_runs(study_dir: Path) -> bool:
+    """Whether the study's summary.csv (``aggregate``'s) lists a CVAE run: a study of label oracles alone (their
+    controls and null oracles are no CVAE runs) renders only the study section; its β, rate-distortion, ρ_recon,
+    dynamics and switch-on sections would each have drawn nothing."""
+    import pandas as pd  # lazy: as the report's tables
+
+    try:
+        return not pd.read_csv(study_dir / "summary.csv").empty
+    except (OSError, ValueError):  # no summary (a sweep written before it), an empty file: as before
+        return True
+
+
 def _combined_report(study_dir: Path, parts: list[Path]):
     """One notebook made of ``parts``: each part's parameters cell (untagged, its defaults kept)
     is followed by an injected ``sweep_dir = ...`` cell, so all sections run in one kernel."""
@@ -151,6 +163,8 @@ def render_report(study_dir: Path | str, notebook: Path | str | None = None, pro
         raise InputError(f"cannot write in {study_dir} ({e.strerror}: {e.filename}): `zfree report` writes its tables "
                          "and report.html there; copy the folder somewhere writable and report the copy") from None
     parts = [Path(notebook).resolve()] if notebook else [NOTEBOOKS / f"{n}.ipynb" for n in REPORT_NOTEBOOKS]
+    if notebook is None and not _has_cvae_runs(study_dir):  # label oracles alone: the per-run sections have no run
+        parts = parts[:1]
     if notebook is None and (study_dir / "notes.json").exists():  # an own-data study: labels, notes, samples
         parts.append(NOTEBOOKS / "labels_and_samples.ipynb")  # (with what z learned, above the confusions)
     elif notebook is None and any((study_dir / "runs").glob(f"*/{MEANING_FILE}")):
