@@ -300,6 +300,25 @@ def test_a_real_data_report_leaves_out_the_synthetic_sections_with_one_line_each
     assert "– in the control columns" in html and "fewer than its 44 outputs per MR" in html
 
 
+def test_oracles_of_one_label_on_several_routes_are_named_by_route_arm_and_seed(tmp_path):
+    """The oracle-smollm2 study's report listed 24 lines "`n_sentences` against its null oracle ..." with no word of
+    which route, arm or seed each was; each oracle is now named as its runs are (a route and ``shared_delta`` when
+    not the defaults, then the seed), in the table and in the value lines alike."""
+    import json
+
+    six = pd.concat([_oracles().iloc[:1]] * 3, ignore_index=True).assign(
+        oracle_run_id=["e0", "m0", "m1"], label_value=0.2, label_value_lo=0.1, label_value_hi=0.3)
+    for rid, cfg in (("e0", {"seed": 0}), ("m0", {"seed": 0, "injection": "memory", "latent_capacity": "shared_delta"}),
+                     ("m1", {"seed": 1, "injection": "memory", "latent_capacity": "shared_delta"})):
+        (tmp_path / "runs" / rid).mkdir(parents=True)
+        (tmp_path / "runs" / rid / "config.json").write_text(json.dumps(cfg))
+    named = G.with_oracle_seeds(six, tmp_path)
+    names = ["complete, seed 0", "complete, memory route, shared_delta, seed 0", "complete, memory route, shared_delta, seed 1"]
+    assert list(G.available_gain_table(named).index) == names
+    lines = G.null_oracle_lines(named)
+    assert [ln.split(" against")[0] for ln in lines] == [f"- {G.md_code(n)}" for n in names], lines
+
+
 def test_the_verdict_head_says_when_a_better_model_is_not_zs_doing(tmp_path):
     """Issue 59's run (1 seed, 33 steps): an unaided run beat its control by 0.72 nats net of rate with z unused
     (use in the model -0.001), and the head counted it under "a better model of y given x" with no word that z was

@@ -22,9 +22,10 @@ import numpy as np
 import pandas as pd
 
 from zfree.objective.theory import predicted_use
-from zfree_lab.run.run_config import USE_THRESHOLD, read_run_config
+from zfree_lab.run.run_config import USE_THRESHOLD
 from zfree_lab.experiment.controls import LINKS_FILE
 from zfree_lab.experiment.gains import best_label, oracle_table, run_gains
+from zfree_lab.report.oracle_names import oracle_names, with_oracle_seeds  # noqa: F401 (re-exported)
 from zfree_lab.report.report import md_code, md_text, percent, run_label, use_side
 
 #: a label metric resting on fewer evaluated rows than this is flagged (item 4)
@@ -71,32 +72,6 @@ def study_gains(study_dir: Path | str, runs: pd.DataFrame) -> tuple[pd.DataFrame
     oracles = pd.read_csv(d / "available_gain.csv") if (d / "available_gain.csv").exists() else oracle_table(d)
     gains = pd.read_csv(d / "gains.csv") if (d / "gains.csv").exists() else run_gains(d, runs, oracles)
     return with_oracle_seeds(oracles, d), gains
-
-
-def with_oracle_seeds(oracles: pd.DataFrame, study_dir: Path | str) -> pd.DataFrame:
-    """``oracles`` with a ``seed`` column (each oracle run's config.json seed; NaN where unreadable) when a
-    label has several oracles (one per seed), so the report can tell them apart (``oracle_names``); as it is
-    otherwise. A display column: available_gain.csv is not changed."""
-    if "oracle_run_id" not in oracles or "seed" in oracles or not oracles["label"].duplicated().any():
-        return oracles
-
-    def seed(rid):
-        f = Path(study_dir) / "runs" / str(rid) / "config.json"
-        try:
-            return float(read_run_config(f)["seed"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return np.nan
-    return oracles.assign(seed=[seed(r) for r in oracles["oracle_run_id"]])
-
-
-def oracle_names(oracles: pd.DataFrame) -> list[str]:
-    """Each oracle's name in the report's tables and figures: its label, followed by ", seed N" where the
-    label has several oracles and ``oracles`` has their seeds (``with_oracle_seeds``): three `complete`
-    oracles of a 3-seed study read "complete, seed 0" ... (they read "complete" three times)."""
-    labels = oracles["label"].astype(str)
-    dup = labels.duplicated(keep=False)
-    seeds = oracles["seed"] if "seed" in oracles else pd.Series(np.nan, index=oracles.index)
-    return [f"{lab}, seed {int(s)}" if d and pd.notna(s) else lab for lab, d, s in zip(labels, dup, seeds)]
 
 
 def control_links(runs: pd.DataFrame, gains: pd.DataFrame) -> pd.DataFrame:
@@ -226,12 +201,12 @@ def null_oracle_lines(oracles: pd.DataFrame) -> list[str]:
     if "label_value" not in oracles:
         return []
     out = []
-    for _, o in oracles.iterrows():
+    for name, (_, o) in zip(oracle_names(oracles), oracles.iterrows()):
         v, lo, hi = o["label_value"], o.get("label_value_lo"), o.get("label_value_hi")
         if pd.isna(v):
             continue
         side = interval_side(lo, hi)
-        line = (f"- {md_code(o['label'])} against its null oracle (the label permuted over the rows, trained the "
+        line = (f"- {md_code(name)} against its null oracle (the label permuted over the rows, trained the "
                 f"same way): D_null − D_oracle = {v:.3f} nats/example {_ci(lo, hi)}, "
                 + {"above 0": "the true label lowers D: the decoder reads it",
                    "below 0": "the true label does *worse* than a permuted one",

@@ -202,7 +202,7 @@ def plot_gains(runs: pd.DataFrame, oracles: pd.DataFrame, eta: float | None = No
     ax.set_ylabel("z gain D_control − D_run [nats / example]")
     ax.set_title("What each run's z bought (bars: 95% interval over rows)", fontsize=9)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0.0, -0.15), frameon=False, ncol=2)
-    from zfree_lab.report.gains_report import oracle_names
+    from zfree_lab.report.oracle_names import oracle_names
 
     for name, (_, o) in zip(oracle_names(oracles), oracles.iterrows()):
         ax_o.errorbar([o["H"]], [o["delta_R"]], xerr=[[max(o["H"] - o["H_lo"], 0)], [max(o["H_hi"] - o["H"], 0)]],
