@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 
 import jupytext
+import pandas as pd
 import pytest
 
 from zfree.core.paths import NOTEBOOKS
@@ -65,9 +66,11 @@ def test_smoke_report_under_agg_holds_every_figure_per_section(agg_smoke):
         elif name == "training_dynamics":  # the curves, and the training distortion where runs wrote curve.jsonl
             assert cond == 1, "training_dynamics' figures changed: update this count"
             want[name] = top + int(any((agg_smoke / "runs").glob("*/curve.jsonl")))
-        elif name == "study_report":  # the gain figure (z-free controls) and the remedies leaderboard's
-            assert cond == 2, "study_report's figures changed: update this count"
-            want[name] = (top + int((agg_smoke / "controls.json").exists())
+        elif name == "study_report":  # the gain figure (z-free controls), the remedies leaderboard's, and the
+            # three per-run figures (rate and ρ_recon, predicted against measured, loss fractions) where a CVAE run is
+            assert cond == 5, "study_report's figures changed: update this count"
+            has_runs = not pd.read_csv(agg_smoke / "summary.csv").empty
+            want[name] = (top + 3 * int(has_runs) + int((agg_smoke / "controls.json").exists())
                           + int((agg_smoke / "leaderboard.csv").exists()))
         else:
             assert cond == 0, f"{name}: a conditional figure; count it from the data as switch_on's are"
