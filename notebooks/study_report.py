@@ -49,6 +49,7 @@ from zfree_lab.experiment.folding import nothing_to_show
 
 sweep = load_sweep(sweep_dir)
 summary = sweep.runs
+NO_RUN = "No CVAE run in this study (only label oracles, their z-free controls and null oracles): no run whose use to read."  # a study of label oracles alone
 truth = has_generator_truth(summary)
 opening, phases = plan_section(sweep_dir, summary)  # estimate.json, timings.json and the runs' steps
 if opening:
@@ -100,7 +101,7 @@ if board is not None and len(board):
 
 # %%
 if summary.empty:  # a study of label oracles alone (their controls and nulls are not CVAE runs)
-    nothing_to_show("No CVAE run in this study (only label oracles, their z-free controls and null oracles): no run whose use to read.")
+    nothing_to_show(NO_RUN)
 else:
     display(run_table(summary, USE_COLUMNS).join(verdicts.set_index("run")["verdict"]))
     quality, dropped = drop_empty(run_table(summary, QUALITY_COLUMNS))
@@ -120,7 +121,7 @@ if not summary.empty:
 
 # %%
 if summary.empty:
-    nothing_to_show("No CVAE run in this study (only label oracles, their z-free controls and null oracles): no run whose use to read.")
+    nothing_to_show(NO_RUN)
 else:
     show(plot_loss_fractions(summary))
 
