@@ -235,3 +235,17 @@ def test_ema_decay_is_refused_for_a_text_base_and_checked():
         BaseTrainConfig(ema_decay=1.0)
     with pytest.raises(ValueError, match="ema_decay=0.9 applies to the synthetic"):
         train_text_base("nowhere", "nowhere-out", BaseTrainConfig(ema_decay=0.9), progress=False)
+
+
+def test_a_fine_tunes_progress_in_a_log_is_one_line_per_evaluation(data, tmp_path, capsys):
+    """In a log (a study's preparation under nohup: stderr is no terminal) the base model's bar is plain lines,
+    one per evaluation with its c_base, not one line of every redraw joined by carriage returns."""
+    log = train_text_base(data, tmp_path / "a", CFG, progress=True)
+    err = capsys.readouterr().err
+    assert "\r" not in err, repr(err[:300])
+    lines = [ln for ln in err.splitlines() if ln.startswith("text base model:")]
+    evaluated = [h["val_c_base"] for h in log["history"]]
+    assert len(evaluated) == 3  # steps 2, 4 and 6
+    shown = [ln for ln in lines if "val_c_base=" in ln]
+    assert [float(ln.split("val_c_base=")[1].rstrip("]")) for ln in shown[:3]] == pytest.approx(evaluated, abs=1e-4)
+    assert "6/6" in lines[-1] and len(lines) <= 5, lines  # the first state, 3 evaluations, the last state

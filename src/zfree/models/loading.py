@@ -6,10 +6,8 @@ the hidden states must equal the model's own (``zfree.models.head.verify_head``)
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pickle
-import sys
 from pathlib import Path
 
 import torch
@@ -18,6 +16,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from zfree.core.errors import ModelLoadError
 from zfree.core.paths import TOKENIZER_FILES, model_source
+from zfree.core.progress import hf_bars_only_on_a_terminal
 from zfree.models.head import verify_head
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
@@ -98,22 +97,6 @@ def check_not_gguf(folder: Path | str, name: str) -> None:
                                          f"its folder, as the model")
 
 
-@contextlib.contextmanager
-def _bars_only_on_a_terminal():
-    """transformers' "Loading weights" bar where stderr is a terminal; none in a log (nohup, SLURM, CI), where
-    its carriage returns only joined lines."""
-    from transformers.utils import logging as hf_logging
-
-    off = not sys.stderr.isatty() and hf_logging.is_progress_bar_enabled()
-    if off:
-        hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if off:
-            hf_logging.enable_progress_bar()
-
-
 def _load_weights(path: str, config, dtype: torch.dtype, name: str, kw: dict) -> torch.nn.Module:
     """The ``AutoModelForCausalLM`` at ``path`` with ``config``, its weights in ``dtype``. ModelLoadError
     for a config without a causal-LM head, weights that do not match the config or cannot be read
@@ -121,7 +104,7 @@ def _load_weights(path: str, config, dtype: torch.dtype, name: str, kw: dict) ->
     if "gguf_file" not in kw and Path(path).is_dir():
         check_not_gguf(path, name)
     try:
-        with _bars_only_on_a_terminal():
+        with hf_bars_only_on_a_terminal():
             model, info = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=dtype,
                                                                output_loading_info=True, **kw)
     except ValueError as e:

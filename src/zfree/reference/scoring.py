@@ -15,7 +15,6 @@ by length under a token budget and returned in input order.
 from __future__ import annotations
 
 import os
-import sys
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -24,12 +23,12 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
 
 from zfree.data.batching import (SPECIAL_TEXT, BosPolicy, EncodedPair, SepPolicy, SpecialText, encode_pairs,
                                  holds_special_text, pad_id_of, special_convention)
 from zfree.data.pairs import Pair, load_pairs
 from zfree.core.io import atomic_write_json, atomic_write_parquet, sha256_json, sha256_state_dict
+from zfree.core.progress import bar as progress_bar
 from zfree.models.base import context_length  # noqa: F401 - scoring's context length, re-exported
 from zfree.models.head import head_is_exact, logits_from_hidden
 from zfree.models.loading import load_causal_lm
@@ -162,8 +161,8 @@ def score_encoded(model, encoded: Sequence[EncodedPair], *, pad_id: int = 0, max
     model.eval()
     try:
         via_hidden = head_is_exact(model)
-        # on a terminal only: in a log (nohup, SLURM, CI) its carriage returns join every update into one line
-        bar = tqdm(total=len(encoded), desc="scoring", disable=not progress or not sys.stderr.isatty(), leave=False)
+        # on a terminal or in a notebook only: a few seconds' bar would only add lines to a log
+        bar = progress_bar(total=len(encoded), desc="scoring", progress=progress, terminal_only=True, leave=False)
         pieces = []
         for sl in plan_batches(n[order], max_batch_tokens, max_batch_rows):
             pieces.append(_batch_logprobs(model, flat, starts[order[sl]], P[order[sl]], L[order[sl]], pad_id,

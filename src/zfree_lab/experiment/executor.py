@@ -30,6 +30,7 @@ from zfree.config import check_run_inputs
 from zfree.core.io import atomic_write_json
 from zfree_lab.run.locks import claim_folder, run_folder_lock
 from zfree.core.paths import NOTEBOOKS, PATH_FIELDS, resolve_path
+from zfree.core.progress import in_a_log, log_line
 from zfree_lab.experiment.devices import cuda_devices, runs_at_once  # noqa: F401
 from zfree_lab.experiment.memory_watch import KernelWatch, died_message
 from zfree_lab.experiment.notebook_exec import execute, is_whole
@@ -319,9 +320,8 @@ def _collect(futs: list[Future], points: list[Point], *, progress: bool, on_done
     results: list[dict | None] = [None] * len(points)
     index = {id(f): i for i, f in enumerate(futs)}
     total, done = len(points) + skipped, skipped
-    # a log (nohup, SLURM, CI) gets one line per finished run; a terminal the bar (in a log file the bar's
-    # carriage returns made one line of every update), a notebook its widget bar (tqdm.auto's choice)
-    lines = progress and not sys.stderr.isatty() and tqdm.__module__ != "tqdm.notebook"
+    # a log (nohup, SLURM, CI) gets one line per finished run; a terminal the bar, a notebook its widget bar
+    lines = in_a_log(progress)
     with tqdm(total=total, initial=skipped, desc="runs", disable=not progress or lines) as bar:
         for f in as_completed(futs):
             i = index[id(f)]
@@ -339,8 +339,7 @@ def _collect(futs: list[Future], points: list[Point], *, progress: bool, on_done
             bar.set_postfix_str(f"{r['run_id']}: {r['status']}")
             done += 1
             if lines:
-                print(f"runs: {done} of {total} done ({r['run_id']}: {r['status']}, {time.strftime('%H:%M:%S')})",
-                      file=sys.stderr, flush=True)
+                log_line(f"runs: {done} of {total} done", f"{r['run_id']}: {r['status']}")
             if on_done:
                 on_done(r)
     return [r for r in results if r is not None]

@@ -31,6 +31,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from zfree.core.progress import on_terminal
+
 
 @functools.cache
 def _ipc_kernel_manager():
@@ -118,7 +120,7 @@ def execute(notebook, output: Path | str, parameters: dict[str, Any] | None = No
     workdir = tempfile.mkdtemp(prefix="zfree-kernel-")
     try:
         pm.execute_notebook(node, _literal(tmp), parameters=parameters, kernel_name="python3",
-                            progress_bar=progress and sys.stderr.isatty(), log_output=False, cwd=workdir,
+                            progress_bar=progress and on_terminal(), log_output=False, cwd=workdir,
                             kernel_manager_class=_ipc_kernel_manager(), request_save_on_cell_execute=save_each_cell)
     except Exception:  # an interrupt (a BaseException) is no result: output stays as it was
         if keep_failed and is_whole(tmp):

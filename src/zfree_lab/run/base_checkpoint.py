@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from zfree.core.io import atomic_write_json, read_json
+from zfree.core.progress import hf_bars_only_on_a_terminal
 from zfree_lab.run.checkpoint_io import load_checkpoint_dir, load_plain_state, save_plain_state, write_checkpoint_dir
 
 
@@ -88,7 +89,8 @@ class TextCheckpoint:
                  "elapsed_s": elapsed}
 
         def write(tmp: Path) -> None:
-            model.save_pretrained(tmp / "model")
+            with hf_bars_only_on_a_terminal():
+                model.save_pretrained(tmp / "model")
             tok.save_pretrained(tmp / "model")
             save_plain_state(tmp, state, "state")
             save_plain_state(tmp, dict(best.state or {}), "best")

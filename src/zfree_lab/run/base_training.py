@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from zfree.config import BaseTrainConfig
@@ -22,6 +21,7 @@ from zfree.data.synth import DataConfig, sample_pairs
 from zfree.data.pairs import load_pairs
 from zfree_lab.run.tokenizer import build_digit_tokenizer
 from zfree.core.io import atomic_write_dir, atomic_write_json, read_json, sha256_file
+from zfree.core.progress import bar as progress_bar, hf_bars_only_on_a_terminal
 from zfree.models.nll import masked_mean_token_nll
 from zfree.models.base import build_synthetic_gpt2, target_logprobs
 from zfree.models.routes import initial_soft_token
@@ -66,7 +66,8 @@ def _save_model(model, tok, out_dir: Path) -> None:
     model.eval()
 
     def write(tmp: Path) -> None:
-        model.save_pretrained(tmp)  # a text model's config keeps dropout 0: only the module attribute p changed
+        with hf_bars_only_on_a_terminal():
+            model.save_pretrained(tmp)  # a text model's config keeps dropout 0: only the module attribute p changed
         tok.save_pretrained(tmp)
 
     atomic_write_dir(out_dir / "model", write)
@@ -115,7 +116,7 @@ def train_base(data_dir: Path | str, out_dir: Path | str, cfg: BaseTrainConfig =
     rng = np.random.default_rng(cfg.seed)
     pad = pad_id_of(tok)
     history, t0, step, ratio = [], time.time(), 0, float("inf")
-    bar = tqdm(total=cfg.max_steps, desc="base model", disable=not progress, mininterval=2)
+    bar = progress_bar(total=cfg.max_steps, desc="base model", progress=progress, mininterval=2)
     model.train()
     while step < cfg.max_steps:
         rows = (_sampled_rows(tok, data_cfg, fresh_rng, cfg.batch_size) if data_cfg is not None
@@ -306,7 +307,7 @@ def _text_loop(model, tok, cfg: BaseTrainConfig, rows, augment, n_positions: int
         t0 = time.time() - elapsed
     elif seed_dropout:  # a fine-tune's dropout masks are seeded (a new model's are by its build)
         torch.manual_seed(cfg.seed)
-    bar = tqdm(total=cfg.max_steps, initial=step, desc="text base model", disable=not progress, mininterval=2)
+    bar = progress_bar(total=cfg.max_steps, initial=step, desc="text base model", progress=progress, mininterval=2)
     model.train()
     while step < cfg.max_steps:
         batch = _text_rows(tok, train, train_pairs, rng, cfg.batch_size, augment, n_positions)

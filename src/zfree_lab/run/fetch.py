@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zfree.core.io import read_json_object, sha256_file
+from zfree.core.progress import hf_bars_only_on_a_terminal
 
 #: the record written into a fetched folder (``source_record``)
 SOURCE_FILE = "zfree_source.json"
@@ -132,7 +133,8 @@ def fetch_model(name: str, root: Path | str | None = None, *, progress: bool = T
         plain.load_state_dict(model.state_dict())
         tmp = folder.with_name(folder.name + ".part")
         shutil.rmtree(tmp, ignore_errors=True)
-        plain.save_pretrained(tmp)
+        with hf_bars_only_on_a_terminal():
+            plain.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         record = {"name": name, "description": known.description, "licence": known.licence,
                   "wheel": known.wheel, "gguf": known.gguf, "gguf_sha256": sha256_file(gguf),

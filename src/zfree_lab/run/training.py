@@ -35,12 +35,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 
 from zfree.config import TrainConfig
 from zfree.core.errors import Interrupted
 from zfree_lab.run.locks import check_own_folder, run_folder_lock
 from zfree.core.paths import check_out_dir
+from zfree.core.progress import bar as progress_bar
 from zfree.core.values import check_device
 from zfree.data.batching import collate
 from zfree_lab.run.latent_meaning import write_latent_meaning
@@ -278,8 +278,8 @@ def _train_steps(loop: _Loop, progress: bool, stop_after: int | None) -> dict:
     # first, below), unless metrics.jsonl already holds that step's row (a resume at that step)
     ev = record() if state.step in (0, cfg.optim.steps) and run.row_step != state.step else None
     run.saved_step = state.step if ev is not None else run.saved_step
-    bar = tqdm(total=cfg.optim.steps, initial=state.step, disable=not progress, mininterval=5,
-               desc=f"{cfg.objective.weighting} β={cfg.objective.beta:g}" + ("" if cfg.aid.aid == "none" else f" {cfg.aid.aid}"))
+    bar = progress_bar(total=cfg.optim.steps, initial=state.step, progress=progress, mininterval=5,
+                       desc=f"{cfg.objective.weighting} β={cfg.objective.beta:g}" + ("" if cfg.aid.aid == "none" else f" {cfg.aid.aid}"))
     last_progress = last_saved = time.time()
     curve = TrainCurve(out, None if state.step == 0 else state.step)
     while state.step < cfg.optim.steps:
