@@ -73,6 +73,18 @@ def test_use_threshold_is_the_rule_predicted_use_applies():
     assert predicted_use(beta_eff + 0.02, bn, excess).tolist() == [False, False, False]
 
 
+def test_excess_nll_is_the_bases_sequence_nll_above_bayes():
+    """|S|·b − bayes_nll per row, nats per sequence: 4 tokens at log 2 each over a Bayes NLL of log 2 leave
+    3 log 2; NaN where the Bayes NLL is unknown; rows of another count refused."""
+    from zfree.objective.theory import excess_nll
+
+    got = excess_nll([4, 2, 3], [math.log(2), 0.5, 1.0], [math.log(2), 1.0, np.nan])
+    np.testing.assert_allclose(got[:2], [3 * math.log(2), 0.0], rtol=1e-12)
+    assert np.isnan(got[2])
+    with pytest.raises(ValueError):
+        excess_nll([[4, 2]], [1.0, 1.0], [1.0, 1.0])
+
+
 def test_predicted_rate_closed_form():
     # four examples: K = 4 strategies, m = 1, 2, 4, 1 -> bayes_nll log 4, log 2, 0, log 4
     bn = np.array([math.log(4), math.log(2), 0.0, math.log(4)])

@@ -77,6 +77,14 @@ def predicted_use(beta_eff: ArrayLike, bayes_nll: ArrayLike | None = None, exces
     return (beta_eff < use_threshold(bn, excess_seq)) & (bn > 0)
 
 
+def excess_nll(n_tokens: ArrayLike, b: ArrayLike, bayes_nll: ArrayLike) -> np.ndarray:
+    """Per example (shape (n_rows,)): the z-free base's excess over the Bayes-optimal NLL, |S|·b − bayes_nll,
+    nats per sequence (``n_tokens`` = |S| supervised tokens, ``b`` the base's mean NLL in nats per token,
+    ``bayes_nll`` nats per sequence); the ``excess_seq`` of ``predicted_use`` and ``use_threshold``. NaN
+    where ``bayes_nll`` is."""
+    return _as_1d("n_tokens", n_tokens) * _as_1d("b", b) - _as_1d("bayes_nll", bayes_nll)
+
+
 def use_threshold(bayes_nll: ArrayLike, excess_seq: ArrayLike | None = None) -> np.ndarray:
     """Per example (shape (n_rows,)): the β_eff below which z pays for itself at η = 1,
     1 + excess_seq / bayes_nll (1 without ``excess_seq``, and where bayes_nll == 0); ``predicted_use``

@@ -12,7 +12,7 @@ import pandas as pd
 from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
-from zfree.objective.theory import use_threshold
+from zfree.objective.theory import excess_nll, use_threshold
 from zfree_lab.report.figstyle import FACET_MARKERS, FACETS, LINESTYLES
 from zfree_lab.report.figstyle import literal
 from zfree_lab.report.figstyle import groups as _groups
@@ -246,8 +246,7 @@ def _median_use_threshold(per_example: pd.DataFrame) -> float | None:
     bayes = per_example["bayes_nll"].to_numpy(float)
     if not np.isfinite(bayes).all():
         return None
-    excess = per_example["n_tokens"].to_numpy(float) * per_example["b"].to_numpy(float) - bayes
-    thr = use_threshold(bayes, excess)[bayes > 0]
+    thr = use_threshold(bayes, excess_nll(per_example["n_tokens"], per_example["b"], bayes))[bayes > 0]
     return float(np.median(thr)) if thr.size and np.median(thr) > 1 + 1e-9 else None
 
 

@@ -31,7 +31,7 @@ from zfree.models.nll import masked_mean_token_nll
 from zfree.objective.losses import base_token_matrix, inter_latent_jsd, reconstruction_per_value
 from zfree.objective.objectives import GIVEN, assemble
 from zfree.models.precision import acc_dtype
-from zfree.objective.theory import predicted_use
+from zfree.objective.theory import excess_nll, predicted_use
 from zfree.evaluate.use import ARGMAX_TIE, CODE_USED_FRACTION, measured_use, tied_argmax  # noqa: F401 (re-exported)
 
 
@@ -62,9 +62,8 @@ def _per_example_columns(df: pd.DataFrame, pairs: Sequence[Pair], b: np.ndarray)
     for k in label_keys(pairs):  # general labels: one column each, None where a row lacks it
         df[f"label/{k}"] = [None if p.labels is None or k not in p.labels else str(p.labels[k]) for p in pairs]
     known = bool(np.isfinite(bayes).all())
-    excess_seq = df["n_tokens"] * df["b"] - bayes
-    df["predicted_use"] = predicted_use(df["beta_eff"].to_numpy(), bayes if known else None,
-                                        excess_seq.to_numpy() if known else None)
+    excess_seq = excess_nll(df["n_tokens"], df["b"], bayes) if known else None
+    df["predicted_use"] = predicted_use(df["beta_eff"].to_numpy(), bayes if known else None, excess_seq)
     return bayes
 
 
