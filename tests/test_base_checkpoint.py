@@ -249,3 +249,18 @@ def test_a_fine_tunes_progress_in_a_log_is_one_line_per_evaluation(data, tmp_pat
     shown = [ln for ln in lines if "val_c_base=" in ln]
     assert [float(ln.split("val_c_base=")[1].rstrip("]")) for ln in shown[:3]] == pytest.approx(evaluated, abs=1e-4)
     assert "6/6" in lines[-1] and len(lines) <= 5, lines  # the first state, 3 evaluations, the last state
+
+
+def test_a_data_folder_without_metadata_is_one_line_naming_the_benchmarks_inside(tmp_path, capsys):
+    """`zfree base train --data data/synth` (the folder above the benchmark) said "[Errno 2] No such file or
+    directory: 'data/synth/metadata.json'"; now one line naming the benchmark folders inside, exit 2, nothing written."""
+    from zfree_lab.cli import main
+
+    (tmp_path / "synth" / "default").mkdir(parents=True)
+    (tmp_path / "synth" / "default" / "metadata.json").write_text("{}")
+    for data, says in ((tmp_path / "synth", f"these folders in it are: {tmp_path / 'synth' / 'default'}"),
+                       (tmp_path / "nowhere", "no such folder")):
+        assert main(["base", "train", "--data", str(data), "--out", str(tmp_path / "out"), "--max-steps", "1"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and f"data folder {data}: " in err and says in err, err
+        assert not (tmp_path / "out").exists()

@@ -60,6 +60,20 @@ def _refuse_existing(out_dir: Path) -> None:
         raise FileExistsError(f"{out_dir / 'model'} exists; choose another --out or remove it yourself")
 
 
+def _benchmark_meta(data_dir: Path) -> dict:
+    """``data_dir/metadata.json``; FileNotFoundError in one line where it is missing, naming the subfolders that
+    hold one (``data/synth`` holds the benchmark ``default``)."""
+    path = data_dir / "metadata.json"
+    if path.is_file():
+        return read_json(path)
+    if not data_dir.is_dir():
+        raise FileNotFoundError(f"data folder {data_dir}: no such folder")
+    inside = sorted(str(p.parent) for p in data_dir.glob("*/metadata.json")) if data_dir.is_dir() else []
+    hint = f"; these folders in it are: {', '.join(inside)}" if inside else ""
+    raise FileNotFoundError(f"data folder {data_dir}: no metadata.json, so not a benchmark folder (`zfree data synth` "
+                            f"and `zfree data e2e` write one){hint}")
+
+
 def _save_model(model, tok, out_dir: Path) -> None:
     """``model`` (in eval mode) and ``tok`` to ``out_dir/model``, written under a temporary name and
     renamed, so a folder named ``model`` is always complete."""
@@ -99,7 +113,7 @@ def train_base(data_dir: Path | str, out_dir: Path | str, cfg: BaseTrainConfig =
     data_dir, out_dir = Path(data_dir), Path(out_dir)
     _refuse_existing(out_dir)
     torch.set_num_threads(threads)
-    meta = read_json(data_dir / "metadata.json")
+    meta = _benchmark_meta(data_dir)
     if meta.get("kind") == "e2e":  # real text: no generator, no analytic c_base (train_text_base)
         return train_text_base(data_dir, out_dir, cfg, threads=threads, progress=progress, augment=swap_names,
                                init_from=init_from, dtype=dtype)
