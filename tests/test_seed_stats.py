@@ -97,7 +97,28 @@ def test_parse_seeds(text, want):
     assert parse_seeds(text) == want
 
 
-@pytest.mark.parametrize("text", ["", "a", "2-x", "0,0", "-1"])
+@pytest.mark.parametrize("text", ["", "a", "2-x", "0,0", "-1", "1--2"])
 def test_parse_seeds_refuses_in_one_line(text):
     with pytest.raises(argparse.ArgumentTypeError, match="seeds"):
         parse_seeds(text)
+
+
+@pytest.mark.parametrize("text, says", [("0-", "a range needs both ends, as in 0-2"),
+                                        ("0-2,5-", "a range needs both ends"),
+                                        ("2-0", "the range 2-0 runs backwards; give 0-2")])
+def test_a_range_without_its_end_or_backwards_is_refused_not_read_as_one_seed(text, says):
+    """A new user's `--seeds 0-` (meant 0-2) ran a whole study on seed 0 alone, without a word."""
+    with pytest.raises(argparse.ArgumentTypeError, match=says):
+        parse_seeds(text)
+
+
+def test_an_argument_error_is_one_line_naming_the_command_and_its_help(capsys):
+    """argparse printed its usage block above the error; every other error of zfree is one line."""
+    from zfree_lab.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["study", "--seeds", "0-", "--out", "never"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith("zfree study: error: argument --seeds: '0-': a range needs both ends")
+    assert "`zfree study --help`" in err

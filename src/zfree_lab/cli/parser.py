@@ -22,15 +22,23 @@ from zfree_lab.cli.commands import (cmd_base_reference, cmd_base_train, cmd_data
 
 def parse_seeds(text: str) -> tuple[int, ...]:
     """``--seeds``: "0-2" -> (0, 1, 2); "0,3,5" -> (0, 3, 5); ranges and lists combine ("0-2,7").
-    argparse.ArgumentTypeError naming the text for anything else or a repeated seed."""
+    argparse.ArgumentTypeError naming the text for anything else: a range with an end missing ("0-") or
+    running backwards ("2-0"), a negative or repeated seed."""
     out: list[int] = []
-    try:
-        for part in text.split(","):
-            lo, _, hi = part.strip().partition("-")
-            out += list(range(int(lo), int(hi) + 1)) if hi else [int(lo)]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: seeds are integers >= 0, a range 0-2 or a list 0,3,5") from None
-    if not out or min(out) < 0 or len(set(out)) != len(out):
+    for part in text.split(","):
+        lo, dash, hi = part.strip().partition("-")
+        try:
+            first, last = int(lo), int(hi) if dash else int(lo)
+        except ValueError:
+            why = "a range needs both ends, as in 0-2" if dash and lo.strip().isdigit() and not hi.strip() else \
+                "seeds are integers >= 0, a range 0-2 or a list 0,3,5"
+            raise argparse.ArgumentTypeError(f"{text!r}: {why}") from None
+        if min(first, last) < 0:
+            raise argparse.ArgumentTypeError(f"{text!r}: seeds must be distinct integers >= 0")
+        if last < first:
+            raise argparse.ArgumentTypeError(f"{text!r}: the range {part.strip()} runs backwards; give {last}-{first}")
+        out += range(first, last + 1)
+    if len(set(out)) != len(out):
         raise argparse.ArgumentTypeError(f"{text!r}: seeds must be distinct integers >= 0")
     return tuple(out)
 
@@ -231,11 +239,19 @@ def _add_lab(sub) -> None:
     lab.set_defaults(func=cmd_lab)
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """An argument error is one line, as every other error of ``zfree`` (``zfree study: error: argument
+    --seeds: ...``), pointing to the command's ``--help`` instead of printing its usage block; exit 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` lists the options)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``zfree`` argument parser: one sub-command per ``_add_*`` builder, each setting ``func``,
     the function ``main`` calls with the parsed arguments. Light: no torch (the commands import
     their heavy modules when they run), so ``zfree --help`` and the docs' CLI reference are fast."""
-    p = argparse.ArgumentParser(prog="zfree", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _OneLineParser(prog="zfree", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"zfree {__version__}")
     sub = p.add_subparsers(dest="cmd")  # none given: zfree_lab.cli.main prints this help (exit 0)
     for add in (_add_data, _add_base, _add_score, _add_train, _add_study, _add_model, _add_report_and_sweep, _add_lab):
