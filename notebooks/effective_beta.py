@@ -12,7 +12,8 @@
 # # Effective β per example
 #
 # Dividing the objective by w·|S| gives β_eff(x, y) = β·|S|/w (docs/concepts/theory.md): plain β·|S|,
-# distribution β·|S|·c_base (seed 000), example β·|S|·(b + ε) (seed 002). Theory: z is worth
+# distribution β·|S|·c_base, example β·|S|·(b + ε) (the weightings' distribution and example levels,
+# docs/concepts/weightings.md). Theory: z is worth
 # using on an example iff β_eff < η·(1 + |S|·excess / bayes_nll), η = 1 on the synthetic benchmark, where
 # the base model's excess over the Bayes loss lifts the threshold above the dashed β_eff = 1 line (a
 # base short of Bayes-optimal: the predicted use in the tables counts it; the gray dash-dotted line is that

@@ -61,7 +61,7 @@ def test_an_invalid_own_train_config_is_refused_before_torch_and_before_the_run_
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert r.stdout == "2 []\n"
     assert r.stderr == ("zfree: error: --set weighting=example epsilon=0: epsilon=0.0 must be > 0 for example "
-                        "weighting (seed 002)\n")
+                        "weighting (w = 1 / (b + epsilon))\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["no-model", "pairs.jsonl"]
 
 

@@ -169,7 +169,7 @@ class ObjectiveConfig:
             raise ValueError(f"beta_ratio_zero + beta_ratio_increase = {self.beta_ratio_zero + self.beta_ratio_increase:g} "
                              "must be <= 1 (fractions of one cycle)")
         if any(WEIGHTINGS[w].needs_epsilon for w in self._weightings()) and not self.epsilon > 0:
-            raise ValueError(f"epsilon={self.epsilon!r} must be > 0 for example weighting (seed 002)")
+            raise ValueError(f"epsilon={self.epsilon!r} must be > 0 for example weighting (w = 1 / (b + epsilon))")
         if self.token_outer != "none" and self.weighting != "token":
             raise ValueError(f"token_outer={self.token_outer!r} only applies to weighting='token'")
         if (error := SCHEDULES[self.beta_schedule].check(self)) is not None:  # the schedule's own fields

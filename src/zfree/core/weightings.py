@@ -58,7 +58,7 @@ def example_weight(batch_size: int, c_base, b, epsilon, dtype, device) -> torch.
     if b.shape != (batch_size,):
         raise ValueError(f"b has shape {tuple(b.shape)}, expected ({batch_size},)")
     if not epsilon > 0:
-        raise ValueError(f"epsilon={epsilon!r} must be > 0 for example weighting (seed 002)")
+        raise ValueError(f"epsilon={epsilon!r} must be > 0 for example weighting (w = 1 / (b + epsilon))")
     return (1.0 / (b.detach().clamp_min(0) + epsilon)).to(device=device, dtype=dtype)
 
 
