@@ -120,3 +120,23 @@ def test_train_distortion_counts_whole_steps_and_dots_every_oracle():
     styles = {ln.get_label(): ln.get_linestyle() for ln in ax.get_lines()}
     assert styles == {"control_plain_5e966e6c": "--", "plain_beta0.3_d4b49546": "-",
                       "oracle-strategy_plain_c5bf1793": ":", "null-strategy_plain_1f41e815": ":"}
+
+
+def test_train_distortion_of_one_window_per_run_draws_points_and_says_why_there_is_no_curve():
+    """An own-data smoke study (4 steps: one window mean per run) drew axes and a six-run legend with nothing on
+    them: a line of one point draws no pixel. Each run is now a marker, and the axes say there is no curve yet."""
+    from zfree_lab.report.plotting_aids import plot_train_distortion
+
+    key = "loss/train/reconstruction_loss"
+    one = {n: pd.DataFrame({"step": [4], key: [v]}) for n, v in (("control_a", 2.1), ("plain_b", 2.0))}
+    fig = plot_train_distortion(one)
+    _render(fig)
+    (ax,) = fig.axes
+    assert [ln.get_marker() for ln in ax.get_lines()] == ["o", "o"]
+    assert any("one window mean" in t.get_text() for t in ax.texts)
+    many = {"plain_b": pd.DataFrame({"step": [10, 20, 30], key: [2.0, 1.9, 1.8]}),
+            "control_a": pd.DataFrame({"step": [10], key: [2.1]})}
+    fig = plot_train_distortion(many)
+    (ax,) = fig.axes
+    assert {ln.get_label(): ln.get_marker() for ln in ax.get_lines()} == {"plain_b": "None", "control_a": "o"}
+    assert not ax.texts

@@ -94,13 +94,17 @@ def plot_train_distortion(curves: dict[str, pd.DataFrame], key: str = "loss/trai
     """The distortion on the training batches over steps, per run (label -> its curve.jsonl rows as a
     DataFrame: ``step`` and ``key``, nats per token, window means of ``zfree_lab.run.curve.CURVE_EVERY``
     steps): where a run's D flattens. Runs whose label starts with "control" are drawn dashed (the
-    z-free controls), label oracles and their null oracles ("null…") dotted; steps ticked as whole numbers. Returns the Figure (an empty axes with a note without curves)."""
+    z-free controls), label oracles and their null oracles ("null…") dotted; steps ticked as whole numbers; a
+    curve of fewer than 3 windows is drawn with markers (a line of one point draws nothing), and where no
+    run has 2 windows the axes say so. Returns the Figure (an empty axes with a note without curves)."""
     fig, ax = plt.subplots(figsize=(7.0, 3.6))
+    longest = 0
     for label, df in curves.items():
         if key not in df or df.empty:
             continue
         ls = "--" if label.startswith("control") else ":" if label.startswith(("oracle", "null")) else "-"
-        ax.plot(df["step"], df[key], ls=ls, lw=1.2, label=literal(label))
+        ax.plot(df["step"], df[key], ls=ls, lw=1.2, label=literal(label), marker="o" if len(df) < 3 else None, ms=4)
+        longest = max(longest, len(df))
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps: 10, 11, 12, not 10.25
     ax.set_xlabel("step")
     ax.set_ylabel("D on training batches (nats/token)")
@@ -109,5 +113,8 @@ def plot_train_distortion(curves: dict[str, pd.DataFrame], key: str = "loss/trai
         ax.legend(fontsize=7, loc="upper right", frameon=False)
     else:
         ax.text(0.5, 0.5, "no run wrote curve.jsonl", ha="center", va="center", transform=ax.transAxes)
+    if longest == 1:  # too few steps for a curve: say so rather than leave the reader looking for lines
+        ax.text(0.5, 0.5, "each run wrote one window mean (fewer steps than two windows): no curve to read yet",
+                ha="center", va="center", fontsize=8, color="0.35", transform=ax.transAxes)
     fig.tight_layout()
     return fig
