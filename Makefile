@@ -114,7 +114,7 @@ docs: $(DOCS_STAMP)
 LAB_ARGS ?= --no-browser --ip=127.0.0.1 --port=8888
 LAB_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 lab: install
-	HF_HUB_OFFLINE=1 ZFREE_STUDY="$(if $(STUDY),$(abspath $(STUDY)))" JUPYTER_CONFIG_PATH="$(CURDIR)/etc/jupyter" $(BIN)/jupyter lab --ServerApp.root_dir=notebooks $(LAB_ARGS) $(LAB_ROOT)
+	HF_HUB_OFFLINE=1 ZFREE_STUDY="$(if $(STUDY),$(abspath $(STUDY)))" JUPYTER_CONFIG_PATH="$(CURDIR)/etc/jupyter" $(BIN)/jupyter lab --ServerApp.root_dir=notebooks --LabApp.default_url=/lab/tree/explore.ipynb $(LAB_ARGS) $(LAB_ROOT)
 
 ## Regenerate the .ipynb files from their py:percent twins (the tracked sources; pairing in
 ## notebooks/jupytext.toml), stripped as the git filter strips them, so `git status` stays clean.

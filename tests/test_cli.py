@@ -93,7 +93,8 @@ def test_zfree_lab_copies_the_notebooks_chooses_the_study_and_prints_the_command
     shipped = sorted(p.name for p in NOTEBOOKS.glob("*.ipynb"))
     assert "explore.ipynb" in shipped and all((lab / n).read_text() == lab_copy(NOTEBOOKS / n) for n in shipped)
     assert sorted(p.name for p in lab.iterdir()) == shipped  # unpaired copies (lab_copy): no jupytext.toml
-    assert err == f"notebooks in {lab}: {len(list(lab.iterdir()))} copied\n"
+    assert err == (f"notebooks in {lab}: {len(list(lab.iterdir()))} copied; JupyterLab opens explore.ipynb: "
+                   "Run > Run All Cells draws the explorer\n")
     words = shlex.split(out)
     env = dict(w.split("=", 1) for w in words[:3])
     assert env == {"ZFREE_STUDY": str(lab_home / "runs" / "my-study"), "ZFREE_RUNS": str(runs_home().resolve()),
@@ -105,7 +106,8 @@ def test_zfree_lab_copies_the_notebooks_chooses_the_study_and_prints_the_command
     assert main(["lab", "--print-only"]) == 0
     out, err = capsys.readouterr()
     assert (lab / "explore.ipynb").read_text() == "my edits"
-    assert err == f"notebooks in {lab}: 0 copied, {len(list(lab.iterdir()))} kept (already there: yours)\n"
+    assert err == (f"notebooks in {lab}: 0 copied, {len(list(lab.iterdir()))} kept (already there: yours); "
+                   "JupyterLab opens explore.ipynb: Run > Run All Cells draws the explorer\n")
     assert "ZFREE_STUDY" not in out  # no STUDY: the explorer opens the newest under ZFREE_RUNS
 
 

@@ -62,3 +62,20 @@ def test_a_notebook_saved_in_zfree_lab_keeps_no_outputs_and_gets_no_py_twin(tmp_
     # no explore.py: the copy is not paired with a .py twin
     assert sorted(p.name for p in plan.folder.iterdir() if not p.name.startswith(".")) == sorted(plan.copied)
     assert "jupytext" not in json.loads(copied)["metadata"]
+
+
+def test_the_lab_opens_on_the_explorer_not_the_launcher(tmp_path, monkeypatch):
+    """A new user's `zfree lab STUDY --no-browser` printed `/lab?token=…`, which opened JupyterLab's Launcher; the
+    explorer had to be found and opened by hand. JupyterLab's own LabApp, parsing the command ``zfree lab`` runs,
+    now opens (and prints) the URL of the copied explore.ipynb."""
+    pytest.importorskip("jupyterlab")
+    from jupyterlab.labapp import LabApp
+
+    from zfree_lab.report.lab_launch import EXPLORER_URL, lab_plan
+
+    monkeypatch.chdir(tmp_path)
+    plan = lab_plan(None, no_browser=True)
+    app = LabApp()
+    app.parse_command_line(plan.argv[3:])
+    assert app.default_url == EXPLORER_URL == "/lab/tree/explore.ipynb"
+    assert (plan.folder / EXPLORER_URL.removeprefix("/lab/tree/")).is_file()

@@ -324,7 +324,8 @@ def cmd_lab(a):
         check_jupyterlab()
     plan = lab_plan(a.study, a.dir, port=a.port, ip=a.ip, no_browser=a.no_browser)
     kept = f", {len(plan.kept)} kept (already there: yours)" if plan.kept else ""
-    print(f"notebooks in {plan.folder}: {len(plan.copied)} copied{kept}", file=sys.stderr)
+    print(f"notebooks in {plan.folder}: {len(plan.copied)} copied{kept}; JupyterLab opens explore.ipynb: "
+          f"Run > Run All Cells draws the explorer", file=sys.stderr)
     if a.print_only:
         print(plan.command_line())
         return 0

@@ -114,12 +114,17 @@ def copy_notebooks(folder: Path) -> tuple[list[str], list[str]]:
     return copied, kept
 
 
+#: where JupyterLab opens (the URL it prints and a browser it starts): the explorer, not the Launcher
+EXPLORER_URL = "/lab/tree/explore.ipynb"
+
+
 def lab_plan(study: Path | str | None = None, folder: Path | str | None = None, *, port: int | None = None,
              ip: str | None = None, no_browser: bool = False, copy: bool = True) -> LabPlan:
     """The plan of ``zfree lab [STUDY]``: the lab folder (``lab_folder``) with the notebooks copied
     (``copy``), the environment (``ZFREE_STUDY``: ``study`` checked and absolute; ``ZFREE_RUNS``:
     ``runs_home()`` here; ``HF_HUB_OFFLINE=1`` unless set, as ``make lab``) and JupyterLab's command
-    from this Python, with the project's contents manager and save hook. InputError for a ``study`` that is missing or not a study."""
+    from this Python, with the project's contents manager and save hook, opening on explore.ipynb
+    (``EXPLORER_URL``). InputError for a ``study`` that is missing or not a study."""
     env = {}
     if study not in (None, ""):
         study_dir = Path(study).expanduser().resolve()
@@ -133,7 +138,7 @@ def lab_plan(study: Path | str | None = None, folder: Path | str | None = None, 
         env["HF_HUB_OFFLINE"] = "1"
     path = lab_folder(folder)
     copied, kept = copy_notebooks(path) if copy else ([], [])
-    argv = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={path}",
+    argv = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={path}", f"--LabApp.default_url={EXPLORER_URL}",
             f"--ServerApp.contents_manager_class={CONTENTS_MANAGER}", f"--ContentsManager.pre_save_hook={SAVE_HOOK}"]
     argv += [f"--port={port}"] * (port is not None) + [f"--ip={ip}"] * (ip is not None)
     argv += ["--no-browser"] * no_browser + ["--allow-root"] * (hasattr(os, "geteuid") and os.geteuid() == 0)
