@@ -49,6 +49,14 @@ def test_a_bar_in_a_log_is_lines_without_carriage_returns(log):
     assert "300/300" in lines[-1]
 
 
+def test_a_state_already_in_the_log_is_not_written_again(log):
+    """A training whose last step is an evaluation wrote its final state twice (the evaluation's line, then the
+    bar's closing line)."""
+    _steps(progress.bar(total=4, desc="base model"), 4, postfix_at=(2, 4))
+    lines = log.getvalue().splitlines()
+    assert [ln.split("|")[-1].split(" [")[0].strip() for ln in lines] == ["0/4", "2/4", "4/4"], lines
+
+
 def test_a_bar_on_a_terminal_redraws_itself(monkeypatch):
     term = Terminal()
     monkeypatch.setattr(sys, "stderr", term)

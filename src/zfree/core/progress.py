@@ -13,6 +13,7 @@ import sys
 import time
 
 from tqdm.auto import tqdm
+from tqdm.std import tqdm as std_tqdm
 
 #: seconds between two lines of a bar in a log (a bar on a terminal redraws at its own ``mininterval``)
 LOG_EVERY_S = 60.0
@@ -57,6 +58,20 @@ class _Lines:
         self._stream.flush()
 
 
+class _LogBar(std_tqdm):
+    """tqdm in a log: a state (count and postfix) already written is not written again (the last evaluation's
+    line and the bar's closing line were the same state)."""
+
+    _shown = None
+
+    def display(self, msg=None, pos=None):
+        state = (self.n, self.postfix)
+        if msg is None and state == self._shown:
+            return True
+        self._shown = state
+        return super().display(msg, pos)
+
+
 def bar(*, total: int, desc: str, progress: bool = True, initial: int = 0, mininterval: float = 0.1,
         terminal_only: bool = False, **kw) -> tqdm:
     """A tqdm bar for ``total`` steps named ``desc``.
@@ -70,10 +85,8 @@ def bar(*, total: int, desc: str, progress: bool = True, initial: int = 0, minin
     if not progress or (log and terminal_only):
         return tqdm(total=total, initial=initial, desc=desc, disable=True, **kw)
     if log:
-        from tqdm.std import tqdm as plain
-
-        return plain(total=total, initial=initial, desc=desc, file=_Lines(sys.stderr), ncols=100,
-                     mininterval=max(mininterval, LOG_EVERY_S), maxinterval=float("inf"), ascii=True, **kw)
+        return _LogBar(total=total, initial=initial, desc=desc, file=_Lines(sys.stderr), ncols=100,
+                       mininterval=max(mininterval, LOG_EVERY_S), maxinterval=float("inf"), ascii=True, **kw)
     return tqdm(total=total, initial=initial, desc=desc, mininterval=mininterval, **kw)
 
 
