@@ -638,3 +638,21 @@ def test_bad_data_is_refused_before_the_studys_imports(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert r.stdout.split() == ["2", "False"], r.stderr
     assert "bad.jsonl:2: not valid JSON" in r.stderr and not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("n_rows, val_rows", [(6, None), (40, 3)])
+def test_a_split_of_too_few_validation_rows_is_refused_before_anything_runs(tiny_model, tmp_path, capsys, n_rows,
+                                                                            val_rows):
+    """A new user's 6-row file was split 5 + 1 and ran a whole study on one validation row (a note said so); a
+    --val file of 3 rows did the same. Now one line naming the file, exit 2, no run, no reference."""
+    model, _ = tiny_model
+    rows = _rows()
+    data = _write(tmp_path / "small.jsonl", rows[:n_rows])
+    argv = ["study", "--model", str(model), "--data", str(data), "--out", str(tmp_path / "s"), "--preset", "own_smoke"]
+    if val_rows:
+        argv += ["--val", str(_write(tmp_path / "v.jsonl", [{**r, "id": "v" + r["id"]} for r in rows[-val_rows:]]))]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    named = f"--val {tmp_path / 'v.jsonl'}: 3 rows" if val_rows else f"--data {data}: 6 rows leave 1 for validation"
+    assert err.count("\n") == 0 and err.startswith(f"zfree: error: {named}") and "at least 5" in err, err
+    assert not (tmp_path / "s" / "runs").exists() and not (tmp_path / "s" / "base").exists()

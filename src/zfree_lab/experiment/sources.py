@@ -128,7 +128,8 @@ def split_data(data: Path | str, out: Path, *, val: Path | str | None = None, va
     seeded: the same rows every time), x dropped from both when all their rows share one x; shared x
     warned (``shared_x_count``). A split already in ``out`` that differs from the one computed now
     raises InputError (nothing is overwritten: use another ``--out``). InputError / ValueError
-    naming the file and row for bad rows or data too small for the validation size."""
+    naming the file and row for bad rows or data too small for the validation size, InputError for a split of
+    fewer than ``MIN_VAL_ROWS`` validation rows."""
     pairs = load_pairs(data)
     if val is None:
         split = split_pairs(pairs, val_size=min(val_size, max(1, len(pairs) // 5)), seed=seed, source=data)
@@ -142,6 +143,7 @@ def split_data(data: Path | str, out: Path, *, val: Path | str | None = None, va
                           (f"{note}; the val file used as it is",))
         else:
             split = Split(pairs, val_pairs, "given", shared_x=shared_x_count(pairs, val_pairs, val_source=val))
+    _check_val_rows(split, data, val, len(pairs))
     for name, rows in (("train", split.train), ("val", split.val)):
         target = out / f"{name}.jsonl"
         if target.exists():
@@ -155,6 +157,23 @@ def split_data(data: Path | str, out: Path, *, val: Path | str | None = None, va
         else:
             write_pairs(rows, target)
     return split
+
+
+#: the fewest validation rows a split may leave: every number of a run and of the report is a mean over them
+MIN_VAL_ROWS = 5
+
+
+def _check_val_rows(split: Split, data, val, n_rows: int) -> None:
+    """InputError in one line where ``split`` holds fewer than ``MIN_VAL_ROWS`` validation rows (a 6-row file
+    split into 5 + 1 ran a whole study on one validation row), naming the file and what to give instead."""
+    if len(split.val) >= MIN_VAL_ROWS:
+        return
+    if val is not None:
+        raise InputError(f"--val {val}: {len(split.val)} rows; a study needs at least {MIN_VAL_ROWS} validation rows "
+                         "(each number it reports is a mean over them)")
+    raise InputError(f"--data {data}: {n_rows} rows leave {len(split.val)} for validation (a fifth); a study needs "
+                     f"at least {MIN_VAL_ROWS} (each number it reports is a mean over them): give at least "
+                     f"{5 * MIN_VAL_ROWS} rows, or a --val file of {MIN_VAL_ROWS} or more")
 
 
 def prepare_split(data: Path | str, out: Path, *, val: Path | str | None = None, val_size: int = 500,
