@@ -99,8 +99,9 @@ def _read_flat_config(path: str) -> dict:
 def cmd_train(a):
     """``zfree train``: one CVAE from a flat config (``--config``, ``--set`` overrides typed by each
     field's declaration) into ``--out``, or ``--resume RUN_DIR`` from its own config.json; with
-    ``--model``/``--data`` an own-model run (``cmd_train_own``). Prints the summary's metrics. Raises
-    ValueError for missing or conflicting options, FileNotFoundError for a missing config, ConfigError
+    ``--model``/``--data`` an own-model run (``cmd_train_own``). Prints the summary (``_print_summary``: every
+    metric as JSON with ``--json``, else ``run_brief``'s lines). Raises ValueError for missing or conflicting
+    options, FileNotFoundError for a missing config, ConfigError
     naming the config for a bad field or an unavailable device, each before torch is imported."""
     if a.model or a.data:
         return cmd_train_own(a)
@@ -126,8 +127,17 @@ def cmd_train(a):
     check_device(cfg.optim.device)
     from zfree_lab.run.training import train_cvae  # lazy: torch and transformers (zfree --help stays fast)
 
-    summary = train_cvae(cfg, a.out)
-    print(json.dumps({k: v for k, v in summary.items() if "/" in k}, indent=2))
+    _print_summary(train_cvae(cfg, a.out), a.out, a.json)
+
+
+def _print_summary(summary: dict, out, as_json: bool) -> None:
+    """A finished run's summary: every metric as JSON with ``--json``, else ``run_brief``'s lines."""
+    if as_json:
+        print(json.dumps({k: v for k, v in summary.items() if "/" in k}, indent=2))
+        return
+    from zfree_lab.report.run_brief import run_brief
+
+    print("\n".join(run_brief(summary, out)))
 
 
 def _set_overrides(assignments: list[str] | None) -> dict:
@@ -153,8 +163,7 @@ def cmd_train_own(a):
 
     cfg = own_train_config(a.model, a.data, a.out, val=a.val, overrides=overrides)
     check_device(cfg.optim.device)
-    summary = train_cvae(cfg, a.out)
-    print(json.dumps({k: v for k, v in summary.items() if "/" in k}, indent=2))
+    _print_summary(train_cvae(cfg, a.out), a.out, a.json)
 
 
 def _report_failures(failed: list[tuple[str, Path]], logs: dict[str, str] | None = None,

@@ -143,6 +143,8 @@ def _add_train(sub) -> None:
     t.add_argument("--model", help="own model: folder, .gguf file or hub id (with --data; no --config needed)")
     t.add_argument("--data", help="own data: one JSONL file, split by x into RUN_DIR/train.jsonl and val.jsonl")
     t.add_argument("--val", help="own validation JSONL (default: split from --data)")
+    t.add_argument("--json", action="store_true",
+                   help="print every metric of the summary as JSON (default: a few lines: D, rate, z's use)")
     t.set_defaults(func=cmd_train)
 
 
