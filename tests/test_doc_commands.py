@@ -21,6 +21,8 @@ by ``tests/test_docs.py::test_every_zfree_command_in_the_docs_and_readme_parses`
 
 from __future__ import annotations
 
+import json
+
 import re
 import shlex
 import shutil
@@ -182,7 +184,7 @@ def test_a_print_only_command_runs(tmp_path, monkeypatch, capsys):
         assert (tmp_path / "zfree-lab" / "explore.ipynb").is_file()
 
 
-def test_the_own_model_train_command_runs_on_a_tiny_model(tmp_path, monkeypatch):
+def test_the_own_model_train_command_runs_on_a_tiny_model(tmp_path, monkeypatch, capsys):
     """own-model.md's one-CVAE command (it once stopped after loading with ``epsilon=0.0 must be > 0``,
     leaving a half-written run folder): run as shown, on a tiny model, for two steps."""
     from tests.tiny import tiny_gpt2
@@ -199,6 +201,12 @@ def test_the_own_model_train_command_runs_on_a_tiny_model(tmp_path, monkeypatch)
     assert main(args + TINY_SET) == 0
     run = tmp_path / args[args.index("--out") + 1]
     assert (run / "summary.json").is_file() and not (run / "error.json").exists()
+    # what the page says it prints: the run's brief, read from the summary it wrote (not its JSON)
+    from zfree_lab.report.run_brief import run_brief
+
+    out = capsys.readouterr().out
+    assert out.endswith("\n".join(run_brief(json.loads((run / "summary.json").read_text()), args[args.index("--out") + 1]))
+                        + "\n"), out[-800:]
 
 
 def test_a_skipped_command_names_files_that_exist_and_a_spec_that_loads():
