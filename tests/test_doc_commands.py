@@ -22,7 +22,6 @@ by ``tests/test_docs.py::test_every_zfree_command_in_the_docs_and_readme_parses`
 from __future__ import annotations
 
 import json
-
 import re
 import shlex
 import shutil
