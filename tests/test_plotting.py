@@ -577,3 +577,16 @@ def test_phase_diagram_names_its_boundary_by_what_it_is_drawn_from():
     fig = P.plot_phase_diagram(_runs(), c_base=C_BASE, beta_over_w=0.1)
     (label,) = {ln.get_label() for ln in fig.axes[0].lines if ln.get_label().startswith("predicted boundary")}
     assert "= 1" not in label and "half of the rows" in label
+
+
+def test_training_curves_that_coincide_stay_both_visible():
+    """A new user's smoke report: plain and distribution weighting drew the same curves (as a relabelled β
+    does under Adam) in the same marker, so one hid the other. Each run now has its own marker, in the legend too."""
+    df = pd.DataFrame({"step": [0, 4, 8], "loss/val/kl_prior_loss": [0.1, 0.05, 0.01],
+                       "loss/val/baseline_normalized_reconstruction_loss": [1.0, 0.99, 0.98],
+                       "loss_contrib/fraction_abs/reconstruction_loss": [0.9, 0.95, 0.99]})
+    fig = P.plot_training_curves({"plain": df, "distribution": df.copy()})
+    for ax in fig.axes[:3]:
+        assert {ln.get_marker() for ln in ax.lines if ln.get_marker() != "None"} == {".", "x"}
+    legend = {t.get_text(): h.get_marker() for t, h in zip(fig.legends[0].get_texts(), fig.legends[0].legend_handles)}
+    assert legend["plain"] != legend["distribution"]

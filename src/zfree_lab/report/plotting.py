@@ -26,27 +26,32 @@ from zfree_lab.report.rate_distortion import LBAR, plot_rate_distortion  # noqa:
 LBAR_I = r"$\bar{\ell}_i$"
 
 
+#: one marker per run of ``plot_training_curves`` (open and line markers: one drawn over another stays visible)
+RUN_MARKERS = [".", "x", "+", "1", "2", "3", "4", "|"]
+
+
 @_paper
 def plot_training_curves(metrics: dict[str, pd.DataFrame], collapse_kl: float = 0.05) -> plt.Figure:
     """Per run (label -> metrics.jsonl as a DataFrame): the share of the objective of every
     ``loss_contrib/fraction_abs/<term>`` (one line style per term), KL, rho_recon and alignment
     NMI over steps: the "collapse moment" plot. A dotted vertical line marks, per run, the first
     evaluation after step 0 whose KL is below ``collapse_kl`` nats (the collapse criterion of the
-    main job's acceptance)."""
+    main job's acceptance). Each run has its colour and its marker (``RUN_MARKERS``): runs whose curves
+    coincide (plain and distribution weighting at a relabelled β do, under Adam) stay both visible."""
     keys = [("loss/val/kl_prior_loss", "rate KL [nats / example]"),
             ("loss/val/baseline_normalized_reconstruction_loss", "ρ_recon = R_val / c_base (ratio of means)"),
             ("structure/alignment_nmi", "alignment NMI (argmax z vs strategy)")]
     fig, axes = plt.subplots(2, 2, figsize=(10, 6.4))  # 2 × 2: readable at the report's width
     axes = axes.flatten()
     for i, (label, df) in enumerate(metrics.items()):
-        color = f"C{i % 10}"
+        color, marker = f"C{i % 10}", RUN_MARKERS[i % len(RUN_MARKERS)]
         terms = [c for c in df.columns if c.startswith("loss_contrib/fraction_abs/")]
         for j, t in enumerate(terms):
-            axes[0].plot(df["step"], df[t], LINESTYLES[j % 4], color=color, marker=".",
+            axes[0].plot(df["step"], df[t], LINESTYLES[j % 4], color=color, marker=marker,
                          label=literal(f"{label}: {t.rsplit('/', 1)[-1]}"))
         for ax, (k, name) in zip(axes[1:], keys):
             if k in df:
-                ax.plot(df["step"], df[k], marker=".", color=color, label=literal(label))
+                ax.plot(df["step"], df[k], marker=marker, color=color, label=literal(label))
         if "loss/val/kl_prior_loss" in df:
             late = df[(df["step"] > 0) & (df["loss/val/kl_prior_loss"] < collapse_kl)]
             if len(late):
@@ -65,7 +70,8 @@ def plot_training_curves(metrics: dict[str, pd.DataFrame], collapse_kl: float = 
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole: no "step 2.5"
     fig.tight_layout()
     # two legends below the panels, outside the data: runs by color, terms (and the KL panel's marks) by line style
-    runs = [Line2D([], [], color=f"C{i % 10}", marker=".", label=literal(label)) for i, label in enumerate(metrics)]
+    runs = [Line2D([], [], color=f"C{i % 10}", marker=RUN_MARKERS[i % len(RUN_MARKERS)], label=literal(label))
+            for i, label in enumerate(metrics)]
     terms = list(dict.fromkeys(c.rsplit("/", 1)[-1] for df in metrics.values() for c in df.columns
                                if c.startswith("loss_contrib/fraction_abs/")))
     styles_h = [Line2D([], [], color="k", ls=LINESTYLES[j % 4], label=literal(f"{t} (top left)")) for j, t in enumerate(terms)]
