@@ -55,3 +55,18 @@ def test_other_process_is_named_and_a_killed_holders_lock_is_taken_over(tmp_path
     with run_folder_lock(tmp_path):  # the kernel dropped the dead process's flock: no stale lock
         assert json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == os.getpid()
     assert time.time() - t0 < 5
+
+
+def test_a_folder_locked_again_by_the_same_process_keeps_its_first_since(tmp_path, monkeypatch):
+    """A study locks its folder for its preparation, then again for its runs: `zfree status` said "study process:
+    pid N, since <when the runs began>" of a process that had been preparing for 50 minutes. The lock now says
+    when this process first locked the folder; another folder keeps its own time."""
+    from zfree_lab.run import locks
+
+    stamps = iter(["2026-12-07T13:39:14", "2026-12-07T14:29:03", "2026-12-07T14:30:00"])
+    monkeypatch.setattr(locks.time, "strftime", lambda fmt, *a: next(stamps))
+    seen = []
+    for folder in (tmp_path / "study", tmp_path / "study", tmp_path / "other"):
+        with locks.run_folder_lock(folder) as lock_file:
+            seen.append(json.loads(lock_file.read_text())["since"])
+    assert seen == ["2026-12-07T13:39:14", "2026-12-07T13:39:14", "2026-12-07T14:29:03"]

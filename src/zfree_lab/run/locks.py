@@ -21,6 +21,9 @@ from typing import Iterator
 from zfree.core.errors import LockHeldError
 
 LOCK_NAME = ".zfree.lock"
+#: folder -> when this process first locked it: a study locks its folder for its preparation, then again for
+#: its runs, and the lock's "since" says how long the process has worked on the folder, not the last lock
+_FIRST_LOCKED: dict[str, str] = {}
 
 
 def _holder(lock_file: Path) -> str:
@@ -90,8 +93,12 @@ def run_folder_lock(path: Path | str, what: str = "run folder") -> Iterator[Path
         except BlockingIOError:
             raise LockHeldError(f"{what} {folder} is in use by {_holder(lock_file)}; "
                                 f"wait for it to finish or stop that process") from None
+        key = f"{os.getpid()}:{folder.resolve()}"  # a forked worker is another process: its own key
+        if key not in _FIRST_LOCKED:
+            _FIRST_LOCKED[key] = time.strftime("%Y-%m-%dT%H:%M:%S")
+        since = _FIRST_LOCKED[key]
         info = {"pid": os.getpid(), "host": socket.gethostname(), "command": " ".join(sys.argv[:3])[:200],
-                "since": time.strftime("%Y-%m-%dT%H:%M:%S")}
+                "since": since}
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
         try:
