@@ -633,3 +633,23 @@ def test_checkpoints_by_the_clock_keep_the_last_steps_and_change_no_number(tiny,
     assert resumed.pop("checkpoint_every_s") == every_s and full.pop("checkpoint_every_s") == 0.0
     assert _strip_timing(resumed) == _strip_timing(full)
     assert run_hash(cfg) == run_hash(plain)
+
+
+def test_progress_says_step_0_evaluation_before_the_first_step(tiny, tmp_path, monkeypatch):
+    """`zfree status` said "starting (no step written yet)" for the 10 minutes a SmolLM2 run spends in its step-0
+    evaluation; progress.json now says so while it runs, with no time left guessed before a step's pace is known."""
+    from zfree_lab.run import training
+
+    data, base = tiny
+    run, seen = tmp_path / "run", []
+    real = training._record_evaluation
+
+    def record(out, *a, **k):
+        if not seen:
+            seen.append(json.loads((out / "progress.json").read_text()))
+        return real(out, *a, **k)
+
+    monkeypatch.setattr(training, "_record_evaluation", record)
+    train_cvae(_cfg(data, base, steps=2, eval_every=2), run, progress=False)
+    assert seen[0]["step"] == 0 and seen[0]["phase"] == "step-0 evaluation" and seen[0]["eta_s"] is None
+    assert json.loads((run / "progress.json").read_text())["step"] == 2

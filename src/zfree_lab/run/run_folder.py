@@ -192,11 +192,11 @@ def write_progress(out: Path, step: int, steps: int, phase: str, elapsed_s: floa
     """``out/progress.json`` (atomic): where a run is while it trains -- its step of ``steps``, the
     phase (hard / soft / ...), the seconds since it started and the seconds left at its mean pace so
     far. A papermill run's bar goes to its notebook, unseen until the run ends: a long run on a real
-    model (an hour a run) is watched with ``cat runs/<id>/progress.json``."""
-    pace = elapsed_s / max(1, step)
+    model (an hour a run) is watched with ``cat runs/<id>/progress.json``. At step 0 (its step-0 evaluation) no
+    pace is known yet: ``eta_s`` null."""
+    eta = round(elapsed_s / step * max(0, steps - step), 1) if step > 0 else None
     atomic_write_json(out / PROGRESS_FILE, {"step": step, "steps": steps, "phase": str(phase),
-                                            "elapsed_s": round(elapsed_s, 1),
-                                            "eta_s": round(pace * max(0, steps - step), 1)})
+                                            "elapsed_s": round(elapsed_s, 1), "eta_s": eta})
 
 
 def write_summary(out: Path, cfg: TrainConfig, ev, state, wall: float, extra: dict | None = None) -> dict:

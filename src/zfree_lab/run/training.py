@@ -276,6 +276,8 @@ def _train_steps(loop: _Loop, progress: bool, stop_after: int | None) -> dict:
                                                                            run.t0, run.curves))
     # step 0's evaluation, and the last step's when a run stopped in its final evaluation (its step kept
     # first, below), unless metrics.jsonl already holds that step's row (a resume at that step)
+    if state.step == 0 and run.row_step != 0:  # `zfree status` says what a run does before its first step
+        run_folder.write_progress(out, 0, cfg.optim.steps, "step-0 evaluation", time.time() - run.t0)
     ev = record() if state.step in (0, cfg.optim.steps) and run.row_step != state.step else None
     run.saved_step = state.step if ev is not None else run.saved_step
     bar = progress_bar(total=cfg.optim.steps, initial=state.step, progress=progress, mininterval=5,
