@@ -31,6 +31,7 @@ sweep_dir = "../runs/study-default"  # a folder written by `zfree study` or `zfr
 # %%
 from IPython.display import Markdown, display
 
+from zfree_lab.report.answers import answers_markdown
 from zfree_lab.report.gains_report import (available_gain_markdown, available_gain_table, drop_empty, dropped_markdown,
                                        gain_verdict_markdown, gain_verdicts, has_generator_truth, measured_eta,
                                        runs_c_base_markdown, study_gains)
@@ -51,14 +52,17 @@ sweep = load_sweep(sweep_dir)
 summary = sweep.runs
 NO_RUN = "No CVAE run in this study (only label oracles, their z-free controls and null oracles): no run whose use to read."  # a study of label oracles alone
 truth = has_generator_truth(summary)
+given = study_gains(sweep_dir, summary)  # (oracles, gains) against the z-free control; None without controls
+eta = measured_eta(given[0]) if given else None
+verdicts = gain_verdicts(summary, given[1], eta) if given else run_verdicts(summary)
+if given and not summary.empty:  # the four answers first, from the tables the sections below show
+    display(Markdown(answers_markdown(verdicts, given[0], summary["seed"].nunique() if "seed" in summary else 1)))
 opening, phases = plan_section(sweep_dir, summary)  # estimate.json, timings.json and the runs' steps
 if opening:
     display(Markdown(opening))
 if phases is not None:
     display(phases)
     display(Markdown(PHASE_NOTE))
-given = study_gains(sweep_dir, summary)  # (oracles, gains) against the z-free control; None without controls
-eta = measured_eta(given[0]) if given else None
 if given:
     cut = oracle_cut_markdown(read_plan(sweep_dir)[0], given[0])  # where the budget cut label oracles: which cut
     display(Markdown("## What z could gain: the label oracles\n\n"
@@ -70,7 +74,6 @@ if given:
                         available_gain_markdown(given[0]) + ("\n\n" + cut if cut else ""))))
     if len(given[0]):
         display(turned_when_wide(available_gain_table(given[0])))  # a few labels: one column each
-    verdicts = gain_verdicts(summary, given[1], eta)
     display(Markdown("## Verdict: z's gain over the z-free control, per run\n\n" + gain_verdict_markdown(verdicts, eta)))
     over_seeds = seed_section(read_seed_gains(sweep_dir))  # seed_gains.csv: the paired gains over seeds, per cell
     if over_seeds is not None:
@@ -78,7 +81,6 @@ if given:
         if over_seeds[1] is not None:
             display(over_seeds[1])
 else:
-    verdicts = run_verdicts(summary)
     display(Markdown("## Verdict: predicted against measured use of z, per run\n\n*No z-free control in this "
                      "folder (an older study or a sweep): judged on measured use alone.*\n\n" + verdict_markdown(verdicts)))
 display(Markdown(runs_c_base_markdown(summary, sweep.reference) if not truth else reference_markdown(sweep.reference)))

@@ -1,0 +1,71 @@
+"""The report's opening answers (“In short”): the four questions a study is run for — did z switch on, is the
+CVAE a better model of y given x than its z-free control, which remedy did it, what could z carry — each in one
+line, read from the same verdict and oracle tables the sections below show (``gains_report.gain_verdicts``,
+``zfree_lab.experiment.gains.oracle_table``), with how much evidence stands behind them (seeds)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from zfree_lab.experiment.gains import best_label
+from zfree_lab.report.gains_report import measured_eta
+from zfree_lab.report.report import md_code
+
+#: runs named in a line before "and N more"
+NAMED = 4
+
+
+def _named(runs: list[str]) -> str:
+    shown = ", ".join(md_code(r) for r in runs[:NAMED])
+    return shown + (f" and {len(runs) - NAMED} more" if len(runs) > NAMED else "")
+
+
+def _true(col: pd.Series) -> pd.Series:
+    return col.map(lambda v: v is True or v is np.True_)
+
+
+def answers_markdown(verdicts: pd.DataFrame, oracles: pd.DataFrame | None, seeds: int) -> str:
+    """“In short” as markdown: ``verdicts`` (``gain_verdicts``: run, z switched on, better model, z used),
+    ``oracles`` (the label oracles' table, or None without controls), ``seeds`` the number of seeds the runs
+    span. Readouts missing (an older study): the gain rule's "z used" answers the first question. Empty string
+    without a finished CVAE run."""
+    if verdicts is None or verdicts.empty:
+        return ""
+    n = len(verdicts)
+    readouts = "z switched on" in verdicts and verdicts["use in the model [nats/ex]"].notna().any()
+    on = _true(verdicts["z switched on"] if readouts else verdicts["z used"])
+    better = _true(verdicts["better model"]) if readouts else pd.Series(False, index=verdicts.index)
+    runs = verdicts["run"].astype(str)
+    how = ("the decoder reads y from z: another row's z costs nats" if readouts else
+           "measured use and a z-gain interval above 0 over its control")
+    lines = [f"- **Did z switch on?** In {int(on.sum())} of {n} runs ({how})"
+             + (f": {_named(list(runs[on]))}." if on.any() else ".")]
+    if readouts:
+        lines.append(f"- **A better model of y given x than its z-free control?** In {int(better.sum())} of {n} runs "
+                     "(net gain: the control's D minus the CVAE's marginal NLL, the rate paid, interval above 0)"
+                     + (f": {_named(list(runs[better]))}." if better.any() else "."))
+        both = on & better
+        which = (f"{_named(list(runs[both]))}: z switched on *and* the CVAE models y given x better than its control."
+                 if both.any() else "none: no run switched z on and modelled y given x better than its control"
+                 + (f" (z switched on without paying for its rate in {_named(list(runs[on]))})." if on.any() else "."))
+        lines.append(f"- **Which remedy did it?** {which}")
+    lines.append(f"- **What could z carry?** {_carry(oracles)}")
+    lines.append("- **Evidence:** " + (
+        f"1 seed: every interval here is over the evaluated rows of that seed, not over seeds; "
+        "`zfree study ... --seeds 0-2` for a claim about a recipe." if seeds <= 1 else
+        f"{seeds} seeds: the lines above count runs (one per seed and recipe); the paired test over seeds is in "
+        "*Over seeds* below."))
+    return "## In short\n\n" + "\n".join(lines)
+
+
+def _carry(oracles: pd.DataFrame | None) -> str:
+    """The label oracles' answer: the best label with ΔR above 0, or that none buys a measurable gain."""
+    if oracles is None or oracles.empty:
+        return "no label oracle in this study (no label with two or more values): nothing to compare z with."
+    if measured_eta(oracles) is None:
+        return (f"no label's oracle lowers D measurably below the z-free control's ({oracles['label'].nunique()} "
+                "label(s); *What z could gain* below).")
+    b = best_label(oracles)
+    return (f"the label {md_code(b['label'])} would lower D by ΔR = {b['delta_R']:.3f} nats/example "
+            f"[{b['delta_R_lo']:.3f}, {b['delta_R_hi']:.3f}] at H(label | x) = {b['H']:.3f} nats (its label oracle).")

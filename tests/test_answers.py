@@ -1,0 +1,49 @@
+"""The report's "In short" (zfree_lab.report.answers): the study's four questions answered at the top, from the
+verdict and oracle tables the sections below show."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from zfree_lab.report.answers import answers_markdown
+from zfree_lab.report.report import md_code as c
+
+
+def _verdicts(on, better, used=None):
+    n = len(on)
+    return pd.DataFrame({"run": [f"run{i}" for i in range(n)], "z switched on": on, "better model": better,
+                         "use in the model [nats/ex]": [0.5] * n,
+                         "z used": used if used is not None else on})
+
+
+def _oracles(lo):
+    return pd.DataFrame({"label": ["n_sentences"], "delta_R": [0.7], "delta_R_lo": [lo], "delta_R_hi": [0.9],
+                         "H": [1.05], "eta": [0.67], "eta_lo": [0.5], "eta_hi": [0.8], "rows": [300],
+                         "distinguishable": [lo > 0]})
+
+
+def test_the_answers_name_the_runs_that_switched_z_on_and_paid_for_it():
+    md = answers_markdown(_verdicts([True, True, False], [True, False, False]), _oracles(0.5), seeds=1)
+    assert md.startswith("## In short\n")
+    assert "**Did z switch on?** In 2 of 3 runs" in md and f"{c('run0')}, {c('run1')}." in md
+    assert "**A better model of y given x than its z-free control?** In 1 of 3 runs" in md
+    assert f"**Which remedy did it?** {c('run0')}: z switched on *and*" in md
+    assert f"{c('n_sentences')} would lower D by ΔR = 0.700 nats/example [0.500, 0.900]" in md
+    assert "1 seed: every interval here is over the evaluated rows" in md
+
+
+def test_no_run_that_did_it_says_none_and_where_z_was_on_without_paying():
+    md = answers_markdown(_verdicts([False, True], [np.nan, False]), _oracles(-0.1), seeds=3)
+    assert "In 1 of 2 runs" in md and "In 0 of 2 runs" in md
+    assert ("none: no run switched z on and modelled y given x better than its control (z switched on without "
+            f"paying for its rate in {c('run1')}).") in md
+    assert "no label's oracle lowers D measurably" in md and "3 seeds: the lines above count runs" in md
+
+
+def test_an_older_study_without_readouts_answers_by_the_gain_rule_and_many_runs_are_cut_short():
+    v = _verdicts([np.nan] * 6, [np.nan] * 6, used=[True] * 6).assign(**{"use in the model [nats/ex]": np.nan})
+    md = answers_markdown(v, None, seeds=1)
+    assert "In 6 of 6 runs (measured use and a z-gain interval above 0" in md and "and 2 more." in md
+    assert "Which remedy" not in md and "no label oracle in this study" in md
+    assert answers_markdown(v.iloc[:0], None, seeds=1) == ""
