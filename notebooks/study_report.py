@@ -56,7 +56,8 @@ given = study_gains(sweep_dir, summary)  # (oracles, gains) against the z-free c
 eta = measured_eta(given[0]) if given else None
 verdicts = gain_verdicts(summary, given[1], eta) if given else run_verdicts(summary)
 if given and not summary.empty:  # the four answers first, from the tables the sections below show
-    display(Markdown(answers_markdown(verdicts, given[0], summary["seed"].nunique() if "seed" in summary else 1)))
+    display(Markdown(answers_markdown(verdicts, given[0], summary["seed"].nunique() if "seed" in summary else 1,
+                                      summary.get("steps"))))
 opening, phases = plan_section(sweep_dir, summary)  # estimate.json, timings.json and the runs' steps
 if opening:
     display(Markdown(opening))

@@ -47,3 +47,10 @@ def test_an_older_study_without_readouts_answers_by_the_gain_rule_and_many_runs_
     assert "In 6 of 6 runs (measured use and a z-gain interval above 0" in md and "and 2 more." in md
     assert "Which remedy" not in md and "no label oracle in this study" in md
     assert answers_markdown(v.iloc[:0], None, seeds=1) == ""
+
+
+def test_a_smoke_studys_answers_say_they_are_a_smoke_tests():
+    v = _verdicts([False, False], [False, False])
+    md = answers_markdown(v, None, seeds=1, steps=pd.Series([4, 4]))
+    assert "**Evidence:** a smoke test (runs of 4 steps, fewer than 50): these answers say what a few steps do" in md
+    assert "smoke test" not in answers_markdown(v, None, seeds=1, steps=pd.Series([4, 300]))

@@ -10,6 +10,7 @@ import pandas as pd
 
 from zfree_lab.experiment.gains import best_label
 from zfree_lab.report.gains_report import measured_eta
+from zfree_lab.report.plan_report import SMOKE_STEPS
 from zfree_lab.report.report import md_code
 
 #: runs named in a line before "and N more"
@@ -25,11 +26,13 @@ def _true(col: pd.Series) -> pd.Series:
     return col.map(lambda v: v is True or v is np.True_)
 
 
-def answers_markdown(verdicts: pd.DataFrame, oracles: pd.DataFrame | None, seeds: int) -> str:
+def answers_markdown(verdicts: pd.DataFrame, oracles: pd.DataFrame | None, seeds: int,
+                     steps: pd.Series | None = None) -> str:
     """“In short” as markdown: ``verdicts`` (``gain_verdicts``: run, z switched on, better model, z used),
     ``oracles`` (the label oracles' table, or None without controls), ``seeds`` the number of seeds the runs
-    span. Readouts missing (an older study): the gain rule's "z used" answers the first question. Empty string
-    without a finished CVAE run."""
+    span, ``steps`` the runs' training steps (runs all shorter than ``SMOKE_STEPS``: the evidence line says the
+    answers are a smoke test's). Readouts missing (an older study): the gain rule's "z used" answers the first
+    question. Empty string without a finished CVAE run."""
     if verdicts is None or verdicts.empty:
         return ""
     n = len(verdicts)
@@ -51,7 +54,10 @@ def answers_markdown(verdicts: pd.DataFrame, oracles: pd.DataFrame | None, seeds
                  + (f" (z switched on without paying for its rate in {_named(list(runs[on]))})." if on.any() else "."))
         lines.append(f"- **Which remedy did it?** {which}")
     lines.append(f"- **What could z carry?** {_carry(oracles)}")
-    lines.append("- **Evidence:** " + (
+    longest = pd.to_numeric(steps, errors="coerce").max() if steps is not None and len(steps) else np.nan
+    smoke = (f"a smoke test (runs of {int(longest)} steps, fewer than {SMOKE_STEPS}): these answers say what a few "
+             "steps do, not what a recipe does; " if longest < SMOKE_STEPS else "")
+    lines.append("- **Evidence:** " + smoke + (
         f"1 seed: every interval here is over the evaluated rows of that seed, not over seeds; "
         "`zfree study ... --seeds 0-2` for a claim about a recipe." if seeds <= 1 else
         f"{seeds} seeds: the lines above count runs (one per seed and recipe); the paired test over seeds is in "
