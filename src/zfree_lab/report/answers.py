@@ -23,7 +23,8 @@ def _named(runs: list[str]) -> str:
 
 
 def _true(col: pd.Series) -> pd.Series:
-    return col.map(lambda v: v is True or v is np.True_)
+    """True where ``col`` is true, False where false or NaN (as ``gains_report._on_and_better`` counts)."""
+    return (col == True).astype(bool)  # noqa: E712 - NaN-safe
 
 
 def answers_markdown(verdicts: pd.DataFrame, oracles: pd.DataFrame | None, seeds: int,
