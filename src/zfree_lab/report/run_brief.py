@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 from typing import Any, Mapping
 
+from zfree_lab.report.report import use_side
 from zfree_lab.run.run_config import USE_THRESHOLD
 
 
@@ -30,11 +31,12 @@ def _pct(v: float) -> str:
 
 def use_verdict(measured: float, predicted: float, threshold: float = USE_THRESHOLD) -> str:
     """One phrase: whether z was used (on more than ``threshold`` of the rows) and whether theory said it would."""
-    if math.isnan(measured):
+    side, expected = use_side(measured, threshold), use_side(predicted, threshold)  # the report's own rule
+    if side == "unknown":
         return "z's use unknown (no per-row KL)"
-    used = measured > threshold
-    said = "" if math.isnan(predicted) else (
-        ", as theory predicts" if used == (predicted > threshold) else
+    used = side == "use"
+    said = "" if expected == "unknown" else (
+        ", as theory predicts" if side == expected else
         ", where theory predicts no use" if used else ", where theory predicts use")
     return ("z switched on" if used else "z unused (collapsed)") + said
 
