@@ -228,3 +228,23 @@ def test_a_fourth_seed_adds_the_six_seed_analysis_pending_beside_the_three(tmp_p
     assert d["analyses"]["0-2"]["decision"] == "weightings" and d["analyses"]["0-2"]["tests"]["H1-example"]["n"] == 3
     six = d["analyses"]["0-5"]
     assert six["decision"] == "pending" and six["tests"]["H1-example"]["missing_seeds"] == [4, 5]
+
+
+def test_runs_computed_against_another_base_are_refused_by_name(tmp_path):
+    """A base fine-tuned again on a replaced machine that does not reproduce the first one: the runs record two
+    ``reference/c_base`` values and collect.py names them instead of mixing them in one table."""
+    U, G, N = _values(h1_dist=[0.5, 0.6, 0.45], h1_ex=[0.3, 0.42, 0.35], g_aided=[0.8, 0.9, 0.7])
+    m, study = _collect(), tmp_path / "study"
+    make_study(study, U, G, N)
+    runs = sorted((study / "runs").iterdir())
+    for i, d in enumerate(runs):
+        s = json.loads((d / "summary.json").read_text())
+        s["reference/c_base"] = 1.1850070234762358 if i else 1.1850070234762358 * (1 + 1e-6)
+        (d / "summary.json").write_text(json.dumps(s))
+    with pytest.raises(ValueError, match=rf"2 different z-free bases .*1\.1850082.*: {runs[0].name}$"):
+        m.main(study, tmp_path / "out")
+    s = json.loads((runs[0] / "summary.json").read_text())
+    s["reference/c_base"] = 1.1850070234762358 * (1 + 1e-12)  # the same base's float noise
+    (runs[0] / "summary.json").write_text(json.dumps(s))
+    assert m.check_one_base(study / "runs", [d.name for d in runs]) == pytest.approx(1.1850070234762358, rel=1e-9)
+    assert m.main(study, tmp_path / "out")["analyses"]["0-2"]["decision"] == "weightings"

@@ -44,6 +44,8 @@ Choices not specified in the preregistration; chosen before any result:
   its Wald z one-sided (normal, no small-sample degrees of freedom: a check beside the t, never a decision); a model
   that does not fit says its error, one on the boundary its warning. statsmodels is not in the project's venv: the
   tests exercise the skip; the fit was run once by hand with statsmodels 0.15 on a stand-in study.
+- Every finished run must record one ``reference/c_base`` (within 1e-9 relative), else no table (``check_one_base``;
+  added 2026-12-07 when a replaced machine fine-tuned the base again, before any result was read).
 - The rate is the mean per-row KL of the evaluated rows (as ``zfree_lab.experiment.gains.run_gains``).
 """
 
@@ -91,6 +93,31 @@ def _finished(runs_dir: Path, rid: str | None) -> bool:
     return rid is not None and (runs_dir / rid / "per_example.parquet").is_file()
 
 
+def check_one_base(runs_dir: Path, run_ids, rtol: float = 1e-9) -> float | None:
+    """The one ``reference/c_base`` (nats/token) the finished runs ``run_ids`` record in their summaries, or None where
+    none records it. Raises ValueError naming the runs where they record more than one (within ``rtol`` relative):
+    runs computed against different z-free bases (a base fine-tuned again on a replaced machine, DEVIATIONS.md)
+    are not one study's arms."""
+    import math
+    from zfree.core.io import read_json
+
+    seen: dict[float, list[str]] = {}
+    for rid in sorted(run_ids):
+        f = runs_dir / rid / "summary.json"
+        if not (_finished(runs_dir, rid) and f.is_file()):
+            continue
+        c = read_json(f).get("reference/c_base")
+        if c is None:
+            continue
+        key = next((k for k in seen if math.isclose(k, float(c), rel_tol=rtol)), float(c))
+        seen.setdefault(key, []).append(rid)
+    if len(seen) > 1:
+        groups = "; ".join(f"{c!r}: {', '.join(r)}" for c, r in sorted(seen.items()))
+        raise ValueError(f"the runs record {len(seen)} different z-free bases (summary reference/c_base, nats/token): "
+                         f"{groups}")
+    return next(iter(seen), None)
+
+
 def main(study: Path, out: Path = HERE) -> dict:
     """Write the tables of the study folder ``study`` into ``out`` (module docstring) and return ``decide``'s dict."""
     from zfree.core.io import read_json
@@ -104,6 +131,7 @@ def main(study: Path, out: Path = HERE) -> dict:
     cfg = {rid: read_run_config(runs_dir / rid / "config.json") for rid in
            {*links["controls"], *links["controls"].values(), *links["oracles"], *links["nulls"].values()}
            if (runs_dir / rid / "config.json").is_file()}
+    check_one_base(runs_dir, cfg)  # one z-free base for every run, or no table
     runs, rows, arm_seeds = [], [], []
     for rid, cid in sorted(links["controls"].items()):
         c = cfg.get(rid, {})
