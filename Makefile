@@ -9,7 +9,7 @@ OUT    ?= runs/study-default
 # the same keys as zfree_lab.report.lab.EXTRA_KEYS, JupyterLab's save hook)
 NBSTRIP_KEYS := metadata.language_info metadata.widgets metadata.papermill cell.metadata.papermill cell.metadata.execution cell.metadata.jupyter cell.metadata.editable cell.metadata.slideshow
 
-.PHONY: install git-filter study smoke smollm2 test test-kernels test-slow test-lab test-gpu docs slurm slurm-stop test-slurm lab notebooks clean-venv
+.PHONY: install git-filter study smoke smollm2 test test-e2e test-kernels test-slow test-lab test-gpu docs slurm slurm-stop test-slurm lab notebooks clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -51,7 +51,8 @@ smollm2: $(STAMP)
 
 ## The default test tier: two pytest-xdist workers of one torch thread each, the tests that share an
 ## expensive fixture on one worker (tests/conftest.py), the 25 slowest listed at the end (the tier must
-## stay under 6 minutes on 2 cores); `make test-slow` runs the slow tier.
+## stay under 6 minutes on 2 cores); `make test-e2e` the whole own-data studies to their reports, which CI
+## runs after it; `make test-slow` the slow tier.
 TEST_WORKERS ?= 2
 test: $(STAMP)
 	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=25
@@ -60,6 +61,11 @@ test: $(STAMP)
 ## within their tolerances whatever kernels a machine picks (CI runs this after `make test`).
 test-kernels: $(STAMP)
 	ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(BIN)/pytest -q -p no:xdist tests/test_golden.py
+
+## Whole own-data studies, from `zfree study --model --data` (and a study on markup rows) to report.html:
+## the acceptance tests of a one-command study, a few minutes each; CI runs them after `make test`.
+test-e2e: $(STAMP)
+	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup -m e2e --durations=10
 
 test-slow: $(STAMP)
 	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(BIN)/pytest -q -m slow

@@ -55,6 +55,7 @@ def tiny_model(tmp_path_factory):
     return root / "model", _write(root / "pairs.jsonl", rows)
 
 
+@pytest.mark.e2e  # a whole study, a few minutes: CI's test-e2e tier after the default one
 def test_one_command_from_model_and_jsonl_to_report(tiny_model, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("ZFREE_CACHE_DIR", str(tmp_path / "cache"))
     model, data = tiny_model

@@ -197,6 +197,7 @@ def evil_report(tmp_path_factory):
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.e2e  # the evil_report study: CI's test-e2e tier
 def test_no_element_or_attribute_of_the_report_comes_from_data(evil_report):
     _, html = evil_report
     page = parse(html)
@@ -215,6 +216,7 @@ NETWORK = re.compile(r"""(?:\b(?:src|href|action|poster|data)\s*=\s*["']?\s*(?:h
                      r"""|url\(\s*["']?\s*(?:https?:)?//|@import\s+(?:url\()?\s*["']?\s*(?:https?:)?//""", re.I)
 
 
+@pytest.mark.e2e  # the evil_report study: CI's test-e2e tier
 def test_report_names_no_network_resource(evil_report):
     _, html = evil_report
     assert NETWORK.findall(html) == []
@@ -225,6 +227,7 @@ def test_report_names_no_network_resource(evil_report):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.e2e  # the evil_report study: CI's test-e2e tier
 def test_report_opens_in_chromium_with_no_request_and_no_script_dialog(evil_report):
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e .[test])")
     if not Path(CHROMIUM).exists():
