@@ -54,3 +54,14 @@ def test_a_smoke_studys_answers_say_they_are_a_smoke_tests():
     md = answers_markdown(v, None, seeds=1, steps=pd.Series([4, 4]))
     assert "**Evidence:** a smoke test (runs of 4 steps, fewer than 50): these answers say what a few steps do" in md
     assert "smoke test" not in answers_markdown(v, None, seeds=1, steps=pd.Series([4, 300]))
+
+
+def test_a_better_model_whose_z_is_off_is_not_credited_to_z():
+    """The default study's aided plain β = 1: z off (another row's z costs nothing) and its marginal NLL below its
+    control's. "In short" counts it as a better model and says that gain is not z's."""
+    md = answers_markdown(_verdicts([False, True, False], [True, True, False]), _oracles(0.5), seeds=1)
+    assert ("**A better model of y given x than its z-free control?** In 2 of 3 runs (net gain: the control's D "
+            f"minus the CVAE's marginal NLL, the rate paid, interval above 0): {c('run0')}, {c('run1')}. In 1 of them "
+            f"z is off ({c('run0')}): a lower NLL that is not z's") in md
+    assert f"**Which remedy did it?** {c('run1')}: z switched on *and*" in md
+    assert "is off" not in answers_markdown(_verdicts([True, True], [True, False]), _oracles(0.5), seeds=1)

@@ -48,7 +48,7 @@ def answers_markdown(verdicts: pd.DataFrame, oracles: pd.DataFrame | None, seeds
     if readouts:
         lines.append(f"- **A better model of y given x than its z-free control?** In {int(better.sum())} of {n} runs "
                      "(net gain: the control's D minus the CVAE's marginal NLL, the rate paid, interval above 0)"
-                     + (f": {_named(list(runs[better]))}." if better.any() else "."))
+                     + (f": {_named(list(runs[better]))}." if better.any() else ".") + _not_zs(runs[better & ~on]))
         both = on & better
         which = (f"{_named(list(runs[both]))}: z switched on *and* the CVAE models y given x better than its control."
                  if both.any() else "none: no run switched z on and modelled y given x better than its control"
@@ -64,6 +64,14 @@ def answers_markdown(verdicts: pd.DataFrame, oracles: pd.DataFrame | None, seeds
         f"{seeds} seeds: the lines above count runs (one per seed and recipe); the paired test over seeds is in "
         "*Over seeds* below."))
     return "## In short\n\n" + "\n".join(lines)
+
+
+def _not_zs(runs: pd.Series) -> str:
+    """The better-model runs whose z is off: their lower NLL is not z's (its own training beat the control's)."""
+    if runs.empty:
+        return ""
+    return (f" In {len(runs)} of them z is off ({_named(list(runs))}): a lower NLL that is not z's — the CVAE's "
+            "training, not its latent, did better than its control's.")
 
 
 def _carry(oracles: pd.DataFrame | None) -> str:
