@@ -65,6 +65,23 @@ def test_missing_base_dir_is_named(tmp_path, tiny):
         load_spec(f)
 
 
+def test_a_spec_naming_no_data_or_base_runs_on_the_shipped_benchmark_from_any_folder(tmp_path, monkeypatch):
+    """The tutorial's spec shape (no data_dir, no base_dir): every point gets the config's defaults resolved to
+    the shipped benchmark and base run, not the relative defaults a run's kernel would look for in its own run
+    folder (where every point failed: "runs/<sweep>/runs/<point>/data/synth/default/train.jsonl does not exist")."""
+    from zfree.core.paths import ROOT
+
+    monkeypatch.chdir(tmp_path)  # a folder holding no data/
+    spec = load_spec(_write(tmp_path, {"base": {"steps": 10}, "grid": {"beta": [0.03, 1.0]}}))
+    for pt in spec.points():
+        assert pt.params["data_dir"] == str((ROOT / "data/synth/default").resolve())
+        assert pt.params["base_dir"] == str((ROOT / "data/base/default").resolve())
+        assert (Path(pt.params["data_dir"]) / "train.jsonl").is_file()
+    (tmp_path / "data/synth/mine").mkdir(parents=True)  # a relative path the user names still wins, from the cwd
+    spec = load_spec(_write(tmp_path, {"base": {"data_dir": "data/synth/mine"}, "grid": {"beta": [0.03]}}))
+    assert {pt.params["data_dir"] for pt in spec.points()} == {str((tmp_path / "data/synth/mine").resolve())}
+
+
 def test_dict_axes_and_ranges_expand(tmp_path):
     spec = load_spec(_write(tmp_path, {"grid": {"objective": [{"weighting": "plain"},
                                                               {"weighting": "example", "epsilon": 0.1}],

@@ -17,7 +17,8 @@ A sweep spec (``analysis/sweeps/*.yaml``)::
     executor_options: {}                # submitit: cluster, timeout_min, slurm_partition, ...
 
 Relative ``data_dir``/``base_dir`` resolve against the working directory when they exist there,
-else against the repository root. ``load_spec`` validates every point before anything runs; each
+else against the repository root; a spec that names neither gets the config's defaults (the shipped
+benchmark and its base run), resolved the same way. ``load_spec`` validates every point before anything runs; each
 value is typed by its field's declaration (``lr_new: 1e-3``, a string in YAML 1.1, is the float
 0.001; ``steps: true`` is refused), and every error names the file and the field. A sweep spec is
 the short form of a spec file (``zfree_lab.experiment.spec_file``, the one loader of every spec): an
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from zfree.config import TrainConfig
 from zfree.core.errors import ConfigError
 from zfree.core.io import atomic_write_json
 from zfree_lab.run.locks import STUDY_MARKS, check_own_folder, run_folder_lock
@@ -63,7 +65,10 @@ def load_spec(path: Path | str, check_paths: bool = True) -> ExperimentSpec:
         raise ConfigError(f"{path}: base must be a mapping of config fields, got {raw['base']!r}")
     name = str(raw.get("name") or path.stem)
     check_name_length(name, f"{path}: name", extra=len("sweep-"))  # the default folder runs/sweep-<name>
-    d = {**{k: v for k, v in raw.items() if k != "base"}, "name": name, "train": raw.get("base") or {},
+    # the config's own data_dir/base_dir when the spec names none, resolved here as a user's would be (a run's
+    # kernel works in its run folder, where a relative default would name nothing)
+    train = {**{k: getattr(TrainConfig, k) for k in ("data_dir", "base_dir")}, **(raw.get("base") or {})}
+    d = {**{k: v for k, v in raw.items() if k != "base"}, "name": name, "train": train,
          "data": {"kind": "fields"}, "base": {"kind": "fields"}}
     spec = spec_from_dict(d, where=path)
     if check_paths:
