@@ -273,11 +273,11 @@ def cmd_status(a):
 def cmd_sweep(a):
     """``zfree sweep``: run a YAML sweep spec on the local pool or through submitit (with
     ``--sbatch-test-only`` only ask the scheduler whether it accepts the job options), then its report
-    unless ``--no-report``. Returns 1 if a point failed (each printed to stderr), else 0. Raises
+    unless ``--no-report`` (none when every point failed). Returns 1 if a point failed (each printed to stderr,
+    every point included), else 0. Raises
     ConfigError for a device of a local point that this machine does not have."""
     # lazy: as in cmd_study
     from zfree_lab.experiment.executor import make_executor
-    from zfree_lab.experiment.render import render_report
     from zfree_lab.experiment.sweeps import load_spec, run_sweep
     from zfree_lab.run.locks import STUDY_MARKS, claim_folder
 
@@ -294,12 +294,10 @@ def cmd_sweep(a):
         return _sbatch_check(opts, out / "submitit")
     ex = make_executor(kind, a.workers or spec.workers, folder=out / "submitit", **(opts if kind == "submitit" else {}))
     try:
-        statuses = run_sweep(spec, out, executor=ex)
+        statuses = run_sweep(spec, out, executor=ex, render=not a.no_report)  # report.html unless no point finished
     finally:
         ex.shutdown()
     failed = [s for s in statuses if s["status"] == "failed"]
-    if not a.no_report:
-        print(render_report(out, progress=True))
     print(f"sweep {spec.name!r}: {len(statuses) - len(failed)}/{len(statuses)} runs ok in {out}")
     return _report_failures([(f["run_id"], out.resolve() / "runs" / f["run_id"] / "error.json") for f in failed],
                             logs={f["run_id"]: f["log"] for f in failed if f.get("log")},

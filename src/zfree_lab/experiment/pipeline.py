@@ -198,7 +198,7 @@ def _save_plan(out: Path, saved: dict | None, extending: bool, request: dict, sp
 def run_experiment(spec: ExperimentSpec, out_dir: Path | str, *, retrain_base: bool = False,
                    workers: int | None = None, executor: Executor | None = None, progress: bool = True,
                    render: bool = True, estimate: bool = False, budget_s: float | None = None,
-                   started: float | None = None) -> ExperimentResult:
+                   started: float | None = None, kind: str = "study") -> ExperimentResult:
     """Run ``spec`` end to end into ``out_dir`` (module docstring): out_dir/{base/, runs/<id>/,
     summary.csv, notes.json (real text), report.ipynb, report.html}. Finished runs are skipped;
     failed runs are printed (one line each, naming their error.json) and do not stop the others.
@@ -250,20 +250,23 @@ def run_experiment(spec: ExperimentSpec, out_dir: Path | str, *, retrain_base: b
         if executor is None:
             ex.shutdown()
         clock.done("grid", points=dict(Counter(str(s.get("status")) for s in statuses)))  # an interrupt too
-    return _finish(spec.name, out, len(points), statuses, clock, t0, progress=progress, render=render)
+    return _finish(spec.name, out, len(points), statuses, clock, t0, progress=progress, render=render, kind=kind)
 
 
 def _finish(name: str, out: Path, n_points: int, statuses: list[dict], clock: PhaseClock, t0: float, *,
-            progress: bool, render: bool) -> ExperimentResult:
-    """After the grid: the tables, the failures printed, report.html (``render``), the closing lines."""
+            progress: bool, render: bool, kind: str = "study") -> ExperimentResult:
+    """After the grid: the tables, the failures printed, report.html (``render``; none when no run finished:
+    there is nothing to report, and the failures say why), the closing lines (``kind``: study or sweep)."""
     n = _summary(out)
     print_failures(statuses, out / "runs")
-    html = render_report(out, progress=progress, aggregated=True) if render else None
+    nothing = bool(statuses) and all(s.get("status") == "failed" for s in statuses)  # every point failed
+    html = render_report(out, progress=progress, aggregated=True) if render and not nothing else None
     clock.done("report", finished=True)
     if progress:
         also = given_line(count_runs(out / "runs")) if n_points > n else ""
-        shown = html if render else f"not rendered (`zfree report {shlex.quote(str(out))}` renders it)"
-        print(f"study {name!r}: {n} runs{also} in {out} ({time.time() - t0:.0f} s); report: {shown}")
+        shown = (html if html else "not rendered: no run finished" if render else
+                 f"not rendered (`zfree report {shlex.quote(str(out))}` renders it)")
+        print(f"{kind} {name!r}: {n} runs{also} in {out} ({time.time() - t0:.0f} s); report: {shown}")
     if progress:
         print(disk_line(out), flush=True)
     return ExperimentResult(out, statuses, html, n)

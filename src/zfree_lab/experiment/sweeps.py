@@ -80,9 +80,9 @@ def load_spec(path: Path | str, check_paths: bool = True) -> ExperimentSpec:
 
 
 def run_sweep(spec: ExperimentSpec | Path | str, out_dir: Path | str, *, executor: Executor | None = None,
-              workers: int | None = None, progress: bool = True) -> list[dict]:
+              workers: int | None = None, progress: bool = True, render: bool = False) -> list[dict]:
     """Run a spec into ``out_dir/runs/<run_id>/`` (finished points skipped), then write the tidy
-    tables (``aggregate``): ``run_experiment`` without a report. ``out_dir/spec.json`` records the
+    tables (``aggregate``) and, with ``render``, report.html (``run_experiment``; not when no point finished). ``out_dir/spec.json`` records the
     expanded spec. Raises ``LockHeldError`` when another process runs a sweep in ``out_dir``."""
     spec = spec if isinstance(spec, ExperimentSpec) else load_spec(spec)
     out = Path(out_dir).resolve()
@@ -91,4 +91,5 @@ def run_sweep(spec: ExperimentSpec | Path | str, out_dir: Path | str, *, executo
         atomic_write_json(out / "spec.json", {"name": spec.name, "description": spec.description,
                                               "base": spec.train, "grid": spec.grid,
                                               "run_ids": [p.run_id for p in spec.points()]})
-        return run_experiment(spec, out, executor=executor, workers=workers, progress=progress, render=False).statuses
+        return run_experiment(spec, out, executor=executor, workers=workers, progress=progress, render=render,
+                              kind="sweep").statuses
