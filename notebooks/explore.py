@@ -25,7 +25,7 @@
 # `interactive = False`, which shows the study's runs and skips the widgets.
 
 # %% tags=["parameters"]
-sweep_dir = None  # a study or sweep folder; None: $ZFREE_STUDY (make lab STUDY=DIR), else the newest under runs/
+sweep_dir = None  # a study or sweep folder; None: $ZFREE_STUDY (which make lab STUDY sets), else the newest under runs/
 interactive = True  # False: no widgets (batch runs)
 steps = 50  # for runs launched from the panel
 workers = 2

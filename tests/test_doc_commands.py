@@ -12,6 +12,8 @@ whitespace collapsed), with how it is checked:
   the shipped benchmark's validation rows as the pairs, and the cost fields of ``TINY_SET`` appended
   (``--set``: the command's own options are kept);
 - ``slow``: a slow-tier test named in the entry runs it (on a tiny model where the page's is large);
+- ``e2e``: the e2e tier (``make test-e2e``, which CI runs) runs it as shown, in a folder whose ``runs/study-smoke``
+  is a tiny finished sweep (``test_the_papermill_batch_commands_run_as_shown``);
 - ``skip``: not run, for the reason given; the files it names must exist and its spec must load.
 
 A command the table does not mark fails ``test_every_documented_command_is_marked``: a new command
@@ -22,6 +24,7 @@ by ``tests/test_docs.py::test_every_zfree_command_in_the_docs_and_readme_parses`
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import shutil
@@ -59,6 +62,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     'make lab LAB_ARGS="--port=9999"': ("make -n", ""),
     "ssh -N -L 8888:127.0.0.1:8888 USER@HOST": ("skip", "an SSH tunnel to the reader's own remote host"),
     "zfree lab runs/study-smoke --no-browser": ("print-only", ""),
+    "mkdir -p runs/nb": ("e2e", ""),
+    ".venv/bin/papermill notebooks/rate_distortion.ipynb runs/nb/rate_distortion.ipynb -p sweep_dir runs/study-smoke":
+        ("e2e", ""),
+    ".venv/bin/papermill notebooks/explore.ipynb runs/nb/explore.ipynb -p sweep_dir runs/study-smoke -p interactive "
+    "False": ("e2e", ""),
+    ".venv/bin/jupyter nbconvert --to html runs/nb/rate_distortion.ipynb": ("e2e", ""),
     # docs/tutorials/own-model.md
     ".venv/bin/zfree study --model MODEL --data pairs.jsonl --out runs/own":
         ("skip", "the own grid sized to its 20-minute budget; the own_smoke and spec studies run the same pipeline"),
@@ -123,7 +132,7 @@ def test_every_documented_command_is_marked():
     stale = sorted(set(COMMANDS) - shown)
     assert not stale, f"COMMANDS entries no page shows any more: {stale}"
     for command, (how, why) in COMMANDS.items():
-        assert how in ("make -n", "print-only", "tiny", "slow", "skip"), command
+        assert how in ("make -n", "print-only", "tiny", "slow", "skip", "e2e"), command
         assert how not in ("slow", "skip") or why, f"{command}: a slow or skipped command says why"
 
 
@@ -247,3 +256,33 @@ def test_the_own_study_spec_command_runs_on_a_tiny_model(tmp_path, monkeypatch):
     cheap = TINY_SET + ["--set", "hard_em_max_steps=1", "--no-estimate", "--workers", "2"]
     assert main(args + cheap) == 0
     assert (out / "report.html").is_file()
+
+
+@pytest.mark.e2e  # three papermill/nbconvert processes (~1 min): CI's test-e2e tier
+def test_the_papermill_batch_commands_run_as_shown(tmp_path_factory, tmp_path):
+    """The JupyterLab tutorial's batch commands, word for word, from a folder laid out as the clone's root: its
+    notebooks/ and .venv/bin (links to this clone's), and runs/study-smoke a tiny finished sweep. Each exits 0;
+    explore run with ``interactive False`` shows the run table and no widget; nbconvert writes the HTML."""
+    import sys
+
+    from tests.tiny_sweep import make_tiny_sweep
+
+    sweep = make_tiny_sweep(tmp_path_factory)
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "study-smoke").symlink_to(sweep, target_is_directory=True)
+    (tmp_path / "notebooks").symlink_to(ROOT / "notebooks", target_is_directory=True)
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+    for tool in ("papermill", "jupyter"):
+        (tmp_path / ".venv" / "bin" / tool).symlink_to(Path(sys.executable).parent / tool)
+    batch = [c for _, c in documented_commands() if COMMANDS.get(c, ("",))[0] == "e2e"]
+    assert len(batch) == 4
+    for command in batch:  # in the page's order
+        done = subprocess.run(_words(command), cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                              env={**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"})
+        assert done.returncode == 0, (command, done.stderr[-2000:])
+        assert "Passed unknown parameter" not in done.stderr, command
+    html = (tmp_path / "runs" / "nb" / "rate_distortion.html").read_text(encoding="utf-8")
+    assert "image/png" in html
+    explore = (tmp_path / "runs" / "nb" / "explore.ipynb").read_text(encoding="utf-8")
+    assert "application/vnd.jupyter.widget-view+json" not in explore and "<table" in explore
+    assert all(run.name in explore for run in (sweep / "runs").iterdir())  # the run table: every run

@@ -174,3 +174,16 @@ def test_the_report_notebooks_imports_load_neither_torch_nor_transformers():
     code = "\n".join([*lines, "import sys", "print('HEAVY', sorted(m for m in ('torch', 'transformers') if m in sys.modules))"])
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "HEAVY []" in r.stdout, r.stdout + r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in NOTEBOOKS.glob("*.ipynb")))
+def test_papermill_reads_every_parameter_of_every_notebook(name):
+    """`papermill NB OUT -p NAME VALUE` and `papermill --help-notebook` know a parameter only where papermill parses
+    its line: an `=` inside the comment (explore's `(make lab STUDY=DIR)`) dropped `sweep_dir` with a warning, and
+    papermill then injected it as an "unknown parameter"."""
+    import ast
+
+    nb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
+    (cell,) = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    assigned = [t.id for node in ast.parse(cell.source).body if isinstance(node, ast.Assign) for t in node.targets]
+    assert assigned and list(pm.inspect_notebook(str(NOTEBOOKS / f"{name}.ipynb"))) == assigned
