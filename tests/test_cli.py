@@ -160,3 +160,34 @@ def test_zfree_lab_refuses_a_folder_inside_the_installation_and_a_study_that_is_
     assert err.startswith("zfree: error: ") and err.count("\n") == 1, err
     assert not (Path(zfree.__file__).parent / "lab").exists() and not (lab_home / "zfree-lab").exists()
     assert not (Path(zfree_lab.__file__).parent / "lab").exists()
+
+
+def test_train_fields_lists_every_flat_field_with_its_default_what_unknown_field_errors_point_to(capsys):
+    """An unknown field's error pointed to docs/reference/config.md, which a clone holds without the list (`make
+    docs` generates it): it now points to `zfree train --fields`, which lists every field the config takes."""
+    import json
+
+    from zfree.config import TrainConfig
+
+    assert main(["train", "--fields"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    defaults = TrainConfig().to_flat()
+    assert [ln.split(" = ")[0] for ln in lines] == TrainConfig.flat_fields() == list(defaults)
+    for ln in lines:
+        name, rest = ln.split(" = ", 1)
+        value, section = rest.rsplit("  # ", 1)
+        assert json.loads(value) == defaults[name] and section in ("paths", "objective", "model", "optim", "aid")
+    assert lines[0] == 'data_dir = "data/synth/default"  # paths'
+
+
+def test_a_closed_stdout_ends_the_command_without_a_traceback(tmp_path):
+    """`zfree train --fields | head -1`: the reader leaves, the write fails; the shell's SIGPIPE status, no
+    traceback on stderr."""
+    import subprocess
+    import sys
+
+    code = "import sys; from zfree_lab.cli import main; sys.exit(main(['train', '--fields']))"
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()  # the reader is gone before the command writes
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == 141 and "Traceback" not in err and "BrokenPipe" not in err, err

@@ -200,7 +200,7 @@ def test_unknown_fields_name_the_closest_known_one():
 
     msg = unknown_fields_message(["betaa", "zzqq"], TrainConfig.flat_fields())
     assert msg.startswith("unknown config fields 'betaa' (did you mean 'beta'?), 'zzqq' (no field has a close name); "
-                          f"the {len(TrainConfig.flat_fields())} fields are listed")
+                          f"`zfree train --fields` lists the {len(TrainConfig.flat_fields())} fields")
     assert "lr_new" not in msg
 
 

@@ -82,6 +82,13 @@ def test_a_spec_naming_no_data_or_base_runs_on_the_shipped_benchmark_from_any_fo
     assert {pt.params["data_dir"] for pt in spec.points()} == {str((tmp_path / "data/synth/mine").resolve())}
 
 
+def test_a_misspelt_grid_axis_names_the_closest_field_not_all_of_them(tmp_path):
+    with pytest.raises(ValueError, match=r"grid\.betta: unknown config field 'betta' \(did you mean 'beta'\?\); "
+                                         r"`zfree train --fields` lists the \d+ fields") as e:
+        load_spec(_write(tmp_path, {"grid": {"betta": [0.1, 1.0]}}), check_paths=False)
+    assert "lr_new" not in str(e.value)
+
+
 def test_dict_axes_and_ranges_expand(tmp_path):
     spec = load_spec(_write(tmp_path, {"grid": {"objective": [{"weighting": "plain"},
                                                               {"weighting": "example", "epsilon": 0.1}],

@@ -86,7 +86,7 @@ def unknown_fields_message(unknown: list[str], known) -> str:
         return f"{name!r} (did you mean {close[0]!r}?)" if close else f"{name!r} (no field has a close name)"
 
     return (f"unknown config field{'s' if len(unknown) > 1 else ''} {', '.join(guess(n) for n in unknown)}; "
-            f"the {len(known)} fields are listed in the config reference (docs/reference/config.md)")
+            f"`zfree train --fields` lists the {len(known)} fields")
 
 
 def with_default_epsilon(overrides: dict[str, Any], base: dict[str, Any] | None = None) -> dict[str, Any]:

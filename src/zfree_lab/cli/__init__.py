@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import errno
+import os
 import signal
 import sys
 
@@ -88,6 +89,9 @@ def main(argv=None) -> int:
         line, code = _interrupt_line(e, args.cmd)
         print(line, file=sys.stderr, flush=True)
         return code
+    except BrokenPipeError:  # stdout's reader left (`zfree train --fields | head`): no traceback, the shell's code
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush does not raise again
+        return 128 + 13  # SIGPIPE
     except Exception as e:  # noqa: BLE001 - expected errors become one line, the rest re-raise
         if not is_expected(e):
             raise

@@ -103,6 +103,9 @@ def cmd_train(a):
     metric as JSON with ``--json``, else ``run_brief``'s lines). Raises ValueError for missing or conflicting
     options, FileNotFoundError for a missing config, ConfigError
     naming the config for a bad field or an unavailable device, each before torch is imported."""
+    if a.fields:
+        print(field_listing())
+        return 0
     if a.model or a.data:
         return cmd_train_own(a)
     if a.resume:
@@ -144,6 +147,16 @@ def _set_overrides(assignments: list[str] | None) -> dict:
     """The ``--set FIELD=VALUE`` options as ``{field: typed value}`` (typed by each field's declaration:
     steps=true is refused); ConfigError naming an unknown field with the closest known one. Light: no torch."""
     return dict(parse_assignment(kv) for kv in assignments or [])
+
+
+def field_listing() -> str:
+    """``zfree train --fields``: one line per flat config field, ``name = default  # section``, in the config's
+    order (the paths, then objective, model, optim, aid): what an unknown-field error points to."""
+    defaults, lines = TrainConfig().to_flat(), []
+    for section, cls in {"paths": None, **TrainConfig._SUB}.items():
+        names = ("data_dir", "base_dir") if cls is None else [f.name for f in fields(cls)]
+        lines += [f"{n} = {json.dumps(defaults[n])}  # {section}" for n in names]
+    return "\n".join(lines)
 
 
 def cmd_train_own(a):

@@ -145,6 +145,8 @@ def _add_train(sub) -> None:
     t.add_argument("--val", help="own validation JSONL (default: split from --data)")
     t.add_argument("--json", action="store_true",
                    help="print every metric of the summary as JSON (default: a few lines: D, rate, z's use)")
+    t.add_argument("--fields", action="store_true",
+                   help="list every config field (what --set, a config file and a spec's base/grid set) and exit")
     t.set_defaults(func=cmd_train)
 
 

@@ -49,7 +49,7 @@ from typing import Any, get_args
 
 import numpy as np
 
-from zfree.config import BaseTrainConfig, TrainConfig, parse_field_value
+from zfree.config import BaseTrainConfig, TrainConfig, parse_field_value, unknown_fields_message
 from zfree.core.errors import ConfigError
 from zfree.core.io import read_yaml
 from zfree.core.paths import ROOT, ROOT_PREFIX, check_name_length, resolve_given
@@ -130,8 +130,8 @@ def _grid(grid: Any, train: dict[str, Any]) -> dict[str, list[Any]]:
         name = str(name)
         values = axis_values(name, v)
         if name not in _defaults() and not all(isinstance(x, dict) for x in values):
-            raise ConfigError(f"grid.{name} is not a config field (valid: {sorted(_defaults())}); "
-                              "an axis of another name must list dicts of fields")
+            raise ConfigError(f"grid.{name}: {unknown_fields_message([name], _defaults())}; an axis of another "
+                              "name must list dicts of fields")
         out[name] = [expand_fields(f"grid.{name}", x, train) if isinstance(x, dict) else _typed(name, x)
                      for x in values]
     return out
