@@ -31,6 +31,7 @@ Issue 22, item 3 (refusals with one line naming the field):
 | own spec aids: [hard_em_then_soft] / a typo      | test_unknown_grid_aid_is_refused_listing_the_valid_ones   |
 | --out "" (an unset $OUT), any empty path option  | test_empty_out_or_path_is_refused_naming_the_option,      |
 |                                                  | test_empty_out_dir_is_refused_by_the_python_api_too       |
+| --out / --resume / a study folder that is a file | test_an_output_folder_that_is_a_file_is_refused_naming... |
 | --preset with --spec                             | test_preset_with_spec_is_refused                          |
 | !!python/object/apply in an own / sweep spec     | test_yaml_tags_in_an_own_spec_are_refused_naming_file_..., |
 |                                                  | test_yaml_tags_in_a_sweep_spec_are_refused_the_same_way   |
@@ -285,6 +286,24 @@ def test_empty_out_or_path_is_refused_naming_the_option(tmp_path, capsys, monkey
     flag = argv[argv.index("") - 1] if "" in argv else "--out"
     assert f"zfree: error: {flag} is empty" in one_error_line(capsys)
     assert not calls and not list(tmp_path.iterdir())  # nothing written into the current folder
+
+
+@pytest.mark.parametrize("argv", [
+    ["score", "--model", "m", "--data", "d.jsonl", "--out", "afile"],
+    ["study", "--preset", "smoke", "--out", "afile"],
+    ["train", "--config", "c.json", "--out", "afile"],
+    ["train", "--resume", "afile"],
+    ["report", "afile"],
+])
+def test_an_output_folder_that_is_a_file_is_refused_naming_the_option(tmp_path, capsys, monkeypatch, argv):
+    """`zfree score --out FILE` said "[Errno 17] File exists: 'FILE'" after loading the model and scoring."""
+    calls = _no_study(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("mine\n")
+    assert main(argv) == 2
+    flag = argv[argv.index("afile") - 1] if argv[0] != "report" else "study_dir"
+    assert f"zfree: error: {flag} afile: a file, not a folder" in one_error_line(capsys)
+    assert not calls and (tmp_path / "afile").read_text() == "mine\n"
 
 
 def test_empty_out_dir_is_refused_by_the_python_api_too(tiny, tmp_path, monkeypatch):

@@ -42,7 +42,7 @@ def check_path_args(args) -> None:
     1. the form of every path given: empty (``--out ""``, as an unset ``$OUT`` gives: it would write
        into the current folder), a name longer than the file system takes, an output folder inside the
        installed package;
-    2. what the paths name: a JSONL file of pairs (``JSONL_ARGS``) that does not exist, is a folder or
+    2. what the paths name: an output or run folder that is a file; a JSONL file of pairs (``JSONL_ARGS``) that does not exist, is a folder or
        is a device (/dev/zero), pipe or socket; a ``--model`` path that does not exist and is not an
        ``owner/name`` hub id (``zfree.core.paths.looks_like_hub_id``), or that exists and is no model
        source (``zfree.core.paths.model_source``: a folder with neither config.json nor one .gguf file, a
@@ -68,6 +68,8 @@ def check_path_args(args) -> None:
             if not path.is_file():
                 raise ConfigError(f"{flag} {value}: not a regular file (a device, pipe or socket, read without "
                                   f"end): give one JSONL file of pairs")
+        if dest in ("out", "resume", "study_dir") and path.exists() and not path.is_dir():
+            raise ConfigError(f"{flag} {value}: a file, not a folder: give a folder (new, or one zfree wrote)")
         if dest == "model" and not path.exists() and not looks_like_hub_id(str(value)):
             raise ConfigError(_missing_model_line(flag, value))
         if dest == "model" and path.exists():
