@@ -286,3 +286,18 @@ def test_a_progress_file_written_after_now_was_read_is_not_dated_in_the_future(s
     st = study_status(study, now=prog.stat().st_mtime - 41.0)
     assert st["runs"][2]["age_s"] == 0.0 and "last written 0 min 00 s ago" in format_status(st)
     assert _dur(-41) == "0 min 00 s" and _dur(61) == "1 min 01 s"
+
+
+def test_a_study_whose_runs_all_ended_says_how_many_failed_not_that_every_run_is_done(study):
+    """A sweep whose every point failed read "study process: none (every run is done)": failed runs are ended,
+    not done, and the same command retries them."""
+    runs = study / "runs"
+    for rid in ("distribution_beta0.3_cccc", "oracle-x_dddd"):
+        (runs / rid / "progress.json").unlink(missing_ok=True)
+        atomic_write_json(runs / rid / "summary.json", {"wall_s": 100.0})
+    text = format_status(study_status(study))
+    assert ("study process: none (every run ended: 3 finished, 1 failed; the same command again retries the failed "
+            "ones)") in text and "every run is done" not in text
+    (runs / "control_plain_bbbb" / "error.json").unlink()
+    atomic_write_json(runs / "control_plain_bbbb" / "summary.json", {"wall_s": 100.0})
+    assert "study process: none (every run is done)" in format_status(study_status(study))

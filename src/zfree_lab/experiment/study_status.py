@@ -223,6 +223,9 @@ def _process_line(st: dict[str, Any]) -> str:
         return f"study process: pid {p['pid']}{where}, since {p.get('since', '?')}"
     if c["waiting"] or c["running"] or st.get("preparing"):
         return "study process: none running — `zfree study` with the same arguments resumes the study"
+    if c["failed"]:  # a rerun tries the failed runs again
+        return (f"study process: none (every run ended: {c['finished']} finished, {c['failed']} failed; the same "
+                "command again retries the failed ones)")
     return "study process: none (every run is done)"
 
 
