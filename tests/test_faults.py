@@ -306,6 +306,12 @@ def test_an_output_folder_that_is_a_file_is_refused_naming_the_option(tmp_path, 
     assert not calls and (tmp_path / "afile").read_text() == "mine\n"
 
 
+def test_a_report_of_a_folder_that_does_not_exist_says_so(tmp_path, capsys):
+    assert main(["report", str(tmp_path / "nope")]) == 2
+    assert f"zfree: error: {tmp_path / 'nope'}: no such folder: give a study or sweep folder" in one_error_line(capsys)
+    assert not (tmp_path / "nope").exists()
+
+
 def test_empty_out_dir_is_refused_by_the_python_api_too(tiny, tmp_path, monkeypatch):
     from zfree_lab.experiment.pipeline import run_experiment
     from zfree_lab.experiment.study import PRESETS

@@ -36,6 +36,13 @@ def test_a_metric_the_run_did_not_compute_reads_as_a_dash_not_nan():
     assert "nan" not in text.lower() and "D – nats/token" in text and "z's use unknown" in text
 
 
+def test_a_readout_of_float_noise_below_zero_prints_without_a_minus_sign():
+    """A collapsed run's readouts are float noise around 0: "another row's z costs -0.0000 nats/example" read as a
+    negative cost; one that rounds to a real negative keeps its sign."""
+    text = "\n".join(run_brief({**SUMMARY, "readout/use_shuffled": -3e-6, "readout/use_prior": -0.004}, "r"))
+    assert "another row's z costs 0.0000 nats/example, z from the prior -0.0040" in text and "-0.0000" not in text
+
+
 @pytest.mark.parametrize("measured, predicted, says", [
     (0.9, 0.8, "z switched on, as theory predicts"), (0.9, 0.1, "z switched on, where theory predicts no use"),
     (0.0, 0.9, "z unused (collapsed), where theory predicts use"), (0.6, math.nan, "z switched on"),

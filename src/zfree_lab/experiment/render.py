@@ -149,6 +149,8 @@ def render_report(study_dir: Path | str, notebook: Path | str | None = None, pro
     nbformat = import_nbformat()  # lazy: as in _combined_report
 
     study_dir = Path(study_dir).resolve()
+    if not study_dir.exists():
+        raise FileNotFoundError(f"{study_dir}: no such folder: give a study or sweep folder")
     if not (study_dir / "runs").is_dir():
         raise FileNotFoundError(f"{study_dir} has no runs/ folder: not a study or sweep folder")
     check_reportable(study_dir)

@@ -22,7 +22,10 @@ def _num(summary: Mapping[str, Any], key: str) -> float:
 
 
 def _f(v: float, digits: int = 3) -> str:
-    return "–" if math.isnan(v) else f"{v:.{digits}f}"
+    if math.isnan(v):
+        return "–"
+    out = f"{v:.{digits}f}"
+    return out[1:] if out.startswith("-") and float(out) == 0 else out  # -0.0000: a rounded float noise's sign
 
 
 def _pct(v: float) -> str:
