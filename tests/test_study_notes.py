@@ -32,7 +32,8 @@ def test_label_notes_on_a_partly_labelled_list(tmp_path):
 def test_label_notes_unlabelled_rows_and_a_benchmark_with_strategies(tmp_path):
     bare = [Pair("a", "1", "1"), Pair("b", "2", "2")]
     notes = label_notes(bare, tmp_path)
-    assert notes[0].startswith("label 'strategy': absent;")
+    assert notes[0].startswith("label 'strategy': absent (a row's optional top-level `strategy`: the generating "
+                               "strategy, which the synthetic benchmark knows and own data rarely has); ")
     assert "labels: none in the val rows; structure/<metric>/<label> is skipped" in notes
     (tmp_path / "metadata.json").write_text(json.dumps({"parameters": {"strategies": ["copy", "reverse"]}}))
     full = [Pair("a", "1", "1", strategy="copy", labels={"k": 1}), Pair("b", "2", "2", strategy="reverse", labels={"k": 2})]

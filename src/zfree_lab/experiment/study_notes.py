@@ -31,8 +31,9 @@ def label_notes(pairs: list[Pair], data_dir: Path, *, oracles: bool = False) -> 
     n = len(pairs)
     n_strat = sum(p.strategy is not None for p in pairs)
     if n_strat < n:
-        notes.append(f"label 'strategy': {'absent' if n_strat == 0 else f'on {n_strat} of {n} rows only'}; "
-                     "structure/alignment_nmi, hungarian_accuracy, probe_accuracy, z_control_accuracy and the "
+        what = ("absent (a row's optional top-level `strategy`: the generating strategy, which the synthetic benchmark "
+                "knows and own data rarely has)" if n_strat == 0 else f"on {n_strat} of {n} rows only")
+        notes.append(f"label 'strategy': {what}; structure/alignment_nmi, hungarian_accuracy, probe_accuracy, z_control_accuracy and the "
                      "m = 1 confusion from 'strategy' are skipped (NaN)")
     keys = sorted({k for p in pairs for k in (p.labels or {})})
     for k in keys:
