@@ -301,3 +301,21 @@ def test_a_study_whose_runs_all_ended_says_how_many_failed_not_that_every_run_is
     (runs / "control_plain_bbbb" / "error.json").unlink()
     atomic_write_json(runs / "control_plain_bbbb" / "summary.json", {"wall_s": 100.0})
     assert "study process: none (every run is done)" in format_status(study_status(study))
+
+
+def test_the_time_left_is_over_the_runs_training_at_once_where_a_resume_took_more_workers_than_the_plan(study):
+    """A study planned at 1 worker (its estimate's memory plan) and resumed with `--workers 2` trains 2 runs at once:
+    `zfree status` said "on 1 worker(s)" and twice the time left."""
+    from zfree_lab.run.locks import run_folder_lock
+
+    plan = json.loads((study / "plan.json").read_text())
+    atomic_write_json(study / "plan.json", {**plan, "workers": 1})
+    runs = study / "runs"
+    one = study_status(study)
+    assert one["workers"] == 1
+    with run_folder_lock(runs, "runs folder"), run_folder_lock(runs / "distribution_beta0.3_cccc"), \
+            run_folder_lock(runs / "oracle-x_dddd"):
+        st = study_status(study)
+        text = format_status(st)
+    assert st["workers"] == 2 and " on 2 worker(s) " in text
+    assert st["remaining_s"] < one["remaining_s"]

@@ -6,7 +6,7 @@ finished, what is running (its step, phase and when it last wrote), what failed 
 how far the base's fine-tune got (``base_ft.checkpoint``, ``zfree_lab.run.base_checkpoint``), and about
 how long the rest takes: the finished runs' median whole time (``executor.RUN_TIME``: the kernel's start
 and loading included; else the plan's estimate) per run
-waiting, over the plan's workers, with the share of it the training steps took (the rest is loading,
+waiting, over the plan's workers (or the runs training at once, where more), with the share of it the training steps took (the rest is loading,
 evaluations and outputs, which on a real model can be most of a run: fewer ``eval_rows`` shorten it).
 A run is finished by ``executor.is_finished``, the rule the study itself skips runs by. Whether the study and each running run still have a live process is read from
 their lock files (``locks.lock_owner``: the holder's pid, checked on this host), so a run at its final
@@ -162,14 +162,16 @@ def study_status(study: Path | str, now: float | None = None, metrics: bool = Fa
     ft_left = ((ft["steps"] - ft["step"]) * ft["s_per_step"]
                if ft and ft["state"] == "running" and ft.get("steps") and ft.get("s_per_step") else 0.0)
     process = lock_owner(runs_dir) or lock_owner(study)
+    # a resumed study takes the --workers it is given, not the plan's: the runs training at once say how many
+    live = sum(r["state"] == "running" and r.get("alive") is True for r in runs) if process else 0
     return {"study": str(study), "made": (plan or {}).get("made"), "preparing": plan is None and not runs,
             "process": process,
             "runs": runs, "counts": counts,
-            "finetune": ft, "workers": workers, "per_run_s": per_run,
+            "finetune": ft, "workers": max(workers, live), "per_run_s": per_run,
             "per_run_from": (f"the median of {len(walls)} finished run{'s' * (len(walls) > 1)}" if walls
                              else "the plan's estimate" if per_run else None),
             "train_share": share,
-            "remaining_s": None if per_run is None else ft_left + left * per_run / workers}
+            "remaining_s": None if per_run is None else ft_left + left * per_run / max(workers, live)}
 
 
 def train_share(runs: list[dict[str, Any]]) -> float | None:
