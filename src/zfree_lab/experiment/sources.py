@@ -169,9 +169,9 @@ def _check_val_rows(split: Split, data, val, n_rows: int) -> None:
     if len(split.val) >= MIN_VAL_ROWS:
         return
     if val is not None:
-        raise InputError(f"--val {val}: {len(split.val)} rows; a study needs at least {MIN_VAL_ROWS} validation rows "
+        raise InputError(f"--val {val}: {len(split.val)} rows; a study or run needs at least {MIN_VAL_ROWS} validation rows "
                          "(each number it reports is a mean over them)")
-    raise InputError(f"--data {data}: {n_rows} rows leave {len(split.val)} for validation (a fifth); a study needs "
+    raise InputError(f"--data {data}: {n_rows} rows leave {len(split.val)} for validation (a fifth); a study or run needs "
                      f"at least {MIN_VAL_ROWS} (each number it reports is a mean over them): give at least "
                      f"{5 * MIN_VAL_ROWS} rows, or a --val file of {MIN_VAL_ROWS} or more")
 
