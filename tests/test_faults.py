@@ -312,6 +312,16 @@ def test_a_report_of_a_folder_that_does_not_exist_says_so(tmp_path, capsys):
     assert not (tmp_path / "nope").exists()
 
 
+def test_a_report_of_one_runs_folder_points_to_zfree_status(tmp_path, capsys):
+    run = tmp_path / "one-run"
+    run.mkdir()
+    (run / "config.json").write_text("{}")
+    assert main(["report", str(run)]) == 2
+    line = one_error_line(capsys)
+    assert f"{run} is one run's folder (config.json, no runs/): `zfree status {run}` prints its numbers" in line
+    assert sorted(p.name for p in run.iterdir()) == ["config.json"]
+
+
 def test_empty_out_dir_is_refused_by_the_python_api_too(tiny, tmp_path, monkeypatch):
     from zfree_lab.experiment.pipeline import run_experiment
     from zfree_lab.experiment.study import PRESETS

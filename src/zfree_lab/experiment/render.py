@@ -151,6 +151,9 @@ def render_report(study_dir: Path | str, notebook: Path | str | None = None, pro
     study_dir = Path(study_dir).resolve()
     if not study_dir.exists():
         raise FileNotFoundError(f"{study_dir}: no such folder: give a study or sweep folder")
+    if not (study_dir / "runs").is_dir() and (study_dir / "config.json").is_file():  # `zfree train`'s folder
+        raise FileNotFoundError(f"{study_dir} is one run's folder (config.json, no runs/): `zfree status {study_dir}` "
+                                "prints its numbers; a report is of a study or sweep folder")
     if not (study_dir / "runs").is_dir():
         raise FileNotFoundError(f"{study_dir} has no runs/ folder: not a study or sweep folder")
     check_reportable(study_dir)
