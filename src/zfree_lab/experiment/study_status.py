@@ -164,14 +164,15 @@ def study_status(study: Path | str, now: float | None = None, metrics: bool = Fa
     process = lock_owner(runs_dir) or lock_owner(study)
     # a resumed study takes the --workers it is given, not the plan's: the runs training at once say how many
     live = sum(r["state"] == "running" and r.get("alive") is True for r in runs) if process else 0
+    in_use = max(workers, live)
     return {"study": str(study), "made": (plan or {}).get("made"), "preparing": plan is None and not runs,
             "process": process,
             "runs": runs, "counts": counts,
-            "finetune": ft, "workers": max(workers, live), "per_run_s": per_run,
+            "finetune": ft, "workers": in_use, "per_run_s": per_run,
             "per_run_from": (f"the median of {len(walls)} finished run{'s' * (len(walls) > 1)}" if walls
                              else "the plan's estimate" if per_run else None),
             "train_share": share,
-            "remaining_s": None if per_run is None else ft_left + left * per_run / max(workers, live)}
+            "remaining_s": None if per_run is None else ft_left + left * per_run / in_use}
 
 
 def train_share(runs: list[dict[str, Any]]) -> float | None:
