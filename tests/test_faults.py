@@ -542,6 +542,34 @@ def test_a_sweep_whose_every_point_fails_exits_1_with_or_without_its_report(tiny
     assert not (out / "report.html").exists()  # with --no-report it was 1 already (the test above, one point of two)
 
 
+def test_a_sweep_with_a_failed_point_renders_its_report_under_its_own_lock_and_exits_1(tiny, tmp_path, capsys,
+                                                                                          monkeypatch):
+    """One point fails, one finishes, no --no-report: the sweep renders its report while it holds its folder's lock
+    (the report's own lock on the folder refused the sweep itself: "sweep folder ... is in use by pid <its own>",
+    exit 2, on CI's SLURM tier), then exits 1 for the failure. The notebooks' execution is replaced by an empty
+    executed notebook: what is tested is the lock, not the report's content (the report tests render it)."""
+    import nbformat
+
+    from zfree_lab.experiment import render
+
+    def executed(nb, out_path, **_):
+        nbformat.write(nbformat.v4.new_notebook(), str(out_path))
+        return out_path
+
+    monkeypatch.setattr(render, "execute", executed)
+    data, base = tiny
+    bad = tmp_path / "bad_base"
+    (bad / "model").mkdir(parents=True)  # exists (the spec validates), but holds no model: that point fails
+    spec = write_spec(tmp_path, {"name": "one_fails", "base": _spec_base(data, base),
+                                 "grid": {"base_dir": [str(base), str(bad)]}, "workers": 1, "controls": False})
+    out = tmp_path / "sweep"
+    assert main(["sweep", str(spec), "--out", str(out)]) == 1
+    captured = capsys.readouterr()
+    assert "in use by" not in captured.err and "1/2 runs ok" in captured.out, captured.err[-2000:]
+    assert f"sweep 'one_fails': 1 runs" in captured.out and f"report: {out / 'report.html'}" in captured.out
+    assert (out / "report.html").is_file()
+
+
 def test_second_sweep_on_a_folder_is_refused_naming_the_pid(tiny, tmp_path):
     from zfree.core.errors import LockHeldError
     from zfree_lab.experiment.executor import run_points

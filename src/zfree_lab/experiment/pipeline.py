@@ -250,17 +250,18 @@ def run_experiment(spec: ExperimentSpec, out_dir: Path | str, *, retrain_base: b
         if executor is None:
             ex.shutdown()
         clock.done("grid", points=dict(Counter(str(s.get("status")) for s in statuses)))  # an interrupt too
-    return _finish(spec.name, out, len(points), statuses, clock, t0, progress=progress, render=render, kind=kind)
+    return _finish(spec.name, out, len(points), statuses, clock, t0, progress=progress, render=render, kind=kind,
+                   locked=spec.data.kind == "fields")  # a sweep's caller (run_sweep) holds the folder's lock
 
 
 def _finish(name: str, out: Path, n_points: int, statuses: list[dict], clock: PhaseClock, t0: float, *,
-            progress: bool, render: bool, kind: str = "study") -> ExperimentResult:
+            progress: bool, render: bool, kind: str = "study", locked: bool = False) -> ExperimentResult:
     """After the grid: the tables, the failures printed, report.html (``render``; none when no run finished:
     there is nothing to report, and the failures say why), the closing lines (``kind``: study or sweep)."""
     n = _summary(out)
     print_failures(statuses, out / "runs")
     nothing = bool(statuses) and all(s.get("status") == "failed" for s in statuses)  # every point failed
-    html = render_report(out, progress=progress, aggregated=True) if render and not nothing else None
+    html = render_report(out, progress=progress, aggregated=True, locked=locked) if render and not nothing else None
     clock.done("report", finished=True)
     if progress:
         also = given_line(count_runs(out / "runs")) if n_points > n else ""

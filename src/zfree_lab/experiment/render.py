@@ -4,6 +4,8 @@ inline, no script or stylesheet from a CDN (``OFFLINE_TEMPLATE``), so it opens t
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import errno
 import json
 import os
@@ -133,7 +135,7 @@ def check_reportable(study_dir: Path) -> None:
 
 
 def render_report(study_dir: Path | str, notebook: Path | str | None = None, progress: bool = False,
-                  aggregated: bool = False) -> Path:
+                  aggregated: bool = False, locked: bool = False) -> Path:
     """Aggregate a study or sweep folder (``zfree_lab.experiment.tables.aggregate``: runs.parquet, runs.csv,
     per_example.parquet, summary.csv), execute the report notebooks on it with papermill in one
     kernel (``REPORT_NOTEBOOKS``, or the one ``notebook``; their parameter ``sweep_dir`` set) and
@@ -145,7 +147,8 @@ def render_report(study_dir: Path | str, notebook: Path | str | None = None, pro
     disk is one line naming the folder (``full_disk_error``: FolderWriteError); the
     kernel is started outside the folder (``zfree_lab.experiment.notebook_exec``); papermill's
     progress bar with ``progress``; ``aggregated``: the caller has just written the tables (a study,
-    after its grid), so they are not written again."""
+    after its grid), so they are not written again; ``locked``: the caller holds the folder's lock (a sweep:
+    ``zfree_lab.experiment.sweeps.run_sweep``), which is then not taken again."""
     nbformat = import_nbformat()  # lazy: as in _combined_report
 
     study_dir = Path(study_dir).resolve()
@@ -174,7 +177,8 @@ def render_report(study_dir: Path | str, notebook: Path | str | None = None, pro
         parts.append(NOTEBOOKS / "labels_and_samples.ipynb")  # (with what z learned, above the confusions)
     elif notebook is None and any((study_dir / "runs").glob(f"*/{MEANING_FILE}")):
         parts.append(NOTEBOOKS / "what_z_learned.ipynb")
-    with run_folder_lock(study_dir, "study folder"):  # one report at a time: its leftovers are its own to remove
+    # one report at a time: its leftovers are its own to remove (``locked``: the caller, a sweep, holds the lock)
+    with nullcontext() if locked else run_folder_lock(study_dir, "study folder"):
         try:  # replaced only when whole and executed to the end: an interrupted or failed report keeps the last one
             out_nb = execute(_combined_report(study_dir, parts), study_dir / "report.ipynb", progress=progress,
                              keep_failed=False, save_each_cell=False)
