@@ -161,6 +161,7 @@ def test_fit_memory_fewer_workers_then_micro_batch_then_refusal():
     w, mb, _, lines = est.fit_memory(pts, PROBE, 2, limit=int(3 * est.GB / est.MEMORY_SHARE), parent=0,
                                      reprobe=lambda m: pytest.fail("no reprobe needed"))
     assert (w, mb) == (1, 0) and "1 worker" in lines[0]
+    assert "of the memory free now" in lines[0] and "with --workers 2 resumes on 2" in lines[0]  # how to take more
     small = dataclasses.replace(PROBE, peak_rss=est.GB // 2, micro_batch=2)
     w, mb, pr, lines = est.fit_memory(pts, PROBE, 2, limit=int(1.01 * est.GB / est.MEMORY_SHARE), parent=0,
                                       reprobe=lambda m: small)

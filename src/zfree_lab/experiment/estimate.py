@@ -72,7 +72,9 @@ def fit_memory(points: list[Point], pr: Probe, workers: int, limit: int, parent:
     if fit >= 1:
         w = min(workers, fit)
         return w, pr.micro_batch, pr, ([f"memory: {w} worker(s) instead of {workers} (each run peaks at "
-                                        f"{pr.peak_rss / GB:.1f} GB, {room / GB:.1f} GB to plan with)"]
+                                        f"{pr.peak_rss / GB:.1f} GB, {room / GB:.1f} GB to plan with: {MEMORY_SHARE:.0%}"
+                                        f" of the memory free now; where other processes held it, the same command "
+                                        f"with --workers {workers} resumes on {workers} once it is free)"]
                                        if w < workers else [])
     problems = {accumulation_problem(TrainConfig.from_flat(p.params)) for p in points} - {None}
     mb = max(1, pr.batch_size // 4)
