@@ -29,7 +29,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -49,7 +48,7 @@ from zfree_lab.experiment.probe import (GB, MEMORY_SHARE, PROBE_ROWS, PROBE_STEP
 from zfree_lab.experiment.spec import ExperimentSpec, Point
 
 
-@dataclass
+@dataclasses.dataclass
 class Plan:
     """What ``plan`` decided: the (possibly cut) spec, workers, the estimate and the lines said."""
     spec: ExperimentSpec
@@ -71,11 +70,10 @@ def fit_memory(points: list[Point], pr: Probe, workers: int, limit: int, parent:
     fit = 0 if pr.over else int(room // max(1, pr.peak_rss))
     if fit >= 1:
         w = min(workers, fit)
-        return w, pr.micro_batch, pr, ([f"memory: {w} worker(s) instead of {workers} (each run peaks at "
-                                        f"{pr.peak_rss / GB:.1f} GB, {room / GB:.1f} GB to plan with: {MEMORY_SHARE:.0%}"
-                                        f" of the memory free now; where other processes held it, the same command "
-                                        f"with --workers {workers} resumes on {workers} once it is free)"]
-                                       if w < workers else [])
+        said = (f"memory: {w} worker(s) instead of {workers} (each run peaks at {pr.peak_rss / GB:.1f} GB, {room / GB:.1f}"
+                f" GB to plan with: {MEMORY_SHARE:.0%} of the memory free now; where other processes held it, the same "
+                f"command with --workers {workers} resumes on {workers} once it is free)")
+        return w, pr.micro_batch, pr, [said] if w < workers else []
     problems = {accumulation_problem(TrainConfig.from_flat(p.params)) for p in points} - {None}
     mb = max(1, pr.batch_size // 4)
     if not problems and pr.batch_size > 1:
