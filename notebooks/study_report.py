@@ -9,7 +9,7 @@
 # ---
 
 # %% [markdown]
-# # zfree study report
+# # zfree report
 #
 # A conditional VAE p(y | x, z) warm-started from a strong z-free model p(y | x): does the latent
 # z get used, and where does information-preference theory say it should be? Every run below
@@ -22,7 +22,7 @@
 # uses z only when its use is measured *and* that interval lies above 0. Two further readings keep a
 # distortion gain apart from a better model: **z switched on** (inside one model, another row's z costs
 # the decoder nats) and the **net gain** (the control's D minus the CVAE's marginal NLL, the rate paid).
-# With several seeds (`zfree study --seeds 0-2`) each claim is tested over seeds, the unit of evidence.
+# With several seeds (`zfree study --seeds 0-2`, or `seeds:` in a sweep's spec) each claim is tested over seeds, the unit of evidence.
 # ρ_recon = R_val / c_eval is a ratio of means.
 
 # %% tags=["parameters"]

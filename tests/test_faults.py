@@ -505,7 +505,7 @@ def test_failing_point_exits_1_with_full_message_and_path(tiny, tmp_path, capsys
     out = tmp_path / "sweep"
     assert main(["sweep", str(spec), "--out", str(out), "--no-report"]) == 1
     captured = capsys.readouterr()
-    assert "1/2 runs ok" in captured.out
+    assert "; 1 of 2 failed (above); report: not rendered" in captured.out and "runs ok" not in captured.out
     (err_file,) = out.glob("runs/*/error.json")
     assert (err_file.parent / "train_cvae.ipynb").exists()  # failed inside its kernel: the executed notebook kept
     msg = json.loads(err_file.read_text())["error"]
@@ -538,7 +538,7 @@ def test_a_sweep_whose_every_point_fails_exits_1_with_or_without_its_report(tiny
     assert main(["sweep", str(spec), "--out", str(out)]) == 1
     captured = capsys.readouterr()
     assert "sweep 'all_fail': 0 runs" in captured.out and "report: not rendered: no run finished" in captured.out
-    assert "0/1 runs ok" in captured.out and "FAILED " in captured.err and "no finished run" not in captured.err
+    assert "; 1 of 1 failed (above); report: not rendered" in captured.out and "FAILED " in captured.err and "no finished run" not in captured.err
     assert not (out / "report.html").exists()  # with --no-report it was 1 already (the test above, one point of two)
 
 
@@ -565,7 +565,7 @@ def test_a_sweep_with_a_failed_point_renders_its_report_under_its_own_lock_and_e
     out = tmp_path / "sweep"
     assert main(["sweep", str(spec), "--out", str(out)]) == 1
     captured = capsys.readouterr()
-    assert "in use by" not in captured.err and "1/2 runs ok" in captured.out, captured.err[-2000:]
+    assert "in use by" not in captured.err and "; 1 of 2 failed (above); report: " in captured.out, captured.err[-2000:]
     assert f"sweep 'one_fails': 1 runs" in captured.out and f"report: {out / 'report.html'}" in captured.out
     assert (out / "report.html").is_file()
 

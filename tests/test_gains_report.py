@@ -341,6 +341,29 @@ def test_the_verdict_head_says_when_a_better_model_is_not_zs_doing(tmp_path):
     assert "in 1** (net gain" in both and "not z's doing" not in both
 
 
+def test_a_use_whose_interval_is_above_0_but_under_the_floor_is_said_to_be_under_it(tmp_path):
+    """A smoke study's run (1 seed): use in the model 2e-05 [8.03e-06, 3.15e-05] nats/example with 3 codes was "not
+    shown switched on" while the head's rule read "interval above 0, ≥ 2 codes": the rule's floor
+    (``zfree_lab.experiment.gains.USE_FLOOR``) is said in the head and in the run's line. Each run's line reads its
+    flags whatever bool type the frame holds."""
+    runs = _runs(tmp_path, beta_eff=[0.1, 0.2, 0.4, 0.5])
+    gains = pd.DataFrame({"run_id": ["a", "b"], "z_gain": [0.5, 0.01], "z_gain_lo": [0.2, -0.01],
+                          "z_gain_hi": [0.8, 0.03], "rate": [0.4, 0.003], "gain_share": [2.5, 0.05],
+                          "use_shuffled": [0.3, 2e-05], "use_shuffled_lo": [0.1, 8.03e-06],
+                          "use_shuffled_hi": [0.5, 3.15e-05], "z_switched_on": [True, False],
+                          "z_better_model": [True, False], "net_gain": [0.1, 0.0],
+                          "net_gain_lo": [0.05, -0.01], "net_gain_hi": [0.2, 0.01]})
+    md = G.gain_verdict_markdown(G.gain_verdicts(runs, gains, None), None)
+    assert f"interval above 0, at least {G.USE_FLOOR:g} nats/example, ≥ 2 codes" in md
+    (line,) = [ln for ln in md.splitlines() if "not shown switched on" in ln]
+    assert f"(use in the model 2e-05 [8.03e-06, 3.15e-05], under the floor of {G.USE_FLOOR:g} nats/ex)" in line
+    assert md.count("under the floor") == 1  # the switched-on run's line has no such clause
+    # numpy's bools in a column that also holds NaN (run c has no gains) were not `is True`: run a, switched on and
+    # a better model, read "z is not shown switched on" and "not shown to model y given x better"
+    assert "z is switched on: the decoder reads 0.3 nats/ex [0.1, 0.5]" in md
+    assert "the CVAE models y given x better than its control: net gain 0.1" in md
+
+
 def test_oracles_of_one_label_at_several_seeds_are_named_by_their_seed(tmp_path):
     """A 3-seed study's `complete` oracles read "complete" three times in the available-gain table and the
     oracle figure; each is named by its run's seed now ("complete, seed 0"), a single oracle by its label."""

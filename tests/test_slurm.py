@@ -117,7 +117,7 @@ def test_sweep_runs_on_slurm_fails_with_its_log_and_reruns_reusing_finished_runs
     log = jobs[failed.name]["stderr"]
     assert f"FAILED {failed.name}: " in stderr and f"job log {log}" in stderr, stderr[-3000:]
     assert Path(log).is_file()
-    assert (out / "report.html").is_file() and "1/2 runs ok" in stdout
+    assert (out / "report.html").is_file() and "; 1 of 2 failed (above); report: " in stdout and "runs ok" not in stdout
 
     summary, logs = (good / "summary.json").stat().st_mtime_ns, _logs(out)
     code, stdout, stderr = _sweep(spec, "--out", out, "--no-report")  # the same sweep again

@@ -310,8 +310,7 @@ def cmd_sweep(a):
         statuses = run_sweep(spec, out, executor=ex, render=not a.no_report)  # report.html unless no point finished
     finally:
         ex.shutdown()
-    failed = [s for s in statuses if s["status"] == "failed"]
-    print(f"sweep {spec.name!r}: {len(statuses) - len(failed)}/{len(statuses)} runs ok in {out}")
+    failed = [s for s in statuses if s["status"] == "failed"]  # run_sweep's closing line counted them
     return _report_failures([(f["run_id"], out.resolve() / "runs" / f["run_id"] / "error.json") for f in failed],
                             logs={f["run_id"]: f["log"] for f in failed if f.get("log")},
                             errors={f["run_id"]: f["error"] for f in failed})

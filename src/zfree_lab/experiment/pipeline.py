@@ -267,7 +267,9 @@ def _finish(name: str, out: Path, n_points: int, statuses: list[dict], clock: Ph
         also = given_line(count_runs(out / "runs")) if n_points > n else ""
         shown = (html if html else "not rendered: no run finished" if render else
                  f"not rendered (`zfree report {shlex.quote(str(out))}` renders it)")
-        print(f"{kind} {name!r}: {n} runs{also} in {out} ({time.time() - t0:.0f} s); report: {shown}")
+        k = sum(s.get("status") == "failed" for s in statuses)
+        failed = f"; {k} of {len(statuses)} failed (above)" if k else ""
+        print(f"{kind} {name!r}: {n} runs{also} in {out} ({time.time() - t0:.0f} s){failed}; report: {shown}")
     if progress:
         print(disk_line(out), flush=True)
     return ExperimentResult(out, statuses, html, n)

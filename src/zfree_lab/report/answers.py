@@ -12,6 +12,7 @@ from zfree_lab.experiment.gains import best_label
 from zfree_lab.report.gains_report import measured_eta
 from zfree_lab.report.plan_report import SMOKE_STEPS
 from zfree_lab.report.report import md_code
+from zfree_lab.report.seed_report import MORE_SEEDS
 
 #: runs named in a line before "and N more"
 NAMED = 4
@@ -60,7 +61,7 @@ def answers_markdown(verdicts: pd.DataFrame, oracles: pd.DataFrame | None, seeds
              "steps do, not what a recipe does; " if longest < SMOKE_STEPS else "")
     lines.append("- **Evidence:** " + smoke + (
         f"1 seed: every interval here is over the evaluated rows of that seed, not over seeds; "
-        "`zfree study ... --seeds 0-2` for a claim about a recipe." if seeds <= 1 else
+        f"{MORE_SEEDS} for a claim about a recipe." if seeds <= 1 else
         f"{seeds} seeds: the lines above count runs (one per seed and recipe); the paired test over seeds is in "
         "*Over seeds* below."))
     return "## In short\n\n" + "\n".join(lines)

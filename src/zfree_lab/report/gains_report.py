@@ -24,7 +24,7 @@ import pandas as pd
 from zfree.objective.theory import predicted_use
 from zfree_lab.run.run_config import USE_THRESHOLD
 from zfree_lab.experiment.controls import LINKS_FILE
-from zfree_lab.experiment.gains import best_label, oracle_table, run_gains
+from zfree_lab.experiment.gains import USE_FLOOR, best_label, oracle_table, run_gains
 from zfree_lab.report.oracle_names import oracle_names, with_oracle_seeds  # noqa: F401 (re-exported)
 from zfree_lab.report.report import md_code, md_text, percent, run_label, use_side
 
@@ -289,6 +289,11 @@ def _readout_cells(x: pd.Series) -> dict:
             "z switched on": x.get("z_switched_on", np.nan), "better model": x.get("z_better_model", np.nan)}
 
 
+def _true(v) -> bool:
+    """A readout flag that is True: a Python or a numpy bool (a column holding NaN keeps numpy's as objects)."""
+    return isinstance(v, (bool, np.bool_)) and bool(v)
+
+
 def _net_sentence(r: pd.Series) -> str:
     """What the readouts support for one run: z switched on (within-model use) and, separately, a better
     model of y given x (net gain, rate paid); empty for runs written before the readouts."""
@@ -296,8 +301,9 @@ def _net_sentence(r: pd.Series) -> str:
     if pd.isna(use) or pd.isna(net):
         return ""
     on = (f"z is switched on: the decoder reads {use:.3g} nats/ex {r['use 95% CI']} from it (another row's z costs that much)"
-          if r.get("z switched on") is True else f"z is not shown switched on (use in the model {use:.3g} {r['use 95% CI']})")
-    better = ("the CVAE models y given x better than its control" if r.get("better model") is True
+          if _true(r.get("z switched on")) else f"z is not shown switched on (use in the model {use:.3g} {r['use 95% CI']}"
+          + (f", under the floor of {USE_FLOOR:g} nats/ex" if use < USE_FLOOR else "") + ")")
+    better = ("the CVAE models y given x better than its control" if _true(r.get("better model"))
               else "the CVAE is not shown to model y given x better than its control")
     return f"; {on}; {better}: net gain {net:.3g} nats/ex {r['net gain 95% CI']} (marginal NLL, rate paid)"
 
@@ -313,7 +319,7 @@ def _on_and_better(verdicts: pd.DataFrame) -> str:
         whose = (f"; {'all' if both == 0 else better - both} of them with z not shown switched on: there the "
                  "better model is not z's doing")
     return (f"**z switched on in {on}** (the decoder reads y from z: another row's z costs nats, interval above 0, "
-            f"≥ 2 codes); **a better model of y given x than its control in {better}** (net gain: the control's D "
+            f"at least {USE_FLOOR:g} nats/example, ≥ 2 codes); **a better model of y given x than its control in {better}** (net gain: the control's D "
             f"minus the CVAE's marginal NLL, the rate paid, interval above 0{whose}). ")
 
 

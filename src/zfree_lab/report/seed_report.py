@@ -15,6 +15,9 @@ import pandas as pd
 from zfree_lab.experiment.seed_stats import SEED_GAINS_FILE, TOST_MARGIN, seeds_text
 from zfree_lab.report.report import md_code
 
+#: how to run more seeds, for a study or a sweep (both render this report)
+MORE_SEEDS = "`zfree study ... --seeds 0-2` (a sweep: `seeds: [0, 1, 2]` in its spec)"
+
 #: quantity -> its name in the report
 NAMES = {"z_gain": "z gain (D)", "net_gain": "net gain (marginal NLL)", "use_shuffled": "use in the model",
          "gain_minus_rate": "gain − rate"}
@@ -71,7 +74,7 @@ def seed_gains_markdown(tab: pd.DataFrame) -> str:
         if n < 2:
             lines.append(f"- {cell}: **1 seed** — z gain {r['z_gain']:.3g}, net gain "
                          f"{r.get('net_gain', np.nan):.3g} nats/example; no interval over seeds (run more seeds: "
-                         f"`zfree study --seeds 0-2`).")
+                         f"{MORE_SEEDS}).")
             continue
         g, net = (r["z_gain_t_lo"], r["z_gain_t_hi"]), (r.get("net_gain_t_lo"), r.get("net_gain_t_hi"))
         verdict = ("above 0" if g[0] > 0 else "below 0" if g[1] < 0 else "holds 0")
@@ -91,7 +94,7 @@ def seed_section(tab: pd.DataFrame | None) -> tuple[str, pd.DataFrame | None] | 
     if (tab["n_seeds"] < 2).all():
         return (head + "*Left out: every cell has **1 seed**, so there is no interval over seeds (the seeds are the "
                 "unit of evidence for a claim about a recipe); the verdicts above are within one seed. Run more "
-                "seeds: `zfree study --seeds 0-2`.*"), None
+                f"seeds: {MORE_SEEDS}.*"), None
     return (head + "Each seed trains the run and its own control on the same batches; the seeds are the replicates "
             "(95 % t-interval over seeds, a two-stage bootstrap — seeds, then rows — as a check).\n\n"
             + seed_gains_markdown(tab)), seed_gains_frame(tab)
