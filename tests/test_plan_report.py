@@ -106,7 +106,7 @@ def test_run_experiment_records_every_phase_and_the_grid_even_when_interrupted(t
     monkeypatch.setattr(PL, "_notes", lambda *a: None)
     monkeypatch.setattr(PL, "_points", lambda *a: [])
     monkeypatch.setattr(PL, "_summary", lambda *a: 0)
-    monkeypatch.setattr(PL, "render_report", lambda out, progress=True, aggregated=False: out / "report.html")
+    monkeypatch.setattr(PL, "render_report", lambda out, progress=True, aggregated=False, locked=False: out / "report.html")
     monkeypatch.setattr(PL, "run_points", lambda *a, **kw: [{"status": "finished"}, {"status": "skipped"}])
     began = PL.time.time() - 17.0  # the process started 17 s ago (zfree study passes its process's start)
     PL.run_experiment(PRESETS["smoke"], tmp_path / "s", estimate=True, progress=False, started=began)
