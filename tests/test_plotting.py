@@ -335,7 +335,7 @@ def test_training_curves_name_the_collapse_marks_and_count_whole_steps():
     fig = P.plot_training_curves({"run": df}, collapse_kl=0.05)
     fig.canvas.draw()
     texts = [t.get_text() for lg in fig.legends for t in lg.get_texts()]
-    assert "KL = 0.05: collapsed below (KL panel)" in texts and "a run's first evaluation below it (KL panel)" in texts
+    assert "KL = 0.05: collapsed below (KL panel)" in texts and "a run's first evaluation after step 0 below it (KL panel)" in texts
     ticks = [float(t.get_text().replace("−", "-")) for t in fig.axes[1].get_xticklabels() if t.get_text()]
     assert ticks and all(v == int(v) for v in ticks), ticks
 

@@ -76,7 +76,7 @@ def plot_training_curves(metrics: dict[str, pd.DataFrame], collapse_kl: float = 
                                if c.startswith("loss_contrib/fraction_abs/")))
     styles_h = [Line2D([], [], color="k", ls=LINESTYLES[j % 4], label=literal(f"{t} (top left)")) for j, t in enumerate(terms)]
     styles_h += [Line2D([], [], color="gray", lw=0.6, ls="--", label=f"KL = {collapse_kl:g}: collapsed below (KL panel)"),
-                 Line2D([], [], color="k", lw=1, ls=":", label="a run's first evaluation below it (KL panel)")]
+                 Line2D([], [], color="k", lw=1, ls=":", label="a run's first evaluation after step 0 below it (KL panel)")]
     first = fig.legend(handles=runs, loc="upper right", bbox_to_anchor=(0.62, 0.0), ncol=2, fontsize=7,
                        frameon=False, title="run (color)", title_fontsize=7)
     fig.legend(handles=styles_h, loc="upper left", bbox_to_anchor=(0.64, 0.0), ncol=1, fontsize=7, frameon=False,
