@@ -70,3 +70,9 @@ def test_a_folder_locked_again_by_the_same_process_keeps_its_first_since(tmp_pat
         with locks.run_folder_lock(folder) as lock_file:
             seen.append(json.loads(lock_file.read_text())["since"])
     assert seen == ["2026-12-07T13:39:14", "2026-12-07T13:39:14", "2026-12-07T14:29:03"]
+    # the study's runs/ folder, locked once its preparation ended, takes the study folder's time: `zfree status`,
+    # which reads the runs/ lock while the runs train, said "since" the end of the preparation (a new user's trial)
+    with locks.run_folder_lock(tmp_path / "study" / "runs", "runs folder") as lock_file:
+        assert json.loads(lock_file.read_text())["since"] == "2026-12-07T13:39:14"
+    with locks.run_folder_lock(tmp_path / "studyx", "study folder") as lock_file:  # a sibling, not inside: its own
+        assert json.loads(lock_file.read_text())["since"] == "2026-12-07T14:30:00"

@@ -22,8 +22,9 @@ from zfree.core.errors import LockHeldError
 
 LOCK_NAME = ".zfree.lock"
 #: folder -> when this process first locked it: a study locks its folder for its preparation, then again for
-#: its runs, and the lock's "since" says how long the process has worked on the folder, not the last lock
-_FIRST_LOCKED: dict[str, str] = {}
+#: its runs (and its runs/ folder), and the lock's "since" says how long the process has worked on the folder,
+#: not the last lock; a folder inside one it locked before takes that one's time
+_FIRST_LOCKED: dict[tuple[int, Path], str] = {}
 
 
 def _holder(lock_file: Path) -> str:
@@ -93,9 +94,10 @@ def run_folder_lock(path: Path | str, what: str = "run folder") -> Iterator[Path
         except BlockingIOError:
             raise LockHeldError(f"{what} {folder} is in use by {_holder(lock_file)}; "
                                 f"wait for it to finish or stop that process") from None
-        key = f"{os.getpid()}:{folder.resolve()}"  # a forked worker is another process: its own key
-        if key not in _FIRST_LOCKED:
-            _FIRST_LOCKED[key] = time.strftime("%Y-%m-%dT%H:%M:%S")
+        key = (os.getpid(), folder.resolve())  # a forked worker is another process: its own key
+        if key not in _FIRST_LOCKED:  # a folder inside one this process locked before (a study's runs/) takes its time
+            mine = [t for (pid, f), t in _FIRST_LOCKED.items() if pid == key[0] and key[1].is_relative_to(f)]
+            _FIRST_LOCKED[key] = min(mine) if mine else time.strftime("%Y-%m-%dT%H:%M:%S")
         since = _FIRST_LOCKED[key]
         info = {"pid": os.getpid(), "host": socket.gethostname(), "command": " ".join(sys.argv[:3])[:200],
                 "since": since}
