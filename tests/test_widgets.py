@@ -34,6 +34,21 @@ def test_explorer_redraws_every_figure_and_filters(sweep):
     assert "distribution" in labels and "plain" not in labels
 
 
+def test_a_redraw_says_it_is_drawing_before_the_figure_changes(sweep):
+    """A new user's explorer kept the old figure 10-40 s after the figure dropdown changed (a loaded machine), with
+    nothing saying a new one was being drawn: the status line says so first, then counts the runs shown."""
+    e = SweepExplorer(sweep)
+    said = []
+    e.status.observe(lambda ch: said.append((ch["new"], len(e.out.outputs) and e.out.outputs[0]["data"]["image/png"])),
+                     names="value")
+    before = e.out.outputs[0]["data"]["image/png"]
+    other = next(k for k in e.FIGURES if k != e.figure_kind.value)  # another figure than the one shown
+    e.figure_kind.value = other
+    drawing = [i for i, (v, _) in enumerate(said) if f"drawing the {other} figure" in v]
+    assert drawing and said[drawing[0]][1] == before  # said while the old figure is still up
+    assert said[-1][0].startswith("6 finished runs") and e.out.outputs[0]["data"]["image/png"] != before
+
+
 def test_the_figure_reaches_the_output_as_a_png_under_any_backend(sweep):
     """The tests run under MPLBACKEND=Agg, where display(fig) would show only "<Figure size ...>"."""
     import base64

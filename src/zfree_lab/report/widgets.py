@@ -164,6 +164,8 @@ class SweepExplorer:
         widget changes is held); safe from another thread (the launch panel's refresh)."""
         if self._hold:
             return
+        # said at once (a widget's value goes to the page when set): the old figure stays up while this one draws
+        self.status.value = f"<i>drawing the {self.figure_kind.value} figure…</i>"
         runs = self.filtered()
         self.figure, self.selected = (None, runs.iloc[:0]) if runs.empty else getattr(self, f"_{self.figure_kind.value}")(runs)
         n_err = len(self.results.errors)
