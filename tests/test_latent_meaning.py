@@ -471,3 +471,19 @@ def test_a_value_whose_lifts_are_zero_promotes_nothing_in_its_sentence_or_its_li
     assert "promotes 't2' (+0.60 nats, 60x)" in planted["sentence"]
     assert [t["text"] for t in planted["tokens"]] == ["t2"] and all(p["mean_lift"] > 0 for p in planted["phrases"])
     assert len(tidy[(tidy["kind"] == "ngram") & (tidy["value"] == 0)]) == 6  # the tidy table keeps every n-gram
+
+
+def test_a_value_no_row_picks_is_named_once_and_a_rare_one_by_its_count_not_as_0_percent():
+    """"What z learned" listed "value 3 (0% of rows)" for a value no row's argmax picked and for one that 1
+    of 300 rows picked: the first is named on one line with the others left unused, the second by its count."""
+    from zfree_lab.report.meaning_report import meaning_markdown
+
+    pairs = [Pair(str(i), "a b", "Short one." if i % 2 else "A longer one here.") for i in range(300)]
+    assign = np.arange(300) % 2
+    assign[7] = 2  # one row of 300 picks value 2; values 3 and 4 none
+    doc, _ = latent_meaning(assign, pairs, q=np.eye(5)[assign] * 0.9 + 0.02)
+    sentences = [v["sentence"] for v in doc["values"]]
+    assert sentences[2].startswith("value 2 (1 of 300 rows)") and sentences[0].startswith("value 0 (50% of rows)")
+    md = meaning_markdown(doc)
+    assert "- values 3, 4: no evaluated row (the posterior argmax never picks them)" in md
+    assert "value 3 &#40;0&#37; of rows" not in md and "value 2 &#40;1 of 300 rows&#41;" in md  # (md_text's escapes)

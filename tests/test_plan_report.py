@@ -325,3 +325,46 @@ def test_zfree_study_counts_its_process_start_up_in_the_budget(tmp_path, monkeyp
         monkeypatch.setattr(sys, "argv", ["zfree", *argv])  # as the `zfree` script calls it: main() reads sys.argv
         assert main() == 0
     assert [kw["started"] for kw in calls] == [psutil.Process().create_time()] * 2
+
+
+def test_the_same_command_over_a_finished_study_names_its_report_instead_of_rendering_it_again(tmp_path, monkeypatch,
+                                                                                              capsys):
+    """A rerun that trained nothing, report.html newer than every run file, base record and the report's
+    code: the report is named "up to date", not rendered again (it took 3 min on a finished study);
+    a run file written after it, a missing report or a point that trained renders it."""
+    import os
+
+    from zfree_lab.experiment import pipeline as PL
+    from zfree_lab.experiment.render import report_is_current
+
+    study = tmp_path / "s"
+    (study / "runs" / "r1").mkdir(parents=True)
+    (study / "base").mkdir()
+    for f in (study / "runs" / "r1" / "summary.json", study / "base" / "reference.json"):
+        f.write_text("{}")
+        os.utime(f, ns=(10**18, 10**18))  # long before the report below
+    rendered = []
+    monkeypatch.setattr(PL, "_summary", lambda out: 1)
+    monkeypatch.setattr(PL, "render_report", lambda out, **kw: rendered.append(out) or out / "report.html")
+    clock = T.PhaseClock(study, 0.0)
+    skipped = [{"run_id": "r1", "status": "skipped"}]
+
+    assert not report_is_current(study)  # no report yet: rendered
+    PL._finish("s", study, 1, skipped, clock, 0.0, progress=False, render=True)
+    assert rendered == [study]
+    (study / "report.html").write_text("<html/>")  # written now: after the runs and after the installed code
+    assert report_is_current(study)
+    res = PL._finish("s", study, 1, skipped, clock, 0.0, progress=True, render=True)
+    assert rendered == [study] and res.html == study / "report.html"
+    assert f"report: {study / 'report.html'} (up to date: nothing trained since it was rendered; `zfree report" \
+        in capsys.readouterr().out
+    PL._finish("s", study, 1, [{"run_id": "r1", "status": "finished"}], clock, 0.0, progress=False, render=True)
+    assert rendered == [study, study]  # a point trained: rendered whatever the times
+    later = (study / "report.html").stat().st_mtime_ns + 10**9
+    for f in (study / "base" / "reference.json", study / "runs" / "r1" / "summary.json"):
+        os.utime(f, ns=(later, later))  # a record written after the report: not current
+        assert not report_is_current(study)
+        os.utime(f, ns=(10**18, 10**18))
+    assert report_is_current(study)
+    (study / "runs" / "r1" / ".zfree.lock").write_text("pid")  # a lock file's writes are not the run's
+    assert report_is_current(study)

@@ -26,7 +26,7 @@ from zfree.core.paths import check_out_dir
 from zfree_lab.experiment.controls import LINKS_FILE, oracle_labels, with_controls
 from zfree_lab.experiment.estimate import plan
 from zfree_lab.experiment.executor import Executor, make_executor, print_failures, run_points, runs_at_once
-from zfree_lab.experiment.render import render_report
+from zfree_lab.experiment.render import render_report, report_is_current
 from zfree_lab.experiment.results import collect_runs
 from zfree_lab.experiment.sources import Prepared, prepare_base, prepare_data
 from zfree_lab.experiment.spec import ExperimentSpec, expand_grid, own_grid
@@ -261,11 +261,16 @@ def _finish(name: str, out: Path, n_points: int, statuses: list[dict], clock: Ph
     n = _summary(out)
     print_failures(statuses, out / "runs")
     nothing = bool(statuses) and all(s.get("status") == "failed" for s in statuses)  # every point failed
-    html = render_report(out, progress=progress, aggregated=True, locked=locked) if render and not nothing else None
+    # the same command over a finished study: nothing trained, report.html newer than its runs and code
+    current = (render and bool(statuses) and all(s.get("status") == "skipped" for s in statuses)
+               and report_is_current(out))
+    html = (out / "report.html" if current else
+            render_report(out, progress=progress, aggregated=True, locked=locked) if render and not nothing else None)
     clock.done("report", finished=True)
     if progress:
         also = given_line(count_runs(out / "runs")) if n_points > n else ""
-        shown = (html if html else "not rendered: no run finished" if render else
+        shown = (f"{html} (up to date: nothing trained since it was rendered; `zfree report {shlex.quote(str(out))}` "
+                 "renders it again)" if current else html if html else "not rendered: no run finished" if render else
                  f"not rendered (`zfree report {shlex.quote(str(out))}` renders it)")
         k = sum(s.get("status") == "failed" for s in statuses)
         failed = f"; {k} of {len(statuses)} failed (above)" if k else ""

@@ -23,7 +23,8 @@ def read_meaning(run_dir: Path | str) -> dict | None:
 
 
 def meaning_markdown(doc: dict) -> str:
-    """The sentences, one bullet per value, under the rule they were tested by; marked descriptive."""
+    """The sentences, one bullet per value with rows (the values with none named on one line), under the
+    rule they were tested by; marked descriptive."""
     lines = [f"*Descriptive, on {doc.get('rows', '?')} evaluated rows, values = the {md_text(doc.get('source', ''))}; "
              f"{md_text(doc.get('rule', ''))}. A property that passes describes a value; it is not shown to cause it.*",
              ""]
@@ -31,7 +32,11 @@ def meaning_markdown(doc: dict) -> str:
     if not passing:
         lines += ["No derived property of y passes its permutation baseline with the posterior itself carrying it: "
                   "nothing here says what z carries.", ""]
-    lines += [f"- {md_text(v.get('sentence', ''))}" for v in doc["values"]]
+    unused = [v["value"] for v in doc["values"] if v.get("share") == 0]  # no row: no sentence to tell
+    lines += [f"- {md_text(v.get('sentence', ''))}" for v in doc["values"] if v.get("share") != 0]
+    if unused:
+        lines.append(f"- value{'s' * (len(unused) > 1)} {', '.join(str(int(k)) for k in unused)}: no evaluated row "
+                     f"(the {md_text(doc.get('source', 'assignment'))} never picks {'them' if len(unused) > 1 else 'it'})")
     lines += [f"- note: {md_text(n)}" for n in doc.get("notes", [])]
     return "\n".join(lines)
 

@@ -221,7 +221,8 @@ def value_sentences(assign: np.ndarray, props: pd.DataFrame, alignment: pd.DataF
         mine = assign == k
         if not mine.any():
             continue
-        parts = [f"value {k} ({mine.mean():.0%} of rows)"]
+        share = f"{mine.mean():.0%} of rows" if mine.mean() >= 0.005 else f"{int(mine.sum())} of {len(mine)} rows"
+        parts = [f"value {k} ({share})"]  # a value of 1 row in 300 is not "0% of rows"
         best = overall if per_value is None else per_value.get(k, overall)
         best = best[best["passes"]].head(1) if len(best) else best
         if len(best):
