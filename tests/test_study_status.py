@@ -142,10 +142,15 @@ def test_live_processes_are_read_from_the_lock_files_a_final_evaluation_is_not_c
     run = runs / "distribution_beta0.3_cccc"
     atomic_write_json(run / "progress.json", {"step": 120, "steps": 120, "phase": "soft", "eta_s": 0.0})
     _stale(run / "progress.json")
+    import datetime
+
     with run_folder_lock(runs, "runs folder"), run_folder_lock(run), run_folder_lock(runs / "oracle-x_dddd"):
         st = study_status(study)
         text = format_status(st)
     assert st["process"]["pid"] == os.getpid() and st["process"]["alive"] is True
+    # while the study's process runs, the clock time it should end at (the machine's zone)
+    ends = datetime.datetime.fromtimestamp(st["at"] + st["remaining_s"])
+    assert f"worker(s), ends about {ends:%a %H:%M} " in text
     assert f"study process: pid {os.getpid()}, since" in text
     assert "running  distribution_beta0.3_cccc: step 120 of 120 (soft)" in text and "final evaluation" in text
     assert "stopped?" not in text and "process is gone" not in text
@@ -158,6 +163,7 @@ def test_live_processes_are_read_from_the_lock_files_a_final_evaluation_is_not_c
     assert "study process: none running — `zfree study` with the same arguments resumes the study" in text
     assert "distribution_beta0.3_cccc: step 120 of 120 (soft)" in text and "its process is gone" in text
     assert "final evaluation" not in text and st["counts"] == {"finished": 1, "running": 1, "failed": 1, "waiting": 1}
+    assert "remaining: about" in text and "ends about" not in text  # no process: it ends when resumed
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     (run / LOCK_NAME).write_text(json.dumps({"pid": int(dead.stdout), "host": socket.gethostname()}))
@@ -317,5 +323,5 @@ def test_the_time_left_is_over_the_runs_training_at_once_where_a_resume_took_mor
             run_folder_lock(runs / "oracle-x_dddd"):
         st = study_status(study)
         text = format_status(st)
-    assert st["workers"] == 2 and " on 2 worker(s) " in text
+    assert st["workers"] == 2 and " on 2 worker(s), ends about " in text
     assert st["remaining_s"] < one["remaining_s"]

@@ -127,7 +127,7 @@ def study_status(study: Path | str, now: float | None = None, metrics: bool = Fa
     ``run_state`` per planned run, in plan order; the folders under runs/ when there is no plan.json),
     ``counts`` per state, ``preparing`` (no plan and no run yet: the base, its reference, a fine-tune and
     the estimate's probes come first), ``process`` (the study's lock holder, ``locks.lock_owner`` of runs/
-    or else of the study folder: None when none holds them), ``finetune`` (``finetune_state``), ``workers`` and ``remaining_s``: the fine-tune's
+    or else of the study folder: None when none holds them), ``finetune`` (``finetune_state``), ``at`` (``now``), ``workers`` and ``remaining_s``: the fine-tune's
     steps left at its own pace, then the runs left (a running run's share by ``run_left``, with
     ``train_share`` of the finished runs) at ``per_run_s`` over the workers (None when nothing says
     how long a run takes): the median whole time (``run_s``) of the finished runs (a mean let one run that shared a busy
@@ -172,7 +172,7 @@ def study_status(study: Path | str, now: float | None = None, metrics: bool = Fa
             "per_run_from": (f"the median of {len(walls)} finished run{'s' * (len(walls) > 1)}" if walls
                              else "the plan's estimate" if per_run else None),
             "train_share": share,
-            "remaining_s": None if per_run is None else ft_left + left * per_run / in_use}
+            "remaining_s": None if per_run is None else ft_left + left * per_run / in_use, "at": now}
 
 
 def train_share(runs: list[dict[str, Any]]) -> float | None:
@@ -296,6 +296,9 @@ def format_status(st: dict[str, Any]) -> str:
         share = st.get("train_share")
         split = ("" if share is None else
                  f"; {100 * share:.0f} % of it in training steps, the rest loading, evaluations and outputs")
-        lines.append(f"remaining: about {_dur(st['remaining_s'])} on {st['workers']} worker(s) "
+        ends = ""  # the clock time only while the study's process runs (else it ends when resumed, plus this)
+        if (st.get("process") or {}).get("alive") and st.get("at") is not None:
+            ends = f", ends about {time.strftime('%a %H:%M %Z', time.localtime(st['at'] + st['remaining_s']))}"
+        lines.append(f"remaining: about {_dur(st['remaining_s'])} on {st['workers']} worker(s){ends} "
                      f"({_dur(st['per_run_s'])} a run, from {st['per_run_from']}{split})")
     return "\n".join(lines)
