@@ -368,7 +368,10 @@ def test_cli_score_limit_scores_the_files_first_rows_as_the_whole_file_scores_th
     ('{"id": "a", "x": "the", "y": "cat"}\n{"id": "b", "y": "cat"}\n', r"d\.jsonl:2: missing field 'x'"),
     ('{"id": "a", "x": 3, "y": "cat"}\n', r"d\.jsonl:1: field 'x' must be a string"),
     ("id,x,y\na,the,cat\n", r"d\.jsonl:1: not valid JSON"),
-    (b"PAR1\x00\xff\xfe", r"d\.jsonl: not UTF-8"),
+    (b"PAR1\x00\xff\xfe", r"d\.jsonl:1: not UTF-8 text at byte 5 of the file \(column 6 of the line\)"),
+    (b'{"x": "a", "y": "b"}\n{"x": "\xe9", "y": "b"}\n', r"d\.jsonl:2: not UTF-8 text at byte 28 of the file \(column 8 "),
+    ('{"input": "the", "output": "cat"}\n', r"d\.jsonl:1: missing field 'y' \(the row's fields: 'input', 'output'\); "
+                                           r"zfree reads the target as 'y' and the condition as 'x'"),
 ])
 def test_bad_data_file_names_file_and_line_and_writes_nothing(world, tmp_path, content, match, capsys):
     path = tmp_path / "d.jsonl"

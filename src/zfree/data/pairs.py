@@ -65,14 +65,15 @@ def check_data_file(path: Path, max_bytes: int) -> None:
 
 def _lines(path: Path):
     """``(line number, text)`` of each line of ``path`` (lines end at "\\n"), decoded as UTF-8 without
-    a leading byte-order mark; InputError naming the byte offset of text that is not UTF-8."""
+    a leading byte-order mark; InputError naming the line and byte offset of text that is not UTF-8."""
     offset = 0
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, 1):
             try:
                 text = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
             except UnicodeDecodeError as e:
-                raise InputError(f"{path}: not UTF-8 text at byte {offset + e.start}; the data file must be JSONL") from None
+                raise InputError(f"{path}:{lineno}: not UTF-8 text at byte {offset + e.start} of the file (column "
+                                 f"{e.start + 1} of the line); the data file must be JSONL in UTF-8") from None
             offset += len(raw)
             yield lineno, text
 
@@ -144,7 +145,9 @@ def _parse_line(line: str, where: str) -> dict:
     if not isinstance(row, dict):
         raise InputError(f"{where}: each row must be a JSON object with fields x and y")
     if "y" not in row:
-        raise InputError(f"{where}: missing field 'y'")
+        keys = ", ".join(repr(k) for k in list(row)[:8]) + (", ..." if len(row) > 8 else "")
+        raise InputError(f"{where}: missing field 'y' (the row's fields: {keys or 'none'}); zfree reads the "
+                         "target as 'y' and the condition as 'x' (optional)")
     return row
 
 

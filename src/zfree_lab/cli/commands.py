@@ -65,6 +65,9 @@ def cmd_score(a):
     """``zfree score``: z-free surprisal of a JSONL file under a causal LM, written to ``--out`` only
     after every row is scored; prints c_base (nats per token), the rows, valid rows, x tokens cut and
     the folder written."""
+    from zfree.data.pairs import load_pairs
+
+    load_pairs(a.data, limit=a.limit)  # bad rows in one line before torch and the model load (a minute under load)
     from zfree.reference.scoring import ScoringPolicy, score_file, write_scores  # lazy: torch, transformers
 
     policy = ScoringPolicy(bos=a.bos, add_eos=not a.no_eos, max_length=a.max_length)
