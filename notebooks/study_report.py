@@ -47,6 +47,7 @@ from zfree_lab.experiment.leaderboard import read_leaderboard
 from zfree_lab.experiment.results import load_sweep
 from zfree_lab.experiment.study_folders import count_runs
 from zfree_lab.experiment.folding import nothing_to_show
+from zfree_lab.experiment.study_notes import study_notes
 
 sweep = load_sweep(sweep_dir)
 summary = sweep.runs
@@ -57,7 +58,8 @@ eta = measured_eta(given[0]) if given else None
 verdicts = gain_verdicts(summary, given[1], eta) if given else run_verdicts(summary)
 if given and not summary.empty:  # the four answers first, from the tables the sections below show
     display(Markdown(answers_markdown(verdicts, given[0], summary["seed"].nunique() if "seed" in summary else 1,
-                                      summary.get("steps"))))
+                                      summary.get("steps"), study_notes(sweep_dir).get("base_near_uniform"),
+                                      summary.get("aid"))))
 opening, phases = plan_section(sweep_dir, summary)  # estimate.json, timings.json and the runs' steps
 if opening:
     display(Markdown(opening))

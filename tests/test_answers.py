@@ -65,3 +65,39 @@ def test_a_better_model_whose_z_is_off_is_not_credited_to_z():
             f"z is off ({c('run0')}): a lower NLL that is not z's") in md
     assert f"**Which remedy did it?** {c('run1')}: z switched on *and*" in md
     assert "is off" not in answers_markdown(_verdicts([True, True], [True, False]), _oracles(0.5), seeds=1)
+
+
+def test_a_model_at_chance_is_said_first_a_worse_d_is_named_and_no_use_says_what_to_try_next():
+    """A new user's random-initialised model (c_base 7.33 nats/token on a 1,500-token vocabulary) went through the
+    study and its report with no word of it; its aided run's D was 6.99 nats/example worse than its control's and
+    the only next step offered was more seeds."""
+    v = _verdicts([False, False], [False, False])
+    v["verdict"] = ["z unused", "z unused, D worse than its control's"]
+    chance = {"c_base": 7.3347, "vocab": 1500, "ln_vocab": float(np.log(1500))}
+    md = answers_markdown(v, None, seeds=1, near_uniform=chance, aids=pd.Series(["none", "hard_em_then_soft"]))
+    first = md.split("\n")[2]
+    assert first.startswith("- ⚠ **The z-free model is at chance:** c_base 7.335 nats/token, near ln 1,500 = 7.313")
+    assert "**z cost D:** in 1 of 2 runs the CVAE reconstructs y *worse* than its z-free control" in md
+    assert f"below 0): {c('run1')}." in md
+    assert "**Next:** no run switched z on; the aided runs did not switch it on either" in md
+    assert "`zfree study --finetune-base`" in md
+    unaided = answers_markdown(v.assign(verdict="z unused"), None, seeds=1, aids=pd.Series(["none", "none"]))
+    assert "add one (`aid: hard_em_then_soft`)" in unaided and "z cost D" not in unaided and "at chance" not in unaided
+    on = answers_markdown(_verdicts([True, False], [True, False]), _oracles(0.5), seeds=1)
+    assert "**Next:**" not in on and "z cost D" not in on  # a switched-on run: no advice; no verdict column: no cost
+
+
+def test_a_z_free_model_at_chance_is_found_from_its_vocabulary_and_noted_first(tmp_path):
+    import json
+
+    from zfree_lab.experiment.study_notes import near_uniform, near_uniform_note
+
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 1500}))
+    rec = near_uniform(7.3347, tmp_path)
+    assert rec["vocab"] == 1500 and abs(rec["ln_vocab"] - np.log(1500)) < 1e-12
+    assert near_uniform_note(rec).startswith("the z-free model scores c_base 7.335 nats/token on the validation rows")
+    assert near_uniform(0.9 * np.log(1500) - 1e-6, tmp_path) is None and near_uniform(1.2, tmp_path) is None
+    (tmp_path / "config.json").write_text(json.dumps({"text_config": {"vocab_size": 49152}}))
+    assert near_uniform(10.5, tmp_path)["vocab"] == 49152  # a multimodal config's text model
+    (tmp_path / "config.json").unlink()
+    assert near_uniform(99.0, tmp_path) is None  # no vocabulary recorded: nothing said

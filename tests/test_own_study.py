@@ -368,6 +368,8 @@ def _check_unconditional_split(out: Path, data: Path, context: dict) -> dict:
     rec = json.loads((out / "notes.json").read_text())
     assert rec["conditioning"] == "unconditional"
     assert rec["notes"][0].startswith("unconditional: x is ") and "split by row" in rec["notes"][0]
+    # then the note a model at chance gets (this tiny untrained model: c_base near ln V)
+    assert ("base_near_uniform" in rec) == rec["notes"][1].startswith("the z-free model scores c_base")
     return rec
 
 

@@ -31,7 +31,7 @@ from zfree_lab.experiment.results import collect_runs
 from zfree_lab.experiment.sources import Prepared, prepare_base, prepare_data
 from zfree_lab.experiment.spec import ExperimentSpec, expand_grid, own_grid
 from zfree_lab.experiment.study_folders import FINETUNE_CHECKPOINT, FINETUNE_DIR, count_runs, finetune_roots, given_line
-from zfree_lab.experiment.study_notes import context_of_y, label_notes
+from zfree_lab.experiment.study_notes import context_of_y, label_notes, near_uniform, near_uniform_note
 from zfree_lab.experiment.study_plan import (PLAN_FILE, apply_fitted, check_request, extend_plan, load_plan, request_of,
                                          write_plan)
 from zfree_lab.experiment.tables import aggregate
@@ -95,6 +95,10 @@ def _notes(spec: ExperimentSpec, out: Path, prep: Prepared, table: list[dict] | 
         split_notes[0] += f" ({context})"
     notes[:0] = split_notes  # first: how the rows were read and split
     rec: dict[str, Any] = {"notes": notes, "conditioning": "unconditional" if prep.unconditional else "conditional"}
+    weak = near_uniform(prep.reference.c_base, prep.base_dir / "model") if prep.reference is not None else None
+    if weak:  # right after how the rows were read: a z-free model at chance makes the rest moot
+        notes.insert(len(split_notes), near_uniform_note(weak))
+        rec["base_near_uniform"] = weak
     if table is not None:
         rec.update(predicted_boundaries=table, c_base=prep.reference.c_base)
     if spec.base.kind == "pretrained":

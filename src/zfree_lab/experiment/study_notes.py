@@ -13,6 +13,35 @@ from zfree.data.labels import LABEL_VALUE_CAP, OTHER, label_keys_of
 from zfree.data.pairs import Pair, load_pairs
 
 
+#: a z-free model whose c_base is at least this share of ln(vocabulary size) predicts y about as well as
+#: a uniform guess over its tokens: a random or untrained model, or weights that did not load
+NEAR_UNIFORM = 0.9
+
+
+def near_uniform(c_base: float, model_dir: Path) -> dict | None:
+    """``{"c_base", "vocab", "ln_vocab"}`` when the z-free model in ``model_dir`` (its config.json's
+    ``vocab_size``, or its ``text_config``'s) scores ``c_base`` (nats per token) at or above ``NEAR_UNIFORM``
+    x ln(vocab): no better than a uniform guess, where zfree's question (a warm start from a *strong* z-free
+    model) does not arise; None otherwise, or when the vocabulary size is not recorded."""
+    import math
+
+    cfg = read_json(model_dir / "config.json") if (model_dir / "config.json").is_file() else {}
+    vocab = cfg.get("vocab_size") or (cfg.get("text_config") or {}).get("vocab_size")
+    if not isinstance(vocab, int) or vocab < 2 or not math.isfinite(c_base):
+        return None
+    return ({"c_base": float(c_base), "vocab": vocab, "ln_vocab": math.log(vocab)}
+            if c_base >= NEAR_UNIFORM * math.log(vocab) else None)
+
+
+def near_uniform_note(rec: dict) -> str:
+    """``near_uniform``'s record in words: the study's first note, printed and in the report."""
+    return (f"the z-free model scores c_base {rec['c_base']:.3f} nats/token on the validation rows, near a uniform "
+            f"guess over its {rec['vocab']:,}-token vocabulary (ln {rec['vocab']:,} = {rec['ln_vocab']:.3f}): it "
+            "predicts y no better than chance. Were its weights loaded (a random-initialised or untrained model, a "
+            "wrong folder)? zfree asks what a latent adds to a strong z-free model; on this one the runs' numbers "
+            "say little about a recipe")
+
+
 def label_notes(pairs: list[Pair], data_dir: Path, *, oracles: bool = False) -> list[str]:
     """Visible notes for what the structure and task metrics cannot measure on ``pairs``: the
     strategy label and each ``labels`` key absent (or present on only some rows), and task

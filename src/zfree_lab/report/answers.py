@@ -18,6 +18,16 @@ from zfree_lab.report.seed_report import MORE_SEEDS
 NAMED = 4
 
 
+def next_without_use(aided: bool) -> str:
+    """"In short"'s line where no run switched z on: what the concepts pages' remedies say to try, besides
+    seeds (``aided``: some run had a switch-on aid already)."""
+    aid = ("the aided runs did not switch it on either: try a β further below the predicted boundary" if aided else
+           "without a symmetry-breaking aid z rarely switches on (the concepts' *aids* page): add one "
+           "(`aid: hard_em_then_soft`), or a β below the predicted boundary")
+    return (f"{aid}, more steps (a budget that keeps them), or, where c_base is far above the data's own noise, a base "
+            "fine-tuned on the data first (`zfree study --finetune-base`): the warm start zfree's question is about.")
+
+
 def _named(runs: list[str]) -> str:
     shown = ", ".join(md_code(r) for r in runs[:NAMED])
     return shown + (f" and {len(runs) - NAMED} more" if len(runs) > NAMED else "")
@@ -29,12 +39,17 @@ def _true(col: pd.Series) -> pd.Series:
 
 
 def answers_markdown(verdicts: pd.DataFrame, oracles: pd.DataFrame | None, seeds: int,
-                     steps: pd.Series | None = None) -> str:
+                     steps: pd.Series | None = None, near_uniform: dict | None = None,
+                     aids: pd.Series | None = None) -> str:
     """“In short” as markdown: ``verdicts`` (``gain_verdicts``: run, z switched on, better model, z used),
     ``oracles`` (the label oracles' table, or None without controls), ``seeds`` the number of seeds the runs
     span, ``steps`` the runs' training steps (runs all shorter than ``SMOKE_STEPS``: the evidence line says the
     answers are a smoke test's). Readouts missing (an older study): the gain rule's "z used" answers the first
-    question. Empty string without a finished CVAE run."""
+    question. ``near_uniform``: notes.json's record of a z-free model at chance
+    (``zfree_lab.experiment.study_notes.near_uniform``), said first. Runs whose D is worse than their control's
+    (the verdict's interval below 0) are named; where no run switched z on, a line names what to try next
+    (``next_without_use``; ``aids``: the runs' ``aid`` column, "none" for unaided).
+    Empty string without a finished CVAE run."""
     if verdicts is None or verdicts.empty:
         return ""
     n = len(verdicts)
@@ -56,6 +71,17 @@ def answers_markdown(verdicts: pd.DataFrame, oracles: pd.DataFrame | None, seeds
                  + (f" (z switched on without paying for its rate in {_named(list(runs[on]))})." if on.any() else "."))
         lines.append(f"- **Which remedy did it?** {which}")
     lines.append(f"- **What could z carry?** {_carry(oracles)}")
+    worse = verdicts["verdict"].astype(str).str.contains("D worse than its control") if "verdict" in verdicts else on & False
+    if worse.any():
+        lines.append(f"- **z cost D:** in {int(worse.sum())} of {n} runs the CVAE reconstructs y *worse* than its z-free "
+                     f"control (z-gain interval below 0): {_named(list(runs[worse]))}.")
+    if not on.any():
+        aided = aids is not None and bool((aids.dropna().astype(str) != "none").any())
+        lines.append("- **Next:** no run switched z on; " + next_without_use(aided))
+    if near_uniform:
+        lines.insert(0, f"- ⚠ **The z-free model is at chance:** c_base {near_uniform['c_base']:.3f} nats/token, near "
+                        f"ln {near_uniform['vocab']:,} = {near_uniform['ln_vocab']:.3f} (a uniform guess over its "
+                        "vocabulary). Were its weights loaded? The answers below say little about a recipe.")
     longest = pd.to_numeric(steps, errors="coerce").max() if steps is not None and len(steps) else np.nan
     smoke = (f"a smoke test (runs of {int(longest)} steps, fewer than {SMOKE_STEPS}): these answers say what a few "
              "steps do, not what a recipe does; " if longest < SMOKE_STEPS else "")
