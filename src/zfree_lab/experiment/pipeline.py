@@ -145,9 +145,13 @@ def _points(spec: ExperimentSpec, prep: Prepared, out: Path | None = None) -> li
     return points
 
 
-def _fit(spec: ExperimentSpec, prep, out: Path, workers: int, budget_s, t0: float, clock: PhaseClock):
+def _fit(spec: ExperimentSpec, prep, out: Path, workers: int, budget_s, t0: float, clock: PhaseClock,
+         progress: bool = True):
     """``zfree_lab.experiment.estimate.plan`` of ``spec``, its probes' time recorded in ``clock``; a refused
     budget (ConfigError) is recorded with its first line (``refused``) and raised again."""
+    if progress:
+        print(f"estimate: probing a few steps of the first run{' and of a z-free control' if spec.controls else ''} in "
+              "child processes, for the time and memory of the grid", flush=True)
     try:
         fitted = plan(spec, lambda s: _points(s, prep), out, workers, budget_s, started=t0)
     except ConfigError as e:
@@ -230,13 +234,16 @@ def run_experiment(spec: ExperimentSpec, out_dir: Path | str, *, retrain_base: b
         clock = PhaseClock(out, t0)  # timings.json: the wall time of each phase, for the report
         if started is not None:
             clock.done("startup")
+        if progress and saved is None and spec.data.kind != "fields":  # minutes on a real model, before any bar
+            print(f"preparing {out}: the data split, the z-free model and its reference (c_base on the validation "
+                  "rows)", flush=True)
         prep = prepare(spec, out, retrain_base=retrain_base, progress=progress, locked=True, fresh=fresh)
         clock.done("preparation")
         record = None
         if saved is not None:
             spec, workers, record = _reuse_plan(spec, workers, out, saved, progress, extending)
         elif estimate or budget_s is not None:  # measure, fit memory and budget, say so, then go on
-            fitted = _fit(spec, prep, out, workers or spec.workers, budget_s, t0, clock)
+            fitted = _fit(spec, prep, out, workers or spec.workers, budget_s, t0, clock, progress)
             spec, workers, record = fitted.spec, fitted.workers, fitted.record
         elif spec.executor == "local":  # runs per CUDA device (zfree_lab.experiment.executor.runs_at_once)
             workers = runs_at_once(workers or spec.workers, str(spec.train.get("device", "auto")))
