@@ -335,7 +335,7 @@ def test_the_same_command_over_a_finished_study_names_its_report_instead_of_rend
     import os
 
     from zfree_lab.experiment import pipeline as PL
-    from zfree_lab.experiment.render import report_is_current
+    from zfree_lab.experiment.study_folders import report_is_current
 
     study = tmp_path / "s"
     (study / "runs" / "r1").mkdir(parents=True)

@@ -325,3 +325,31 @@ def test_the_time_left_is_over_the_runs_training_at_once_where_a_resume_took_mor
         text = format_status(st)
     assert st["workers"] == 2 and " on 2 worker(s), ends about " in text
     assert st["remaining_s"] < one["remaining_s"]
+
+
+def test_a_finished_study_says_where_its_report_stands_and_a_rendering_one_says_so(study):
+    """A new user's `zfree status` said "6 finished … study process: pid N" for the two minutes the report
+    rendered, and "every run is done" after it with no word of the report: now the process line says it is
+    rendering, and a study whose runs all ended names its report (none yet / up to date / older than its runs)."""
+    from zfree_lab.experiment.timings import PhaseClock
+    from zfree_lab.run.locks import run_folder_lock
+
+    runs = study / "runs"
+    for rid in ("control_plain_bbbb", "distribution_beta0.3_cccc", "oracle-x_dddd"):
+        for f in ("progress.json", "error.json"):
+            (runs / rid / f).unlink(missing_ok=True)
+        atomic_write_json(runs / rid / "summary.json", {"wall_s": 100.0})
+    clock = PhaseClock(study)
+    clock.progress("report")
+    with run_folder_lock(runs, "runs folder"):
+        text = format_status(study_status(study))
+    assert f"study process: pid {os.getpid()}, since" in text and text.splitlines()[2].endswith(" — rendering the report")
+    assert "report:" not in text  # the process runs: its closing line names the report
+    text = format_status(study_status(study))
+    assert "rendering" not in text and f"report: none yet: `zfree report {study}` renders it" in text
+    (study / "report.html").write_text("<html/>")
+    assert f"report: {study / 'report.html'} (up to date)" in format_status(study_status(study))
+    later = time.time() + 5
+    os.utime(runs / "oracle-x_dddd" / "summary.json", (later, later))  # a run written after it
+    assert (f"report: {study / 'report.html'} is older than its runs or zfree's report code: `zfree report {study}` "
+            "renders it again") in format_status(study_status(study))

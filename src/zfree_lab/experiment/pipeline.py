@@ -26,11 +26,12 @@ from zfree.core.paths import check_out_dir
 from zfree_lab.experiment.controls import LINKS_FILE, oracle_labels, with_controls
 from zfree_lab.experiment.estimate import plan
 from zfree_lab.experiment.executor import Executor, make_executor, print_failures, run_points, runs_at_once
-from zfree_lab.experiment.render import render_report, report_is_current
+from zfree_lab.experiment.render import render_report
 from zfree_lab.experiment.results import collect_runs
 from zfree_lab.experiment.sources import Prepared, prepare_base, prepare_data
 from zfree_lab.experiment.spec import ExperimentSpec, expand_grid, own_grid
-from zfree_lab.experiment.study_folders import FINETUNE_CHECKPOINT, FINETUNE_DIR, count_runs, finetune_roots, given_line
+from zfree_lab.experiment.study_folders import (FINETUNE_CHECKPOINT, FINETUNE_DIR, count_runs, finetune_roots, given_line,
+                                             report_is_current)
 from zfree_lab.experiment.study_notes import context_of_y, label_notes, near_uniform, near_uniform_note
 from zfree_lab.experiment.study_plan import (PLAN_FILE, apply_fitted, check_request, extend_plan, load_plan, request_of,
                                          write_plan)
@@ -275,6 +276,8 @@ def _finish(name: str, out: Path, n_points: int, statuses: list[dict], clock: Ph
     # the same command over a finished study: nothing trained, report.html newer than its runs and code
     current = (render and bool(statuses) and all(s.get("status") == "skipped" for s in statuses)
                and report_is_current(out))
+    if render and not nothing and not current:
+        clock.progress("report")  # `zfree status` says the report is rendering
     html = (out / "report.html" if current else
             render_report(out, progress=progress, aggregated=True, locked=locked) if render and not nothing else None)
     clock.done("report", finished=True)

@@ -190,21 +190,6 @@ def render_report(study_dir: Path | str, notebook: Path | str | None = None, pro
     return study_dir / "report.html"
 
 
-def report_is_current(study_dir: Path) -> bool:
-    """True when ``study_dir/report.html`` was written after every file of every run folder
-    (``runs/<id>/*``, hidden files aside, and the base's records, ``base/**/*.json``) and after the report's code (the shipped notebooks,
-    ``zfree_lab.report``): the same ``zfree study`` again over a finished study then names it instead of
-    rendering it again (``zfree_lab.experiment.pipeline._finish``). A copy made without its times
-    (``cp -r``) or an upgraded zfree reads as not current."""
-    html = study_dir / "report.html"
-    if not html.is_file():
-        return False
-    inputs = [p for p in [*(study_dir / "runs").glob("*/*"), *(study_dir / "base").rglob("*.json")]
-              if p.is_file() and not p.name.startswith(".")]
-    code = [*NOTEBOOKS.glob("*.ipynb"), *(Path(__file__).resolve().parents[1] / "report").glob("*.py"), Path(__file__)]
-    return html.stat().st_mtime_ns >= max((p.stat().st_mtime_ns for p in inputs + code), default=0)
-
-
 #: the errnos of a disk that takes no more bytes: full, or over the user's quota
 FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from zfree.config import LatentSource
 from zfree.core.io import read_json_object
-from zfree.core.paths import IN_CLONE, runs_home
+from zfree.core.paths import IN_CLONE, NOTEBOOKS, runs_home
 
 
 #: what a notebook without a study offers (one line, the one-minute study one command away)
@@ -107,3 +107,19 @@ def finetune_roots(study: Path) -> tuple[Path, Path]:
     """Where a study's fine-tune folders can be: beside train.jsonl in the study folder, or in its data/
     (``prepare_data`` of a jsonl or E2E source); ``FINETUNE_DIR`` and ``FINETUNE_CHECKPOINT`` in each."""
     return study, study / "data"
+
+
+def report_is_current(study_dir: Path) -> bool:
+    """True when ``study_dir/report.html`` was written after every file of every run folder
+    (``runs/<id>/*``, hidden files aside, and the base's records, ``base/**/*.json``) and after the report's code (the shipped notebooks,
+    ``zfree_lab.report``): the same ``zfree study`` again over a finished study then names it instead of
+    rendering it again (``zfree_lab.experiment.pipeline._finish``). A copy made without its times
+    (``cp -r``) or an upgraded zfree reads as not current."""
+    html = study_dir / "report.html"
+    if not html.is_file():
+        return False
+    inputs = [p for p in [*(study_dir / "runs").glob("*/*"), *(study_dir / "base").rglob("*.json")]
+              if p.is_file() and not p.name.startswith(".")]
+    here = Path(__file__).resolve().parent
+    code = [*NOTEBOOKS.glob("*.ipynb"), *(here.parent / "report").glob("*.py"), here / "render.py"]
+    return html.stat().st_mtime_ns >= max((p.stat().st_mtime_ns for p in inputs + code), default=0)

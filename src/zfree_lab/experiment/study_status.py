@@ -15,6 +15,7 @@ evaluation, which writes nothing for minutes, is told from one whose process is 
 
 from __future__ import annotations
 
+import shlex
 import statistics
 import time
 import warnings
@@ -25,7 +26,8 @@ from zfree.core.errors import CheckpointError, InputError
 from zfree.core.io import read_json_object, read_jsonl
 from zfree_lab.experiment.executor import RUN_TIME, is_finished
 from zfree_lab.run.checkpoint_io import read_plain_structure
-from zfree_lab.experiment.study_folders import FINETUNE_CHECKPOINT, FINETUNE_DIR, finetune_roots
+from zfree_lab.experiment.study_folders import FINETUNE_CHECKPOINT, FINETUNE_DIR, finetune_roots, report_is_current
+from zfree_lab.experiment.timings import read_timings
 from zfree_lab.run.locks import LOCK_NAME, lock_owner
 
 #: a running run whose progress.json is older than this is said to have written nothing for that long
@@ -127,7 +129,8 @@ def study_status(study: Path | str, now: float | None = None, metrics: bool = Fa
     ``run_state`` per planned run, in plan order; the folders under runs/ when there is no plan.json),
     ``counts`` per state, ``preparing`` (no plan and no run yet: the base, its reference, a fine-tune and
     the estimate's probes come first), ``process`` (the study's lock holder, ``locks.lock_owner`` of runs/
-    or else of the study folder: None when none holds them), ``finetune`` (``finetune_state``), ``at`` (``now``), ``workers`` and ``remaining_s``: the fine-tune's
+    or else of the study folder: None when none holds them), ``finetune`` (``finetune_state``), ``phase`` (timings.json's phase under way while the process runs:
+    "report" while it renders), ``report`` (report.html's path and ``report_is_current``; None without one), ``at`` (``now``), ``workers`` and ``remaining_s``: the fine-tune's
     steps left at its own pace, then the runs left (a running run's share by ``run_left``, with
     ``train_share`` of the finished runs) at ``per_run_s`` over the workers (None when nothing says
     how long a run takes): the median whole time (``run_s``) of the finished runs (a mean let one run that shared a busy
@@ -165,8 +168,11 @@ def study_status(study: Path | str, now: float | None = None, metrics: bool = Fa
     # a resumed study takes the --workers it is given, not the plan's: the runs training at once say how many
     live = sum(r["state"] == "running" and r.get("alive") is True for r in runs) if process else 0
     in_use = max(workers, live)
+    sessions = read_timings(study) if process and process.get("alive") else []
+    report = study / "report.html"
     return {"study": str(study), "made": (plan or {}).get("made"), "preparing": plan is None and not runs,
-            "process": process,
+            "process": process, "phase": sessions[-1].get("running") if sessions else None,
+            "report": {"path": str(report), "current": report_is_current(study)} if report.is_file() else None,
             "runs": runs, "counts": counts,
             "finetune": ft, "workers": in_use, "per_run_s": per_run,
             "per_run_from": (f"the median of {len(walls)} finished run{'s' * (len(walls) > 1)}" if walls
@@ -223,7 +229,8 @@ def _process_line(st: dict[str, Any]) -> str:
     p, c = st.get("process"), st["counts"]
     if p and p["alive"] is not False:
         where = "" if p["alive"] else f" on {p.get('host')} (another host: not checked from here)"
-        return f"study process: pid {p['pid']}{where}, since {p.get('since', '?')}"
+        doing = " — rendering the report" if st.get("phase") == "report" else ""
+        return f"study process: pid {p['pid']}{where}, since {p.get('since', '?')}{doing}"
     if c["waiting"] or c["running"] or st.get("preparing"):
         return "study process: none running — `zfree study` with the same arguments resumes the study"
     if c["failed"]:  # a rerun tries the failed runs again
@@ -301,4 +308,9 @@ def format_status(st: dict[str, Any]) -> str:
             ends = f", ends about {time.strftime('%a %H:%M %Z', time.localtime(st['at'] + st['remaining_s']))}"
         lines.append(f"remaining: about {_dur(st['remaining_s'])} on {st['workers']} worker(s){ends} "
                      f"({_dur(st['per_run_s'])} a run, from {st['per_run_from']}{split})")
+    elif c["finished"] and not (st.get("process") or {}).get("alive"):  # every run ended: where its report stands
+        rep, again = st.get("report"), f"`zfree report {shlex.quote(st['study'])}`"
+        lines.append("report: none yet: " + again + " renders it" if rep is None else
+                     f"report: {rep['path']} (up to date)" if rep["current"] else
+                     f"report: {rep['path']} is older than its runs or zfree's report code: {again} renders it again")
     return "\n".join(lines)
