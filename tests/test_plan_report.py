@@ -353,6 +353,8 @@ def test_the_same_command_over_a_finished_study_names_its_report_instead_of_rend
     PL._finish("s", study, 1, skipped, clock, 0.0, progress=False, render=True)
     assert rendered == [study]
     (study / "report.html").write_text("<html/>")  # written now: after the runs and after the installed code
+    assert not report_is_current(study)  # a render writes report.ipynb beside it
+    (study / "report.ipynb").write_text("{}")
     assert report_is_current(study)
     res = PL._finish("s", study, 1, skipped, clock, 0.0, progress=True, render=True)
     assert rendered == [study] and res.html == study / "report.html"
@@ -368,3 +370,7 @@ def test_the_same_command_over_a_finished_study_names_its_report_instead_of_rend
     assert report_is_current(study)
     (study / "runs" / "r1" / ".zfree.lock").write_text("pid")  # a lock file's writes are not the run's
     assert report_is_current(study)
+    (study / "report.html").unlink()  # a link there (planted, or a copy's) is never current: rendering replaces it
+    (study / "report.html").symlink_to(tmp_path / "elsewhere.html")
+    (tmp_path / "elsewhere.html").write_text("precious")
+    assert not report_is_current(study)

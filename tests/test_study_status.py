@@ -348,6 +348,7 @@ def test_a_finished_study_says_where_its_report_stands_and_a_rendering_one_says_
     text = format_status(study_status(study))
     assert "rendering" not in text and f"report: none yet: `zfree report {study}` renders it" in text
     (study / "report.html").write_text("<html/>")
+    (study / "report.ipynb").write_text("{}")
     assert f"report: {study / 'report.html'} (up to date)" in format_status(study_status(study))
     later = time.time() + 5
     os.utime(runs / "oracle-x_dddd" / "summary.json", (later, later))  # a run written after it

@@ -110,14 +110,14 @@ def finetune_roots(study: Path) -> tuple[Path, Path]:
 
 
 def report_is_current(study_dir: Path) -> bool:
-    """True when ``study_dir/report.html`` was written after every file of every run folder
+    """True when ``study_dir/report.html`` (a file, not a link, beside report.ipynb) was written after every file of every run folder
     (``runs/<id>/*``, hidden files aside, and the base's records, ``base/**/*.json``) and after the report's code (the shipped notebooks,
     ``zfree_lab.report``): the same ``zfree study`` again over a finished study then names it instead of
     rendering it again (``zfree_lab.experiment.pipeline._finish``). A copy made without its times
     (``cp -r``) or an upgraded zfree reads as not current."""
     html = study_dir / "report.html"
-    if not html.is_file():
-        return False
+    if any(f.is_symlink() or not f.is_file() for f in (html, study_dir / "report.ipynb")):
+        return False  # a render writes both as files; a link (planted or copied) is replaced by rendering again
     inputs = [p for p in [*(study_dir / "runs").glob("*/*"), *(study_dir / "base").rglob("*.json")]
               if p.is_file() and not p.name.startswith(".")]
     here = Path(__file__).resolve().parent
