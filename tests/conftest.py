@@ -91,6 +91,7 @@ SHARED_MODULE = {"evil_report": "evil_report", "runs_fp64": "golden", "fp64_root
 SLOW_FIRST = ("test_own_study.py::test_one_command_from_model_and_jsonl_to_report",
               "test_interrupts.py::test_signal_during_sweep_stops_workers_and_kernels",
               "test_faults.py::test_failing_point_exits_1_with_full_message_and_path",
+              "test_faults.py::test_a_sweep_with_a_failed_point_renders_its_report_under_its_own_lock_and_exits_1",
               "test_interrupts.py::test_signal_during_train_is_one_line_and_resumes",
               "test_faults.py::test_sigkill_of_a_sweep_leaves_no_process_behind",
               "test_folder_safety.py::test_a_run_in_a_hostile_folder_runs_nothing_of_it_and_writes_through_no_link",
