@@ -34,7 +34,7 @@ def near_uniform(c_base: float, model_dir: Path) -> dict | None:
 
 
 def near_uniform_note(rec: dict) -> str:
-    """``near_uniform``'s record in words: the study's first note, printed and in the report."""
+    """``near_uniform``'s record in words: the note after the split's notes, printed and in the report."""
     return (f"the z-free model scores c_base {rec['c_base']:.3f} nats/token on the validation rows, near a uniform "
             f"guess over its {rec['vocab']:,}-token vocabulary (ln {rec['vocab']:,} = {rec['ln_vocab']:.3f}): it "
             "predicts y no better than chance. Were its weights loaded (a random-initialised or untrained model, a "
